@@ -1,0 +1,1 @@
+"""Chat platform adapters: Telegram, Signal, web chat."""

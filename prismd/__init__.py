@@ -1,0 +1,1 @@
+"""prismd: a crash-safe Trio daemon connecting AI agents to chat platforms."""

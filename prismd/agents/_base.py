@@ -1,0 +1,158 @@
+"""The agent seam: what the runtime needs from an agent (contract §2.5), Trio-native.
+
+Cancellation is Trio cancellation: the runtime runs ``agent.run``/``agent.resume`` inside
+a cancel scope and cancels it for ``/cancel`` and ``stop()``. An agent lets
+``trio.Cancelled`` propagate (it may save state under a bounded shielded scope first);
+the runtime then settles the turn ``aborted``.
+
+Durable approvals: an agent whose ``supports_approvals`` is true keeps its run state in
+the checkpoint store it was built with (``AgentContext.checkpoints``), so a second
+runtime on the same store can ask ``status`` and ``resume`` a suspended run after a
+restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeAlias
+
+import attrs
+
+from stores import SYSTEM_CLOCK, CheckpointStore, Clock, OwnershipScope
+
+from ..channel import ApprovalOutcome
+from ..identity import AgentIdentity
+
+
+@attrs.frozen
+class TextBlock:
+    text: str
+
+
+@attrs.frozen
+class ImageBlock:
+    data: bytes
+    mime_type: str | None = None
+
+
+AgentInput: TypeAlias = str | tuple[TextBlock | ImageBlock, ...]
+
+RunStatusName: TypeAlias = Literal["succeeded", "aborted", "suspended", "failed", "denied"]
+
+
+@attrs.frozen
+class RunRequest:
+    session_id: str
+    input: AgentInput
+    identity: AgentIdentity
+    idempotency_key: str
+    leaf_id: str | None = None
+
+
+@attrs.frozen
+class RunError:
+    code: str | None = None
+    message: str | None = None
+
+
+@attrs.frozen
+class RunResult:
+    status: RunStatusName
+    text: str
+    run_id: str
+    session_id: str
+    leaf_id: str | None = None
+    error: RunError | None = None
+
+
+class RunFailedError(Exception):
+    """A run error that carries a result; the runtime treats it as that result."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__("agent run failed")
+        self.result = result
+
+
+@attrs.frozen
+class StreamEvent:
+    """Run events for previews: a new assistant message, a text delta, its end."""
+
+    kind: Literal["message_started", "message_delta", "message_finished"]
+    run_id: str
+    text: str = ""
+
+
+EventSink: TypeAlias = Callable[[StreamEvent], None]
+
+
+@attrs.frozen
+class PendingDecision:
+    approval_id: str
+    kind: str = "tool_approval"
+    reason: str = ""
+    tool_name: str | None = None
+
+
+@attrs.frozen
+class RunState:
+    """Durable run lifecycle state as reported by ``Agent.status``."""
+
+    status: str
+    version: int
+    pending: tuple[PendingDecision, ...] = ()
+
+
+@attrs.frozen
+class Decision:
+    approval_id: str
+    outcome: ApprovalOutcome
+
+
+class Agent(Protocol):
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def definition_revision(self) -> str: ...
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        """``{"text"}`` or ``{"text", "image"}``."""
+        ...
+
+    @property
+    def supports_approvals(self) -> bool: ...
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult: ...
+
+    async def status(
+        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+    ) -> RunState | None: ...
+
+    async def resume(
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        ownership: OwnershipScope,
+        identity: AgentIdentity,
+        expected_version: int,
+        decisions: tuple[Decision, ...] = (),
+        deny: bool = False,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        """Continue a suspended run with ``decisions`` or, with ``deny``, a terminal denial."""
+        ...
+
+
+@attrs.frozen
+class AgentContext:
+    """What a factory gets to build an agent for one alias."""
+
+    alias: str
+    options: Mapping[str, Any]
+    checkpoints: CheckpointStore
+    clock: Clock = SYSTEM_CLOCK
+
+
+AgentFactory: TypeAlias = Callable[[AgentContext], Agent]

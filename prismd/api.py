@@ -1,0 +1,130 @@
+"""The messaging runtime's public surface, as the daemon, control socket and adapters use it.
+
+``prismd.runtime.open_messaging_runtime(...)`` yields an object satisfying
+:class:`MessagingRuntime`. Result records are frozen attrs classes; the control socket
+renders them in camelCase (``attrs.asdict`` + a key conversion).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, TypeAlias
+
+import attrs
+
+from .channel import Admission, InboundEvent
+from .identity import AgentIdentity
+
+ReconcileStatus: TypeAlias = Literal["resolved", "not_found", "conflict", "denied", "unavailable"]
+
+
+@attrs.frozen
+class UnresolvedEntry:
+    operation_id: str
+    connection_id: str
+    state: str
+    version: int
+    updated_at: str
+    """ISO 8601 UTC."""
+    reply_state: str | None = None
+
+
+@attrs.frozen
+class ReconcileResult:
+    status: ReconcileStatus
+    outcome: str | None = None
+    """``abandoned``, ``execution_unknown``, ``none``, ``reply_delivered``,
+    ``reply_failed`` or ``reply_unknown``."""
+    state: str | None = None
+    detail: str | None = None
+
+
+@attrs.frozen
+class PruneResult:
+    scanned: int = 0
+    deleted: int = 0
+    retained: int = 0
+
+
+@attrs.frozen
+class DrainResult:
+    settled: bool
+    pending: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+@attrs.frozen
+class Diagnostics:
+    """Bounded counters only (§13.6); never text, ids, tokens or keys."""
+
+    admitted: int = 0
+    denied: int = 0
+    unsupported: int = 0
+    duplicates: int = 0
+    queued: int = 0
+    active: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    suspended: int = 0
+    deliveries: int = 0
+    delivery_failures: int = 0
+    truncated: int = 0
+    storage_failures: int = 0
+    lease_losses: int = 0
+
+
+@attrs.frozen
+class PairingTicket:
+    """A one-time pairing token (shown once, stored only as a hash) and its expiry."""
+
+    token: str
+    expires_at: str
+    connection_id: str
+
+
+class MessagingRuntime(Protocol):
+    async def admit(self, event: InboundEvent) -> Admission: ...
+
+    async def notify(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        external_conversation_id: str,
+        notify_id: str,
+        text: str,
+        thread_id: str | None = None,
+    ) -> Admission: ...
+
+    async def list_unresolved(
+        self, *, identity: AgentIdentity, limit: int | None = None
+    ) -> list[UnresolvedEntry]: ...
+
+    async def reconcile(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        operation_id: str,
+        expected_version: int,
+        acknowledge_duplicate_risk: bool = False,
+    ) -> ReconcileResult: ...
+
+    async def prune(self, *, identity: AgentIdentity, now_ms: int | None = None) -> PruneResult: ...
+
+    async def create_pairing(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        aliases: tuple[str, ...] | None = None,
+        ttl_ms: int | None = None,
+    ) -> PairingTicket: ...
+
+    def diagnostics(self) -> Diagnostics: ...
+
+    async def drain(self, *, deadline_ms: int | None = None) -> DrainResult: ...
+
+    async def stop(self) -> None: ...

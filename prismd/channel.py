@@ -1,0 +1,128 @@
+"""Transport-neutral shapes that cross the runtime boundary (contract §3).
+
+Adapters build :class:`InboundEvent` from a platform update, await
+``runtime.admit(event)`` and acknowledge the transport only when the returned
+:class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the host's
+``deliver(reply) -> SendResult`` (normally the adapter's ``send``); a ``deliver`` that
+raises means the outcome is *ambiguous*.
+
+These records have no validators on purpose: ``admit`` validates and answers
+``denied/malformed`` instead of raising, whatever an adapter hands it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import attrs
+
+from .identity import AgentIdentity
+
+AttachmentKind: TypeAlias = Literal["image", "document", "voice"]
+ApprovalOutcome: TypeAlias = Literal["allow_once", "reject_once"]
+Action: TypeAlias = Literal["message", "command", "approval", "notify"]
+ReplyKind: TypeAlias = Literal["final", "notice"]
+AdmissionStatus: TypeAlias = Literal["accepted", "denied", "unsupported"]
+
+RETRYABLE_DENIALS = frozenset({"capacity", "unavailable", "stopped"})
+
+
+@attrs.frozen
+class AttachmentRef:
+    kind: AttachmentKind
+    transport_file_id: str
+    byte_length: int = 0
+    mime_type: str | None = None
+    file_name: str | None = None
+
+
+@attrs.frozen
+class ApprovalInput:
+    token: str
+    outcome: ApprovalOutcome
+
+
+@attrs.frozen
+class InboundEvent:
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    event_id: str
+    text: str = ""
+    attachments: tuple[AttachmentRef, ...] = ()
+    approval: ApprovalInput | None = None
+    thread_id: str | None = None
+    received_at_ms: int | None = None
+    claims: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Admission:
+    status: AdmissionStatus
+    reason: str | None = None
+    operation_id: str | None = None
+    duplicate: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        """The adapter must not acknowledge the transport (offset, 2xx) for this one."""
+        return self.status == "denied" and self.reason in RETRYABLE_DENIALS
+
+
+@attrs.frozen
+class Control:
+    label: str
+    value: str
+
+
+@attrs.frozen
+class Reply:
+    connection_id: str
+    external_conversation_id: str
+    text: str
+    kind: ReplyKind
+    controls: tuple[Control, ...] = ()
+    thread_id: str | None = None
+    in_reply_to: str | None = None
+
+
+@attrs.frozen
+class SendResult:
+    delivered: bool
+    message_id: str | None = None
+    reason: str | None = None
+
+
+@attrs.frozen
+class Preview:
+    """A streaming preview of an answer (never journaled, never a reply)."""
+
+    connection_id: str
+    external_conversation_id: str
+    text: str
+    thread_id: str | None = None
+
+
+@attrs.frozen
+class AuthorizeInput:
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    event_id: str
+    text: str
+    action: Action
+    received_at_ms: int
+    thread_id: str | None = None
+    claims: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Grant:
+    """What the host's ``authorize`` returns for an allowed actor (ChannelAuthorization)."""
+
+    identity: AgentIdentity
+    agent_aliases: tuple[str, ...]
+    grant_revision: str
+    default_agent_alias: str | None = None
+    notifications: bool = False

@@ -1,0 +1,81 @@
+"""Durable state for prismd: the CheckpointStore/LeaseStore contracts and their backends.
+
+``open_store(url)`` understands ``memory://``, ``sqlite:///path`` (and later
+``postgresql://…``).
+"""
+
+from __future__ import annotations
+
+from ._types import (
+    ANY_SCOPE as ANY_SCOPE,
+)
+from ._types import (
+    DEFAULT_MAX_VALUE_BYTES as DEFAULT_MAX_VALUE_BYTES,
+)
+from ._types import (
+    SYSTEM_CLOCK as SYSTEM_CLOCK,
+)
+from ._types import (
+    CheckpointConflictError as CheckpointConflictError,
+)
+from ._types import (
+    CheckpointPage as CheckpointPage,
+)
+from ._types import (
+    CheckpointRecord as CheckpointRecord,
+)
+from ._types import (
+    CheckpointStore as CheckpointStore,
+)
+from ._types import (
+    Clock as Clock,
+)
+from ._types import (
+    EventPage as EventPage,
+)
+from ._types import (
+    InvalidCheckpointError as InvalidCheckpointError,
+)
+from ._types import (
+    InvalidLeaseError as InvalidLeaseError,
+)
+from ._types import (
+    InvalidStoreURLError as InvalidStoreURLError,
+)
+from ._types import (
+    JournalEvent as JournalEvent,
+)
+from ._types import (
+    JSONValue as JSONValue,
+)
+from ._types import (
+    LeaseConflictError as LeaseConflictError,
+)
+from ._types import (
+    LeaseRecord as LeaseRecord,
+)
+from ._types import (
+    LeaseStore as LeaseStore,
+)
+from ._types import (
+    OwnershipScope as OwnershipScope,
+)
+from ._types import (
+    RecordTooLargeError as RecordTooLargeError,
+)
+from ._types import (
+    Store as Store,
+)
+from ._types import (
+    StoreError as StoreError,
+)
+from ._types import (
+    StoreUnavailableError as StoreUnavailableError,
+)
+from ._types import (
+    SystemClock as SystemClock,
+)
+from ._types import (
+    ms_to_iso as ms_to_iso,
+)
+from ._open import open_store as open_store
