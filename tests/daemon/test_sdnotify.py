@@ -1,0 +1,71 @@
+"""sd_notify over a real AF_UNIX datagram socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from prismd import sdnotify
+
+
+def _receiver(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+    return sock
+
+
+def test_notify_sends_each_state_to_a_path_socket(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    with _receiver(path) as sock:
+        env = {"NOTIFY_SOCKET": path}
+        for state in ("READY=1", "WATCHDOG=1", "STOPPING=1"):
+            assert sdnotify.notify(state, env=env) is True
+            assert sock.recv(256) == state.encode()
+
+
+def test_notify_supports_abstract_socket_names() -> None:
+    name = f"prismd-test-{os.getpid()}-{id(object())}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(5)
+        assert sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": "@" + name}) is True
+        assert sock.recv(64) == b"READY=1"
+
+
+def test_notify_never_raises(tmp_path: Path) -> None:
+    assert sdnotify.notify("READY=1", env={}) is False
+    assert sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": "relative/path"}) is False
+    missing = str(tmp_path / "gone.sock")
+    assert sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": missing}) is False
+    # A path that is not a socket at all.
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    assert sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": str(plain)}) is False
+
+
+def test_notify_reads_the_process_environment(tmp_path: Path) -> None:
+    path = str(tmp_path / "env.sock")
+    with _receiver(path) as sock:
+        os.environ["NOTIFY_SOCKET"] = path
+        try:
+            assert sdnotify.notify("STOPPING=1") is True
+        finally:
+            del os.environ["NOTIFY_SOCKET"]
+        assert sock.recv(64) == b"STOPPING=1"
+
+
+def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "20000000"}) == 10.0
+    pid = str(os.getpid())
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "3000000", "WATCHDOG_PID": pid}) == 1.5
+
+
+def test_watchdog_interval_off_cases() -> None:
+    assert sdnotify.watchdog_interval({}) is None
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "abc"}) is None
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "0"}) is None
+    other = str(os.getpid() + 1)
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": other}) is None
+    assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "x"}) is None
