@@ -1,0 +1,221 @@
+"""Who may talk to which agent: config ``[[grants]]`` and durable paired grants → ``authorize``.
+
+:class:`GrantAuthorizer` is the runtime's ``authorize`` callback (contract §2.2). For an
+event on connection ``C`` from actor ``A`` it answers, in order:
+
+1. the first ``[[grants]]`` entry for ``C`` whose ``actors`` holds ``A`` or ``"*"``;
+2. for connections with a ``pairing = true`` grant, the durable grant recorded when ``A``
+   paired (loaded through ``load_paired`` and cached; :meth:`GrantAuthorizer.on_paired`
+   makes a new pairing effective at once);
+3. otherwise ``None`` (the runtime answers ``denied/rejected``).
+
+The identity of a granted actor is built here, never from event claims: tenant from the
+grant, account = the grant's ``account`` or the connection id, user = the grant's ``user``
+or the actor id, principal ``("user", actor id)``, scopes ``("chat",)``. The
+``grant_revision`` of a config grant is a stable hash of the entry, so editing an entry
+invalidates approvals issued under the old one (contract §10.3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
+
+import attrs
+
+from stores import SYSTEM_CLOCK, Clock, OwnershipScope
+
+from .channel import AuthorizeInput, Grant
+from .identity import AgentIdentity, Principal
+
+WILDCARD = "*"
+CHAT_SCOPES = ("chat",)
+OPERATOR_SCOPES = ("operator",)
+
+# A miss (actor not paired) is cached briefly so a stranger's messages do not each cost
+# a store read; a hit is cached longer. on_paired() drops the entry, so neither delays
+# a new pairing.
+NEGATIVE_TTL_MS = 5_000
+POSITIVE_TTL_MS = 60_000
+MAX_CACHE_ENTRIES = 4_096
+
+
+class GrantEntry(Protocol):
+    """The fields of ``prismd.config.GrantConfig`` the authorizer reads."""
+
+    @property
+    def connection(self) -> str: ...
+    @property
+    def actors(self) -> tuple[str, ...]: ...
+    @property
+    def pairing(self) -> bool: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def default_alias(self) -> str | None: ...
+    @property
+    def notifications(self) -> bool: ...
+
+
+class OperatorEntry(Protocol):
+    """The fields of ``prismd.config.Operator`` the authorizer reads."""
+
+    @property
+    def uid(self) -> int: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+
+
+LoadPaired = Callable[[OwnershipScope, str, str], Awaitable[Grant | None]]
+"""``load_paired(pairing_scope, connection_id, actor_id)`` → the actor's paired grant."""
+
+
+def grant_revision(entry: GrantEntry) -> str:
+    """A stable revision of a config grant: same entry, same revision, across restarts."""
+    canonical = json.dumps(
+        {
+            "connection": entry.connection,
+            "actors": list(entry.actors),
+            "pairing": entry.pairing,
+            "tenant": entry.tenant,
+            "account": entry.account,
+            "user": entry.user,
+            "aliases": list(entry.aliases),
+            "default_alias": entry.default_alias,
+            "notifications": entry.notifications,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return "cfg-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+def operator_identity(operator: OperatorEntry, *, now_ms: int) -> AgentIdentity:
+    """The identity an operator (control socket peer uid) acts as."""
+    return AgentIdentity(
+        tenant_id=operator.tenant,
+        account_id=operator.account,
+        user_id=operator.user,
+        principal=Principal("operator", str(operator.uid)),
+        scopes=OPERATOR_SCOPES,
+        issued_at_ms=now_ms,
+    )
+
+
+@attrs.frozen
+class _Cached:
+    grant: Grant | None
+    expires_at_ms: int
+
+
+@attrs.define(eq=False)
+class GrantAuthorizer:
+    """The daemon's ``authorize``, ``pairing_scope``, ``on_paired`` and ``identity_for``.
+
+    Guarantees: never widens a grant from event data; an unknown connection or actor is
+    ``None``; a store failure while loading a paired grant propagates (the runtime turns
+    a raising ``authorize`` into ``denied/authorization_failed``, and nothing is cached).
+    """
+
+    grants: Sequence[GrantEntry]
+    load_paired: LoadPaired | None = None
+    clock: Clock = SYSTEM_CLOCK
+    _revisions: dict[int, str] = attrs.field(init=False, factory=dict)
+    _pairing_tenants: dict[str, str] = attrs.field(init=False, factory=dict)
+    _cache: dict[tuple[str, str], _Cached] = attrs.field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.grants = tuple(self.grants)
+        for index, entry in enumerate(self.grants):
+            self._revisions[index] = grant_revision(entry)
+            if entry.pairing:
+                # The first pairing grant of a connection names the tenant paired actors join.
+                self._pairing_tenants.setdefault(entry.connection, entry.tenant)
+
+    def pairing_scope(self, connection_id: str) -> OwnershipScope | None:
+        """Where paired grants of ``connection_id`` live, or None when it has no pairing."""
+        tenant = self._pairing_tenants.get(connection_id)
+        if tenant is None:
+            return None
+        return OwnershipScope(tenant_id=tenant, account_id=connection_id)
+
+    def pairing_connections(self) -> Iterable[str]:
+        return tuple(self._pairing_tenants)
+
+    def static_grant(self, connection_id: str, actor_id: str) -> Grant | None:
+        """The config grant for (connection, actor), without touching the store."""
+        for index, entry in enumerate(self.grants):
+            if entry.connection != connection_id:
+                continue
+            if actor_id in entry.actors or WILDCARD in entry.actors:
+                return self._grant_from_entry(index, entry, connection_id, actor_id)
+        return None
+
+    def _grant_from_entry(
+        self, index: int, entry: GrantEntry, connection_id: str, actor_id: str
+    ) -> Grant:
+        identity = AgentIdentity(
+            tenant_id=entry.tenant,
+            account_id=entry.account if entry.account is not None else connection_id,
+            user_id=entry.user if entry.user is not None else actor_id,
+            principal=Principal("user", actor_id),
+            scopes=CHAT_SCOPES,
+            issued_at_ms=self.clock.now_ms(),
+        )
+        return Grant(
+            identity=identity,
+            agent_aliases=tuple(entry.aliases),
+            grant_revision=self._revisions[index],
+            default_agent_alias=entry.default_alias,
+            notifications=entry.notifications,
+        )
+
+    async def authorize(self, request: AuthorizeInput) -> Grant | None:
+        """The runtime's ``authorize`` callback (see the module docstring for the order)."""
+        connection_id = request.connection_id
+        actor_id = request.external_actor_id
+        if not isinstance(actor_id, str) or not actor_id:
+            return None
+        grant = self.static_grant(connection_id, actor_id)
+        if grant is not None:
+            return grant
+        scope = self.pairing_scope(connection_id)
+        if scope is None or self.load_paired is None:
+            return None
+        return await self._paired(scope, connection_id, actor_id)
+
+    async def _paired(
+        self, scope: OwnershipScope, connection_id: str, actor_id: str
+    ) -> Grant | None:
+        now = self.clock.now_ms()
+        key = (connection_id, actor_id)
+        cached = self._cache.get(key)
+        if cached is not None and cached.expires_at_ms > now:
+            return cached.grant
+        assert self.load_paired is not None
+        grant = await self.load_paired(scope, connection_id, actor_id)
+        if len(self._cache) >= MAX_CACHE_ENTRIES:
+            self._cache.clear()
+        ttl = POSITIVE_TTL_MS if grant is not None else NEGATIVE_TTL_MS
+        self._cache[key] = _Cached(grant, now + ttl)
+        return grant
+
+    def on_paired(self, connection_id: str, actor_id: str) -> None:
+        """A pairing was recorded: the next ``authorize`` for this actor reads the store."""
+        self._cache.pop((connection_id, actor_id), None)
+
+    def identity_for(self, operator: OperatorEntry) -> AgentIdentity:
+        """The control socket's ``identity_for``: an operator identity issued now."""
+        return operator_identity(operator, now_ms=self.clock.now_ms())

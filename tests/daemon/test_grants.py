@@ -1,0 +1,252 @@
+"""GrantAuthorizer: config grants, paired grants with a cache, pairing scopes, operators."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from prismd.channel import AuthorizeInput, Grant
+from prismd.grants import GrantAuthorizer, grant_revision, operator_identity
+from prismd.identity import AgentIdentity, Principal, identity_is_active
+from stores import OwnershipScope
+
+
+@attrs.frozen
+class Entry:
+    """Same fields as prismd.config.GrantConfig."""
+
+    connection: str
+    actors: tuple[str, ...] = ()
+    pairing: bool = False
+    tenant: str = "default"
+    account: str | None = None
+    user: str | None = None
+    aliases: tuple[str, ...] = ("echo",)
+    default_alias: str | None = None
+    notifications: bool = False
+
+
+@attrs.frozen
+class Op:
+    uid: int
+    tenant: str = "default"
+    account: str | None = None
+    user: str | None = None
+
+
+@attrs.define
+class FakeClock:
+    now: int = 1_700_000_000_000
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+def _event(connection: str = "web", actor: str = "a1") -> AuthorizeInput:
+    return AuthorizeInput(
+        connection_id=connection,
+        external_conversation_id="c1",
+        external_actor_id=actor,
+        event_id="e1",
+        text="hello",
+        action="message",
+        received_at_ms=0,
+    )
+
+
+async def test_listed_actor_gets_identity_from_connection_and_actor() -> None:
+    clock = FakeClock()
+    entry = Entry(connection="tg", actors=("202", "303"), aliases=("echo", "mock"))
+    auth = GrantAuthorizer([entry], clock=clock)
+    grant = await auth.authorize(_event("tg", "303"))
+    assert grant is not None
+    assert grant.identity == AgentIdentity(
+        tenant_id="default",
+        account_id="tg",
+        user_id="303",
+        principal=Principal("user", "303"),
+        scopes=("chat",),
+        issued_at_ms=clock.now,
+    )
+    assert identity_is_active(grant.identity, clock.now)
+    assert grant.agent_aliases == ("echo", "mock")
+    assert grant.default_agent_alias is None
+    assert grant.notifications is False
+    assert grant.grant_revision == grant_revision(entry)
+
+
+async def test_unlisted_actor_other_connection_and_empty_actor_are_refused() -> None:
+    auth = GrantAuthorizer([Entry(connection="tg", actors=("202",))], clock=FakeClock())
+    assert await auth.authorize(_event("tg", "999")) is None
+    assert await auth.authorize(_event("other", "202")) is None
+    assert await auth.authorize(_event("tg", "")) is None
+
+
+async def test_wildcard_and_explicit_account_user_tenant_and_options() -> None:
+    entry = Entry(
+        connection="web",
+        actors=("*",),
+        tenant="acme",
+        account="shared",
+        user="team",
+        aliases=("echo", "mock"),
+        default_alias="mock",
+        notifications=True,
+    )
+    auth = GrantAuthorizer([entry], clock=FakeClock())
+    grant = await auth.authorize(_event("web", "browser-7"))
+    assert grant is not None
+    assert (grant.identity.tenant_id, grant.identity.account_id, grant.identity.user_id) == (
+        "acme",
+        "shared",
+        "team",
+    )
+    assert grant.identity.principal == Principal("user", "browser-7")
+    assert grant.default_agent_alias == "mock"
+    assert grant.notifications is True
+
+
+async def test_first_matching_entry_wins() -> None:
+    specific = Entry(connection="tg", actors=("202",), aliases=("mock",))
+    everyone = Entry(connection="tg", actors=("*",), aliases=("echo",))
+    auth = GrantAuthorizer([specific, everyone], clock=FakeClock())
+    first = await auth.authorize(_event("tg", "202"))
+    other = await auth.authorize(_event("tg", "303"))
+    assert first is not None and first.agent_aliases == ("mock",)
+    assert other is not None and other.agent_aliases == ("echo",)
+    assert first.grant_revision != other.grant_revision
+
+
+def test_grant_revision_is_stable_and_changes_with_the_entry() -> None:
+    entry = Entry(connection="tg", actors=("202",))
+    assert grant_revision(entry) == grant_revision(Entry(connection="tg", actors=("202",)))
+    assert grant_revision(entry).startswith("cfg-")
+    for changed in (
+        attrs.evolve(entry, actors=("203",)),
+        attrs.evolve(entry, aliases=("mock",)),
+        attrs.evolve(entry, tenant="t2"),
+        attrs.evolve(entry, notifications=True),
+        attrs.evolve(entry, default_alias="echo"),
+        attrs.evolve(entry, pairing=True),
+        attrs.evolve(entry, account="x"),
+        attrs.evolve(entry, user="u"),
+    ):
+        assert grant_revision(changed) != grant_revision(entry)
+
+
+def test_pairing_scope_only_for_connections_with_a_pairing_grant() -> None:
+    auth = GrantAuthorizer(
+        [
+            Entry(connection="web", actors=("*",)),
+            Entry(connection="tg", pairing=True, tenant="acme"),
+            Entry(connection="tg", pairing=True, tenant="second"),
+        ]
+    )
+    assert auth.pairing_scope("tg") == OwnershipScope(tenant_id="acme", account_id="tg")
+    assert auth.pairing_scope("web") is None
+    assert auth.pairing_scope("unknown") is None
+    assert tuple(auth.pairing_connections()) == ("tg",)
+
+
+def _paired_grant(actor: str) -> Grant:
+    return Grant(
+        identity=AgentIdentity(
+            tenant_id="acme",
+            account_id="tg",
+            user_id=actor,
+            principal=Principal("user", actor),
+            scopes=("chat",),
+            issued_at_ms=0,
+        ),
+        agent_aliases=("echo",),
+        grant_revision="paired-1",
+    )
+
+
+async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> None:
+    clock = FakeClock()
+    calls: list[tuple[OwnershipScope, str, str]] = []
+    paired: dict[str, Grant] = {}
+
+    async def load(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+        calls.append((scope, connection, actor))
+        return paired.get(actor)
+
+    auth = GrantAuthorizer(
+        [Entry(connection="tg", pairing=True, tenant="acme")], load_paired=load, clock=clock
+    )
+    # Not paired yet: a miss, cached briefly.
+    assert await auth.authorize(_event("tg", "202")) is None
+    assert await auth.authorize(_event("tg", "202")) is None
+    assert calls == [(OwnershipScope("acme", "tg"), "tg", "202")]
+
+    # Pairing recorded: on_paired makes it effective at once.
+    paired["202"] = _paired_grant("202")
+    auth.on_paired("tg", "202")
+    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    assert len(calls) == 2
+    # Cached hit.
+    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    assert len(calls) == 2
+    # The cache expires.
+    clock.now += 60_001
+    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    assert len(calls) == 3
+
+    # A miss expires after the short negative TTL even without on_paired.
+    assert await auth.authorize(_event("tg", "303")) is None
+    paired["303"] = _paired_grant("303")
+    assert await auth.authorize(_event("tg", "303")) is None
+    clock.now += 5_001
+    assert await auth.authorize(_event("tg", "303")) == paired["303"]
+
+
+async def test_no_store_lookup_without_pairing_or_loader() -> None:
+    async def load(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+        raise AssertionError("must not load")
+
+    auth = GrantAuthorizer([Entry(connection="web", actors=("a1",))], load_paired=load)
+    assert await auth.authorize(_event("web", "a2")) is None
+    no_loader = GrantAuthorizer([Entry(connection="tg", pairing=True)])
+    assert await no_loader.authorize(_event("tg", "a2")) is None
+
+
+async def test_static_grant_wins_over_pairing_and_store_errors_propagate_uncached() -> None:
+    calls = 0
+
+    async def failing(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("store down")
+
+    auth = GrantAuthorizer(
+        [Entry(connection="tg", actors=("202",)), Entry(connection="tg", pairing=True)],
+        load_paired=failing,
+    )
+    assert await auth.authorize(_event("tg", "202")) is not None
+    assert calls == 0
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await auth.authorize(_event("tg", "303"))
+    assert calls == 2
+
+
+def test_operator_identity() -> None:
+    clock = FakeClock()
+    auth = GrantAuthorizer([], clock=clock)
+    identity = auth.identity_for(Op(uid=1000, tenant="acme", account="tg", user="ops"))
+    assert identity == AgentIdentity(
+        tenant_id="acme",
+        account_id="tg",
+        user_id="ops",
+        principal=Principal("operator", "1000"),
+        scopes=("operator",),
+        issued_at_ms=clock.now,
+    )
+    assert identity_is_active(identity, clock.now)
+    tenant_wide = operator_identity(Op(uid=0), now_ms=5)
+    assert (tenant_wide.tenant_id, tenant_wide.account_id, tenant_wide.user_id) == (
+        "default",
+        None,
+        None,
+    )
