@@ -1,0 +1,271 @@
+"""Validation and encoding shared by every backend, so they refuse the same inputs the same way.
+
+Everything here is pure: no I/O, no clock. Each function either returns a normalised value or
+raises the typed error the contract names (:class:`InvalidCheckpointError` for checkpoint
+input, :class:`InvalidLeaseError` for lease input). Messages name the bad field, never its
+value, so a token or a payload never ends up in a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from ._types import (
+    LIST_LIMIT_MAX,
+    MAX_SAFE_INTEGER,
+    CheckpointRecord,
+    InvalidCheckpointError,
+    InvalidLeaseError,
+    JSONValue,
+    OwnershipScope,
+    RecordTooLargeError,
+)
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True as a version is a caller bug, not version 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_scope_arg(scope: object, error: type[Exception]) -> OwnershipScope:
+    """``scope`` must be an :class:`OwnershipScope` whose fields are ``str`` or ``None``."""
+    if not isinstance(scope, OwnershipScope):
+        raise error("scope must be an OwnershipScope")
+    for field in (scope.tenant_id, scope.account_id, scope.user_id):
+        if field is not None and not isinstance(field, str):
+            raise error("scope fields must be strings or None")
+    return scope
+
+
+def check_name(value: object, what: str, error: type[Exception]) -> str:
+    """A namespace, key, owner id or token: a non-empty ``str``."""
+    if not isinstance(value, str) or not value:
+        raise error(f"{what} must be a non-empty string")
+    return value
+
+
+def check_checkpoint_address(namespace: object, key: object, scope: object) -> None:
+    """Validate the ``(namespace, key, scope)`` of a checkpoint call."""
+    check_name(namespace, "namespace", InvalidCheckpointError)
+    check_name(key, "key", InvalidCheckpointError)
+    check_scope_arg(scope, InvalidCheckpointError)
+
+
+def check_lease_address(namespace: object, key: object, scope: object) -> None:
+    """Validate the ``(namespace, key, scope)`` of a lease call."""
+    check_name(namespace, "namespace", InvalidLeaseError)
+    check_name(key, "key", InvalidLeaseError)
+    check_scope_arg(scope, InvalidLeaseError)
+
+
+def check_ttl(ttl_ms: object) -> int:
+    """A lease TTL: a positive safe integer of milliseconds."""
+    if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+        raise InvalidLeaseError("ttl_ms must be a positive safe integer")
+    return ttl_ms  # type: ignore[return-value]
+
+
+def encode_json(value: JSONValue, what: str) -> str:
+    """Strict compact JSON: no NaN/Infinity, string keys only, no ``default`` hook.
+
+    Raises :class:`InvalidCheckpointError` naming ``what`` when the value is not JSON.
+    """
+    try:
+        _check_json_shape(value, 0)
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidCheckpointError(f"{what} is not JSON-serialisable") from exc
+
+
+def _check_json_shape(value: object, depth: int) -> None:
+    # json.dumps silently turns int dict keys into strings and tuples into lists; the first
+    # would change the value on the way back, so refuse it instead of storing something else.
+    if depth > 200:
+        raise ValueError("nested too deeply")
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("non-finite float")
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_json_shape(item, depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError("non-string key")
+            _check_json_shape(v, depth + 1)
+        return
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def decode_json(text: str) -> JSONValue:
+    return json.loads(text)
+
+
+@attrs.frozen
+class SaveRequest:
+    """A validated ``save_checkpoint`` call with its value already encoded."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+    version: int
+    value_json: str
+    expected_version: int | None
+    fencing_token: int | None
+    category: str | None
+    metadata_json: str | None
+
+
+def check_save(
+    *,
+    namespace: object,
+    key: object,
+    scope: object,
+    version: object,
+    value: JSONValue,
+    expected_version: object,
+    fencing_token: object,
+    category: object,
+    metadata: object,
+    max_value_bytes: int,
+) -> SaveRequest:
+    """Validate a save and encode its value; every backend calls this before touching data.
+
+    Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError` when the UTF-8
+    JSON encoding of ``value`` exceeds ``max_value_bytes``).
+    """
+    check_checkpoint_address(namespace, key, scope)
+    if not _is_int(version) or not 1 <= version <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+        raise InvalidCheckpointError("version must be a positive safe integer")
+    if expected_version is not None and (
+        not _is_int(expected_version) or not 0 <= expected_version <= MAX_SAFE_INTEGER  # type: ignore[operator]
+    ):
+        raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
+    if fencing_token is not None and (
+        not _is_int(fencing_token) or not 0 <= fencing_token <= MAX_SAFE_INTEGER  # type: ignore[operator]
+    ):
+        raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
+    if category is not None and not isinstance(category, str):
+        raise InvalidCheckpointError("category must be a string")
+    value_json = encode_json(value, "value")
+    if len(value_json.encode("utf-8")) > max_value_bytes:
+        raise RecordTooLargeError(
+            f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
+        )
+    metadata_json: str | None = None
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise InvalidCheckpointError("metadata must be a mapping")
+        metadata_json = encode_json(dict(metadata), "metadata")
+        if len(metadata_json.encode("utf-8")) > max_value_bytes:
+            raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
+    assert isinstance(namespace, str) and isinstance(key, str)
+    assert isinstance(scope, OwnershipScope) and isinstance(version, int)
+    return SaveRequest(
+        namespace=namespace,
+        key=key,
+        scope=scope,
+        version=version,
+        value_json=value_json,
+        expected_version=expected_version,  # type: ignore[arg-type]
+        fencing_token=fencing_token,  # type: ignore[arg-type]
+        category=category,
+        metadata_json=metadata_json,
+    )
+
+
+def check_max_value_bytes(max_value_bytes: object) -> int:
+    if not _is_int(max_value_bytes) or max_value_bytes < 1:  # type: ignore[operator]
+        raise ValueError("max_value_bytes must be a positive integer")
+    return max_value_bytes  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def clamp_limit(limit: object) -> int:
+    """``limit`` clamped to ``1..500``; anything but an int is bad input."""
+    if not _is_int(limit):
+        raise InvalidCheckpointError("limit must be an integer")
+    return max(1, min(LIST_LIMIT_MAX, limit))  # type: ignore[call-overload, no-any-return]
+
+
+def check_category_filter(category: object) -> tuple[str, ...] | None:
+    """``None`` (any), one category, or a sequence of them (an empty one matches nothing)."""
+    if category is None:
+        return None
+    if isinstance(category, str):
+        return (category,)
+    if isinstance(category, Sequence) and all(isinstance(c, str) for c in category):
+        return tuple(category)
+    raise InvalidCheckpointError("category must be a string or a sequence of strings")
+
+
+def check_list_filters(namespace: object, key_prefix: object, scope: object) -> None:
+    if namespace is not None and not isinstance(namespace, str):
+        raise InvalidCheckpointError("namespace must be a string")
+    if key_prefix is not None and not isinstance(key_prefix, str):
+        raise InvalidCheckpointError("key_prefix must be a string")
+    check_scope_arg(scope, InvalidCheckpointError)
+
+
+# The listing order is (updated_at DESC, key ASC, namespace ASC); a cursor is the position of
+# the last row returned. Keyset paging (rather than an offset) is what makes a walk under
+# concurrent writes safe: a row rewritten mid-walk moves to the front, behind the cursor, so
+# it is not seen twice, and rows that stayed put keep their place after it.
+SortKey = tuple[int, str, str]
+
+
+def sort_key(record: CheckpointRecord) -> SortKey:
+    """Python twin of the SQL ``ORDER BY``: ascending order of this tuple is listing order."""
+    return (-record.updated_at_ms, record.key, record.namespace)
+
+
+def encode_cursor(record: CheckpointRecord) -> str:
+    raw = json.dumps([record.updated_at_ms, record.key, record.namespace], ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: object) -> tuple[int, str, str] | None:
+    """``(updated_at_ms, key, namespace)`` of the last row seen, or ``None`` for no cursor."""
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not cursor:
+        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page")
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8"))
+    except (ValueError, UnicodeError, binascii.Error) as exc:
+        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page") from exc
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) != 3
+        or not _is_int(decoded[0])
+        or not isinstance(decoded[1], str)
+        or not isinstance(decoded[2], str)
+    ):
+        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page")
+    return (decoded[0], decoded[1], decoded[2])
+
+
+def after_cursor(record: CheckpointRecord, cursor: tuple[int, str, str]) -> bool:
+    """True when ``record`` sorts strictly after the cursor position."""
+    updated_at_ms, key, namespace = cursor
+    return sort_key(record) > (-updated_at_ms, key, namespace)
+
+
+def check_event_args(after: object, limit: object, scope: object) -> tuple[int, int]:
+    if not _is_int(after) or after < 0:  # type: ignore[operator]
+        raise InvalidCheckpointError("after must be a non-negative integer")
+    check_scope_arg(scope, InvalidCheckpointError)
+    return after, clamp_limit(limit)  # type: ignore[return-value]
