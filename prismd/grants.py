@@ -78,8 +78,23 @@ class OperatorEntry(Protocol):
     def user(self) -> str | None: ...
 
 
-LoadPaired = Callable[[OwnershipScope, str, str], Awaitable[Grant | None]]
-"""``load_paired(pairing_scope, connection_id, actor_id)`` → the actor's paired grant."""
+class PairedRecord(Protocol):
+    """The fields of ``prismd.controls.GrantRecord`` (a grant recorded by pairing)."""
+
+    @property
+    def connection_id(self) -> str: ...
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def default_alias(self) -> str | None: ...
+    @property
+    def created_at_ms(self) -> int: ...
+
+
+LoadPaired = Callable[[OwnershipScope, str, str], Awaitable[PairedRecord | None]]
+"""``load_paired(pairing_scope, connection_id, actor_id)``, i.e. ``GrantStore.load``."""
 
 
 def grant_revision(entry: GrantEntry) -> str:
@@ -133,7 +148,7 @@ class GrantAuthorizer:
     load_paired: LoadPaired | None = None
     clock: Clock = SYSTEM_CLOCK
     _revisions: dict[int, str] = attrs.field(init=False, factory=dict)
-    _pairing_tenants: dict[str, str] = attrs.field(init=False, factory=dict)
+    _pairing_entries: dict[str, int] = attrs.field(init=False, factory=dict)
     _cache: dict[tuple[str, str], _Cached] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
@@ -141,18 +156,19 @@ class GrantAuthorizer:
         for index, entry in enumerate(self.grants):
             self._revisions[index] = grant_revision(entry)
             if entry.pairing:
-                # The first pairing grant of a connection names the tenant paired actors join.
-                self._pairing_tenants.setdefault(entry.connection, entry.tenant)
+                # The first pairing grant of a connection names the tenant paired actors join
+                # and the notifications flag their grants carry.
+                self._pairing_entries.setdefault(entry.connection, index)
 
     def pairing_scope(self, connection_id: str) -> OwnershipScope | None:
         """Where paired grants of ``connection_id`` live, or None when it has no pairing."""
-        tenant = self._pairing_tenants.get(connection_id)
-        if tenant is None:
+        index = self._pairing_entries.get(connection_id)
+        if index is None:
             return None
-        return OwnershipScope(tenant_id=tenant, account_id=connection_id)
+        return OwnershipScope(tenant_id=self.grants[index].tenant, account_id=connection_id)
 
     def pairing_connections(self) -> Iterable[str]:
-        return tuple(self._pairing_tenants)
+        return tuple(self._pairing_entries)
 
     def static_grant(self, connection_id: str, actor_id: str) -> Grant | None:
         """The config grant for (connection, actor), without touching the store."""
@@ -205,16 +221,50 @@ class GrantAuthorizer:
         if cached is not None and cached.expires_at_ms > now:
             return cached.grant
         assert self.load_paired is not None
-        grant = await self.load_paired(scope, connection_id, actor_id)
+        record = await self.load_paired(scope, connection_id, actor_id)
+        grant = None if record is None else self.paired_grant(record)
         if len(self._cache) >= MAX_CACHE_ENTRIES:
             self._cache.clear()
         ttl = POSITIVE_TTL_MS if grant is not None else NEGATIVE_TTL_MS
         self._cache[key] = _Cached(grant, now + ttl)
         return grant
 
-    def on_paired(self, connection_id: str, actor_id: str) -> None:
-        """A pairing was recorded: the next ``authorize`` for this actor reads the store."""
-        self._cache.pop((connection_id, actor_id), None)
+    def paired_grant(self, record: PairedRecord) -> Grant | None:
+        """The grant of a paired actor: identity (pairing tenant, connection, actor)."""
+        index = self._pairing_entries.get(record.connection_id)
+        if index is None or not record.aliases:
+            return None
+        entry = self.grants[index]
+        revision = json.dumps(
+            [
+                self._revisions[index],
+                record.connection_id,
+                record.actor_id,
+                list(record.aliases),
+                record.default_alias,
+                record.created_at_ms,
+            ],
+            separators=(",", ":"),
+        )
+        identity = AgentIdentity(
+            tenant_id=entry.tenant,
+            account_id=record.connection_id,
+            user_id=record.actor_id,
+            principal=Principal("user", record.actor_id),
+            scopes=CHAT_SCOPES,
+            issued_at_ms=self.clock.now_ms(),
+        )
+        return Grant(
+            identity=identity,
+            agent_aliases=tuple(record.aliases),
+            grant_revision="paired-" + hashlib.sha256(revision.encode()).hexdigest()[:24],
+            default_agent_alias=record.default_alias,
+            notifications=entry.notifications,
+        )
+
+    def on_paired(self, record: PairedRecord) -> None:
+        """The runtime's ``on_paired``: the next ``authorize`` for this actor reads the store."""
+        self._cache.pop((record.connection_id, record.actor_id), None)
 
     def identity_for(self, operator: OperatorEntry) -> AgentIdentity:
         """The control socket's ``identity_for``: an operator identity issued now."""

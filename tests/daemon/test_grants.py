@@ -5,10 +5,11 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from prismd.channel import AuthorizeInput, Grant
+from prismd.channel import AuthorizeInput
+from prismd.controls import GrantRecord, GrantStore
 from prismd.grants import GrantAuthorizer, grant_revision, operator_identity
 from prismd.identity import AgentIdentity, Principal, identity_is_active
-from stores import OwnershipScope
+from stores import OwnershipScope, open_store
 
 
 @attrs.frozen
@@ -148,61 +149,93 @@ def test_pairing_scope_only_for_connections_with_a_pairing_grant() -> None:
     assert tuple(auth.pairing_connections()) == ("tg",)
 
 
-def _paired_grant(actor: str) -> Grant:
-    return Grant(
-        identity=AgentIdentity(
-            tenant_id="acme",
-            account_id="tg",
-            user_id=actor,
-            principal=Principal("user", actor),
-            scopes=("chat",),
-            issued_at_ms=0,
-        ),
-        agent_aliases=("echo",),
-        grant_revision="paired-1",
+def _record(actor: str, aliases: tuple[str, ...] = ("echo",)) -> GrantRecord:
+    return GrantRecord(
+        connection_id="tg",
+        actor_id=actor,
+        aliases=aliases,
+        default_alias=None,
+        created_at_ms=1,
     )
 
 
 async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> None:
     clock = FakeClock()
     calls: list[tuple[OwnershipScope, str, str]] = []
-    paired: dict[str, Grant] = {}
+    paired: dict[str, GrantRecord] = {}
 
-    async def load(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+    async def load(scope: OwnershipScope, connection: str, actor: str) -> GrantRecord | None:
         calls.append((scope, connection, actor))
         return paired.get(actor)
 
-    auth = GrantAuthorizer(
-        [Entry(connection="tg", pairing=True, tenant="acme")], load_paired=load, clock=clock
-    )
+    entry = Entry(connection="tg", pairing=True, tenant="acme", notifications=True)
+    auth = GrantAuthorizer([entry], load_paired=load, clock=clock)
     # Not paired yet: a miss, cached briefly.
     assert await auth.authorize(_event("tg", "202")) is None
     assert await auth.authorize(_event("tg", "202")) is None
     assert calls == [(OwnershipScope("acme", "tg"), "tg", "202")]
 
     # Pairing recorded: on_paired makes it effective at once.
-    paired["202"] = _paired_grant("202")
-    auth.on_paired("tg", "202")
-    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    paired["202"] = _record("202", ("echo", "mock"))
+    auth.on_paired(paired["202"])
+    grant = await auth.authorize(_event("tg", "202"))
+    assert grant is not None
+    assert grant.identity == AgentIdentity(
+        tenant_id="acme",
+        account_id="tg",
+        user_id="202",
+        principal=Principal("user", "202"),
+        scopes=("chat",),
+        issued_at_ms=clock.now,
+    )
+    assert grant.agent_aliases == ("echo", "mock")
+    assert grant.notifications is True
+    assert grant.grant_revision.startswith("paired-")
     assert len(calls) == 2
     # Cached hit.
-    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    assert await auth.authorize(_event("tg", "202")) == grant
     assert len(calls) == 2
     # The cache expires.
     clock.now += 60_001
-    assert await auth.authorize(_event("tg", "202")) == paired["202"]
+    again = await auth.authorize(_event("tg", "202"))
+    assert again is not None and again.grant_revision == grant.grant_revision
     assert len(calls) == 3
 
     # A miss expires after the short negative TTL even without on_paired.
     assert await auth.authorize(_event("tg", "303")) is None
-    paired["303"] = _paired_grant("303")
+    paired["303"] = _record("303")
     assert await auth.authorize(_event("tg", "303")) is None
     clock.now += 5_001
-    assert await auth.authorize(_event("tg", "303")) == paired["303"]
+    third = await auth.authorize(_event("tg", "303"))
+    assert third is not None and third.identity.user_id == "303"
+    assert third.grant_revision != grant.grant_revision
+
+
+async def test_paired_grants_through_a_real_grant_store() -> None:
+    store = await open_store("memory://")
+    try:
+        grants = GrantStore(store.checkpoints)
+        entry = Entry(connection="tg", pairing=True, tenant="acme")
+        auth = GrantAuthorizer([entry], load_paired=grants.load)
+        scope = auth.pairing_scope("tg")
+        assert scope is not None
+        assert await auth.authorize(_event("tg", "202")) is None
+        record = await grants.record(
+            scope, connection_id="tg", actor_id="202", aliases=("echo",), default_alias="echo"
+        )
+        auth.on_paired(record)
+        grant = await auth.authorize(_event("tg", "202"))
+        assert grant is not None
+        assert grant.default_agent_alias == "echo"
+        assert grant.identity.tenant_id == "acme"
+        # A record on a connection without pairing grants nothing.
+        assert auth.paired_grant(attrs.evolve(record, connection_id="web")) is None
+    finally:
+        await store.aclose()
 
 
 async def test_no_store_lookup_without_pairing_or_loader() -> None:
-    async def load(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+    async def load(scope: OwnershipScope, connection: str, actor: str) -> GrantRecord | None:
         raise AssertionError("must not load")
 
     auth = GrantAuthorizer([Entry(connection="web", actors=("a1",))], load_paired=load)
@@ -214,7 +247,7 @@ async def test_no_store_lookup_without_pairing_or_loader() -> None:
 async def test_static_grant_wins_over_pairing_and_store_errors_propagate_uncached() -> None:
     calls = 0
 
-    async def failing(scope: OwnershipScope, connection: str, actor: str) -> Grant | None:
+    async def failing(scope: OwnershipScope, connection: str, actor: str) -> GrantRecord | None:
         nonlocal calls
         calls += 1
         raise RuntimeError("store down")
