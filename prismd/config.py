@@ -1,0 +1,836 @@
+"""The daemon's configuration: a TOML file loaded into frozen attrs records.
+
+Guarantees of :func:`load_config`:
+
+* every key is known (unknown keys are errors at every level, including the keys of one
+  connection kind used on another kind) and has the right TOML type;
+* every error is a :class:`ConfigError` whose text names the file and the key, for example
+  ``prismd.toml: [[connections]][1].mode: must be 'polling' or 'webhook'``. Array entries
+  are numbered from 1, as a person counts the ``[[connections]]`` blocks in the file;
+* secrets are never inline: tokens come from the environment (``token_env``) or a file
+  (``token_file``, looked up in systemd's ``$CREDENTIALS_DIRECTORY`` first) and are read
+  by :func:`read_secret` only when a connection starts. A key such as ``token = "…"`` is
+  an error that says so, and no error message ever contains a value of such a key;
+* cross references hold: connection ids are unique, grants name existing connections and
+  aliases from ``[agents]``, ``default_alias`` is one of the grant's ``aliases``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import os
+import re
+import tomllib
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeAlias, TypeVar
+
+import attrs
+
+from .limits import LIMIT_TABLE, Limits
+
+__all__ = [
+    "AgentConfig",
+    "Config",
+    "ConfigError",
+    "ConnectionConfig",
+    "ControlConfig",
+    "DaemonConfig",
+    "GrantConfig",
+    "Operator",
+    "SignalConnectionConfig",
+    "StoreConfig",
+    "TelegramConnectionConfig",
+    "WebchatConnectionConfig",
+    "default_config",
+    "is_loopback_host",
+    "load_config",
+    "parse_host_port",
+    "read_secret",
+]
+
+DEFAULT_CONFIG_FILE = "prismd.toml"
+AGENT_KINDS = ("echo", "mock", "openai", "python")
+# Keys that would hold a secret inline. Their values never appear in an error message.
+_INLINE_SECRET_KEYS = frozenset(
+    {
+        "token",
+        "bot_token",
+        "access_token",
+        "webhook_secret",
+        "secret",
+        "password",
+        "api_key",
+    }
+)
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(Exception):
+    """A configuration problem; ``str(e)`` is ``"<file>: <key>: <message>"``.
+
+    ``file`` is the path as given (``None`` for the built-in defaults or secrets read at
+    start-up), ``key`` the TOML location such as ``[[connections]][2].kind`` or
+    ``[limits].max_routes`` (``None`` when the whole file is at fault).
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
+        self.file = file
+        self.key = key
+        self.message = message
+        super().__init__(": ".join(part for part in (file, key, message) if part))
+
+
+# --------------------------------------------------------------------------- records
+
+
+@attrs.frozen
+class StoreConfig:
+    url: str = "sqlite:///var/journal.sqlite"
+
+
+@attrs.frozen
+class DaemonConfig:
+    state_dir: str = "var"
+    """Holds the instance id and the lock file that makes it exclusive."""
+
+
+@attrs.frozen
+class Operator:
+    """An operator identity for one local uid, scoped to a tenant (and optionally more)."""
+
+    uid: int
+    tenant: str = "default"
+    account: str | None = None
+    user: str | None = None
+
+
+@attrs.frozen
+class ControlConfig:
+    socket: str = "var/run/control.sock"
+    group: str | None = None
+    operators: tuple[Operator, ...] = ()
+    max_request_bytes: int = 65536
+    idle_timeout_ms: int = 30000
+
+    def operator_for(self, uid: int, *, daemon_uid: int | None = None) -> Operator | None:
+        """The operator for ``uid``, or ``None`` when that uid may not use the socket.
+
+        The uid running the daemon is always an operator for tenant ``"default"`` unless
+        it is listed explicitly (then its listed scope wins).
+        """
+        for operator in self.operators:
+            if operator.uid == uid:
+                return operator
+        if daemon_uid is not None and uid == daemon_uid:
+            return Operator(uid=uid)
+        return None
+
+
+@attrs.frozen
+class TelegramConnectionConfig:
+    id: str
+    token_env: str | None = None
+    token_file: str | None = None
+    api_origin: str = "https://api.telegram.org"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: str = "127.0.0.1:8443"
+    webhook_path: str | None = None
+    """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
+    webhook_secret_env: str | None = None
+    allow_groups: bool = False
+    poll_timeout_s: int = 30
+    kind: Literal["telegram"] = "telegram"
+
+    @property
+    def effective_webhook_path(self) -> str:
+        return self.webhook_path if self.webhook_path is not None else f"/telegram/{self.id}"
+
+
+@attrs.frozen
+class SignalConnectionConfig:
+    id: str
+    account: str
+    socket: str | None = None
+    tcp: str | None = None
+    """Exactly one of ``socket`` (a Unix socket path) and ``tcp`` (``host:port``) is set."""
+    kind: Literal["signal"] = "signal"
+
+
+@attrs.frozen
+class WebchatConnectionConfig:
+    id: str
+    listen: str = "127.0.0.1:8787"
+    access_token_env: str | None = None
+    """Required (or a pairing grant) when ``listen`` is not a loopback address."""
+    kind: Literal["webchat"] = "webchat"
+
+
+ConnectionConfig: TypeAlias = (
+    TelegramConnectionConfig | SignalConnectionConfig | WebchatConnectionConfig
+)
+
+
+@attrs.frozen
+class GrantConfig:
+    """Who may talk to which agents on one connection.
+
+    ``actors == ("*",)`` grants everyone who can reach the connection. The ownership
+    scope of a granted actor is ``(tenant, account or connection id, user or actor id)``.
+    """
+
+    connection: str
+    actors: tuple[str, ...] = ()
+    pairing: bool = False
+    tenant: str = "default"
+    account: str | None = None
+    user: str | None = None
+    aliases: tuple[str, ...] = ()
+    default_alias: str | None = None
+    notifications: bool = False
+
+
+@attrs.frozen
+class AgentConfig:
+    alias: str
+    kind: Literal["echo", "mock", "openai", "python"]
+    options: Mapping[str, Any] = attrs.field(factory=lambda: types.MappingProxyType({}))
+
+
+@attrs.frozen
+class Config:
+    source: str | None
+    daemon: DaemonConfig
+    store: StoreConfig
+    limits: Limits
+    control: ControlConfig
+    connections: tuple[ConnectionConfig, ...]
+    grants: tuple[GrantConfig, ...]
+    agents: Mapping[str, AgentConfig]
+
+    def connection(self, connection_id: str) -> ConnectionConfig | None:
+        for conn in self.connections:
+            if conn.id == connection_id:
+                return conn
+        return None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1 (brackets allowed)."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """Split ``"host:port"`` or ``"[v6]:port"``; raises ``ValueError`` when malformed."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError("must be 'host:port'")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError("must be 'host:port'")
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("an IPv6 host must be written in brackets: '[::1]:port'")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError("port must be between 0 and 65535")
+    return host, port
+
+
+def read_secret(
+    *,
+    env_name: str | None,
+    file_name: str | None,
+    env: Mapping[str, str] = os.environ,
+    key: str | None = None,
+) -> str:
+    """Read a secret from the environment variable ``env_name`` or the file ``file_name``.
+
+    A relative ``file_name`` is looked up in ``$CREDENTIALS_DIRECTORY`` (systemd's
+    ``LoadCredential=``) first, then relative to the working directory. Surrounding
+    whitespace (a trailing newline) is stripped. The value is never logged and never part
+    of an error; a missing or empty secret raises :class:`ConfigError` naming ``key``
+    (for example ``[[connections]][1].token_env``) or the source.
+    """
+    if env_name:
+        value = env.get(env_name, "").strip()
+        if not value:
+            raise ConfigError(
+                f"environment variable {env_name} is not set or empty",
+                key=key or "token_env",
+            )
+        return value
+    if file_name:
+        candidates: list[Path] = []
+        path = Path(file_name)
+        credentials = env.get("CREDENTIALS_DIRECTORY")
+        if not path.is_absolute() and credentials:
+            candidates.append(Path(credentials) / path)
+        candidates.append(path)
+        for candidate in candidates:
+            try:
+                text = candidate.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                continue
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"cannot read secret file {file_name} ({type(exc).__name__})",
+                    key=key or "token_file",
+                ) from None
+            value = text.strip()
+            if not value:
+                raise ConfigError(f"secret file {file_name} is empty", key=key or "token_file")
+            return value
+        raise ConfigError(f"secret file {file_name} not found", key=key or "token_file")
+    raise ConfigError("no secret source: set token_env or token_file", key=key)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_T = TypeVar("_T")
+
+
+def _default(cls: type, name: str) -> Any:
+    return getattr(attrs.fields(cls), name).default
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__
+
+
+@attrs.define(eq=False)
+class _Table:
+    """One TOML table being read: remembers which keys were used, names its location."""
+
+    file: str | None
+    where: str
+    """``[control]``, ``[[connections]][2]`` …"""
+    data: Mapping[str, Any]
+    used: set[str] = attrs.field(factory=set)
+
+    def key(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def error(self, name: str | None, message: str) -> ConfigError:
+        return ConfigError(message, file=self.file, key=self.key(name) if name else self.where)
+
+    def _get(self, name: str, kind: type[_T], what: str, default: Any) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        value = self.data[name]
+        if isinstance(value, bool) and kind is not bool:
+            raise self.error(name, f"must be {what}, got boolean")
+        if not isinstance(value, kind):
+            raise self.error(name, f"must be {what}, got {_type_name(value)}")
+        return value
+
+    def get_str(self, name: str, default: Any = None, *, required: bool = False) -> Any:
+        if required and name not in self.data:
+            raise self.error(name, "is required")
+        value = self._get(name, str, "a string", default)
+        if isinstance(value, str) and not value:
+            raise self.error(name, "must not be empty")
+        return value
+
+    def get_int(self, name: str, default: Any = None, *, low: int = 0, high: int = 2**53) -> Any:
+        value = self._get(name, int, "an integer", default)
+        if isinstance(value, int) and not low <= value <= high:
+            raise self.error(name, f"must be between {low} and {high}, got {value}")
+        return value
+
+    def get_bool(self, name: str, default: bool = False) -> bool:
+        value: bool = self._get(name, bool, "true or false", default)
+        return value
+
+    def str_list(self, name: str) -> tuple[str, ...] | None:
+        value = self._get(name, list, "an array of strings", None)
+        if value is None:
+            return None
+        for item in value:
+            if not isinstance(item, str) or not item:
+                raise self.error(name, "must be an array of non-empty strings")
+        return tuple(value)
+
+    def table(self, name: str) -> _Table:
+        value = self._get(name, dict, "a table", {})
+        return _Table(self.file, f"[{name}]" if self.where == "" else self.key(name), value)
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str | None) -> Any:
+        value = self.get_str(name, default, required=default is None)
+        if value not in choices:
+            allowed = " or ".join(repr(c) for c in choices)
+            if len(choices) > 2:
+                allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+            raise self.error(name, f"must be {allowed}")
+        return value
+
+    def reject_inline_secrets(self) -> None:
+        """An inline secret is named as such (its value is never shown)."""
+        for name in self.data:
+            if name in _INLINE_SECRET_KEYS:
+                raise self.error(
+                    name,
+                    "secrets are never inline in the config; use token_env or token_file "
+                    "(or an *_env key naming an environment variable)",
+                )
+
+    def finish(self) -> None:
+        """Reject every key that was not read (and any inline secret, value unseen)."""
+        self.reject_inline_secrets()
+        for name in self.data:
+            if name not in self.used:
+                raise self.error(name, "unknown key")
+
+
+def _check_address(table: _Table, name: str, value: str) -> None:
+    try:
+        parse_host_port(value)
+    except ValueError as exc:
+        raise table.error(name, str(exc)) from None
+
+
+def _check_env_name(table: _Table, name: str, value: str | None) -> None:
+    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise table.error(name, "must be an environment variable name")
+
+
+def _parse_daemon(root: _Table) -> DaemonConfig:
+    table = root.table("daemon")
+    result = DaemonConfig(state_dir=table.get_str("state_dir", _default(DaemonConfig, "state_dir")))
+    table.finish()
+    return result
+
+
+def _parse_store(root: _Table) -> StoreConfig:
+    table = root.table("store")
+    url: str = table.get_str("url", _default(StoreConfig, "url"))
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("memory", "sqlite", "postgresql", "postgres"):
+        raise table.error("url", "must be sqlite:///PATH, postgresql://… or memory://")
+    if scheme == "sqlite" and not rest.lstrip("/"):
+        raise table.error("url", "sqlite:/// needs a file path")
+    table.finish()
+    return StoreConfig(url=url)
+
+
+def _parse_limits(root: _Table) -> Limits:
+    table = root.table("limits")
+    values: dict[str, int] = {}
+    for name in table.data:
+        if name not in LIMIT_TABLE:
+            continue
+        table.used.add(name)
+        value = table.data[name]
+        try:
+            Limits(**{name: value})
+        except (TypeError, ValueError) as exc:
+            raise table.error(name, str(exc).removeprefix(f"limit {name} ")) from None
+        values[name] = value
+    table.finish()
+    return Limits(**values)
+
+
+def _parse_control(root: _Table) -> ControlConfig:
+    table = root.table("control")
+    socket: str = table.get_str("socket", _default(ControlConfig, "socket"))
+    group = table.get_str("group")
+    max_request_bytes = table.get_int(
+        "max_request_bytes",
+        _default(ControlConfig, "max_request_bytes"),
+        low=1024,
+        high=16 * 1024 * 1024,
+    )
+    idle_timeout_ms = table.get_int(
+        "idle_timeout_ms",
+        _default(ControlConfig, "idle_timeout_ms"),
+        low=100,
+        high=24 * 3600 * 1000,
+    )
+    raw_operators = table._get("operators", list, "an array of tables", [])
+    operators: list[Operator] = []
+    seen: set[int] = set()
+    for index, raw in enumerate(raw_operators, start=1):
+        where = f"{table.where}.operators[{index}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"must be a table, got {_type_name(raw)}", file=root.file, key=where)
+        op = _Table(root.file, where, raw)
+        if "uid" not in raw:
+            raise op.error("uid", "is required")
+        uid: int = op.get_int("uid", low=0, high=2**32 - 1)
+        if uid in seen:
+            raise op.error("uid", f"uid {uid} is listed twice")
+        seen.add(uid)
+        operators.append(
+            Operator(
+                uid=uid,
+                tenant=op.get_str("tenant", "default"),
+                account=op.get_str("account"),
+                user=op.get_str("user"),
+            )
+        )
+        op.finish()
+    table.finish()
+    return ControlConfig(
+        socket=socket,
+        group=group,
+        operators=tuple(operators),
+        max_request_bytes=max_request_bytes,
+        idle_timeout_ms=idle_timeout_ms,
+    )
+
+
+def _parse_telegram(table: _Table, conn_id: str) -> TelegramConnectionConfig:
+    token_env = table.get_str("token_env")
+    token_file = table.get_str("token_file")
+    _check_env_name(table, "token_env", token_env)
+    if (token_env is None) == (token_file is None):
+        raise table.error("token_env", "set exactly one of token_env and token_file")
+    api_origin: str = table.get_str("api_origin", "https://api.telegram.org")
+    _check_origin(table, "api_origin", api_origin)
+    mode = table.choice("mode", ("polling", "webhook"), "polling")
+    webhook_listen: str = table.get_str("webhook_listen", "127.0.0.1:8443")
+    _check_address(table, "webhook_listen", webhook_listen)
+    webhook_path = table.get_str("webhook_path")
+    if webhook_path is not None and not webhook_path.startswith("/"):
+        raise table.error("webhook_path", "must start with '/'")
+    webhook_secret_env = table.get_str("webhook_secret_env")
+    _check_env_name(table, "webhook_secret_env", webhook_secret_env)
+    return TelegramConnectionConfig(
+        id=conn_id,
+        token_env=token_env,
+        token_file=token_file,
+        api_origin=api_origin.rstrip("/"),
+        mode=mode,
+        webhook_listen=webhook_listen,
+        webhook_path=webhook_path,
+        webhook_secret_env=webhook_secret_env,
+        allow_groups=table.get_bool("allow_groups"),
+        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=0, high=50),
+    )
+
+
+def _check_origin(table: _Table, name: str, origin: str) -> None:
+    scheme, sep, rest = origin.partition("://")
+    hostport = rest.split("/", 1)[0]
+    if not sep or not hostport or "@" in hostport or rest.rstrip("/") != hostport:
+        raise table.error(name, "must be an origin like https://api.telegram.org")
+    host = hostport
+    if hostport.startswith("["):
+        host = hostport.split("]", 1)[0] + "]"
+    elif ":" in hostport:
+        host = hostport.rsplit(":", 1)[0]
+    if scheme == "https":
+        return
+    if scheme == "http":
+        if is_loopback_host(host):
+            return
+        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
+    raise table.error(name, "must start with https://")
+
+
+def _parse_signal(table: _Table, conn_id: str) -> SignalConnectionConfig:
+    account: str = table.get_str("account", required=True)
+    socket = table.get_str("socket")
+    tcp = table.get_str("tcp")
+    if (socket is None) == (tcp is None):
+        raise table.error("socket", "set exactly one of socket and tcp")
+    if tcp is not None:
+        _check_address(table, "tcp", tcp)
+    return SignalConnectionConfig(id=conn_id, account=account, socket=socket, tcp=tcp)
+
+
+def _parse_webchat(table: _Table, conn_id: str) -> WebchatConnectionConfig:
+    listen: str = table.get_str("listen", "127.0.0.1:8787")
+    _check_address(table, "listen", listen)
+    access_token_env = table.get_str("access_token_env")
+    _check_env_name(table, "access_token_env", access_token_env)
+    return WebchatConnectionConfig(id=conn_id, listen=listen, access_token_env=access_token_env)
+
+
+_CONNECTION_PARSERS: dict[str, Callable[[_Table, str], ConnectionConfig]] = {
+    "telegram": _parse_telegram,
+    "signal": _parse_signal,
+    "webchat": _parse_webchat,
+}
+
+
+def _array_of_tables(root: _Table, name: str) -> list[_Table]:
+    raw = root._get(name, list, "an array of tables ([[" + name + "]])", [])
+    tables = []
+    for index, item in enumerate(raw, start=1):
+        where = f"[[{name}]][{index}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"must be a table, got {_type_name(item)}", file=root.file, key=where)
+        tables.append(_Table(root.file, where, item))
+    return tables
+
+
+def _parse_connections(root: _Table) -> tuple[ConnectionConfig, ...]:
+    result: list[ConnectionConfig] = []
+    seen: set[str] = set()
+    for table in _array_of_tables(root, "connections"):
+        table.reject_inline_secrets()
+        conn_id: str = table.get_str("id", required=True)
+        if not _ID_RE.match(conn_id):
+            raise table.error("id", "must be 1-64 letters, digits, '_', '.' or '-'")
+        if conn_id in seen:
+            raise table.error("id", f"duplicate connection id {conn_id!r}")
+        seen.add(conn_id)
+        kind = table.choice("kind", ("telegram", "signal", "webchat"), None)
+        result.append(_CONNECTION_PARSERS[kind](table, conn_id))
+        table.finish()
+    return tuple(result)
+
+
+def _parse_agents(root: _Table) -> dict[str, AgentConfig]:
+    table = root.table("agents")
+    agents: dict[str, AgentConfig] = {}
+    for alias, raw in table.data.items():
+        table.used.add(alias)
+        where = f"[agents.{alias}]"
+        if not _ID_RE.match(alias):
+            raise ConfigError(
+                "an agent alias must be 1-64 letters, digits, '_', '.' or '-'",
+                file=root.file,
+                key=where,
+            )
+        if not isinstance(raw, dict):
+            raise ConfigError(f"must be a table, got {_type_name(raw)}", file=root.file, key=where)
+        agent = _Table(root.file, where, raw)
+        kind = agent.choice("kind", AGENT_KINDS, None)
+        options = {k: v for k, v in raw.items() if k != "kind"}
+        for name in options:
+            if name in _INLINE_SECRET_KEYS:
+                raise agent.error(
+                    name, "secrets are never inline in the config; name an environment variable"
+                )
+        checked = _validate_agent_options(agent, kind, options)
+        agents[alias] = AgentConfig(
+            alias=alias, kind=kind, options=types.MappingProxyType(dict(checked))
+        )
+    table.finish()
+    return agents
+
+
+def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -> Mapping[str, Any]:
+    """Options are the agent registry's to judge; its error becomes a ConfigError here."""
+    validator = _registry_validator()
+    if validator is None:
+        _fallback_agent_options(agent, kind, options)
+        return options
+    try:
+        checked = validator(kind, options)
+    except (ValueError, TypeError, KeyError) as exc:
+        name = getattr(exc, "key", None)
+        message = str(exc.args[0]) if exc.args else type(exc).__name__
+        if name is None:
+            match = re.match(r"^'?([A-Za-z_][A-Za-z0-9_]*)'?(?::| )", message)
+            if match and match.group(1) in options:
+                name = match.group(1)
+        raise agent.error(name if isinstance(name, str) else None, message) from None
+    return checked if isinstance(checked, Mapping) else options
+
+
+def _registry_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
+    try:
+        registry = importlib.import_module("prismd.agents.registry")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("prismd.agents.registry", "prismd.agents"):
+            raise
+        return None
+    validator = getattr(registry, "validate_agent_options", None)
+    return validator if callable(validator) else None
+
+
+def _fallback_agent_options(agent: _Table, kind: str, options: Mapping[str, Any]) -> None:
+    # Used only until prismd.agents.registry exists: the kinds pinned in SPEC.
+    agent.used.update(options)
+    if kind == "echo":
+        for name in options:
+            raise agent.error(name, "unknown key")
+    elif kind == "mock":
+        for name, value in options.items():
+            if name == "delay_ms":
+                agent.get_int("delay_ms", low=0, high=24 * 3600 * 1000)
+            elif name == "fail":
+                agent.get_bool("fail")
+            elif name == "suspend_for_tool":
+                agent.get_str("suspend_for_tool")
+            else:
+                raise agent.error(name, "unknown key")
+            del value
+    elif kind == "python":
+        factory = agent.get_str("factory", required=True)
+        if not re.fullmatch(r"[\w.]+:[\w.]+", factory):
+            raise agent.error("factory", "must be 'module:callable'")
+
+
+def _parse_grants(
+    root: _Table,
+    connections: tuple[ConnectionConfig, ...],
+    agents: Mapping[str, AgentConfig],
+) -> tuple[GrantConfig, ...]:
+    conn_ids = {c.id for c in connections}
+    grants: list[GrantConfig] = []
+    for table in _array_of_tables(root, "grants"):
+        connection: str = table.get_str("connection", required=True)
+        if connection not in conn_ids:
+            raise table.error("connection", f"no [[connections]] entry has id {connection!r}")
+        actors = table.str_list("actors") or ()
+        if "*" in actors and actors != ("*",):
+            raise table.error("actors", "'*' must be the only entry when it is used")
+        pairing = table.get_bool("pairing")
+        if not actors and not pairing:
+            raise table.error("actors", 'list actor ids, ["*"], or set pairing = true')
+        aliases = table.str_list("aliases")
+        if not aliases:
+            raise table.error("aliases", "must list at least one agent alias from [agents]")
+        for alias in aliases:
+            if alias not in agents:
+                raise table.error("aliases", f"{alias!r} is not an agent in [agents]")
+        default_alias = table.get_str("default_alias")
+        if default_alias is not None and default_alias not in aliases:
+            raise table.error("default_alias", f"{default_alias!r} is not one of aliases")
+        grants.append(
+            GrantConfig(
+                connection=connection,
+                actors=actors,
+                pairing=pairing,
+                tenant=table.get_str("tenant", "default"),
+                account=table.get_str("account"),
+                user=table.get_str("user"),
+                aliases=aliases,
+                default_alias=default_alias,
+                notifications=table.get_bool("notifications"),
+            )
+        )
+        table.finish()
+    return tuple(grants)
+
+
+def _check_webchat_exposure(
+    file: str | None,
+    connections: tuple[ConnectionConfig, ...],
+    grants: tuple[GrantConfig, ...],
+) -> None:
+    for index, conn in enumerate(connections, start=1):
+        if not isinstance(conn, WebchatConnectionConfig):
+            continue
+        host, _port = parse_host_port(conn.listen)
+        if is_loopback_host(host) or conn.access_token_env is not None:
+            continue
+        if any(g.connection == conn.id and g.pairing for g in grants):
+            continue
+        raise ConfigError(
+            "a non-loopback listen address needs access_token_env or a grant with pairing = true",
+            file=file,
+            key=f"[[connections]][{index}].listen",
+        )
+
+
+def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Config:
+    """Validate an already-decoded TOML document; errors name ``source`` and the key."""
+    root = _Table(source, "", data)
+    daemon = _parse_daemon(root)
+    store = _parse_store(root)
+    limits = _parse_limits(root)
+    control = _parse_control(root)
+    connections = _parse_connections(root)
+    agents = _parse_agents(root)
+    grants = _parse_grants(root, connections, agents)
+    for name in data:
+        if name not in root.used:
+            if name in _INLINE_SECRET_KEYS:
+                raise ConfigError(
+                    "secrets are never inline in the config; use token_env or token_file",
+                    file=source,
+                    key=name,
+                )
+            raise ConfigError("unknown key", file=source, key=name)
+    _check_webchat_exposure(source, connections, grants)
+    return Config(
+        source=source,
+        daemon=daemon,
+        store=store,
+        limits=limits,
+        control=control,
+        connections=connections,
+        grants=grants,
+        agents=types.MappingProxyType(agents),
+    )
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, *, env: Mapping[str, str] = os.environ
+) -> Config:
+    """Load and validate ``path``; ``None`` means ``./prismd.toml`` if present, else defaults.
+
+    Raises :class:`ConfigError` (naming the file and key) for anything invalid, including
+    a missing or unreadable file and TOML syntax errors.
+    """
+    if path is None:
+        if not Path(DEFAULT_CONFIG_FILE).is_file():
+            return default_config(env)
+        path = DEFAULT_CONFIG_FILE
+    source = os.fspath(path)
+    try:
+        raw = Path(source).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=source) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read file ({type(exc).__name__})", file=source) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text", file=source) from None
+    except tomllib.TOMLDecodeError as exc:
+        # The decoder's message carries line and column, never a value.
+        raise ConfigError(f"invalid TOML: {exc}", file=source) from None
+    return parse_config(data, source=source)
+
+
+def default_config(env: Mapping[str, str] = os.environ) -> Config:
+    """The ``make run`` defaults: SQLite under ``./var``, the echo agent, loopback web chat.
+
+    Telegram (connection ``telegram``, pairing grant) is added when
+    ``TELEGRAM_BOT_TOKEN`` is set in ``env``; the token itself is read only at start-up.
+    """
+    connections: list[ConnectionConfig] = [WebchatConnectionConfig(id="web")]
+    grants = [GrantConfig(connection="web", actors=("*",), aliases=("echo",))]
+    if env.get("TELEGRAM_BOT_TOKEN", "").strip():
+        connections.append(TelegramConnectionConfig(id="telegram", token_env="TELEGRAM_BOT_TOKEN"))
+        grants.append(GrantConfig(connection="telegram", pairing=True, aliases=("echo",)))
+    return Config(
+        source=None,
+        daemon=DaemonConfig(),
+        store=StoreConfig(),
+        limits=Limits(),
+        control=ControlConfig(),
+        connections=tuple(connections),
+        grants=tuple(grants),
+        agents=types.MappingProxyType({"echo": AgentConfig(alias="echo", kind="echo")}),
+    )
