@@ -1,0 +1,790 @@
+"""The SQLite store (the default backend): apsw, WAL, ``synchronous=FULL``.
+
+Guarantees:
+
+* A call that returned has committed durably: WAL with ``synchronous=FULL`` (read back at
+  open; anything else is refused with :class:`StoreUnavailableError`).
+* Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
+  its first statement, so the compare-and-swap checks and the write cannot interleave with
+  another connection or process. A save or delete and its :class:`JournalEvent` commit together.
+* The Trio loop is never blocked: every database call goes through :meth:`_Database.run`, the
+  one place that hops to a worker thread (one at a time, via a ``CapacityLimiter(1)``). A
+  cancelled caller waits for the statement in flight (``abandon_on_cancel=False``), so a call
+  is never left half-known. Later group commit batches here.
+* Two processes on one file coordinate through the ``prism_leases`` table: acquisition is one
+  ``INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`` statement.
+* A corrupt, unreadable or newer-schema file raises :class:`StoreUnavailableError` at open;
+  errors name the file but never include its contents.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import apsw
+import attrs
+import trio
+
+from . import _common
+from ._types import (
+    ANY_SCOPE,
+    DEFAULT_MAX_VALUE_BYTES,
+    LIST_LIMIT_DEFAULT,
+    SYSTEM_CLOCK,
+    CheckpointConflictError,
+    CheckpointPage,
+    CheckpointRecord,
+    Clock,
+    EventPage,
+    InvalidLeaseError,
+    InvalidStoreURLError,
+    JournalEvent,
+    JSONValue,
+    LeaseConflictError,
+    LeaseRecord,
+    OwnershipScope,
+    StoreUnavailableError,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 5000
+_CONFLICT = "checkpoint version conflict"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS prism_checkpoints (
+    namespace     TEXT    NOT NULL,
+    key           TEXT    NOT NULL,
+    version       INTEGER NOT NULL,
+    fencing_token INTEGER,
+    category      TEXT,
+    tenant_id     TEXT,
+    account_id    TEXT,
+    user_id       TEXT,
+    value         TEXT    NOT NULL,
+    metadata      TEXT,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE INDEX IF NOT EXISTS prism_checkpoints_list
+    ON prism_checkpoints (namespace, category, tenant_id, updated_at DESC, key);
+CREATE INDEX IF NOT EXISTS prism_checkpoints_recent
+    ON prism_checkpoints (updated_at DESC, key, namespace);
+CREATE TABLE IF NOT EXISTS prism_leases (
+    namespace     TEXT    NOT NULL,
+    key           TEXT    NOT NULL,
+    tenant_id     TEXT,
+    account_id    TEXT,
+    user_id       TEXT,
+    owner_id      TEXT    NOT NULL,
+    token         TEXT    NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    acquired_at   INTEGER NOT NULL,
+    expires_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS prism_events (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at         INTEGER NOT NULL,
+    action     TEXT    NOT NULL,
+    namespace  TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    tenant_id  TEXT,
+    account_id TEXT,
+    user_id    TEXT,
+    version    INTEGER,
+    category   TEXT,
+    metadata   TEXT
+);
+"""
+
+_CHECKPOINT_COLUMNS = (
+    "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
+    " value, metadata, created_at, updated_at"
+)
+_LEASE_COLUMNS = (
+    "namespace, key, tenant_id, account_id, user_id, owner_id, token, fencing_token,"
+    " acquired_at, expires_at, updated_at"
+)
+# Exact scope equality with NULL = NULL (``IS``): None differs from every string.
+_SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
+
+
+def _scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
+    return (scope.tenant_id, scope.account_id, scope.user_id)
+
+
+def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
+    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
+    return CheckpointRecord(
+        namespace=ns,
+        key=key,
+        version=version,
+        value=_common.decode_json(value),
+        scope=OwnershipScope(tenant, account, user),
+        created_at_ms=created,
+        updated_at_ms=updated,
+        fencing_token=fence,
+        category=category,
+        metadata=None if meta is None else _common.decode_json(meta),
+    )
+
+
+def _lease(row: Sequence[Any]) -> LeaseRecord:
+    (ns, key, tenant, account, user, owner, token, fence, acquired, expires, updated) = row
+    return LeaseRecord(
+        namespace=ns,
+        key=key,
+        scope=OwnershipScope(tenant, account, user),
+        owner_id=owner,
+        token=token,
+        fencing_token=fence,
+        acquired_at_ms=acquired,
+        expires_at_ms=expires,
+        updated_at_ms=updated,
+    )
+
+
+def _event(row: Sequence[Any]) -> JournalEvent:
+    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
+    return JournalEvent(
+        seq=seq,
+        at_ms=at,
+        action=action,
+        namespace=ns,
+        key=key,
+        scope=OwnershipScope(tenant, account, user),
+        version=version,
+        category=category,
+        metadata=None if meta is None else _common.decode_json(meta),
+    )
+
+
+class _Conflict(Exception):
+    """Raised inside a write transaction to roll it back and report a CAS loss."""
+
+
+# --------------------------------------------------------------------------- URL + open
+
+
+def sqlite_path_from_url(url: str) -> Path:
+    """``sqlite:///rel/path`` → ``rel/path``; ``sqlite:////abs/path`` → ``/abs/path``.
+
+    Raises :class:`InvalidStoreURLError` for anything else (no host, no query, no empty path).
+    """
+    if not isinstance(url, str) or not url.startswith("sqlite://"):
+        raise InvalidStoreURLError("expected a sqlite:///PATH URL")
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/"):
+        raise InvalidStoreURLError("sqlite URL must be sqlite:///relative or sqlite:////absolute")
+    path = rest[1:]
+    if not path or path.endswith("/") or "?" in path or "#" in path or "\x00" in path:
+        raise InvalidStoreURLError("sqlite URL must name a database file: sqlite:///PATH")
+    return Path(path)
+
+
+async def open_sqlite_store(
+    url: str,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+) -> SQLiteStore:
+    """Open (creating it and its parent directories when missing) the database at ``url``.
+
+    Raises :class:`InvalidStoreURLError` for a malformed URL and
+    :class:`StoreUnavailableError` when the file cannot be opened, is not a healthy SQLite
+    database, has a newer schema, or refuses WAL / ``synchronous=FULL``.
+    """
+    path = sqlite_path_from_url(url)
+    _common.check_max_value_bytes(max_value_bytes)
+    limiter = trio.CapacityLimiter(1)
+    conn = await trio.to_thread.run_sync(
+        _open_connection, path, busy_timeout_ms, limiter=limiter, abandon_on_cancel=False
+    )
+    db = _Database(conn=conn, limiter=limiter, clock=clock, label=str(path))
+    return SQLiteStore(url=url, db=db, max_value_bytes=max_value_bytes)
+
+
+def _open_connection(path: Path, busy_timeout_ms: int) -> apsw.Connection:
+    label = str(path)
+    if path.is_dir():
+        raise StoreUnavailableError(f"SQLite store {label}: path is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"SQLite store {label}: cannot create its directory ({type(exc).__name__})"
+        ) from None
+    try:
+        conn = apsw.Connection(
+            os.fspath(path), flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+        )
+    except apsw.Error as exc:
+        raise StoreUnavailableError(
+            f"SQLite store {label}: cannot open ({type(exc).__name__})"
+        ) from None
+    try:
+        conn.set_busy_timeout(busy_timeout_ms)
+        _prepare(conn, label)
+    except StoreUnavailableError:
+        conn.close()
+        raise
+    except apsw.Error as exc:
+        conn.close()
+        raise StoreUnavailableError(
+            f"SQLite store {label}: not a usable SQLite database ({type(exc).__name__})"
+        ) from None
+    return conn
+
+
+def _one(conn: apsw.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
+    """The first row or ``None``. Always drains the statement: an unfinished statement with
+    ``RETURNING`` would keep the transaction from committing."""
+    rows = conn.execute(sql, args).fetchall()
+    return rows[0] if rows else None
+
+
+def _scalar(conn: apsw.Connection, sql: str) -> Any:
+    row = _one(conn, sql)
+    return None if row is None else row[0]
+
+
+def _prepare(conn: apsw.Connection, label: str) -> None:
+    # quick_check first: on a damaged file it fails (or reports) before we write anything.
+    check = conn.execute("PRAGMA quick_check").fetchall()
+    if [tuple(r) for r in check] != [("ok",)]:
+        raise StoreUnavailableError(f"SQLite store {label}: integrity check failed")
+    mode = _scalar(conn, "PRAGMA journal_mode=WAL")
+    if str(mode).lower() != "wal":
+        raise StoreUnavailableError(f"SQLite store {label}: WAL journal mode refused")
+    conn.execute("PRAGMA synchronous=FULL")
+    # Read it back: a build or VFS that silently ignores the pragma would make every "committed"
+    # answer a lie after a power cut.
+    if _scalar(conn, "PRAGMA synchronous") != 2:
+        raise StoreUnavailableError(f"SQLite store {label}: synchronous=FULL refused")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _scalar(conn, "PRAGMA user_version")
+        if version == 0:
+            conn.execute(_SCHEMA)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        elif version != SCHEMA_VERSION:
+            raise StoreUnavailableError(
+                f"SQLite store {label}: schema version {version} is not {SCHEMA_VERSION}"
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+# --------------------------------------------------------------------------- the DB seam
+
+
+@attrs.define(eq=False)
+class _Database:
+    """The single connection and the one path every statement takes to reach it."""
+
+    conn: apsw.Connection
+    limiter: trio.CapacityLimiter
+    clock: Clock
+    label: str
+    closed: bool = False
+
+    async def run(self, fn: Callable[[apsw.Connection], T]) -> T:
+        """Run ``fn(conn)`` on a worker thread, one call at a time.
+
+        apsw errors become :class:`StoreUnavailableError` (class name only: messages could
+        quote SQL). Our own errors raised by ``fn`` pass through unchanged.
+        """
+        if self.closed:
+            raise StoreUnavailableError("store is closed")
+        try:
+            return await trio.to_thread.run_sync(
+                self._call, fn, limiter=self.limiter, abandon_on_cancel=False
+            )
+        except apsw.Error as exc:
+            raise StoreUnavailableError(
+                f"SQLite store {self.label}: {type(exc).__name__}"
+            ) from None
+
+    def _call(self, fn: Callable[[apsw.Connection], T]) -> T:
+        if self.closed:
+            # Checked again in the thread: a close may have won the limiter first.
+            raise StoreUnavailableError("store is closed")
+        return fn(self.conn)
+
+    async def write(self, fn: Callable[[apsw.Connection], T]) -> T:
+        """Run ``fn`` inside ``BEGIN IMMEDIATE … COMMIT``; any exception rolls back."""
+
+        def txn(conn: apsw.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self.run(txn)
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+
+        def close(conn: apsw.Connection) -> None:
+            self.closed = True
+            conn.close()
+
+        await self.run(close)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@attrs.define(eq=False)
+class SQLiteCheckpointStore:
+    """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
+
+    _db: _Database
+    _max_value_bytes: int
+
+    async def save_checkpoint(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        version: int,
+        value: JSONValue,
+        expected_version: int | None = None,
+        fencing_token: int | None = None,
+        category: str | None = None,
+        metadata: Mapping[str, JSONValue] | None = None,
+    ) -> CheckpointRecord:
+        """Store ``value`` under the CAS and fencing rules in one transaction with its event.
+
+        The version, scope and fence checks run inside the UPSERT's ``WHERE``; zero rows
+        means :class:`~stores.CheckpointConflictError` and nothing is written.
+        """
+        req = _common.check_save(
+            namespace=namespace,
+            key=key,
+            scope=scope,
+            version=version,
+            value=value,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
+            category=category,
+            metadata=metadata,
+            max_value_bytes=self._max_value_bytes,
+        )
+        now = self._db.clock.now_ms()
+        values = (
+            req.namespace,
+            req.key,
+            req.version,
+            req.fencing_token,
+            req.category,
+            *_scope_args(req.scope),
+            req.value_json,
+            req.metadata_json,
+            now,
+            now,
+        )
+        insert = (
+            f"INSERT INTO prism_checkpoints AS c ({_CHECKPOINT_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        # The stored row is `c`; the checks of contract §1.2 steps 2-5 in one WHERE.
+        update_where = (
+            "c.tenant_id IS excluded.tenant_id AND c.account_id IS excluded.account_id"
+            " AND c.user_id IS excluded.user_id"
+            " AND (? IS NULL OR c.version = ?)"
+            " AND excluded.version > c.version"
+            " AND (c.fencing_token IS NULL OR (excluded.fencing_token IS NOT NULL"
+            "      AND excluded.fencing_token >= c.fencing_token))"
+        )
+        upsert_set = (
+            "version = excluded.version, fencing_token = excluded.fencing_token,"
+            " category = excluded.category, value = excluded.value,"
+            " metadata = excluded.metadata, updated_at = max(excluded.updated_at, c.updated_at)"
+        )
+        expected = req.expected_version
+        if expected == 0:
+            sql = f"{insert} ON CONFLICT (namespace, key) DO NOTHING"
+            args: tuple[Any, ...] = values
+        elif expected is None:
+            sql = (
+                f"{insert} ON CONFLICT (namespace, key) DO UPDATE SET {upsert_set}"
+                f" WHERE {update_where}"
+            )
+            args = (*values, None, None)
+        else:
+            # A positive expected version needs an existing row: an insert can only conflict.
+            sql = (
+                f"INSERT INTO prism_checkpoints AS c ({_CHECKPOINT_COLUMNS})"
+                " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+                " WHERE EXISTS (SELECT 1 FROM prism_checkpoints WHERE namespace = ? AND key = ?)"
+                f" ON CONFLICT (namespace, key) DO UPDATE SET {upsert_set}"
+                f" WHERE {update_where}"
+            )
+            args = (*values, req.namespace, req.key, expected, expected)
+        sql += f" RETURNING {_CHECKPOINT_COLUMNS}"
+
+        def txn(conn: apsw.Connection) -> CheckpointRecord:
+            row = _one(conn, sql, args)
+            if row is None:
+                raise _Conflict
+            conn.execute(
+                "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
+                " user_id, version, category, metadata) VALUES (?, 'save', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    req.namespace,
+                    req.key,
+                    *_scope_args(req.scope),
+                    req.version,
+                    req.category,
+                    req.metadata_json,
+                ),
+            )
+            return _checkpoint(row)
+
+        try:
+            return await self._db.write(txn)
+        except _Conflict:
+            raise CheckpointConflictError(_CONFLICT) from None
+
+    async def load_checkpoint(
+        self, *, namespace: str, key: str, scope: OwnershipScope
+    ) -> CheckpointRecord | None:
+        """The row, or ``None`` when absent or stored under another exact scope."""
+        _common.check_checkpoint_address(namespace, key, scope)
+
+        def read(conn: apsw.Connection) -> CheckpointRecord | None:
+            row = _one(
+                conn,
+                f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
+                f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}",
+                (namespace, key, *_scope_args(scope)),
+            )
+            return None if row is None else _checkpoint(row)
+
+        return await self._db.run(read)
+
+    async def list_checkpoints(
+        self,
+        *,
+        namespace: str | None = None,
+        key_prefix: str | None = None,
+        category: str | Sequence[str] | None = None,
+        scope: OwnershipScope = ANY_SCOPE,
+        cursor: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+    ) -> CheckpointPage:
+        """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
+        _common.check_list_filters(namespace, key_prefix, scope)
+        categories = _common.check_category_filter(category)
+        position = _common.decode_cursor(cursor)
+        n = _common.clamp_limit(limit)
+        if categories == ():
+            return CheckpointPage(items=())
+        where: list[str] = []
+        args: list[Any] = []
+        if namespace is not None:
+            where.append("namespace = ?")
+            args.append(namespace)
+        if key_prefix:
+            where.append("substr(key, 1, ?) = ?")
+            args += [len(key_prefix), key_prefix]
+        if categories is not None:
+            where.append(f"category IN ({', '.join('?' for _ in categories)})")
+            args += categories
+        for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
+            if field is not None:
+                where.append(f"{column} = ?")
+                args.append(field)
+        if position is not None:
+            at, last_key, last_ns = position
+            where.append(
+                "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
+            )
+            args += [at, at, last_key, last_key, last_ns]
+        sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
+        args.append(n + 1)
+
+        def read(conn: apsw.Connection) -> list[CheckpointRecord]:
+            return [_checkpoint(row) for row in conn.execute(sql, args).fetchall()]
+
+        rows = await self._db.run(read)
+        items = tuple(rows[:n])
+        next_cursor = _common.encode_cursor(items[-1]) if len(rows) > n else None
+        return CheckpointPage(items=items, next_cursor=next_cursor)
+
+    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
+        """True when a row was removed (its delete event committed with it); a foreign
+        scope is a miss."""
+        _common.check_checkpoint_address(namespace, key, scope)
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> bool:
+            row = _one(
+                conn,
+                f"DELETE FROM prism_checkpoints WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
+                " RETURNING version, category",
+                (namespace, key, *_scope_args(scope)),
+            )
+            if row is None:
+                return False
+            conn.execute(
+                "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
+                " user_id, version, category) VALUES (?, 'delete', ?, ?, ?, ?, ?, ?, ?)",
+                (now, namespace, key, *_scope_args(scope), row[0], row[1]),
+            )
+            return True
+
+        return await self._db.write(txn)
+
+    async def list_events(
+        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
+    ) -> EventPage:
+        """Committed events with ``seq > after`` in commit order, filtered by partial scope."""
+        after, n = _common.check_event_args(after, limit, scope)
+        where = ["seq > ?"]
+        args: list[Any] = [after]
+        for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
+            if field is not None:
+                where.append(f"{column} = ?")
+                args.append(field)
+        sql = (
+            "SELECT seq, at, action, namespace, key, tenant_id, account_id, user_id, version,"
+            f" category, metadata FROM prism_events WHERE {' AND '.join(where)}"
+            " ORDER BY seq LIMIT ?"
+        )
+        args.append(n)
+
+        def read(conn: apsw.Connection) -> list[JournalEvent]:
+            rows: list[Any] = conn.execute(sql, args).fetchall()
+            return [_event(row) for row in rows]
+
+        items = tuple(await self._db.run(read))
+        return EventPage(items=items, last_seq=items[-1].seq if items else after)
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@attrs.define(eq=False)
+class SQLiteLeaseStore:
+    """:class:`~stores.LeaseStore` on ``prism_leases``; rows are never deleted, so fencing
+    counters survive release and expiry."""
+
+    _db: _Database
+
+    @staticmethod
+    def _check_scope(
+        conn: apsw.Connection, namespace: str, key: str, scope: OwnershipScope
+    ) -> None:
+        row = _one(
+            conn,
+            "SELECT tenant_id, account_id, user_id FROM prism_leases"
+            " WHERE namespace = ? AND key = ?",
+            (namespace, key),
+        )
+        if row is not None and tuple(row) != _scope_args(scope):
+            raise LeaseConflictError("lease ownership mismatch")
+
+    async def try_acquire_lease(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        ttl_ms: int,
+        reclaim: bool = False,
+    ) -> LeaseRecord | None:
+        """A fresh lease (new token, fencing token + 1), or ``None`` while someone else holds it.
+
+        One statement decides: insert, or take over a row that is expired (or, with
+        ``reclaim=True``, held by the same ``owner_id``) in the same scope.
+        Raises :class:`~stores.LeaseConflictError` for a foreign scope or bad input.
+        """
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        ttl = _common.check_ttl(ttl_ms)
+        if not isinstance(reclaim, bool):
+            raise InvalidLeaseError("reclaim must be a bool")
+        now = self._db.clock.now_ms()
+        token = uuid.uuid4().hex
+        sql = (
+            f"INSERT INTO prism_leases AS l ({_LEASE_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)"
+            " ON CONFLICT (namespace, key) DO UPDATE SET"
+            " owner_id = excluded.owner_id, token = excluded.token,"
+            " fencing_token = l.fencing_token + 1, acquired_at = excluded.acquired_at,"
+            " expires_at = excluded.expires_at, updated_at = excluded.updated_at"
+            " WHERE l.tenant_id IS excluded.tenant_id AND l.account_id IS excluded.account_id"
+            " AND l.user_id IS excluded.user_id"
+            " AND (l.expires_at <= excluded.acquired_at OR (? AND l.owner_id = excluded.owner_id))"
+            f" RETURNING {_LEASE_COLUMNS}"
+        )
+        args = (
+            namespace,
+            key,
+            *_scope_args(scope),
+            owner_id,
+            token,
+            now,
+            now + ttl,
+            now,
+            1 if reclaim else 0,
+        )
+
+        def txn(conn: apsw.Connection) -> LeaseRecord | None:
+            row = _one(conn, sql, args)
+            if row is not None:
+                return _lease(row)
+            self._check_scope(conn, namespace, key, scope)
+            return None
+
+        return await self._db.write(txn)
+
+    async def renew_lease(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        token: str,
+        ttl_ms: int,
+    ) -> LeaseRecord | None:
+        """Move the expiry of an unexpired lease held by (owner_id, token); else ``None``."""
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        _common.check_name(token, "token", InvalidLeaseError)
+        ttl = _common.check_ttl(ttl_ms)
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> LeaseRecord | None:
+            self._check_scope(conn, namespace, key, scope)
+            row = _one(
+                conn,
+                "UPDATE prism_leases SET expires_at = ?, updated_at = ?"
+                " WHERE namespace = ? AND key = ? AND owner_id = ? AND token = ?"
+                f" AND expires_at > ? RETURNING {_LEASE_COLUMNS}",
+                (now + ttl, now, namespace, key, owner_id, token, now),
+            )
+            return None if row is None else _lease(row)
+
+        return await self._db.write(txn)
+
+    async def release_lease(
+        self, *, namespace: str, key: str, scope: OwnershipScope, owner_id: str, token: str
+    ) -> bool:
+        """Expire the lease now when (owner_id, token) holds it; ``False`` otherwise."""
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        _common.check_name(token, "token", InvalidLeaseError)
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> bool:
+            self._check_scope(conn, namespace, key, scope)
+            row = _one(
+                conn,
+                "UPDATE prism_leases SET expires_at = ?, updated_at = ?"
+                " WHERE namespace = ? AND key = ? AND owner_id = ? AND token = ?"
+                " AND expires_at > ? RETURNING 1",
+                (now, now, namespace, key, owner_id, token, now),
+            )
+            return row is not None
+
+        return await self._db.write(txn)
+
+    async def get_lease(
+        self, *, namespace: str, key: str, scope: OwnershipScope
+    ) -> LeaseRecord | None:
+        """The unexpired lease, or ``None``; a foreign scope raises LeaseConflictError."""
+        _common.check_lease_address(namespace, key, scope)
+        now = self._db.clock.now_ms()
+
+        def read(conn: apsw.Connection) -> LeaseRecord | None:
+            row = _one(
+                conn,
+                f"SELECT {_LEASE_COLUMNS} FROM prism_leases WHERE namespace = ? AND key = ?",
+                (namespace, key),
+            )
+            if row is None:
+                return None
+            lease = _lease(row)
+            if lease.scope != scope:
+                raise LeaseConflictError("lease ownership mismatch")
+            return lease if lease.expires_at_ms > now else None
+
+        return await self._db.run(read)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@attrs.define(eq=False)
+class SQLiteStore:
+    """An open SQLite :class:`~stores.Store`; use :func:`open_sqlite_store` to make one.
+
+    Usable as ``async with``; after :meth:`aclose` every call raises
+    :class:`StoreUnavailableError`.
+    """
+
+    _url: str = attrs.field(alias="url")
+    _db: _Database = attrs.field(alias="db")
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    _checkpoints: SQLiteCheckpointStore = attrs.field(init=False)
+    _leases: SQLiteLeaseStore = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._checkpoints = SQLiteCheckpointStore(self._db, self.max_value_bytes)
+        self._leases = SQLiteLeaseStore(self._db)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def checkpoints(self) -> SQLiteCheckpointStore:
+        return self._checkpoints
+
+    @property
+    def leases(self) -> SQLiteLeaseStore:
+        return self._leases
+
+    async def aclose(self) -> None:
+        """Close the connection (after any call in flight); idempotent."""
+        await self._db.aclose()
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
