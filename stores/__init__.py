@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ._open import open_store as open_store
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
 )
@@ -78,4 +79,3 @@ from ._types import (
 from ._types import (
     ms_to_iso as ms_to_iso,
 )
-from ._open import open_store as open_store
