@@ -1,0 +1,263 @@
+"""A small Bot API client: ``POST <origin>/bot<token>/<method>`` with bounded, fixed-text errors.
+
+Guarantees (contract §11.2):
+
+* The token is read from the credential source on every request and appears only in the
+  request URL; no exception raised here carries a URL, a token, a response body or a
+  platform description. Every message is fixed text; callers branch on attributes.
+* Redirects are never followed (``follow_redirects=False``: a 3xx is an API error).
+* Response bodies are read with a byte cap; an oversized or non-JSON body is a
+  :class:`TelegramResponseError` (the request may have been processed).
+* httpx logs each request URL at INFO, and Telegram URLs carry the token: importing this
+  module raises the ``httpx``/``httpcore`` loggers to WARNING and installs a filter that
+  drops any of their records mentioning a bot path, whatever level a host later sets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import httpx
+
+DEFAULT_API_ORIGIN = "https://api.telegram.org"
+DEFAULT_MAX_RESPONSE_BYTES = 128 * 1024
+_TOKEN_RE = re.compile(r"^[0-9]{1,20}:[A-Za-z0-9_-]{1,1000}$")
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+class _DropBotUrls(logging.Filter):
+    """Drops records that could carry a bot URL (``/bot<token>/`` or ``/file/bot<token>/``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:
+            return False
+        return "/bot" not in text and "api.telegram.org" not in text
+
+
+_FILTER = _DropBotUrls()
+for _name in ("httpx", "httpcore"):
+    _logger = logging.getLogger(_name)
+    if _logger.level < logging.WARNING:
+        _logger.setLevel(logging.WARNING)
+    if _FILTER not in _logger.filters:
+        _logger.addFilter(_FILTER)
+
+
+class TelegramError(Exception):
+    """Base of every Bot API client error; messages are fixed text."""
+
+
+class TelegramCredentialError(TelegramError):
+    """The credential source failed or returned an unusable token."""
+
+    def __init__(self) -> None:
+        super().__init__("Telegram credential unavailable")
+
+
+class TelegramNetworkError(TelegramError):
+    """The request failed in transport; Telegram may or may not have processed it."""
+
+    def __init__(self) -> None:
+        super().__init__("Telegram request failed")
+
+
+class TelegramResponseError(TelegramError):
+    """The response was oversized or not the JSON envelope; outcome unknown."""
+
+    def __init__(self) -> None:
+        super().__init__("Telegram response invalid")
+
+
+class TelegramApiError(TelegramError):
+    """Telegram answered with an error (non-2xx or ``ok`` not true).
+
+    ``status`` is ``error_code`` (else the HTTP status); ``retry_after`` comes from
+    ``parameters.retry_after`` or the ``Retry-After`` header when a positive integer.
+    ``description`` is kept for tests and decisions but never put in the message.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        *,
+        retry_after: int | None = None,
+        migrate_to_chat_id: int | None = None,
+        description: str = "",
+    ) -> None:
+        super().__init__("Telegram API error")
+        self.status = status
+        self.retry_after = retry_after
+        self.migrate_to_chat_id = migrate_to_chat_id
+        self.description = description
+
+
+def validate_api_origin(origin: str) -> str:
+    """An exact ``https://host[:port]`` origin (``http://`` only for loopback hosts).
+
+    Raises :class:`ValueError` (fixed text) for paths, queries, fragments or userinfo.
+    """
+    try:
+        url = httpx.URL(origin)
+    except Exception:
+        raise ValueError("api_origin must be an https origin") from None
+    ok_scheme = url.scheme == "https" or (url.scheme == "http" and url.host in _LOOPBACK_HOSTS)
+    if (
+        not ok_scheme
+        or not url.host
+        or url.userinfo
+        or url.query
+        or url.fragment
+        or url.raw_path not in (b"", b"/")
+        or origin.endswith("/")
+    ):
+        raise ValueError("api_origin must be an https origin")
+    return origin
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+@attrs.define(eq=False)
+class TelegramApi:
+    """One httpx client per adapter; ``call`` returns ``result`` of a successful envelope.
+
+    ``read_timeout_s`` must exceed the long-poll timeout so a quiet poll ends by Telegram's
+    empty answer, not by our timeout.
+    """
+
+    token: Callable[[], str]
+    api_origin: str = DEFAULT_API_ORIGIN
+    transport: httpx.AsyncBaseTransport | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    read_timeout_s: float = 60.0
+    _client: httpx.AsyncClient | None = attrs.field(default=None, init=False)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                transport=self.transport,
+                follow_redirects=False,
+                timeout=httpx.Timeout(10.0, read=self.read_timeout_s),
+                trust_env=False,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _token(self) -> str:
+        try:
+            token = self.token()
+        except Exception:
+            raise TelegramCredentialError() from None
+        if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+            raise TelegramCredentialError()
+        return token
+
+    async def call(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        files: Mapping[str, tuple[str, bytes, str]] | None = None,
+        read_timeout_s: float | None = None,
+    ) -> Any:
+        """POST ``params`` as JSON (or multipart with ``files``); return the ``result``.
+
+        Raises :class:`TelegramApiError`, :class:`TelegramNetworkError`,
+        :class:`TelegramResponseError` or :class:`TelegramCredentialError`.
+        """
+        url = f"{self.api_origin}/bot{self._token()}/{method}"
+        kwargs: dict[str, Any] = {}
+        if files is not None:
+            kwargs["data"] = {k: str(v) for k, v in (params or {}).items()}
+            kwargs["files"] = dict(files)
+        else:
+            kwargs["json"] = dict(params or {})
+        if read_timeout_s is not None:
+            kwargs["timeout"] = httpx.Timeout(10.0, read=read_timeout_s)
+        status, headers, body = await self._request("POST", url, kwargs, self.max_response_bytes)
+        try:
+            envelope = json.loads(body)
+        except ValueError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            if 200 <= status < 300:
+                raise TelegramResponseError()
+            raise TelegramApiError(status, retry_after=_positive_int(headers.get("retry-after")))
+        if envelope.get("ok") is True and 200 <= status < 300:
+            return envelope.get("result")
+        parameters = envelope.get("parameters")
+        parameters = parameters if isinstance(parameters, dict) else {}
+        code = envelope.get("error_code")
+        error_status = code if isinstance(code, int) and not isinstance(code, bool) else status
+        retry_after = _positive_int(parameters.get("retry_after"))
+        if retry_after is None:
+            retry_after = _positive_int(headers.get("retry-after"))
+        migrate = parameters.get("migrate_to_chat_id")
+        description = envelope.get("description")
+        raise TelegramApiError(
+            error_status,
+            retry_after=retry_after,
+            migrate_to_chat_id=migrate
+            if isinstance(migrate, int) and not isinstance(migrate, bool)
+            else None,
+            description=description if isinstance(description, str) else "",
+        )
+
+    async def download(self, file_path: str, max_bytes: int) -> bytes | None:
+        """GET ``<origin>/file/bot<token>/<file_path>``; ``None`` when not 2xx or over the cap.
+
+        The cap is checked against ``Content-Length`` before reading and while streaming.
+        Transport failures raise :class:`TelegramNetworkError`.
+        """
+        url = f"{self.api_origin}/file/bot{self._token()}/{file_path}"
+        try:
+            status, _headers, body = await self._request("GET", url, {}, max_bytes)
+        except TelegramResponseError:
+            return None
+        if not 200 <= status < 300:
+            return None
+        return body
+
+    async def _request(
+        self, verb: str, url: str, kwargs: dict[str, Any], cap: int
+    ) -> tuple[int, httpx.Headers, bytes]:
+        failed = False
+        try:
+            async with self._http().stream(verb, url, **kwargs) as response:
+                length = _positive_int(response.headers.get("content-length"))
+                if length is not None and length > cap:
+                    raise TelegramResponseError()
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > cap:
+                        raise TelegramResponseError()
+                    chunks.append(chunk)
+                return response.status_code, response.headers, b"".join(chunks)
+        except TelegramError:
+            raise
+        except (httpx.HTTPError, OSError):
+            failed = True
+        # Raised outside the handler so no ``__context__`` links to the httpx exception,
+        # whose message carries the request URL and therefore the token.
+        assert failed
+        raise TelegramNetworkError()

@@ -1,0 +1,300 @@
+"""Telegram ``Update`` → :class:`~prismd.channel.InboundEvent` (contract §11.4, §11.5).
+
+Pure functions, no I/O. Every update with a valid ``update_id`` yields a
+:class:`ParsedUpdate`: either an event to admit or a deliberate ignore with a bounded
+reason code. Ignored updates are still acknowledged by the caller (offset advanced or 2xx),
+because re-delivering them could never produce an event.
+
+Deliberate choices beyond the reference:
+
+* ``/cmd@<this bot's username>`` is rewritten to ``/cmd`` so group-style commands
+  (``/help@mybot``) reach the runtime's command parser; a command addressed to another
+  bot (``/help@otherbot``) is ignored as not ours.
+* A service message announcing a group → supergroup migration (``migrate_to_chat_id`` /
+  ``migrate_from_chat_id``) is ignored and acknowledged: the supergroup is a new
+  conversation id, and its next real message starts a new binding there.
+* Edited messages, channel posts, ``my_chat_member`` and every other update type are
+  ignored (and never requested in polling mode except ``my_chat_member``, see
+  :data:`ALLOWED_UPDATES`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from prismd.channel import ApprovalInput, AttachmentRef, InboundEvent
+
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_ATTACHMENTS = 8
+MAX_ID_BYTES = 128
+MAX_REF_BYTES = 256
+CALLBACK_DATA_MAX_BYTES = 64
+
+ALLOWED_UPDATES: tuple[str, ...] = ("message", "callback_query", "my_chat_member")
+"""What we ask Telegram for. ``my_chat_member`` is requested only to be acknowledged (a user
+blocking the bot); asking for it keeps the allowed list honest about what we read."""
+
+_APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_COMMAND_RE = re.compile(r"^(/[A-Za-z0-9_]+)@([A-Za-z0-9_]{1,64})(?=\s|$)")
+
+
+@attrs.frozen
+class ParsedUpdate:
+    """One update's meaning: ``event`` to admit, or ``ignored`` with a reason code."""
+
+    update_id: int
+    event: InboundEvent | None = None
+    ignored: str | None = None
+    callback_query_id: str | None = None
+    """Set for every callback query with an id, answered whether or not it is ours."""
+
+
+def update_id_of(update: object) -> int | None:
+    """A valid non-negative safe-integer ``update_id``, else ``None``."""
+    if not isinstance(update, Mapping):
+        return None
+    value = update.get("update_id")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
+        return None
+    return value
+
+
+def _bounded_str(value: object, limit: int) -> str | None:
+    if isinstance(value, str) and value and len(value.encode()) <= limit:
+        return value
+    return None
+
+
+def _chat_id(value: object) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) <= MAX_SAFE_INTEGER:
+        return str(value)
+    return _bounded_str(value, MAX_ID_BYTES)
+
+
+def _actor_id(value: object) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and 0 <= value <= MAX_SAFE_INTEGER:
+        return str(value)
+    return _bounded_str(value, MAX_ID_BYTES)
+
+
+def _size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return min(value, MAX_SAFE_INTEGER)
+
+
+def attachment_refs(message: Mapping[str, Any]) -> tuple[AttachmentRef, ...]:
+    """Largest photo (by ``file_size``), voice and document refs; at most eight."""
+    refs: list[AttachmentRef] = []
+    photos = message.get("photo")
+    if isinstance(photos, list):
+        best: Mapping[str, Any] | None = None
+        for size in photos:
+            if not isinstance(size, Mapping) or _bounded_str(size.get("file_id"), 256) is None:
+                continue
+            if best is None or _size(size.get("file_size")) >= _size(best.get("file_size")):
+                best = size
+        if best is not None:
+            refs.append(
+                AttachmentRef(
+                    kind="image",
+                    transport_file_id=best["file_id"],
+                    byte_length=_size(best.get("file_size")),
+                )
+            )
+    voice = message.get("voice")
+    if isinstance(voice, Mapping) and _bounded_str(voice.get("file_id"), 256):
+        refs.append(
+            AttachmentRef(
+                kind="voice",
+                transport_file_id=voice["file_id"],
+                byte_length=_size(voice.get("file_size")),
+                mime_type=_bounded_str(voice.get("mime_type"), MAX_REF_BYTES),
+            )
+        )
+    document = message.get("document")
+    if isinstance(document, Mapping) and _bounded_str(document.get("file_id"), 256):
+        refs.append(
+            AttachmentRef(
+                kind="document",
+                transport_file_id=document["file_id"],
+                byte_length=_size(document.get("file_size")),
+                mime_type=_bounded_str(document.get("mime_type"), MAX_REF_BYTES),
+                file_name=_bounded_str(document.get("file_name"), MAX_REF_BYTES),
+            )
+        )
+    return tuple(refs[:MAX_ATTACHMENTS])
+
+
+def _thread(message: Mapping[str, Any]) -> str | None:
+    value = message.get("message_thread_id")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SAFE_INTEGER:
+        return None
+    return str(value)
+
+
+def _chat_and_actor(
+    chat: object, sender: object, *, allow_groups: bool
+) -> tuple[str, str, str] | str:
+    """``(conversation, actor, chat type)`` or an ignore reason."""
+    if not isinstance(chat, Mapping):
+        return "malformed"
+    chat_type = chat.get("type")
+    if chat_type != "private" and not (allow_groups and chat_type in ("group", "supergroup")):
+        return "chat_type"
+    if not isinstance(sender, Mapping):
+        return "no_sender"
+    if sender.get("is_bot") is True:
+        return "bot_sender"
+    conversation = _chat_id(chat.get("id"))
+    actor = _actor_id(sender.get("id"))
+    if conversation is None or actor is None:
+        return "malformed"
+    return conversation, actor, str(chat_type)
+
+
+def strip_bot_mention(text: str, bot_username: str | None) -> str | None:
+    """``/cmd@bot rest`` → ``/cmd rest`` for our bot; ``None`` when addressed to another bot.
+
+    With the username still unknown (``getMe`` not answered yet) every mention is stripped.
+    """
+    match = _COMMAND_RE.match(text)
+    if match is None:
+        return text
+    if bot_username is None or match.group(2).lower() == bot_username.lower():
+        return match.group(1) + text[match.end() :]
+    return None
+
+
+def parse_update(
+    update: Mapping[str, Any],
+    *,
+    connection_id: str,
+    allow_groups: bool = False,
+    bot_username: str | None = None,
+) -> ParsedUpdate | None:
+    """Parse one update; ``None`` only when it has no valid ``update_id``."""
+    update_id = update_id_of(update)
+    if update_id is None:
+        return None
+    event_id = str(update_id)
+    message = update.get("message")
+    if isinstance(message, Mapping):
+        return _parse_message(
+            update_id,
+            event_id,
+            message,
+            connection_id=connection_id,
+            allow_groups=allow_groups,
+            bot_username=bot_username,
+        )
+    callback = update.get("callback_query")
+    if isinstance(callback, Mapping):
+        return _parse_callback(
+            update_id, event_id, callback, connection_id=connection_id, allow_groups=allow_groups
+        )
+    for kind in ("edited_message", "channel_post", "edited_channel_post", "my_chat_member"):
+        if kind in update:
+            return ParsedUpdate(update_id, ignored=kind)
+    return ParsedUpdate(update_id, ignored="unsupported_update")
+
+
+def _parse_message(
+    update_id: int,
+    event_id: str,
+    message: Mapping[str, Any],
+    *,
+    connection_id: str,
+    allow_groups: bool,
+    bot_username: str | None,
+) -> ParsedUpdate:
+    if "sender_chat" in message:
+        return ParsedUpdate(update_id, ignored="sender_chat")
+    resolved = _chat_and_actor(message.get("chat"), message.get("from"), allow_groups=allow_groups)
+    if isinstance(resolved, str):
+        return ParsedUpdate(update_id, ignored=resolved)
+    conversation, actor, chat_type = resolved
+    if "migrate_to_chat_id" in message or "migrate_from_chat_id" in message:
+        return ParsedUpdate(update_id, ignored="chat_migrated")
+    text = message.get("text")
+    if not isinstance(text, str):
+        caption = message.get("caption")
+        text = caption if isinstance(caption, str) else ""
+    stripped = strip_bot_mention(text, bot_username)
+    if stripped is None:
+        return ParsedUpdate(update_id, ignored="other_bot_command")
+    refs = attachment_refs(message)
+    if not stripped and not refs:
+        return ParsedUpdate(update_id, ignored="empty")
+    claims: dict[str, Any] = {"platform": "telegram", "chatType": chat_type}
+    chat = message["chat"]
+    if chat.get("is_forum") is True:
+        claims["isForum"] = True
+    if "forward_origin" in message or "forward_date" in message:
+        claims["forwarded"] = True
+    return ParsedUpdate(
+        update_id,
+        event=InboundEvent(
+            connection_id=connection_id,
+            external_conversation_id=conversation,
+            external_actor_id=actor,
+            event_id=event_id,
+            text=stripped,
+            attachments=refs,
+            thread_id=_thread(message),
+            claims=claims,
+        ),
+    )
+
+
+def _parse_callback(
+    update_id: int,
+    event_id: str,
+    callback: Mapping[str, Any],
+    *,
+    connection_id: str,
+    allow_groups: bool,
+) -> ParsedUpdate:
+    data = callback.get("data")
+    query_id = _bounded_str(callback.get("id"), MAX_REF_BYTES)
+    answerable = (
+        query_id
+        if query_id is not None
+        and (data is None or (isinstance(data, str) and len(data.encode()) <= 64))
+        else None
+    )
+    match = _APPROVAL_RE.fullmatch(data) if isinstance(data, str) else None
+    if match is None:
+        return ParsedUpdate(update_id, ignored="callback_data", callback_query_id=answerable)
+    message = callback.get("message")
+    if not isinstance(message, Mapping):
+        return ParsedUpdate(update_id, ignored="malformed", callback_query_id=answerable)
+    resolved = _chat_and_actor(message.get("chat"), callback.get("from"), allow_groups=allow_groups)
+    if isinstance(resolved, str):
+        return ParsedUpdate(update_id, ignored=resolved, callback_query_id=answerable)
+    conversation, actor, chat_type = resolved
+    return ParsedUpdate(
+        update_id,
+        callback_query_id=answerable,
+        event=InboundEvent(
+            connection_id=connection_id,
+            external_conversation_id=conversation,
+            external_actor_id=actor,
+            event_id=event_id,
+            text="",
+            approval=ApprovalInput(
+                token=match.group(2),
+                outcome="allow_once" if match.group(1) == "a" else "reject_once",
+            ),
+            thread_id=_thread(message),
+            claims={"platform": "telegram", "chatType": chat_type, "control": "approval"},
+        ),
+    )
