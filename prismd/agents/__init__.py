@@ -1,0 +1,34 @@
+"""Agents: the Trio-native agent seam (``_base``) and the built-in kinds.
+
+Kinds: ``echo`` (answers with the input), ``mock`` (test/soak stand-in with delays,
+failures and durable tool approvals) and ``python`` (any ``module:callable`` factory).
+"""
+
+from __future__ import annotations
+
+from ._base import Agent as Agent
+from ._base import AgentContext as AgentContext
+from ._base import AgentFactory as AgentFactory
+from ._base import AgentInput as AgentInput
+from ._base import Decision as Decision
+from ._base import EventSink as EventSink
+from ._base import ImageBlock as ImageBlock
+from ._base import PendingDecision as PendingDecision
+from ._base import RunError as RunError
+from ._base import RunFailedError as RunFailedError
+from ._base import RunRequest as RunRequest
+from ._base import RunResult as RunResult
+from ._base import RunState as RunState
+from ._base import RunStatusName as RunStatusName
+from ._base import StreamEvent as StreamEvent
+from ._base import TextBlock as TextBlock
+from ._session import NS_RUN as NS_RUN
+from ._session import NS_SESSION as NS_SESSION
+from ._session import AgentOptionError as AgentOptionError
+from ._session import SessionEntry as SessionEntry
+from .echo import EchoAgent as EchoAgent
+from .mock import MockAgent as MockAgent
+from .mock import MockOptions as MockOptions
+from .registry import AGENT_KINDS as AGENT_KINDS
+from .registry import build_agent as build_agent
+from .registry import validate_agent_options as validate_agent_options

@@ -1,0 +1,161 @@
+"""Shared pieces of the built-in agents: durable session transcripts, option errors, helpers.
+
+A transcript is the agent's own memory of a conversation (not the channel journal): one
+checkpoint per (agent alias, session id) in ``prismd.agents.v1.session``, scoped by the
+run's ownership, holding the last :data:`MAX_SESSION_ENTRIES` user/assistant entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
+
+from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
+
+NS_SESSION = "prismd.agents.v1.session"
+NS_RUN = "prismd.agents.v1.run"
+CATEGORY_SESSION = "agent-session"
+CATEGORY_RUN = "agent-run"
+MAX_SESSION_ENTRIES = 200
+_CAS_ATTEMPTS = 8
+
+
+class AgentOptionError(ValueError):
+    """An agent option is invalid. ``key`` names it; the message starts with ``<key>:``."""
+
+    def __init__(self, key: str | None, message: str) -> None:
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+
+
+@attrs.frozen
+class SessionEntry:
+    id: str
+    role: Literal["user", "assistant"]
+    text: str
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex}"
+
+
+def new_entry_id() -> str:
+    return f"e-{uuid.uuid4().hex}"
+
+
+def definition_revision(kind: str, options: Mapping[str, Any]) -> str:
+    """A stable hash of kind + options: equal configs give equal revisions across restarts."""
+    canonical = json.dumps(
+        {"kind": kind, "options": dict(options)}, sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def input_text(value: AgentInput) -> str:
+    """The text of an input: the string itself, or the text blocks joined by newlines."""
+    if isinstance(value, str):
+        return value
+    return "\n".join(block.text for block in value if isinstance(block, TextBlock))
+
+
+def image_count(value: AgentInput) -> int:
+    if isinstance(value, str):
+        return 0
+    return sum(1 for block in value if isinstance(block, ImageBlock))
+
+
+_WORD = re.compile(r"\s*\S+|\s+")
+
+
+async def stream_text(
+    run_id: str, text: str, on_event: EventSink | None, *, by_word: bool = True
+) -> None:
+    """Emit ``message_started``, deltas that concatenate to ``text``, ``message_finished``.
+
+    ``by_word`` streams one delta per word (with its leading space), else one delta.
+
+    Checkpoints between deltas so a cancelled run stops streaming promptly.
+    """
+    if on_event is None:
+        await trio.lowlevel.checkpoint()
+        return
+    on_event(StreamEvent("message_started", run_id))
+    for piece in _WORD.findall(text) if by_word else ([text] if text else []):
+        await trio.lowlevel.checkpoint()
+        on_event(StreamEvent("message_delta", run_id, piece))
+    on_event(StreamEvent("message_finished", run_id, text))
+
+
+def _session_key(alias: str, session_id: str) -> str:
+    return f"s1:{alias}:{session_id}"
+
+
+def _parse_entries(value: object) -> list[SessionEntry]:
+    if not isinstance(value, Mapping):
+        return []
+    raw = value.get("entries")
+    if not isinstance(raw, list):
+        return []
+    entries: list[SessionEntry] = []
+    for item in raw:
+        if not isinstance(item, Mapping):
+            continue
+        entry_id, role, text = item.get("id"), item.get("role"), item.get("text")
+        if isinstance(entry_id, str) and role in ("user", "assistant") and isinstance(text, str):
+            entries.append(SessionEntry(entry_id, "user" if role == "user" else "assistant", text))
+    return entries
+
+
+@attrs.define(eq=False)
+class SessionLog:
+    """Durable, bounded transcripts of one agent alias. Appends are CAS-retried."""
+
+    checkpoints: CheckpointStore
+    alias: str
+
+    async def entries(self, session_id: str, ownership: OwnershipScope) -> tuple[SessionEntry, ...]:
+        stored = await self.checkpoints.load_checkpoint(
+            namespace=NS_SESSION, key=_session_key(self.alias, session_id), scope=ownership
+        )
+        return () if stored is None else tuple(_parse_entries(stored.value))
+
+    async def append(
+        self,
+        session_id: str,
+        ownership: OwnershipScope,
+        new: tuple[tuple[Literal["user", "assistant"], str], ...],
+    ) -> str:
+        """Append entries (role, text) and return the id of the last one (the new leaf)."""
+        added = [SessionEntry(new_entry_id(), role, text) for role, text in new]
+        key = _session_key(self.alias, session_id)
+        for _attempt in range(_CAS_ATTEMPTS):
+            stored = await self.checkpoints.load_checkpoint(
+                namespace=NS_SESSION, key=key, scope=ownership
+            )
+            entries = [] if stored is None else _parse_entries(stored.value)
+            entries.extend(added)
+            entries = entries[-MAX_SESSION_ENTRIES:]
+            version = 0 if stored is None else stored.version
+            try:
+                await self.checkpoints.save_checkpoint(
+                    namespace=NS_SESSION,
+                    key=key,
+                    scope=ownership,
+                    version=version + 1,
+                    value={"entries": [attrs.asdict(e) for e in entries]},
+                    expected_version=version,
+                    category=CATEGORY_SESSION,
+                )
+            except CheckpointConflictError:
+                continue
+            return added[-1].id
+        raise CheckpointConflictError("session transcript append kept losing its CAS")

@@ -1,0 +1,366 @@
+"""The ``mock`` agent: a deterministic model stand-in for tests, soaks and benchmarks.
+
+Options (``[agents.<alias>] kind = "mock"``):
+
+* ``delay_ms`` (int >= 0, default 0): ``trio.sleep`` before answering, so virtual clocks
+  work and cancellation aborts the wait;
+* ``fail`` (bool): every run fails with error code ``mock_failure``;
+* ``suspend_for_tool`` (str): every run suspends asking to approve that tool; the run state
+  is durable (``prismd.agents.v1.run``), so ``status``/``resume`` work from another process
+  on the same store; an allowed resume "runs" the tool exactly once (recorded durably) and
+  answers, a rejected one ends ``denied``;
+* ``reply_prefix`` (str, default ``"mock: "``); ``vision`` (bool): accept image input.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
+
+from ..identity import AgentIdentity, ownership_from_identity
+from ._base import (
+    AgentContext,
+    Decision,
+    EventSink,
+    PendingDecision,
+    RunError,
+    RunFailedError,
+    RunRequest,
+    RunResult,
+    RunState,
+)
+from ._session import (
+    CATEGORY_RUN,
+    NS_RUN,
+    AgentOptionError,
+    SessionEntry,
+    SessionLog,
+    definition_revision,
+    image_count,
+    input_text,
+    new_run_id,
+    stream_text,
+)
+
+_CAS_ATTEMPTS = 8
+MAX_DELAY_MS = 24 * 3600 * 1000
+
+
+@attrs.frozen
+class MockOptions:
+    delay_ms: int = 0
+    fail: bool = False
+    suspend_for_tool: str | None = None
+    reply_prefix: str = "mock: "
+    vision: bool = False
+
+
+def validate_mock_options(options: Mapping[str, Any]) -> MockOptions:
+    """Parse ``mock`` options; raises :class:`AgentOptionError` naming the bad key."""
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "delay_ms":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AgentOptionError(key, "must be an integer >= 0")
+            if not 0 <= value <= MAX_DELAY_MS:
+                raise AgentOptionError(key, f"must be between 0 and {MAX_DELAY_MS}")
+        elif key in ("fail", "vision"):
+            if not isinstance(value, bool):
+                raise AgentOptionError(key, "must be true or false")
+        elif key == "suspend_for_tool":
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise AgentOptionError(key, "must be a non-empty tool name")
+        elif key == "reply_prefix":
+            if not isinstance(value, str):
+                raise AgentOptionError(key, "must be a string")
+        else:
+            raise AgentOptionError(key, "unknown option for agent kind 'mock'")
+        values[key] = value
+    return MockOptions(**values)
+
+
+def _run_key(alias: str, run_id: str) -> str:
+    return f"r1:{alias}:{run_id}"
+
+
+@attrs.frozen
+class _RunRecord:
+    status: str
+    session_id: str
+    text: str
+    tool_runs: int
+    created_at_ms: int
+    pending: tuple[PendingDecision, ...] = ()
+    answer: str | None = None
+    leaf_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "sessionId": self.session_id,
+            "text": self.text,
+            "toolRuns": self.tool_runs,
+            "createdAt": self.created_at_ms,
+            "pending": [
+                {
+                    "approvalId": p.approval_id,
+                    "kind": p.kind,
+                    "reason": p.reason,
+                    "toolName": p.tool_name,
+                }
+                for p in self.pending
+            ],
+            "answer": self.answer,
+            "leafId": self.leaf_id,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> _RunRecord:
+        if not isinstance(raw, Mapping):
+            raise ValueError("run record")
+        pending = tuple(
+            PendingDecision(
+                approval_id=str(p["approvalId"]),
+                kind=str(p.get("kind", "tool_approval")),
+                reason=str(p.get("reason", "")),
+                tool_name=None if p.get("toolName") is None else str(p["toolName"]),
+            )
+            for p in raw.get("pending", [])
+        )
+        return cls(
+            status=str(raw["status"]),
+            session_id=str(raw["sessionId"]),
+            text=str(raw["text"]),
+            tool_runs=int(raw.get("toolRuns", 0)),
+            created_at_ms=int(raw.get("createdAt", 0)),
+            pending=pending,
+            answer=None if raw.get("answer") is None else str(raw["answer"]),
+            leaf_id=None if raw.get("leafId") is None else str(raw["leafId"]),
+        )
+
+
+def _failed(run_id: str, session_id: str, code: str, message: str) -> RunFailedError:
+    return RunFailedError(
+        RunResult("failed", "", run_id, session_id, error=RunError(code, message))
+    )
+
+
+@attrs.define(eq=False)
+class MockAgent:
+    """See the module docstring. ``run_calls``/``resume_calls`` count calls in this process."""
+
+    alias: str
+    options: MockOptions
+    checkpoints: CheckpointStore
+    clock: Clock
+    _log: SessionLog
+    _revision: str
+    run_calls: int = 0
+    resume_calls: int = 0
+
+    @classmethod
+    def from_context(cls, ctx: AgentContext) -> MockAgent:
+        return cls(
+            alias=ctx.alias,
+            options=validate_mock_options(ctx.options),
+            checkpoints=ctx.checkpoints,
+            clock=ctx.clock,
+            log=SessionLog(ctx.checkpoints, ctx.alias),
+            revision=definition_revision("mock", ctx.options),
+        )
+
+    @property
+    def agent_id(self) -> str:
+        return self.alias
+
+    @property
+    def definition_revision(self) -> str:
+        return self._revision
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        return frozenset({"text", "image"}) if self.options.vision else frozenset({"text"})
+
+    @property
+    def supports_approvals(self) -> bool:
+        return True
+
+    async def session_entries(
+        self, session_id: str, ownership: OwnershipScope
+    ) -> tuple[SessionEntry, ...]:
+        return await self._log.entries(session_id, ownership)
+
+    async def tool_runs(self, run_id: str, ownership: OwnershipScope) -> int:
+        """How many times the suspended tool of ``run_id`` ran (durable; 0 or 1)."""
+        stored = await self._load(run_id, ownership)
+        return 0 if stored is None else stored[1].tool_runs
+
+    def _answer(self, text: str, images: int = 0) -> str:
+        suffix = f" [{images} image(s)]" if images else ""
+        return f"{self.options.reply_prefix}{text}{suffix}"
+
+    async def _delay(self) -> None:
+        if self.options.delay_ms:
+            await trio.sleep(self.options.delay_ms / 1000)
+
+    async def _load(self, run_id: str, ownership: OwnershipScope) -> tuple[int, _RunRecord] | None:
+        stored = await self.checkpoints.load_checkpoint(
+            namespace=NS_RUN, key=_run_key(self.alias, run_id), scope=ownership
+        )
+        if stored is None:
+            return None
+        try:
+            return stored.version, _RunRecord.from_json(stored.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def _save(
+        self, run_id: str, ownership: OwnershipScope, record: _RunRecord, expected: int
+    ) -> bool:
+        try:
+            await self.checkpoints.save_checkpoint(
+                namespace=NS_RUN,
+                key=_run_key(self.alias, run_id),
+                scope=ownership,
+                version=expected + 1,
+                value=record.to_json(),
+                expected_version=expected,
+                category=CATEGORY_RUN,
+                metadata={"status": record.status},
+            )
+        except CheckpointConflictError:
+            return False
+        return True
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
+        self.run_calls += 1
+        run_id = new_run_id()
+        ownership = ownership_from_identity(request.identity)
+        text = input_text(request.input)
+        await self._delay()
+        if self.options.fail:
+            raise _failed(run_id, request.session_id, "mock_failure", "mock agent failure")
+        tool = self.options.suspend_for_tool
+        if tool is not None:
+            pending = PendingDecision(
+                approval_id=f"approval-{uuid.uuid4().hex}",
+                kind="tool_approval",
+                reason=f"the mock agent wants to run {tool}",
+                tool_name=tool,
+            )
+            record = _RunRecord(
+                status="suspended",
+                session_id=request.session_id,
+                text=text,
+                tool_runs=0,
+                created_at_ms=self.clock.now_ms(),
+                pending=(pending,),
+            )
+            if not await self._save(run_id, ownership, record, 0):
+                raise _failed(run_id, request.session_id, "run_state_conflict", "run id reused")
+            leaf = await self._log.append(request.session_id, ownership, (("user", text),))
+            return RunResult("suspended", "", run_id, request.session_id, leaf_id=leaf)
+        answer = self._answer(text, image_count(request.input))
+        await stream_text(run_id, answer, on_event)
+        leaf = await self._log.append(
+            request.session_id, ownership, (("user", text), ("assistant", answer))
+        )
+        return RunResult("succeeded", answer, run_id, request.session_id, leaf_id=leaf)
+
+    async def status(
+        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+    ) -> RunState | None:
+        loaded = await self._load(run_id, ownership)
+        if loaded is None or loaded[1].session_id != session_id:
+            return None
+        version, record = loaded
+        pending = record.pending if record.status == "suspended" else ()
+        return RunState(status=record.status, version=version, pending=pending)
+
+    async def resume(
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        ownership: OwnershipScope,
+        identity: AgentIdentity,
+        expected_version: int,
+        decisions: tuple[Decision, ...] = (),
+        deny: bool = False,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        """Continue a suspended run. Idempotent on the run: a retried or concurrent resume
+        never runs the tool twice; once the run has ended it returns the stored result.
+
+        Raises :class:`RunFailedError` (``run_not_found``, ``version_conflict``,
+        ``missing_decision``) when the run cannot be resumed as asked.
+        """
+        self.resume_calls += 1
+        for _attempt in range(_CAS_ATTEMPTS):
+            loaded = await self._load(run_id, ownership)
+            if loaded is None or loaded[1].session_id != session_id:
+                raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
+            version, record = loaded
+            if record.status == "succeeded":
+                return RunResult(
+                    "succeeded", record.answer or "", run_id, session_id, leaf_id=record.leaf_id
+                )
+            if record.status == "denied":
+                return RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
+            if record.status == "running":
+                # The tool already ran under an earlier resume; only the answer is missing.
+                return await self._finish(run_id, ownership, on_event)
+            if version != expected_version:
+                raise _failed(run_id, session_id, "version_conflict", "run state changed")
+            approval_id = record.pending[0].approval_id if record.pending else None
+            outcomes = {d.approval_id: d.outcome for d in decisions}
+            if deny or outcomes.get(approval_id or "") == "reject_once":
+                denied = attrs.evolve(record, status="denied", pending=())
+                if await self._save(run_id, ownership, denied, version):
+                    return RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
+                continue
+            if approval_id is None or outcomes.get(approval_id) != "allow_once":
+                raise _failed(run_id, session_id, "missing_decision", "no decision for the tool")
+            # The tool "runs" in the same CAS that leaves `suspended`: exactly one winner.
+            running = attrs.evolve(
+                record, status="running", pending=(), tool_runs=record.tool_runs + 1
+            )
+            if await self._save(run_id, ownership, running, version):
+                return await self._finish(run_id, ownership, on_event)
+        raise _failed(run_id, session_id, "run_state_conflict", "run state kept changing")
+
+    async def _finish(
+        self, run_id: str, ownership: OwnershipScope, on_event: EventSink | None
+    ) -> RunResult:
+        await self._delay()
+        loaded = await self._load(run_id, ownership)
+        if loaded is None:
+            raise _failed(run_id, "", "run_not_found", "run state vanished")
+        version, record = loaded
+        if record.status == "succeeded":
+            return RunResult(
+                "succeeded", record.answer or "", run_id, record.session_id, record.leaf_id
+            )
+        answer = self._answer(record.text)
+        await stream_text(run_id, answer, on_event)
+        leaf = await self._log.append(record.session_id, ownership, (("assistant", answer),))
+        for _attempt in range(_CAS_ATTEMPTS):
+            done = attrs.evolve(record, status="succeeded", answer=answer, leaf_id=leaf)
+            if await self._save(run_id, ownership, done, version):
+                return RunResult("succeeded", answer, run_id, record.session_id, leaf_id=leaf)
+            loaded = await self._load(run_id, ownership)
+            if loaded is None:
+                break
+            version, record = loaded
+            if record.status == "succeeded":
+                # A concurrent resume finished first; its answer is the run's answer.
+                return RunResult(
+                    "succeeded", record.answer or "", run_id, record.session_id, record.leaf_id
+                )
+        raise _failed(run_id, record.session_id, "run_state_conflict", "run state kept changing")

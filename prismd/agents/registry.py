@@ -1,0 +1,52 @@
+"""Agent kinds by name: ``build_agent(kind, ctx)`` and ``validate_agent_options(kind, options)``.
+
+``validate_agent_options`` is what ``prismd check-config`` runs for ``[agents.<alias>]``; it
+raises :class:`~prismd.agents.AgentOptionError` (a ``ValueError`` whose ``key`` names the bad
+option and whose message starts with ``<key>:``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import Agent, AgentContext
+from ._session import AgentOptionError
+from .echo import EchoAgent, validate_echo_options
+from .mock import MockAgent, validate_mock_options
+from .python import build_python_agent, validate_python_options
+
+AGENT_KINDS = ("echo", "mock", "python")
+PLANNED_KINDS = ("openai",)
+
+
+def _unavailable(kind: str) -> AgentOptionError:
+    if kind in PLANNED_KINDS:
+        return AgentOptionError("kind", f"agent kind {kind!r} is not available yet")
+    return AgentOptionError(
+        "kind", f"unknown agent kind {kind!r}; expected one of echo, mock, python"
+    )
+
+
+def validate_agent_options(kind: str, options: Mapping[str, Any]) -> None:
+    """Raise ``AgentOptionError`` naming the first bad option (or ``kind``); else ``None``."""
+    if kind == "echo":
+        validate_echo_options(options)
+    elif kind == "mock":
+        validate_mock_options(options)
+    elif kind == "python":
+        validate_python_options(options)
+    else:
+        raise _unavailable(kind)
+
+
+def build_agent(kind: str, ctx: AgentContext) -> Agent:
+    """Build the agent for one alias. Raises ``AgentOptionError`` for bad kinds/options and
+    ``TypeError`` when a python factory returns something that is not an agent."""
+    if kind == "echo":
+        return EchoAgent.from_context(ctx)
+    if kind == "mock":
+        return MockAgent.from_context(ctx)
+    if kind == "python":
+        return build_python_agent(ctx)
+    raise _unavailable(kind)
