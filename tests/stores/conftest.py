@@ -1,0 +1,78 @@
+"""Backends for the store conformance suite.
+
+Every test that takes the ``store`` fixture runs once per backend (ids ``memory``,
+``sqlite``). A new backend joins by adding one entry to :data:`BACKENDS` (and to
+:data:`DURABLE` when it survives a reopen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from stores import DEFAULT_MAX_VALUE_BYTES, Store, open_store
+
+EPOCH_MS = 1_700_000_000_000
+
+
+@attrs.frozen
+class TrioClock:
+    """A store clock that follows ``trio.current_time()``, so ``autojump_clock`` drives it.
+
+    ``now_ms`` = a fixed wall-clock epoch + Trio time in whole milliseconds.
+    """
+
+    epoch_ms: int = EPOCH_MS
+
+    def now_ms(self) -> int:
+        return self.epoch_ms + int(trio.current_time() * 1000)
+
+
+Opener = Callable[..., Awaitable[Store]]
+
+
+@attrs.define
+class Backend:
+    """How to open (and, for durable backends, reopen) one store for a test."""
+
+    name: str
+    url: str
+    durable: bool
+
+    async def open(self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Store:
+        return await open_store(self.url, clock=TrioClock(), max_value_bytes=max_value_bytes)
+
+
+def _memory(tmp_path: Path) -> Backend:
+    return Backend("memory", "memory://", durable=False)
+
+
+def _sqlite(tmp_path: Path) -> Backend:
+    return Backend("sqlite", f"sqlite:///{tmp_path}/journal.sqlite", durable=True)
+
+
+BACKENDS: dict[str, Callable[[Path], Backend]] = {"memory": _memory, "sqlite": _sqlite}
+DURABLE = [name for name in BACKENDS if name != "memory"]
+
+
+@pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return BACKENDS[request.param](tmp_path)
+
+
+@pytest.fixture(params=DURABLE, ids=DURABLE)
+def durable_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return BACKENDS[request.param](tmp_path)
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    opened = await backend.open()
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
