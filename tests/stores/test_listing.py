@@ -1,0 +1,261 @@
+"""Conformance: list_checkpoints filters, order, limits, keyset paging; list_events."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import trio
+
+from stores import (
+    ANY_SCOPE,
+    CheckpointConflictError,
+    InvalidCheckpointError,
+    JournalEvent,
+    OwnershipScope,
+    Store,
+)
+
+A = OwnershipScope("t1", "a1", "u1")
+B = OwnershipScope("t1", "a1", "u2")
+C = OwnershipScope("t1", "a2", "u1")
+D = OwnershipScope("t2", "a1", "u1")
+
+
+async def put(
+    store: Store, ns: str, key: str, scope: OwnershipScope = A, version: int = 1, **kw: Any
+) -> Any:
+    return await store.checkpoints.save_checkpoint(
+        namespace=ns, key=key, scope=scope, version=version, value={"k": key}, **kw
+    )
+
+
+def keys(page: Any) -> list[str]:
+    return [r.key for r in page.items]
+
+
+async def walk(store: Store, limit: int, **filters: Any) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    cursor = None
+    while True:
+        page = await store.checkpoints.list_checkpoints(cursor=cursor, limit=limit, **filters)
+        seen += [(r.namespace, r.key) for r in page.items]
+        if page.next_cursor is None:
+            return seen
+        assert len(page.items) == limit
+        cursor = page.next_cursor
+
+
+async def test_order_is_newest_first_then_key(store: Store, autojump_clock: Any) -> None:
+    await put(store, "n", "b")
+    await put(store, "n", "a")
+    await trio.sleep(1)
+    await put(store, "n", "d")
+    await put(store, "n", "c")
+    await trio.sleep(1)
+    await put(store, "n", "b", version=2)
+    page = await store.checkpoints.list_checkpoints()
+    assert keys(page) == ["b", "c", "d", "a"]
+    assert page.next_cursor is None
+    stamps = [r.updated_at_ms for r in page.items]
+    assert stamps == sorted(stamps, reverse=True)
+
+
+async def test_filters(store: Store) -> None:
+    await put(store, "ns1", "o1:x", A, category="op")
+    await put(store, "ns1", "o1:y", B, category="op")
+    await put(store, "ns1", "r1:x", C, category="reply")
+    await put(store, "ns2", "o1:z", D, category="op")
+    await put(store, "ns2", "b1:w", A)
+    lc = store.checkpoints.list_checkpoints
+    assert sorted(keys(await lc(namespace="ns1"))) == ["o1:x", "o1:y", "r1:x"]
+    assert sorted(keys(await lc(key_prefix="o1:"))) == ["o1:x", "o1:y", "o1:z"]
+    assert sorted(keys(await lc(namespace="ns2", key_prefix="o1:"))) == ["o1:z"]
+    assert keys(await lc(key_prefix="o1:x")) == ["o1:x"]
+    assert keys(await lc(key_prefix="nothing")) == []
+    assert sorted(keys(await lc(category="op"))) == ["o1:x", "o1:y", "o1:z"]
+    assert sorted(keys(await lc(category=["op", "reply"]))) == ["o1:x", "o1:y", "o1:z", "r1:x"]
+    assert sorted(keys(await lc(category=("reply",)))) == ["r1:x"]
+    assert keys(await lc(category=[])) == []
+    # Partial scope: every given field must match, omitted ones match anything.
+    assert sorted(keys(await lc(scope=OwnershipScope("t1")))) == [
+        "b1:w",
+        "o1:x",
+        "o1:y",
+        "r1:x",
+    ]
+    assert sorted(keys(await lc(scope=OwnershipScope("t1", "a1")))) == ["b1:w", "o1:x", "o1:y"]
+    assert sorted(keys(await lc(scope=OwnershipScope(user_id="u1")))) == [
+        "b1:w",
+        "o1:x",
+        "o1:z",
+        "r1:x",
+    ]
+    assert sorted(keys(await lc(scope=B))) == ["o1:y"]
+    assert keys(await lc(scope=OwnershipScope("t3"))) == []
+    assert len((await lc(scope=ANY_SCOPE)).items) == 5
+    assert sorted(keys(await lc(namespace="ns1", category="op", scope=OwnershipScope("t1")))) == [
+        "o1:x",
+        "o1:y",
+    ]
+
+
+async def test_key_prefix_is_literal(store: Store) -> None:
+    await put(store, "n", "a%b")
+    await put(store, "n", "axb")
+    await put(store, "n", "a_c")
+    await put(store, "n", "a*c")
+    lc = store.checkpoints.list_checkpoints
+    assert keys(await lc(key_prefix="a%")) == ["a%b"]
+    assert keys(await lc(key_prefix="a_")) == ["a_c"]
+    assert keys(await lc(key_prefix="a*")) == ["a*c"]
+
+
+async def test_limit_is_clamped(store: Store) -> None:
+    for i in range(501):
+        await put(store, "n", f"k{i:04d}")
+    lc = store.checkpoints.list_checkpoints
+    assert len((await lc()).items) == 100  # default
+    for low in (0, -5):
+        page = await lc(limit=low)
+        assert len(page.items) == 1 and page.next_cursor is not None
+    page = await lc(limit=10_000)
+    assert len(page.items) == 500 and page.next_cursor is not None
+    rest = await lc(limit=10_000, cursor=page.next_cursor)
+    assert len(rest.items) == 1 and rest.next_cursor is None
+    with pytest.raises(InvalidCheckpointError):
+        await lc(limit=1.5)  # type: ignore[arg-type]
+
+
+async def test_paging_walks_every_row_once(store: Store, autojump_clock: Any) -> None:
+    expected = []
+    for i in range(23):
+        # Several rows share a millisecond, so the key tie-break is exercised too.
+        if i % 4 == 0:
+            await trio.sleep(0.001)
+        ns = "n1" if i % 2 else "n2"
+        key = f"k{i % 7}"  # the same key in two namespaces
+        if (ns, key) in expected:
+            key += f"-{i}"
+        await put(store, ns, key)
+        expected.append((ns, key))
+    full = await store.checkpoints.list_checkpoints(limit=500)
+    assert [(r.namespace, r.key) for r in full.items] == await walk(store, 1)
+    for limit in (1, 2, 5, 22, 23, 24):
+        seen = await walk(store, limit)
+        assert sorted(seen) == sorted(expected)
+        assert seen == [(r.namespace, r.key) for r in full.items]
+
+
+async def test_paging_under_concurrent_writes(store: Store, autojump_clock: Any) -> None:
+    """No row twice, and every row that stayed unchanged for the whole walk is seen."""
+    rng = random.Random(7)
+    versions: dict[str, int] = {}
+    for i in range(60):
+        if i % 5 == 0:
+            await trio.sleep(0.001)
+        await put(store, "n", f"k{i:03d}")
+        versions[f"k{i:03d}"] = 1
+    touched: set[str] = set()
+    seen: list[str] = []
+    cursor = None
+    new = 0
+    while True:
+        page = await store.checkpoints.list_checkpoints(namespace="n", cursor=cursor, limit=7)
+        seen += keys(page)
+        # Between pages: rewrite some rows (seen and unseen), delete some, add new ones.
+        await trio.sleep(0.001)
+        for key in rng.sample(sorted(versions), 3):
+            versions[key] += 1
+            await put(store, "n", key, version=versions[key])
+            touched.add(key)
+        victim = rng.choice(sorted(versions))
+        assert await store.checkpoints.delete_checkpoint(namespace="n", key=victim, scope=A)
+        del versions[victim]
+        touched.add(victim)
+        await put(store, "n", f"new{new}")
+        versions[f"new{new}"] = 1
+        touched.add(f"new{new}")
+        new += 1
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert len(seen) == len(set(seen)), "a row was returned twice"
+    untouched = {f"k{i:03d}" for i in range(60)} - touched
+    assert untouched, "the walk should leave some rows alone"
+    assert untouched <= set(seen)
+
+
+async def test_bad_cursor_and_filters(store: Store) -> None:
+    lc = store.checkpoints.list_checkpoints
+    for cursor in ("", "not a cursor!", "W10", "eyJhIjoxfQ"):
+        with pytest.raises(InvalidCheckpointError):
+            await lc(cursor=cursor)
+    with pytest.raises(InvalidCheckpointError):
+        await lc(category=[1])  # type: ignore[list-item]
+    with pytest.raises(InvalidCheckpointError):
+        await lc(scope=None)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- events
+
+
+async def test_events_follow_commit_order(store: Store, autojump_clock: Any) -> None:
+    cp = store.checkpoints
+    await put(store, "n", "a", A, category="op", metadata={"state": "accepted"})
+    await trio.sleep(1)
+    await put(store, "n", "a", A, version=2, expected_version=1, metadata={"state": "executing"})
+    with pytest.raises(CheckpointConflictError):
+        await put(store, "n", "a", A, version=2, expected_version=1)
+    await put(store, "n", "b", B, category="reply")
+    assert await cp.delete_checkpoint(namespace="n", key="a", scope=A)
+    assert not await cp.delete_checkpoint(namespace="n", key="a", scope=A)
+    page = await cp.list_events()
+    assert [(e.action, e.key, e.version) for e in page.items] == [
+        ("save", "a", 1),
+        ("save", "a", 2),
+        ("save", "b", 1),
+        ("delete", "a", 2),
+    ]
+    seqs = [e.seq for e in page.items]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    assert page.last_seq == seqs[-1]
+    first, second, third, deleted = page.items
+    assert isinstance(first, JournalEvent)
+    assert first.metadata == {"state": "accepted"} and first.category == "op"
+    assert second.metadata == {"state": "executing"} and second.category is None
+    assert second.at_ms - first.at_ms == 1000
+    assert third.scope == B and third.category == "reply"
+    assert deleted.scope == A
+    # Paging by `after`.
+    tail = await cp.list_events(after=seqs[1])
+    assert [e.seq for e in tail.items] == seqs[2:]
+    one = await cp.list_events(after=seqs[0], limit=1)
+    assert [e.seq for e in one.items] == [seqs[1]] and one.last_seq == seqs[1]
+    empty = await cp.list_events(after=seqs[-1])
+    assert empty.items == () and empty.last_seq == seqs[-1]
+
+
+async def test_events_scope_filter(store: Store) -> None:
+    await put(store, "n", "a", A)
+    await put(store, "n", "b", B)
+    await put(store, "n", "c", C)
+    await put(store, "n", "d", D)
+    ev = store.checkpoints.list_events
+    assert [e.key for e in (await ev(scope=OwnershipScope("t1"))).items] == ["a", "b", "c"]
+    assert [e.key for e in (await ev(scope=OwnershipScope("t1", "a1"))).items] == ["a", "b"]
+    assert [e.key for e in (await ev(scope=OwnershipScope(user_id="u1"))).items] == [
+        "a",
+        "c",
+        "d",
+    ]
+    assert [e.key for e in (await ev(scope=D)).items] == ["d"]
+    assert (await ev(scope=OwnershipScope("zz"))).items == ()
+
+
+async def test_events_bad_input(store: Store) -> None:
+    with pytest.raises(InvalidCheckpointError):
+        await store.checkpoints.list_events(after=-1)
+    with pytest.raises(InvalidCheckpointError):
+        await store.checkpoints.list_events(limit="3")  # type: ignore[arg-type]
