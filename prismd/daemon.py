@@ -21,16 +21,35 @@ URLs (httpx puts the request URL, and Telegram's carries the bot token, into its
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
+import os
 import random
+import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, NoReturn, Protocol, TextIO, TypeAlias
 
 import attrs
 import trio
 
-from .adapter import AdapterFatalError
+from stores import Store
+
+from . import sdnotify
+from .adapter import AdapterFatalError, ChannelAdapter
+from .api import MessagingRuntime
+from .config import (
+    Config,
+    ConfigError,
+    ConnectionConfig,
+    Operator,
+    TelegramConnectionConfig,
+    WebchatConnectionConfig,
+)
+from .grants import GrantAuthorizer
+from .statedir import StateDir, StateDirError, open_state_dir
+from .wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
 log = logging.getLogger("prismd.daemon")
 
@@ -252,3 +271,318 @@ async def watchdog(
     while True:
         ping()
         await trio.sleep(interval_s)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+STOP_MARGIN_S = 5.0
+"""Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
+CLOSE_BUDGET_S = 10.0
+
+
+def _forced_exit(signum: int) -> NoReturn:
+    """Second SIGTERM/SIGINT: leave now. Durable state is crash-safe by design (SIGKILL is)."""
+    sys.stderr.write(f"prismd: second {signal.Signals(signum).name}, exiting immediately\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+@attrs.define(eq=False)
+class Daemon:
+    """``prismd run``: owns the state directory lock, the store, the runtime and the children.
+
+    Start order: state directory lock → store → agents, grants, adapters → runtime (with
+    ``reclaim_own_leases=True`` and owner ids from the instance id) → a log line counting
+    unresolved operations (nothing is re-run) → children (control server, every adapter,
+    watchdog) each started with ``nursery.start`` → ``READY=1`` and a stderr line saying
+    where to connect.
+
+    Stop order (first SIGTERM/SIGINT or :meth:`request_stop`): ``STOPPING=1`` →
+    ``runtime.stop()`` bounded by ``stop_deadline_ms`` (queued and claimed work settled
+    ``cancelled``, binding leases released) while the adapters are still up, so replies
+    finishing in the drain still go out and new events are answered ``stopped``
+    (retryable: not acknowledged) → children cancelled (adapters release their receiver
+    leases) → store closed → exit 0. A second SIGTERM/SIGINT exits at once with
+    128 + signal number. SIGHUP reopens the logs.
+    """
+
+    config: Config
+    env: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
+    install_signals: bool = True
+    notify: Callable[[str], object] = attrs.field(default=None)
+    out: TextIO = attrs.field(default=None)
+    policy: RestartPolicy = attrs.field(factory=RestartPolicy)
+    supervisor: Supervisor = attrs.field(init=False)
+    ready: trio.Event = attrs.field(factory=trio.Event, init=False)
+    stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
+    state: StateDir | None = attrs.field(default=None, init=False)
+    host: Host | None = attrs.field(default=None, init=False)
+    runtime: MessagingRuntime | None = attrs.field(default=None, init=False)
+    endpoints: dict[str, str] = attrs.field(factory=dict, init=False)
+    _serve_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _stop_requested: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.supervisor = Supervisor(policy=self.policy)
+        if self.notify is None:
+            env = self.env
+            self.notify = lambda state: sdnotify.notify(state, env=env)
+        if self.out is None:
+            self.out = sys.stderr
+
+    def request_stop(self) -> None:
+        """Begin the graceful stop (what the first SIGTERM/SIGINT does)."""
+        self._stop_requested = True
+        self._serve_scope.cancel()
+
+    def health(self) -> dict[str, Any]:
+        """Per child ``state`` (+ adapter ``health()``); bounded enums only."""
+        return {"ready": self.ready.is_set(), "children": self.supervisor.health()}
+
+    async def run(self) -> int:
+        """Run until stopped; returns the process exit code (0 clean stop, 1 failure)."""
+        try:
+            self.state = open_state_dir(self.config.daemon.state_dir)
+        except StateDirError as exc:
+            self._fail(str(exc))
+            return EXIT_FAILURE
+        try:
+            return await self._run_locked(self.state)
+        finally:
+            self.state.close()
+            self.stopped.set()
+
+    def _fail(self, message: str) -> None:
+        log.error("%s", message)
+        self._print(f"prismd: {message}")
+
+    def _print(self, line: str) -> None:
+        assert self.out is not None
+        try:
+            self.out.write(line + "\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    async def _run_locked(self, state: StateDir) -> int:
+        from stores import open_store
+
+        try:
+            store = await open_store(self.config.store.url)
+        except Exception as exc:
+            # Store URLs can carry passwords: name the backend error type only.
+            self._fail(f"cannot open the store: {describe_exception(exc)}")
+            return EXIT_FAILURE
+        try:
+            return await self._run_with_store(state, store)
+        finally:
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                try:
+                    await store.aclose()
+                except Exception as exc:
+                    log.warning("closing the store failed: %s", describe_exception(exc))
+
+    async def _run_with_store(self, state: StateDir, store: Store) -> int:
+        from .controls import GrantStore
+        from .runtime import open_messaging_runtime
+
+        config = self.config
+        try:
+            agents = build_agents(config, store)
+            authorizer = GrantAuthorizer(
+                config.grants, load_paired=GrantStore(store.checkpoints).load
+            )
+            host = Host(agents=agents)
+            for connection in config.connections:
+                host.adapters[connection.id] = build_adapter(
+                    connection,
+                    admit=host.admit,
+                    store=store,
+                    state=state,
+                    config=config,
+                    env=self.env,
+                )
+        except (WiringError, ConfigError) as exc:
+            self._fail(str(exc))
+            return EXIT_FAILURE
+        self.host = host
+        async with open_messaging_runtime(
+            authorize=authorizer.authorize,
+            resolve_agent=host.resolve_agent,
+            deliver=host.deliver,
+            store=store,
+            use_leases=True,
+            limits=config.limits,
+            owner_id=state.owner_id("runtime"),
+            reclaim_own_leases=True,
+            pairing_scope=authorizer.pairing_scope,
+            on_paired=authorizer.on_paired,
+        ) as runtime:
+            self.runtime = runtime
+            host.bind(runtime.admit)
+            try:
+                await self._report_unresolved(runtime, authorizer)
+                return await self._serve(runtime, store, authorizer, host)
+            finally:
+                host.bind(None)
+
+    async def _report_unresolved(
+        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
+    ) -> None:
+        """Log how many operations wait for ``reconcile``; never re-run anything."""
+        tenants = {"default"} | {g.tenant for g in self.config.grants}
+        tenants |= {op.tenant for op in self.config.control.operators}
+        limit = self.config.limits.max_journal_page
+        total = 0
+        capped = False
+        for tenant in sorted(tenants):
+            identity = authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
+            try:
+                entries = await runtime.list_unresolved(identity=identity, limit=limit)
+            except Exception as exc:
+                log.warning("listing unresolved operations failed: %s", describe_exception(exc))
+                return
+            total += len(entries)
+            capped = capped or len(entries) >= limit
+        if total:
+            log.warning(
+                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
+                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
+                "at least " if capped else "",
+                total,
+            )
+        else:
+            log.info("no unresolved operations in the journal")
+
+    async def _serve(
+        self,
+        runtime: MessagingRuntime,
+        store: Store,
+        authorizer: GrantAuthorizer,
+        host: Host,
+    ) -> int:
+        failures: list[BaseException] = []
+        code = EXIT_FAILURE
+        try:
+            async with trio.open_nursery() as root:
+                if self.install_signals:
+                    await root.start(self._signals)
+                code = await self._supervise_children(runtime, store, authorizer, host)
+                root.cancel_scope.cancel()
+        except* DaemonError as group:
+            failures.extend(group.exceptions)
+        if not failures:
+            return code
+        for exc in failures:
+            self._fail(str(exc))
+        with trio.move_on_after(self._stop_budget_s(), shield=True):
+            await runtime.stop()
+        return EXIT_FAILURE
+
+    def _stop_budget_s(self) -> float:
+        return self.config.limits.stop_deadline_ms / 1000 + STOP_MARGIN_S
+
+    async def _supervise_children(
+        self,
+        runtime: MessagingRuntime,
+        store: Store,
+        authorizer: GrantAuthorizer,
+        host: Host,
+    ) -> int:
+        from .control import ControlHandler, serve_control
+
+        assert self.notify is not None
+        notify = self.notify
+        config = self.config
+        async with trio.open_nursery() as children:
+            with self._serve_scope:
+                handler = ControlHandler(
+                    runtime=runtime,
+                    store=store,
+                    health=self.health,
+                    identity_for=authorizer.identity_for,
+                )
+                await self.supervisor.start(
+                    children,
+                    "control",
+                    functools.partial(serve_control, config.control, handler=handler),
+                )
+                self.endpoints["control"] = config.control.socket
+                for connection in config.connections:
+                    adapter = host.adapters[connection.id]
+                    await self.supervisor.start(
+                        children,
+                        adapter_child_name(connection),
+                        adapter.run,
+                        health=adapter.health,
+                    )
+                    self.endpoints[adapter_child_name(connection)] = _where(connection, adapter)
+                await self.supervisor.start(
+                    children,
+                    "watchdog",
+                    functools.partial(
+                        watchdog, sdnotify.watchdog_interval(self.env), lambda: notify("WATCHDOG=1")
+                    ),
+                )
+                self.ready.set()
+                notify("READY=1")
+                self._announce()
+                await trio.sleep_forever()
+            if not self._stop_requested:
+                return EXIT_OK  # pragma: no cover - the scope is only cancelled by a stop
+            notify("STOPPING=1")
+            log.info("stopping: settling queued and claimed work (runtime.stop)")
+            with trio.move_on_after(self._stop_budget_s()) as budget:
+                await runtime.stop()
+            if budget.cancelled_caught:
+                log.warning("runtime.stop() did not finish within the stop deadline")
+            children.cancel_scope.cancel()
+        log.info("stopped")
+        return EXIT_OK
+
+    def _announce(self) -> None:
+        parts = [f"{name} {where}" for name, where in self.endpoints.items()]
+        self._print("prismd: ready — " + "; ".join(parts))
+        log.info("ready")
+
+    async def _signals(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    _reopen_logs()
+                    continue
+                if self._stop_requested:
+                    _forced_exit(signum)
+                log.info("received %s", signal.Signals(signum).name)
+                self.request_stop()
+
+
+def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
+    """A human hint for the startup line: a URL for the web chat, the mode otherwise."""
+    if isinstance(connection, WebchatConnectionConfig):
+        bound = getattr(adapter, "bound", None)
+        host, port = bound if bound is not None else connection.listen.rsplit(":", 1)
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        return f"http://{shown}:{port}/"
+    if isinstance(connection, TelegramConnectionConfig):
+        return f"({connection.mode})"
+    return "(connected)"
+
+
+def _reopen_logs() -> None:
+    try:
+        from . import logs
+
+        logs.reopen()
+    except Exception as exc:
+        log.warning("reopening logs failed: %s", describe_exception(exc))
+
+
+async def run_daemon(config: Config, **kwargs: Any) -> int:
+    """``prismd run`` on a loaded config; returns the exit code."""
+    return await Daemon(config, **kwargs).run()

@@ -1,0 +1,98 @@
+"""The ``prismd`` console script: ``run``, ``check-config`` and ``soak``.
+
+Exit codes: 0 success, 1 failure (bad config, startup error, failed soak), 2 usage error
+(argparse). ``run`` returns 128 + signal number when a second SIGTERM/SIGINT forces the
+exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from .config import Config, ConfigError, load_config
+
+log = logging.getLogger("prismd.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prismd", description="Connect AI agents to chat platforms through a durable journal."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon in the foreground")
+    run.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+    run.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+    run.add_argument("--log-format", choices=("plain", "json"), default="plain")
+
+    check = sub.add_parser("check-config", help="validate a config file and exit 0/1")
+    check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+
+    from .soak import add_soak_arguments
+
+    soak = sub.add_parser(
+        "soak", help="loop admit/drain/reconcile/prune against a real store and the mock agent"
+    )
+    add_soak_arguments(soak)
+    return parser
+
+
+def summarize(config: Config) -> str:
+    """A one-line, secret-free summary of a valid config (for ``check-config``)."""
+    connections = ", ".join(f"{c.kind} {c.id}" for c in config.connections) or "none"
+    agents = ", ".join(f"{alias} ({a.kind})" for alias, a in config.agents.items()) or "none"
+    backend = config.store.url.partition("://")[0]
+    return (
+        f"{config.source or 'built-in defaults'}: connections: {connections}; "
+        f"agents: {agents}; {len(config.grants)} grant(s); store: {backend}"
+    )
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    try:
+        from .logs import configure_logging
+    except ImportError:
+        logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(name)s: %(message)s")
+        return
+    configure_logging(level, fmt)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(f"ok: {summarize(config)}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _configure_logging(args.log_level, args.log_format)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"prismd: {exc}", file=sys.stderr)
+        return 1
+    from .daemon import run_daemon
+
+    return trio.run(run_daemon, config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``prismd`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return _cmd_check_config(args)
+    if args.command == "run":
+        return _cmd_run(args)
+    if args.command == "soak":
+        from .soak import run_soak_command
+
+        return run_soak_command(args)
+    raise AssertionError(args.command)  # argparse rejects unknown commands

@@ -1,0 +1,179 @@
+"""Building the daemon's parts from a :class:`~prismd.config.Config`.
+
+Everything here is construction, no serving: agents per alias, one adapter per
+``[[connections]]`` entry, the grant authorizer, and the host callbacks the runtime needs
+(``resolve_agent``, ``deliver``). Adapter modules are imported lazily so a connection kind
+whose module is unavailable is a clear startup error (:class:`WiringError`) instead of an
+import failure at ``prismd`` start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+
+from stores import Store
+
+from .adapter import ChannelAdapter
+from .agents._base import Agent, AgentContext
+from .channel import Admission, InboundEvent, Reply, SendResult
+from .config import (
+    Config,
+    ConnectionConfig,
+    SignalConnectionConfig,
+    TelegramConnectionConfig,
+    WebchatConnectionConfig,
+    read_secret,
+)
+from .statedir import StateDir
+
+log = logging.getLogger("prismd.wiring")
+
+UNKNOWN_CONNECTION = "unknown_connection"
+
+
+class WiringError(Exception):
+    """The configuration cannot be turned into a running daemon; the message names the part."""
+
+
+def build_agents(config: Config, store: Store) -> dict[str, Agent]:
+    """One agent per ``[agents.<alias>]``, each with the store's checkpoints."""
+    from .agents.registry import build_agent
+
+    agents: dict[str, Agent] = {}
+    for alias, agent in config.agents.items():
+        context = AgentContext(alias=alias, options=agent.options, checkpoints=store.checkpoints)
+        try:
+            agents[alias] = build_agent(agent.kind, context)
+        except (ValueError, TypeError, ImportError) as exc:
+            # AgentOptionError messages name the option, never a value.
+            raise WiringError(f"[agents.{alias}]: {exc}") from None
+    return agents
+
+
+def adapter_child_name(connection: ConnectionConfig) -> str:
+    """The supervisor child name of a connection's adapter, e.g. ``webchat:web``."""
+    return f"{connection.kind}:{connection.id}"
+
+
+def _import_adapter_module(kind: str, module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise WiringError(f"connection kind {kind!r} is not available in this build") from None
+
+
+def build_adapter(
+    connection: ConnectionConfig,
+    *,
+    admit: Callable[[InboundEvent], Awaitable[Admission]],
+    store: Store,
+    state: StateDir,
+    config: Config,
+    env: Mapping[str, str],
+) -> ChannelAdapter:
+    """Construct (inertly) the adapter for one connection; secrets are read here.
+
+    Raises :class:`WiringError` or :class:`~prismd.config.ConfigError` (missing secret).
+    """
+    if isinstance(connection, WebchatConnectionConfig):
+        module = _import_adapter_module("webchat", "adapters.webchat")
+        token = None
+        if connection.access_token_env:
+            token = read_secret(
+                env_name=connection.access_token_env,
+                file_name=None,
+                env=env,
+                key=f"connections.{connection.id}.access_token_env",
+            )
+        adapter: ChannelAdapter = module.WebchatAdapter(
+            connection_id=connection.id, listen=connection.listen, admit=admit, access_token=token
+        )
+        return adapter
+    if isinstance(connection, TelegramConnectionConfig):
+        module = _import_adapter_module("telegram", "adapters.telegram")
+        # Read once now so a missing token fails the start, not the first poll.
+        token_value = read_secret(
+            env_name=connection.token_env,
+            file_name=connection.token_file,
+            env=env,
+            key=f"connections.{connection.id}.token",
+        )
+        secret = None
+        if connection.webhook_secret_env:
+            secret = read_secret(
+                env_name=connection.webhook_secret_env,
+                file_name=None,
+                env=env,
+                key=f"connections.{connection.id}.webhook_secret_env",
+            )
+        adapter = module.TelegramAdapter(
+            connection_id=connection.id,
+            token=lambda: token_value,
+            admit=admit,
+            store=store,
+            owner_id=state.owner_id("telegram", connection.id),
+            reclaim=True,
+            api_origin=connection.api_origin,
+            mode=connection.mode,
+            webhook_listen=connection.webhook_listen,
+            webhook_path=connection.webhook_path,
+            webhook_secret=secret,
+            allow_groups=connection.allow_groups,
+            poll_timeout_s=connection.poll_timeout_s,
+            max_attachment_bytes=config.limits.max_attachment_bytes,
+        )
+        return adapter
+    if isinstance(connection, SignalConnectionConfig):
+        module = _import_adapter_module("signal", "adapters.signal")
+        factory = getattr(module, "build_signal_adapter", None)
+        if factory is None:
+            raise WiringError("connection kind 'signal' is not available in this build")
+        adapter = factory(
+            connection, admit=admit, store=store, owner_id=state.owner_id("signal", connection.id)
+        )
+        return adapter
+    raise WiringError(f"unknown connection kind {getattr(connection, 'kind', '?')!r}")
+
+
+@attrs.define(eq=False)
+class Host:
+    """The runtime's host callbacks over the built agents and adapters.
+
+    ``admit`` is late-bound: adapters are built before the runtime (the runtime's
+    ``deliver`` needs them), so they get :meth:`admit`, which forwards to the runtime once
+    :meth:`bind` was called and answers ``denied/unavailable`` (retryable: the adapter
+    does not acknowledge the transport) before that.
+    """
+
+    agents: Mapping[str, Agent]
+    adapters: dict[str, ChannelAdapter] = attrs.field(factory=dict)
+    _admit: Callable[[InboundEvent], Awaitable[Admission]] | None = None
+
+    def bind(self, admit: Callable[[InboundEvent], Awaitable[Admission]] | None) -> None:
+        self._admit = admit
+
+    async def admit(self, event: InboundEvent) -> Admission:
+        target = self._admit
+        if target is None:
+            return Admission(status="denied", reason="unavailable")
+        return await target(event)
+
+    async def resolve_agent(self, request: Any) -> Agent:
+        """``resolve_agent(ResolveAgentInput)``: the agent built for the alias."""
+        alias = request.agent_alias
+        agent = self.agents.get(alias)
+        if agent is None:
+            raise LookupError(f"no agent is configured for alias {alias!r}")
+        return agent
+
+    async def deliver(self, reply: Reply) -> SendResult:
+        """Route a reply to its connection's adapter; unknown → not delivered, never raises."""
+        adapter = self.adapters.get(reply.connection_id)
+        if adapter is None:
+            return SendResult(delivered=False, reason=UNKNOWN_CONNECTION)
+        return await adapter.send(reply)
