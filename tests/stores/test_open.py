@@ -1,0 +1,263 @@
+"""Opening stores: URLs, SQLite settings and refusals, and durability across a reopen
+(behaviours 97, 172–180 at the store level)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+import trio
+
+from stores import (
+    InvalidStoreURLError,
+    OwnershipScope,
+    StoreUnavailableError,
+    open_store,
+)
+from stores.memory import MemoryStore
+from stores.sqlite import SQLiteStore, open_sqlite_store
+
+from .conftest import Backend, TrioClock
+
+SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
+BINDING_NS = "prism.channels.v1.binding"
+OPERATION_NS = "prism.channels.v1.operation"
+REPLY_NS = "prism.channels.v1.reply"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "foo://x",
+        "memory",
+        "memory://extra",
+        "sqlite://",
+        "sqlite:///",
+        "sqlite://host/db.sqlite",
+        "sqlite:///dir/",
+        "sqlite:///db.sqlite?mode=ro",
+        "postgres-ish:/x",
+    ],
+)
+async def test_bad_urls_are_refused(url: str, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidStoreURLError) as info:
+        await open_store(url)
+    assert isinstance(info.value, ValueError)
+    assert os.listdir(tmp_path) == []  # nothing written
+
+
+async def test_memory_url() -> None:
+    store = await open_store("memory://")
+    assert isinstance(store, MemoryStore) and store.url == "memory://"
+    await store.aclose()
+
+
+async def test_relative_and_absolute_sqlite_urls(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    rel = await open_store("sqlite:///var/deep/journal.sqlite")
+    assert isinstance(rel, SQLiteStore) and rel.url == "sqlite:///var/deep/journal.sqlite"
+    await rel.aclose()
+    assert (tmp_path / "var" / "deep" / "journal.sqlite").is_file()
+    absolute = tmp_path / "abs" / "j.sqlite"
+    store = await open_store(f"sqlite:///{absolute}")
+    await store.aclose()
+    assert absolute.is_file()
+
+
+async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    store = await open_sqlite_store(f"sqlite:///{path}")
+    try:
+        await store.checkpoints.save_checkpoint(
+            namespace="n", key="k", scope=SCOPE, version=1, value=1
+        )
+        probe = apsw.Connection(str(path))
+        assert probe.execute("PRAGMA journal_mode").fetchall() == [("wal",)]
+        assert probe.execute("PRAGMA user_version").fetchall() == [(1,)]
+        tables = {
+            r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        assert {"prism_checkpoints", "prism_leases", "prism_events"} <= tables
+        index_sql = probe.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'prism_checkpoints_list'"
+        ).fetchall()
+        assert "namespace, category, tenant_id, updated_at DESC, key" in index_sql[0][0]
+        probe.close()
+        # The store's own connection runs with synchronous=FULL (2), read back at open.
+        sync = await store._db.run(lambda c: c.execute("PRAGMA synchronous").fetchall())
+        assert sync == [(2,)]
+    finally:
+        await store.aclose()
+
+
+async def test_directory_path_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(StoreUnavailableError, match="directory"):
+        await open_store(f"sqlite:///{tmp_path}/adir")
+
+
+async def test_garbage_file_is_unavailable_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    secret = b"SECRET-CONTENT " * 400
+    path.write_bytes(secret)
+    with pytest.raises(StoreUnavailableError) as info:
+        await open_store(f"sqlite:///{path}")
+    assert "SECRET" not in str(info.value)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == secret
+    assert not (tmp_path / "j.sqlite-wal").exists()
+
+
+async def test_corrupt_database_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    store = await open_store(f"sqlite:///{path}")
+    for i in range(300):
+        await store.checkpoints.save_checkpoint(
+            namespace="n", key=f"k{i}", scope=SCOPE, version=1, value={"pad": "SECRET" * 50}
+        )
+    await store.aclose()
+    # Fold the WAL into the main file, then smash pages in the middle of it.
+    probe = apsw.Connection(str(path))
+    probe.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    probe.close()
+    size = path.stat().st_size
+    assert size > 16 * 4096
+    with path.open("r+b") as f:
+        f.seek(4096 * 2)
+        f.write(os.urandom(4096 * 6))
+    with pytest.raises(StoreUnavailableError) as info:
+        await open_store(f"sqlite:///{path}")
+    assert "SECRET" not in str(info.value)
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    await (await open_store(f"sqlite:///{path}")).aclose()
+    probe = apsw.Connection(str(path))
+    probe.execute("PRAGMA user_version = 99")
+    probe.close()
+    with pytest.raises(StoreUnavailableError, match="schema version 99"):
+        await open_store(f"sqlite:///{path}")
+
+
+async def test_reopen_keeps_the_journal(durable_backend: Backend) -> None:
+    """Behaviours 97, 172–180 at the store level: create-only, CAS, fences, events and the
+    lease owner all survive closing and reopening the store."""
+    store = await durable_backend.open()
+    cp = store.checkpoints
+    # 172/173: binding created once, then applied with the created version.
+    binding = await cp.save_checkpoint(
+        namespace=BINDING_NS, key="b1", scope=SCOPE, version=1, expected_version=0,
+        value={"sessionId": "s1", "generation": 0}, category="channel-binding",
+    )  # fmt: skip
+    await cp.save_checkpoint(
+        namespace=BINDING_NS, key="b1", scope=SCOPE, version=2, expected_version=1,
+        value={"sessionId": "s1", "leafId": "leaf-2", "generation": 1},
+        category="channel-binding",
+    )  # fmt: skip
+    # 175: operation accepted → executing (fenced by the lease below).
+    lease = await store.leases.try_acquire_lease(
+        namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE, owner_id="worker-a", ttl_ms=30_000
+    )
+    assert lease is not None and lease.fencing_token == 1
+    await cp.save_checkpoint(
+        namespace=OPERATION_NS, key="o1", scope=SCOPE, version=1, expected_version=0,
+        value={"state": "accepted"},
+    )  # fmt: skip
+    await cp.save_checkpoint(
+        namespace=OPERATION_NS, key="o1", scope=SCOPE, version=2, expected_version=1,
+        value={"state": "executing"}, fencing_token=lease.fencing_token,
+    )  # fmt: skip
+    # 176: reply pending, then delivered.
+    await cp.save_checkpoint(
+        namespace=REPLY_NS, key="r1", scope=SCOPE, version=1, expected_version=0,
+        value={"state": "pending", "text": "hi"},
+    )  # fmt: skip
+    await cp.save_checkpoint(
+        namespace=REPLY_NS, key="r1", scope=SCOPE, version=2, expected_version=1,
+        value={"state": "delivered", "text": "hi"},
+    )  # fmt: skip
+    events_before = await cp.list_events()
+    await store.aclose()
+
+    reopened = await durable_backend.open()
+    try:
+        cp = reopened.checkpoints
+        b = await cp.load_checkpoint(namespace=BINDING_NS, key="b1", scope=SCOPE)
+        assert b is not None
+        assert (b.version, b.value["generation"], b.value["leafId"]) == (2, 1, "leaf-2")
+        assert b.created_at_ms == binding.created_at_ms and b.category == "channel-binding"
+        op = await cp.load_checkpoint(namespace=OPERATION_NS, key="o1", scope=SCOPE)
+        assert op is not None and op.value["state"] == "executing" and op.fencing_token == 1
+        reply = await cp.load_checkpoint(namespace=REPLY_NS, key="r1", scope=SCOPE)
+        assert reply is not None and reply.value == {"state": "delivered", "text": "hi"}
+        held = await reopened.leases.get_lease(
+            namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE
+        )
+        assert held is not None and held.owner_id == "worker-a" and held.token == lease.token
+        assert (
+            await reopened.leases.try_acquire_lease(
+                namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE, owner_id="worker-b",
+                ttl_ms=30_000,
+            )
+            is None
+        )  # fmt: skip
+        # Create-only and CAS still hold after the reopen.
+        from stores import CheckpointConflictError
+
+        with pytest.raises(CheckpointConflictError):
+            await cp.save_checkpoint(
+                namespace=BINDING_NS, key="b1", scope=SCOPE, version=1, expected_version=0,
+                value={},
+            )  # fmt: skip
+        with pytest.raises(CheckpointConflictError):  # the fence survived too
+            await cp.save_checkpoint(
+                namespace=OPERATION_NS, key="o1", scope=SCOPE, version=3, expected_version=2,
+                value={"state": "succeeded"},
+            )  # fmt: skip
+        events_after = await cp.list_events()
+        assert events_after == events_before
+        # New events continue the sequence.
+        await cp.save_checkpoint(namespace=REPLY_NS, key="r2", scope=SCOPE, version=1, value={})
+        newest = await cp.list_events(after=events_before.last_seq)
+        assert [e.seq for e in newest.items] == [events_before.last_seq + 1]
+        # The fencing counter survives the reopen and the release.
+        assert await reopened.leases.release_lease(
+            namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE, owner_id="worker-a",
+            token=lease.token,
+        )  # fmt: skip
+        again = await reopened.leases.try_acquire_lease(
+            namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE, owner_id="worker-b",
+            ttl_ms=30_000,
+        )  # fmt: skip
+        assert again is not None and again.fencing_token == 2
+    finally:
+        await reopened.aclose()
+
+
+async def test_two_connections_on_one_file_share_leases(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/j.sqlite"
+    one = await open_store(url, clock=TrioClock())
+    two = await open_store(url, clock=TrioClock())
+    try:
+        got: list[Any] = []
+
+        async def grab(store: Any, owner: str) -> None:
+            got.append(
+                await store.leases.try_acquire_lease(
+                    namespace="n", key="k", scope=SCOPE, owner_id=owner, ttl_ms=60_000
+                )
+            )
+
+        async with trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(grab, one if i % 2 else two, f"w{i}")
+        assert len([g for g in got if g is not None]) == 1
+    finally:
+        await one.aclose()
+        await two.aclose()
