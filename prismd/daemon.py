@@ -344,14 +344,16 @@ class Daemon:
     async def run(self) -> int:
         """Run until stopped; returns the process exit code (0 clean stop, 1 failure)."""
         try:
-            self.state = open_state_dir(self.config.daemon.state_dir)
-        except StateDirError as exc:
-            self._fail(str(exc))
-            return EXIT_FAILURE
-        try:
-            return await self._run_locked(self.state)
+            try:
+                self.state = open_state_dir(self.config.daemon.state_dir)
+            except StateDirError as exc:
+                self._fail(str(exc))
+                return EXIT_FAILURE
+            try:
+                return await self._run_locked(self.state)
+            finally:
+                self.state.close()
         finally:
-            self.state.close()
             self.stopped.set()
 
     def _fail(self, message: str) -> None:

@@ -1,0 +1,160 @@
+"""Wiring: agents per alias, adapters per connection, host callbacks, startup refusals."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import trio
+
+from adapters.webchat import WebchatAdapter
+from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.config import ConfigError, parse_config
+from prismd.daemon import Daemon
+from prismd.statedir import locked_state_dir
+from prismd.wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from stores import open_store
+
+BASE = {
+    "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
+    "agents": {"echo": {"kind": "echo"}, "slow": {"kind": "mock", "delay_ms": 5}},
+    "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo", "slow"]}],
+}
+
+
+def _reply(connection: str) -> Reply:
+    return Reply(connection_id=connection, external_conversation_id="c", text="t", kind="final")
+
+
+class FakeAdapter:
+    connection_id = "web"
+
+    def __init__(self) -> None:
+        self.sent: list[Reply] = []
+
+    async def send(self, reply: Reply) -> SendResult:
+        self.sent.append(reply)
+        return SendResult(delivered=True, message_id="1")
+
+
+async def test_agents_are_built_per_alias_with_the_store() -> None:
+    store = await open_store("memory://")
+    try:
+        config = parse_config(BASE)
+        agents = build_agents(config, store)
+        assert set(agents) == {"echo", "slow"}
+        host = Host(agents=agents)
+
+        class Request:
+            agent_alias = "slow"
+
+        assert await host.resolve_agent(Request()) is agents["slow"]
+        Request.agent_alias = "missing"
+        with pytest.raises(LookupError):
+            await host.resolve_agent(Request())
+    finally:
+        await store.aclose()
+
+
+async def test_deliver_routes_by_connection_and_unknown_is_not_delivered() -> None:
+    host = Host(agents={})
+    fake = FakeAdapter()
+    host.adapters["web"] = fake  # type: ignore[assignment]
+    assert await host.deliver(_reply("web")) == SendResult(delivered=True, message_id="1")
+    assert fake.sent == [_reply("web")]
+    assert await host.deliver(_reply("tg")) == SendResult(
+        delivered=False, reason="unknown_connection"
+    )
+
+
+async def test_admit_before_the_runtime_is_bound_is_retryable() -> None:
+    host = Host(agents={})
+    event = InboundEvent(
+        connection_id="web", external_conversation_id="c", external_actor_id="a", event_id="1"
+    )
+    first = await host.admit(event)
+    assert first.status == "denied" and first.reason == "unavailable" and first.retryable
+    seen: list[InboundEvent] = []
+
+    async def admit(e: InboundEvent) -> object:
+        seen.append(e)
+        return first
+
+    host.bind(admit)  # type: ignore[arg-type]
+    await host.admit(event)
+    assert seen == [event]
+
+
+async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> None:
+    store = await open_store("memory://")
+    try:
+        with locked_state_dir(tmp_path) as state:
+            config = parse_config(BASE)
+            (web,) = config.connections
+            adapter = build_adapter(
+                web, admit=Host(agents={}).admit, store=store, state=state, config=config, env={}
+            )
+            assert isinstance(adapter, WebchatAdapter)
+            assert adapter.connection_id == "web"
+            assert adapter_child_name(web) == "webchat:web"
+
+            guarded = parse_config(
+                {
+                    **BASE,
+                    "connections": [
+                        {"id": "web", "kind": "webchat", "access_token_env": "WEB_TOKEN"}
+                    ],
+                }
+            )
+            with pytest.raises(ConfigError, match="WEB_TOKEN"):
+                build_adapter(
+                    guarded.connections[0],
+                    admit=Host(agents={}).admit,
+                    store=store,
+                    state=state,
+                    config=guarded,
+                    env={},
+                )
+            telegram = parse_config(
+                {
+                    **BASE,
+                    "connections": [
+                        *BASE["connections"],
+                        {"id": "tg", "kind": "telegram", "token_env": "TG_TOKEN"},
+                    ],
+                }
+            )
+            with pytest.raises(ConfigError, match="TG_TOKEN") as info:
+                build_adapter(
+                    telegram.connections[1],
+                    admit=Host(agents={}).admit,
+                    store=store,
+                    state=state,
+                    config=telegram,
+                    env={},
+                )
+            assert "123:" not in str(info.value)
+    finally:
+        await store.aclose()
+
+
+async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            **BASE,
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "store": {"url": "sqlite:///" + str(tmp_path / "j.sqlite")},
+        }
+    )
+    out = io.StringIO()
+    with locked_state_dir(tmp_path / "state"):
+        daemon = Daemon(config, env={}, install_signals=False, out=out)
+        with trio.fail_after(10):
+            assert await daemon.run() == 1
+    assert "another prismd is already running" in out.getvalue()
+    assert daemon.stopped.is_set()
+
+
+def test_wiring_error_names_the_part() -> None:
+    assert "signal" in str(WiringError("connection kind 'signal' is not available in this build"))
