@@ -1,0 +1,638 @@
+"""The operator control socket: newline-delimited JSON-RPC 2.0 over a Unix socket.
+
+:func:`serve_control` owns the socket file; :class:`ControlHandler` maps the methods of
+SPEC "Control socket" onto the runtime. Guarantees:
+
+* The socket is created under a restrictive umask (socket 0600, or 0660 with ``group``) inside a
+  directory that is 0700 (0750 and owned by ``group`` when set), so there is never a
+  moment where another user could connect. A stale socket file is replaced; a socket a
+  live daemon still answers on is not (:class:`ControlSocketInUseError`). The file is
+  removed when the server stops.
+* The peer's uid (``SO_PEERCRED``) must map to an :class:`~prismd.config.Operator`;
+  anyone else gets one error (``-32001 permission denied``) and the connection is closed.
+* Every input gets a JSON-RPC answer or a closed connection, never a crash: bad UTF-8 or
+  JSON → ``-32700``; not a request object (or no ``id``; notifications are not
+  supported) → ``-32600``; a line longer than ``max_request_bytes`` → ``-32600`` and close;
+  unknown method → ``-32601``; bad params → ``-32602`` naming the param; anything the
+  handler raises → ``-32603 internal error`` (only the exception type is logged).
+* A connection silent for ``idle_timeout_ms`` is closed.
+
+``events {after?, follow?}`` answers one page ``{"events": […], "cursor": N}``; pass
+``cursor`` back as ``after`` for the next page. With ``follow: true`` the connection
+turns into a stream: the same request id gets one result line per page — first the
+page at ``after`` (possibly empty), then every further page as events commit (polled
+every 200 ms) — until the client closes the connection. Further input on a following
+connection is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import grp
+import json
+import logging
+import os
+import socket as _socket
+import stat
+import struct
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from stores import OwnershipScope, Store
+
+from .api import MessagingRuntime
+from .config import ControlConfig, Operator
+from .identity import AgentIdentity, Principal
+
+__all__ = [
+    "ControlHandler",
+    "ControlSocketError",
+    "ControlSocketInUseError",
+    "ParamsError",
+    "RpcError",
+    "operator_identity",
+    "serve_control",
+    "to_wire",
+]
+
+log = logging.getLogger("prismd.control")
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+PERMISSION_DENIED = -32001
+
+EVENTS_PAGE = 100
+FOLLOW_POLL_S = 0.2
+_RECEIVE_CHUNK = 65536
+_DRAIN_S = 1.0
+_DRAIN_BYTES = 4 * 1024 * 1024
+
+
+class ControlSocketError(Exception):
+    """The control socket cannot be set up (its path is not ours to use)."""
+
+
+class ControlSocketInUseError(ControlSocketError):
+    """A live process already answers on the control socket path."""
+
+
+class RpcError(Exception):
+    """An error the caller should see as a JSON-RPC error object."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ParamsError(RpcError):
+    def __init__(self, message: str) -> None:
+        super().__init__(INVALID_PARAMS, message)
+
+
+# --------------------------------------------------------------------------- wire format
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def to_wire(value: Any) -> Any:
+    """attrs records → dicts with camelCase keys, recursively; tuples → lists.
+
+    Only attrs field names are converted; keys of plain mappings (metadata, health) are
+    kept as they are.
+    """
+    if attrs.has(type(value)):
+        return {
+            _camel(field.name): to_wire(getattr(value, field.name))
+            for field in attrs.fields(type(value))
+        }
+    if isinstance(value, Mapping):
+        return {str(k): to_wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_wire(v) for v in value]
+    return value
+
+
+def operator_identity(operator: Operator, *, now_ms: int | None = None) -> AgentIdentity:
+    """The identity an operator acts as: its tenant (and account/user when configured).
+
+    The principal kind is ``operator`` and its id names the uid, never a secret.
+    """
+    issued = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+    return AgentIdentity(
+        tenant_id=operator.tenant,
+        principal=Principal(kind="operator", id=f"uid:{operator.uid}"),
+        scopes=("operator",),
+        issued_at_ms=issued,
+        account_id=operator.account,
+        user_id=operator.user,
+    )
+
+
+def _default_health() -> Mapping[str, Any]:
+    return {"status": "ok"}
+
+
+# --------------------------------------------------------------------------- params
+
+
+class _Params:
+    """Typed access to a params object; unknown names are an error (typos get caught)."""
+
+    def __init__(self, raw: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        unknown = sorted(set(raw) - set(allowed))
+        if unknown:
+            raise ParamsError(f"unknown param {unknown[0]!r}")
+        self.raw = raw
+
+    def text(self, name: str, *, required: bool = True) -> Any:
+        value = self.raw.get(name)
+        if value is None:
+            if required:
+                raise ParamsError(f"param {name!r} is required")
+            return None
+        if not isinstance(value, str) or not value:
+            raise ParamsError(f"param {name!r} must be a non-empty string")
+        return value
+
+    def integer(self, name: str, *, low: int, high: int, required: bool = False) -> Any:
+        value = self.raw.get(name)
+        if value is None:
+            if required:
+                raise ParamsError(f"param {name!r} is required")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ParamsError(f"param {name!r} must be an integer between {low} and {high}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        value = self.raw.get(name, False)
+        if not isinstance(value, bool):
+            raise ParamsError(f"param {name!r} must be true or false")
+        return value
+
+
+def _parse_iso_ms(name: str, value: str) -> int:
+    try:
+        moment = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ParamsError(f"param {name!r} must be an ISO 8601 timestamp") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+# --------------------------------------------------------------------------- handler
+
+
+@attrs.define(eq=False)
+class ControlHandler:
+    """Maps control methods to the runtime, the store's event stream and health.
+
+    :meth:`call` returns a JSON-ready result, or an async iterator of results for
+    ``events`` with ``follow: true``. It raises :class:`RpcError` for the caller's
+    mistakes; anything else it raises is an internal error.
+    """
+
+    runtime: MessagingRuntime
+    store: Store
+    health: Callable[[], Mapping[str, Any]] = _default_health
+    identity_for: Callable[[Operator], AgentIdentity] = operator_identity
+    follow_poll_s: float = FOLLOW_POLL_S
+
+    def methods(self) -> frozenset[str]:
+        return frozenset(self._table())
+
+    def _table(self) -> dict[str, Callable[[Operator, Mapping[str, Any]], Any]]:
+        return {
+            "listUnresolved": self._list_unresolved,
+            "reconcile": self._reconcile,
+            "prune": self._prune,
+            "diagnostics": self._diagnostics,
+            "health": self._health,
+            "notify": self._notify,
+            "pair": self._pair,
+            "events": self._events,
+        }
+
+    async def call(self, operator: Operator, method: str, params: Mapping[str, Any]) -> Any:
+        target = self._table().get(method)
+        if target is None:
+            raise RpcError(METHOD_NOT_FOUND, "method not found")
+        return await target(operator, params)
+
+    async def _list_unresolved(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("limit",))
+        limit = params.integer("limit", low=1, high=500)
+        entries = await self.runtime.list_unresolved(
+            identity=self.identity_for(operator), limit=limit
+        )
+        return to_wire(entries)
+
+    async def _reconcile(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(
+            raw, ("connectionId", "operationId", "expectedVersion", "acknowledgeDuplicateRisk")
+        )
+        result = await self.runtime.reconcile(
+            identity=self.identity_for(operator),
+            connection_id=params.text("connectionId"),
+            operation_id=params.text("operationId"),
+            expected_version=params.integer(
+                "expectedVersion", low=0, high=2**53 - 1, required=True
+            ),
+            acknowledge_duplicate_risk=params.flag("acknowledgeDuplicateRisk"),
+        )
+        return to_wire(result)
+
+    async def _prune(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("now",))
+        now = params.text("now", required=False)
+        now_ms = _parse_iso_ms("now", now) if now is not None else None
+        result = await self.runtime.prune(identity=self.identity_for(operator), now_ms=now_ms)
+        return to_wire(result)
+
+    async def _diagnostics(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        _Params(raw, ())
+        await trio.lowlevel.checkpoint()
+        return to_wire(self.runtime.diagnostics())
+
+    async def _health(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        _Params(raw, ())
+        await trio.lowlevel.checkpoint()
+        return to_wire(self.health())
+
+    async def _notify(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(
+            raw, ("connectionId", "externalConversationId", "threadId", "notifyId", "text")
+        )
+        text = raw.get("text")
+        if not isinstance(text, str):
+            raise ParamsError("param 'text' must be a string")
+        admission = await self.runtime.notify(
+            identity=self.identity_for(operator),
+            connection_id=params.text("connectionId"),
+            external_conversation_id=params.text("externalConversationId"),
+            notify_id=params.text("notifyId"),
+            text=text,
+            thread_id=params.text("threadId", required=False),
+        )
+        return to_wire(admission)
+
+    async def _pair(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("connectionId", "aliases", "ttlMs"))
+        aliases = raw.get("aliases")
+        if aliases is not None and (
+            not isinstance(aliases, list)
+            or not aliases
+            or not all(isinstance(a, str) and a for a in aliases)
+        ):
+            raise ParamsError("param 'aliases' must be a non-empty array of strings")
+        ticket = await self.runtime.create_pairing(
+            identity=self.identity_for(operator),
+            connection_id=params.text("connectionId"),
+            aliases=tuple(aliases) if aliases is not None else None,
+            ttl_ms=params.integer("ttlMs", low=1, high=2**31 - 1),
+        )
+        return to_wire(ticket)
+
+    async def _events(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("after", "follow", "limit"))
+        after: int = params.integer("after", low=0, high=2**63 - 1) or 0
+        limit: int = params.integer("limit", low=1, high=500) or EVENTS_PAGE
+        scope = OwnershipScope(operator.tenant, operator.account, operator.user)
+        if params.flag("follow"):
+            return self._follow(scope, after, limit)
+        return await self._page(scope, after, limit)
+
+    async def _page(self, scope: OwnershipScope, after: int, limit: int) -> dict[str, Any]:
+        page = await self.store.checkpoints.list_events(after=after, limit=limit, scope=scope)
+        return {"events": to_wire(page.items), "cursor": page.last_seq}
+
+    async def _follow(
+        self, scope: OwnershipScope, after: int, limit: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        page = await self._page(scope, after, limit)
+        yield page
+        cursor = page["cursor"]
+        while True:
+            page = await self._page(scope, cursor, limit)
+            cursor = page["cursor"]
+            if page["events"]:
+                yield page
+            if len(page["events"]) < limit:
+                await trio.sleep(self.follow_poll_s)
+
+
+# --------------------------------------------------------------------------- server
+
+
+def _peer_uid(sock: trio.socket.SocketType) -> int | None:
+    try:
+        raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return int(uid)
+
+
+def _encode(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _error(request_id: Any, code: int, message: str) -> bytes:
+    return _encode(
+        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    )
+
+
+def _result(request_id: Any, result: Any) -> bytes:
+    return _encode({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+@attrs.frozen
+class _Request:
+    id: Any
+    method: str
+    params: Mapping[str, Any]
+
+
+def _parse_request(line: bytes) -> _Request | bytes:
+    """A request, or the error line to answer with."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return _error(None, PARSE_ERROR, "parse error: not UTF-8")
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        return _error(None, PARSE_ERROR, "parse error: not JSON")
+    if not isinstance(message, dict):
+        return _error(None, INVALID_REQUEST, "invalid request: expected one JSON object")
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int | type(None)):
+        return _error(None, INVALID_REQUEST, "invalid request: id must be a string or integer")
+    if "id" not in message or request_id is None:
+        return _error(None, INVALID_REQUEST, "invalid request: id is required")
+    if message.get("jsonrpc") != "2.0":
+        return _error(request_id, INVALID_REQUEST, "invalid request: jsonrpc must be '2.0'")
+    method = message.get("method")
+    if not isinstance(method, str) or not method:
+        return _error(request_id, INVALID_REQUEST, "invalid request: method must be a string")
+    params = message.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return _error(request_id, INVALID_PARAMS, "params must be an object")
+    unexpected = sorted(set(message) - {"jsonrpc", "id", "method", "params"})
+    if unexpected:
+        return _error(
+            request_id, INVALID_REQUEST, f"invalid request: unknown member {unexpected[0]!r}"
+        )
+    return _Request(request_id, method, params)
+
+
+@attrs.define(eq=False)
+class _Connection:
+    stream: trio.SocketStream
+    operator: Operator
+    handler: ControlHandler
+    max_request_bytes: int
+    idle_timeout_s: float
+    buffer: bytearray = attrs.field(factory=bytearray)
+
+    async def run(self) -> None:
+        while True:
+            line = await self._next_line()
+            if line is None:
+                return
+            if len(line) > self.max_request_bytes:
+                await self.stream.send_all(
+                    _error(None, INVALID_REQUEST, "invalid request: request too large")
+                )
+                await _close_gracefully(self.stream)
+                return
+            if not line.strip():
+                continue
+            request = _parse_request(line)
+            if isinstance(request, bytes):
+                await self.stream.send_all(request)
+                continue
+            outcome = await self._dispatch(request)
+            if isinstance(outcome, bytes):
+                await self.stream.send_all(outcome)
+                continue
+            await self._stream_results(request.id, outcome)
+            return
+
+    async def _next_line(self) -> bytes | None:
+        """The next line without its newline; ``None`` on EOF, idle timeout or oversize."""
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[: end + 1]
+                return line
+            if len(self.buffer) > self.max_request_bytes:
+                # Do not keep reading an oversize line: answer once and close.
+                return bytes(self.buffer)
+            with trio.move_on_after(self.idle_timeout_s):
+                data = await self.stream.receive_some(_RECEIVE_CHUNK)
+                if not data:
+                    return None
+                self.buffer += data
+                continue
+            return None
+
+    async def _dispatch(self, request: _Request) -> bytes | AsyncIterator[Any]:
+        try:
+            result = await self.handler.call(self.operator, request.method, request.params)
+        except RpcError as exc:
+            return _error(request.id, exc.code, exc.message)
+        except Exception as exc:
+            # The type only: exception text may carry ids or user content.
+            log.warning("control method %s failed: %s", request.method, type(exc).__name__)
+            return _error(request.id, INTERNAL_ERROR, "internal error")
+        if isinstance(result, AsyncIterator):
+            return result
+        return _result(request.id, result)
+
+    async def _stream_results(self, request_id: Any, pages: AsyncIterator[Any]) -> None:
+        """Send every page until the client closes (EOF) or a send fails."""
+
+        async def watch_for_close(cancel_scope: trio.CancelScope) -> None:
+            try:
+                while await self.stream.receive_some(_RECEIVE_CHUNK):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_for_close, nursery.cancel_scope)
+            try:
+                async for page in pages:
+                    await self.stream.send_all(_result(request_id, page))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            except Exception as exc:
+                log.warning("control event stream failed: %s", type(exc).__name__)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.stream.send_all(_error(request_id, INTERNAL_ERROR, "internal error"))
+            finally:
+                aclose = getattr(pages, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
+            nursery.cancel_scope.cancel()
+
+
+def _prepare_directory(directory: Path, gid: int | None) -> None:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if gid is not None:
+        os.chown(directory, -1, gid)
+        os.chmod(directory, 0o750)
+    else:
+        os.chmod(directory, 0o700)
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ControlSocketError(f"{path} exists and is not a socket")
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            path.unlink(missing_ok=True)
+            return
+        raise ControlSocketError(f"cannot probe existing socket {path}") from None
+    finally:
+        probe.close()
+    raise ControlSocketInUseError(f"another daemon is serving on {path}")
+
+
+def _bind_socket(path: Path, *, group: bool) -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        # The umask is process-wide: set it, bind (synchronously, no checkpoint in
+        # between, so no other task of ours runs), restore at once.
+        previous = os.umask(0o117 if group else 0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(previous)
+        sock.listen(64)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_control(
+    config: ControlConfig,
+    *,
+    handler: ControlHandler,
+    daemon_uid: int | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the control socket at ``config.socket`` until cancelled.
+
+    Calls ``task_status.started()`` once the socket accepts connections. Raises
+    :class:`ControlSocketInUseError` when a live process answers on the path,
+    :class:`ControlSocketError` when the path is something other than a socket, and
+    ``KeyError`` for an unknown ``group``. The socket file is removed on exit.
+    """
+    path = Path(config.socket)
+    gid = grp.getgrnam(config.group).gr_gid if config.group is not None else None
+    _prepare_directory(path.parent, gid)
+    _remove_stale_socket(path)
+    raw = _bind_socket(path, group=gid is not None)
+    identity = os.stat(path)
+    try:
+        if gid is not None:
+            os.chown(path, -1, gid)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
+        async with listener, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(_serve_one, stream, config, handler, daemon_uid)
+    finally:
+        raw.close()
+        _remove_if_ours(path, identity)
+
+
+def _remove_if_ours(path: Path, identity: os.stat_result) -> None:
+    try:
+        now = os.stat(path)
+        # Only remove the file we created, not one a successor put there.
+        if (now.st_ino, now.st_dev) == (identity.st_ino, identity.st_dev):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+async def _close_gracefully(stream: trio.SocketStream) -> None:
+    """Half-close, then discard what the peer still sends (bounded in time and bytes).
+
+    Closing with unread input makes the kernel send a reset, and the peer could lose the
+    error line we just wrote.
+    """
+    await stream.send_eof()
+    discarded = 0
+    with trio.move_on_after(_DRAIN_S):
+        while discarded < _DRAIN_BYTES:
+            data = await stream.receive_some(_RECEIVE_CHUNK)
+            if not data:
+                break
+            discarded += len(data)
+
+
+async def _serve_one(
+    stream: trio.SocketStream,
+    config: ControlConfig,
+    handler: ControlHandler,
+    daemon_uid: int | None,
+) -> None:
+    async with stream:
+        try:
+            uid = _peer_uid(stream.socket)
+            operator = config.operator_for(uid, daemon_uid=daemon_uid) if uid is not None else None
+            if operator is None:
+                log.info("control connection refused for uid %s", uid)
+                await stream.send_all(_error(None, PERMISSION_DENIED, "permission denied"))
+                await _close_gracefully(stream)
+                return
+            connection = _Connection(
+                stream,
+                operator,
+                handler,
+                config.max_request_bytes,
+                config.idle_timeout_ms / 1000,
+            )
+            await connection.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception as exc:
+            log.warning("control connection failed: %s", type(exc).__name__)
