@@ -1,0 +1,655 @@
+"""The channel journal: namespaces, keys and records of contract §5 over a CheckpointStore.
+
+This module is the only place that knows how channel state is laid out in the store. It
+adds no schema: every record is a JSON value under a versioned namespace, a category, and
+a key that embeds the connection and the ownership scope, and every write passes that same
+scope to the store, so the store itself refuses a cross-scope write.
+
+Guarantees:
+
+* ``create_*``/``stage`` are create-only (``expected_version=0``, version 1, never fenced)
+  and return ``None`` when the record already exists.
+* ``save_*``/``mark`` are CAS writes at ``expected_version`` (``version = expected + 1``)
+  carrying the lease fencing token when one is held; a lost CAS (version, fence or scope)
+  returns ``None``. Every other store error propagates unchanged.
+* A value whose JSON encoding exceeds ``max(1024, max_journal_record_bytes)`` bytes is
+  refused with :class:`JournalRecordTooLargeError` *before* anything is written.
+* Saves carry ``metadata={"kind": …, "state": …}`` only (no text, no ids beyond the key),
+  so the store's journal event stream shows state transitions without payload.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from stores import (
+    CheckpointConflictError,
+    CheckpointRecord,
+    CheckpointStore,
+    InvalidCheckpointError,
+    OwnershipScope,
+    ms_to_iso,
+)
+
+NS_BINDING = "prism.channels.v1.binding"
+NS_OPERATION = "prism.channels.v1.operation"
+NS_CURSOR = "prism.channels.v1.cursor"
+NS_REPLY = "prism.channels.v1.reply"
+NS_CONTROL = "prism.channels.v1.control"
+
+CATEGORY = {
+    NS_BINDING: "channel-binding",
+    NS_OPERATION: "channel-operation",
+    NS_CURSOR: "channel-cursor",
+    NS_REPLY: "channel-reply",
+    NS_CONTROL: "channel-control",
+}
+
+UNRESOLVED_OPERATION_STATES = frozenset({"accepted", "executing"})
+UNSETTLED_REPLY_STATES = frozenset({"pending", "delivery_unknown"})
+UNRESOLVED_REPLY_STATES = frozenset({"pending", "delivery_unknown", "delivery_failed"})
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class JournalRecordTooLargeError(ValueError):
+    """A record's JSON encoding exceeds ``max_journal_record_bytes``; nothing was written."""
+
+
+class CorruptRecordError(ValueError):
+    """A stored record does not parse as the record type its namespace holds."""
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _scope_parts(scope: OwnershipScope) -> str:
+    return ":".join(
+        "-" if p is None else p for p in (scope.tenant_id, scope.account_id, scope.user_id)
+    )
+
+
+def _part(value: str | None) -> str:
+    return value if value else "-"
+
+
+def binding_key(
+    connection_id: str,
+    scope: OwnershipScope,
+    conversation_id: str,
+    thread_id: str | None,
+    actor_id: str,
+    alias: str,
+) -> str:
+    """``b1:<conn>:<T>:<A>:<U>:<conv>:<thread>:<actor>:<alias>`` (§5)."""
+    return (
+        f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(conversation_id)}:"
+        f"{_part(thread_id)}:{_part(actor_id)}:{_part(alias)}"
+    )
+
+
+def binding_actor_prefix(
+    connection_id: str,
+    scope: OwnershipScope,
+    conversation_id: str,
+    thread_id: str | None,
+    actor_id: str | None = None,
+) -> str:
+    """Key prefix of every binding of one conversation/thread (and actor, when given).
+
+    Keys are not escaped, so a prefix match is only a candidate set: callers compare the
+    record's own fields.
+    """
+    prefix = f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(conversation_id)}:"
+    prefix += f"{_part(thread_id)}:"
+    if actor_id is not None:
+        prefix += f"{_part(actor_id)}:"
+    return prefix
+
+
+def operation_key(connection_id: str, scope: OwnershipScope, operation_id: str) -> str:
+    return f"o1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(operation_id)}"
+
+
+def cursor_key(connection_id: str, scope: OwnershipScope) -> str:
+    return f"c1:{_part(connection_id)}:{_scope_parts(scope)}"
+
+
+def reply_key(connection_id: str, scope: OwnershipScope, operation_id: str) -> str:
+    return f"r1:{connection_id or '-'}:{_scope_parts(scope)}:{operation_id}"
+
+
+# --------------------------------------------------------------------------- codecs
+
+
+def _req_str(raw: Mapping[str, Any], key: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str):
+        raise CorruptRecordError(key)
+    return value
+
+
+def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise CorruptRecordError(key)
+    return value
+
+
+def _req_int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise CorruptRecordError(key)
+    return value
+
+
+def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
+    if raw.get(key) is None:
+        return None
+    return _req_int(raw, key)
+
+
+def _req_bool(raw: Mapping[str, Any], key: str, default: bool | None = None) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise CorruptRecordError(key)
+    return value
+
+
+def _mapping(raw: object) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise CorruptRecordError("record")
+    return raw
+
+
+def _compact(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if v is not None}
+
+
+@attrs.frozen
+class SuspendedRun:
+    operation_id: str
+    run_id: str
+    session_id: str
+
+
+@attrs.frozen
+class BindingRecord:
+    """§5.1, plus the route's own ids (so a prefix listing can be filtered exactly) and
+    ``selected_at_ms`` (SPEC difference 3: the actor's ``/agent`` choice is the binding
+    with the newest selection stamp)."""
+
+    session_id: str
+    agent_alias: str
+    generation: int = 0
+    suspended: bool = False
+    leaf_id: str | None = None
+    suspended_run: SuspendedRun | None = None
+    updated_at_ms: int = 0
+    connection_id: str | None = None
+    external_conversation_id: str | None = None
+    external_actor_id: str | None = None
+    thread_id: str | None = None
+    selected_at_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        run = self.suspended_run
+        return _compact(
+            {
+                "sessionId": self.session_id,
+                "leafId": self.leaf_id,
+                "agentAlias": self.agent_alias,
+                "generation": self.generation,
+                "suspended": self.suspended,
+                "suspendedRun": None
+                if run is None
+                else {
+                    "operationId": run.operation_id,
+                    "runId": run.run_id,
+                    "sessionId": run.session_id,
+                },
+                "updatedAt": ms_to_iso(self.updated_at_ms),
+                "updatedAtMs": self.updated_at_ms,
+                "connectionId": self.connection_id,
+                "externalConversationId": self.external_conversation_id,
+                "externalActorId": self.external_actor_id,
+                "threadId": self.thread_id,
+                "selectedAtMs": self.selected_at_ms,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: object) -> BindingRecord:
+        raw = _mapping(value)
+        run_raw = raw.get("suspendedRun")
+        run = None
+        if run_raw is not None:
+            r = _mapping(run_raw)
+            run = SuspendedRun(
+                _req_str(r, "operationId"), _req_str(r, "runId"), _req_str(r, "sessionId")
+            )
+        return cls(
+            session_id=_req_str(raw, "sessionId"),
+            agent_alias=_req_str(raw, "agentAlias"),
+            generation=_req_int(raw, "generation"),
+            suspended=_req_bool(raw, "suspended"),
+            leaf_id=_opt_str(raw, "leafId"),
+            suspended_run=run,
+            updated_at_ms=_req_int(raw, "updatedAtMs", 0),
+            connection_id=_opt_str(raw, "connectionId"),
+            external_conversation_id=_opt_str(raw, "externalConversationId"),
+            external_actor_id=_opt_str(raw, "externalActorId"),
+            thread_id=_opt_str(raw, "threadId"),
+            selected_at_ms=_opt_int(raw, "selectedAtMs"),
+        )
+
+
+@attrs.frozen
+class OperationRecord:
+    """§5.2: one admitted event. Never carries inbound text."""
+
+    operation_id: str
+    event_id: str
+    kind: str
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    agent_alias: str
+    state: str
+    created_at_ms: int
+    updated_at_ms: int
+    thread_id: str | None = None
+    session_id: str | None = None
+    run_id: str | None = None
+    reply_staged: bool = False
+    attempts: int = 0
+    error_code: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _compact(
+            {
+                "operationId": self.operation_id,
+                "eventId": self.event_id,
+                "kind": self.kind,
+                "connectionId": self.connection_id,
+                "externalConversationId": self.external_conversation_id,
+                "externalActorId": self.external_actor_id,
+                "threadId": self.thread_id,
+                "agentAlias": self.agent_alias,
+                "sessionId": self.session_id,
+                "runId": self.run_id,
+                "state": self.state,
+                "replyStaged": self.reply_staged,
+                "attempts": self.attempts,
+                "createdAt": ms_to_iso(self.created_at_ms),
+                "updatedAt": ms_to_iso(self.updated_at_ms),
+                "createdAtMs": self.created_at_ms,
+                "updatedAtMs": self.updated_at_ms,
+                "errorCode": self.error_code,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: object) -> OperationRecord:
+        raw = _mapping(value)
+        return cls(
+            operation_id=_req_str(raw, "operationId"),
+            event_id=_req_str(raw, "eventId"),
+            kind=_req_str(raw, "kind"),
+            connection_id=_req_str(raw, "connectionId"),
+            external_conversation_id=_req_str(raw, "externalConversationId"),
+            external_actor_id=_req_str(raw, "externalActorId"),
+            agent_alias=_req_str(raw, "agentAlias"),
+            state=_req_str(raw, "state"),
+            created_at_ms=_req_int(raw, "createdAtMs", 0),
+            updated_at_ms=_req_int(raw, "updatedAtMs", 0),
+            thread_id=_opt_str(raw, "threadId"),
+            session_id=_opt_str(raw, "sessionId"),
+            run_id=_opt_str(raw, "runId"),
+            reply_staged=_req_bool(raw, "replyStaged", False),
+            attempts=_req_int(raw, "attempts", 0),
+            error_code=_opt_str(raw, "errorCode"),
+        )
+
+
+@attrs.frozen
+class CursorRecord:
+    """§5.3: ordering evidence only, never used for dedup."""
+
+    admitted: int = 0
+    last_event_id: str | None = None
+    updated_at_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return _compact(
+            {
+                "admitted": self.admitted,
+                "lastEventId": self.last_event_id,
+                "updatedAt": ms_to_iso(self.updated_at_ms),
+                "updatedAtMs": self.updated_at_ms,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: object) -> CursorRecord:
+        raw = _mapping(value)
+        return cls(
+            admitted=_req_int(raw, "admitted", 0),
+            last_event_id=_opt_str(raw, "lastEventId"),
+            updated_at_ms=_req_int(raw, "updatedAtMs", 0),
+        )
+
+
+@attrs.frozen
+class StoredControl:
+    """A control as journaled: label and kind only, never the token (SPEC difference 4)."""
+
+    label: str
+    kind: str
+    """``allow_once`` or ``reject_once`` for approval controls, else ``other``."""
+
+
+@attrs.frozen
+class ReplyRecord:
+    """§5.4: the only payload-bearing record (text already redacted and truncated).
+
+    ``approval`` holds the non-secret approval target (run/session/approval ids and
+    version) of an approval notice so a resend can issue fresh controls.
+    """
+
+    operation_id: str
+    connection_id: str
+    external_conversation_id: str
+    kind: str
+    text: str
+    state: str
+    created_at_ms: int
+    updated_at_ms: int
+    thread_id: str | None = None
+    controls: tuple[StoredControl, ...] = ()
+    attempts: int = 0
+    message_id: str | None = None
+    reason: str | None = None
+    approval: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _compact(
+            {
+                "operationId": self.operation_id,
+                "connectionId": self.connection_id,
+                "externalConversationId": self.external_conversation_id,
+                "threadId": self.thread_id,
+                "kind": self.kind,
+                "text": self.text,
+                "controls": [{"label": c.label, "kind": c.kind} for c in self.controls] or None,
+                "state": self.state,
+                "attempts": self.attempts,
+                "messageId": self.message_id,
+                "reason": self.reason,
+                "approval": None if self.approval is None else dict(self.approval),
+                "createdAt": ms_to_iso(self.created_at_ms),
+                "updatedAt": ms_to_iso(self.updated_at_ms),
+                "createdAtMs": self.created_at_ms,
+                "updatedAtMs": self.updated_at_ms,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: object) -> ReplyRecord:
+        raw = _mapping(value)
+        controls_raw = raw.get("controls") or []
+        if not isinstance(controls_raw, list):
+            raise CorruptRecordError("controls")
+        controls = []
+        for c in controls_raw:
+            cm = _mapping(c)
+            controls.append(StoredControl(_req_str(cm, "label"), _req_str(cm, "kind")))
+        approval = raw.get("approval")
+        return cls(
+            operation_id=_req_str(raw, "operationId"),
+            connection_id=_req_str(raw, "connectionId"),
+            external_conversation_id=_req_str(raw, "externalConversationId"),
+            kind=_req_str(raw, "kind"),
+            text=_req_str(raw, "text"),
+            state=_req_str(raw, "state"),
+            created_at_ms=_req_int(raw, "createdAtMs", 0),
+            updated_at_ms=_req_int(raw, "updatedAtMs", 0),
+            thread_id=_opt_str(raw, "threadId"),
+            controls=tuple(controls),
+            attempts=_req_int(raw, "attempts", 0),
+            message_id=_opt_str(raw, "messageId"),
+            reason=_opt_str(raw, "reason"),
+            approval=None if approval is None else dict(_mapping(approval)),
+        )
+
+
+R = TypeVar("R")
+
+
+@attrs.frozen
+class Loaded(Generic[R]):
+    """A record as stored: its version (for CAS), the parsed record, the stored fence and
+    the stored ownership scope (which a partial-scope operator uses to settle it)."""
+
+    version: int
+    record: R
+    fencing_token: int | None = None
+    scope: OwnershipScope = attrs.field(factory=OwnershipScope)
+    updated_at_ms: int = 0
+
+
+_DECODERS: dict[str, Callable[[object], Any]] = {
+    NS_BINDING: BindingRecord.from_json,
+    NS_OPERATION: OperationRecord.from_json,
+    NS_CURSOR: CursorRecord.from_json,
+    NS_REPLY: ReplyRecord.from_json,
+}
+
+
+def _meta(namespace: str, record: object) -> dict[str, Any]:
+    if isinstance(record, OperationRecord):
+        return {"kind": record.kind, "state": record.state}
+    if isinstance(record, ReplyRecord):
+        return {"kind": record.kind, "state": record.state}
+    if isinstance(record, BindingRecord):
+        return {"kind": "binding", "state": "suspended" if record.suspended else "ready"}
+    return {"kind": "cursor", "state": "advanced"}
+
+
+@attrs.define(eq=False)
+class ChannelJournal:
+    """Typed access to the channel namespaces of one CheckpointStore (§5.9)."""
+
+    checkpoints: CheckpointStore
+    max_record_bytes: int = 128 * 1024
+
+    def _encode(self, value: dict[str, Any]) -> dict[str, Any]:
+        limit = max(1024, self.max_record_bytes)
+        encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(encoded) > limit:
+            raise JournalRecordTooLargeError(
+                f"journal record exceeds max_journal_record_bytes ({limit} bytes)"
+            )
+        decoded: dict[str, Any] = json.loads(encoded)
+        return decoded
+
+    def _wrap(self, namespace: str, stored: CheckpointRecord) -> Loaded[Any]:
+        return Loaded(
+            version=stored.version,
+            record=_DECODERS[namespace](stored.value),
+            fencing_token=stored.fencing_token,
+            scope=stored.scope,
+            updated_at_ms=stored.updated_at_ms,
+        )
+
+    async def load(self, namespace: str, scope: OwnershipScope, key: str) -> Loaded[Any] | None:
+        """The parsed record, ``None`` when missing (or another scope's);
+        :class:`CorruptRecordError` when it does not parse."""
+        stored = await self.checkpoints.load_checkpoint(namespace=namespace, key=key, scope=scope)
+        return None if stored is None else self._wrap(namespace, stored)
+
+    async def save(
+        self,
+        namespace: str,
+        scope: OwnershipScope,
+        key: str,
+        record: Any,
+        *,
+        expected_version: int,
+        fence: int | None = None,
+    ) -> Loaded[Any] | None:
+        """CAS write (``expected_version=0`` = create-only); ``None`` on a lost CAS."""
+        value = self._encode(record.to_json())
+        try:
+            stored = await self.checkpoints.save_checkpoint(
+                namespace=namespace,
+                key=key,
+                scope=scope,
+                version=expected_version + 1,
+                value=value,
+                expected_version=expected_version,
+                fencing_token=fence,
+                category=CATEGORY[namespace],
+                metadata=_meta(namespace, record),
+            )
+        except InvalidCheckpointError:
+            raise
+        except CheckpointConflictError:
+            return None
+        return Loaded(
+            version=stored.version,
+            record=record,
+            fencing_token=stored.fencing_token,
+            scope=stored.scope,
+            updated_at_ms=stored.updated_at_ms,
+        )
+
+    async def create(
+        self, namespace: str, scope: OwnershipScope, key: str, record: Any
+    ) -> Loaded[Any] | None:
+        return await self.save(namespace, scope, key, record, expected_version=0)
+
+    async def remove(self, namespace: str, scope: OwnershipScope, key: str) -> bool:
+        return await self.checkpoints.delete_checkpoint(namespace=namespace, key=key, scope=scope)
+
+    async def list(
+        self,
+        scope: OwnershipScope,
+        namespace: str,
+        limit: int,
+        *,
+        key_prefix: str | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[CheckpointRecord], str | None]:
+        """One page (newest first) under a *partial* scope filter: raw rows, unparsed."""
+        page = await self.checkpoints.list_checkpoints(
+            namespace=namespace,
+            key_prefix=key_prefix,
+            category=CATEGORY[namespace],
+            scope=scope,
+            cursor=cursor,
+            limit=limit,
+        )
+        return list(page.items), page.next_cursor
+
+    # ---------------------------------------------------------------- typed helpers
+
+    async def load_binding(self, scope: OwnershipScope, key: str) -> Loaded[BindingRecord] | None:
+        return await self.load(NS_BINDING, scope, key)
+
+    async def create_binding(
+        self, scope: OwnershipScope, key: str, record: BindingRecord
+    ) -> Loaded[BindingRecord] | None:
+        return await self.create(NS_BINDING, scope, key, record)
+
+    async def save_binding(
+        self,
+        scope: OwnershipScope,
+        key: str,
+        record: BindingRecord,
+        expected_version: int,
+        fence: int | None = None,
+    ) -> Loaded[BindingRecord] | None:
+        return await self.save(
+            NS_BINDING, scope, key, record, expected_version=expected_version, fence=fence
+        )
+
+    async def load_operation(
+        self, scope: OwnershipScope, connection_id: str, operation_id: str
+    ) -> Loaded[OperationRecord] | None:
+        return await self.load(
+            NS_OPERATION, scope, operation_key(connection_id, scope, operation_id)
+        )
+
+    async def create_operation(
+        self, scope: OwnershipScope, record: OperationRecord
+    ) -> Loaded[OperationRecord] | None:
+        key = operation_key(record.connection_id, scope, record.operation_id)
+        return await self.create(NS_OPERATION, scope, key, record)
+
+    async def save_operation(
+        self,
+        scope: OwnershipScope,
+        record: OperationRecord,
+        expected_version: int,
+        fence: int | None = None,
+    ) -> Loaded[OperationRecord] | None:
+        key = operation_key(record.connection_id, scope, record.operation_id)
+        return await self.save(
+            NS_OPERATION, scope, key, record, expected_version=expected_version, fence=fence
+        )
+
+    async def remove_operation(
+        self, scope: OwnershipScope, connection_id: str, operation_id: str
+    ) -> bool:
+        return await self.remove(
+            NS_OPERATION, scope, operation_key(connection_id, scope, operation_id)
+        )
+
+    async def load_cursor(
+        self, scope: OwnershipScope, connection_id: str
+    ) -> Loaded[CursorRecord] | None:
+        return await self.load(NS_CURSOR, scope, cursor_key(connection_id, scope))
+
+    async def advance_cursor(
+        self, scope: OwnershipScope, connection_id: str, last_event_id: str | None, now_ms: int
+    ) -> Loaded[CursorRecord] | None:
+        """Load, +1, save at the loaded version; a lost CAS is swallowed as ``None``."""
+        current = await self.load_cursor(scope, connection_id)
+        admitted = 0 if current is None else current.record.admitted
+        record = CursorRecord(admitted + 1, last_event_id, now_ms)
+        return await self.save(
+            NS_CURSOR,
+            scope,
+            cursor_key(connection_id, scope),
+            record,
+            expected_version=0 if current is None else current.version,
+            fence=None if current is None else current.fencing_token,
+        )
+
+    async def load_reply(
+        self, scope: OwnershipScope, connection_id: str, operation_id: str
+    ) -> Loaded[ReplyRecord] | None:
+        return await self.load(NS_REPLY, scope, reply_key(connection_id, scope, operation_id))
+
+    async def stage(self, scope: OwnershipScope, record: ReplyRecord) -> Loaded[ReplyRecord] | None:
+        """Create the reply record ``pending`` (create-only): persist before send."""
+        key = reply_key(record.connection_id, scope, record.operation_id)
+        return await self.create(NS_REPLY, scope, key, record)
+
+    async def mark(
+        self,
+        scope: OwnershipScope,
+        record: ReplyRecord,
+        expected_version: int,
+        fence: int | None = None,
+    ) -> Loaded[ReplyRecord] | None:
+        key = reply_key(record.connection_id, scope, record.operation_id)
+        return await self.save(
+            NS_REPLY, scope, key, record, expected_version=expected_version, fence=fence
+        )

@@ -1,0 +1,71 @@
+"""Outbound text hygiene (contract §6.2, §16): exact-string secret redaction and truncation.
+
+Every text that leaves the runtime (final answers, failure notices, approval reasons,
+notify texts, previews) goes through :meth:`Redactor.redact` first and then through
+:func:`truncate_utf8` with the reply cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+REDACTED = "[REDACTED]"
+TRUNCATION_MARKER = "\u2026[truncated]"
+MAX_DETAIL_BYTES = 512
+
+
+def _normalize(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted({s for s in values if isinstance(s, str) and s}, key=len, reverse=True))
+
+
+@attrs.frozen
+class Redactor:
+    """Replaces every occurrence of each secret with ``[REDACTED]``.
+
+    Longer secrets are replaced first so a secret containing another one is removed whole.
+    Empty secrets are ignored. Example::
+
+        >>> Redactor(("s3cret",)).redact("token s3cret here")
+        'token [REDACTED] here'
+    """
+
+    secrets: tuple[str, ...] = attrs.field(converter=_normalize, default=())
+
+    @classmethod
+    def of(cls, secrets: Iterable[str]) -> Redactor:
+        return cls(tuple(secrets))
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _prefix_bytes(text: str, max_bytes: int) -> str:
+    # errors="ignore" drops a code point cut in half at the end of the byte prefix.
+    data = text.encode("utf-8", "surrogatepass")[: max(0, max_bytes)]
+    return data.decode("utf-8", "ignore")
+
+
+def truncate_utf8(text: str, max_bytes: int) -> tuple[str, bool]:
+    """``(text, False)`` when it fits in ``max_bytes`` UTF-8 bytes, else the largest
+    prefix of ``max_bytes - len(marker)`` bytes (no broken code point) plus the marker,
+    and ``True``."""
+    if utf8_len(text) <= max_bytes:
+        return text, False
+    room = max_bytes - utf8_len(TRUNCATION_MARKER)
+    return _prefix_bytes(text, room) + TRUNCATION_MARKER, True
+
+
+def bound_detail(text: str, max_bytes: int = MAX_DETAIL_BYTES) -> str:
+    """A detail string (error message, reason) cut to ``max_bytes`` without a marker."""
+    if utf8_len(text) <= max_bytes:
+        return text
+    return _prefix_bytes(text, max_bytes)

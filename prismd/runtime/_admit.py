@@ -1,0 +1,481 @@
+"""``admit(event)`` (contract §7): validate, authorize, journal, dispatch.
+
+Steps 1–4 (stopped, malformed, oversized) never call ``authorize``. The create-only
+operation record is the dedup and the transport acknowledgment point: once it exists the
+event is never lost (SPEC difference 8) and never run twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import attrs
+
+from stores import OwnershipScope
+
+from ..channel import (
+    Action,
+    Admission,
+    ApprovalInput,
+    AuthorizeInput,
+    Grant,
+    InboundEvent,
+)
+from ..identity import ownership_from_identity
+from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
+from ..redact import utf8_len
+from ._core import MAX_ID_BYTES, Core, operation_id_for
+from ._turn import start_pump
+from ._types import ActorKey, Turn
+
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
+TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
+PAIR_RE = re.compile(r"^/(pair|start)\s+([A-Za-z0-9_-]{32,64})$")
+AWAITING_DECISION_TEXT = "A previous request is awaiting an operator decision."
+PAIRED_TEXT = "Paired. You can talk to the agent now."
+PAIR_INVALID_TEXT = "That pairing code is not valid."
+MAX_ATTACHMENTS = 8
+ATTACHMENT_KINDS = frozenset({"image", "document", "voice"})
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+@attrs.frozen
+class AdmitContext:
+    """An authorized event on its way through admission."""
+
+    event: InboundEvent
+    action: Action
+    grant: Grant
+    ownership: OwnershipScope
+    alias: str
+    operation_id: str
+
+
+def _id_ok(value: object) -> bool:
+    return isinstance(value, str) and bool(value) and utf8_len(value) <= MAX_ID_BYTES
+
+
+def _opt_str_ok(value: object) -> bool:
+    return value is None or (isinstance(value, str) and utf8_len(value) <= MAX_ID_BYTES)
+
+
+def validate_event(event: object) -> bool:
+    """§3 validation: ids, text, approval, attachments, claims."""
+    if not isinstance(event, InboundEvent):
+        return False
+    for value in (
+        event.connection_id,
+        event.external_conversation_id,
+        event.external_actor_id,
+        event.event_id,
+    ):
+        if not _id_ok(value):
+            return False
+    if event.thread_id is not None and not _id_ok(event.thread_id):
+        return False
+    if not isinstance(event.text, str):
+        return False
+    if event.approval is not None:
+        approval = event.approval
+        if not isinstance(approval, ApprovalInput):
+            return False
+        if not isinstance(approval.token, str) or not TOKEN_RE.match(approval.token):
+            return False
+        if approval.outcome not in ("allow_once", "reject_once"):
+            return False
+    if not isinstance(event.claims, Mapping):
+        return False
+    attachments = event.attachments
+    if not isinstance(attachments, tuple) or len(attachments) > MAX_ATTACHMENTS:
+        return False
+    for ref in attachments:
+        if getattr(ref, "kind", None) not in ATTACHMENT_KINDS:
+            return False
+        if not _id_ok(getattr(ref, "transport_file_id", None)):
+            return False
+        size = getattr(ref, "byte_length", 0)
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_SAFE_INTEGER:
+            return False
+        if not _opt_str_ok(getattr(ref, "mime_type", None)):
+            return False
+        if not _opt_str_ok(getattr(ref, "file_name", None)):
+            return False
+    return not (event.received_at_ms is not None and not isinstance(event.received_at_ms, int))
+
+
+def text_approval(text: str) -> ApprovalInput | None:
+    match = TEXT_APPROVAL_RE.match(text.strip())
+    if match is None:
+        return None
+    if match.group(1).lower() == "approve":
+        return ApprovalInput(token=match.group(2), outcome="allow_once")
+    return ApprovalInput(token=match.group(2), outcome="reject_once")
+
+
+def classify(event: InboundEvent) -> tuple[Action, ApprovalInput | None]:
+    if event.approval is not None:
+        return "approval", event.approval
+    approval = text_approval(event.text)
+    if approval is not None:
+        return "approval", approval
+    if event.text.lstrip().startswith("/"):
+        return "command", None
+    return "message", None
+
+
+def check_grant(core: Core, grant: object) -> str | None:
+    """The denial reason for a grant, or None when usable (§2.2 order)."""
+    if not isinstance(grant, Grant) or grant.identity is None:
+        return "rejected"
+    if not core.active(grant.identity):
+        return "revoked"
+    aliases = grant.agent_aliases
+    if (
+        not isinstance(aliases, tuple)
+        or not aliases
+        or not all(isinstance(a, str) and a for a in aliases)
+    ):
+        return "rejected"
+    if not isinstance(grant.grant_revision, str) or not grant.grant_revision:
+        return "rejected"
+    return None
+
+
+def actor_key(event: InboundEvent, ownership: OwnershipScope) -> ActorKey:
+    return (
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        ownership.tenant_id,
+        ownership.account_id,
+        ownership.user_id,
+    )
+
+
+async def current_selection(
+    core: Core, event: InboundEvent, ownership: OwnershipScope
+) -> str | None:
+    """The actor's ``/agent`` choice: memory first, else the binding with the newest
+    selection stamp (SPEC difference 3, durable across restarts)."""
+    key = actor_key(event, ownership)
+    if key in core.selections:
+        return core.selections[key]
+    selected: str | None = None
+    if core.journal is not None:
+        prefix = binding_actor_prefix(
+            event.connection_id,
+            ownership,
+            event.external_conversation_id,
+            event.thread_id,
+            event.external_actor_id,
+        )
+        try:
+            rows, _cursor = await core.journal.list(ownership, NS_BINDING, 500, key_prefix=prefix)
+        except Exception:
+            core.count("storage_failures")
+            return None
+        best = -1
+        for row in rows:
+            if row.scope != ownership:
+                continue
+            try:
+                record = BindingRecord.from_json(row.value)
+            except ValueError:
+                continue
+            if (
+                record.external_actor_id == event.external_actor_id
+                and record.external_conversation_id == event.external_conversation_id
+                and record.thread_id == event.thread_id
+                and record.selected_at_ms is not None
+                and record.selected_at_ms > best
+            ):
+                best = record.selected_at_ms
+                selected = record.agent_alias
+    remember_selection(core, key, selected)
+    return selected
+
+
+def remember_selection(core: Core, key: ActorKey, alias: str | None) -> bool:
+    """False when the table is full and ``key`` is new (``/agent`` answers ``capacity``)."""
+    if key in core.selections:
+        core.selections[key] = alias
+        core.selections.move_to_end(key)
+        return True
+    if len(core.selections) >= core.limits.max_routes:
+        # Cached "no selection" entries can be dropped: the journal still has the truth.
+        for old_key, old_alias in list(core.selections.items()):
+            if old_alias is None or core.journal is not None:
+                del core.selections[old_key]
+                break
+        else:
+            return False
+    core.selections[key] = alias
+    return True
+
+
+def choose_alias(grant: Grant, selection: str | None) -> str | None:
+    if selection is not None and selection in grant.agent_aliases:
+        return selection
+    alias = grant.default_agent_alias or grant.agent_aliases[0]
+    return alias if alias in grant.agent_aliases else None
+
+
+def _denied(core: Core, reason: str) -> Admission:
+    core.count("denied")
+    return Admission("denied", reason)
+
+
+def seen_before(core: Core, connection_id: str, event_key: str) -> bool:
+    """No-journal dedup (§7 step 7): a bounded per-connection FIFO of event ids."""
+    seen = core.seen.get(connection_id)
+    if seen is None:
+        if len(core.seen) >= core.limits.max_routes:
+            return False
+        seen = OrderedDict()
+        core.seen[connection_id] = seen
+    if event_key in seen:
+        return True
+    seen[event_key] = None
+    while len(seen) > core.limits.max_seen_events_per_connection:
+        seen.popitem(last=False)
+    return False
+
+
+async def admit(core: Core, event: InboundEvent) -> Admission:
+    if core.stopped:
+        return _denied(core, "stopped")
+    if not validate_event(event):
+        return _denied(core, "malformed")
+    if utf8_len(event.text) > core.limits.max_input_bytes:
+        return _denied(core, "oversized")
+    if sum(a.byte_length or 0 for a in event.attachments) > core.limits.max_attachment_bytes:
+        return _denied(core, "oversized")
+    pair = PAIR_RE.match(event.text.strip()) if event.approval is None else None
+    if pair is not None and core.pairing_scope is not None and core.pairings is not None:
+        scope = core.pairing_scope(event.connection_id)
+        if scope is not None:
+            return await handle_pairing(core, event, scope, pair.group(2))
+    action, approval = classify(event)
+    received = event.received_at_ms if event.received_at_ms is not None else core.now_ms()
+    try:
+        grant = await core.authorize(
+            AuthorizeInput(
+                connection_id=event.connection_id,
+                external_conversation_id=event.external_conversation_id,
+                external_actor_id=event.external_actor_id,
+                event_id=event.event_id,
+                text=event.text,
+                action=action,
+                received_at_ms=received,
+                thread_id=event.thread_id,
+                claims=event.claims,
+            )
+        )
+    except Exception:
+        return _denied(core, "authorization_failed")
+    reason = check_grant(core, grant)
+    if reason is not None:
+        return _denied(core, reason)
+    assert isinstance(grant, Grant)
+    ownership = ownership_from_identity(grant.identity)
+    operation_id = operation_id_for(event.connection_id, event.event_id)
+    if action == "approval":
+        alias = grant.agent_aliases[0]
+    else:
+        alias_choice = choose_alias(grant, await current_selection(core, event, ownership))
+        if alias_choice is None:
+            return _denied(core, "rejected")
+        alias = alias_choice
+    ctx = AdmitContext(event, action, grant, ownership, alias, operation_id)
+    op_version = 0
+    if core.journal is not None:
+        now = core.now_ms()
+        record = OperationRecord(
+            operation_id=operation_id,
+            event_id=event.event_id,
+            kind=action,
+            connection_id=event.connection_id,
+            external_conversation_id=event.external_conversation_id,
+            external_actor_id=event.external_actor_id,
+            agent_alias=alias,
+            state="accepted",
+            created_at_ms=now,
+            updated_at_ms=now,
+            thread_id=event.thread_id,
+        )
+        try:
+            created = await core.journal.create_operation(ownership, record)
+        except Exception:
+            core.count("storage_failures")
+            return _denied(core, "unavailable")
+        if created is None:
+            core.count("duplicates")
+            core.count("admitted")
+            return Admission("accepted", operation_id=operation_id, duplicate=True)
+        op_version = created.version
+        try:
+            await core.journal.advance_cursor(ownership, event.connection_id, event.event_id, now)
+        except Exception:
+            core.count("storage_failures")
+    elif action != "command" and seen_before(core, event.connection_id, event.event_id):
+        core.count("duplicates")
+        core.count("admitted")
+        return Admission("accepted", operation_id=operation_id, duplicate=True)
+    try:
+        if action == "approval":
+            assert approval is not None
+            from ._approvals import admit_approval
+
+            result = await admit_approval(core, ctx, approval)
+            await _settle_or_remove(core, ctx, result, command=False)
+            return result
+        if action == "command":
+            from ._commands import admit_command
+
+            result = await admit_command(core, ctx)
+            await _settle_or_remove(core, ctx, result, command=True)
+            return result
+        return await admit_message(core, ctx, op_version)
+    except Exception as exc:
+        await core.remove_operation(ownership, event.connection_id, operation_id)
+        core.count("failed")
+        return _denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
+
+
+async def _settle_or_remove(
+    core: Core, ctx: AdmitContext, result: Admission, *, command: bool
+) -> None:
+    conn = ctx.event.connection_id
+    if result.status == "accepted":
+        ok = await core.settle_operation(
+            ctx.ownership, conn, ctx.operation_id, "succeeded", only_from=frozenset({"accepted"})
+        )
+        if not ok and command and core.journal is not None:
+            core.count("storage_failures")
+        if result.status == "accepted":
+            core.count("admitted")
+        return
+    await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+    if result.status == "denied":
+        core.count("denied")
+    else:
+        core.count("unsupported")
+
+
+async def admit_message(core: Core, ctx: AdmitContext, op_version: int) -> Admission:
+    event = ctx.event
+    conn = event.connection_id
+    route = core.get_route(
+        conn,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        ctx.alias,
+        ctx.ownership,
+    )
+    if route is None:
+        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        return _denied(core, "capacity")
+    try:
+        await core.hydrate(route, ctx.grant.identity)
+    except Exception:
+        core.count("storage_failures")
+        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        return _denied(core, "unavailable")
+    if route.suspended:
+        core.spawn(
+            core.send_reply_kw,
+            dict(
+                identity=ctx.grant.identity,
+                ownership=ctx.ownership,
+                operation_id=ctx.operation_id,
+                connection_id=conn,
+                conversation_id=event.external_conversation_id,
+                thread_id=event.thread_id,
+                text=AWAITING_DECISION_TEXT,
+                kind="notice",
+                in_reply_to=event.event_id,
+            ),
+        )
+        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        return _denied(core, "awaiting_decision")
+    if (
+        len(route.queue) >= core.limits.max_pending_per_binding
+        or core.pending_total() >= core.limits.max_pending_per_process
+    ):
+        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        return _denied(core, "capacity")
+    route.last_grant = ctx.grant
+    route.queue.append(
+        Turn(
+            operation_id=ctx.operation_id,
+            event=event,
+            action=ctx.action,
+            grant=ctx.grant,
+            ownership=ctx.ownership,
+            alias=ctx.alias,
+            op_version=op_version,
+        )
+    )
+    core.count("admitted")
+    start_pump(core, route)
+    return Admission("accepted", operation_id=ctx.operation_id)
+
+
+async def handle_pairing(
+    core: Core, event: InboundEvent, scope: OwnershipScope, token: str
+) -> Admission:
+    """SPEC difference 6: ``/pair TOKEN`` or ``/start TOKEN`` before authorize."""
+    assert core.pairings is not None and core.grants is not None
+    try:
+        result = await core.pairings.consume(scope, connection_id=event.connection_id, token=token)
+    except Exception:
+        core.count("storage_failures")
+        return _denied(core, "unavailable")
+    target = result.target
+    if (
+        result.status != "consumed"
+        or target is None
+        or (
+            target.external_actor_id is not None
+            and target.external_actor_id != event.external_actor_id
+        )
+    ):
+        core.spawn(_pair_notice, core, event, PAIR_INVALID_TEXT)
+        return _denied(core, "rejected")
+    try:
+        grant = await core.grants.record(
+            scope,
+            connection_id=event.connection_id,
+            actor_id=event.external_actor_id,
+            aliases=target.aliases,
+            default_alias=target.agent_alias if target.agent_alias in target.aliases else None,
+        )
+    except Exception:
+        core.count("storage_failures")
+        return _denied(core, "unavailable")
+    if core.on_paired is not None:
+        try:
+            await core.on_paired(grant)
+        except Exception:
+            core.count("storage_failures")
+    core.spawn(_pair_notice, core, event, PAIRED_TEXT)
+    core.count("admitted")
+    return Admission("accepted")
+
+
+async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:
+    await core.send_reply(
+        identity=None,
+        ownership=None,
+        operation_id=operation_id_for(event.connection_id, event.event_id),
+        connection_id=event.connection_id,
+        conversation_id=event.external_conversation_id,
+        thread_id=event.thread_id,
+        text=text,
+        kind="notice",
+        in_reply_to=event.event_id,
+    )

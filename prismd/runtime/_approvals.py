@@ -1,0 +1,440 @@
+"""Suspension and approvals (contract §10): issuing controls, consuming them, resuming.
+
+Tokens are never journaled: reply records keep each control's label and kind only
+(SPEC difference 4), and the approval record is keyed by the token's hash. A resume is
+background work on the route (state ``resuming``) that re-acquires the route lease before
+it writes anything (SPEC difference 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from stores import OwnershipScope
+
+from ..agents._base import Agent, Decision, RunFailedError, RunResult, RunState
+from ..channel import Admission, ApprovalInput, AuthorizeInput, Control, Grant, InboundEvent
+from ..controls import ApprovalRecord, ApprovalTarget
+from ..identity import ownership_from_identity
+from ..redact import bound_detail
+from ._admit import AdmitContext, check_grant
+from ._core import Core
+from ._turn import CANCELLED_TEXT, EMPTY_ANSWER_TEXT, preview_sink
+from ._types import ActiveTurn, LeaseHeldElsewhereError, Route
+
+GENERIC_DECISION_TEXT = "This request requires an authenticated host decision."
+NOT_AWAITING_TEXT = "This request is no longer awaiting a decision."
+DENIED_TEXT = "Approval denied. The request will not continue."
+
+
+async def issue_controls(
+    core: Core,
+    route: Route,
+    agent: Agent,
+    grant: Grant,
+    run_id: str,
+    session_id: str,
+) -> tuple[str, tuple[Control, ...], dict[str, Any] | None]:
+    """§10.2: the notice text, its controls and the non-secret target to journal."""
+    if (
+        core.approvals is None
+        or not agent.supports_approvals
+        or not agent.definition_revision
+        or not agent.agent_id
+    ):
+        return GENERIC_DECISION_TEXT, (), None
+    try:
+        state = await agent.status(run_id=run_id, session_id=session_id, ownership=route.ownership)
+    except Exception:
+        core.count("storage_failures")
+        return GENERIC_DECISION_TEXT, (), None
+    if state is None or state.status != "suspended":
+        return NOT_AWAITING_TEXT, (), None
+    pending = next((p for p in state.pending if p.kind == "tool_approval"), None)
+    if pending is None:
+        return GENERIC_DECISION_TEXT, (), None
+    identity = grant.identity
+    target = ApprovalTarget(
+        connection_id=route.connection_id,
+        external_conversation_id=route.conversation_id,
+        external_actor_id=route.actor_id,
+        thread_id=route.thread_id,
+        principal_kind=identity.principal.kind,
+        principal_id=identity.principal.id,
+        grant_revision=grant.grant_revision,
+        agent_alias=route.alias,
+        definition_revision=agent.definition_revision,
+        session_id=session_id,
+        run_id=run_id,
+        approval_id=pending.approval_id,
+        expected_version=state.version,
+    )
+    try:
+        issued = await core.approvals.issue(route.ownership, target, core.limits.approval_ttl_ms)
+    except Exception:
+        core.count("storage_failures")
+        return GENERIC_DECISION_TEXT, (), None
+    tool = f"tool {pending.tool_name}" if pending.tool_name else "a tool action"
+    reason = bound_detail(core.redact(pending.reason or "")).strip()
+    text = f"Approval required for {tool}: {reason}" if reason else f"Approval required for {tool}"
+    meta = attrs.asdict(target)
+    return text, issued.controls, meta
+
+
+async def send_approval_notice(
+    core: Core,
+    route: Route,
+    agent: Agent,
+    *,
+    grant: Grant,
+    operation_id: str,
+    in_reply_to: str | None,
+    run_id: str,
+    session_id: str,
+    fence: int | None,
+) -> None:
+    text, controls, meta = await issue_controls(core, route, agent, grant, run_id, session_id)
+    await core.send_reply(
+        identity=grant.identity,
+        ownership=route.ownership,
+        operation_id=operation_id,
+        connection_id=route.connection_id,
+        conversation_id=route.conversation_id,
+        thread_id=route.thread_id,
+        text=text,
+        kind="notice",
+        in_reply_to=in_reply_to,
+        controls=controls,
+        fence=fence,
+        approval=meta,
+    )
+
+
+async def reissue_controls(
+    core: Core, scope: OwnershipScope, approval: dict[str, Any]
+) -> tuple[Control, ...]:
+    """Fresh controls for a resent approval notice (the stored reply has no tokens)."""
+    if core.approvals is None:
+        return ()
+    try:
+        target = ApprovalTarget(**approval)
+        issued = await core.approvals.issue(scope, target, core.limits.approval_ttl_ms)
+    except Exception:
+        core.count("storage_failures")
+        return ()
+    return issued.controls
+
+
+def _record_matches(rec: ApprovalRecord, event: InboundEvent, grant: Grant, outcome: str) -> bool:
+    identity = grant.identity
+    return (
+        rec.state == "pending"
+        and rec.outcome == outcome
+        and rec.connection_id == event.connection_id
+        and rec.external_conversation_id == event.external_conversation_id
+        and rec.external_actor_id == event.external_actor_id
+        and rec.thread_id == event.thread_id
+        and rec.principal_kind == identity.principal.kind
+        and rec.principal_id == identity.principal.id
+        and rec.grant_revision == grant.grant_revision
+        and rec.agent_alias in grant.agent_aliases
+    )
+
+
+async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput) -> Admission:
+    """§10.3: every check passes or ``rejected``; then consume by CAS and resume."""
+    if core.approvals is None:
+        return Admission("denied", "unavailable")
+    event = ctx.event
+    try:
+        loaded = await core.approvals.load(ctx.ownership, event.connection_id, approval.token)
+    except Exception:
+        core.count("storage_failures")
+        return Admission("denied", "unavailable")
+    if loaded is None:
+        return Admission("denied", "rejected")
+    rec = loaded.record
+    if rec.expires_at_ms <= core.now_ms() or not _record_matches(
+        rec, event, ctx.grant, approval.outcome
+    ):
+        return Admission("denied", "rejected")
+    route = core.get_route(
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        rec.agent_alias,
+        ctx.ownership,
+    )
+    if route is None:
+        return Admission("denied", "capacity")
+    try:
+        await core.hydrate(route, ctx.grant.identity)
+    except Exception:
+        core.count("storage_failures")
+        return Admission("denied", "unavailable")
+    run = route.suspended_run
+    if (
+        not route.suspended
+        or route.active is not None
+        or run is None
+        or run.run_id != rec.run_id
+        or run.session_id != rec.session_id
+    ):
+        return Admission("denied", "rejected")
+    try:
+        agent = await core.resolve_agent(route, ctx.grant.identity)
+        if agent.definition_revision != rec.definition_revision:
+            return Admission("denied", "rejected")
+        state = await agent.status(
+            run_id=rec.run_id, session_id=rec.session_id, ownership=route.ownership
+        )
+        if not _still_pending(state, rec.expected_version, rec.approval_id):
+            return Admission("denied", "rejected")
+        status = await core.approvals.consume(
+            ctx.ownership, event.connection_id, approval.token, loaded.version
+        )
+    except Exception:
+        core.count("storage_failures")
+        return Admission("denied", "unavailable")
+    if status != "consumed":
+        return Admission("denied", "rejected")
+    route.active = ActiveTurn(state="resuming")
+    core.spawn(
+        resume,
+        core,
+        route,
+        ctx,
+        rec.expected_version,
+        (Decision(rec.approval_id, approval.outcome),),
+        False,
+        rec,
+    )
+    return Admission("accepted")
+
+
+def _still_pending(state: RunState | None, version: int, approval_id: str | None) -> bool:
+    if state is None or state.status != "suspended" or state.version != version:
+        return False
+    return approval_id is None or any(p.approval_id == approval_id for p in state.pending)
+
+
+async def cancel_suspended(core: Core, ctx: AdmitContext, route: Route) -> Admission:
+    """``/cancel`` on a suspended route: a terminal deny through a resume (§8)."""
+    run = route.suspended_run
+    if run is None:
+        return Admission("denied", "rejected")
+    try:
+        agent = await core.resolve_agent(route, ctx.grant.identity)
+        state = await agent.status(
+            run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
+        )
+    except Exception:
+        core.count("storage_failures")
+        return Admission("denied", "unavailable")
+    if state is None or state.status != "suspended":
+        return Admission("denied", "rejected")
+    route.active = ActiveTurn(state="resuming")
+    core.spawn(resume, core, route, ctx, state.version, (), True, None)
+    return Admission("accepted")
+
+
+async def _reauthorized(core: Core, ctx: AdmitContext, rec: ApprovalRecord | None) -> Grant | None:
+    event = ctx.event
+    try:
+        grant = await core.authorize(
+            AuthorizeInput(
+                connection_id=event.connection_id,
+                external_conversation_id=event.external_conversation_id,
+                external_actor_id=event.external_actor_id,
+                event_id=event.event_id,
+                text=event.text,
+                action=ctx.action,
+                received_at_ms=core.now_ms(),
+                thread_id=event.thread_id,
+                claims=event.claims,
+            )
+        )
+    except Exception:
+        return None
+    if check_grant(core, grant) is not None or not isinstance(grant, Grant):
+        return None
+    if ownership_from_identity(grant.identity) != ctx.ownership:
+        return None
+    if rec is not None and not (
+        grant.grant_revision == rec.grant_revision
+        and grant.identity.principal.kind == rec.principal_kind
+        and grant.identity.principal.id == rec.principal_id
+        and rec.agent_alias in grant.agent_aliases
+    ):
+        return None
+    return grant
+
+
+async def resume(
+    core: Core,
+    route: Route,
+    ctx: AdmitContext,
+    expected_version: int,
+    decisions: tuple[Decision, ...],
+    deny: bool,
+    rec: ApprovalRecord | None,
+) -> None:
+    """§10.4: continue the suspended run; the reply goes under the approval/command op."""
+    active = route.active or ActiveTurn(state="resuming")
+    route.active = active
+    try:
+        await _resume(core, route, ctx, active, expected_version, decisions, deny, rec)
+    finally:
+        if route.active is active:
+            route.active = None
+        await core.release_if_idle(route)
+
+
+async def _resume(
+    core: Core,
+    route: Route,
+    ctx: AdmitContext,
+    active: ActiveTurn,
+    expected_version: int,
+    decisions: tuple[Decision, ...],
+    deny: bool,
+    rec: ApprovalRecord | None,
+) -> None:
+    grant = await _reauthorized(core, ctx, rec)
+    run = route.suspended_run
+    if grant is None or run is None:
+        return
+    identity = grant.identity
+    try:
+        agent = await core.resolve_agent(route, identity)
+        if rec is not None and agent.definition_revision != rec.definition_revision:
+            return
+        state = await agent.status(
+            run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
+        )
+        if not _still_pending(state, expected_version, None):
+            return
+    except Exception:
+        core.count("storage_failures")
+        return
+    reply_kw: dict[str, Any] = dict(
+        identity=identity,
+        ownership=route.ownership,
+        operation_id=ctx.operation_id,
+        connection_id=route.connection_id,
+        conversation_id=route.conversation_id,
+        thread_id=route.thread_id,
+        kind="notice",
+        in_reply_to=ctx.event.event_id,
+    )
+    try:
+        async with core.route_fence(route, wait_s=5.0) as fence:
+            try:
+                result: RunResult | None = None
+                with active.cancel_scope:
+                    try:
+                        result = await agent.resume(
+                            run_id=run.run_id,
+                            session_id=run.session_id,
+                            ownership=route.ownership,
+                            identity=identity,
+                            expected_version=expected_version,
+                            decisions=decisions,
+                            deny=deny,
+                            on_event=preview_sink(core, route, active),
+                        )
+                    except RunFailedError as exc:
+                        result = exc.result
+                if result is None:
+                    result = RunResult("aborted", "", run.run_id, run.session_id)
+                after = await agent.status(
+                    run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
+                )
+            except Exception:
+                core.count("failed")
+                await send_approval_notice(
+                    core,
+                    route,
+                    agent,
+                    grant=grant,
+                    operation_id=ctx.operation_id,
+                    in_reply_to=ctx.event.event_id,
+                    run_id=run.run_id,
+                    session_id=run.session_id,
+                    fence=fence,
+                )
+                return
+            if after is not None and after.status == "suspended" and result.status == "suspended":
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await core.persist_binding(route, fence)
+                await send_approval_notice(
+                    core,
+                    route,
+                    agent,
+                    grant=grant,
+                    operation_id=ctx.operation_id,
+                    in_reply_to=ctx.event.event_id,
+                    run_id=run.run_id,
+                    session_id=run.session_id,
+                    fence=fence,
+                )
+                return
+            await _finish_resume(core, route, run.operation_id, result, fence, reply_kw)
+    except LeaseHeldElsewhereError:
+        return
+
+
+async def _finish_resume(
+    core: Core,
+    route: Route,
+    original_operation_id: str,
+    result: RunResult,
+    fence: int | None,
+    reply_kw: dict[str, Any],
+) -> None:
+    status = result.status
+    state = {"succeeded": "succeeded", "aborted": "cancelled"}.get(status, "failed")
+    error_code = None
+    if status == "denied":
+        error_code = "denied"
+    elif state == "failed":
+        error_code = (
+            str(result.error.code)
+            if result.error is not None and result.error.code
+            else "run_failed"
+        )
+    with trio.CancelScope(shield=True), trio.move_on_after(10):
+        await core.settle_operation(
+            route.ownership,
+            route.connection_id,
+            original_operation_id,
+            state,
+            fence=fence,
+            error_code=error_code,
+            run_id=result.run_id or None,
+        )
+        route.suspended = False
+        route.suspended_run = None
+        if result.leaf_id is not None:
+            route.leaf_id = result.leaf_id
+        await core.persist_binding(route, fence)
+    if status == "succeeded":
+        core.count("completed")
+        text = core.redact(result.text)
+        if text.strip():
+            await core.send_reply(**{**reply_kw, "kind": "final"}, text=text, fence=fence)
+        else:
+            await core.send_reply(**reply_kw, text=EMPTY_ANSWER_TEXT, fence=fence)
+    elif status == "denied":
+        await core.send_reply(**reply_kw, text=DENIED_TEXT, fence=fence)
+    elif status == "aborted":
+        core.count("cancelled")
+        await core.send_reply(**reply_kw, text=CANCELLED_TEXT, fence=fence)
+    else:
+        core.count("failed")
+        message = result.error.message if result.error is not None else None
+        await core.send_reply(**reply_kw, text=core.failure_text(message), fence=fence)

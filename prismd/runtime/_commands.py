@@ -1,0 +1,188 @@
+"""Commands (contract §8): ``/help /status /new /agent /cancel``.
+
+Commands bypass the turn queue and answer even while a run is active. Every answer is
+a ``notice`` reply to the command event, sent in the background (tracked for ``drain``)
+after the command's operation record is settled. Handlers return the admission without
+touching the admission counters (``admit`` counts them).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..channel import Admission
+from ._admit import AdmitContext, actor_key, remember_selection
+from ._core import Core
+from ._types import LeaseHeldElsewhereError, Route
+
+COMMAND_RE = re.compile(r"^/([A-Za-z0-9_]+)(?:\s+(.*))?$", re.DOTALL)
+KNOWN = frozenset({"help", "status", "new", "agent", "cancel"})
+HELP_TEXT = "Commands: /help, /status, /new, /agent <alias>, /cancel."
+USAGE_AGENT = "Usage: /agent <alias>."
+UNKNOWN_ALIAS = "That agent alias is not available to this account."
+NEW_SUSPENDED = "Resolve or cancel the suspended request before starting a new conversation."
+NEW_BUSY = "Finish or cancel the current request before starting a new conversation."
+NEW_FAILED = "Could not start a new conversation. Try again."
+NEW_OK = "Started a new conversation."
+NOTHING_TO_CANCEL = "Nothing to cancel."
+
+
+def parse_command(text: str) -> tuple[str, str] | None:
+    match = COMMAND_RE.match(text.strip())
+    if match is None:
+        return None
+    name = match.group(1).lower()
+    if name not in KNOWN:
+        return None
+    return name, (match.group(2) or "").strip()
+
+
+def notice(core: Core, ctx: AdmitContext, text: str) -> None:
+    event = ctx.event
+    core.spawn(
+        core.send_reply_kw,
+        dict(
+            identity=ctx.grant.identity,
+            ownership=ctx.ownership,
+            operation_id=ctx.operation_id,
+            connection_id=event.connection_id,
+            conversation_id=event.external_conversation_id,
+            thread_id=event.thread_id,
+            text=core.redact(text),
+            kind="notice",
+            in_reply_to=event.event_id,
+        ),
+    )
+
+
+def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | None:
+    event = ctx.event
+    return core.get_route(
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        alias or ctx.alias,
+        ctx.ownership,
+    )
+
+
+async def admit_command(core: Core, ctx: AdmitContext) -> Admission:
+    parsed = parse_command(ctx.event.text)
+    if parsed is None:
+        return Admission("unsupported", "unknown_command")
+    name, arg = parsed
+    if name == "help":
+        notice(core, ctx, HELP_TEXT)
+        return Admission("accepted")
+    if name == "agent":
+        return await _agent(core, ctx, arg)
+    route = _route(core, ctx)
+    if route is None:
+        return Admission("denied", "capacity")
+    try:
+        await core.hydrate(route, ctx.grant.identity)
+    except Exception:
+        core.count("storage_failures")
+        return Admission("denied", "unavailable")
+    if name == "status":
+        notice(core, ctx, f"Agent: {route.alias}; state: {route.status_text()}.")
+        return Admission("accepted")
+    if name == "new":
+        return await _new(core, ctx, route)
+    return await _cancel(core, ctx, route)
+
+
+async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
+    if not arg:
+        notice(core, ctx, USAGE_AGENT)
+        return Admission("unsupported", "invalid_argument")
+    if arg not in ctx.grant.agent_aliases:
+        notice(core, ctx, UNKNOWN_ALIAS)
+        return Admission("unsupported", "unknown_alias")
+    key = actor_key(ctx.event, ctx.ownership)
+    if not remember_selection(core, key, arg):
+        return Admission("denied", "capacity")
+    if core.journal is not None:
+        # SPEC difference 3: the selection is stamped on the alias's binding, durably.
+        route = _route(core, ctx, arg)
+        if route is not None:
+            try:
+                await core.hydrate(route, ctx.grant.identity)
+                route.selected_at_ms = core.now_ms()
+                async with core.route_fence(route, wait_s=1.0) as fence:
+                    await core.persist_binding(route, fence)
+            except LeaseHeldElsewhereError:
+                pass
+            except Exception:
+                core.count("storage_failures")
+    notice(core, ctx, f"Agent set to {arg}.")
+    return Admission("accepted")
+
+
+async def _new(core: Core, ctx: AdmitContext, route: Route) -> Admission:
+    if route.suspended:
+        notice(core, ctx, NEW_SUSPENDED)
+        return Admission("accepted")
+    if route.busy:
+        notice(core, ctx, NEW_BUSY)
+        return Admission("accepted")
+    generation = route.generation + 1
+    if core.journal is not None:
+        old = (route.generation, route.session_id, route.leaf_id, route.suspended_run)
+        try:
+            session_id, leaf_id = await core.derive_session(route, ctx.grant.identity, generation)
+            route.generation, route.session_id, route.leaf_id = generation, session_id, leaf_id
+            route.suspended, route.suspended_run = False, None
+            # SPEC difference 1: the binding was written under a fence; take the lease again.
+            async with core.route_fence(route, wait_s=1.0) as fence:
+                ok = await core.persist_binding(route, fence)
+        except Exception:
+            ok = False
+            core.count("storage_failures")
+        if not ok:
+            route.generation, route.session_id, route.leaf_id, route.suspended_run = old
+            notice(core, ctx, NEW_FAILED)
+            return Admission("denied", "unavailable")
+    else:
+        route.generation = generation
+        route.session_id = None
+        route.leaf_id = None
+    notice(core, ctx, NEW_OK)
+    return Admission("accepted")
+
+
+async def _cancel(core: Core, ctx: AdmitContext, route: Route) -> Admission:
+    active = route.active
+    if route.suspended and (active is None or active.state != "resuming"):
+        from ._approvals import cancel_suspended
+
+        return await cancel_suspended(core, ctx, route)
+    has_active = active is not None and not active.cancelled
+    queued = [t for t in route.queue if not t.cancelled]
+    if active is not None and has_active:
+        active.cancel()
+    for turn in queued:
+        turn.cancelled = True
+    for turn in queued:
+        await core.settle_operation(
+            turn.ownership,
+            turn.event.connection_id,
+            turn.operation_id,
+            "cancelled",
+            error_code="cancelled_while_queued",
+            only_from=frozenset({"accepted"}),
+        )
+        turn.settled = True
+    n = len(queued)
+    plural = "request" if n == 1 else "requests"
+    if has_active and n:
+        text = f"Cancelling the current request and {n} queued {plural}."
+    elif has_active:
+        text = "Cancelling the current request."
+    elif n:
+        text = f"Cancelled {n} queued {plural}."
+    else:
+        text = NOTHING_TO_CANCEL
+    notice(core, ctx, text)
+    return Admission("accepted")

@@ -1,0 +1,232 @@
+"""Host notices (contract §9.5) and pairing tickets (SPEC difference 6).
+
+``notify`` finds its target among the *durable* bindings of the caller's ownership scope
+(SPEC difference 3), so it works after a restart, not only for routes in memory. It never
+creates a route's binding, runs no agent and takes no queue slot.
+"""
+
+from __future__ import annotations
+
+from stores import OwnershipScope, ms_to_iso
+
+from ..api import PairingTicket
+from ..channel import Admission, AuthorizeInput, Grant
+from ..identity import AgentIdentity, ownership_from_identity
+from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
+from ..redact import utf8_len
+from ._admit import check_grant, seen_before
+from ._core import MAX_ID_BYTES, Core, notify_operation_id
+
+MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
+PAIRING_TTL_MAX_MS = 5 * 60 * 1000
+
+
+class PairingUnavailableError(Exception):
+    """Pairing is off for that connection, or the caller may not pair into its scope."""
+
+
+def _denied(core: Core, reason: str) -> Admission:
+    core.count("denied")
+    return Admission("denied", reason)
+
+
+def _ok_id(value: object, limit: int = MAX_ID_BYTES) -> bool:
+    return isinstance(value, str) and bool(value) and utf8_len(value) <= limit
+
+
+async def _candidates(
+    core: Core,
+    ownership: OwnershipScope,
+    connection_id: str,
+    conversation_id: str,
+    thread_id: str | None,
+) -> list[BindingRecord]:
+    """Bindings of this conversation/thread stored under exactly the caller's scope."""
+    found: dict[tuple[str, str], BindingRecord] = {}
+    for route in core.routes.values():
+        if (
+            route.connection_id == connection_id
+            and route.conversation_id == conversation_id
+            and route.thread_id == thread_id
+            and route.ownership == ownership
+            and route.hydrated
+            and route.session_id
+        ):
+            found[(route.actor_id, route.alias)] = core.binding_record(route)
+    if core.journal is not None:
+        prefix = binding_actor_prefix(connection_id, ownership, conversation_id, thread_id)
+        rows, _cursor = await core.journal.list(ownership, NS_BINDING, 500, key_prefix=prefix)
+        for row in rows:
+            if row.scope != ownership:
+                continue
+            try:
+                record = BindingRecord.from_json(row.value)
+            except ValueError:
+                continue
+            if (
+                record.connection_id == connection_id
+                and record.external_conversation_id == conversation_id
+                and record.thread_id == thread_id
+                and record.external_actor_id is not None
+            ):
+                found.setdefault((record.external_actor_id, record.agent_alias), record)
+    return list(found.values())
+
+
+async def notify(
+    core: Core,
+    *,
+    identity: AgentIdentity,
+    connection_id: str,
+    external_conversation_id: str,
+    notify_id: str,
+    text: str,
+    thread_id: str | None = None,
+) -> Admission:
+    if core.stopped:
+        return _denied(core, "stopped")
+    if (
+        not isinstance(text, str)
+        or not text.strip()
+        or not _ok_id(connection_id)
+        or not _ok_id(external_conversation_id)
+        or not _ok_id(notify_id, MAX_NOTIFY_ID_BYTES)
+        or (thread_id is not None and not _ok_id(thread_id))
+    ):
+        return _denied(core, "malformed")
+    if not core.active(identity):
+        return _denied(core, "revoked")
+    try:
+        ownership = ownership_from_identity(identity)
+    except Exception:
+        return _denied(core, "malformed")
+    try:
+        candidates = await _candidates(
+            core, ownership, connection_id, external_conversation_id, thread_id
+        )
+    except Exception:
+        core.count("storage_failures")
+        return _denied(core, "unavailable")
+    actors = sorted({c.external_actor_id or "" for c in candidates})
+    if len(actors) != 1:
+        return _denied(core, "rejected")
+    actor_id = actors[0]
+    event_id = f"notify-{notify_id}"
+    try:
+        grant = await core.authorize(
+            AuthorizeInput(
+                connection_id=connection_id,
+                external_conversation_id=external_conversation_id,
+                external_actor_id=actor_id,
+                event_id=event_id,
+                text="",
+                action="notify",
+                received_at_ms=core.now_ms(),
+                thread_id=thread_id,
+            )
+        )
+    except Exception:
+        return _denied(core, "rejected")
+    if check_grant(core, grant) is not None or not isinstance(grant, Grant):
+        return _denied(core, "rejected")
+    if (
+        grant.notifications is not True
+        or grant.identity.principal.kind != identity.principal.kind
+        or grant.identity.principal.id != identity.principal.id
+        or ownership_from_identity(grant.identity) != ownership
+    ):
+        return _denied(core, "rejected")
+    usable = [c for c in candidates if c.agent_alias in grant.agent_aliases]
+    if len(usable) > 1:
+        # Several aliases bound: the actor's current selection, else the grant's default,
+        # else the most recently updated binding.
+        selected = max(usable, key=lambda c: c.selected_at_ms or -1)
+        if selected.selected_at_ms is not None:
+            usable = [selected]
+        else:
+            default = [c for c in usable if c.agent_alias == grant.default_agent_alias]
+            usable = default or [max(usable, key=lambda c: c.updated_at_ms)]
+    if len(usable) != 1:
+        return _denied(core, "rejected")
+    binding = usable[0]
+    alias = binding.agent_alias
+    if core.pending_total() >= core.limits.max_pending_per_process:
+        return _denied(core, "capacity")
+    operation_id = notify_operation_id(connection_id, ownership, actor_id, alias, notify_id)
+    if core.journal is not None:
+        now = core.now_ms()
+        record = OperationRecord(
+            operation_id=operation_id,
+            event_id=event_id,
+            kind="notify",
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=actor_id,
+            agent_alias=alias,
+            state="accepted",
+            created_at_ms=now,
+            updated_at_ms=now,
+            thread_id=thread_id,
+            session_id=binding.session_id or None,
+        )
+        try:
+            created = await core.journal.create_operation(ownership, record)
+        except Exception:
+            core.count("storage_failures")
+            return _denied(core, "unavailable")
+        if created is None:
+            core.count("duplicates")
+            core.count("admitted")
+            return Admission("accepted", operation_id=operation_id, duplicate=True)
+    elif seen_before(core, connection_id, event_id):
+        core.count("duplicates")
+        core.count("admitted")
+        return Admission("accepted", operation_id=operation_id, duplicate=True)
+    await core.send_reply(
+        identity=identity,
+        ownership=ownership,
+        operation_id=operation_id,
+        connection_id=connection_id,
+        conversation_id=external_conversation_id,
+        thread_id=thread_id,
+        text=core.redact(text),
+        kind="notice",
+        in_reply_to=event_id,
+    )
+    await core.settle_operation(ownership, connection_id, operation_id, "succeeded")
+    core.count("admitted")
+    return Admission("accepted", operation_id=operation_id)
+
+
+async def create_pairing(
+    core: Core,
+    *,
+    identity: AgentIdentity,
+    connection_id: str,
+    aliases: tuple[str, ...] | None = None,
+    ttl_ms: int | None = None,
+) -> PairingTicket:
+    """Issue a one-time pairing token for ``connection_id`` (stored hashed, TTL ≤ 5 min).
+
+    Raises :class:`PairingUnavailableError` when pairing is off for the connection, the
+    identity is inactive, or the connection's pairing scope lies outside the caller's
+    ownership; ``ValueError`` when no aliases are given.
+    """
+    if not core.active(identity):
+        raise PairingUnavailableError("identity is not active")
+    if core.pairing_scope is None or core.pairings is None:
+        raise PairingUnavailableError("pairing is not enabled")
+    scope = core.pairing_scope(connection_id)
+    if scope is None:
+        raise PairingUnavailableError("pairing is not enabled for this connection")
+    if not ownership_from_identity(identity).matches_filter(scope):
+        raise PairingUnavailableError("pairing scope is outside the caller's ownership")
+    if not aliases:
+        raise ValueError("pairing needs at least one agent alias")
+    ttl = PAIRING_TTL_MAX_MS if ttl_ms is None else max(1000, min(int(ttl_ms), PAIRING_TTL_MAX_MS))
+    issued = await core.pairings.create(
+        scope, connection_id=connection_id, aliases=tuple(aliases), ttl_ms=ttl
+    )
+    return PairingTicket(
+        token=issued.token, expires_at=ms_to_iso(issued.expires_at_ms), connection_id=connection_id
+    )

@@ -1,0 +1,306 @@
+"""Operator recovery (contract §13.1–§13.3): list_unresolved, reconcile, prune.
+
+Nothing is replayed behind the operator's back: the model is never re-run, and a reply
+is resent only on an explicit ``reconcile`` (with ``acknowledge_duplicate_risk`` when the
+first send may have landed).
+
+Scope (SPEC difference 7): an identity scoped to a tenant (or tenant + account) lists
+*and* settles every record inside that scope. Rows are found with a partial-scope list,
+then loaded/written under the row's own stored scope after checking it lies inside the
+caller's — never another tenant's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from stores import CheckpointRecord, OwnershipScope, ms_to_iso
+
+from ..api import PruneResult, ReconcileResult, UnresolvedEntry
+from ..channel import Reply
+from ..identity import AgentIdentity, ownership_from_identity
+from ..journal import (
+    NS_BINDING,
+    NS_CONTROL,
+    NS_CURSOR,
+    NS_OPERATION,
+    NS_REPLY,
+    UNRESOLVED_OPERATION_STATES,
+    UNRESOLVED_REPLY_STATES,
+    UNSETTLED_REPLY_STATES,
+    Loaded,
+    OperationRecord,
+    ReplyRecord,
+    operation_key,
+)
+from ._core import Core
+
+MAX_PAGES = 20
+MAX_SAFE_INTEGER = 2**53 - 1
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+def _inside(caller: OwnershipScope, stored: OwnershipScope) -> bool:
+    return caller.matches_filter(stored)
+
+
+async def list_unresolved(
+    core: Core, *, identity: AgentIdentity, limit: int | None = None
+) -> list[UnresolvedEntry]:
+    """Unresolved operations and unsettled replies in the caller's scope, newest first."""
+    if core.journal is None or not core.active(identity):
+        return []
+    page = core.limits.max_journal_page
+    want = max(1, min(page if limit is None else int(limit), page))
+    scope = ownership_from_identity(identity)
+    out: list[UnresolvedEntry] = []
+    cursor: str | None = None
+    try:
+        for _page in range(MAX_PAGES):
+            rows, cursor = await core.journal.list(scope, NS_OPERATION, page, cursor=cursor)
+            for row in rows:
+                entry = await _entry(core, scope, row)
+                if entry is not None:
+                    out.append(entry)
+                    if len(out) >= want:
+                        return out
+            if cursor is None or not rows:
+                break
+    except Exception:
+        core.count("storage_failures")
+        return []
+    return out
+
+
+async def _entry(
+    core: Core, caller: OwnershipScope, row: CheckpointRecord
+) -> UnresolvedEntry | None:
+    assert core.journal is not None
+    if not _inside(caller, row.scope):
+        return None
+    try:
+        record = OperationRecord.from_json(row.value)
+    except ValueError:
+        return None
+    updated = ms_to_iso(row.updated_at_ms)
+    if record.state in UNRESOLVED_OPERATION_STATES:
+        return UnresolvedEntry(
+            record.operation_id, record.connection_id, record.state, row.version, updated
+        )
+    reply = await core.journal.load_reply(row.scope, record.connection_id, record.operation_id)
+    if reply is not None and reply.record.state in UNRESOLVED_REPLY_STATES:
+        return UnresolvedEntry(
+            record.operation_id,
+            record.connection_id,
+            record.state,
+            row.version,
+            updated,
+            reply_state=reply.record.state,
+        )
+    return None
+
+
+async def _find_operation(
+    core: Core, caller: OwnershipScope, connection_id: str, operation_id: str
+) -> Loaded[OperationRecord] | str | None:
+    """Load by the exact caller scope, else search the caller's partial scope.
+
+    Returns the loaded record, ``None`` (not found) or ``"ambiguous"``.
+    """
+    assert core.journal is not None
+    exact = await core.journal.load_operation(caller, connection_id, operation_id)
+    if exact is not None:
+        return exact
+    if caller.user_id is not None and caller.account_id is not None:
+        return None
+    matches: list[CheckpointRecord] = []
+    cursor: str | None = None
+    for _page in range(MAX_PAGES * 5):
+        rows, cursor = await core.journal.list(caller, NS_OPERATION, 500, cursor=cursor)
+        for row in rows:
+            if not _inside(caller, row.scope):
+                continue
+            if row.key == operation_key(connection_id, row.scope, operation_id):
+                matches.append(row)
+        if cursor is None or not rows:
+            break
+    if not matches:
+        return None
+    if len({(m.scope.tenant_id, m.scope.account_id, m.scope.user_id) for m in matches}) > 1:
+        return "ambiguous"
+    return await core.journal.load_operation(matches[0].scope, connection_id, operation_id)
+
+
+async def reconcile(
+    core: Core,
+    *,
+    identity: AgentIdentity,
+    connection_id: str,
+    operation_id: str,
+    expected_version: int,
+    acknowledge_duplicate_risk: bool = False,
+) -> ReconcileResult:
+    if core.journal is None:
+        return ReconcileResult("unavailable")
+    if not core.active(identity):
+        return ReconcileResult("denied")
+    if (
+        not isinstance(operation_id, str)
+        or not operation_id
+        or not isinstance(connection_id, str)
+        or isinstance(expected_version, bool)
+        or not isinstance(expected_version, int)
+        or not 0 <= expected_version <= MAX_SAFE_INTEGER
+    ):
+        return ReconcileResult("not_found")
+    caller = ownership_from_identity(identity)
+    try:
+        found = await _find_operation(core, caller, connection_id, operation_id)
+    except Exception:
+        core.count("storage_failures")
+        return ReconcileResult("unavailable")
+    if found is None:
+        return ReconcileResult("not_found")
+    if isinstance(found, str):
+        return ReconcileResult("conflict", detail="ambiguous")
+    loaded = found
+    record = loaded.record
+    scope = loaded.scope
+    if not _inside(caller, scope):
+        return ReconcileResult("not_found")
+    if loaded.version != expected_version:
+        return ReconcileResult("conflict", state=record.state)
+    if record.state == "executing":
+        if not acknowledge_duplicate_risk:
+            return ReconcileResult("conflict", state=record.state, detail="duplicate_risk")
+        return await _transition(core, scope, loaded, "execution_unknown")
+    if record.state == "accepted":
+        return await _transition(core, scope, loaded, "abandoned")
+    try:
+        reply = await core.journal.load_reply(scope, connection_id, operation_id)
+    except Exception:
+        core.count("storage_failures")
+        return ReconcileResult("unavailable")
+    if reply is None or reply.record.state == "delivered":
+        return ReconcileResult("resolved", outcome="none", state=record.state)
+    if reply.record.state in UNSETTLED_REPLY_STATES and not acknowledge_duplicate_risk:
+        return ReconcileResult("conflict", state=record.state, detail="duplicate_risk")
+    return await _resend(core, scope, record, reply)
+
+
+async def _transition(
+    core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord], state: str
+) -> ReconcileResult:
+    assert core.journal is not None
+    updated = attrs.evolve(loaded.record, state=state, updated_at_ms=core.now_ms())
+    try:
+        # The stored fencing token is reused so a dead holder's fence does not block this.
+        saved = await core.journal.save_operation(
+            scope, updated, loaded.version, loaded.fencing_token
+        )
+    except Exception:
+        core.count("storage_failures")
+        return ReconcileResult("unavailable")
+    if saved is None:
+        return ReconcileResult("conflict", state=loaded.record.state)
+    return ReconcileResult("resolved", outcome=state, state=state)
+
+
+async def _resend(
+    core: Core, scope: OwnershipScope, op: OperationRecord, reply: Loaded[ReplyRecord]
+) -> ReconcileResult:
+    stored = reply.record
+    controls: tuple[Any, ...] = ()
+    if stored.approval is not None:
+        # SPEC difference 4: the stored reply has no tokens; issue fresh controls.
+        from ._approvals import reissue_controls
+
+        controls = await reissue_controls(core, scope, dict(stored.approval))
+    state, message_id, reason = await core.deliver_once(
+        Reply(
+            connection_id=stored.connection_id,
+            external_conversation_id=stored.external_conversation_id,
+            text=stored.text,
+            kind="final" if stored.kind == "final" else "notice",
+            controls=controls,
+            thread_id=stored.thread_id,
+            in_reply_to=None,
+        )
+    )
+    outcome = {
+        "delivered": "reply_delivered",
+        "delivery_failed": "reply_failed",
+    }.get(state, "reply_unknown")
+    ok = await core.mark_reply(
+        scope, reply.version, stored, state, message_id, reason, None, reply.fencing_token
+    )
+    if not ok:
+        return ReconcileResult("conflict", state=op.state)
+    return ReconcileResult("resolved", outcome=outcome, state=op.state)
+
+
+def _kept(namespace: str, value: Any) -> bool:
+    if not isinstance(value, dict):
+        return namespace == NS_OPERATION
+    if namespace == NS_OPERATION:
+        state = value.get("state")
+        return not isinstance(state, str) or state in UNRESOLVED_OPERATION_STATES
+    if namespace == NS_REPLY:
+        return value.get("state") in UNSETTLED_REPLY_STATES
+    if namespace == NS_BINDING:
+        return value.get("suspended") is True
+    return False
+
+
+def _timestamp(row: CheckpointRecord) -> int:
+    value = row.value
+    if isinstance(value, dict):
+        ms = value.get("updatedAtMs")
+        if isinstance(ms, int) and not isinstance(ms, bool):
+            return ms
+    return row.updated_at_ms
+
+
+async def prune(core: Core, *, identity: AgentIdentity, now_ms: int | None = None) -> PruneResult:
+    """Delete settled records older than ``retention_days`` in the caller's scope.
+
+    Bounded: at most ``MAX_PAGES`` pages of ``max_journal_page`` rows per namespace per
+    call. Keeps unresolved operations, unsettled replies and suspended bindings.
+    """
+    if core.journal is None or not core.active(identity):
+        return PruneResult()
+    caller = ownership_from_identity(identity)
+    now = core.now_ms() if now_ms is None else now_ms
+    cutoff = now - core.limits.retention_days * DAY_MS
+    scanned = deleted = retained = 0
+    for namespace in (NS_OPERATION, NS_REPLY, NS_BINDING, NS_CURSOR, NS_CONTROL):
+        cursor: str | None = None
+        for _page in range(MAX_PAGES):
+            try:
+                rows, cursor = await core.journal.list(
+                    caller, namespace, core.limits.max_journal_page, cursor=cursor
+                )
+            except Exception:
+                core.count("storage_failures")
+                break
+            for row in rows:
+                if not _inside(caller, row.scope):
+                    continue
+                scanned += 1
+                if _timestamp(row) > cutoff or _kept(namespace, row.value):
+                    retained += 1
+                    continue
+                try:
+                    removed = await core.journal.remove(namespace, row.scope, row.key)
+                except Exception:
+                    core.count("storage_failures")
+                    removed = False
+                if removed:
+                    deleted += 1
+                else:
+                    retained += 1
+            if cursor is None or not rows:
+                break
+    return PruneResult(scanned=scanned, deleted=deleted, retained=retained)

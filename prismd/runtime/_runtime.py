@@ -1,0 +1,219 @@
+"""The runtime facade and ``open_messaging_runtime`` (the daemon's entry point)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
+
+from ..api import (
+    Diagnostics,
+    DrainResult,
+    PairingTicket,
+    PruneResult,
+    ReconcileResult,
+    UnresolvedEntry,
+)
+from ..channel import Admission, InboundEvent, Preview, Reply, SendResult
+from ..controls import GrantRecord
+from ..identity import AgentIdentity
+from ..limits import Limits
+from ..redact import Redactor
+from . import _admit, _notify, _recovery
+from ._core import Core, FetchAttachment
+from ._types import Authorize, ResolveAgent, ResolveBinding
+
+DEFAULT_LIMITS = Limits()
+
+
+@attrs.define(eq=False)
+class Runtime:
+    """Satisfies :class:`prismd.api.MessagingRuntime`. Build it with
+    :func:`open_messaging_runtime`; every method is safe to call from any task."""
+
+    _core: Core
+    _stop_done: bool = False
+
+    async def admit(self, event: InboundEvent) -> Admission:
+        """Admit an inbound event (§7). Acknowledge the transport unless the result is
+        :attr:`~prismd.channel.Admission.retryable`."""
+        return await _admit.admit(self._core, event)
+
+    async def notify(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        external_conversation_id: str,
+        notify_id: str,
+        text: str,
+        thread_id: str | None = None,
+    ) -> Admission:
+        return await _notify.notify(
+            self._core,
+            identity=identity,
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            notify_id=notify_id,
+            text=text,
+            thread_id=thread_id,
+        )
+
+    async def list_unresolved(
+        self, *, identity: AgentIdentity, limit: int | None = None
+    ) -> list[UnresolvedEntry]:
+        return await _recovery.list_unresolved(self._core, identity=identity, limit=limit)
+
+    async def reconcile(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        operation_id: str,
+        expected_version: int,
+        acknowledge_duplicate_risk: bool = False,
+    ) -> ReconcileResult:
+        return await _recovery.reconcile(
+            self._core,
+            identity=identity,
+            connection_id=connection_id,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            acknowledge_duplicate_risk=acknowledge_duplicate_risk,
+        )
+
+    async def prune(self, *, identity: AgentIdentity, now_ms: int | None = None) -> PruneResult:
+        return await _recovery.prune(self._core, identity=identity, now_ms=now_ms)
+
+    async def create_pairing(
+        self,
+        *,
+        identity: AgentIdentity,
+        connection_id: str,
+        aliases: tuple[str, ...] | None = None,
+        ttl_ms: int | None = None,
+    ) -> PairingTicket:
+        return await _notify.create_pairing(
+            self._core,
+            identity=identity,
+            connection_id=connection_id,
+            aliases=aliases,
+            ttl_ms=ttl_ms,
+        )
+
+    def diagnostics(self) -> Diagnostics:
+        """The §13.6 counters; never text, ids, tokens or keys."""
+        return self._core.diagnostics()
+
+    async def drain(self, *, deadline_ms: int | None = None) -> DrainResult:
+        """Wait for in-flight work (pumps, notices, resumes), up to ``deadline_ms``."""
+        core = self._core
+        settled = await core.wait_idle(None if deadline_ms is None else deadline_ms / 1000)
+        c = core.counters
+        return DrainResult(
+            settled=settled,
+            pending=core.inflight,
+            completed=c["completed"],
+            failed=c["failed"],
+            cancelled=c["cancelled"],
+        )
+
+    async def stop(self) -> None:
+        """§13.5: refuse new work, settle queued and claimed work ``cancelled`` durably
+        within ``stop_deadline_ms``, release binding leases. Idempotent."""
+        core = self._core
+        core.stopped = True
+        if self._stop_done:
+            return
+        self._stop_done = True
+        for route in list(core.routes.values()):
+            queued = list(route.queue)
+            route.queue.clear()
+            for turn in queued:
+                if turn.cancelled:
+                    continue
+                turn.cancelled = True
+                turn.cancel_counted = True
+                core.count("cancelled")
+                await core.settle_operation(
+                    turn.ownership,
+                    turn.event.connection_id,
+                    turn.operation_id,
+                    "cancelled",
+                    error_code="cancelled_at_shutdown",
+                    only_from=frozenset({"accepted"}),
+                )
+            active = route.active
+            if active is not None:
+                if active.state == "waiting" and active.turn is not None:
+                    active.turn.cancelled = True
+                    if not active.turn.cancel_counted:
+                        active.turn.cancel_counted = True
+                        core.count("cancelled")
+                active.cancel(stopping=True)
+        await core.wait_idle(core.limits.stop_deadline_ms / 1000)
+        for route in list(core.routes.values()):
+            route.lease_users = 0
+            await core.release_if_idle(route)
+
+
+@asynccontextmanager
+async def open_messaging_runtime(
+    *,
+    authorize: Authorize,
+    resolve_agent: ResolveAgent,
+    deliver: Callable[[Reply], Awaitable[SendResult]],
+    store: Store | None = None,
+    use_leases: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
+    redactor: Redactor | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    owner_id: str | None = None,
+    reclaim_own_leases: bool = False,
+    fetch_attachment: FetchAttachment | None = None,
+    on_preview: Callable[[Preview], None] | None = None,
+    resolve_binding: ResolveBinding | None = None,
+    pairing_scope: Callable[[str], OwnershipScope | None] | None = None,
+    on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
+) -> AsyncIterator[Runtime]:
+    """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
+
+    The runtime owns its nursery (route pumps, lease renewers, notices, resumes).
+    Constructing it calls none of the callbacks. ``store=None`` runs without a journal
+    (in-memory dedup, restart-unsafe).
+    """
+    async with trio.open_nursery() as nursery:
+        extra = {} if owner_id is None else {"owner_id": owner_id}
+        core = Core(
+            authorize=authorize,
+            resolve_agent_cb=resolve_agent,
+            deliver=deliver,
+            nursery=nursery,
+            store=store,
+            use_leases=use_leases,
+            limits=limits,
+            redactor=redactor,
+            clock=clock,
+            reclaim_own_leases=reclaim_own_leases,
+            fetch_attachment=fetch_attachment,
+            on_preview=on_preview,
+            resolve_binding=resolve_binding,
+            pairing_scope=pairing_scope,
+            on_paired=on_paired,
+            **extra,
+        )
+        runtime = Runtime(core)
+        try:
+            yield runtime
+        finally:
+            # Bounded, shielded: stop must settle durably even when we leave by cancellation.
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(limits.stop_deadline_ms / 1000 + 5),
+            ):
+                await runtime.stop()
+            nursery.cancel_scope.cancel()

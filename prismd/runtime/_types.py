@@ -1,0 +1,144 @@
+"""Runtime-internal records: routes, turns, active runs, and the host callback inputs."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeAlias
+
+import attrs
+import trio
+
+from stores import LeaseRecord, OwnershipScope
+
+from ..agents._base import Agent
+from ..channel import Action, AuthorizeInput, Grant, InboundEvent
+from ..identity import AgentIdentity
+from ..journal import SuspendedRun
+
+
+@attrs.frozen
+class ResolveAgentInput:
+    """What ``resolve_agent`` is called with on every turn (and status/resume)."""
+
+    agent_alias: str
+    identity: AgentIdentity
+    ownership: OwnershipScope
+    connection_id: str
+    external_conversation_id: str
+
+
+@attrs.frozen
+class BindingInput:
+    """What an optional host ``resolve_binding`` gets to map a route to a session (§2.4)."""
+
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    identity: AgentIdentity
+    ownership: OwnershipScope
+    agent_alias: str
+    generation: int
+    thread_id: str | None = None
+
+
+@attrs.frozen
+class BindingResolution:
+    session_id: str
+    leaf_id: str | None = None
+
+
+Authorize: TypeAlias = Callable[[AuthorizeInput], Awaitable[Grant | None]]
+ResolveAgent: TypeAlias = Callable[[ResolveAgentInput], Awaitable[Agent]]
+ResolveBinding: TypeAlias = Callable[[BindingInput], Awaitable[BindingResolution]]
+
+RouteKey: TypeAlias = tuple[str, str, str | None, str, str, str | None, str | None, str | None]
+ActorKey: TypeAlias = tuple[str, str, str | None, str, str | None, str | None, str | None]
+
+
+@attrs.define(eq=False)
+class Turn:
+    """One admitted event waiting in (or popped from) a route queue."""
+
+    operation_id: str
+    event: InboundEvent
+    action: Action
+    grant: Grant
+    ownership: OwnershipScope
+    alias: str
+    op_version: int = 0
+    cancelled: bool = False
+    cancel_counted: bool = False
+    settled: bool = False
+
+
+ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]
+
+
+@attrs.define(eq=False)
+class ActiveTurn:
+    """The route's current work: a turn waiting for a slot or running, or a resume."""
+
+    state: ActiveState
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    turn: Turn | None = None
+    cancelled: bool = False
+    stopping: bool = False
+
+    def cancel(self, *, stopping: bool = False) -> None:
+        self.cancelled = True
+        self.stopping = self.stopping or stopping
+        self.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class Route:
+    """In-memory state of one binding (connection, conversation, thread, actor, alias, scope).
+
+    Hydrated once per process from the durable binding; afterwards authoritative.
+    """
+
+    key: RouteKey
+    connection_id: str
+    conversation_id: str
+    thread_id: str | None
+    actor_id: str
+    alias: str
+    ownership: OwnershipScope
+    binding_key: str
+    queue: deque[Turn] = attrs.field(factory=deque)
+    hydrated: bool = False
+    binding_version: int = 0
+    session_id: str | None = None
+    leaf_id: str | None = None
+    generation: int = 0
+    suspended: bool = False
+    suspended_run: SuspendedRun | None = None
+    selected_at_ms: int | None = None
+    active: ActiveTurn | None = None
+    pumping: bool = False
+    lease: LeaseRecord | None = None
+    lease_users: int = 0
+    renewing: bool = False
+    lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    hydrate_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    last_grant: Grant | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.active is not None or self.pumping
+
+    def status_text(self) -> str:
+        if self.active is not None and self.active.state == "resuming":
+            return "resuming"
+        if self.active is not None:
+            return "running"
+        if self.suspended:
+            return "awaiting decision"
+        if self.queue:
+            return f"queued ({len(self.queue)})"
+        return "idle"
+
+
+class LeaseHeldElsewhereError(Exception):
+    """The route's binding lease is held by another owner right now."""
