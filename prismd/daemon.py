@@ -509,7 +509,9 @@ class Daemon:
                 await self.supervisor.start(
                     children,
                     "control",
-                    functools.partial(serve_control, config.control, handler=handler),
+                    functools.partial(
+                        serve_control, config.control, handler=handler, daemon_uid=os.getuid()
+                    ),
                 )
                 self.endpoints["control"] = config.control.socket
                 for connection in config.connections:

@@ -1,0 +1,284 @@
+"""Helpers for daemon tests: real `prismd run` subprocesses, NOTIFY_SOCKET, web chat, prismctl.
+
+Also ``counting_mock``, a ``python`` agent factory wrapping the ``mock`` agent that appends
+one line to ``count_file`` when a run *starts* (O_APPEND, fsync'd), so a test can prove
+across SIGKILL and restart that the agent ran exactly once in total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+import trio_websocket
+
+from prismd.agents._base import AgentContext, RunRequest, RunResult
+from prismd.agents.mock import MockAgent
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- agent
+
+
+@attrs.define(eq=False)
+class CountingMock:
+    inner: MockAgent
+    count_file: str
+
+    @property
+    def agent_id(self) -> str:
+        return self.inner.agent_id
+
+    @property
+    def definition_revision(self) -> str:
+        return self.inner.definition_revision
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        return self.inner.input_capabilities
+
+    @property
+    def supports_approvals(self) -> bool:
+        return self.inner.supports_approvals
+
+    async def run(self, request: RunRequest, *, on_event: Any = None) -> RunResult:
+        fd = os.open(self.count_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{request.idempotency_key}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return await self.inner.run(request, on_event=on_event)
+
+    async def status(self, **kwargs: Any) -> Any:
+        return await self.inner.status(**kwargs)
+
+    async def resume(self, **kwargs: Any) -> Any:
+        return await self.inner.resume(**kwargs)
+
+
+def counting_mock(ctx: AgentContext) -> CountingMock:
+    options = {k: v for k, v in ctx.options.items() if k not in ("factory", "count_file")}
+    inner = MockAgent.from_context(attrs.evolve(ctx, options=options))
+    return CountingMock(inner=inner, count_file=str(ctx.options["count_file"]))
+
+
+def run_count(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+# --------------------------------------------------------------------------- config
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.frozen
+class Layout:
+    root: Path
+    port: int
+
+    @property
+    def config(self) -> Path:
+        return self.root / "prismd.toml"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "journal.sqlite"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "run" / "control.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs.log"
+
+
+def write_config(
+    root: Path,
+    *,
+    delay_ms: int = 60_000,
+    stop_deadline_ms: int = 3_000,
+    port: int | None = None,
+    extra: str = "",
+) -> Layout:
+    layout = Layout(root=root, port=port or free_port())
+    layout.config.write_text(
+        f"""
+[daemon]
+state_dir = "{layout.state_dir}"
+
+[store]
+url = "sqlite:///{layout.db}"
+
+[limits]
+stop_deadline_ms = {stop_deadline_ms}
+
+[control]
+socket = "{layout.control}"
+
+[[connections]]
+id = "web"
+kind = "webchat"
+listen = "127.0.0.1:{layout.port}"
+
+[agents.slow]
+kind = "python"
+factory = "tests.daemon.helpers:counting_mock"
+count_file = "{layout.runs}"
+delay_ms = {delay_ms}
+
+[[grants]]
+connection = "web"
+actors = ["*"]
+aliases = ["slow"]
+{extra}
+"""
+    )
+    return layout
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------- daemon process
+
+
+@attrs.define(eq=False)
+class DaemonProcess:
+    """A `prismd run` subprocess with its stderr in a file and a NOTIFY_SOCKET to listen on."""
+
+    layout: Layout
+    process: trio.Process
+    notify: trio.socket.SocketType
+    stderr_path: Path
+    states: list[str] = attrs.field(factory=list)
+
+    async def wait_state(self, wanted: str, limit_s: float = 30) -> None:
+        with trio.fail_after(limit_s):
+            while wanted not in self.states:
+                if self.process.returncode is not None:
+                    raise AssertionError(f"daemon exited early: {self.stderr()}")
+                with trio.move_on_after(0.2):
+                    data = await self.notify.recv(4096)
+                    self.states.extend(data.decode().splitlines())
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def send(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def wait_exit(self, limit_s: float = 30) -> int:
+        with trio.fail_after(limit_s):
+            return await self.process.wait()
+
+
+@asynccontextmanager
+async def running_daemon(
+    layout: Layout, *, tag: str = "run", extra_env: Mapping[str, str] | None = None
+) -> AsyncIterator[DaemonProcess]:
+    notify_path = layout.root / f"notify-{tag}.sock"
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    await sock.bind(str(notify_path))
+    stderr_path = layout.root / f"stderr-{tag}.log"
+    env = child_env(NOTIFY_SOCKET=str(notify_path), **(extra_env or {}))
+    err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "prismd", "run", "--config", str(layout.config)],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            env=env,
+            cwd=str(layout.root),
+        )
+    finally:
+        os.close(err)
+    daemon = DaemonProcess(layout=layout, process=process, notify=sock, stderr_path=stderr_path)
+    try:
+        yield daemon
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGKILL)
+            with trio.move_on_after(10, shield=True):
+                await process.wait()
+        sock.close()
+
+
+# --------------------------------------------------------------------------- web chat client
+
+
+@attrs.define(eq=False)
+class ChatClient:
+    ws: Any
+    actor: str
+
+    async def send_message(self, client_id: str, text: str) -> dict[str, Any]:
+        await self.ws.send_message(json.dumps({"type": "message", "id": client_id, "text": text}))
+        return await self.next_frame("admission")
+
+    async def next_frame(self, kind: str, limit_s: float = 30) -> dict[str, Any]:
+        with trio.fail_after(limit_s):
+            while True:
+                frame: dict[str, Any] = json.loads(await self.ws.get_message())
+                if frame.get("type") == kind:
+                    return frame
+
+
+@asynccontextmanager
+async def chat(port: int, actor: str = "crash-actor-0001") -> AsyncIterator[ChatClient]:
+    with trio.fail_after(30):
+        async with trio_websocket.open_websocket_url(f"ws://127.0.0.1:{port}/ws") as ws:
+            await ws.send_message(json.dumps({"type": "hello", "actor": actor}))
+            client = ChatClient(ws=ws, actor=actor)
+            await client.next_frame("ready")
+            yield client
+
+
+# --------------------------------------------------------------------------- prismctl
+
+
+async def prismctl(layout: Layout, *args: str, limit_s: float = 30) -> tuple[int, Any, str]:
+    """Run `python -m prismd.ctl --socket … --json ARGS`; returns (code, parsed stdout, stderr)."""
+    with trio.fail_after(limit_s):
+        done = await trio.run_process(
+            [sys.executable, "-m", "prismd.ctl", "--socket", str(layout.control), "--json", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=child_env(),
+            cwd=str(layout.root),
+        )
+    out = done.stdout.decode()
+    try:
+        parsed = json.loads(out) if out.strip() else None
+    except ValueError:
+        parsed = out
+    return done.returncode, parsed, done.stderr.decode()

@@ -1,0 +1,204 @@
+"""The daemon in-process: real runtime, SQLite, web chat, control socket, signals."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import prismd.daemon as daemon_module
+from prismd.channel import Reply, SendResult
+from prismd.config import Config, parse_config
+from prismd.daemon import Daemon, RestartPolicy
+
+from .helpers import chat
+
+
+def _config(tmp_path: Path, **overrides: Any) -> Config:
+    data: dict[str, Any] = {
+        "daemon": {"state_dir": str(tmp_path / "state")},
+        "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
+        "control": {"socket": str(tmp_path / "run" / "control.sock")},
+        "limits": {"stop_deadline_ms": 2000},
+        "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
+        "agents": {"echo": {"kind": "echo"}},
+        "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo"]}],
+    }
+    data.update(overrides)
+    return parse_config(data)
+
+
+def _port(daemon: Daemon) -> int:
+    url = daemon.endpoints["webchat:web"]
+    return int(url.rsplit(":", 1)[1].rstrip("/"))
+
+
+async def _control(path: Path, method: str, params: dict[str, Any] | None = None) -> Any:
+    with trio.fail_after(10):
+        stream = await trio.open_unix_socket(str(path))
+        async with stream:
+            request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}
+            await stream.send_all(json.dumps(request).encode() + b"\n")
+            buffer = b""
+            while b"\n" not in buffer:
+                chunk = await stream.receive_some(65536)
+                assert chunk
+                buffer += chunk
+            return json.loads(buffer.split(b"\n", 1)[0])
+
+
+async def test_daemon_serves_chat_and_control_then_stops_cleanly(tmp_path: Path) -> None:
+    notes: list[str] = []
+    out = io.StringIO()
+    daemon = Daemon(_config(tmp_path), env={}, install_signals=False, notify=notes.append, out=out)
+    async with trio.open_nursery() as nursery:
+        codes: list[int] = []
+
+        async def run() -> None:
+            codes.append(await daemon.run())
+
+        nursery.start_soon(run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        assert notes == ["READY=1"]
+        line = out.getvalue()
+        assert f"http://127.0.0.1:{_port(daemon)}/" in line
+        assert str(tmp_path / "run" / "control.sock") in line
+
+        async with chat(_port(daemon), actor="inproc-actor-1") as client:
+            admission = await client.send_message("m1", "hello daemon")
+            assert admission["status"] == "accepted" and admission["duplicate"] is False
+            reply = await client.next_frame("reply")
+            assert reply["text"] == "hello daemon"
+            again = await client.send_message("m1", "hello daemon")
+            assert again["duplicate"] is True
+
+        health = await _control(tmp_path / "run" / "control.sock", "health")
+        assert "result" in health, health
+        children = health["result"]["children"]
+        assert children["webchat:web"] == {"listener": "listening", "state": "running"}
+        assert children["control"]["state"] == "running"
+        assert children["watchdog"]["state"] == "running"
+
+        daemon.request_stop()
+        with trio.fail_after(20):
+            await daemon.stopped.wait()
+    assert codes == [0]
+    assert notes == ["READY=1", "STOPPING=1"]
+    # The lock was released: a new daemon may start on the same state directory.
+    second = Daemon(_config(tmp_path), env={}, install_signals=False, notify=notes.append)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second.run)
+        with trio.fail_after(20):
+            await second.ready.wait()
+        second.request_stop()
+
+
+async def test_sigterm_in_process_stops_with_exit_0(tmp_path: Path) -> None:
+    notes: list[str] = []
+    daemon = Daemon(_config(tmp_path), env={}, install_signals=True, notify=notes.append)
+    codes: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            codes.append(await daemon.run())
+
+        nursery.start_soon(run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with trio.fail_after(20):
+            await daemon.stopped.wait()
+    assert codes == [0]
+    assert notes[-1] == "STOPPING=1"
+
+
+async def test_crashing_adapter_is_restarted_and_the_daemon_stays_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashes: list[int] = []
+    restarted = trio.Event()
+
+    class CrashOnce:
+        """Wraps the real web chat adapter; its first run crashes after starting."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.runs = 0
+
+        @property
+        def connection_id(self) -> str:
+            return str(self.inner.connection_id)
+
+        @property
+        def bound(self) -> Any:
+            return self.inner.bound
+
+        async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            self.runs += 1
+            if self.runs == 1:
+                task_status.started()
+                await trio.sleep(0.05)
+                crashes.append(1)
+                raise RuntimeError("adapter blew up with secret text")
+            outer = task_status
+
+            class Status:
+                def started(self, value: Any = None) -> None:
+                    outer.started()
+                    restarted.set()
+
+            await self.inner.run(task_status=Status())
+
+        async def send(self, reply: Reply) -> SendResult:
+            result: SendResult = await self.inner.send(reply)
+            return result
+
+        def health(self) -> dict[str, str]:
+            return dict(self.inner.health())
+
+    real_build = daemon_module.build_adapter
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        return CrashOnce(real_build(*args, **kwargs))
+
+    monkeypatch.setattr(daemon_module, "build_adapter", build)
+    out = io.StringIO()
+    daemon = Daemon(
+        _config(tmp_path),
+        env={},
+        install_signals=False,
+        notify=lambda _s: None,
+        out=out,
+        policy=RestartPolicy(initial_backoff_s=0.05, jitter=0.0),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+            await restarted.wait()
+        assert crashes == [1]
+        child = daemon.supervisor.children["webchat:web"]
+        assert child.restarts == 1 and child.state == "running"
+        async with chat(daemon.host.adapters["web"].bound[1], actor="inproc-actor-2") as client:
+            assert (await client.send_message("m1", "still up"))["status"] == "accepted"
+            assert (await client.next_frame("reply"))["text"] == "still up"
+        daemon.request_stop()
+
+
+async def test_unopenable_store_is_a_clean_startup_failure(tmp_path: Path) -> None:
+    out = io.StringIO()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    config = _config(tmp_path, store={"url": "sqlite:///" + str(blocker / "j.sqlite")})
+    daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None, out=out)
+    with trio.fail_after(20):
+        assert await daemon.run() == 1
+    assert "cannot open the store" in out.getvalue()
+    assert str(blocker) not in out.getvalue()
