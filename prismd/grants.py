@@ -262,7 +262,7 @@ class GrantAuthorizer:
             notifications=entry.notifications,
         )
 
-    def on_paired(self, record: PairedRecord) -> None:
+    async def on_paired(self, record: PairedRecord) -> None:
         """The runtime's ``on_paired``: the next ``authorize`` for this actor reads the store."""
         self._cache.pop((record.connection_id, record.actor_id), None)
 

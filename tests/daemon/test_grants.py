@@ -177,7 +177,7 @@ async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> Non
 
     # Pairing recorded: on_paired makes it effective at once.
     paired["202"] = _record("202", ("echo", "mock"))
-    auth.on_paired(paired["202"])
+    await auth.on_paired(paired["202"])
     grant = await auth.authorize(_event("tg", "202"))
     assert grant is not None
     assert grant.identity == AgentIdentity(
@@ -223,7 +223,7 @@ async def test_paired_grants_through_a_real_grant_store() -> None:
         record = await grants.record(
             scope, connection_id="tg", actor_id="202", aliases=("echo",), default_alias="echo"
         )
-        auth.on_paired(record)
+        await auth.on_paired(record)
         grant = await auth.authorize(_event("tg", "202"))
         assert grant is not None
         assert grant.default_agent_alias == "echo"

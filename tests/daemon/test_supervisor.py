@@ -176,7 +176,8 @@ async def test_failure_before_first_start_is_a_startup_error() -> None:
     with pytest.RaisesGroup(pytest.RaisesExc(ChildStartupError)) as info:
         async with trio.open_nursery() as nursery:
             await sup.start(nursery, "webchat:web", bind_fails)
-    assert str(info.value.exceptions[0]) == "webchat:web failed to start: OSError (Address already in use)"
+    message = "webchat:web failed to start: OSError (Address already in use)"
+    assert str(info.value.exceptions[0]) == message
     assert sup.children["webchat:web"].state == "failed"
 
 
