@@ -422,3 +422,191 @@ async def test_pairing_flow_records_a_durable_grant(
         assert len(paired) == 1
         grants = await GrantStore(store.checkpoints, clock=clock).list(OwnershipScope("default"))
         assert [g.actor_id for g in grants] == ["stranger"]
+
+
+# --------------------------------------------------------------------------- §10.3 checks
+
+
+async def test_text_approve_resumes_and_text_deny_denies(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``/approve TOKEN`` and ``/deny TOKEN`` map to allow_once / reject_once (§8)."""
+    agent = suspending_mock(store, clock)
+    async with open_harness(store, clock, {"primary": agent}) as h:
+        allow, _ = await suspend(h)
+        run_id, _ = await suspended_run(store)
+        admission = await h.runtime.admit(event("2", f"  /APPROVE {allow} "))
+        assert admission.status == "accepted", admission
+        await h.settle()
+        assert h.last().text == "mock: hello"
+        assert await agent.tool_runs(run_id, OWNER) == 1
+
+    other_store = MemoryStore(clock=clock)
+    agent2 = suspending_mock(other_store, clock)
+    async with open_harness(other_store, clock, {"primary": agent2}) as h2:
+        _, deny = await suspend(h2)
+        run_id2, _ = await suspended_run(other_store)
+        admission = await h2.runtime.admit(event("2", f"/deny {deny}"))
+        assert admission.status == "accepted", admission
+        await h2.settle()
+        assert h2.last().text == DENIED_TEXT
+        assert await agent2.tool_runs(run_id2, OWNER) == 0
+        assert h2.runtime.diagnostics().suspended == 1
+
+
+async def test_a_message_while_suspended_is_refused_and_new_cannot_bypass(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    agent = suspending_mock(store, clock)
+    async with open_harness(store, clock, {"primary": agent}) as h:
+        await suspend(h)
+        refused = await h.runtime.admit(event("2", "another"))
+        assert (refused.status, refused.reason) == ("denied", "awaiting_decision")
+        await h.settle()
+        assert h.last().text == "A previous request is awaiting an operator decision."
+        new = await h.runtime.admit(event("3", "/new"))
+        assert new.status == "accepted"
+        await h.settle()
+        assert h.last().text == (
+            "Resolve or cancel the suspended request before starting a new conversation."
+        )
+        assert agent.run_calls == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["wrong_outcome", "expired", "grant_revision", "alias_removed", "other_principal"],
+)
+async def test_approval_checks_reject_without_consuming(
+    store: MemoryStore,
+    clock: ManualClock,
+    autojump_clock: trio.testing.MockClock,
+    change: str,
+) -> None:
+    """§10.3: every binding of the control is re-checked; a failed check rejects and the
+    token stays usable once the cause is gone (it was not consumed)."""
+    agent = suspending_mock(store, clock)
+    async with open_harness(store, clock, {"primary": agent}) as h:
+        allow, _ = await suspend(h)
+        outcome = "allow_once"
+        good_grant = h.default_grant
+        if change == "wrong_outcome":
+            outcome = "reject_once"
+        elif change == "expired":
+            clock.advance(5 * 60 * 1000)
+        elif change == "grant_revision":
+            h.default_grant = grant_for(revision="rev-2")
+        elif change == "alias_removed":
+            h.default_grant = grant_for(aliases=("secondary",))
+        elif change == "other_principal":
+            h.default_grant = grant_for(
+                attrs.evolve(IDENTITY, principal=Principal("user", "someone-else"))
+            )
+        admission = await h.runtime.admit(event("2", "", approval=(allow, outcome)))
+        assert (admission.status, admission.reason) == ("denied", "rejected")
+        await h.settle()
+        assert agent.resume_calls == 0
+        if change != "expired":
+            h.default_grant = good_grant
+            retry = await h.runtime.admit(event("3", "", approval=(allow, "allow_once")))
+            assert retry.status == "accepted", retry
+            await h.settle()
+            assert h.last().text == "mock: hello"
+
+
+async def test_changed_agent_definition_rejects_old_controls(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """§10.3: the control names the agent definition revision it was issued for."""
+    async with open_harness(store, clock, {"primary": suspending_mock(store, clock)}) as h1:
+        allow, _ = await suspend(h1)
+        await h1.runtime.stop()
+    changed = suspending_mock(store, clock, reply_prefix="changed: ")
+    async with open_harness(store, clock, {"primary": changed}) as h2:
+        admission = await h2.runtime.admit(event("2", "", approval=(allow, "allow_once")))
+        assert (admission.status, admission.reason) == ("denied", "rejected")
+        await h2.settle()
+        assert changed.resume_calls == 0
+
+
+async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
+    """Behaviours 41-43 on a real SQLite file: the suspended run, its controls and the
+    binding all come back from disk in a fresh store and runtime."""
+    from stores import open_store
+
+    url = f"sqlite:///{tmp_path}/journal.sqlite"
+    clock = ManualClock()
+    with trio.fail_after(60):
+        first_store = await open_store(url, clock=clock)
+        try:
+            async with open_harness(
+                first_store,  # type: ignore[arg-type]
+                clock,
+                {"primary": suspending_mock(first_store, clock)},
+            ) as h1:
+                allow, _ = await suspend(h1)
+                await h1.runtime.stop()
+        finally:
+            await first_store.aclose()
+        second_store = await open_store(url, clock=clock)
+        try:
+            agent = suspending_mock(second_store, clock)
+            async with open_harness(second_store, clock, {"primary": agent}) as h2:  # type: ignore[arg-type]
+                await h2.runtime.admit(event("10", "/status"))
+                await h2.settle()
+                assert "awaiting decision" in h2.last().text
+                ok = await h2.runtime.admit(event("11", "", approval=(allow, "allow_once")))
+                assert ok.status == "accepted", ok
+                await h2.settle()
+                assert h2.last().text == "mock: hello"
+                replay = await h2.runtime.admit(event("12", "", approval=(allow, "allow_once")))
+                assert (replay.status, replay.reason) == ("denied", "rejected")
+                page = await second_store.checkpoints.list_checkpoints(namespace=NS_RUN)
+                (row,) = page.items
+                assert row.value["toolRuns"] == 1 and row.value["status"] == "succeeded"
+        finally:
+            await second_store.aclose()
+
+
+async def test_pairing_by_start_deep_link_and_expiry(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """SPEC difference 6: Telegram's ``/start TOKEN`` pairs too; an expired token does not."""
+    echo = build_agent(
+        "echo",
+        AgentContext(alias="primary", options={}, checkpoints=store.checkpoints, clock=clock),
+    )
+    pair_scope = OwnershipScope("default", "tg-1", None)
+    operator = AgentIdentity(
+        tenant_id="default", principal=Principal("operator", "root"), scopes=("operator",),
+        issued_at_ms=0,
+    )  # fmt: skip
+    async with open_harness(
+        store,
+        clock,
+        {"primary": echo},
+        grants={"a": None, "b": None},
+        pairing_scope=lambda conn: pair_scope,
+    ) as h:
+        first = await h.runtime.create_pairing(
+            identity=operator, connection_id="tg-1", aliases=("primary",)
+        )
+        second = await h.runtime.create_pairing(
+            identity=operator, connection_id="tg-1", aliases=("primary",), ttl_ms=10**9
+        )
+        assert second.expires_at == first.expires_at  # clamped to the 5 min maximum
+        ok = await h.runtime.admit(event("1", f"/start {first.token}", actor="a"))
+        assert ok.status == "accepted", ok
+        clock.advance(5 * 60 * 1000)
+        late = await h.runtime.admit(event("2", f"/pair {second.token}", actor="b"))
+        assert (late.status, late.reason) == ("denied", "rejected")
+        await h.settle()
+        grants = await GrantStore(store.checkpoints, clock=clock).list(OwnershipScope("default"))
+        assert [g.actor_id for g in grants] == ["a"]
+        # A foreign tenant's operator cannot issue tokens into this scope.
+        with pytest.raises(Exception, match="outside"):
+            await h.runtime.create_pairing(
+                identity=attrs.evolve(operator, tenant_id="other"),
+                connection_id="tg-1",
+                aliases=("primary",),
+            )
