@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -481,3 +482,44 @@ def test_public_surface() -> None:
     for name in ("Agent", "AgentContext", "EchoAgent", "MockAgent", "build_agent"):
         assert hasattr(agents, name)
     assert agents.AGENT_KINDS == ("echo", "mock", "python")
+
+
+async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) -> None:
+    """Durable run state on a real file: a new store and agent resume the run once."""
+    from stores import open_store
+
+    url = f"sqlite:///{tmp_path}/agents.sqlite"
+    clock = ManualClock()
+    with trio.fail_after(30):
+        first_store = await open_store(url, clock=clock)
+        try:
+            ctx1 = AgentContext(
+                alias="primary",
+                options={"suspend_for_tool": "write"},
+                checkpoints=first_store.checkpoints,
+                clock=clock,
+            )
+            first = build_agent("mock", ctx1)
+            assert isinstance(first, MockAgent)
+            run_id, version, approval_id = await suspended_run(first)
+        finally:
+            await first_store.aclose()
+        second_store = await open_store(url, clock=clock)
+        try:
+            ctx2 = attrs.evolve(ctx1, checkpoints=second_store.checkpoints)
+            second = build_agent("mock", ctx2)
+            assert isinstance(second, MockAgent)
+            result = await second.resume(
+                run_id=run_id,
+                session_id="sess-1",
+                ownership=OWNER,
+                identity=IDENTITY,
+                expected_version=version,
+                decisions=(Decision(approval_id, "allow_once"),),
+            )
+            assert (result.status, result.text) == ("succeeded", "mock: do it")
+            assert await second.tool_runs(run_id, OWNER) == 1
+            entries = await second.session_entries("sess-1", OWNER)
+            assert [e.role for e in entries] == ["user", "assistant"]
+        finally:
+            await second_store.aclose()
