@@ -1,0 +1,169 @@
+"""Journal primitives on memory and SQLite (contract behaviours 95–106, §5 key formats)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prismd.journal import (
+    NS_BINDING,
+    NS_OPERATION,
+    BindingRecord,
+    ChannelJournal,
+    JournalRecordTooLargeError,
+    OperationRecord,
+    ReplyRecord,
+    StoredControl,
+    binding_key,
+    cursor_key,
+    operation_key,
+    reply_key,
+)
+from stores import OwnershipScope
+
+from .harness import StoreFactory
+
+SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
+
+
+def op(state: str = "accepted") -> OperationRecord:
+    return OperationRecord(
+        operation_id="chan-op-1",
+        event_id="1",
+        kind="message",
+        connection_id="tg-1",
+        external_conversation_id="chat-1",
+        external_actor_id="user-1",
+        agent_alias="primary",
+        state=state,
+        created_at_ms=1,
+        updated_at_ms=1,
+    )
+
+
+def reply(state: str = "pending") -> ReplyRecord:
+    return ReplyRecord(
+        operation_id="chan-op-1",
+        connection_id="tg-1",
+        external_conversation_id="chat-1",
+        kind="final",
+        text="the answer",
+        state=state,
+        created_at_ms=1,
+        updated_at_ms=1,
+        controls=(StoredControl("Allow once", "allow_once"),),
+    )
+
+
+def test_key_formats_exactly_as_section_5() -> None:
+    """§5: scope parts ``-`` when absent; other parts ``-`` when absent or empty."""
+    scope = OwnershipScope("t", None, "")
+    assert binding_key("c", scope, "conv", None, "a", "al") == "b1:c:t:-::conv:-:a:al"
+    assert operation_key("", scope, "op") == "o1:-:t:-::op"
+    assert cursor_key("c", OwnershipScope()) == "c1:c:-:-:-"
+    assert reply_key("", scope, "op") == "r1:-:t:-::op"
+    assert reply_key("c:x", scope, "") == "r1:c:x:t:-::"
+
+
+async def test_binding_create_save_reload_scope_b95_b96_b97_b98_b99(stores: StoreFactory) -> None:
+    """Behaviours 95–99: create-only, CAS save, reload by a new journal, scoped miss."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    key = binding_key("tg-1", SCOPE, "chat-1", None, "user-1", "primary")
+    created = await journal.create_binding(SCOPE, key, BindingRecord("s-1", "primary"))
+    assert created is not None and created.version == 1
+    assert await journal.create_binding(SCOPE, key, BindingRecord("s-2", "primary")) is None
+    updated = BindingRecord("s-1", "primary", leaf_id="leaf-2", generation=1)
+    assert await journal.save_binding(SCOPE, key, updated, 0) is None
+    saved = await journal.save_binding(SCOPE, key, updated, 1)
+    assert saved is not None and saved.version == 2
+    again = await ChannelJournal(store.checkpoints).load_binding(SCOPE, key)
+    assert again is not None and again.version == 2
+    assert (again.record.session_id, again.record.leaf_id, again.record.generation) == (
+        "s-1",
+        "leaf-2",
+        1,
+    )
+    assert await journal.load_binding(OwnershipScope("tenant-2"), key) is None
+    raw = await store.checkpoints.load_checkpoint(
+        namespace=NS_BINDING, key=key, scope=OwnershipScope("tenant-2")
+    )
+    assert raw is None
+
+
+async def test_operation_dedup_cas_remove_b100_b101_b102(stores: StoreFactory) -> None:
+    """Behaviours 100–102: create-only dedup, CAS with stale version, remove + recreate."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    assert (await journal.create_operation(SCOPE, op())) is not None
+    assert await journal.create_operation(SCOPE, op()) is None
+    executing = await journal.save_operation(SCOPE, op("executing"), 1)
+    assert executing is not None and executing.version == 2
+    loaded = await journal.load_operation(SCOPE, "tg-1", "chan-op-1")
+    assert loaded is not None and loaded.record.state == "executing"
+    assert await journal.save_operation(SCOPE, op("succeeded"), 1) is None
+    assert await journal.remove_operation(SCOPE, "tg-1", "chan-op-1") is True
+    assert await journal.load_operation(SCOPE, "tg-1", "chan-op-1") is None
+    assert await journal.create_operation(SCOPE, op()) is not None
+
+
+async def test_fenced_record_refuses_unfenced_write(stores: StoreFactory) -> None:
+    """A record written with a fence refuses a later write without one (None, not raise)."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    await journal.create_operation(SCOPE, op())
+    assert await journal.save_operation(SCOPE, op("executing"), 1, fence=3) is not None
+    assert await journal.save_operation(SCOPE, op("succeeded"), 2) is None
+    assert await journal.save_operation(SCOPE, op("succeeded"), 2, fence=2) is None
+    assert await journal.save_operation(SCOPE, op("succeeded"), 2, fence=3) is not None
+
+
+async def test_cursor_advances_b103(stores: StoreFactory) -> None:
+    """Behaviour 103: two advances → admitted 2, lastEventId "11"."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    await journal.advance_cursor(SCOPE, "tg-1", "10", 1)
+    await journal.advance_cursor(SCOPE, "tg-1", "11", 2)
+    loaded = await journal.load_cursor(SCOPE, "tg-1")
+    assert loaded is not None
+    assert (loaded.record.admitted, loaded.record.last_event_id) == (2, "11")
+
+
+async def test_record_size_checked_before_saving_b104(stores: StoreFactory) -> None:
+    """Behaviour 104: a 4 KiB leaf with max 1024 bytes is refused, mentioning the limit."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints, max_record_bytes=1024)
+    key = binding_key("tg-1", SCOPE, "chat-1", None, "user-1", "primary")
+    with pytest.raises(JournalRecordTooLargeError, match="max_journal_record_bytes"):
+        await journal.create_binding(SCOPE, key, BindingRecord("s", "primary", leaf_id="x" * 4096))
+    assert await journal.load_binding(SCOPE, key) is None
+
+
+async def test_reply_stage_and_mark_b105_b106(stores: StoreFactory) -> None:
+    """Behaviours 105, 106: stage is create-only; mark keeps the text; no raw tokens."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    staged = await journal.stage(SCOPE, reply())
+    assert staged is not None and staged.version == 1
+    assert await journal.stage(SCOPE, reply()) is None
+    marked = await journal.mark(SCOPE, reply("delivered"), staged.version)
+    assert marked is not None
+    loaded = await journal.load_reply(SCOPE, "tg-1", "chan-op-1")
+    assert loaded is not None
+    assert (loaded.record.state, loaded.record.text) == ("delivered", "the answer")
+    assert loaded.record.controls == (StoredControl("Allow once", "allow_once"),)
+
+
+async def test_saves_carry_state_metadata_without_text(stores: StoreFactory) -> None:
+    """The store's event stream shows kind/state transitions and never the reply text."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    await journal.create_operation(SCOPE, op())
+    await journal.save_operation(SCOPE, op("executing"), 1)
+    await journal.stage(SCOPE, reply())
+    page = await store.checkpoints.list_events(after=0, limit=100)
+    metas = [(e.namespace, dict(e.metadata or {})) for e in page.items]
+    assert (NS_OPERATION, {"kind": "message", "state": "accepted"}) in metas
+    assert (NS_OPERATION, {"kind": "message", "state": "executing"}) in metas
+    assert "the answer" not in json.dumps([m for _n, m in metas])
