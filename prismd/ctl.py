@@ -1,0 +1,398 @@
+"""``prismctl``: the operator's client for the daemon's control socket.
+
+Every control method is a subcommand; output is a readable table, or the raw JSON-RPC
+result with ``--json``. Exit codes: 0 success, 1 an error (an error result, a reconcile
+whose status is not ``resolved``, a notify that was not accepted, no daemon, permission
+denied), 2 a usage error.
+
+The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else ``./var/run/control.sock``
+when it exists (the ``make run`` default), else ``/run/prismd/control.sock``.
+
+Plain blocking sockets on purpose: one request, one answer (or a stream of pages for
+``events --follow``), nothing to schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
+
+__all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
+
+LOCAL_SOCKET = "var/run/control.sock"
+SYSTEM_SOCKET = "/run/prismd/control.sock"
+CALL_TIMEOUT_S = 60.0
+PERMISSION_DENIED = -32001
+
+
+class ControlClientError(Exception):
+    """A failure to talk to the daemon (not an error *result*)."""
+
+
+class RpcErrorResult(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def default_socket_path(env: Mapping[str, str] = os.environ) -> str:
+    explicit = env.get("PRISMD_CONTROL_SOCKET")
+    if explicit:
+        return explicit
+    if os.path.exists(LOCAL_SOCKET):
+        return LOCAL_SOCKET
+    return SYSTEM_SOCKET
+
+
+class ControlClient:
+    """One connection to the control socket; ``call`` sends a request and reads its answer."""
+
+    def __init__(self, path: str, *, timeout: float | None = CALL_TIMEOUT_S) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        self._buffer = b""
+        self._next_id = 0
+        try:
+            self._sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            self._sock.close()
+            raise ControlClientError(f"daemon not running (no socket at {path})") from None
+        except PermissionError:
+            self._sock.close()
+            raise ControlClientError(f"permission denied: cannot open {path}") from None
+        except OSError as exc:
+            self._sock.close()
+            raise ControlClientError(f"cannot connect to {path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def send(self, method: str, params: Mapping[str, Any]) -> int:
+        self._next_id += 1
+        line = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": dict(params)}
+        try:
+            self._sock.sendall(json.dumps(line).encode() + b"\n")
+        except OSError:
+            # The daemon may have refused us and closed; its error line is still readable.
+            pass
+        return self._next_id
+
+    def read(self) -> Any:
+        """The next result; raises :class:`RpcErrorResult` or :class:`ControlClientError`."""
+        while b"\n" not in self._buffer:
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                raise ControlClientError("the daemon did not answer in time") from None
+            except OSError as exc:
+                raise ControlClientError(f"connection lost: {exc.strerror}") from None
+            if not data:
+                raise ControlClientError("the daemon closed the connection")
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise ControlClientError("the daemon sent an unreadable answer") from None
+        if not isinstance(message, dict):
+            raise ControlClientError("the daemon sent an unreadable answer")
+        error = message.get("error")
+        if isinstance(error, dict):
+            raise RpcErrorResult(int(error.get("code", 0)), str(error.get("message", "")))
+        return message.get("result")
+
+    def call(self, method: str, params: Mapping[str, Any]) -> Any:
+        self.send(method, params)
+        return self.read()
+
+    def stream(self, method: str, params: Mapping[str, Any]) -> Iterator[Any]:
+        self._sock.settimeout(None)
+        self.send(method, params)
+        while True:
+            yield self.read()
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={_cell(v)}" for k, v in value.items() if v is not None) or "-"
+    return str(value)
+
+
+def print_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    out: TextIO,
+    *,
+    heading: bool = True,
+) -> None:
+    """Left-aligned columns; ``columns`` are (key, heading) pairs."""
+    cells = [[_cell(row.get(key)) for key, _ in columns] for row in rows]
+    headings = [heading for _, heading in columns]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headings)]
+    for line in [headings, *cells] if heading else cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
+
+
+def print_pairs(pairs: Mapping[str, Any], out: TextIO, prefix: str = "") -> None:
+    """``key  value`` lines; nested mappings are flattened with dotted keys."""
+    flat: list[tuple[str, str]] = []
+
+    def walk(mapping: Mapping[str, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            if isinstance(value, Mapping) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat.append((f"{prefix}{key}", _cell(value)))
+
+    walk(pairs, prefix)
+    width = max((len(k) for k, _ in flat), default=0)
+    for key, value in flat:
+        out.write(f"{key.ljust(width)}  {value}\n")
+
+
+UNRESOLVED_COLUMNS = [
+    ("operationId", "OPERATION"),
+    ("connectionId", "CONNECTION"),
+    ("state", "STATE"),
+    ("replyState", "REPLY"),
+    ("version", "VERSION"),
+    ("updatedAt", "UPDATED"),
+]
+EVENT_COLUMNS = [
+    ("seq", "SEQ"),
+    ("action", "ACTION"),
+    ("namespace", "NAMESPACE"),
+    ("key", "KEY"),
+    ("version", "VERSION"),
+    ("category", "CATEGORY"),
+    ("scope", "SCOPE"),
+]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prismctl", description="Operate a running prismd through its control socket."
+    )
+    parser.add_argument("--socket", help="control socket path (default: see prismctl docs)")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cmd = sub.add_parser("list-unresolved", help="operations the daemon cannot prove settled")
+    cmd.add_argument("--limit", type=int, help="at most N entries (1-500)")
+
+    cmd = sub.add_parser("reconcile", help="settle one unresolved operation")
+    cmd.add_argument("operation", metavar="OP", help="operation id")
+    cmd.add_argument("--connection", required=True, help="connection id")
+    cmd.add_argument("--version", required=True, type=int, help="expected version (CAS)")
+    cmd.add_argument(
+        "--acknowledge-duplicate-risk",
+        action="store_true",
+        help="settle a possibly executed turn as execution_unknown",
+    )
+
+    cmd = sub.add_parser("prune", help="delete settled records past retention")
+    cmd.add_argument("--now", metavar="ISO", help="prune as if it were this time (ISO 8601)")
+
+    sub.add_parser("diagnostics", help="runtime counters")
+    sub.add_parser("health", help="the supervisor's health snapshot")
+
+    cmd = sub.add_parser("notify", help="send a durable notice to a conversation")
+    cmd.add_argument("--connection", required=True)
+    cmd.add_argument("--conversation", required=True, help="external conversation id")
+    cmd.add_argument("--thread", help="thread id")
+    cmd.add_argument("--id", dest="notify_id", required=True, metavar="NOTIFY_ID")
+    cmd.add_argument("--text", required=True)
+
+    cmd = sub.add_parser("pair", help="issue a one-time pairing token")
+    cmd.add_argument("--connection", required=True)
+    cmd.add_argument("--alias", action="append", dest="aliases", metavar="A")
+    cmd.add_argument("--ttl-ms", type=int)
+
+    cmd = sub.add_parser("events", help="the journal event stream")
+    cmd.add_argument("--after", type=int, default=0, metavar="N", help="cursor to start after")
+    cmd.add_argument("--follow", action="store_true", help="keep printing new events")
+
+    cmd = sub.add_parser("chat", help="chat with an agent through the web chat channel")
+    cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
+    cmd.add_argument("--actor", help="actor id (default: a random one)")
+    cmd.add_argument(
+        "--token-env", metavar="NAME", help="environment variable holding the access token"
+    )
+    return parser
+
+
+def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    command = args.command
+    if command == "list-unresolved":
+        return "listUnresolved", {} if args.limit is None else {"limit": args.limit}
+    if command == "reconcile":
+        params: dict[str, Any] = {
+            "connectionId": args.connection,
+            "operationId": args.operation,
+            "expectedVersion": args.version,
+        }
+        if args.acknowledge_duplicate_risk:
+            params["acknowledgeDuplicateRisk"] = True
+        return "reconcile", params
+    if command == "prune":
+        return "prune", {} if args.now is None else {"now": args.now}
+    if command in ("diagnostics", "health"):
+        return command, {}
+    if command == "notify":
+        params = {
+            "connectionId": args.connection,
+            "externalConversationId": args.conversation,
+            "notifyId": args.notify_id,
+            "text": args.text,
+        }
+        if args.thread is not None:
+            params["threadId"] = args.thread
+        return "notify", params
+    if command == "pair":
+        params = {"connectionId": args.connection}
+        if args.aliases:
+            params["aliases"] = args.aliases
+        if args.ttl_ms is not None:
+            params["ttlMs"] = args.ttl_ms
+        return "pair", params
+    if command == "events":
+        params = {"after": args.after}
+        if args.follow:
+            params["follow"] = True
+        return "events", params
+    raise AssertionError(command)
+
+
+def _render(command: str, result: Any, out: TextIO) -> int:
+    """Print ``result`` for people; the exit code for it."""
+    if command == "list-unresolved":
+        if not result:
+            out.write("no unresolved operations\n")
+        else:
+            print_table(result, UNRESOLVED_COLUMNS, out)
+        return 0
+    if command == "reconcile":
+        print_pairs(result, out)
+        return 0 if result.get("status") == "resolved" else 1
+    if command == "notify":
+        print_pairs(result, out)
+        return 0 if result.get("status") == "accepted" else 1
+    if command == "pair":
+        out.write(f"token       {result.get('token')}\n")
+        out.write(f"connection  {result.get('connectionId')}\n")
+        out.write(f"expires     {result.get('expiresAt')}\n")
+        out.write(f"send '/pair {result.get('token')}' from the account to pair (once)\n")
+        return 0
+    if command == "events":
+        if result.get("events"):
+            print_table(result["events"], EVENT_COLUMNS, out)
+        out.write(f"cursor {result.get('cursor')}\n")
+        return 0
+    if isinstance(result, Mapping):
+        print_pairs(result, out)
+    else:
+        out.write(f"{_cell(result)}\n")
+    return 0
+
+
+def _exit_code_of(command: str, result: Any) -> int:
+    if command == "reconcile" and isinstance(result, Mapping):
+        return 0 if result.get("status") == "resolved" else 1
+    if command == "notify" and isinstance(result, Mapping):
+        return 0 if result.get("status") == "accepted" else 1
+    return 0
+
+
+def _follow(client: ControlClient, args: argparse.Namespace, out: TextIO) -> int:
+    method, params = _request(args)
+    header = True
+    try:
+        for page in client.stream(method, params):
+            if args.json:
+                out.write(json.dumps(page, separators=(",", ":")) + "\n")
+            elif page.get("events"):
+                print_table(page["events"], EVENT_COLUMNS, out, heading=header)
+                header = False
+            out.flush()
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _chat(args: argparse.Namespace, err: TextIO) -> int:
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env) or None
+        if token is None:
+            err.write(f"prismctl: environment variable {args.token_env} is not set\n")
+            return 1
+    try:
+        # Imported on demand: the chat client pulls in trio and trio-websocket, which the
+        # other subcommands do not need.
+        chatclient = importlib.import_module("prismd.chatclient")
+    except ModuleNotFoundError as exc:
+        if exc.name != "prismd.chatclient":
+            raise
+        err.write("prismctl: the chat client is not available in this installation\n")
+        return 1
+    code = chatclient.run_chat_cli(args.url, actor=args.actor, token=token)
+    return int(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``prismctl``; returns the exit code (argparse exits 2 on usage errors)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out, err = sys.stdout, sys.stderr
+    if args.command == "chat":
+        return _chat(args, err)
+    path = args.socket or default_socket_path()
+    try:
+        with ControlClient(path) as client:
+            if args.command == "events" and args.follow:
+                return _follow(client, args, out)
+            method, params = _request(args)
+            result = client.call(method, params)
+    except ControlClientError as exc:
+        err.write(f"prismctl: {exc}\n")
+        return 1
+    except RpcErrorResult as exc:
+        if exc.code == PERMISSION_DENIED:
+            err.write(f"prismctl: permission denied: uid {os.getuid()} is not an operator\n")
+        else:
+            err.write(f"prismctl: error {exc.code}: {exc.message}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        out.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+        return _exit_code_of(args.command, result)
+    return _render(args.command, result, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

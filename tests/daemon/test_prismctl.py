@@ -1,0 +1,309 @@
+"""prismctl as a real subprocess against a real control server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from prismd import ctl
+from prismd.config import ControlConfig
+from stores import OwnershipScope
+
+from .test_control_support import RecordingRuntime, running_server
+
+DEADLINE = 20
+PRISMCTL = [sys.executable, "-m", "prismd.ctl"]
+
+
+async def prismctl(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
+    result = await trio.run_process(
+        [*PRISMCTL, *args],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+def config_for(tmp_path: Path, **kwargs: Any) -> ControlConfig:
+    return ControlConfig(socket=str(tmp_path / "run" / "control.sock"), **kwargs)
+
+
+async def test_list_unresolved_table_and_json(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (runtime, _):
+            code, out, err = await prismctl("--socket", config.socket, "list-unresolved")
+            assert (code, err) == (0, "")
+            lines = out.splitlines()
+            assert lines[0].split() == [
+                "OPERATION",
+                "CONNECTION",
+                "STATE",
+                "REPLY",
+                "VERSION",
+                "UPDATED",
+            ]
+            assert lines[1].split() == [
+                "op-1",
+                "web",
+                "executing",
+                "-",
+                "3",
+                "2026-01-01T00:00:00.000Z",
+            ]
+            assert lines[2].split()[:4] == ["op-2", "web", "completed", "unknown"]
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "--json", "list-unresolved", "--limit", "1"
+            )
+            assert code == 0
+            assert json.loads(out) == [
+                {
+                    "operationId": "op-1",
+                    "connectionId": "web",
+                    "state": "executing",
+                    "version": 3,
+                    "updatedAt": "2026-01-01T00:00:00.000Z",
+                    "replyState": None,
+                }
+            ]
+            assert runtime.calls[-1][1]["limit"] == 1
+            runtime.entries = []
+            code, out, _ = await prismctl("--socket", config.socket, "list-unresolved")
+            assert (code, out) == (0, "no unresolved operations\n")
+
+
+async def test_reconcile_exit_codes(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (runtime, _):
+            args = ["--socket", config.socket, "reconcile", "op-1", "--connection", "web"]
+            code, out, _ = await prismctl(*args, "--version", "3", "--acknowledge-duplicate-risk")
+            assert code == 0
+            assert "resolved" in out
+            assert "execution_unknown" in out
+            call = runtime.calls[-1][1]
+            assert (call["operation_id"], call["connection_id"]) == ("op-1", "web")
+            assert call["expected_version"] == 3
+            assert call["acknowledge_duplicate_risk"] is True
+            runtime.reconcile_status = "conflict"
+            code, out, _ = await prismctl(*args, "--version", "2")
+            assert code == 1
+            assert "conflict" in out
+            assert runtime.calls[-1][1]["acknowledge_duplicate_risk"] is False
+            code, out, _ = await prismctl("--json", *args, "--version", "2")
+            assert code == 1
+            assert json.loads(out)["status"] == "conflict"
+
+
+async def test_other_commands(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    env = {"PRISMD_CONTROL_SOCKET": config.socket}
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (runtime, _):
+            code, out, _ = await prismctl("prune", "--now", "2026-02-01T00:00:00Z", env=env)
+            assert code == 0
+            assert out.split() == ["scanned", "4", "deleted", "2", "retained", "2"]
+            assert runtime.calls[-1][1]["now_ms"] == 1769904000000
+
+            code, out, _ = await prismctl("diagnostics", env=env)
+            assert code == 0
+            assert "admitted" in out
+            assert ["deliveryFailures", "1"] in [line.split() for line in out.splitlines()]
+
+            code, out, _ = await prismctl("health", env=env)
+            assert code == 0
+            assert [line.split() for line in out.splitlines()] == [
+                ["status", "ok"],
+                ["children.web", "running"],
+            ]
+
+            code, out, _ = await prismctl(
+                "notify",
+                "--connection",
+                "web",
+                "--conversation",
+                "chat-1",
+                "--thread",
+                "t1",
+                "--id",
+                "n-1",
+                "--text",
+                "backup done",
+                env=env,
+            )
+            assert code == 0
+            assert "accepted" in out
+            call = runtime.calls[-1][1]
+            assert (call["notify_id"], call["text"], call["thread_id"]) == (
+                "n-1",
+                "backup done",
+                "t1",
+            )
+
+            code, out, _ = await prismctl(
+                "pair", "--connection", "web", "--alias", "echo", "--alias", "b", env=env
+            )
+            assert code == 0
+            assert "pair-token-abc" in out
+            assert "/pair pair-token-abc" in out
+            assert runtime.calls[-1][1]["aliases"] == ("echo", "b")
+            code, out, _ = await prismctl(
+                "--json", "pair", "--connection", "w", "--ttl-ms", "5", env=env
+            )
+            assert code == 0
+            assert json.loads(out)["token"] == "pair-token-abc"
+            assert runtime.calls[-1][1]["ttl_ms"] == 5
+
+
+async def test_error_result_exits_1(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config):
+            code, out, err = await prismctl(
+                "--socket", config.socket, "list-unresolved", "--limit", "0"
+            )
+            assert code == 1
+            assert out == ""
+            assert "error -32602" in err
+            assert "'limit'" in err
+        async with running_server(config, RecordingRuntime(fail=True)):
+            code, _, err = await prismctl("--socket", config.socket, "diagnostics")
+            assert code == 1
+            assert "internal error" in err
+
+
+async def test_daemon_not_running(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.sock")
+    with trio.fail_after(DEADLINE):
+        code, out, err = await prismctl("--socket", missing, "health")
+    assert code == 1
+    assert out == ""
+    assert err == f"prismctl: daemon not running (no socket at {missing})\n"
+
+
+async def test_permission_denied(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, daemon_uid=os.getuid() + 1) as (runtime, _):
+            code, out, err = await prismctl("--socket", config.socket, "list-unresolved")
+            assert code == 1
+            assert out == ""
+            assert "permission denied" in err
+            assert runtime.calls == []
+
+
+async def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE):
+        for args in (
+            [],
+            ["bogus"],
+            ["reconcile", "op-1", "--connection", "web"],
+            ["reconcile", "op-1", "--connection", "web", "--version", "three"],
+            ["notify", "--connection", "web"],
+            ["list-unresolved", "--limit", "x"],
+        ):
+            code, _out, err = await prismctl("--socket", str(tmp_path / "s"), *args)
+            assert code == 2, args
+            assert "usage: prismctl" in err
+
+
+async def test_events_page_and_follow(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (_, store):
+            scope = OwnershipScope("default", "web", "u1")
+            for key in ("k1", "k2"):
+                await store.checkpoints.save_checkpoint(
+                    namespace="ns", key=key, scope=scope, version=1, value=1
+                )
+            code, out, _ = await prismctl("--socket", config.socket, "events")
+            assert code == 0
+            lines = out.splitlines()
+            assert lines[0].split()[:4] == ["SEQ", "ACTION", "NAMESPACE", "KEY"]
+            assert [line.split()[3] for line in lines[1:3]] == ["k1", "k2"]
+            assert lines[-1].startswith("cursor ")
+            cursor = int(lines[-1].split()[1])
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "--json", "events", "--after", str(cursor - 1)
+            )
+            assert [e["key"] for e in json.loads(out)["events"]] == ["k2"]
+
+            process = await trio.lowlevel.open_process(
+                [*PRISMCTL, "--socket", config.socket, "--json", "events", "--follow"],
+                stdout=subprocess.PIPE,
+            )
+            assert process.stdout is not None
+            buffer = b""
+
+            async def next_page() -> dict[str, Any]:
+                nonlocal buffer
+                while b"\n" not in buffer:
+                    assert process.stdout is not None
+                    chunk = await process.stdout.receive_some(65536)
+                    assert chunk, "prismctl exited early"
+                    buffer += chunk
+                line, _, buffer = buffer.partition(b"\n")
+                page = json.loads(line)
+                assert isinstance(page, dict)
+                return page
+
+            try:
+                first = await next_page()
+                assert [e["key"] for e in first["events"]] == ["k1", "k2"]
+                await store.checkpoints.save_checkpoint(
+                    namespace="ns", key="k3", scope=scope, version=1, value=1
+                )
+                page = await next_page()
+                assert [e["key"] for e in page["events"]] == ["k3"]
+            finally:
+                process.terminate()
+                await process.wait()
+                await process.stdout.aclose()
+
+
+def test_default_socket_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert ctl.default_socket_path({}) == "/run/prismd/control.sock"
+    (tmp_path / "var" / "run").mkdir(parents=True)
+    (tmp_path / "var" / "run" / "control.sock").touch()
+    assert ctl.default_socket_path({}) == "var/run/control.sock"
+    assert ctl.default_socket_path({"PRISMD_CONTROL_SOCKET": "/x.sock"}) == "/x.sock"
+
+
+def test_chat_calls_the_chat_client(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run_chat_cli(url: str, **kwargs: Any) -> int:
+        calls.append((url, kwargs))
+        return 0
+
+    fake = types.ModuleType("prismd.chatclient")
+    fake.run_chat_cli = run_chat_cli  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "prismd.chatclient", fake)
+    monkeypatch.setenv("CHAT_TOKEN", "tok-1")
+    assert (
+        ctl.main(["chat", "--url", "http://h:1/", "--actor", "me", "--token-env", "CHAT_TOKEN"])
+        == 0
+    )
+    assert calls == [("http://h:1/", {"actor": "me", "token": "tok-1"})]
+    assert ctl.main(["chat"]) == 0
+    assert calls[-1] == ("http://127.0.0.1:8787/", {"actor": None, "token": None})
+    monkeypatch.delenv("CHAT_TOKEN")
+    assert ctl.main(["chat", "--token-env", "CHAT_TOKEN"]) == 1
+    assert "CHAT_TOKEN is not set" in capsys.readouterr().err
+    assert len(calls) == 2
