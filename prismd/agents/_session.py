@@ -2,7 +2,7 @@
 
 A transcript is the agent's own memory of a conversation (not the channel journal): one
 checkpoint per (agent alias, session id) in ``prismd.agents.v1.session``, scoped by the
-run's ownership, holding the last :data:`MAX_SESSION_ENTRIES` user/assistant entries.
+run's ownership, holding the most recent user/assistant entries within fixed bounds.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ NS_RUN = "prismd.agents.v1.run"
 CATEGORY_SESSION = "agent-session"
 CATEGORY_RUN = "agent-run"
 MAX_SESSION_ENTRIES = 200
+MAX_SESSION_BYTES = 256 * 1024
+"""Upper bound of a transcript's JSON: far below every store's 1 MiB value limit."""
+MAX_ENTRY_BYTES = 32 * 1024
 _CAS_ATTEMPTS = 8
 
 
@@ -115,9 +118,31 @@ def _parse_entries(value: object) -> list[SessionEntry]:
     return entries
 
 
+def _clip(text: str) -> str:
+    """At most :data:`MAX_ENTRY_BYTES` of UTF-8, cut on a code point boundary."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_ENTRY_BYTES:
+        return text
+    return raw[:MAX_ENTRY_BYTES].decode("utf-8", "ignore")
+
+
+def _bounded(entries: list[SessionEntry]) -> list[SessionEntry]:
+    """Drop the oldest entries until the transcript's JSON fits :data:`MAX_SESSION_BYTES`."""
+    # Measured as escaped ASCII JSON, the largest encoding any store may use.
+    sizes = [len(json.dumps(attrs.asdict(e))) + 1 for e in entries]
+    total = sum(sizes) + 16
+    start = 0
+    while total > MAX_SESSION_BYTES and start < len(entries) - 1:
+        total -= sizes[start]
+        start += 1
+    return entries[start:]
+
+
 @attrs.define(eq=False)
 class SessionLog:
-    """Durable, bounded transcripts of one agent alias. Appends are CAS-retried."""
+    """Durable transcripts of one agent alias, bounded to the last
+    :data:`MAX_SESSION_ENTRIES` entries and :data:`MAX_SESSION_BYTES` of JSON (each entry's
+    text clipped to :data:`MAX_ENTRY_BYTES`). Appends are CAS-retried."""
 
     checkpoints: CheckpointStore
     alias: str
@@ -135,7 +160,7 @@ class SessionLog:
         new: tuple[tuple[Literal["user", "assistant"], str], ...],
     ) -> str:
         """Append entries (role, text) and return the id of the last one (the new leaf)."""
-        added = [SessionEntry(new_entry_id(), role, text) for role, text in new]
+        added = [SessionEntry(new_entry_id(), role, _clip(text)) for role, text in new]
         key = _session_key(self.alias, session_id)
         for _attempt in range(_CAS_ATTEMPTS):
             stored = await self.checkpoints.load_checkpoint(
@@ -143,7 +168,7 @@ class SessionLog:
             )
             entries = [] if stored is None else _parse_entries(stored.value)
             entries.extend(added)
-            entries = entries[-MAX_SESSION_ENTRIES:]
+            entries = _bounded(entries[-MAX_SESSION_ENTRIES:])
             version = 0 if stored is None else stored.version
             try:
                 await self.checkpoints.save_checkpoint(

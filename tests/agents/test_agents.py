@@ -523,3 +523,26 @@ async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) ->
             assert [e.role for e in entries] == ["user", "assistant"]
         finally:
             await second_store.aclose()
+
+
+async def test_transcripts_stay_within_byte_bounds(store: MemoryStore, clock: ManualClock) -> None:
+    """Large inputs never push a transcript past the store's value limit."""
+    from prismd.agents._session import MAX_ENTRY_BYTES, MAX_SESSION_BYTES, NS_SESSION
+
+    agent = build_agent("echo", ctx(store, clock))
+    assert isinstance(agent, EchoAgent)
+    big = "é" * 40_000  # 80,000 UTF-8 bytes, above the per-entry clip
+    for _ in range(30):
+        result = await agent.run(request(big))
+        assert result.text == big  # the answer itself is never clipped
+    entries = await agent.session_entries("sess-1", OWNER)
+    assert 2 <= len(entries) < 60
+    assert all(len(e.text.encode()) <= MAX_ENTRY_BYTES for e in entries)
+    assert entries[-1].id == result.leaf_id and entries[-1].role == "assistant"
+    row = await store.checkpoints.load_checkpoint(
+        namespace=NS_SESSION, key="s1:primary:sess-1", scope=OWNER
+    )
+    assert row is not None
+    import json
+
+    assert len(json.dumps(row.value)) <= MAX_SESSION_BYTES
