@@ -204,7 +204,7 @@ async def test_cancel_during_resume_aborts_the_agent(
     async with open_harness(store, clock, {"primary": agent}) as h:
         with trio.fail_after(3600):
             allow, _ = await suspend(h)
-        run_id, _ = await suspended_run(store)
+        run_id, session_id = await suspended_run(store)
         assert (await h.runtime.admit(event("2", "", approval=(allow, "allow_once")))).status == (
             "accepted"
         )
@@ -217,8 +217,11 @@ async def test_cancel_during_resume_aborts_the_agent(
         assert cancel.status == "accepted"
         await h.settle()
         assert agent.run_calls == 1 and agent.resume_calls == 1
-        # The tool had been dispatched (not rolled back); the answer never came.
+        # The tool had been dispatched (not rolled back); the agent saw the abort before
+        # its answer, so its durable run state never reached `succeeded`.
         assert await agent.tool_runs(run_id, OWNER) == 1
+        state = await agent.status(run_id=run_id, session_id=session_id, ownership=OWNER)
+        assert state is not None and state.status == "running"
         assert "mock: hello" not in h.texts
         assert h.last().text == "Request cancelled."
 
