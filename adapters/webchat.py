@@ -1,0 +1,719 @@
+"""The local web chat channel: a chat page and a WebSocket on one TCP port.
+
+One listener serves plain HTTP and WebSocket upgrades. trio-websocket answers a plain GET with
+400 before any handler runs, so each connection's request head is read here with h11 (bounded
+in size and time, against slowloris); upgrade requests to ``/ws`` are then handed to
+``trio_websocket.wrap_server_stream`` over a stream that first replays the bytes already read.
+
+HTTP routes:
+
+* ``GET /`` — the chat page (``webchat.html``), ``Cache-Control: no-store`` and a strict
+  ``Content-Security-Policy`` that allows only the page's own inline script and style (by hash).
+* ``GET /healthz`` — ``200 {"status": "ok", "listener": "listening"}``; never needs the token.
+* ``GET /ws`` with ``Upgrade: websocket`` — the chat socket (protocol below).
+* anything else — 404 (unknown path), 405 (other method), 426 (``/ws`` without upgrade).
+
+Access: on a loopback address the page and socket are open to local users; browsers are
+protected by an ``Origin`` check (it must equal ``Host``) and, against DNS rebinding, the
+``Host`` must name a loopback address. On any other address an access token is mandatory
+(:meth:`WebchatAdapter.run` raises :class:`~prismd.adapter.AdapterFatalError` otherwise) and
+the page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401 otherwise).
+
+WebSocket protocol — JSON objects in text frames:
+
+client → server
+
+* ``{"type": "hello", "actor": "<id>"}`` — must be first; the actor id is random, kept by the
+  browser (localStorage) and matches ``^[A-Za-z0-9_-]{8,64}$``. It is both the actor and the
+  conversation id.
+* ``{"type": "message", "id": "<client id>", "text": "…"}`` — the client id
+  (``^[A-Za-z0-9_-]{1,128}$``) is unique per actor; re-sending it (after a reconnect) is
+  answered as a duplicate, never run twice. The journal event id is ``"<actor>:<client id>"``.
+* ``{"type": "approve", "value": "p:a:<token>" | "p:d:<token>", "id"?: "<client id>"}`` — an
+  approval button; becomes an event with empty text and an ``approval``. Its event id is derived
+  from a hash of the value (tokens never reach the journal); pressing twice is a duplicate.
+
+server → client
+
+* ``{"type": "ready", "actor": "<id>"}`` — after a valid hello.
+* ``{"type": "admission", "id": <client id or null>, "status": "accepted"|"denied"|
+  "unsupported", "reason": <str or null>, "duplicate": <bool>}`` — the result of ``admit``;
+  ``denied`` with reason ``capacity``/``unavailable``/``stopped`` is worth retrying later.
+* ``{"type": "reply", "kind": "final"|"notice", "text": "…", "controls": [{"label", "value"}],
+  "inReplyTo": <client id or null>}`` — sent to every open socket of the actor.
+* ``{"type": "error", "message": "<fixed text>"}`` — bad input (not JSON, too large, binary,
+  unknown type, no hello, bad actor or id); nothing was admitted. The socket stays open, except
+  when no valid hello arrives in time.
+
+Message text never reaches the logs; the adapter logs only fixed messages and exception types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import attrs
+import h11
+import trio
+import trio_websocket
+
+from prismd.adapter import AdapterFatalError, Admit
+from prismd.channel import Admission, ApprovalInput, InboundEvent, Reply, SendResult
+from stores import SYSTEM_CLOCK, Clock
+
+__all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
+
+log = logging.getLogger("prismd.webchat")
+
+ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+
+MAX_HEAD_BYTES = 8 * 1024
+"""Largest HTTP request head accepted (431 above it)."""
+HEAD_TIMEOUT_S = 10.0
+"""A client must finish its request head within this time (slowloris bound)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 30.0
+"""A socket that sends no valid hello in this time is closed (1008)."""
+SEND_TIMEOUT_S = 10.0
+"""A reply that cannot be written to a socket in this time counts as not taken; the socket
+is closed, since a peer that stops reading would otherwise hold replies forever."""
+CLOSE_BUDGET_S = 2.0
+MAX_CONNECTIONS = 256
+"""Concurrent TCP connections; further ones are closed at once."""
+NOT_CONNECTED = "webchat_not_connected"
+
+_PAGE_RESOURCE = "webchat.html"
+
+
+def _load_page() -> tuple[bytes, str]:
+    """The page bytes and its CSP (inline script/style allowed by their SHA-256 only)."""
+    html = resources.files("adapters").joinpath(_PAGE_RESOURCE).read_text(encoding="utf-8")
+    script_hashes = [_csp_hash(m) for m in re.findall(r"<script>(.*?)</script>", html, re.S)]
+    style_hashes = [_csp_hash(m) for m in re.findall(r"<style>(.*?)</style>", html, re.S)]
+    csp = "; ".join(
+        [
+            "default-src 'none'",
+            "script-src " + (" ".join(script_hashes) or "'none'"),
+            "style-src " + (" ".join(style_hashes) or "'none'"),
+            "connect-src 'self'",
+            "img-src 'self' data:",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+    return html.encode("utf-8"), csp
+
+
+def _csp_hash(text: str) -> str:
+    import base64
+
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` → ``(host, port)``; raises ``ValueError``."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError("listen must be HOST:PORT")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError("listen port out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError("listen must name a host")
+    return host, port
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_header_is_loopback(value: str) -> bool:
+    """The ``Host`` header names a loopback address (``localhost``, 127/8, ``[::1]``)."""
+    try:
+        host = urlsplit("//" + value).hostname
+    except ValueError:
+        return False
+    return host is not None and _is_loopback_host(host)
+
+
+@attrs.frozen
+class WebchatStatistics:
+    """Bounded counters (no ids, no text)."""
+
+    open_sockets: int
+    actors: int
+    connections: int
+    admitted: int
+    rejected_frames: int
+    replies_sent: int
+    replies_not_connected: int
+
+
+@attrs.frozen
+class _Head:
+    method: str
+    path: str
+    query: Mapping[str, list[str]]
+    headers: Mapping[str, str]
+    """Lower-cased names; a repeated header keeps its last value."""
+
+
+class _BadFrame(Exception):
+    """A client frame we refuse; ``args[0]`` is the fixed text sent back."""
+
+
+class _ReplayStream(trio.abc.Stream):
+    """A stream that yields ``prefix`` before reading from ``inner``.
+
+    The request head was consumed to route the request; wsproto must see it again.
+    """
+
+    def __init__(self, inner: trio.abc.Stream, prefix: bytes) -> None:
+        self._inner = inner
+        self._prefix = prefix
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._prefix:
+            n = len(self._prefix) if max_bytes is None else max_bytes
+            chunk, self._prefix = self._prefix[:n], self._prefix[n:]
+            await trio.lowlevel.checkpoint()
+            return chunk
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __repr__(self) -> str:
+        return "<webchat stream>"
+
+
+@attrs.define(eq=False)
+class _Socket:
+    ws: Any  # trio_websocket.WebSocketConnection (untyped library)
+    actor: str
+
+
+@attrs.define(eq=False)
+class WebchatAdapter:
+    """The web chat channel adapter (:class:`prismd.adapter.ChannelAdapter`).
+
+    Guarantees:
+
+    * ``run`` calls ``task_status.started()`` only once the listener accepts connections; the
+      bound address is then in :attr:`bound` (bind port 0 in tests).
+    * Every valid message frame becomes exactly one ``admit`` call, answered by one
+      ``admission`` frame; invalid frames get an ``error`` frame and are never admitted.
+    * ``send`` never raises for a closed or slow socket: it returns
+      ``SendResult(True, message_id=…)`` when at least one open socket of the conversation took
+      the reply, else ``SendResult(False, reason="webchat_not_connected")``.
+    * A misbehaving client never takes the listener down.
+    """
+
+    _connection_id: str = attrs.field(alias="connection_id")
+    listen: str
+    admit: Admit
+    access_token: str | None = None
+    clock: Clock = SYSTEM_CLOCK
+    max_message_bytes: int = 64 * 1024
+    bound: tuple[str, int] | None = attrs.field(default=None, init=False)
+    _listening: bool = attrs.field(default=False, init=False)
+    _sockets: dict[str, set[_Socket]] = attrs.field(factory=dict, init=False)
+    _connections: int = attrs.field(default=0, init=False)
+    _admitted: int = attrs.field(default=0, init=False)
+    _rejected_frames: int = attrs.field(default=0, init=False)
+    _replies_sent: int = attrs.field(default=0, init=False)
+    _replies_not_connected: int = attrs.field(default=0, init=False)
+    _page: bytes = attrs.field(default=b"", init=False)
+    _csp: str = attrs.field(default="", init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._page, self._csp = _load_page()
+
+    @property
+    def connection_id(self) -> str:
+        return self._connection_id
+
+    # ------------------------------------------------------------------ supervisor surface
+
+    def health(self) -> Mapping[str, str]:
+        return {"listener": "listening" if self._listening else "stopped"}
+
+    def statistics(self) -> WebchatStatistics:
+        return WebchatStatistics(
+            open_sockets=sum(len(s) for s in self._sockets.values()),
+            actors=len(self._sockets),
+            connections=self._connections,
+            admitted=self._admitted,
+            rejected_frames=self._rejected_frames,
+            replies_sent=self._replies_sent,
+            replies_not_connected=self._replies_not_connected,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled.
+
+        Raises :class:`AdapterFatalError` for an unusable ``listen`` and for a non-loopback
+        address without an access token; ``OSError`` if the port cannot be bound.
+        """
+        try:
+            host, port = parse_listen(self.listen)
+        except ValueError:
+            raise AdapterFatalError("web chat listen address must be HOST:PORT") from None
+        if not _is_loopback_host(host) and not self.access_token:
+            raise AdapterFatalError("web chat on a non-loopback address needs an access token")
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            sockname = listeners[0].socket.getsockname()
+            self.bound = (str(sockname[0]), int(sockname[1]))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(trio.serve_listeners, self._handle_connection, listeners)
+                self._listening = True
+                log.info("web chat listening on %s port %d", self.bound[0], self.bound[1])
+                task_status.started()
+        finally:
+            self._listening = False
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+
+    async def send(self, reply: Reply) -> SendResult:
+        sockets = list(self._sockets.get(reply.external_conversation_id, ()))
+        frame = json.dumps(
+            {
+                "type": "reply",
+                "kind": reply.kind,
+                "text": reply.text,
+                "controls": [{"label": c.label, "value": c.value} for c in reply.controls],
+                "inReplyTo": _client_id_of(reply.in_reply_to, reply.external_conversation_id),
+            },
+            ensure_ascii=False,
+        )
+        taken = 0
+        for sock in sockets:
+            if await self._send_frame(sock, frame):
+                taken += 1
+        if taken == 0:
+            self._replies_not_connected += 1
+            return SendResult(False, reason=NOT_CONNECTED)
+        self._replies_sent += 1
+        return SendResult(True, message_id="webchat-" + uuid.uuid4().hex)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        if self._connections >= MAX_CONNECTIONS:
+            await trio.aclose_forcefully(stream)
+            return
+        self._connections += 1
+        try:
+            await self._serve_connection(stream)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away; nothing to report
+        except* Exception as group:
+            kinds = sorted({type(e).__name__ for e in group.exceptions})
+            log.warning("web chat connection failed: %s", ", ".join(kinds))
+        finally:
+            self._connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        raw = bytearray()
+        request: h11.Request | None = None
+        with trio.move_on_after(HEAD_TIMEOUT_S):
+            try:
+                while request is None:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        data = await stream.receive_some(4096)
+                        raw += data
+                        conn.receive_data(bytes(data))
+                    elif isinstance(event, h11.Request):
+                        request = event
+                    else:
+                        return  # connection closed (or paused) before a request
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
+                await self._respond(stream, conn, "GET", status, b"bad request\n")
+                return
+        if request is None:
+            await self._respond(stream, conn, "GET", 408, b"request timeout\n")
+            return
+        if len(raw) > MAX_HEAD_BYTES:
+            # h11 bounds only an incomplete head; a whole one may arrive in a single read
+            await self._respond(stream, conn, "GET", 431, b"request head too large\n")
+            return
+        head = _parse_head(request)
+        await self._route(stream, conn, head, bytes(raw))
+
+    async def _route(
+        self, stream: trio.SocketStream, conn: h11.Connection, head: _Head, raw: bytes
+    ) -> None:
+        if not self._host_allowed(head):
+            await self._respond(stream, conn, head.method, 421, b"misdirected request\n")
+            return
+        if head.path == "/healthz":
+            if head.method not in ("GET", "HEAD"):
+                await self._respond(stream, conn, head.method, 405, b"method not allowed\n")
+                return
+            body = (
+                json.dumps({"status": "ok", "listener": self.health()["listener"]}).encode() + b"\n"
+            )
+            await self._respond(stream, conn, head.method, 200, body, "application/json")
+            return
+        if head.path not in ("/", "/ws"):
+            await self._respond(stream, conn, head.method, 404, b"not found\n")
+            return
+        if head.method not in ("GET", "HEAD"):
+            await self._respond(stream, conn, head.method, 405, b"method not allowed\n")
+            return
+        if not self._authorized(head):
+            await self._respond(
+                stream,
+                conn,
+                head.method,
+                401,
+                b"unauthorized\n",
+                extra=[("WWW-Authenticate", "Bearer")],
+            )
+            return
+        if head.path == "/":
+            await self._respond(
+                stream,
+                conn,
+                head.method,
+                200,
+                self._page,
+                "text/html; charset=utf-8",
+                extra=[
+                    ("Content-Security-Policy", self._csp),
+                    ("X-Frame-Options", "DENY"),
+                ],
+            )
+            return
+        upgrade = head.headers.get("upgrade", "").lower() == "websocket"
+        connection_tokens = {
+            t.strip().lower() for t in head.headers.get("connection", "").split(",")
+        }
+        if head.method != "GET" or not upgrade or "upgrade" not in connection_tokens:
+            await self._respond(
+                stream,
+                conn,
+                head.method,
+                426,
+                b"websocket upgrade required\n",
+                extra=[("Upgrade", "websocket")],
+            )
+            return
+        if not self._origin_allowed(head):
+            await self._respond(stream, conn, head.method, 403, b"forbidden origin\n")
+            return
+        await self._serve_websocket(stream, raw)
+
+    def _host_allowed(self, head: _Head) -> bool:
+        # Without a token, loopback is the only protection: a page on another site that
+        # rebinds its DNS name to 127.0.0.1 would otherwise reach us with its own Host.
+        if self.access_token:
+            return True
+        return _host_header_is_loopback(head.headers.get("host", ""))
+
+    def _origin_allowed(self, head: _Head) -> bool:
+        # Browsers always send Origin on a WebSocket; other sites must not drive the chat.
+        origin = head.headers.get("origin")
+        if origin is None:
+            return True  # non-browser clients (prismctl chat)
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            return False
+        host = head.headers.get("host", "")
+        return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+    def _authorized(self, head: _Head) -> bool:
+        if not self.access_token:
+            return True
+        expected = self.access_token.encode("utf-8")
+        auth = head.headers.get("authorization", "")
+        candidates: list[str] = []
+        if auth[:7].lower() == "bearer ":
+            candidates.append(auth[7:].strip())
+        candidates.extend(head.query.get("token", []))
+        ok = False
+        for candidate in candidates:
+            # compare every candidate so timing does not reveal which one matched
+            ok |= hmac.compare_digest(candidate.encode("utf-8"), expected)
+        return ok
+
+    async def _respond(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        method: str,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
+        headers = [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Referrer-Policy", "no-referrer"),
+            ("Connection", "close"),
+            *(extra or []),
+        ]
+        if status == 405:
+            headers.append(("Allow", "GET, HEAD"))
+        try:
+            data = conn.send(h11.Response(status_code=status, headers=headers))
+            if method != "HEAD":
+                data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
+            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:
+            return  # h11 cannot answer in this state; just close
+        with trio.move_on_after(SEND_TIMEOUT_S):
+            await stream.send_all(data)
+
+    # ------------------------------------------------------------------ WebSocket
+
+    async def _serve_websocket(self, stream: trio.SocketStream, raw: bytes) -> None:
+        replay = _ReplayStream(stream, raw)
+        async with trio.open_nursery() as nursery:
+            ws: Any = None
+            with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                request = await trio_websocket.wrap_server_stream(
+                    nursery,
+                    replay,
+                    # the library closes (1009) only far above our own limit, so a merely
+                    # oversized frame gets an error frame and the socket stays usable
+                    max_message_size=4 * self.max_message_bytes,
+                    message_queue_size=16,
+                )
+                ws = await request.accept()
+            if ws is None:
+                nursery.cancel_scope.cancel()
+                return
+            try:
+                await self._session(ws)
+            finally:
+                with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                    await ws.aclose(1001 if _cancelled_now() else 1000)
+                nursery.cancel_scope.cancel()
+
+    async def _session(self, ws: Any) -> None:
+        actor: str | None = None
+        with trio.move_on_after(HELLO_TIMEOUT_S):
+            while actor is None:
+                message = await _get_message(ws)
+                if message is None:
+                    return
+                try:
+                    frame = self._decode(message)
+                    if frame.get("type") != "hello":
+                        raise _BadFrame("the first frame must be a hello")
+                    candidate = frame.get("actor")
+                    if not isinstance(candidate, str) or not ACTOR_RE.match(candidate):
+                        raise _BadFrame("invalid actor id")
+                    actor = candidate
+                except _BadFrame as bad:
+                    if not await self._send_error(ws, bad.args[0]):
+                        return
+        if actor is None:
+            await self._send_error(ws, "no hello received in time")
+            await ws.aclose(1008, "no hello")
+            return
+        sock = _Socket(ws=ws, actor=actor)
+        if not await self._send_frame(sock, json.dumps({"type": "ready", "actor": actor})):
+            return
+        self._sockets.setdefault(actor, set()).add(sock)
+        try:
+            while True:
+                message = await _get_message(ws)
+                if message is None:
+                    return
+                try:
+                    event, client_id = self._event_from(actor, self._decode(message))
+                except _BadFrame as bad:
+                    if not await self._send_error(ws, bad.args[0]):
+                        return
+                    continue
+                try:
+                    admission = await self.admit(event)
+                except Exception as exc:
+                    # the client keeps the message and re-sends it; the journal dedups it
+                    log.warning("web chat admit failed: %s", type(exc).__name__)
+                    if not await self._send_error(ws, "the message could not be admitted"):
+                        return
+                    continue
+                self._admitted += 1
+                if not await self._send_frame(sock, _admission_frame(client_id, admission)):
+                    return
+        finally:
+            peers = self._sockets.get(actor)
+            if peers is not None:
+                peers.discard(sock)
+                if not peers:
+                    del self._sockets[actor]
+
+    def _decode(self, message: str | bytes) -> dict[str, Any]:
+        if isinstance(message, bytes):
+            self._rejected_frames += 1
+            raise _BadFrame("binary frames are not supported")
+        if len(message.encode("utf-8", "surrogatepass")) > self.max_message_bytes:
+            self._rejected_frames += 1
+            raise _BadFrame("frame too large")
+        try:
+            frame = json.loads(message)
+        except ValueError:
+            self._rejected_frames += 1
+            raise _BadFrame("frame is not valid JSON") from None
+        if not isinstance(frame, dict):
+            self._rejected_frames += 1
+            raise _BadFrame("frame must be a JSON object")
+        return frame
+
+    def _event_from(self, actor: str, frame: dict[str, Any]) -> tuple[InboundEvent, str | None]:
+        kind = frame.get("type")
+        try:
+            if kind == "message":
+                client_id = frame.get("id")
+                if not isinstance(client_id, str) or not CLIENT_ID_RE.match(client_id):
+                    raise _BadFrame("invalid message id")
+                text = frame.get("text")
+                if not isinstance(text, str) or not text.strip():
+                    raise _BadFrame("message text must be a non-empty string")
+                return self._event(actor, f"{actor}:{client_id}", text, None), client_id
+            if kind == "approve":
+                client_id = frame.get("id")
+                if client_id is not None and (
+                    not isinstance(client_id, str) or not CLIENT_ID_RE.match(client_id)
+                ):
+                    raise _BadFrame("invalid message id")
+                value = frame.get("value")
+                match = APPROVAL_RE.match(value) if isinstance(value, str) else None
+                if match is None:
+                    raise _BadFrame("invalid approval value")
+                approval = ApprovalInput(
+                    token=match.group(2),
+                    outcome="allow_once" if match.group(1) == "a" else "reject_once",
+                )
+                # the raw token must never become part of a journaled id
+                digest = hashlib.sha256(match.group(0).encode("ascii")).hexdigest()[:32]
+                event = self._event(actor, f"{actor}:approve-{digest}", "", approval)
+                return event, client_id
+            if kind == "hello":
+                raise _BadFrame("hello was already received")
+            raise _BadFrame("unknown frame type")
+        except _BadFrame:
+            self._rejected_frames += 1
+            raise
+
+    def _event(
+        self, actor: str, event_id: str, text: str, approval: ApprovalInput | None
+    ) -> InboundEvent:
+        return InboundEvent(
+            connection_id=self._connection_id,
+            external_conversation_id=actor,
+            external_actor_id=actor,
+            event_id=event_id,
+            text=text,
+            approval=approval,
+            received_at_ms=self.clock.now_ms(),
+            claims={"platform": "webchat"},
+        )
+
+    async def _send_error(self, ws: Any, message: str) -> bool:
+        return await self._send_frame(
+            _Socket(ws=ws, actor=""), json.dumps({"type": "error", "message": message})
+        )
+
+    async def _send_frame(self, sock: _Socket, frame: str) -> bool:
+        """Write one frame; ``False`` (and the socket closed if stuck) when it did not go out."""
+        with trio.move_on_after(SEND_TIMEOUT_S) as scope:
+            try:
+                await sock.ws.send_message(frame)
+                return True
+            except (
+                trio_websocket.ConnectionClosed,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+            ):
+                return False
+        if scope.cancelled_caught:
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                await sock.ws.aclose(1008, "too slow")
+        return False
+
+
+def _parse_head(request: h11.Request) -> _Head:
+    target = request.target.decode("ascii", "replace")
+    parts = urlsplit(target)
+    headers = {
+        name.decode("ascii", "replace").lower(): value.decode("latin-1")
+        for name, value in request.headers
+    }
+    return _Head(
+        method=request.method.decode("ascii", "replace"),
+        path=parts.path,
+        query=parse_qs(parts.query),
+        headers=headers,
+    )
+
+
+async def _get_message(ws: Any) -> str | bytes | None:
+    try:
+        message: str | bytes = await ws.get_message()
+    except trio_websocket.ConnectionClosed:
+        return None
+    return message
+
+
+def _admission_frame(client_id: str | None, admission: Admission) -> str:
+    return json.dumps(
+        {
+            "type": "admission",
+            "id": client_id,
+            "status": admission.status,
+            "reason": admission.reason,
+            "duplicate": admission.duplicate,
+        }
+    )
+
+
+def _client_id_of(in_reply_to: str | None, actor: str) -> str | None:
+    if in_reply_to is None:
+        return None
+    prefix = actor + ":"
+    return in_reply_to[len(prefix) :] if in_reply_to.startswith(prefix) else in_reply_to
+
+
+def _cancelled_now() -> bool:
+    return trio.current_effective_deadline() == float("-inf")
