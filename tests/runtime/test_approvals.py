@@ -16,7 +16,7 @@ import attrs
 import pytest
 import trio
 
-from prismd.agents import NS_RUN, AgentContext, MockAgent, build_agent
+from prismd.agents import NS_RUN, AgentContext, MockAgent, RunResult, build_agent
 from prismd.channel import Reply, SendResult
 from prismd.controls import GrantStore, token_hash
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
@@ -28,6 +28,7 @@ from tests.agents.harness import (
     SECRET,
     ExactRedactor,
     Harness,
+    RecordingAgent,
     event,
     grant_for,
     identity_for,
@@ -637,3 +638,29 @@ async def test_approval_notice_is_redacted(
         rows = await all_rows(store)
         replies = [r for r in rows if r.namespace == "prism.channels.v1.reply"]
         assert replies and all(SECRET not in json.dumps(r.value) for r in replies)
+
+
+class SuspendsWithoutApprovals(RecordingAgent):
+    async def run(self, request: Any, *, on_event: Any = None) -> RunResult:
+        self.inputs.append(request.input)
+        return RunResult("suspended", "", "run-x", request.session_id)
+
+
+async def test_approvals_need_a_journal_and_a_capable_agent(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """§10.1: without a journal an approval event is ``unavailable``; an agent that suspends
+    without durable approvals gets the generic notice and no controls."""
+    async with open_harness(
+        store, clock, {"primary": suspending_mock(store, clock)}, use_journal=False
+    ) as h:
+        token = "A" * 43
+        admission = await h.runtime.admit(event("1", "", approval=(token, "allow_once")))
+        assert (admission.status, admission.reason) == ("denied", "unavailable")
+
+    agent = SuspendsWithoutApprovals(supports_approvals=False)
+    async with open_harness(store, clock, {"primary": agent}) as h2:
+        assert (await h2.runtime.admit(event("2", "hello"))).status == "accepted"
+        await h2.settle()
+        assert h2.last().text == "This request requires an authenticated host decision."
+        assert h2.last().controls == ()
