@@ -253,3 +253,37 @@ async def test_notify_after_restart_uses_the_durable_binding(
         # Still no binding is created for a conversation nobody wrote in.
         unbound = await notify(h2, "x", external_conversation_id="chat-none")
         assert (unbound.status, unbound.reason) == ("denied", "rejected")
+
+
+async def test_notify_input_validation_and_stop(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """§9.5 step 1: blank text, empty or oversized ids are ``malformed``; after ``stop()``
+    every notify is ``stopped``; none of them delivers anything."""
+    async with open_harness(
+        store, clock, {"primary": RecordingAgent()}, grant=grant_for(notifications=True)
+    ) as h:
+        await bind(h)
+        delivered = len(h.replies)
+        for kw in (
+            {"text": "   "},
+            {"notify_id": ""},
+            {"notify_id": "n" * 249},
+            {"external_conversation_id": ""},
+            {"thread_id": ""},
+        ):
+            result = await notify(h, **kw)
+            assert (result.status, result.reason) == ("denied", "malformed"), kw
+        ok = await notify(h, "n" * 248)
+        assert ok.status == "accepted", ok
+        assert len(h.replies) == delivered + 1
+        await h.runtime.stop()
+        stopped = await h.runtime.notify(
+            identity=IDENTITY,
+            connection_id="tg-1",
+            external_conversation_id="chat-1",
+            notify_id="late",
+            text="x",
+        )
+        assert (stopped.status, stopped.reason) == ("denied", "stopped")
+        assert len(h.replies) == delivered + 1
