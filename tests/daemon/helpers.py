@@ -183,11 +183,12 @@ class DaemonProcess:
     async def wait_state(self, wanted: str, limit_s: float = 30) -> None:
         with trio.fail_after(limit_s):
             while wanted not in self.states:
-                if self.process.returncode is not None:
-                    raise AssertionError(f"daemon exited early: {self.stderr()}")
-                with trio.move_on_after(0.2):
+                exited = self.process.returncode is not None
+                with trio.move_on_after(0.2) as idle:
                     data = await self.notify.recv(4096)
                     self.states.extend(data.decode().splitlines())
+                if idle.cancelled_caught and exited:
+                    raise AssertionError(f"daemon exited without {wanted}: {self.stderr()}")
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
