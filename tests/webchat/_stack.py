@@ -1,0 +1,76 @@
+"""A real messaging runtime (memory store) behind a real web chat adapter on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from adapters.webchat import WebchatAdapter
+from prismd.agents._base import AgentContext
+from prismd.agents.registry import build_agent
+from prismd.channel import AuthorizeInput, Grant, Reply, SendResult
+from prismd.identity import AgentIdentity, Principal
+from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
+from stores.memory import MemoryStore
+
+
+@asynccontextmanager
+async def chat_stack(
+    kind: str = "echo",
+    options: Mapping[str, Any] | None = None,
+    results: trio.MemorySendChannel[SendResult] | None = None,
+    **adapter_kwargs: Any,
+) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
+    """Everyone who reaches the socket is granted the ``primary`` agent (the default
+    loopback web chat's ``actors = ["*"]``), scoped to (default, connection, actor).
+    Every ``deliver`` result is sent to ``results`` when given."""
+    async with MemoryStore() as store:
+        agent = build_agent(
+            kind,
+            AgentContext(
+                alias="primary", options=dict(options or {}), checkpoints=store.checkpoints
+            ),
+        )
+        adapters: dict[str, WebchatAdapter] = {}
+
+        async def authorize(request: AuthorizeInput) -> Grant:
+            await trio.lowlevel.checkpoint()
+            identity = AgentIdentity(
+                tenant_id="default",
+                account_id=request.connection_id,
+                user_id=request.external_actor_id,
+                principal=Principal("user", request.external_actor_id),
+                scopes=("chat",),
+                issued_at_ms=0,
+            )
+            return Grant(
+                identity=identity,
+                agent_aliases=("primary",),
+                grant_revision="rev-1",
+                default_agent_alias="primary",
+            )
+
+        async def resolve_agent(request: ResolveAgentInput) -> Any:
+            await trio.lowlevel.checkpoint()
+            return agent
+
+        async def deliver(reply: Reply) -> SendResult:
+            result = await adapters[reply.connection_id].send(reply)
+            if results is not None:
+                await results.send(result)
+            return result
+
+        async with open_messaging_runtime(
+            authorize=authorize, resolve_agent=resolve_agent, deliver=deliver, store=store
+        ) as runtime:
+            adapter = WebchatAdapter(
+                connection_id="web", listen="127.0.0.1:0", admit=runtime.admit, **adapter_kwargs
+            )
+            adapters["web"] = adapter
+            async with trio.open_nursery() as nursery:
+                await nursery.start(adapter.run)
+                yield adapter, runtime
+                nursery.cancel_scope.cancel()
