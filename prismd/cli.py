@@ -54,12 +54,9 @@ def summarize(config: Config) -> str:
 
 
 def _configure_logging(level: str, fmt: str) -> None:
-    try:
-        from .logs import configure_logging
-    except ImportError:
-        logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(name)s: %(message)s")
-        return
-    configure_logging(level, fmt)
+    from .logs import configure_logging
+
+    configure_logging(level, "json" if fmt == "json" else "plain")
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:

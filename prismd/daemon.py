@@ -36,7 +36,7 @@ import trio
 
 from stores import Store
 
-from . import sdnotify
+from . import logs, sdnotify
 from .adapter import AdapterFatalError, ChannelAdapter
 from .api import MessagingRuntime
 from .config import (
@@ -48,6 +48,7 @@ from .config import (
     WebchatConnectionConfig,
 )
 from .grants import GrantAuthorizer
+from .redact import Redactor
 from .statedir import StateDir, StateDirError, open_state_dir
 from .wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
@@ -388,7 +389,6 @@ class Daemon:
 
     async def _run_with_store(self, state: StateDir, store: Store) -> int:
         from .controls import GrantStore
-        from .runtime import open_messaging_runtime
 
         config = self.config
         try:
@@ -397,6 +397,7 @@ class Daemon:
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
             host = Host(agents=agents)
+            secrets: list[str] = []
             for connection in config.connections:
                 host.adapters[connection.id] = build_adapter(
                     connection,
@@ -405,11 +406,31 @@ class Daemon:
                     state=state,
                     config=config,
                     env=self.env,
+                    secrets=secrets,
                 )
         except (WiringError, ConfigError) as exc:
             self._fail(str(exc))
             return EXIT_FAILURE
         self.host = host
+        for secret in secrets:
+            logs.register_secret(secret)
+        try:
+            return await self._run_runtime(state, store, authorizer, host, secrets)
+        finally:
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                await host.aclose()
+
+    async def _run_runtime(
+        self,
+        state: StateDir,
+        store: Store,
+        authorizer: GrantAuthorizer,
+        host: Host,
+        secrets: list[str],
+    ) -> int:
+        from .runtime import open_messaging_runtime
+
+        config = self.config
         async with open_messaging_runtime(
             authorize=authorizer.authorize,
             resolve_agent=host.resolve_agent,
@@ -421,6 +442,8 @@ class Daemon:
             reclaim_own_leases=True,
             pairing_scope=authorizer.pairing_scope,
             on_paired=authorizer.on_paired,
+            redactor=Redactor.of(secrets) if secrets else None,
+            fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
         ) as runtime:
             self.runtime = runtime
             host.bind(runtime.admit)
@@ -580,8 +603,6 @@ def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
 
 def _reopen_logs() -> None:
     try:
-        from . import logs
-
         logs.reopen()
     except Exception as exc:
         log.warning("reopening logs failed: %s", describe_exception(exc))

@@ -20,7 +20,7 @@ from stores import Store
 
 from .adapter import ChannelAdapter
 from .agents._base import Agent, AgentContext
-from .channel import Admission, InboundEvent, Reply, SendResult
+from .channel import Admission, AttachmentRef, InboundEvent, Reply, SendResult
 from .config import (
     Config,
     ConnectionConfig,
@@ -75,11 +75,15 @@ def build_adapter(
     state: StateDir,
     config: Config,
     env: Mapping[str, str],
+    secrets: list[str] | None = None,
 ) -> ChannelAdapter:
     """Construct (inertly) the adapter for one connection; secrets are read here.
 
-    Raises :class:`WiringError` or :class:`~prismd.config.ConfigError` (missing secret).
+    Every secret read is appended to ``secrets`` (the daemon's outbound redactor removes
+    them from any text an agent produces). Raises :class:`WiringError` or
+    :class:`~prismd.config.ConfigError` (missing secret).
     """
+    found: list[str] = [] if secrets is None else secrets
     if isinstance(connection, WebchatConnectionConfig):
         module = _import_adapter_module("webchat", "adapters.webchat")
         token = None
@@ -90,6 +94,7 @@ def build_adapter(
                 env=env,
                 key=f"connections.{connection.id}.access_token_env",
             )
+            found.append(token)
         adapter: ChannelAdapter = module.WebchatAdapter(
             connection_id=connection.id, listen=connection.listen, admit=admit, access_token=token
         )
@@ -103,6 +108,7 @@ def build_adapter(
             env=env,
             key=f"connections.{connection.id}.token",
         )
+        found.append(token_value)
         secret = None
         if connection.webhook_secret_env:
             secret = read_secret(
@@ -111,6 +117,7 @@ def build_adapter(
                 env=env,
                 key=f"connections.{connection.id}.webhook_secret_env",
             )
+            found.append(secret)
         adapter = module.TelegramAdapter(
             connection_id=connection.id,
             token=lambda: token_value,
@@ -170,6 +177,35 @@ class Host:
         if agent is None:
             raise LookupError(f"no agent is configured for alias {alias!r}")
         return agent
+
+    def has_attachments(self) -> bool:
+        return any(callable(getattr(a, "fetch_attachment", None)) for a in self.adapters.values())
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> Any:
+        """The runtime's ``fetch_attachment``: asks each adapter that can fetch files.
+
+        A ref carries no connection id; a file id is only valid for the bot that saw it,
+        so every other adapter answers ``None`` and the first answer wins.
+        """
+        for adapter in self.adapters.values():
+            fetch = getattr(adapter, "fetch_attachment", None)
+            if not callable(fetch):
+                continue
+            fetched = await fetch(ref)
+            if fetched is not None:
+                return fetched
+        return None
+
+    async def aclose(self) -> None:
+        """Close adapters that hold resources outside ``run`` (HTTP clients); never raises."""
+        for adapter in self.adapters.values():
+            close = getattr(adapter, "aclose", None)
+            if not callable(close):
+                continue
+            try:
+                await close()
+            except Exception as exc:
+                log.warning("closing %s failed: %s", adapter.connection_id, type(exc).__name__)
 
     async def deliver(self, reply: Reply) -> SendResult:
         """Route a reply to its connection's adapter; unknown → not delivered, never raises."""
