@@ -13,6 +13,7 @@ import binascii
 import json
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard
 
 import attrs
 
@@ -33,19 +34,31 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_text(value: object) -> TypeGuard[str]:
+    # Lone surrogates cannot be stored as UTF-8 by SQLite or PostgreSQL; refusing them here
+    # keeps every backend (memory included) accepting exactly the same strings.
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_scope_arg(scope: object, error: type[Exception]) -> OwnershipScope:
     """``scope`` must be an :class:`OwnershipScope` whose fields are ``str`` or ``None``."""
     if not isinstance(scope, OwnershipScope):
         raise error("scope must be an OwnershipScope")
     for field in (scope.tenant_id, scope.account_id, scope.user_id):
-        if field is not None and not isinstance(field, str):
+        if field is not None and not _is_text(field):
             raise error("scope fields must be strings or None")
     return scope
 
 
 def check_name(value: object, what: str, error: type[Exception]) -> str:
-    """A namespace, key, owner id or token: a non-empty ``str``."""
-    if not isinstance(value, str) or not value:
+    """A namespace, key, owner id or token: a non-empty, UTF-8 encodable ``str``."""
+    if not _is_text(value) or not value:
         raise error(f"{what} must be a non-empty string")
     return value
 
@@ -78,7 +91,9 @@ def encode_json(value: JSONValue, what: str) -> str:
     """
     try:
         _check_json_shape(value, 0)
-        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        text.encode("utf-8")  # lone surrogates: see _is_text
+        return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidCheckpointError(f"{what} is not JSON-serialisable") from exc
 
@@ -155,7 +170,7 @@ def check_save(
         not _is_int(fencing_token) or not 0 <= fencing_token <= MAX_SAFE_INTEGER  # type: ignore[operator]
     ):
         raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
-    if category is not None and not isinstance(category, str):
+    if category is not None and not _is_text(category):
         raise InvalidCheckpointError("category must be a string")
     value_json = encode_json(value, "value")
     if len(value_json.encode("utf-8")) > max_value_bytes:
@@ -204,17 +219,17 @@ def check_category_filter(category: object) -> tuple[str, ...] | None:
     """``None`` (any), one category, or a sequence of them (an empty one matches nothing)."""
     if category is None:
         return None
-    if isinstance(category, str):
+    if _is_text(category):
         return (category,)
-    if isinstance(category, Sequence) and all(isinstance(c, str) for c in category):
+    if isinstance(category, Sequence) and all(_is_text(c) for c in category):
         return tuple(category)
     raise InvalidCheckpointError("category must be a string or a sequence of strings")
 
 
 def check_list_filters(namespace: object, key_prefix: object, scope: object) -> None:
-    if namespace is not None and not isinstance(namespace, str):
+    if namespace is not None and not _is_text(namespace):
         raise InvalidCheckpointError("namespace must be a string")
-    if key_prefix is not None and not isinstance(key_prefix, str):
+    if key_prefix is not None and not _is_text(key_prefix):
         raise InvalidCheckpointError("key_prefix must be a string")
     check_scope_arg(scope, InvalidCheckpointError)
 

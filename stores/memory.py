@@ -299,6 +299,8 @@ class MemoryLeaseStore:
         row = self._row(namespace, key, scope)
         _common.check_name(owner_id, "owner_id", InvalidLeaseError)
         ttl = _common.check_ttl(ttl_ms)
+        if not isinstance(reclaim, bool):
+            raise InvalidLeaseError("reclaim must be a bool")
         now = self._state.clock.now_ms()
         if (
             row is not None

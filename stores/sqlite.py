@@ -19,6 +19,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -331,11 +332,14 @@ class _Database:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(conn)
+                conn.execute("COMMIT")
             except BaseException:
+                # Also after a failed COMMIT: leaving the transaction open would wedge every
+                # later BEGIN on this connection.
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    with contextlib.suppress(apsw.Error):
+                        conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
             return result
 
         return await self.run(txn)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from stores import (
     ANY_SCOPE,
@@ -329,6 +330,10 @@ BAD_SAVES: list[tuple[str, dict[str, Any]]] = [
     ("metadata-not-mapping", {"metadata": ["a"]}),
     ("metadata-nan", {"metadata": {"x": math.nan}}),
     ("category-not-str", {"category": 3}),
+    ("key-lone-surrogate", {"key": "k\ud800"}),
+    ("value-lone-surrogate", {"value": {"t": "\udfff"}}),
+    ("category-lone-surrogate", {"category": "\ud800"}),
+    ("scope-lone-surrogate", {"scope": OwnershipScope("\ud800")}),
     ("scope-not-scope", {"scope": ("t", "a", "u")}),
     ("scope-field-not-str", {"scope": OwnershipScope(1, None, None)}),  # type: ignore[arg-type]
 ]
@@ -377,3 +382,37 @@ async def test_store_is_an_async_context_manager(backend: Backend) -> None:
         await save(store, version=1)
     with pytest.raises(StoreUnavailableError):
         await load(store)
+
+
+# --------------------------------------------------------------------------- cancellation
+
+
+async def test_cancelled_save_writes_nothing(store: Store) -> None:
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await save(store, version=1, expected_version=0)
+    assert scope.cancelled_caught
+    assert await load(store) is None
+    assert (await store.checkpoints.list_events()).items == ()
+
+
+async def test_save_cancelled_in_flight_is_all_or_nothing(store: Store) -> None:
+    """A cancel that lands while saves are in flight never leaves a row without its event,
+    and every save that returned is stored."""
+    returned: list[str] = []
+
+    async def writer(i: int) -> None:
+        await save(store, key=f"k{i}", version=1, expected_version=0)
+        returned.append(f"k{i}")
+
+    with trio.CancelScope() as cancel_scope:
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(writer, i)
+            # Cancel once every writer is parked (on the SQLite worker thread or its limiter).
+            await trio.testing.wait_all_tasks_blocked()
+            cancel_scope.cancel()
+    rows = {r.key for r in (await store.checkpoints.list_checkpoints(limit=500)).items}
+    events = {e.key for e in (await store.checkpoints.list_events(limit=500)).items}
+    assert set(returned) <= rows
+    assert rows == events
