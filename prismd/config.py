@@ -651,6 +651,8 @@ def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -
             match = re.match(r"^'?([A-Za-z_][A-Za-z0-9_]*)'?(?::| )", message)
             if match and match.group(1) in options:
                 name = match.group(1)
+        if isinstance(name, str) and message.startswith(f"{name}: "):
+            message = message[len(name) + 2 :]
         raise agent.error(name if isinstance(name, str) else None, message) from None
     return checked if isinstance(checked, Mapping) else options
 

@@ -216,6 +216,8 @@ def test_empty_file_is_valid_and_takes_defaults(tmp_path: Path) -> None:
         ("[agents.echo]\n", "[agents.echo].kind", "is required"),
         ("[agents.x]\nkind = 'mock'\ndelay_ms = 'slow'\n", "[agents.x]", "delay_ms"),
         ("[agents.x]\nkind = 'mock'\napi_key = 'sk-SECRET'\n", "[agents.x].api_key", "inline"),
+        ("[agents.x]\nkind = 'echo'\nspeed = 1\n", "[agents.x].speed", "unknown"),
+        ("[agents.x]\nkind = 'python'\n", "[agents.x].factory", "required"),
         ("[agents.'bad alias']\nkind = 'echo'\n", "[agents.bad alias]", "alias"),
         ("token = 'SECRET'\n", "token", "never inline"),
     ],
