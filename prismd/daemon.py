@@ -497,7 +497,7 @@ class Daemon:
                 code = await self._supervise_children(runtime, store, authorizer, host)
                 root.cancel_scope.cancel()
         except* DaemonError as group:
-            failures.extend(group.exceptions)
+            failures.extend(_leaves(group))
         if not failures:
             return code
         for exc in failures:
@@ -587,6 +587,12 @@ class Daemon:
                     _forced_exit(signum)
                 log.info("received %s", signal.Signals(signum).name)
                 self.request_stop()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:

@@ -202,3 +202,92 @@ async def test_unopenable_store_is_a_clean_startup_failure(tmp_path: Path) -> No
         assert await daemon.run() == 1
     assert "cannot open the store" in out.getvalue()
     assert str(blocker) not in out.getvalue()
+
+
+async def test_watchdog_pings_at_half_of_watchdog_usec(tmp_path: Path) -> None:
+    notes: list[str] = []
+    daemon = Daemon(
+        _config(tmp_path),
+        env={"WATCHDOG_USEC": "100000"},
+        install_signals=False,
+        notify=notes.append,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        await trio.sleep(0.3)
+        daemon.request_stop()
+    pings = notes.count("WATCHDOG=1")
+    # 50 ms interval over ~0.3 s (plus startup): several pings, and not a busy loop.
+    assert 3 <= pings <= 40, notes
+    assert notes.index("READY=1") < notes.index("STOPPING=1")
+
+
+async def test_an_adapter_crashing_too_often_ends_the_daemon_with_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class AlwaysCrash:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        @property
+        def connection_id(self) -> str:
+            return str(self.inner.connection_id)
+
+        async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            await trio.sleep(0.01)
+            raise RuntimeError("token 123456:ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef0123")
+
+        async def send(self, reply: Reply) -> SendResult:
+            return SendResult(False, reason="down")
+
+        def health(self) -> dict[str, str]:
+            return {}
+
+    real_build = daemon_module.build_adapter
+    monkeypatch.setattr(
+        daemon_module, "build_adapter", lambda *a, **k: AlwaysCrash(real_build(*a, **k))
+    )
+    out = io.StringIO()
+    notes: list[str] = []
+    daemon = Daemon(
+        _config(tmp_path),
+        env={},
+        install_signals=False,
+        notify=notes.append,
+        out=out,
+        policy=RestartPolicy(initial_backoff_s=0.01, jitter=0.0, max_restarts=3, window_s=60),
+    )
+    with trio.fail_after(20):
+        assert await daemon.run() == 1
+    text = out.getvalue()
+    assert "webchat:web crashed 4 times within 60 s; giving up" in text
+    assert "123456:" not in text
+    assert daemon.supervisor.children["webchat:web"].state == "failed"
+
+
+async def test_sighup_keeps_serving_and_reopens_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reopened = trio.Event()
+    monkeypatch.setattr(daemon_module.logs, "reopen", reopened.set)
+    daemon = Daemon(_config(tmp_path), env={}, install_signals=True, notify=lambda _s: None)
+    codes: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            codes.append(await daemon.run())
+
+        nursery.start_soon(run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        os.kill(os.getpid(), signal.SIGHUP)
+        with trio.fail_after(10):
+            await reopened.wait()
+        assert not daemon.stopped.is_set()
+        async with chat(_port(daemon), actor="inproc-actor-3") as client:
+            assert (await client.send_message("m1", "after hup"))["status"] == "accepted"
+        os.kill(os.getpid(), signal.SIGINT)
+    assert codes == [0]
