@@ -261,3 +261,72 @@ async def test_two_connections_on_one_file_share_leases(tmp_path: Path) -> None:
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_unusable_parent_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    with pytest.raises(StoreUnavailableError, match="directory"):
+        await open_store(f"sqlite:///{tmp_path}/afile/journal.sqlite")
+
+
+async def test_locked_database_never_blocks_the_trio_loop(tmp_path: Path) -> None:
+    """A write waiting on another connection's lock runs on the worker thread: other Trio
+    tasks keep running, and the write lands once the lock is released."""
+    path = tmp_path / "j.sqlite"
+    store = await open_sqlite_store(f"sqlite:///{path}")
+    blocker = apsw.Connection(str(path))
+    ticks = 0
+    try:
+        with trio.fail_after(20):
+            blocker.execute("BEGIN IMMEDIATE")
+            done = trio.Event()
+
+            async def writer() -> None:
+                await store.checkpoints.save_checkpoint(
+                    namespace="n", key="k", scope=SCOPE, version=1, value=1
+                )
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer)
+                while ticks < 10:
+                    await trio.sleep(0.02)
+                    ticks += 1
+                assert not done.is_set()
+                blocker.execute("COMMIT")
+                await done.wait()
+        rec = await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE)
+        assert rec is not None
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+        await store.aclose()
+
+
+async def test_busy_timeout_is_unavailable_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    store = await open_sqlite_store(f"sqlite:///{path}", busy_timeout_ms=100)
+    blocker = apsw.Connection(str(path))
+    try:
+        with trio.fail_after(20):
+            blocker.execute("BEGIN IMMEDIATE")
+            with pytest.raises(StoreUnavailableError) as info:
+                await store.checkpoints.save_checkpoint(
+                    namespace="n", key="k", scope=SCOPE, version=1, value="SECRET"
+                )
+            assert "SECRET" not in str(info.value)
+            blocker.execute("ROLLBACK")
+            # The connection is still usable afterwards.
+            assert (
+                await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE) is None
+            )
+            await store.checkpoints.save_checkpoint(
+                namespace="n", key="k", scope=SCOPE, version=1, value=1
+            )
+            assert len((await store.checkpoints.list_events()).items) == 1
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+        await store.aclose()
