@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 class CountingMock:
     inner: MockAgent
     count_file: str
+    shield_ms: int = 0
 
     @property
     def agent_id(self) -> str:
@@ -59,6 +60,10 @@ class CountingMock:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if self.shield_ms:
+            # A stubborn agent: ignores cancellation for a while (forces a slow stop).
+            with trio.CancelScope(shield=True):
+                await trio.sleep(self.shield_ms / 1000)
         return await self.inner.run(request, on_event=on_event)
 
     async def status(self, **kwargs: Any) -> Any:
@@ -69,9 +74,14 @@ class CountingMock:
 
 
 def counting_mock(ctx: AgentContext) -> CountingMock:
-    options = {k: v for k, v in ctx.options.items() if k not in ("factory", "count_file")}
+    own = ("factory", "count_file", "shield_ms")
+    options = {k: v for k, v in ctx.options.items() if k not in own}
     inner = MockAgent.from_context(attrs.evolve(ctx, options=options))
-    return CountingMock(inner=inner, count_file=str(ctx.options["count_file"]))
+    return CountingMock(
+        inner=inner,
+        count_file=str(ctx.options["count_file"]),
+        shield_ms=int(ctx.options.get("shield_ms", 0)),
+    )
 
 
 def run_count(path: Path) -> int:
@@ -79,6 +89,15 @@ def run_count(path: Path) -> int:
         return len(path.read_text().splitlines())
     except FileNotFoundError:
         return 0
+
+
+async def wait_runs(layout: Layout, count: int) -> None:
+    """Wait (bounded) until the agent has started ``count`` runs."""
+    with trio.fail_after(30):
+        for _ in range(100_000):
+            if run_count(layout.runs) >= count:
+                return
+            await trio.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- config
@@ -123,6 +142,7 @@ def write_config(
     stop_deadline_ms: int = 3_000,
     port: int | None = None,
     extra: str = "",
+    agent_extra: str = "",
 ) -> Layout:
     layout = Layout(root=root, port=port or free_port())
     layout.config.write_text(
@@ -149,6 +169,7 @@ kind = "python"
 factory = "tests.daemon.helpers:counting_mock"
 count_file = "{layout.runs}"
 delay_ms = {delay_ms}
+{agent_extra}
 
 [[grants]]
 connection = "web"
@@ -203,7 +224,11 @@ class DaemonProcess:
 
 @asynccontextmanager
 async def running_daemon(
-    layout: Layout, *, tag: str = "run", extra_env: Mapping[str, str] | None = None
+    layout: Layout,
+    *,
+    tag: str = "run",
+    extra_env: Mapping[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> AsyncIterator[DaemonProcess]:
     notify_path = layout.root / f"notify-{tag}.sock"
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -213,7 +238,7 @@ async def running_daemon(
     err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "prismd", "run", "--config", str(layout.config)],
+            [sys.executable, "-m", "prismd", "run", "--config", str(layout.config), *args],
             stdin=subprocess.DEVNULL,
             stdout=err,
             stderr=err,
