@@ -1,0 +1,245 @@
+"""The chat page in real headless Chromium (Debian's ``chromium``), driven over DevTools.
+
+Never skipped: without Chromium the test fails and says how to get it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio_websocket
+
+from adapters.webchat import WebchatAdapter
+
+from ._stack import chat_stack
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("PRISMD_TEST_CHROMIUM") or shutil.which("chromium")
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail(
+            "the browser test needs Chromium: install Debian's `chromium` package "
+            "(`make test` does) or point PRISMD_TEST_CHROMIUM at a chromium binary"
+        )
+    return path
+
+
+@asynccontextmanager
+async def launch_chromium(tmp_path: Path) -> AsyncIterator[str]:
+    """Start headless Chromium with a fresh profile; yield its browser DevTools URL.
+
+    Chromium and its helpers run in their own process group, which is terminated (then
+    killed) in every case.
+    """
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    log_path = tmp_path / "chromium.log"
+    with log_path.open("wb") as log_file:
+        process = await trio.lowlevel.open_process(
+            [chromium_path(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        port_file = profile / "DevToolsActivePort"
+        lines: list[str] = []
+        for _ in range(300):
+            if port_file.exists():
+                lines = port_file.read_text().split()
+                if len(lines) == 2:
+                    break
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                pytest.fail(f"chromium exited with {process.returncode}:\n{tail}")
+            await trio.sleep(0.05)
+        else:
+            pytest.fail("chromium did not write DevToolsActivePort within 15 s")
+        yield f"ws://127.0.0.1:{lines[0]}{lines[1]}"
+    finally:
+        with trio.CancelScope(shield=True):
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    break
+                with trio.move_on_after(5):
+                    await process.wait()
+                    break
+            await process.wait()
+
+
+class DevTools:
+    """A minimal DevTools protocol client: one call at a time, events ignored."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        self._ws = ws
+        self._next_id = 0
+        self.session: str | None = None
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if self.session is not None and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        await self._ws.send_message(json.dumps(message))
+        while True:
+            answer = json.loads(await self._ws.get_message())
+            if answer.get("id") == self._next_id:
+                if "error" in answer:
+                    raise AssertionError(f"DevTools {method} failed: {answer['error']}")
+                result: dict[str, Any] = answer["result"]
+                return result
+
+    async def open_page(self) -> None:
+        target = await self.call("Target.createTarget", {"url": "about:blank"})
+        attached = await self.call(
+            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
+        )
+        self.session = attached["sessionId"]
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+        )
+        if "exceptionDetails" in result:
+            raise AssertionError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout_ms: int = 8000) -> Any:
+        """Poll ``expression`` inside the page until it is truthy; return its value."""
+        waiter = f"""new Promise((resolve, reject) => {{
+            const started = Date.now();
+            (function check() {{
+                let value = null;
+                try {{ value = ({expression}); }} catch (e) {{ value = null; }}
+                if (value) {{ resolve(value); }}
+                else if (Date.now() - started > {timeout_ms}) {{
+                    reject(new Error("timed out waiting for: " + {json.dumps(expression)}));
+                }} else {{ setTimeout(check, 25); }}
+            }})();
+        }})"""
+        return await self.evaluate(waiter)
+
+    async def navigate(self, url: str) -> None:
+        # mark the current document so the check below cannot mistake it for the new one
+        await self.evaluate("window.prismdOldDocument = true")
+        await self.call("Page.navigate", {"url": url})
+        for _ in range(100):
+            try:
+                if await self.evaluate(
+                    "!window.prismdOldDocument && !!document.getElementById('status')"
+                ):
+                    return
+            except AssertionError:
+                pass  # the old execution context went away mid-call
+            await trio.sleep(0.05)
+        raise AssertionError("the chat page did not load")
+
+
+def page_url(adapter: WebchatAdapter) -> str:
+    assert adapter.bound is not None
+    host, port = adapter.bound
+    return f"http://{host}:{port}/"
+
+
+TYPE_AND_SEND = """(() => {
+    const input = document.getElementById('text');
+    input.value = %s;
+    document.getElementById('send').click();
+    return true;
+})()"""
+
+
+async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
+    with trio.fail_after(40):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+
+            # 1. echo agent: type, send, see the reply bubble
+            async with chat_stack() as (adapter, runtime):
+                await browser.navigate(page_url(adapter))
+                await browser.wait_for(
+                    "document.getElementById('status').dataset.state === 'online'"
+                )
+                await browser.evaluate(TYPE_AND_SEND % json.dumps("hello from chromium"))
+                reply = await browser.wait_for(
+                    "document.querySelector('#log .bot .text')?.textContent"
+                )
+                assert reply == "hello from chromium"
+                own = await browser.wait_for(
+                    "document.querySelector('#log .me .meta')?.textContent === 'sent'"
+                    " && document.querySelector('#log .me .text').textContent"
+                )
+                assert own == "hello from chromium"
+                actor = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
+                assert isinstance(actor, str) and len(actor) >= 8
+                assert runtime.diagnostics().admitted == 1
+                # a reload keeps the actor id (localStorage) and reconnects
+                await browser.navigate(page_url(adapter))
+                await browser.wait_for(
+                    "document.getElementById('status').dataset.state === 'online'"
+                )
+                again = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
+                assert again == actor
+                await browser.evaluate(TYPE_AND_SEND % json.dumps("second visit"))
+                reply = await browser.wait_for(
+                    "document.querySelector('#log .bot .text')?.textContent"
+                )
+                assert reply == "second visit"
+                assert adapter.statistics().actors == 1
+
+            # 2. an agent that asks before using a tool: the notice's buttons work
+            async with chat_stack("mock", {"suspend_for_tool": "shell"}) as (adapter, _):
+                await browser.navigate(page_url(adapter))
+                await browser.wait_for(
+                    "document.getElementById('status').dataset.state === 'online'"
+                )
+                await browser.evaluate(TYPE_AND_SEND % json.dumps("delete the logs"))
+                labels = await browser.wait_for(
+                    "Array.from(document.querySelectorAll('#log .bot.notice button'))"
+                    ".map(b => b.textContent).join('|')"
+                )
+                assert labels == "Allow once|Deny"
+                await browser.evaluate(
+                    "document.querySelector('#log .bot.notice button').click(), true"
+                )
+                final = await browser.wait_for(
+                    "document.querySelector('#log .bot.final .text')?.textContent"
+                )
+                assert final == "mock: delete the logs"
+                disabled = await browser.evaluate(
+                    "Array.from(document.querySelectorAll('#log .bot.notice button'))"
+                    ".every(b => b.disabled)"
+                )
+                assert disabled is True
