@@ -24,7 +24,16 @@ from ..channel import (
     InboundEvent,
 )
 from ..identity import ownership_from_identity
-from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
+from ..journal import (
+    NS_BINDING,
+    NS_CURSOR,
+    BindingRecord,
+    CursorRecord,
+    Loaded,
+    OperationRecord,
+    binding_actor_prefix,
+    cursor_key,
+)
 from ..redact import utf8_len
 from ._core import MAX_ID_BYTES, Core, operation_id_for
 from ._turn import start_pump
@@ -290,7 +299,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
             return _denied(core, "rejected")
         alias = alias_choice
     ctx = AdmitContext(event, action, grant, ownership, alias, operation_id)
-    op_version = 0
+    op_loaded: Loaded[OperationRecord] | None = None
     if core.journal is not None:
         now = core.now_ms()
         record = OperationRecord(
@@ -315,11 +324,8 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
             core.count("duplicates")
             core.count("admitted")
             return Admission("accepted", operation_id=operation_id, duplicate=True)
-        op_version = created.version
-        try:
-            await core.journal.advance_cursor(ownership, event.connection_id, event.event_id, now)
-        except Exception:
-            core.count("storage_failures")
+        op_loaded = created
+        await advance_cursor(core, ownership, event.connection_id, event.event_id, now)
     elif action != "command" and seen_before(core, event.connection_id, event.event_id):
         core.count("duplicates")
         core.count("admitted")
@@ -338,11 +344,42 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
             result = await admit_command(core, ctx)
             await _settle_or_remove(core, ctx, result, command=True)
             return result
-        return await admit_message(core, ctx, op_version)
+        return await admit_message(core, ctx, op_loaded)
     except Exception as exc:
         await core.remove_operation(ownership, event.connection_id, operation_id)
         core.count("failed")
         return _denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
+
+
+async def advance_cursor(
+    core: Core, ownership: OwnershipScope, connection_id: str, event_id: str, now: int
+) -> None:
+    """Best-effort ordering evidence: CAS from the cached version, else load and retry."""
+    assert core.journal is not None
+    key = (connection_id, ownership)
+    known = core.cursors.get(key)
+    saved = None
+    try:
+        if known is not None:
+            record = CursorRecord(known.record.admitted + 1, event_id, now)
+            saved = await core.journal.save(
+                NS_CURSOR,
+                ownership,
+                cursor_key(connection_id, ownership),
+                record,
+                expected_version=known.version,
+                fence=known.fencing_token,
+            )
+        if saved is None:
+            saved = await core.journal.advance_cursor(ownership, connection_id, event_id, now)
+    except Exception:
+        core.count("storage_failures")
+        saved = None
+    core.cursors.pop(key, None)
+    if saved is not None:
+        if len(core.cursors) >= core.limits.max_routes:
+            core.cursors.pop(next(iter(core.cursors)))
+        core.cursors[key] = saved
 
 
 async def _settle_or_remove(
@@ -365,7 +402,9 @@ async def _settle_or_remove(
         core.count("unsupported")
 
 
-async def admit_message(core: Core, ctx: AdmitContext, op_version: int) -> Admission:
+async def admit_message(
+    core: Core, ctx: AdmitContext, op_loaded: Loaded[OperationRecord] | None
+) -> Admission:
     event = ctx.event
     conn = event.connection_id
     route = core.get_route(
@@ -417,7 +456,7 @@ async def admit_message(core: Core, ctx: AdmitContext, op_version: int) -> Admis
             grant=ctx.grant,
             ownership=ctx.ownership,
             alias=ctx.alias,
-            op_version=op_version,
+            op=op_loaded,
         )
     )
     core.count("admitted")

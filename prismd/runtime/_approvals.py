@@ -80,6 +80,8 @@ async def issue_controls(
     tool = f"tool {pending.tool_name}" if pending.tool_name else "a tool action"
     reason = bound_detail(core.redact(pending.reason or "")).strip()
     text = f"Approval required for {tool}: {reason}" if reason else f"Approval required for {tool}"
+    # Every outbound text is redacted, the tool name included.
+    text = core.redact(text)
     meta = attrs.asdict(target)
     return text, issued.controls, meta
 

@@ -47,6 +47,8 @@ from ..journal import (
     NS_BINDING,
     BindingRecord,
     ChannelJournal,
+    CursorRecord,
+    Loaded,
     OperationRecord,
     ReplyRecord,
     StoredControl,
@@ -180,6 +182,9 @@ class Core:
     routes: dict[RouteKey, Route] = attrs.field(init=False, factory=dict)
     selections: OrderedDict[ActorKey, str | None] = attrs.field(init=False, factory=OrderedDict)
     seen: dict[str, OrderedDict[str, None]] = attrs.field(init=False, factory=dict)
+    cursors: dict[tuple[str, OwnershipScope], Loaded[CursorRecord]] = attrs.field(
+        init=False, factory=dict
+    )
     slots: trio.Semaphore = attrs.field(init=False)
     stopped: bool = attrs.field(init=False, default=False)
     inflight: int = attrs.field(init=False, default=0)
@@ -644,6 +649,7 @@ class Core:
         controls: tuple[Control, ...] = (),
         fence: int | None = None,
         approval: dict[str, Any] | None = None,
+        known_op: Loaded[OperationRecord] | None = None,
     ) -> str | None:
         """§9.2: check identity, bound the text, stage ``pending``, deliver, mark.
 
@@ -662,29 +668,28 @@ class Core:
         staged = None
         if journal is not None and ownership is not None:
             try:
-                existing = await journal.load_reply(ownership, connection_id, operation_id)
-                if existing is not None:
-                    if existing.record.state != "pending":
+                now = self.now_ms()
+                record = ReplyRecord(
+                    operation_id=operation_id,
+                    connection_id=connection_id,
+                    external_conversation_id=conversation_id,
+                    kind=kind,
+                    text=bounded,
+                    state="pending",
+                    created_at_ms=now,
+                    updated_at_ms=now,
+                    thread_id=thread_id,
+                    controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in controls),
+                    approval=approval,
+                )
+                staged = await journal.stage(ownership, record)
+                if staged is None:
+                    # One reply per operation: an existing record is resent only while
+                    # still ``pending`` (never after it settled).
+                    existing = await journal.load_reply(ownership, connection_id, operation_id)
+                    if existing is None or existing.record.state != "pending":
                         return None
                     staged = existing
-                else:
-                    now = self.now_ms()
-                    record = ReplyRecord(
-                        operation_id=operation_id,
-                        connection_id=connection_id,
-                        external_conversation_id=conversation_id,
-                        kind=kind,
-                        text=bounded,
-                        state="pending",
-                        created_at_ms=now,
-                        updated_at_ms=now,
-                        thread_id=thread_id,
-                        controls=tuple(
-                            StoredControl(c.label, control_kind(c.value)) for c in controls
-                        ),
-                        approval=approval,
-                    )
-                    staged = await journal.stage(ownership, record)
             except Exception:
                 self.count("storage_failures")
                 return None
@@ -705,7 +710,7 @@ class Core:
             await self.mark_reply(
                 ownership, staged.version, staged.record, state, message_id, reason, fence
             )
-            await self.flag_reply_staged(ownership, connection_id, operation_id, fence)
+            await self.flag_reply_staged(ownership, connection_id, operation_id, fence, known_op)
         return state
 
     async def send_reply_kw(self, kwargs: dict[str, Any]) -> None:
@@ -758,10 +763,30 @@ class Core:
         return False
 
     async def flag_reply_staged(
-        self, ownership: OwnershipScope, connection_id: str, operation_id: str, fence: int | None
+        self,
+        ownership: OwnershipScope,
+        connection_id: str,
+        operation_id: str,
+        fence: int | None,
+        known: Loaded[OperationRecord] | None = None,
     ) -> None:
         assert self.journal is not None
         with trio.CancelScope(shield=True), trio.move_on_after(10):
+            if known is not None and known.record.operation_id == operation_id:
+                if known.record.reply_staged:
+                    return
+                updated = attrs.evolve(known.record, reply_staged=True, updated_at_ms=self.now_ms())
+                try:
+                    saved = await self.journal.save_operation(
+                        ownership,
+                        updated,
+                        known.version,
+                        fence if fence is not None else known.fencing_token,
+                    )
+                except Exception:
+                    saved = None
+                if saved is not None:
+                    return
             for _attempt in range(2):
                 try:
                     loaded = await self.journal.load_operation(

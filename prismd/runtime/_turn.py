@@ -93,7 +93,30 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
 async def settle_turn(
     core: Core, turn: Turn, state: str, error_code: str | None, fence: int | None, **extra: Any
 ) -> None:
+    """Write the turn's terminal state: CAS from the version this runtime last wrote,
+    else load and retry (bounded, shielded: a cancelled turn still settles durably)."""
     with trio.CancelScope(shield=True), trio.move_on_after(10):
+        known = turn.op
+        if core.journal is not None and known is not None:
+            changes = {k: v for k, v in extra.items() if v is not None}
+            updated = attrs.evolve(
+                known.record,
+                state=state,
+                error_code=error_code if error_code is not None else known.record.error_code,
+                updated_at_ms=core.now_ms(),
+                **changes,
+            )
+            try:
+                saved = await core.journal.save_operation(
+                    turn.ownership, updated, known.version, fence
+                )
+            except Exception:
+                saved = None
+            if saved is not None:
+                turn.op = saved
+                turn.settled = True
+                return
+        turn.op = None
         await core.settle_operation(
             turn.ownership,
             turn.event.connection_id,
@@ -120,6 +143,7 @@ async def turn_notice(
         kind=kind,
         in_reply_to=turn.event.event_id,
         fence=fence,
+        known_op=turn.op,
     )
 
 
@@ -225,28 +249,40 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> bool
     """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run."""
     if core.journal is None:
         return True
-    try:
-        loaded = await core.journal.load_operation(
-            turn.ownership, turn.event.connection_id, turn.operation_id
-        )
-        if loaded is None or loaded.record.state != "accepted":
-            core.count("storage_failures")
-            return False
-        record: OperationRecord = loaded.record
-        updated = attrs.evolve(
+
+    def claimed(record: OperationRecord) -> OperationRecord:
+        return attrs.evolve(
             record,
             state="executing",
             attempts=record.attempts + 1,
             session_id=route.session_id,
             updated_at_ms=core.now_ms(),
         )
-        saved = await core.journal.save_operation(turn.ownership, updated, loaded.version, fence)
+
+    try:
+        saved = None
+        known = turn.op
+        if known is not None and known.record.state == "accepted":
+            saved = await core.journal.save_operation(
+                turn.ownership, claimed(known.record), known.version, fence
+            )
+        if saved is None:
+            loaded = await core.journal.load_operation(
+                turn.ownership, turn.event.connection_id, turn.operation_id
+            )
+            if loaded is None or loaded.record.state != "accepted":
+                core.count("storage_failures")
+                return False
+            saved = await core.journal.save_operation(
+                turn.ownership, claimed(loaded.record), loaded.version, fence
+            )
     except Exception:
         core.count("storage_failures")
         return False
     if saved is None:
         core.count("storage_failures")
         return False
+    turn.op = saved
     return True
 
 

@@ -14,7 +14,7 @@ from stores import LeaseRecord, OwnershipScope
 from ..agents._base import Agent
 from ..channel import Action, AuthorizeInput, Grant, InboundEvent
 from ..identity import AgentIdentity
-from ..journal import SuspendedRun
+from ..journal import Loaded, OperationRecord, SuspendedRun
 
 
 @attrs.frozen
@@ -66,7 +66,8 @@ class Turn:
     grant: Grant
     ownership: OwnershipScope
     alias: str
-    op_version: int = 0
+    op: Loaded[OperationRecord] | None = None
+    """The operation record as last written by this runtime (saves a load per CAS)."""
     cancelled: bool = False
     cancel_counted: bool = False
     settled: bool = False
