@@ -9,12 +9,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 import prismd.daemon as daemon_module
 from prismd.channel import Reply, SendResult
-from prismd.config import Config, parse_config
+from prismd.config import Config, default_config, parse_config
 from prismd.daemon import Daemon, RestartPolicy
 
 from .helpers import chat
@@ -291,3 +292,28 @@ async def test_sighup_keeps_serving_and_reopens_logs(
             assert (await client.send_message("m1", "after hup"))["status"] == "accepted"
         os.kill(os.getpid(), signal.SIGINT)
     assert codes == [0]
+
+
+async def test_default_config_runs_under_var_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `make run` uses: SQLite, state and control socket under ./var, echo agent."""
+    monkeypatch.chdir(tmp_path)
+    config = default_config({})
+    (web,) = config.connections
+    config = attrs.evolve(config, connections=(attrs.evolve(web, listen="127.0.0.1:0"),))
+    out = io.StringIO()
+    daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None, out=out)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        assert (tmp_path / "var" / "instance-id").is_file()
+        assert (tmp_path / "var" / "journal.sqlite").is_file()
+        assert (tmp_path / "var" / "run" / "control.sock").is_socket()
+        assert "control var/run/control.sock" in out.getvalue()
+        async with chat(_port(daemon), actor="default-actor-1") as client:
+            assert (await client.send_message("m1", "echo me"))["status"] == "accepted"
+            assert (await client.next_frame("reply"))["text"] == "echo me"
+        daemon.request_stop()
+    assert not (tmp_path / "var" / "run" / "control.sock").exists()
