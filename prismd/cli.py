@@ -76,9 +76,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"prismd: {exc}", file=sys.stderr)
         return 1
-    from .daemon import run_daemon
+    from .daemon import describe_exception, run_daemon
 
-    return trio.run(run_daemon, config)
+    try:
+        return trio.run(run_daemon, config)
+    except KeyboardInterrupt:
+        # Ctrl-C before the signal handlers were installed (still starting up).
+        print("prismd: interrupted during startup", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # The traceback goes through the logging filter, which removes tokens.
+        log.critical("prismd failed: %s", describe_exception(exc), exc_info=True)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

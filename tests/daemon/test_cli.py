@@ -112,3 +112,55 @@ def test_check_config_as_a_subprocess(tmp_path: Path) -> None:
     )
     assert failed.returncode == 1
     assert "max_routes" in failed.stderr
+
+
+def test_run_with_a_bad_config_exits_1_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[connections]]\nid = "web"\nkind = "carrier-pigeon"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "prismd", "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 1
+    assert "kind" in done.stderr and str(bad) in done.stderr
+    assert not (tmp_path / "var").exists()
+
+
+def test_run_with_a_missing_secret_exits_1_without_starting(tmp_path: Path) -> None:
+    path = tmp_path / "tg.toml"
+    path.write_text(
+        f"""
+[daemon]
+state_dir = "{tmp_path / "state"}"
+[store]
+url = "sqlite:///{tmp_path / "j.sqlite"}"
+[control]
+socket = "{tmp_path / "run" / "c.sock"}"
+[[connections]]
+id = "tg"
+kind = "telegram"
+token_env = "PRISMD_TEST_MISSING_TOKEN"
+[agents.echo]
+kind = "echo"
+[[grants]]
+connection = "tg"
+pairing = true
+aliases = ["echo"]
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PRISMD_TEST_MISSING_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "prismd", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(REPO)},
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "PRISMD_TEST_MISSING_TOKEN" in done.stderr
+    assert not (tmp_path / "run" / "c.sock").exists()
