@@ -12,7 +12,6 @@ outside a queued turn (``/new``, resumes, ``/cancel`` settlements).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import uuid
 from collections import OrderedDict
@@ -56,6 +55,9 @@ from ..journal import (
 )
 from ..limits import Limits
 from ..redact import Redactor, bound_detail, truncate_utf8
+from ._ids import control_kind, default_session_id
+from ._ids import notify_operation_id as notify_operation_id
+from ._ids import operation_id_for as operation_id_for
 from ._types import (
     ActorKey,
     Authorize,
@@ -87,67 +89,6 @@ FetchAttachment = Callable[[AttachmentRef], Awaitable[Any]]
 MAX_ID_BYTES = 256
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
-
-
-def _j(parts: tuple[str | None, ...]) -> str:
-    return "\u0000".join("" if p is None else p for p in parts)
-
-
-def _sha(parts: tuple[str | None, ...]) -> str:
-    return hashlib.sha256(_j(parts).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def operation_id_for(connection_id: str, event_id: str) -> str:
-    """``chan-op-`` + 32 hex of SHA-256(J([conn, eventId])) (§4)."""
-    return "chan-op-" + _sha((connection_id, event_id))[:32]
-
-
-def notify_operation_id(
-    connection_id: str, ownership: OwnershipScope, actor_id: str, alias: str, notify_id: str
-) -> str:
-    parts = (
-        "notify",
-        connection_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
-        actor_id,
-        alias,
-        notify_id,
-    )
-    return "chan-op-" + _sha(parts)[:32]
-
-
-def default_session_id(
-    connection_id: str,
-    conversation_id: str,
-    thread_id: str | None,
-    actor_id: str,
-    ownership: OwnershipScope,
-    alias: str,
-    generation: int,
-) -> str:
-    """``chan-`` + 40 hex of SHA-256(J([conn, conv, thread, actor, T, A, U, alias, gen]))."""
-    parts = (
-        connection_id,
-        conversation_id,
-        thread_id,
-        actor_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
-        alias,
-        str(generation),
-    )
-    return "chan-" + _sha(parts)[:40]
-
-
-def control_kind(value: str) -> str:
-    if value.startswith("p:a:"):
-        return "allow_once"
-    if value.startswith("p:d:"):
-        return "reject_once"
-    return "other"
 
 
 @attrs.define(eq=False)
@@ -517,24 +458,28 @@ class Core:
         """Release the route lease when nothing uses it; fail-closed on a store error."""
         if self.leases is None or route.lease is None:
             return
-        if route.busy or route.lease_users > 0:
-            return
-        lease = route.lease
+        # Under the lease lock, so a turn admitted meanwhile cannot pick up the lease
+        # that is being released (it waits, then acquires a fresh one).
         with trio.CancelScope(shield=True), trio.move_on_after(5):
-            try:
-                await self.leases.release_lease(
-                    namespace=NS_BINDING,
-                    key=route.binding_key,
-                    scope=route.ownership,
-                    owner_id=self.owner_id,
-                    token=lease.token,
-                )
-            except Exception:
-                # Keep the in-memory lease: the same token is retried at the next idle point.
-                self.count("storage_failures")
-                return
-            if route.lease is lease:
-                route.lease = None
+            async with route.lease_lock:
+                lease = route.lease
+                if lease is None or route.busy or route.lease_users > 0:
+                    return
+                try:
+                    await self.leases.release_lease(
+                        namespace=NS_BINDING,
+                        key=route.binding_key,
+                        scope=route.ownership,
+                        owner_id=self.owner_id,
+                        token=lease.token,
+                    )
+                except Exception:
+                    # Keep the in-memory lease: the same token is retried at the next idle
+                    # point or at stop (fail-closed: never treat the binding as free).
+                    self.count("storage_failures")
+                    return
+                if route.lease is lease:
+                    route.lease = None
 
     @asynccontextmanager
     async def route_fence(self, route: Route, *, wait_s: float = 0.0) -> AsyncIterator[int | None]:
