@@ -13,8 +13,9 @@ SPEC "Control socket" onto the runtime. Guarantees:
 * Every input gets a JSON-RPC answer or a closed connection, never a crash: bad UTF-8 or
   JSON → ``-32700``; not a request object (or no ``id``; notifications are not
   supported) → ``-32600``; a line longer than ``max_request_bytes`` → ``-32600`` and close;
-  unknown method → ``-32601``; bad params → ``-32602`` naming the param; anything the
-  handler raises → ``-32603 internal error`` (only the exception type is logged).
+  unknown method → ``-32601``; bad params → ``-32602`` naming the param; pairing refused
+  by the runtime → ``-32002 pairing unavailable: <reason>``; anything else the handler
+  raises → ``-32603 internal error`` (only the exception type is logged).
 * A connection silent for ``idle_timeout_ms`` is closed.
 
 ``events {after?, follow?}`` answers one page ``{"events": […], "cursor": N}``; pass
@@ -38,7 +39,7 @@ import socket as _socket
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,9 @@ import trio
 from stores import OwnershipScope, Store
 
 from .api import MessagingRuntime
-from .config import ControlConfig, Operator
+from .config import ControlConfig, GrantConfig, Operator
 from .identity import AgentIdentity, Principal
+from .runtime import PairingUnavailableError
 
 __all__ = [
     "ControlHandler",
@@ -58,6 +60,7 @@ __all__ = [
     "ParamsError",
     "RpcError",
     "operator_identity",
+    "pairing_aliases_from_grants",
     "serve_control",
     "to_wire",
 ]
@@ -70,6 +73,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 PERMISSION_DENIED = -32001
+PAIRING_UNAVAILABLE = -32002
 
 EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
@@ -134,12 +138,23 @@ def operator_identity(operator: Operator, *, now_ms: int | None = None) -> Agent
     issued = now_ms if now_ms is not None else time.time_ns() // 1_000_000
     return AgentIdentity(
         tenant_id=operator.tenant,
-        principal=Principal(kind="operator", id=f"uid:{operator.uid}"),
+        principal=Principal(kind="operator", id=str(operator.uid)),
         scopes=("operator",),
         issued_at_ms=issued,
         account_id=operator.account,
         user_id=operator.user,
     )
+
+
+def pairing_aliases_from_grants(
+    grants: Sequence[GrantConfig],
+) -> Callable[[str], tuple[str, ...] | None]:
+    """``pair_aliases`` from the config: the aliases of a connection's first pairing grant."""
+    table: dict[str, tuple[str, ...]] = {}
+    for grant in grants:
+        if grant.pairing and grant.connection not in table:
+            table[grant.connection] = tuple(grant.aliases)
+    return table.get
 
 
 def _default_health() -> Mapping[str, Any]:
@@ -211,6 +226,9 @@ class ControlHandler:
     store: Store
     health: Callable[[], Mapping[str, Any]] = _default_health
     identity_for: Callable[[Operator], AgentIdentity] = operator_identity
+    pair_aliases: Callable[[str], tuple[str, ...] | None] | None = None
+    """The aliases a ``pair`` without ``aliases`` grants on a connection (normally those of
+    its pairing grant, see :func:`pairing_aliases_from_grants`)."""
     follow_poll_s: float = FOLLOW_POLL_S
 
     def methods(self) -> frozenset[str]:
@@ -300,12 +318,27 @@ class ControlHandler:
             or not all(isinstance(a, str) and a for a in aliases)
         ):
             raise ParamsError("param 'aliases' must be a non-empty array of strings")
-        ticket = await self.runtime.create_pairing(
-            identity=self.identity_for(operator),
-            connection_id=params.text("connectionId"),
-            aliases=tuple(aliases) if aliases is not None else None,
-            ttl_ms=params.integer("ttlMs", low=1, high=2**31 - 1),
-        )
+        connection_id = params.text("connectionId")
+        ttl_ms = params.integer("ttlMs", low=1, high=2**31 - 1)
+        chosen = tuple(aliases) if aliases is not None else None
+        if chosen is None and self.pair_aliases is not None:
+            chosen = self.pair_aliases(connection_id)
+        if not chosen:
+            raise ParamsError(
+                "param 'aliases' is required: no pairing grant names aliases for this connection"
+            )
+        try:
+            ticket = await self.runtime.create_pairing(
+                identity=self.identity_for(operator),
+                connection_id=connection_id,
+                aliases=chosen,
+                ttl_ms=ttl_ms,
+            )
+        except Exception as exc:
+            # The runtime's "pairing unavailable" reasons are fixed texts, safe to show.
+            if isinstance(exc, PairingUnavailableError):
+                raise RpcError(PAIRING_UNAVAILABLE, f"pairing unavailable: {exc}") from None
+            raise
         return to_wire(ticket)
 
     async def _events(self, operator: Operator, raw: Mapping[str, Any]) -> Any:

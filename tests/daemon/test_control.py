@@ -17,11 +17,12 @@ import pytest
 import trio
 
 from prismd.api import UnresolvedEntry
-from prismd.config import ControlConfig, Operator
+from prismd.config import ControlConfig, GrantConfig, Operator
 from prismd.control import (
     ControlHandler,
     ControlSocketError,
     ControlSocketInUseError,
+    pairing_aliases_from_grants,
     serve_control,
     to_wire,
 )
@@ -260,7 +261,7 @@ async def test_internal_errors_are_opaque_and_not_fatal(
                 ("listUnresolved", {}),
                 ("diagnostics", {}),
                 ("prune", {}),
-                ("pair", {"connectionId": "web"}),
+                ("pair", {"connectionId": "web", "aliases": ["echo"]}),
             ]:
                 message = await client.call(method, params)
                 assert message["error"] == {"code": -32603, "message": "internal error"}
@@ -347,7 +348,7 @@ async def test_methods_reach_the_runtime_with_the_operator_identity(tmp_path: Pa
             assert identity.user_id == "ann"
             assert identity.account_id is None
             assert identity.principal.kind == "operator"
-            assert identity.principal.id == f"uid:{os.getuid()}"
+            assert identity.principal.id == str(os.getuid())
     assert calls["list_unresolved"]["limit"] == 1
     assert calls["reconcile"]["expected_version"] == 3
     assert calls["reconcile"]["acknowledge_duplicate_risk"] is True
@@ -450,6 +451,31 @@ async def test_events_follow_streams_until_client_closes(tmp_path: Path) -> None
             # The follower ended when the client closed; the server keeps serving.
             async with connect(config.socket) as client:
                 assert (await client.result("health"))["status"] == "ok"
+
+
+async def test_pair_aliases_default_from_the_pairing_grant(tmp_path: Path) -> None:
+    grants = (
+        GrantConfig(connection="web", actors=("*",), aliases=("echo",)),
+        GrantConfig(connection="tg", pairing=True, aliases=("echo", "helper")),
+        GrantConfig(connection="tg", pairing=True, aliases=("other",)),
+    )
+    config = control(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with (
+            running_server(config, pair_aliases=pairing_aliases_from_grants(grants)) as (
+                runtime,
+                _,
+            ),
+            connect(config.socket) as client,
+        ):
+            await client.result("pair", {"connectionId": "tg"})
+            assert runtime.calls[-1][1]["aliases"] == ("echo", "helper")
+            await client.result("pair", {"connectionId": "tg", "aliases": ["x"]})
+            assert runtime.calls[-1][1]["aliases"] == ("x",)
+            message = await client.call("pair", {"connectionId": "web"})
+            assert message["error"]["code"] == -32602
+            assert "'aliases' is required" in message["error"]["message"]
+    assert len(runtime.calls) == 2
 
 
 def test_to_wire_converts_attrs_field_names_only() -> None:

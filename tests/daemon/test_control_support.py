@@ -6,7 +6,7 @@ A recording runtime, a JSON-RPC client and a server fixture.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -219,12 +219,17 @@ async def running_server(
     store: MemoryStore | None = None,
     daemon_uid: int | None = 0,
     health: dict[str, Any] | None = None,
+    pair_aliases: Callable[[str], tuple[str, ...] | None] | None = None,
 ) -> AsyncIterator[tuple[RecordingRuntime, MemoryStore]]:
     runtime = runtime if runtime is not None else RecordingRuntime()
     store = store if store is not None else MemoryStore()
     snapshot = health if health is not None else {"status": "ok", "children": {"web": "running"}}
     handler = ControlHandler(
-        runtime=runtime, store=store, health=lambda: snapshot, follow_poll_s=0.02
+        runtime=runtime,
+        store=store,
+        health=lambda: snapshot,
+        pair_aliases=pair_aliases,
+        follow_poll_s=0.02,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(

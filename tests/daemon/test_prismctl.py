@@ -161,7 +161,7 @@ async def test_other_commands(tmp_path: Path) -> None:
             assert "/pair pair-token-abc" in out
             assert runtime.calls[-1][1]["aliases"] == ("echo", "b")
             code, out, _ = await prismctl(
-                "--json", "pair", "--connection", "w", "--ttl-ms", "5", env=env
+                "--json", "pair", "--connection", "w", "--alias", "e", "--ttl-ms", "5", env=env
             )
             assert code == 0
             assert json.loads(out)["token"] == "pair-token-abc"
