@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,27 @@ async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) ->
 
 def test_wiring_error_names_the_part() -> None:
     assert "signal" in str(WiringError("connection kind 'signal' is not available in this build"))
+
+
+async def test_unavailable_connection_kind_is_a_clear_startup_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A None entry in sys.modules makes the lazy import fail like a missing module.
+    monkeypatch.setitem(sys.modules, "adapters.signal", None)
+    config = parse_config(
+        {
+            **BASE,
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "store": {"url": "sqlite:///" + str(tmp_path / "j.sqlite")},
+            "connections": [
+                *BASE["connections"],
+                {"id": "sig", "kind": "signal", "account": "+15550001111", "tcp": "127.0.0.1:7583"},
+            ],
+        }
+    )
+    out = io.StringIO()
+    daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None, out=out)
+    with trio.fail_after(20):
+        assert await daemon.run() == 1
+    assert "connection kind 'signal' is not available in this build" in out.getvalue()
+    assert not daemon.ready.is_set()
