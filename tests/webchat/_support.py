@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,6 +16,7 @@ from adapters.webchat import WebchatAdapter
 from prismd.channel import Admission, InboundEvent
 
 FIXED_NOW_MS = 1_780_000_000_000
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @attrs.frozen
