@@ -516,7 +516,7 @@ class Daemon:
         authorizer: GrantAuthorizer,
         host: Host,
     ) -> int:
-        from .control import ControlHandler, serve_control
+        from .control import ControlHandler, pairing_aliases_from_grants, serve_control
 
         assert self.notify is not None
         notify = self.notify
@@ -528,6 +528,7 @@ class Daemon:
                     store=store,
                     health=self.health,
                     identity_for=authorizer.identity_for,
+                    pair_aliases=pairing_aliases_from_grants(config.grants),
                 )
                 await self.supervisor.start(
                     children,

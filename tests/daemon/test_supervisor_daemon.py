@@ -317,3 +317,32 @@ async def test_default_config_runs_under_var_in_the_working_directory(
             assert (await client.next_frame("reply"))["text"] == "echo me"
         daemon.request_stop()
     assert not (tmp_path / "var" / "run" / "control.sock").exists()
+
+
+async def test_pairing_through_the_control_socket_grants_the_actor(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        grants=[{"connection": "web", "pairing": True, "aliases": ["echo"]}],
+    )
+    daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None)
+    socket_path = tmp_path / "run" / "control.sock"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.run)
+        with trio.fail_after(20):
+            await daemon.ready.wait()
+        async with chat(_port(daemon), actor="pairing-actor-1") as client:
+            refused = await client.send_message("m1", "hello before pairing")
+            assert refused["status"] == "denied"
+            ticket = await _control(socket_path, "pair", {"connectionId": "web"})
+            assert "result" in ticket, ticket
+            token = ticket["result"]["token"]
+            paired = await client.send_message("m2", f"/pair {token}")
+            assert paired["status"] == "accepted"
+            await client.next_frame("reply")
+            hello = await client.send_message("m3", "hello after pairing")
+            assert hello["status"] == "accepted" and hello["duplicate"] is False
+            reply = await client.next_frame("reply")
+            while reply.get("inReplyTo") != "m3":
+                reply = await client.next_frame("reply")
+            assert reply["text"] == "hello after pairing"
+        daemon.request_stop()
