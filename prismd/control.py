@@ -79,6 +79,8 @@ EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
 _RECEIVE_CHUNK = 65536
 _DRAIN_S = 1.0
+_ACCEPT_BACKOFF_S = 0.1
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _DRAIN_BYTES = 4 * 1024 * 1024
 
 
@@ -609,7 +611,15 @@ async def serve_control(
         async with listener, trio.open_nursery() as nursery:
             task_status.started()
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    # Out of file descriptors or memory: keep the server, retry shortly.
+                    if exc.errno not in _RESOURCE_ERRNOS:
+                        raise
+                    log.warning("control socket accept failed: %s", errno.errorcode[exc.errno])
+                    await trio.sleep(_ACCEPT_BACKOFF_S)
+                    continue
                 nursery.start_soon(_serve_one, stream, config, handler, daemon_uid)
     finally:
         raw.close()

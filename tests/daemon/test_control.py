@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
+import resource
 import shutil
 import socket
 import stat
@@ -29,7 +31,7 @@ from prismd.control import (
 from stores import OwnershipScope
 from stores.memory import MemoryStore
 
-from .test_control_support import RecordingRuntime, connect, running_server
+from .test_control_support import Client, RecordingRuntime, connect, running_server
 
 DEADLINE = 10
 
@@ -451,6 +453,32 @@ async def test_events_follow_streams_until_client_closes(tmp_path: Path) -> None
             # The follower ended when the client closed; the server keeps serving.
             async with connect(config.socket) as client:
                 assert (await client.result("health"))["status"] == "ok"
+
+
+async def test_out_of_file_descriptors_does_not_stop_the_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = control(tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config):
+            late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            late.setblocking(False)
+            lowest_free = os.dup(late.fileno())  # new descriptors take the lowest free number
+            os.close(lowest_free)
+            # No new descriptor can be allocated now: the server's accept() gets EMFILE.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+            try:
+                with contextlib.suppress(BlockingIOError):
+                    late.connect(config.socket)
+                await trio.sleep(0.3)
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            client_stream = trio.SocketStream(trio.socket.from_stdlib_socket(late))
+            async with client_stream:
+                client = Client(client_stream)
+                assert (await client.result("health"))["status"] == "ok"
+    assert "EMFILE" in caplog.text
 
 
 async def test_pair_aliases_default_from_the_pairing_grant(tmp_path: Path) -> None:
