@@ -1,0 +1,138 @@
+"""Outbound text hygiene, stop durability, bounded dedup and a randomized invariant check."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import trio
+import trio.testing
+
+from prismd.channel import Reply, SendResult
+from prismd.identity import ownership_from_identity
+from prismd.journal import ChannelJournal
+from prismd.limits import Limits
+from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
+from prismd.runtime._core import operation_id_for
+
+from .harness import Host, StoreFactory, event, identity, runtime
+from .scripted import ScriptedAgent
+
+IDENT = identity()
+SCOPE = ownership_from_identity(IDENT)
+
+
+def test_redactor_replaces_longest_secret_first() -> None:
+    redactor = Redactor(("abc", "abcdef", ""))
+    assert redactor.redact("x abcdef y abc") == "x [REDACTED] y [REDACTED]"
+    assert Redactor().redact("nothing") == "nothing"
+
+
+def test_truncation_keeps_utf8_prefix_and_marker() -> None:
+    """§6.2: the largest prefix of max − len(marker) bytes, no broken code point."""
+    text = "é" * 100  # 200 bytes
+    cut, truncated = truncate_utf8(text, 51)
+    assert truncated and cut.endswith(TRUNCATION_MARKER)
+    assert utf8_len(cut) <= 51
+    assert cut[: -len(TRUNCATION_MARKER)] == "é" * ((51 - utf8_len(TRUNCATION_MARKER)) // 2)
+    assert truncate_utf8("short", 51) == ("short", False)
+    assert bound_detail("€" * 300, 512) == "€" * 170
+
+
+async def test_long_answer_truncated_and_counted() -> None:
+    """§9.2: a reply over max_response_bytes is cut with the marker; ``truncated`` + 1."""
+    host = Host(agent=ScriptedAgent(answer="a" * 5000))
+    async with runtime(host, limits=Limits(max_response_bytes=1024)) as rt:
+        await rt.admit(event())
+        await rt.drain()
+        assert rt.diagnostics().truncated == 1
+    [reply] = host.deliveries
+    assert reply.text.endswith(TRUNCATION_MARKER) and utf8_len(reply.text) <= 1024
+
+
+async def test_failed_delivery_is_counted_and_listed(stores: StoreFactory) -> None:
+    """§9.2: ``delivered: false`` counts a delivery failure and leaves a resendable reply."""
+    store = await stores()
+    host = Host(deliver_result=lambda _r: SendResult(delivered=False, reason="blocked" * 200))
+    async with runtime(host, store) as rt:
+        await rt.admit(event())
+        await rt.drain()
+        assert rt.diagnostics().delivery_failures == 1
+        [entry] = await rt.list_unresolved(identity=IDENT)
+        assert entry.reply_state == "delivery_failed"
+    reply = await ChannelJournal(store.checkpoints).load_reply(
+        SCOPE, "tg-1", operation_id_for("tg-1", "1")
+    )
+    assert reply is not None and reply.record.reason is not None
+    assert utf8_len(reply.record.reason) <= 512 and reply.record.attempts == 1
+
+
+async def test_stop_settles_queued_and_claimed_durably(stores: StoreFactory) -> None:
+    """§13.5: stop() cancels the claimed run and the queued turn; both ops end
+    ``cancelled`` in the journal and nothing is left unresolved."""
+    store = await stores()
+    agent = ScriptedAgent(wait_for_cancel=True)
+    async with runtime(Host(agent=agent), store) as rt:
+        first = await rt.admit(event("1"))
+        second = await rt.admit(event("2"))
+        await agent.wait_started(1)
+        await rt.stop()
+        assert await rt.list_unresolved(identity=IDENT) == []
+        assert rt.diagnostics().cancelled == 2
+    journal = ChannelJournal(store.checkpoints)
+    states = []
+    for result in (first, second):
+        assert result.operation_id is not None
+        loaded = await journal.load_operation(SCOPE, "tg-1", result.operation_id)
+        assert loaded is not None
+        states.append((loaded.record.state, loaded.record.error_code))
+    assert states == [("cancelled", None), ("cancelled", "cancelled_at_shutdown")]
+    assert agent.cancelled_runs == 1
+
+
+async def test_in_memory_dedup_window_is_bounded() -> None:
+    """§7 step 7 (no journal): the seen-set keeps the newest N ids per connection."""
+    host = Host()
+    async with runtime(host, limits=Limits(max_seen_events_per_connection=2)) as rt:
+        for eid in ("1", "2", "3"):
+            await rt.admit(event(eid))
+        assert (await rt.admit(event("3"))).duplicate
+        assert not (await rt.admit(event("1"))).duplicate  # evicted from the window
+        await rt.drain()
+    assert host.agent.provider_calls == 4
+
+
+async def test_randomized_runs_each_event_at_most_once(stores: StoreFactory) -> None:
+    """Random interleavings of messages, duplicates and /cancel across routes: every
+    accepted event runs at most once, replies never exceed accepted events, and after
+    drain nothing is unresolved."""
+    rng = random.Random(1234)
+    store = await stores()
+    agent = ScriptedAgent(answer=lambda text, _n: f"re: {text}")
+    host = Host(agent=agent)
+    accepted: set[str] = set()
+    async with runtime(host, store, limits=Limits(max_active_sessions=2)) as rt:
+        for i in range(60):
+            actor = f"user-{rng.randrange(3)}"
+            roll = rng.random()
+            if roll < 0.15:
+                await rt.admit(event(f"c{i}", "/cancel", actor=actor))
+            elif roll < 0.3 and accepted:
+                eid = rng.choice(sorted(accepted))
+                assert (await rt.admit(event(eid, f"msg {eid}"))).duplicate
+            else:
+                result = await rt.admit(event(str(i), f"msg {i}", actor=actor))
+                if result.status == "accepted":
+                    accepted.add(str(i))
+            if rng.random() < 0.3:
+                await trio.testing.wait_all_tasks_blocked()
+        await rt.drain()
+        assert await rt.list_unresolved(identity=IDENT) == []
+        diag = rt.diagnostics()
+    ran = [c.input for c in agent.calls]
+    assert len(ran) == len(set(ran))
+    assert set(ran) <= {f"msg {e}" for e in accepted}
+    finals = [r for r in host.deliveries if r.kind == "final"]
+    assert len(finals) == diag.completed <= len(accepted)
+    assert all(isinstance(r, Reply) for r in host.deliveries)
+    assert attrs.asdict(diag)["queued"] == 0
