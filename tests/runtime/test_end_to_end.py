@@ -243,6 +243,14 @@ async def test_sigkill_leaves_executing_reconcilable_never_rerun_b119_b120(
                 acknowledge_duplicate_risk=True,
             )
             assert (result.status, result.outcome) == ("resolved", "execution_unknown")
+            settled = await ChannelJournal(store.checkpoints).load_operation(
+                OwnershipScope("e2e-tenant", None, "e2e-user"),
+                "tg-e2e",
+                listed[0].operation_id,
+            )
+            # Claimed exactly once (by the killed child), never re-run after the restart.
+            assert settled is not None and settled.record.attempts == 1
+            assert settled.record.state == "execution_unknown"
             again = await rt.admit(
                 event("e2e-2", conn="tg-e2e", chat="chat-e2e", actor="actor-e2e")
             )
