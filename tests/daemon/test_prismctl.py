@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from .test_control_support import RecordingRuntime, running_server
 
 DEADLINE = 20
 PRISMCTL = [sys.executable, "-m", "prismd.ctl"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def prismctl(
@@ -307,3 +312,50 @@ def test_chat_calls_the_chat_client(
     assert ctl.main(["chat", "--token-env", "CHAT_TOKEN"]) == 1
     assert "CHAT_TOKEN is not set" in capsys.readouterr().err
     assert len(calls) == 2
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    # tmp_path lives under a 0700 directory; the nobody user needs to reach the socket.
+    path = Path(tempfile.mkdtemp(prefix="prismctl-"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def prismctl_as_nobody(*args: str) -> tuple[int, str, str]:
+    # The system interpreter (the venv's lives under root's home): prismctl needs only the
+    # standard library, so the repository on PYTHONPATH is enough.
+    python = shutil.which("python3", path="/usr/bin") or sys.executable
+    result = await trio.run_process(
+        [python, "-m", "prismd.ctl", *args],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        cwd="/",
+    )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
+    private = ControlConfig(socket=str(shared_dir / "private" / "control.sock"))
+    with trio.fail_after(DEADLINE):
+        async with running_server(private, daemon_uid=os.getuid()):
+            code, out, err = await prismctl_as_nobody("--socket", private.socket, "health")
+            assert (code, out) == (1, "")
+            assert err == f"prismctl: permission denied: cannot open {private.socket}\n"
+        grouped = ControlConfig(
+            socket=str(shared_dir / "grouped" / "control.sock"),
+            group=grp.getgrgid(65534).gr_name,
+        )
+        async with running_server(grouped, daemon_uid=os.getuid()) as (runtime, _):
+            code, out, err = await prismctl_as_nobody("--socket", grouped.socket, "health")
+            assert (code, out) == (1, "")
+            assert err == "prismctl: permission denied: uid 65534 is not an operator\n"
+            assert runtime.calls == []
