@@ -14,10 +14,12 @@ HTTP routes:
 * anything else — 404 (unknown path), 405 (other method), 426 (``/ws`` without upgrade).
 
 Access: on a loopback address the page and socket are open to local users; browsers are
-protected by an ``Origin`` check (it must equal ``Host``) and, against DNS rebinding, the
-``Host`` must name a loopback address. On any other address an access token is mandatory
-(:meth:`WebchatAdapter.run` raises :class:`~prismd.adapter.AdapterFatalError` otherwise) and
-the page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401 otherwise).
+protected by an ``Origin`` check on the socket (it must equal ``Host``) and, against DNS
+rebinding, the ``Host`` must name a loopback address. On any other address an access token
+is mandatory (:meth:`WebchatAdapter.run` raises :class:`~prismd.adapter.AdapterFatalError`
+otherwise), unless ``pairing_only`` says every grant of the connection needs pairing. With a
+token, the page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401
+otherwise); ``/healthz`` stays open.
 
 WebSocket protocol — JSON objects in text frames:
 
@@ -242,8 +244,12 @@ class WebchatAdapter:
     access_token: str | None = None
     clock: Clock = SYSTEM_CLOCK
     max_message_bytes: int = 64 * 1024
+    pairing_only: bool = False
+    """Every grant of this connection needs pairing (``prismctl pair``), so a listener off
+    loopback is acceptable without an access token: strangers reach the socket but no agent."""
     bound: tuple[str, int] | None = attrs.field(default=None, init=False)
     _listening: bool = attrs.field(default=False, init=False)
+    _on_loopback: bool = attrs.field(default=True, init=False)
     _sockets: dict[str, set[_Socket]] = attrs.field(factory=dict, init=False)
     _connections: int = attrs.field(default=0, init=False)
     _admitted: int = attrs.field(default=0, init=False)
@@ -286,7 +292,8 @@ class WebchatAdapter:
             host, port = parse_listen(self.listen)
         except ValueError:
             raise AdapterFatalError("web chat listen address must be HOST:PORT") from None
-        if not _is_loopback_host(host) and not self.access_token:
+        self._on_loopback = _is_loopback_host(host)
+        if not self._on_loopback and not self.access_token and not self.pairing_only:
             raise AdapterFatalError("web chat on a non-loopback address needs an access token")
         listeners = await trio.open_tcp_listeners(port, host=host)
         try:
@@ -438,9 +445,10 @@ class WebchatAdapter:
         await self._serve_websocket(stream, raw)
 
     def _host_allowed(self, head: _Head) -> bool:
-        # Without a token, loopback is the only protection: a page on another site that
-        # rebinds its DNS name to 127.0.0.1 would otherwise reach us with its own Host.
-        if self.access_token:
+        # On loopback without a token, being local is the only protection: a page on another
+        # site that rebinds its DNS name to 127.0.0.1 would otherwise reach us with its own
+        # Host. A token (or pairing off loopback) protects the other cases.
+        if self.access_token or not self._on_loopback:
             return True
         return _host_header_is_loopback(head.headers.get("host", ""))
 

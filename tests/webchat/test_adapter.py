@@ -382,6 +382,20 @@ async def test_non_loopback_without_token_is_fatal(listen: str) -> None:
     assert adapter.health() == {"listener": "stopped"}
 
 
+async def test_pairing_only_may_listen_off_loopback_without_token(nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        adapter, recorder = await start(nursery, listen="0.0.0.0:0", pairing_only=True)
+        assert adapter.bound is not None
+        adapter.bound = ("127.0.0.1", adapter.bound[1])
+        # reachable under its public name (no loopback Host check off loopback)
+        assert (await http(adapter, get("/", host="chat.example")))[0] == 200
+        async with connect(adapter) as ws:
+            await hello(ws, ACTOR)
+            await send(ws, {"type": "message", "id": "m1", "text": "pair me"})
+            assert (await recv(ws))["status"] == "accepted"
+    assert len(recorder.events) == 1
+
+
 @pytest.mark.parametrize("listen", ["8787", "127.0.0.1:", "127.0.0.1:99999", ":8787"])
 async def test_bad_listen_is_fatal(listen: str) -> None:
     adapter = WebchatAdapter(connection_id="web", listen=listen, admit=Recorder())
