@@ -217,6 +217,19 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             route.session_id, route.leaf_id = await core.derive_session(
                 route, identity, route.generation
             )
+        if core.leasing:
+            # The claim is written only under a live lease fence. Lost meanwhile (renewal
+            # failed, taken over)? The turn goes back to the head of the queue, still
+            # ``accepted``, and the pump waits for the lease again (SPEC difference 8).
+            lease = None
+            try:
+                lease = await core.ensure_lease(route)
+            except Exception:
+                core.count("storage_failures")
+            if lease is None:
+                route.queue.appendleft(turn)
+                return
+            fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
         if not claimed:
             return

@@ -4,6 +4,9 @@ behaviour (differences 4 and 6 are covered in ``test_approvals.py``, 3 for notif
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import trio
 import trio.testing
 
@@ -232,3 +235,71 @@ async def test_lease_renewed_during_long_run(autojump_clock: trio.abc.Clock) -> 
         await rt.drain()
         assert rt.diagnostics().lease_losses == 0
     assert host.texts == ["answer"]
+
+
+@attrs.define
+class _NoRenewLeases:
+    """A lease store whose renewals always fail (as if the lease had been lost)."""
+
+    inner: Any
+    renewals: int = 0
+
+    async def try_acquire_lease(self, **kw: Any) -> Any:
+        return await self.inner.try_acquire_lease(**kw)
+
+    async def renew_lease(self, **kw: Any) -> Any:
+        self.renewals += 1
+        return None
+
+    async def release_lease(self, **kw: Any) -> Any:
+        return await self.inner.release_lease(**kw)
+
+    async def get_lease(self, **kw: Any) -> Any:
+        return await self.inner.get_lease(**kw)
+
+
+@attrs.define
+class _Store:
+    checkpoints: Any
+    leases: Any
+    url: str = "memory://"
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_lost_lease_before_claim_requeues_not_drops(autojump_clock: trio.abc.Clock) -> None:
+    """A turn whose lease was lost while it waited for a slot is not claimed unfenced and
+    not dropped: it stays ``accepted``, waits for the lease, then runs once."""
+    clock = TrioClock()
+    inner = MemoryStore(clock=clock)
+    leases = _NoRenewLeases(inner.leases)
+    store = _Store(inner.checkpoints, leases)
+    gate = trio.Event()
+    blocker = ScriptedAgent(gate=gate, answer="other")
+    agent = ScriptedAgent(answer="mine")
+    host = Host(agent=agent, agents={"other": blocker})
+    host.grant_for = lambda inp: grant(
+        aliases=("other",) if inp.external_actor_id == "user-b" else ("primary",)
+    )
+    limits = Limits(max_active_sessions=1, lease_ttl_ms=30_000)
+    async with runtime(host, store, clock=clock, limits=limits) as rt:  # type: ignore[arg-type]
+        await rt.admit(event("b", actor="user-b"))
+        await blocker.wait_started(1)
+        await rt.admit(event("1"))
+        await trio.sleep(60)  # our lease (30 s) lapses while we wait for the slot
+        assert agent.provider_calls == 0
+        gate.set()
+        with trio.fail_after(120):
+            await rt.drain()
+        assert rt.diagnostics().lease_losses >= 1
+    assert agent.provider_calls == 1 and "mine" in host.texts
+    assert leases.renewals >= 1
+    from prismd.journal import NS_OPERATION
+
+    raw = await inner.checkpoints.load_checkpoint(
+        namespace=NS_OPERATION,
+        key=operation_key("tg-1", SCOPE, operation_id_for("tg-1", "1")),
+        scope=SCOPE,
+    )
+    assert raw is not None and raw.fencing_token is not None  # claimed under a fence
