@@ -571,7 +571,15 @@ class Daemon:
         return EXIT_OK
 
     def _announce(self) -> None:
-        parts = [f"{name} {where}" for name, where in self.endpoints.items()]
+        """One stderr line saying where to connect (what `make run` users look for)."""
+        parts: list[str] = []
+        for connection in self.config.connections:
+            where = self.endpoints.get(adapter_child_name(connection), "")
+            state = self.supervisor.children[adapter_child_name(connection)].state
+            label = "web chat" if connection.kind == "webchat" else connection.kind
+            suffix = "" if state == "running" else f" [{state}]"
+            parts.append(f"{label} {connection.id}: {where}{suffix}")
+        parts.append(f"control socket: {self.endpoints['control']}")
         self._print("prismd: ready — " + "; ".join(parts))
         log.info("ready")
 

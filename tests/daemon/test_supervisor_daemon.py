@@ -311,7 +311,8 @@ async def test_default_config_runs_under_var_in_the_working_directory(
         assert (tmp_path / "var" / "instance-id").is_file()
         assert (tmp_path / "var" / "journal.sqlite").is_file()
         assert (tmp_path / "var" / "run" / "control.sock").is_socket()
-        assert "control var/run/control.sock" in out.getvalue()
+        assert "control socket: var/run/control.sock" in out.getvalue()
+        assert f"web chat web: http://127.0.0.1:{_port(daemon)}/" in out.getvalue()
         async with chat(_port(daemon), actor="default-actor-1") as client:
             assert (await client.send_message("m1", "echo me"))["status"] == "accepted"
             assert (await client.next_frame("reply"))["text"] == "echo me"
