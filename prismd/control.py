@@ -535,7 +535,22 @@ class _Connection:
 
 
 def _prepare_directory(directory: Path, gid: int | None) -> None:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create the socket's directory, or tighten the existing one to 0700 / 0750+group.
+
+    A shared directory (world-writable or sticky, like /tmp) is refused rather than
+    tightened: the socket needs a directory of its own.
+    """
+    try:
+        mode = directory.stat().st_mode
+    except FileNotFoundError:
+        directory.mkdir(parents=True, mode=0o700)
+    else:
+        if not stat.S_ISDIR(mode):
+            raise ControlSocketError(f"{directory} is not a directory")
+        if mode & (stat.S_ISVTX | stat.S_IWOTH):
+            raise ControlSocketError(
+                f"{directory} is a shared directory; put the control socket in its own directory"
+            )
     if gid is not None:
         os.chown(directory, -1, gid)
         os.chmod(directory, 0o750)

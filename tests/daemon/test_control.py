@@ -71,12 +71,24 @@ async def test_group_directory_and_socket(tmp_path: Path) -> None:
 
 
 async def test_existing_directory_is_tightened(tmp_path: Path) -> None:
-    (tmp_path / "run").mkdir(mode=0o777)
-    os.chmod(tmp_path / "run", 0o777)
+    (tmp_path / "run").mkdir(mode=0o755)
+    os.chmod(tmp_path / "run", 0o755)
     config = control(tmp_path)
     with trio.fail_after(DEADLINE):
         async with running_server(config):
             assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+
+
+async def test_shared_directory_is_refused_not_tightened(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    config = ControlConfig(socket=str(shared / "control.sock"))
+    handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
+    with trio.fail_after(DEADLINE), pytest.raises(ControlSocketError, match="shared directory"):
+        await serve_control(config, handler=handler, daemon_uid=0)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert not os.path.exists(config.socket)  # noqa: ASYNC240
 
 
 async def test_stale_socket_is_replaced(tmp_path: Path) -> None:
