@@ -312,8 +312,10 @@ class Daemon:
     config: Config
     env: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     install_signals: bool = True
-    notify: Callable[[str], object] = attrs.field(default=None)
-    out: TextIO = attrs.field(default=None)
+    notify: Callable[[str], object] | None = None
+    """``sd_notify`` (default: :func:`prismd.sdnotify.notify` with ``env``)."""
+    out: TextIO | None = None
+    """Where the startup line and fatal messages go (default: stderr)."""
     policy: RestartPolicy = attrs.field(factory=RestartPolicy)
     supervisor: Supervisor = attrs.field(init=False)
     ready: trio.Event = attrs.field(factory=trio.Event, init=False)

@@ -29,6 +29,7 @@ from .config import (
     WebchatConnectionConfig,
     read_secret,
 )
+from .runtime import ResolveAgentInput
 from .statedir import StateDir
 
 log = logging.getLogger("prismd.wiring")
@@ -170,7 +171,7 @@ class Host:
             return Admission(status="denied", reason="unavailable")
         return await target(event)
 
-    async def resolve_agent(self, request: Any) -> Agent:
+    async def resolve_agent(self, request: ResolveAgentInput) -> Agent:
         """``resolve_agent(ResolveAgentInput)``: the agent built for the alias."""
         alias = request.agent_alias
         agent = self.agents.get(alias)
