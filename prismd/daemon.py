@@ -504,6 +504,8 @@ class Daemon:
             return code
         for exc in failures:
             self._fail(str(exc))
+        assert self.notify is not None
+        self.notify("STOPPING=1")
         with trio.move_on_after(self._stop_budget_s(), shield=True):
             await runtime.stop()
         return EXIT_FAILURE

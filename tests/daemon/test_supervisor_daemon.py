@@ -267,6 +267,7 @@ async def test_an_adapter_crashing_too_often_ends_the_daemon_with_exit_1(
     assert "webchat:web crashed 4 times within 60 s; giving up" in text
     assert "123456:" not in text
     assert daemon.supervisor.children["webchat:web"].state == "failed"
+    assert notes == ["READY=1", "STOPPING=1"]
 
 
 async def test_sighup_keeps_serving_and_reopens_logs(
