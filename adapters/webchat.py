@@ -60,6 +60,7 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
+from http import HTTPStatus
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -166,7 +167,8 @@ class WebchatStatistics:
     open_sockets: int
     actors: int
     connections: int
-    admitted: int
+    admissions: int
+    """``admit`` calls answered (any status)."""
     rejected_frames: int
     replies_sent: int
     replies_not_connected: int
@@ -252,7 +254,7 @@ class WebchatAdapter:
     _on_loopback: bool = attrs.field(default=True, init=False)
     _sockets: dict[str, set[_Socket]] = attrs.field(factory=dict, init=False)
     _connections: int = attrs.field(default=0, init=False)
-    _admitted: int = attrs.field(default=0, init=False)
+    _admissions: int = attrs.field(default=0, init=False)
     _rejected_frames: int = attrs.field(default=0, init=False)
     _replies_sent: int = attrs.field(default=0, init=False)
     _replies_not_connected: int = attrs.field(default=0, init=False)
@@ -276,7 +278,7 @@ class WebchatAdapter:
             open_sockets=sum(len(s) for s in self._sockets.values()),
             actors=len(self._sockets),
             connections=self._connections,
-            admitted=self._admitted,
+            admissions=self._admissions,
             rejected_frames=self._rejected_frames,
             replies_sent=self._replies_sent,
             replies_not_connected=self._replies_not_connected,
@@ -501,7 +503,8 @@ class WebchatAdapter:
         if status == 405:
             headers.append(("Allow", "GET, HEAD"))
         try:
-            data = conn.send(h11.Response(status_code=status, headers=headers))
+            reason = HTTPStatus(status).phrase.encode("ascii")
+            data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
             if method != "HEAD":
                 data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
             data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
@@ -581,7 +584,7 @@ class WebchatAdapter:
                     if not await self._send_error(ws, "the message could not be admitted"):
                         return
                     continue
-                self._admitted += 1
+                self._admissions += 1
                 if not await self._send_frame(sock, _admission_frame(client_id, admission)):
                     return
         finally:

@@ -72,7 +72,9 @@ async def http(adapter: WebchatAdapter, request: bytes) -> tuple[int, dict[str, 
             data += chunk
     head, _, body = bytes(data).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
+    version, status_text, reason = lines[0].split(" ", 2)
+    assert version == "HTTP/1.1" and reason  # a reason phrase, e.g. "OK"
+    status = int(status_text)
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")

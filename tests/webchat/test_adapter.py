@@ -172,7 +172,7 @@ async def test_message_round_trip(nursery: trio.Nursery) -> None:
                 ],
                 "inReplyTo": "m1",
             }
-        assert adapter.statistics().admitted == 1
+        assert adapter.statistics().admissions == 1
 
 
 async def test_duplicate_client_id_reports_duplicate(nursery: trio.Nursery) -> None:
