@@ -84,6 +84,14 @@ def counting_mock(ctx: AgentContext) -> CountingMock:
     )
 
 
+def run_keys(path: Path) -> list[str]:
+    """The idempotency keys of every run started, in order."""
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
 def run_count(path: Path) -> int:
     try:
         return len(path.read_text().splitlines())
@@ -140,6 +148,7 @@ def write_config(
     *,
     delay_ms: int = 60_000,
     stop_deadline_ms: int = 3_000,
+    lease_ttl_ms: int = 30_000,
     port: int | None = None,
     extra: str = "",
     agent_extra: str = "",
@@ -155,6 +164,7 @@ url = "sqlite:///{layout.db}"
 
 [limits]
 stop_deadline_ms = {stop_deadline_ms}
+lease_ttl_ms = {lease_ttl_ms}
 
 [control]
 socket = "{layout.control}"

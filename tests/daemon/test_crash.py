@@ -16,7 +16,16 @@ import trio
 from prismd.journal import NS_OPERATION
 from stores import open_store
 
-from .helpers import Layout, chat, prismctl, run_count, running_daemon, write_config
+from .helpers import (
+    Layout,
+    chat,
+    prismctl,
+    run_count,
+    run_keys,
+    running_daemon,
+    wait_runs,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +89,9 @@ async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(tmp_path: 
 
 
 async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(tmp_path: Path) -> None:
-    layout = write_config(tmp_path, delay_ms=60_000)
+    # A long lease TTL: the restarted daemon must reclaim its predecessor's binding lease
+    # at once (deliberate difference 8), not wait it out.
+    layout = write_config(tmp_path, delay_ms=60_000, lease_ttl_ms=120_000)
     async with running_daemon(layout, tag="first") as first:
         await first.wait_state("READY=1")
         async with chat(layout.port) as client:
@@ -122,11 +133,21 @@ async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(tmp_pat
         assert result["outcome"] == "execution_unknown"
         code, entries, _ = await prismctl(layout, "list-unresolved")
         assert code == 0 and entries == []
+
+        # A new message in the same conversation runs at once: the binding lease of the
+        # killed predecessor (same instance id) was reclaimed, not waited out (120 s TTL).
+        async with chat(layout.port) as client:
+            fresh = await client.send_message("m2", "next")
+            assert fresh["status"] == "accepted" and fresh["duplicate"] is False
+        with trio.fail_after(15):
+            await wait_runs(layout, 2)
         second.send(signal.SIGTERM)
         assert await second.wait_exit() == 0
-    # The agent ran exactly once in total, across the kill, restart and reconcile.
-    assert run_count(layout.runs) == 1
-    assert await _operation_states(layout) == ["execution_unknown"]
+    # The first event's agent run happened exactly once in total, across the kill, the
+    # restart, the duplicate and the reconcile.
+    keys = run_keys(layout.runs)
+    assert len(keys) == 2 and keys[0] != keys[1]
+    assert sorted(await _operation_states(layout)) == ["cancelled", "execution_unknown"]
 
 
 async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
