@@ -47,6 +47,7 @@ from .config import (
     TelegramConnectionConfig,
     WebchatConnectionConfig,
 )
+from .control import ControlSocketError
 from .grants import GrantAuthorizer
 from .redact import Redactor
 from .statedir import StateDir, StateDirError, open_state_dir
@@ -80,17 +81,24 @@ class TooManyRestartsError(DaemonError):
         self.child = name
 
 
+OPERATOR_FACING: tuple[type[BaseException], ...] = (AdapterFatalError, ControlSocketError)
+"""Exceptions whose message is written for the operator (fixed text, paths, no payloads)."""
+
+
 def describe_exception(exc: BaseException) -> str:
     """A short, secret-free description: exception type names, OS error strings only.
 
-    ``OSError.strerror`` is a fixed C-library string ("Address already in use"); any
-    other message text is left out on purpose.
+    ``OSError.strerror`` is a fixed C-library string ("Address already in use"), and the
+    :data:`OPERATOR_FACING` exceptions carry messages meant for the operator (still passed
+    through the log redaction); any other message text is left out on purpose.
     """
     if isinstance(exc, BaseExceptionGroup):
         inner = sorted({describe_exception(e) for e in exc.exceptions})
         return " + ".join(inner)
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__} ({exc.strerror})"
+    if isinstance(exc, OPERATOR_FACING) and str(exc):
+        return f"{type(exc).__name__}: {logs.redact(str(exc))}"
     return type(exc).__name__
 
 

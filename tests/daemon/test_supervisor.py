@@ -212,6 +212,10 @@ async def test_health_survives_a_raising_adapter_health() -> None:
 
 def test_describe_exception_never_includes_message_text() -> None:
     assert describe_exception(ValueError("bot123:SECRET")) == "ValueError"
+    fatal = AdapterFatalError("Telegram rejected the bot credentials")
+    assert describe_exception(fatal) == ("AdapterFatalError: Telegram rejected the bot credentials")
+    leaky = AdapterFatalError("failed https://api.telegram.org/bot123456:" + "A" * 35 + "/getMe")
+    assert "AAAA" not in describe_exception(leaky)
     group = ExceptionGroup("g", [KeyError("x"), OSError(13, "Permission denied")])
     assert describe_exception(group) == "KeyError + PermissionError (Permission denied)"
 
