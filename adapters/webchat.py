@@ -93,8 +93,9 @@ SEND_TIMEOUT_S = 10.0
 """A reply that cannot be written to a socket in this time counts as not taken; the socket
 is closed, since a peer that stops reading would otherwise hold replies forever."""
 CLOSE_BUDGET_S = 2.0
+STOP_CLOSE_BUDGET_S = 0.25
 MAX_CONNECTIONS = 256
-"""Concurrent TCP connections; further ones are closed at once."""
+"""Default bound on concurrent TCP connections; further ones are closed at once."""
 NOT_CONNECTED = "webchat_not_connected"
 
 _PAGE_RESOURCE = "webchat.html"
@@ -246,6 +247,7 @@ class WebchatAdapter:
     access_token: str | None = None
     clock: Clock = SYSTEM_CLOCK
     max_message_bytes: int = 64 * 1024
+    max_connections: int = MAX_CONNECTIONS
     pairing_only: bool = False
     """Every grant of this connection needs pairing (``prismctl pair``), so a listener off
     loopback is acceptable without an access token: strangers reach the socket but no agent."""
@@ -337,7 +339,7 @@ class WebchatAdapter:
     # ------------------------------------------------------------------ HTTP
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        if self._connections >= MAX_CONNECTIONS:
+        if self._connections >= self.max_connections:
             await trio.aclose_forcefully(stream)
             return
         self._connections += 1
@@ -535,8 +537,12 @@ class WebchatAdapter:
             try:
                 await self._session(ws)
             finally:
-                with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                    await ws.aclose(1001 if _cancelled_now() else 1000)
+                # Stopping (we are cancelled): say 1001 "going away" and do not wait long for
+                # the peer's answer, since the library's reader task is cancelled with us.
+                stopping = _cancelled_now()
+                budget = STOP_CLOSE_BUDGET_S if stopping else CLOSE_BUDGET_S
+                with trio.move_on_after(budget, shield=True):
+                    await ws.aclose(1001 if stopping else 1000)
                 nursery.cancel_scope.cancel()
 
     async def _session(self, ws: Any) -> None:

@@ -331,6 +331,45 @@ async def test_admit_failure_is_an_error_frame(nursery: trio.Nursery) -> None:
         assert (await http(adapter, get("/healthz")))[0] == 200
 
 
+async def test_connections_beyond_the_cap_are_closed(nursery: trio.Nursery) -> None:
+    with trio.fail_after(10):
+        adapter, _ = await start(nursery, max_connections=1)
+        async with connect(adapter) as ws:
+            await hello(ws, ACTOR)
+            assert adapter.bound is not None
+            stream = await trio.open_tcp_stream(*adapter.bound)
+            async with stream:
+                await stream.send_all(get("/healthz"))
+                assert await stream.receive_some(4096) == b""  # closed unanswered
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await http(adapter, get("/healthz")))[0] == 200
+
+
+async def test_stopping_closes_sockets_with_going_away(nursery: trio.Nursery) -> None:
+    adapter = WebchatAdapter(connection_id="web", listen="127.0.0.1:0", admit=Recorder())
+    serving = trio.CancelScope()
+    stopped = trio.Event()
+
+    async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with serving:
+            await adapter.run(task_status=task_status)
+        stopped.set()
+
+    with trio.fail_after(10):
+        await nursery.start(serve)
+        async with connect(adapter) as ws:
+            await hello(ws, ACTOR)
+            serving.cancel()  # the daemon stops
+            with pytest.raises(trio_websocket.ConnectionClosed) as info:
+                await ws.get_message()
+            assert info.value.reason is not None and info.value.reason.code == 1001
+        started = trio.current_time()
+        await stopped.wait()
+    # the stop does not wait out the close handshake budget for each socket
+    assert trio.current_time() - started < 1.5
+    assert adapter.health() == {"listener": "stopped"}
+
+
 # ---------------------------------------------------------------------- send
 
 
