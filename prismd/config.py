@@ -519,6 +519,9 @@ def _parse_telegram(table: _Table, conn_id: str) -> TelegramConnectionConfig:
         raise table.error("webhook_path", "must start with '/'")
     webhook_secret_env = table.get_str("webhook_secret_env")
     _check_env_name(table, "webhook_secret_env", webhook_secret_env)
+    if mode == "webhook" and webhook_secret_env is None:
+        # Telegram echoes the secret in a header; without it anyone could post updates.
+        raise table.error("webhook_secret_env", "is required in webhook mode")
     return TelegramConnectionConfig(
         id=conn_id,
         token_env=token_env,

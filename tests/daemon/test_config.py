@@ -248,6 +248,11 @@ CONNECTION_ERRORS = [
     ),
     ("id = 't'\nkind = 'telegram'\ntoken_env = 'A'\nmode = 'push'", ".mode", "'polling' or"),
     (
+        "id = 't'\nkind = 'telegram'\ntoken_env = 'A'\nmode = 'webhook'",
+        ".webhook_secret_env",
+        "required in webhook mode",
+    ),
+    (
         "id = 't'\nkind = 'telegram'\ntoken_env = 'A'\napi_origin = 'http://example.com'",
         "[[connections]][2].api_origin",
         "only for loopback",
