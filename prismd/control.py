@@ -384,7 +384,9 @@ def _peer_uid(sock: trio.socket.SocketType) -> int | None:
 
 
 def _encode(message: Mapping[str, Any]) -> bytes:
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    # ASCII-only output: escapes every non-ASCII character (lone surrogates included), so
+    # encoding never fails and each line is valid UTF-8.
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
 def _error(request_id: Any, code: int, message: str) -> bytes:
@@ -494,15 +496,16 @@ class _Connection:
     async def _dispatch(self, request: _Request) -> bytes | AsyncIterator[Any]:
         try:
             result = await self.handler.call(self.operator, request.method, request.params)
+            if isinstance(result, AsyncIterator):
+                return result
+            # Encoding is inside the guard: a result that is not JSON is an internal error.
+            return _result(request.id, result)
         except RpcError as exc:
             return _error(request.id, exc.code, exc.message)
         except Exception as exc:
             # The type only: exception text may carry ids or user content.
             log.warning("control method %s failed: %s", request.method, type(exc).__name__)
             return _error(request.id, INTERNAL_ERROR, "internal error")
-        if isinstance(result, AsyncIterator):
-            return result
-        return _result(request.id, result)
 
     async def _stream_results(self, request_id: Any, pages: AsyncIterator[Any]) -> None:
         """Send every page until the client closes (EOF) or a send fails."""

@@ -285,6 +285,30 @@ async def test_internal_errors_are_opaque_and_not_fatal(
     assert "ABCDEFGHIJ" not in caplog.text
 
 
+async def test_unencodable_results_are_internal_errors(tmp_path: Path) -> None:
+    config = control(tmp_path)
+    snapshots: list[dict[str, object]] = [
+        {"status": object()},
+        {"status": float("nan")},
+        {"status": "caf\u00e9 \ud800"},
+    ]
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, health=snapshots[0]), connect(config.socket) as client:
+            message = await client.call("health")
+            assert message["error"] == {"code": -32603, "message": "internal error"}
+            assert (await client.result("listUnresolved"))[0]["operationId"] == "op-1"
+        for snapshot, expected in ((snapshots[1], None), (snapshots[2], "caf\u00e9 \ud800")):
+            async with (
+                running_server(config, health=snapshot),
+                connect(config.socket) as client,
+            ):
+                message = await client.call("health")
+                if expected is None:
+                    assert message["error"]["code"] == -32603
+                else:
+                    assert message["result"]["status"] == expected
+
+
 async def test_methods_reach_the_runtime_with_the_operator_identity(tmp_path: Path) -> None:
     config = control(tmp_path, operators=(Operator(uid=os.getuid(), tenant="acme", user="ann"),))
     with trio.fail_after(DEADLINE):
