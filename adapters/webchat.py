@@ -52,6 +52,7 @@ Message text never reaches the logs; the adapter logs only fixed messages and ex
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import ipaddress
@@ -122,8 +123,6 @@ def _load_page() -> tuple[bytes, str]:
 
 
 def _csp_hash(text: str) -> str:
-    import base64
-
     digest = hashlib.sha256(text.encode("utf-8")).digest()
     return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
 

@@ -99,6 +99,7 @@ class DevTools:
         self._ws = ws
         self._next_id = 0
         self.session: str | None = None
+        self.events: list[dict[str, Any]] = []
 
     async def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         self._next_id += 1
@@ -108,6 +109,8 @@ class DevTools:
         await self._ws.send_message(json.dumps(message))
         while True:
             answer = json.loads(await self._ws.get_message())
+            if "method" in answer:
+                self.events.append(answer)
             if answer.get("id") == self._next_id:
                 if "error" in answer:
                     raise AssertionError(f"DevTools {method} failed: {answer['error']}")
@@ -120,6 +123,22 @@ class DevTools:
             "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
         )
         self.session = attached["sessionId"]
+        await self.call("Log.enable")  # CSP violations and failed loads arrive as entries
+        await self.call("Runtime.enable")
+
+    def page_errors(self) -> list[str]:
+        """Console errors, failed loads and uncaught exceptions seen so far."""
+        errors = []
+        for event in self.events:
+            if event["method"] == "Log.entryAdded" and event["params"]["entry"]["level"] == "error":
+                errors.append(event["params"]["entry"]["text"])
+            elif event["method"] == "Runtime.exceptionThrown":
+                errors.append(str(event["params"]["exceptionDetails"].get("text")))
+            elif (
+                event["method"] == "Runtime.consoleAPICalled" and event["params"]["type"] == "error"
+            ):
+                errors.append(str(event["params"]["args"]))
+        return errors
 
     async def evaluate(self, expression: str) -> Any:
         result = await self.call(
@@ -205,6 +224,8 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                 actor = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
                 assert isinstance(actor, str) and len(actor) >= 8
                 assert runtime.diagnostics().admitted == 1
+                # the inline style ran too (allowed by its CSP hash)
+                assert await browser.evaluate("getComputedStyle(document.body).display") == "flex"
                 # a reload keeps the actor id (localStorage) and reconnects
                 await browser.navigate(page_url(adapter))
                 await browser.wait_for(
@@ -218,6 +239,8 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                 )
                 assert reply == "second visit"
                 assert adapter.statistics().actors == 1
+
+            assert browser.page_errors() == []
 
             # 2. an agent that asks before using a tool: the notice's buttons work
             async with chat_stack("mock", {"suspend_for_tool": "shell"}) as (adapter, _):
@@ -243,3 +266,8 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                     ".every(b => b.disabled)"
                 )
                 assert disabled is True
+            assert browser.page_errors() == []
+            # the error collection above really sees page errors
+            await browser.evaluate("console.error('probe-error'), true")
+            await browser.evaluate("1")
+            assert any("probe-error" in e for e in browser.page_errors())
