@@ -6,6 +6,7 @@ import contextlib
 import grp
 import json
 import os
+import random
 import resource
 import shutil
 import socket
@@ -15,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 import trio
+from hypothesis import strategies as st
 
 from prismd.api import UnresolvedEntry
 from prismd.config import ControlConfig, GrantConfig, Operator
@@ -24,6 +27,7 @@ from prismd.control import (
     ControlHandler,
     ControlSocketError,
     ControlSocketInUseError,
+    _parse_request,
     pairing_aliases_from_grants,
     serve_control,
     to_wire,
@@ -662,3 +666,71 @@ async def test_without_group_the_socket_is_unreachable_for_others(shared_dir: Pa
             )
             assert result.returncode != 0
             assert b"PermissionError" in result.stderr
+
+
+# ---------------------------------------------------------------- fuzzing the framing
+
+
+@hypothesis.given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+@hypothesis.settings(max_examples=200, deadline=None)
+def test_parse_request_never_raises(line: bytes) -> None:
+    outcome = _parse_request(line)
+    if isinstance(outcome, bytes):
+        message = json.loads(outcome)
+        assert message["jsonrpc"] == "2.0"
+        assert message["error"]["code"] in (-32700, -32600, -32602)
+        assert outcome.endswith(b"\n") and outcome.count(b"\n") == 1
+
+
+async def test_random_lines_each_get_one_answer(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    lines: list[bytes] = []
+    for _ in range(200):
+        kind = rng.randrange(4)
+        if kind == 0:
+            raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 80)))
+        elif kind == 1:
+            raw = json.dumps(
+                {"jsonrpc": "2.0", "id": rng.randrange(9), "method": rng.choice(METHODS)}
+            ).encode()
+        elif kind == 2:
+            raw = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "x",
+                    "method": rng.choice(METHODS),
+                    "params": {rng.choice(PARAM_NAMES): rng.choice(VALUES)},
+                }
+            ).encode()
+        else:
+            raw = b'{"jsonrpc":"2.0","id":1,"method":"health","params":' + bytes(
+                rng.randrange(32, 127) for _ in range(rng.randrange(0, 20))
+            )
+        raw = raw.replace(b"\n", b" ")
+        if raw.strip():
+            lines.append(raw + b"\n")
+    config = control(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config), connect(config.socket) as client:
+            for raw in lines:
+                await client.send_raw(raw)
+                message = await client.read_message()
+                assert message["jsonrpc"] == "2.0"
+                assert ("result" in message) != ("error" in message)
+            assert (await client.result("health"))["status"] == "ok"
+
+
+METHODS = [
+    "listUnresolved",
+    "reconcile",
+    "prune",
+    "diagnostics",
+    "health",
+    "notify",
+    "pair",
+    "events",
+    "bogus",
+    "",
+]
+PARAM_NAMES = ["limit", "connectionId", "now", "after", "aliases", "ttlMs", "zzz"]
+VALUES: list[object] = [None, 0, -1, 2**70, 1.5, "", "x", [], ["a"], {}, True]
