@@ -221,7 +221,9 @@ class _ReplayStream(trio.abc.Stream):
 @attrs.define(eq=False)
 class _Socket:
     ws: Any  # trio_websocket.WebSocketConnection (untyped library)
-    actor: str
+    stream: trio.abc.Stream
+    """The transport under ``ws``, closed directly when the peer stops reading."""
+    actor: str = ""
 
 
 @attrs.define(eq=False)
@@ -325,11 +327,17 @@ class WebchatAdapter:
             },
             ensure_ascii=False,
         )
-        taken = 0
-        for sock in sockets:
+        taken: list[_Socket] = []
+
+        async def deliver(sock: _Socket) -> None:
             if await self._send_frame(sock, frame):
-                taken += 1
-        if taken == 0:
+                taken.append(sock)
+
+        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S
+        async with trio.open_nursery() as nursery:
+            for sock in sockets:
+                nursery.start_soon(deliver, sock)
+        if not taken:
             self._replies_not_connected += 1
             return SendResult(False, reason=NOT_CONNECTED)
         self._replies_sent += 1
@@ -534,7 +542,7 @@ class WebchatAdapter:
                 nursery.cancel_scope.cancel()
                 return
             try:
-                await self._session(ws)
+                await self._session(_Socket(ws=ws, stream=replay))
             finally:
                 # Stopping (we are cancelled): say 1001 "going away" and do not wait long for
                 # the peer's answer, since the library's reader task is cancelled with us.
@@ -544,7 +552,8 @@ class WebchatAdapter:
                     await ws.aclose(1001 if stopping else 1000)
                 nursery.cancel_scope.cancel()
 
-    async def _session(self, ws: Any) -> None:
+    async def _session(self, sock: _Socket) -> None:
+        ws = sock.ws
         actor: str | None = None
         with trio.move_on_after(HELLO_TIMEOUT_S):
             while actor is None:
@@ -560,13 +569,13 @@ class WebchatAdapter:
                         raise _BadFrame("invalid actor id")
                     actor = candidate
                 except _BadFrame as bad:
-                    if not await self._send_error(ws, bad.args[0]):
+                    if not await self._send_error(sock, bad.args[0]):
                         return
         if actor is None:
-            await self._send_error(ws, "no hello received in time")
+            await self._send_error(sock, "no hello received in time")
             await ws.aclose(1008, "no hello")
             return
-        sock = _Socket(ws=ws, actor=actor)
+        sock.actor = actor
         if not await self._send_frame(sock, json.dumps({"type": "ready", "actor": actor})):
             return
         self._sockets.setdefault(actor, set()).add(sock)
@@ -578,7 +587,7 @@ class WebchatAdapter:
                 try:
                     event, client_id = self._event_from(actor, self._decode(message))
                 except _BadFrame as bad:
-                    if not await self._send_error(ws, bad.args[0]):
+                    if not await self._send_error(sock, bad.args[0]):
                         return
                     continue
                 try:
@@ -586,7 +595,7 @@ class WebchatAdapter:
                 except Exception as exc:
                     # the client keeps the message and re-sends it; the journal dedups it
                     log.warning("web chat admit failed: %s", type(exc).__name__)
-                    if not await self._send_error(ws, "the message could not be admitted"):
+                    if not await self._send_error(sock, "the message could not be admitted"):
                         return
                     continue
                 self._admissions += 1
@@ -666,10 +675,8 @@ class WebchatAdapter:
             claims={"platform": "webchat"},
         )
 
-    async def _send_error(self, ws: Any, message: str) -> bool:
-        return await self._send_frame(
-            _Socket(ws=ws, actor=""), json.dumps({"type": "error", "message": message})
-        )
+    async def _send_error(self, sock: _Socket, message: str) -> bool:
+        return await self._send_frame(sock, json.dumps({"type": "error", "message": message}))
 
     async def _send_frame(self, sock: _Socket, frame: str) -> bool:
         """Write one frame; ``False`` (and the socket closed if stuck) when it did not go out."""
@@ -684,8 +691,9 @@ class WebchatAdapter:
             ):
                 return False
         if scope.cancelled_caught:
-            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                await sock.ws.aclose(1008, "too slow")
+            # A close frame would queue behind the unsent bytes, and the library's own reader
+            # may be stuck writing to this peer too: drop the transport, which ends both.
+            await trio.aclose_forcefully(sock.stream)
         return False
 
 

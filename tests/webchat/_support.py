@@ -116,7 +116,10 @@ async def hello(ws: trio_websocket.WebSocketConnection, actor: str) -> None:
 
 @asynccontextmanager
 async def connect(
-    adapter: WebchatAdapter, resource: str = "/ws", headers: list[tuple[bytes, bytes]] | None = None
+    adapter: WebchatAdapter,
+    resource: str = "/ws",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **options: Any,
 ) -> AsyncIterator[trio_websocket.WebSocketConnection]:
     """A client socket whose TCP stream the test owns.
 
@@ -130,7 +133,7 @@ async def connect(
     try:
         async with trio.open_nursery() as nursery:
             ws = await trio_websocket.wrap_client_stream(
-                nursery, stream, f"{host}:{port}", resource, extra_headers=headers
+                nursery, stream, f"{host}:{port}", resource, extra_headers=headers, **options
             )
             try:
                 yield ws

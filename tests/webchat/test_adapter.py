@@ -395,6 +395,38 @@ async def test_send_reaches_every_socket_of_the_actor_only(nursery: trio.Nursery
             assert (await recv(other))["text"] == "for other"
 
 
+async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # jump virtual time only after real idleness, so loopback transfers are never "idle"
+    autojump_clock.autojump_threshold = 0.2
+    adapter, _ = await start(nursery)
+    big = "x" * (16 * 1024 * 1024)  # more than the kernel buffers of a loopback socket hold
+    # a queue of 0 frames: the stalled client reads nothing once ready is consumed
+    async with (
+        connect(adapter, message_queue_size=0) as stalled,
+        connect(adapter, max_message_size=32 * 1024 * 1024) as reader,
+    ):
+        await hello(stalled, ACTOR)
+        await hello(reader, ACTOR)
+        # a first reply fills the stalled client's zero-sized queue: its reader stops reading
+        assert (await adapter.send(reply("first"))).delivered
+        assert (await recv(reader))["text"] == "first"
+        async with trio.open_nursery() as readers:
+
+            async def read_it() -> None:
+                frame = await recv(reader)
+                assert len(frame["text"]) == len(big)
+
+            readers.start_soon(read_it)
+            started = trio.current_time()
+            result = await adapter.send(reply(big))
+        assert result.delivered  # the reading tab took it
+        assert 9 <= trio.current_time() - started <= 12  # the stalled one was given up on
+        await trio.sleep(1)  # virtual: the closed socket's session winds down
+        assert adapter.statistics().open_sockets == 1
+
+
 async def test_send_without_socket_is_not_connected(nursery: trio.Nursery) -> None:
     with trio.fail_after(10):
         adapter, _ = await start(nursery)

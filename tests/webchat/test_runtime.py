@@ -31,9 +31,10 @@ async def test_message_gets_the_agents_reply() -> None:
                 "controls": [],
                 "inReplyTo": "m1",
             }
+            drained = await runtime.drain(deadline_ms=5000)
+            assert drained.settled and drained.completed == 1
             diagnostics = runtime.diagnostics()
-            assert diagnostics.admitted == 1
-    assert diagnostics.deliveries >= 1
+            assert diagnostics.admitted == 1 and diagnostics.deliveries == 1
 
 
 async def test_resent_client_id_is_a_duplicate_and_runs_once() -> None:
