@@ -276,7 +276,8 @@ class TelegramAdapter:
             else:
                 await self._run_polling(task_status)
         finally:
-            self._state = "stopped"
+            if self._state not in ("unauthorized", "webhook_active"):
+                self._state = "stopped"  # a fatal state stays visible: it says why we stopped
             with trio.move_on_after(5, shield=True):
                 await self._release_lease()
                 await self._api.aclose()
@@ -400,6 +401,9 @@ class TelegramAdapter:
         self._state = "starting"
         started = await self._await_lease(task_status)
         backoff = _Backoff(self._rng)
+        # Separate from ``backoff``: successful polls must not reset the delay between
+        # re-tries of an update the runtime keeps refusing for now.
+        admit_backoff = _Backoff(self._rng)
         await self._check_start(backoff)
         offset = await self._load_offset()
         self._state = "polling"
@@ -414,6 +418,7 @@ class TelegramAdapter:
             }
             if offset is not None:
                 params["offset"] = offset
+            polled_at = trio.current_time()
             try:
                 result = await self._api.call("getUpdates", params)
             except TelegramError as error:
@@ -431,6 +436,11 @@ class TelegramAdapter:
                 continue
             self._state = "polling"
             backoff.reset()
+            if not result and trio.current_time() - polled_at < 1:
+                # An empty answer should mean a long poll ran out; one that comes back at
+                # once (a proxy, a misbehaving server) must not turn into a hot loop.
+                await self._sleep_holding_lease(1.0)
+                continue
             updates = sorted(
                 (u for u in result if update_id_of(u) is not None),
                 key=lambda u: update_id_of(u) or 0,
@@ -450,8 +460,9 @@ class TelegramAdapter:
                     final = False
                 if not final:
                     self._state = "backoff"
-                    await self._sleep_holding_lease(backoff.next_delay())
+                    await self._sleep_holding_lease(admit_backoff.next_delay())
                     break
+                admit_backoff.reset()
                 offset = update_id + 1
 
     # ------------------------------------------------------------------ cursor

@@ -1,0 +1,1 @@
+"""Fake servers for tests (Telegram Bot API, …)."""

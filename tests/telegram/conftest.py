@@ -1,0 +1,176 @@
+"""Shared helpers for the Telegram adapter tests: the fake Bot API, a memory store on
+virtual time, a recording ``admit``."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from adapters.telegram import TelegramAdapter
+from prismd.channel import Admission, InboundEvent
+from stores import OwnershipScope
+from stores.memory import MemoryStore
+from tests.conftest import FIXTURES
+from tests.fakes.telegram_api import FakeBotApi, start_fake
+
+TOKEN = "123456:secret-token"
+CONN = "telegram-main"
+SERVICE = OwnershipScope(tenant_id="prismd-service", account_id=CONN)
+TG_FIXTURES = FIXTURES / "telegram"
+TOKEN_43 = "A" * 43
+
+
+class TrioClock:
+    """Store wall clock that follows Trio's (virtual) clock, so leases expire in test time."""
+
+    def now_ms(self) -> int:
+        return 1_700_000_000_000 + int(trio.current_time() * 1000)
+
+
+def fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(TG_FIXTURES / name).read_text())
+    return data
+
+
+@attrs.define(eq=False)
+class Recorder:
+    """An ``admit`` that records events and answers ``answer(event)`` (accepted by default)."""
+
+    answer: Callable[[InboundEvent], Admission] = lambda _e: Admission(status="accepted")
+    events: list[InboundEvent] = attrs.field(factory=list)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def __call__(self, event: InboundEvent) -> Admission:
+        self.events.append(event)
+        self.changed.set()
+        self.changed = trio.Event()
+        return self.answer(event)
+
+    async def wait_for(self, count: int) -> None:
+        while len(self.events) < count:
+            await self.changed.wait()
+
+
+def private_message(
+    text: str = "hello Prism", *, chat: int = 101, user: int = 202, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "message": {
+            "message_id": 1,
+            "from": {"id": user, "is_bot": False, "first_name": "U"},
+            "chat": {"id": chat, "type": "private", "first_name": "U"},
+            "date": 1_700_000_000,
+            "text": text,
+            **extra,
+        }
+    }
+
+
+def topic_message(text: str = "topic", **extra: Any) -> dict[str, Any]:
+    return {
+        "message": {
+            "message_id": 5,
+            "message_thread_id": 77,
+            "is_topic_message": True,
+            "from": {"id": 202, "is_bot": False, "first_name": "U"},
+            "chat": {"id": -100123, "type": "supergroup", "title": "G", "is_forum": True},
+            "date": 1_700_000_000,
+            "text": text,
+            **extra,
+        }
+    }
+
+
+def callback(data: str, *, chat: dict[str, Any] | None = None, thread: int | None = None) -> dict:
+    message: dict[str, Any] = {
+        "message_id": 9,
+        "from": {"id": 123456, "is_bot": True, "first_name": "Bot"},
+        "chat": chat or {"id": 101, "type": "private", "first_name": "U"},
+        "date": 1_700_000_000,
+        "text": "Approve?",
+    }
+    if thread is not None:
+        message["message_thread_id"] = thread
+    return {
+        "callback_query": {
+            "id": "cbq-1",
+            "from": {"id": 202, "is_bot": False, "first_name": "U"},
+            "message": message,
+            "chat_instance": "42",
+            "data": data,
+        }
+    }
+
+
+@pytest.fixture
+async def fake(nursery: trio.Nursery) -> FakeBotApi:
+    return await start_fake(nursery)
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore(clock=TrioClock())
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def make_adapter(
+    fake: FakeBotApi, store: MemoryStore, recorder: Recorder
+) -> Iterator[Callable[..., TelegramAdapter]]:
+    def make(**kwargs: Any) -> TelegramAdapter:
+        options: dict[str, Any] = {
+            "connection_id": CONN,
+            "token": lambda: TOKEN,
+            "admit": recorder,
+            "store": store,
+            "owner_id": "daemon-a",
+            "api_origin": fake.origin,
+            "clock": TrioClock(),
+            "random": random.Random(7),
+        }
+        options.update(kwargs)
+        return TelegramAdapter(**options)
+
+    yield make
+
+
+async def cursor_value(store: MemoryStore) -> dict[str, Any] | None:
+    record = await store.checkpoints.load_checkpoint(
+        namespace="prism.channels.v1.cursor",
+        key=f"c1:{CONN}:prismd-service:{CONN}:-",
+        scope=SERVICE,
+    )
+    return None if record is None else dict(record.value)
+
+
+def raises_flat(exc: type[BaseException], match: str | None = None) -> Any:
+    """Expect ``exc`` raised bare or inside (nested) nursery exception groups."""
+    return pytest.RaisesGroup(
+        pytest.RaisesExc(exc, match=match), flatten_subgroups=True, allow_unwrapped=True
+    )
+
+
+async def wait_until(predicate: Callable[[], bool], step: float = 0.1) -> None:
+    """Poll a condition on (virtual) time; tests bound it with their own deadline."""
+    while True:
+        if predicate():
+            return
+        await trio.sleep(step)
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[object]], step: float = 0.1) -> None:
+    while True:
+        if await predicate():
+            return
+        await trio.sleep(step)
