@@ -22,11 +22,13 @@ async def chat_stack(
     kind: str = "echo",
     options: Mapping[str, Any] | None = None,
     results: trio.MemorySendChannel[SendResult] | None = None,
+    registry: dict[str, WebchatAdapter] | None = None,
     **adapter_kwargs: Any,
 ) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
     """Everyone who reaches the socket is granted the ``primary`` agent (the default
     loopback web chat's ``actors = ["*"]``), scoped to (default, connection, actor).
-    Every ``deliver`` result is sent to ``results`` when given."""
+    Every ``deliver`` result is sent to ``results`` when given. ``deliver`` routes by
+    connection id through ``registry`` (when given), so a test can swap in a restarted adapter."""
     async with MemoryStore() as store:
         agent = build_agent(
             kind,
@@ -34,7 +36,7 @@ async def chat_stack(
                 alias="primary", options=dict(options or {}), checkpoints=store.checkpoints
             ),
         )
-        adapters: dict[str, WebchatAdapter] = {}
+        adapters: dict[str, WebchatAdapter] = {} if registry is None else registry
 
         async def authorize(request: AuthorizeInput) -> Grant:
             await trio.lowlevel.checkpoint()
@@ -69,7 +71,7 @@ async def chat_stack(
             adapter = WebchatAdapter(
                 connection_id="web", listen="127.0.0.1:0", admit=runtime.admit, **adapter_kwargs
             )
-            adapters["web"] = adapter
+            adapters.setdefault("web", adapter)
             async with trio.open_nursery() as nursery:
                 await nursery.start(adapter.run)
                 yield adapter, runtime

@@ -23,6 +23,7 @@ from adapters.webchat import WebchatAdapter
 
 from ._stack import chat_stack
 
+TOKEN = "browser-access-token-0123456789"
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -195,7 +196,7 @@ TYPE_AND_SEND = """(() => {
 
 
 async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
-    with trio.fail_after(40):
+    with trio.fail_after(60):
         async with (
             launch_chromium(tmp_path) as devtools_url,
             trio_websocket.open_websocket_url(
@@ -267,6 +268,60 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                 )
                 assert disabled is True
             assert browser.page_errors() == []
+            assert browser.page_errors() == []
+
+            # 3. a token-guarded chat; the page goes offline, keeps what was typed meanwhile
+            #    and sends it once the daemon is back on the same port
+            registry: dict[str, WebchatAdapter] = {}
+            async with chat_stack(registry=registry) as (_, runtime), trio.open_nursery() as run:
+                first = WebchatAdapter(
+                    connection_id="web",
+                    listen="127.0.0.1:0",
+                    admit=runtime.admit,
+                    access_token=TOKEN,
+                )
+                registry["web"] = first
+                serving = trio.CancelScope()
+
+                async def serve(
+                    adapter: WebchatAdapter,
+                    scope: trio.CancelScope,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+                    with scope:
+                        await adapter.run(task_status=task_status)
+
+                await run.start(serve, first, serving)
+                url = page_url(first) + "?token=" + TOKEN
+                await browser.navigate(url)
+                await browser.wait_for(
+                    "document.getElementById('status').dataset.state === 'online'"
+                )
+                serving.cancel()  # the daemon restarts
+                await browser.wait_for(
+                    "document.getElementById('status').dataset.state === 'offline'"
+                )
+                await browser.evaluate(TYPE_AND_SEND % json.dumps("typed while offline"))
+                pending = await browser.evaluate(
+                    "document.querySelector('#log .me .meta').textContent"
+                )
+                assert pending == "waiting for connection…"
+                assert first.bound is not None
+                second = WebchatAdapter(
+                    connection_id="web",
+                    listen=f"127.0.0.1:{first.bound[1]}",
+                    admit=runtime.admit,
+                    access_token=TOKEN,
+                )
+                registry["web"] = second
+                await run.start(serve, second, trio.CancelScope())
+                reply = await browser.wait_for(
+                    "document.querySelector('#log .bot .text')?.textContent", timeout_ms=15000
+                )
+                assert reply == "typed while offline"
+                assert runtime.diagnostics().admitted == 1
+                run.cancel_scope.cancel()
+
             # the error collection above really sees page errors
             await browser.evaluate("console.error('probe-error'), true")
             await browser.evaluate("1")
