@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable
 
@@ -14,7 +15,7 @@ from adapters.webchat import WebchatAdapter
 from prismd.chatclient import chat
 
 from ._stack import chat_stack
-from ._support import REPO_ROOT, start
+from ._support import REPO_ROOT, Recorder, start
 
 ACTOR = "terminal-actor-01"
 SECRET = "chat-client-secret-token"
@@ -189,3 +190,51 @@ async def test_run_chat_cli_reads_stdin_until_eof() -> None:
             )
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode() == "agent> ping from stdin\n"
+
+
+async def test_run_chat_cli_exits_1_when_the_server_goes_away_mid_read() -> None:
+    """stdin stays open (a person at the terminal); the daemon stops: exit 1, no hang."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            server = trio.CancelScope()
+            adapter = WebchatAdapter(connection_id="web", listen="127.0.0.1:0", admit=Recorder())
+
+            async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                with server:
+                    await adapter.run(task_status=task_status)
+
+            await outer.start(serve)
+            script = (
+                "import sys\n"
+                "from prismd.chatclient import run_chat_cli\n"
+                f"sys.exit(run_chat_cli({page(adapter)!r}, actor=None, token=None))\n"
+            )
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-c", script],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=REPO_ROOT,
+            )
+            try:
+                assert process.stderr is not None
+                seen = b""
+                while b"connected to" not in seen:
+                    chunk = await process.stderr.receive_some(4096)
+                    assert chunk, seen
+                    seen += chunk
+                server.cancel()
+                with trio.fail_after(10):
+                    code = await process.wait()
+                assert code == 1
+                rest = b""
+                while chunk := await process.stderr.receive_some(4096):
+                    rest += chunk
+                assert b"closed the connection" in rest
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                for pipe in (process.stdin, process.stderr):
+                    if pipe is not None:
+                        await pipe.aclose()
