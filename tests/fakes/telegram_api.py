@@ -127,7 +127,7 @@ class FakeBotApi:
     allowed_updates: list[str] | None = None
     conflicts: int = 0
     port: int = 0
-    _failures: dict[str, list[Failure]] = attrs.field(factory=dict)
+    _failures: dict[str, list[Failure | None]] = attrs.field(factory=dict)
     _next_update_id: int = 1
     _next_message_id: int = 1
     _changed: trio.Event = attrs.field(factory=trio.Event)
@@ -175,9 +175,13 @@ class FakeBotApi:
         retry_after_header: int | None = None,
         times: int = 1,
         raw_body: bytes | None = None,
+        after: int = 0,
     ) -> None:
+        """The next ``times`` calls of ``method`` fail (after ``after`` more successes)."""
         failure = Failure(status, description, parameters, retry_after_header, raw_body)
-        self._failures.setdefault(method, []).extend([failure] * times)
+        queue = self._failures.setdefault(method, [])
+        queue.extend([None] * after)
+        queue.extend([failure] * times)
 
     def rate_limit(self, method: str, retry_after: int, *, times: int = 1) -> None:
         self.fail_next(
@@ -285,8 +289,8 @@ class FakeBotApi:
         if delay:
             await trio.sleep(delay)
         queued = self._failures.get(method)
-        if queued:
-            failure = queued.pop(0)
+        failure = queued.pop(0) if queued else None
+        if failure is not None:
             if failure.raw_body is not None:
                 return failure.status, [("content-type", "text/html")], failure.raw_body
             extra = []
