@@ -27,7 +27,8 @@ client → server
 
 * ``{"type": "hello", "actor": "<id>"}`` — must be first; the actor id is random, kept by the
   browser (localStorage) and matches ``^[A-Za-z0-9_-]{8,64}$``. It is both the actor and the
-  conversation id.
+  conversation id, and a bearer name: whoever knows it chats as that actor, which is why
+  exposed listeners need a token or pairing-only grants.
 * ``{"type": "message", "id": "<client id>", "text": "…"}`` — the client id
   (``^[A-Za-z0-9_-]{1,128}$``) is unique per actor; re-sending it (after a reconnect) is
   answered as a duplicate, never run twice. The journal event id is ``"<actor>:<client id>"``.
