@@ -1,0 +1,209 @@
+"""Every sample in ``fixtures/telegram`` parses to the right event or a deliberate ignore;
+every derived error body maps to the right client error and send outcome."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from trio.testing import MockClock
+
+from adapters.telegram_api import TelegramApi, TelegramApiError
+from adapters.telegram_parse import parse_update, strip_bot_mention
+from prismd.channel import AttachmentRef, Reply
+from tests.fakes.telegram_api import FakeBotApi
+
+from .conftest import CONN, TG_FIXTURES, TOKEN, Recorder, fixture, private_message
+
+
+def parse(update: dict[str, Any], **kwargs: Any) -> Any:
+    return parse_update(update, connection_id=CONN, bot_username="prism_test_bot", **kwargs)
+
+
+def test_every_fixture_file_is_covered() -> None:
+    names = sorted(p.name for p in TG_FIXTURES.glob("*.json"))
+    assert names == [
+        "tg01_update_private_text_link_preview.json",
+        "tg02_update_private_text_plain.json",
+        "tg04_update_my_chat_member_kicked.json",
+        "tg06_message_photo_caption_entities.json",
+        "tg11_update_edited_message_2017.json",
+        "tg12_update_document_caption_2017.json",
+        "tg17_update_callback_query.json",
+        "tg_error_responses_DERIVED.json",
+    ]
+
+
+def test_tg01_private_text_with_link_preview() -> None:
+    parsed = parse(fixture("tg01_update_private_text_link_preview.json"))
+    event = parsed.event
+    assert (event.event_id, event.text) == ("892252934", "hello there")
+    assert (event.external_conversation_id, event.external_actor_id) == ("218485655", "218485655")
+    assert event.thread_id is None and event.attachments == ()
+    assert event.claims == {"platform": "telegram", "chatType": "private"}
+
+
+def test_tg02_private_plain_text() -> None:
+    event = parse(fixture("tg02_update_private_text_plain.json")).event
+    assert (event.event_id, event.text, event.external_conversation_id) == (
+        "306197398",
+        "4",
+        "408258968",
+    )
+
+
+def test_tg04_my_chat_member_is_ignored() -> None:
+    parsed = parse(fixture("tg04_update_my_chat_member_kicked.json"))
+    assert (parsed.update_id, parsed.event, parsed.ignored) == (0, None, "my_chat_member")
+
+
+def test_tg06_photo_with_caption() -> None:
+    message = fixture("tg06_message_photo_caption_entities.json")
+    event = parse({"update_id": 60, "message": message}).event
+    assert event.text == "www.example.com"
+    largest = message["photo"][-1]
+    assert event.attachments == (
+        AttachmentRef(kind="image", transport_file_id=largest["file_id"], byte_length=162061),
+    )
+
+
+def test_tg11_edited_message_is_ignored() -> None:
+    parsed = parse(fixture("tg11_update_edited_message_2017.json"))
+    assert (parsed.event, parsed.ignored) == (None, "edited_message")
+
+
+def test_tg12_document_with_caption() -> None:
+    event = parse(fixture("tg12_update_document_caption_2017.json")).event
+    assert event.text == "doc description"
+    assert event.attachments == (
+        AttachmentRef(
+            kind="document",
+            transport_file_id="BQADAgADpgADy_JxS66XQTBRHFleAg",
+            byte_length=21331,
+            mime_type="application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            file_name="test.docx",
+        ),
+    )
+
+
+def test_tg17_foreign_callback_answered_not_admitted() -> None:
+    """Callback data that is not an approval never becomes input, but is answered."""
+    parsed = parse(fixture("tg17_update_callback_query.json"))
+    assert parsed.event is None and parsed.ignored == "callback_data"
+    assert parsed.callback_query_id == "2518356809717642496"
+
+
+async def test_all_update_fixtures_through_the_fake(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """Real samples served by getUpdates: three events, the rest acknowledged."""
+    for name in (
+        "tg01_update_private_text_link_preview.json",
+        "tg02_update_private_text_plain.json",
+        "tg04_update_my_chat_member_kicked.json",
+        "tg11_update_edited_message_2017.json",
+        "tg12_update_document_caption_2017.json",
+        "tg17_update_callback_query.json",
+    ):
+        fake.push_update({k: v for k, v in fixture(name).items() if k != "update_id"})
+    message = fixture("tg06_message_photo_caption_entities.json")
+    fake.push_update({"message": message})
+    adapter = make_adapter()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        await recorder.wait_for(4)
+        await trio.sleep(35)
+        nursery.cancel_scope.cancel()
+    assert [e.text for e in recorder.events] == [
+        "hello there",
+        "4",
+        "doc description",
+        "www.example.com",
+    ]
+    assert len(fake.calls_to("answerCallbackQuery")) == 1
+    assert fake.updates == []  # everything confirmed
+
+
+# ---------------------------------------------------------------------- parse rules
+
+
+def test_refusals_and_ignores() -> None:
+    bot = private_message()
+    bot["message"]["from"]["is_bot"] = True
+    assert parse({"update_id": 1, **bot}).ignored == "bot_sender"
+    channel = {"update_id": 2, "channel_post": {"chat": {"id": -1, "type": "channel"}}}
+    assert parse(channel).ignored == "channel_post"
+    sender_chat = private_message()
+    sender_chat["message"]["sender_chat"] = {"id": -1, "type": "channel"}
+    assert parse({"update_id": 3, **sender_chat}).ignored == "sender_chat"
+    migrated = private_message()
+    migrated["message"]["chat"] = {"id": -5, "type": "group", "title": "g"}
+    del migrated["message"]["text"]
+    migrated["message"]["migrate_to_chat_id"] = -1001555296434
+    assert parse({"update_id": 4, **migrated}, allow_groups=True).ignored == "chat_migrated"
+    assert parse({"update_id": 5, **private_message("")}).ignored == "empty"
+    assert parse({"update_id": -1, **private_message()}) is None
+    assert parse({"update_id": True, **private_message()}) is None
+    assert parse({"update_id": 6, "poll": {}}).ignored == "unsupported_update"
+    long_id = private_message()
+    long_id["message"]["from"]["id"] = "x" * 129
+    assert parse({"update_id": 7, **long_id}).ignored == "malformed"
+
+
+def test_bot_mentions() -> None:
+    assert strip_bot_mention("/help@Prism_Test_Bot", "prism_test_bot") == "/help"
+    assert strip_bot_mention("/new@prism_test_bot  fresh", "prism_test_bot") == "/new  fresh"
+    assert strip_bot_mention("/help@other_bot", "prism_test_bot") is None
+    assert strip_bot_mention("/help@someone", None) == "/help"
+    assert strip_bot_mention("mail me@prism_test_bot", "prism_test_bot") == (
+        "mail me@prism_test_bot"
+    )
+    assert strip_bot_mention("/start TOKEN", "prism_test_bot") == "/start TOKEN"
+
+
+# ---------------------------------------------------------------------- derived error bodies
+
+ERRORS = json.loads((TG_FIXTURES / "tg_error_responses_DERIVED.json").read_text())
+EXPECTED_REASON = {
+    "flood_429": "telegram_rate_limited",
+    "group_migrated_400": "telegram_chat_migrated",
+    "bot_blocked_403": "telegram_forbidden",
+    "invalid_token_local_server_401": "telegram_unauthorized",
+}
+
+
+@pytest.mark.parametrize("name", sorted(k for k in ERRORS if not k.startswith("_")))
+async def test_derived_error_bodies(
+    autojump_clock: MockClock, name: str, make_adapter: Any
+) -> None:
+    body = ERRORS[name]
+    headers = {"Retry-After": "35"} if body["error_code"] == 429 else {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(body["error_code"], json=body, headers=headers)
+
+    api = TelegramApi(
+        token=lambda: TOKEN, api_origin="https://t.test", transport=httpx.MockTransport(handler)
+    )
+    with pytest.raises(TelegramApiError) as info:
+        await api.call("sendMessage", {"chat_id": "1", "text": "x"})
+    await api.aclose()
+    error = info.value
+    assert str(error) == "Telegram API error" and error.status == body["error_code"]
+    assert error.description == body["description"]
+    assert error.retry_after == body.get("parameters", {}).get("retry_after")
+    assert error.migrate_to_chat_id == body.get("parameters", {}).get("migrate_to_chat_id")
+    if name in EXPECTED_REASON:
+        adapter = make_adapter(
+            api_origin="https://t.test",
+            transport=httpx.MockTransport(handler),
+        )
+        start = trio.current_time()
+        result = await adapter.send(Reply(CONN, "101", "x", "final"))
+        await adapter.aclose()
+        assert result.reason == EXPECTED_REASON[name]
+        if body["error_code"] == 429:  # retry_after honoured between the five attempts
+            assert trio.current_time() - start >= 4 * 35
