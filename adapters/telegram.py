@@ -21,8 +21,9 @@ Contract §11, with these guarantees:
 * **No secrets out.** The token is read per request and lives only in URLs; every exception
   message is fixed text; httpx's logger is filtered (see :mod:`adapters.telegram_api`).
 
-Webhook mode (``mode="webhook"``) is served by :mod:`adapters.telegram_webhook`.
-Drafts (``sendMessageDraft`` previews) are not implemented.
+Webhook mode (``mode="webhook"``) is served by :mod:`adapters.telegram_webhook`. Streaming
+previews go out as ``sendMessageDraft`` through :meth:`TelegramAdapter.send_draft` when
+``send_drafts`` is on (private chats only).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import attrs
 import trio
 
 from prismd.adapter import AdapterFatalError, Admit, DeliveryOutcomeUnknownError
-from prismd.channel import Admission, AttachmentRef, InboundEvent, Reply, SendResult
+from prismd.channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
 from stores import (
     SYSTEM_CLOCK,
     CheckpointConflictError,
@@ -115,6 +116,16 @@ def chunk_text(text: str, limit: int = MAX_CHUNK_UNITS) -> list[str]:
     return chunks
 
 
+def tail_units(text: str, limit: int) -> str:
+    """The longest suffix of at most ``limit`` UTF-16 units (never half a surrogate pair)."""
+    units = 0
+    for index in range(len(text) - 1, -1, -1):
+        units += 2 if ord(text[index]) > 0xFFFF else 1
+        if units > limit:
+            return text[index + 1 :]
+    return text
+
+
 _VOICE_FORMATS = {"ogg": "audio/ogg", "oga": "audio/ogg", "opus": "audio/ogg"}
 _VOICE_FORMATS |= {"mp3": "audio/mpeg", "mpeg": "audio/mpeg", "m4a": "audio/mp4"}
 
@@ -178,6 +189,7 @@ class TelegramAdapter:
     webhook_path: str | None = None
     webhook_secret: str | None = attrs.field(default=None, repr=False)
     allow_groups: bool = False
+    send_drafts: bool = False
     poll_timeout_s: int = attrs.field(default=30)
     poll_limit: int = attrs.field(default=100)
     lease_ttl_ms: int = 90_000
@@ -199,6 +211,9 @@ class TelegramAdapter:
     _cursor_version: int | None = attrs.field(default=None, init=False)
     _admitted: int = attrs.field(default=0, init=False)
     _rng: _random.Random = attrs.field(init=False)
+    _draft: Preview | None = attrs.field(default=None, init=False, repr=False)
+    _draft_wakeup: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+    _draft_worker_running: bool = attrs.field(default=False, init=False)
     webhook_address: tuple[str, int] | None = attrs.field(default=None, init=False)
     """``(host, port)`` the webhook server listens on, once it does (port 0 resolved)."""
 
@@ -269,12 +284,15 @@ class TelegramAdapter:
         conflict, :class:`ReceiverLeaseLostError` when the lease is lost."""
         self._stopped = False
         try:
-            if self.mode == "webhook":
-                from .telegram_webhook import serve_webhook
+            async with trio.open_nursery() as nursery:
+                if self.send_drafts:
+                    nursery.start_soon(self._draft_worker)
+                if self.mode == "webhook":
+                    from .telegram_webhook import serve_webhook
 
-                await serve_webhook(self, task_status=task_status)
-            else:
-                await self._run_polling(task_status)
+                    await serve_webhook(self, task_status=task_status)
+                else:
+                    await self._run_polling(task_status)
         finally:
             if self._state not in ("unauthorized", "webhook_active"):
                 self._state = "stopped"  # a fatal state stays visible: it says why we stopped
@@ -625,6 +643,53 @@ class TelegramAdapter:
         if data is None:
             return None
         return FetchedAttachment(data=data, mime_type=ref.mime_type, file_name=ref.file_name)
+
+    # ------------------------------------------------------------------ drafts
+
+    def send_draft(self, preview: Preview) -> None:
+        """Stream a preview as ``sendMessageDraft`` (fire-and-forget; the runtime's
+        ``on_preview``).
+
+        A no-op unless ``send_drafts`` is on, ``run`` is active, the preview is for this
+        connection and a private chat (ids not starting with ``-``). One request is in flight
+        at a time; newer previews replace a pending one (latest wins). The text is the last
+        3,500 UTF-16 units. Errors are ignored; drafts are never journaled.
+        """
+        if (
+            not self.send_drafts
+            or self._stopped
+            or not self._draft_worker_running
+            or preview.connection_id != self.connection_id
+            or not preview.external_conversation_id
+            or preview.external_conversation_id.startswith("-")
+        ):
+            return
+        self._draft = preview
+        self._draft_wakeup.set()
+
+    async def _draft_worker(self) -> None:
+        self._draft_worker_running = True
+        try:
+            while True:
+                await self._draft_wakeup.wait()
+                self._draft_wakeup = trio.Event()
+                preview, self._draft = self._draft, None
+                if preview is None or self._stopped:
+                    continue
+                params: dict[str, Any] = {
+                    "chat_id": preview.external_conversation_id,
+                    "draft_id": 1,
+                    "text": tail_units(preview.text, MAX_CHUNK_UNITS),
+                }
+                if preview.thread_id is not None:
+                    params["message_thread_id"] = preview.thread_id
+                try:
+                    await self._api.call("sendMessageDraft", params)
+                except TelegramError:
+                    pass
+        finally:
+            self._draft_worker_running = False
+            self._draft = None
 
     # ------------------------------------------------------------------ sending
 

@@ -510,6 +510,17 @@ class FakeBotApi:
             raise ApiError(400, "Bad Request: Wrong parameter action in request")
         return True
 
+    async def _m_sendMessageDraft(self, params: Mapping[str, Any]) -> Any:
+        chat_id = self._known_chat(params)
+        if chat_id.startswith("-"):
+            raise ApiError(400, "Bad Request: chat_id must be a private chat")
+        if str(params.get("draft_id", "0")) in ("0", ""):
+            raise ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = params.get("text", "")
+        if not isinstance(text, str) or _utf16(text) > 4096:
+            raise ApiError(400, "Bad Request: message is too long")
+        return True
+
     async def _m_answerCallbackQuery(self, params: Mapping[str, Any]) -> Any:
         if not params.get("callback_query_id"):
             raise ApiError(400, "Bad Request: query is too old and response timeout expired")
