@@ -3,6 +3,8 @@ restarted mid-batch, and two adapters on one SQLite file (one poller)."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -161,3 +163,46 @@ async def test_two_adapters_on_one_sqlite_file_one_poller(
         await store_b.aclose()
     assert received == ["one", "two"]
     assert fake.conflicts == 0
+
+
+async def test_147_voice_end_to_end_audio_never_journaled(
+    autojump_clock: MockClock, fake: FakeBotApi, store: Any, make_adapter: Any
+) -> None:
+    """147: a voice update + transcribe hook through the real runtime: the hook gets
+    ``audio/ogg`` and the exact bytes, the echo reply is the transcript, and neither the
+    operation nor the reply namespace (both non-empty) holds the audio (raw or base64)."""
+    audio = b"OggS\x00\x02" + bytes(range(200))
+    fake.add_file("voice-1", audio, file_path="voice/file_3.oga")
+    seen: list[tuple[bytes, str]] = []
+
+    async def transcribe(data: bytes, mime: str) -> str:
+        seen.append((data, mime))
+        return "spoken words"
+
+    update = private_message("")
+    del update["message"]["text"]
+    update["message"]["voice"] = {
+        "file_id": "voice-1",
+        "file_unique_id": "v",
+        "duration": 1,
+        "mime_type": "audio/ogg",
+        "file_size": len(audio),
+    }
+    sender = make_adapter()
+    async with echo_runtime(store, sender) as runtime:
+        adapter = make_adapter(admit=runtime.admit, transcribe=transcribe)
+        fake.push_update(update)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            await wait_until(lambda: bool(fake.sent))
+            nursery.cancel_scope.cancel()
+    await sender.aclose()
+    assert seen == [(audio, "audio/ogg")]
+    assert [c.params["text"] for c in fake.calls_to("sendMessage")] == ["spoken words"]
+    encoded = base64.b64encode(audio).decode()
+    for namespace in ("prism.channels.v1.operation", "prism.channels.v1.reply"):
+        page = await store.checkpoints.list_checkpoints(namespace=namespace)
+        assert page.items
+        for record in page.items:
+            dumped = json.dumps(record.value)
+            assert encoded not in dumped and "OggS" not in dumped
