@@ -276,6 +276,15 @@ class TelegramAdapter:
         return {"state": self._state, "mode": self.mode}
 
     @property
+    def capabilities(self) -> Mapping[str, object]:
+        """Contract §3 ``ChannelCapabilities``: offset acknowledgement, callback controls."""
+        return {
+            "acknowledgement": "telegram_offset" if self.mode == "polling" else "none",
+            "controls": "callback",
+            "max_text_code_units": MAX_CHUNK_UNITS,
+        }
+
+    @property
     def bot_username(self) -> str | None:
         return self._bot_username
 

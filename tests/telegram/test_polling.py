@@ -84,6 +84,7 @@ async def test_122_123_sorted_deduplicated_cursor(
     assert [f"{e.event_id}:{e.text}" for e in recorder.events] == ["1:first", "2:second"]
     cursor = await cursor_value(store)
     assert cursor is not None and cursor["lastEventId"] == "2" and cursor["admitted"] == 2
+    assert adapter.capabilities["acknowledgement"] == "telegram_offset"
     polls = fake.calls_to("getUpdates")
     assert "offset" not in polls[0].params and polls[1].params["offset"] == 3
     assert polls[0].params["allowed_updates"] == ["message", "callback_query", "my_chat_member"]
