@@ -204,6 +204,11 @@ class TelegramAdapter:
     random: _random.Random | None = None
 
     _api: TelegramApi = attrs.field(init=False)
+    """Sending, files, typing, drafts: lives until :meth:`aclose` (``send`` may run while
+    ``run`` is restarted by the supervisor; closing it then would make sends ambiguous)."""
+    _rx_api: TelegramApi = attrs.field(init=False)
+    """Receiving (getMe, getUpdates, callback answers): closed when ``run`` ends."""
+    _lease_renewed_at: float = attrs.field(default=0.0, init=False)
     _state: str = attrs.field(default="idle", init=False)
     _stopped: bool = attrs.field(default=False, init=False)
     _lease: LeaseRecord | None = attrs.field(default=None, init=False, repr=False)
@@ -265,6 +270,12 @@ class TelegramAdapter:
             token=self.token,
             api_origin=self.api_origin,
             transport=self.transport,
+            read_timeout_s=60.0,
+        )
+        self._rx_api = TelegramApi(
+            token=self.token,
+            api_origin=self.api_origin,
+            transport=self.transport,
             read_timeout_s=float(self.poll_timeout_s + 15),
         )
 
@@ -307,13 +318,15 @@ class TelegramAdapter:
                 self._state = "stopped"  # a fatal state stays visible: it says why we stopped
             with trio.move_on_after(5, shield=True):
                 await self._release_lease()
-                await self._api.aclose()
+                await self._rx_api.aclose()
 
     async def aclose(self) -> None:
-        """Mark stopped (``fetch_attachment`` then returns ``None``) and close the client."""
+        """Mark stopped (``fetch_attachment`` and drafts then do nothing) and close the HTTP
+        clients. ``send`` still works afterwards (it opens a new client)."""
         self._stopped = True
         self._state = "stopped"
         await self._api.aclose()
+        await self._rx_api.aclose()
 
     # ------------------------------------------------------------------ lease
 
@@ -327,6 +340,7 @@ class TelegramAdapter:
             reclaim=self.reclaim,
         )
         self._lease = lease
+        self._lease_renewed_at = trio.current_time()
         return lease is not None
 
     async def _renew_lease(self) -> None:
@@ -345,6 +359,12 @@ class TelegramAdapter:
             self._lease = None
             raise ReceiverLeaseLostError()
         self._lease = renewed
+        self._lease_renewed_at = trio.current_time()
+
+    async def _renew_if_due(self) -> None:
+        """Renew when a third of the TTL has passed (long batches: slow hooks or admits)."""
+        if trio.current_time() - self._lease_renewed_at >= self.lease_ttl_ms / 3000:
+            await self._renew_lease()
 
     async def _release_lease(self) -> None:
         lease, self._lease = self._lease, None
@@ -397,7 +417,7 @@ class TelegramAdapter:
         """A start-up call, retried on transient failures; fatal on 401/403."""
         while True:
             try:
-                return await self._api.call(method, {})
+                return await self._rx_api.call(method, {})
             except TelegramError as error:
                 fatal = self._fatal(error)
                 if fatal is not None:
@@ -447,7 +467,7 @@ class TelegramAdapter:
                 params["offset"] = offset
             polled_at = trio.current_time()
             try:
-                result = await self._api.call("getUpdates", params)
+                result = await self._rx_api.call("getUpdates", params)
             except TelegramError as error:
                 fatal = self._fatal(error)
                 if fatal is not None:
@@ -477,6 +497,7 @@ class TelegramAdapter:
                 assert update_id is not None
                 if offset is not None and update_id < offset:
                     continue
+                await self._renew_if_due()
                 try:
                     final = await self._process(update, strict=False)
                     if final:
@@ -580,7 +601,7 @@ class TelegramAdapter:
     async def _answer_callback(self, query_id: str, *, strict: bool) -> None:
         for attempt in range(2):
             try:
-                await self._api.call("answerCallbackQuery", {"callback_query_id": query_id})
+                await self._rx_api.call("answerCallbackQuery", {"callback_query_id": query_id})
                 return
             except TelegramApiError as error:
                 if error.retry_after is None or attempt == 1:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import h11
@@ -98,7 +99,7 @@ async def _learn_username(adapter: TelegramAdapter) -> None:
     delay = 1.0
     while True:
         try:
-            me = await adapter._api.call("getMe", {})
+            me = await adapter._rx_api.call("getMe", {})
         except TelegramError as error:
             fatal = adapter._fatal(error)
             if fatal is not None:
@@ -111,7 +112,7 @@ async def _learn_username(adapter: TelegramAdapter) -> None:
         return
 
 
-def _handler(adapter: TelegramAdapter):  # type: ignore[no-untyped-def]
+def _handler(adapter: TelegramAdapter) -> Callable[[trio.SocketStream], Awaitable[None]]:
     async def handle(stream: trio.SocketStream) -> None:
         try:
             await _serve_connection(adapter, stream)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +125,12 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def make_adapter(
+async def make_adapter(
     fake: FakeBotApi, store: MemoryStore, recorder: Recorder
-) -> Iterator[Callable[..., TelegramAdapter]]:
+) -> AsyncIterator[Callable[..., TelegramAdapter]]:
+    """Builds adapters against the fake; every one is closed (``aclose``) at teardown."""
+    made: list[TelegramAdapter] = []
+
     def make(**kwargs: Any) -> TelegramAdapter:
         options: dict[str, Any] = {
             "connection_id": CONN,
@@ -140,9 +143,13 @@ def make_adapter(
             "random": random.Random(7),
         }
         options.update(kwargs)
-        return TelegramAdapter(**options)
+        adapter = TelegramAdapter(**options)
+        made.append(adapter)
+        return adapter
 
     yield make
+    for adapter in made:
+        await adapter.aclose()
 
 
 async def cursor_value(store: MemoryStore) -> dict[str, Any] | None:

@@ -706,3 +706,70 @@ async def test_restart_mid_batch_answers_each_update_once(
     assert answered == ["one", "two", "three"]
     cursor = await cursor_value(store)
     assert cursor is not None and cursor["admitted"] == 3
+
+
+async def test_slow_batch_keeps_the_lease(
+    autojump_clock: MockClock, fake: FakeBotApi, store: Any, make_adapter: Any
+) -> None:
+    """A batch whose admits outlast the lease TTL renews between updates: an intruder
+    trying every 5 s never gets the lease, and polling carries on."""
+    done: list[str] = []
+
+    async def slow_admit(event: InboundEvent) -> Admission:
+        await trio.sleep(20)
+        done.append(event.text)
+        return Admission("accepted", operation_id="op")
+
+    for text in ("a", "b", "c", "d"):
+        fake.push_update(private_message(text))
+    adapter = make_adapter(admit=slow_admit, lease_ttl_ms=40_000, poll_timeout_s=30)
+    stolen: list[object] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+
+        async def intruder() -> None:
+            while True:
+                await trio.sleep(5)
+                lease = await store.leases.try_acquire_lease(
+                    namespace="prism.channels.v1.telegram.receiver",
+                    key=f"r1:{CONN}",
+                    scope=SERVICE,
+                    owner_id="intruder",
+                    ttl_ms=40_000,
+                )
+                if lease is not None:
+                    stolen.append(lease)
+
+        nursery.start_soon(intruder)
+        await wait_until(lambda: len(done) == 4)
+        await trio.sleep(1)
+        assert adapter.health()["state"] == "polling"
+        nursery.cancel_scope.cancel()
+    assert stolen == [] and done == ["a", "b", "c", "d"]
+
+
+async def test_send_survives_run_restart(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any
+) -> None:
+    """``send`` uses its own client: a send in flight while ``run`` ends still completes."""
+    fake.chats.add("101")
+    fake.delay("sendMessage", 2)
+    adapter = make_adapter()
+    results: list[Any] = []
+    async with trio.open_nursery() as outer:
+        run_scope = trio.CancelScope()
+
+        async def run() -> None:
+            with run_scope:
+                await adapter.run()
+
+        outer.start_soon(run)
+        await trio.sleep(1)
+
+        async def send() -> None:
+            results.append(await adapter.send(Reply(CONN, "101", "in flight", "final")))
+
+        outer.start_soon(send)
+        await trio.sleep(1)
+        run_scope.cancel()
+    assert results and results[0].delivered
