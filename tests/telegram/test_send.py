@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from adapters.telegram import chunk_text, utf16_units
@@ -328,3 +330,15 @@ async def test_token_is_read_per_request(fake: FakeBotApi, make_adapter: Any) ->
     assert (await adapter2.send(final("d"))).reason == "telegram_credential"
     await adapter.aclose()
     await adapter2.aclose()
+
+
+@given(st.text(min_size=0, max_size=9000), st.integers(min_value=2, max_value=4000))
+@settings(max_examples=60, deadline=None)
+def test_chunking_property(text: str, limit: int) -> None:
+    """Chunks rebuild the text, stay within the unit budget, and never start or end inside
+    a surrogate pair (every chunk encodes to valid UTF-16 on its own)."""
+    chunks = chunk_text(text, limit)
+    assert "".join(chunks) == text
+    for chunk in chunks:
+        assert 0 < utf16_units(chunk) <= limit
+        assert chunk.encode("utf-16-le").decode("utf-16-le") == chunk

@@ -10,15 +10,26 @@ import httpx
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram import TelegramAdapter
+from adapters.telegram import ReceiverLeaseLostError, TelegramAdapter
+from prismd.adapter import AdapterFatalError
 from prismd.channel import Admission, InboundEvent
 from prismd.config import TelegramConnectionConfig
 from prismd.telegram_cli import adelete_webhook, aset_webhook
 from tests.fakes.telegram_api import FakeBotApi
 
-from .conftest import TOKEN, TOKEN_43, Recorder, callback, private_message
+from .conftest import (
+    CONN,
+    SERVICE,
+    TOKEN,
+    TOKEN_43,
+    Recorder,
+    callback,
+    private_message,
+    raises_flat,
+)
 
 SECRET = "webhook-secret"
+RECEIVER = "prism.channels.v1.telegram.receiver"
 
 
 def webhook_adapter(make_adapter: Any, **kwargs: Any) -> TelegramAdapter:
@@ -225,3 +236,45 @@ async def test_cli_set_and_delete_webhook(fake: FakeBotApi) -> None:
     assert await aset_webhook(connection, {"TG_TOKEN": TOKEN}, url=url, out=out) == 2
     assert "secret-token" not in out.getvalue() and "bad-token" not in out.getvalue()
     assert "HTTP 401" in out.getvalue()
+
+
+async def test_webhook_bad_token_is_fatal(fake: FakeBotApi, make_adapter: Any) -> None:
+    adapter = webhook_adapter(make_adapter, token=lambda: "999:wrong-token")
+    with raises_flat(AdapterFatalError):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            await trio.sleep_forever()
+    assert adapter.health()["state"] == "unauthorized"
+
+
+async def test_webhook_standby_takes_over_and_loses_lease(
+    autojump_clock: MockClock, fake: FakeBotApi, store: Any, make_adapter: Any
+) -> None:
+    """A standby webhook server takes the lease when it frees (then answers 204), and stops
+    with ReceiverLeaseLostError when the lease is taken from it."""
+    recorder = Recorder()
+    held = await store.leases.try_acquire_lease(
+        namespace=RECEIVER, key=f"r1:{CONN}", scope=SERVICE, owner_id="other", ttl_ms=90_000
+    )
+    adapter = webhook_adapter(make_adapter, admit=recorder)
+    with raises_flat(ReceiverLeaseLostError):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            assert adapter.health()["state"] == "standby"
+            assert await post(adapter, {"update_id": 1, **private_message()}) == 503
+            await store.leases.release_lease(
+                namespace=RECEIVER, key=held.key, scope=SERVICE, owner_id="other", token=held.token
+            )
+            await trio.sleep(31)
+            assert adapter.health()["state"] == "serving"
+            assert await post(adapter, {"update_id": 2, **private_message()}) == 204
+            mine = await store.leases.get_lease(namespace=RECEIVER, key=held.key, scope=SERVICE)
+            await store.leases.release_lease(
+                namespace=RECEIVER,
+                key=held.key,
+                scope=SERVICE,
+                owner_id=mine.owner_id,
+                token=mine.token,
+            )
+            await trio.sleep(60)
+    assert [e.event_id for e in recorder.events] == ["2"]
