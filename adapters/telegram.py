@@ -263,6 +263,10 @@ class TelegramAdapter:
             self.poll_timeout_s * 1000 + 10_000 <= self.lease_ttl_ms <= 300_000
         ):
             raise ValueError("lease_ttl_ms must cover the poll timeout plus 10 s, up to 5 min")
+        if self.mode == "webhook" and not 5_000 <= self.lease_ttl_ms <= 300_000:
+            raise ValueError("lease_ttl_ms must be in 5 s..5 min in webhook mode")
+        if not 1024 <= self.max_request_bytes <= 1024 * 1024:
+            raise ValueError("max_request_bytes must be in 1 KiB..1 MiB")
         if self.webhook_path is None:
             self.webhook_path = f"/telegram/{self.connection_id}"
         self._rng = self.random if self.random is not None else _random.Random()

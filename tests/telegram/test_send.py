@@ -342,3 +342,36 @@ def test_chunking_property(text: str, limit: int) -> None:
     for chunk in chunks:
         assert 0 < utf16_units(chunk) <= limit
         assert chunk.encode("utf-16-le").decode("utf-16-le") == chunk
+
+
+async def test_construction_is_inert_and_validated(fake: FakeBotApi, make_adapter: Any) -> None:
+    """§11.1: constructing reads no credential and makes no request; bad options raise."""
+    reads: list[int] = []
+
+    def token() -> str:
+        reads.append(1)
+        return TOKEN
+
+    make_adapter(token=token)
+    make_adapter(token=token, mode="webhook", webhook_secret="s3cret_-", webhook_listen="h:1")
+    await trio.sleep(0.1)
+    assert reads == [] and fake.calls == []
+    bad_options: list[dict[str, Any]] = [
+        {"api_origin": "http://api.telegram.org"},
+        {"api_origin": "https://api.telegram.org/path"},
+        {"api_origin": "https://user@api.telegram.org"},
+        {"api_origin": "https://api.telegram.org/"},
+        {"connection_id": ""},
+        {"poll_timeout_s": 0},
+        {"poll_timeout_s": 51},
+        {"poll_limit": 101},
+        {"lease_ttl_ms": 30_000},
+        {"max_attachment_bytes": 5 * 1024 * 1024},
+        {"mode": "webhook"},
+        {"mode": "webhook", "webhook_secret": "has space"},
+        {"mode": "carrier-pigeon"},
+        {"max_request_bytes": 10},
+    ]
+    for options in bad_options:
+        with pytest.raises(ValueError):
+            make_adapter(**options)
