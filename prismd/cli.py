@@ -1,4 +1,4 @@
-"""The ``prismd`` console script: ``run``, ``check-config`` and ``soak``.
+"""The ``prismd`` console script: ``run``, ``check-config``, ``soak`` and ``telegram``.
 
 Exit codes: 0 success, 1 failure (bad config, startup error, failed soak), 2 usage error
 (argparse). ``run`` returns 128 + signal number when a second SIGTERM/SIGINT forces the
@@ -32,6 +32,21 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file and exit 0/1")
     check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+
+    telegram = sub.add_parser("telegram", help="manage a Telegram connection's webhook")
+    tg_sub = telegram.add_subparsers(dest="telegram_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("set-webhook", "register the public https:// webhook URL with Telegram"),
+        ("delete-webhook", "remove the webhook so polling can run"),
+    ):
+        action = tg_sub.add_parser(name, help=text)
+        action.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+        action.add_argument("--connection", metavar="ID", help="telegram connection id")
+        if name == "set-webhook":
+            action.add_argument(
+                "--url", help="public https:// URL (default: $PRISMD_TELEGRAM_WEBHOOK_URL)"
+            )
+        action.add_argument("--drop-pending-updates", action="store_true")
 
     from .soak import add_soak_arguments
 
@@ -90,6 +105,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _cmd_telegram(args: argparse.Namespace) -> int:
+    """``prismd telegram set-webhook|delete-webhook``: 0 done, 1 refused, 2 config/usage."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"prismd telegram: {exc}", file=sys.stderr)
+        return 2
+    from . import telegram_cli
+
+    if args.telegram_command == "set-webhook":
+        return telegram_cli.set_webhook(
+            config,
+            connection_id=args.connection,
+            url=args.url,
+            drop_pending_updates=args.drop_pending_updates,
+        )
+    return telegram_cli.delete_webhook(
+        config, connection_id=args.connection, drop_pending_updates=args.drop_pending_updates
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prismd`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -97,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_check_config(args)
     if args.command == "run":
         return _cmd_run(args)
+    if args.command == "telegram":
+        return _cmd_telegram(args)
     if args.command == "soak":
         from .soak import run_soak_command
 

@@ -454,6 +454,7 @@ class Daemon:
             on_paired=authorizer.on_paired,
             redactor=Redactor.of(secrets) if secrets else None,
             fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
+            on_preview=host.preview if host.has_previews() else None,
         ) as runtime:
             self.runtime = runtime
             host.bind(runtime.admit)

@@ -20,7 +20,7 @@ from stores import Store
 
 from .adapter import ChannelAdapter
 from .agents._base import Agent, AgentContext
-from .channel import Admission, AttachmentRef, InboundEvent, Reply, SendResult
+from .channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
 from .config import (
     Config,
     ConnectionConfig,
@@ -178,6 +178,20 @@ class Host:
         if agent is None:
             raise LookupError(f"no agent is configured for alias {alias!r}")
         return agent
+
+    def has_previews(self) -> bool:
+        return any(callable(getattr(a, "send_draft", None)) for a in self.adapters.values())
+
+    def preview(self, preview: Preview) -> None:
+        """The runtime's ``on_preview``: hand a streaming preview to its connection's adapter
+        (Telegram drafts; adapters without previews ignore it). Never raises."""
+        adapter = self.adapters.get(preview.connection_id)
+        send_draft = getattr(adapter, "send_draft", None)
+        if callable(send_draft):
+            try:
+                send_draft(preview)
+            except Exception as exc:
+                log.warning("preview failed: %s", type(exc).__name__)
 
     def has_attachments(self) -> bool:
         return any(callable(getattr(a, "fetch_attachment", None)) for a in self.adapters.values())

@@ -183,3 +183,35 @@ async def test_unavailable_connection_kind_is_a_clear_startup_error(
         assert await daemon.run() == 1
     assert "connection kind 'signal' is not available in this build" in out.getvalue()
     assert not daemon.ready.is_set()
+
+
+async def test_previews_and_attachments_route_to_adapters_that_support_them() -> None:
+    from prismd.channel import AttachmentRef, Preview
+
+    class Drafting(FakeAdapter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drafts: list[Preview] = []
+
+        def send_draft(self, preview: Preview) -> None:
+            self.drafts.append(preview)
+            if preview.text == "boom":
+                raise RuntimeError("draft failed")
+
+        async def fetch_attachment(self, ref: AttachmentRef) -> object:
+            return b"bytes" if ref.transport_file_id == "mine" else None
+
+    host = Host(agents={})
+    assert not host.has_previews() and not host.has_attachments()
+    drafting = Drafting()
+    host.adapters["tg"] = drafting  # type: ignore[assignment]
+    host.adapters["web"] = FakeAdapter()  # type: ignore[assignment]
+    assert host.has_previews() and host.has_attachments()
+    preview = Preview(connection_id="tg", external_conversation_id="101", text="partial")
+    host.preview(preview)
+    host.preview(Preview(connection_id="tg", external_conversation_id="101", text="boom"))
+    host.preview(Preview(connection_id="web", external_conversation_id="c", text="x"))
+    host.preview(Preview(connection_id="nope", external_conversation_id="c", text="x"))
+    assert [p.text for p in drafting.drafts] == ["partial", "boom"]
+    assert await host.fetch_attachment(AttachmentRef("image", "mine")) == b"bytes"
+    assert await host.fetch_attachment(AttachmentRef("image", "other")) is None
