@@ -567,9 +567,10 @@ class Daemon:
                         watchdog, sdnotify.watchdog_interval(self.env), lambda: notify("WATCHDOG=1")
                     ),
                 )
+                # The "where to connect" line first, so it is there once READY=1 is seen.
+                self._announce()
                 self.ready.set()
                 notify("READY=1")
-                self._announce()
                 await trio.sleep_forever()
             if not self._stop_requested:
                 return EXIT_OK  # pragma: no cover - the scope is only cancelled by a stop

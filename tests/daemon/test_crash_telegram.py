@@ -98,3 +98,62 @@ async def test_sigkill_and_restart_resume_polling_at_once(tmp_path: Path) -> Non
         assert fake.token not in log
         assert "secret-token" not in log
         assert "hello one" not in log and "hello two" not in log
+
+
+async def test_webhook_mode_through_the_daemon(tmp_path: Path) -> None:
+    import httpx
+
+    from .helpers import free_port
+
+    hook_port = free_port()
+    secret = "hook_secret_42"
+    async with trio.open_nursery() as nursery:
+        fake = await start_fake(nursery)
+        fake.chats.add("101")  # the chat is known to the bot (updates arrive by webhook)
+        layout = write_config(
+            tmp_path,
+            delay_ms=1,
+            extra=f"""
+[[connections]]
+id = "tg"
+kind = "telegram"
+token_env = "TG_TOKEN"
+api_origin = "{fake.origin}"
+mode = "webhook"
+webhook_listen = "127.0.0.1:{hook_port}"
+webhook_secret_env = "TG_HOOK_SECRET"
+
+[[grants]]
+connection = "tg"
+actors = ["202"]
+aliases = ["slow"]
+""",
+        )
+        env = {"TG_TOKEN": fake.token, "TG_HOOK_SECRET": secret}
+        async with running_daemon(layout, extra_env=env) as daemon:
+            await daemon.wait_state("READY=1")
+            assert "telegram tg: (webhook)" in daemon.stderr()
+            update = {"update_id": 7, **_private("via hook", 7)}
+            url = f"http://127.0.0.1:{hook_port}/telegram/tg"
+            with trio.fail_after(30):
+                async with httpx.AsyncClient() as client:
+                    wrong = await client.post(
+                        url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": "nope"}
+                    )
+                    assert wrong.status_code == 401
+                    ok = await client.post(
+                        url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret}
+                    )
+                    assert ok.status_code == 204
+                    await _wait_sent(fake, "mock: via hook", 15)
+                    again = await client.post(
+                        url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret}
+                    )
+                    assert again.status_code == 204
+            daemon.send(signal.SIGTERM)
+            assert await daemon.wait_exit() == 0
+            log = daemon.stderr()
+        nursery.cancel_scope.cancel()
+    # Telegram's redelivery of the same update is a duplicate: answered once.
+    assert [s.get("text") for s in fake.sent].count("mock: via hook") == 1
+    assert secret not in log and fake.token not in log
