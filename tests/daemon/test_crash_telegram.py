@@ -11,12 +11,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 
-from .helpers import Layout, prismctl, running_daemon, write_config
+from .helpers import Layout, free_port, prismctl, running_daemon, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -101,10 +102,6 @@ async def test_sigkill_and_restart_resume_polling_at_once(tmp_path: Path) -> Non
 
 
 async def test_webhook_mode_through_the_daemon(tmp_path: Path) -> None:
-    import httpx
-
-    from .helpers import free_port
-
     hook_port = free_port()
     secret = "hook_secret_42"
     async with trio.open_nursery() as nursery:
