@@ -70,3 +70,16 @@ async def test_debug_logs_never_contain_the_access_token_or_message_text(tmp_pat
     assert SECRET_TOKEN not in log
     assert SECRET_TEXT not in log
     assert "private words" not in log
+
+
+async def test_watchdog_pings_reach_a_real_notify_socket(tmp_path: Path) -> None:
+    layout = write_config(tmp_path, delay_ms=10)
+    async with running_daemon(layout, extra_env={"WATCHDOG_USEC": "200000"}) as daemon:
+        await daemon.wait_state("READY=1")
+        await daemon.wait_state("WATCHDOG=1", limit_s=10)
+        before = daemon.states.count("WATCHDOG=1")
+        await trio.sleep(0.5)
+        daemon.send(signal.SIGTERM)
+        await daemon.wait_state("STOPPING=1")
+        assert daemon.states.count("WATCHDOG=1") > before
+        assert await daemon.wait_exit() == 0
