@@ -56,7 +56,14 @@ from .telegram_api import (
     TelegramError,
     validate_api_origin,
 )
-from .telegram_parse import ALLOWED_UPDATES, ParsedUpdate, parse_update, update_id_of
+from .telegram_parse import (
+    ALLOWED_UPDATES,
+    ParsedUpdate,
+    _bounded_str,
+    clean_text,
+    parse_update,
+    update_id_of,
+)
 
 RECEIVER_NAMESPACE = "prism.channels.v1.telegram.receiver"
 CURSOR_NAMESPACE = "prism.channels.v1.cursor"
@@ -66,6 +73,9 @@ MAX_SEND_ATTEMPTS = 5
 MAX_CONTROLS = 8
 MAX_BACKOFF_S = 30.0
 MAX_ATTACHMENT_BYTES_CAP = 4 * 1024 * 1024
+UPDATE_RESPONSE_BYTES = 256 * 1024
+"""Response budget per requested update: a 4,096-character message with entities, a quoted
+reply and ASCII-escaped JSON stays far below it, so a full batch always fits."""
 _FILE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
@@ -141,7 +151,7 @@ def _voice_format(fmt: str) -> tuple[str, str] | None:
 
 
 def _valid_file_path(path: object) -> bool:
-    if not isinstance(path, str) or not path or len(path.encode()) > 256:
+    if not isinstance(path, str) or not path or len(path.encode("utf-8", "surrogatepass")) > 256:
         return False
     segments = path.split("/")
     return len(segments) <= 4 and all(
@@ -471,7 +481,11 @@ class TelegramAdapter:
                 params["offset"] = offset
             polled_at = trio.current_time()
             try:
-                result = await self._rx_api.call("getUpdates", params)
+                result = await self._rx_api.call(
+                    "getUpdates",
+                    params,
+                    max_response_bytes=self.poll_limit * UPDATE_RESPONSE_BYTES,
+                )
             except TelegramError as error:
                 fatal = self._fatal(error)
                 if fatal is not None:
@@ -486,16 +500,28 @@ class TelegramAdapter:
                 await self._sleep_holding_lease(backoff.next_delay())
                 continue
             self._state = "polling"
-            backoff.reset()
-            if not result and trio.current_time() - polled_at < 1:
-                # An empty answer should mean a long poll ran out; one that comes back at
-                # once (a proxy, a misbehaving server) must not turn into a hot loop.
-                await self._sleep_holding_lease(1.0)
+            if not result:
+                backoff.reset()
+                if trio.current_time() - polled_at < 1:
+                    # An empty answer should mean a long poll ran out; one that comes back at
+                    # once (a proxy, a misbehaving server) must not turn into a hot loop.
+                    await self._sleep_holding_lease(1.0)
                 continue
             updates = sorted(
-                (u for u in result if update_id_of(u) is not None),
+                (
+                    u
+                    for u in result
+                    if (uid := update_id_of(u)) is not None and (offset is None or uid >= offset)
+                ),
                 key=lambda u: update_id_of(u) or 0,
             )
+            if not updates:
+                # Only junk (no usable update_id) or updates already acknowledged: the next
+                # poll would get the same answer at once, so wait instead of spinning.
+                self._state = "backoff"
+                await self._sleep_holding_lease(backoff.next_delay())
+                continue
+            backoff.reset()
             for update in updates:
                 update_id = update_id_of(update)
                 assert update_id is not None
@@ -657,7 +683,7 @@ class TelegramAdapter:
         if ref.kind not in ("image", "document", "voice"):
             return None
         file_id = ref.transport_file_id
-        if not isinstance(file_id, str) or not file_id or len(file_id.encode()) > 256:
+        if _bounded_str(file_id, 256) is None:
             return None
         length = ref.byte_length
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
@@ -713,7 +739,7 @@ class TelegramAdapter:
                 params: dict[str, Any] = {
                     "chat_id": preview.external_conversation_id,
                     "draft_id": 1,
-                    "text": tail_units(preview.text, MAX_CHUNK_UNITS),
+                    "text": tail_units(clean_text(preview.text), MAX_CHUNK_UNITS),
                 }
                 if preview.thread_id is not None:
                     params["message_thread_id"] = preview.thread_id
@@ -755,14 +781,15 @@ class TelegramAdapter:
             or not reply.external_conversation_id
         ):
             return SendResult(delivered=False, reason="invalid_destination")
-        chunks = chunk_text(reply.text)
+        # A lone surrogate would make httpx's JSON encoding raise before anything is sent.
+        chunks = chunk_text(clean_text(reply.text))
         if not chunks:
             return SendResult(delivered=False, reason="empty_reply")
         markup: dict[str, Any] | None = None
         if reply.controls:
             controls = reply.controls
             if len(controls) > MAX_CONTROLS or any(
-                not c.label or len(c.label.encode()) > 64 or len(c.value.encode()) > 64
+                _bounded_str(c.label, 64) is None or _bounded_str(c.value, 64) is None
                 for c in controls
             ):
                 return SendResult(delivered=False, reason="invalid_controls")

@@ -177,8 +177,12 @@ class TelegramApi:
         *,
         files: Mapping[str, tuple[str, bytes, str]] | None = None,
         read_timeout_s: float | None = None,
+        max_response_bytes: int | None = None,
     ) -> Any:
         """POST ``params`` as JSON (or multipart with ``files``); return the ``result``.
+
+        ``max_response_bytes`` overrides the client's cap for this call (``getUpdates``
+        batches are legitimately much larger than any other answer).
 
         Raises :class:`TelegramApiError`, :class:`TelegramNetworkError`,
         :class:`TelegramResponseError` or :class:`TelegramCredentialError`.
@@ -192,10 +196,11 @@ class TelegramApi:
             kwargs["json"] = dict(params or {})
         if read_timeout_s is not None:
             kwargs["timeout"] = httpx.Timeout(10.0, read=read_timeout_s)
-        status, headers, body = await self._request("POST", url, kwargs, self.max_response_bytes)
+        cap = self.max_response_bytes if max_response_bytes is None else max_response_bytes
+        status, headers, body = await self._request("POST", url, kwargs, cap)
         try:
             envelope = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             envelope = None
         if not isinstance(envelope, dict):
             if 200 <= status < 300:

@@ -39,6 +39,7 @@ ALLOWED_UPDATES: tuple[str, ...] = ("message", "callback_query", "my_chat_member
 blocking the bot); asking for it keeps the allowed list honest about what we read."""
 
 _APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _COMMAND_RE = re.compile(r"^(/[A-Za-z0-9_]+)@([A-Za-z0-9_]{1,64})(?=\s|$)")
 
 
@@ -64,9 +65,22 @@ def update_id_of(update: object) -> int | None:
 
 
 def _bounded_str(value: object, limit: int) -> str | None:
-    if isinstance(value, str) and value and len(value.encode()) <= limit:
-        return value
-    return None
+    # surrogatepass: a lone surrogate (legal in JSON text, ``"\\ud800"``) must make this
+    # ``None`` below, not raise; a raising parse would re-poll the same update forever.
+    if not isinstance(value, str) or not value or _LONE_SURROGATE_RE.search(value):
+        return None
+    if len(value.encode("utf-8", "surrogatepass")) > limit:
+        return None
+    return value
+
+
+def clean_text(value: str) -> str:
+    """``value`` with every lone surrogate replaced by U+FFFD.
+
+    ``json.loads`` joins escaped pairs into one code point, so any surrogate left is unpaired;
+    it cannot be stored as UTF-8, and refusing the whole message would lose the rest of it.
+    """
+    return _LONE_SURROGATE_RE.sub("\ufffd", value)
 
 
 def _chat_id(value: object) -> str | None:
@@ -228,6 +242,7 @@ def _parse_message(
     if not isinstance(text, str):
         caption = message.get("caption")
         text = caption if isinstance(caption, str) else ""
+    text = clean_text(text)
     stripped = strip_bot_mention(text, bot_username)
     if stripped is None:
         return ParsedUpdate(update_id, ignored="other_bot_command")
@@ -268,7 +283,7 @@ def _parse_callback(
     answerable = (
         query_id
         if query_id is not None
-        and (data is None or (isinstance(data, str) and len(data.encode()) <= 64))
+        and (data is None or _bounded_str(data, CALLBACK_DATA_MAX_BYTES) is not None)
         else None
     )
     match = _APPROVAL_RE.fullmatch(data) if isinstance(data, str) else None

@@ -194,7 +194,7 @@ async def _answer(
         return 413, True
     try:
         update = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's
         return 400, False
     if not isinstance(update, dict) or update_id_of(update) is None:
         return 400, False

@@ -1,0 +1,222 @@
+"""Hostile input to the Telegram adapter: updates it has never seen, poison values, oversized
+batches and junk update ids. None of them may crash parsing, stall the poller on one update,
+or turn polling into a hot loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from trio.testing import MockClock
+
+from adapters.telegram_api import TelegramApi, TelegramResponseError
+from adapters.telegram_parse import parse_update
+from prismd.channel import Control, Reply, SendResult
+from tests.fakes.telegram_api import FakeBotApi
+
+from .conftest import CONN, Recorder, callback, cursor_value, private_message, wait_until
+from .test_webhook import post, webhook_adapter
+
+LONE = "\ud800"
+
+
+def _update(update_id: int, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"update_id": update_id, **payload}
+
+
+def test_unseen_update_kinds_parse_to_a_deliberate_ignore() -> None:
+    """Bot API update kinds and message kinds we do not handle are ignored, never raised."""
+    message = private_message("x")["message"]
+    no_text = {k: v for k, v in message.items() if k != "text"}
+    samples: list[dict[str, Any]] = [
+        {"channel_post": {"chat": {"id": -1, "type": "channel"}, "text": "x"}},
+        {"message_reaction": {"chat": {"id": 1, "type": "private"}, "date": 1}},
+        {"chat_join_request": {"chat": {"id": -1, "type": "supergroup"}}},
+        {"poll": {"id": "1"}},
+        {"message": {**no_text, "sticker": {"file_id": "s", "width": 1}}},
+        {"message": {**no_text, "location": {"latitude": 1.0, "longitude": 2.0}}},
+        {"message": {**no_text, "contact": {"phone_number": "1"}}},
+        {"message": {**no_text, "poll": {"id": "1"}}},
+        {"message": {**no_text, "video": {"file_id": "v"}}},
+        {"message": {**message, "chat": None}},
+        {"message": {**message, "from": None}},
+        {"message": []},
+        {
+            "callback_query": {
+                "id": "q",
+                "from": {"id": 2, "is_bot": False},
+                "inline_message_id": "abc",
+                "data": "p:a:" + "A" * 40,
+            }
+        },
+    ]
+    for index, sample in enumerate(samples, start=1):
+        parsed = parse_update(_update(index, sample), connection_id="c")
+        assert parsed is not None and parsed.event is None and parsed.ignored, sample
+
+
+def test_lone_surrogates_never_raise_and_never_reach_the_journal() -> None:
+    """JSON may carry a lone ``\\ud800``: ids holding one are refused, text gets U+FFFD."""
+    message = private_message("x")["message"]
+    bad_photo = {**message, "photo": [{"file_id": LONE, "file_size": 1}], "text": ""}
+    parsed = parse_update(_update(1, {"message": bad_photo}), connection_id="c")
+    assert parsed is not None and parsed.event is None and parsed.ignored == "empty"
+
+    bad_chat = {**message, "chat": {"id": "a" + LONE, "type": "private"}}
+    parsed = parse_update(_update(2, {"message": bad_chat}), connection_id="c")
+    assert parsed is not None and parsed.event is None and parsed.ignored == "malformed"
+
+    cb = callback("p:a:" + "A" * 40)
+    cb["callback_query"]["id"] = LONE
+    parsed = parse_update(_update(3, cb), connection_id="c")
+    assert parsed is not None and parsed.callback_query_id is None
+
+    text = {**message, "text": f"hi {LONE} there", "caption": None}
+    parsed = parse_update(_update(4, {"message": text}), connection_id="c")
+    assert parsed is not None and parsed.event is not None
+    assert parsed.event.text == "hi \ufffd there"
+    parsed.event.text.encode("utf-8")
+
+    doc = {**message, "document": {"file_id": "d", "file_name": LONE, "mime_type": LONE}}
+    parsed = parse_update(_update(5, {"message": doc}), connection_id="c")
+    assert parsed is not None and parsed.event is not None
+    (ref,) = parsed.event.attachments
+    assert ref.file_name is None and ref.mime_type is None
+
+
+async def test_poison_update_does_not_stall_the_poller(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """An update whose parsing once raised (lone surrogate id) is acknowledged; the next
+    update still gets through."""
+    message = private_message("x")["message"]
+    fake.updates = [
+        _update(1, {"message": {**message, "photo": [{"file_id": LONE}], "text": ""}}),
+        _update(2, private_message("after the poison")),
+    ]
+    adapter = make_adapter()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            await recorder.wait_for(1)
+            nursery.cancel_scope.cancel()
+    assert [e.text for e in recorder.events] == ["after the poison"]
+
+
+async def test_junk_update_ids_never_hot_loop(
+    autojump_clock: MockClock, make_adapter: Any, recorder: Recorder
+) -> None:
+    """A server that keeps answering updates without a usable ``update_id`` (string, float,
+    negative, huge, not an object) is polled with backoff, not in a tight loop."""
+    polls: list[float] = []
+    junk: list[Any] = [
+        {"update_id": "7", **private_message("a")},
+        {"update_id": 8.0, **private_message("b")},
+        {"update_id": -1, **private_message("c")},
+        {"update_id": 2**60, **private_message("d")},
+        None,
+        [1, 2],
+        "text",
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        method = request.url.path.rsplit("/", 1)[1]
+        if method == "getUpdates":
+            polls.append(trio.current_time())
+            if len(polls) > 500:
+                raise AssertionError("hot loop")
+            return httpx.Response(200, json={"ok": True, "result": junk})
+        if method == "getWebhookInfo":
+            return httpx.Response(200, json={"ok": True, "result": {"url": ""}})
+        return httpx.Response(200, json={"ok": True, "result": {"username": "b"}})
+
+    adapter = make_adapter(
+        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
+    )
+    with trio.move_on_after(60):
+        await adapter.run()
+    assert recorder.events == []
+    assert 2 <= len(polls) <= 60
+
+
+async def test_backlog_larger_than_the_response_cap_is_drained(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder, store: Any
+) -> None:
+    """100 long non-ASCII messages (~2.4 MB of JSON) are one legitimate getUpdates answer; the
+    poller must not retry that same oversized batch forever."""
+    text = "й" * 4000
+    for update_id in range(1, 101):
+        fake.push_update(private_message(text), update_id=update_id)
+    adapter = make_adapter()
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            await recorder.wait_for(100)
+            await wait_until(lambda: not fake.updates or fake.updates[0]["update_id"] > 100)
+            nursery.cancel_scope.cancel()
+    assert [e.event_id for e in recorder.events] == [str(i) for i in range(1, 101)]
+    cursor = await cursor_value(store)
+    assert cursor is not None and cursor["lastEventId"] == "100"
+
+
+async def test_webhook_deeply_nested_json_is_400(
+    fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """JSON nested deeper than the parser's recursion limit is a 400 like any bad JSON (it used
+    to drop the connection without an answer)."""
+    adapter = webhook_adapter(make_adapter, max_request_bytes=256 * 1024)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        assert await post(adapter, b"[" * 100_000 + b"]" * 100_000) == 400
+        assert await post(adapter, b'{"update_id": 1, "x": ' + b"[" * 100_000 + b"}") == 400
+        assert await post(adapter, json.dumps(_update(9, private_message("ok"))).encode()) == 204
+        nursery.cancel_scope.cancel()
+    assert [e.event_id for e in recorder.events] == ["9"]
+
+
+async def test_api_deeply_nested_answer_is_a_response_error() -> None:
+    """A 2xx body nested past the parser's recursion limit is a :class:`TelegramResponseError`
+    (a Telegram error the poller backs off from), not a ``RecursionError`` escaping ``run``."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"[" * 50_000 + b"]" * 50_000)
+
+    api = TelegramApi(
+        token=lambda: "123456:secret-token",
+        api_origin="https://telegram.test",
+        transport=httpx.MockTransport(handler),
+    )
+    try:
+        with pytest.raises(TelegramResponseError):
+            await api.call("getUpdates", {})
+    finally:
+        await api.aclose()
+
+
+async def test_send_with_a_lone_surrogate_is_delivered(fake: FakeBotApi, make_adapter: Any) -> None:
+    """An agent's text holding a lone surrogate is sent with U+FFFD: before, httpx's JSON
+    encoding raised and the runtime saw an ambiguous delivery for a request never sent."""
+    fake.chats.add("101")
+    adapter = make_adapter()
+    with trio.fail_after(10):
+        result = await adapter.send(
+            Reply(
+                connection_id=CONN,
+                external_conversation_id="101",
+                text=f"a{LONE}b",
+                kind="final",
+                controls=(Control(label=f"x{LONE}", value="p:a:" + "A" * 40),),
+            )
+        )
+    assert result == SendResult(delivered=False, reason="invalid_controls")
+    with trio.fail_after(10):
+        result = await adapter.send(
+            Reply(
+                connection_id=CONN, external_conversation_id="101", text=f"a{LONE}b", kind="final"
+            )
+        )
+    assert result.delivered
+    assert [c.params["text"] for c in fake.calls_to("sendMessage")] == ["a\ufffdb"]
