@@ -96,8 +96,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         return trio.run(run_daemon, config)
     except KeyboardInterrupt:
-        # Ctrl-C before the signal handlers were installed (still starting up).
-        print("prismd: interrupted during startup", file=sys.stderr)
+        # Ctrl-C outside the daemon's own signal handling (early startup, final close).
+        print("prismd: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
         # The traceback goes through the logging filter, which removes tokens.
