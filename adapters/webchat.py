@@ -83,6 +83,7 @@ log = logging.getLogger("prismd.webchat")
 ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 MAX_HEAD_BYTES = 8 * 1024
 """Largest HTTP request head accepted (431 above it)."""
@@ -326,7 +327,9 @@ class WebchatAdapter:
                 "controls": [{"label": c.label, "value": c.value} for c in reply.controls],
                 "inReplyTo": _client_id_of(reply.in_reply_to, reply.external_conversation_id),
             },
-            ensure_ascii=False,
+            # ASCII escapes: a lone surrogate in a reply must not make the WebSocket layer's
+            # UTF-8 encoding raise (a raising send reads as an ambiguous delivery).
+            ensure_ascii=True,
         )
         taken: list[_Socket] = []
 
@@ -618,7 +621,7 @@ class WebchatAdapter:
             raise _BadFrame("frame too large")
         try:
             frame = json.loads(message)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting past the parser's limit
             self._rejected_frames += 1
             raise _BadFrame("frame is not valid JSON") from None
         if not isinstance(frame, dict):
@@ -636,6 +639,9 @@ class WebchatAdapter:
                 text = frame.get("text")
                 if not isinstance(text, str) or not text.strip():
                     raise _BadFrame("message text must be a non-empty string")
+                # ``json.loads`` joins escaped pairs, so a surrogate left is unpaired; the
+                # journal cannot store it (as UTF-8), and a store refusal reads as retryable.
+                text = _LONE_SURROGATE_RE.sub("\ufffd", text)
                 return self._event(actor, f"{actor}:{client_id}", text, None), client_id
             if kind == "approve":
                 client_id = frame.get("id")
