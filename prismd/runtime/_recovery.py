@@ -12,6 +12,7 @@ caller's — never another tenant's.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -56,50 +57,73 @@ async def list_unresolved(
     want = max(1, min(page if limit is None else int(limit), page))
     scope = ownership_from_identity(identity)
     out: list[UnresolvedEntry] = []
-    cursor: str | None = None
     try:
-        for _page in range(MAX_PAGES):
-            rows, cursor = await core.journal.list(scope, NS_OPERATION, page, cursor=cursor)
-            for row in rows:
-                entry = await _entry(core, scope, row)
-                if entry is not None:
-                    out.append(entry)
-                    if len(out) >= want:
-                        return out
-            if cursor is None or not rows:
+        # Two scans instead of one reply load per settled operation: unresolved
+        # operations, then unsettled replies (whose operation gives the CAS version).
+        async for row in _rows(core, scope, NS_OPERATION):
+            try:
+                record = OperationRecord.from_json(row.value)
+            except ValueError:
+                continue
+            if record.state in UNRESOLVED_OPERATION_STATES:
+                out.append(
+                    UnresolvedEntry(
+                        record.operation_id,
+                        record.connection_id,
+                        record.state,
+                        row.version,
+                        ms_to_iso(row.updated_at_ms),
+                    )
+                )
+                if len(out) >= want:
+                    return out
+        async for row in _rows(core, scope, NS_REPLY):
+            value = row.value
+            if not isinstance(value, dict) or value.get("state") not in UNRESOLVED_REPLY_STATES:
+                continue
+            try:
+                reply = ReplyRecord.from_json(value)
+            except ValueError:
+                continue
+            op = await core.journal.load_operation(
+                row.scope, reply.connection_id, reply.operation_id
+            )
+            if op is None or op.record.state in UNRESOLVED_OPERATION_STATES:
+                continue
+            out.append(
+                UnresolvedEntry(
+                    op.record.operation_id,
+                    op.record.connection_id,
+                    op.record.state,
+                    op.version,
+                    ms_to_iso(op.updated_at_ms),
+                    reply_state=reply.state,
+                )
+            )
+            if len(out) >= want:
                 break
     except Exception:
         core.count("storage_failures")
         return []
+    out.sort(key=lambda e: e.updated_at, reverse=True)
     return out
 
 
-async def _entry(
-    core: Core, caller: OwnershipScope, row: CheckpointRecord
-) -> UnresolvedEntry | None:
+async def _rows(
+    core: Core, caller: OwnershipScope, namespace: str
+) -> AsyncIterator[CheckpointRecord]:
+    """Rows of ``namespace`` inside the caller's scope, newest first, bounded pages."""
     assert core.journal is not None
-    if not _inside(caller, row.scope):
-        return None
-    try:
-        record = OperationRecord.from_json(row.value)
-    except ValueError:
-        return None
-    updated = ms_to_iso(row.updated_at_ms)
-    if record.state in UNRESOLVED_OPERATION_STATES:
-        return UnresolvedEntry(
-            record.operation_id, record.connection_id, record.state, row.version, updated
+    cursor: str | None = None
+    for _page in range(MAX_PAGES):
+        rows, cursor = await core.journal.list(
+            caller, namespace, core.limits.max_journal_page, cursor=cursor
         )
-    reply = await core.journal.load_reply(row.scope, record.connection_id, record.operation_id)
-    if reply is not None and reply.record.state in UNRESOLVED_REPLY_STATES:
-        return UnresolvedEntry(
-            record.operation_id,
-            record.connection_id,
-            record.state,
-            row.version,
-            updated,
-            reply_state=reply.record.state,
-        )
-    return None
+        for row in rows:
+            if _inside(caller, row.scope):
+                yield row
+        if cursor is None or not rows:
+            break
 
 
 async def _find_operation(
