@@ -73,9 +73,10 @@ MAX_SEND_ATTEMPTS = 5
 MAX_CONTROLS = 8
 MAX_BACKOFF_S = 30.0
 MAX_ATTACHMENT_BYTES_CAP = 4 * 1024 * 1024
-UPDATE_RESPONSE_BYTES = 256 * 1024
-"""Response budget per requested update: a 4,096-character message with entities, a quoted
-reply and ASCII-escaped JSON stays far below it, so a full batch always fits."""
+UPDATES_RESPONSE_BYTES = 8 * 1024 * 1024
+"""Cap of a ``getUpdates`` answer: Telegram caps its body at about 4 MB, and a backlog of long
+messages legitimately exceeds the 128 KiB that bounds every other answer (with that cap the
+same oversized batch was re-polled forever)."""
 _FILE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
@@ -484,7 +485,7 @@ class TelegramAdapter:
                 result = await self._rx_api.call(
                     "getUpdates",
                     params,
-                    max_response_bytes=self.poll_limit * UPDATE_RESPONSE_BYTES,
+                    max_response_bytes=UPDATES_RESPONSE_BYTES,
                 )
             except TelegramError as error:
                 fatal = self._fatal(error)
