@@ -420,6 +420,10 @@ async def admit_message(
         return _denied(core, "capacity")
     try:
         await core.hydrate(route, ctx.grant.identity)
+    except TypeError:
+        # The host's resolve_binding returned an unusable session id (§2.4).
+        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        return _denied(core, "malformed")
     except Exception:
         core.count("storage_failures")
         await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
@@ -447,7 +451,6 @@ async def admit_message(
     ):
         await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
         return _denied(core, "capacity")
-    route.last_grant = ctx.grant
     route.queue.append(
         Turn(
             operation_id=ctx.operation_id,

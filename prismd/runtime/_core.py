@@ -12,7 +12,6 @@ outside a queued turn (``/new``, resumes, ``/cancel`` settlements).
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -760,6 +759,3 @@ class Core:
         if not detail:
             return "The request failed before it produced an answer."
         return f"Request failed: {detail}"
-
-    def deadline_s(self, ms: int) -> float:
-        return ms / 1000 if math.isfinite(ms) else math.inf

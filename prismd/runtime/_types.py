@@ -123,7 +123,6 @@ class Route:
     renewing: bool = False
     lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
     hydrate_lock: trio.Lock = attrs.field(factory=trio.Lock)
-    last_grant: Grant | None = None
 
     @property
     def busy(self) -> bool:

@@ -136,3 +136,30 @@ async def test_randomized_runs_each_event_at_most_once(stores: StoreFactory) -> 
     assert len(finals) == diag.completed <= len(accepted)
     assert all(isinstance(r, Reply) for r in host.deliveries)
     assert attrs.asdict(diag)["queued"] == 0
+
+
+async def test_resolve_binding_maps_sessions_and_bad_ids_are_malformed(
+    stores: StoreFactory,
+) -> None:
+    """§2.4: a host ``resolve_binding`` chooses the session; an empty session id is a
+    ``malformed`` denial at admission and leaves no operation behind."""
+    from prismd.runtime import BindingInput, BindingResolution
+
+    seen: list[BindingInput] = []
+
+    async def resolve_binding(inp: BindingInput) -> BindingResolution:
+        seen.append(inp)
+        if inp.external_actor_id == "bad":
+            return BindingResolution(session_id="")
+        return BindingResolution(session_id=f"host-{inp.agent_alias}-{inp.generation}")
+
+    store = await stores()
+    host = Host()
+    async with runtime(host, store, resolve_binding=resolve_binding) as rt:
+        assert (await rt.admit(event("1"))).status == "accepted"
+        bad = await rt.admit(event("2", actor="bad"))
+        assert (bad.status, bad.reason) == ("denied", "malformed")
+        await rt.drain()
+        assert await rt.list_unresolved(identity=IDENT) == []
+    assert [c.session_id for c in host.agent.calls] == ["host-primary-0"]
+    assert seen[0].generation == 0 and seen[0].ownership == SCOPE
