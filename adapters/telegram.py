@@ -73,6 +73,8 @@ MAX_SEND_ATTEMPTS = 5
 MAX_CONTROLS = 8
 MAX_BACKOFF_S = 30.0
 MAX_ATTACHMENT_BYTES_CAP = 4 * 1024 * 1024
+FETCH_DEADLINE_S = 60.0
+"""Whole-fetch deadline of :meth:`TelegramAdapter.fetch_attachment` (getFile + download)."""
 UPDATES_RESPONSE_BYTES = 8 * 1024 * 1024
 """Cap of a ``getUpdates`` answer: Telegram caps its body at about 4 MB, and a backlog of long
 messages legitimately exceeds the 128 KiB that bounds every other answer (with that cap the
@@ -689,18 +691,22 @@ class TelegramAdapter:
         length = ref.byte_length
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             return None
-        try:
-            info = await self._api.call("getFile", {"file_id": file_id})
-            if not isinstance(info, Mapping) or not _valid_file_path(info.get("file_path")):
+        data: bytes | None = None
+        # One deadline for both requests: httpx's timeouts bound each read, not the whole
+        # download, and a server dripping bytes would otherwise hold the poller indefinitely.
+        with trio.move_on_after(FETCH_DEADLINE_S):
+            try:
+                info = await self._api.call("getFile", {"file_id": file_id})
+                if not isinstance(info, Mapping) or not _valid_file_path(info.get("file_path")):
+                    return None
+                declared = info.get("file_size")
+                if isinstance(declared, bool) or not isinstance(declared, int):
+                    declared = length
+                if declared > self.max_attachment_bytes:
+                    return None
+                data = await self._api.download(info["file_path"], self.max_attachment_bytes)
+            except TelegramError:
                 return None
-            declared = info.get("file_size")
-            if isinstance(declared, bool) or not isinstance(declared, int):
-                declared = length
-            if declared > self.max_attachment_bytes:
-                return None
-            data = await self._api.download(info["file_path"], self.max_attachment_bytes)
-        except TelegramError:
-            return None
         if data is None:
             return None
         return FetchedAttachment(data=data, mime_type=ref.mime_type, file_name=ref.file_name)

@@ -14,7 +14,7 @@ from trio.testing import MockClock
 
 from adapters.telegram_api import TelegramApi, TelegramResponseError
 from adapters.telegram_parse import parse_update
-from prismd.channel import Control, Reply, SendResult
+from prismd.channel import AttachmentRef, Control, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 
 from .conftest import CONN, Recorder, callback, cursor_value, private_message, wait_until
@@ -220,3 +220,27 @@ async def test_send_with_a_lone_surrogate_is_delivered(fake: FakeBotApi, make_ad
         )
     assert result.delivered
     assert [c.params["text"] for c in fake.calls_to("sendMessage")] == ["a\ufffdb"]
+
+
+async def test_trickling_download_is_cut_off(autojump_clock: MockClock, make_adapter: Any) -> None:
+    """A file server that drips one byte every 50 s (inside httpx's read timeout) used to hold
+    ``fetch_attachment``, and with it the poller, for as long as it liked."""
+
+    class Drip(httpx.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            for _ in range(1000):
+                yield b"x"
+                await trio.sleep(50)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/getFile"):
+            result = {"file_id": "f", "file_path": "documents/a.txt", "file_size": 1000}
+            return httpx.Response(200, json={"ok": True, "result": result})
+        return httpx.Response(200, stream=Drip())
+
+    adapter = make_adapter(
+        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
+    )
+    start = trio.current_time()
+    assert await adapter.fetch_attachment(AttachmentRef("document", "f", 1000)) is None
+    assert trio.current_time() - start <= 61
