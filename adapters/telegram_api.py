@@ -23,9 +23,12 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 DEFAULT_API_ORIGIN = "https://api.telegram.org"
 DEFAULT_MAX_RESPONSE_BYTES = 128 * 1024
+REQUEST_GRACE_S = 30.0
+"""Added to the read timeout to make the deadline of a whole request (connect, send, body)."""
 _TOKEN_RE = re.compile(r"^[0-9]{1,20}:[A-Za-z0-9_-]{1,1000}$")
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -244,25 +247,28 @@ class TelegramApi:
     async def _request(
         self, verb: str, url: str, kwargs: dict[str, Any], cap: int
     ) -> tuple[int, httpx.Headers, bytes]:
-        failed = False
-        try:
-            async with self._http().stream(verb, url, **kwargs) as response:
-                length = _positive_int(response.headers.get("content-length"))
-                if length is not None and length > cap:
-                    raise TelegramResponseError()
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > cap:
+        timeout = kwargs.get("timeout")
+        read_s = timeout.read if isinstance(timeout, httpx.Timeout) else self.read_timeout_s
+        # httpx bounds each read, not the whole exchange: a server dripping a byte now and
+        # then would hold the call forever. The whole request gets its read budget + 30 s.
+        with trio.move_on_after((read_s or self.read_timeout_s) + REQUEST_GRACE_S):
+            try:
+                async with self._http().stream(verb, url, **kwargs) as response:
+                    length = _positive_int(response.headers.get("content-length"))
+                    if length is not None and length > cap:
                         raise TelegramResponseError()
-                    chunks.append(chunk)
-                return response.status_code, response.headers, b"".join(chunks)
-        except TelegramError:
-            raise
-        except (httpx.HTTPError, OSError):
-            failed = True
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in response.aiter_bytes():
+                        size += len(chunk)
+                        if size > cap:
+                            raise TelegramResponseError()
+                        chunks.append(chunk)
+                    return response.status_code, response.headers, b"".join(chunks)
+            except TelegramError:
+                raise
+            except (httpx.HTTPError, OSError):
+                pass
         # Raised outside the handler so no ``__context__`` links to the httpx exception,
         # whose message carries the request URL and therefore the token.
-        assert failed
         raise TelegramNetworkError()

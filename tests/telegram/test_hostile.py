@@ -12,7 +12,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram_api import TelegramApi, TelegramResponseError
+from adapters.telegram_api import TelegramApi, TelegramNetworkError, TelegramResponseError
 from adapters.telegram_parse import parse_update
 from prismd.channel import AttachmentRef, Control, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
@@ -244,3 +244,33 @@ async def test_trickling_download_is_cut_off(autojump_clock: MockClock, make_ada
     start = trio.current_time()
     assert await adapter.fetch_attachment(AttachmentRef("document", "f", 1000)) is None
     assert trio.current_time() - start <= 61
+
+
+async def test_trickling_api_answer_is_a_network_error(autojump_clock: MockClock) -> None:
+    """Any Bot API call has a whole-request deadline (read timeout + 30 s), so a dripping
+    ``getUpdates`` or ``sendMessage`` answer cannot hold the adapter forever."""
+
+    class Drip(httpx.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            yield b'{"ok": true, "result": ['
+            for _ in range(1000):
+                await trio.sleep(20)
+                yield b" "
+
+    api = TelegramApi(
+        token=lambda: "123456:secret-token",
+        api_origin="https://telegram.test",
+        transport=httpx.MockTransport(lambda _r: httpx.Response(200, stream=Drip())),
+        read_timeout_s=45.0,
+    )
+    start = trio.current_time()
+    try:
+        with pytest.raises(TelegramNetworkError):
+            await api.call("getUpdates", {"timeout": 30})
+        assert trio.current_time() - start <= 45 + 30 + 1
+        start = trio.current_time()
+        with pytest.raises(TelegramNetworkError):
+            await api.call("sendMessage", {}, read_timeout_s=5.0)
+        assert trio.current_time() - start <= 5 + 30 + 1
+    finally:
+        await api.aclose()
