@@ -282,3 +282,36 @@ async def test_worker_refuses_bad_input_b181() -> None:
 
 def test_diagnostics_names_are_the_fifteen_counters() -> None:
     assert len(attrs.fields(Diagnostics)) == 15
+
+
+async def test_two_handles_same_event_runs_once_and_deferred_turn_completes(
+    tmp_path: Path,
+) -> None:
+    """Two runtimes on two handles of one SQLite file: the same event admitted on both
+    runs once (the loser is a duplicate); B's turn for the busy binding waits for A's
+    lease and then runs exactly once (SPEC difference 8 on SQLite)."""
+    store_a = await open_store(sqlite_url(tmp_path))
+    store_b = await open_store(sqlite_url(tmp_path))
+    gate = trio.Event()
+    agent_a = ScriptedAgent(gate=gate, answer="from A")
+    agent_b = ScriptedAgent(answer="from B")
+    host_a, host_b = Host(agent=agent_a), Host(agent=agent_b)
+    try:
+        async with runtime(host_a, store_a) as a, runtime(host_b, store_b) as b:
+            first = await a.admit(event("1"))
+            same = await b.admit(event("1"))
+            assert first.status == "accepted" and not first.duplicate and same.duplicate
+            await agent_a.wait_started(1)
+            assert (await b.admit(event("2"))).status == "accepted"
+            await trio.sleep(0.2)
+            assert host_b.deliveries == []
+            gate.set()
+            with trio.fail_after(20):
+                await a.drain()
+                await b.drain()
+            assert await b.list_unresolved(identity=identity()) == []
+    finally:
+        await store_a.aclose()
+        await store_b.aclose()
+    assert (agent_a.provider_calls, agent_b.provider_calls) == (1, 1)
+    assert host_a.texts == ["from A"] and host_b.texts == ["from B"]
