@@ -17,7 +17,12 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
+from stores import (
+    CheckpointConflictError,
+    CheckpointStore,
+    InvalidCheckpointError,
+    OwnershipScope,
+)
 
 from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
 
@@ -118,9 +123,14 @@ def _parse_entries(value: object) -> list[SessionEntry]:
     return entries
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clip(text: str) -> str:
-    """At most :data:`MAX_ENTRY_BYTES` of UTF-8, cut on a code point boundary."""
-    raw = text.encode("utf-8", "surrogatepass")
+    """At most :data:`MAX_ENTRY_BYTES` of UTF-8, cut on a code point boundary; lone
+    surrogates (which no store can hold as UTF-8) become U+FFFD."""
+    text = _LONE_SURROGATE.sub("\ufffd", text)
+    raw = text.encode("utf-8")
     if len(raw) <= MAX_ENTRY_BYTES:
         return text
     return raw[:MAX_ENTRY_BYTES].decode("utf-8", "ignore")
@@ -180,6 +190,8 @@ class SessionLog:
                     expected_version=version,
                     category=CATEGORY_SESSION,
                 )
+            except InvalidCheckpointError:
+                raise  # bad input (a subclass of the conflict error): retrying cannot help
             except CheckpointConflictError:
                 continue
             return added[-1].id

@@ -1,0 +1,67 @@
+"""Agent transcripts and text the stores cannot hold as UTF-8 (a lone surrogate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prismd.agents import RunRequest, build_agent
+from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from stores.memory import MemoryStore
+
+from .conftest import ManualClock
+
+IDENTITY = AgentIdentity(
+    tenant_id="tenant-1", principal=Principal("user", "user-1"), scopes=("chat",),
+    issued_at_ms=0, user_id="user-1",
+)  # fmt: skip
+
+
+def _ctx(store: MemoryStore, clock: ManualClock, **options: Any) -> Any:
+    from prismd.agents import AgentContext
+
+    return AgentContext(
+        alias="primary", options=options, checkpoints=store.checkpoints, clock=clock
+    )
+
+
+async def test_lone_surrogate_input_does_not_fail_the_run(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    """The runtime admits such text (a channel may hand it over); storing it in the transcript
+    used to raise InvalidCheckpointError and fail the run. It is kept with U+FFFD instead."""
+    for kind in ("echo", "mock"):
+        agent = build_agent(kind, _ctx(store, clock))
+        request = RunRequest(
+            session_id=f"s-{kind}", input="a\ud800b", identity=IDENTITY, idempotency_key="op-1"
+        )
+        result = await agent.run(request)
+        assert result.status == "succeeded"
+        entries = await agent.session_entries(f"s-{kind}", ownership_from_identity(IDENTITY))  # type: ignore[attr-defined]
+        assert entries[0].text == "a\ufffdb"
+
+
+async def test_transcript_refused_by_the_store_is_not_retried_as_a_cas_loss(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    """InvalidCheckpointError subclasses CheckpointConflictError; the append loop used to
+    retry it eight times and then report a lost compare-and-swap."""
+    from prismd.agents._session import SessionLog
+    from stores import InvalidCheckpointError
+
+    class Refusing:
+        calls = 0
+
+        async def load_checkpoint(self, **kwargs: Any) -> Any:
+            return await store.checkpoints.load_checkpoint(**kwargs)
+
+        async def save_checkpoint(self, **kwargs: Any) -> Any:
+            self.calls += 1
+            raise InvalidCheckpointError("value is not JSON-serialisable")
+
+    refusing = Refusing()
+    log = SessionLog(refusing, "primary")  # type: ignore[arg-type]
+    with pytest.raises(InvalidCheckpointError, match="JSON"):
+        await log.append("s", ownership_from_identity(IDENTITY), (("user", "x"),))
+    assert refusing.calls == 1
