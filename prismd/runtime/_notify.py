@@ -18,7 +18,9 @@ from ._admit import check_grant, seen_before
 from ._core import MAX_ID_BYTES, Core, notify_operation_id
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
+OPERATOR_PRINCIPAL_KIND = "operator"
 PAIRING_TTL_MAX_MS = 5 * 60 * 1000
+_MAX_BINDING_PAGES = 20
 
 
 class PairingUnavailableError(Exception):
@@ -40,36 +42,63 @@ async def _candidates(
     connection_id: str,
     conversation_id: str,
     thread_id: str | None,
-) -> list[BindingRecord]:
-    """Bindings of this conversation/thread stored under exactly the caller's scope."""
-    found: dict[tuple[str, str], BindingRecord] = {}
+    *,
+    operator: bool,
+) -> list[tuple[OwnershipScope, BindingRecord]]:
+    """Bindings of this conversation/thread, each with the scope it is stored under.
+
+    A user identity sees only bindings stored under exactly its own scope (contract
+    §9.5). An operator identity (principal kind ``operator``) sees every binding whose
+    stored scope lies inside its partial scope (SPEC difference 7), never another
+    tenant's.
+    """
+
+    def visible(scope: OwnershipScope) -> bool:
+        return ownership.matches_filter(scope) if operator else scope == ownership
+
+    found: dict[tuple[str, str, OwnershipScope], tuple[OwnershipScope, BindingRecord]] = {}
     for route in core.routes.values():
         if (
             route.connection_id == connection_id
             and route.conversation_id == conversation_id
             and route.thread_id == thread_id
-            and route.ownership == ownership
+            and visible(route.ownership)
             and route.hydrated
             and route.session_id
         ):
-            found[(route.actor_id, route.alias)] = core.binding_record(route)
+            found[(route.actor_id, route.alias, route.ownership)] = (
+                route.ownership,
+                core.binding_record(route),
+            )
     if core.journal is not None:
-        prefix = binding_actor_prefix(connection_id, ownership, conversation_id, thread_id)
-        rows, _cursor = await core.journal.list(ownership, NS_BINDING, 500, key_prefix=prefix)
-        for row in rows:
-            if row.scope != ownership:
-                continue
-            try:
-                record = BindingRecord.from_json(row.value)
-            except ValueError:
-                continue
-            if (
-                record.connection_id == connection_id
-                and record.external_conversation_id == conversation_id
-                and record.thread_id == thread_id
-                and record.external_actor_id is not None
-            ):
-                found.setdefault((record.external_actor_id, record.agent_alias), record)
+        if operator:
+            prefix = f"b1:{connection_id or '-'}:"
+        else:
+            prefix = binding_actor_prefix(connection_id, ownership, conversation_id, thread_id)
+        cursor: str | None = None
+        for _page in range(_MAX_BINDING_PAGES):
+            rows, cursor = await core.journal.list(
+                ownership, NS_BINDING, 500, key_prefix=prefix, cursor=cursor
+            )
+            for row in rows:
+                if not visible(row.scope):
+                    continue
+                try:
+                    record = BindingRecord.from_json(row.value)
+                except ValueError:
+                    continue
+                if (
+                    record.connection_id == connection_id
+                    and record.external_conversation_id == conversation_id
+                    and record.thread_id == thread_id
+                    and record.external_actor_id is not None
+                ):
+                    found.setdefault(
+                        (record.external_actor_id, record.agent_alias, row.scope),
+                        (row.scope, record),
+                    )
+            if cursor is None:
+                break
     return list(found.values())
 
 
@@ -100,17 +129,24 @@ async def notify(
         ownership = ownership_from_identity(identity)
     except Exception:
         return _denied(core, "malformed")
+    operator = identity.principal.kind == OPERATOR_PRINCIPAL_KIND
     try:
-        candidates = await _candidates(
-            core, ownership, connection_id, external_conversation_id, thread_id
+        found = await _candidates(
+            core,
+            ownership,
+            connection_id,
+            external_conversation_id,
+            thread_id,
+            operator=operator,
         )
     except Exception:
         core.count("storage_failures")
         return _denied(core, "unavailable")
-    actors = sorted({c.external_actor_id or "" for c in candidates})
-    if len(actors) != 1:
+    targets = sorted({(c.external_actor_id or "", scope) for scope, c in found}, key=repr)
+    if len(targets) != 1:
         return _denied(core, "rejected")
-    actor_id = actors[0]
+    actor_id, target_scope = targets[0]
+    candidates = [c for _scope, c in found]
     event_id = f"notify-{notify_id}"
     try:
         grant = await core.authorize(
@@ -129,13 +165,17 @@ async def notify(
         return _denied(core, "rejected")
     if check_grant(core, grant) is not None or not isinstance(grant, Grant):
         return _denied(core, "rejected")
-    if (
-        grant.notifications is not True
-        or grant.identity.principal.kind != identity.principal.kind
+    if grant.notifications is not True or ownership_from_identity(grant.identity) != target_scope:
+        return _denied(core, "rejected")
+    if not operator and (
+        grant.identity.principal.kind != identity.principal.kind
         or grant.identity.principal.id != identity.principal.id
-        or ownership_from_identity(grant.identity) != ownership
     ):
         return _denied(core, "rejected")
+    # The notice is journaled under the bound actor's scope and sent as them, so the
+    # same liveness checks apply as for their own replies.
+    sender = grant.identity if operator else identity
+    ownership = target_scope
     usable = [c for c in candidates if c.agent_alias in grant.agent_aliases]
     if len(usable) > 1:
         # Several aliases bound: the actor's current selection, else the grant's default,
@@ -183,7 +223,7 @@ async def notify(
         core.count("admitted")
         return Admission("accepted", operation_id=operation_id, duplicate=True)
     await core.send_reply(
-        identity=identity,
+        identity=sender,
         ownership=ownership,
         operation_id=operation_id,
         connection_id=connection_id,

@@ -618,11 +618,6 @@ async def test_pairing_by_start_deep_link_and_expiry(
             )
 
 
-@pytest.mark.xfail(
-    reason="runtime bug: the approval notice redacts the reason but not the tool name "
-    "(issue 3 asks for redaction of secrets in every outbound text)",
-    strict=True,
-)
 async def test_approval_notice_is_redacted(
     store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
 ) -> None:

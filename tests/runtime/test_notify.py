@@ -287,3 +287,45 @@ async def test_notify_input_validation_and_stop(
         )
         assert (stopped.status, stopped.reason) == ("denied", "stopped")
         assert len(h.replies) == delivered + 1
+
+
+def operator_identity(tenant: str = "tenant-1") -> Any:
+    from prismd.identity import AgentIdentity, Principal
+
+    return AgentIdentity(
+        tenant_id=tenant, principal=Principal("operator", "0"), scopes=("operator",), issued_at_ms=0
+    )
+
+
+async def test_operator_notifies_a_bound_actor_inside_its_tenant(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """SPEC difference 7 for ``notify``: a tenant-scoped operator (the control socket's
+    ``notify``) reaches a bound actor of its tenant; the notice is journaled under the
+    actor's own scope. The reference would refuse it (principal mismatch)."""
+    agent = RecordingAgent()
+    async with open_harness(
+        store, clock, {"primary": agent}, grant=grant_for(notifications=True)
+    ) as h:
+        await bind(h)
+        delivered = len(h.replies)
+        result = await notify(h, identity=operator_identity())
+        assert result.status == "accepted" and not result.duplicate, result
+        assert [r.text for r in h.replies[delivered:]] == [f"build finished, key {SECRET}"]
+        record = await load_operation(store, result.operation_id)
+        assert record["kind"] == "notify" and record["externalActorId"] == "user-1"
+        again = await notify(h, identity=operator_identity())
+        assert again.duplicate is True and len(h.replies) == delivered + 1
+        # Another tenant's operator sees no binding at all.
+        foreign = await notify(h, notify_id="job-2", identity=operator_identity("tenant-9"))
+        assert (foreign.status, foreign.reason) == ("denied", "rejected")
+
+
+async def test_operator_notify_needs_the_actors_notifications_grant(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An operator cannot push notices to an actor whose grant has no notifications."""
+    async with open_harness(store, clock, {"primary": RecordingAgent()}) as h:
+        await bind(h)
+        result = await notify(h, identity=operator_identity())
+        assert (result.status, result.reason) == ("denied", "rejected")
