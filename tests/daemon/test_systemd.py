@@ -154,3 +154,50 @@ def test_example_config_is_valid_and_matches_the_unit() -> None:
     # The token file is the unit's credential name, found through $CREDENTIALS_DIRECTORY.
     assert getattr(telegram, "token_file", None) == "telegram-token"
     assert {c.kind for c in config.connections} == {"telegram", "webchat"}
+
+
+def _syscall_set(name: str, seen: set[str] | None = None) -> set[str]:
+    """Every syscall of ``name`` (a syscall or an ``@group``, expanded by systemd-analyze)."""
+    if not name.startswith("@"):
+        return {name}
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    out = subprocess.run(
+        [ANALYZE, "syscall-filter", "--no-pager", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    result: set[str] = set()
+    for line in out.splitlines()[1:]:
+        item = line.strip()
+        if item and not item.startswith("#"):
+            result |= _syscall_set(item, seen)
+    return result
+
+
+def _allowed_syscalls() -> set[str]:
+    """The unit's allow list, evaluated like systemd: left to right, ``~`` removes."""
+    allowed: set[str] = set()
+    for value in unit_directives()["SystemCallFilter"]:
+        deny = value.startswith("~")
+        for item in value.removeprefix("~").split():
+            names = _syscall_set(item)
+            allowed = allowed - names if deny else allowed | names
+    return allowed
+
+
+def test_syscall_filter_allows_what_the_daemon_calls() -> None:
+    """With ``[control] group`` (set in the example config) the daemon chowns the socket and
+    its directory to the operators group. ``~@privileged`` contains ``@chown``, so under the
+    shipped unit that start-up step failed with EPERM; the unit must allow it again."""
+    config = load_config(SYSTEMD / "prismd.example.toml", env={})
+    assert config.control.group is not None
+    allowed = _allowed_syscalls()
+    for name in ("chown", "fchown", "fchownat", "chmod", "fchmodat", "umask", "flock"):
+        assert name in allowed, name
+    for name in ("setuid", "reboot", "init_module", "setrlimit"):
+        assert name not in allowed, name
