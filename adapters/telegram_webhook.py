@@ -23,6 +23,7 @@ runtime's operation journal deduplicates Telegram's redeliveries.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -154,8 +155,16 @@ async def _serve_connection(adapter: TelegramAdapter, stream: trio.SocketStream)
     timeout = HEAD_TIMEOUT_S
     while True:
         event: object = None
-        with trio.move_on_after(timeout):
-            event = await _next_event(conn, stream)
+        try:
+            with trio.move_on_after(timeout):
+                event = await _next_event(conn, stream)
+        except h11.RemoteProtocolError as exc:
+            # Not HTTP/1.1 we can read (bad Content-Length, no Host, TLS to a plain port):
+            # answer like any HTTP server instead of dropping the connection silently.
+            status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
+            with contextlib.suppress(h11.LocalProtocolError):
+                await _respond(conn, stream, status, close=True)
+            return
         if not isinstance(event, h11.Request):
             return
         status, close = await _answer(adapter, conn, stream, event)
@@ -192,6 +201,8 @@ async def _answer(
             body = await _read_body(conn, stream, adapter.max_request_bytes)
     except _BodyTooLarge:
         return 413, True
+    except h11.RemoteProtocolError:
+        return 400, True  # a broken chunked body
     try:
         update = json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's

@@ -274,3 +274,40 @@ async def test_trickling_api_answer_is_a_network_error(autojump_clock: MockClock
         assert trio.current_time() - start <= 5 + 30 + 1
     finally:
         await api.aclose()
+
+
+async def _raw_status(address: tuple[str, int], data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(data)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+async def test_webhook_malformed_http_gets_400_not_silence(
+    fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """Requests h11 cannot parse (bad or negative Content-Length, no Host, a TLS hello, a
+    broken chunked body) were dropped without an answer; they get 400 and a close."""
+    adapter = webhook_adapter(make_adapter)
+    head = (
+        b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nX-Telegram-Bot-Api-Secret-Token: webhook-secret\r\n"
+    )
+    cases = [
+        head + b"Content-Length: abc\r\n\r\n{}",
+        head + b"Content-Length: -5\r\n\r\n",
+        b"POST /telegram/telegram-main HTTP/1.1\r\nContent-Type: application/json\r\n\r\n",
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 100,
+        head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    ]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        assert adapter.webhook_address is not None
+        with trio.fail_after(10):
+            for data in cases:
+                assert await _raw_status(adapter.webhook_address, data) == b"HTTP/1.1 400 ", data
+        nursery.cancel_scope.cancel()
+    assert recorder.events == []
