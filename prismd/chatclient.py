@@ -31,6 +31,7 @@ __all__ = ["chat", "run_chat_cli"]
 
 ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 CONNECT_TIMEOUT_S = 10.0
 LINGER_S = 15.0
 """After EOF, how long to wait for admissions and replies still due."""
@@ -143,7 +144,8 @@ class _Conversation:
     changed: trio.Event = attrs.field(factory=trio.Event)
 
     def _print(self, stream: TextIO, text: str) -> None:
-        stream.write(text + "\n")
+        # A lone surrogate (a JSON escape) would make a strict UTF-8 stdout raise.
+        stream.write(_LONE_SURROGATE_RE.sub("\ufffd", text) + "\n")
         stream.flush()
 
     def _touch(self) -> None:
@@ -158,7 +160,9 @@ class _Conversation:
         client_id = secrets.token_urlsafe(15)
         self.awaiting_admission.add(client_id)
         frame = {"type": "message", "id": client_id, "text": text}
-        await self.ws.send_message(json.dumps(frame, ensure_ascii=False))
+        # ASCII escapes: stdin decodes bytes that are not UTF-8 to lone surrogates, which the
+        # WebSocket layer cannot encode (the server turns them into U+FFFD).
+        await self.ws.send_message(json.dumps(frame))
 
     async def read_frames(self, on_close: trio.CancelScope) -> None:
         while True:
@@ -170,7 +174,7 @@ class _Conversation:
                 return
             try:
                 frame = json.loads(message)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):
                 continue
             if isinstance(frame, dict):
                 self._handle(frame)
