@@ -12,6 +12,7 @@ outside a queued turn (``/new``, resumes, ``/cancel`` settlements).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -88,6 +89,10 @@ FetchAttachment = Callable[[AttachmentRef], Awaitable[Any]]
 MAX_ID_BYTES = 256
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
+TYPING_INTERVAL_S = 4.0
+
+OnTyping = Callable[[str, str, str | None], Awaitable[None]]
+log = logging.getLogger("prismd.runtime")
 
 
 @attrs.define(eq=False)
@@ -110,6 +115,7 @@ class Core:
     resolve_binding: ResolveBinding | None = None
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None
+    on_typing: OnTyping | None = None
 
     journal: ChannelJournal | None = attrs.field(init=False, default=None)
     leases: LeaseStore | None = attrs.field(init=False, default=None)
@@ -206,6 +212,27 @@ class Core:
             while self.inflight:
                 await self.idle.wait()
         return self.inflight == 0
+
+    async def typing_loop(self, route: Route) -> None:
+        """Call ``on_typing`` now and every :data:`TYPING_INTERVAL_S` until cancelled.
+
+        Runs in a child task of the turn, cancelled when the run ends. A failing
+        callback is logged by exception type only (never its text, which may carry
+        ids or tokens) and swallowed; each call is bounded by the interval so a hung
+        callback cannot pile up or outlive the run's cancellation check.
+        """
+        on_typing = self.on_typing
+        if on_typing is None:
+            return
+        next_at = trio.current_time()
+        while True:
+            next_at += TYPING_INTERVAL_S
+            with trio.move_on_at(next_at):
+                try:
+                    await on_typing(route.connection_id, route.conversation_id, route.thread_id)
+                except Exception as exc:
+                    log.warning("typing callback failed: %s", type(exc).__name__)
+            await trio.sleep_until(next_at)
 
     # ------------------------------------------------------------------ routes
 

@@ -179,12 +179,16 @@ async def open_messaging_runtime(
     resolve_binding: ResolveBinding | None = None,
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None,
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
+    on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
 
     The runtime owns its nursery (route pumps, lease renewers, notices, resumes).
     Constructing it calls none of the callbacks. ``store=None`` runs without a journal
-    (in-memory dedup, restart-unsafe).
+    (in-memory dedup, restart-unsafe). ``on_typing(connection_id, conversation_id,
+    thread_id)`` is awaited when a turn's agent run starts and every 4 s while it runs
+    (a child task cancelled when the run ends; its failures are logged by type and
+    swallowed, and a hung call is abandoned after 4 s).
     """
     async with trio.open_nursery() as nursery:
         extra = {} if owner_id is None else {"owner_id": owner_id}
@@ -204,6 +208,7 @@ async def open_messaging_runtime(
             resolve_binding=resolve_binding,
             pairing_scope=pairing_scope,
             on_paired=on_paired,
+            on_typing=on_typing,
             **extra,
         )
         runtime = Runtime(core)

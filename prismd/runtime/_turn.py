@@ -244,7 +244,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         result: RunResult | None = None
         with run_scope:
             try:
-                result = await agent.run(request, on_event=sink)
+                result = await _run_agent(core, route, agent, request, sink)
             except RunFailedError as exc:
                 result = exc.result
         if result is None:
@@ -256,6 +256,30 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         await turn_notice(core, route, turn, core.failure_text(str(exc)), fence)
         return
     await finish_run(core, route, turn, agent, result, fence)
+
+
+async def _run_agent(
+    core: Core, route: Route, agent: Agent, request: RunRequest, sink: EventSink | None
+) -> RunResult:
+    """``agent.run``, with the host's typing indicator in a child task while it runs.
+
+    The indicator task lives in the runtime nursery under its own cancel scope (not a
+    nested nursery, which would wrap the run's exceptions in an ExceptionGroup); it is
+    cancelled however the run ends.
+    """
+    if core.on_typing is None:
+        return await agent.run(request, on_event=sink)
+    scope = trio.CancelScope()
+    core.nursery.start_soon(_typing_task, core, route, scope)
+    try:
+        return await agent.run(request, on_event=sink)
+    finally:
+        scope.cancel()
+
+
+async def _typing_task(core: Core, route: Route, scope: trio.CancelScope) -> None:
+    with scope:
+        await core.typing_loop(route)
 
 
 async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> bool:
