@@ -124,41 +124,77 @@ class Runtime:
 
     async def stop(self) -> None:
         """§13.5: refuse new work, settle queued and claimed work ``cancelled`` durably
-        within ``stop_deadline_ms``, release binding leases. Idempotent."""
+        within ``stop_deadline_ms``, release binding leases. Idempotent.
+
+        Runs that do not end when cancelled (an agent shielding itself) are waited for
+        until shortly before the deadline; their operations are then settled ``cancelled``
+        / ``cancelled_at_shutdown`` by ``stop`` itself, and their late results discarded.
+        """
         core = self._core
         core.stopped = True
         if self._stop_done:
             return
         self._stop_done = True
-        for route in list(core.routes.values()):
-            queued = list(route.queue)
-            route.queue.clear()
-            for turn in queued:
-                if turn.cancelled:
-                    continue
-                turn.cancelled = True
-                turn.cancel_counted = True
-                core.count("cancelled")
-                await core.settle_operation(
-                    turn.ownership,
-                    turn.event.connection_id,
-                    turn.operation_id,
-                    "cancelled",
-                    error_code="cancelled_at_shutdown",
-                    only_from=frozenset({"accepted"}),
-                )
-            active = route.active
-            if active is not None:
-                if active.state == "waiting" and active.turn is not None:
-                    active.turn.cancelled = True
-                    if not active.turn.cancel_counted:
-                        active.turn.cancel_counted = True
-                        core.count("cancelled")
-                active.cancel(stopping=True)
-        await core.wait_idle(core.limits.stop_deadline_ms / 1000)
+        deadline_s = core.limits.stop_deadline_ms / 1000
+        end = trio.current_time() + deadline_s
+        reserve = min(1.0, deadline_s / 4)
+        with trio.move_on_at(end):
+            for route in list(core.routes.values()):
+                queued = list(route.queue)
+                route.queue.clear()
+                for turn in queued:
+                    if turn.cancelled:
+                        continue
+                    turn.cancelled = True
+                    turn.cancel_counted = True
+                    core.count("cancelled")
+                    await core.settle_operation(
+                        turn.ownership,
+                        turn.event.connection_id,
+                        turn.operation_id,
+                        "cancelled",
+                        error_code="cancelled_at_shutdown",
+                        only_from=frozenset({"accepted"}),
+                    )
+                    turn.settled = True
+                active = route.active
+                if active is not None:
+                    if active.state == "waiting" and active.turn is not None:
+                        active.turn.cancelled = True
+                        if not active.turn.cancel_counted:
+                            active.turn.cancel_counted = True
+                            core.count("cancelled")
+                    active.cancel(stopping=True)
+        await core.wait_idle(max(0.0, end - reserve - trio.current_time()))
+        with trio.move_on_at(end):
+            await self._settle_stragglers()
         for route in list(core.routes.values()):
             route.lease_users = 0
             await core.release_if_idle(route)
+
+    async def _settle_stragglers(self) -> None:
+        """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
+        core = self._core
+        for route in list(core.routes.values()):
+            active = route.active
+            turn = None if active is None else active.turn
+            if turn is None or turn.settled or turn.settled_by_stop:
+                continue
+            turn.settled_by_stop = True
+            ok = await core.settle_operation(
+                turn.ownership,
+                turn.event.connection_id,
+                turn.operation_id,
+                "cancelled",
+                fence=core.route_fence_now(route),
+                error_code="cancelled_at_shutdown",
+                only_from=frozenset({"accepted", "executing"}),
+            )
+            if ok:
+                turn.settled = True
+                if not turn.cancel_counted:
+                    turn.cancel_counted = True
+                    core.count("cancelled")
 
 
 @asynccontextmanager

@@ -95,6 +95,8 @@ async def settle_turn(
 ) -> None:
     """Write the turn's terminal state: CAS from the version this runtime last wrote,
     else load and retry (bounded, shielded: a cancelled turn still settles durably)."""
+    if turn.settled_by_stop:
+        return
     with trio.CancelScope(shield=True), trio.move_on_after(10):
         known = turn.op
         if core.journal is not None and known is not None:
@@ -132,6 +134,8 @@ async def settle_turn(
 async def turn_notice(
     core: Core, route: Route, turn: Turn, text: str, fence: int | None, kind: str = "notice"
 ) -> None:
+    if turn.settled_by_stop:
+        return
     await core.send_reply(
         identity=turn.grant.identity,
         ownership=turn.ownership,
@@ -327,6 +331,9 @@ async def finish_run(
     core: Core, route: Route, turn: Turn, agent: Agent, result: RunResult, fence: int | None
 ) -> None:
     """Settle the operation, persist the binding, then answer (§9.1 steps 9–11)."""
+    if turn.settled_by_stop:
+        # stop() already settled this operation ``cancelled`` after its deadline.
+        return
     status = result.status
     if status == "suspended":
         route.suspended = True

@@ -71,6 +71,9 @@ class Turn:
     cancelled: bool = False
     cancel_counted: bool = False
     settled: bool = False
+    settled_by_stop: bool = False
+    """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
+    ran: a late result is discarded (no second terminal write, no reply)."""
 
 
 ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]

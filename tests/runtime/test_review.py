@@ -1,0 +1,71 @@
+"""Defects found in the hostile review pass: each test failed before its fix."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from prismd.agents._base import EventSink, RunRequest, RunResult
+from prismd.identity import ownership_from_identity
+from prismd.journal import ChannelJournal
+from prismd.limits import Limits
+from prismd.runtime._core import operation_id_for
+from stores.memory import MemoryStore
+
+from .harness import Host, TrioClock, event, identity, runtime
+from .scripted import ScriptedAgent
+
+IDENT = identity()
+SCOPE = ownership_from_identity(IDENT)
+
+
+class StubbornAgent(ScriptedAgent):
+    """Ignores cancellation for ``stubborn_s`` seconds, then answers."""
+
+    stubborn_s: float = 60.0
+    finished: int = 0
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
+        self.calls.append(request)
+        self.provider_calls += 1
+        self._started(self.provider_calls).set()
+        with trio.CancelScope(shield=True):
+            await trio.sleep(self.stubborn_s)
+        self.finished += 1
+        return RunResult("succeeded", "late answer", "run-late", request.session_id)
+
+
+async def _op_state(store: MemoryStore, event_id: str) -> tuple[str, str | None]:
+    loaded = await ChannelJournal(store.checkpoints).load_operation(
+        SCOPE, "tg-1", operation_id_for("tg-1", event_id)
+    )
+    assert loaded is not None
+    return loaded.record.state, loaded.record.error_code
+
+
+async def test_stop_settles_a_claimed_run_that_ignores_cancellation_within_deadline(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """§13.5 / brief (b): the agent shields itself for 60 s; ``stop()`` with a 2 s deadline
+    still returns within 2 s with the claimed operation settled ``cancelled`` durably
+    (before: it stayed ``executing`` and stop returned with work unsettled), and the late
+    answer is discarded rather than overwriting the settled record."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = StubbornAgent()
+    host = Host(agent=agent)
+    async with runtime(host, store, clock=clock, limits=Limits(stop_deadline_ms=2_000)) as rt:
+        await rt.admit(event("1"))
+        await agent.wait_started(1)
+        assert await _op_state(store, "1") == ("executing", None)
+        t0 = trio.current_time()
+        await rt.stop()
+        assert trio.current_time() - t0 <= 2.0
+        assert await _op_state(store, "1") == ("cancelled", "cancelled_at_shutdown")
+        assert await rt.list_unresolved(identity=IDENT) == []
+        assert rt.diagnostics().cancelled == 1
+        await trio.sleep(120)
+        assert agent.finished == 1
+    assert await _op_state(store, "1") == ("cancelled", "cancelled_at_shutdown")
+    assert host.texts == []
+    assert agent.provider_calls == 1
