@@ -24,6 +24,7 @@ PINNED_PARAMETERS = [
     "resolve_binding",
     "pairing_scope",
     "on_paired",
+    "on_typing",
 ]
 
 
