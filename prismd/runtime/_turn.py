@@ -56,6 +56,11 @@ async def pump(core: Core, route: Route) -> None:
     """Run the route's queue in order until it is empty, then release the lease."""
     try:
         while route.queue:
+            if core.stopped:
+                # stop() settles what it saw queued; a turn put back afterwards (lease
+                # lost before its claim) must not run after stop either.
+                await _settle_queue_at_stop(core, route)
+                break
             head = route.queue[0]
             if core.leasing and not head.cancelled and not await _wait_for_lease(core, route, head):
                 continue
@@ -68,13 +73,25 @@ async def pump(core: Core, route: Route) -> None:
         await core.release_if_idle(route)
 
 
+async def _settle_queue_at_stop(core: Core, route: Route) -> None:
+    queued = list(route.queue)
+    route.queue.clear()
+    for turn in queued:
+        if not turn.cancel_counted:
+            turn.cancel_counted = True
+            core.count("cancelled")
+        if not turn.settled:
+            turn.cancelled = True
+            await settle_turn(core, turn, "cancelled", "cancelled_at_shutdown", None)
+
+
 async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
     """Acquire the binding lease for ``head``; retry with bounded backoff while it is held
     elsewhere. False when the head changed (cancelled or cleared) meanwhile."""
     delay = LEASE_BACKOFF_START_S
     lost_counted = False
     while True:
-        if not route.queue or route.queue[0] is not head or head.cancelled:
+        if not route.queue or route.queue[0] is not head or head.cancelled or core.stopped:
             return False
         try:
             lease = await core.ensure_lease(route)
@@ -195,6 +212,19 @@ async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: Activ
         await turn_notice(core, route, turn, CANCELLED_BEFORE_START, None)
 
 
+async def _cancelled_before_claim(
+    core: Core, route: Route, turn: Turn, active: ActiveTurn, fence: int | None
+) -> None:
+    if not turn.cancel_counted:
+        turn.cancel_counted = True
+        core.count("cancelled")
+    if active.stopping or core.stopped:
+        await settle_turn(core, turn, "cancelled", "cancelled_at_shutdown", fence)
+        return
+    await settle_turn(core, turn, "cancelled", "cancelled_before_start", fence)
+    await turn_notice(core, route, turn, CANCELLED_TEXT, fence)
+
+
 async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
     identity = turn.grant.identity
     if not core.active(identity):
@@ -221,6 +251,11 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             route.session_id, route.leaf_id = await core.derive_session(
                 route, identity, route.generation
             )
+        if active.cancelled or core.stopped:
+            # ``/cancel`` or ``stop()`` arrived before the claim (while resolving the agent,
+            # fetching media, deriving the session): no agent call at all.
+            await _cancelled_before_claim(core, route, turn, active, fence)
+            return
         if core.leasing:
             # The claim is written only under a live lease fence. Lost meanwhile (renewal
             # failed, taken over)? The turn goes back to the head of the queue, still

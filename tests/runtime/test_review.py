@@ -69,3 +69,70 @@ async def test_stop_settles_a_claimed_run_that_ignores_cancellation_within_deadl
     assert await _op_state(store, "1") == ("cancelled", "cancelled_at_shutdown")
     assert host.texts == []
     assert agent.provider_calls == 1
+
+
+class GatedHost(Host):
+    """``resolve_agent`` waits for ``resolve_gate`` (the turn is popped but not claimed)."""
+
+    resolve_gate: trio.Event
+    resolving: trio.Event
+
+    async def resolve_agent(self, inp):  # type: ignore[no-untyped-def,override]
+        self.resolving.set()
+        await self.resolve_gate.wait()
+        return await super().resolve_agent(inp)
+
+
+def gated_host(agent: ScriptedAgent) -> GatedHost:
+    host = GatedHost(agent=agent)
+    host.resolve_gate = trio.Event()
+    host.resolving = trio.Event()
+    return host
+
+
+async def test_stop_before_the_claim_never_calls_the_agent(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (a): ``stop()`` while the popped turn is still resolving its agent. Before,
+    the turn went on to claim and call ``agent.run`` after stop; now it settles
+    ``cancelled``/``cancelled_at_shutdown`` with no agent call and no claim."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent()
+    host = gated_host(agent)
+    async with runtime(host, store, clock=clock, limits=Limits(stop_deadline_ms=5_000)) as rt:
+        await rt.admit(event("1"))
+        await host.resolving.wait()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rt.stop)
+            await trio.testing.wait_all_tasks_blocked()
+            host.resolve_gate.set()
+        assert agent.calls == []
+        assert await _op_state(store, "1") == ("cancelled", "cancelled_at_shutdown")
+        assert rt.diagnostics().cancelled == 1
+    assert host.texts == []
+    loaded = await ChannelJournal(store.checkpoints).load_operation(
+        SCOPE, "tg-1", operation_id_for("tg-1", "1")
+    )
+    assert loaded is not None and loaded.record.attempts == 0
+
+
+async def test_cancel_before_the_claim_never_calls_the_agent(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (a): ``/cancel`` while the popped turn is resolving its agent: settled
+    ``cancelled`` without a claim or an agent call (before: claimed and run)."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent()
+    host = gated_host(agent)
+    async with runtime(host, store, clock=clock) as rt:
+        await rt.admit(event("1"))
+        await host.resolving.wait()
+        await rt.admit(event("2", "/cancel"))
+        host.resolve_gate.set()
+        await rt.drain()
+        assert agent.calls == []
+        assert await _op_state(store, "1") == ("cancelled", "cancelled_before_start")
+        assert rt.diagnostics().cancelled == 1
+    assert sorted(host.texts) == ["Cancelling the current request.", "Request cancelled."]
