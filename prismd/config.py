@@ -532,7 +532,7 @@ def _parse_telegram(table: _Table, conn_id: str) -> TelegramConnectionConfig:
         webhook_path=webhook_path,
         webhook_secret_env=webhook_secret_env,
         allow_groups=table.get_bool("allow_groups"),
-        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=0, high=50),
+        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
     )
 
 

@@ -19,6 +19,7 @@ from prismd.config import (
     default_config,
     is_loopback_host,
     load_config,
+    parse_config,
     parse_host_port,
     read_secret,
 )
@@ -471,3 +472,40 @@ def test_address_helpers() -> None:
     assert is_loopback_host("[::1]")
     assert not is_loopback_host("10.0.0.1")
     assert not is_loopback_host("example.com")
+
+
+def test_every_accepted_telegram_poll_timeout_builds_an_adapter() -> None:
+    """``check-config`` must not accept what the adapter refuses at start-up: the config
+    took ``poll_timeout_s = 0`` while the adapter needs 1..50, so a checked config crashed
+    ``prismd run``."""
+    from adapters.telegram import TelegramAdapter
+    from prismd.channel import Admission
+    from stores.memory import MemoryStore
+
+    async def admit(_event: object) -> Admission:
+        return Admission("accepted")
+
+    for value in range(-1, 52):
+        data = {
+            "connections": [
+                {"id": "tg", "kind": "telegram", "token_env": "T", "poll_timeout_s": value}
+            ],
+            "grants": [{"connection": "tg", "pairing": True, "aliases": ["echo"]}],
+            "agents": {"echo": {"kind": "echo"}},
+        }
+        try:
+            config = parse_config(data)
+        except ConfigError:
+            assert not 1 <= value <= 50, value
+            continue
+        connection = config.connections[0]
+        assert isinstance(connection, TelegramConnectionConfig)
+        TelegramAdapter(
+            connection_id=connection.id,
+            token=lambda: "1:x",
+            admit=admit,
+            store=MemoryStore(),
+            owner_id="o",
+            poll_timeout_s=connection.poll_timeout_s,
+            max_attachment_bytes=config.limits.max_attachment_bytes,
+        )
