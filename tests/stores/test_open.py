@@ -41,6 +41,8 @@ REPLY_NS = "prism.channels.v1.reply"
         "sqlite:///dir/",
         "sqlite:///db.sqlite?mode=ro",
         "postgres-ish:/x",
+        # a non-UTF-8 file name as Python decodes argv: a typed error, not UnicodeEncodeError
+        "sqlite:///db-\udcff.sqlite",
     ],
 )
 async def test_bad_urls_are_refused(url: str, tmp_path: Path, monkeypatch: Any) -> None:
