@@ -35,6 +35,7 @@ import grp
 import json
 import logging
 import os
+import re
 import socket as _socket
 import stat
 import struct
@@ -183,6 +184,7 @@ class _Params:
             return None
         if not isinstance(value, str) or not value:
             raise ParamsError(f"param {name!r} must be a non-empty string")
+        _check_unicode(name, value)
         return value
 
     def integer(self, name: str, *, low: int, high: int, required: bool = False) -> Any:
@@ -200,6 +202,16 @@ class _Params:
         if not isinstance(value, bool):
             raise ParamsError(f"param {name!r} must be true or false")
         return value
+
+
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _check_unicode(name: str, value: str) -> None:
+    # ``"\ud800"`` is valid JSON, but no store can hold a lone surrogate: refuse it here as
+    # the caller's mistake instead of failing deep inside the runtime or the store.
+    if _LONE_SURROGATE_RE.search(value):
+        raise ParamsError(f"param {name!r} must be valid Unicode text")
 
 
 def _parse_iso_ms(name: str, value: str) -> int:
@@ -301,6 +313,7 @@ class ControlHandler:
         text = raw.get("text")
         if not isinstance(text, str):
             raise ParamsError("param 'text' must be a string")
+        _check_unicode("text", text)
         admission = await self.runtime.notify(
             identity=self.identity_for(operator),
             connection_id=params.text("connectionId"),
@@ -320,6 +333,8 @@ class ControlHandler:
             or not all(isinstance(a, str) and a for a in aliases)
         ):
             raise ParamsError("param 'aliases' must be a non-empty array of strings")
+        for alias in aliases or ():
+            _check_unicode("aliases", alias)
         connection_id = params.text("connectionId")
         ttl_ms = params.integer("ttlMs", low=1, high=2**31 - 1)
         chosen = tuple(aliases) if aliases is not None else None

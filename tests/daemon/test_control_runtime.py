@@ -183,3 +183,28 @@ async def test_operator_scope_limits_events(tmp_path: Path) -> None:
                 page = await client.result("events", {})
                 assert page["events"] == []
                 assert await client.result("listUnresolved") == []
+
+
+async def test_lone_surrogates_in_params_are_invalid_params(tmp_path: Path) -> None:
+    """``"\\ud800"`` is valid JSON but no store can hold it: a string param holding one is the
+    caller's mistake (-32602 naming the param), not an internal error from deep in a store."""
+    with trio.fail_after(DEADLINE):
+        async with (
+            daemon_parts(tmp_path) as (_runtime, _delivered, config),
+            connect(config.socket) as client,
+        ):
+            calls = [
+                ("reconcile", {"connectionId": "web", "operationId": "op-\ud800",
+                               "expectedVersion": 1}, "operationId"),
+                ("notify", {"connectionId": "web", "externalConversationId": "c\ud800",
+                            "notifyId": "n-1", "text": "x"}, "externalConversationId"),
+                ("notify", {"connectionId": "web", "externalConversationId": "chat-1",
+                            "notifyId": "n-2", "text": "x\ud800"}, "text"),
+                ("pair", {"connectionId": "tg\ud800", "aliases": ["echo"]}, "connectionId"),
+                ("pair", {"connectionId": "tg", "aliases": ["e\ud800"]}, "aliases"),
+            ]  # fmt: skip
+            for method, params, name in calls:
+                answer = await client.call(method, params)
+                assert answer["error"]["code"] == -32602, (method, answer)
+                assert name in answer["error"]["message"]
+            assert await client.result("health") == {"status": "ok"}
