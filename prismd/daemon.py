@@ -455,6 +455,7 @@ class Daemon:
             redactor=Redactor.of(secrets) if secrets else None,
             fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
             on_preview=host.preview if host.has_previews() else None,
+            on_typing=host.typing if host.has_typing() else None,
         ) as runtime:
             self.runtime = runtime
             host.bind(runtime.admit)

@@ -193,6 +193,16 @@ class Host:
             except Exception as exc:
                 log.warning("preview failed: %s", type(exc).__name__)
 
+    def has_typing(self) -> bool:
+        return any(callable(getattr(a, "send_typing", None)) for a in self.adapters.values())
+
+    async def typing(self, connection_id: str, conversation_id: str, thread_id: str | None) -> None:
+        """The runtime's ``on_typing``: a typing indicator on the turn's connection."""
+        adapter = self.adapters.get(connection_id)
+        send_typing = getattr(adapter, "send_typing", None)
+        if callable(send_typing):
+            await send_typing(conversation_id, thread_id)
+
     def has_attachments(self) -> bool:
         return any(callable(getattr(a, "fetch_attachment", None)) for a in self.adapters.values())
 

@@ -192,6 +192,7 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
         def __init__(self) -> None:
             super().__init__()
             self.drafts: list[Preview] = []
+            self.typing: list[tuple[str, str | None]] = []
 
         def send_draft(self, preview: Preview) -> None:
             self.drafts.append(preview)
@@ -201,8 +202,11 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
         async def fetch_attachment(self, ref: AttachmentRef) -> object:
             return b"bytes" if ref.transport_file_id == "mine" else None
 
+        async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+            self.typing.append((conversation_id, thread_id))
+
     host = Host(agents={})
-    assert not host.has_previews() and not host.has_attachments()
+    assert not host.has_previews() and not host.has_attachments() and not host.has_typing()
     drafting = Drafting()
     host.adapters["tg"] = drafting  # type: ignore[assignment]
     host.adapters["web"] = FakeAdapter()  # type: ignore[assignment]
@@ -215,3 +219,8 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
     assert [p.text for p in drafting.drafts] == ["partial", "boom"]
     assert await host.fetch_attachment(AttachmentRef("image", "mine")) == b"bytes"
     assert await host.fetch_attachment(AttachmentRef("image", "other")) is None
+    assert host.has_typing()
+    await host.typing("tg", "101", "7")
+    await host.typing("web", "c", None)
+    await host.typing("nope", "c", None)
+    assert drafting.typing == [("101", "7")]
