@@ -37,7 +37,7 @@ from ..journal import (
 from ..redact import utf8_len
 from ._core import MAX_ID_BYTES, Core, operation_id_for
 from ._turn import start_pump
-from ._types import ActorKey, Turn
+from ._types import ActorKey, Route, Turn
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
@@ -418,6 +418,15 @@ async def admit_message(
     if route is None:
         await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
         return _denied(core, "capacity")
+    with core.pinned(route):
+        return await _admit_to_route(core, ctx, op_loaded, route)
+
+
+async def _admit_to_route(
+    core: Core, ctx: AdmitContext, op_loaded: Loaded[OperationRecord] | None, route: Route
+) -> Admission:
+    event = ctx.event
+    conn = event.connection_id
     try:
         await core.hydrate(route, ctx.grant.identity)
     except TypeError:

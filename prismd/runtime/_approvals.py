@@ -17,7 +17,7 @@ from stores import OwnershipScope
 
 from ..agents._base import Agent, Decision, RunFailedError, RunResult, RunState
 from ..channel import Admission, ApprovalInput, AuthorizeInput, Control, Grant, InboundEvent
-from ..controls import ApprovalRecord, ApprovalTarget
+from ..controls import ApprovalRecord, ApprovalTarget, LoadedApproval
 from ..identity import ownership_from_identity
 from ..redact import bound_detail
 from ._admit import AdmitContext, check_grant
@@ -173,6 +173,20 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
     )
     if route is None:
         return Admission("denied", "capacity")
+    with core.pinned(route):
+        return await _approve_on_route(core, ctx, approval, loaded, route)
+
+
+async def _approve_on_route(
+    core: Core,
+    ctx: AdmitContext,
+    approval: ApprovalInput,
+    loaded: LoadedApproval,
+    route: Route,
+) -> Admission:
+    assert core.approvals is not None
+    event = ctx.event
+    rec = loaded.record
     try:
         await core.hydrate(route, ctx.grant.identity)
     except Exception:

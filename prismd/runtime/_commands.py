@@ -80,6 +80,11 @@ async def admit_command(core: Core, ctx: AdmitContext) -> Admission:
     route = _route(core, ctx)
     if route is None:
         return Admission("denied", "capacity")
+    with core.pinned(route):
+        return await _route_command(core, ctx, route, name)
+
+
+async def _route_command(core: Core, ctx: AdmitContext, route: Route, name: str) -> Admission:
     try:
         await core.hydrate(route, ctx.grant.identity)
     except Exception:
@@ -107,17 +112,22 @@ async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
         # SPEC difference 3: the selection is stamped on the alias's binding, durably.
         route = _route(core, ctx, arg)
         if route is not None:
-            try:
-                await core.hydrate(route, ctx.grant.identity)
-                route.selected_at_ms = core.now_ms()
-                async with core.route_fence(route, wait_s=1.0) as fence:
-                    await core.persist_binding(route, fence)
-            except LeaseHeldElsewhereError:
-                pass
-            except Exception:
-                core.count("storage_failures")
+            with core.pinned(route):
+                await _stamp_selection(core, ctx, route)
     notice(core, ctx, f"Agent set to {arg}.")
     return Admission("accepted")
+
+
+async def _stamp_selection(core: Core, ctx: AdmitContext, route: Route) -> None:
+    try:
+        await core.hydrate(route, ctx.grant.identity)
+        route.selected_at_ms = core.now_ms()
+        async with core.route_fence(route, wait_s=1.0) as fence:
+            await core.persist_binding(route, fence)
+    except LeaseHeldElsewhereError:
+        pass
+    except Exception:
+        core.count("storage_failures")
 
 
 async def _new(core: Core, ctx: AdmitContext, route: Route) -> Admission:

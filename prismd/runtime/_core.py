@@ -12,11 +12,10 @@ outside a queued turn (``/new``, resumes, ``/cancel`` settlements).
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import attrs
@@ -89,10 +88,8 @@ FetchAttachment = Callable[[AttachmentRef], Awaitable[Any]]
 MAX_ID_BYTES = 256
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
-TYPING_INTERVAL_S = 4.0
 
 OnTyping = Callable[[str, str, str | None], Awaitable[None]]
-log = logging.getLogger("prismd.runtime")
 
 
 @attrs.define(eq=False)
@@ -213,27 +210,6 @@ class Core:
                 await self.idle.wait()
         return self.inflight == 0
 
-    async def typing_loop(self, route: Route) -> None:
-        """Call ``on_typing`` now and every :data:`TYPING_INTERVAL_S` until cancelled.
-
-        Runs in a child task of the turn, cancelled when the run ends. A failing
-        callback is logged by exception type only (never its text, which may carry
-        ids or tokens) and swallowed; each call is bounded by the interval so a hung
-        callback cannot pile up or outlive the run's cancellation check.
-        """
-        on_typing = self.on_typing
-        if on_typing is None:
-            return
-        next_at = trio.current_time()
-        while True:
-            next_at += TYPING_INTERVAL_S
-            with trio.move_on_at(next_at):
-                try:
-                    await on_typing(route.connection_id, route.conversation_id, route.thread_id)
-                except Exception as exc:
-                    log.warning("typing callback failed: %s", type(exc).__name__)
-            await trio.sleep_until(next_at)
-
     # ------------------------------------------------------------------ routes
 
     def route_key(
@@ -290,12 +266,27 @@ class Core:
     def _evict_idle_route(self) -> bool:
         # An idle, hydrated, unleased route holds nothing the journal does not: forget it.
         for key, route in self.routes.items():
-            if not route.busy and route.lease is None and route.lease_users == 0:
+            if (
+                not route.busy
+                and route.lease is None
+                and route.lease_users == 0
+                and route.pins == 0
+                and not route.hydrate_lock.locked()
+            ):
                 if route.suspended and self.journal is None:
                     continue
                 del self.routes[key]
                 return True
         return False
+
+    @contextmanager
+    def pinned(self, route: Route) -> Iterator[Route]:
+        """Keep ``route`` in the table (not evictable) for the duration of the block."""
+        route.pins += 1
+        try:
+            yield route
+        finally:
+            route.pins -= 1
 
     async def derive_session(
         self, route: Route, identity: AgentIdentity, generation: int

@@ -14,6 +14,7 @@ What happens to a message after ``admit`` returns, top to bottom:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import attrs
@@ -38,6 +39,8 @@ from ._types import ActiveTurn, Route, Turn
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
 CANCELLED_TEXT = "Request cancelled."
+TYPING_INTERVAL_S = 4.0
+log = logging.getLogger("prismd.runtime")
 EMPTY_ANSWER_TEXT = "The request completed without a text answer."
 
 
@@ -318,7 +321,29 @@ async def _run_agent(
 
 async def _typing_task(core: Core, route: Route, scope: trio.CancelScope) -> None:
     with scope:
-        await core.typing_loop(route)
+        await typing_loop(core, route)
+
+
+async def typing_loop(core: Core, route: Route) -> None:
+    """Call ``on_typing`` now and every :data:`TYPING_INTERVAL_S` until cancelled.
+
+    Runs in a child task of the turn, cancelled when the run ends. A failing
+    callback is logged by exception type only (never its text, which may carry
+    ids or tokens) and swallowed; each call is bounded by the interval so a hung
+    callback cannot pile up or outlive the run's cancellation check.
+    """
+    on_typing = core.on_typing
+    if on_typing is None:
+        return
+    next_at = trio.current_time()
+    while True:
+        next_at += TYPING_INTERVAL_S
+        with trio.move_on_at(next_at):
+            try:
+                await on_typing(route.connection_id, route.conversation_id, route.thread_id)
+            except Exception as exc:
+                log.warning("typing callback failed: %s", type(exc).__name__)
+        await trio.sleep_until(next_at)
 
 
 async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> bool:

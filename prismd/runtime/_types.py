@@ -124,6 +124,10 @@ class Route:
     lease: LeaseRecord | None = None
     lease_users: int = 0
     renewing: bool = False
+    pins: int = 0
+    """Entry points holding this route object across an await (admit, commands): the
+    route must not be evicted meanwhile, or a second route object for the same binding
+    could be created and both would pump it."""
     lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
     hydrate_lock: trio.Lock = attrs.field(factory=trio.Lock)
 

@@ -136,3 +136,70 @@ async def test_cancel_before_the_claim_never_calls_the_agent(
         assert await _op_state(store, "1") == ("cancelled", "cancelled_before_start")
         assert rt.diagnostics().cancelled == 1
     assert sorted(host.texts) == ["Cancelling the current request.", "Request cancelled."]
+
+
+class BlockingAgent(ScriptedAgent):
+    """Runs whose text is ``block`` wait for ``hold``; others answer at once."""
+
+    hold: trio.Event
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            if request.input == "block":
+                await self.hold.wait()
+            return RunResult("succeeded", "ok", "run-x", request.session_id)
+        finally:
+            self.active -= 1
+
+
+async def test_a_route_being_hydrated_is_never_evicted(autojump_clock: trio.abc.Clock) -> None:
+    """Brief (a) "two routes for one binding": with a full route table, a route whose
+    first admit is still hydrating was evicted by another actor's admit; a later admit of
+    the first actor then built a second route object for the same binding, and both
+    pumped it — two runs on one session at once. Now the hydrating route is pinned."""
+    from prismd.runtime import BindingResolution
+
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = BlockingAgent()
+    agent.hold = trio.Event()
+    host = Host(agent=agent)
+    binding_gate, resolving = trio.Event(), trio.Event()
+    seen: list[str] = []
+
+    async def resolve_binding(inp):  # type: ignore[no-untyped-def]
+        seen.append(inp.external_actor_id)
+        if len(seen) == 1:
+            resolving.set()
+            await binding_gate.wait()
+        return BindingResolution(session_id=f"s-{inp.external_actor_id}")
+
+    results: dict[str, str] = {}
+    async with runtime(
+        host,
+        store,
+        clock=clock,
+        use_leases=False,
+        limits=Limits(max_routes=1),
+        resolve_binding=resolve_binding,
+    ) as rt:
+
+        async def admit(eid: str, text: str, actor: str = "user-1") -> None:
+            results[eid] = (await rt.admit(event(eid, text, actor=actor))).status
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(admit, "1", "block")
+            await resolving.wait()
+            await admit("3", "hello", "user-b")
+            await rt.drain()
+            nursery.start_soon(admit, "4", "block")
+            await trio.testing.wait_all_tasks_blocked()
+            binding_gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        peak = agent.peak
+        agent.hold.set()
+        await rt.drain()
+    assert results["1"] == results["4"] == "accepted"
+    assert peak == 1, "two runs on one binding at once"
