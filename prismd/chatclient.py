@@ -53,7 +53,10 @@ class _Target:
 
 def _target(url: str) -> _Target:
     """``http(s)://host:port/`` (the page) or ``ws(s)://host:port/ws`` → the socket target."""
-    parts = urlsplit(url if "://" in url else "http://" + url)
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 host
+        raise ChatConnectError("the chat URL cannot be parsed") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https", "ws", "wss"):
         raise ChatConnectError("the chat URL must start with http://, https://, ws:// or wss://")

@@ -59,3 +59,12 @@ async def test_hostile_text_both_ways_does_not_crash_the_client(nursery: trio.Nu
     assert code == 0, err.getvalue()
     assert json.loads(received[0])["text"] == "caf\udce9"  # sent escaped; the server cleans it
     assert out.getvalue() == "agent> x\ufffdy\n"
+
+
+async def test_unparsable_url_is_exit_1_with_a_message() -> None:
+    """``urlsplit`` raises ValueError for ``http://[::1``; that escaped as a traceback."""
+    out, err = io.StringIO(), io.StringIO()
+    with trio.fail_after(10):
+        code = await chat("http://[::1", actor=ACTOR, token=None, lines=_lines(), out=out, err=err)
+    assert code == 1
+    assert err.getvalue() == "prismctl chat: the chat URL cannot be parsed\n"
