@@ -70,7 +70,9 @@ class ControlClient:
             raise ControlClientError(f"permission denied: cannot open {path}") from None
         except OSError as exc:
             self._sock.close()
-            raise ControlClientError(f"cannot connect to {path}: {exc.strerror}") from None
+            # strerror is None for errors raised by Python itself ("AF_UNIX path too long").
+            reason = exc.strerror or str(exc)
+            raise ControlClientError(f"cannot connect to {path}: {reason}") from None
 
     def close(self) -> None:
         self._sock.close()
@@ -99,7 +101,7 @@ class ControlClient:
             except TimeoutError:
                 raise ControlClientError("the daemon did not answer in time") from None
             except OSError as exc:
-                raise ControlClientError(f"connection lost: {exc.strerror}") from None
+                raise ControlClientError(f"connection lost: {exc.strerror or exc}") from None
             if not data:
                 raise ControlClientError("the daemon closed the connection")
             self._buffer += data

@@ -359,3 +359,12 @@ async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
             assert (code, out) == (1, "")
             assert err == "prismctl: permission denied: uid 65534 is not an operator\n"
             assert runtime.calls == []
+
+
+def test_socket_path_too_long_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    """An over-long socket path (OSError without errno) printed ``...: None``."""
+    path = "/" + "a" * 200
+    assert ctl.main(["--socket", path, "health"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"prismctl: cannot connect to {path}: ")
+    assert not err.rstrip().endswith("None") and "too long" in err
