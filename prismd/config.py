@@ -454,9 +454,16 @@ def _parse_limits(root: _Table) -> Limits:
     return Limits(**values)
 
 
+_MAX_UNIX_SOCKET_PATH = 107
+"""``sun_path`` holds 108 bytes including the terminating NUL on Linux."""
+
+
 def _parse_control(root: _Table) -> ControlConfig:
     table = root.table("control")
     socket: str = table.get_str("socket", _default(ControlConfig, "socket"))
+    if len(os.fsencode(socket)) > _MAX_UNIX_SOCKET_PATH:
+        # bind() refuses it ("AF_UNIX path too long"): say so here, not at start-up.
+        raise table.error("socket", f"must be at most {_MAX_UNIX_SOCKET_PATH} bytes long")
     group = table.get_str("group")
     max_request_bytes = table.get_int(
         "max_request_bytes",

@@ -509,3 +509,12 @@ def test_every_accepted_telegram_poll_timeout_builds_an_adapter() -> None:
             poll_timeout_s=connection.poll_timeout_s,
             max_attachment_bytes=config.limits.max_attachment_bytes,
         )
+
+
+def test_control_socket_path_too_long_for_bind_is_a_config_error(tmp_path: Path) -> None:
+    """A path longer than ``sun_path`` passed check-config and failed at bind()."""
+    ok = "/run/" + "a" * 102
+    assert parse_config({"control": {"socket": ok}}).control.socket == ok
+    with pytest.raises(ConfigError) as info:
+        parse_config({"control": {"socket": ok + "a"}}, source="x.toml")
+    assert info.value.key == "[control].socket" and "107 bytes" in str(info.value)
