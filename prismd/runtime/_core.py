@@ -629,34 +629,27 @@ class Core:
         journal = self.journal if ownership is not None else None
         staged = None
         if journal is not None and ownership is not None:
-            try:
-                now = self.now_ms()
-                record = ReplyRecord(
-                    operation_id=operation_id,
-                    connection_id=connection_id,
-                    external_conversation_id=conversation_id,
-                    kind=kind,
-                    text=bounded,
-                    state="pending",
-                    created_at_ms=now,
-                    updated_at_ms=now,
-                    thread_id=thread_id,
-                    controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in controls),
-                    approval=approval,
-                )
-                staged = await journal.stage(ownership, record)
-                if staged is None:
-                    # One reply per operation: an existing record is resent only while
-                    # still ``pending`` (never after it settled).
-                    existing = await journal.load_reply(ownership, connection_id, operation_id)
-                    if existing is None or existing.record.state != "pending":
-                        return None
-                    staged = existing
-            except Exception:
-                self.count("storage_failures")
-                return None
+            # Shielded, bounded: the operation may already be terminal, so a cancellation
+            # here (runtime torn down) would lose the answer with nothing listed.
+            now = self.now_ms()
+            record = ReplyRecord(
+                operation_id=operation_id,
+                connection_id=connection_id,
+                external_conversation_id=conversation_id,
+                kind=kind,
+                text=bounded,
+                state="pending",
+                created_at_ms=now,
+                updated_at_ms=now,
+                thread_id=thread_id,
+                controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in controls),
+                approval=approval,
+            )
+            with trio.CancelScope(shield=True), trio.move_on_after(10) as bound:
+                staged = await self._stage(journal, ownership, record)
             if staged is None:
-                self.count("storage_failures")
+                if bound.cancelled_caught:
+                    self.count("storage_failures")
                 return None
         reply = Reply(
             connection_id=connection_id,
@@ -674,6 +667,25 @@ class Core:
             )
             await self.flag_reply_staged(ownership, connection_id, operation_id, fence, known_op)
         return state
+
+    async def _stage(
+        self, journal: ChannelJournal, ownership: OwnershipScope, record: ReplyRecord
+    ) -> Loaded[ReplyRecord] | None:
+        """Stage the reply ``pending`` (create-only); an existing record is used only while
+        still ``pending`` (never resent after it settled). ``None`` means do not send."""
+        try:
+            staged = await journal.stage(ownership, record)
+            if staged is None:
+                existing = await journal.load_reply(
+                    ownership, record.connection_id, record.operation_id
+                )
+                if existing is None or existing.record.state != "pending":
+                    return None
+                staged = existing
+        except Exception:
+            self.count("storage_failures")
+            return None
+        return staged
 
     async def send_reply_kw(self, kwargs: dict[str, Any]) -> None:
         """``send_reply`` for :meth:`spawn` (which passes positional arguments only)."""

@@ -7,7 +7,7 @@ import trio.testing
 
 from prismd.agents._base import EventSink, RunRequest, RunResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import ChannelJournal
+from prismd.journal import NS_REPLY, ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime._core import operation_id_for
 from stores.memory import MemoryStore
@@ -203,3 +203,45 @@ async def test_a_route_being_hydrated_is_never_evicted(autojump_clock: trio.abc.
         await rt.drain()
     assert results["1"] == results["4"] == "accepted"
     assert peak == 1, "two runs on one binding at once"
+
+
+class SlowReplyCheckpoints:
+    """Delegates to a real checkpoint store; staging a reply (create) takes ``delay_s``."""
+
+    def __init__(self, inner: object, delay_s: float) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def save_checkpoint(self, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs["namespace"] == NS_REPLY and kwargs.get("expected_version") == 0:
+            await trio.sleep(self._delay_s)
+        return await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+
+
+async def test_reply_staging_survives_cancellation_of_the_runtime(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (b): the operation is already ``succeeded`` when the reply is staged; a
+    cancellation arriving during staging (runtime leaving by cancellation after stop's
+    deadline) used to abort the create, losing the answer with nothing listed. The
+    staging is now bounded and shielded, so the reply is at least ``pending``."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    host = Host()
+    with trio.move_on_after(0.5):
+        async with runtime(host, store, clock=clock, limits=Limits(stop_deadline_ms=1_000)) as rt:
+            core = rt._core
+            core.journal = ChannelJournal(
+                SlowReplyCheckpoints(store.checkpoints, 3.0),  # type: ignore[arg-type]
+                core.limits.max_journal_record_bytes,
+            )
+            await rt.admit(event("1"))
+            await trio.sleep_forever()
+    assert await _op_state(store, "1") == ("succeeded", None)
+    reply = await ChannelJournal(store.checkpoints).load_reply(
+        SCOPE, "tg-1", operation_id_for("tg-1", "1")
+    )
+    assert reply is not None and reply.record.text == "answer"
