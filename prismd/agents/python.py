@@ -36,6 +36,12 @@ def _resolve(spec: str) -> Any:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise AgentOptionError("factory", f"cannot import module {module_name!r}") from exc
+    except Exception as exc:
+        # A syntax error or an exception raised at import time: name its type only (its
+        # text is the module's own and may carry anything).
+        raise AgentOptionError(
+            "factory", f"cannot import module {module_name!r} ({type(exc).__name__})"
+        ) from None
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)

@@ -65,3 +65,22 @@ async def test_transcript_refused_by_the_store_is_not_retried_as_a_cas_loss(
     with pytest.raises(InvalidCheckpointError, match="JSON"):
         await log.append("s", ownership_from_identity(IDENTITY), (("user", "x"),))
     assert refusing.calls == 1
+
+
+async def test_python_factory_module_that_fails_to_import_is_an_option_error(
+    store: MemoryStore, clock: ManualClock, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module with a syntax error or one that raises at import escaped as that exception
+    (a traceback at start-up); it is an AgentOptionError naming the module and error type."""
+    from prismd.agents import AgentOptionError
+
+    (tmp_path / "prismd_broken_syntax.py").write_text("def f(:\n")
+    (tmp_path / "prismd_broken_raises.py").write_text("raise RuntimeError('secret detail')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, kind in (
+        ("prismd_broken_syntax", "SyntaxError"),
+        ("prismd_broken_raises", "RuntimeError"),
+    ):
+        with pytest.raises(AgentOptionError, match=f"cannot import module '{module}'") as info:
+            build_agent("python", _ctx(store, clock, factory=f"{module}:make"))
+        assert kind in str(info.value) and "secret detail" not in str(info.value)
