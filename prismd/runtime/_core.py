@@ -57,6 +57,7 @@ from ..redact import Redactor, bound_detail, truncate_utf8
 from ._ids import control_kind, default_session_id
 from ._ids import notify_operation_id as notify_operation_id
 from ._ids import operation_id_for as operation_id_for
+from ._replies import fit_record
 from ._types import (
     ActorKey,
     Authorize,
@@ -645,6 +646,11 @@ class Core:
                 controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in controls),
                 approval=approval,
             )
+            fitted = fit_record(record, self.limits.max_journal_record_bytes)
+            if fitted is not record:
+                record, bounded = fitted, fitted.text
+                if not cut:
+                    self.count("truncated")
             with trio.CancelScope(shield=True), trio.move_on_after(10) as bound:
                 staged = await self._stage(journal, ownership, record)
             if staged is None:

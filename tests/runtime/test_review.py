@@ -9,6 +9,7 @@ from prismd.agents._base import EventSink, RunRequest, RunResult
 from prismd.identity import ownership_from_identity
 from prismd.journal import NS_REPLY, ChannelJournal
 from prismd.limits import Limits
+from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime._core import operation_id_for
 from stores.memory import MemoryStore
 
@@ -245,3 +246,25 @@ async def test_reply_staging_survives_cancellation_of_the_runtime(
         SCOPE, "tg-1", operation_id_for("tg-1", "1")
     )
     assert reply is not None and reply.record.text == "answer"
+
+
+async def test_an_answer_whose_json_exceeds_the_record_cap_is_cut_not_lost() -> None:
+    """Brief (b): a 60 KB answer (under ``max_response_bytes``) of characters that JSON
+    escapes six-fold exceeded ``max_journal_record_bytes`` when staged; the stage raised,
+    nothing was sent and nothing listed, though the operation was ``succeeded``. Now the
+    text is cut (with the marker) until the record fits, staged, and sent."""
+    store = MemoryStore()
+    host = Host(agent=ScriptedAgent(answer="\x01" * 60_000))
+    async with runtime(host, store) as rt:
+        await rt.admit(event("1"))
+        await rt.drain()
+        diag = rt.diagnostics()
+    assert len(host.deliveries) == 1
+    sent = host.texts[0]
+    assert sent.endswith(TRUNCATION_MARKER) and sent.startswith("\x01" * 1000)
+    assert diag.truncated == 1 and diag.storage_failures == 0
+    reply = await ChannelJournal(store.checkpoints).load_reply(
+        SCOPE, "tg-1", operation_id_for("tg-1", "1")
+    )
+    assert reply is not None and reply.record.text == sent
+    assert reply.record.state == "delivered"
