@@ -35,6 +35,7 @@ from ..journal import (
     OperationRecord,
     ReplyRecord,
     operation_key,
+    reply_key,
 )
 from ._core import Core
 
@@ -278,6 +279,20 @@ def _kept(namespace: str, value: Any) -> bool:
     return False
 
 
+async def _reply_unsettled(core: Core, row: CheckpointRecord) -> bool:
+    assert core.journal is not None
+    value = row.value
+    if not isinstance(value, dict):
+        return False
+    conn, op_id = value.get("connectionId"), value.get("operationId")
+    if not isinstance(conn, str) or not isinstance(op_id, str):
+        return False
+    reply = await core.journal.checkpoints.load_checkpoint(
+        namespace=NS_REPLY, key=reply_key(conn, row.scope, op_id), scope=row.scope
+    )
+    return _kept(NS_REPLY, None if reply is None else reply.value)
+
+
 def _timestamp(row: CheckpointRecord) -> int:
     value = row.value
     if isinstance(value, dict):
@@ -317,6 +332,11 @@ async def prune(core: Core, *, identity: AgentIdentity, now_ms: int | None = Non
                     retained += 1
                     continue
                 try:
+                    if namespace == NS_OPERATION and await _reply_unsettled(core, row):
+                        # The kept reply is reachable (listed, reconciled) only
+                        # through its operation: keep both.
+                        retained += 1
+                        continue
                     removed = await core.journal.remove(namespace, row.scope, row.key)
                 except Exception:
                     core.count("storage_failures")

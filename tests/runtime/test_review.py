@@ -268,3 +268,45 @@ async def test_an_answer_whose_json_exceeds_the_record_cap_is_cut_not_lost() -> 
     )
     assert reply is not None and reply.record.text == sent
     assert reply.record.state == "delivered"
+
+
+async def test_prune_keeps_the_operation_of_an_unsettled_reply() -> None:
+    """Brief (b)/(d): prune keeps an unsettled (``delivery_unknown``) reply, but deleted
+    its settled operation, so the reply was never listed again and could not be
+    reconciled (reconcile loads the operation) — kept yet unreachable. The operation of
+    an unsettled reply is now kept too; a settled pair is still deleted (behaviour 93)."""
+    store = MemoryStore()
+
+    def flaky(reply):  # type: ignore[no-untyped-def]
+        if reply.text == "first":
+            raise OSError("network")
+        from prismd.channel import SendResult
+
+        return SendResult(delivered=True, message_id="m")
+
+    host = Host(agent=ScriptedAgent(answer=lambda text, n: text), deliver_result=flaky)
+    async with runtime(host, store) as rt:
+        await rt.admit(event("1", "first"))
+        await rt.admit(event("2", "second", chat="chat-2"))
+        await rt.drain()
+        listed = await rt.list_unresolved(identity=IDENT)
+        assert [(e.state, e.reply_state) for e in listed] == [("succeeded", "delivery_unknown")]
+        later = rt._core.now_ms() + 8 * 24 * 3600 * 1000
+        pruned = await rt.prune(identity=IDENT, now_ms=later)
+        assert pruned.deleted >= 2  # the delivered pair (op + reply), bindings, cursor
+        after = await rt.list_unresolved(identity=IDENT)
+        assert [(e.operation_id, e.reply_state) for e in after] == [
+            (listed[0].operation_id, "delivery_unknown")
+        ]
+        result = await rt.reconcile(
+            identity=IDENT,
+            connection_id="tg-1",
+            operation_id=after[0].operation_id,
+            expected_version=after[0].version,
+            acknowledge_duplicate_risk=True,
+        )
+        assert (result.status, result.outcome) == ("resolved", "reply_unknown")
+    gone = await ChannelJournal(store.checkpoints).load_operation(
+        SCOPE, "tg-1", operation_id_for("tg-1", "2")
+    )
+    assert gone is None
