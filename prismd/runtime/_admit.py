@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 import attrs
+import trio
 
 from stores import OwnershipScope
 
@@ -48,6 +49,7 @@ PAIR_INVALID_TEXT = "That pairing code is not valid."
 MAX_ATTACHMENTS = 8
 ATTACHMENT_KINDS = frozenset({"image", "document", "voice"})
 MAX_SAFE_INTEGER = 2**53 - 1
+ADMIT_SHIELD_S = 10.0
 
 
 @attrs.frozen
@@ -299,6 +301,26 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
             return _denied(core, "rejected")
         alias = alias_choice
     ctx = AdmitContext(event, action, grant, ownership, alias, operation_id)
+    created: list[bool] = []
+    # From the record on, admission is shielded (bounded): a caller cancelled after the
+    # create would leave an ``accepted`` record in no queue, and the transport's
+    # redelivery would be answered "duplicate" — acknowledged, never run.
+    with trio.CancelScope(shield=True) as shield:
+        shield.deadline = trio.current_time() + ADMIT_SHIELD_S
+        return await _admit_authorized(core, ctx, approval, created)
+    # Only when the bound expired: undo our own record (never a duplicate's original),
+    # so the transport's retry is admitted afresh.
+    if created:
+        await core.remove_operation(ownership, event.connection_id, operation_id)
+    core.count("storage_failures")
+    return _denied(core, "unavailable")
+
+
+async def _admit_authorized(
+    core: Core, ctx: AdmitContext, approval: ApprovalInput | None, created_flag: list[bool]
+) -> Admission:
+    event, action, ownership = ctx.event, ctx.action, ctx.ownership
+    operation_id, alias = ctx.operation_id, ctx.alias
     op_loaded: Loaded[OperationRecord] | None = None
     if core.journal is not None:
         now = core.now_ms()
@@ -325,6 +347,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
             core.count("admitted")
             return Admission("accepted", operation_id=operation_id, duplicate=True)
         op_loaded = created
+        created_flag.append(True)
         await advance_cursor(core, ownership, event.connection_id, event.event_id, now)
     elif action != "command" and seen_before(core, event.connection_id, event.event_id):
         core.count("duplicates")

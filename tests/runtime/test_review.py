@@ -310,3 +310,34 @@ async def test_prune_keeps_the_operation_of_an_unsettled_reply() -> None:
         SCOPE, "tg-1", operation_id_for("tg-1", "2")
     )
     assert gone is None
+
+
+async def test_admit_cancelled_after_the_record_is_created_still_queues_the_event(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (c): the caller (an adapter shutting down) cancels ``admit`` after the
+    ``accepted`` record was created but before the turn was queued. The transport was not
+    acknowledged, so it redelivers; the redelivery is a duplicate (acknowledged) — and the
+    event never ran. Admission past the record is now shielded (bounded), so the first
+    admit queues the turn and the agent runs exactly once."""
+    from prismd.runtime import BindingResolution
+
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent()
+    host = Host(agent=agent)
+
+    async def slow_binding(inp):  # type: ignore[no-untyped-def]
+        await trio.sleep(1)
+        return BindingResolution(session_id="s-1")
+
+    async with runtime(host, store, clock=clock, resolve_binding=slow_binding) as rt:
+        with trio.move_on_after(0.5):
+            await rt.admit(event("1"))
+        again = await rt.admit(event("1"))
+        assert again.status == "accepted" and again.duplicate
+        await rt.drain()
+        await trio.sleep(5)
+        assert agent.provider_calls == 1
+        assert host.texts == ["answer"]
+        assert await rt.list_unresolved(identity=IDENT) == []
