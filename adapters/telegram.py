@@ -532,7 +532,7 @@ class TelegramAdapter:
                     continue
                 await self._renew_if_due()
                 try:
-                    final = await self._process(update, strict=False)
+                    final = await self._process_holding_lease(update)
                     if final:
                         await self._advance_cursor(update_id)
                 except (ReceiverLeaseLostError, AdapterFatalError):
@@ -624,6 +624,38 @@ class TelegramAdapter:
             await self._answer_callback(parsed.callback_query_id, strict=strict)
         admission = await self._admit_parsed(parsed)
         return admission is None or not admission.retryable
+
+    async def _process_holding_lease(self, update: Mapping[str, Any]) -> bool:
+        """:meth:`_process` while a background task renews the receiver lease every third of
+        its TTL, so a slow hook (a long transcription) cannot let it lapse mid-update.
+
+        A failed renewal is not raised into the processing (cancelling an admission half-way
+        helps nobody); a lost lease raises :class:`ReceiverLeaseLostError` afterwards, before
+        the cursor moves, and the next holder re-polls the update (the journal deduplicates).
+        """
+        lost = False
+
+        async def renew() -> None:
+            nonlocal lost
+            while True:
+                await trio.sleep(self.lease_ttl_ms / 3000)
+                try:
+                    await self._renew_lease()
+                except ReceiverLeaseLostError:
+                    lost = True
+                    return
+                except Exception:
+                    return  # a store hiccup: the renewal after this update tries again
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew)
+            try:
+                final = await self._process(update, strict=False)
+            finally:
+                nursery.cancel_scope.cancel()
+        if lost:
+            raise ReceiverLeaseLostError()
+        return final
 
     async def _admit_parsed(self, parsed: ParsedUpdate) -> Admission | None:
         if parsed.event is None:

@@ -17,7 +17,15 @@ from adapters.telegram_parse import parse_update
 from prismd.channel import AttachmentRef, Control, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 
-from .conftest import CONN, Recorder, callback, cursor_value, private_message, wait_until
+from .conftest import (
+    CONN,
+    Recorder,
+    callback,
+    cursor_value,
+    private_message,
+    wait_until,
+    wait_until_async,
+)
 from .test_webhook import post, webhook_adapter
 
 LONE = "\ud800"
@@ -311,3 +319,40 @@ async def test_webhook_malformed_http_gets_400_not_silence(
                 assert await _raw_status(adapter.webhook_address, data) == b"HTTP/1.1 400 ", data
         nursery.cancel_scope.cancel()
     assert recorder.events == []
+
+
+async def test_slow_hook_keeps_the_receiver_lease(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder, store: Any
+) -> None:
+    """A transcription taking longer than the lease TTL (a local model on a long voice note)
+    used to let the receiver lease lapse mid-update: the adapter then died with
+    ReceiverLeaseLostError (a supervisor restart per slow update) and a second daemon could
+    start polling meanwhile. The lease is now renewed while an update is processed."""
+    from tests.telegram.test_polling import _voice_update
+
+    audio = b"OggS-bytes"
+    fake.add_file("voice-1", audio, file_path="voice/file_1.oga")
+    fake.push_update(_voice_update(len(audio)), update_id=1)
+    fake.push_update(private_message("after"), update_id=2)
+
+    async def transcribe(data: bytes, mime: str) -> str:
+        await trio.sleep(150)
+        return "slow words"
+
+    adapter = make_adapter(transcribe=transcribe, lease_ttl_ms=40_000)
+    rival = make_adapter(owner_id="daemon-b", lease_ttl_ms=40_000)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            await nursery.start(rival.run)
+            assert rival.health()["state"] == "standby"
+            await recorder.wait_for(2)
+            await wait_until_async(lambda: _cursor_is(store, "2"))
+            assert rival.health()["state"] == "standby"
+            nursery.cancel_scope.cancel()
+    assert [e.text for e in recorder.events] == ["slow words", "after"]
+
+
+async def _cursor_is(store: Any, last: str) -> bool:
+    cursor = await cursor_value(store)
+    return cursor is not None and cursor["lastEventId"] == last
