@@ -40,6 +40,7 @@ UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected ag
 CANCELLED_BEFORE_START = "Request cancelled before it started."
 CANCELLED_TEXT = "Request cancelled."
 TYPING_INTERVAL_S = 4.0
+MAX_CLAIM_RETRIES = 8
 log = logging.getLogger("prismd.runtime")
 EMPTY_ANSWER_TEXT = "The request completed without a text answer."
 
@@ -70,6 +71,10 @@ async def pump(core: Core, route: Route) -> None:
             if not route.queue or route.queue[0] is not head:
                 continue
             route.queue.popleft()
+            if head.claim_failures:
+                await trio.sleep(
+                    min(LEASE_BACKOFF_START_S * 2**head.claim_failures, LEASE_BACKOFF_MAX_S)
+                )
             await execute_turn(core, route, head)
     finally:
         route.pumping = False
@@ -273,7 +278,13 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
                 return
             fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
-        if not claimed:
+        if claimed == "retry" and turn.claim_failures < MAX_CLAIM_RETRIES and not core.stopped:
+            # A store error, not a lost CAS: the acknowledged record is still ours to
+            # run. Back to the head of the queue; the pump backs off (bounded).
+            turn.claim_failures += 1
+            route.queue.appendleft(turn)
+            return
+        if claimed != "claimed":
             return
         request = RunRequest(
             session_id=route.session_id,
@@ -346,10 +357,15 @@ async def typing_loop(core: Core, route: Route) -> None:
         await trio.sleep_until(next_at)
 
 
-async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> bool:
-    """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run."""
+async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
+    """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run.
+
+    ``"claimed"``; ``"lost"`` (the record is no longer ``accepted``: someone else's);
+    ``"retry"`` (a store error: whether the write landed is unknown, so the caller may
+    retry — the retry is again a CAS from ``accepted``, never a second run).
+    """
     if core.journal is None:
-        return True
+        return "claimed"
 
     def claimed(record: OperationRecord) -> OperationRecord:
         return attrs.evolve(
@@ -373,18 +389,19 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> bool
             )
             if loaded is None or loaded.record.state != "accepted":
                 core.count("storage_failures")
-                return False
+                return "lost"
             saved = await core.journal.save_operation(
                 turn.ownership, claimed(loaded.record), loaded.version, fence
             )
     except Exception:
         core.count("storage_failures")
-        return False
+        turn.op = None
+        return "retry"
     if saved is None:
         core.count("storage_failures")
-        return False
+        return "lost"
     turn.op = saved
-    return True
+    return "claimed"
 
 
 async def finish_run(

@@ -71,6 +71,7 @@ class Turn:
     cancelled: bool = False
     cancel_counted: bool = False
     settled: bool = False
+    claim_failures: int = 0
     settled_by_stop: bool = False
     """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
     ran: a late result is discarded (no second terminal write, no reply)."""

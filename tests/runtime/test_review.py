@@ -341,3 +341,62 @@ async def test_admit_cancelled_after_the_record_is_created_still_queues_the_even
         assert agent.provider_calls == 1
         assert host.texts == ["answer"]
         assert await rt.list_unresolved(identity=IDENT) == []
+
+
+class FailFirstClaimCheckpoints(SlowReplyCheckpoints):
+    """The first ``accepted → executing`` save raises (a transient store error)."""
+
+    def __init__(self, inner: object, *, commit_anyway: bool = False) -> None:
+        super().__init__(inner, 0.0)
+        self.failed = 0
+        self.commit_anyway = commit_anyway
+
+    async def save_checkpoint(self, **kwargs):  # type: ignore[no-untyped-def]
+        value = kwargs["value"]
+        if self.failed == 0 and isinstance(value, dict) and value.get("state") == "executing":
+            self.failed += 1
+            if self.commit_anyway:
+                await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+            raise OSError("disk I/O error")
+        return await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+
+
+async def test_a_transient_store_error_at_claim_is_retried_not_dropped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (c): a store error while claiming dropped the turn from its queue; the
+    acknowledged message stayed ``accepted`` and never ran. Now the claim is retried with
+    bounded backoff (a CAS, so safe when the failed write had in fact committed)."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent()
+    host = Host(agent=agent)
+    async with runtime(host, store, clock=clock) as rt:
+        wrapper = FailFirstClaimCheckpoints(store.checkpoints)
+        rt._core.journal = ChannelJournal(wrapper)  # type: ignore[arg-type]
+        await rt.admit(event("1"))
+        with trio.fail_after(30):
+            await rt.drain()
+        assert wrapper.failed == 1
+        assert agent.provider_calls == 1 and host.texts == ["answer"]
+        assert await _op_state(store, "1") == ("succeeded", None)
+
+
+async def test_a_claim_that_committed_despite_an_error_never_runs_twice(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The ambiguous case: the claim committed, then the store raised. The retry finds
+    the record ``executing`` and does not run it (at most one run; listed for reconcile)."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent()
+    host = Host(agent=agent)
+    async with runtime(host, store, clock=clock) as rt:
+        wrapper = FailFirstClaimCheckpoints(store.checkpoints, commit_anyway=True)
+        rt._core.journal = ChannelJournal(wrapper)  # type: ignore[arg-type]
+        await rt.admit(event("1"))
+        with trio.fail_after(30):
+            await rt.drain()
+        assert agent.provider_calls == 0
+        listed = await rt.list_unresolved(identity=IDENT)
+        assert [e.state for e in listed] == ["executing"]
