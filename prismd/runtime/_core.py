@@ -336,7 +336,7 @@ class Core:
             selected_at_ms=route.selected_at_ms,
         )
 
-    def _apply_binding(self, route: Route, version: int, record: BindingRecord) -> None:
+    def apply_binding(self, route: Route, version: int, record: BindingRecord) -> None:
         route.binding_version = version
         route.session_id = record.session_id or None
         route.leaf_id = record.leaf_id
@@ -375,7 +375,7 @@ class Core:
                         raise RuntimeError("binding vanished during hydration")
                 else:
                     loaded = created
-            self._apply_binding(route, loaded.version, loaded.record)
+            self.apply_binding(route, loaded.version, loaded.record)
             route.hydrated = True
             return True
 
@@ -449,6 +449,8 @@ class Core:
                 reclaim=self.reclaim_own_leases,
             )
             route.lease = acquired
+            if acquired is not None:
+                route.lease_fresh = True
             if acquired is not None and not route.renewing:
                 route.renewing = True
                 self.nursery.start_soon(self._renewer, route)

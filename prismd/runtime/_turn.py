@@ -70,6 +70,11 @@ async def pump(core: Core, route: Route) -> None:
                 continue
             if not route.queue or route.queue[0] is not head:
                 continue
+            if route.lease_fresh:
+                try:
+                    await _refresh_binding(core, route)
+                except Exception:
+                    core.count("storage_failures")
             route.queue.popleft()
             if head.claim_failures:
                 await trio.sleep(
@@ -79,6 +84,18 @@ async def pump(core: Core, route: Route) -> None:
     finally:
         route.pumping = False
         await core.release_if_idle(route)
+
+
+async def _refresh_binding(core: Core, route: Route) -> None:
+    """Re-read the durable binding after a fresh lease acquisition: another runtime on
+    the store may have run ``/new``, a turn or a resume since this process hydrated it,
+    and saving the stale in-memory copy would rewind it. Store errors propagate."""
+    route.lease_fresh = False
+    if core.journal is None or not route.hydrated:
+        return
+    loaded = await core.journal.load_binding(route.ownership, route.binding_key)
+    if loaded is not None and loaded.version != route.binding_version:
+        core.apply_binding(route, loaded.version, loaded.record)
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:

@@ -125,6 +125,9 @@ class Route:
     lease: LeaseRecord | None = None
     lease_users: int = 0
     renewing: bool = False
+    lease_fresh: bool = False
+    """The lease was newly acquired (not renewed): another runtime may have written the
+    binding since this process hydrated it; the pump re-reads it before the next turn."""
     pins: int = 0
     """Entry points holding this route object across an await (admit, commands): the
     route must not be evicted meanwhile, or a second route object for the same binding

@@ -7,7 +7,7 @@ import trio.testing
 
 from prismd.agents._base import EventSink, RunRequest, RunResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_REPLY, ChannelJournal
+from prismd.journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime._core import operation_id_for
@@ -400,3 +400,32 @@ async def test_a_claim_that_committed_despite_an_error_never_runs_twice(
         assert agent.provider_calls == 0
         listed = await rt.list_unresolved(identity=IDENT)
         assert [e.state for e in listed] == ["executing"]
+
+
+async def test_a_second_runtime_refreshes_the_binding_when_it_takes_the_lease(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (a) two runtimes on one store: B hydrated the binding once; A then ran
+    ``/new`` (generation 1, new session). B's next turn ran the agent on the stale
+    session and its binding save (CAS lost → reload version → save its stale record)
+    rewound the binding to generation 0. Now a route re-reads its binding whenever it
+    newly acquires the binding lease, before running a turn."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent_a, agent_b = ScriptedAgent(), ScriptedAgent()
+    host_a, host_b = Host(agent=agent_a), Host(agent=agent_b)
+    async with runtime(host_a, store, clock=clock) as a, runtime(host_b, store, clock=clock) as b:
+        await b.admit(event("1"))
+        await b.drain()
+        first_session = agent_b.calls[0].session_id
+        await a.admit(event("2", "/new"))
+        await a.drain()
+        assert "Started a new conversation." in host_a.texts
+        await b.admit(event("3"))
+        await b.drain()
+        assert agent_b.calls[1].session_id != first_session
+    binding = await ChannelJournal(store.checkpoints).load_binding(
+        SCOPE, binding_key("tg-1", SCOPE, "chat-1", None, "user-1", "primary")
+    )
+    assert binding is not None and binding.record.generation == 1
+    assert binding.record.session_id == agent_b.calls[1].session_id
