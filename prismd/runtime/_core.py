@@ -57,7 +57,7 @@ from ..redact import Redactor, bound_detail, truncate_utf8
 from ._ids import control_kind, default_session_id
 from ._ids import notify_operation_id as notify_operation_id
 from ._ids import operation_id_for as operation_id_for
-from ._replies import fit_record
+from ._replies import fit_record, scrub_surrogates
 from ._types import (
     ActorKey,
     Authorize,
@@ -626,7 +626,7 @@ class Core:
         if identity is not None and not self.active(identity):
             self.count("failed")
             return None
-        bounded, cut = truncate_utf8(text, self.limits.max_response_bytes)
+        bounded, cut = truncate_utf8(scrub_surrogates(text), self.limits.max_response_bytes)
         if cut:
             self.count("truncated")
         journal = self.journal if ownership is not None else None

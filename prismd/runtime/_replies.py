@@ -10,6 +10,17 @@ from ..journal import ReplyRecord
 from ..redact import truncate_utf8
 
 
+def scrub_surrogates(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (a surrogate pair held as two
+    code points becomes its character): the journal stores UTF-8, which has no encoding
+    for a lone surrogate, and a reply that cannot be staged would be lost."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def _record_size(record: ReplyRecord, text: str) -> int:
     value = attrs.evolve(record, text=text).to_json()
     dumped = json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -429,3 +429,21 @@ async def test_a_second_runtime_refreshes_the_binding_when_it_takes_the_lease(
     )
     assert binding is not None and binding.record.generation == 1
     assert binding.record.session_id == agent_b.calls[1].session_id
+
+
+async def test_an_answer_with_a_lone_surrogate_is_staged_and_sent() -> None:
+    """Brief (b): a provider answer decoded from JSON can hold a lone surrogate
+    (``"\\ud800"``); the journal's UTF-8 encoding refused it, so staging failed and the
+    answer of a succeeded operation was lost. Outbound text now has lone surrogates
+    replaced by U+FFFD before it is staged (paired ones become their character)."""
+    store = MemoryStore()
+    host = Host(agent=ScriptedAgent(answer="ok \ud800 and \ud83d\ude00 done"))
+    async with runtime(host, store) as rt:
+        await rt.admit(event("1"))
+        await rt.drain()
+        assert rt.diagnostics().storage_failures == 0
+    assert host.texts == ["ok \ufffd and \U0001f600 done"]
+    reply = await ChannelJournal(store.checkpoints).load_reply(
+        SCOPE, "tg-1", operation_id_for("tg-1", "1")
+    )
+    assert reply is not None and reply.record.state == "delivered"
