@@ -64,8 +64,23 @@ class AdmitContext:
     operation_id: str
 
 
+def _utf8_ok(value: str) -> bool:
+    # Ids are journaled as UTF-8: a lone surrogate cannot be stored, and answering it
+    # ``unavailable`` (retryable) would make the event a poison redelivery.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _id_ok(value: object) -> bool:
-    return isinstance(value, str) and bool(value) and utf8_len(value) <= MAX_ID_BYTES
+    return (
+        isinstance(value, str)
+        and bool(value)
+        and utf8_len(value) <= MAX_ID_BYTES
+        and _utf8_ok(value)
+    )
 
 
 def _opt_str_ok(value: object) -> bool:

@@ -447,3 +447,18 @@ async def test_an_answer_with_a_lone_surrogate_is_staged_and_sent() -> None:
         SCOPE, "tg-1", operation_id_for("tg-1", "1")
     )
     assert reply is not None and reply.record.state == "delivered"
+
+
+async def test_an_id_with_a_lone_surrogate_is_malformed_not_retryable() -> None:
+    """An event id or conversation id with a lone surrogate cannot be journaled (UTF-8):
+    it was answered ``unavailable`` (retryable), so a transport would redeliver the
+    poison event forever. It is now ``malformed`` (final) before ``authorize``."""
+    store = MemoryStore()
+    host = Host()
+    async with runtime(host, store) as rt:
+        first = await rt.admit(event("1\ud800"))
+        second = await rt.admit(event("2", chat="chat-\udfff"))
+        assert (first.status, first.reason, first.retryable) == ("denied", "malformed", False)
+        assert (second.status, second.reason) == ("denied", "malformed")
+        assert rt.diagnostics().storage_failures == 0
+    assert host.authorize_calls == []
