@@ -10,6 +10,7 @@ from prismd.identity import ownership_from_identity
 from prismd.journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
+from prismd.runtime import open_messaging_runtime
 from prismd.runtime._core import operation_id_for
 from stores.memory import MemoryStore
 
@@ -462,3 +463,43 @@ async def test_an_id_with_a_lone_surrogate_is_malformed_not_retryable() -> None:
         assert (second.status, second.reason) == ("denied", "malformed")
         assert rt.diagnostics().storage_failures == 0
     assert host.authorize_calls == []
+
+
+async def test_stop_during_a_hung_deliver_leaves_the_reply_listed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (b) regression: ``deliver`` never returns; leaving the runtime (stop, then
+    cancellation) within the deadline leaves the staged reply ``pending`` — listed by a
+    restarted runtime and resendable with the duplicate-risk acknowledgement."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    hung = Host()
+
+    async def deliver_forever(reply):  # type: ignore[no-untyped-def]
+        await trio.sleep_forever()
+
+    t0 = trio.current_time()
+    async with open_messaging_runtime(
+        authorize=hung.authorize,
+        resolve_agent=hung.resolve_agent,
+        deliver=deliver_forever,
+        store=store,
+        clock=clock,
+        limits=Limits(stop_deadline_ms=1_000),
+    ) as rt:
+        await rt.admit(event("1"))
+        await trio.sleep(0.5)
+    assert trio.current_time() - t0 < 2
+    host = Host()
+    async with runtime(host, store, clock=clock) as again:
+        listed = await again.list_unresolved(identity=IDENT)
+        assert [(e.state, e.reply_state) for e in listed] == [("succeeded", "pending")]
+        result = await again.reconcile(
+            identity=IDENT,
+            connection_id="tg-1",
+            operation_id=listed[0].operation_id,
+            expected_version=listed[0].version,
+            acknowledge_duplicate_risk=True,
+        )
+        assert (result.status, result.outcome) == ("resolved", "reply_delivered")
+    assert host.texts == ["answer"]
