@@ -263,6 +263,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
     active.cancel_scope = run_scope
     active.state = "running"
     fence = core.route_fence_now(route)
+    in_agent = False
     try:
         agent = await core.resolve_agent(route, identity)
         try:
@@ -312,6 +313,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         )
         sink = preview_sink(core, route, active)
         result: RunResult | None = None
+        in_agent = True
         with run_scope:
             try:
                 result = await _run_agent(core, route, agent, request, sink)
@@ -323,7 +325,10 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         core.count("failed")
         code = "runtime_error"
         await settle_turn(core, turn, "failed", code, fence)
-        await turn_notice(core, route, turn, core.failure_text(str(exc)), fence)
+        # Only the agent's own error message is shown (redacted); a host seam's
+        # (resolve_agent, fetch_attachment, resolve_binding) may carry URLs or paths.
+        detail = str(exc) if in_agent else None
+        await turn_notice(core, route, turn, core.failure_text(detail), fence)
         return
     await finish_run(core, route, turn, agent, result, fence)
 

@@ -503,3 +503,22 @@ async def test_stop_during_a_hung_deliver_leaves_the_reply_listed(
         )
         assert (result.status, result.outcome) == ("resolved", "reply_delivered")
     assert host.texts == ["answer"]
+
+
+async def test_a_host_seam_error_message_never_reaches_the_chat() -> None:
+    """Brief (e): an exception from ``fetch_attachment`` (a Telegram file URL carries
+    the bot token) was quoted in the user's ``Request failed:`` notice. Host-seam errors
+    now give the generic failure text; the agent's own error is still quoted (b24)."""
+    from prismd.channel import AttachmentRef
+
+    async def fetch(ref: AttachmentRef) -> bytes:
+        raise OSError("GET https://api.telegram.org/file/bot123:SECRET/photo.jpg failed")
+
+    host = Host(agent=ScriptedAgent(capabilities=frozenset({"text", "image"})))
+    image = AttachmentRef(kind="image", transport_file_id="f-1", byte_length=4)
+    async with runtime(host, MemoryStore(), fetch_attachment=fetch) as rt:
+        await rt.admit(event("1", "look", attachments=(image,)))
+        await rt.drain()
+        assert rt.diagnostics().failed == 1
+    assert host.texts == ["The request failed before it produced an answer."]
+    assert host.agent.calls == []
