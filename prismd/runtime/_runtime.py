@@ -138,7 +138,9 @@ class Runtime:
         deadline_s = core.limits.stop_deadline_ms / 1000
         end = trio.current_time() + deadline_s
         reserve = min(1.0, deadline_s / 4)
-        with trio.move_on_at(end):
+        # Cleanup is shielded but bounded by the deadline: a caller cancelled mid-stop
+        # must not leave queued work unsettled, and nothing may outlive the deadline.
+        with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
                 queued = list(route.queue)
                 route.queue.clear()
@@ -166,7 +168,7 @@ class Runtime:
                             core.count("cancelled")
                     active.cancel(stopping=True)
         await core.wait_idle(max(0.0, end - reserve - trio.current_time()))
-        with trio.move_on_at(end):
+        with trio.CancelScope(shield=True, deadline=end):
             await self._settle_stragglers()
         for route in list(core.routes.values()):
             route.lease_users = 0

@@ -522,3 +522,27 @@ async def test_a_host_seam_error_message_never_reaches_the_chat() -> None:
         assert rt.diagnostics().failed == 1
     assert host.texts == ["The request failed before it produced an answer."]
     assert host.agent.calls == []
+
+
+async def test_stop_cancelled_by_its_caller_still_settles_queued_work(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Brief (b): ``stop()`` whose caller is cancelled at once (a second signal) used to
+    abandon the queued settlement at its first await — the queue was already cleared, so
+    the record stayed ``accepted`` with no turn anywhere. The cleanup is now shielded,
+    bounded by ``stop_deadline_ms``."""
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    agent = ScriptedAgent(wait_for_cancel=True)
+    host = Host(agent=agent)
+    limits = Limits(max_active_sessions=1, stop_deadline_ms=2_000)
+    async with runtime(host, store, clock=clock, limits=limits) as rt:
+        await rt.admit(event("1"))
+        await agent.wait_started(1)
+        await rt.admit(event("2"))
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await rt.stop()
+        assert await _op_state(store, "2") == ("cancelled", "cancelled_at_shutdown")
+    assert await _op_state(store, "1") == ("cancelled", None)
+    assert agent.provider_calls == 1
