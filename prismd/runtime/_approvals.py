@@ -210,6 +210,9 @@ async def _approve_on_route(
         )
         if not _still_pending(state, rec.expected_version, rec.approval_id):
             return Admission("denied", "rejected")
+        if core.stopped:
+            # stop() began while we awaited: keep the token unconsumed (retryable).
+            return Admission("denied", "stopped")
         status = await core.approvals.consume(
             ctx.ownership, event.connection_id, approval.token, loaded.version
         )
@@ -253,6 +256,8 @@ async def cancel_suspended(core: Core, ctx: AdmitContext, route: Route) -> Admis
         return Admission("denied", "unavailable")
     if state is None or state.status != "suspended":
         return Admission("denied", "rejected")
+    if core.stopped:
+        return Admission("denied", "stopped")
     route.active = ActiveTurn(state="resuming")
     core.spawn(resume, core, route, ctx, state.version, (), True, None)
     return Admission("accepted")

@@ -659,3 +659,53 @@ async def test_approvals_need_a_journal_and_a_capable_agent(
         await h2.settle()
         assert h2.last().text == "This request requires an authenticated host decision."
         assert h2.last().controls == ()
+
+
+class _GatedStatus:
+    """Delegates to a real agent; ``status`` waits for ``release`` once armed."""
+
+    def __init__(self, inner: MockAgent) -> None:
+        self.inner = inner
+        self.armed = False
+        self.entered = trio.Event()
+        self.release = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def status(self, **kw: Any) -> Any:
+        if self.armed:
+            self.entered.set()
+            await self.release.wait()
+        return await self.inner.status(**kw)
+
+
+async def test_approval_racing_stop_is_retryable_and_keeps_its_token(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An approval whose checks are still awaiting when ``stop()`` begins is answered
+    ``stopped`` (retryable) without consuming the token or starting a resume; the same
+    token then works on the next runtime."""
+    agent = suspending_mock(store, clock)
+    gated = _GatedStatus(agent)
+    async with open_harness(store, clock, {"primary": gated}) as h:  # type: ignore[dict-item]
+        allow, _ = await suspend(h)
+        gated.armed = True
+        result: list[Any] = []
+
+        async def approve() -> None:
+            result.append(await h.runtime.admit(event("2", "", approval=(allow, "allow_once"))))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(approve)
+            await gated.entered.wait()
+            nursery.start_soon(h.runtime.stop)
+            await trio.testing.wait_all_tasks_blocked()
+            gated.release.set()
+        assert (result[0].status, result[0].reason) == ("denied", "stopped")
+        assert agent.resume_calls == 0
+    async with open_harness(store, clock, {"primary": agent}) as h2:
+        again = await h2.runtime.admit(event("3", "", approval=(allow, "allow_once")))
+        assert again.status == "accepted", again
+        await h2.settle()
+        assert h2.last().text == "mock: hello" and agent.resume_calls == 1
