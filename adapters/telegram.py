@@ -845,7 +845,7 @@ class TelegramAdapter:
             try:
                 result = await self._send_chunk(params)
             except TelegramApiError as error:
-                if index > 0:
+                if index > 0 or _ambiguous(error):
                     raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None
                 return SendResult(delivered=False, reason=_failure_reason(error))
             except TelegramCredentialError:
@@ -867,7 +867,8 @@ class TelegramAdapter:
             try:
                 return await self._api.call("sendMessage", params)
             except TelegramApiError as error:
-                if error.retry_after is None or attempt == MAX_SEND_ATTEMPTS:
+                # A gateway error may hide a posted message: resending could duplicate it.
+                if error.retry_after is None or attempt == MAX_SEND_ATTEMPTS or _ambiguous(error):
                     raise
                 await trio.sleep(min(error.retry_after, 3600))
         raise AssertionError("unreachable")
@@ -891,6 +892,16 @@ class TelegramAdapter:
             await self._api.call("sendVoice", params, files=files)
         except Exception:
             return
+
+
+def _ambiguous(error: TelegramApiError) -> bool:
+    """A 5xx without Telegram's JSON error body (a proxy/gateway 502/503/504 page).
+
+    The gateway may have forwarded the request and lost Telegram's answer, so the message may
+    be posted: calling it a failure would let reconcile resend it without acknowledgement.
+    A parsable ``{"ok": false, ...}`` 5xx is Telegram's own verdict and stays a failure.
+    """
+    return not error.enveloped and error.status >= 500
 
 
 def _failure_reason(error: TelegramApiError) -> str:

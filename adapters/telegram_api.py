@@ -84,6 +84,8 @@ class TelegramApiError(TelegramError):
     ``status`` is ``error_code`` (else the HTTP status); ``retry_after`` comes from
     ``parameters.retry_after`` or the ``Retry-After`` header when a positive integer.
     ``description`` is kept for tests and decisions but never put in the message.
+    ``enveloped`` is false when the body was not Telegram's JSON error envelope (e.g. a
+    proxy's HTML 502): such an answer says nothing about whether Telegram processed the call.
     """
 
     def __init__(
@@ -93,8 +95,10 @@ class TelegramApiError(TelegramError):
         retry_after: int | None = None,
         migrate_to_chat_id: int | None = None,
         description: str = "",
+        enveloped: bool = True,
     ) -> None:
         super().__init__("Telegram API error")
+        self.enveloped = enveloped
         self.status = status
         self.retry_after = retry_after
         self.migrate_to_chat_id = migrate_to_chat_id
@@ -208,7 +212,9 @@ class TelegramApi:
         if not isinstance(envelope, dict):
             if 200 <= status < 300:
                 raise TelegramResponseError()
-            raise TelegramApiError(status, retry_after=_positive_int(headers.get("retry-after")))
+            raise TelegramApiError(
+                status, retry_after=_positive_int(headers.get("retry-after")), enveloped=False
+            )
         if envelope.get("ok") is True and 200 <= status < 300:
             return envelope.get("result")
         parameters = envelope.get("parameters")

@@ -162,13 +162,51 @@ async def test_second_chunk_failure_is_ambiguous(fake: FakeBotApi, make_adapter:
 
 async def test_garbled_success_body_is_ambiguous(fake: FakeBotApi, make_adapter: Any) -> None:
     """An unreadable 200 answer may hide a posted message: ambiguous, not a failure
-    (a deliberate fix of the reference's quirk 11). A non-JSON 502 is a known failure."""
+    (a deliberate fix of the reference's quirk 11)."""
     fake.chats.add("101")
     fake.fail_next("sendMessage", status=200, description="", raw_body=b"<html>oops")
     adapter = make_adapter()
     with pytest.raises(DeliveryOutcomeUnknownError):
         await adapter.send(final("hi"))
-    fake.fail_next("sendMessage", status=502, description="", raw_body=b"<html>Bad Gateway")
+    await adapter.aclose()
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+async def test_gateway_5xx_without_telegram_body_is_ambiguous(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, status: int
+) -> None:
+    """A 5xx whose body is not Telegram's JSON envelope (a proxy/gateway page) is ambiguous.
+
+    Why: the gateway may have forwarded ``sendMessage`` and lost Telegram's answer, so the
+    message may already be in the chat. Reporting ``delivery_failed`` would let reconcile
+    resend without ``acknowledge_duplicate_risk`` and the user could see the answer twice;
+    ``delivery_unknown`` makes the operator decide. It is also not retried in-process even
+    with a ``Retry-After`` header (a retry is exactly the duplicate we avoid): one call only.
+    """
+    fake.chats.add("101")
+    fake.fail_next(
+        "sendMessage",
+        status=status,
+        description="",
+        raw_body=b"<html>Bad Gateway</html>",
+        retry_after_header=1,
+    )
+    adapter = make_adapter()
+    with pytest.raises(DeliveryOutcomeUnknownError, match=r"^Telegram delivery outcome unknown$"):
+        await adapter.send(final("hi"))
+    assert len(fake.calls_to("sendMessage")) == 1
+    await adapter.aclose()
+
+
+async def test_telegram_5xx_envelope_stays_a_failure(fake: FakeBotApi, make_adapter: Any) -> None:
+    """A parsable ``{"ok": false, "error_code": 5xx}`` is Telegram's own verdict that the call
+    failed (contract: a known API error is a definite failure), so it stays
+    ``telegram_api_error``; only an unreadable gateway answer is ambiguous."""
+    fake.chats.add("101")
+    fake.fail_next("sendMessage", status=500, description="Internal Server Error")
+    adapter = make_adapter()
+    assert (await adapter.send(final("hi"))).reason == "telegram_api_error"
+    fake.fail_next("sendMessage", status=400, description="", raw_body=b"<html>Bad Request")
     assert (await adapter.send(final("hi"))).reason == "telegram_api_error"
     await adapter.aclose()
 
