@@ -85,18 +85,21 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from .daemon import describe_exception, install_early_signal_handlers, run_daemon
+
+    # First: from here on SIGTERM/SIGINT are stop requests, never a traceback or a kill
+    # at an arbitrary point of the startup (the daemon honours them at a safe point).
+    install_early_signal_handlers()
     _configure_logging(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"prismd: {exc}", file=sys.stderr)
         return 1
-    from .daemon import describe_exception, run_daemon
 
     try:
         return trio.run(run_daemon, config)
-    except KeyboardInterrupt:
-        # Ctrl-C outside the daemon's own signal handling (early startup, final close).
+    except KeyboardInterrupt:  # pragma: no cover - SIGINT is handled, kept as a backstop
         print("prismd: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:

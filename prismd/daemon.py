@@ -291,6 +291,32 @@ STOP_MARGIN_S = 5.0
 CLOSE_BUDGET_S = 10.0
 
 
+_early_signal: int | None = None
+
+
+def _early_handler(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT before the daemon's own receiver runs: remember it (a stop request)."""
+    global _early_signal
+    if _early_signal is not None:
+        _forced_exit(signum)
+    _early_signal = signum
+
+
+def install_early_signal_handlers() -> None:
+    """Called first by ``prismd run``: until :meth:`Daemon.run` installs its Trio receiver
+    (and again after it closed), SIGTERM/SIGINT only record a stop request instead of
+    killing the process or raising ``KeyboardInterrupt`` at an arbitrary point."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _early_handler)
+
+
+def take_early_signal() -> int | None:
+    """The signal recorded by the early handler, if any (cleared)."""
+    global _early_signal
+    signum, _early_signal = _early_signal, None
+    return signum
+
+
 def _forced_exit(signum: int) -> NoReturn:
     """Second SIGTERM/SIGINT: leave now. Durable state is crash-safe by design (SIGKILL is)."""
     sys.stderr.write(f"prismd: second {signal.Signals(signum).name}, exiting immediately\n")
@@ -353,19 +379,48 @@ class Daemon:
         return {"ready": self.ready.is_set(), "children": self.supervisor.health()}
 
     async def run(self) -> int:
-        """Run until stopped; returns the process exit code (0 clean stop, 1 failure)."""
+        """Run until stopped; returns the process exit code (0 clean stop, 1 failure).
+
+        The signal receiver is installed before anything is opened, so a SIGTERM/SIGINT
+        during startup is a stop request too: startup stops at the next safe point (after
+        the step in progress, which is never left half-done) and unwinds what it opened,
+        exit 0. A signal that arrived before the event loop ran (see
+        :func:`take_early_signal`) counts as such a request.
+        """
         try:
-            try:
-                self.state = open_state_dir(self.config.daemon.state_dir)
-            except StateDirError as exc:
-                self._fail(str(exc))
-                return EXIT_FAILURE
-            try:
-                return await self._run_locked(self.state)
-            finally:
-                self.state.close()
+            async with trio.open_nursery() as nursery:
+                if self.install_signals:
+                    await nursery.start(self._signals)
+                    early = take_early_signal()
+                    if early is not None:
+                        log.info("received %s before startup", signal.Signals(early).name)
+                        self.request_stop()
+                code = await self._run_unlocked()
+                nursery.cancel_scope.cancel()
+            return code
         finally:
             self.stopped.set()
+
+    def _stopped_during_startup(self, step: str) -> bool:
+        """A safe point of the startup: true (and logged) when a stop was requested."""
+        if not self._stop_requested:
+            return False
+        log.info("stop requested during startup (%s); not starting", step)
+        self._print("prismd: stopped during startup")
+        return True
+
+    async def _run_unlocked(self) -> int:
+        if self._stopped_during_startup("before opening the state directory"):
+            return EXIT_OK
+        try:
+            self.state = open_state_dir(self.config.daemon.state_dir)
+        except StateDirError as exc:
+            self._fail(str(exc))
+            return EXIT_FAILURE
+        try:
+            return await self._run_locked(self.state)
+        finally:
+            self.state.close()
 
     def _fail(self, message: str) -> None:
         log.error("%s", message)
@@ -382,6 +437,8 @@ class Daemon:
     async def _run_locked(self, state: StateDir) -> int:
         from stores import open_store
 
+        if self._stopped_during_startup("before opening the store"):
+            return EXIT_OK
         try:
             store = await open_store(self.config.store.url)
         except Exception as exc:
@@ -421,10 +478,19 @@ class Daemon:
         except (WiringError, ConfigError) as exc:
             self._fail(str(exc))
             return EXIT_FAILURE
+        except Exception as exc:
+            # Anything else from wiring: one line, the type only (its text may carry a value).
+            self._fail(f"cannot start: {describe_exception(exc)}")
+            return EXIT_FAILURE
         self.host = host
         for secret in secrets:
             logs.register_secret(secret)
         try:
+            # A checkpoint first: a signal that arrived while a blocking factory ran is
+            # delivered to the receiver task here.
+            await trio.lowlevel.checkpoint()
+            if self._stopped_during_startup("before opening the runtime"):
+                return EXIT_OK
             return await self._run_runtime(state, store, authorizer, host, secrets)
         finally:
             with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
@@ -461,6 +527,10 @@ class Daemon:
             host.bind(runtime.admit)
             try:
                 await self._report_unresolved(runtime, authorizer)
+                if self._stopped_during_startup("before starting the children"):
+                    with trio.move_on_after(self._stop_budget_s(), shield=True):
+                        await runtime.stop()
+                    return EXIT_OK
                 return await self._serve(runtime, store, authorizer, host)
             finally:
                 host.bind(None)
@@ -503,11 +573,7 @@ class Daemon:
         failures: list[BaseException] = []
         code = EXIT_FAILURE
         try:
-            async with trio.open_nursery() as root:
-                if self.install_signals:
-                    await root.start(self._signals)
-                code = await self._supervise_children(runtime, store, authorizer, host)
-                root.cancel_scope.cancel()
+            code = await self._supervise_children(runtime, store, authorizer, host)
         except* DaemonError as group:
             failures.extend(_leaves(group))
         if not failures:

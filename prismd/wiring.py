@@ -20,9 +20,11 @@ from stores import Store
 
 from .adapter import ChannelAdapter
 from .agents._base import Agent, AgentContext
+from .agents._session import AgentOptionError
 from .channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
 from .config import (
     Config,
+    ConfigError,
     ConnectionConfig,
     SignalConnectionConfig,
     TelegramConnectionConfig,
@@ -50,10 +52,23 @@ def build_agents(config: Config, store: Store) -> dict[str, Agent]:
         context = AgentContext(alias=alias, options=agent.options, checkpoints=store.checkpoints)
         try:
             agents[alias] = build_agent(agent.kind, context)
-        except (ValueError, TypeError, ImportError) as exc:
+        except AgentOptionError as exc:
             # AgentOptionError messages name the option, never a value.
             raise WiringError(f"[agents.{alias}]: {exc}") from None
+        except TypeError as exc:
+            if str(exc).startswith("agent factory "):
+                # check_agent's own fixed text: which protocol member is missing.
+                raise WiringError(f"[agents.{alias}]: {exc}") from None
+            raise WiringError(f"[agents.{alias}]: {_factory_failed(exc)}") from None
+        except Exception as exc:
+            # A python factory's own error: its text is the factory's and may carry
+            # anything (a key it read), so only the type is named.
+            raise WiringError(f"[agents.{alias}]: {_factory_failed(exc)}") from None
     return agents
+
+
+def _factory_failed(exc: BaseException) -> str:
+    return f"building the agent failed ({type(exc).__name__})"
 
 
 def adapter_child_name(connection: ConnectionConfig) -> str:
@@ -85,6 +100,36 @@ def build_adapter(
     :class:`~prismd.config.ConfigError` (missing secret).
     """
     found: list[str] = [] if secrets is None else secrets
+    try:
+        return _build_adapter(
+            connection, admit=admit, store=store, state=state, config=config, env=env, found=found
+        )
+    except (WiringError, ConfigError):
+        raise
+    except (ValueError, TypeError) as exc:
+        # The adapters' constructors validate their arguments with fixed messages (no
+        # values); the secrets read are still removed in case one ever quotes a value.
+        message = str(exc)
+        for secret in found:
+            if secret:
+                message = message.replace(secret, "[redacted]")
+        raise WiringError(f"[connections] {connection.id}: {message}") from None
+    except Exception as exc:
+        raise WiringError(
+            f"[connections] {connection.id}: building the adapter failed ({type(exc).__name__})"
+        ) from None
+
+
+def _build_adapter(
+    connection: ConnectionConfig,
+    *,
+    admit: Callable[[InboundEvent], Awaitable[Admission]],
+    store: Store,
+    state: StateDir,
+    config: Config,
+    env: Mapping[str, str],
+    found: list[str],
+) -> ChannelAdapter:
     if isinstance(connection, WebchatConnectionConfig):
         module = _import_adapter_module("webchat", "adapters.webchat")
         token = None

@@ -318,3 +318,21 @@ async def prismctl(layout: Layout, *args: str, limit_s: float = 30) -> tuple[int
     except ValueError:
         parsed = out
     return done.returncode, parsed, done.stderr.decode()
+
+
+def slow_start_mock(ctx: AgentContext) -> MockAgent:
+    """A ``python`` agent factory that blocks the start: it touches ``marker_file`` and then
+    sleeps ``sleep_s`` (synchronously, as a slow import would), so a test can signal the
+    daemon while it is still opening."""
+    import time
+
+    own = ("factory", "marker_file", "sleep_s")
+    Path(str(ctx.options["marker_file"])).write_text("opening\n")
+    time.sleep(float(ctx.options.get("sleep_s", 1.0)))
+    options = {k: v for k, v in ctx.options.items() if k not in own}
+    return MockAgent.from_context(attrs.evolve(ctx, options=options))
+
+
+def failing_factory(ctx: AgentContext) -> MockAgent:
+    """A ``python`` agent factory that raises an arbitrary error carrying a secret-like text."""
+    raise RuntimeError(f"factory exploded with {ctx.options.get('secret_text', '')}")

@@ -1,0 +1,130 @@
+"""Startup failures and early signals: a clear one-line message, or a clean exit 0."""
+
+from __future__ import annotations
+
+import io
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from prismd.config import Config, parse_config
+from prismd.daemon import Daemon
+
+from .helpers import running_daemon, write_config
+
+SECRET = "SuperSecretValue-0123456789"
+
+
+def _config(tmp_path: Path, **overrides: Any) -> Config:
+    data: dict[str, Any] = {
+        "daemon": {"state_dir": str(tmp_path / "state")},
+        "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
+        "control": {"socket": str(tmp_path / "run" / "control.sock")},
+        "limits": {"stop_deadline_ms": 2000},
+        "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
+        "agents": {"echo": {"kind": "echo"}},
+        "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo"]}],
+    }
+    data.update(overrides)
+    return parse_config(data)
+
+
+async def _run(config: Config, env: dict[str, str]) -> tuple[int, str]:
+    out = io.StringIO()
+    notes: list[str] = []
+    daemon = Daemon(config, env=env, install_signals=False, notify=notes.append, out=out)
+    with trio.fail_after(30):
+        code = await daemon.run()
+    assert "READY=1" not in notes
+    return code, out.getvalue()
+
+
+async def test_invalid_telegram_webhook_secret_is_a_one_line_failure_without_the_secret(
+    tmp_path: Path,
+) -> None:
+    config = _config(
+        tmp_path,
+        connections=[
+            {
+                "id": "tg",
+                "kind": "telegram",
+                "token_env": "PRISMD_T_TOKEN",
+                "mode": "webhook",
+                "webhook_listen": "127.0.0.1:0",
+                "webhook_secret_env": "PRISMD_T_HOOK",
+            }
+        ],
+        grants=[{"connection": "tg", "actors": ["*"], "aliases": ["echo"]}],
+    )
+    env = {"PRISMD_T_TOKEN": "123456:" + SECRET, "PRISMD_T_HOOK": "bad secret! " + SECRET}
+    code, out = await _run(config, env)
+    assert code == 1
+    assert out.count("\n") == 1 and out.startswith("prismd: ")
+    assert "tg" in out and "webhook_secret" in out
+    assert SECRET not in out
+
+
+async def test_a_python_agent_factory_raising_is_a_one_line_failure_without_its_text(
+    tmp_path: Path,
+) -> None:
+    config = _config(
+        tmp_path,
+        agents={
+            "boom": {
+                "kind": "python",
+                "factory": "tests.daemon.helpers:failing_factory",
+                "secret_text": SECRET,
+            }
+        },
+        grants=[{"connection": "web", "actors": ["*"], "aliases": ["boom"]}],
+    )
+    code, out = await _run(config, {})
+    assert code == 1
+    assert out.count("\n") == 1 and "agents.boom" in out and "RuntimeError" in out
+    assert SECRET not in out
+
+
+async def _signal_while_opening(tmp_path: Path, signum: int) -> None:
+    marker = tmp_path / "opening.marker"
+    layout = write_config(
+        tmp_path,
+        extra=f"""
+[agents.late]
+kind = "python"
+factory = "tests.daemon.helpers:slow_start_mock"
+marker_file = "{marker}"
+sleep_s = 1.5
+""",
+    )
+    async with running_daemon(layout) as daemon:
+        with trio.fail_after(30):
+            while not marker.exists():
+                assert daemon.process.returncode is None, daemon.stderr()
+                await trio.sleep(0.02)
+        daemon.send(signum)
+        code = await daemon.wait_exit(20)
+        err = daemon.stderr()
+        assert code == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+        with trio.move_on_after(0.3):
+            data = await daemon.notify.recv(4096)
+            daemon.states.extend(data.decode().splitlines())
+        assert "READY=1" not in daemon.states
+    # Nothing half-written: the next start gets the lock and the store and serves.
+    marker.unlink()
+    async with running_daemon(layout, tag="again") as again:
+        await again.wait_state("READY=1")
+        again.send(signal.SIGTERM)
+        assert await again.wait_exit(20) == 0, again.stderr()
+
+
+async def test_sigterm_while_opening_exits_0_cleanly_and_a_restart_serves(
+    tmp_path: Path,
+) -> None:
+    await _signal_while_opening(tmp_path, signal.SIGTERM)
+
+
+async def test_sigint_while_opening_exits_0_without_a_traceback(tmp_path: Path) -> None:
+    await _signal_while_opening(tmp_path, signal.SIGINT)
