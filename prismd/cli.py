@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -90,6 +91,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # First: from here on SIGTERM/SIGINT are stop requests, never a traceback or a kill
     # at an arbitrary point of the startup (the daemon honours them at a safe point).
     install_early_signal_handlers()
+    # The journal and state files hold message text and lease owner ids: never readable
+    # by "other", whatever umask the shell had (group access stays as configured, for
+    # an operators group). os.umask can only be read by setting it.
+    os.umask(os.umask(0o027) | 0o027)
     _configure_logging(args.log_level, args.log_format)
     try:
         config = load_config(args.config)

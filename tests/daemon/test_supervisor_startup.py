@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,24 @@ async def test_sigterm_while_opening_exits_0_cleanly_and_a_restart_serves(
 
 async def test_sigint_while_opening_exits_0_without_a_traceback(tmp_path: Path) -> None:
     await _signal_while_opening(tmp_path, signal.SIGINT)
+
+
+async def test_files_the_daemon_creates_are_not_world_readable_under_umask_022(
+    tmp_path: Path,
+) -> None:
+    """The journal holds message text: a fresh clone's `make run` under the usual umask
+    022 must not leave it (or the state files) readable by other users, even when the
+    directory it lives in is world-traversable."""
+    layout = write_config(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    old = os.umask(0o022)
+    try:
+        async with running_daemon(layout) as daemon:
+            await daemon.wait_state("READY=1")
+            daemon.send(signal.SIGTERM)
+            assert await daemon.wait_exit(20) == 0, daemon.stderr()
+    finally:
+        os.umask(old)
+    for path in (layout.db, layout.state_dir, layout.state_dir / "instance-id"):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0, (path, oct(path.stat().st_mode))
+    assert stat.S_IMODE(layout.control.parent.stat().st_mode) == 0o700
