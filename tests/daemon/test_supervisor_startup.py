@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
+import sqlite3
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ import trio
 from prismd.config import Config, parse_config
 from prismd.daemon import Daemon
 
-from .helpers import running_daemon, write_config
+from .helpers import chat, running_daemon, wait_runs, write_config
 
 SECRET = "SuperSecretValue-0123456789"
 
@@ -151,3 +154,28 @@ async def test_files_the_daemon_creates_are_not_world_readable_under_umask_022(
     for path in (layout.db, layout.state_dir, layout.state_dir / "instance-id"):
         assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0, (path, oct(path.stat().st_mode))
     assert stat.S_IMODE(layout.control.parent.stat().st_mode) == 0o700
+
+
+def _live_leases(db: Path) -> list[tuple[str, str, str]]:
+    now_ms = int(time.time() * 1000)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT namespace, key, owner_id FROM prism_leases WHERE expires_at > ?", (now_ms,)
+        ).fetchall()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+async def test_sigterm_with_a_claimed_turn_leaves_no_live_lease_in_the_store(
+    tmp_path: Path,
+) -> None:
+    layout = write_config(tmp_path, delay_ms=60_000, lease_ttl_ms=120_000)
+    async with running_daemon(layout) as daemon:
+        await daemon.wait_state("READY=1")
+        async with chat(layout.port) as client:
+            assert (await client.send_message("m1", "hello"))["status"] == "accepted"
+            await wait_runs(layout, 1)
+            assert _live_leases(layout.db), "a claimed turn holds a binding lease"
+            daemon.send(signal.SIGTERM)
+            assert (await client.next_frame("reply", limit_s=10))["kind"] == "notice"
+        assert await daemon.wait_exit(20) == 0, daemon.stderr()
+    assert _live_leases(layout.db) == []
