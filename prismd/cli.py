@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 import trio
@@ -108,9 +109,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("prismd: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        # The traceback goes through the logging filter, which removes tokens.
-        log.critical("prismd failed: %s", describe_exception(exc), exc_info=True)
+        # A bug: the frames are logged for the report, but no exception's own text, which
+        # may quote a user's message or a URL (the log filter only knows token shapes).
+        log.critical(
+            "prismd failed: %s\n%s", describe_exception(exc), traceback_without_messages(exc)
+        )
         return 1
+
+
+def traceback_without_messages(exc: BaseException) -> str:
+    """Like a Python traceback (causes, contexts, groups), with each message left out."""
+    return "".join(_tb_lines(exc, set(), ""))
+
+
+def _tb_lines(exc: BaseException, seen: set[int], indent: str) -> list[str]:
+    seen.add(id(exc))
+    lines: list[str] = []
+    if exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        lines += _tb_lines(exc.__cause__, seen, indent)
+        lines.append(f"{indent}The above exception was the direct cause of:\n")
+    elif (
+        exc.__context__ is not None
+        and not exc.__suppress_context__
+        and id(exc.__context__) not in seen
+    ):
+        lines += _tb_lines(exc.__context__, seen, indent)
+        lines.append(f"{indent}During handling of the above exception, another occurred:\n")
+    lines.append(f"{indent}Traceback (most recent call last):\n")
+    for chunk in traceback.format_tb(exc.__traceback__):
+        lines += [f"{indent}{line}\n" for line in chunk.rstrip("\n").split("\n")]
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    lines.append(f"{indent}{name} (message not shown)\n")
+    if isinstance(exc, BaseExceptionGroup):
+        for number, inner in enumerate(exc.exceptions, 1):
+            lines.append(f"{indent}+-- {number} --\n")
+            if id(inner) not in seen:
+                lines += _tb_lines(inner, seen, indent + "| ")
+    return lines
 
 
 def _cmd_telegram(args: argparse.Namespace) -> int:
