@@ -1,0 +1,66 @@
+"""Shutdown at moments nobody picked: SIGTERM during a Telegram long poll."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import trio
+
+from tests.fakes.telegram_api import start_fake
+
+from .helpers import running_daemon, write_config
+
+
+def _live_leases(db: Path) -> list[str]:
+    now_ms = int(time.time() * 1000)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT namespace FROM prism_leases WHERE expires_at > ?", (now_ms,)
+        ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+async def test_sigterm_during_a_long_poll_exits_0_promptly_and_releases_the_receiver_lease(
+    tmp_path: Path,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        fake = await start_fake(nursery)
+        layout = write_config(
+            tmp_path,
+            delay_ms=1,
+            extra=f"""
+[[connections]]
+id = "tg"
+kind = "telegram"
+token_env = "TG_TOKEN"
+api_origin = "{fake.origin}"
+poll_timeout_s = 30
+
+[[grants]]
+connection = "tg"
+actors = ["202"]
+aliases = ["slow"]
+""",
+        )
+        async with running_daemon(layout, extra_env={"TG_TOKEN": fake.token}) as daemon:
+            await daemon.wait_state("READY=1")
+            with trio.fail_after(15):
+                for _ in range(1_000_000):
+                    if fake.calls_to("getUpdates"):
+                        break
+                    await trio.sleep(0.05)
+            await trio.sleep(0.3)  # inside the 30 s long poll
+            assert any("receiver" in ns for ns in _live_leases(layout.db))
+            sent = trio.current_time()
+            daemon.send(signal.SIGTERM)
+            assert await daemon.wait_exit(20) == 0, daemon.stderr()
+            # Not waiting out the poll: the stop deadline is 3 s.
+            assert trio.current_time() - sent < 10
+            log = daemon.stderr()
+        nursery.cancel_scope.cancel()
+    assert _live_leases(layout.db) == []
+    assert fake.token not in log
