@@ -176,6 +176,36 @@ async def _soak_on(
     install_signals: bool,
     task_status: trio.TaskStatus[None],
 ) -> dict[str, Any]:
+    """The signal receiver first, so a SIGINT/SIGTERM at any point (even while the store
+    opens) only sets ``interrupted``: the soak then skips the loop and still finishes."""
+    interrupted = trio.Event()
+    async with trio.open_nursery() as nursery:
+        if install_signals:
+            await nursery.start(_watch_signals, interrupted)
+            from .daemon import take_early_signal
+
+            if take_early_signal() is not None:
+                interrupted.set()
+        summary = await _soak_loop(url, options, interrupted, task_status)
+        nursery.cancel_scope.cancel()
+    return summary
+
+
+async def _watch_signals(
+    interrupted: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for _ in signals:
+            interrupted.set()
+
+
+async def _soak_loop(
+    url: str,
+    options: SoakOptions,
+    interrupted: trio.Event,
+    task_status: trio.TaskStatus[None],
+) -> dict[str, Any]:
     from .agents.registry import build_agent
     from .runtime import open_messaging_runtime
 
@@ -192,7 +222,6 @@ async def _soak_on(
         "unresolvedSeen": 0,
     }
     pruned = {"scanned": 0, "deleted": 0, "retained": 0}
-    interrupted = False
     collector = _Collector()
     store = await open_store(url)
     try:
@@ -205,82 +234,68 @@ async def _soak_on(
         async def resolve_agent(_request: Any) -> Agent:
             return agent
 
-        async with trio.open_nursery() as nursery:
-            if install_signals:
-
-                async def watch_signals(
-                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                ) -> None:
-                    nonlocal interrupted
-                    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        task_status.started()
-                        async for _ in signals:
-                            interrupted = True
-
-                await nursery.start(watch_signals)
-            async with open_messaging_runtime(
-                authorize=authorizer.authorize,
-                resolve_agent=resolve_agent,
-                deliver=collector.deliver,
-                store=store,
-                use_leases=True,
-                limits=Limits(retention_days=7),
-                owner_id=f"prismd-soak-{os.getpid()}-{int(started * 1000)}",
-            ) as runtime:
-                task_status.started()
-                i = 0
-                while not interrupted and trio.current_time() < deadline:
-                    if options.iterations and i >= options.iterations:
-                        break
-                    lane = i % options.lanes
-                    event = InboundEvent(
-                        connection_id=CONNECTION,
-                        external_conversation_id=f"chat-{lane}",
-                        external_actor_id=f"user-{lane}",
-                        event_id=f"soak-{i}",
-                        text=f"iteration {i}",
-                    )
-                    admission = await runtime.admit(event)
-                    if admission.status == "accepted" and not admission.duplicate:
-                        counts["admitted"] += 1
-                    else:
-                        counts["denied"] += 1
-                    drained = await runtime.drain(deadline_ms=DRAIN_DEADLINE_MS)
-                    if not drained.settled:
-                        counts["unsettled"] += 1
-                    counts["iterations"] += 1
-                    i += 1
-                    if i % options.prune_every == 0:
-                        counts["repeatAttempts"] += 1
-                        again = await runtime.admit(event)
-                        if again.duplicate:
-                            counts["duplicates"] += 1
-                        for entry in await runtime.list_unresolved(identity=operator):
-                            counts["unresolvedSeen"] += 1
-                            result = await runtime.reconcile(
-                                identity=operator,
-                                connection_id=entry.connection_id,
-                                operation_id=entry.operation_id,
-                                expected_version=entry.version,
-                                acknowledge_duplicate_risk=True,
-                            )
-                            if result.status == "resolved":
-                                counts["reconciled"] += 1
-                        result_prune = await runtime.prune(identity=operator)
-                        for key in pruned:
-                            pruned[key] += getattr(result_prune, key)
-                    if i % YIELD_EVERY == 0:
-                        # Store calls already checkpoint; this makes signals prompt regardless.
-                        await trio.lowlevel.checkpoint()
-                unresolved_at_end = len(await runtime.list_unresolved(identity=operator))
-                final = await runtime.prune(
-                    identity=operator, now_ms=int(time.time() * 1000) + FINAL_PRUNE_AHEAD_MS
+        async with open_messaging_runtime(
+            authorize=authorizer.authorize,
+            resolve_agent=resolve_agent,
+            deliver=collector.deliver,
+            store=store,
+            use_leases=True,
+            limits=Limits(retention_days=7),
+            owner_id=f"prismd-soak-{os.getpid()}-{int(started * 1000)}",
+        ) as runtime:
+            task_status.started()
+            i = 0
+            while not interrupted.is_set() and trio.current_time() < deadline:
+                if options.iterations and i >= options.iterations:
+                    break
+                lane = i % options.lanes
+                event = InboundEvent(
+                    connection_id=CONNECTION,
+                    external_conversation_id=f"chat-{lane}",
+                    external_actor_id=f"user-{lane}",
+                    event_id=f"soak-{i}",
+                    text=f"iteration {i}",
                 )
-                for key in pruned:
-                    pruned[key] += getattr(final, key)
-                await runtime.stop()
-                diagnostics = _wire(runtime.diagnostics())
-            nursery.cancel_scope.cancel()
+                admission = await runtime.admit(event)
+                if admission.status == "accepted" and not admission.duplicate:
+                    counts["admitted"] += 1
+                else:
+                    counts["denied"] += 1
+                drained = await runtime.drain(deadline_ms=DRAIN_DEADLINE_MS)
+                if not drained.settled:
+                    counts["unsettled"] += 1
+                counts["iterations"] += 1
+                i += 1
+                if i % options.prune_every == 0:
+                    counts["repeatAttempts"] += 1
+                    again = await runtime.admit(event)
+                    if again.duplicate:
+                        counts["duplicates"] += 1
+                    for entry in await runtime.list_unresolved(identity=operator):
+                        counts["unresolvedSeen"] += 1
+                        result = await runtime.reconcile(
+                            identity=operator,
+                            connection_id=entry.connection_id,
+                            operation_id=entry.operation_id,
+                            expected_version=entry.version,
+                            acknowledge_duplicate_risk=True,
+                        )
+                        if result.status == "resolved":
+                            counts["reconciled"] += 1
+                    result_prune = await runtime.prune(identity=operator)
+                    for key in pruned:
+                        pruned[key] += getattr(result_prune, key)
+                if i % YIELD_EVERY == 0:
+                    # Store calls already checkpoint; this makes signals prompt regardless.
+                    await trio.lowlevel.checkpoint()
+            unresolved_at_end = len(await runtime.list_unresolved(identity=operator))
+            final = await runtime.prune(
+                identity=operator, now_ms=int(time.time() * 1000) + FINAL_PRUNE_AHEAD_MS
+            )
+            for key in pruned:
+                pruned[key] += getattr(final, key)
+            await runtime.stop()
+            diagnostics = _wire(runtime.diagnostics())
     finally:
         with trio.move_on_after(10, shield=True):
             await store.aclose()
@@ -306,7 +321,7 @@ async def _soak_on(
         "lanes": options.lanes,
         "diagnostics": diagnostics,
         "unresolvedAtEnd": unresolved_at_end,
-        "interrupted": interrupted,
+        "interrupted": interrupted.is_set(),
         "lanesSeen": len(collector.lanes),
     }
 
@@ -324,6 +339,10 @@ def run_soak_command(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         store=args.store,
     )
+    from .daemon import install_early_signal_handlers
+
+    # Before anything else: a signal during startup must end the soak, not kill it.
+    install_early_signal_handlers()
     try:
         summary = trio.run(soak, options)
     except BaseException as exc:

@@ -176,3 +176,52 @@ def test_soak_uncaught_error_prints_ok_false(
     assert summary["ok"] is False and summary["uncaught"] is True
     assert str(blocker) not in line
     assert os.path.exists(tempfile.gettempdir())
+
+
+SLOW_OPEN = """
+import sys, time
+from pathlib import Path
+import prismd.soak as soak_module
+
+real_open = soak_module.open_store
+
+async def slow_open(url):
+    Path(sys.argv[1]).write_text("opening")
+    time.sleep(1.0)  # a slow filesystem: the signal arrives while the store opens
+    return await real_open(url)
+
+soak_module.open_store = slow_open
+from prismd.cli import main
+sys.exit(main(["soak", "--duration-ms", "600000"]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_store_opens_ends_the_soak_cleanly(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    marker = tmp_path / "marker"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_OPEN, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(TMPDIR=str(tmp_path)),
+        cwd=str(tmp_path),
+    )
+    try:
+        start = time.monotonic()
+        while not marker.exists() and time.monotonic() - start < 30:
+            time.sleep(0.02)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, out + err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and summary["ok"] is True
+    assert summary["iterations"] == 0
+    assert "Traceback" not in err
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("prismd-soak-")]
