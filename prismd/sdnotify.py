@@ -2,8 +2,8 @@
 
 Follows systemd's self-contained example (``man sd_notify``): the message goes to
 ``$NOTIFY_SOCKET`` (a path, or an abstract name when it starts with ``@``). Guarantees:
-:func:`notify` never raises and returns whether the datagram was sent; with no
-``$NOTIFY_SOCKET`` it does nothing.
+:func:`notify` never raises, never blocks (a full queue drops the notification) and returns
+whether the datagram was sent; with no ``$NOTIFY_SOCKET`` it does nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ def notify(state: str, *, env: Mapping[str, str] | None = None) -> bool:
     # An abstract socket name starts with a NUL byte on the wire; systemd writes it as "@".
     target = "\0" + address[1:] if address[0] == "@" else address
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # Non-blocking: it is called on the Trio loop, and a stalled systemd with a full
+        # datagram queue must cost a dropped notification, never a wedged daemon.
+        kind = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+        with socket.socket(socket.AF_UNIX, kind) as sock:
             sock.connect(target)
             sock.sendall(state.encode("utf-8"))
     except (OSError, UnicodeError, ValueError):

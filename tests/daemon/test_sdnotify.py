@@ -69,3 +69,27 @@ def test_watchdog_interval_off_cases() -> None:
     other = str(os.getpid() + 1)
     assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": other}) is None
     assert sdnotify.watchdog_interval({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "x"}) is None
+
+
+async def test_notify_never_blocks_the_event_loop_when_the_receiver_is_full(
+    tmp_path: Path,
+) -> None:
+    """A stalled systemd (its datagram queue full) must not wedge the Trio loop: once
+    the queue is full, ``notify`` gives up at once instead of blocking in ``send``."""
+    import trio
+
+    path = tmp_path / "full.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    try:
+        env = {"NOTIFY_SOCKET": str(path)}
+
+        def flood() -> list[bool]:
+            return [sdnotify.notify("WATCHDOG=1", env=env) for _ in range(5000)]
+
+        with trio.fail_after(10):
+            results = await trio.to_thread.run_sync(flood, abandon_on_cancel=True)
+        assert results[0] is True
+        assert results[-1] is False  # the queue filled up; nothing blocked
+    finally:
+        receiver.close()
