@@ -305,9 +305,12 @@ def _early_handler(signum: int, frame: object) -> None:
 def install_early_signal_handlers() -> None:
     """Called first by ``prismd run``: until :meth:`Daemon.run` installs its Trio receiver
     (and again after it closed), SIGTERM/SIGINT only record a stop request instead of
-    killing the process or raising ``KeyboardInterrupt`` at an arbitrary point."""
+    killing the process or raising ``KeyboardInterrupt`` at an arbitrary point, and
+    SIGHUP is ignored."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _early_handler)
+    # SIGHUP (log rotation) terminates by default; logs opened during startup are fresh.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def take_early_signal() -> int | None:

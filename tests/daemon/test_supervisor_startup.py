@@ -8,6 +8,8 @@ import os
 import signal
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import trio
 from prismd.config import Config, parse_config
 from prismd.daemon import Daemon
 
-from .helpers import chat, running_daemon, wait_runs, write_config
+from .helpers import chat, child_env, running_daemon, wait_runs, write_config
 
 SECRET = "SuperSecretValue-0123456789"
 
@@ -179,3 +181,49 @@ async def test_sigterm_with_a_claimed_turn_leaves_no_live_lease_in_the_store(
             assert (await client.next_frame("reply", limit_s=10))["kind"] == "notice"
         assert await daemon.wait_exit(20) == 0, daemon.stderr()
     assert _live_leases(layout.db) == []
+
+
+async def test_sighup_while_opening_does_not_kill_the_daemon(tmp_path: Path) -> None:
+    """logrotate's SIGHUP can come at any time; before the receiver runs it must not have
+    its default effect (terminate)."""
+    marker = tmp_path / "opening.marker"
+    layout = write_config(
+        tmp_path,
+        extra=f"""
+[agents.late]
+kind = "python"
+factory = "tests.daemon.helpers:slow_start_mock"
+marker_file = "{marker}"
+sleep_s = 0.5
+""",
+    )
+    async with running_daemon(layout) as daemon:
+        with trio.fail_after(30):
+            while not marker.exists():
+                assert daemon.process.returncode is None, daemon.stderr()
+                await trio.sleep(0.02)
+        daemon.send(signal.SIGHUP)
+        await daemon.wait_state("READY=1")
+        daemon.send(signal.SIGTERM)
+        assert await daemon.wait_exit(20) == 0, daemon.stderr()
+
+
+def test_early_handlers_make_sighup_harmless_and_record_a_stop_request() -> None:
+    script = (
+        "import os, signal, time\n"
+        "from prismd import daemon\n"
+        "daemon.install_early_signal_handlers()\n"
+        "os.kill(os.getpid(), signal.SIGHUP)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(0.05)\n"
+        "print('alive', daemon.take_early_signal() == signal.SIGTERM)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "alive True"
