@@ -205,6 +205,7 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
     states = Counter(e["state"] for e in entries)
     print(f"killloop telegram {tag} kills={kills} unresolved={dict(states)}", file=sys.stderr)
     assert kills >= KILLS - 2, f"{tag}: only {kills} kills landed"
+    assert fake.conflicts >= 1, f"{tag}: the competing poller never caused a 409"
     unresolved = {e["operationId"]: e for e in entries}
     runs = Counter(run_keys(layout.runs))
     sent = _sent_to(fake)
@@ -231,7 +232,7 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
             entry["state"] in OPEN_STATES or entry.get("replyState") in OPEN_REPLIES
         ):
             problems.append(f"{update_id} {op}: listed as {entry}")
-    assert not problems, f"{tag} kills={kills}: " + "; ".join(problems)
+    assert not problems, f"{tag} kills={kills}: " + "; ".join(problems) + _records(layout, problems)
 
     # No hot loop: requests to the fake per one-second window stay bounded.
     per_second = Counter(int(c.at) for c in fake.calls)
@@ -264,3 +265,17 @@ async def _settle(
             last = snapshot
     pending = [u["update_id"] for u in fake.updates]
     raise AssertionError(f"{tag}: never settled; unconfirmed={pending} unresolved={entries}")
+
+
+def _records(layout: Layout, problems: list[str]) -> str:
+    """The journal rows of the operations named in ``problems`` (for the failure message)."""
+    ops = {word.rstrip(":") for p in problems for word in p.split() if word.startswith("chan-op-")}
+    with sqlite3.connect(layout.db) as db:
+        rows = [
+            row
+            for op in sorted(ops)
+            for row in db.execute(
+                "SELECT namespace, value FROM prism_checkpoints WHERE key LIKE ?", (f"%{op}%",)
+            )
+        ]
+    return f"\nrecords: {rows}"
