@@ -132,6 +132,9 @@ class Child:
     state: ChildState = "starting"
     restarts: int = 0
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    detached: bool = False
+    """The daemon stopped waiting for the first start (see ``ready_within_s``): a failure
+    before it reports started is then a crash (restarted), not a startup error."""
 
 
 @attrs.define(eq=False)
@@ -149,6 +152,16 @@ class _ChildStatus:
 
 
 @attrs.define(eq=False)
+class _EventStatus:
+    """A ``task_status`` that sets an event (for a start that is not waited out)."""
+
+    event: trio.Event
+
+    def started(self, value: Any = None) -> None:
+        self.event.set()
+
+
+@attrs.define(eq=False)
 class Supervisor:
     """Runs children; knows their states for ``health``. One per daemon."""
 
@@ -163,18 +176,37 @@ class Supervisor:
         run: ChildRun,
         *,
         health: Callable[[], Mapping[str, str]] | None = None,
+        ready_within_s: float | None = None,
     ) -> Child:
         """Start ``run`` under supervision; returns once it first reported ``started``.
 
         Raises :class:`ChildStartupError` when the first start fails (the daemon exits
         rather than retrying a configuration problem such as a port in use), and
         returns normally for an :class:`AdapterFatalError` at start (state ``failed``).
+
+        With ``ready_within_s``, returns after that long at the latest: a child still
+        starting then (an adapter retrying an unreachable platform) keeps starting in the
+        background in state ``starting``, and from then on a failure is a crash
+        (restarted with backoff), so one platform outage cannot hold the daemon back.
         """
         if name in self.children:
             raise ValueError(f"duplicate child name {name!r}")
         child = Child(name=name, run=run, health=health)
         self.children[name] = child
-        await nursery.start(self._supervise, child)
+        if ready_within_s is None:
+            await nursery.start(self._supervise, child)
+            return child
+        started = trio.Event()
+        nursery.start_soon(
+            functools.partial(self._supervise, child, task_status=_EventStatus(started))
+        )
+        with trio.move_on_after(ready_within_s):
+            await started.wait()
+        if not started.is_set():
+            child.detached = True
+            log.warning(
+                "%s has not started within %g s; continuing, it keeps trying", name, ready_within_s
+            )
         return child
 
     def stop(self, name: str) -> None:
@@ -186,7 +218,9 @@ class Supervisor:
         spread = self.policy.jitter * base
         return max(0.0, base + self.rng.uniform(-spread, spread))
 
-    async def _supervise(self, child: Child, *, task_status: trio.TaskStatus[None]) -> None:
+    async def _supervise(
+        self, child: Child, *, task_status: trio.TaskStatus[None] | _EventStatus
+    ) -> None:
         crashes: collections.deque[float] = collections.deque()
         attempt = 0
         first = True
@@ -213,7 +247,7 @@ class Supervisor:
                             first = False
                             task_status.started()
                         return
-                    if first:
+                    if first and not child.detached:
                         child.state = "failed"
                         raise ChildStartupError(child.name, reason) from exc
                     now = trio.current_time()
@@ -334,8 +368,11 @@ class Daemon:
     Start order: state directory lock → store → agents, grants, adapters → runtime (with
     ``reclaim_own_leases=True`` and owner ids from the instance id) → a log line counting
     unresolved operations (nothing is re-run) → children (control server, every adapter,
-    watchdog) each started with ``nursery.start`` → ``READY=1`` and a stderr line saying
-    where to connect.
+    watchdog) each started with ``nursery.start`` → ``READY=1`` (once) and a stderr line
+    saying where to connect. An adapter that has not started within
+    ``adapter_ready_within_s`` (its platform unreachable) is not waited for: it keeps
+    retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
+    start stops it at the next safe point (exit 0, no ``READY=1``).
 
     Stop order (first SIGTERM/SIGINT or :meth:`request_stop`): ``STOPPING=1`` →
     ``runtime.stop()`` bounded by ``stop_deadline_ms`` (queued and claimed work settled
@@ -354,6 +391,9 @@ class Daemon:
     out: TextIO | None = None
     """Where the startup line and fatal messages go (default: stderr)."""
     policy: RestartPolicy = attrs.field(factory=RestartPolicy)
+    adapter_ready_within_s: float | None = 10.0
+    """How long the start waits for one adapter to report started before going on
+    without it (it keeps retrying; ``health`` shows ``starting``). ``None``: wait."""
     supervisor: Supervisor = attrs.field(init=False)
     ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -628,6 +668,7 @@ class Daemon:
                         adapter_child_name(connection),
                         adapter.run,
                         health=adapter.health,
+                        ready_within_s=self.adapter_ready_within_s,
                     )
                     self.endpoints[adapter_child_name(connection)] = _where(connection, adapter)
                 await self.supervisor.start(

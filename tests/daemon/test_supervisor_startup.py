@@ -19,7 +19,7 @@ import trio
 from prismd.config import Config, parse_config
 from prismd.daemon import Daemon
 
-from .helpers import chat, child_env, running_daemon, wait_runs, write_config
+from .helpers import chat, child_env, free_port, running_daemon, wait_runs, write_config
 
 SECRET = "SuperSecretValue-0123456789"
 
@@ -227,3 +227,53 @@ def test_early_handlers_make_sighup_harmless_and_record_a_stop_request() -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "alive True"
+
+
+async def test_a_platform_that_is_down_at_start_does_not_hold_back_ready(tmp_path: Path) -> None:
+    """Telegram unreachable at boot (network not up yet, outage): its adapter keeps
+    retrying getMe, but the daemon must still become READY (systemd would otherwise kill
+    it at TimeoutStartSec) and the web chat must serve."""
+    closed = free_port()  # nothing listens here: every Bot API call is refused
+    config = _config(
+        tmp_path,
+        connections=[
+            {"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"},
+            {
+                "id": "tg",
+                "kind": "telegram",
+                "token_env": "PRISMD_T_TOKEN",
+                "api_origin": f"http://127.0.0.1:{closed}",
+            },
+        ],
+    )
+    out = io.StringIO()
+    notes: list[str] = []
+    daemon = Daemon(
+        config,
+        env={"PRISMD_T_TOKEN": "123456:" + SECRET},
+        install_signals=False,
+        notify=notes.append,
+        out=out,
+        adapter_ready_within_s=0.5,
+    )
+    codes: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            codes.append(await daemon.run())
+
+        nursery.start_soon(run)
+        with trio.fail_after(15):
+            await daemon.ready.wait()
+        assert notes.count("READY=1") == 1
+        health = daemon.health()["children"]
+        assert health["telegram:tg"]["state"] == "starting"
+        assert health["webchat:web"]["state"] == "running"
+        assert "telegram tg: (polling) [starting]" in out.getvalue()
+        url = daemon.endpoints["webchat:web"]
+        async with chat(int(url.rsplit(":", 1)[1].rstrip("/")), actor="boot-actor-1") as client:
+            assert (await client.send_message("m1", "still here"))["status"] == "accepted"
+            assert (await client.next_frame("reply"))["text"] == "still here"
+        daemon.request_stop()
+    assert codes == [0]
+    assert SECRET not in out.getvalue()
