@@ -283,7 +283,9 @@ class Supervisor:
         child.state = "stopped"
 
     def health(self) -> dict[str, dict[str, str]]:
-        """Per child: ``state`` plus the adapter's own bounded ``health()`` enums."""
+        """Per child: ``state`` (the supervisor's) plus the adapter's own bounded
+        ``health()`` enums; an adapter's own ``state`` (``unauthorized``, ``backoff``…,
+        which says *why*) is kept as ``adapterState``."""
         out: dict[str, dict[str, str]] = {}
         for name, child in self.children.items():
             entry: dict[str, str] = {}
@@ -292,6 +294,8 @@ class Supervisor:
                     entry.update(child.health())
                 except Exception as exc:
                     log.warning("%s health() raised %s", name, describe_exception(exc))
+            if "state" in entry:
+                entry["adapterState"] = entry.pop("state")
             entry["state"] = child.state
             out[name] = entry
         return out

@@ -277,3 +277,39 @@ async def test_a_platform_that_is_down_at_start_does_not_hold_back_ready(tmp_pat
         daemon.request_stop()
     assert codes == [0]
     assert SECRET not in out.getvalue()
+
+
+async def test_health_keeps_the_adapters_own_state_next_to_the_supervisor_state(
+    tmp_path: Path,
+) -> None:
+    """A rejected bot token stops the Telegram adapter for good: health must say why
+    (the adapter's ``unauthorized``), not only the supervisor's ``failed``."""
+    from tests.fakes.telegram_api import start_fake
+
+    async with trio.open_nursery() as outer:
+        fake = await start_fake(outer)
+        config = _config(
+            tmp_path,
+            connections=[
+                {"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"},
+                {"id": "tg", "kind": "telegram", "token_env": "T", "api_origin": fake.origin},
+            ],
+        )
+        daemon = Daemon(
+            config,
+            env={"T": "999999:" + SECRET},
+            install_signals=False,
+            notify=lambda _s: None,
+            out=io.StringIO(),
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(daemon.run)
+            with trio.fail_after(15):
+                await daemon.ready.wait()
+            health = daemon.health()["children"]
+            assert health["telegram:tg"]["state"] == "failed"
+            assert health["telegram:tg"]["adapterState"] == "unauthorized"
+            assert health["webchat:web"]["state"] == "running"
+            assert health["webchat:web"]["listener"] == "listening"
+            daemon.request_stop()
+        outer.cancel_scope.cancel()
