@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -91,7 +91,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     # First: from here on SIGTERM/SIGINT are stop requests, never a traceback or a kill
     # at an arbitrary point of the startup (the daemon honours them at a safe point).
-    install_early_signal_handlers()
+    restore_signals = install_early_signal_handlers()
+    try:
+        return _run_with_early_signals(args, run_daemon, describe_exception)
+    finally:
+        restore_signals()
+
+
+def _run_with_early_signals(
+    args: argparse.Namespace,
+    run_daemon: Callable[..., Awaitable[int]],
+    describe_exception: Callable[[BaseException], str],
+) -> int:
     # The journal and state files hold message text and lease owner ids: never readable
     # by "other", whatever umask the shell had (group access stays as configured, for
     # an operators group). os.umask can only be read by setting it.

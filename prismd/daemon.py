@@ -340,15 +340,24 @@ def _early_handler(signum: int, frame: object) -> None:
     _early_signal = signum
 
 
-def install_early_signal_handlers() -> None:
+def install_early_signal_handlers() -> Callable[[], None]:
     """Called first by ``prismd run``: until :meth:`Daemon.run` installs its Trio receiver
     (and again after it closed), SIGTERM/SIGINT only record a stop request instead of
     killing the process or raising ``KeyboardInterrupt`` at an arbitrary point, and
-    SIGHUP is ignored."""
+    SIGHUP is ignored. Returns a function that puts the previous handlers back (for
+    in-process callers such as tests)."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _early_handler)
     # SIGHUP (log rotation) terminates by default; logs opened during startup are fresh.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def restore() -> None:
+        take_early_signal()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore
 
 
 def take_early_signal() -> int | None:

@@ -339,21 +339,23 @@ def run_soak_command(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         store=args.store,
     )
-    from .daemon import install_early_signal_handlers
+    from .daemon import describe_exception, install_early_signal_handlers
 
     # Before anything else: a signal during startup must end the soak, not kill it.
-    install_early_signal_handlers()
+    restore_signals = install_early_signal_handlers()
     try:
         summary = trio.run(soak, options)
     except BaseException as exc:
         if isinstance(exc, SystemExit):
             raise
-        # Type only: exception text can carry store URLs with passwords.
+        # Types only (groups unwrapped): exception text can carry store URLs with passwords.
         print(
-            summary_line({"ok": False, "uncaught": True, "error": type(exc).__name__}),
+            summary_line({"ok": False, "uncaught": True, "error": describe_exception(exc)}),
             flush=True,
         )
         return 1
+    finally:
+        restore_signals()
     print(summary_line(summary), flush=True)
     if not summary["ok"]:
         print("prismd soak: not ok (see the summary)", file=sys.stderr)

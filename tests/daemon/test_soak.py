@@ -169,11 +169,18 @@ def test_soak_uncaught_error_prints_ok_false(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
     code = main(["soak", "--duration-ms", "100", "--store", f"sqlite:///{blocker}/x.sqlite"])
     assert code == 1
+    # In-process use leaves the caller's signal handlers as they were.
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] == (
+        handlers
+    )
     line = capsys.readouterr().out.strip()
     summary = json.loads(line)
     assert summary["ok"] is False and summary["uncaught"] is True
+    # The failing leaf's type, not the nursery's wrapper.
+    assert "Group" not in summary["error"] and summary["error"]
     assert str(blocker) not in line
     assert os.path.exists(tempfile.gettempdir())
 
