@@ -66,7 +66,16 @@ async def list_unresolved(
                 record = OperationRecord.from_json(row.value)
             except ValueError:
                 continue
-            if record.state in UNRESOLVED_OPERATION_STATES:
+            listed = record.state in UNRESOLVED_OPERATION_STATES
+            if not listed and _maybe_answerless(record):
+                # Killed between the terminal write and the reply staging: no reply row
+                # exists, so the reply scan below cannot list it; without this the answer
+                # is lost silently.
+                reply_row = await core.journal.load_reply(
+                    row.scope, record.connection_id, record.operation_id
+                )
+                listed = reply_row is None
+            if listed:
                 out.append(
                     UnresolvedEntry(
                         record.operation_id,
@@ -208,11 +217,45 @@ async def reconcile(
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
+    if reply is None and _maybe_answerless(record):
+        # The answer never existed outside the dead process; the model is not re-run.
+        # Flagging it handled (CAS on the expected version) takes it off the list.
+        return await _mark_handled(core, scope, loaded)
     if reply is None or reply.record.state == "delivered":
         return ReconcileResult("resolved", outcome="none", state=record.state)
     if reply.record.state in UNSETTLED_REPLY_STATES and not acknowledge_duplicate_risk:
         return ReconcileResult("conflict", state=record.state, detail="duplicate_risk")
     return await _resend(core, scope, record, reply)
+
+
+def _maybe_answerless(record: OperationRecord) -> bool:
+    """An agent run reached a terminal state that always answers, yet no reply was flagged.
+
+    ``cancelled`` is excluded: stop() settles queued and stuck work without an answer by design.
+    """
+    return (
+        record.kind == "message"
+        and record.state in ("succeeded", "failed")
+        and record.run_id is not None
+        and not record.reply_staged
+    )
+
+
+async def _mark_handled(
+    core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
+) -> ReconcileResult:
+    assert core.journal is not None
+    updated = attrs.evolve(loaded.record, reply_staged=True, updated_at_ms=core.now_ms())
+    try:
+        saved = await core.journal.save_operation(
+            scope, updated, loaded.version, loaded.fencing_token
+        )
+    except Exception:
+        core.count("storage_failures")
+        return ReconcileResult("unavailable")
+    if saved is None:
+        return ReconcileResult("conflict", state=loaded.record.state)
+    return ReconcileResult("resolved", outcome="none", state=loaded.record.state)
 
 
 async def _transition(
