@@ -227,8 +227,13 @@ async def test_killloop_webchat(tmp_path: Path) -> None:
             entry = unresolved.get(op)
             if answers == 0 and entry is None:
                 problems.append(f"{client.actor}:{cid}: lost (no answer, not unresolved)")
+            # ``succeeded``/``failed`` without a reply state: killed between the terminal
+            # write and the reply staging; listed since that defect was fixed.
+            answerless = entry is not None and entry.get("replyState") is None and answers == 0
             if entry is not None and not (
-                entry["state"] in OPEN_STATES or entry.get("replyState") in OPEN_REPLIES
+                entry["state"] in OPEN_STATES
+                or entry.get("replyState") in OPEN_REPLIES
+                or (answerless and entry["state"] in ("succeeded", "failed"))
             ):
                 problems.append(f"{client.actor}:{cid}: listed as {entry}")
     assert not problems, f"{tag} kills={kills}: " + "; ".join(problems)
