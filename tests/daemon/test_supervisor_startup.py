@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+import prismd.daemon as daemon_module
 from prismd.config import Config, parse_config
-from prismd.daemon import Daemon
+from prismd.daemon import Daemon, RestartPolicy
 
 from .helpers import chat, child_env, free_port, running_daemon, wait_runs, write_config
 
@@ -313,3 +315,87 @@ async def test_health_keeps_the_adapters_own_state_next_to_the_supervisor_state(
             assert health["webchat:web"]["listener"] == "listening"
             daemon.request_stop()
         outer.cancel_scope.cancel()
+
+
+async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart-intensity exit is a stop too: the claimed turn is settled (not left
+    executing for a reconcile), leases are released, the store is closed."""
+    from prismd.channel import InboundEvent
+    from prismd.journal import NS_OPERATION
+    from stores import open_store
+
+    crash = trio.Event()
+
+    class CrashOnDemand:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        @property
+        def connection_id(self) -> str:
+            return str(self.inner.connection_id)
+
+        async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            await crash.wait()
+            raise RuntimeError("down")
+
+        async def send(self, reply: Any) -> Any:
+            return await self.inner.send(reply)
+
+        def health(self) -> dict[str, str]:
+            return {}
+
+    real_build = daemon_module.build_adapter
+    monkeypatch.setattr(
+        daemon_module, "build_adapter", lambda *a, **k: CrashOnDemand(real_build(*a, **k))
+    )
+    config = _config(
+        tmp_path,
+        agents={"slow": {"kind": "mock", "delay_ms": 60_000}},
+        grants=[{"connection": "web", "actors": ["*"], "aliases": ["slow"]}],
+    )
+    out = io.StringIO()
+    daemon = Daemon(
+        config,
+        env={},
+        install_signals=False,
+        notify=lambda _s: None,
+        out=out,
+        policy=RestartPolicy(initial_backoff_s=0.01, jitter=0.0, max_restarts=2, window_s=60),
+    )
+    codes: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            codes.append(await daemon.run())
+
+        nursery.start_soon(run)
+        with trio.fail_after(15):
+            await daemon.ready.wait()
+        assert daemon.runtime is not None
+        event = InboundEvent(
+            connection_id="web",
+            external_conversation_id="conv-1",
+            external_actor_id="actor-1",
+            event_id="e1",
+            text="work",
+        )
+        assert (await daemon.runtime.admit(event)).status == "accepted"
+        with trio.fail_after(15):
+            for _ in range(100_000):
+                if daemon.runtime.diagnostics().active == 1:
+                    break
+                await trio.sleep(0.02)
+        crash.set()
+    assert codes == [1]
+    assert "webchat:web crashed 3 times" in out.getvalue()
+    store = await open_store("sqlite:///" + str(tmp_path / "journal.sqlite"))
+    try:
+        page = await store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
+        states = [str(item.value["state"]) for item in page.items]
+    finally:
+        await store.aclose()
+    assert states == ["cancelled"]
+    assert _live_leases(tmp_path / "journal.sqlite") == []
