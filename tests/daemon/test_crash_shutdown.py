@@ -12,7 +12,7 @@ import trio
 
 from tests.fakes.telegram_api import start_fake
 
-from .helpers import running_daemon, write_config
+from .helpers import free_port, running_daemon, write_config
 
 
 def _live_leases(db: Path) -> list[str]:
@@ -64,3 +64,40 @@ aliases = ["slow"]
         nursery.cancel_scope.cancel()
     assert _live_leases(layout.db) == []
     assert fake.token not in log
+
+
+async def test_sigterm_while_an_adapter_is_still_starting_exits_0_promptly(
+    tmp_path: Path,
+) -> None:
+    """Telegram unreachable: its adapter is still retrying getMe (before READY) when the
+    SIGTERM comes; the daemon stops at once with exit 0 and leaves no live lease."""
+    closed = free_port()
+    layout = write_config(
+        tmp_path,
+        delay_ms=1,
+        extra=f"""
+[[connections]]
+id = "tg"
+kind = "telegram"
+token_env = "TG_TOKEN"
+api_origin = "http://127.0.0.1:{closed}"
+
+[[grants]]
+connection = "tg"
+actors = ["202"]
+aliases = ["slow"]
+""",
+    )
+    async with running_daemon(layout, extra_env={"TG_TOKEN": "123456:" + "x" * 35}) as daemon:
+        with trio.fail_after(20):
+            for _ in range(1_000_000):
+                if "web chat listening" in daemon.stderr():
+                    break
+                await trio.sleep(0.02)
+        await trio.sleep(0.3)  # web chat and control up; telegram retrying getMe
+        daemon.send(signal.SIGTERM)
+        sent = trio.current_time()
+        assert await daemon.wait_exit(20) == 0, daemon.stderr()
+        assert trio.current_time() - sent < 8
+        assert "Traceback" not in daemon.stderr()
+    assert _live_leases(layout.db) == []
