@@ -29,15 +29,14 @@ import pytest
 import trio
 
 from prismd.runtime._ids import operation_id_for
+from tests.conftest import FIXTURES as SHARED_FIXTURES
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 
 from .helpers import Layout, free_port, prismctl, run_keys, running_daemon
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path("/work/shared/fixtures/telegram")
-if not FIXTURES.is_dir():  # the repository copy, when the shared tree is not mounted
-    FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "telegram"
+FIXTURES = SHARED_FIXTURES / "telegram"
 KILLS = 9
 GENERATED = 48
 ACTORS = (201, 202, 203, 204)
@@ -98,6 +97,7 @@ def _fixture_updates() -> list[dict[str, Any]]:
             data = {"message": data}
         data.pop("update_id", None)
         out.append(data)
+    assert len(out) >= 6, f"telegram samples missing under {FIXTURES}"
     return out
 
 
@@ -244,6 +244,9 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
     per_second.subtract(own)
     busiest = max(per_second.values())
     assert busiest <= 60, f"{tag}: {busiest} daemon requests in one second"
+    print(
+        f"killloop telegram {tag} busiest={busiest}/s conflicts={fake.conflicts}", file=sys.stderr
+    )
     for log in logs:
         assert fake.token not in log and "secret-token" not in log, tag
     with sqlite3.connect(layout.db) as db:
