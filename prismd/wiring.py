@@ -278,7 +278,11 @@ class Host:
                 log.warning("closing %s failed: %s", adapter.connection_id, type(exc).__name__)
 
     async def deliver(self, reply: Reply) -> SendResult:
-        """Route a reply to its connection's adapter; unknown → not delivered, never raises."""
+        """Route a reply to its connection's adapter; unknown connection → not delivered.
+
+        An adapter's exception propagates on purpose: the message may have gone out, and
+        the runtime records a raising ``deliver`` as ambiguous (``delivery_unknown``), not
+        as failed."""
         adapter = self.adapters.get(reply.connection_id)
         if adapter is None:
             return SendResult(delivered=False, reason=UNKNOWN_CONNECTION)
