@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import grp
 import logging
 import math
 import os
@@ -468,6 +469,14 @@ class Daemon:
     async def _run_unlocked(self) -> int:
         if self._stopped_during_startup("before opening the state directory"):
             return EXIT_OK
+        group = self.config.control.group
+        if group is not None:
+            # Checked before anything is opened (the control server would only say KeyError).
+            try:
+                grp.getgrnam(group)
+            except KeyError:
+                self._fail(f"[control] group: no such group {group!r}")
+                return EXIT_FAILURE
         try:
             self.state = open_state_dir(self.config.daemon.state_dir)
         except StateDirError as exc:

@@ -399,3 +399,15 @@ async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
         await store.aclose()
     assert states == ["cancelled"]
     assert _live_leases(tmp_path / "journal.sqlite") == []
+
+
+async def test_an_unknown_control_group_is_a_clear_startup_failure(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        control={"socket": str(tmp_path / "run" / "control.sock"), "group": "no-such-grp-7f3a"},
+    )
+    code, out = await _run(config, {})
+    assert code == 1
+    assert out.count("\n") == 1
+    assert "control" in out and "group" in out and "no-such-grp-7f3a" in out
+    assert "KeyError" not in out
