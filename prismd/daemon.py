@@ -540,7 +540,12 @@ class Daemon:
                     env=self.env,
                     secrets=secrets,
                 )
-        except (WiringError, ConfigError) as exc:
+        except WiringError as exc:
+            # Name the file like check-config does (ConfigError messages already do).
+            where = f"{config.source}: " if config.source else ""
+            self._fail(f"{where}{exc}")
+            return EXIT_FAILURE
+        except ConfigError as exc:
             self._fail(str(exc))
             return EXIT_FAILURE
         except Exception as exc:

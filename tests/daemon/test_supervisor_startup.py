@@ -411,3 +411,21 @@ async def test_an_unknown_control_group_is_a_clear_startup_failure(tmp_path: Pat
     assert out.count("\n") == 1
     assert "control" in out and "group" in out and "no-such-grp-7f3a" in out
     assert "KeyError" not in out
+
+
+async def test_wiring_errors_name_the_config_file(tmp_path: Path) -> None:
+    source = str(tmp_path / "prismd.toml")
+    config = parse_config(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
+            "control": {"socket": str(tmp_path / "run" / "control.sock")},
+            "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
+            "agents": {"x": {"kind": "python", "factory": "no_such_module_7f3a:make"}},
+            "grants": [{"connection": "web", "actors": ["*"], "aliases": ["x"]}],
+        },
+        source=source,
+    )
+    code, out = await _run(config, {})
+    assert code == 1
+    assert out.startswith(f"prismd: {source}: [agents.x]: factory")
