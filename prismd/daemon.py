@@ -68,8 +68,9 @@ class DaemonError(Exception):
 
 
 class ChildStartupError(DaemonError):
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"{name} failed to start: {reason}")
+    def __init__(self, name: str, reason: str, where: str | None = None) -> None:
+        shown = f"{name} on {where}" if where else name
+        super().__init__(f"{shown} failed to start: {reason}")
         self.child = name
 
 
@@ -133,6 +134,8 @@ class Child:
     state: ChildState = "starting"
     restarts: int = 0
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    where: str | None = None
+    """Shown in a startup error (a listen address): what the operator has to change."""
     detached: bool = False
     """The daemon stopped waiting for the first start (see ``ready_within_s``): a failure
     before it reports started is then a crash (restarted), not a startup error."""
@@ -178,6 +181,7 @@ class Supervisor:
         *,
         health: Callable[[], Mapping[str, str]] | None = None,
         ready_within_s: float | None = None,
+        where: str | None = None,
     ) -> Child:
         """Start ``run`` under supervision; returns once it first reported ``started``.
 
@@ -192,7 +196,7 @@ class Supervisor:
         """
         if name in self.children:
             raise ValueError(f"duplicate child name {name!r}")
-        child = Child(name=name, run=run, health=health)
+        child = Child(name=name, run=run, health=health, where=where)
         self.children[name] = child
         if ready_within_s is None:
             await nursery.start(self._supervise, child)
@@ -250,7 +254,7 @@ class Supervisor:
                         return
                     if first and not child.detached:
                         child.state = "failed"
-                        raise ChildStartupError(child.name, reason) from exc
+                        raise ChildStartupError(child.name, reason, child.where) from exc
                     now = trio.current_time()
                     if now - started_at >= self.policy.stable_after_s:
                         attempt = 0
@@ -696,6 +700,7 @@ class Daemon:
                         adapter.run,
                         health=adapter.health,
                         ready_within_s=self.adapter_ready_within_s,
+                        where=_listen_address(connection),
                     )
                     self.endpoints[adapter_child_name(connection)] = _where(connection, adapter)
                 await self.supervisor.start(
@@ -754,6 +759,15 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def _listen_address(connection: ConnectionConfig) -> str | None:
+    """The configured address a connection listens on, if any (for startup errors)."""
+    if isinstance(connection, WebchatConnectionConfig):
+        return connection.listen
+    if isinstance(connection, TelegramConnectionConfig) and connection.mode == "webhook":
+        return connection.webhook_listen
+    return None
 
 
 def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:

@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -429,3 +430,18 @@ async def test_wiring_errors_name_the_config_file(tmp_path: Path) -> None:
     code, out = await _run(config, {})
     assert code == 1
     assert out.startswith(f"prismd: {source}: [agents.x]: factory")
+
+
+async def test_web_chat_port_in_use_names_the_address(tmp_path: Path) -> None:
+    """`make run` while something else has 8787: the one line says which address."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = _config(
+            tmp_path, connections=[{"id": "web", "kind": "webchat", "listen": f"127.0.0.1:{port}"}]
+        )
+        code, out = await _run(config, {})
+    assert code == 1
+    assert out.count("\n") == 1
+    assert f"127.0.0.1:{port}" in out and "Address already in use" in out
