@@ -186,10 +186,19 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
                     layout, tag=f"k{round_}", extra_env=env, args=("--log-level", "debug")
                 ) as daemon:
                     await trio.sleep(rng.uniform(0.3, 3.0))
-                    daemon.send(signal.SIGKILL)
+                    if round_ % 3 == 2:
+                        # Killed in the middle of a graceful stop (stop() settling work).
+                        daemon.send(signal.SIGTERM)
+                        await trio.sleep(rng.uniform(0.0, 0.4))
+                    if daemon.process.returncode is None:
+                        daemon.send(signal.SIGKILL)
                     code = await daemon.wait_exit()
                     logs.append(daemon.stderr())
-                    assert code in (-signal.SIGKILL, 0, 1), f"{tag} exit {code}: {logs[-1]}"
+                    # -SIGTERM only before the interpreter installed its handlers (no output).
+                    early_term = code == -signal.SIGTERM and not logs[-1].strip()
+                    assert code in (-signal.SIGKILL, 0) or early_term, (
+                        f"{tag} exit {code}: {logs[-1]}"
+                    )
                     kills += code == -signal.SIGKILL
 
             async with running_daemon(
@@ -204,12 +213,14 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
 
     states = Counter(e["state"] for e in entries)
     print(f"killloop telegram {tag} kills={kills} unresolved={dict(states)}", file=sys.stderr)
-    assert kills >= KILLS - 2, f"{tag}: only {kills} kills landed"
+    assert kills >= KILLS - 4, f"{tag}: only {kills} kills landed"
     assert fake.conflicts >= 1, f"{tag}: the competing poller never caused a 409"
     unresolved = {e["operationId"]: e for e in entries}
     runs = Counter(run_keys(layout.runs))
     sent = _sent_to(fake)
     problems: list[str] = []
+    op_states = _op_states(layout)
+    cancelled = 0
     for update_id, payload in stream:
         message = payload.get("message")
         if not isinstance(message, dict):
@@ -226,7 +237,12 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
         if answers > 1:
             problems.append(f"{update_id} {op}: answered {answers} times")
         if answers == 0 and op not in unresolved:
-            problems.append(f"{update_id} {op}: lost (no answer, not unresolved)")
+            if op_states.get(op) == "cancelled":
+                # A graceful stop (the SIGTERM rounds) settles queued and running work
+                # ``cancelled`` by contract (§10 stop); counted and reported, not lost.
+                cancelled += 1
+            else:
+                problems.append(f"{update_id} {op}: lost (no answer, not unresolved)")
         entry = unresolved.get(op)
         # ``succeeded``/``failed`` without a reply state: killed between the terminal write
         # and the reply staging (listed since that defect was fixed); never answered then.
@@ -245,7 +261,9 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
     busiest = max(per_second.values())
     assert busiest <= 60, f"{tag}: {busiest} daemon requests in one second"
     print(
-        f"killloop telegram {tag} busiest={busiest}/s conflicts={fake.conflicts}", file=sys.stderr
+        f"killloop telegram {tag} busiest={busiest}/s conflicts={fake.conflicts}"
+        f" cancelled_by_stop={cancelled}",
+        file=sys.stderr,
     )
     for log in logs:
         assert fake.token not in log and "secret-token" not in log, tag
@@ -287,3 +305,16 @@ def _records(layout: Layout, problems: list[str]) -> str:
             )
         ]
     return f"\nrecords: {rows}"
+
+
+def _op_states(layout: Layout) -> dict[str, str]:
+    """Operation id → journal state, read from the SQLite file after the daemon exited."""
+    with sqlite3.connect(layout.db) as db:
+        rows = db.execute(
+            "SELECT value FROM prism_checkpoints WHERE namespace = 'prism.channels.v1.operation'"
+        ).fetchall()
+    out: dict[str, str] = {}
+    for (value,) in rows:
+        record = json.loads(value)
+        out[str(record.get("operationId"))] = str(record.get("state"))
+    return out
