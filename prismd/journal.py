@@ -16,6 +16,11 @@ Guarantees:
   refused with :class:`JournalRecordTooLargeError` *before* anything is written.
 * Saves carry ``metadata={"kind": …, "state": …}`` only (no text, no ids beyond the key),
   so the store's journal event stream shows state transitions without payload.
+* An operation record carries its turn's :class:`OperationInput` (inbound text, attachment
+  refs, a few claims) only while it is ``accepted``: :meth:`ChannelJournal.save` strips
+  ``input`` from every operation record it writes in any other state (the claim, cancel,
+  fail, abandon), so inbound text rests in the journal only until the message's first run
+  (SPEC difference 8: an acknowledged message survives a kill and runs after a restart).
 """
 
 from __future__ import annotations
@@ -249,9 +254,104 @@ class BindingRecord:
         )
 
 
+MAX_CLAIM_CHARS = 64
+CLAIM_KEYS = ("platform", "chatType", "isForum", "forwarded")
+
+
+@attrs.frozen
+class InputAttachment:
+    """An attachment reference as journaled (the transport's file id, never a URL)."""
+
+    kind: str
+    transport_file_id: str
+    byte_length: int = 0
+    mime_type: str | None = None
+    file_name: str | None = None
+
+
+def bounded_claims(claims: Mapping[str, Any]) -> dict[str, str | bool]:
+    """The few claims a turn may need later: string/bool values of :data:`CLAIM_KEYS`,
+    strings cut to :data:`MAX_CLAIM_CHARS`. Anything else is dropped."""
+    out: dict[str, str | bool] = {}
+    for key in CLAIM_KEYS:
+        value = claims.get(key)
+        if isinstance(value, bool):
+            out[key] = value
+        elif isinstance(value, str):
+            out[key] = value[:MAX_CLAIM_CHARS]
+    return out
+
+
+@attrs.frozen
+class OperationInput:
+    """What an ``accepted`` message turn needs to run later (after a restart).
+
+    Journaled only inside an ``accepted`` operation record, never in save metadata, the
+    store's event stream, diagnostics, logs or exception text.
+    """
+
+    text: str
+    attachments: tuple[InputAttachment, ...] = ()
+    thread_id: str | None = None
+    received_at_ms: int | None = None
+    claims: Mapping[str, str | bool] = attrs.field(factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return _compact(
+            {
+                "text": self.text,
+                "attachments": [
+                    _compact(
+                        {
+                            "kind": a.kind,
+                            "transportFileId": a.transport_file_id,
+                            "byteLength": a.byte_length,
+                            "mimeType": a.mime_type,
+                            "fileName": a.file_name,
+                        }
+                    )
+                    for a in self.attachments
+                ]
+                or None,
+                "threadId": self.thread_id,
+                "receivedAtMs": self.received_at_ms,
+                "claims": dict(self.claims) or None,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, value: object) -> OperationInput:
+        raw = _mapping(value)
+        atts_raw = raw.get("attachments") or []
+        if not isinstance(atts_raw, list):
+            raise CorruptRecordError("attachments")
+        atts = []
+        for a in atts_raw:
+            am = _mapping(a)
+            atts.append(
+                InputAttachment(
+                    kind=_req_str(am, "kind"),
+                    transport_file_id=_req_str(am, "transportFileId"),
+                    byte_length=_req_int(am, "byteLength", 0),
+                    mime_type=_opt_str(am, "mimeType"),
+                    file_name=_opt_str(am, "fileName"),
+                )
+            )
+        claims_raw = raw.get("claims") or {}
+        claims = bounded_claims(_mapping(claims_raw))
+        return cls(
+            text=_req_str(raw, "text"),
+            attachments=tuple(atts),
+            thread_id=_opt_str(raw, "threadId"),
+            received_at_ms=_opt_int(raw, "receivedAtMs"),
+            claims=claims,
+        )
+
+
 @attrs.frozen
 class OperationRecord:
-    """§5.2: one admitted event. Never carries inbound text."""
+    """§5.2: one admitted event. Carries inbound text only in ``input``, and only while
+    ``accepted`` (see the module docstring)."""
 
     operation_id: str
     event_id: str
@@ -269,6 +369,7 @@ class OperationRecord:
     reply_staged: bool = False
     attempts: int = 0
     error_code: str | None = None
+    input: OperationInput | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _compact(
@@ -291,12 +392,14 @@ class OperationRecord:
                 "createdAtMs": self.created_at_ms,
                 "updatedAtMs": self.updated_at_ms,
                 "errorCode": self.error_code,
+                "input": None if self.input is None else self.input.to_json(),
             }
         )
 
     @classmethod
     def from_json(cls, value: object) -> OperationRecord:
         raw = _mapping(value)
+        input_raw = raw.get("input")
         return cls(
             operation_id=_req_str(raw, "operationId"),
             event_id=_req_str(raw, "eventId"),
@@ -314,6 +417,7 @@ class OperationRecord:
             reply_staged=_req_bool(raw, "replyStaged", False),
             attempts=_req_int(raw, "attempts", 0),
             error_code=_opt_str(raw, "errorCode"),
+            input=None if input_raw is None else OperationInput.from_json(input_raw),
         )
 
 
@@ -503,7 +607,15 @@ class ChannelJournal:
         expected_version: int,
         fence: int | None = None,
     ) -> Loaded[Any] | None:
-        """CAS write (``expected_version=0`` = create-only); ``None`` on a lost CAS."""
+        """CAS write (``expected_version=0`` = create-only); ``None`` on a lost CAS.
+
+        An operation record leaving ``accepted`` is written without its ``input``."""
+        if (
+            isinstance(record, OperationRecord)
+            and record.input is not None
+            and record.state != "accepted"
+        ):
+            record = attrs.evolve(record, input=None)
         value = self._encode(record.to_json())
         try:
             stored = await self.checkpoints.save_checkpoint(
@@ -589,7 +701,15 @@ class ChannelJournal:
     async def create_operation(
         self, scope: OwnershipScope, record: OperationRecord
     ) -> Loaded[OperationRecord] | None:
+        """Create-only. A record whose ``input`` would exceed ``max_journal_record_bytes``
+        is written without it (it then cannot be resumed after a restart: listed and
+        reconcilable as before); nothing else changes and nothing is counted."""
         key = operation_key(record.connection_id, scope, record.operation_id)
+        if record.input is not None:
+            try:
+                self._encode(record.to_json())
+            except JournalRecordTooLargeError:
+                record = attrs.evolve(record, input=None)
         return await self.create(NS_OPERATION, scope, key, record)
 
     async def save_operation(

@@ -30,9 +30,12 @@ from ..journal import (
     NS_CURSOR,
     BindingRecord,
     CursorRecord,
+    InputAttachment,
     Loaded,
+    OperationInput,
     OperationRecord,
     binding_actor_prefix,
+    bounded_claims,
     cursor_key,
 )
 from ..redact import utf8_len
@@ -50,6 +53,7 @@ MAX_ATTACHMENTS = 8
 ATTACHMENT_KINDS = frozenset({"image", "document", "voice"})
 MAX_SAFE_INTEGER = 2**53 - 1
 ADMIT_SHIELD_S = 10.0
+RESUME_GATE_S = 2.0
 
 
 @attrs.frozen
@@ -351,6 +355,10 @@ async def _admit_authorized(
             created_at_ms=now,
             updated_at_ms=now,
             thread_id=event.thread_id,
+            # In the same create-only write as the record (the acknowledgment point), so
+            # a message acknowledged and then killed before its claim can still run after
+            # a restart; removed by the claim and by every other exit from ``accepted``.
+            input=operation_input(event) if action == "message" else None,
         )
         try:
             created = await core.journal.create_operation(ownership, record)
@@ -387,6 +395,20 @@ async def _admit_authorized(
         await core.remove_operation(ownership, event.connection_id, operation_id)
         core.count("failed")
         return _denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
+
+
+def operation_input(event: InboundEvent) -> OperationInput:
+    """What a message turn needs to run later, journaled in its ``accepted`` record."""
+    return OperationInput(
+        text=event.text,
+        attachments=tuple(
+            InputAttachment(a.kind, a.transport_file_id, a.byte_length, a.mime_type, a.file_name)
+            for a in event.attachments
+        ),
+        thread_id=event.thread_id,
+        received_at_ms=event.received_at_ms,
+        claims=bounded_claims(event.claims),
+    )
 
 
 async def advance_cursor(
@@ -465,6 +487,12 @@ async def _admit_to_route(
 ) -> Admission:
     event = ctx.event
     conn = event.connection_id
+    gate = core.resume_gate
+    if gate is not None and not gate.is_set():
+        # Messages acknowledged before a restart go first on their route (FIFO); the wait
+        # is bounded so recovery never holds up admission for long.
+        with trio.move_on_after(RESUME_GATE_S):
+            await gate.wait()
     try:
         await core.hydrate(route, ctx.grant.identity)
     except TypeError:

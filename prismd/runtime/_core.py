@@ -1,13 +1,12 @@
 """Shared runtime state: counters, routes, hydration, binding leases, journal writes, replies.
 
-Everything that more than one entry point needs lives here; the entry points (admit,
-turns, commands, approvals, notify, recovery) are plain functions over :class:`Core`.
+Everything that more than one entry point needs lives here; the entry points (admit, turns,
+commands, approvals, notify, recovery, resume) are plain functions over :class:`Core`.
 
-Write order is the protocol (contract §0): operation record before anything runs, claim
-before any agent call, terminal state before the binding, reply staged before ``deliver``.
-A record once written under a lease fence is only ever written again under a lease
-(SPEC difference 1): :meth:`Core.route_fence` re-acquires the route lease for writes made
-outside a queued turn (``/new``, resumes, ``/cancel`` settlements).
+Write order is the protocol (contract §0): operation record before anything runs, claim before
+any agent call, terminal state before the binding, reply staged before ``deliver``. A record
+once written under a lease fence is only written again under a lease (SPEC difference 1): the
+route lease is re-acquired (:meth:`Core.route_fence`) for writes outside a queued turn.
 """
 
 from __future__ import annotations
@@ -133,6 +132,7 @@ class Core:
     stopped: bool = attrs.field(init=False, default=False)
     inflight: int = attrs.field(init=False, default=0)
     idle: trio.Event = attrs.field(init=False, factory=trio.Event)
+    resume_gate: trio.Event | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.slots = trio.Semaphore(self.limits.max_active_sessions)

@@ -23,7 +23,7 @@ from ..controls import GrantRecord
 from ..identity import AgentIdentity
 from ..limits import Limits
 from ..redact import Redactor
-from . import _admit, _notify, _recovery
+from . import _admit, _notify, _recovery, _resume
 from ._core import Core, FetchAttachment
 from ._types import Authorize, ResolveAgent, ResolveBinding
 
@@ -218,6 +218,7 @@ async def open_messaging_runtime(
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None,
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
     on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
+    resume_accepted: bool = False,
 ) -> AsyncIterator[Runtime]:
     """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
 
@@ -227,6 +228,12 @@ async def open_messaging_runtime(
     thread_id)`` is awaited when a turn's agent run starts and every 4 s while it runs
     (a child task cancelled when the run ends; its failures are logged by type and
     swallowed, and a hung call is abandoned after 4 s).
+
+    ``resume_accepted=True`` (with a store): right after start, every ``accepted`` message
+    record carrying its journaled input (acknowledged by a previous process that died
+    before running it) is queued on its route, oldest first, re-authorized, and run once
+    (SPEC difference 8; see :mod:`prismd.runtime._resume`). Default False: such records
+    are only listed as unresolved, as before.
     """
     async with trio.open_nursery() as nursery:
         extra = {} if owner_id is None else {"owner_id": owner_id}
@@ -250,6 +257,9 @@ async def open_messaging_runtime(
             **extra,
         )
         runtime = Runtime(core)
+        if resume_accepted and core.journal is not None:
+            core.resume_gate = trio.Event()
+            core.spawn(_resume.resume_accepted, core, core.now_ms())
         try:
             yield runtime
         finally:

@@ -25,6 +25,7 @@ PINNED_PARAMETERS = [
     "pairing_scope",
     "on_paired",
     "on_typing",
+    "resume_accepted",
 ]
 
 

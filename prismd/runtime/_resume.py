@@ -1,0 +1,283 @@
+"""Resume acknowledged messages after a restart (SPEC difference 8, issue 3).
+
+An ``accepted`` operation record that carries ``input`` was acknowledged to its transport
+by a previous process that died before claiming it. The claim ``accepted → executing`` is
+a CAS written before any agent call, so such a record provably never ran: running it now
+is its first run, not a replay, and the claim CAS still guarantees at most one run even
+when several runtimes on one store recover at once.
+
+Guarantees:
+
+* Recovered turns are enqueued oldest first (``createdAt``), each exactly as ``admit``
+  would after its record exists: re-authorized with action ``message``, the route hydrated,
+  per-route FIFO, capacity and lease rules unchanged.
+* A denial now settles the record ``failed`` (``identity_revoked`` / ``rejected``) without
+  a run; an ``authorize`` exception, a full queue, a full route table or a store error
+  leave it ``accepted`` and it is retried with bounded backoff until the runtime stops.
+* Recovered turns count as ``admitted`` (the previous process admitted them; a counter
+  restarted with the process, so they are counted once per process that queues them);
+  ``duplicates`` is unchanged.
+* Only records created before this runtime started are considered: later ones belong to
+  a live admission (this process's or another runtime's), which queues them itself.
+* Nothing here logs or raises inbound text.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from stores import OwnershipScope
+
+from ..channel import AttachmentRef, AuthorizeInput, Grant, InboundEvent
+from ..identity import ownership_from_identity
+from ..journal import NS_OPERATION, Loaded, OperationRecord
+from ._admit import AWAITING_DECISION_TEXT, check_grant
+from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
+from ._turn import start_pump
+from ._types import Turn
+
+MAX_AUTHORIZE_FAILURES = 8
+
+
+@attrs.define(eq=False)
+class _Pending:
+    loaded: Loaded[OperationRecord]
+    authorize_failures: int = 0
+
+
+def _event(record: OperationRecord) -> InboundEvent:
+    inp = record.input
+    assert inp is not None
+    return InboundEvent(
+        connection_id=record.connection_id,
+        external_conversation_id=record.external_conversation_id,
+        external_actor_id=record.external_actor_id,
+        event_id=record.event_id,
+        text=inp.text,
+        attachments=tuple(
+            AttachmentRef(
+                kind=a.kind,  # type: ignore[arg-type]
+                transport_file_id=a.transport_file_id,
+                byte_length=a.byte_length,
+                mime_type=a.mime_type,
+                file_name=a.file_name,
+            )
+            for a in inp.attachments
+        ),
+        thread_id=record.thread_id if record.thread_id is not None else inp.thread_id,
+        received_at_ms=inp.received_at_ms,
+        claims=dict(inp.claims),
+    )
+
+
+def _resumable(record: OperationRecord) -> bool:
+    return record.state == "accepted" and record.kind == "message" and record.input is not None
+
+
+async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
+    """Every resumable record (any scope) created at or before ``cutoff_ms``, oldest
+    first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
+    assert core.journal is not None
+    found: list[_Pending] = []
+    cursor: str | None = None
+    page = max(1, core.limits.max_journal_page)
+    while True:
+        rows, cursor = await core.journal.list(OwnershipScope(), NS_OPERATION, page, cursor=cursor)
+        for row in rows:
+            value = row.value
+            if not isinstance(value, dict) or value.get("state") != "accepted":
+                continue
+            try:
+                record = OperationRecord.from_json(value)
+            except ValueError:
+                continue
+            if not _resumable(record) or record.created_at_ms > cutoff_ms:
+                continue
+            found.append(
+                _Pending(
+                    Loaded(
+                        version=row.version,
+                        record=record,
+                        fencing_token=row.fencing_token,
+                        scope=row.scope,
+                        updated_at_ms=row.updated_at_ms,
+                    )
+                )
+            )
+        if cursor is None:
+            break
+    found.sort(key=lambda p: (p.loaded.record.created_at_ms, p.loaded.record.operation_id))
+    return found
+
+
+def _known(core: Core, operation_id: str) -> bool:
+    """The operation is already queued or running in this process."""
+    for route in core.routes.values():
+        active = route.active
+        if (
+            active is not None
+            and active.turn is not None
+            and active.turn.operation_id == operation_id
+        ):
+            return True
+        if any(t.operation_id == operation_id for t in route.queue):
+            return True
+    return False
+
+
+async def _deny(core: Core, loaded: Loaded[OperationRecord], code: str) -> None:
+    core.count("denied")
+    record = loaded.record
+    await core.settle_operation(
+        loaded.scope,
+        record.connection_id,
+        record.operation_id,
+        "failed",
+        error_code=code,
+        only_from=frozenset({"accepted"}),
+    )
+
+
+async def _try_enqueue(core: Core, item: _Pending) -> str:
+    """``"done"`` (queued, settled or no longer ours) or ``"retry"`` (left accepted)."""
+    loaded = item.loaded
+    record = loaded.record
+    if _known(core, record.operation_id):
+        return "done"
+    event = _event(record)
+    received = event.received_at_ms if event.received_at_ms is not None else core.now_ms()
+    try:
+        grant = await core.authorize(
+            AuthorizeInput(
+                connection_id=event.connection_id,
+                external_conversation_id=event.external_conversation_id,
+                external_actor_id=event.external_actor_id,
+                event_id=event.event_id,
+                text=event.text,
+                action="message",
+                received_at_ms=received,
+                thread_id=event.thread_id,
+                claims=event.claims,
+            )
+        )
+    except Exception:
+        item.authorize_failures += 1
+        return "retry" if item.authorize_failures < MAX_AUTHORIZE_FAILURES else "done"
+    reason = check_grant(core, grant)
+    if reason is not None:
+        await _deny(core, loaded, "identity_revoked" if reason == "revoked" else "rejected")
+        return "done"
+    assert isinstance(grant, Grant)
+    ownership = ownership_from_identity(grant.identity)
+    if ownership != loaded.scope or record.agent_alias not in grant.agent_aliases:
+        # The grant now names another owner or no longer allows the journaled agent.
+        await _deny(core, loaded, "rejected")
+        return "done"
+    route = core.get_route(
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        record.agent_alias,
+        ownership,
+    )
+    if route is None:
+        return "retry"
+    with core.pinned(route):
+        try:
+            await core.hydrate(route, grant.identity)
+        except Exception:
+            core.count("storage_failures")
+            return "retry"
+        if route.suspended:
+            core.spawn(
+                core.send_reply_kw,
+                dict(
+                    identity=grant.identity,
+                    ownership=ownership,
+                    operation_id=record.operation_id,
+                    connection_id=event.connection_id,
+                    conversation_id=event.external_conversation_id,
+                    thread_id=event.thread_id,
+                    text=AWAITING_DECISION_TEXT,
+                    kind="notice",
+                    in_reply_to=event.event_id,
+                ),
+            )
+            await _deny(core, loaded, "awaiting_decision")
+            return "done"
+        if (
+            len(route.queue) >= core.limits.max_pending_per_binding
+            or core.pending_total() >= core.limits.max_pending_per_process
+        ):
+            return "retry"
+        if core.stopped or _known(core, record.operation_id):
+            return "done"
+        route.queue.append(
+            Turn(
+                operation_id=record.operation_id,
+                event=event,
+                action="message",
+                grant=grant,
+                ownership=ownership,
+                alias=record.agent_alias,
+                op=loaded,
+            )
+        )
+        core.count("admitted")
+        start_pump(core, route)
+    return "done"
+
+
+async def _still_resumable(core: Core, item: _Pending) -> bool:
+    assert core.journal is not None
+    record = item.loaded.record
+    try:
+        loaded = await core.journal.load_operation(
+            item.loaded.scope, record.connection_id, record.operation_id
+        )
+    except Exception:
+        core.count("storage_failures")
+        return True
+    if loaded is None or not _resumable(loaded.record):
+        return False
+    item.loaded = attrs.evolve(loaded, scope=item.loaded.scope)
+    return True
+
+
+async def resume_accepted(core: Core, cutoff_ms: int) -> None:
+    """Queue every resumable record; retry what could not be queued with bounded backoff
+    until done or the runtime stops. Sets ``core.resume_gate`` after the first pass."""
+    gate = core.resume_gate
+    try:
+        delay = LEASE_BACKOFF_START_S
+        pending: list[_Pending] | None = None
+        while not core.stopped:
+            try:
+                if pending is None:
+                    pending = await collect(core, cutoff_ms)
+                else:
+                    pending = [p for p in pending if await _still_resumable(core, p)]
+            except Exception:
+                core.count("storage_failures")
+                pending = None
+            else:
+                left: list[_Pending] = []
+                for item in pending:
+                    if core.stopped:
+                        return
+                    # Once one record of a route waits, later ones of that route wait too
+                    # (per-route FIFO); the simple rule: everything after a retry waits.
+                    if left or await _try_enqueue(core, item) == "retry":
+                        left.append(item)
+                pending = left
+                if gate is not None:
+                    gate.set()
+                if not pending:
+                    return
+            await trio.sleep(delay)
+            delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
+    finally:
+        if gate is not None:
+            gate.set()
