@@ -17,8 +17,10 @@ Guarantees:
 * Recovered turns count as ``admitted`` (the previous process admitted them; a counter
   restarted with the process, so they are counted once per process that queues them);
   ``duplicates`` is unchanged.
-* Only records created before this runtime started are considered: later ones belong to
-  a live admission (this process's or another runtime's), which queues them itself.
+* Only records created before the millisecond this runtime started are considered: later
+  ones belong to a live admission (this process's or another runtime's), which queues
+  them itself. A record of another *live* runtime on the same store created earlier may
+  be queued here too; the claim CAS lets exactly one of the two run it.
 * Nothing here logs or raises inbound text.
 """
 
@@ -76,7 +78,7 @@ def _resumable(record: OperationRecord) -> bool:
 
 
 async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
-    """Every resumable record (any scope) created at or before ``cutoff_ms``, oldest
+    """Every resumable record (any scope) created before ``cutoff_ms``, oldest
     first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
     assert core.journal is not None
     found: list[_Pending] = []
@@ -92,7 +94,7 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
                 record = OperationRecord.from_json(value)
             except ValueError:
                 continue
-            if not _resumable(record) or record.created_at_ms > cutoff_ms:
+            if not _resumable(record) or record.created_at_ms >= cutoff_ms:
                 continue
             found.append(
                 _Pending(
