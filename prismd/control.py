@@ -552,11 +552,14 @@ class _Connection:
             nursery.cancel_scope.cancel()
 
 
-def _prepare_directory(directory: Path, gid: int | None) -> None:
-    """Create the socket's directory, or tighten the existing one to 0700 / 0750+group.
+def _prepare_directory(directory: Path, gid: int | None, socket_name: str) -> None:
+    """Create the socket's directory, or tighten an existing one of its own to 0700 /
+    0750+group.
 
-    A shared directory (world-writable or sticky, like /tmp) is refused rather than
-    tightened: the socket needs a directory of its own.
+    Only a directory that holds nothing but (a stale copy of) our socket is tightened. A
+    shared directory (world-writable or sticky, like /tmp) is refused, and so is a
+    directory with other files in it that other users can reach (``socket =
+    "prismd.sock"`` in a project or home directory): its mode is never changed for us.
     """
     try:
         mode = directory.stat().st_mode
@@ -569,6 +572,15 @@ def _prepare_directory(directory: Path, gid: int | None) -> None:
             raise ControlSocketError(
                 f"{directory} is a shared directory; put the control socket in its own directory"
             )
+        others = [entry for entry in os.listdir(directory) if entry != socket_name]
+        if others:
+            allowed = 0o750 if gid is not None else 0o700
+            if stat.S_IMODE(mode) & ~allowed:
+                raise ControlSocketError(
+                    f"{directory} holds other files and is open to other users "
+                    f"(mode {stat.S_IMODE(mode):o}); put the control socket in its own directory"
+                )
+            return
     if gid is not None:
         os.chown(directory, -1, gid)
         os.chmod(directory, 0o750)
@@ -633,7 +645,7 @@ async def serve_control(
     """
     path = Path(config.socket)
     gid = grp.getgrnam(config.group).gr_gid if config.group is not None else None
-    _prepare_directory(path.parent, gid)
+    _prepare_directory(path.parent, gid, path.name)
     _remove_stale_socket(path)
     raw = _bind_socket(path, group=gid is not None)
     identity = os.stat(path)

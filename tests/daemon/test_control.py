@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import grp
 import json
 import os
@@ -81,6 +82,37 @@ async def test_existing_directory_is_tightened(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
         async with running_server(config):
             assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+
+
+async def test_directory_with_other_files_is_refused_not_tightened(tmp_path: Path) -> None:
+    """``socket = "prismd.sock"`` in a project or home directory must not chmod it 0700."""
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chmod(project, 0o755)
+    (project / "README.md").write_text("mine\n")
+    config = ControlConfig(socket=str(project / "prismd.sock"))
+    handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
+    with trio.fail_after(DEADLINE), pytest.raises(ControlSocketError, match="its own directory"):
+        await serve_control(config, handler=handler, daemon_uid=0)
+    assert stat.S_IMODE(os.stat(project).st_mode) == 0o755
+    assert not os.path.exists(config.socket)  # noqa: ASYNC240
+
+
+async def test_private_directory_with_other_files_is_used_as_is(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir()
+    os.chmod(private, 0o700)
+    (private / "notes").write_text("x\n")
+    config = ControlConfig(socket=str(private / "control.sock"))
+    handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(serve_control, config, handler=handler, daemon_uid=0)
+            )
+            assert stat.S_IMODE(os.stat(config.socket).st_mode) == 0o600
+            nursery.cancel_scope.cancel()
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
 
 
 async def test_shared_directory_is_refused_not_tightened(tmp_path: Path) -> None:
