@@ -755,7 +755,15 @@ def _check_webchat_exposure(
         host, _port = parse_host_port(conn.listen)
         if is_loopback_host(host) or conn.access_token_env is not None:
             continue
-        if any(g.connection == conn.id and g.pairing for g in grants):
+        mine = [g for g in grants if g.connection == conn.id]
+        if any("*" in g.actors for g in mine):
+            raise ConfigError(
+                "a non-loopback listen address without access_token_env cannot be granted to "
+                'actors = ["*"] (anyone who reaches the port would talk to the agent)',
+                file=file,
+                key=f"[[connections]][{index}].listen",
+            )
+        if any(g.pairing for g in mine):
             continue
         raise ConfigError(
             "a non-loopback listen address needs access_token_env or a grant with pairing = true",

@@ -141,8 +141,16 @@ def _build_adapter(
                 key=f"connections.{connection.id}.access_token_env",
             )
             found.append(token)
+        mine = [g for g in config.grants if g.connection == connection.id]
+        # Off loopback without a token, config allows only pairing (no "*" grant): then
+        # strangers reach the socket but no agent until an operator pairs them.
+        pairing_only = bool(mine) and not any("*" in g.actors for g in mine)
         adapter: ChannelAdapter = module.WebchatAdapter(
-            connection_id=connection.id, listen=connection.listen, admit=admit, access_token=token
+            connection_id=connection.id,
+            listen=connection.listen,
+            admit=admit,
+            access_token=token,
+            pairing_only=pairing_only and any(g.pairing for g in mine),
         )
         return adapter
     if isinstance(connection, TelegramConnectionConfig):

@@ -340,6 +340,33 @@ def test_non_loopback_webchat_accepted_with_pairing_grant(tmp_path: Path) -> Non
     assert config.connections[0].kind == "webchat"
 
 
+def test_non_loopback_webchat_refuses_a_wildcard_grant_without_token(tmp_path: Path) -> None:
+    """A pairing grant does not make an exposed web chat safe when another grant lets
+    every actor in: anyone reaching the port would talk to the agent."""
+    text = """
+    [[connections]]
+    id = "w"
+    kind = "webchat"
+    listen = "192.0.2.1:8787"
+
+    [[grants]]
+    connection = "w"
+    pairing = true
+    aliases = ["echo"]
+
+    [[grants]]
+    connection = "w"
+    actors = ["*"]
+    aliases = ["echo"]
+
+    [agents.echo]
+    kind = "echo"
+    """
+    with pytest.raises(ConfigError, match="actors") as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.key == "[[connections]][1].listen"
+
+
 def test_http_origin_allowed_for_loopback_hosts(tmp_path: Path) -> None:
     for origin in (
         "http://127.0.0.1:8081",

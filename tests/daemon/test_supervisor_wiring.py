@@ -224,3 +224,35 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
     await host.typing("web", "c", None)
     await host.typing("nope", "c", None)
     assert drafting.typing == [("101", "7")]
+
+
+async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path: Path) -> None:
+    """A web chat off loopback without a token is allowed by config only when its grants
+    need pairing; wiring must tell the adapter so, or it refuses to start."""
+    store = await open_store("memory://")
+    try:
+        with locked_state_dir(tmp_path) as state:
+            config = parse_config(
+                {
+                    "connections": [{"id": "web", "kind": "webchat", "listen": "192.0.2.1:8787"}],
+                    "agents": {"echo": {"kind": "echo"}},
+                    "grants": [{"connection": "web", "pairing": True, "aliases": ["echo"]}],
+                }
+            )
+            (web,) = config.connections
+            adapter = build_adapter(
+                web, admit=Host(agents={}).admit, store=store, state=state, config=config, env={}
+            )
+            assert isinstance(adapter, WebchatAdapter) and adapter.pairing_only is True
+            loopback = parse_config(BASE)
+            plain = build_adapter(
+                loopback.connections[0],
+                admit=Host(agents={}).admit,
+                store=store,
+                state=state,
+                config=loopback,
+                env={},
+            )
+            assert isinstance(plain, WebchatAdapter) and plain.pairing_only is False
+    finally:
+        await store.aclose()
