@@ -56,8 +56,8 @@ def _events() -> list[InboundEvent]:
 
 def _open(host: Host, store: Store, **kwargs: Any) -> Any:
     kwargs.setdefault("resolve_agent", host.resolve_agent)
+    kwargs.setdefault("authorize", host.authorize)
     return open_messaging_runtime(
-        authorize=host.authorize,
         deliver=host.deliver,
         store=store,
         clock=TrioClock(),
@@ -127,7 +127,16 @@ async def test_killed_accepted_messages_run_once_in_fifo_order(store: Store) -> 
     await trio.sleep(0.01)
     agent = _echo()
     host = Host(agent=agent)
-    async with _open(host, store, resume_accepted=True, **SUCCESSOR) as rt:
+
+    async def slow_for_recovered(inp: AuthorizeInput) -> Grant | None:
+        # Recovery re-authorizes slowly: without the FIFO gate m5 would overtake m1–m3.
+        if inp.text != "m5":
+            await trio.sleep(0.05)
+        return await host.authorize(inp)
+
+    async with _open(
+        host, store, resume_accepted=True, authorize=slow_for_recovered, **SUCCESSOR
+    ) as rt:
         # Admitted after the restart: goes after the recovered ones on its route.
         late = await rt.admit(event("5", "m5", chat="chat-1"))
         assert late.status == "accepted" and not late.duplicate
