@@ -178,7 +178,8 @@ async def test_input_written_at_admit_and_removed_at_claim(store: Store) -> None
     claims = {"platform": "telegram", "chatType": "supergroup", "isForum": True, "other": "x"}
     async with _open(host, store) as rt:
         await rt.admit(event("1", "first"))
-        await agent.wait_started(1)
+        with trio.fail_after(20):
+            await agent.wait_started(1)
         await rt.admit(event("2", "second", claims=claims, thread="t-9"))
         stored = await _ops(store)
         assert stored["1"]["state"] == "executing" and "input" not in stored["1"]
@@ -212,7 +213,8 @@ async def test_oversized_input_falls_back_to_no_input(store: Store) -> None:
     big = "\x01" * 30_000
     async with _open(host, store, limits=Limits()) as rt:
         await rt.admit(event("1", "first"))
-        await agent.wait_started(1)
+        with trio.fail_after(20):
+            await agent.wait_started(1)
         admission = await rt.admit(event("2", big))
         assert admission.status == "accepted"
         stored = await _ops(store)
@@ -298,7 +300,8 @@ async def test_stop_settles_recovered_queued_turns_cancelled(store: Store) -> No
     agent = ScriptedAgent(gate=trio.Event())
     host = Host(agent=agent)
     async with _open(host, store, resume_accepted=True, **SUCCESSOR) as rt:
-        await agent.wait_started(2)  # m1 and m4; m2 and m3 wait in chat-1's queue
+        with trio.fail_after(20):
+            await agent.wait_started(2)  # m1 and m4; m2 and m3 wait in chat-1's queue
         assert rt.diagnostics().queued == 2
         await rt.stop()
     assert sorted(input_text(c.input) for c in agent.calls) == ["m1", "m4"]
