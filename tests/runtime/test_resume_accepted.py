@@ -166,9 +166,21 @@ async def test_default_does_not_resume(store: Store) -> None:
         listed = await rt.list_unresolved(identity=identity())
         assert sorted(e.state for e in listed) == ["accepted"] * 4
         assert rt.diagnostics().admitted == 0
+        # Reconciling an accepted record (abandoned) removes its input too.
+        entry = listed[0]
+        result = await rt.reconcile(
+            identity=identity(),
+            connection_id=entry.connection_id,
+            operation_id=entry.operation_id,
+            expected_version=entry.version,
+        )
+        assert result.status == "resolved"
     assert agent.calls == [] and host.deliveries == []
     stored = await _ops(store)
-    assert all(v["state"] == "accepted" and "input" in v for v in stored.values())
+    by_op = {v["operationId"]: v for v in stored.values()}
+    abandoned = by_op.pop(entry.operation_id)
+    assert abandoned["state"] != "accepted" and "input" not in abandoned
+    assert all(v["state"] == "accepted" and "input" in v for v in by_op.values())
 
 
 async def test_input_written_at_admit_and_removed_at_claim(store: Store) -> None:
