@@ -384,12 +384,13 @@ class Daemon:
     """``prismd run``: owns the state directory lock, the store, the runtime and the children.
 
     Start order: state directory lock → store → agents, grants, adapters → runtime (with
-    ``reclaim_own_leases=True`` and owner ids from the instance id) → a log line counting
-    unresolved operations (nothing is re-run) → children (control server, every adapter,
-    watchdog) each started with ``nursery.start`` → ``READY=1`` (once) and a stderr line
-    saying where to connect. An adapter that has not started within
-    ``adapter_ready_within_s`` (its platform unreachable) is not waited for: it keeps
-    retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
+    ``reclaim_own_leases=True`` and owner ids from the instance id; messages acknowledged
+    but never started before a crash are queued for their first run, ``resume_accepted``) →
+    a log line counting unresolved operations (nothing that started is re-run) → children
+    (control server, every adapter, watchdog) each started with ``nursery.start`` →
+    ``READY=1`` (once) and a stderr line saying where to connect. An adapter that has not
+    started within ``adapter_ready_within_s`` (its platform unreachable) is not waited for:
+    it keeps retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
     start stops it at the next safe point (exit 0, no ``READY=1``).
 
     Stop order (first SIGTERM/SIGINT or :meth:`request_stop`): ``STOPPING=1`` →
@@ -590,6 +591,7 @@ class Daemon:
             limits=config.limits,
             owner_id=state.owner_id("runtime"),
             reclaim_own_leases=True,
+            resume_accepted=True,
             pairing_scope=authorizer.pairing_scope,
             on_paired=authorizer.on_paired,
             redactor=Redactor.of(secrets) if secrets else None,

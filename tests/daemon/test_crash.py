@@ -164,3 +164,51 @@ async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) ->
         assert health["children"]["webchat:web"]["state"] == "running"
         owner.send(signal.SIGINT)
         assert await owner.wait_exit() == 0
+
+
+async def test_sigkill_with_queued_messages_runs_them_once_after_restart(tmp_path: Path) -> None:
+    """Nothing acknowledged is dropped (SPEC difference 8, issue 3): messages the web chat
+    already acknowledged but that were still queued (`accepted`, never claimed) when the
+    daemon was SIGKILLed get their first — and only — run after the restart. The claimed
+    one stays `executing` for the operator; nothing is run twice."""
+    layout = write_config(tmp_path, delay_ms=3_000)
+    async with running_daemon(layout, tag="first") as first:
+        await first.wait_state("READY=1")
+        async with chat(layout.port) as client:
+            for n in (1, 2, 3):
+                admission = await client.send_message(f"m{n}", f"message {n}")
+                assert admission["status"] == "accepted" and not admission["duplicate"]
+        claimed = await _wait_executing_or_more(layout)
+        first.send(signal.SIGKILL)
+        assert await first.wait_exit() == -signal.SIGKILL
+    assert run_count(layout.runs) == 1
+    assert sorted(await _operation_states(layout)) == ["accepted", "accepted", "executing"]
+
+    async with running_daemon(layout, tag="second") as second:
+        await second.wait_state("READY=1")
+        with trio.fail_after(30):
+            while True:
+                states = sorted(await _operation_states(layout))
+                if states == ["executing", "succeeded", "succeeded"]:
+                    break
+                await trio.sleep(0.1)
+        code, entries, err = await prismctl(layout, "list-unresolved")
+        assert code == 0, err
+        assert [(e["operationId"], e["state"]) for e in entries if e.get("replyState") is None] == [
+            (claimed["operationId"], "executing")
+        ]
+        second.send(signal.SIGTERM)
+        assert await second.wait_exit() == 0
+    keys = run_keys(layout.runs)
+    assert len(keys) == 3 and len(set(keys)) == 3
+
+
+async def _wait_executing_or_more(layout: Layout) -> dict[str, Any]:
+    with trio.fail_after(30):
+        while True:
+            code, entries, err = await prismctl(layout, "list-unresolved")
+            assert code == 0, err
+            executing = [e for e in entries if e["state"] == "executing"]
+            if executing:
+                return dict(executing[0])
+            await trio.sleep(0.05)
