@@ -132,6 +132,9 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
         delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
 
 
+_UNSETTLED = frozenset({"accepted", "executing"})
+
+
 async def settle_turn(
     core: Core, turn: Turn, state: str, error_code: str | None, fence: int | None, **extra: Any
 ) -> None:
@@ -161,6 +164,8 @@ async def settle_turn(
                 turn.settled = True
                 return
         turn.op = None
+        # Only from a state this turn can have left it in: an operator may have filed the
+        # claimed record meanwhile (``execution_unknown``); a late result never undoes that.
         await core.settle_operation(
             turn.ownership,
             turn.event.connection_id,
@@ -168,6 +173,7 @@ async def settle_turn(
             state,
             fence=fence,
             error_code=error_code,
+            only_from=_UNSETTLED,
             **extra,
         )
     turn.settled = True

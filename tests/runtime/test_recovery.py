@@ -320,3 +320,34 @@ async def test_recovery_without_journal_or_identity() -> None:
         )
         assert bad.status == "not_found"
     await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_late_result_does_not_undo_an_operators_execution_unknown(
+    stores: StoreFactory,
+) -> None:
+    """An operator files a still-running claim as ``execution_unknown`` (the run looked
+    dead); when the agent finishes after all, its terminal state must not overwrite the
+    operator's decision. The answer is still staged and delivered once."""
+    gate = trio.Event()
+    agent = ScriptedAgent(gate=gate, answer="late answer")
+    host = Host(agent=agent)
+    store = await stores()
+    async with runtime(host, store) as rt:
+        await rt.admit(event("1"))
+        await agent.wait_started(1)
+        (entry,) = await rt.list_unresolved(identity=IDENT)
+        r = await rt.reconcile(
+            identity=IDENT,
+            connection_id="tg-1",
+            operation_id=entry.operation_id,
+            expected_version=entry.version,
+            acknowledge_duplicate_risk=True,
+        )
+        assert (r.status, r.outcome) == ("resolved", "execution_unknown")
+        gate.set()
+        await rt.drain()
+        journal = ChannelJournal(store.checkpoints, max_record_bytes=128 * 1024)
+        loaded = await journal.load_operation(SCOPE, "tg-1", entry.operation_id)
+        assert loaded is not None and loaded.record.state == "execution_unknown"
+    assert [r.text for r in host.deliveries] == ["late answer"]
+    assert agent.provider_calls == 1
