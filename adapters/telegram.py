@@ -38,6 +38,7 @@ import trio
 
 from prismd.adapter import AdapterFatalError, Admit, DeliveryOutcomeUnknownError
 from prismd.channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
+from prismd.journal import cursor_key
 from stores import (
     SYSTEM_CLOCK,
     CheckpointConflictError,
@@ -549,15 +550,7 @@ class TelegramAdapter:
     # ------------------------------------------------------------------ cursor
 
     def _cursor_key(self) -> str:
-        scope = self.service_scope
-
-        def part(value: str | None) -> str:
-            return "-" if value is None else value
-
-        return (
-            f"c1:{self.connection_id}:{part(scope.tenant_id)}:"
-            f"{part(scope.account_id)}:{part(scope.user_id)}"
-        )
+        return cursor_key(self.connection_id, self.service_scope)
 
     async def _load_offset(self) -> int | None:
         record = await self.store.checkpoints.load_checkpoint(
@@ -681,7 +674,7 @@ class TelegramAdapter:
 
     async def _enrich(self, event: InboundEvent) -> InboundEvent:
         """Append transcripts / extracted document text (hooks of §11.5) to the event text."""
-        parts = [event.text] if event.text.strip() else []
+        added: list[str] = []
         for ref in event.attachments:
             hook: Callable[[bytes, str], Awaitable[str | None]] | None
             if ref.kind == "voice":
@@ -700,9 +693,10 @@ class TelegramAdapter:
             except Exception:
                 continue
             if isinstance(text, str) and text.strip():
-                parts.append(text)
-        if parts == ([event.text] if event.text.strip() else []):
+                added.append(text)
+        if not added:
             return event
+        parts = [event.text, *added] if event.text.strip() else added
         return attrs.evolve(event, text="\n\n".join(parts))
 
     # ------------------------------------------------------------------ attachments
@@ -852,9 +846,7 @@ class TelegramAdapter:
                 if index > 0:
                     raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None
                 return SendResult(delivered=False, reason="telegram_credential")
-            except TelegramError:
-                raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None
-            except Exception:
+            except Exception:  # any other TelegramError (network, unreadable answer) too
                 raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None
             if isinstance(result, Mapping) and isinstance(result.get("message_id"), int):
                 message_id = str(result["message_id"])
