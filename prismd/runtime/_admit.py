@@ -155,6 +155,21 @@ def classify(event: InboundEvent) -> tuple[Action, ApprovalInput | None]:
     return "message", None
 
 
+def authorize_input(event: InboundEvent, action: Action, received_at_ms: int) -> AuthorizeInput:
+    """What ``authorize`` is asked about an inbound event (admission, re-checks, resume)."""
+    return AuthorizeInput(
+        connection_id=event.connection_id,
+        external_conversation_id=event.external_conversation_id,
+        external_actor_id=event.external_actor_id,
+        event_id=event.event_id,
+        text=event.text,
+        action=action,
+        received_at_ms=received_at_ms,
+        thread_id=event.thread_id,
+        claims=event.claims,
+    )
+
+
 def check_grant(core: Core, grant: object) -> str | None:
     """The denial reason for a grant, or None when usable (§2.2 order)."""
     if not isinstance(grant, Grant) or grant.identity is None:
@@ -291,19 +306,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     action, approval = classify(event)
     received = event.received_at_ms if event.received_at_ms is not None else core.now_ms()
     try:
-        grant = await core.authorize(
-            AuthorizeInput(
-                connection_id=event.connection_id,
-                external_conversation_id=event.external_conversation_id,
-                external_actor_id=event.external_actor_id,
-                event_id=event.event_id,
-                text=event.text,
-                action=action,
-                received_at_ms=received,
-                thread_id=event.thread_id,
-                claims=event.claims,
-            )
-        )
+        grant = await core.authorize(authorize_input(event, action, received))
     except Exception:
         return _denied(core, "authorization_failed")
     reason = check_grant(core, grant)

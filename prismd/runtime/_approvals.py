@@ -16,11 +16,11 @@ import trio
 from stores import OwnershipScope
 
 from ..agents._base import Agent, Decision, RunFailedError, RunResult, RunState
-from ..channel import Admission, ApprovalInput, AuthorizeInput, Control, Grant, InboundEvent
+from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
 from ..controls import ApprovalRecord, ApprovalTarget, LoadedApproval
 from ..identity import ownership_from_identity
 from ..redact import bound_detail
-from ._admit import AdmitContext, check_grant
+from ._admit import AdmitContext, authorize_input, check_grant
 from ._core import Core
 from ._turn import CANCELLED_TEXT, EMPTY_ANSWER_TEXT, preview_sink
 from ._types import ActiveTurn, LeaseHeldElsewhereError, Route
@@ -266,19 +266,7 @@ async def cancel_suspended(core: Core, ctx: AdmitContext, route: Route) -> Admis
 async def _reauthorized(core: Core, ctx: AdmitContext, rec: ApprovalRecord | None) -> Grant | None:
     event = ctx.event
     try:
-        grant = await core.authorize(
-            AuthorizeInput(
-                connection_id=event.connection_id,
-                external_conversation_id=event.external_conversation_id,
-                external_actor_id=event.external_actor_id,
-                event_id=event.event_id,
-                text=event.text,
-                action=ctx.action,
-                received_at_ms=core.now_ms(),
-                thread_id=event.thread_id,
-                claims=event.claims,
-            )
-        )
+        grant = await core.authorize(authorize_input(event, ctx.action, core.now_ms()))
     except Exception:
         return None
     if check_grant(core, grant) is not None or not isinstance(grant, Grant):

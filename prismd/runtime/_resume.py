@@ -31,10 +31,10 @@ import trio
 
 from stores import OwnershipScope
 
-from ..channel import AttachmentRef, AuthorizeInput, Grant, InboundEvent
+from ..channel import AttachmentRef, Grant, InboundEvent
 from ..identity import ownership_from_identity
 from ..journal import NS_OPERATION, Loaded, OperationRecord
-from ._admit import AWAITING_DECISION_TEXT, check_grant
+from ._admit import AWAITING_DECISION_TEXT, authorize_input, check_grant
 from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
 from ._turn import start_pump
 from ._types import Turn
@@ -150,19 +150,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
     event = _event(record)
     received = event.received_at_ms if event.received_at_ms is not None else core.now_ms()
     try:
-        grant = await core.authorize(
-            AuthorizeInput(
-                connection_id=event.connection_id,
-                external_conversation_id=event.external_conversation_id,
-                external_actor_id=event.external_actor_id,
-                event_id=event.event_id,
-                text=event.text,
-                action="message",
-                received_at_ms=received,
-                thread_id=event.thread_id,
-                claims=event.claims,
-            )
-        )
+        grant = await core.authorize(authorize_input(event, "message", received))
     except Exception:
         item.authorize_failures += 1
         return "retry" if item.authorize_failures < MAX_AUTHORIZE_FAILURES else "done"
