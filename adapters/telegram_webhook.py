@@ -34,6 +34,7 @@ import h11
 import trio
 
 from prismd.adapter import AdapterFatalError
+from prismd.config import parse_host_port
 
 from .telegram_api import TelegramError
 from .telegram_parse import update_id_of
@@ -51,14 +52,6 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) → ``(host, port)``; raises ValueError (fixed text)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
-        raise ValueError("webhook_listen must be host:port")
-    return host.strip("[]"), int(port)
-
-
 def _secret_ok(expected: str, given: bytes | None) -> bool:
     want = hashlib.sha256(expected.encode()).digest()
     got = hashlib.sha256(given if given is not None else b"").digest()
@@ -69,7 +62,7 @@ async def serve_webhook(
     adapter: TelegramAdapter, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Serve until cancelled; ``adapter.webhook_address`` is set once listening."""
-    host, port = parse_listen(adapter.webhook_listen)
+    host, port = parse_host_port(adapter.webhook_listen)
     listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
     adapter.webhook_address = (host, int(sockname[1]))
