@@ -41,6 +41,7 @@ from ._types import (
     CheckpointPage,
     CheckpointRecord,
     Clock,
+    EventAction,
     EventPage,
     InvalidLeaseError,
     InvalidStoreURLError,
@@ -121,6 +122,33 @@ _SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
 
 def _scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
     return (scope.tenant_id, scope.account_id, scope.user_id)
+
+
+def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
+    """Append the partial-scope filter: each field that is set must match exactly."""
+    for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
+        if field is not None:
+            where.append(f"{column} = ?")
+            args.append(field)
+
+
+def _insert_event(
+    conn: apsw.Connection,
+    at_ms: int,
+    action: EventAction,
+    namespace: str,
+    key: str,
+    scope: OwnershipScope,
+    version: int | None,
+    category: str | None,
+    metadata_json: str | None,
+) -> None:
+    """Journal a save or delete inside the transaction that made it."""
+    conn.execute(
+        "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
+        " user_id, version, category, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (at_ms, action, namespace, key, *_scope_args(scope), version, category, metadata_json),
+    )
 
 
 def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
@@ -455,18 +483,16 @@ class SQLiteCheckpointStore:
             row = _one(conn, sql, args)
             if row is None:
                 raise _Conflict
-            conn.execute(
-                "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
-                " user_id, version, category, metadata) VALUES (?, 'save', ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    now,
-                    req.namespace,
-                    req.key,
-                    *_scope_args(req.scope),
-                    req.version,
-                    req.category,
-                    req.metadata_json,
-                ),
+            _insert_event(
+                conn,
+                now,
+                "save",
+                req.namespace,
+                req.key,
+                req.scope,
+                req.version,
+                req.category,
+                req.metadata_json,
             )
             return _checkpoint(row)
 
@@ -520,10 +546,7 @@ class SQLiteCheckpointStore:
         if categories is not None:
             where.append(f"category IN ({', '.join('?' for _ in categories)})")
             args += categories
-        for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
-            if field is not None:
-                where.append(f"{column} = ?")
-                args.append(field)
+        _add_scope_filter(scope, where, args)
         if position is not None:
             at, last_key, last_ns = position
             where.append(
@@ -559,11 +582,7 @@ class SQLiteCheckpointStore:
             )
             if row is None:
                 return False
-            conn.execute(
-                "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
-                " user_id, version, category) VALUES (?, 'delete', ?, ?, ?, ?, ?, ?, ?)",
-                (now, namespace, key, *_scope_args(scope), row[0], row[1]),
-            )
+            _insert_event(conn, now, "delete", namespace, key, scope, row[0], row[1], None)
             return True
 
         return await self._db.write(txn)
@@ -575,10 +594,7 @@ class SQLiteCheckpointStore:
         after, n = _common.check_event_args(after, limit, scope)
         where = ["seq > ?"]
         args: list[Any] = [after]
-        for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
-            if field is not None:
-                where.append(f"{column} = ?")
-                args.append(field)
+        _add_scope_filter(scope, where, args)
         sql = (
             "SELECT seq, at, action, namespace, key, tenant_id, account_id, user_id, version,"
             f" category, metadata FROM prism_events WHERE {' AND '.join(where)}"
