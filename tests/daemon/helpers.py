@@ -22,8 +22,9 @@ import attrs
 import trio
 import trio_websocket
 
-from prismd.agents._base import AgentContext, RunRequest, RunResult
+from prismd.agents._base import AgentContext
 from prismd.agents.mock import MockAgent
+from tests.fakes.killloop_agent import CountingMock, inner_mock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,53 +33,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @attrs.define(eq=False)
-class CountingMock:
-    inner: MockAgent
-    count_file: str
+class ShieldedCountingMock(CountingMock):
     shield_ms: int = 0
 
-    @property
-    def agent_id(self) -> str:
-        return self.inner.agent_id
-
-    @property
-    def definition_revision(self) -> str:
-        return self.inner.definition_revision
-
-    @property
-    def input_capabilities(self) -> frozenset[str]:
-        return self.inner.input_capabilities
-
-    @property
-    def supports_approvals(self) -> bool:
-        return self.inner.supports_approvals
-
-    async def run(self, request: RunRequest, *, on_event: Any = None) -> RunResult:
-        fd = os.open(self.count_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{request.idempotency_key}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    async def pause(self) -> None:
         if self.shield_ms:
             # A stubborn agent: ignores cancellation for a while (forces a slow stop).
             with trio.CancelScope(shield=True):
                 await trio.sleep(self.shield_ms / 1000)
-        return await self.inner.run(request, on_event=on_event)
-
-    async def status(self, **kwargs: Any) -> Any:
-        return await self.inner.status(**kwargs)
-
-    async def resume(self, **kwargs: Any) -> Any:
-        return await self.inner.resume(**kwargs)
 
 
 def counting_mock(ctx: AgentContext) -> CountingMock:
-    own = ("factory", "count_file", "shield_ms")
-    options = {k: v for k, v in ctx.options.items() if k not in own}
-    inner = MockAgent.from_context(attrs.evolve(ctx, options=options))
-    return CountingMock(
-        inner=inner,
+    return ShieldedCountingMock(
+        inner=inner_mock(ctx, "shield_ms"),
         count_file=str(ctx.options["count_file"]),
         shield_ms=int(ctx.options.get("shield_ms", 0)),
     )

@@ -19,11 +19,11 @@ from prismd.agents.mock import MockAgent
 
 
 @attrs.define(eq=False)
-class JitterCountingMock:
+class CountingMock:
+    """The ``mock`` agent that logs each run's idempotency key to ``count_file`` as it starts."""
+
     inner: MockAgent
     count_file: str
-    delay_min_ms: int
-    delay_max_ms: int
 
     @property
     def agent_id(self) -> str:
@@ -48,8 +48,11 @@ class JitterCountingMock:
             os.fsync(fd)
         finally:
             os.close(fd)
-        await trio.sleep(random.uniform(self.delay_min_ms, self.delay_max_ms) / 1000)
+        await self.pause()
         return await self.inner.run(request, on_event=on_event)
+
+    async def pause(self) -> None:
+        """Between counting a run and running it; subclasses wait here."""
 
     async def status(self, **kwargs: Any) -> Any:
         return await self.inner.status(**kwargs)
@@ -58,11 +61,25 @@ class JitterCountingMock:
         return await self.inner.resume(**kwargs)
 
 
+def inner_mock(ctx: AgentContext, *own: str) -> MockAgent:
+    """The wrapped ``mock`` agent: ``ctx`` without the wrapper's own options."""
+    skip = ("factory", "count_file", *own)
+    options = {k: v for k, v in ctx.options.items() if k not in skip}
+    return MockAgent.from_context(attrs.evolve(ctx, options=options))
+
+
+@attrs.define(eq=False)
+class JitterCountingMock(CountingMock):
+    delay_min_ms: int
+    delay_max_ms: int
+
+    async def pause(self) -> None:
+        await trio.sleep(random.uniform(self.delay_min_ms, self.delay_max_ms) / 1000)
+
+
 def jitter_counting_mock(ctx: AgentContext) -> JitterCountingMock:
-    own = ("factory", "count_file", "delay_min_ms", "delay_max_ms")
-    options = {k: v for k, v in ctx.options.items() if k not in own}
     return JitterCountingMock(
-        inner=MockAgent.from_context(attrs.evolve(ctx, options=options)),
+        inner=inner_mock(ctx, "delay_min_ms", "delay_max_ms"),
         count_file=str(ctx.options["count_file"]),
         delay_min_ms=int(ctx.options.get("delay_min_ms", 0)),
         delay_max_ms=int(ctx.options.get("delay_max_ms", 0)),
