@@ -56,7 +56,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import re
@@ -74,6 +73,7 @@ import trio_websocket
 
 from prismd.adapter import AdapterFatalError, Admit
 from prismd.channel import Admission, ApprovalInput, InboundEvent, Reply, SendResult
+from prismd.config import is_loopback_host, parse_host_port
 from stores import SYSTEM_CLOCK, Clock
 
 __all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
@@ -131,26 +131,10 @@ def _csp_hash(text: str) -> str:
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """``"host:port"`` or ``"[v6]:port"`` → ``(host, port)``; raises ``ValueError``."""
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError("listen must be HOST:PORT")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError("listen port out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    host, port = parse_host_port(listen)
     if not host:
         raise ValueError("listen must name a host")
     return host, port
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _host_header_is_loopback(value: str) -> bool:
@@ -159,7 +143,7 @@ def _host_header_is_loopback(value: str) -> bool:
         host = urlsplit("//" + value).hostname
     except ValueError:
         return False
-    return host is not None and _is_loopback_host(host)
+    return host is not None and is_loopback_host(host)
 
 
 @attrs.frozen
@@ -299,7 +283,7 @@ class WebchatAdapter:
             host, port = parse_listen(self.listen)
         except ValueError:
             raise AdapterFatalError("web chat listen address must be HOST:PORT") from None
-        self._on_loopback = _is_loopback_host(host)
+        self._on_loopback = is_loopback_host(host)
         if not self._on_loopback and not self.access_token and not self.pairing_only:
             raise AdapterFatalError("web chat on a non-loopback address needs an access token")
         listeners = await trio.open_tcp_listeners(port, host=host)
