@@ -180,20 +180,9 @@ class ApprovalRecord:
 
     @property
     def target(self) -> ApprovalTarget:
+        # The record's leading fields are exactly the target's (see ``ApprovalStore.issue``).
         return ApprovalTarget(
-            connection_id=self.connection_id,
-            external_conversation_id=self.external_conversation_id,
-            external_actor_id=self.external_actor_id,
-            thread_id=self.thread_id,
-            principal_kind=self.principal_kind,
-            principal_id=self.principal_id,
-            grant_revision=self.grant_revision,
-            agent_alias=self.agent_alias,
-            definition_revision=self.definition_revision,
-            session_id=self.session_id,
-            run_id=self.run_id,
-            approval_id=self.approval_id,
-            expected_version=self.expected_version,
+            **{f.name: getattr(self, f.name) for f in attrs.fields(ApprovalTarget)}
         )
 
     def to_json(self) -> dict[str, Any]:
