@@ -582,10 +582,11 @@ class ChannelJournal:
         decoded: dict[str, Any] = json.loads(encoded)
         return decoded
 
-    def _wrap(self, namespace: str, stored: CheckpointRecord) -> Loaded[Any]:
+    @staticmethod
+    def _loaded(stored: CheckpointRecord, record: Any) -> Loaded[Any]:
         return Loaded(
             version=stored.version,
-            record=_DECODERS[namespace](stored.value),
+            record=record,
             fencing_token=stored.fencing_token,
             scope=stored.scope,
             updated_at_ms=stored.updated_at_ms,
@@ -595,7 +596,7 @@ class ChannelJournal:
         """The parsed record, ``None`` when missing (or another scope's);
         :class:`CorruptRecordError` when it does not parse."""
         stored = await self.checkpoints.load_checkpoint(namespace=namespace, key=key, scope=scope)
-        return None if stored is None else self._wrap(namespace, stored)
+        return None if stored is None else self._loaded(stored, _DECODERS[namespace](stored.value))
 
     async def save(
         self,
@@ -633,13 +634,7 @@ class ChannelJournal:
             raise
         except CheckpointConflictError:
             return None
-        return Loaded(
-            version=stored.version,
-            record=record,
-            fencing_token=stored.fencing_token,
-            scope=stored.scope,
-            updated_at_ms=stored.updated_at_ms,
-        )
+        return self._loaded(stored, record)
 
     async def create(
         self, namespace: str, scope: OwnershipScope, key: str, record: Any
@@ -705,12 +700,13 @@ class ChannelJournal:
         is written without it (it then cannot be resumed after a restart: listed and
         reconcilable as before); nothing else changes and nothing is counted."""
         key = operation_key(record.connection_id, scope, record.operation_id)
-        if record.input is not None:
-            try:
-                self._encode(record.to_json())
-            except JournalRecordTooLargeError:
-                record = attrs.evolve(record, input=None)
-        return await self.create(NS_OPERATION, scope, key, record)
+        try:
+            return await self.create(NS_OPERATION, scope, key, record)
+        except JournalRecordTooLargeError:
+            # Raised by ``_encode`` before anything is written.
+            if record.input is None:
+                raise
+        return await self.create(NS_OPERATION, scope, key, attrs.evolve(record, input=None))
 
     async def save_operation(
         self,
