@@ -34,6 +34,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_safe_int(value: object, minimum: int) -> bool:
+    """An int (not a bool) in ``minimum..MAX_SAFE_INTEGER``."""
+    return _is_int(value) and minimum <= value <= MAX_SAFE_INTEGER  # type: ignore[operator]
+
+
 def _is_text(value: object) -> TypeGuard[str]:
     # Lone surrogates cannot be stored as UTF-8 by SQLite or PostgreSQL; refusing them here
     # keeps every backend (memory included) accepting exactly the same strings.
@@ -63,23 +68,25 @@ def check_name(value: object, what: str, error: type[Exception]) -> str:
     return value
 
 
+def _check_address(namespace: object, key: object, scope: object, error: type[Exception]) -> None:
+    check_name(namespace, "namespace", error)
+    check_name(key, "key", error)
+    check_scope_arg(scope, error)
+
+
 def check_checkpoint_address(namespace: object, key: object, scope: object) -> None:
     """Validate the ``(namespace, key, scope)`` of a checkpoint call."""
-    check_name(namespace, "namespace", InvalidCheckpointError)
-    check_name(key, "key", InvalidCheckpointError)
-    check_scope_arg(scope, InvalidCheckpointError)
+    _check_address(namespace, key, scope, InvalidCheckpointError)
 
 
 def check_lease_address(namespace: object, key: object, scope: object) -> None:
     """Validate the ``(namespace, key, scope)`` of a lease call."""
-    check_name(namespace, "namespace", InvalidLeaseError)
-    check_name(key, "key", InvalidLeaseError)
-    check_scope_arg(scope, InvalidLeaseError)
+    _check_address(namespace, key, scope, InvalidLeaseError)
 
 
 def check_ttl(ttl_ms: object) -> int:
     """A lease TTL: a positive safe integer of milliseconds."""
-    if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+    if not _is_safe_int(ttl_ms, 1):
         raise InvalidLeaseError("ttl_ms must be a positive safe integer")
     return ttl_ms  # type: ignore[return-value]
 
@@ -160,15 +167,11 @@ def check_save(
     JSON encoding of ``value`` exceeds ``max_value_bytes``).
     """
     check_checkpoint_address(namespace, key, scope)
-    if not _is_int(version) or not 1 <= version <= MAX_SAFE_INTEGER:  # type: ignore[operator]
+    if not _is_safe_int(version, 1):
         raise InvalidCheckpointError("version must be a positive safe integer")
-    if expected_version is not None and (
-        not _is_int(expected_version) or not 0 <= expected_version <= MAX_SAFE_INTEGER  # type: ignore[operator]
-    ):
+    if expected_version is not None and not _is_safe_int(expected_version, 0):
         raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
-    if fencing_token is not None and (
-        not _is_int(fencing_token) or not 0 <= fencing_token <= MAX_SAFE_INTEGER  # type: ignore[operator]
-    ):
+    if fencing_token is not None and not _is_safe_int(fencing_token, 0):
         raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
     if category is not None and not _is_text(category):
         raise InvalidCheckpointError("category must be a string")
