@@ -24,6 +24,7 @@ import trio_websocket
 
 from prismd.agents._base import AgentContext
 from prismd.agents.mock import MockAgent
+from prismd.config import Config, parse_config
 from tests.fakes.killloop_agent import CountingMock, inner_mock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +77,21 @@ async def wait_runs(layout: Layout, count: int) -> None:
 
 
 # --------------------------------------------------------------------------- config
+
+
+def inprocess_config(tmp_path: Path, **overrides: Any) -> Config:
+    """A webchat + echo config for an in-process ``Daemon`` under ``tmp_path``."""
+    data: dict[str, Any] = {
+        "daemon": {"state_dir": str(tmp_path / "state")},
+        "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
+        "control": {"socket": str(tmp_path / "run" / "control.sock")},
+        "limits": {"stop_deadline_ms": 2000},
+        "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
+        "agents": {"echo": {"kind": "echo"}},
+        "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo"]}],
+    }
+    data.update(overrides)
+    return parse_config(data)
 
 
 def free_port() -> int:

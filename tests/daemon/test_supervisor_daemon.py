@@ -15,24 +15,11 @@ import trio
 
 import prismd.daemon as daemon_module
 from prismd.channel import Reply, SendResult
-from prismd.config import Config, default_config, parse_config
+from prismd.config import default_config
 from prismd.daemon import Daemon, RestartPolicy
 
 from .helpers import chat
-
-
-def _config(tmp_path: Path, **overrides: Any) -> Config:
-    data: dict[str, Any] = {
-        "daemon": {"state_dir": str(tmp_path / "state")},
-        "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
-        "control": {"socket": str(tmp_path / "run" / "control.sock")},
-        "limits": {"stop_deadline_ms": 2000},
-        "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
-        "agents": {"echo": {"kind": "echo"}},
-        "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo"]}],
-    }
-    data.update(overrides)
-    return parse_config(data)
+from .helpers import inprocess_config as _config
 
 
 def _port(daemon: Daemon) -> int:

@@ -23,22 +23,9 @@ from prismd.config import Config, parse_config
 from prismd.daemon import Daemon, RestartPolicy
 
 from .helpers import chat, child_env, free_port, running_daemon, wait_runs, write_config
+from .helpers import inprocess_config as _config
 
 SECRET = "SuperSecretValue-0123456789"
-
-
-def _config(tmp_path: Path, **overrides: Any) -> Config:
-    data: dict[str, Any] = {
-        "daemon": {"state_dir": str(tmp_path / "state")},
-        "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
-        "control": {"socket": str(tmp_path / "run" / "control.sock")},
-        "limits": {"stop_deadline_ms": 2000},
-        "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
-        "agents": {"echo": {"kind": "echo"}},
-        "grants": [{"connection": "web", "actors": ["*"], "aliases": ["echo"]}],
-    }
-    data.update(overrides)
-    return parse_config(data)
 
 
 async def _run(config: Config, env: dict[str, str]) -> tuple[int, str]:
