@@ -297,12 +297,6 @@ def _render(command: str, result: Any, out: TextIO) -> int:
         else:
             print_table(result, UNRESOLVED_COLUMNS, out)
         return 0
-    if command == "reconcile":
-        print_pairs(result, out)
-        return 0 if result.get("status") == "resolved" else 1
-    if command == "notify":
-        print_pairs(result, out)
-        return 0 if result.get("status") == "accepted" else 1
     if command == "pair":
         out.write(f"token       {result.get('token')}\n")
         out.write(f"connection  {result.get('connectionId')}\n")
@@ -318,7 +312,7 @@ def _render(command: str, result: Any, out: TextIO) -> int:
         print_pairs(result, out)
     else:
         out.write(f"{_cell(result)}\n")
-    return 0
+    return _exit_code_of(command, result)
 
 
 def _exit_code_of(command: str, result: Any) -> int:
