@@ -88,7 +88,9 @@ def topic_message(text: str = "topic", **extra: Any) -> dict[str, Any]:
     }
 
 
-def callback(data: str, *, chat: dict[str, Any] | None = None, thread: int | None = None) -> dict:
+def callback(
+    data: str, *, chat: dict[str, Any] | None = None, thread: int | None = None
+) -> dict[str, Any]:
     message: dict[str, Any] = {
         "message_id": 9,
         "from": {"id": 123456, "is_bot": True, "first_name": "Bot"},
@@ -166,6 +168,14 @@ def raises_flat(exc: type[BaseException], match: str | None = None) -> Any:
     return pytest.RaisesGroup(
         pytest.RaisesExc(exc, match=match), flatten_subgroups=True, allow_unwrapped=True
     )
+
+
+async def run_until_admitted(adapter: TelegramAdapter, recorder: Recorder, count: int = 1) -> None:
+    """Run the adapter until ``recorder`` has ``count`` events, then stop it."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        await recorder.wait_for(count)
+        nursery.cancel_scope.cancel()
 
 
 async def wait_until(predicate: Callable[[], bool], step: float = 0.1) -> None:

@@ -23,6 +23,7 @@ from .conftest import (
     callback,
     cursor_value,
     private_message,
+    run_until_admitted,
     wait_until,
     wait_until_async,
 )
@@ -107,10 +108,7 @@ async def test_poison_update_does_not_stall_the_poller(
     ]
     adapter = make_adapter()
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(adapter.run)
-            await recorder.wait_for(1)
-            nursery.cancel_scope.cancel()
+        await run_until_admitted(adapter, recorder)
     assert [e.text for e in recorder.events] == ["after the poison"]
 
 

@@ -28,6 +28,7 @@ from .conftest import (
     cursor_value,
     private_message,
     raises_flat,
+    run_until_admitted,
     topic_message,
     wait_until,
     wait_until_async,
@@ -226,10 +227,7 @@ async def test_137_138_groups_and_topics(
     group = {"id": -100123, "type": "supergroup", "title": "G", "is_forum": True}
     fake.push_update(callback(f"p:a:{TOKEN_43}", chat=group, thread=77), update_id=5)
     adapter = make_adapter(allow_groups=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(3)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder, 3)
     assert [e.event_id for e in recorder.events] == ["2", "3", "5"]
     for event in recorder.events:
         assert (event.external_conversation_id, event.external_actor_id) == ("-100123", "202")
@@ -253,10 +251,7 @@ async def test_146_photo_largest_size_no_getfile(
     ]
     fake.push_update(update)
     adapter = make_adapter(transcribe=_never, extract_document_text=_never)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     [event] = recorder.events
     assert event.text == "look"
     assert [(a.kind, a.transport_file_id, a.byte_length) for a in event.attachments] == [
@@ -310,10 +305,7 @@ async def test_147_voice_transcribed_before_admission(
         return "spoken words"
 
     adapter = make_adapter(transcribe=transcribe)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     assert seen == [(audio, "audio/ogg")]
     [event] = recorder.events
     assert event.text == "spoken words"
@@ -328,10 +320,7 @@ async def test_148_oversized_voice_not_downloaded(
     fake.add_file("voice-1", b"x" * 4096, file_path="voice/big.oga")
     fake.push_update(_voice_update(4096))
     adapter = make_adapter(max_attachment_bytes=1024, transcribe=_never)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     [event] = recorder.events
     assert event.text == "" and event.attachments[0].byte_length == 4096
     assert len(fake.calls_to("getFile")) == 1 and fake.calls_to("<download>") == []
@@ -344,10 +333,7 @@ async def test_149_document_without_extractor(
     fake.add_file("doc-1", b"hello")
     fake.push_update(_document_update())
     adapter = make_adapter()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     assert recorder.events[0].text == "" and fake.calls_to("getFile") == []
 
 
@@ -362,10 +348,7 @@ async def test_150_document_text_extracted(
         return f"{mime}:{data.decode()}"
 
     adapter = make_adapter(extract_document_text=extract)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     [event] = recorder.events
     [ref] = event.attachments
     assert (ref.kind, ref.transport_file_id, ref.mime_type, ref.byte_length, ref.file_name) == (
@@ -426,10 +409,7 @@ async def test_retry_after_header_alone_is_honoured(
     fake.fail_next("getUpdates", status=429, description="Too Many Requests", retry_after_header=7)
     fake.push_update(private_message("x"))
     adapter = make_adapter()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     first, second = fake.calls_to("getUpdates")[:2]
     assert second.at - first.at >= 7
 
@@ -441,10 +421,7 @@ async def test_5xx_backoff_is_exponential_and_bounded(
     fake.fail_next("getUpdates", status=502, description="Bad Gateway", times=12)
     fake.push_update(private_message("x"))
     adapter = make_adapter()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     polls = fake.calls_to("getUpdates")
     gaps = [b.at - a.at for a, b in itertools.pairwise(polls)]
     assert len(polls) == 13
@@ -478,10 +455,7 @@ async def test_409_other_poller_survived(
     fake.fail_next("getUpdates", status=409, description=CONFLICT_POLLER, times=6)
     fake.push_update(private_message("x"))
     adapter = make_adapter()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(adapter.run)
-        await recorder.wait_for(1)
-        nursery.cancel_scope.cancel()
+    await run_until_admitted(adapter, recorder)
     polls = fake.calls_to("getUpdates")
     assert len(polls) == 7
     assert all(b.at - a.at >= 3 for a, b in itertools.pairwise(polls))
