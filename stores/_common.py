@@ -13,7 +13,7 @@ import binascii
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import TypeGuard
+from typing import Protocol, TypeGuard
 
 import attrs
 
@@ -244,7 +244,18 @@ def check_list_filters(namespace: object, key_prefix: object, scope: object) -> 
 SortKey = tuple[int, str, str]
 
 
-def sort_key(record: CheckpointRecord) -> SortKey:
+class _Positioned(Protocol):
+    """What a listing position is made of: a :class:`CheckpointRecord` or a stored row."""
+
+    @property
+    def updated_at_ms(self) -> int: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+
+
+def sort_key(record: _Positioned) -> SortKey:
     """Python twin of the SQL ``ORDER BY``: ascending order of this tuple is listing order."""
     return (-record.updated_at_ms, record.key, record.namespace)
 
@@ -276,7 +287,7 @@ def decode_cursor(cursor: object) -> tuple[int, str, str] | None:
     return (decoded[0], decoded[1], decoded[2])
 
 
-def after_cursor(record: CheckpointRecord, cursor: tuple[int, str, str]) -> bool:
+def after_cursor(record: _Positioned, cursor: tuple[int, str, str]) -> bool:
     """True when ``record`` sorts strictly after the cursor position."""
     updated_at_ms, key, namespace = cursor
     return sort_key(record) > (-updated_at_ms, key, namespace)

@@ -217,9 +217,10 @@ class MemoryCheckpointStore:
         categories = _common.check_category_filter(category)
         position = _common.decode_cursor(cursor)
         n = _common.clamp_limit(limit)
+        # Sort and page the stored rows; only the rows of this page are decoded.
         matching = sorted(
             (
-                row.record()
+                row
                 for row in self._state.checkpoints.values()
                 if (namespace is None or row.namespace == namespace)
                 and (key_prefix is None or row.key.startswith(key_prefix))
@@ -230,7 +231,7 @@ class MemoryCheckpointStore:
         )
         if position is not None:
             matching = [r for r in matching if _common.after_cursor(r, position)]
-        items = tuple(matching[:n])
+        items = tuple(row.record() for row in matching[:n])
         next_cursor = _common.encode_cursor(items[-1]) if len(matching) > n else None
         return CheckpointPage(items=items, next_cursor=next_cursor)
 
