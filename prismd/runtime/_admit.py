@@ -273,6 +273,13 @@ def _denied(core: Core, reason: str) -> Admission:
     return Admission("denied", reason)
 
 
+def duplicate(core: Core, operation_id: str) -> Admission:
+    """An event already admitted: acknowledged again, never run twice."""
+    core.count("duplicates")
+    core.count("admitted")
+    return Admission("accepted", operation_id=operation_id, duplicate=True)
+
+
 def seen_before(core: Core, connection_id: str, event_key: str) -> bool:
     """No-journal dedup (§7 step 7): a bounded per-connection FIFO of event ids."""
     seen = core.seen.get(connection_id)
@@ -369,16 +376,12 @@ async def _admit_authorized(
             core.count("storage_failures")
             return _denied(core, "unavailable")
         if created is None:
-            core.count("duplicates")
-            core.count("admitted")
-            return Admission("accepted", operation_id=operation_id, duplicate=True)
+            return duplicate(core, operation_id)
         op_loaded = created
         created_flag.append(True)
         await advance_cursor(core, ownership, event.connection_id, event.event_id, now)
     elif action != "command" and seen_before(core, event.connection_id, event.event_id):
-        core.count("duplicates")
-        core.count("admitted")
-        return Admission("accepted", operation_id=operation_id, duplicate=True)
+        return duplicate(core, operation_id)
     try:
         if action == "approval":
             assert approval is not None

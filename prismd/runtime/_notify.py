@@ -14,7 +14,7 @@ from ..channel import Admission, AuthorizeInput, Grant
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
 from ..redact import utf8_len
-from ._admit import check_grant, seen_before
+from ._admit import _denied, check_grant, duplicate, seen_before
 from ._core import MAX_ID_BYTES, Core, notify_operation_id
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
@@ -25,11 +25,6 @@ _MAX_BINDING_PAGES = 20
 
 class PairingUnavailableError(Exception):
     """Pairing is off for that connection, or the caller may not pair into its scope."""
-
-
-def _denied(core: Core, reason: str) -> Admission:
-    core.count("denied")
-    return Admission("denied", reason)
 
 
 def _ok_id(value: object, limit: int = MAX_ID_BYTES) -> bool:
@@ -215,13 +210,9 @@ async def notify(
             core.count("storage_failures")
             return _denied(core, "unavailable")
         if created is None:
-            core.count("duplicates")
-            core.count("admitted")
-            return Admission("accepted", operation_id=operation_id, duplicate=True)
+            return duplicate(core, operation_id)
     elif seen_before(core, connection_id, event_id):
-        core.count("duplicates")
-        core.count("admitted")
-        return Admission("accepted", operation_id=operation_id, duplicate=True)
+        return duplicate(core, operation_id)
     await core.send_reply(
         identity=sender,
         ownership=ownership,
