@@ -18,6 +18,7 @@ from prismd.agents import (
     MockAgent,
     RunFailedError,
     RunRequest,
+    RunResult,
     StreamEvent,
     TextBlock,
     build_agent,
@@ -200,6 +201,23 @@ async def suspended_run(agent: MockAgent) -> tuple[str, int, str]:
     return result.run_id, state.version, pending.approval_id
 
 
+async def resume_allowing(
+    agent: MockAgent, run_id: str, version: int, approval_id: str, /, **overrides: Any
+) -> RunResult:
+    """``agent.resume`` of the ``suspended_run`` with ``approval_id`` allowed once, unless
+    ``overrides`` say otherwise."""
+    args: dict[str, Any] = dict(
+        run_id=run_id,
+        session_id="sess-1",
+        ownership=OWNER,
+        identity=IDENTITY,
+        expected_version=version,
+        decisions=(Decision(approval_id, "allow_once"),),
+    )
+    args.update(overrides)
+    return await agent.resume(**args)
+
+
 async def test_suspend_survives_a_new_agent_instance_and_resumes_once(
     store: MemoryStore, clock: ManualClock
 ) -> None:
@@ -216,13 +234,11 @@ async def test_suspend_survives_a_new_agent_instance_and_resumes_once(
     assert state is not None and state.status == "suspended" and state.version == version
     assert await second.tool_runs(run_id, OWNER) == 0
     events: list[StreamEvent] = []
-    result = await second.resume(
-        run_id=run_id,
-        session_id="sess-1",
-        ownership=OWNER,
-        identity=IDENTITY,
-        expected_version=version,
-        decisions=(Decision(approval_id, "allow_once"),),
+    result = await resume_allowing(
+        second,
+        run_id,
+        version,
+        approval_id,
         on_event=events.append,
     )
     assert result.status == "succeeded" and result.text == "mock: do it"
@@ -234,14 +250,7 @@ async def test_suspend_survives_a_new_agent_instance_and_resumes_once(
     assert [(e.role, e.text) for e in entries] == [("user", "do it"), ("assistant", "mock: do it")]
     assert result.leaf_id == entries[-1].id
     # A retried resume (same or stale version) returns the same result; the tool stays at 1.
-    again = await first.resume(
-        run_id=run_id,
-        session_id="sess-1",
-        ownership=OWNER,
-        identity=IDENTITY,
-        expected_version=version,
-        decisions=(Decision(approval_id, "allow_once"),),
-    )
+    again = await resume_allowing(first, run_id, version, approval_id)
     assert (again.status, again.text) == ("succeeded", "mock: do it")
     assert await first.tool_runs(run_id, OWNER) == 1
 
@@ -260,14 +269,7 @@ async def test_concurrent_resumes_run_the_tool_once(store: MemoryStore, clock: M
     results: list[str] = []
 
     async def resume(agent: Any) -> None:
-        r = await agent.resume(
-            run_id=run_id,
-            session_id="sess-1",
-            ownership=OWNER,
-            identity=IDENTITY,
-            expected_version=version,
-            decisions=(Decision(approval_id, "allow_once"),),
-        )
+        r = await resume_allowing(agent, run_id, version, approval_id)
         results.append(r.text)
 
     async with trio.open_nursery() as nursery:
@@ -284,12 +286,11 @@ async def test_deny_and_reject_end_denied_without_the_tool(
 ) -> None:
     agent = mock(store, clock, suspend_for_tool="write")
     run_id, version, approval_id = await suspended_run(agent)
-    result = await agent.resume(
-        run_id=run_id,
-        session_id="sess-1",
-        ownership=OWNER,
-        identity=IDENTITY,
-        expected_version=version,
+    result = await resume_allowing(
+        agent,
+        run_id,
+        version,
+        approval_id,
         decisions=() if how == "deny" else (Decision(approval_id, "reject_once"),),
         deny=how == "deny",
     )
@@ -298,14 +299,7 @@ async def test_deny_and_reject_end_denied_without_the_tool(
     state = await agent.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
     assert state is not None and state.status == "denied"
     # Allowing after the denial changes nothing.
-    late = await agent.resume(
-        run_id=run_id,
-        session_id="sess-1",
-        ownership=OWNER,
-        identity=IDENTITY,
-        expected_version=version,
-        decisions=(Decision(approval_id, "allow_once"),),
-    )
+    late = await resume_allowing(agent, run_id, version, approval_id)
     assert late.status == "denied" and await agent.tool_runs(run_id, OWNER) == 0
 
 
@@ -314,17 +308,8 @@ async def test_resume_errors(store: MemoryStore, clock: ManualClock) -> None:
     run_id, version, approval_id = await suspended_run(agent)
 
     async def resume(**kw: Any) -> str:
-        args: dict[str, Any] = dict(
-            run_id=run_id,
-            session_id="sess-1",
-            ownership=OWNER,
-            identity=IDENTITY,
-            expected_version=version,
-            decisions=(Decision(approval_id, "allow_once"),),
-        )
-        args.update(kw)
         with pytest.raises(RunFailedError) as info:
-            await agent.resume(**args)
+            await resume_allowing(agent, run_id, version, approval_id, **kw)
         assert info.value.result.status == "failed" and info.value.result.error is not None
         return str(info.value.result.error.code)
 
@@ -347,26 +332,12 @@ async def test_cancelled_resume_finishes_later_without_rerunning_the_tool(
     with trio.fail_after(60):
         run_id, version, approval_id = await suspended_run(agent)
     with trio.move_on_after(1) as scope:
-        await agent.resume(
-            run_id=run_id,
-            session_id="sess-1",
-            ownership=OWNER,
-            identity=IDENTITY,
-            expected_version=version,
-            decisions=(Decision(approval_id, "allow_once"),),
-        )
+        await resume_allowing(agent, run_id, version, approval_id)
     assert scope.cancelled_caught
     assert await agent.tool_runs(run_id, OWNER) == 1
     state = await agent.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
     assert state is not None and state.status == "running"
-    result = await agent.resume(
-        run_id=run_id,
-        session_id="sess-1",
-        ownership=OWNER,
-        identity=IDENTITY,
-        expected_version=version,
-        decisions=(Decision(approval_id, "allow_once"),),
-    )
+    result = await resume_allowing(agent, run_id, version, approval_id)
     assert result.status == "succeeded" and result.text == "mock: do it"
     assert await agent.tool_runs(run_id, OWNER) == 1
 
@@ -509,14 +480,7 @@ async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) ->
             ctx2 = attrs.evolve(ctx1, checkpoints=second_store.checkpoints)
             second = build_agent("mock", ctx2)
             assert isinstance(second, MockAgent)
-            result = await second.resume(
-                run_id=run_id,
-                session_id="sess-1",
-                ownership=OWNER,
-                identity=IDENTITY,
-                expected_version=version,
-                decisions=(Decision(approval_id, "allow_once"),),
-            )
+            result = await resume_allowing(second, run_id, version, approval_id)
             assert (result.status, result.text) == ("succeeded", "mock: do it")
             assert await second.tool_runs(run_id, OWNER) == 1
             entries = await second.session_entries("sess-1", OWNER)
