@@ -51,7 +51,8 @@ from stores import OwnershipScope, Store
 
 from .api import MessagingRuntime
 from .config import ControlConfig, GrantConfig, Operator
-from .identity import AgentIdentity, Principal
+from .grants import operator_identity as _grant_identity
+from .identity import AgentIdentity
 from .runtime import PairingUnavailableError
 
 __all__ = [
@@ -134,19 +135,9 @@ def to_wire(value: Any) -> Any:
 
 
 def operator_identity(operator: Operator, *, now_ms: int | None = None) -> AgentIdentity:
-    """The identity an operator acts as: its tenant (and account/user when configured).
-
-    The principal kind is ``operator`` and its id names the uid, never a secret.
-    """
+    """:func:`prismd.grants.operator_identity`, issued now unless ``now_ms`` is given."""
     issued = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-    return AgentIdentity(
-        tenant_id=operator.tenant,
-        principal=Principal(kind="operator", id=str(operator.uid)),
-        scopes=("operator",),
-        issued_at_ms=issued,
-        account_id=operator.account,
-        user_id=operator.user,
-    )
+    return _grant_identity(operator, now_ms=issued)
 
 
 def pairing_aliases_from_grants(
@@ -351,11 +342,9 @@ class ControlHandler:
                 aliases=chosen,
                 ttl_ms=ttl_ms,
             )
-        except Exception as exc:
+        except PairingUnavailableError as exc:
             # The runtime's "pairing unavailable" reasons are fixed texts, safe to show.
-            if isinstance(exc, PairingUnavailableError):
-                raise RpcError(PAIRING_UNAVAILABLE, f"pairing unavailable: {exc}") from None
-            raise
+            raise RpcError(PAIRING_UNAVAILABLE, f"pairing unavailable: {exc}") from None
         return to_wire(ticket)
 
     async def _events(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
