@@ -244,25 +244,26 @@ def _maybe_answerless(record: OperationRecord) -> bool:
 async def _mark_handled(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
 ) -> ReconcileResult:
-    assert core.journal is not None
     updated = attrs.evolve(loaded.record, reply_staged=True, updated_at_ms=core.now_ms())
-    try:
-        saved = await core.journal.save_operation(
-            scope, updated, loaded.version, loaded.fencing_token
-        )
-    except Exception:
-        core.count("storage_failures")
-        return ReconcileResult("unavailable")
-    if saved is None:
-        return ReconcileResult("conflict", state=loaded.record.state)
-    return ReconcileResult("resolved", outcome="none", state=loaded.record.state)
+    return await _resolve(core, scope, loaded, updated, "none")
 
 
 async def _transition(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord], state: str
 ) -> ReconcileResult:
-    assert core.journal is not None
     updated = attrs.evolve(loaded.record, state=state, updated_at_ms=core.now_ms())
+    return await _resolve(core, scope, loaded, updated, state)
+
+
+async def _resolve(
+    core: Core,
+    scope: OwnershipScope,
+    loaded: Loaded[OperationRecord],
+    updated: OperationRecord,
+    outcome: str,
+) -> ReconcileResult:
+    """CAS ``updated`` over ``loaded``: ``resolved`` with ``outcome``, else conflict/unavailable."""
+    assert core.journal is not None
     try:
         # The stored fencing token is reused so a dead holder's fence does not block this.
         saved = await core.journal.save_operation(
@@ -273,7 +274,7 @@ async def _transition(
         return ReconcileResult("unavailable")
     if saved is None:
         return ReconcileResult("conflict", state=loaded.record.state)
-    return ReconcileResult("resolved", outcome=state, state=state)
+    return ReconcileResult("resolved", outcome=outcome, state=updated.state)
 
 
 async def _resend(
