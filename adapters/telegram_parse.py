@@ -199,12 +199,10 @@ def parse_update(
     update_id = update_id_of(update)
     if update_id is None:
         return None
-    event_id = str(update_id)
     message = update.get("message")
     if isinstance(message, Mapping):
         return _parse_message(
             update_id,
-            event_id,
             message,
             connection_id=connection_id,
             allow_groups=allow_groups,
@@ -213,7 +211,7 @@ def parse_update(
     callback = update.get("callback_query")
     if isinstance(callback, Mapping):
         return _parse_callback(
-            update_id, event_id, callback, connection_id=connection_id, allow_groups=allow_groups
+            update_id, callback, connection_id=connection_id, allow_groups=allow_groups
         )
     for kind in ("edited_message", "channel_post", "edited_channel_post", "my_chat_member"):
         if kind in update:
@@ -223,7 +221,6 @@ def parse_update(
 
 def _parse_message(
     update_id: int,
-    event_id: str,
     message: Mapping[str, Any],
     *,
     connection_id: str,
@@ -261,7 +258,7 @@ def _parse_message(
             connection_id=connection_id,
             external_conversation_id=conversation,
             external_actor_id=actor,
-            event_id=event_id,
+            event_id=str(update_id),
             text=stripped,
             attachments=refs,
             thread_id=_thread(message),
@@ -272,7 +269,6 @@ def _parse_message(
 
 def _parse_callback(
     update_id: int,
-    event_id: str,
     callback: Mapping[str, Any],
     *,
     connection_id: str,
@@ -303,7 +299,7 @@ def _parse_callback(
             connection_id=connection_id,
             external_conversation_id=conversation,
             external_actor_id=actor,
-            event_id=event_id,
+            event_id=str(update_id),
             text="",
             approval=ApprovalInput(
                 token=match.group(2),
