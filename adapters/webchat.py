@@ -74,6 +74,7 @@ import trio_websocket
 from prismd.adapter import AdapterFatalError, Admit
 from prismd.channel import Admission, ApprovalInput, InboundEvent, Reply, SendResult
 from prismd.config import is_loopback_host, parse_host_port
+from prismd.redact import utf8_len
 from stores import SYSTEM_CLOCK, Clock
 
 __all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
@@ -597,21 +598,21 @@ class WebchatAdapter:
                     del self._sockets[actor]
 
     def _decode(self, message: str | bytes) -> dict[str, Any]:
-        if isinstance(message, bytes):
-            self._rejected_frames += 1
-            raise _BadFrame("binary frames are not supported")
-        if len(message.encode("utf-8", "surrogatepass")) > self.max_message_bytes:
-            self._rejected_frames += 1
-            raise _BadFrame("frame too large")
         try:
-            frame = json.loads(message)
-        except (ValueError, RecursionError):  # RecursionError: nesting past the parser's limit
+            if isinstance(message, bytes):
+                raise _BadFrame("binary frames are not supported")
+            if utf8_len(message) > self.max_message_bytes:
+                raise _BadFrame("frame too large")
+            try:
+                frame = json.loads(message)
+            except (ValueError, RecursionError):  # RecursionError: nesting past the parser's limit
+                raise _BadFrame("frame is not valid JSON") from None
+            if not isinstance(frame, dict):
+                raise _BadFrame("frame must be a JSON object")
+            return frame
+        except _BadFrame:
             self._rejected_frames += 1
-            raise _BadFrame("frame is not valid JSON") from None
-        if not isinstance(frame, dict):
-            self._rejected_frames += 1
-            raise _BadFrame("frame must be a JSON object")
-        return frame
+            raise
 
     def _event_from(self, actor: str, frame: dict[str, Any]) -> tuple[InboundEvent, str | None]:
         kind = frame.get("type")
