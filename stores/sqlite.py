@@ -633,6 +633,36 @@ class SQLiteLeaseStore:
         if row is not None and tuple(row) != _scope_args(scope):
             raise LeaseConflictError("lease ownership mismatch")
 
+    async def _move_expiry(
+        self,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        token: str,
+        now: int,
+        expires_at: int,
+    ) -> LeaseRecord | None:
+        """Set the expiry of the unexpired lease (owner_id, token) holds; ``None`` when it
+        does not hold one. The scope is checked only when the update misses, so the common
+        case is one statement."""
+
+        def txn(conn: apsw.Connection) -> LeaseRecord | None:
+            row = _one(
+                conn,
+                "UPDATE prism_leases SET expires_at = ?, updated_at = ?"
+                f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
+                " AND owner_id = ? AND token = ? AND expires_at > ?"
+                f" RETURNING {_LEASE_COLUMNS}",
+                (expires_at, now, namespace, key, *_scope_args(scope), owner_id, token, now),
+            )
+            if row is not None:
+                return _lease(row)
+            self._check_scope(conn, namespace, key, scope)
+            return None
+
+        return await self._db.write(txn)
+
     async def try_acquire_lease(
         self,
         *,
@@ -705,19 +735,7 @@ class SQLiteLeaseStore:
         _common.check_name(token, "token", InvalidLeaseError)
         ttl = _common.check_ttl(ttl_ms)
         now = self._db.clock.now_ms()
-
-        def txn(conn: apsw.Connection) -> LeaseRecord | None:
-            self._check_scope(conn, namespace, key, scope)
-            row = _one(
-                conn,
-                "UPDATE prism_leases SET expires_at = ?, updated_at = ?"
-                " WHERE namespace = ? AND key = ? AND owner_id = ? AND token = ?"
-                f" AND expires_at > ? RETURNING {_LEASE_COLUMNS}",
-                (now + ttl, now, namespace, key, owner_id, token, now),
-            )
-            return None if row is None else _lease(row)
-
-        return await self._db.write(txn)
+        return await self._move_expiry(namespace, key, scope, owner_id, token, now, now + ttl)
 
     async def release_lease(
         self, *, namespace: str, key: str, scope: OwnershipScope, owner_id: str, token: str
@@ -727,19 +745,7 @@ class SQLiteLeaseStore:
         _common.check_name(owner_id, "owner_id", InvalidLeaseError)
         _common.check_name(token, "token", InvalidLeaseError)
         now = self._db.clock.now_ms()
-
-        def txn(conn: apsw.Connection) -> bool:
-            self._check_scope(conn, namespace, key, scope)
-            row = _one(
-                conn,
-                "UPDATE prism_leases SET expires_at = ?, updated_at = ?"
-                " WHERE namespace = ? AND key = ? AND owner_id = ? AND token = ?"
-                " AND expires_at > ? RETURNING 1",
-                (now, now, namespace, key, owner_id, token, now),
-            )
-            return row is not None
-
-        return await self._db.write(txn)
+        return await self._move_expiry(namespace, key, scope, owner_id, token, now, now) is not None
 
     async def get_lease(
         self, *, namespace: str, key: str, scope: OwnershipScope
