@@ -22,7 +22,7 @@ import prismd.daemon as daemon_module
 from prismd.config import Config, parse_config
 from prismd.daemon import Daemon, RestartPolicy
 
-from .helpers import chat, child_env, free_port, running_daemon, wait_runs, write_config
+from .helpers import Layout, chat, child_env, free_port, running_daemon, wait_runs, write_config
 from .helpers import inprocess_config as _config
 
 SECRET = "SuperSecretValue-0123456789"
@@ -83,7 +83,9 @@ async def test_a_python_agent_factory_raising_is_a_one_line_failure_without_its_
     assert SECRET not in out
 
 
-async def _signal_while_opening(tmp_path: Path, signum: int) -> None:
+def _slow_start_layout(tmp_path: Path, *, sleep_s: float) -> tuple[Layout, Path]:
+    """A config whose second agent blocks the start for ``sleep_s`` after touching the
+    returned marker file (see ``slow_start_mock``)."""
     marker = tmp_path / "opening.marker"
     layout = write_config(
         tmp_path,
@@ -92,9 +94,14 @@ async def _signal_while_opening(tmp_path: Path, signum: int) -> None:
 kind = "python"
 factory = "tests.daemon.helpers:slow_start_mock"
 marker_file = "{marker}"
-sleep_s = 1.5
+sleep_s = {sleep_s}
 """,
     )
+    return layout, marker
+
+
+async def _signal_while_opening(tmp_path: Path, signum: int) -> None:
+    layout, marker = _slow_start_layout(tmp_path, sleep_s=1.5)
     async with running_daemon(layout) as daemon:
         with trio.fail_after(30):
             while not marker.exists():
@@ -176,17 +183,7 @@ async def test_sigterm_with_a_claimed_turn_leaves_no_live_lease_in_the_store(
 async def test_sighup_while_opening_does_not_kill_the_daemon(tmp_path: Path) -> None:
     """logrotate's SIGHUP can come at any time; before the receiver runs it must not have
     its default effect (terminate)."""
-    marker = tmp_path / "opening.marker"
-    layout = write_config(
-        tmp_path,
-        extra=f"""
-[agents.late]
-kind = "python"
-factory = "tests.daemon.helpers:slow_start_mock"
-marker_file = "{marker}"
-sleep_s = 0.5
-""",
-    )
+    layout, marker = _slow_start_layout(tmp_path, sleep_s=0.5)
     async with running_daemon(layout) as daemon:
         with trio.fail_after(30):
             while not marker.exists():
