@@ -458,8 +458,7 @@ async def _settle_or_remove(
         )
         if not ok and command and core.journal is not None:
             core.count("storage_failures")
-        if result.status == "accepted":
-            core.count("admitted")
+        core.count("admitted")
         return
     await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
     if result.status == "denied":
