@@ -1,13 +1,13 @@
 """Backends for the store conformance suite.
 
 Every test that takes the ``store`` fixture runs once per backend (ids ``memory``,
-``sqlite``). A new backend joins by adding one entry to :data:`BACKENDS` (and to
-:data:`DURABLE` when it survives a reopen).
+``sqlite``). A new backend joins by adding one entry to :data:`BACKENDS`; every backend but
+``memory`` survives a reopen (:data:`DURABLE`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import attrs
@@ -32,27 +32,23 @@ class TrioClock:
         return self.epoch_ms + int(trio.current_time() * 1000)
 
 
-Opener = Callable[..., Awaitable[Store]]
-
-
 @attrs.define
 class Backend:
     """How to open (and, for durable backends, reopen) one store for a test."""
 
     name: str
     url: str
-    durable: bool
 
     async def open(self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Store:
         return await open_store(self.url, clock=TrioClock(), max_value_bytes=max_value_bytes)
 
 
 def _memory(tmp_path: Path) -> Backend:
-    return Backend("memory", "memory://", durable=False)
+    return Backend("memory", "memory://")
 
 
 def _sqlite(tmp_path: Path) -> Backend:
-    return Backend("sqlite", f"sqlite:///{tmp_path}/journal.sqlite", durable=True)
+    return Backend("sqlite", f"sqlite:///{tmp_path}/journal.sqlite")
 
 
 BACKENDS: dict[str, Callable[[Path], Backend]] = {"memory": _memory, "sqlite": _sqlite}
