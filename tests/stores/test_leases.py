@@ -32,7 +32,7 @@ async def acquire(
     return await store.leases.try_acquire_lease(owner_id=owner, ttl_ms=ttl_ms, **args)
 
 
-async def renew(store: Store, lease: LeaseRecord, ttl_ms: int = 30_000, **kw: Any) -> Any:
+def _holder_args(lease: LeaseRecord, kw: dict[str, Any]) -> dict[str, Any]:
     args: dict[str, Any] = {
         "namespace": NS,
         "key": KEY,
@@ -41,19 +41,15 @@ async def renew(store: Store, lease: LeaseRecord, ttl_ms: int = 30_000, **kw: An
         "token": lease.token,
     }
     args.update(kw)
-    return await store.leases.renew_lease(ttl_ms=ttl_ms, **args)
+    return args
+
+
+async def renew(store: Store, lease: LeaseRecord, ttl_ms: int = 30_000, **kw: Any) -> Any:
+    return await store.leases.renew_lease(ttl_ms=ttl_ms, **_holder_args(lease, kw))
 
 
 async def release(store: Store, lease: LeaseRecord, **kw: Any) -> bool:
-    args: dict[str, Any] = {
-        "namespace": NS,
-        "key": KEY,
-        "scope": SCOPE,
-        "owner_id": lease.owner_id,
-        "token": lease.token,
-    }
-    args.update(kw)
-    return await store.leases.release_lease(**args)
+    return await store.leases.release_lease(**_holder_args(lease, kw))
 
 
 async def get(store: Store, scope: OwnershipScope = SCOPE) -> LeaseRecord | None:
