@@ -210,7 +210,6 @@ class _Socket:
     ws: Any  # trio_websocket.WebSocketConnection (untyped library)
     stream: trio.abc.Stream
     """The transport under ``ws``, closed directly when the peer stops reading."""
-    actor: str = ""
 
 
 @attrs.define(eq=False)
@@ -564,7 +563,6 @@ class WebchatAdapter:
             await self._send_error(sock, "no hello received in time")
             await ws.aclose(1008, "no hello")
             return
-        sock.actor = actor
         if not await self._send_frame(sock, json.dumps({"type": "ready", "actor": actor})):
             return
         self._sockets.setdefault(actor, set()).add(sock)
