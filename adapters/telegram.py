@@ -39,6 +39,7 @@ import trio
 from prismd.adapter import AdapterFatalError, Admit, DeliveryOutcomeUnknownError
 from prismd.channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
 from prismd.journal import cursor_key
+from prismd.redact import utf8_len
 from stores import (
     SYSTEM_CLOCK,
     CheckpointConflictError,
@@ -155,7 +156,7 @@ def _voice_format(fmt: str) -> tuple[str, str] | None:
 
 
 def _valid_file_path(path: object) -> bool:
-    if not isinstance(path, str) or not path or len(path.encode("utf-8", "surrogatepass")) > 256:
+    if not isinstance(path, str) or not path or utf8_len(path) > 256:
         return False
     segments = path.split("/")
     return len(segments) <= 4 and all(

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from prismd.channel import ApprovalInput, AttachmentRef, InboundEvent
+from prismd.redact import utf8_len
 
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_ATTACHMENTS = 8
@@ -65,11 +66,11 @@ def update_id_of(update: object) -> int | None:
 
 
 def _bounded_str(value: object, limit: int) -> str | None:
-    # surrogatepass: a lone surrogate (legal in JSON text, ``"\\ud800"``) must make this
-    # ``None`` below, not raise; a raising parse would re-poll the same update forever.
+    # A lone surrogate (legal in JSON text, ``"\\ud800"``) must make this ``None``, not
+    # raise; a raising parse would re-poll the same update forever.
     if not isinstance(value, str) or not value or _LONE_SURROGATE_RE.search(value):
         return None
-    if len(value.encode("utf-8", "surrogatepass")) > limit:
+    if utf8_len(value) > limit:
         return None
     return value
 
