@@ -30,6 +30,7 @@ from stores import (
 )
 
 from .channel import ApprovalOutcome, Control
+from .journal import _part, _scope_parts
 
 NS_CONTROL = "prism.channels.v1.control"
 CATEGORY_CONTROL = "channel-control"
@@ -63,23 +64,9 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()[:40]
 
 
-def _scope_part(value: str | None) -> str:
-    return "-" if value is None else value
-
-
 def control_key(prefix: str, scope: OwnershipScope, connection_id: str, token: str) -> str:
     """``<prefix>:<conn>:<T>:<A>:<U>:<hash>`` (§5); absent scope parts and empty conn are ``-``."""
-    conn = connection_id or "-"
-    return ":".join(
-        (
-            prefix,
-            conn,
-            _scope_part(scope.tenant_id),
-            _scope_part(scope.account_id),
-            _scope_part(scope.user_id),
-            token_hash(token),
-        )
-    )
+    return f"{prefix}:{_part(connection_id)}:{_scope_parts(scope)}:{token_hash(token)}"
 
 
 def _encoded_size(value: Mapping[str, Any]) -> int:
