@@ -136,7 +136,6 @@ def _os_reason(exc: OSError) -> str:
 @attrs.define(eq=False)
 class _Conversation:
     ws: Any
-    actor: str
     out: TextIO
     err: TextIO
     ready: trio.Event = attrs.field(factory=trio.Event)
@@ -279,7 +278,7 @@ async def _converse(
 ) -> int:
     target = _target(url)
     async with _open_socket(target, token, connect_timeout_s) as ws:
-        conversation = _Conversation(ws=ws, actor=actor, out=out, err=err)
+        conversation = _Conversation(ws=ws, out=out, err=err)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conversation.read_frames, nursery.cancel_scope)
             await ws.send_message(json.dumps({"type": "hello", "actor": actor}))
