@@ -230,16 +230,21 @@ class Supervisor:
         attempt = 0
         first = True
 
-        def report_started() -> None:
+        def release_start() -> None:
+            """Report the first start (once) so ``Supervisor.start`` stops waiting."""
             nonlocal first
-            child.state = "running"
             if first:
                 first = False
                 task_status.started()
 
+        def report_started() -> None:
+            child.state = "running"
+            release_start()
+
         with child.cancel_scope:
             while True:
-                child.state = "starting" if first else child.state
+                if first:
+                    child.state = "starting"
                 started_at = trio.current_time()
                 try:
                     await child.run(task_status=_ChildStatus(report_started))
@@ -248,9 +253,7 @@ class Supervisor:
                     if _is_fatal(exc):
                         child.state = "failed"
                         log.error("%s stopped: fatal adapter error (%s)", child.name, reason)
-                        if first:
-                            first = False
-                            task_status.started()
+                        release_start()
                         return
                     if first and not child.detached:
                         child.state = "failed"
@@ -281,9 +284,7 @@ class Supervisor:
                     continue
                 # A run that returns on its own is finished, not crashed.
                 child.state = "stopped"
-                if first:
-                    first = False
-                    task_status.started()
+                release_start()
                 return
         child.state = "stopped"
 
