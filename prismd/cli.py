@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import trio
 
@@ -87,22 +87,20 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .daemon import describe_exception, install_early_signal_handlers, run_daemon
+    from .daemon import install_early_signal_handlers
 
     # First: from here on SIGTERM/SIGINT are stop requests, never a traceback or a kill
     # at an arbitrary point of the startup (the daemon honours them at a safe point).
     restore_signals = install_early_signal_handlers()
     try:
-        return _run_with_early_signals(args, run_daemon, describe_exception)
+        return _run_with_early_signals(args)
     finally:
         restore_signals()
 
 
-def _run_with_early_signals(
-    args: argparse.Namespace,
-    run_daemon: Callable[..., Awaitable[int]],
-    describe_exception: Callable[[BaseException], str],
-) -> int:
+def _run_with_early_signals(args: argparse.Namespace) -> int:
+    from .daemon import describe_exception, run_daemon
+
     # The journal and state files hold message text and lease owner ids: never readable
     # by "other", whatever umask the shell had (group access stays as configured, for
     # an operators group). os.umask can only be read by setting it.
