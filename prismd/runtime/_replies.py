@@ -7,7 +7,7 @@ import json
 import attrs
 
 from ..journal import ReplyRecord
-from ..redact import truncate_utf8
+from ..redact import truncate_utf8, utf8_len
 
 
 def scrub_surrogates(text: str) -> str:
@@ -24,7 +24,7 @@ def scrub_surrogates(text: str) -> str:
 def _record_size(record: ReplyRecord, text: str) -> int:
     value = attrs.evolve(record, text=text).to_json()
     dumped = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return len(dumped.encode("utf-8", "surrogatepass"))
+    return utf8_len(dumped)
 
 
 def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecord:
@@ -38,7 +38,7 @@ def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecor
     budget = limit - min(4096, limit // 4)
     if _record_size(record, record.text) <= budget:
         return record
-    lo, hi = 0, len(record.text.encode("utf-8", "surrogatepass"))
+    lo, hi = 0, utf8_len(record.text)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if _record_size(record, truncate_utf8(record.text, mid)[0]) <= budget:
