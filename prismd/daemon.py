@@ -417,7 +417,6 @@ class Daemon:
     supervisor: Supervisor = attrs.field(init=False)
     ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
-    state: StateDir | None = attrs.field(default=None, init=False)
     host: Host | None = attrs.field(default=None, init=False)
     runtime: MessagingRuntime | None = attrs.field(default=None, init=False)
     endpoints: dict[str, str] = attrs.field(factory=dict, init=False)
@@ -484,14 +483,14 @@ class Daemon:
                 self._fail(f"[control] group: no such group {group!r}")
                 return EXIT_FAILURE
         try:
-            self.state = open_state_dir(self.config.daemon.state_dir)
+            state = open_state_dir(self.config.daemon.state_dir)
         except StateDirError as exc:
             self._fail(str(exc))
             return EXIT_FAILURE
         try:
-            return await self._run_locked(self.state)
+            return await self._run_locked(state)
         finally:
-            self.state.close()
+            state.close()
 
     def _fail(self, message: str) -> None:
         log.error("%s", message)
