@@ -25,12 +25,13 @@ import attrs
 import httpx
 import trio
 
+from prismd.config import is_loopback_host
+
 DEFAULT_API_ORIGIN = "https://api.telegram.org"
 DEFAULT_MAX_RESPONSE_BYTES = 128 * 1024
 REQUEST_GRACE_S = 30.0
 """Added to the read timeout to make the deadline of a whole request (connect, send, body)."""
 _TOKEN_RE = re.compile(r"^[0-9]{1,20}:[A-Za-z0-9_-]{1,1000}$")
-_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
 class _DropBotUrls(logging.Filter):
@@ -114,7 +115,7 @@ def validate_api_origin(origin: str) -> str:
         url = httpx.URL(origin)
     except Exception:
         raise ValueError("api_origin must be an https origin") from None
-    ok_scheme = url.scheme == "https" or (url.scheme == "http" and url.host in _LOOPBACK_HOSTS)
+    ok_scheme = url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))
     if (
         not ok_scheme
         or not url.host
