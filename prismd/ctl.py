@@ -15,6 +15,7 @@ Plain blocking sockets on purpose: one request, one answer (or a stream of pages
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -202,11 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--socket", help="control socket path (default: see prismctl docs)")
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The global options are accepted after the command too (`prismctl events --json`);
+    # SUPPRESS keeps the top-level value when the command does not repeat them.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    add = functools.partial(sub.add_parser, parents=[common])
 
-    cmd = sub.add_parser("list-unresolved", help="operations the daemon cannot prove settled")
+    cmd = add("list-unresolved", help="operations the daemon cannot prove settled")
     cmd.add_argument("--limit", type=int, help="at most N entries (1-500)")
 
-    cmd = sub.add_parser("reconcile", help="settle one unresolved operation")
+    cmd = add("reconcile", help="settle one unresolved operation")
     cmd.add_argument("operation", metavar="OP", help="operation id")
     cmd.add_argument("--connection", required=True, help="connection id")
     cmd.add_argument("--version", required=True, type=int, help="expected version (CAS)")
@@ -216,29 +225,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="settle a possibly executed turn as execution_unknown",
     )
 
-    cmd = sub.add_parser("prune", help="delete settled records past retention")
+    cmd = add("prune", help="delete settled records past retention")
     cmd.add_argument("--now", metavar="ISO", help="prune as if it were this time (ISO 8601)")
 
-    sub.add_parser("diagnostics", help="runtime counters")
-    sub.add_parser("health", help="the supervisor's health snapshot")
+    add("diagnostics", help="runtime counters")
+    add("health", help="the supervisor's health snapshot")
 
-    cmd = sub.add_parser("notify", help="send a durable notice to a conversation")
+    cmd = add("notify", help="send a durable notice to a conversation")
     cmd.add_argument("--connection", required=True)
     cmd.add_argument("--conversation", required=True, help="external conversation id")
     cmd.add_argument("--thread", help="thread id")
     cmd.add_argument("--id", dest="notify_id", required=True, metavar="NOTIFY_ID")
     cmd.add_argument("--text", required=True)
 
-    cmd = sub.add_parser("pair", help="issue a one-time pairing token")
+    cmd = add("pair", help="issue a one-time pairing token")
     cmd.add_argument("--connection", required=True)
     cmd.add_argument("--alias", action="append", dest="aliases", metavar="A")
     cmd.add_argument("--ttl-ms", type=int)
 
-    cmd = sub.add_parser("events", help="the journal event stream")
+    cmd = add("events", help="the journal event stream")
     cmd.add_argument("--after", type=int, default=0, metavar="N", help="cursor to start after")
     cmd.add_argument("--follow", action="store_true", help="keep printing new events")
 
-    cmd = sub.add_parser("chat", help="chat with an agent through the web chat channel")
+    cmd = add("chat", help="chat with an agent through the web chat channel")
     cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
     cmd.add_argument("--actor", help="actor id (default: a random one)")
     cmd.add_argument(

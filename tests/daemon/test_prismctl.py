@@ -368,3 +368,16 @@ def test_socket_path_too_long_names_the_reason(capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert err.startswith(f"prismctl: cannot connect to {path}: ")
     assert not err.rstrip().endswith("None") and "too long" in err
+
+
+async def test_global_options_after_the_command(tmp_path: Path) -> None:
+    """`prismctl diagnostics --json --socket PATH` works like `prismctl --json --socket
+    PATH diagnostics` (a new user types options after the command)."""
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config):
+            code, out, err = await prismctl("diagnostics", "--json", "--socket", config.socket)
+            assert code == 0, err
+            assert json.loads(out)["deliveryFailures"] == 1
+            code, before, _ = await prismctl("--json", "--socket", config.socket, "diagnostics")
+            assert code == 0 and json.loads(before) == json.loads(out)
