@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from prismd.channel import ApprovalInput, AttachmentRef, InboundEvent
-from prismd.redact import utf8_len
+from prismd.redact import LONE_SURROGATE_RE, replace_surrogates, utf8_len
 
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_ATTACHMENTS = 8
@@ -40,7 +40,6 @@ ALLOWED_UPDATES: tuple[str, ...] = ("message", "callback_query", "my_chat_member
 blocking the bot); asking for it keeps the allowed list honest about what we read."""
 
 _APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
-_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _COMMAND_RE = re.compile(r"^(/[A-Za-z0-9_]+)@([A-Za-z0-9_]{1,64})(?=\s|$)")
 
 
@@ -68,7 +67,7 @@ def update_id_of(update: object) -> int | None:
 def _bounded_str(value: object, limit: int) -> str | None:
     # A lone surrogate (legal in JSON text, ``"\\ud800"``) must make this ``None``, not
     # raise; a raising parse would re-poll the same update forever.
-    if not isinstance(value, str) or not value or _LONE_SURROGATE_RE.search(value):
+    if not isinstance(value, str) or not value or LONE_SURROGATE_RE.search(value):
         return None
     if utf8_len(value) > limit:
         return None
@@ -81,7 +80,7 @@ def clean_text(value: str) -> str:
     ``json.loads`` joins escaped pairs into one code point, so any surrogate left is unpaired;
     it cannot be stored as UTF-8, and refusing the whole message would lose the rest of it.
     """
-    return _LONE_SURROGATE_RE.sub("\ufffd", value)
+    return replace_surrogates(value)
 
 
 def _chat_id(value: object) -> str | None:

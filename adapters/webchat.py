@@ -74,7 +74,7 @@ import trio_websocket
 from prismd.adapter import AdapterFatalError, Admit
 from prismd.channel import Admission, ApprovalInput, InboundEvent, Reply, SendResult
 from prismd.config import is_loopback_host, parse_host_port
-from prismd.redact import utf8_len
+from prismd.redact import replace_surrogates, utf8_len
 from stores import SYSTEM_CLOCK, Clock
 
 __all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
@@ -84,7 +84,6 @@ log = logging.getLogger("prismd.webchat")
 ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
-_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 MAX_HEAD_BYTES = 8 * 1024
 """Largest HTTP request head accepted (431 above it)."""
@@ -624,7 +623,7 @@ class WebchatAdapter:
                     raise _BadFrame("message text must be a non-empty string")
                 # ``json.loads`` joins escaped pairs, so a surrogate left is unpaired; the
                 # journal cannot store it (as UTF-8), and a store refusal reads as retryable.
-                text = _LONE_SURROGATE_RE.sub("\ufffd", text)
+                text = replace_surrogates(text)
                 return self._event(actor, f"{actor}:{client_id}", text, None), client_id
             if kind == "approve":
                 client_id = frame.get("id")

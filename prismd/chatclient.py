@@ -27,11 +27,12 @@ import attrs
 import trio
 import trio_websocket
 
+from .redact import replace_surrogates
+
 __all__ = ["chat", "run_chat_cli"]
 
 ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
-_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 CONNECT_TIMEOUT_S = 10.0
 LINGER_S = 15.0
 """After EOF, how long to wait for admissions and replies still due."""
@@ -147,7 +148,7 @@ class _Conversation:
 
     def _print(self, stream: TextIO, text: str) -> None:
         # A lone surrogate (a JSON escape) would make a strict UTF-8 stdout raise.
-        stream.write(_LONE_SURROGATE_RE.sub("\ufffd", text) + "\n")
+        stream.write(replace_surrogates(text) + "\n")
         stream.flush()
 
     def _touch(self) -> None:

@@ -35,7 +35,6 @@ import grp
 import json
 import logging
 import os
-import re
 import socket as _socket
 import stat
 import struct
@@ -53,6 +52,7 @@ from .api import MessagingRuntime
 from .config import ControlConfig, GrantConfig, Operator
 from .grants import operator_identity as _grant_identity
 from .identity import AgentIdentity
+from .redact import LONE_SURROGATE_RE
 from .runtime import PairingUnavailableError
 
 __all__ = [
@@ -195,13 +195,10 @@ class _Params:
         return value
 
 
-_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
-
 def _check_unicode(name: str, value: str) -> None:
     # ``"\ud800"`` is valid JSON, but no store can hold a lone surrogate: refuse it here as
     # the caller's mistake instead of failing deep inside the runtime or the store.
-    if _LONE_SURROGATE_RE.search(value):
+    if LONE_SURROGATE_RE.search(value):
         raise ParamsError(f"param {name!r} must be valid Unicode text")
 
 

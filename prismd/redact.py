@@ -7,9 +7,20 @@ notify texts, previews) goes through :meth:`Redactor.redact` first and then thro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import attrs
+
+LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+"""Any surrogate code point. ``"\\ud800"`` is legal JSON text but cannot be encoded as
+UTF-8, so no store, socket or terminal can take it: inputs refuse it or replace it."""
+
+
+def replace_surrogates(text: str) -> str:
+    """``text`` with every surrogate code point replaced by U+FFFD."""
+    return LONE_SURROGATE_RE.sub("\ufffd", text)
+
 
 REDACTED = "[REDACTED]"
 TRUNCATION_MARKER = "\u2026[truncated]"

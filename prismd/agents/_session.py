@@ -24,6 +24,7 @@ from stores import (
     OwnershipScope,
 )
 
+from ..redact import replace_surrogates
 from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
 
 NS_SESSION = "prismd.agents.v1.session"
@@ -123,13 +124,10 @@ def _parse_entries(value: object) -> list[SessionEntry]:
     return entries
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _clip(text: str) -> str:
     """At most :data:`MAX_ENTRY_BYTES` of UTF-8, cut on a code point boundary; lone
     surrogates (which no store can hold as UTF-8) become U+FFFD."""
-    text = _LONE_SURROGATE.sub("\ufffd", text)
+    text = replace_surrogates(text)
     raw = text.encode("utf-8")
     if len(raw) <= MAX_ENTRY_BYTES:
         return text
