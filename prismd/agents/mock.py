@@ -100,6 +100,10 @@ class _RunRecord:
     answer: str | None = None
     leaf_id: str | None = None
 
+    def succeeded(self, run_id: str) -> RunResult:
+        """The stored result of a run that has ended ``succeeded``."""
+        return RunResult("succeeded", self.answer or "", run_id, self.session_id, self.leaf_id)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
@@ -308,9 +312,7 @@ class MockAgent:
                 raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
             version, record = loaded
             if record.status == "succeeded":
-                return RunResult(
-                    "succeeded", record.answer or "", run_id, session_id, leaf_id=record.leaf_id
-                )
+                return record.succeeded(run_id)
             if record.status == "denied":
                 return RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
             if record.status == "running":
@@ -344,9 +346,7 @@ class MockAgent:
             raise _failed(run_id, "", "run_not_found", "run state vanished")
         version, record = loaded
         if record.status == "succeeded":
-            return RunResult(
-                "succeeded", record.answer or "", run_id, record.session_id, record.leaf_id
-            )
+            return record.succeeded(run_id)
         answer = self._answer(record.text)
         await stream_text(run_id, answer, on_event)
         leaf = await self._log.append(record.session_id, ownership, (("assistant", answer),))
@@ -360,7 +360,5 @@ class MockAgent:
             version, record = loaded
             if record.status == "succeeded":
                 # A concurrent resume finished first; its answer is the run's answer.
-                return RunResult(
-                    "succeeded", record.answer or "", run_id, record.session_id, record.leaf_id
-                )
+                return record.succeeded(run_id)
         raise _failed(run_id, record.session_id, "run_state_conflict", "run state kept changing")
