@@ -47,6 +47,7 @@ from .config import (
     Operator,
     TelegramConnectionConfig,
     WebchatConnectionConfig,
+    parse_host_port,
 )
 from .control import ControlSocketError
 from .grants import GrantAuthorizer
@@ -776,7 +777,7 @@ def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
     """A human hint for the startup line: a URL for the web chat, the mode otherwise."""
     if isinstance(connection, WebchatConnectionConfig):
         bound = getattr(adapter, "bound", None)
-        host, port = bound if bound is not None else connection.listen.rsplit(":", 1)
+        host, port = bound if bound is not None else parse_host_port(connection.listen)
         shown = f"[{host}]" if ":" in str(host) else str(host)
         return f"http://{shown}:{port}/"
     if isinstance(connection, TelegramConnectionConfig):

@@ -256,3 +256,18 @@ async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path
             assert isinstance(plain, WebchatAdapter) and plain.pairing_only is False
     finally:
         await store.aclose()
+
+
+def test_startup_hint_for_an_unbound_ipv6_web_chat() -> None:
+    """Before the listener is bound the hint comes from config: `[::1]:8787` must read
+    `http://[::1]:8787/`, not `http://[[::1]]:8787/`."""
+    from prismd.config import WebchatConnectionConfig
+    from prismd.daemon import _where
+
+    class Unbound:
+        bound = None
+
+    web = WebchatConnectionConfig(id="web", listen="[::1]:8787")
+    assert _where(web, Unbound()) == "http://[::1]:8787/"  # type: ignore[arg-type]
+    v4 = WebchatConnectionConfig(id="web", listen="127.0.0.1:8787")
+    assert _where(v4, Unbound()) == "http://127.0.0.1:8787/"  # type: ignore[arg-type]
