@@ -1,4 +1,10 @@
-"""Shared fixtures for the whole suite."""
+"""Shared fixtures for the whole suite.
+
+The suite reads nothing outside the clone: samples live in ``tests/fixtures`` (provenance in
+``SOURCES.md``), and an audit hook turns any open or directory listing of a path beside the
+repository (the shared samples folder and the like) into an error, so a test that would
+fail on a user's fresh clone fails here too.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,43 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("PRISMD_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
+"""Real Telegram and signal-cli samples, copied into the repository."""
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+_BESIDE = str(REPO.parent).rstrip(os.sep) + os.sep
+_INSIDE = str(REPO) + os.sep
+_WATCHED = frozenset({"open", "os.listdir", "os.scandir"})
+
+
+class OutsideRepositoryError(RuntimeError):
+    """A test touched a path beside the clone, which a user's fresh clone does not have."""
+
+
+def outside_repository(path: object) -> str | None:
+    """The absolute path when ``path`` lies beside the repository (not inside it), else None."""
+    if isinstance(path, int) or path is None:
+        return None
+    try:
+        raw = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    full = os.path.normpath(os.path.abspath(raw))
+    if (full + os.sep).startswith(_INSIDE) or not (full + os.sep).startswith(_BESIDE):
+        return None
+    return full
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if event in _WATCHED and args:
+        full = outside_repository(args[0])
+        if full is not None:
+            raise OutsideRepositoryError(
+                f"a test read {full}, outside the repository: copy what it needs into tests/"
+            )
+
+
+if os.sep != _BESIDE:
+    sys.addaudithook(_audit)

@@ -29,14 +29,14 @@ import pytest
 import trio
 
 from prismd.runtime._ids import operation_id_for
-from tests.conftest import FIXTURES as SHARED_FIXTURES
+from tests.conftest import FIXTURES as REPO_FIXTURES
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 
 from .helpers import Layout, free_port, prismctl, run_keys, running_daemon
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = SHARED_FIXTURES / "telegram"
+FIXTURES = REPO_FIXTURES / "telegram"
 KILLS = 9
 GENERATED = 48
 ACTORS = (201, 202, 203, 204)

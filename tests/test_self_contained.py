@@ -1,0 +1,35 @@
+"""The suite is self-contained: what it reads lives in the repository."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import FIXTURES, REPO, OutsideRepositoryError, outside_repository
+
+
+def test_a_path_beside_the_clone_is_refused() -> None:
+    beside = REPO.parent / "beside-the-clone" / "SOURCES.md"
+    assert outside_repository(beside) == str(beside)
+    with pytest.raises(OutsideRepositoryError, match="outside the repository"):
+        beside.open()
+    with pytest.raises(OutsideRepositoryError):
+        list(REPO.parent.glob("*"))
+
+
+def test_paths_inside_the_clone_and_elsewhere_are_allowed() -> None:
+    assert outside_repository(FIXTURES / "SOURCES.md") is None
+    assert outside_repository(REPO) is None
+    assert outside_repository("/proc/self/status") is None or str(REPO.parent) == "/proc"
+    assert outside_repository(3) is None
+
+
+def test_samples_and_their_provenance_are_in_the_repository() -> None:
+    sources = (FIXTURES / "SOURCES.md").read_text(encoding="utf-8")
+    samples = sorted(p for p in FIXTURES.rglob("*.json"))
+    assert len([p for p in samples if p.parent.name == "telegram"]) >= 8
+    assert len([p for p in samples if p.parent.name == "signal-cli"]) >= 8
+    for path in samples:
+        json.loads(path.read_text(encoding="utf-8"))
+        assert path.name in sources, f"{path.name} has no provenance line in SOURCES.md"
