@@ -20,6 +20,11 @@ Contract §11, with these guarantees:
   (health ``webhook_active``).
 * **No secrets out.** The token is read per request and lives only in URLs; every exception
   message is fixed text; httpx's logger is filtered (see :mod:`adapters.telegram_api`).
+* **Diagnosable.** Every failed Bot API call that is retried is logged (WARNING) with its
+  cause class and the delay (``getUpdates failed: network error (ConnectError); retry in
+  1.7 s``), the first success after failures at INFO; receiver lease acquire / renew /
+  release at DEBUG, its loss at WARNING. Logs never carry text, ids of users or chats, the
+  token or a URL.
 
 Webhook mode (``mode="webhook"``) is served by :mod:`adapters.telegram_webhook`. Streaming
 previews go out as ``sendMessageDraft`` through :meth:`TelegramAdapter.send_draft` when
@@ -28,6 +33,7 @@ previews go out as ``sendMessageDraft`` through :meth:`TelegramAdapter.send_draf
 
 from __future__ import annotations
 
+import logging
 import random as _random
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,6 +62,7 @@ from .telegram_api import (
     TelegramApiError,
     TelegramCredentialError,
     TelegramError,
+    describe_failure,
     validate_api_origin,
 )
 from .telegram_parse import (
@@ -66,6 +73,8 @@ from .telegram_parse import (
     parse_update,
     update_id_of,
 )
+
+log = logging.getLogger("prismd.telegram")
 
 RECEIVER_NAMESPACE = "prism.channels.v1.telegram.receiver"
 CURSOR_NAMESPACE = "prism.channels.v1.cursor"
@@ -230,6 +239,8 @@ class TelegramAdapter:
     _bot_username: str | None = attrs.field(default=None, init=False)
     _cursor_version: int | None = attrs.field(default=None, init=False)
     _admitted: int = attrs.field(default=0, init=False)
+    _failed_calls: int = attrs.field(default=0, init=False)
+    """Consecutive failed (retried) receiving calls, for the "reachable again" log line."""
     _rng: _random.Random = attrs.field(init=False)
     _draft: Preview | None = attrs.field(default=None, init=False, repr=False)
     _draft_wakeup: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
@@ -318,6 +329,11 @@ class TelegramAdapter:
     def bot_username(self) -> str | None:
         return self._bot_username
 
+    @property
+    def receiver_lease_held(self) -> bool:
+        """This adapter holds the bot's receiver lease now (for metrics)."""
+        return self._lease is not None
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Receive until cancelled. Raises :class:`AdapterFatalError` for 401/403 or a webhook
         conflict, :class:`ReceiverLeaseLostError` when the lease is lost."""
@@ -360,6 +376,11 @@ class TelegramAdapter:
         )
         self._lease = lease
         self._lease_renewed_at = trio.current_time()
+        log.debug(
+            "telegram %s: receiver lease %s",
+            self.connection_id,
+            "acquired" if lease is not None else "held by another receiver",
+        )
         return lease is not None
 
     async def _renew_lease(self) -> None:
@@ -376,9 +397,13 @@ class TelegramAdapter:
         )
         if renewed is None:
             self._lease = None
+            log.warning(
+                "telegram %s: receiver lease lost (expired or taken over)", self.connection_id
+            )
             raise ReceiverLeaseLostError()
         self._lease = renewed
         self._lease_renewed_at = trio.current_time()
+        log.debug("telegram %s: receiver lease renewed", self.connection_id)
 
     async def _renew_if_due(self) -> None:
         """Renew when a third of the TTL has passed (long batches: slow hooks or admits)."""
@@ -397,8 +422,15 @@ class TelegramAdapter:
                 owner_id=self.owner_id,
                 token=lease.token,
             )
-        except Exception:
-            pass  # it expires on its own; a release failure must not mask the exit reason
+        except Exception as exc:
+            # it expires on its own; a release failure must not mask the exit reason
+            log.debug(
+                "telegram %s: releasing the receiver lease failed (%s); it expires on its own",
+                self.connection_id,
+                type(exc).__name__,
+            )
+            return
+        log.debug("telegram %s: receiver lease released", self.connection_id)
 
     async def _await_lease(self, task_status: trio.TaskStatus[None]) -> bool:
         """Hold the lease, waiting in ``standby`` while another receiver has it.
@@ -408,6 +440,7 @@ class TelegramAdapter:
         if await self._acquire_lease():
             return False
         self._state = "standby"
+        log.info("telegram %s: another receiver holds the lease; standing by", self.connection_id)
         task_status.started()
         while True:
             await trio.sleep(self.lease_ttl_ms / 3000 * (0.5 + self._rng.random() / 2))
@@ -436,23 +469,51 @@ class TelegramAdapter:
         """A start-up call, retried on transient failures; fatal on 401/403."""
         while True:
             try:
-                return await self._rx_api.call(method, {})
+                result = await self._rx_api.call(method, {})
             except TelegramError as error:
                 fatal = self._fatal(error)
                 if fatal is not None:
                     raise fatal from None
-                await self._sleep_holding_lease(self._delay_for(error, backoff))
+                await self._sleep_holding_lease(self._delay_for(method, error, backoff))
+                continue
+            self._log_reachable()
+            return result
 
-    def _delay_for(self, error: TelegramError, backoff: _Backoff) -> float:
+    def _delay_for(self, method: str, error: TelegramError, backoff: _Backoff) -> float:
+        """The wait before retrying ``method`` after ``error`` (sets the health state; logged)."""
         if isinstance(error, TelegramApiError) and error.retry_after is not None:
             self._state = "rate_limited"
-            return float(min(error.retry_after, 3600)) + self._rng.random()
-        if isinstance(error, TelegramApiError) and error.status == 409:
+            delay = float(min(error.retry_after, 3600)) + self._rng.random()
+        elif isinstance(error, TelegramApiError) and error.status == 409:
             self._state = "conflict"
             # Telegram spaces poller conflicts 3 s apart; never retry faster than that.
-            return backoff.next_delay(minimum=3.0)
-        self._state = "backoff"
-        return backoff.next_delay()
+            delay = backoff.next_delay(minimum=3.0)
+        else:
+            self._state = "backoff"
+            delay = backoff.next_delay()
+        self._log_retry(method, error, delay)
+        return delay
+
+    def _log_retry(self, method: str, error: TelegramError, delay_s: float) -> None:
+        self._failed_calls += 1
+        log.warning(
+            "telegram %s: %s failed: %s; retry in %.1f s (attempt %d)",
+            self.connection_id,
+            method,
+            describe_failure(error),
+            delay_s,
+            self._failed_calls,
+        )
+
+    def _log_reachable(self) -> None:
+        """After failed calls: one INFO line that the Bot API answers again (a reconnect)."""
+        if self._failed_calls:
+            log.info(
+                "telegram %s: Bot API reachable again after %d failed call(s)",
+                self.connection_id,
+                self._failed_calls,
+            )
+            self._failed_calls = 0
 
     async def _check_start(self, backoff: _Backoff) -> None:
         me = await self._call_retrying("getMe", backoff)
@@ -497,8 +558,9 @@ class TelegramAdapter:
                     raise fatal from None
                 if isinstance(error, TelegramApiError) and error.status == 409:
                     await self._check_start(backoff)
-                await self._sleep_holding_lease(self._delay_for(error, backoff))
+                await self._sleep_holding_lease(self._delay_for("getUpdates", error, backoff))
                 continue
+            self._log_reachable()
             await self._renew_lease()
             if not isinstance(result, list):
                 self._state = "backoff"
@@ -539,11 +601,22 @@ class TelegramAdapter:
                         await self._advance_cursor(update_id)
                 except (ReceiverLeaseLostError, AdapterFatalError):
                     raise
-                except Exception:
+                except Exception as exc:
+                    log.warning(
+                        "telegram %s: processing an update failed (%s)",
+                        self.connection_id,
+                        type(exc).__name__,
+                    )
                     final = False
                 if not final:
                     self._state = "backoff"
-                    await self._sleep_holding_lease(admit_backoff.next_delay())
+                    delay = admit_backoff.next_delay()
+                    log.debug(
+                        "telegram %s: update not acknowledged; polling it again in %.1f s",
+                        self.connection_id,
+                        delay,
+                    )
+                    await self._sleep_holding_lease(delay)
                     break
                 admit_backoff.reset()
                 offset = update_id + 1

@@ -66,10 +66,16 @@ class TelegramCredentialError(TelegramError):
 
 
 class TelegramNetworkError(TelegramError):
-    """The request failed in transport; Telegram may or may not have processed it."""
+    """The request failed in transport; Telegram may or may not have processed it.
 
-    def __init__(self) -> None:
+    ``cause`` names the class of the failure for logs: the httpx/OS exception type
+    (``ConnectError``, ``ReadTimeout``…) or ``deadline`` when the whole request ran out of
+    time. A type name never carries the URL (whose text has the token).
+    """
+
+    def __init__(self, cause: str = "unknown") -> None:
         super().__init__("Telegram request failed")
+        self.cause = cause
 
 
 class TelegramResponseError(TelegramError):
@@ -104,6 +110,26 @@ class TelegramApiError(TelegramError):
         self.retry_after = retry_after
         self.migrate_to_chat_id = migrate_to_chat_id
         self.description = description
+
+
+def describe_failure(error: TelegramError) -> str:
+    """A short, fixed-text cause class of a failed call, for logs (never a URL, token,
+    body or platform description)."""
+    if isinstance(error, TelegramNetworkError):
+        return f"network error ({error.cause})"
+    if isinstance(error, TelegramResponseError):
+        return "unreadable response"
+    if isinstance(error, TelegramCredentialError):
+        return "credential unavailable"
+    if isinstance(error, TelegramApiError):
+        if error.retry_after is not None:
+            return f"rate limited (HTTP {error.status}, retry_after {error.retry_after} s)"
+        if error.status == 409:
+            return "conflict (HTTP 409: another poller or a webhook)"
+        if not error.enveloped:
+            return f"HTTP {error.status} without a Bot API answer"
+        return f"Bot API error {error.status}"
+    return type(error).__name__
 
 
 def validate_api_origin(origin: str) -> str:
@@ -258,6 +284,7 @@ class TelegramApi:
         read_s = timeout.read if isinstance(timeout, httpx.Timeout) else self.read_timeout_s
         # httpx bounds each read, not the whole exchange: a server dripping a byte now and
         # then would hold the call forever. The whole request gets its read budget + 30 s.
+        cause = "deadline"
         with trio.move_on_after((read_s or self.read_timeout_s) + REQUEST_GRACE_S):
             try:
                 async with self._http().stream(verb, url, **kwargs) as response:
@@ -274,8 +301,8 @@ class TelegramApi:
                     return response.status_code, response.headers, b"".join(chunks)
             except TelegramError:
                 raise
-            except (httpx.HTTPError, OSError):
-                pass
+            except (httpx.HTTPError, OSError) as exc:
+                cause = type(exc).__name__
         # Raised outside the handler so no ``__context__`` links to the httpx exception,
         # whose message carries the request URL and therefore the token.
-        raise TelegramNetworkError()
+        raise TelegramNetworkError(cause)

@@ -1,5 +1,9 @@
 """Webhook mode: a small Trio HTTP/1.1 server (h11) that receives Telegram updates.
 
+HTTP is read and written by the shared pieces of :mod:`adapters._http`: a request head over
+16 KiB → 431, unparsable → 400, not complete within 30 s → 408 (a kept-alive connection
+silent for 75 s is closed); a body not complete within 30 s → 408.
+
 Per request, in this order (contract §11.7; status codes exact):
 
 1. path other than ``webhook_path`` → 404; method other than POST → 405; a content type
@@ -23,10 +27,10 @@ runtime's operation journal deduplicates Telegram's redeliveries.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -36,25 +40,33 @@ import trio
 from prismd.adapter import AdapterFatalError
 from prismd.config import parse_host_port
 
+from ._http import (
+    HttpError,
+    RequestHead,
+    read_body,
+    read_request_head,
+    respond,
+    server_connection,
+)
 from .telegram_api import TelegramError
 from .telegram_parse import update_id_of
 
 if TYPE_CHECKING:
     from .telegram import TelegramAdapter
 
-SECRET_HEADER = b"x-telegram-bot-api-secret-token"
+log = logging.getLogger("prismd.telegram")
+
+SECRET_HEADER = "x-telegram-bot-api-secret-token"
 HEAD_TIMEOUT_S = 30.0
+"""The first request head (and every body) must arrive within this time."""
 IDLE_TIMEOUT_S = 75.0
+"""A kept-alive connection must send its next request head within this time."""
 MAX_HEAD_BYTES = 16 * 1024
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
-def _secret_ok(expected: str, given: bytes | None) -> bool:
+def _secret_ok(expected: str, given: str | None) -> bool:
     want = hashlib.sha256(expected.encode()).digest()
-    got = hashlib.sha256(given if given is not None else b"").digest()
+    got = hashlib.sha256(given.encode("latin-1") if given is not None else b"").digest()
     return hmac.compare_digest(want, got) and given is not None
 
 
@@ -75,6 +87,11 @@ async def serve_webhook(
         nursery.start_soon(_keep_lease, adapter)
         nursery.start_soon(_learn_username, adapter)
         await nursery.start(trio.serve_listeners, _handler(adapter), listeners)
+        log.info(
+            "telegram %s: webhook listening on %s port %d",
+            adapter.connection_id,
+            *adapter.webhook_address,
+        )
         task_status.started()
 
 
@@ -98,6 +115,7 @@ async def _learn_username(adapter: TelegramAdapter) -> None:
             fatal = adapter._fatal(error)
             if fatal is not None:
                 raise fatal from None
+            adapter._log_retry("getMe", error, delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 60.0)
             continue
@@ -121,47 +139,19 @@ def _handler(adapter: TelegramAdapter) -> Callable[[trio.SocketStream], Awaitabl
     return handle
 
 
-async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> object:
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        data = await stream.receive_some(65536)
-        conn.receive_data(data)
-
-
-async def _respond(
-    conn: h11.Connection, stream: trio.SocketStream, status: int, *, close: bool
-) -> None:
-    headers = [("server", "prismd")]
-    if status != 204:
-        headers.append(("content-length", "0"))
-    if close:
-        headers.append(("connection", "close"))
-    data = conn.send(h11.Response(status_code=status, headers=headers))
-    data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-    await stream.send_all(data)
-
-
 async def _serve_connection(adapter: TelegramAdapter, stream: trio.SocketStream) -> None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    conn = server_connection(MAX_HEAD_BYTES)
     timeout = HEAD_TIMEOUT_S
     while True:
-        event: object = None
-        try:
-            with trio.move_on_after(timeout):
-                event = await _next_event(conn, stream)
-        except h11.RemoteProtocolError as exc:
-            # Not HTTP/1.1 we can read (bad Content-Length, no Host, TLS to a plain port):
-            # answer like any HTTP server instead of dropping the connection silently.
-            status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
-            with contextlib.suppress(h11.LocalProtocolError):
-                await _respond(conn, stream, status, close=True)
+        # Unreadable heads get 400/431, slow ones 408 (adapters._http); Telegram itself
+        # sends neither, but a misrouted client should get an answer, not silence.
+        head = await read_request_head(
+            stream, conn, max_head_bytes=MAX_HEAD_BYTES, timeout_s=timeout
+        )
+        if head is None:
             return
-        if not isinstance(event, h11.Request):
-            return
-        status, close = await _answer(adapter, conn, stream, event)
-        await _respond(conn, stream, status, close=close)
+        status, close = await _answer(adapter, stream, conn, head)
+        await respond(stream, conn, head.method, status, close=close, allow="POST")
         if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
             return
         conn.start_next_cycle()
@@ -169,33 +159,26 @@ async def _serve_connection(adapter: TelegramAdapter, stream: trio.SocketStream)
 
 
 async def _answer(
-    adapter: TelegramAdapter, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
+    adapter: TelegramAdapter, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead
 ) -> tuple[int, bool]:
     """``(status, close the connection)`` for one request, following the module docstring."""
-    path = request.target.split(b"?", 1)[0]
-    if path != (adapter.webhook_path or "").encode():
+    if head.path != adapter.webhook_path:
         return 404, True
-    if request.method != b"POST":
+    if head.method != "POST":
         return 405, True
-    headers = {name.lower(): value for name, value in request.headers}
-    content_type = headers.get(b"content-type", b"").lower()
-    if not content_type.startswith(b"application/json"):
+    if not head.headers.get("content-type", "").lower().startswith("application/json"):
         return 415, True
     assert adapter.webhook_secret is not None
-    if not _secret_ok(adapter.webhook_secret, headers.get(SECRET_HEADER)):
+    if not _secret_ok(adapter.webhook_secret, head.headers.get(SECRET_HEADER)):
         return 401, True
     if adapter._lease is None:
         return 503, True
-    length = headers.get(b"content-length")
-    if length is not None and length.isdigit() and int(length) > adapter.max_request_bytes:
-        return 413, True
     try:
-        with trio.fail_after(HEAD_TIMEOUT_S):
-            body = await _read_body(conn, stream, adapter.max_request_bytes)
-    except _BodyTooLarge:
-        return 413, True
-    except h11.RemoteProtocolError:
-        return 400, True  # a broken chunked body
+        body = await read_body(
+            stream, conn, head, max_bytes=adapter.max_request_bytes, timeout_s=HEAD_TIMEOUT_S
+        )
+    except HttpError as refused:
+        return refused.status, True
     try:
         update = json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's
@@ -209,19 +192,3 @@ async def _answer(
     except Exception:
         return 503, False
     return (204 if final else 503), False
-
-
-async def _read_body(conn: h11.Connection, stream: trio.SocketStream, cap: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        event = await _next_event(conn, stream)
-        if isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > cap:
-                raise _BodyTooLarge()
-            chunks.append(bytes(event.data))
-        elif isinstance(event, h11.EndOfMessage):
-            return b"".join(chunks)
-        else:
-            raise _BodyTooLarge()

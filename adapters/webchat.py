@@ -1,9 +1,10 @@
 """The local web chat channel: a chat page and a WebSocket on one TCP port.
 
 One listener serves plain HTTP and WebSocket upgrades. trio-websocket answers a plain GET with
-400 before any handler runs, so each connection's request head is read here with h11 (bounded
-in size and time, against slowloris); upgrade requests to ``/ws`` are then handed to
-``trio_websocket.wrap_server_stream`` over a stream that first replays the bytes already read.
+400 before any handler runs, so each connection's request head is read first by the shared
+reader of :mod:`adapters._http` (bounded in size and time, against slowloris: 431, 408, 400);
+upgrade requests to ``/ws`` are then handed to ``trio_websocket.wrap_server_stream`` over a
+stream that first replays the bytes already read.
 
 HTTP routes:
 
@@ -61,10 +62,9 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
-from http import HTTPStatus
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import attrs
 import h11
@@ -77,6 +77,9 @@ from prismd.config import is_loopback_host, parse_host_port
 from prismd.redact import replace_surrogates, utf8_len
 from stores import SYSTEM_CLOCK, Clock
 
+from ._http import RequestHead as _Head
+from ._http import read_request_head, respond, server_connection
+
 __all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
 log = logging.getLogger("prismd.webchat")
@@ -85,10 +88,6 @@ ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 
-MAX_HEAD_BYTES = 8 * 1024
-"""Largest HTTP request head accepted (431 above it)."""
-HEAD_TIMEOUT_S = 10.0
-"""A client must finish its request head within this time (slowloris bound)."""
 HANDSHAKE_TIMEOUT_S = 10.0
 HELLO_TIMEOUT_S = 30.0
 """A socket that sends no valid hello in this time is closed (1008)."""
@@ -158,15 +157,6 @@ class WebchatStatistics:
     rejected_frames: int
     replies_sent: int
     replies_not_connected: int
-
-
-@attrs.frozen
-class _Head:
-    method: str
-    path: str
-    query: Mapping[str, list[str]]
-    headers: Mapping[str, str]
-    """Lower-cased names; a repeated header keeps its last value."""
 
 
 class _BadFrame(Exception):
@@ -349,34 +339,11 @@ class WebchatAdapter:
             await trio.aclose_forcefully(stream)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        raw = bytearray()
-        request: h11.Request | None = None
-        with trio.move_on_after(HEAD_TIMEOUT_S):
-            try:
-                while request is None:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        data = await stream.receive_some(4096)
-                        raw += data
-                        conn.receive_data(bytes(data))
-                    elif isinstance(event, h11.Request):
-                        request = event
-                    else:
-                        return  # connection closed (or paused) before a request
-            except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint if exc.error_status_hint >= 400 else 400
-                await self._respond(stream, conn, "GET", status, b"bad request\n")
-                return
-        if request is None:
-            await self._respond(stream, conn, "GET", 408, b"request timeout\n")
-            return
-        if len(raw) > MAX_HEAD_BYTES:
-            # h11 bounds only an incomplete head; a whole one may arrive in a single read
-            await self._respond(stream, conn, "GET", 431, b"request head too large\n")
-            return
-        head = _parse_head(request)
-        await self._route(stream, conn, head, bytes(raw))
+        conn = server_connection()
+        head = await read_request_head(stream, conn)
+        if head is None:
+            return  # answered (400/408/431) or closed
+        await self._route(stream, conn, head, head.raw)
 
     async def _route(
         self, stream: trio.SocketStream, conn: h11.Connection, head: _Head, raw: bytes
@@ -477,37 +444,8 @@ class WebchatAdapter:
             ok |= hmac.compare_digest(candidate.encode("utf-8"), expected)
         return ok
 
-    async def _respond(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        method: str,
-        status: int,
-        body: bytes,
-        content_type: str = "text/plain; charset=utf-8",
-        extra: list[tuple[str, str]] | None = None,
-    ) -> None:
-        headers = [
-            ("Content-Type", content_type),
-            ("Content-Length", str(len(body))),
-            ("Cache-Control", "no-store"),
-            ("X-Content-Type-Options", "nosniff"),
-            ("Referrer-Policy", "no-referrer"),
-            ("Connection", "close"),
-            *(extra or []),
-        ]
-        if status == 405:
-            headers.append(("Allow", "GET, HEAD"))
-        try:
-            reason = HTTPStatus(status).phrase.encode("ascii")
-            data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
-            if method != "HEAD":
-                data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
-            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError:
-            return  # h11 cannot answer in this state; just close
-        with trio.move_on_after(SEND_TIMEOUT_S):
-            await stream.send_all(data)
+    _respond = staticmethod(respond)
+    """The shared responder (:func:`adapters._http.respond`)."""
 
     # ------------------------------------------------------------------ WebSocket
 
@@ -684,21 +622,6 @@ class WebchatAdapter:
             # may be stuck writing to this peer too: drop the transport, which ends both.
             await trio.aclose_forcefully(sock.stream)
         return False
-
-
-def _parse_head(request: h11.Request) -> _Head:
-    target = request.target.decode("ascii", "replace")
-    parts = urlsplit(target)
-    headers = {
-        name.decode("ascii", "replace").lower(): value.decode("latin-1")
-        for name, value in request.headers
-    }
-    return _Head(
-        method=request.method.decode("ascii", "replace"),
-        path=parts.path,
-        query=parse_qs(parts.query),
-        headers=headers,
-    )
 
 
 async def _get_message(ws: Any) -> str | bytes | None:
