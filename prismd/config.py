@@ -39,6 +39,7 @@ __all__ = [
     "ControlConfig",
     "DaemonConfig",
     "GrantConfig",
+    "MetricsConfig",
     "Operator",
     "SignalConnectionConfig",
     "StoreConfig",
@@ -193,6 +194,15 @@ class GrantConfig:
 
 
 @attrs.frozen
+class MetricsConfig:
+    """``[metrics]``: Prometheus text exposition at ``http://<listen>/metrics``."""
+
+    listen: str = "127.0.0.1:9464"
+    allow_non_loopback: bool = False
+    """A non-loopback ``listen`` must be meant: the endpoint has no authentication."""
+
+
+@attrs.frozen
 class AgentConfig:
     alias: str
     kind: Literal["echo", "mock", "openai", "python"]
@@ -209,6 +219,8 @@ class Config:
     connections: tuple[ConnectionConfig, ...]
     grants: tuple[GrantConfig, ...]
     agents: Mapping[str, AgentConfig]
+    metrics: MetricsConfig | None = None
+    """``None`` when the file has no ``[metrics]`` table (no endpoint)."""
 
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         for conn in self.connections:
@@ -510,6 +522,27 @@ def _parse_control(root: _Table) -> ControlConfig:
     )
 
 
+def _parse_metrics(root: _Table) -> MetricsConfig | None:
+    present = "metrics" in root.data
+    table = root.table("metrics")
+    if not present:
+        return None
+    listen: str = table.get_str("listen", _default(MetricsConfig, "listen"))
+    _check_address(table, "listen", listen)
+    allow_non_loopback = table.get_bool("allow_non_loopback")
+    host, _port = parse_host_port(listen)
+    if not is_loopback_host(host) and not allow_non_loopback:
+        # Like the web chat off loopback, exposure must be deliberate: the counters and
+        # connection states are readable by anyone who reaches the port.
+        raise table.error(
+            "listen",
+            "a non-loopback address serves metrics to anyone who reaches it; "
+            "set allow_non_loopback = true to mean it",
+        )
+    table.finish()
+    return MetricsConfig(listen=listen, allow_non_loopback=allow_non_loopback)
+
+
 def _parse_telegram(table: _Table, conn_id: str) -> TelegramConnectionConfig:
     token_env = table.get_str("token_env")
     token_file = table.get_str("token_file")
@@ -782,6 +815,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
     connections = _parse_connections(root)
     agents = _parse_agents(root)
     grants = _parse_grants(root, connections, agents)
+    metrics = _parse_metrics(root)
     for name in data:
         if name not in root.used:
             if name in _INLINE_SECRET_KEYS:
@@ -801,6 +835,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
         connections=connections,
         grants=grants,
         agents=types.MappingProxyType(agents),
+        metrics=metrics,
     )
 
 

@@ -30,12 +30,16 @@ import random
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, NoReturn, Protocol, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TextIO, TypeAlias
 
 import attrs
 import trio
 
 from stores import Store
+
+if TYPE_CHECKING:
+    from .metrics import DaemonMetrics
+    from .runtime import Runtime
 
 from . import logs, sdnotify
 from .adapter import AdapterFatalError, ChannelAdapter
@@ -421,6 +425,8 @@ class Daemon:
     host: Host | None = attrs.field(default=None, init=False)
     runtime: MessagingRuntime | None = attrs.field(default=None, init=False)
     endpoints: dict[str, str] = attrs.field(factory=dict, init=False)
+    metrics: DaemonMetrics | None = attrs.field(default=None, init=False)
+    """Built when the config has ``[metrics]``: times the store, served by a child."""
     _serve_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _stop_requested: bool = attrs.field(default=False, init=False)
 
@@ -431,6 +437,10 @@ class Daemon:
             self.notify = lambda state: sdnotify.notify(state, env=env)
         if self.out is None:
             self.out = sys.stderr
+        if self.config.metrics is not None:
+            from .metrics import DaemonMetrics
+
+            self.metrics = DaemonMetrics()
 
     def request_stop(self) -> None:
         """Begin the graceful stop (what the first SIGTERM/SIGINT does)."""
@@ -516,6 +526,8 @@ class Daemon:
             # Store URLs can carry passwords: name the backend error type only.
             self._fail(f"cannot open the store: {describe_exception(exc)}")
             return EXIT_FAILURE
+        if self.metrics is not None:
+            store = self.metrics.timed_store(store)
         try:
             return await self._run_with_store(state, store)
         finally:
@@ -601,6 +613,8 @@ class Daemon:
             on_typing=host.typing if host.has_typing() else None,
         ) as runtime:
             self.runtime = runtime
+            if self.metrics is not None:
+                self._watch_metrics(runtime, host)
             host.bind(runtime.admit)
             try:
                 await self._report_unresolved(runtime, authorizer)
@@ -695,6 +709,8 @@ class Daemon:
                     ),
                 )
                 self.endpoints["control"] = config.control.socket
+                if self.metrics is not None:
+                    await self._start_metrics(children)
                 for connection in config.connections:
                     adapter = host.adapters[connection.id]
                     await self.supervisor.start(
@@ -729,6 +745,36 @@ class Daemon:
             children.cancel_scope.cancel()
         log.info("stopped")
         return EXIT_OK
+
+    def _watch_metrics(self, runtime: Runtime, host: Host) -> None:
+        """Point the metrics' live collector at this runtime, the children and adapters."""
+        assert self.metrics is not None
+        supervisor, adapters = self.supervisor, host.adapters
+        self.metrics.watch(
+            diagnostics=runtime.diagnostics,
+            health=supervisor.health,
+            restarts=lambda: {name: c.restarts for name, c in supervisor.children.items()},
+            leases=lambda: {
+                "binding": runtime.leases_held(),
+                "receiver": sum(
+                    1 for a in adapters.values() if getattr(a, "receiver_lease_held", False)
+                ),
+            },
+        )
+
+    async def _start_metrics(self, children: trio.Nursery) -> None:
+        from .metrics import MetricsServer
+
+        assert self.metrics is not None and self.config.metrics is not None
+        server = MetricsServer(
+            listen=self.config.metrics.listen,
+            metrics=self.metrics,
+            allow_non_loopback=self.config.metrics.allow_non_loopback,
+        )
+        await self.supervisor.start(
+            children, "metrics", server.run, health=server.health, where=server.listen
+        )
+        self.endpoints["metrics"] = server.url
 
     def _announce(self) -> None:
         """One stderr line saying where to connect (what `make run` users look for)."""

@@ -2,16 +2,19 @@
 
 Guarantees once :func:`configure_logging` ran:
 
-* Output is one line per record on stderr (or the given stream/file): ``LEVEL logger:
-  message`` with no timestamp (journald adds one), or with ``fmt="json"`` one JSON
-  object per line (``time``, ``level``, ``logger``, ``message``, ``exc``).
+* Output is one line per record on stderr (or the given stream/file): ``TIME LEVEL logger:
+  message`` (``TIME`` is UTC ISO 8601 with milliseconds), except when the stream is
+  journald's (``$JOURNAL_STREAM`` names its device and inode): journald adds the time, so
+  the line is bare ``LEVEL logger: message``. With ``fmt="json"`` one JSON object per line
+  (``time``, ``level``, ``logger``, ``message``, ``exc``).
 * Nothing that looks like a Telegram bot token (``<digits>:<30+ token chars>``), no
   ``bot<token>`` URL part (Telegram API and file URLs) and no value passed to
   :func:`register_secret` is ever written, at any level, in the message, its arguments
   or a traceback: every record is redacted by a handler filter, and the formatted line
   is redacted again before it is written.
 * httpx and httpcore log every request URL (and Telegram URLs carry the token), so their
-  records below WARNING are dropped, whatever level their loggers are set to.
+  records below WARNING are dropped, whatever level their loggers are set to; so are
+  trio-websocket's per-frame records, so that ``debug`` shows prismd's own decisions.
 
 :func:`reopen` re-opens a log file after rotation (SIGHUP); on stderr it only flushes.
 Message text of users is never logged by prismd code in the first place (counters
@@ -24,14 +27,17 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import os
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Literal, TextIO
 
 __all__ = [
     "REDACTED",
     "configure_logging",
+    "is_journal_stream",
     "redact",
     "register_secret",
     "reopen",
@@ -44,7 +50,7 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-_NOISY_LOGGERS = ("httpx", "httpcore", "hpack")
+_NOISY_LOGGERS = ("httpx", "httpcore", "hpack", "trio-websocket")
 _MIN_SECRET_LEN = 4
 
 # The Bot API token shape, and the `bot<token>` path segment of API and file URLs
@@ -98,20 +104,41 @@ class _RedactingFilter(logging.Filter):
         return True
 
 
+def _iso_time(record: logging.LogRecord) -> str:
+    return _dt.datetime.fromtimestamp(record.created, tz=_dt.UTC).isoformat(timespec="milliseconds")
+
+
+def is_journal_stream(stream: object, env: Mapping[str, str] = os.environ) -> bool:
+    """``stream`` is the journald stream systemd connected (``$JOURNAL_STREAM`` is
+    ``<device>:<inode>`` of it, as ``systemd.exec(5)`` says to check): an inherited
+    variable with stderr redirected elsewhere does not count."""
+    device, sep, inode = env.get("JOURNAL_STREAM", "").partition(":")
+    if not sep or not device.isdigit() or not inode.isdigit():
+        return False
+    try:
+        fileno = stream.fileno()  # type: ignore[attr-defined]
+        stat = os.fstat(fileno)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return False
+    return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
+
+
 class _PlainFormatter(logging.Formatter):
-    def __init__(self) -> None:
+    def __init__(self, *, timestamps: bool) -> None:
         super().__init__("%(levelname)s %(name)s: %(message)s")
+        self._timestamps = timestamps
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        line = super().format(record)
+        if self._timestamps:
+            line = f"{_iso_time(record)} {line}"
+        return redact(line)
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": _dt.datetime.fromtimestamp(record.created, tz=_dt.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "time": _iso_time(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": redact(record.getMessage()),
@@ -130,13 +157,17 @@ def configure_logging(
     *,
     stream: TextIO | None = None,
     path: str | None = None,
+    timestamps: bool | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> None:
     """Install prismd's handler on the root logger (replacing one installed before).
 
     ``level`` is ``debug``, ``info``, ``warning`` or ``error``; ``fmt`` ``plain`` or
     ``json``. Output goes to ``path`` (appended; see :func:`reopen`) when given, else to
-    ``stream``, else to ``sys.stderr``. Raises ``ValueError`` for an unknown level or
-    format.
+    ``stream``, else to ``sys.stderr``. Plain lines start with the time unless
+    ``timestamps`` is false or, when it is ``None``, the output is journald's stream
+    (:func:`is_journal_stream` with ``env``, default ``os.environ``). Raises
+    ``ValueError`` for an unknown level or format.
     """
     numeric = LEVELS.get(level.lower()) if isinstance(level, str) else None
     if numeric is None:
@@ -155,7 +186,13 @@ def configure_logging(
     else:
         handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.addFilter(_RedactingFilter())
-    handler.setFormatter(_PlainFormatter() if fmt == "plain" else _JsonFormatter())
+    if timestamps is None:
+        target = handler.stream if isinstance(handler, logging.StreamHandler) else None
+        timestamps = path is not None or not is_journal_stream(
+            target, os.environ if env is None else env
+        )
+    formatter = _PlainFormatter(timestamps=timestamps) if fmt == "plain" else _JsonFormatter()
+    handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(numeric)
     for name in _NOISY_LOGGERS:

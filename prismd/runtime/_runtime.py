@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -24,10 +25,25 @@ from ..identity import AgentIdentity
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _notify, _recovery, _resume
-from ._core import Core, FetchAttachment
+from ._core import Core, FetchAttachment, operation_id_for
 from ._types import Authorize, ResolveAgent, ResolveBinding
 
+log = logging.getLogger("prismd.runtime")
+
 DEFAULT_LIMITS = Limits()
+
+
+def _log_admission(event: InboundEvent, admission: Admission) -> None:
+    """One DEBUG line per admission: outcome, reason, connection and the operation id (a
+    hash of the event id); never text, actor or conversation ids."""
+    conn, event_id = getattr(event, "connection_id", None), getattr(event, "event_id", None)
+    if isinstance(conn, str) and isinstance(event_id, str):
+        where = f"connection {conn[:64]}, {operation_id_for(conn, event_id)}"
+    else:
+        where = "no valid event ids"
+    outcome = "duplicate" if admission.duplicate else admission.status
+    reason = f" ({admission.reason})" if admission.reason else ""
+    log.debug("admission %s%s: %s", outcome, reason, where)
 
 
 @attrs.define(eq=False)
@@ -41,7 +57,14 @@ class Runtime:
     async def admit(self, event: InboundEvent) -> Admission:
         """Admit an inbound event (§7). Acknowledge the transport unless the result is
         :attr:`~prismd.channel.Admission.retryable`."""
-        return await _admit.admit(self._core, event)
+        admission = await _admit.admit(self._core, event)
+        if log.isEnabledFor(logging.DEBUG):
+            _log_admission(event, admission)
+        return admission
+
+    def leases_held(self) -> int:
+        """Binding leases this runtime holds now (for metrics)."""
+        return sum(1 for route in self._core.routes.values() if route.lease is not None)
 
     async def notify(
         self,

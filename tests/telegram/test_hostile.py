@@ -320,6 +320,71 @@ async def test_webhook_malformed_http_gets_400_not_silence(
     assert recorder.events == []
 
 
+async def test_webhook_oversized_head_is_431_and_wrong_method_names_post(
+    fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """The shared head reader (adapters._http): a head over 16 KiB gets 431 whether it
+    arrives in one piece or trickles; a GET gets 405 with ``Allow: POST``."""
+    adapter = webhook_adapter(make_adapter)
+    big = b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 17_000
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        assert adapter.webhook_address is not None
+        with trio.fail_after(10):
+            assert await _raw_status(adapter.webhook_address, big + b"\r\n\r\n") == (
+                b"HTTP/1.1 431 Request Header Fields Too Large"
+            )
+            # within h11's incomplete-event bound, but whole: measured after parsing
+            near = b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\n"
+            near += b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(17))
+            assert await _raw_status(adapter.webhook_address, near + b"\r\n") == (
+                b"HTTP/1.1 431 Request Header Fields Too Large"
+            )
+            host, port = adapter.webhook_address
+            async with httpx.AsyncClient() as client:
+                response = await client.get(f"http://{host}:{port}{adapter.webhook_path}")
+            assert response.status_code == 405 and response.headers["allow"] == "POST"
+        nursery.cancel_scope.cancel()
+    assert recorder.events == []
+
+
+async def test_webhook_slow_head_is_408_and_slow_body_is_408(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """Slowloris: the whole head (and the body) must arrive within 30 s, however it drips."""
+    adapter = webhook_adapter(make_adapter)
+    head = (
+        b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nX-Telegram-Bot-Api-Secret-Token: webhook-secret\r\n"
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        assert adapter.webhook_address is not None
+        body_head = head + b"Content-Length: 100\r\n\r\n"
+        for at_once, dripped in ((b"", head), (body_head, b'{"update_id": 1, ' * 10)):
+            stream = await trio.open_tcp_stream(*adapter.webhook_address)
+            await stream.send_all(at_once)
+            started = trio.current_time()
+            answer = b""
+            async with stream, trio.open_nursery() as client:
+
+                async def drip(stream: trio.SocketStream = stream, data: bytes = dripped) -> None:
+                    for byte in data:  # a byte every 0.5 s: each read is quick, the whole is not
+                        await stream.send_all(bytes([byte]))
+                        await trio.sleep(0.5)
+
+                client.start_soon(drip)
+                with trio.fail_after(120):
+                    while chunk := await stream.receive_some(65536):
+                        # stop sending once answered: bytes to a closed socket reset it
+                        client.cancel_scope.cancel()
+                        answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout"), answer
+            assert 30 <= trio.current_time() - started <= 31
+        nursery.cancel_scope.cancel()
+    assert recorder.events == []
+
+
 async def test_slow_hook_keeps_the_receiver_lease(
     autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, recorder: Recorder, store: Any
 ) -> None:
