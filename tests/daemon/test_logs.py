@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import logging
+import os
+import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from prismd import logs
+from prismd.identity import ownership_from_identity
+from prismd.journal import NS_BINDING, binding_key
+from prismd.runtime._ids import operation_id_for
+from stores.memory import MemoryStore
+from tests.runtime.harness import Host, TrioClock, event, grant, identity, runtime
+from tests.runtime.scripted import ScriptedAgent
+
+from .helpers import chat, running_daemon, write_config
 
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 SECRET_TEXT = "my-webchat-access-s3cret"
@@ -66,7 +79,7 @@ def check_clean(output: str) -> None:
 
 def test_debug_run_never_prints_secrets_plain() -> None:
     stream = io.StringIO()
-    logs.configure_logging("debug", "plain", stream=stream)
+    logs.configure_logging("debug", "plain", stream=stream, timestamps=False)
     logs.register_secret(SECRET_TEXT)
     emit_everything()
     output = stream.getvalue()
@@ -83,8 +96,7 @@ def test_debug_run_never_prints_secrets_plain() -> None:
     assert "HTTP Request" not in output
     assert "connect_tcp" not in output
     assert "WARNING httpx: a warning from httpx with [REDACTED]" in lines
-    # No timestamps: journald adds them.
-    assert all(not line[:4].isdigit() for line in lines)
+    assert all(not line[:4].isdigit() for line in lines)  # timestamps=False: bare lines
 
 
 def test_debug_run_never_prints_secrets_json() -> None:
@@ -104,7 +116,7 @@ def test_debug_run_never_prints_secrets_json() -> None:
 
 def test_level_filters_and_bad_arguments() -> None:
     stream = io.StringIO()
-    logs.configure_logging("warning", "plain", stream=stream)
+    logs.configure_logging("warning", "plain", stream=stream, timestamps=False)
     logging.getLogger("prismd.x").info("hidden")
     logging.getLogger("prismd.x").warning("shown")
     assert stream.getvalue() == "WARNING prismd.x: shown\n"
@@ -116,8 +128,8 @@ def test_level_filters_and_bad_arguments() -> None:
 
 def test_reconfigure_replaces_the_handler() -> None:
     first, second = io.StringIO(), io.StringIO()
-    logs.configure_logging("info", "plain", stream=first)
-    logs.configure_logging("info", "plain", stream=second)
+    logs.configure_logging("info", "plain", stream=first, timestamps=False)
+    logs.configure_logging("info", "plain", stream=second, timestamps=False)
     logging.getLogger("prismd.x").info("once")
     assert first.getvalue() == ""
     assert second.getvalue() == "INFO prismd.x: once\n"
@@ -125,7 +137,7 @@ def test_reconfigure_replaces_the_handler() -> None:
 
 def test_reopen_after_rotation(tmp_path: Path) -> None:
     path = tmp_path / "prismd.log"
-    logs.configure_logging("info", "plain", path=str(path))
+    logs.configure_logging("info", "plain", path=str(path), timestamps=False)
     logging.getLogger("prismd.x").info("before")
     path.rename(tmp_path / "prismd.log.1")
     logs.reopen()
@@ -143,3 +155,138 @@ def test_redact_helper() -> None:
     assert logs.redact("short 12:abc") == "short 12:abc"
     logs.register_secret("ab")  # too short to redact safely: ignored
     assert logs.redact("abc") == "abc"
+
+
+# ---------------------------------------------------------------------- timestamps
+
+TIME_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00"
+
+
+def test_plain_lines_carry_a_utc_timestamp_off_journald(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    before = dt.datetime.now(dt.UTC)
+    logs.configure_logging("info", "plain", stream=stream, env={})
+    logging.getLogger("prismd.x").info("stamped %s", TOKEN)
+    line = stream.getvalue()
+    match = re.fullmatch(rf"({TIME_RE}) INFO prismd\.x: stamped \[REDACTED\]\n", line)
+    assert match is not None, line
+    stamp = dt.datetime.fromisoformat(match.group(1))
+    assert before - dt.timedelta(seconds=1) <= stamp <= dt.datetime.now(dt.UTC)
+    # a log file is never journald's stream
+    path = tmp_path / "prismd.log"
+    logs.configure_logging("info", "plain", path=str(path), env={"JOURNAL_STREAM": "1:2"})
+    logging.getLogger("prismd.x").info("to file")
+    assert re.fullmatch(rf"{TIME_RE} INFO prismd\.x: to file\n", path.read_text())
+
+
+def test_journald_stream_is_recognised_by_device_and_inode(tmp_path: Path) -> None:
+    with open(tmp_path / "journal", "w") as journal, open(tmp_path / "other", "w") as other:
+        stat = os.fstat(journal.fileno())
+        env = {"JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}"}
+        assert logs.is_journal_stream(journal, env)
+        assert not logs.is_journal_stream(other, env)  # inherited variable, stderr elsewhere
+        assert not logs.is_journal_stream(journal, {})
+        assert not logs.is_journal_stream(journal, {"JOURNAL_STREAM": "garbage"})
+        assert not logs.is_journal_stream(io.StringIO(), env)
+        logs.configure_logging("info", "plain", stream=journal, env=env)
+        logging.getLogger("prismd.x").info("bare")
+        logs.configure_logging("info", "plain", stream=other, env=env)
+        logging.getLogger("prismd.x").info("stamped")
+    assert (tmp_path / "journal").read_text() == "INFO prismd.x: bare\n"
+    assert re.fullmatch(rf"{TIME_RE} INFO prismd\.x: stamped\n", (tmp_path / "other").read_text())
+
+
+# ---------------------------------------------------------------------- the runtime's decisions
+
+RUNTIME_TEXT = "runtime-secret-text-51d0"
+
+
+async def test_debug_shows_admissions_and_binding_lease_decisions(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Admission outcomes (accepted, duplicate, denied with reason) and lease acquire /
+    renew / loss / release at DEBUG; the operation id and a route hash, never text or the
+    platform's chat and actor ids."""
+    caplog.set_level(logging.DEBUG, logger="prismd.runtime")
+    clock = TrioClock()
+    store = MemoryStore(clock=clock)
+    gate = trio.Event()
+    host = Host(
+        agent=ScriptedAgent(gate=gate),
+        grant_for=lambda inp: None if inp.event_id == "3" else grant(),
+    )
+    scope = ownership_from_identity(identity())
+    key = binding_key("tg-1", scope, "chat-1", None, "user-1", "primary")
+    async with runtime(host, store, clock=clock) as rt:
+        assert (await rt.admit(event("1", RUNTIME_TEXT))).status == "accepted"
+        assert (await rt.admit(event("1", RUNTIME_TEXT))).duplicate
+        assert (await rt.admit(event("3", RUNTIME_TEXT))).reason == "rejected"
+        await trio.sleep(25)  # the run holds the lease: renewed below a third of the TTL
+        assert rt.leases_held() == 1
+        lease = await store.leases.get_lease(namespace=NS_BINDING, key=key, scope=scope)
+        assert lease is not None
+        # taken away behind the runtime's back: the next renewal finds it lost
+        await store.leases.release_lease(
+            namespace=NS_BINDING, key=key, scope=scope, owner_id=lease.owner_id, token=lease.token
+        )
+        await trio.sleep(25)
+        gate.set()
+        await rt.drain()
+        assert rt.leases_held() == 0
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    op1, op3 = operation_id_for("tg-1", "1"), operation_id_for("tg-1", "3")
+    assert f"admission accepted: connection tg-1, {op1}" in messages
+    assert f"admission duplicate: connection tg-1, {op1}" in messages
+    assert f"admission denied (rejected): connection tg-1, {op3}" in messages
+    lease_lines = [m for m in messages if m.startswith("binding lease")]
+    tags = {m.rsplit(" ", 1)[1] for m in lease_lines}
+    assert len(tags) == 1 and re.fullmatch(r"[0-9a-f]{12}", tags.pop())
+    kinds = [m.split(":")[0].removeprefix("binding lease ") for m in lease_lines]
+    assert kinds[0] == "acquired" and kinds[-1] == "released"
+    assert "renewed" in kinds
+    assert kinds.index("lost") < len(kinds) - 1 - kinds[::-1].index("acquired")  # re-acquired
+    text = caplog.text
+    for absent in (RUNTIME_TEXT, "chat-1", "user-1", lease.token):
+        assert absent not in text
+
+
+# ---------------------------------------------------------------------- the CLI's stderr
+
+DAEMON_TEXT = "daemon-secret-text-93ab"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("journald", [False, True])
+async def test_prismd_run_debug_stderr(tmp_path: Path, journald: bool) -> None:
+    """``prismd run --log-level debug`` (a real subprocess): its own decisions are on stderr,
+    timestamped unless stderr is journald's stream, and never the message text."""
+    layout = write_config(tmp_path, delay_ms=0)
+    stderr_path = tmp_path / "stderr-run.log"
+    stderr_path.touch()
+    stat = os.stat(stderr_path)  # running_daemon truncates the same file: same inode
+    stream = f"{stat.st_dev}:{stat.st_ino}" if journald else ""
+    async with running_daemon(
+        layout, args=("--log-level", "debug"), extra_env={"JOURNAL_STREAM": stream}
+    ) as daemon:
+        await daemon.wait_state("READY=1")
+        async with chat(layout.port, actor="logs-actor-0001") as client:
+            assert (await client.send_message("m1", DAEMON_TEXT))["status"] == "accepted"
+            await client.next_frame("reply")
+            assert (await client.send_message("m1", DAEMON_TEXT))["duplicate"] is True
+        daemon.send(signal.SIGTERM)
+        assert await daemon.wait_exit() == 0
+        output = daemon.stderr()
+    log_lines = [line for line in output.splitlines() if not line.startswith("prismd:")]
+    assert log_lines
+    prefix = "" if journald else rf"{TIME_RE} "
+    for line in log_lines:
+        assert re.match(rf"{prefix}(DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: ", line), line
+    op = operation_id_for("web", "logs-actor-0001:m1")
+    for wanted in (
+        rf"DEBUG prismd\.runtime: admission accepted: connection web, {op}$",
+        rf"DEBUG prismd\.runtime: admission duplicate: connection web, {op}$",
+        r"DEBUG prismd\.runtime: binding lease acquired: route [0-9a-f]{12}$",
+        r"DEBUG prismd\.runtime: binding lease released: route [0-9a-f]{12}$",
+    ):
+        assert any(re.search(rf"^{prefix}{wanted}", line) for line in log_lines), wanted
+    assert DAEMON_TEXT not in output and "logs-actor-0001" not in output
