@@ -494,15 +494,21 @@ class TelegramAdapter:
         self._log_retry(method, error, delay)
         return delay
 
-    def _log_retry(self, method: str, error: TelegramError, delay_s: float) -> None:
-        self._failed_calls += 1
+    def _log_retry(
+        self, method: str, error: TelegramError, delay_s: float, attempt: int | None = None
+    ) -> None:
+        """One WARNING per retried call. Receiving calls (``attempt`` omitted) count towards
+        the "reachable again" line; a send names its own attempt."""
+        if attempt is None:
+            self._failed_calls += 1
+            attempt = self._failed_calls
         log.warning(
             "telegram %s: %s failed: %s; retry in %.1f s (attempt %d)",
             self.connection_id,
             method,
             describe_failure(error),
             delay_s,
-            self._failed_calls,
+            attempt,
         )
 
     def _log_reachable(self) -> None:
@@ -740,7 +746,9 @@ class TelegramAdapter:
                     if strict:
                         raise
                     return
-                await trio.sleep(min(error.retry_after, 60))
+                delay = min(error.retry_after, 60)
+                self._log_retry("answerCallbackQuery", error, delay, attempt + 1)
+                await trio.sleep(delay)
             except TelegramError:
                 if strict:
                     raise
@@ -936,7 +944,9 @@ class TelegramAdapter:
                 # A gateway error may hide a posted message: resending could duplicate it.
                 if error.retry_after is None or attempt == MAX_SEND_ATTEMPTS or _ambiguous(error):
                     raise
-                await trio.sleep(min(error.retry_after, 3600))
+                delay = min(error.retry_after, 3600)
+                self._log_retry("sendMessage", error, delay, attempt)
+                await trio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def _send_voice(self, reply: Reply) -> None:

@@ -25,6 +25,7 @@ from adapters.telegram_api import (
     TelegramResponseError,
     describe_failure,
 )
+from prismd.channel import Reply
 from tests.fakes.telegram_api import FakeBotApi
 
 from .conftest import CONN, SERVICE, TOKEN, Recorder, private_message, raises_flat, wait_until
@@ -97,7 +98,8 @@ def _retries(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, float, in
 
 
 def _assert_clean(caplog: pytest.LogCaptureFixture, *also_absent: str) -> None:
-    text = "\n".join(r.getMessage() for r in caplog.records) + caplog.text
+    # the messages and any traceback (caplog.text would add file names and line numbers)
+    text = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
     for secret in (TOKEN, TOKEN.split(":")[1], "/bot", SECRET_TEXT, *also_absent):
         assert secret not in text
 
@@ -258,3 +260,24 @@ async def test_a_lost_receiver_lease_is_a_warning(
         (logging.WARNING, f"telegram {CONN}: receiver lease lost (expired or taken over)")
     ]
     assert lease.token not in caplog.text
+
+
+async def test_a_rate_limited_send_logs_each_retry(
+    autojump_clock: MockClock,
+    fake: FakeBotApi,
+    make_adapter: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="prismd.telegram")
+    fake.chats.add("101")
+    fake.rate_limit("sendMessage", 3, times=2)
+    adapter = make_adapter()
+    result = await adapter.send(Reply(CONN, "101", SECRET_TEXT, "final"))
+    assert result.delivered
+    assert [(m, c, d, a) for m, c, d, a in _retries(caplog)] == [
+        ("sendMessage", "rate limited (HTTP 429, retry_after 3 s)", 3.0, 1),
+        ("sendMessage", "rate limited (HTTP 429, retry_after 3 s)", 3.0, 2),
+    ]
+    # sends do not count towards the receiving side's "reachable again" line
+    assert "reachable again" not in caplog.text
+    _assert_clean(caplog, "101")
