@@ -11,8 +11,6 @@ route lease is re-acquired (:meth:`Core.route_fence`) for writes outside a queue
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -92,13 +90,6 @@ LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
 
 OnTyping = Callable[[str, str, str | None], Awaitable[None]]
-
-log = logging.getLogger("prismd.runtime")
-
-
-def route_tag(route: Route) -> str:
-    """A short stable hash naming a route in logs (its binding key holds platform ids)."""
-    return hashlib.sha256(route.binding_key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 @attrs.define(eq=False)
@@ -446,11 +437,9 @@ class Core:
                     )
                 if renewed is not None:
                     route.lease = renewed
-                    log.debug("binding lease renewed: route %s", route_tag(route))
                     return renewed
                 route.lease = None
                 self.count("lease_losses")
-                log.debug("binding lease lost: route %s", route_tag(route))
             acquired = await self.leases.try_acquire_lease(
                 namespace=NS_BINDING,
                 key=route.binding_key,
@@ -460,11 +449,6 @@ class Core:
                 reclaim=self.reclaim_own_leases,
             )
             route.lease = acquired
-            log.debug(
-                "binding lease %s: route %s",
-                "acquired" if acquired is not None else "held elsewhere",
-                route_tag(route),
-            )
             if acquired is not None:
                 route.lease_fresh = True
             if acquired is not None and not route.renewing:
@@ -516,7 +500,6 @@ class Core:
                     return
                 if route.lease is lease:
                     route.lease = None
-                log.debug("binding lease released: route %s", route_tag(route))
 
     @asynccontextmanager
     async def route_fence(self, route: Route, *, wait_s: float = 0.0) -> AsyncIterator[int | None]:

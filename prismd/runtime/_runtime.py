@@ -26,6 +26,7 @@ from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _notify, _recovery, _resume
 from ._core import Core, FetchAttachment, operation_id_for
+from ._leaselog import LoggedLeases
 from ._types import Authorize, ResolveAgent, ResolveBinding
 
 log = logging.getLogger("prismd.runtime")
@@ -279,6 +280,8 @@ async def open_messaging_runtime(
             on_typing=on_typing,
             **extra,
         )
+        if core.leases is not None:
+            core.leases = LoggedLeases(core.leases)  # every binding lease decision at DEBUG
         runtime = Runtime(core)
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()

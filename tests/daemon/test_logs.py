@@ -11,7 +11,9 @@ import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -20,6 +22,8 @@ from prismd import logs
 from prismd.identity import ownership_from_identity
 from prismd.journal import NS_BINDING, binding_key
 from prismd.runtime._ids import operation_id_for
+from prismd.runtime._leaselog import LoggedLeases, route_tag
+from stores import OwnershipScope
 from stores.memory import MemoryStore
 from tests.runtime.harness import Host, TrioClock, event, grant, identity, runtime
 from tests.runtime.scripted import ScriptedAgent
@@ -244,7 +248,8 @@ async def test_debug_shows_admissions_and_binding_lease_decisions(
     kinds = [m.split(":")[0].removeprefix("binding lease ") for m in lease_lines]
     assert kinds[0] == "acquired" and kinds[-1] == "released"
     assert "renewed" in kinds
-    assert kinds.index("lost") < len(kinds) - 1 - kinds[::-1].index("acquired")  # re-acquired
+    lost = kinds.index("lost (not renewable)")
+    assert kinds[lost + 1] == "acquired"  # taken again at once: nobody else held it
     text = caplog.text
     for absent in (RUNTIME_TEXT, "chat-1", "user-1", lease.token):
         assert absent not in text
@@ -290,3 +295,44 @@ async def test_prismd_run_debug_stderr(tmp_path: Path, journald: bool) -> None:
     ):
         assert any(re.search(rf"^{prefix}{wanted}", line) for line in log_lines), wanted
     assert DAEMON_TEXT not in output and "logs-actor-0001" not in output
+
+
+@attrs.define
+class ManualClock:
+    ms: int = 1_790_000_000_000
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+async def test_every_binding_lease_outcome_has_its_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="prismd.runtime")
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    leases, other_runtime = LoggedLeases(store.leases), LoggedLeases(store.leases)
+    scope = OwnershipScope(tenant_id="t", account_id="a", user_id="u")
+    key = "b1:web:chat-9:actor-9"
+    where: dict[str, Any] = {"namespace": NS_BINDING, "key": key, "scope": scope}
+    first = await leases.try_acquire_lease(**where, owner_id="me", ttl_ms=30_000)
+    assert first is not None
+    assert await other_runtime.try_acquire_lease(**where, owner_id="other", ttl_ms=30_000) is None
+    assert await leases.renew_lease(**where, owner_id="me", token=first.token, ttl_ms=30_000)
+    clock.ms += 31_000  # expired before the renewal was due: the runtime acquires again
+    second = await leases.try_acquire_lease(**where, owner_id="me", ttl_ms=30_000)
+    assert second is not None
+    assert await leases.renew_lease(**where, owner_id="me", token=first.token, ttl_ms=1) is None
+    assert await leases.release_lease(**where, owner_id="me", token=second.token)
+    assert not await leases.release_lease(**where, owner_id="me", token=second.token)
+    assert await leases.get_lease(**where) is None
+    tag = route_tag(where["key"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"binding lease acquired: route {tag}",
+        f"binding lease held elsewhere: route {tag}",
+        f"binding lease renewed: route {tag}",
+        f"binding lease lost (expired before renewal): route {tag}",
+        f"binding lease acquired: route {tag}",
+        f"binding lease lost (not renewable): route {tag}",
+        f"binding lease released: route {tag}",
+        f"binding lease already gone at release: route {tag}",
+    ]
+    assert first.token not in caplog.text and "chat-9" not in caplog.text
