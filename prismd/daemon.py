@@ -336,6 +336,8 @@ EXIT_FAILURE = 1
 STOP_MARGIN_S = 5.0
 """Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
 CLOSE_BUDGET_S = 10.0
+STATUS_REFRESH_S = 10.0
+"""How often the serving daemon looks whether its ``STATUS=`` line changed."""
 
 
 _early_signal: int | None = None
@@ -632,8 +634,26 @@ class Daemon:
     async def _report_unresolved(
         self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
     ) -> None:
-        """Log how many operations wait for ``reconcile`` (and keep it for ``STATUS=``);
-        never re-run anything."""
+        """Log how many operations wait for ``reconcile``; never re-run anything."""
+        counted = await self._count_unresolved(runtime, authorizer, failure_level=logging.WARNING)
+        if counted is None:
+            return
+        total, capped = counted
+        if total:
+            log.warning(
+                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
+                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
+                "at least " if capped else "",
+                total,
+            )
+        else:
+            log.info("no unresolved operations in the journal")
+
+    async def _count_unresolved(
+        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer, *, failure_level: int
+    ) -> tuple[int, bool] | None:
+        """``(count, capped)`` over every configured tenant, also kept for ``STATUS=``;
+        ``None`` (logged at ``failure_level``) when the journal cannot be listed."""
         tenants = {"default"} | {g.tenant for g in self.config.grants}
         tenants |= {op.tenant for op in self.config.control.operators}
         limit = self.config.limits.max_journal_page
@@ -644,21 +664,31 @@ class Daemon:
             try:
                 entries = await runtime.list_unresolved(identity=identity, limit=limit)
             except Exception as exc:
-                log.warning("listing unresolved operations failed: %s", describe_exception(exc))
+                log.log(
+                    failure_level,
+                    "listing unresolved operations failed: %s",
+                    describe_exception(exc),
+                )
                 self._unresolved = "unresolved unknown"
-                return
+                return None
             total += len(entries)
             capped = capped or len(entries) >= limit
         self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
-        if total:
-            log.warning(
-                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
-                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
-                "at least " if capped else "",
-                total,
-            )
-        else:
-            log.info("no unresolved operations in the journal")
+        return total, capped
+
+    async def _keep_status_current(
+        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
+    ) -> NoReturn:
+        """While serving: re-send ``STATUS=`` when it changed (an adapter came up or went
+        down, an operation became unresolved or was reconciled). Never raises."""
+        shown = self._ready_status()
+        while True:
+            await trio.sleep(STATUS_REFRESH_S)
+            await self._count_unresolved(runtime, authorizer, failure_level=logging.DEBUG)
+            current = self._ready_status()
+            if current != shown:
+                self._status(current)
+                shown = current
 
     async def _serve(
         self,
@@ -738,7 +768,7 @@ class Daemon:
                 self.ready.set()
                 self._status(self._ready_status())
                 notify("READY=1")
-                await trio.sleep_forever()
+                await self._keep_status_current(runtime, authorizer)
             if not self._stop_requested:
                 return EXIT_OK  # pragma: no cover - the scope is only cancelled by a stop
             self._status("stopping")

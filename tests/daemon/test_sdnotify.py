@@ -7,6 +7,7 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import trio
 
 from prismd import sdnotify
@@ -110,26 +111,18 @@ async def _datagrams_until(sock: trio.socket.SocketType, last: str, into: list[s
             into.extend((await sock.recv(4096)).decode().splitlines())
 
 
-async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
-    tmp_path: Path,
-) -> None:
-    """What ``systemctl status`` shows: starting → ready with counts → stopping, each
-    line a datagram on $NOTIFY_SOCKET; an unresolved operation left by an earlier run is
-    counted."""
-    from prismd.daemon import Daemon
+async def _leave_executing(url: str, operation_id: str) -> None:
+    """An operation a crash left ``executing`` (what ``list-unresolved`` shows)."""
     from prismd.journal import ChannelJournal, OperationRecord
     from stores import OwnershipScope, open_store
 
-    from .helpers import inprocess_config
-
-    config = inprocess_config(tmp_path)
-    store = await open_store(config.store.url)
+    store = await open_store(url)
     try:
         await ChannelJournal(store.checkpoints).create_operation(
             OwnershipScope(tenant_id="default", account_id="web", user_id="actor-1"),
             OperationRecord(
-                operation_id="chan-op-left-by-a-crash",
-                event_id="e1",
+                operation_id=operation_id,
+                event_id=operation_id,
                 kind="message",
                 connection_id="web",
                 external_conversation_id="conv-1",
@@ -142,6 +135,22 @@ async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
         )
     finally:
         await store.aclose()
+
+
+async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``systemctl status`` shows: starting → ready with counts → stopping, each
+    line a datagram on $NOTIFY_SOCKET. An unresolved operation left by an earlier run is
+    counted, and one that appears while serving updates the line."""
+    import prismd.daemon as daemon_module
+    from prismd.daemon import Daemon
+
+    from .helpers import inprocess_config
+
+    monkeypatch.setattr(daemon_module, "STATUS_REFRESH_S", 0.05)
+    config = inprocess_config(tmp_path)
+    await _leave_executing(config.store.url, "chan-op-left-by-a-crash")
     path = str(tmp_path / "notify.sock")
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     await sock.bind(path)
@@ -153,12 +162,16 @@ async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(daemon.run)
             await _datagrams_until(sock, "READY=1", states)
+            # A second store handle on the same SQLite file, as another process would be.
+            await _leave_executing(config.store.url, "chan-op-while-serving")
+            await _datagrams_until(sock, "STATUS=ready: 1 connection, 2 unresolved", states)
             daemon.request_stop()
             await _datagrams_until(sock, "STOPPING=1", states)
     assert states == [
         "STATUS=starting",
         "STATUS=ready: 1 connection, 1 unresolved",
         "READY=1",
+        "STATUS=ready: 1 connection, 2 unresolved",
         "STATUS=stopping",
         "STOPPING=1",
     ]
