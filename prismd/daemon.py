@@ -394,12 +394,16 @@ class Daemon:
     but never started before a crash are queued for their first run, ``resume_accepted``) →
     a log line counting unresolved operations (nothing that started is re-run) → children
     (control server, every adapter, watchdog) each started with ``nursery.start`` →
-    ``READY=1`` (once) and a stderr line saying where to connect. systemd's ``STATUS=``
-    says ``starting``, then ``ready: 2 connections, 0 unresolved``, ``stopping``, or
-    ``failed: <the fatal error>``. An adapter that has not
+    ``READY=1`` (once) and a stderr line saying where to connect. An adapter that has not
     started within ``adapter_ready_within_s`` (its platform unreachable) is not waited for:
     it keeps retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
-    start stops it at the next safe point (exit 0, no ``READY=1``).
+    start stops it at the next safe point (exit 0, no ``READY=1``). The checks of
+    :func:`~prismd.config.check_runnable` (those of ``prismd check-config``) come before the
+    lock; a fatal error is one ``prismd:`` line on ``out``, printed once.
+
+    systemd's ``STATUS=`` says ``starting``, then ``ready: 2 connections, 0 unresolved``
+    (kept current while serving, see :data:`STATUS_REFRESH_S`), ``stopping``, or
+    ``failed: <the fatal error>``.
 
     Stop order (first SIGTERM/SIGINT or :meth:`request_stop`): ``STOPPING=1`` →
     ``runtime.stop()`` bounded by ``stop_deadline_ms`` (queued and claimed work settled

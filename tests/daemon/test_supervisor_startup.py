@@ -253,6 +253,8 @@ async def test_a_platform_that_is_down_at_start_does_not_hold_back_ready(tmp_pat
         with trio.fail_after(15):
             await daemon.ready.wait()
         assert notes.count("READY=1") == 1
+        # systemctl status says so too.
+        assert "STATUS=ready: 2 connections (1 starting), 0 unresolved" in notes
         health = daemon.health()["children"]
         assert health["telegram:tg"]["state"] == "starting"
         assert health["webchat:web"]["state"] == "running"
