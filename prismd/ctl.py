@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from .version import version_text
+
 __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
 
 LOCAL_SOCKET = "var/run/control.sock"
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--socket", help="control socket path (default: see prismctl docs)")
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+    parser.add_argument("--version", action="version", version=version_text("prismctl"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The global options are accepted after the command too (`prismctl events --json`);
     # SUPPRESS keeps the top-level value when the command does not repeat them.

@@ -49,7 +49,8 @@ def installable_copy(tmp_path: Path, text: str | None = None) -> Path:
         executable.write_text("#!/bin/sh\nexit 0\n")
         executable.chmod(0o755)
     text = UNIT.read_text() if text is None else text
-    (tmp_path / "prismd.service").write_text(text.replace("/usr/bin/prismd", str(executable)))
+    installed = text.replace("/opt/prismd/bin/prismd", str(executable))
+    (tmp_path / "prismd.service").write_text(installed)
     return tmp_path
 
 
@@ -70,14 +71,14 @@ def test_verify_would_catch_a_broken_unit(tmp_path: Path) -> None:
 def test_unit_directives() -> None:
     d = unit_directives()
     assert d["Type"] == ["notify"]
-    assert d["ExecStart"] == ["/usr/bin/prismd run --config /etc/prismd/prismd.toml"]
+    assert d["ExecStart"] == ["/opt/prismd/bin/prismd run --config /etc/prismd/prismd.toml"]
     assert d["WatchdogSec"] == ["30"]
     stop_s = int(d["TimeoutStopSec"][0])
     assert stop_s * 1000 > Limits().stop_deadline_ms, "TimeoutStopSec above the stop deadline"
     assert d["StateDirectory"] == ["prismd"]
     assert d["RuntimeDirectory"] == ["prismd"]
     assert d["RuntimeDirectoryMode"] == ["0750"]
-    assert d["LoadCredential"] == ["telegram-token:/etc/prismd/telegram-token"]
+    assert "LoadCredential" not in d, "a drop-in (prismd.service.d/telegram.conf) holds it"
     assert d["ProtectSystem"] == ["strict"]
     assert d["ProtectHome"] == ["yes"]
     assert d["PrivateTmp"] == ["yes"]
