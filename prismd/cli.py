@@ -1,4 +1,4 @@
-"""The ``prismd`` console script: ``run``, ``check-config``, ``soak`` and ``telegram``.
+"""The ``prismd`` console script: ``run``, ``check-config``, ``soak``, ``bench`` and ``telegram``.
 
 Exit codes: 0 success, 1 failure (bad config, startup error, failed soak), 2 usage error
 (argparse). ``run`` returns 128 + signal number when a second SIGTERM/SIGINT forces the
@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "soak", help="loop admit/drain/reconcile/prune against a real store and the mock agent"
     )
     add_soak_arguments(soak)
+    from .bench import add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench", help="measure admission, duplicates and the pipeline on a real store"
+    )
+    add_bench_arguments(bench)
     return parser
 
 
@@ -201,4 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .soak import run_soak_command
 
         return run_soak_command(args)
+    if args.command == "bench":
+        from .bench import run_bench_command
+
+        return run_bench_command(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands
