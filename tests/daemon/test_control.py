@@ -572,9 +572,14 @@ async def test_pair_aliases_default_from_the_pairing_grant(tmp_path: Path) -> No
             assert runtime.calls[-1][1]["aliases"] == ("echo", "helper")
             await client.result("pair", {"connectionId": "tg", "aliases": ["x"]})
             assert runtime.calls[-1][1]["aliases"] == ("x",)
+            # No pairing grant: the missing [[grants]] entry is named (it was "-32602
+            # 'aliases' is required", which sent the operator looking for the wrong fix).
             message = await client.call("pair", {"connectionId": "web"})
-            assert message["error"]["code"] == -32602
-            assert "'aliases' is required" in message["error"]["message"]
+            assert message["error"] == {
+                "code": -32002,
+                "message": "pairing unavailable: "
+                "no [[grants]] entry for connection 'web' with pairing = true",
+            }
     assert len(runtime.calls) == 2
 
 

@@ -59,6 +59,11 @@ class RecordingRuntime:
         ]
     )
     reconcile_status: str = "resolved"
+    reconcile_result: ReconcileResult | None = None
+    """When set, ``reconcile`` answers exactly this (``reconcile_status`` is ignored)."""
+    notify_admission: Admission = attrs.field(
+        factory=lambda: Admission("accepted", operation_id="op-n")
+    )
 
     def _record(self, name: str, **kwargs: Any) -> None:
         self.calls.append((name, kwargs))
@@ -89,7 +94,7 @@ class RecordingRuntime:
             text=text,
             thread_id=thread_id,
         )
-        return Admission("accepted", operation_id="op-n")
+        return self.notify_admission
 
     async def list_unresolved(
         self, *, identity: AgentIdentity, limit: int | None = None
@@ -116,6 +121,8 @@ class RecordingRuntime:
             expected_version=expected_version,
             acknowledge_duplicate_risk=acknowledge_duplicate_risk,
         )
+        if self.reconcile_result is not None:
+            return self.reconcile_result
         if self.reconcile_status != "resolved":
             return ReconcileResult(self.reconcile_status)  # type: ignore[arg-type]
         return ReconcileResult(
