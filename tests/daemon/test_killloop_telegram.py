@@ -143,7 +143,12 @@ async def _second_poller(fake: FakeBotApi, seconds: float, own: Counter[int]) ->
 
 
 async def _compete(
-    fake: FakeBotApi, nursery: trio.Nursery, seconds: float, own: Counter[int], since: float
+    fake: FakeBotApi,
+    nursery: trio.Nursery,
+    seconds: float,
+    own: Counter[int],
+    since: float,
+    tag: str,
 ) -> None:
     """Start the competing poller while the running daemon's long poll is pending; return
     once that caused a 409 (the daemon is alive until then, so it gets the conflict).
@@ -156,10 +161,13 @@ async def _compete(
         began = fake.pending_poll_at
         return began is not None and began >= since
 
-    await fake.wait_until(daemon_polling)
-    before = fake.conflicts
-    nursery.start_soon(_second_poller, fake, seconds, own)
-    await fake.wait_until(lambda: fake.conflicts > before)
+    with trio.move_on_after(30):
+        await fake.wait_until(daemon_polling)
+        before = fake.conflicts
+        nursery.start_soon(_second_poller, fake, seconds, own)
+        await fake.wait_until(lambda: fake.conflicts > before)
+        return
+    raise AssertionError(f"{tag}: no long poll of the daemon met by the competing poller")
 
 
 async def _feed(
@@ -208,7 +216,7 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
                     layout, tag=f"k{round_}", extra_env=env, args=("--log-level", "debug")
                 ) as daemon:
                     if round_ == compete_round:
-                        await _compete(fake, nursery, rng.uniform(2, 3.5), own, since)
+                        await _compete(fake, nursery, rng.uniform(2, 3.5), own, since, tag)
                     await trio.sleep(rng.uniform(0.3, 3.0))
                     if round_ % 3 == 2:
                         # Killed in the middle of a graceful stop (stop() settling work).
