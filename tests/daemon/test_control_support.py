@@ -6,6 +6,7 @@ A recording runtime, a JSON-RPC client and a server fixture.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,9 @@ from prismd.config import ControlConfig
 from prismd.control import ControlHandler, serve_control
 from prismd.identity import AgentIdentity
 from stores.memory import MemoryStore
+
+DAEMON_UID = os.getuid()
+"""The uid the test process, standing in for the daemon, runs as: its default operator."""
 
 
 @attrs.define(eq=False)
@@ -224,7 +228,7 @@ async def running_server(
     runtime: RecordingRuntime | None = None,
     *,
     store: MemoryStore | None = None,
-    daemon_uid: int | None = 0,
+    daemon_uid: int | None = DAEMON_UID,
     health: dict[str, Any] | None = None,
     pair_aliases: Callable[[str], tuple[str, ...] | None] | None = None,
 ) -> AsyncIterator[tuple[RecordingRuntime, MemoryStore]]:

@@ -22,6 +22,7 @@ from prismd.api import ReconcileResult
 from prismd.channel import Admission
 from prismd.config import ControlConfig
 from stores import OwnershipScope
+from tests.privileges import needs_root
 
 from .test_control_support import RecordingRuntime, running_server
 
@@ -345,6 +346,7 @@ async def prismctl_as_nobody(*args: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
+@needs_root("runs prismctl as uid 65534 (nobody) against the socket")
 async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
     private = ControlConfig(socket=str(shared_dir / "private" / "control.sock"))
     with trio.fail_after(DEADLINE):

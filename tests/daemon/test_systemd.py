@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prismd.config import load_config
 from prismd.limits import Limits
+from tests.privileges import needs_root
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "prismd.service"
@@ -105,17 +106,17 @@ def test_unit_is_well_sandboxed(tmp_path: Path) -> None:
     assert level <= 2.0, last
 
 
-def test_sysusers_and_tmpfiles_snippets(tmp_path: Path) -> None:
-    root = tmp_path / "root"
+def sysusers(root: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Apply the sysusers snippet to an empty ``root``: its passwd and group, by name."""
     (root / "etc").mkdir(parents=True)
-    sysusers = subprocess.run(
+    result = subprocess.run(
         ["systemd-sysusers", f"--root={root}", str(SYSTEMD / "prismd.sysusers.conf")],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert sysusers.returncode == 0, sysusers.stderr
+    assert result.returncode == 0, result.stderr
     passwd = {
         line.split(":")[0]: line.split(":")
         for line in (root / "etc/passwd").read_text().splitlines()
@@ -124,9 +125,20 @@ def test_sysusers_and_tmpfiles_snippets(tmp_path: Path) -> None:
         line.split(":")[0]: line.split(":")
         for line in (root / "etc/group").read_text().splitlines()
     }
+    return passwd, groups
+
+
+def test_sysusers_snippet(tmp_path: Path) -> None:
+    passwd, groups = sysusers(tmp_path / "root")
     assert passwd["prismd"][5:] == ["/var/lib/prismd", "/usr/sbin/nologin"]
     assert "prismd" in groups
     assert groups["prismd-operators"][3].split(",") == ["prismd"]
+
+
+@needs_root("systemd-tmpfiles chowns the directories to the prismd user")
+def test_tmpfiles_snippet(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    passwd, groups = sysusers(root)
     tmpfiles = subprocess.run(
         ["systemd-tmpfiles", f"--root={root}", "--create", str(SYSTEMD / "prismd.tmpfiles.conf")],
         capture_output=True,
