@@ -43,6 +43,11 @@ def outside_repository(path: object) -> str | None:
     full = os.path.normpath(os.path.abspath(raw))
     if (full + os.sep).startswith(_INSIDE) or not (full + os.sep).startswith(_BESIDE):
         return None
+    # A clone in a home directory sits beside the user's dot-directories (~/.config,
+    # ~/.cache): tools read those legitimately. A sibling checkout or sample folder is
+    # what a fresh clone lacks.
+    if full[len(_BESIDE) :].startswith("."):
+        return None
     return full
 
 
