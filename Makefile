@@ -1,11 +1,21 @@
-# prismd — two commands: `make run` and `make test`.
+# prismd — two commands: `make run` and `make test`; `make install` for a host (README).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest venv clean
+# `make install`: the venv lives at PREFIX (not staged under DESTDIR: a venv cannot be
+# moved, its scripts name their interpreter by absolute path); the command links, the
+# systemd unit and the sysusers.d/tmpfiles.d snippets go under $(DESTDIR).
+PREFIX ?= /opt/prismd
+BINDIR ?= /usr/local/bin
+UNITDIR ?= /etc/systemd/system
+SYSUSERSDIR ?= /etc/sysusers.d
+TMPFILESDIR ?= /etc/tmpfiles.d
+DESTDIR ?=
+
+.PHONY: run test lint typecheck pytest venv clean install install-telegram
 
 venv: $(STAMP)
 
@@ -32,3 +42,25 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) var
+
+install:
+	$(PYTHON) -m venv $(PREFIX)
+	# Not editable: the install keeps working when this checkout moves or goes away.
+	# (setuptools' build/ would carry files deleted since the last build into the wheel.)
+	rm -rf build
+	$(PREFIX)/bin/python -m pip install --quiet --upgrade .
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(TMPFILESDIR)
+	ln -sfn $(PREFIX)/bin/prismd $(DESTDIR)$(BINDIR)/prismd
+	ln -sfn $(PREFIX)/bin/prismctl $(DESTDIR)$(BINDIR)/prismctl
+	sed 's|^ExecStart=/opt/prismd/|ExecStart=$(PREFIX)/|' systemd/prismd.service \
+		> $(DESTDIR)$(UNITDIR)/prismd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/prismd.service
+	install -m 0644 systemd/prismd.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/prismd.conf
+	install -m 0644 systemd/prismd.tmpfiles.conf $(DESTDIR)$(TMPFILESDIR)/prismd.conf
+
+# Only with a Telegram connection: the drop-in that hands over the bot token credential.
+install-telegram:
+	install -d $(DESTDIR)$(UNITDIR)/prismd.service.d
+	install -m 0644 systemd/prismd.service.d/telegram.conf \
+		$(DESTDIR)$(UNITDIR)/prismd.service.d/telegram.conf

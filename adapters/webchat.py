@@ -41,8 +41,10 @@ server → client
 
 * ``{"type": "ready", "actor": "<id>"}`` — after a valid hello.
 * ``{"type": "admission", "id": <client id or null>, "status": "accepted"|"denied"|
-  "unsupported", "reason": <str or null>, "duplicate": <bool>}`` — the result of ``admit``;
-  ``denied`` with reason ``capacity``/``unavailable``/``stopped`` is worth retrying later.
+  "unsupported", "reason": <str or null>, "duplicate": <bool>, "hint"?: <str>}`` — the result
+  of ``admit``; ``denied`` with reason ``capacity``/``unavailable``/``stopped`` is worth
+  retrying later. ``hint``, when present, tells the user what to do (the size limit of an
+  ``oversized`` message, ``/help`` after an ``unknown_command``).
 * ``{"type": "reply", "kind": "final"|"notice", "text": "…", "controls": [{"label", "value"}],
   "inReplyTo": <client id or null>}`` — sent to every open socket of the actor.
 * ``{"type": "error", "message": "<fixed text>"}`` — bad input (not JSON, too large, binary,
@@ -633,15 +635,16 @@ async def _get_message(ws: Any) -> str | bytes | None:
 
 
 def _admission_frame(client_id: str | None, admission: Admission) -> str:
-    return json.dumps(
-        {
-            "type": "admission",
-            "id": client_id,
-            "status": admission.status,
-            "reason": admission.reason,
-            "duplicate": admission.duplicate,
-        }
-    )
+    frame: dict[str, Any] = {
+        "type": "admission",
+        "id": client_id,
+        "status": admission.status,
+        "reason": admission.reason,
+        "duplicate": admission.duplicate,
+    }
+    if admission.hint is not None:
+        frame["hint"] = admission.hint  # the runtime's fixed text: a limit, or "send /help"
+    return json.dumps(frame)
 
 
 def _client_id_of(in_reply_to: str | None, actor: str) -> str | None:

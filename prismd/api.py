@@ -36,6 +36,10 @@ class ReconcileResult:
     ``reply_failed`` or ``reply_unknown``."""
     state: str | None = None
     detail: str | None = None
+    current_version: int | None = None
+    """On a ``conflict``: the operation's stored version now, to retry with. Only for a
+    record inside the caller's scope (a foreign one is ``not_found``). Not in the contract's
+    shape: the control socket sends it only when set."""
 
 
 @attrs.frozen

@@ -63,6 +63,11 @@ class Admission:
     reason: str | None = None
     operation_id: str | None = None
     duplicate: bool = False
+    hint: str | None = None
+    """For a refusal the user or operator can act on: one sentence saying what to do (a
+    limit, a missing grant, ``/help``). Fixed text with ids or numbers only, never message
+    text or secrets. Not part of the contract's shape: the control socket and the web chat
+    send it only when set."""
 
     @property
     def retryable(self) -> bool:

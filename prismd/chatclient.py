@@ -210,7 +210,7 @@ class _Conversation:
             else:
                 self.awaiting_reply.add(client_id)
             return
-        reason = frame.get("reason") or status
+        reason = frame.get("hint") or frame.get("reason") or status
         self._print(self.err, f"(not accepted: {reason})")
 
     def _reply(self, frame: dict[str, Any]) -> None:

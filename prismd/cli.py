@@ -1,8 +1,8 @@
-"""The ``prismd`` console script: ``run``, ``check-config``, ``soak`` and ``telegram``.
+"""The ``prismd`` console script: ``run``, ``check-config``, ``soak``, ``bench`` and ``telegram``.
 
 Exit codes: 0 success, 1 failure (bad config, startup error, failed soak), 2 usage error
 (argparse). ``run`` returns 128 + signal number when a second SIGTERM/SIGINT forces the
-exit.
+exit. A fatal error is one ``prismd: …`` line on stderr, printed once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import trio
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, check_runnable, load_config
+from .version import version_text
 
 log = logging.getLogger("prismd.cli")
 
@@ -25,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prismd", description="Connect AI agents to chat platforms through a durable journal."
     )
+    parser.add_argument("--version", action="version", version=version_text("prismd"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon in the foreground")
@@ -32,7 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain")
 
-    check = sub.add_parser("check-config", help="validate a config file and exit 0/1")
+    check = sub.add_parser(
+        "check-config",
+        help="check a config file as `run` would, without starting anything; exit 0/1",
+    )
+    check.add_argument("path", nargs="?", metavar="PATH", help="the same as --config PATH")
     check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
 
     telegram = sub.add_parser("telegram", help="manage a Telegram connection's webhook")
@@ -56,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "soak", help="loop admit/drain/reconcile/prune against a real store and the mock agent"
     )
     add_soak_arguments(soak)
+    from .bench import add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench", help="measure admission, duplicates and the pipeline on a real store"
+    )
+    add_bench_arguments(bench)
     return parser
 
 
@@ -77,8 +89,12 @@ def _configure_logging(level: str, fmt: str) -> None:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
+    if args.path is not None and args.config is not None and args.path != args.config:
+        print("prismd check-config: give the file once (PATH or --config PATH)", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.path or args.config)
+        check_runnable(config)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -191,4 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .soak import run_soak_command
 
         return run_soak_command(args)
+    if args.command == "bench":
+        from .bench import run_bench_command
+
+        return run_bench_command(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands

@@ -13,10 +13,16 @@ Guarantees of :func:`load_config`:
   an error that says so, and no error message ever contains a value of such a key;
 * cross references hold: connection ids are unique, grants name existing connections and
   aliases from ``[agents]``, ``default_alias`` is one of the grant's ``aliases``.
+
+:func:`check_runnable` is the second half, shared by ``prismd check-config`` and ``prismd
+run``: what a valid file still needs from this machine and this build (secrets present,
+``python`` factories importable, connection kinds and store schemes built, the control
+group existing), checked without opening a socket, the store or the network.
 """
 
 from __future__ import annotations
 
+import grp
 import importlib
 import ipaddress
 import os
@@ -45,6 +51,7 @@ __all__ = [
     "StoreConfig",
     "TelegramConnectionConfig",
     "WebchatConnectionConfig",
+    "check_runnable",
     "default_config",
     "is_loopback_host",
     "load_config",
@@ -67,6 +74,16 @@ _INLINE_SECRET_KEYS = frozenset(
     }
 )
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+# What this build can run: every kind and scheme the config format knows, and whether it is
+# built yet. A file may name a planned one (it parses); check_runnable refuses it. The
+# Signal and PostgreSQL work flip their entries here, and only here.
+CONNECTION_KINDS: Mapping[str, bool] = types.MappingProxyType(
+    {"telegram": True, "signal": False, "webchat": True}
+)
+STORE_SCHEMES: Mapping[str, bool] = types.MappingProxyType(
+    {"memory": True, "sqlite": True, "postgresql": False, "postgres": False}
+)
 
 
 class ConfigError(Exception):
@@ -304,7 +321,14 @@ def read_secret(
             if not value:
                 raise ConfigError(f"secret file {file_name} is empty", key=key or "token_file")
             return value
-        raise ConfigError(f"secret file {file_name} not found", key=key or "token_file")
+        looked = " or ".join(str(c) for c in candidates)
+        hint = ""
+        if not path.is_absolute() and not credentials:
+            hint = "; $CREDENTIALS_DIRECTORY is not set (systemd's LoadCredential= sets it)"
+        raise ConfigError(
+            f"secret file {file_name} not found (looked for {looked}){hint}",
+            key=key or "token_file",
+        )
     raise ConfigError("no secret source: set token_env or token_file", key=key)
 
 
@@ -441,7 +465,7 @@ def _parse_store(root: _Table) -> StoreConfig:
     table = root.table("store")
     url: str = table.get_str("url", _default(StoreConfig, "url"))
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("memory", "sqlite", "postgresql", "postgres"):
+    if not sep or scheme not in STORE_SCHEMES:
         raise table.error("url", "must be sqlite:///PATH, postgresql://… or memory://")
     if scheme == "sqlite" and not rest.lstrip("/"):
         raise table.error("url", "sqlite:/// needs a file path")
@@ -643,7 +667,7 @@ def _parse_connections(root: _Table) -> tuple[ConnectionConfig, ...]:
         if conn_id in seen:
             raise table.error("id", f"duplicate connection id {conn_id!r}")
         seen.add(conn_id)
-        kind = table.choice("kind", ("telegram", "signal", "webchat"), None)
+        kind = table.choice("kind", tuple(CONNECTION_KINDS), None)
         result.append(_CONNECTION_PARSERS[kind](table, conn_id))
         table.finish()
     return tuple(result)
@@ -889,3 +913,87 @@ def default_config(env: Mapping[str, str] = os.environ) -> Config:
         grants=tuple(grants),
         agents=types.MappingProxyType({"echo": AgentConfig(alias="echo", kind="echo")}),
     )
+
+
+# --------------------------------------------------------------------------- runnable
+
+
+def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
+    """Raise :class:`ConfigError` (file and key named) for what ``config`` cannot run with here.
+
+    The checks ``prismd run`` needs before it opens anything, and all ``prismd check-config``
+    adds to :func:`load_config`, so the two cannot disagree: the store scheme and every
+    connection kind are built (:data:`STORE_SCHEMES`, :data:`CONNECTION_KINDS`), a SQLite URL
+    is one the store accepts, every secret a connection reads at start is present (values
+    read and dropped, never shown), every ``python`` agent's factory module imports and has
+    the attribute (it is not called), and ``[control].group`` exists. Nothing is opened,
+    bound or contacted.
+    """
+    source = config.source
+
+    def error(key: str, message: str) -> ConfigError:
+        return ConfigError(message, file=source, key=key)
+
+    _check_store_runnable(config.store.url, error)
+    for index, conn in enumerate(config.connections, start=1):
+        where = f"[[connections]][{index}]"
+        if not CONNECTION_KINDS.get(conn.kind, False):
+            raise error(
+                f"{where}.kind",
+                f"connection kind {conn.kind!r} is not available in this build yet",
+            )
+        for name, env_name, file_name in _secret_sources(conn):
+            try:
+                read_secret(env_name=env_name, file_name=file_name, env=env, key=f"{where}.{name}")
+            except ConfigError as exc:
+                raise error(exc.key or f"{where}.{name}", exc.message) from None
+    for alias, agent in config.agents.items():
+        if agent.kind == "python":
+            _check_factory(str(agent.options.get("factory", "")), f"[agents.{alias}]", error)
+    group = config.control.group
+    if group is not None:
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise error("[control].group", f"no such group {group!r}") from None
+
+
+def _check_store_runnable(url: str, error: Callable[[str, str], ConfigError]) -> None:
+    scheme = url.partition("://")[0]
+    if not STORE_SCHEMES.get(scheme, False):
+        raise error("[store].url", f"the {scheme}:// store is not available in this build yet")
+    if scheme == "sqlite":
+        # The store's own URL rules (relative vs absolute, a file name), without opening it.
+        from stores import InvalidStoreURLError
+        from stores.sqlite import sqlite_path_from_url
+
+        try:
+            sqlite_path_from_url(url)
+        except InvalidStoreURLError as exc:
+            raise error("[store].url", str(exc)) from None
+
+
+def _secret_sources(conn: ConnectionConfig) -> list[tuple[str, str | None, str | None]]:
+    """``(key, env_name, file_name)`` of every secret the connection's adapter reads at start."""
+    if isinstance(conn, TelegramConnectionConfig):
+        token_key = "token_env" if conn.token_env is not None else "token_file"
+        sources = [(token_key, conn.token_env, conn.token_file)]
+        if conn.webhook_secret_env is not None:
+            sources.append(("webhook_secret_env", conn.webhook_secret_env, None))
+        return sources
+    if isinstance(conn, WebchatConnectionConfig) and conn.access_token_env is not None:
+        return [("access_token_env", conn.access_token_env, None)]
+    return []
+
+
+def _check_factory(spec: str, where: str, error: Callable[[str, str], ConfigError]) -> None:
+    # The agent kind's own resolution (import + attribute), the step before the call.
+    from .agents._session import AgentOptionError
+    from .agents.python import _resolve
+
+    try:
+        _resolve(spec)
+    except AgentOptionError as exc:
+        message = str(exc)
+        key = exc.key or "factory"
+        raise error(f"{where}.{key}", message.removeprefix(f"{key}: ")) from None

@@ -13,9 +13,16 @@ SPEC "Control socket" onto the runtime. Guarantees:
 * Every input gets a JSON-RPC answer or a closed connection, never a crash: bad UTF-8 or
   JSON → ``-32700``; not a request object (or no ``id``; notifications are not
   supported) → ``-32600``; a line longer than ``max_request_bytes`` → ``-32600`` and close;
-  unknown method → ``-32601``; bad params → ``-32602`` naming the param; pairing refused
-  by the runtime → ``-32002 pairing unavailable: <reason>``; anything else the handler
-  raises → ``-32603 internal error`` (only the exception type is logged).
+  unknown method → ``-32601``; bad params → ``-32602`` naming the param (and the allowed
+  range, e.g. ``ttlMs`` at most 5 minutes); pairing refused → ``-32002 pairing
+  unavailable: <reason>`` (a connection without a pairing grant is named: ``no [[grants]]
+  entry for connection 'tg' with pairing = true``); anything else the handler raises →
+  ``-32603 internal error`` (only the exception type is logged).
+* Results keep the contract's fields. A refusal the operator can act on adds ``hint``
+  (one sentence: what is missing or what to pass), and a reconcile ``conflict`` adds
+  ``currentVersion`` (the version to retry with); both keys are absent when there is
+  nothing to say, so results that were complete before are unchanged. Hints carry ids and
+  numbers only, never message text or tokens.
 * A connection silent for ``idle_timeout_ms`` is closed.
 
 ``events {after?, follow?}`` answers one page ``{"events": […], "cursor": N}``; pass
@@ -48,8 +55,10 @@ import trio
 
 from stores import OwnershipScope, Store
 
-from .api import MessagingRuntime
+from .api import MessagingRuntime, ReconcileResult
 from .config import ControlConfig, GrantConfig, Operator
+from .controls import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
+from .grants import missing_grant
 from .grants import operator_identity as _grant_identity
 from .identity import AgentIdentity
 from .redact import LONE_SURROGATE_RE
@@ -143,7 +152,8 @@ def operator_identity(operator: Operator, *, now_ms: int | None = None) -> Agent
 def pairing_aliases_from_grants(
     grants: Sequence[GrantConfig],
 ) -> Callable[[str], tuple[str, ...] | None]:
-    """``pair_aliases`` from the config: the aliases of a connection's first pairing grant."""
+    """``pair_aliases`` from the config: the aliases of a connection's first pairing grant,
+    ``None`` for a connection without one."""
     table: dict[str, tuple[str, ...]] = {}
     for grant in grants:
         if grant.pairing and grant.connection not in table:
@@ -153,6 +163,52 @@ def pairing_aliases_from_grants(
 
 def _default_health() -> Mapping[str, Any]:
     return {"status": "ok"}
+
+
+def _reconcile_hint(result: ReconcileResult) -> str | None:
+    """What to do about a reconcile that did not resolve, in the method's own terms."""
+    if result.status == "conflict":
+        if result.detail == "duplicate_risk":
+            if result.state == "executing":
+                return (
+                    "the agent may have run already: pass acknowledgeDuplicateRisk: true to "
+                    "settle it as execution_unknown (it is never re-run)"
+                )
+            return (
+                "the reply may have been delivered already: pass acknowledgeDuplicateRisk: "
+                "true to resend the stored reply (the user may get it twice)"
+            )
+        if result.detail == "ambiguous":
+            return (
+                "the operation id matches records of several scopes inside yours; "
+                "an operator scoped to one account and user can settle it"
+            )
+        if result.current_version is not None:
+            return (
+                f"expectedVersion is stale: the operation is at version "
+                f"{result.current_version} now; retry with that version"
+            )
+        return "the operation changed meanwhile; list it again and retry"
+    if result.status == "not_found":
+        return "no such operation on this connection in your scope (see listUnresolved)"
+    if result.status == "unavailable":
+        return "the journal could not be read or written; try again"
+    if result.status == "denied":
+        return "this operator identity is not active"
+    return None
+
+
+_SENT_ONLY_WHEN_SET = frozenset({"hint", "currentVersion"})
+
+
+def _present(wire: dict[str, Any], **extras: Any) -> dict[str, Any]:
+    """``wire`` plus ``extras``, keeping keys outside the contract's shape only when set."""
+    out = {**wire, **extras}
+    return {
+        key: value
+        for key, value in out.items()
+        if value is not None or key not in _SENT_ONLY_WHEN_SET
+    }
 
 
 # --------------------------------------------------------------------------- params
@@ -178,14 +234,17 @@ class _Params:
         _check_unicode(name, value)
         return value
 
-    def integer(self, name: str, *, low: int, high: int, required: bool = False) -> Any:
+    def integer(
+        self, name: str, *, low: int, high: int, required: bool = False, unit: str = ""
+    ) -> Any:
         value = self.raw.get(name)
         if value is None:
             if required:
                 raise ParamsError(f"param {name!r} is required")
             return None
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ParamsError(f"param {name!r} must be an integer between {low} and {high}")
+            suffix = f" ({unit})" if unit else ""
+            raise ParamsError(f"param {name!r} must be an integer between {low} and {high}{suffix}")
         return value
 
     def flag(self, name: str) -> bool:
@@ -275,7 +334,7 @@ class ControlHandler:
             ),
             acknowledge_duplicate_risk=params.flag("acknowledgeDuplicateRisk"),
         )
-        return to_wire(result)
+        return _present(to_wire(result), hint=_reconcile_hint(result))
 
     async def _prune(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(raw, ("now",))
@@ -310,7 +369,7 @@ class ControlHandler:
             text=text,
             thread_id=params.text("threadId", required=False),
         )
-        return to_wire(admission)
+        return _present(to_wire(admission))
 
     async def _pair(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(raw, ("connectionId", "aliases", "ttlMs"))
@@ -324,14 +383,22 @@ class ControlHandler:
         for alias in aliases or ():
             _check_unicode("aliases", alias)
         connection_id = params.text("connectionId")
-        ttl_ms = params.integer("ttlMs", low=1, high=2**31 - 1)
-        chosen = tuple(aliases) if aliases is not None else None
-        if chosen is None and self.pair_aliases is not None:
-            chosen = self.pair_aliases(connection_id)
-        if not chosen:
-            raise ParamsError(
-                "param 'aliases' is required: no pairing grant names aliases for this connection"
+        # Refused, not clamped: an operator asking for an hour must not get 5 minutes silently.
+        ttl_ms = params.integer(
+            "ttlMs",
+            low=PAIRING_TTL_MIN_MS,
+            high=PAIRING_TTL_MAX_MS,
+            unit="milliseconds; at most 5 minutes",
+        )
+        configured = None if self.pair_aliases is None else self.pair_aliases(connection_id)
+        if self.pair_aliases is not None and configured is None:
+            raise RpcError(
+                PAIRING_UNAVAILABLE,
+                f"pairing unavailable: {missing_grant(connection_id, 'pairing')}",
             )
+        chosen = tuple(aliases) if aliases is not None else configured
+        if not chosen:
+            raise ParamsError("param 'aliases' is required: no pairing grant names aliases")
         try:
             ticket = await self.runtime.create_pairing(
                 identity=self.identity_for(operator),

@@ -3,7 +3,10 @@
 Every control method is a subcommand; output is a readable table, or the raw JSON-RPC
 result with ``--json``. Exit codes: 0 success, 1 an error (an error result, a reconcile
 whose status is not ``resolved``, a notify that was not accepted, no daemon, permission
-denied), 2 a usage error.
+denied), 2 a usage error (``pair --ttl-ms`` outside 1000..300000 included). A refusal the
+operator can act on is followed, on stderr, by what to do: the exact ``reconcile`` command
+to retry with (``--version`` N, ``--acknowledge-duplicate-risk``), or the daemon's hint
+(e.g. the ``[[grants]]`` entry a ``notify`` needs).
 
 The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else ``./var/run/control.sock``
 when it exists (the ``make run`` default), else ``/run/prismd/control.sock``.
@@ -19,10 +22,13 @@ import functools
 import importlib
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
+
+from .version import version_text
 
 __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
 
@@ -30,6 +36,11 @@ LOCAL_SOCKET = "var/run/control.sock"
 SYSTEM_SOCKET = "/run/prismd/control.sock"
 CALL_TIMEOUT_S = 60.0
 PERMISSION_DENIED = -32001
+PAIRING_UNAVAILABLE = -32002
+# prismd.controls' pairing TTL bounds (contract: at most 5 minutes), repeated because
+# prismctl imports only the standard library; a test keeps the two equal.
+PAIRING_TTL_MIN_MS = 1000
+PAIRING_TTL_MAX_MS = 5 * 60 * 1000
 
 
 class ControlClientError(Exception):
@@ -196,17 +207,42 @@ EVENT_COLUMNS = [
 # --------------------------------------------------------------------------- commands
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _ttl_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not PAIRING_TTL_MIN_MS <= value <= PAIRING_TTL_MAX_MS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is outside {PAIRING_TTL_MIN_MS}..{PAIRING_TTL_MAX_MS} "
+            "(milliseconds; a pairing token lives at most 5 minutes)"
+        )
+    return value
+
+
+def _socket_help(env: Mapping[str, str]) -> str:
+    chosen = default_socket_path(env)
+    text = (
+        "control socket path (default: $PRISMD_CONTROL_SOCKET, else "
+        f"./{LOCAL_SOCKET} when it exists, else {SYSTEM_SOCKET}; here: {chosen})"
+    )
+    return text.replace("%", "%%")  # argparse formats help strings with %
+
+
+def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prismctl", description="Operate a running prismd through its control socket."
     )
-    parser.add_argument("--socket", help="control socket path (default: see prismctl docs)")
+    parser.add_argument("--socket", metavar="PATH", help=_socket_help(env))
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+    parser.add_argument("--version", action="version", version=version_text("prismctl"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The global options are accepted after the command too (`prismctl events --json`);
     # SUPPRESS keeps the top-level value when the command does not repeat them.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument(
+        "--socket", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
@@ -241,7 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = add("pair", help="issue a one-time pairing token")
     cmd.add_argument("--connection", required=True)
     cmd.add_argument("--alias", action="append", dest="aliases", metavar="A")
-    cmd.add_argument("--ttl-ms", type=int)
+    cmd.add_argument(
+        "--ttl-ms",
+        type=_ttl_ms,
+        metavar="MS",
+        help=f"token lifetime in ms, {PAIRING_TTL_MIN_MS}..{PAIRING_TTL_MAX_MS} "
+        "(default and maximum: 5 minutes)",
+    )
 
     cmd = add("events", help="the journal event stream")
     cmd.add_argument("--after", type=int, default=0, metavar="N", help="cursor to start after")
@@ -318,10 +360,58 @@ def _render(command: str, result: Any, out: TextIO) -> int:
         out.write(f"cursor {result.get('cursor')}\n")
         return 0
     if isinstance(result, Mapping):
-        print_pairs(result, out)
+        # The hint is printed as advice (stderr), in prismctl's own terms where it can.
+        print_pairs({k: v for k, v in result.items() if k != "hint"}, out)
     else:
         out.write(f"{_cell(result)}\n")
     return _exit_code_of(command, result)
+
+
+def _advice(args: argparse.Namespace, result: Any) -> list[str]:
+    """What the operator can do about a refused result (empty when there is nothing)."""
+    if not isinstance(result, Mapping):
+        return []
+    if args.command == "reconcile":
+        advice = _reconcile_advice(args, result)
+        if advice:
+            return advice
+    hint = result.get("hint")
+    return [hint] if isinstance(hint, str) and hint else []
+
+
+def _reconcile_advice(args: argparse.Namespace, result: Mapping[str, Any]) -> list[str]:
+    """The exact command to retry with, for the refusals prismctl can phrase in its flags."""
+    if result.get("status") == "not_found":
+        return [
+            f"no operation {args.operation} on connection {args.connection} in your scope; "
+            "'prismctl list-unresolved' shows the open ones"
+        ]
+    if result.get("status") != "conflict":
+        return []
+    current = result.get("currentVersion")
+    known = isinstance(current, int) and not isinstance(current, bool)
+    words = ["prismctl"]
+    if args.socket:
+        words += ["--socket", args.socket]
+    words += ["reconcile", args.operation, "--connection", args.connection]
+    words += ["--version", str(current if known else args.version)]
+    if result.get("detail") == "duplicate_risk":
+        if result.get("state") == "executing":
+            why = f"{args.operation} is executing: the agent may have run already"
+            what = "to settle it as execution_unknown (it is never re-run)"
+        else:
+            why = f"the reply of {args.operation} may have been delivered already"
+            what = "to resend the stored reply (the user may get it twice)"
+        command = shlex.join([*words, "--acknowledge-duplicate-risk"])
+        return [f"{why}; {what}, add --acknowledge-duplicate-risk:", f"  {command}"]
+    if known and current != args.version:
+        return [
+            f"version {args.version} is stale: {args.operation} is at version {current} now "
+            f"(state {result.get('state')}); check it with 'prismctl list-unresolved', "
+            "then retry:",
+            f"  {shlex.join(words)}",
+        ]
+    return []
 
 
 def _exit_code_of(command: str, result: Any) -> int:
@@ -388,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RpcErrorResult as exc:
         if exc.code == PERMISSION_DENIED:
             err.write(f"prismctl: permission denied: uid {os.getuid()} is not an operator\n")
+        elif exc.code == PAIRING_UNAVAILABLE:
+            err.write(f"prismctl: {exc.message}\n")  # "pairing unavailable: <why>"
         else:
             err.write(f"prismctl: error {exc.code}: {exc.message}\n")
         return 1
@@ -396,7 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         out.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         return _exit_code_of(args.command, result)
-    return _render(args.command, result, out)
+    code = _render(args.command, result, out)
+    advice = _advice(args, result)
+    if advice:
+        err.write("prismctl: " + "\n".join(advice) + "\n")
+    return code
 
 
 if __name__ == "__main__":

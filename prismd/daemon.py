@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import collections
 import functools
-import grp
 import logging
 import math
 import os
 import random
+import re
 import signal
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TextIO, TypeAlias
 
 import attrs
 import trio
 
-from stores import Store
+from stores import Store, StoreError
 
 if TYPE_CHECKING:
     from .metrics import DaemonMetrics
@@ -51,6 +52,7 @@ from .config import (
     Operator,
     TelegramConnectionConfig,
     WebchatConnectionConfig,
+    check_runnable,
     parse_host_port,
 )
 from .control import ControlSocketError
@@ -338,6 +340,8 @@ EXIT_FAILURE = 1
 STOP_MARGIN_S = 5.0
 """Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
 CLOSE_BUDGET_S = 10.0
+STATUS_REFRESH_S = 10.0
+"""How often the serving daemon looks whether its ``STATUS=`` line changed."""
 
 
 _early_signal: int | None = None
@@ -397,7 +401,13 @@ class Daemon:
     ``READY=1`` (once) and a stderr line saying where to connect. An adapter that has not
     started within ``adapter_ready_within_s`` (its platform unreachable) is not waited for:
     it keeps retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
-    start stops it at the next safe point (exit 0, no ``READY=1``).
+    start stops it at the next safe point (exit 0, no ``READY=1``). The checks of
+    :func:`~prismd.config.check_runnable` (those of ``prismd check-config``) come before the
+    lock; a fatal error is one ``prismd:`` line on ``out``, printed once.
+
+    systemd's ``STATUS=`` says ``starting``, then ``ready: 2 connections, 0 unresolved``
+    (kept current while serving, see :data:`STATUS_REFRESH_S`), ``stopping``, or
+    ``failed: <the fatal error>``.
 
     Stop order (first SIGTERM/SIGINT or :meth:`request_stop`): ``STOPPING=1`` →
     ``runtime.stop()`` bounded by ``stop_deadline_ms`` (queued and claimed work settled
@@ -429,6 +439,8 @@ class Daemon:
     """Built when the config has ``[metrics]``: times the store, served by a child."""
     _serve_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _stop_requested: bool = attrs.field(default=False, init=False)
+    _unresolved: str = attrs.field(default="unresolved unknown", init=False)
+    """How many operations wait for reconcile, as the ``STATUS=ready`` line says it."""
 
     def __attrs_post_init__(self) -> None:
         self.supervisor = Supervisor(policy=self.policy)
@@ -460,6 +472,7 @@ class Daemon:
         exit 0. A signal that arrived before the event loop ran (see
         :func:`take_early_signal`) counts as such a request.
         """
+        self._status("starting")
         try:
             async with trio.open_nursery() as nursery:
                 if self.install_signals:
@@ -479,20 +492,19 @@ class Daemon:
         if not self._stop_requested:
             return False
         log.info("stop requested during startup (%s); not starting", step)
+        self._status("stopping")
         self._print("prismd: stopped during startup")
         return True
 
     async def _run_unlocked(self) -> int:
         if self._stopped_during_startup("before opening the state directory"):
             return EXIT_OK
-        group = self.config.control.group
-        if group is not None:
-            # Checked before anything is opened (the control server would only say KeyError).
-            try:
-                grp.getgrnam(group)
-            except KeyError:
-                self._fail(f"[control] group: no such group {group!r}")
-                return EXIT_FAILURE
+        try:
+            # What `prismd check-config` checks, before anything is opened.
+            check_runnable(self.config, self.env)
+        except ConfigError as exc:
+            self._fail(str(exc))
+            return EXIT_FAILURE
         try:
             state = open_state_dir(self.config.daemon.state_dir)
         except StateDirError as exc:
@@ -504,8 +516,14 @@ class Daemon:
             state.close()
 
     def _fail(self, message: str) -> None:
-        log.error("%s", message)
-        self._print(f"prismd: {message}")
+        """A fatal error: one ``prismd:`` line (not also a log record: it would say it twice)."""
+        shown = logs.redact(message)
+        self._status(f"failed: {shown}")
+        self._print(f"prismd: {shown}")
+
+    def _status(self, text: str) -> None:
+        assert self.notify is not None
+        self.notify(sdnotify.status(text))
 
     def _print(self, line: str) -> None:
         assert self.out is not None
@@ -522,8 +540,13 @@ class Daemon:
             return EXIT_OK
         try:
             store = await open_store(self.config.store.url)
+        except StoreError as exc:
+            # The store's own reason ("integrity check failed", "path is a directory"…);
+            # a URL's password, should a backend ever quote one, is removed.
+            reason = _without_password(str(exc), self.config.store.url)
+            self._fail(f"cannot open the store: {reason}")
+            return EXIT_FAILURE
         except Exception as exc:
-            # Store URLs can carry passwords: name the backend error type only.
             self._fail(f"cannot open the store: {describe_exception(exc)}")
             return EXIT_FAILURE
         if self.metrics is not None:
@@ -630,6 +653,25 @@ class Daemon:
         self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
     ) -> None:
         """Log how many operations wait for ``reconcile``; never re-run anything."""
+        counted = await self._count_unresolved(runtime, authorizer, failure_level=logging.WARNING)
+        if counted is None:
+            return
+        total, capped = counted
+        if total:
+            log.warning(
+                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
+                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
+                "at least " if capped else "",
+                total,
+            )
+        else:
+            log.info("no unresolved operations in the journal")
+
+    async def _count_unresolved(
+        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer, *, failure_level: int
+    ) -> tuple[int, bool] | None:
+        """``(count, capped)`` over every configured tenant, also kept for ``STATUS=``;
+        ``None`` (logged at ``failure_level``) when the journal cannot be listed."""
         tenants = {"default"} | {g.tenant for g in self.config.grants}
         tenants |= {op.tenant for op in self.config.control.operators}
         limit = self.config.limits.max_journal_page
@@ -640,19 +682,31 @@ class Daemon:
             try:
                 entries = await runtime.list_unresolved(identity=identity, limit=limit)
             except Exception as exc:
-                log.warning("listing unresolved operations failed: %s", describe_exception(exc))
-                return
+                log.log(
+                    failure_level,
+                    "listing unresolved operations failed: %s",
+                    describe_exception(exc),
+                )
+                self._unresolved = "unresolved unknown"
+                return None
             total += len(entries)
             capped = capped or len(entries) >= limit
-        if total:
-            log.warning(
-                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
-                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
-                "at least " if capped else "",
-                total,
-            )
-        else:
-            log.info("no unresolved operations in the journal")
+        self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
+        return total, capped
+
+    async def _keep_status_current(
+        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
+    ) -> NoReturn:
+        """While serving: re-send ``STATUS=`` when it changed (an adapter came up or went
+        down, an operation became unresolved or was reconciled). Never raises."""
+        shown = self._ready_status()
+        while True:
+            await trio.sleep(STATUS_REFRESH_S)
+            await self._count_unresolved(runtime, authorizer, failure_level=logging.DEBUG)
+            current = self._ready_status()
+            if current != shown:
+                self._status(current)
+                shown = current
 
     async def _serve(
         self,
@@ -732,10 +786,12 @@ class Daemon:
                 # The "where to connect" line first, so it is there once READY=1 is seen.
                 self._announce()
                 self.ready.set()
+                self._status(self._ready_status())
                 notify("READY=1")
-                await trio.sleep_forever()
+                await self._keep_status_current(runtime, authorizer)
             if not self._stop_requested:
                 return EXIT_OK  # pragma: no cover - the scope is only cancelled by a stop
+            self._status("stopping")
             notify("STOPPING=1")
             log.info("stopping: settling queued and claimed work (runtime.stop)")
             with trio.move_on_after(self._stop_budget_s()) as budget:
@@ -775,6 +831,18 @@ class Daemon:
             children, "metrics", server.run, health=server.health, where=server.listen
         )
         self.endpoints["metrics"] = server.url
+
+    def _ready_status(self) -> str:
+        """``ready: 2 connections, 0 unresolved`` (``(1 starting)`` for adapters not up yet)."""
+        count = len(self.config.connections)
+        text = f"ready: {count} connection{'' if count == 1 else 's'}"
+        states = collections.Counter(
+            self.supervisor.children[adapter_child_name(c)].state for c in self.config.connections
+        )
+        others = [f"{n} {state}" for state, n in sorted(states.items()) if state != "running"]
+        if others:
+            text += f" ({', '.join(others)})"
+        return f"{text}, {self._unresolved}"
 
     def _announce(self) -> None:
         """One stderr line saying where to connect (what `make run` users look for)."""
@@ -829,6 +897,20 @@ def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
     if isinstance(connection, TelegramConnectionConfig):
         return f"({connection.mode})"
     return "(connected)"
+
+
+_PASSWORD_IN_URL_RE = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")
+
+
+def _without_password(text: str, url: str) -> str:
+    """``text`` without the password of ``url``, nor the password of any URL it quotes."""
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, logs.REDACTED)
+    return _PASSWORD_IN_URL_RE.sub(rf"\1:{logs.REDACTED}@", text)
 
 
 def _reopen_logs() -> None:

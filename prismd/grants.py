@@ -117,6 +117,13 @@ def grant_revision(entry: GrantEntry) -> str:
     return "cfg-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
 
 
+def missing_grant(connection_id: str, flag: str, actor_id: str | None = None) -> str:
+    """What an operator must add to the config, e.g. ``no [[grants]] entry for connection
+    'tg-main' with pairing = true`` (``… for actor '202'`` when one actor needs it)."""
+    text = f"no [[grants]] entry for connection {connection_id!r} with {flag} = true"
+    return text if actor_id is None else f"{text} for actor {actor_id!r}"
+
+
 def operator_identity(operator: OperatorEntry, *, now_ms: int) -> AgentIdentity:
     """The identity an operator (control socket peer uid) acts as."""
     return AgentIdentity(

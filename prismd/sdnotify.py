@@ -33,6 +33,12 @@ def notify(state: str, *, env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def status(text: str) -> str:
+    """The ``STATUS=`` line for ``text`` (what ``systemctl status`` shows), on one line: a
+    newline inside would start another assignment."""
+    return "STATUS=" + " ".join(text.split())
+
+
 def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
     """Seconds between ``WATCHDOG=1`` pings (half of ``$WATCHDOG_USEC``), or None when off.
 

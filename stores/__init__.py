@@ -29,7 +29,13 @@ from ._types import (
     CheckpointStore as CheckpointStore,
 )
 from ._types import (
+    CheckpointWrite as CheckpointWrite,
+)
+from ._types import (
     Clock as Clock,
+)
+from ._types import (
+    DeleteCheckpoint as DeleteCheckpoint,
 )
 from ._types import (
     EventPage as EventPage,
@@ -65,6 +71,9 @@ from ._types import (
     RecordTooLargeError as RecordTooLargeError,
 )
 from ._types import (
+    SaveCheckpoint as SaveCheckpoint,
+)
+from ._types import (
     Store as Store,
 )
 from ._types import (
@@ -75,6 +84,12 @@ from ._types import (
 )
 from ._types import (
     SystemClock as SystemClock,
+)
+from ._types import (
+    WriteResult as WriteResult,
+)
+from ._types import (
+    WriteStatus as WriteStatus,
 )
 from ._types import (
     ms_to_iso as ms_to_iso,

@@ -21,11 +21,13 @@ from ._types import (
     LIST_LIMIT_MAX,
     MAX_SAFE_INTEGER,
     CheckpointRecord,
+    DeleteCheckpoint,
     InvalidCheckpointError,
     InvalidLeaseError,
     JSONValue,
     OwnershipScope,
     RecordTooLargeError,
+    SaveCheckpoint,
 )
 
 
@@ -200,6 +202,55 @@ def check_save(
         category=category,
         metadata_json=metadata_json,
     )
+
+
+@attrs.frozen
+class DeleteRequest:
+    """A validated delete of a batch."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+
+
+MAX_BATCH_WRITES = 1000
+"""At most this many writes in one ``write_checkpoints`` call (bounded transactions)."""
+
+
+def check_writes(
+    writes: object, atomic: object, max_value_bytes: int
+) -> list[SaveRequest | DeleteRequest]:
+    """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
+    the first bad write by its index, before anything is written."""
+    if not isinstance(writes, Sequence) or isinstance(writes, str | bytes):
+        raise InvalidCheckpointError("writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
+    if len(writes) > MAX_BATCH_WRITES:
+        raise InvalidCheckpointError(f"at most {MAX_BATCH_WRITES} writes per batch")
+    if not isinstance(atomic, bool):
+        raise InvalidCheckpointError("atomic must be a bool")
+    out: list[SaveRequest | DeleteRequest] = []
+    for write in writes:
+        if isinstance(write, SaveCheckpoint):
+            out.append(
+                check_save(
+                    namespace=write.namespace,
+                    key=write.key,
+                    scope=write.scope,
+                    version=write.version,
+                    value=write.value,
+                    expected_version=write.expected_version,
+                    fencing_token=write.fencing_token,
+                    category=write.category,
+                    metadata=write.metadata,
+                    max_value_bytes=max_value_bytes,
+                )
+            )
+        elif isinstance(write, DeleteCheckpoint):
+            check_checkpoint_address(write.namespace, write.key, write.scope)
+            out.append(DeleteRequest(write.namespace, write.key, write.scope))
+        else:
+            raise InvalidCheckpointError("writes must be SaveCheckpoint or DeleteCheckpoint")
+    return out
 
 
 def check_max_value_bytes(max_value_bytes: object) -> int:

@@ -22,6 +22,12 @@ Rules every backend follows (the conformance suite in ``tests/stores`` checks th
   ``flock``-ed instance id).
 * Every save and delete appends a :class:`JournalEvent` in the same transaction; events
   are read back in commit order by :meth:`CheckpointStore.list_events`.
+* :meth:`CheckpointStore.write_checkpoints` commits several saves and deletes in one durable
+  transaction. Each keeps its own compare-and-swap, fence and scope check, and a lost check
+  is a :class:`WriteResult` for that write, not an exception; ``atomic=True`` makes the
+  writes all-or-nothing. A backend may commit the writes of several concurrent callers in
+  one transaction (group commit); nobody is answered before that transaction is durable,
+  and a failed commit fails every write in it.
 """
 
 from __future__ import annotations
@@ -209,6 +215,55 @@ class JournalEvent:
 
 
 @attrs.frozen
+class SaveCheckpoint:
+    """One save in :meth:`CheckpointStore.write_checkpoints`; the fields mean what the
+    keyword arguments of :meth:`CheckpointStore.save_checkpoint` mean."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+    version: int
+    value: JSONValue
+    expected_version: int | None = None
+    fencing_token: int | None = None
+    category: str | None = None
+    metadata: Mapping[str, JSONValue] | None = None
+
+
+@attrs.frozen
+class DeleteCheckpoint:
+    """One delete in :meth:`CheckpointStore.write_checkpoints`: a row stored under another
+    exact scope is a miss, as for :meth:`CheckpointStore.delete_checkpoint`."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+
+
+CheckpointWrite: TypeAlias = SaveCheckpoint | DeleteCheckpoint
+
+WriteStatus: TypeAlias = Literal["ok", "conflict", "missing", "aborted"]
+
+
+@attrs.frozen
+class WriteResult:
+    """What became of one write of a batch.
+
+    ``ok``: saved (``record`` is the stored row) or deleted. ``conflict``: a save lost its
+    compare-and-swap (version, create-only, fence or scope). ``missing``: a delete found no
+    row in that scope. ``aborted``: the write would have applied, but another write of the
+    same ``atomic`` batch did not, so none of them was written.
+    """
+
+    status: WriteStatus
+    record: CheckpointRecord | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@attrs.frozen
 class EventPage:
     items: tuple[JournalEvent, ...]
     last_seq: int
@@ -236,6 +291,22 @@ class CheckpointStore(Protocol):
 
         Raises :class:`CheckpointConflictError` (or its subclasses for bad input) and
         :class:`StoreUnavailableError`. Nothing is written when it raises.
+        """
+        ...
+
+    async def write_checkpoints(
+        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+    ) -> tuple[WriteResult, ...]:
+        """Apply ``writes`` in order in one durable transaction; one result per write.
+
+        Each write is checked as :meth:`save_checkpoint` / :meth:`delete_checkpoint` would
+        check it, against the rows as the earlier writes of the batch left them, and each
+        applied write appends its event. With ``atomic=True`` either every write applies or
+        none does (the others are then ``aborted``).
+
+        Raises :class:`InvalidCheckpointError` for a malformed write before anything is
+        written, and :class:`StoreUnavailableError` when the transaction fails (nothing of
+        it was written).
         """
         ...
 

@@ -27,7 +27,9 @@ from ._types import (
     CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
+    CheckpointWrite,
     Clock,
+    DeleteCheckpoint,
     EventAction,
     EventPage,
     InvalidLeaseError,
@@ -36,7 +38,9 @@ from ._types import (
     LeaseConflictError,
     LeaseRecord,
     OwnershipScope,
+    SaveCheckpoint,
     StoreUnavailableError,
+    WriteResult,
 )
 
 _CONFLICT = "checkpoint version conflict"
@@ -72,6 +76,41 @@ class _Row:
             if self.metadata_json is None
             else _common.decode_json(self.metadata_json),
         )
+
+
+def _saved(req: _common.SaveRequest, current: _Row | None, now: int) -> _Row | None:
+    """The row ``req`` writes over ``current``, or ``None`` when its checks fail (§1.2)."""
+    if current is None:
+        if req.expected_version not in (None, 0):
+            return None
+        created_at = updated_at = now
+    else:
+        if (
+            current.scope != req.scope
+            or (req.expected_version is not None and req.expected_version != current.version)
+            or req.version <= current.version
+            or (
+                current.fencing_token is not None
+                and (req.fencing_token is None or req.fencing_token < current.fencing_token)
+            )
+        ):
+            return None
+        created_at = current.created_at_ms
+        # Never let updated_at go backwards (a clock step): listing order and keyset
+        # cursors rely on a rewritten row moving to the front.
+        updated_at = max(now, current.updated_at_ms)
+    return _Row(
+        namespace=req.namespace,
+        key=req.key,
+        version=req.version,
+        value_json=req.value_json,
+        scope=req.scope,
+        created_at_ms=created_at,
+        updated_at_ms=updated_at,
+        fencing_token=req.fencing_token,
+        category=req.category,
+        metadata_json=req.metadata_json,
+    )
 
 
 @attrs.define(eq=False)
@@ -136,10 +175,7 @@ class MemoryCheckpointStore:
         Raises :class:`~stores.CheckpointConflictError` (its subclasses for bad input or an
         oversize value) and :class:`~stores.StoreUnavailableError` once closed.
         """
-        await trio.lowlevel.checkpoint()
-        state = self._state
-        state.check_open()
-        req = _common.check_save(
+        write = SaveCheckpoint(
             namespace=namespace,
             key=key,
             scope=scope,
@@ -149,44 +185,53 @@ class MemoryCheckpointStore:
             fencing_token=fencing_token,
             category=category,
             metadata=metadata,
-            max_value_bytes=state.max_value_bytes,
         )
+        (result,) = await self.write_checkpoints((write,))
+        if result.record is None:
+            raise CheckpointConflictError(_CONFLICT)
+        return result.record
+
+    async def write_checkpoints(
+        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+    ) -> tuple[WriteResult, ...]:
+        """Apply the batch against an overlay of the rows it touches, then publish the
+        overlay and its events at once (see :meth:`~stores.CheckpointStore.write_checkpoints`)."""
+        await trio.lowlevel.checkpoint()
+        state = self._state
+        state.check_open()
+        requests = _common.check_writes(writes, atomic, state.max_value_bytes)
         now = state.clock.now_ms()
-        current = state.checkpoints.get((req.namespace, req.key))
-        if current is None:
-            if req.expected_version not in (None, 0):
-                raise CheckpointConflictError(_CONFLICT)
-            created_at = updated_at = now
-        else:
-            if (
-                current.scope != req.scope
-                or (req.expected_version is not None and req.expected_version != current.version)
-                or req.version <= current.version
-                or (
-                    current.fencing_token is not None
-                    and (req.fencing_token is None or req.fencing_token < current.fencing_token)
-                )
-            ):
-                raise CheckpointConflictError(_CONFLICT)
-            created_at = current.created_at_ms
-            # Never let updated_at go backwards (a clock step): listing order and keyset
-            # cursors rely on a rewritten row moving to the front.
-            updated_at = max(now, current.updated_at_ms)
-        row = _Row(
-            namespace=req.namespace,
-            key=req.key,
-            version=req.version,
-            value_json=req.value_json,
-            scope=req.scope,
-            created_at_ms=created_at,
-            updated_at_ms=updated_at,
-            fencing_token=req.fencing_token,
-            category=req.category,
-            metadata_json=req.metadata_json,
-        )
-        state.checkpoints[(req.namespace, req.key)] = row
-        state.append_event("save", row, now, req.metadata_json)
-        return row.record()
+        overlay: dict[tuple[str, str], _Row | None] = {}
+        events: list[tuple[EventAction, _Row, str | None]] = []
+        results: list[WriteResult] = []
+        for req in requests:
+            address = (req.namespace, req.key)
+            current = overlay[address] if address in overlay else state.checkpoints.get(address)
+            if isinstance(req, _common.DeleteRequest):
+                if current is None or current.scope != req.scope:
+                    results.append(WriteResult("missing"))
+                    continue
+                overlay[address] = None
+                events.append(("delete", current, None))
+                results.append(WriteResult("ok"))
+                continue
+            row = _saved(req, current, now)
+            if row is None:
+                results.append(WriteResult("conflict"))
+                continue
+            overlay[address] = row
+            events.append(("save", row, req.metadata_json))
+            results.append(WriteResult("ok", row.record()))
+        if atomic and not all(r.ok for r in results):
+            return tuple(r if not r.ok else WriteResult("aborted") for r in results)
+        for address, row in overlay.items():
+            if row is None:
+                del state.checkpoints[address]
+            else:
+                state.checkpoints[address] = row
+        for action, row, metadata_json in events:
+            state.append_event(action, row, now, metadata_json)
+        return tuple(results)
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope
@@ -237,16 +282,8 @@ class MemoryCheckpointStore:
 
     async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
         """True when a row was removed; a foreign scope is a miss (``False``)."""
-        await trio.lowlevel.checkpoint()
-        state = self._state
-        state.check_open()
-        _common.check_checkpoint_address(namespace, key, scope)
-        row = state.checkpoints.get((namespace, key))
-        if row is None or row.scope != scope:
-            return False
-        del state.checkpoints[(namespace, key)]
-        state.append_event("delete", row, state.clock.now_ms(), None)
-        return True
+        (result,) = await self.write_checkpoints((DeleteCheckpoint(namespace, key, scope),))
+        return result.ok
 
     async def list_events(
         self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE

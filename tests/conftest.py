@@ -12,6 +12,10 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.privileges import IS_ROOT
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 """Real Telegram and signal-cli samples, copied into the repository."""
@@ -39,6 +43,11 @@ def outside_repository(path: object) -> str | None:
     full = os.path.normpath(os.path.abspath(raw))
     if (full + os.sep).startswith(_INSIDE) or not (full + os.sep).startswith(_BESIDE):
         return None
+    # A clone in a home directory sits beside the user's dot-directories (~/.config,
+    # ~/.cache): tools read those legitimately. A sibling checkout or sample folder is
+    # what a fresh clone lacks.
+    if full[len(_BESIDE) :].startswith("."):
+        return None
     return full
 
 
@@ -53,3 +62,23 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 
 if os.sep != _BESIDE:
     sys.addaudithook(_audit)
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if IS_ROOT and _skipped:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if IS_ROOT and _skipped:
+        terminalreporter.section("skipped in a root run, where nothing may be skipped", red=True)
+        for nodeid in _skipped:
+            terminalreporter.write_line(nodeid)

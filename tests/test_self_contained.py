@@ -23,6 +23,8 @@ def test_paths_inside_the_clone_and_elsewhere_are_allowed() -> None:
     assert outside_repository(REPO) is None
     assert outside_repository("/proc/self/status") is None or str(REPO.parent) == "/proc"
     assert outside_repository(3) is None
+    # The dot-directories of a home the clone may live in are not sibling checkouts.
+    assert outside_repository(REPO.parent / ".cache" / "pip") is None
 
 
 def test_samples_and_their_provenance_are_in_the_repository() -> None:

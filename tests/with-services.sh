@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run a command with the services the suite needs: a throwaway PostgreSQL on loopback and
-# Debian's Chromium for the web chat browser test. Installs them with apt-get when missing.
+# Debian's Chromium for the web chat browser test. Installs them with apt-get when missing
+# (as root; another user is told what to install). PostgreSQL runs as the postgres user when
+# started by root, else as the current user.
 # Exports PRISMD_TEST_POSTGRES_URL and PRISMD_TEST_CHROMIUM for the tests.
 set -euo pipefail
 
@@ -20,7 +22,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   else
-    echo "with-services: missing ${need_apt[*]} and not root; install them first" >&2
+    echo "with-services: missing ${need_apt[*]} and not root; install them first:" \
+      "sudo apt-get install ${need_apt[*]}" >&2
     exit 1
   fi
 fi

@@ -268,9 +268,9 @@ def choose_alias(grant: Grant, selection: str | None) -> str | None:
     return alias if alias in grant.agent_aliases else None
 
 
-def _denied(core: Core, reason: str) -> Admission:
+def _denied(core: Core, reason: str, hint: str | None = None) -> Admission:
     core.count("denied")
-    return Admission("denied", reason)
+    return Admission("denied", reason, hint=hint)
 
 
 def duplicate(core: Core, operation_id: str) -> Admission:
@@ -302,9 +302,11 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     if not validate_event(event):
         return _denied(core, "malformed")
     if utf8_len(event.text) > core.limits.max_input_bytes:
-        return _denied(core, "oversized")
+        limit = core.limits.max_input_bytes
+        return _denied(core, "oversized", f"Message too long: at most {limit} bytes (UTF-8).")
     if sum(a.byte_length or 0 for a in event.attachments) > core.limits.max_attachment_bytes:
-        return _denied(core, "oversized")
+        limit = core.limits.max_attachment_bytes
+        return _denied(core, "oversized", f"Attachments too large: at most {limit} bytes in all.")
     pair = PAIR_RE.match(event.text.strip()) if event.approval is None else None
     if pair is not None and core.pairing_scope is not None and core.pairings is not None:
         scope = core.pairing_scope(event.connection_id)

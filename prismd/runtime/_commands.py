@@ -25,6 +25,10 @@ NEW_BUSY = "Finish or cancel the current request before starting a new conversat
 NEW_FAILED = "Could not start a new conversation. Try again."
 NEW_OK = "Started a new conversation."
 NOTHING_TO_CANCEL = "Nothing to cancel."
+UNKNOWN_COMMAND_HINT = "Unknown command. Send /help for the list of commands."
+"""Carried on the ``unknown_command`` admission for adapters that show admissions (the web
+chat); never sent as a notice (§8: an unknown command gets no notice — in a group it may be
+meant for another bot)."""
 
 
 def parse_command(text: str) -> tuple[str, str] | None:
@@ -70,7 +74,7 @@ def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | N
 async def admit_command(core: Core, ctx: AdmitContext) -> Admission:
     parsed = parse_command(ctx.event.text)
     if parsed is None:
-        return Admission("unsupported", "unknown_command")
+        return Admission("unsupported", "unknown_command", hint=UNKNOWN_COMMAND_HINT)
     name, arg = parsed
     if name == "help":
         notice(core, ctx, HELP_TEXT)

@@ -11,6 +11,7 @@ from stores import OwnershipScope, ms_to_iso
 
 from ..api import PairingTicket
 from ..channel import Admission, AuthorizeInput, Grant
+from ..grants import missing_grant
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
 from ..redact import utf8_len
@@ -19,7 +20,6 @@ from ._core import MAX_ID_BYTES, Core, notify_operation_id
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
 OPERATOR_PRINCIPAL_KIND = "operator"
-PAIRING_TTL_MAX_MS = 5 * 60 * 1000
 _MAX_BINDING_PAGES = 20
 
 
@@ -29,6 +29,12 @@ class PairingUnavailableError(Exception):
 
 def _ok_id(value: object, limit: int = MAX_ID_BYTES) -> bool:
     return isinstance(value, str) and bool(value) and utf8_len(value) <= limit
+
+
+def _conversation(connection_id: str, conversation_id: str, thread_id: str | None) -> str:
+    """How a refusal names the target (ids the caller gave; nothing it cannot see)."""
+    thread = "" if thread_id is None else f" thread {thread_id!r}"
+    return f"conversation {conversation_id!r}{thread} on connection {connection_id!r}"
 
 
 async def _candidates(
@@ -138,8 +144,21 @@ async def notify(
         core.count("storage_failures")
         return _denied(core, "unavailable")
     targets = sorted({(c.external_actor_id or "", scope) for scope, c in found}, key=repr)
-    if len(targets) != 1:
-        return _denied(core, "rejected")
+    where = _conversation(connection_id, external_conversation_id, thread_id)
+    if not targets:
+        # The same answer whether the conversation exists outside the caller's scope or not.
+        return _denied(
+            core,
+            "rejected",
+            f"no {where} is bound to an agent in your scope "
+            "(a conversation is bound once its user has written to the agent)",
+        )
+    if len(targets) > 1:
+        return _denied(
+            core,
+            "rejected",
+            f"{where} has {len(targets)} bound actors in your scope; notify needs exactly one",
+        )
     actor_id, target_scope = targets[0]
     candidates = [c for _scope, c in found]
     event_id = f"notify-{notify_id}"
@@ -157,16 +176,29 @@ async def notify(
             )
         )
     except Exception:
-        return _denied(core, "rejected")
+        return _denied(core, "rejected", f"checking the grant of actor {actor_id!r} failed")
     if check_grant(core, grant) is not None or not isinstance(grant, Grant):
-        return _denied(core, "rejected")
-    if grant.notifications is not True or ownership_from_identity(grant.identity) != target_scope:
-        return _denied(core, "rejected")
+        return _denied(
+            core,
+            "rejected",
+            f"no [[grants]] entry or pairing for connection {connection_id!r} covers actor "
+            f"{actor_id!r}",
+        )
+    if grant.notifications is not True:
+        return _denied(core, "rejected", missing_grant(connection_id, "notifications", actor_id))
+    if ownership_from_identity(grant.identity) != target_scope:
+        return _denied(
+            core,
+            "rejected",
+            f"the grant of actor {actor_id!r} now maps to another scope than its conversation",
+        )
     if not operator and (
         grant.identity.principal.kind != identity.principal.kind
         or grant.identity.principal.id != identity.principal.id
     ):
-        return _denied(core, "rejected")
+        return _denied(
+            core, "rejected", f"the caller is not actor {actor_id!r} (its grant names another)"
+        )
     # The notice is journaled under the bound actor's scope and sent as them, so the
     # same liveness checks apply as for their own replies.
     sender = grant.identity if operator else identity
@@ -182,7 +214,11 @@ async def notify(
             default = [c for c in usable if c.agent_alias == grant.default_agent_alias]
             usable = default or [max(usable, key=lambda c: c.updated_at_ms)]
     if len(usable) != 1:
-        return _denied(core, "rejected")
+        return _denied(
+            core,
+            "rejected",
+            f"the agent bound to the {where} is not among the aliases granted to {actor_id!r}",
+        )
     binding = usable[0]
     alias = binding.agent_alias
     if core.pending_total() >= core.limits.max_pending_per_process:
@@ -246,17 +282,17 @@ async def create_pairing(
     if not core.active(identity):
         raise PairingUnavailableError("identity is not active")
     if core.pairing_scope is None or core.pairings is None:
-        raise PairingUnavailableError("pairing is not enabled")
+        raise PairingUnavailableError("pairing is not enabled (no [[grants]] with pairing = true)")
     scope = core.pairing_scope(connection_id)
     if scope is None:
-        raise PairingUnavailableError("pairing is not enabled for this connection")
+        raise PairingUnavailableError(missing_grant(connection_id, "pairing"))
     if not ownership_from_identity(identity).matches_filter(scope):
         raise PairingUnavailableError("pairing scope is outside the caller's ownership")
     if not aliases:
         raise ValueError("pairing needs at least one agent alias")
-    ttl = PAIRING_TTL_MAX_MS if ttl_ms is None else max(1000, min(int(ttl_ms), PAIRING_TTL_MAX_MS))
+    # The store clamps the TTL to [1 s, 5 min]; the control socket refuses values outside.
     issued = await core.pairings.create(
-        scope, connection_id=connection_id, aliases=tuple(aliases), ttl_ms=ttl
+        scope, connection_id=connection_id, aliases=tuple(aliases), ttl_ms=ttl_ms
     )
     return PairingTicket(
         token=issued.token, expires_at=ms_to_iso(issued.expires_at_ms), connection_id=connection_id

@@ -205,10 +205,15 @@ async def reconcile(
     if not _inside(caller, scope):
         return ReconcileResult("not_found")
     if loaded.version != expected_version:
-        return ReconcileResult("conflict", state=record.state)
+        return ReconcileResult("conflict", state=record.state, current_version=loaded.version)
     if record.state == "executing":
         if not acknowledge_duplicate_risk:
-            return ReconcileResult("conflict", state=record.state, detail="duplicate_risk")
+            return ReconcileResult(
+                "conflict",
+                state=record.state,
+                detail="duplicate_risk",
+                current_version=loaded.version,
+            )
         return await _transition(core, scope, loaded, "execution_unknown")
     if record.state == "accepted":
         return await _transition(core, scope, loaded, "abandoned")
@@ -224,7 +229,9 @@ async def reconcile(
     if reply is None or reply.record.state == "delivered":
         return ReconcileResult("resolved", outcome="none", state=record.state)
     if reply.record.state in UNSETTLED_REPLY_STATES and not acknowledge_duplicate_risk:
-        return ReconcileResult("conflict", state=record.state, detail="duplicate_risk")
+        return ReconcileResult(
+            "conflict", state=record.state, detail="duplicate_risk", current_version=loaded.version
+        )
     return await _resend(core, scope, record, reply)
 
 
@@ -273,8 +280,21 @@ async def _resolve(
         core.count("storage_failures")
         return ReconcileResult("unavailable")
     if saved is None:
-        return ReconcileResult("conflict", state=loaded.record.state)
+        return await _lost_race(core, scope, loaded.record)
     return ReconcileResult("resolved", outcome=outcome, state=updated.state)
+
+
+async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> ReconcileResult:
+    """``conflict`` after a lost compare-and-swap, with the version the record has now."""
+    assert core.journal is not None
+    current = None
+    try:
+        now = await core.journal.load_operation(scope, op.connection_id, op.operation_id)
+    except Exception:
+        core.count("storage_failures")
+    else:
+        current = None if now is None else now.version
+    return ReconcileResult("conflict", state=op.state, current_version=current)
 
 
 async def _resend(
@@ -306,7 +326,7 @@ async def _resend(
         scope, reply.version, stored, state, message_id, reason, None, reply.fencing_token
     )
     if not ok:
-        return ReconcileResult("conflict", state=op.state)
+        return await _lost_race(core, scope, op)
     return ReconcileResult("resolved", outcome=outcome, state=op.state)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,21 @@ aliases = ["echo"]
     assert done.returncode == 1, done.stderr
     assert "PRISMD_TEST_MISSING_TOKEN" in done.stderr
     assert not (tmp_path / "run" / "c.sock").exists()
+
+
+def test_version_is_the_distributions_for_both_commands() -> None:
+    """One source of truth: pyproject.toml's version, read from the installed metadata."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert importlib.metadata.version("prismd") == declared
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for module, prog in (("prismd", "prismd"), ("prismd.ctl", "prismctl")):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"{prog} {declared}\n"

@@ -35,6 +35,7 @@ from prismd.control import (
 )
 from stores import OwnershipScope
 from stores.memory import MemoryStore
+from tests.privileges import chown_group, needs_root
 
 from .test_control_support import Client, RecordingRuntime, connect, running_server
 
@@ -62,17 +63,17 @@ async def test_directory_and_socket_permissions(tmp_path: Path) -> None:
 
 
 async def test_group_directory_and_socket(tmp_path: Path) -> None:
-    group = grp.getgrgid(65534).gr_name
-    config = control(tmp_path, group=group)
+    gid = chown_group()
+    config = control(tmp_path, group=grp.getgrgid(gid).gr_name)
     path = Path(config.socket)
     with trio.fail_after(DEADLINE):
         async with running_server(config):
             dir_stat = os.stat(path.parent)
             assert stat.S_IMODE(dir_stat.st_mode) == 0o750
-            assert dir_stat.st_gid == 65534
+            assert dir_stat.st_gid == gid
             sock_stat = os.stat(path)
             assert stat.S_IMODE(sock_stat.st_mode) == 0o660
-            assert sock_stat.st_gid == 65534
+            assert sock_stat.st_gid == gid
 
 
 async def test_existing_directory_is_tightened(tmp_path: Path) -> None:
@@ -93,7 +94,7 @@ async def test_directory_with_other_files_is_refused_not_tightened(tmp_path: Pat
     config = ControlConfig(socket=str(project / "prismd.sock"))
     handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
     with trio.fail_after(DEADLINE), pytest.raises(ControlSocketError, match="its own directory"):
-        await serve_control(config, handler=handler, daemon_uid=0)
+        await serve_control(config, handler=handler, daemon_uid=os.getuid())
     assert stat.S_IMODE(os.stat(project).st_mode) == 0o755
     assert not os.path.exists(config.socket)  # noqa: ASYNC240
 
@@ -108,7 +109,7 @@ async def test_private_directory_with_other_files_is_used_as_is(tmp_path: Path) 
     with trio.fail_after(DEADLINE):
         async with trio.open_nursery() as nursery:
             await nursery.start(
-                functools.partial(serve_control, config, handler=handler, daemon_uid=0)
+                functools.partial(serve_control, config, handler=handler, daemon_uid=os.getuid())
             )
             assert stat.S_IMODE(os.stat(config.socket).st_mode) == 0o600
             nursery.cancel_scope.cancel()
@@ -122,7 +123,7 @@ async def test_shared_directory_is_refused_not_tightened(tmp_path: Path) -> None
     config = ControlConfig(socket=str(shared / "control.sock"))
     handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
     with trio.fail_after(DEADLINE), pytest.raises(ControlSocketError, match="shared directory"):
-        await serve_control(config, handler=handler, daemon_uid=0)
+        await serve_control(config, handler=handler, daemon_uid=os.getuid())
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
     assert not os.path.exists(config.socket)  # noqa: ASYNC240
 
@@ -153,7 +154,7 @@ async def test_live_socket_is_not_taken_over(tmp_path: Path) -> None:
         async with running_server(config):
             handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
             with pytest.raises(ControlSocketInUseError):
-                await serve_control(config, handler=handler, daemon_uid=0)
+                await serve_control(config, handler=handler, daemon_uid=os.getuid())
             # The first server still owns and serves its socket.
             async with connect(config.socket) as client:
                 assert (await client.result("health"))["status"] == "ok"
@@ -166,7 +167,7 @@ async def test_path_that_is_not_a_socket_is_refused(tmp_path: Path) -> None:
         file.write("not a socket")
     handler = ControlHandler(runtime=RecordingRuntime(), store=MemoryStore())
     with trio.fail_after(DEADLINE), pytest.raises(ControlSocketError, match="not a socket"):
-        await serve_control(config, handler=handler, daemon_uid=0)
+        await serve_control(config, handler=handler, daemon_uid=os.getuid())
     with open(config.socket) as file:  # noqa: ASYNC230
         assert file.read() == "not a socket"
 
@@ -572,9 +573,14 @@ async def test_pair_aliases_default_from_the_pairing_grant(tmp_path: Path) -> No
             assert runtime.calls[-1][1]["aliases"] == ("echo", "helper")
             await client.result("pair", {"connectionId": "tg", "aliases": ["x"]})
             assert runtime.calls[-1][1]["aliases"] == ("x",)
+            # No pairing grant: the missing [[grants]] entry is named (it was "-32602
+            # 'aliases' is required", which sent the operator looking for the wrong fix).
             message = await client.call("pair", {"connectionId": "web"})
-            assert message["error"]["code"] == -32602
-            assert "'aliases' is required" in message["error"]["message"]
+            assert message["error"] == {
+                "code": -32002,
+                "message": "pairing unavailable: "
+                "no [[grants]] entry for connection 'web' with pairing = true",
+            }
     assert len(runtime.calls) == 2
 
 
@@ -595,6 +601,9 @@ def test_to_wire_converts_attrs_field_names_only() -> None:
 
 
 # ---------------------------------------------------------------- another uid, for real
+
+# A refusal by uid without a second real uid is covered above (daemon_uid=uid + 1).
+as_nobody = needs_root("connects as uid 65534 (nobody) to check SO_PEERCRED for real")
 
 CLIENT = r"""
 import json, socket, sys
@@ -642,6 +651,7 @@ async def _run_as_nobody(socket_path: str) -> dict[str, object]:
     return decoded
 
 
+@as_nobody
 async def test_another_uid_is_refused(shared_dir: Path) -> None:
     # Group access lets nobody reach the socket; the uid check must still refuse it.
     config = ControlConfig(
@@ -665,6 +675,7 @@ async def test_another_uid_is_refused(shared_dir: Path) -> None:
                 assert (await client.result("health"))["status"] == "ok"
 
 
+@as_nobody
 async def test_listed_uid_is_an_operator(shared_dir: Path) -> None:
     config = ControlConfig(
         socket=str(shared_dir / "run" / "control.sock"),
@@ -679,6 +690,7 @@ async def test_listed_uid_is_an_operator(shared_dir: Path) -> None:
             assert json.loads(lines[0])["result"]["status"] == "ok"
 
 
+@as_nobody
 async def test_without_group_the_socket_is_unreachable_for_others(shared_dir: Path) -> None:
     config = ControlConfig(
         socket=str(shared_dir / "run" / "control.sock"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,15 +21,20 @@ from prismd.config import ControlConfig, GrantConfig, Operator
 from prismd.control import ControlHandler, pairing_aliases_from_grants, serve_control
 from prismd.controls import GrantStore
 from prismd.grants import GrantAuthorizer
+from prismd.journal import NS_CONTROL, ChannelJournal, OperationRecord
 from prismd.runtime import open_messaging_runtime
+from stores import OwnershipScope
 from stores.memory import MemoryStore
 
 from .test_control_support import connect
 
 DEADLINE = 20
+PRISMCTL = [sys.executable, "-m", "prismd.ctl"]
 GRANTS = (
     GrantConfig(connection="web", actors=("*",), aliases=("echo",), notifications=True),
     GrantConfig(connection="tg", pairing=True, aliases=("echo",)),
+    # Everyone may chat here, but operators may not push notices.
+    GrantConfig(connection="quiet", actors=("*",), aliases=("echo",)),
 )
 
 
@@ -44,9 +50,9 @@ class Delivered:
 
 @asynccontextmanager
 async def daemon_parts(
-    tmp_path: Path, *, operators: tuple[Operator, ...] = ()
+    tmp_path: Path, *, operators: tuple[Operator, ...] = (), store: MemoryStore | None = None
 ) -> AsyncIterator[tuple[Any, Delivered, ControlConfig]]:
-    store = MemoryStore()
+    store = store if store is not None else MemoryStore()
     echo = build_agent(
         "echo", AgentContext(alias="echo", options={}, checkpoints=store.checkpoints)
     )
@@ -208,3 +214,232 @@ async def test_lone_surrogates_in_params_are_invalid_params(tmp_path: Path) -> N
                 assert answer["error"]["code"] == -32602, (method, answer)
                 assert name in answer["error"]["message"]
             assert await client.result("health") == {"status": "ok"}
+
+
+async def prismctl(*args: str) -> tuple[int, str, str]:
+    result = await trio.run_process(
+        [*PRISMCTL, *args], capture_stdout=True, capture_stderr=True, check=False
+    )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def chat(runtime: Any, connection: str, conversation: str, actor: str) -> None:
+    """One message from ``actor``, answered, so the conversation is bound to the agent."""
+    admission = await runtime.admit(
+        InboundEvent(
+            connection_id=connection,
+            external_conversation_id=conversation,
+            external_actor_id=actor,
+            event_id=f"{connection}-{conversation}-1",
+            text="hello",
+        )
+    )
+    assert admission.status == "accepted", admission
+    assert (await runtime.drain(deadline_ms=5000)).settled
+
+
+async def test_notify_refusals_name_the_missing_grant(tmp_path: Path) -> None:
+    """A notify the grants do not allow was "status denied, reason rejected" and nothing
+    else; now the operator is told which [[grants]] entry is missing, or that the
+    conversation is not bound. The notice text never appears in any answer."""
+    text = "the notice text itself 4711"
+    with trio.fail_after(DEADLINE):
+        async with daemon_parts(tmp_path) as (runtime, delivered, config):
+            await chat(runtime, "quiet", "chat-q", "u1")
+            base = ["--socket", config.socket, "notify", "--id", "n-1", "--text", text]
+            code, out, err = await prismctl(
+                *base, "--connection", "quiet", "--conversation", "chat-q"
+            )
+            assert code == 1
+            rows = [line.split(maxsplit=1) for line in out.splitlines()]
+            assert ["status", "denied"] in rows and ["reason", "rejected"] in rows
+            assert "hint" not in out  # printed as advice, below
+            assert err == (
+                "prismctl: no [[grants]] entry for connection 'quiet' with notifications = true"
+                " for actor 'u1'\n"
+            )
+            code, out, err = await prismctl(
+                "--json", *base, "--connection", "quiet", "--conversation", "chat-q"
+            )
+            assert (code, err) == (1, "")
+            answer = json.loads(out)
+            # The contract's fields are all there; the hint is one more key.
+            assert answer == {
+                "status": "denied",
+                "reason": "rejected",
+                "operationId": None,
+                "duplicate": False,
+                "hint": "no [[grants]] entry for connection 'quiet' with notifications = true"
+                " for actor 'u1'",
+            }
+
+            code, _, err = await prismctl(*base, "--connection", "web", "--conversation", "nobody")
+            assert code == 1
+            assert err == (
+                "prismctl: no conversation 'nobody' on connection 'web' is bound to an agent in"
+                " your scope (a conversation is bound once its user has written to the agent)\n"
+            )
+            assert all(text not in r.text for r in delivered.replies)
+
+            # The grant allows it: accepted, and no hint key at all.
+            await chat(runtime, "web", "chat-w", "u2")
+            code, out, err = await prismctl(
+                "--json", *base, "--connection", "web", "--conversation", "chat-w"
+            )
+            assert (code, err) == (0, "")
+            assert set(json.loads(out)) == {"status", "reason", "operationId", "duplicate"}
+            assert delivered.replies[-1].text == text
+
+
+async def test_pair_refusals_name_the_grant_and_the_ttl_maximum(tmp_path: Path) -> None:
+    """``pair`` on a connection without a pairing grant named ``aliases`` (-32602); a TTL
+    above 5 minutes was clamped silently. Both are now refused, saying why."""
+    store = MemoryStore()
+    with trio.fail_after(DEADLINE):
+        async with daemon_parts(tmp_path, store=store) as (_runtime, _delivered, config):
+            code, out, err = await prismctl(
+                "--socket", config.socket, "pair", "--connection", "web"
+            )
+            assert (code, out) == (1, "")
+            assert err == (
+                "prismctl: pairing unavailable: "
+                "no [[grants]] entry for connection 'web' with pairing = true\n"
+            )
+            code, out, err = await prismctl(
+                "--socket", config.socket, "pair", "--connection", "tg", "--ttl-ms", "300001"
+            )
+            assert (code, out) == (2, "")
+            assert err.startswith("usage: prismctl pair")
+            assert "--ttl-ms: 300001 is outside 1000..300000" in err and "5 minutes" in err
+
+            async with connect(config.socket) as client:
+                for ttl in (300_001, 999, 2**31):
+                    answer = await client.call("pair", {"connectionId": "tg", "ttlMs": ttl})
+                    assert answer["error"] == {
+                        "code": -32602,
+                        "message": "param 'ttlMs' must be an integer between 1000 and 300000"
+                        " (milliseconds; at most 5 minutes)",
+                    }
+                answer = await client.call("pair", {"connectionId": "web", "aliases": ["echo"]})
+                assert answer["error"]["message"] == (
+                    "pairing unavailable: "
+                    "no [[grants]] entry for connection 'web' with pairing = true"
+                )
+            page = await store.checkpoints.list_checkpoints(namespace=NS_CONTROL)
+            assert not page.items, "no refused request issued a token"
+
+            code, out, err = await prismctl(
+                "--socket", config.socket, "pair", "--connection", "tg", "--ttl-ms", "300000"
+            )
+            assert (code, err) == (0, "")
+            assert out.startswith("token ")
+            page = await store.checkpoints.list_checkpoints(namespace=NS_CONTROL)
+            assert len(page.items) == 1
+            record = page.items[0].value
+            assert record["expiresAt"] - record["createdAt"] == 300_000
+
+
+async def crashed_turn(store: MemoryStore) -> str:
+    """An ``executing`` operation at version 2, as a daemon killed mid-run leaves it."""
+    journal = ChannelJournal(store.checkpoints)
+    scope = OwnershipScope("default", "web", "u1")
+    record = OperationRecord(
+        operation_id="chan-op-crashed",
+        event_id="e-crashed",
+        kind="message",
+        connection_id="web",
+        external_conversation_id="chat-1",
+        external_actor_id="u1",
+        agent_alias="echo",
+        state="accepted",
+        created_at_ms=1,
+        updated_at_ms=1,
+    )
+    created = await journal.create_operation(scope, record)
+    assert created is not None and created.version == 1
+    running = attrs.evolve(record, state="executing", run_id="run-1", updated_at_ms=2)
+    saved = await journal.save_operation(scope, running, 1)
+    assert saved is not None and saved.version == 2
+    return record.operation_id
+
+
+async def test_reconcile_refusals_print_the_command_to_retry_with(tmp_path: Path) -> None:
+    """A stale ``--version`` printed only "status conflict"; a missing acknowledgement
+    printed the same. Now prismctl prints the current version and the exact command, and
+    following its advice settles the operation."""
+    store = MemoryStore()
+    op = await crashed_turn(store)
+    with trio.fail_after(DEADLINE):
+        async with daemon_parts(tmp_path, store=store) as (_runtime, _delivered, config):
+            code, out, _ = await prismctl("--socket", config.socket, "list-unresolved")
+            assert code == 0 and out.splitlines()[1].split()[:5] == [
+                op, "web", "executing", "-", "2"
+            ]  # fmt: skip
+
+            code, out, err = await prismctl(
+                "--socket", config.socket, "reconcile", op, "--connection", "web", "--version", "1"
+            )
+            assert code == 1
+            rows = [line.split() for line in out.splitlines()]
+            assert ["status", "conflict"] in rows and ["currentVersion", "2"] in rows
+            retry = f"prismctl --socket {config.socket} reconcile {op} --connection web --version 2"
+            assert err == (
+                f"prismctl: version 1 is stale: {op} is at version 2 now (state executing);"
+                f" check it with 'prismctl list-unresolved', then retry:\n  {retry}\n"
+            )
+
+            code, out, err = await prismctl(*shlex.split(retry)[1:])  # exactly as advised
+            assert code == 1
+            assert ["detail", "duplicate_risk"] in [line.split() for line in out.splitlines()]
+            advised = err.splitlines()[-1]
+            assert err == (
+                f"prismctl: {op} is executing: the agent may have run already; to settle it as"
+                " execution_unknown (it is never re-run), add --acknowledge-duplicate-risk:\n"
+                f"  {retry} --acknowledge-duplicate-risk\n"
+            )
+
+            code, out, err = await prismctl("--json", *shlex.split(retry)[1:])
+            assert (code, err) == (1, "")
+            assert json.loads(out) == {
+                "status": "conflict",
+                "outcome": None,
+                "state": "executing",
+                "detail": "duplicate_risk",
+                "currentVersion": 2,
+                "hint": "the agent may have run already: pass acknowledgeDuplicateRisk: true to"
+                " settle it as execution_unknown (it is never re-run)",
+            }
+
+            code, out, err = await prismctl(*shlex.split(advised)[1:])
+            assert (code, err) == (0, "")
+            rows = [line.split() for line in out.splitlines()]
+            assert ["status", "resolved"] in rows and ["outcome", "execution_unknown"] in rows
+            assert "currentVersion" not in out and "hint" not in out
+
+
+async def test_reconcile_outside_the_scope_reveals_no_version(tmp_path: Path) -> None:
+    """An operator of another tenant guessing the id and a version learns nothing: the
+    same ``not_found`` as for an id that does not exist, with no current version."""
+    store = MemoryStore()
+    op = await crashed_turn(store)
+    operators = (Operator(uid=os.getuid(), tenant="someone-else"),)
+    with trio.fail_after(DEADLINE):
+        async with daemon_parts(tmp_path, operators=operators, store=store) as (_, _d, config):
+            answers = []
+            for operation in (op, "chan-op-never-existed"):
+                args = ["reconcile", operation, "--connection", "web", "--version", "1"]
+                code, out, err = await prismctl("--socket", config.socket, "--json", *args)
+                assert code == 1
+                answer = json.loads(out)
+                assert answer.pop("hint") == (
+                    "no such operation on this connection in your scope (see listUnresolved)"
+                )
+                answers.append(answer)
+                code, _, err = await prismctl("--socket", config.socket, *args)
+                assert err == (
+                    f"prismctl: no operation {operation} on connection web in your scope;"
+                    " 'prismctl list-unresolved' shows the open ones\n"
+                )
+            assert answers[0] == answers[1] == {
+                "status": "not_found", "outcome": None, "state": None, "detail": None
+            }  # fmt: skip

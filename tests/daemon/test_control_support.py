@@ -6,6 +6,7 @@ A recording runtime, a JSON-RPC client and a server fixture.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,9 @@ from prismd.config import ControlConfig
 from prismd.control import ControlHandler, serve_control
 from prismd.identity import AgentIdentity
 from stores.memory import MemoryStore
+
+DAEMON_UID = os.getuid()
+"""The uid the test process, standing in for the daemon, runs as: its default operator."""
 
 
 @attrs.define(eq=False)
@@ -59,6 +63,11 @@ class RecordingRuntime:
         ]
     )
     reconcile_status: str = "resolved"
+    reconcile_result: ReconcileResult | None = None
+    """When set, ``reconcile`` answers exactly this (``reconcile_status`` is ignored)."""
+    notify_admission: Admission = attrs.field(
+        factory=lambda: Admission("accepted", operation_id="op-n")
+    )
 
     def _record(self, name: str, **kwargs: Any) -> None:
         self.calls.append((name, kwargs))
@@ -89,7 +98,7 @@ class RecordingRuntime:
             text=text,
             thread_id=thread_id,
         )
-        return Admission("accepted", operation_id="op-n")
+        return self.notify_admission
 
     async def list_unresolved(
         self, *, identity: AgentIdentity, limit: int | None = None
@@ -116,6 +125,8 @@ class RecordingRuntime:
             expected_version=expected_version,
             acknowledge_duplicate_risk=acknowledge_duplicate_risk,
         )
+        if self.reconcile_result is not None:
+            return self.reconcile_result
         if self.reconcile_status != "resolved":
             return ReconcileResult(self.reconcile_status)  # type: ignore[arg-type]
         return ReconcileResult(
@@ -217,7 +228,7 @@ async def running_server(
     runtime: RecordingRuntime | None = None,
     *,
     store: MemoryStore | None = None,
-    daemon_uid: int | None = 0,
+    daemon_uid: int | None = DAEMON_UID,
     health: dict[str, Any] | None = None,
     pair_aliases: Callable[[str], tuple[str, ...] | None] | None = None,
 ) -> AsyncIterator[tuple[RecordingRuntime, MemoryStore]]:

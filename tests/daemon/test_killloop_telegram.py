@@ -4,9 +4,10 @@ A real ``prismd run`` subprocess (SQLite journal, polling the fake Bot API on lo
 mock agent with a random delay that records each run's idempotency key durably) is fed every
 sample of ``fixtures/telegram`` plus generated private texts, and SIGKILLed ~9 times at
 random moments (seed printed in every assertion; ``PRISM_KILLLOOP_SEED`` replays one), with
-429 storms and a competing poller (409) injected meanwhile. After a final run stopped by
-SIGTERM, for every admitted message update: at most one agent run for its operation, at most
-one answer, and either exactly one answer or the operation listed by
+429 storms injected meanwhile and a competing poller started in one round while that
+daemon's long poll is pending (so a 409 is certain, not a matter of timing). After a final
+run stopped by SIGTERM, for every admitted message update: at most one agent run for its
+operation, at most one answer, and either exactly one answer or the operation listed by
 ``prismctl --json list-unresolved`` — never lost silently, never answered twice. Plus: no hot
 loop against the fake, no token in the daemon's stderr, ``PRAGMA integrity_check`` ok.
 """
@@ -46,7 +47,7 @@ queue; nothing is replayed automatically, reconcile abandons it) or ``executing`
 OPEN_REPLIES = {"pending", "delivery_unknown", "delivery_failed"}
 
 
-def _config(root: Path, fake: FakeBotApi) -> Layout:
+def _config(root: Path, fake: FakeBotApi, seed: int) -> Layout:
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -76,6 +77,7 @@ factory = "tests.fakes.killloop_agent:jitter_counting_mock"
 count_file = "{layout.runs}"
 delay_min_ms = 5
 delay_max_ms = 250
+seed = "{seed}:agent"
 
 [[grants]]
 connection = "tg"
@@ -123,18 +125,49 @@ def _stream(rng: random.Random) -> list[tuple[int, dict[str, Any]]]:
 async def _second_poller(fake: FakeBotApi, seconds: float, own: Counter[int]) -> None:
     """Another bot instance with the same token: long polls without confirming anything.
 
-    ``own`` counts its requests per second so the hot-loop bound measures the daemon only.
+    It stops between requests, never in the middle of one: a request cancelled while httpx
+    sends its body leaves the body's async generator unexhausted (encode/httpx#3686), which
+    trio reports as a ResourceWarning when it is collected. ``own`` counts its requests per
+    second so the hot-loop bound measures the daemon only.
     """
     url = f"{fake.origin}/bot{fake.token}/getUpdates"
-    with trio.move_on_after(seconds):
-        async with httpx.AsyncClient(timeout=10) as client:
-            while True:
-                own[int(trio.current_time())] += 1
-                try:
-                    await client.post(url, json={"timeout": 1})
-                except httpx.HTTPError:
-                    pass
-                await trio.sleep(0.05)
+    end = trio.current_time() + seconds
+    async with httpx.AsyncClient(timeout=10) as client:
+        while trio.current_time() < end:
+            own[int(trio.current_time())] += 1
+            try:
+                await client.post(url, json={"timeout": 1})
+            except httpx.HTTPError:
+                pass
+            await trio.sleep(0.05)
+
+
+async def _compete(
+    fake: FakeBotApi,
+    nursery: trio.Nursery,
+    seconds: float,
+    own: Counter[int],
+    since: float,
+    tag: str,
+) -> None:
+    """Start the competing poller while the running daemon's long poll is pending; return
+    once that caused a 409 (the daemon is alive until then, so it gets the conflict).
+
+    A poll that began after ``since`` is the running daemon's: the previous one has exited
+    and the competitor is not started yet.
+    """
+
+    def daemon_polling() -> bool:
+        began = fake.pending_poll_at
+        return began is not None and began >= since
+
+    with trio.move_on_after(30):
+        await fake.wait_until(daemon_polling)
+        before = fake.conflicts
+        nursery.start_soon(_second_poller, fake, seconds, own)
+        await fake.wait_until(lambda: fake.conflicts > before)
+        return
+    raise AssertionError(f"{tag}: no long poll of the daemon met by the competing poller")
 
 
 async def _feed(
@@ -157,11 +190,6 @@ async def _feed(
         await trio.sleep(rng.uniform(0.02, 0.25))
 
 
-async def _faults(fake: FakeBotApi, rng: random.Random, own: Counter[int]) -> None:
-    await trio.sleep(rng.uniform(3, 6))
-    await _second_poller(fake, rng.uniform(2, 3.5), own)
-
-
 def _sent_to(fake: FakeBotApi) -> Counter[tuple[str, str]]:
     return Counter((str(s.get("chat_id")), str(s.get("text"))) for s in fake.sent)
 
@@ -171,20 +199,24 @@ async def test_killloop_telegram(tmp_path: Path) -> None:
     rng = random.Random(seed)
     tag = f"seed={seed}"
     stream = _stream(rng)
+    compete_round = rng.randrange(KILLS)
     logs: list[str] = []
     kills = 0
     own: Counter[int] = Counter()
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             fake = await start_fake(nursery)
-            layout = _config(tmp_path, fake)
+            layout = _config(tmp_path, fake, seed)
             env = {"TG_TOKEN": fake.token}
-            nursery.start_soon(_feed, fake, rng, stream)
-            nursery.start_soon(_faults, fake, rng, own)
+            # Its own generator: draws shared by concurrent tasks interleave by timing.
+            nursery.start_soon(_feed, fake, random.Random(f"{seed}:feed"), stream)
             for round_ in range(KILLS):
+                since = trio.current_time()
                 async with running_daemon(
                     layout, tag=f"k{round_}", extra_env=env, args=("--log-level", "debug")
                 ) as daemon:
+                    if round_ == compete_round:
+                        await _compete(fake, nursery, rng.uniform(2, 3.5), own, since, tag)
                     await trio.sleep(rng.uniform(0.3, 3.0))
                     if round_ % 3 == 2:
                         # Killed in the middle of a graceful stop (stop() settling work).

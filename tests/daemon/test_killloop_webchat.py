@@ -40,7 +40,7 @@ OPEN_STATES = {"accepted", "executing"}
 OPEN_REPLIES = {"pending", "delivery_unknown", "delivery_failed"}
 
 
-def _config(root: Path) -> Layout:
+def _config(root: Path, seed: int) -> Layout:
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -68,6 +68,7 @@ factory = "tests.fakes.killloop_agent:jitter_counting_mock"
 count_file = "{layout.runs}"
 delay_min_ms = 5
 delay_max_ms = 300
+seed = "{seed}:agent"
 
 [[grants]]
 connection = "web"
@@ -80,9 +81,14 @@ aliases = ["slow"]
 
 @attrs.define(eq=False)
 class Client:
-    """One actor's page: messages released so far, which were acknowledged, answers seen."""
+    """One actor's page: messages released so far, which were acknowledged, answers seen.
+
+    ``rng`` paces its sends: each concurrent task draws from its own generator, so a replayed
+    seed makes the same choices however the tasks interleave.
+    """
 
     actor: str
+    rng: random.Random
     messages: list[tuple[str, str]] = attrs.field(factory=list)
     released: int = 0
     acked: set[str] = attrs.field(factory=set)
@@ -101,7 +107,7 @@ _GONE = (
 )
 
 
-async def _session(port: int, client: Client, rng: random.Random) -> None:
+async def _session(port: int, client: Client) -> None:
     """Connect, hello, then keep re-sending unacknowledged messages until the socket dies."""
     try:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -142,7 +148,7 @@ async def _session(port: int, client: Client, rng: random.Random) -> None:
                             msg = {"type": "message", "id": cid, "text": text}
                             await ws.send_message(json.dumps(msg))
                             client.sent_frames += 1
-                            await trio.sleep(rng.uniform(0.01, 0.08))
+                            await trio.sleep(client.rng.uniform(0.01, 0.08))
                         await trio.sleep(0.05)
                 except _GONE:
                     pass
@@ -176,8 +182,8 @@ async def test_killloop_webchat(tmp_path: Path) -> None:
     seed = int(os.environ.get("PRISM_KILLLOOP_SEED", secrets.randbits(32)))
     rng = random.Random(seed)
     tag = f"seed={seed}"
-    layout = _config(tmp_path)
-    clients = [Client(actor=a) for a in ACTORS]
+    layout = _config(tmp_path, seed)
+    clients = [Client(actor=a, rng=random.Random(f"{seed}:{a}")) for a in ACTORS]
     for n in range(MESSAGES):
         for client in clients:
             client.messages.append((f"c{n}", f"{client.actor[-4:]} wm{n}"))
@@ -185,13 +191,13 @@ async def test_killloop_webchat(tmp_path: Path) -> None:
     entries: list[dict[str, Any]] = []
     with trio.fail_after(120):
         async with trio.open_nursery() as outer:
-            outer.start_soon(_release, clients, rng)
+            outer.start_soon(_release, clients, random.Random(f"{seed}:release"))
             for round_ in range(KILLS):
                 async with running_daemon(layout, tag=f"k{round_}") as daemon:
                     await _wait_ready(daemon)
                     async with trio.open_nursery() as nursery:
                         for client in clients:
-                            nursery.start_soon(_session, layout.port, client, rng)
+                            nursery.start_soon(_session, layout.port, client)
                         await trio.sleep(rng.uniform(0.2, 2.0))
                         daemon.send(signal.SIGKILL)
                         code = await daemon.wait_exit()
@@ -203,7 +209,7 @@ async def test_killloop_webchat(tmp_path: Path) -> None:
                 await daemon.wait_state("READY=1")
                 async with trio.open_nursery() as nursery:
                     for client in clients:
-                        nursery.start_soon(_session, layout.port, client, rng)
+                        nursery.start_soon(_session, layout.port, client)
                     entries = await _settle(layout, clients, tag)
                     nursery.cancel_scope.cancel()
                 daemon.send(signal.SIGTERM)

@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 import trio
 
-from prismd import ctl
+from prismd import controls, ctl
+from prismd.api import ReconcileResult
+from prismd.channel import Admission
 from prismd.config import ControlConfig
 from stores import OwnershipScope
+from tests.privileges import needs_root
 
 from .test_control_support import RecordingRuntime, running_server
 
@@ -166,11 +169,11 @@ async def test_other_commands(tmp_path: Path) -> None:
             assert "/pair pair-token-abc" in out
             assert runtime.calls[-1][1]["aliases"] == ("echo", "b")
             code, out, _ = await prismctl(
-                "--json", "pair", "--connection", "w", "--alias", "e", "--ttl-ms", "5", env=env
+                "--json", "pair", "--connection", "w", "--alias", "e", "--ttl-ms", "60000", env=env
             )
             assert code == 0
             assert json.loads(out)["token"] == "pair-token-abc"
-            assert runtime.calls[-1][1]["ttl_ms"] == 5
+            assert runtime.calls[-1][1]["ttl_ms"] == 60000
 
 
 async def test_error_result_exits_1(tmp_path: Path) -> None:
@@ -343,6 +346,7 @@ async def prismctl_as_nobody(*args: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
+@needs_root("runs prismctl as uid 65534 (nobody) against the socket")
 async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
     private = ControlConfig(socket=str(shared_dir / "private" / "control.sock"))
     with trio.fail_after(DEADLINE):
@@ -381,3 +385,131 @@ async def test_global_options_after_the_command(tmp_path: Path) -> None:
             assert json.loads(out)["deliveryFailures"] == 1
             code, before, _ = await prismctl("--json", "--socket", config.socket, "diagnostics")
             assert code == 0 and json.loads(before) == json.loads(out)
+
+
+async def test_pair_ttl_outside_the_bounds_is_a_usage_error(tmp_path: Path) -> None:
+    """``--ttl-ms 3600000`` was clamped to 5 minutes without a word; now it is refused
+    before anything is sent, stating the bounds. The bounds are prismd.controls' own."""
+    assert (ctl.PAIRING_TTL_MIN_MS, ctl.PAIRING_TTL_MAX_MS) == (
+        controls.PAIRING_TTL_MIN_MS,
+        controls.PAIRING_TTL_MAX_MS,
+    )
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (runtime, _):
+            pair = ["--socket", config.socket, "pair", "--connection", "tg", "--alias", "a"]
+            for ttl in ("3600000", "300001", "999", "0", "-5"):
+                code, out, err = await prismctl(*pair, "--ttl-ms", ttl)
+                assert (code, out) == (2, ""), ttl
+                assert err.startswith("usage: prismctl pair")
+                assert err.splitlines()[-1] == (
+                    f"prismctl pair: error: argument --ttl-ms: {ttl} is outside 1000..300000"
+                    " (milliseconds; a pairing token lives at most 5 minutes)"
+                )
+            code, _, err = await prismctl(*pair, "--ttl-ms", "5min")
+            assert code == 2 and "not an integer: '5min'" in err
+            assert runtime.calls == []
+            for ttl in ("1000", "300000"):
+                code, _, err = await prismctl(*pair, "--ttl-ms", ttl)
+                assert (code, err) == (0, "")
+                assert runtime.calls[-1][1]["ttl_ms"] == int(ttl)
+
+
+async def test_socket_help_names_the_default_and_the_variable(tmp_path: Path) -> None:
+    """The help said "default: see prismctl docs"; it names the lookup order and the path
+    this invocation would use."""
+    code, out, _ = await prismctl("--help", env={"PRISMD_CONTROL_SOCKET": ""}, cwd=tmp_path)
+    assert code == 0
+    flat = " ".join(out.split())
+    assert (
+        "--socket PATH control socket path (default: $PRISMD_CONTROL_SOCKET, else "
+        "./var/run/control.sock when it exists, else /run/prismd/control.sock; here: "
+        "/run/prismd/control.sock)"
+    ) in flat
+    code, out, _ = await prismctl(
+        "--help", env={"PRISMD_CONTROL_SOCKET": "/srv/p%d/ctl.sock"}, cwd=tmp_path
+    )
+    assert code == 0 and "here: /srv/p%d/ctl.sock)" in " ".join(out.split())
+
+
+async def test_the_socket_variable_wins_over_the_local_socket(tmp_path: Path) -> None:
+    """``$PRISMD_CONTROL_SOCKET`` is used even where ``./var/run/control.sock`` exists (here
+    a dead socket file), and ``--socket`` wins over both."""
+    config = config_for(tmp_path)
+    workdir = tmp_path / "work"
+    (workdir / "var" / "run").mkdir(parents=True)
+    (workdir / "var" / "run" / "control.sock").touch()
+    env = {"PRISMD_CONTROL_SOCKET": config.socket}
+    with trio.fail_after(DEADLINE):
+        async with running_server(config):
+            code, out, err = await prismctl("health", env=env, cwd=workdir)
+            assert (code, err) == (0, "")
+            assert out.startswith("status")
+            code, _, err = await prismctl(
+                "--socket", str(tmp_path / "elsewhere.sock"), "health", env=env, cwd=workdir
+            )
+            assert (code, err) == (
+                1,
+                f"prismctl: daemon not running (no socket at {tmp_path / 'elsewhere.sock'})\n",
+            )
+            code, _, err = await prismctl("health", env={"PRISMD_CONTROL_SOCKET": ""}, cwd=workdir)
+            assert code == 1 and "var/run/control.sock" in err
+
+
+async def test_reconcile_advice_for_an_unsettled_reply(tmp_path: Path) -> None:
+    """A reply that may have landed needs the acknowledgement to be resent: prismctl says
+    so with the command (at the daemon's current version), the ``--socket`` given after the
+    command included; ``--json`` prints the result alone."""
+    config = config_for(tmp_path)
+    runtime = RecordingRuntime(
+        reconcile_result=ReconcileResult(
+            "conflict", state="succeeded", detail="duplicate_risk", current_version=5
+        )
+    )
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, runtime):
+            args = ["reconcile", "op-2", "--connection", "web", "--version", "5"]
+            code, out, err = await prismctl(*args, "--socket", config.socket)
+            assert code == 1
+            assert "hint" not in out
+            assert err == (
+                "prismctl: the reply of op-2 may have been delivered already; to resend the"
+                " stored reply (the user may get it twice), add --acknowledge-duplicate-risk:\n"
+                f"  prismctl --socket {config.socket} reconcile op-2 --connection web"
+                " --version 5 --acknowledge-duplicate-risk\n"
+            )
+            code, out, err = await prismctl("--json", "--socket", config.socket, *args)
+            assert (code, err) == (1, "")
+            assert json.loads(out)["hint"].startswith("the reply may have been delivered")
+
+
+async def test_daemon_hints_are_passed_on(tmp_path: Path) -> None:
+    """A hint prismctl has no words of its own for (a notify refusal, an ambiguous
+    reconcile) is printed as the daemon sent it, on stderr; the table keeps the result."""
+    config = config_for(tmp_path)
+    runtime = RecordingRuntime(
+        notify_admission=Admission("denied", "rejected", hint="add the grant"),
+        reconcile_result=ReconcileResult("conflict", state="executing", detail="ambiguous"),
+    )
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, runtime):
+            code, out, err = await prismctl(
+                "--socket", config.socket, "notify", "--connection", "web",
+                "--conversation", "c", "--id", "n", "--text", "t",
+            )  # fmt: skip
+            assert (code, err) == (1, "prismctl: add the grant\n")
+            assert [line.split() for line in out.splitlines()] == [
+                ["status", "denied"],
+                ["reason", "rejected"],
+                ["operationId", "-"],
+                ["duplicate", "no"],
+            ]
+            code, _, err = await prismctl(
+                "--socket", config.socket, "reconcile", "op-1", "--connection", "web",
+                "--version", "3",
+            )  # fmt: skip
+            assert code == 1
+            assert err == (
+                "prismctl: the operation id matches records of several scopes inside yours;"
+                " an operator scoped to one account and user can settle it\n"
+            )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 from pathlib import Path
+
+import pytest
+import trio
 
 from prismd import sdnotify
 
@@ -76,8 +80,6 @@ async def test_notify_never_blocks_the_event_loop_when_the_receiver_is_full(
 ) -> None:
     """A stalled systemd (its datagram queue full) must not wedge the Trio loop: once
     the queue is full, ``notify`` gives up at once instead of blocking in ``send``."""
-    import trio
-
     path = tmp_path / "full.sock"
     receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     receiver.bind(str(path))
@@ -93,3 +95,105 @@ async def test_notify_never_blocks_the_event_loop_when_the_receiver_is_full(
         assert results[-1] is False  # the queue filled up; nothing blocked
     finally:
         receiver.close()
+
+
+def test_status_is_one_status_assignment() -> None:
+    assert sdnotify.status("ready: 2 connections, 0 unresolved") == (
+        "STATUS=ready: 2 connections, 0 unresolved"
+    )
+    # A newline would start a second assignment (READY=1 from a message text): folded.
+    assert sdnotify.status("failed: a\nREADY=1\n") == "STATUS=failed: a READY=1"
+
+
+async def _datagrams_until(sock: trio.socket.SocketType, last: str, into: list[str]) -> None:
+    with trio.fail_after(20):
+        while last not in into:
+            into.extend((await sock.recv(4096)).decode().splitlines())
+
+
+async def _leave_executing(url: str, operation_id: str) -> None:
+    """An operation a crash left ``executing`` (what ``list-unresolved`` shows)."""
+    from prismd.journal import ChannelJournal, OperationRecord
+    from stores import OwnershipScope, open_store
+
+    store = await open_store(url)
+    try:
+        await ChannelJournal(store.checkpoints).create_operation(
+            OwnershipScope(tenant_id="default", account_id="web", user_id="actor-1"),
+            OperationRecord(
+                operation_id=operation_id,
+                event_id=operation_id,
+                kind="message",
+                connection_id="web",
+                external_conversation_id="conv-1",
+                external_actor_id="actor-1",
+                agent_alias="echo",
+                state="executing",
+                created_at_ms=1,
+                updated_at_ms=1,
+            ),
+        )
+    finally:
+        await store.aclose()
+
+
+async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``systemctl status`` shows: starting → ready with counts → stopping, each
+    line a datagram on $NOTIFY_SOCKET. An unresolved operation left by an earlier run is
+    counted, and one that appears while serving updates the line."""
+    import prismd.daemon as daemon_module
+    from prismd.daemon import Daemon
+
+    from .helpers import inprocess_config
+
+    monkeypatch.setattr(daemon_module, "STATUS_REFRESH_S", 0.05)
+    config = inprocess_config(tmp_path)
+    await _leave_executing(config.store.url, "chan-op-left-by-a-crash")
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    await sock.bind(path)
+    states: list[str] = []
+    with sock:
+        daemon = Daemon(
+            config, env={"NOTIFY_SOCKET": path}, install_signals=False, out=io.StringIO()
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(daemon.run)
+            await _datagrams_until(sock, "READY=1", states)
+            # A second store handle on the same SQLite file, as another process would be.
+            await _leave_executing(config.store.url, "chan-op-while-serving")
+            await _datagrams_until(sock, "STATUS=ready: 1 connection, 2 unresolved", states)
+            daemon.request_stop()
+            await _datagrams_until(sock, "STOPPING=1", states)
+    assert states == [
+        "STATUS=starting",
+        "STATUS=ready: 1 connection, 1 unresolved",
+        "READY=1",
+        "STATUS=ready: 1 connection, 2 unresolved",
+        "STATUS=stopping",
+        "STOPPING=1",
+    ]
+
+
+async def test_a_fatal_start_says_why_in_the_status(tmp_path: Path) -> None:
+    from prismd.daemon import Daemon
+
+    from .helpers import inprocess_config
+
+    control = {"socket": str(tmp_path / "run" / "c.sock"), "group": "no-such-group-7f3a"}
+    config = inprocess_config(tmp_path, control=control)
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    await sock.bind(path)
+    states: list[str] = []
+    with sock:
+        daemon = Daemon(
+            config, env={"NOTIFY_SOCKET": path}, install_signals=False, out=io.StringIO()
+        )
+        with trio.fail_after(20):
+            assert await daemon.run() == 1
+        failed = "STATUS=failed: [control].group: no such group 'no-such-group-7f3a'"
+        await _datagrams_until(sock, failed, states)
+    assert states == ["STATUS=starting", failed]

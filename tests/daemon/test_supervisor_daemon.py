@@ -54,7 +54,7 @@ async def test_daemon_serves_chat_and_control_then_stops_cleanly(tmp_path: Path)
         nursery.start_soon(run)
         with trio.fail_after(20):
             await daemon.ready.wait()
-        assert notes == ["READY=1"]
+        assert notes == ["STATUS=starting", "STATUS=ready: 1 connection, 0 unresolved", "READY=1"]
         line = out.getvalue()
         assert f"http://127.0.0.1:{_port(daemon)}/" in line
         assert str(tmp_path / "run" / "control.sock") in line
@@ -78,7 +78,7 @@ async def test_daemon_serves_chat_and_control_then_stops_cleanly(tmp_path: Path)
         with trio.fail_after(20):
             await daemon.stopped.wait()
     assert codes == [0]
-    assert notes == ["READY=1", "STOPPING=1"]
+    assert notes[-2:] == ["STATUS=stopping", "STOPPING=1"]
     # The lock was released: a new daemon may start on the same state directory.
     second = Daemon(_config(tmp_path), env={}, install_signals=False, notify=notes.append)
     async with trio.open_nursery() as nursery:
@@ -188,8 +188,11 @@ async def test_unopenable_store_is_a_clean_startup_failure(tmp_path: Path) -> No
     daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None, out=out)
     with trio.fail_after(20):
         assert await daemon.run() == 1
-    assert "cannot open the store" in out.getvalue()
-    assert str(blocker) not in out.getvalue()
+    # The store's own reason, once (the path is the operator's, not a secret).
+    assert out.getvalue() == (
+        f"prismd: cannot open the store: SQLite store {blocker / 'j.sqlite'}: "
+        "cannot create its directory (FileExistsError)\n"
+    )
 
 
 async def test_watchdog_pings_at_half_of_watchdog_usec(tmp_path: Path) -> None:
@@ -254,7 +257,13 @@ async def test_an_adapter_crashing_too_often_ends_the_daemon_with_exit_1(
     assert "webchat:web crashed 4 times within 60 s; giving up" in text
     assert "123456:" not in text
     assert daemon.supervisor.children["webchat:web"].state == "failed"
-    assert notes == ["READY=1", "STOPPING=1"]
+    assert [n for n in notes if not n.startswith("STATUS=")] == ["READY=1", "STOPPING=1"]
+    # systemctl status says why it is going down (the same one line as stderr).
+    assert notes[-2:] == [
+        "STATUS=failed: webchat:web crashed 4 times within 60 s; giving up "
+        "(see the log lines above for each crash)",
+        "STOPPING=1",
+    ]
 
 
 async def test_sighup_keeps_serving_and_reopens_logs(

@@ -253,6 +253,8 @@ async def test_a_platform_that_is_down_at_start_does_not_hold_back_ready(tmp_pat
         with trio.fail_after(15):
             await daemon.ready.wait()
         assert notes.count("READY=1") == 1
+        # systemctl status says so too.
+        assert "STATUS=ready: 2 connections (1 starting), 0 unresolved" in notes
         health = daemon.health()["children"]
         assert health["telegram:tg"]["state"] == "starting"
         assert health["webchat:web"]["state"] == "running"
@@ -398,7 +400,18 @@ async def test_an_unknown_control_group_is_a_clear_startup_failure(tmp_path: Pat
     assert "KeyError" not in out
 
 
-async def test_wiring_errors_name_the_config_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("factory", "expected"),
+    [
+        # Found before anything is opened (the check check-config runs too).
+        ("no_such_module_7f3a:make", "[agents.x].factory: cannot import module"),
+        # Found when the agent is built (the factory raised).
+        ("tests.daemon.helpers:failing_factory", "[agents.x]: building the agent failed"),
+    ],
+)
+async def test_wiring_errors_name_the_config_file(
+    tmp_path: Path, factory: str, expected: str
+) -> None:
     source = str(tmp_path / "prismd.toml")
     config = parse_config(
         {
@@ -406,14 +419,15 @@ async def test_wiring_errors_name_the_config_file(tmp_path: Path) -> None:
             "store": {"url": "sqlite:///" + str(tmp_path / "journal.sqlite")},
             "control": {"socket": str(tmp_path / "run" / "control.sock")},
             "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
-            "agents": {"x": {"kind": "python", "factory": "no_such_module_7f3a:make"}},
+            "agents": {"x": {"kind": "python", "factory": factory}},
             "grants": [{"connection": "web", "actors": ["*"], "aliases": ["x"]}],
         },
         source=source,
     )
     code, out = await _run(config, {})
     assert code == 1
-    assert out.startswith(f"prismd: {source}: [agents.x]: factory")
+    assert out.startswith(f"prismd: {source}: {expected}")
+    assert out.count("\n") == 1
 
 
 async def test_web_chat_port_in_use_names_the_address(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prismd.config import load_config
 from prismd.limits import Limits
+from tests.privileges import needs_root
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "prismd.service"
@@ -49,7 +50,8 @@ def installable_copy(tmp_path: Path, text: str | None = None) -> Path:
         executable.write_text("#!/bin/sh\nexit 0\n")
         executable.chmod(0o755)
     text = UNIT.read_text() if text is None else text
-    (tmp_path / "prismd.service").write_text(text.replace("/usr/bin/prismd", str(executable)))
+    installed = text.replace("/opt/prismd/bin/prismd", str(executable))
+    (tmp_path / "prismd.service").write_text(installed)
     return tmp_path
 
 
@@ -70,14 +72,14 @@ def test_verify_would_catch_a_broken_unit(tmp_path: Path) -> None:
 def test_unit_directives() -> None:
     d = unit_directives()
     assert d["Type"] == ["notify"]
-    assert d["ExecStart"] == ["/usr/bin/prismd run --config /etc/prismd/prismd.toml"]
+    assert d["ExecStart"] == ["/opt/prismd/bin/prismd run --config /etc/prismd/prismd.toml"]
     assert d["WatchdogSec"] == ["30"]
     stop_s = int(d["TimeoutStopSec"][0])
     assert stop_s * 1000 > Limits().stop_deadline_ms, "TimeoutStopSec above the stop deadline"
     assert d["StateDirectory"] == ["prismd"]
     assert d["RuntimeDirectory"] == ["prismd"]
     assert d["RuntimeDirectoryMode"] == ["0750"]
-    assert d["LoadCredential"] == ["telegram-token:/etc/prismd/telegram-token"]
+    assert "LoadCredential" not in d, "a drop-in (prismd.service.d/telegram.conf) holds it"
     assert d["ProtectSystem"] == ["strict"]
     assert d["ProtectHome"] == ["yes"]
     assert d["PrivateTmp"] == ["yes"]
@@ -104,17 +106,17 @@ def test_unit_is_well_sandboxed(tmp_path: Path) -> None:
     assert level <= 2.0, last
 
 
-def test_sysusers_and_tmpfiles_snippets(tmp_path: Path) -> None:
-    root = tmp_path / "root"
+def sysusers(root: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Apply the sysusers snippet to an empty ``root``: its passwd and group, by name."""
     (root / "etc").mkdir(parents=True)
-    sysusers = subprocess.run(
+    result = subprocess.run(
         ["systemd-sysusers", f"--root={root}", str(SYSTEMD / "prismd.sysusers.conf")],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert sysusers.returncode == 0, sysusers.stderr
+    assert result.returncode == 0, result.stderr
     passwd = {
         line.split(":")[0]: line.split(":")
         for line in (root / "etc/passwd").read_text().splitlines()
@@ -123,9 +125,20 @@ def test_sysusers_and_tmpfiles_snippets(tmp_path: Path) -> None:
         line.split(":")[0]: line.split(":")
         for line in (root / "etc/group").read_text().splitlines()
     }
+    return passwd, groups
+
+
+def test_sysusers_snippet(tmp_path: Path) -> None:
+    passwd, groups = sysusers(tmp_path / "root")
     assert passwd["prismd"][5:] == ["/var/lib/prismd", "/usr/sbin/nologin"]
     assert "prismd" in groups
     assert groups["prismd-operators"][3].split(",") == ["prismd"]
+
+
+@needs_root("systemd-tmpfiles chowns the directories to the prismd user")
+def test_tmpfiles_snippet(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    passwd, groups = sysusers(root)
     tmpfiles = subprocess.run(
         ["systemd-tmpfiles", f"--root={root}", "--create", str(SYSTEMD / "prismd.tmpfiles.conf")],
         capture_output=True,

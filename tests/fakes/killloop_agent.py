@@ -2,7 +2,8 @@
 
 Each run appends its idempotency key to ``count_file`` (O_APPEND, fsync'd) when it *starts*,
 so a test can count runs per operation across SIGKILLs. The delay is drawn uniformly from
-``[delay_min_ms, delay_max_ms]`` so kills land before, during and after agent calls.
+``[delay_min_ms, delay_max_ms]`` so kills land before, during and after agent calls, by a
+generator seeded with ``seed`` (the test's seed, so a replay draws the same delays).
 """
 
 from __future__ import annotations
@@ -72,15 +73,17 @@ def inner_mock(ctx: AgentContext, *own: str) -> MockAgent:
 class JitterCountingMock(CountingMock):
     delay_min_ms: int
     delay_max_ms: int
+    rng: random.Random
 
     async def pause(self) -> None:
-        await trio.sleep(random.uniform(self.delay_min_ms, self.delay_max_ms) / 1000)
+        await trio.sleep(self.rng.uniform(self.delay_min_ms, self.delay_max_ms) / 1000)
 
 
 def jitter_counting_mock(ctx: AgentContext) -> JitterCountingMock:
     return JitterCountingMock(
-        inner=inner_mock(ctx, "delay_min_ms", "delay_max_ms"),
+        inner=inner_mock(ctx, "delay_min_ms", "delay_max_ms", "seed"),
         count_file=str(ctx.options["count_file"]),
         delay_min_ms=int(ctx.options.get("delay_min_ms", 0)),
         delay_max_ms=int(ctx.options.get("delay_max_ms", 0)),
+        rng=random.Random(str(ctx.options.get("seed", ""))),
     )

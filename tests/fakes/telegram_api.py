@@ -17,7 +17,9 @@
   setWebhook/deleteWebhook/getWebhookInfo, answerCallbackQuery, sendChatAction, sendVoice
   (multipart), getMe.
 * Every request is recorded in :attr:`FakeBotApi.calls` (method, params, virtual time).
-* Failure injection: :meth:`FakeBotApi.fail_next`.
+* Failure injection: :meth:`FakeBotApi.fail_next`. :meth:`FakeBotApi.wait_until` with
+  :attr:`FakeBotApi.pending_poll_at` lets a test send its competing getUpdates exactly while
+  another poll is pending, so the 409 is certain rather than a matter of timing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -101,6 +103,7 @@ class ApiError(Exception):
 
 @attrs.define(eq=False)
 class _Poll:
+    started_at: float
     conflict: str | None = None
 
 
@@ -205,6 +208,20 @@ class FakeBotApi:
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
+
+    @property
+    def pending_poll_at(self) -> float | None:
+        """When the pending long poll began; ``None`` when no getUpdates is waiting.
+
+        While one is pending, any other getUpdates terminates it with 409.
+        """
+        return None if self._pending_poll is None else self._pending_poll.started_at
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds, checked again after every change of state
+        (an update pushed, a long poll begun or terminated)."""
+        while not predicate():
+            await self._changed.wait()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -416,7 +433,7 @@ class FakeBotApi:
         if poll is not None:
             poll.conflict = reason
             self._pending_poll = None
-            self._wake()
+        self._wake()
 
     async def _m_getUpdates(self, params: Mapping[str, Any]) -> Any:
         if self.webhook_url:
@@ -447,9 +464,10 @@ class FakeBotApi:
             self.conflicts += 1
             self._last_conflict_at = trio.current_time()
             self._terminate_poll(CONFLICT_POLLER)
-        poll = _Poll()
+        poll = _Poll(started_at=trio.current_time())
         with trio.move_on_after(timeout):
             self._pending_poll = poll
+            self._wake()
             while not self.updates and poll.conflict is None:
                 await self._changed.wait()
         if self._pending_poll is poll:

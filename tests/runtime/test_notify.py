@@ -28,6 +28,15 @@ from tests.agents.harness import (
 OWNER = ownership_from_identity(IDENTITY)
 
 
+def unbound(conversation: str = "chat-1", thread: str | None = None) -> str:
+    """The hint for a conversation without a binding the caller can see."""
+    where = f"conversation {conversation!r}" + ("" if thread is None else f" thread {thread!r}")
+    return (
+        f"no {where} on connection 'tg-1' is bound to an agent in your scope "
+        "(a conversation is bound once its user has written to the agent)"
+    )
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
@@ -78,6 +87,10 @@ async def test_notify_without_notifications_grant_is_rejected(
         delivered = len(h.replies)
         result = await notify(h)
         assert (result.status, result.reason) == ("denied", "rejected")
+        assert result.hint == (
+            "no [[grants]] entry for connection 'tg-1' with notifications = true for actor 'user-1'"
+        )
+        assert SECRET not in result.hint
         assert len(h.replies) == delivered and len(agent.inputs) == 1
         assert h.actions == ["message", "notify"]
 
@@ -132,6 +145,8 @@ async def test_notify_from_another_user_or_tenant_is_rejected(
         assert (other_user.status, other_user.reason) == ("denied", "rejected")
         other_tenant = await notify(h, identity=identity_for("user-1", "tenant-9"))
         assert (other_tenant.status, other_tenant.reason) == ("denied", "rejected")
+        # Told the same as for a conversation that does not exist: nothing leaks.
+        assert other_user.hint == other_tenant.hint == unbound()
         assert len(h.replies) == delivered
 
 
@@ -149,6 +164,9 @@ async def test_notify_without_a_binding_is_rejected(
         await bind(h)
         result = await notify(h, external_conversation_id="chat-unbound")
         assert (result.status, result.reason) == ("denied", "rejected")
+        assert result.hint == unbound("chat-unbound")
+        threaded = await notify(h, thread_id="t-9")
+        assert threaded.hint == unbound("chat-1", "t-9")
         assert all(r.external_conversation_id != "chat-unbound" for r in h.replies)
 
 
@@ -319,6 +337,7 @@ async def test_operator_notifies_a_bound_actor_inside_its_tenant(
         # Another tenant's operator sees no binding at all.
         foreign = await notify(h, notify_id="job-2", identity=operator_identity("tenant-9"))
         assert (foreign.status, foreign.reason) == ("denied", "rejected")
+        assert foreign.hint == unbound()
 
 
 async def test_operator_notify_needs_the_actors_notifications_grant(
@@ -329,3 +348,51 @@ async def test_operator_notify_needs_the_actors_notifications_grant(
         await bind(h)
         result = await notify(h, identity=operator_identity())
         assert (result.status, result.reason) == ("denied", "rejected")
+        assert result.hint == (
+            "no [[grants]] entry for connection 'tg-1' with notifications = true for actor 'user-1'"
+        )
+
+
+async def test_operator_notify_into_a_shared_thread_names_the_ambiguity(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Two actors bound in one group thread: an operator's notify cannot pick one and
+    says so (a user's own notify reaches its own actor, behaviour 70)."""
+    grants = {
+        actor: grant_for(identity_for(actor), notifications=True) for actor in ("user-1", "user-2")
+    }
+    async with open_harness(store, clock, {"primary": RecordingAgent()}, grants=grants) as h:
+        await bind(h, "1", actor="user-1", chat="chat-g", thread="77")
+        await bind(h, "2", actor="user-2", chat="chat-g", thread="77")
+        delivered = len(h.replies)
+        result = await notify(
+            h, identity=operator_identity(), external_conversation_id="chat-g", thread_id="77"
+        )
+        assert (result.status, result.reason) == ("denied", "rejected")
+        assert result.hint == (
+            "conversation 'chat-g' thread '77' on connection 'tg-1' has 2 bound actors in"
+            " your scope; notify needs exactly one"
+        )
+        assert len(h.replies) == delivered
+
+
+async def test_notify_refusal_hints_for_grant_problems(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The grant of the bound actor went away, or no longer lists the bound agent: the
+    operator is told which, naming the actor (inside its own scope)."""
+    grant = grant_for(notifications=True)
+    async with open_harness(store, clock, {"primary": RecordingAgent()}, grant=grant) as h:
+        await bind(h)
+        h.default_grant = None
+        gone = await notify(h, "job-a", identity=operator_identity())
+        assert gone.hint == (
+            "no [[grants]] entry or pairing for connection 'tg-1' covers actor 'user-1'"
+        )
+        h.default_grant = grant_for(aliases=("other",), notifications=True)
+        moved = await notify(h, "job-b", identity=operator_identity())
+        assert moved.hint == (
+            "the agent bound to the conversation 'chat-1' on connection 'tg-1' is not among"
+            " the aliases granted to 'user-1'"
+        )
+        assert (gone.status, gone.reason) == (moved.status, moved.reason) == ("denied", "rejected")

@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import trio
 import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_REPLY, ChannelJournal, OperationRecord, ReplyRecord
+from prismd.journal import NS_OPERATION, NS_REPLY, ChannelJournal, OperationRecord, ReplyRecord
 from prismd.redact import Redactor
 from stores import OwnershipScope, ms_to_iso
 
@@ -112,6 +115,7 @@ async def test_claimed_op_listed_reconciled_never_rerun_b76_to_b82(stores: Store
                 identity=IDENT, connection_id="tg-1", operation_id=op_id, expected_version=version
             )
             assert (r.status, r.detail) == ("conflict", "duplicate_risk")  # b78
+            assert r.current_version == version  # the version to retry with, acknowledged
             r = await b.reconcile(
                 identity=IDENT,
                 connection_id="tg-1",
@@ -120,6 +124,7 @@ async def test_claimed_op_listed_reconciled_never_rerun_b76_to_b82(stores: Store
                 acknowledge_duplicate_risk=True,
             )
             assert r.status == "conflict"  # b79
+            assert (r.state, r.detail, r.current_version) == ("executing", None, version)
             r = await b.reconcile(
                 identity=IDENT,
                 connection_id="tg-1",
@@ -137,6 +142,7 @@ async def test_claimed_op_listed_reconciled_never_rerun_b76_to_b82(stores: Store
                 acknowledge_duplicate_risk=True,
             )
             assert r.status == "not_found"  # b81
+            assert r.current_version is None  # nothing about another tenant's record
         await a.stop()
     assert agent.provider_calls == 1  # b82
 
@@ -164,6 +170,7 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
         kw = dict(identity=IDENT, connection_id="tg-1", operation_id=entry.operation_id)
         r = await b.reconcile(**kw, expected_version=entry.version)  # type: ignore[arg-type]
         assert r.status == "conflict"  # b85
+        assert (r.detail, r.current_version) == ("duplicate_risk", entry.version)
         r = await b.reconcile(
             **kw,  # type: ignore[arg-type]
             expected_version=entry.version,
@@ -351,3 +358,47 @@ async def test_late_result_does_not_undo_an_operators_execution_unknown(
         assert loaded is not None and loaded.record.state == "execution_unknown"
     assert [r.text for r in host.deliveries] == ["late answer"]
     assert agent.provider_calls == 1
+
+
+@attrs.define(eq=False)
+class _Overtaken:
+    """A store whose first compare-and-swap on an operation loses to an identical write
+    made just before it (another operator settling the same record at the same moment)."""
+
+    inner: Any
+    raced: bool = False
+
+    @property
+    def leases(self) -> Any:
+        return self.inner.leases
+
+    @property
+    def checkpoints(self) -> Any:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner.checkpoints, name)
+
+    async def save_checkpoint(self, **kw: Any) -> Any:
+        if not self.raced and kw["namespace"] == NS_OPERATION and kw.get("expected_version"):
+            self.raced = True
+            await self.inner.checkpoints.save_checkpoint(**kw)
+        return await self.inner.checkpoints.save_checkpoint(**kw)
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_lost_race_reports_the_version_it_lost_to(stores: StoreFactory) -> None:
+    """A reconcile whose CAS loses answers ``conflict`` with the version the record has
+    now, so the operator can look again and retry with it (the stale one is useless)."""
+    store = await stores()
+    journal = ChannelJournal(store.checkpoints)
+    await _write_direct(journal, "accepted", "delivered", 1, "acc")
+    async with runtime(Host(), _Overtaken(store)) as rt:  # type: ignore[arg-type]
+        r = await rt.reconcile(
+            identity=IDENT, connection_id="tg-1", operation_id="acc", expected_version=1
+        )
+    assert (r.status, r.state, r.current_version) == ("conflict", "accepted", 2)
+    loaded = await journal.load_operation(SCOPE, "tg-1", "acc")
+    assert loaded is not None and (loaded.version, loaded.record.state) == (2, "abandoned")

@@ -3,6 +3,11 @@
 ``writer URL PREFIX``: create-only saves of ``PREFIX-0``, ``PREFIX-1``, … and a CAS counter,
 printing ``ack KEY`` / ``counter N`` only after each save returned, until killed.
 
+``batcher URL``: two tasks write atomic pairs ``a-N``/``b-N`` with ``write_checkpoints``
+(sharing group-committed transactions), printing ``ack N`` after each returned; after 20
+pairs the next pair stalls inside its transaction (a temporary trigger), printing
+``in-transaction``, until killed.
+
 ``holder URL OWNER TTL_MS``: acquire the lease ``locks/shared``, print ``held FENCE``, wait for
 a line on stdin, release, print ``released``. Prints ``busy`` when the lease is taken.
 """
@@ -10,13 +15,14 @@ a line on stdin, release, print ``released``. Prints ``busy`` when the lease is 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from stores import CheckpointConflictError, OwnershipScope, open_store
+from stores import CheckpointConflictError, OwnershipScope, SaveCheckpoint, open_store
 
 SCOPE = OwnershipScope("tenant", "acct", "user")
 
@@ -52,6 +58,51 @@ async def writer(url: str, prefix: str) -> None:
         i += 1
 
 
+async def batcher(url: str) -> None:
+    store = await open_store(url)
+    done = trio.Event()
+    count = 0
+
+    def stall() -> int:
+        say("in-transaction")
+        time.sleep(60)
+        return 0
+
+    # Test-only: reach the writer connection to stall one transaction before its COMMIT.
+    conn = store._db.conn  # type: ignore[attr-defined]
+    conn.create_scalar_function("stall", stall, 0)
+    conn.execute(
+        "CREATE TEMP TRIGGER stall BEFORE INSERT ON main.prism_checkpoints"
+        " WHEN NEW.key = 'stall-b' BEGIN SELECT stall(); END"
+    )
+
+    def pair(a: str, b: str) -> list[SaveCheckpoint]:
+        return [
+            SaveCheckpoint(namespace="prism.channels.v1.operation", key=k, scope=SCOPE,
+                           version=1, value={"k": k}, expected_version=0)
+            for k in (a, b)
+        ]  # fmt: skip
+
+    async def lane(lane_id: int) -> None:
+        nonlocal count
+        i = lane_id
+        while not done.is_set():
+            results = await store.checkpoints.write_checkpoints(
+                pair(f"a-{i}", f"b-{i}"), atomic=True
+            )
+            assert all(r.ok for r in results)
+            say(f"ack {i}")
+            count += 1
+            i += 2
+            if count >= 20:
+                done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lane, 0)
+        nursery.start_soon(lane, 1)
+    await store.checkpoints.write_checkpoints(pair("stall-a", "stall-b"), atomic=True)
+
+
 async def holder(url: str, owner: str, ttl_ms: int) -> None:
     store = await open_store(url)
     lease = await store.leases.try_acquire_lease(
@@ -73,6 +124,8 @@ def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "writer":
         trio.run(writer, args[0], args[1])
+    elif mode == "batcher":
+        trio.run(batcher, args[0])
     elif mode == "holder":
         trio.run(holder, args[0], args[1], int(args[2]))
     else:

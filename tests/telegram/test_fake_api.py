@@ -115,6 +115,35 @@ async def test_conflicts(autojump_clock: MockClock, fake: FakeBotApi) -> None:
     assert gone.json()["description"] == "Webhook was deleted"
 
 
+async def test_a_test_can_wait_for_a_pending_poll(
+    autojump_clock: MockClock, fake: FakeBotApi
+) -> None:
+    """``pending_poll_at`` shows the waiting long poll; ``wait_until`` wakes when a poll
+    begins and when a competing one terminates it, so a test can force the 409."""
+    assert fake.pending_poll_at is None
+    results: list[httpx.Response] = []
+
+    async def poll() -> None:
+        results.append(await call(fake, "getUpdates", json={"timeout": 30}))
+
+    with trio.fail_after(20):  # virtual seconds; the first poll alone would wait 30
+        async with trio.open_nursery() as nursery:
+            await trio.sleep(5)
+            nursery.start_soon(poll)
+            await fake.wait_until(lambda: fake.pending_poll_at is not None)
+            began = fake.pending_poll_at
+            assert began is not None and began >= 5
+            await trio.sleep(1)
+            nursery.start_soon(poll)
+            await fake.wait_until(lambda: fake.conflicts == 1)
+            now_pending = fake.pending_poll_at
+            assert now_pending is not None and now_pending >= began + 1, "the second poll waits"
+            fake.push_update(private_message("x"))
+    assert [r.status_code for r in results] == [409, 200]
+    assert results[0].json()["description"] == CONFLICT_POLLER
+    assert fake.pending_poll_at is None
+
+
 async def test_files_and_multipart(fake: FakeBotApi) -> None:
     fake.chats.add("101")
     fake.add_file("f1", b"bytes!", file_path="documents/file_1.txt")

@@ -1,0 +1,463 @@
+"""``prismd bench``: throughput and latency of the journal on a real store, beside the disk's.
+
+Every scenario runs the real runtime on a real store (a temporary SQLite file in the
+working directory's filesystem unless ``--store`` names one) with the ``mock`` agent
+answering at once, and no network. Latencies are wall-clock (``time.perf_counter``);
+``cpu_ms_per_message`` is process CPU time (every thread) per message;
+``commits_per_message`` is the store's own count of durable transactions per message,
+where the store keeps one (SQLite).
+
+An ``fsync`` baseline — a 100-byte append plus ``fsync`` on the same filesystem — is
+measured before every scenario and reported as one series, so a noisy machine moves
+both the scenario and its baseline.
+
+Scenarios (``--scenario``, repeatable; default all in-process ones):
+
+* ``admission``: ``admit`` of new events until the operation record is durable, first one
+  route at a time, then 64 routes concurrently (``admission_64``);
+* ``duplicate``: re-admission of events already admitted;
+* ``pipeline``: admit → claim → run → terminal → reply staged → delivered over ``--routes``
+  routes: closed loop (each route sends its next message once its answer arrived) for
+  throughput, then open loop at half that rate for latency admit → delivered
+  (``pipeline_latency``);
+* ``memory``: resident set size with 10,000 idle routes and their bindings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from stores import Store, open_store
+
+from .agents._base import Agent, AgentContext
+from .channel import InboundEvent, Reply, SendResult
+from .grants import GrantAuthorizer
+from .limits import Limits
+
+CONNECTION = "bench"
+TENANT = "bench-tenant"
+ALIAS = "mock"
+SCENARIOS = ("admission", "duplicate", "pipeline", "memory")
+FSYNC_SAMPLES = 200
+MEMORY_ROUTES = 10_000
+
+
+@attrs.frozen
+class _Entry:
+    """The one grant of the bench: everyone on ``bench``, each actor its own scope."""
+
+    connection: str = CONNECTION
+    actors: tuple[str, ...] = ("*",)
+    pairing: bool = False
+    tenant: str = TENANT
+    account: str | None = None
+    user: str | None = None
+    aliases: tuple[str, ...] = (ALIAS,)
+    default_alias: str | None = ALIAS
+    notifications: bool = False
+
+
+def figures(samples_s: Sequence[float], elapsed_s: float) -> dict[str, float | int]:
+    """count, per_s and the latency percentiles (ms) of one series."""
+    if not samples_s:
+        return {"count": 0, "per_s": 0.0}
+    ordered = sorted(samples_s)
+
+    def pct(p: float) -> float:
+        index = min(len(ordered) - 1, max(0, round(p * (len(ordered) - 1))))
+        return round(ordered[index] * 1000, 3)
+
+    return {
+        "count": len(ordered),
+        "per_s": round(len(ordered) / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        "p50_ms": pct(0.50),
+        "p95_ms": pct(0.95),
+        "p99_ms": pct(0.99),
+        "max_ms": round(ordered[-1] * 1000, 3),
+    }
+
+
+def fsync_baseline(directory: str, samples: int = FSYNC_SAMPLES) -> list[float]:
+    """Seconds per 100-byte append + ``fsync`` of a file in ``directory``."""
+    fd, path = tempfile.mkstemp(prefix="prismd-bench-fsync-", dir=directory)
+    out: list[float] = []
+    try:
+        payload = b"x" * 99 + b"\n"
+        for _ in range(samples):
+            start = time.perf_counter()
+            os.write(fd, payload)
+            os.fsync(fd)
+            out.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return out
+
+
+def _commits(store: Store) -> int | None:
+    stats = getattr(store, "statistics", None)
+    return None if stats is None else int(stats().commits)
+
+
+@attrs.define(eq=False)
+class _Answers:
+    """The bench's ``deliver``: wakes whoever waits for the answer to an event."""
+
+    waiting: dict[str, trio.Event] = attrs.Factory(dict)
+    arrived: dict[str, float] = attrs.Factory(dict)
+    delivered: int = 0
+
+    def expect(self, event_id: str) -> trio.Event:
+        event = trio.Event()
+        self.waiting[event_id] = event
+        return event
+
+    async def deliver(self, reply: Reply) -> SendResult:
+        self.delivered += 1
+        key = reply.in_reply_to or ""
+        self.arrived[key] = time.perf_counter()
+        waiter = self.waiting.pop(key, None)
+        if waiter is not None:
+            waiter.set()
+        return SendResult(delivered=True, message_id=str(self.delivered))
+
+
+@attrs.define(eq=False)
+class _Bench:
+    store: Store
+    answers: _Answers
+    runtime: Any
+    serial: int = 0
+
+    def event(self, route: int, event_id: str | None = None) -> InboundEvent:
+        self.serial += 1
+        return InboundEvent(
+            connection_id=CONNECTION,
+            external_conversation_id=f"chat-{route}",
+            external_actor_id=f"user-{route}",
+            event_id=event_id or f"ev-{self.serial}",
+            text=f"message {self.serial}",
+        )
+
+
+async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
+    from .agents.registry import build_agent
+    from .runtime import open_messaging_runtime
+
+    store = await open_store(url)
+    try:
+        agent: Agent = build_agent(
+            "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
+        )
+        authorizer = GrantAuthorizer([_Entry()])
+        answers = _Answers()
+
+        async def resolve_agent(_request: Any) -> Agent:
+            return agent
+
+        limits = Limits(
+            max_pending_per_process=500,
+            max_active_sessions=16,
+            max_routes=10_000,
+            max_pending_per_binding=32,
+        )
+        async with open_messaging_runtime(
+            authorize=authorizer.authorize,
+            resolve_agent=resolve_agent,
+            deliver=answers.deliver,
+            store=store,
+            limits=limits,
+            owner_id=f"prismd-bench-{os.getpid()}-{time.monotonic_ns()}",
+        ) as runtime:
+            bench = _Bench(store, answers, runtime)
+            return await body(bench)
+    finally:
+        await store.aclose()
+
+
+async def _admit_timed(bench: _Bench, route: int, samples: list[float]) -> str:
+    event = bench.event(route)
+    start = time.perf_counter()
+    admission = await bench.runtime.admit(event)
+    samples.append(time.perf_counter() - start)
+    if admission.status != "accepted":
+        raise RuntimeError(f"bench admission refused: {admission.reason}")
+    return event.event_id
+
+
+async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
+    async def body(bench: _Bench) -> dict[str, Any]:
+        samples: list[float] = []
+        end = time.perf_counter() + duration_s
+        start = time.perf_counter()
+
+        async def lane(r: int) -> None:
+            while time.perf_counter() < end:
+                waiter = bench.answers.expect(f"ev-{bench.serial + 1}")
+                await _admit_timed(bench, r, samples)
+                await waiter.wait()
+
+        # Each route waits for its answer before the next admission, so no queue fills;
+        # with one route that is strictly one admission at a time.
+        async with trio.open_nursery() as nursery:
+            for r in range(routes):
+                nursery.start_soon(lane, r)
+        return figures(samples, time.perf_counter() - start)
+
+    result: dict[str, Any] = await _with_runtime(url, body)
+    return result
+
+
+async def duplicate(url: str, duration_s: float) -> dict[str, Any]:
+    async def body(bench: _Bench) -> dict[str, Any]:
+        known = [bench.event(r % 50) for r in range(200)]
+        for event in known:
+            waiter = bench.answers.expect(event.event_id)
+            await bench.runtime.admit(event)
+            await waiter.wait()
+        samples: list[float] = []
+        end = time.perf_counter() + duration_s
+        start = time.perf_counter()
+        i = 0
+        while time.perf_counter() < end:
+            event = known[i % len(known)]
+            t0 = time.perf_counter()
+            admission = await bench.runtime.admit(event)
+            samples.append(time.perf_counter() - t0)
+            if not admission.duplicate:
+                raise RuntimeError("bench: a known event was not answered as a duplicate")
+            i += 1
+        return figures(samples, time.perf_counter() - start)
+
+    result: dict[str, Any] = await _with_runtime(url, body)
+    return result
+
+
+async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
+    async def body(bench: _Bench) -> dict[str, Any]:
+        store = bench.store
+        # Closed loop: every route keeps exactly one message in flight.
+        samples: list[float] = []
+        commits0, cpu0 = _commits(store), time.process_time()
+        end = time.perf_counter() + duration_s
+        start = time.perf_counter()
+
+        async def lane(r: int) -> None:
+            while time.perf_counter() < end:
+                event = bench.event(r)
+                waiter = bench.answers.expect(event.event_id)
+                t0 = time.perf_counter()
+                admission = await bench.runtime.admit(event)
+                if admission.status != "accepted":
+                    raise RuntimeError(f"bench admission refused: {admission.reason}")
+                await waiter.wait()
+                samples.append(time.perf_counter() - t0)
+
+        async with trio.open_nursery() as nursery:
+            for r in range(routes):
+                nursery.start_soon(lane, r)
+        elapsed = time.perf_counter() - start
+        closed = figures(samples, elapsed)
+        commits1 = _commits(store)
+        if commits0 is not None and commits1 is not None and samples:
+            closed["commits_per_message"] = round((commits1 - commits0) / len(samples), 2)
+        closed["cpu_ms_per_message"] = round(
+            (time.process_time() - cpu0) * 1000 / max(1, len(samples)), 3
+        )
+        # Open loop at half the measured rate: arrivals on a fixed schedule, each timed
+        # from its admission to its answer.
+        rate = max(1.0, float(closed["per_s"]) / 2)
+        interval = 1 / rate
+        latencies: list[float] = []
+        open_end = time.perf_counter() + duration_s
+
+        async def one(r: int) -> None:
+            event = bench.event(r)
+            waiter = bench.answers.expect(event.event_id)
+            t0 = time.perf_counter()
+            admission = await bench.runtime.admit(event)
+            if admission.status != "accepted":
+                return
+            await waiter.wait()
+            latencies.append(time.perf_counter() - t0)
+
+        open_start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            i = 0
+            next_at = time.perf_counter()
+            while next_at < open_end:
+                nursery.start_soon(one, i % routes)
+                i += 1
+                next_at += interval
+                await trio.sleep(max(0.0, next_at - time.perf_counter()))
+        opened = figures(latencies, time.perf_counter() - open_start)
+        opened["offered_per_s"] = round(rate, 1)
+        return {"pipeline": closed, "pipeline_latency": opened}
+
+    result: dict[str, Any] = await _with_runtime(url, body)
+    return result
+
+
+async def memory(url: str) -> dict[str, Any]:
+    async def body(bench: _Bench) -> dict[str, Any]:
+        before = _rss_mb()
+        for r in range(MEMORY_ROUTES):
+            waiter = bench.answers.expect(f"ev-{bench.serial + 1}")
+            await bench.runtime.admit(bench.event(r))
+            await waiter.wait()
+        await bench.runtime.drain(deadline_ms=30_000)
+        return {"routes": MEMORY_ROUTES, "rss_mb": _rss_mb(), "rss_before_mb": before}
+
+    result: dict[str, Any] = await _with_runtime(url, body)
+    return result
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+@attrs.frozen
+class BenchOptions:
+    store: str | None = None
+    scenarios: tuple[str, ...] = SCENARIOS
+    routes: int = 100
+    duration_s: float = 5.0
+    json: bool = False
+
+
+def _progress(options: BenchOptions, text: str) -> None:
+    if not options.json:
+        print(f"  … {text}", file=sys.stderr, flush=True)
+
+
+async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
+    """Run the chosen scenarios in order, each on a fresh store unless ``--store`` is set."""
+    results: dict[str, Any] = {}
+    fsync_samples: list[float] = []
+    fsync_elapsed = 0.0
+    counter = 0
+
+    def fresh_url() -> str:
+        nonlocal counter
+        if options.store is not None:
+            return options.store
+        counter += 1
+        return "sqlite:///" + os.path.join(workdir, f"bench-{counter}.sqlite")
+
+    def baseline() -> None:
+        nonlocal fsync_elapsed
+        start = time.perf_counter()
+        fsync_samples.extend(fsync_baseline(workdir))
+        fsync_elapsed += time.perf_counter() - start
+
+    for name in options.scenarios:
+        baseline()
+        _progress(options, f"{name} ({options.duration_s:g} s)")
+        if name == "admission":
+            results["admission"] = await admission(fresh_url(), options.duration_s, 1)
+            baseline()
+            results["admission_64"] = await admission(fresh_url(), options.duration_s, 64)
+        elif name == "duplicate":
+            results["duplicate"] = await duplicate(fresh_url(), options.duration_s)
+        elif name == "pipeline":
+            results.update(await pipeline(fresh_url(), options.duration_s, options.routes))
+        elif name == "memory":
+            results["memory"] = await memory(fresh_url())
+    baseline()
+    fsync = figures(fsync_samples, fsync_elapsed)
+    return {
+        "store": options.store or "sqlite (temporary file)",
+        "scenarios": results,
+        "fsync": {k: fsync[k] for k in ("count", "p50_ms", "p95_ms", "per_s") if k in fsync},
+        "peak_rss_mb": _peak_rss_mb(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    """The readable form: one row per series, the fsync baseline last."""
+    cols = ("count", "per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")
+    lines = [f"{'series':<20}" + "".join(f"{c:>11}" for c in cols) + "  extra"]
+    for name, fig in summary["scenarios"].items():
+        extra = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in cols)
+        lines.append(f"{name:<20}" + "".join(f"{fig.get(c, ''):>11}" for c in cols) + f"  {extra}")
+    fs = summary["fsync"]
+    lines.append(f"{'fsync (baseline)':<20}" + "".join(f"{fs.get(c, ''):>11}" for c in cols))
+    lines.append(f"peak RSS {summary['peak_rss_mb']} MB; store {summary['store']}")
+    return "\n".join(lines)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store", metavar="URL", default=None, help="store URL (default: temp SQLite)"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        help="run only this scenario (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--routes", type=int, default=100, help="routes of the pipeline (default 100)"
+    )
+    parser.add_argument(
+        "--duration-s", type=float, default=5.0, help="seconds per series (default 5)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    if not 1 <= args.routes <= 1000:
+        print("prismd bench: --routes must be between 1 and 1000", file=sys.stderr)
+        return 2
+    if not 0.1 <= args.duration_s <= 3600:
+        print("prismd bench: --duration-s must be between 0.1 and 3600", file=sys.stderr)
+        return 2
+    options = BenchOptions(
+        store=args.store,
+        scenarios=tuple(args.scenario or SCENARIOS),
+        routes=args.routes,
+        duration_s=args.duration_s,
+        json=args.json,
+    )
+    workdir = tempfile.mkdtemp(prefix="prismd-bench-", dir=os.getcwd())
+    try:
+        summary = trio.run(run_bench, options, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if options.json:
+        print(json.dumps(summary, separators=(",", ":")))
+    else:
+        print(render_table(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prismd bench")
+    add_bench_arguments(parser)
+    return run_bench_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

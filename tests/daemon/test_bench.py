@@ -1,0 +1,75 @@
+"""``prismd bench``: every in-process scenario runs on a real SQLite store and reports the
+figures the performance issue names; the CLI prints one JSON object or a table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prismd.bench import BenchOptions, figures, render_table, run_bench
+
+pytestmark = pytest.mark.slow
+
+SERIES_KEYS = {"count", "per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
+
+
+def test_figures_are_percentiles_of_the_series() -> None:
+    samples = [i / 1000 for i in range(1, 101)]  # 1 … 100 ms
+    out = figures(samples, elapsed_s=2.0)
+    assert out["count"] == 100 and out["per_s"] == 50.0
+    assert out["p50_ms"] == pytest.approx(50.5, abs=1) and out["max_ms"] == 100.0
+    assert out["p95_ms"] == pytest.approx(95, abs=1) and out["p99_ms"] == pytest.approx(99, abs=1)
+    assert figures([], 1.0) == {"count": 0, "per_s": 0.0}
+
+
+async def test_in_process_scenarios_report_every_figure(tmp_path: Path) -> None:
+    options = BenchOptions(
+        scenarios=("admission", "duplicate", "pipeline"), routes=8, duration_s=0.3, json=True
+    )
+    summary = await run_bench(options, str(tmp_path))
+    scenarios = summary["scenarios"]
+    assert set(scenarios) == {
+        "admission",
+        "admission_64",
+        "duplicate",
+        "pipeline",
+        "pipeline_latency",
+    }
+    for name, fig in scenarios.items():
+        assert set(fig) >= SERIES_KEYS, name
+        assert fig["count"] > 0 and fig["p50_ms"] <= fig["p95_ms"] <= fig["max_ms"], name
+    pipeline = scenarios["pipeline"]
+    # Counted by the store itself (shared transactions make it fractional, never zero).
+    assert 0 < pipeline["commits_per_message"] < 20
+    assert pipeline["cpu_ms_per_message"] > 0
+    assert set(summary["fsync"]) == {"count", "p50_ms", "p95_ms", "per_s"}
+    assert summary["fsync"]["count"] >= 4 * 200
+    assert summary["peak_rss_mb"] > 0
+    table = render_table(summary)
+    assert "pipeline_latency" in table and "fsync (baseline)" in table
+
+
+def test_cli_prints_one_json_object(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "prismd", "bench", "--json", "--duration-s", "0.2",
+         "--scenario", "duplicate"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert set(summary["scenarios"]) == {"duplicate"}
+    assert summary["scenarios"]["duplicate"]["count"] > 0
+    assert list(tmp_path.iterdir()) == []  # its temporary store directory is gone
+
+
+def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
+    for args in (["--routes", "0"], ["--duration-s", "0"], ["--scenario", "nope"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "prismd", "bench", *args],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, (args, proc.stderr)

@@ -1,0 +1,308 @@
+"""Conformance: ``write_checkpoints`` — many writes, one transaction, one result each.
+
+Every backend: results per write (a lost CAS is a result, not an exception), later writes
+see earlier ones, ``atomic`` all-or-nothing, bad input refused before anything is written.
+SQLite: concurrent writers share transactions (group commit), a failed transaction fails
+every write in it, and a SIGKILL inside a transaction leaves nothing of it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from stores import (
+    DeleteCheckpoint,
+    InvalidCheckpointError,
+    OwnershipScope,
+    SaveCheckpoint,
+    Store,
+    StoreUnavailableError,
+    open_store,
+)
+from stores.sqlite import SQLiteStore
+
+from .test_sqlite_processes import spawn
+
+NS = "prism.channels.v1.operation"
+SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
+OTHER = OwnershipScope("tenant-2", "acct-1", "user-1")
+
+
+def put(key: str, version: int = 1, **kw: Any) -> SaveCheckpoint:
+    args: dict[str, Any] = {
+        "namespace": NS,
+        "key": key,
+        "scope": SCOPE,
+        "version": version,
+        "value": {"key": key, "v": version},
+        "expected_version": version - 1,
+    }
+    args.update(kw)
+    return SaveCheckpoint(**args)
+
+
+async def keys(store: Store) -> dict[str, int]:
+    page = await store.checkpoints.list_checkpoints(namespace=NS, limit=500)
+    return {r.key: r.version for r in page.items}
+
+
+async def event_keys(store: Store) -> list[tuple[str, str]]:
+    page = await store.checkpoints.list_events(limit=500)
+    return [(e.action, e.key) for e in page.items]
+
+
+async def test_each_write_has_its_own_result(store: Store) -> None:
+    await store.checkpoints.save_checkpoint(
+        namespace=NS, key="old", scope=SCOPE, version=1, value={}, expected_version=0
+    )
+    results = await store.checkpoints.write_checkpoints(
+        [
+            put("a"),
+            put("old"),  # create-only over an existing row: lost
+            put("b", fencing_token=3),
+            DeleteCheckpoint(NS, "nothing", SCOPE),
+            DeleteCheckpoint(NS, "old", OTHER),  # another scope: a miss
+            put("c", scope=OTHER),
+        ]
+    )
+    assert [r.status for r in results] == ["ok", "conflict", "ok", "missing", "missing", "ok"]
+    assert results[0].record is not None and results[0].record.value == {"key": "a", "v": 1}
+    assert results[2].record is not None and results[2].record.fencing_token == 3
+    assert results[1].record is None and not results[1].ok
+    assert await keys(store) == {"old": 1, "a": 1, "b": 1, "c": 1}
+    # One event per applied write, in batch order, after the earlier save's.
+    assert await event_keys(store) == [("save", "old"), ("save", "a"), ("save", "b"), ("save", "c")]
+
+
+async def test_later_writes_see_earlier_ones(store: Store) -> None:
+    results = await store.checkpoints.write_checkpoints(
+        [
+            put("k", 1),
+            put("k", 2),
+            put("k", 2),  # version 2 again: lost against the row the batch just wrote
+            put("k", 3, fencing_token=5),
+            put("k", 4, fencing_token=4),  # a lower fence than the one just stored
+            DeleteCheckpoint(NS, "k", SCOPE),
+            put("k", 1),  # gone again: create-only succeeds
+        ]
+    )
+    assert [r.status for r in results] == ["ok", "ok", "conflict", "ok", "conflict", "ok", "ok"]
+    assert await keys(store) == {"k": 1}
+    assert [a for a, _ in await event_keys(store)] == ["save", "save", "save", "delete", "save"]
+
+
+async def test_atomic_batch_is_all_or_nothing(store: Store) -> None:
+    await store.checkpoints.save_checkpoint(
+        namespace=NS, key="op", scope=SCOPE, version=1, value={}, expected_version=0
+    )
+    lost = await store.checkpoints.write_checkpoints(
+        [put("reply"), put("op", 2), put("binding", 2)],  # binding does not exist yet
+        atomic=True,
+    )
+    assert [r.status for r in lost] == ["aborted", "aborted", "conflict"]
+    assert all(r.record is None for r in lost)
+    assert await keys(store) == {"op": 1}
+    assert await event_keys(store) == [("save", "op")]
+    won = await store.checkpoints.write_checkpoints(
+        [put("reply"), put("op", 2), put("binding")], atomic=True
+    )
+    assert [r.status for r in won] == ["ok", "ok", "ok"]
+    assert await keys(store) == {"op": 2, "reply": 1, "binding": 1}
+
+
+async def test_bad_input_is_refused_before_anything_is_written(store: Store) -> None:
+    cases: list[Any] = [
+        [put("a"), put("b", value={1: "int key"})],
+        [put("a"), "not a write"],
+        [put("a"), DeleteCheckpoint(NS, "", SCOPE)],
+        [put("a"), put("b", version=0)],
+        "a string",
+    ]
+    for writes in cases:
+        with pytest.raises(InvalidCheckpointError):
+            await store.checkpoints.write_checkpoints(writes)
+    with pytest.raises(InvalidCheckpointError):
+        await store.checkpoints.write_checkpoints([put("a")], atomic=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidCheckpointError, match="at most"):
+        await store.checkpoints.write_checkpoints([put(f"k{i}") for i in range(1001)])
+    assert await keys(store) == {}
+    assert await event_keys(store) == []
+
+
+async def test_empty_batch_writes_nothing(store: Store) -> None:
+    assert await store.checkpoints.write_checkpoints([]) == ()
+    assert await event_keys(store) == []
+
+
+# --------------------------------------------------------------------------- SQLite group commit
+
+
+async def sqlite(tmp_path: Path) -> SQLiteStore:
+    store = await open_store(f"sqlite:///{tmp_path}/batch.sqlite")
+    assert isinstance(store, SQLiteStore)
+    return store
+
+
+async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:
+    store = await sqlite(tmp_path)
+    try:
+        results: dict[int, str] = {}
+
+        async def writer(i: int) -> None:
+            # Half of them lose a create-only CAS against a row another writer makes.
+            key = f"k{i // 2}"
+            try:
+                await store.checkpoints.save_checkpoint(
+                    namespace=NS, key=key, scope=SCOPE, version=1, value={}, expected_version=0
+                )
+                results[i] = "ok"
+            except Exception as exc:
+                results[i] = type(exc).__name__
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(writer, i)
+        stats = store.statistics()
+        assert sorted(results.values()).count("ok") == 50
+        assert set(results.values()) == {"ok", "CheckpointConflictError"}
+        assert stats.writes == 100
+        # The first writer commits alone; the 99 queued behind it share far fewer commits.
+        assert stats.commits < 20, stats
+        assert len(await keys(store)) == 50 and len(await event_keys(store)) == 50
+    finally:
+        await store.aclose()
+
+
+async def test_a_single_writer_is_not_held_back(tmp_path: Path) -> None:
+    store = await sqlite(tmp_path)
+    try:
+        for i in range(5):
+            await store.checkpoints.write_checkpoints([put(f"k{i}")])
+        assert store.statistics().commits == 5
+    finally:
+        await store.aclose()
+
+
+async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> None:
+    store = await sqlite(tmp_path)
+    try:
+        # A statement error inside one job fails the transaction the others share.
+        store._db.conn.execute(
+            "CREATE TEMP TRIGGER boom BEFORE INSERT ON main.prism_checkpoints"
+            " WHEN NEW.key = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+        )
+        outcomes: dict[str, str] = {}
+
+        async def writer(key: str) -> None:
+            try:
+                await store.checkpoints.write_checkpoints([put(key)])
+                outcomes[key] = "ok"
+            except StoreUnavailableError:
+                outcomes[key] = "unavailable"
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer, "first")  # leads the first transaction alone
+                await trio.testing.wait_all_tasks_blocked()
+                for key in ("a", "boom", "b"):
+                    nursery.start_soon(writer, key)  # queued together behind it
+        assert outcomes == {
+            "first": "ok",
+            "a": "unavailable",
+            "boom": "unavailable",
+            "b": "unavailable",
+        }
+        assert await keys(store) == {"first": 1}
+        assert await event_keys(store) == [("save", "first")]
+        # The connection is usable afterwards.
+        await store.checkpoints.write_checkpoints([put("a")])
+        assert await keys(store) == {"first": 1, "a": 1}
+    finally:
+        await store.aclose()
+
+
+def hold_transactions_on(store: SQLiteStore, key: str) -> threading.Event:
+    """Make the writer thread block inside the transaction that writes ``key`` until the
+    returned event is set (a temporary trigger calling back into the test)."""
+    release = threading.Event()
+
+    def hold() -> int:
+        release.wait(30)
+        return 0
+
+    conn = store._db.conn
+    conn.create_scalar_function("hold", hold, 0)
+    conn.execute(
+        "CREATE TEMP TRIGGER hold BEFORE INSERT ON main.prism_checkpoints"
+        f" WHEN NEW.key = '{key}' BEGIN SELECT hold(); END"
+    )
+    return release
+
+
+async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
+    store = await sqlite(tmp_path)
+    release = hold_transactions_on(store, "leader")
+    try:
+        done: list[str] = []
+
+        async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                await store.checkpoints.write_checkpoints([put(key)])
+                done.append(key)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                leader = await nursery.start(writer, "leader")
+                queued = [await nursery.start(writer, f"q{i}") for i in range(5)]
+                await trio.testing.wait_all_tasks_blocked()
+                # The leader is inside its transaction: cancelling it changes nothing.
+                leader.cancel()
+                queued[0].cancel()  # the one the next transaction would be led by
+                queued[3].cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+        # The leader's call still answers its committed write (the cancellation lands at
+        # its caller's next checkpoint); the cancelled queued ones wrote nothing.
+        assert sorted(done) == ["leader", "q1", "q2", "q4"]
+        assert set(await keys(store)) == {"leader", "q1", "q2", "q4"}
+        assert len(await event_keys(store)) == 4
+    finally:
+        release.set()
+        await store.aclose()
+
+
+@pytest.mark.slow
+async def test_sigkill_inside_a_transaction_leaves_nothing_of_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/killed.sqlite"
+    with trio.fail_after(60):
+        child = await spawn("batcher", url)
+        lines: list[str] = []
+        while (line := await child.line()) != "in-transaction":
+            lines.append(line)
+        child.process.send_signal(signal.SIGKILL)
+        assert await child.exit_code() == -signal.SIGKILL
+    acked = [int(ln.split()[1]) for ln in lines if ln.startswith("ack ")]
+    assert len(acked) >= 10
+    store = await open_store(url)
+    try:
+        stored = await keys(store)
+        events = await event_keys(store)
+    finally:
+        await store.aclose()
+    for i in acked:
+        assert stored.get(f"a-{i}") == 1 and stored.get(f"b-{i}") == 1, i
+    # Batches are atomic pairs: a half-applied batch would show one key without its twin.
+    assert {k[2:] for k in stored if k.startswith("a-")} == {
+        k[2:] for k in stored if k.startswith("b-")
+    }
+    assert "stall-a" not in stored and "stall-b" not in stored
+    assert sorted(k for _, k in events) == sorted(stored)
