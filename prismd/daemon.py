@@ -545,6 +545,7 @@ class Daemon:
                     config=config,
                     env=self.env,
                     secrets=secrets,
+                    conversations=host,
                 )
         except WiringError as exc:
             # Name the file like check-config does (ConfigError messages already do).
@@ -601,7 +602,7 @@ class Daemon:
             on_typing=host.typing if host.has_typing() else None,
         ) as runtime:
             self.runtime = runtime
-            host.bind(runtime.admit)
+            host.bind(runtime.admit, runtime)
             try:
                 await self._report_unresolved(runtime, authorizer)
                 if self._stopped_during_startup("before starting the children"):

@@ -1,4 +1,4 @@
-"""A real messaging runtime (memory store) behind a real web chat adapter on loopback."""
+"""A real messaging runtime (memory or SQLite store) behind a real web chat adapter on loopback."""
 
 from __future__ import annotations
 
@@ -13,8 +13,17 @@ from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import AuthorizeInput, Grant, Reply, SendResult
 from prismd.identity import AgentIdentity, Principal
+from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
-from stores.memory import MemoryStore
+from stores import SYSTEM_CLOCK, Clock, open_store
+
+OPERATOR = AgentIdentity(
+    tenant_id="default",
+    principal=Principal("operator", "test-operator"),
+    scopes=("operator",),
+    issued_at_ms=0,
+)
+"""Lists and settles every record of the stack's tenant (what ``prismctl`` acts as)."""
 
 
 @asynccontextmanager
@@ -23,13 +32,23 @@ async def chat_stack(
     options: Mapping[str, Any] | None = None,
     results: trio.MemorySendChannel[SendResult] | None = None,
     registry: dict[str, WebchatAdapter] | None = None,
+    *,
+    store_url: str = "memory://",
+    clock: Clock = SYSTEM_CLOCK,
+    limits: Limits | None = None,
     **adapter_kwargs: Any,
 ) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
     """Everyone who reaches the socket is granted the ``primary`` agent (the default
     loopback web chat's ``actors = ["*"]``), scoped to (default, connection, actor).
     Every ``deliver`` result is sent to ``results`` when given. ``deliver`` routes by
-    connection id through ``registry`` (when given), so a test can swap in a restarted adapter."""
-    async with MemoryStore() as store:
+    connection id through ``registry`` (when given), so a test can swap in a restarted adapter.
+
+    The adapter is wired as the daemon wires it: resume tokens in the store's checkpoints,
+    the runtime as its ``conversations``. ``store_url="sqlite:///…"`` makes everything
+    survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
+    """
+    store = await open_store(store_url, clock=clock)
+    try:
         agent = build_agent(
             kind,
             AgentContext(
@@ -66,8 +85,16 @@ async def chat_stack(
             return result
 
         async with open_messaging_runtime(
-            authorize=authorize, resolve_agent=resolve_agent, deliver=deliver, store=store
+            authorize=authorize,
+            resolve_agent=resolve_agent,
+            deliver=deliver,
+            store=store,
+            clock=clock,
+            limits=limits or Limits(),
         ) as runtime:
+            adapter_kwargs.setdefault("checkpoints", store.checkpoints)
+            adapter_kwargs.setdefault("conversations", runtime)
+            adapter_kwargs.setdefault("clock", clock)
             adapter = WebchatAdapter(
                 connection_id="web", listen="127.0.0.1:0", admit=runtime.admit, **adapter_kwargs
             )
@@ -76,3 +103,6 @@ async def chat_stack(
                 await nursery.start(adapter.run)
                 yield adapter, runtime
                 nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()
