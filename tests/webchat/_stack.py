@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from adapters.webchat import WebchatAdapter
@@ -24,6 +26,40 @@ OPERATOR = AgentIdentity(
     issued_at_ms=0,
 )
 """Lists and settles every record of the stack's tenant (what ``prismctl`` acts as)."""
+
+
+async def authorize_everyone(request: AuthorizeInput) -> Grant:
+    """The default loopback web chat's ``actors = ["*"]``: everyone gets ``primary``,
+    scoped to (default, connection, actor)."""
+    await trio.lowlevel.checkpoint()
+    identity = AgentIdentity(
+        tenant_id="default",
+        account_id=request.connection_id,
+        user_id=request.external_actor_id,
+        principal=Principal("user", request.external_actor_id),
+        scopes=("chat",),
+        issued_at_ms=0,
+    )
+    return Grant(
+        identity=identity,
+        agent_aliases=("primary",),
+        grant_revision="rev-1",
+        default_agent_alias="primary",
+    )
+
+
+@attrs.define
+class MutableClock:
+    """A wall clock a test moves by hand (``ms`` since the epoch)."""
+
+    ms: int
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+def sqlite_url(directory: Path) -> str:
+    return "sqlite:///" + str(directory / "journal.sqlite")
 
 
 @asynccontextmanager
@@ -57,23 +93,6 @@ async def chat_stack(
         )
         adapters: dict[str, WebchatAdapter] = {} if registry is None else registry
 
-        async def authorize(request: AuthorizeInput) -> Grant:
-            await trio.lowlevel.checkpoint()
-            identity = AgentIdentity(
-                tenant_id="default",
-                account_id=request.connection_id,
-                user_id=request.external_actor_id,
-                principal=Principal("user", request.external_actor_id),
-                scopes=("chat",),
-                issued_at_ms=0,
-            )
-            return Grant(
-                identity=identity,
-                agent_aliases=("primary",),
-                grant_revision="rev-1",
-                default_agent_alias="primary",
-            )
-
         async def resolve_agent(request: ResolveAgentInput) -> Any:
             await trio.lowlevel.checkpoint()
             return agent
@@ -85,7 +104,7 @@ async def chat_stack(
             return result
 
         async with open_messaging_runtime(
-            authorize=authorize,
+            authorize=authorize_everyone,
             resolve_agent=resolve_agent,
             deliver=deliver,
             store=store,
