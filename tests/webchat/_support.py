@@ -149,14 +149,27 @@ async def connect(
     headers: list[tuple[bytes, bytes]] | None = None,
     **options: Any,
 ) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """A client socket to ``adapter`` whose TCP stream the test owns (see :func:`connect_to`)."""
+    assert adapter.bound is not None
+    host, port = adapter.bound
+    async with connect_to(host, port, resource, headers, **options) as ws:
+        yield ws
+
+
+@asynccontextmanager
+async def connect_to(
+    host: str,
+    port: int,
+    resource: str = "/ws",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **options: Any,
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
     """A client socket whose TCP stream the test owns.
 
     trio-websocket's client never closes its stream when the *server* closes first (the
     close handshake is already done when ``aclose`` runs), which ``-W error`` reports as an
     unclosed socket; owning the stream closes it in every case.
     """
-    assert adapter.bound is not None
-    host, port = adapter.bound
     stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:
