@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import io
+import json
 import random
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 
 import trio
 import trio.testing
 
 from adapters.webchat import WebchatAdapter
 from prismd.channel import Admission, InboundEvent, SendResult
-from prismd.chatclient import chat
+from prismd.chatclient import ChatState, chat, default_state_path
 
 from ._stack import chat_stack
 from ._support import REPO_ROOT, Recorder, start
@@ -258,16 +261,25 @@ async def test_an_actor_owned_by_another_client_is_refused(nursery: trio.Nursery
     with trio.fail_after(15):
         adapter, recorder = await start(nursery)
         kept = await chat(
-            page(adapter), actor=ACTOR, token=None, lines=feed(["mine"]), out=io.StringIO(),
-            err=io.StringIO(), linger_s=0.2,
-        )  # fmt: skip
+            page(adapter),
+            actor=ACTOR,
+            token=None,
+            lines=feed(["mine"]),
+            out=io.StringIO(),
+            err=io.StringIO(),
+            linger_s=0.2,
+        )
         assert kept == 0
         err = io.StringIO()
         # the same id without its resume token (another machine, a copied id)
         code = await chat(
-            page(adapter), actor=ACTOR, token=None, lines=feed(["theirs"]), out=io.StringIO(),
+            page(adapter),
+            actor=ACTOR,
+            token=None,
+            lines=feed(["theirs"]),
+            out=io.StringIO(),
             err=err,
-        )  # fmt: skip
+        )
     assert code == 1
     assert f"refused actor id {ACTOR}: it belongs to another client" in err.getvalue()
     assert [e.text for e in recorder.events] == ["mine"]
@@ -343,3 +355,87 @@ async def test_run_chat_cli_gives_up_when_the_server_stays_away_mid_read() -> No
                 for pipe in (process.stdin, process.stderr):
                     if pipe is not None:
                         await pipe.aclose()
+
+
+def test_state_path_follows_xdg_state_home(tmp_path: Path) -> None:
+    assert default_state_path({"XDG_STATE_HOME": str(tmp_path)}) == (
+        tmp_path / "prismd" / "chat.json"
+    )
+    # a relative XDG_STATE_HOME is ignored, as the XDG spec says
+    home = Path.home() / ".local" / "state" / "prismd" / "chat.json"
+    assert default_state_path({"XDG_STATE_HOME": "relative/dir"}) == home
+    assert default_state_path({}) == home
+
+
+def test_state_file_is_private_bounded_and_survives_garbage(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "prismd" / "chat.json"
+    state = ChatState(path)
+    assert state.get("ws://h:1/ws") is None
+    state.put("ws://h:1/ws", "actor-000000001", "T" * 43)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert ChatState(path).get("ws://h:1/ws") == ("actor-000000001", "T" * 43)
+    for n in range(40):
+        state.put(f"ws://h:{n + 2}/ws", f"actor-{n:09d}", None)
+    again = ChatState(path)
+    assert again.get("ws://h:1/ws") is None  # the least recently used servers are dropped
+    assert again.get("ws://h:41/ws") == ("actor-000000039", None)
+    assert len(json.loads(path.read_text())["servers"]) == 32
+    assert [p.name for p in path.parent.iterdir()] == ["chat.json"]  # no temp files left
+    # a corrupt file or a tampered entry is ignored, never trusted
+    path.write_text("{not json")
+    assert ChatState(path).get("ws://h:41/ws") is None
+    path.write_text(json.dumps({"servers": {"ws://x/ws": {"actor": "bad id!", "resume": "x"}}}))
+    assert ChatState(path).get("ws://x/ws") is None
+    path.write_text(json.dumps({"servers": {"ws://x/ws": {"actor": "good-actor-1", "resume": 5}}}))
+    assert ChatState(path).get("ws://x/ws") == ("good-actor-1", None)
+
+
+async def test_chat_keeps_its_id_and_token_across_runs(tmp_path: Path) -> None:
+    path = tmp_path / "chat.json"
+    with trio.fail_after(15):
+        async with chat_stack() as (adapter, runtime):
+            outs = []
+            for line in ("first run", "second run"):
+                out, err = io.StringIO(), io.StringIO()
+                code = await chat(
+                    page(adapter),
+                    actor=None,
+                    token=None,
+                    lines=feed([line]),
+                    out=out,
+                    err=err,
+                    state_path=path,
+                )
+                assert code == 0, err.getvalue()
+                outs.append((out.getvalue(), err.getvalue()))
+            [(first_out, first_err), (second_out, second_err)] = outs
+    actor = re.search(r" as (\S+);", first_err)
+    assert actor is not None and f" as {actor.group(1)};" in second_err
+    assert (first_out, second_out) == ("agent> first run\n", "agent> second run\n")
+    kept = ChatState(path).get(f"ws://127.0.0.1:{adapter.bound[1]}/ws")  # type: ignore[index]
+    assert kept is not None and kept[0] == actor.group(1) and kept[1] is not None
+    assert kept[1] not in first_err + second_err
+    assert adapter.statistics().hellos_refused == 0
+    assert runtime.diagnostics().completed == 2
+
+
+async def test_an_unwritable_state_dir_is_reported_once_and_the_chat_goes_on(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    err = io.StringIO()
+    with trio.fail_after(15):
+        async with chat_stack() as (adapter, _):
+            code = await chat(
+                page(adapter),
+                actor=None,
+                token=None,
+                lines=feed(["hi"]),
+                out=io.StringIO(),
+                err=err,
+                state_path=blocker / "prismd" / "chat.json",
+            )
+    assert code == 0
+    assert err.getvalue().count("cannot keep the chat id in ") == 1

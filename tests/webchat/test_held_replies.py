@@ -288,9 +288,12 @@ async def test_a_held_answer_older_than_retention_waits_for_the_operator() -> No
                 await send(ws, {"type": "hello", "actor": ACTOR})
                 assert (await recv(ws))["type"] == "ready"
                 assert await recv(ws) == {"type": "history", "replies": []}
-                assert await runtime.redeliver_pending(
-                    connection_id="web", external_conversation_id=ACTOR, external_actor_id=ACTOR
-                ) == 0  # fmt: skip
+                assert (
+                    await runtime.redeliver_pending(
+                        connection_id="web", external_conversation_id=ACTOR, external_actor_id=ACTOR
+                    )
+                    == 0
+                )
                 with pytest.raises(trio.WouldBlock):
                     results.receive_nowait()
                 [entry] = await runtime.list_unresolved(identity=OPERATOR)
@@ -351,9 +354,12 @@ async def test_a_reply_claimed_but_never_marked_is_left_to_the_operator() -> Non
             assert await journal.mark(scope(), claimed, loaded.version, loaded.fencing_token)
             async with connect(adapter) as ws:
                 await hello(ws, ACTOR, resume, history=True)
-                assert await runtime.redeliver_pending(
-                    connection_id="web", external_conversation_id=ACTOR, external_actor_id=ACTOR
-                ) == 0  # fmt: skip
+                assert (
+                    await runtime.redeliver_pending(
+                        connection_id="web", external_conversation_id=ACTOR, external_actor_id=ACTOR
+                    )
+                    == 0
+                )
                 [entry] = await runtime.list_unresolved(identity=OPERATOR)
                 refused = await runtime.reconcile(
                     identity=OPERATOR,
