@@ -130,6 +130,7 @@ HISTORY_LIMIT = 20
 DAY_MS = 24 * 60 * 60 * 1000
 SWEEP_INTERVAL_S = 3600.0
 SWEEP_PAGES = 20
+SWEEP_PAGE_SIZE = 500
 RESUME_NAMESPACE = "prismd.v1.webchat-resume"
 RESUME_CATEGORY = "prismd-webchat-resume"
 SERVICE_TENANT = "prismd-service"
@@ -218,6 +219,7 @@ class _ResumeTokens:
     connection_id: str
     clock: Clock
     ttl_ms: int
+    _sweep_cursor: str | None = attrs.field(default=None, init=False)
 
     def _scope(self, actor: str | None) -> OwnershipScope:
         return OwnershipScope(
@@ -268,10 +270,15 @@ class _ResumeTokens:
         return True
 
     async def sweep(self) -> int:
-        """Delete records unused for longer than the TTL (bounded pages); returns how many."""
+        """Delete records unused for longer than the TTL; returns how many.
+
+        Bounded: at most ``SWEEP_PAGES`` pages per call. The listing is newest first, so
+        the oldest records are at its end: a call that stops early leaves its cursor for
+        the next call, which goes on from there (and starts over once it reached the end).
+        """
         cutoff = self.clock.now_ms() - self.ttl_ms
         deleted = 0
-        cursor: str | None = None
+        cursor = self._sweep_cursor
         for _page in range(SWEEP_PAGES):
             page = await self.checkpoints.list_checkpoints(
                 namespace=RESUME_NAMESPACE,
@@ -279,7 +286,7 @@ class _ResumeTokens:
                 category=RESUME_CATEGORY,
                 scope=self._scope(None),
                 cursor=cursor,
-                limit=500,
+                limit=SWEEP_PAGE_SIZE,
             )
             for item in page.items:
                 stored = _resume_record(item.value)
@@ -290,7 +297,9 @@ class _ResumeTokens:
                     deleted += int(removed)
             cursor = page.next_cursor
             if cursor is None or not page.items:
+                cursor = None
                 break
+        self._sweep_cursor = cursor
         return deleted
 
 

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio_websocket
 
+from adapters import webchat
 from adapters.webchat import RESUME_NAMESPACE
 from stores import CheckpointStore, OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
@@ -169,3 +170,29 @@ async def test_a_store_failure_is_unavailable_and_never_logs_the_token(
     assert recorder.events == []
     assert "resume check failed: StoreUnavailableError" in caplog.text
     assert presented not in caplog.text and "backend down" not in caplog.text
+
+
+async def test_the_sweep_is_bounded_and_goes_on_where_it_stopped(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webchat, "SWEEP_PAGES", 1)
+    monkeypatch.setattr(webchat, "SWEEP_PAGE_SIZE", 2)
+    clock = MutableClock(FIXED_NOW_MS)
+    with trio.fail_after(10):
+        async with MemoryStore(clock=clock) as store:
+            adapter, _ = await start(
+                nursery, checkpoints=store.checkpoints, clock=clock, resume_ttl_days=2
+            )
+            for name in ("old-actor-000a", "old-actor-000b", "old-actor-000c"):
+                clock.ms += 1
+                async with connect(adapter) as ws:
+                    await hello(ws, name)
+            clock.ms += 3 * DAY_MS
+            for name in ("new-actor-000d", "new-actor-000e"):
+                clock.ms += 1
+                async with connect(adapter) as ws:
+                    await hello(ws, name)
+            # newest first, two rows a call: the live ones, then the oldest in two steps
+            assert [await adapter._tokens.sweep() for _ in range(4)] == [0, 2, 1, 0]
+            keys = sorted(r.key for r in await stored_records(store.checkpoints))
+            assert keys == ["w1:web:new-actor-000d", "w1:web:new-actor-000e"]
