@@ -3,6 +3,7 @@ reconnects, delivered exactly once — real adapter + runtime + SQLite over loop
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -526,3 +527,34 @@ async def test_a_reconnect_while_the_send_is_being_held_still_gets_the_answer() 
                 assert [r.operation_id for r in calls] == [OP1, OP1]
                 loaded = await ChannelJournal(store.checkpoints).load_reply(scope(), "web", OP1)
                 assert loaded is not None and loaded.record.state == "delivered"
+
+
+async def test_a_held_approval_notice_comes_back_with_fresh_working_buttons() -> None:
+    """Approval tokens are never journaled (SPEC difference 4): the re-driven notice gets
+    fresh controls, and pressing one resumes the run."""
+    results_in, results = trio.open_memory_channel[SendResult](10)
+    options = {"delay_ms": 200, "suspend_for_tool": "shell"}
+    with trio.fail_after(20):
+        async with chat_stack("mock", options, results_in) as (adapter, runtime):
+            async with connect(adapter) as ws:
+                resume = await hello(ws, ACTOR, history=True)
+                await send(ws, {"type": "message", "id": "m1", "text": "run it"})
+                assert (await recv(ws))["status"] == "accepted"
+            assert (await results.receive()).held
+            assert (await runtime.drain(deadline_ms=5000)).settled
+            stored = await reply_record(adapter)
+            assert stored.kind == "notice" and [c.label for c in stored.controls] == [
+                "Allow once",
+                "Deny",
+            ]
+            async with connect(adapter) as ws:
+                await hello(ws, ACTOR, resume, history=True)
+                notice = await recv(ws)
+                assert (notice["replyId"], notice["kind"]) == (OP1, "notice")
+                assert [c["label"] for c in notice["controls"]] == ["Allow once", "Deny"]
+                allow = notice["controls"][0]["value"]
+                assert allow.startswith("p:a:") and allow[4:] not in json.dumps(stored.to_json())
+                await send(ws, {"type": "approve", "value": allow, "id": "b1"})
+                assert (await recv(ws))["status"] == "accepted"
+                final = await recv(ws)
+                assert (final["kind"], final["text"]) == ("final", "mock: run it")
