@@ -127,6 +127,7 @@ NOT_CONNECTED = "webchat_not_connected"
 RESUME_CHECK_TIMEOUT_S = 10.0
 HISTORY_LIMIT = 20
 """Delivered replies shown to a reconnecting page (the journal holds no inbound text)."""
+MAX_HISTORY_FRAME_BYTES = 256 * 1024
 DAY_MS = 24 * 60 * 60 * 1000
 SWEEP_INTERVAL_S = 3600.0
 SWEEP_PAGES = 20
@@ -1003,17 +1004,27 @@ async def _get_message(ws: Any) -> str | bytes | None:
 
 
 def _history_frame(actor: str, past: Sequence[PastReply]) -> str:
-    replies = [
-        {
-            "replyId": p.operation_id,
-            "kind": p.kind,
-            "text": p.text,
-            "inReplyTo": _client_id_of(p.in_reply_to, actor),
-            "at": p.created_at_ms,
-        }
-        for p in past
-    ]
-    return json.dumps({"type": "history", "replies": replies}, ensure_ascii=True)
+    """The ``history`` frame: the newest replies that fit :data:`MAX_HISTORY_FRAME_BYTES`
+    (clients bound a frame's size; prismctl chat's library closes the socket above 1 MiB),
+    oldest first."""
+    kept: list[str] = []
+    size = 0
+    for p in reversed(past):
+        entry = json.dumps(
+            {
+                "replyId": p.operation_id,
+                "kind": p.kind,
+                "text": p.text,
+                "inReplyTo": _client_id_of(p.in_reply_to, actor),
+                "at": p.created_at_ms,
+            },
+            ensure_ascii=True,
+        )
+        size += len(entry) + 1
+        if size > MAX_HISTORY_FRAME_BYTES:
+            break
+        kept.append(entry)
+    return '{"type": "history", "replies": [' + ", ".join(reversed(kept)) + "]}"
 
 
 def _admission_frame(client_id: str | None, admission: Admission) -> str:

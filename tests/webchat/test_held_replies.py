@@ -13,6 +13,7 @@ import trio
 import trio.testing
 import trio_websocket
 
+from adapters import webchat
 from adapters.webchat import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
@@ -558,3 +559,23 @@ async def test_a_held_approval_notice_comes_back_with_fresh_working_buttons() ->
                 assert (await recv(ws))["status"] == "accepted"
                 final = await recv(ws)
                 assert (final["kind"], final["text"]) == ("final", "mock: run it")
+
+
+async def test_the_history_frame_keeps_the_newest_replies_that_fit() -> None:
+    big = "é" * 10_000  # 20 000 UTF-8 bytes, 60 000 as an ASCII-escaped JSON string
+    with trio.fail_after(30):
+        async with chat_stack() as (adapter, _):
+            async with connect(adapter) as ws:
+                resume = await hello(ws, ACTOR, history=True)
+                for n in range(6):
+                    await send(ws, {"type": "message", "id": f"m{n}", "text": f"{n}{big}"})
+                    assert (await recv(ws))["status"] == "accepted"
+                    assert (await recv(ws))["text"] == f"{n}{big}"
+            async with connect(adapter) as ws:
+                await hello(ws, ACTOR, resume)
+                raw = await ws.get_message()
+    assert len(raw) <= webchat.MAX_HISTORY_FRAME_BYTES + 64
+    replies = json.loads(raw)["replies"]
+    # the newest four fit (4 x ~60 kB); the older ones are left out, not the frame cut
+    assert [r["inReplyTo"] for r in replies] == ["m2", "m3", "m4", "m5"]
+    assert all(r["text"][1:] == big for r in replies)
