@@ -26,10 +26,15 @@ WebSocket protocol — JSON objects in text frames:
 
 client → server
 
-* ``{"type": "hello", "actor": "<id>"}`` — must be first; the actor id is random, kept by the
-  browser (localStorage) and matches ``^[A-Za-z0-9_-]{8,64}$``. It is both the actor and the
-  conversation id, and a bearer name: whoever knows it chats as that actor, which is why
-  exposed listeners need a token or pairing-only grants.
+* ``{"type": "hello", "actor": "<id>", "resume"?: "<token>"}`` — must be first; the actor id
+  is random, kept by the browser (localStorage) and matches ``^[A-Za-z0-9_-]{8,64}$``. It is
+  both the actor and the conversation id. The first hello of an actor is answered with a
+  *resume token* (``ready.resume``, 43 base64url characters) that the browser keeps next to
+  the id; every later hello for that actor must carry it. The server stores only the
+  token's SHA-256 prefix (never the token; never logged), so knowing an actor id is not
+  enough to read or continue someone else's conversation. An actor unused for
+  ``resume_ttl_days`` is free again (its records are swept). Exposed listeners still need an
+  access token or pairing-only grants: anyone who reaches the socket can start a chat.
 * ``{"type": "message", "id": "<client id>", "text": "…"}`` — the client id
   (``^[A-Za-z0-9_-]{1,128}$``) is unique per actor; re-sending it (after a reconnect) is
   answered as a duplicate, never run twice. The journal event id is ``"<actor>:<client id>"``.
@@ -39,17 +44,33 @@ client → server
 
 server → client
 
-* ``{"type": "ready", "actor": "<id>"}`` — after a valid hello.
+* ``{"type": "ready", "actor": "<id>", "resume"?: "<token>"}`` — after a valid hello;
+  ``resume`` only when a token was just issued (keep it).
+* ``{"type": "history", "replies": [{"replyId", "kind", "text", "inReplyTo", "at"}]}`` — right
+  after ``ready`` when the adapter has a runtime: the conversation's last delivered replies
+  from the journal (at most ``history_limit``, within retention, oldest first; ``at`` in ms
+  since the epoch; no controls, their tokens are never stored). The journal keeps no inbound
+  text after a run, so the page keeps the user's own recent messages itself.
 * ``{"type": "admission", "id": <client id or null>, "status": "accepted"|"denied"|
   "unsupported", "reason": <str or null>, "duplicate": <bool>, "hint"?: <str>}`` — the result
   of ``admit``; ``denied`` with reason ``capacity``/``unavailable``/``stopped`` is worth
   retrying later. ``hint``, when present, tells the user what to do (the size limit of an
   ``oversized`` message, ``/help`` after an ``unknown_command``).
-* ``{"type": "reply", "kind": "final"|"notice", "text": "…", "controls": [{"label", "value"}],
-  "inReplyTo": <client id or null>}`` — sent to every open socket of the actor.
-* ``{"type": "error", "message": "<fixed text>"}`` — bad input (not JSON, too large, binary,
-  unknown type, no hello, bad actor or id); nothing was admitted. The socket stays open, except
-  when no valid hello arrives in time.
+* ``{"type": "reply", "replyId": <str or null>, "kind": "final"|"notice", "text": "…",
+  "controls": [{"label", "value"}], "inReplyTo": <client id or null>}`` — sent to every open
+  socket of the actor. ``replyId`` is stable (one per journaled operation), so a client that
+  sees a reply twice (in ``history`` and live) shows it once.
+* ``{"type": "error", "message": "<fixed text>", "code"?: "resume_refused"|"unavailable"}`` —
+  bad input (not JSON, too large, binary, unknown type, no hello, bad actor or id); nothing was
+  admitted. The socket stays open, except when no valid hello arrives in time, and for the
+  two codes: ``resume_refused`` (the actor id belongs to another browser: start a new one)
+  and ``unavailable`` (the resume check could not be made: retry later), both then closed.
+
+Replies while no socket of the actor is open: :meth:`WebchatAdapter.send` answers
+``SendResult.hold()`` and the runtime keeps the reply ``pending`` (held). When a socket of
+that actor completes its hello, the adapter asks the runtime (``conversations``) to re-drive
+the conversation's held replies; the runtime claims each by compare-and-swap, so a reply is
+delivered once even when two tabs reconnect together or the daemon restarted meanwhile.
 
 Message text never reaches the logs; the adapter logs only fixed messages and exception types.
 """
@@ -63,9 +84,9 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -74,21 +95,24 @@ import trio
 import trio_websocket
 
 from prismd.adapter import AdapterFatalError, Admit
-from prismd.channel import Admission, ApprovalInput, InboundEvent, Reply, SendResult
+from prismd.channel import Admission, ApprovalInput, InboundEvent, PastReply, Reply, SendResult
 from prismd.config import is_loopback_host, parse_host_port
+from prismd.controls import new_token, token_hash
 from prismd.redact import replace_surrogates, utf8_len
-from stores import SYSTEM_CLOCK, Clock
+from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
+from stores.memory import MemoryStore
 
 from ._http import RequestHead as _Head
 from ._http import read_request_head, respond, server_connection
 
-__all__ = ["WebchatAdapter", "WebchatStatistics", "parse_listen"]
+__all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
 log = logging.getLogger("prismd.webchat")
 
 ACTOR_RE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 CLIENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+RESUME_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 HELLO_TIMEOUT_S = 30.0
@@ -101,6 +125,18 @@ STOP_CLOSE_BUDGET_S = 0.25
 MAX_CONNECTIONS = 256
 """Default bound on concurrent TCP connections; further ones are closed at once."""
 NOT_CONNECTED = "webchat_not_connected"
+RESUME_CHECK_TIMEOUT_S = 10.0
+HISTORY_LIMIT = 20
+"""Delivered replies shown to a reconnecting page (the journal holds no inbound text)."""
+MAX_HISTORY_FRAME_BYTES = 256 * 1024
+DAY_MS = 24 * 60 * 60 * 1000
+SWEEP_INTERVAL_S = 3600.0
+SWEEP_PAGES = 20
+SWEEP_PAGE_SIZE = 500
+RESUME_NAMESPACE = "prismd.v1.webchat-resume"
+RESUME_CATEGORY = "prismd-webchat-resume"
+SERVICE_TENANT = "prismd-service"
+"""Adapter state lives outside every user tenant (like the Telegram cursor)."""
 
 _PAGE_RESOURCE = "webchat.html"
 
@@ -147,6 +183,138 @@ def _host_header_is_loopback(value: str) -> bool:
     return host is not None and is_loopback_host(host)
 
 
+class Conversations(Protocol):
+    """What the adapter asks of the runtime when an actor's socket (re)connects
+    (:class:`prismd.runtime.Runtime` satisfies it)."""
+
+    async def redeliver_pending(
+        self, *, connection_id: str, external_conversation_id: str, external_actor_id: str
+    ) -> int: ...
+
+    async def recent_replies(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        limit: int,
+    ) -> Sequence[PastReply]: ...
+
+
+@attrs.frozen
+class _Resumed:
+    issued: str | None = None
+    """The token just issued for a fresh actor (sent once in ``ready``), else ``None``."""
+
+
+@attrs.define(eq=False)
+class _ResumeTokens:
+    """Which browser owns an actor id: one record per (connection, actor) holding only the
+    SHA-256 prefix of a random token issued at the actor's first hello.
+
+    Records are written create-only or by CAS, so of two browsers claiming a fresh actor at
+    once exactly one gets the token. ``last_seen`` is refreshed at most daily; a record
+    unused for ``ttl_ms`` no longer protects its actor and is deleted by :meth:`sweep`.
+    """
+
+    checkpoints: CheckpointStore
+    connection_id: str
+    clock: Clock
+    ttl_ms: int
+    _sweep_cursor: str | None = attrs.field(default=None, init=False)
+
+    def _scope(self, actor: str | None) -> OwnershipScope:
+        return OwnershipScope(
+            tenant_id=SERVICE_TENANT, account_id=self.connection_id, user_id=actor
+        )
+
+    def _key(self, actor: str) -> str:
+        return f"w1:{self.connection_id}:{actor}"
+
+    async def claim(self, actor: str, presented: str | None) -> _Resumed | None:
+        """``_Resumed`` when ``presented`` owns ``actor`` (or the actor was free and now
+        belongs to a new token), ``None`` when another browser owns it. Store errors
+        propagate."""
+        scope, key = self._scope(actor), self._key(actor)
+        row = await self.checkpoints.load_checkpoint(
+            namespace=RESUME_NAMESPACE, key=key, scope=scope
+        )
+        now = self.clock.now_ms()
+        stored = None if row is None else _resume_record(row.value)
+        if row is not None and stored is not None and now - stored[1] <= self.ttl_ms:
+            if presented is None or not hmac.compare_digest(token_hash(presented), stored[0]):
+                return None
+            if now - stored[1] >= DAY_MS:
+                await self._write(key, scope, stored[0], now, row.version)
+            return _Resumed()
+        token = new_token()
+        if not await self._write(
+            key, scope, token_hash(token), now, 0 if row is None else row.version
+        ):
+            return None  # another browser claimed it a moment ago
+        return _Resumed(issued=token)
+
+    async def _write(
+        self, key: str, scope: OwnershipScope, digest: str, now: int, expected: int
+    ) -> bool:
+        try:
+            await self.checkpoints.save_checkpoint(
+                namespace=RESUME_NAMESPACE,
+                key=key,
+                scope=scope,
+                version=expected + 1,
+                expected_version=expected,
+                value={"tokenHash": digest, "lastSeenAtMs": now},
+                category=RESUME_CATEGORY,
+            )
+        except CheckpointConflictError:
+            return False
+        return True
+
+    async def sweep(self) -> int:
+        """Delete records unused for longer than the TTL; returns how many.
+
+        Bounded: at most ``SWEEP_PAGES`` pages per call. The listing is newest first, so
+        the oldest records are at its end: a call that stops early leaves its cursor for
+        the next call, which goes on from there (and starts over once it reached the end).
+        """
+        cutoff = self.clock.now_ms() - self.ttl_ms
+        deleted = 0
+        cursor = self._sweep_cursor
+        for _page in range(SWEEP_PAGES):
+            page = await self.checkpoints.list_checkpoints(
+                namespace=RESUME_NAMESPACE,
+                key_prefix=f"w1:{self.connection_id}:",
+                category=RESUME_CATEGORY,
+                scope=self._scope(None),
+                cursor=cursor,
+                limit=SWEEP_PAGE_SIZE,
+            )
+            for item in page.items:
+                stored = _resume_record(item.value)
+                if stored is None or stored[1] < cutoff:
+                    removed = await self.checkpoints.delete_checkpoint(
+                        namespace=RESUME_NAMESPACE, key=item.key, scope=item.scope
+                    )
+                    deleted += int(removed)
+            cursor = page.next_cursor
+            if cursor is None or not page.items:
+                cursor = None
+                break
+        self._sweep_cursor = cursor
+        return deleted
+
+
+def _resume_record(value: object) -> tuple[str, int] | None:
+    """``(token hash, last seen ms)`` of a stored record, ``None`` when it does not parse."""
+    if not isinstance(value, Mapping):
+        return None
+    digest, seen = value.get("tokenHash"), value.get("lastSeenAtMs")
+    if not isinstance(digest, str) or isinstance(seen, bool) or not isinstance(seen, int):
+        return None
+    return digest, seen
+
+
 @attrs.frozen
 class WebchatStatistics:
     """Bounded counters (no ids, no text)."""
@@ -158,7 +326,10 @@ class WebchatStatistics:
     """``admit`` calls answered (any status)."""
     rejected_frames: int
     replies_sent: int
-    replies_not_connected: int
+    replies_held: int
+    """Replies no open socket took (``SendResult.hold()``; re-driven on reconnect)."""
+    hellos_refused: int
+    """Hellos for an actor id owned by another browser (wrong or missing resume token)."""
 
 
 class _BadFrame(Exception):
@@ -215,7 +386,10 @@ class WebchatAdapter:
       ``admission`` frame; invalid frames get an ``error`` frame and are never admitted.
     * ``send`` never raises for a closed or slow socket: it returns
       ``SendResult(True, message_id=…)`` when at least one open socket of the conversation took
-      the reply, else ``SendResult(False, reason="webchat_not_connected")``.
+      the reply, else ``SendResult.hold("webchat_not_connected")`` (not sent, not failed).
+    * A socket joins its actor's conversation only after its hello proved the actor's
+      resume token (or claimed a fresh actor); then, with ``conversations``, it gets the
+      ``history`` frame and the runtime re-drives the conversation's held replies.
     * A misbehaving client never takes the listener down.
     """
 
@@ -229,6 +403,14 @@ class WebchatAdapter:
     pairing_only: bool = False
     """Every grant of this connection needs pairing (``prismctl pair``), so a listener off
     loopback is acceptable without an access token: strangers reach the socket but no agent."""
+    checkpoints: CheckpointStore | None = None
+    """Where resume tokens are kept (hashed); ``None`` keeps them in memory until the process
+    ends (tests), so every browser must start a new chat after a restart."""
+    conversations: Conversations | None = None
+    """The runtime's history and re-drive (late-bound by the daemon's host)."""
+    resume_ttl_days: int = 7
+    """An actor id unused this long is free again (the daemon passes ``retention_days``)."""
+    history_limit: int = HISTORY_LIMIT
     bound: tuple[str, int] | None = attrs.field(default=None, init=False)
     _listening: bool = attrs.field(default=False, init=False)
     _on_loopback: bool = attrs.field(default=True, init=False)
@@ -237,12 +419,25 @@ class WebchatAdapter:
     _admissions: int = attrs.field(default=0, init=False)
     _rejected_frames: int = attrs.field(default=0, init=False)
     _replies_sent: int = attrs.field(default=0, init=False)
-    _replies_not_connected: int = attrs.field(default=0, init=False)
+    _replies_held: int = attrs.field(default=0, init=False)
+    _hellos_refused: int = attrs.field(default=0, init=False)
     _page: bytes = attrs.field(default=b"", init=False)
     _csp: str = attrs.field(default="", init=False)
+    _tokens: _ResumeTokens = attrs.field(init=False)
+    _background: trio.Nursery | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._page, self._csp = _load_page()
+        if not 1 <= self.resume_ttl_days <= 3650:
+            raise ValueError("resume_ttl_days must be in 1..3650")
+        if not 0 <= self.history_limit <= 100:
+            raise ValueError("history_limit must be in 0..100")
+        checkpoints = self.checkpoints
+        if checkpoints is None:
+            checkpoints = MemoryStore(clock=self.clock).checkpoints
+        self._tokens = _ResumeTokens(
+            checkpoints, self._connection_id, self.clock, self.resume_ttl_days * DAY_MS
+        )
 
     @property
     def connection_id(self) -> str:
@@ -261,7 +456,8 @@ class WebchatAdapter:
             admissions=self._admissions,
             rejected_frames=self._rejected_frames,
             replies_sent=self._replies_sent,
-            replies_not_connected=self._replies_not_connected,
+            replies_held=self._replies_held,
+            hellos_refused=self._hellos_refused,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -282,12 +478,15 @@ class WebchatAdapter:
             sockname = listeners[0].socket.getsockname()
             self.bound = (str(sockname[0]), int(sockname[1]))
             async with trio.open_nursery() as nursery:
+                self._background = nursery
                 await nursery.start(trio.serve_listeners, self._handle_connection, listeners)
+                nursery.start_soon(self._sweep_resume_tokens)
                 self._listening = True
                 log.info("web chat listening on %s port %d", self.bound[0], self.bound[1])
                 task_status.started()
         finally:
             self._listening = False
+            self._background = None
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
@@ -297,6 +496,7 @@ class WebchatAdapter:
         frame = json.dumps(
             {
                 "type": "reply",
+                "replyId": reply.operation_id,
                 "kind": reply.kind,
                 "text": reply.text,
                 "controls": [{"label": c.label, "value": c.value} for c in reply.controls],
@@ -317,10 +517,23 @@ class WebchatAdapter:
             for sock in sockets:
                 nursery.start_soon(deliver, sock)
         if not taken:
-            self._replies_not_connected += 1
-            return SendResult(False, reason=NOT_CONNECTED)
+            # No open socket took it: nothing reached the browser (a timed-out write is an
+            # incomplete frame), so the runtime keeps it for the actor's next connection.
+            self._replies_held += 1
+            return SendResult.hold(NOT_CONNECTED)
         self._replies_sent += 1
         return SendResult(True, message_id="webchat-" + uuid.uuid4().hex)
+
+    async def _sweep_resume_tokens(self) -> None:
+        while True:
+            try:
+                deleted = await self._tokens.sweep()
+            except Exception as exc:
+                log.warning("web chat resume sweep failed: %s", type(exc).__name__)
+            else:
+                if deleted:
+                    log.debug("web chat swept %d unused resume record(s)", deleted)
+            await trio.sleep(SWEEP_INTERVAL_S)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -481,31 +694,57 @@ class WebchatAdapter:
 
     async def _session(self, sock: _Socket) -> None:
         ws = sock.ws
-        actor: str | None = None
+        hello: tuple[str, str | None] | None = None
         with trio.move_on_after(HELLO_TIMEOUT_S):
-            while actor is None:
+            while hello is None:
                 message = await _get_message(ws)
                 if message is None:
                     return
                 try:
-                    frame = self._decode(message)
-                    if frame.get("type") != "hello":
-                        raise _BadFrame("the first frame must be a hello")
-                    candidate = frame.get("actor")
-                    if not isinstance(candidate, str) or not ACTOR_RE.match(candidate):
-                        raise _BadFrame("invalid actor id")
-                    actor = candidate
+                    hello = self._hello_from(self._decode(message))
                 except _BadFrame as bad:
                     if not await self._send_error(sock, bad.args[0]):
                         return
-        if actor is None:
+        if hello is None:
             await self._send_error(sock, "no hello received in time")
             await ws.aclose(1008, "no hello")
             return
-        if not await self._send_frame(sock, json.dumps({"type": "ready", "actor": actor})):
+        actor, presented = hello
+        try:
+            with trio.fail_after(RESUME_CHECK_TIMEOUT_S):
+                resumed = await self._tokens.claim(actor, presented)
+        except Exception as exc:
+            log.warning("web chat resume check failed: %s", type(exc).__name__)
+            await self._send_error(sock, "the chat is unavailable; try again later", "unavailable")
+            await ws.aclose(1011, "unavailable")
+            return
+        if resumed is None:
+            # Wrong or missing token for an actor another browser owns: this socket never
+            # joins that conversation (no replies, no history).
+            self._hellos_refused += 1
+            await self._send_error(
+                sock, "this chat belongs to another browser; start a new one", "resume_refused"
+            )
+            await ws.aclose(1008, "resume refused")
+            return
+        ready: dict[str, str] = {"type": "ready", "actor": actor}
+        if resumed.issued is not None:
+            ready["resume"] = resumed.issued
+        if not await self._send_frame(sock, json.dumps(ready)):
             return
         self._sockets.setdefault(actor, set()).add(sock)
         try:
+            if self.conversations is not None:
+                # Joined first, then history: a reply marked delivered meanwhile is either
+                # in the history or sent live (the page shows a replyId once), never missed.
+                # Frames are read only after it, so ``history`` is the first frame after
+                # ``ready`` that the socket's own messages can cause.
+                if not await self._send_history(sock, actor, self.conversations):
+                    return
+                if self._background is not None:
+                    # In the listener's nursery, not this socket's: a re-drive cut short by
+                    # the tab closing again would leave a claimed reply for the operator.
+                    self._background.start_soon(self._redeliver, actor, self.conversations)
             while True:
                 message = await _get_message(ws)
                 if message is None:
@@ -533,6 +772,53 @@ class WebchatAdapter:
                 peers.discard(sock)
                 if not peers:
                     del self._sockets[actor]
+
+    def _hello_from(self, frame: dict[str, Any]) -> tuple[str, str | None]:
+        """``(actor, presented resume token or None)`` of a valid hello; :class:`_BadFrame`."""
+        try:
+            if frame.get("type") != "hello":
+                raise _BadFrame("the first frame must be a hello")
+            actor = frame.get("actor")
+            if not isinstance(actor, str) or not ACTOR_RE.match(actor):
+                raise _BadFrame("invalid actor id")
+            presented = frame.get("resume")
+            if presented is not None and (
+                not isinstance(presented, str) or not RESUME_RE.match(presented)
+            ):
+                raise _BadFrame("invalid resume token")
+            return actor, presented
+        except _BadFrame:
+            self._rejected_frames += 1
+            raise
+
+    async def _send_history(self, sock: _Socket, actor: str, conversations: Conversations) -> bool:
+        """The ``history`` frame (empty when the journal cannot be read); False when the
+        socket did not take it."""
+        past: Sequence[PastReply] = ()
+        if self.history_limit:
+            try:
+                with trio.fail_after(RESUME_CHECK_TIMEOUT_S):
+                    past = await conversations.recent_replies(
+                        connection_id=self._connection_id,
+                        external_conversation_id=actor,
+                        external_actor_id=actor,
+                        limit=self.history_limit,
+                    )
+            except Exception as exc:
+                log.warning("web chat history failed: %s", type(exc).__name__)
+        return await self._send_frame(sock, _history_frame(actor, past))
+
+    async def _redeliver(self, actor: str, conversations: Conversations) -> None:
+        """Ask the runtime to re-drive the actor's held replies (they reach every open
+        socket of the actor through :meth:`send`). Never raises."""
+        try:
+            await conversations.redeliver_pending(
+                connection_id=self._connection_id,
+                external_conversation_id=actor,
+                external_actor_id=actor,
+            )
+        except Exception as exc:
+            log.warning("web chat re-drive failed: %s", type(exc).__name__)
 
     def _decode(self, message: str | bytes) -> dict[str, Any]:
         try:
@@ -604,8 +890,16 @@ class WebchatAdapter:
             claims={"platform": "webchat"},
         )
 
-    async def _send_error(self, sock: _Socket, message: str) -> bool:
-        return await self._send_frame(sock, json.dumps({"type": "error", "message": message}))
+    async def _send_error(
+        self,
+        sock: _Socket,
+        message: str,
+        code: Literal["resume_refused", "unavailable"] | None = None,
+    ) -> bool:
+        frame = {"type": "error", "message": message}
+        if code is not None:
+            frame["code"] = code
+        return await self._send_frame(sock, json.dumps(frame))
 
     async def _send_frame(self, sock: _Socket, frame: str) -> bool:
         """Write one frame; ``False`` (and the socket closed if stuck) when it did not go out."""
@@ -632,6 +926,30 @@ async def _get_message(ws: Any) -> str | bytes | None:
     except trio_websocket.ConnectionClosed:
         return None
     return message
+
+
+def _history_frame(actor: str, past: Sequence[PastReply]) -> str:
+    """The ``history`` frame: the newest replies that fit :data:`MAX_HISTORY_FRAME_BYTES`
+    (clients bound a frame's size; prismctl chat's library closes the socket above 1 MiB),
+    oldest first."""
+    kept: list[str] = []
+    size = 0
+    for p in reversed(past):
+        entry = json.dumps(
+            {
+                "replyId": p.operation_id,
+                "kind": p.kind,
+                "text": p.text,
+                "inReplyTo": _client_id_of(p.in_reply_to, actor),
+                "at": p.created_at_ms,
+            },
+            ensure_ascii=True,
+        )
+        size += len(entry) + 1
+        if size > MAX_HISTORY_FRAME_BYTES:
+            break
+        kept.append(entry)
+    return '{"type": "history", "replies": [' + ", ".join(reversed(kept)) + "]}"
 
 
 def _admission_frame(client_id: str | None, admission: Admission) -> str:

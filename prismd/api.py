@@ -33,7 +33,8 @@ class ReconcileResult:
     status: ReconcileStatus
     outcome: str | None = None
     """``abandoned``, ``execution_unknown``, ``none``, ``reply_delivered``,
-    ``reply_failed`` or ``reply_unknown``."""
+    ``reply_failed``, ``reply_unknown`` or ``reply_held`` (the channel held the resend
+    again: the reply stays ``pending`` until its conversation reconnects)."""
     state: str | None = None
     detail: str | None = None
     current_version: int | None = None

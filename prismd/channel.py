@@ -4,7 +4,9 @@ Adapters build :class:`InboundEvent` from a platform update, await
 ``runtime.admit(event)`` and acknowledge the transport only when the returned
 :class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the host's
 ``deliver(reply) -> SendResult`` (normally the adapter's ``send``); a ``deliver`` that
-raises means the outcome is *ambiguous*.
+raises means the outcome is *ambiguous*. A ``SendResult`` with ``held=True`` means "not
+sent, and not failed": the channel has no live connection to the conversation and asks
+for the reply again when one opens (the web chat; see ``Runtime.redeliver_pending``).
 
 These records have no validators on purpose: ``admit`` validates and answers
 ``denied/malformed`` instead of raising, whatever an adapter hands it.
@@ -90,13 +92,48 @@ class Reply:
     controls: tuple[Control, ...] = ()
     thread_id: str | None = None
     in_reply_to: str | None = None
+    operation_id: str | None = None
+    """The journaled operation this reply answers (one reply per operation): a stable id a
+    channel may show its client, so a reply seen twice (history and live) is shown once."""
+
+
+def _held_is_not_delivered(instance: SendResult, _attribute: object, held: bool) -> None:
+    if held and instance.delivered:
+        raise ValueError("a held reply is not delivered")
 
 
 @attrs.frozen
 class SendResult:
+    """The outcome of one ``deliver``: delivered, refused (``delivered=False``), or held.
+
+    ``held=True``: nothing was sent *and* nothing failed — the channel has no live
+    connection for the conversation right now and will ask the runtime to re-drive the
+    reply when one opens. The runtime keeps the reply record ``pending`` (marked held)
+    instead of settling it ``delivery_failed``.
+    """
+
     delivered: bool
     message_id: str | None = None
     reason: str | None = None
+    held: bool = attrs.field(default=False, validator=_held_is_not_delivered)
+
+    @classmethod
+    def hold(cls, reason: str | None = None) -> SendResult:
+        """Not sent, not failed: re-drive it when the conversation reconnects."""
+        return cls(False, reason=reason, held=True)
+
+
+@attrs.frozen
+class PastReply:
+    """A delivered reply the journal still holds (``Runtime.recent_replies``): the text as
+    sent (redacted, bounded), without controls (their tokens are never stored)."""
+
+    operation_id: str
+    kind: ReplyKind
+    text: str
+    created_at_ms: int
+    in_reply_to: str | None = None
+    """The event id of the operation it answers, when that record is still kept."""
 
 
 @attrs.frozen

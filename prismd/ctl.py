@@ -291,7 +291,11 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
 
     cmd = add("chat", help="chat with an agent through the web chat channel")
     cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
-    cmd.add_argument("--actor", help="actor id (default: a random one)")
+    cmd.add_argument(
+        "--actor",
+        help="actor id (default: the one kept for this server under $XDG_STATE_HOME/prismd/, "
+        "else a new random one)",
+    )
     cmd.add_argument(
         "--token-env", metavar="NAME", help="environment variable holding the access token"
     )

@@ -580,6 +580,7 @@ class Daemon:
                     config=config,
                     env=self.env,
                     secrets=secrets,
+                    conversations=host,
                 )
         except WiringError as exc:
             # Name the file like check-config does (ConfigError messages already do).
@@ -638,7 +639,7 @@ class Daemon:
             self.runtime = runtime
             if self.metrics is not None:
                 self._watch_metrics(runtime, host)
-            host.bind(runtime.admit)
+            host.bind(runtime.admit, runtime)
             try:
                 await self._report_unresolved(runtime, authorizer)
                 if self._stopped_during_startup("before starting the children"):

@@ -21,7 +21,15 @@ from stores import Store
 from .adapter import ChannelAdapter
 from .agents._base import Agent, AgentContext
 from .agents._session import AgentOptionError
-from .channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
+from .channel import (
+    Admission,
+    AttachmentRef,
+    InboundEvent,
+    PastReply,
+    Preview,
+    Reply,
+    SendResult,
+)
 from .config import (
     Config,
     ConfigError,
@@ -31,7 +39,7 @@ from .config import (
     WebchatConnectionConfig,
     read_secret,
 )
-from .runtime import ResolveAgentInput
+from .runtime import ResolveAgentInput, Runtime
 from .statedir import StateDir
 
 log = logging.getLogger("prismd.wiring")
@@ -92,8 +100,12 @@ def build_adapter(
     config: Config,
     env: Mapping[str, str],
     secrets: list[str] | None = None,
+    conversations: Host | None = None,
 ) -> ChannelAdapter:
     """Construct (inertly) the adapter for one connection; secrets are read here.
+
+    ``conversations`` (the :class:`Host`) gives the web chat its late-bound history and
+    re-drive of held replies.
 
     Every secret read is appended to ``secrets`` (the daemon's outbound redactor removes
     them from any text an agent produces). Raises :class:`WiringError` or
@@ -102,7 +114,14 @@ def build_adapter(
     found: list[str] = [] if secrets is None else secrets
     try:
         return _build_adapter(
-            connection, admit=admit, store=store, state=state, config=config, env=env, found=found
+            connection,
+            admit=admit,
+            store=store,
+            state=state,
+            config=config,
+            env=env,
+            found=found,
+            conversations=conversations,
         )
     except (WiringError, ConfigError):
         raise
@@ -129,6 +148,7 @@ def _build_adapter(
     config: Config,
     env: Mapping[str, str],
     found: list[str],
+    conversations: Host | None,
 ) -> ChannelAdapter:
     if isinstance(connection, WebchatConnectionConfig):
         module = _import_adapter_module("webchat", "adapters.webchat")
@@ -151,6 +171,9 @@ def _build_adapter(
             admit=admit,
             access_token=token,
             pairing_only=pairing_only and any(g.pairing for g in mine),
+            checkpoints=store.checkpoints,
+            conversations=conversations,
+            resume_ttl_days=config.limits.retention_days,
         )
         return adapter
     if isinstance(connection, TelegramConnectionConfig):
@@ -208,15 +231,53 @@ class Host:
     ``admit`` is late-bound: adapters are built before the runtime (the runtime's
     ``deliver`` needs them), so they get :meth:`admit`, which forwards to the runtime once
     :meth:`bind` was called and answers ``denied/unavailable`` (retryable: the adapter
-    does not acknowledge the transport) before that.
+    does not acknowledge the transport) before that. :meth:`redeliver_pending` and
+    :meth:`recent_replies` (the web chat's reconnect) are late-bound the same way and do
+    nothing before that.
     """
 
     agents: Mapping[str, Agent]
     adapters: dict[str, ChannelAdapter] = attrs.field(factory=dict)
     _admit: Callable[[InboundEvent], Awaitable[Admission]] | None = None
+    _runtime: Runtime | None = None
 
-    def bind(self, admit: Callable[[InboundEvent], Awaitable[Admission]] | None) -> None:
+    def bind(
+        self,
+        admit: Callable[[InboundEvent], Awaitable[Admission]] | None,
+        runtime: Runtime | None = None,
+    ) -> None:
         self._admit = admit
+        self._runtime = runtime
+
+    async def redeliver_pending(
+        self, *, connection_id: str, external_conversation_id: str, external_actor_id: str
+    ) -> int:
+        runtime = self._runtime
+        if runtime is None:
+            return 0
+        return await runtime.redeliver_pending(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=external_actor_id,
+        )
+
+    async def recent_replies(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        limit: int,
+    ) -> list[PastReply]:
+        runtime = self._runtime
+        if runtime is None:
+            return []
+        return await runtime.recent_replies(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=external_actor_id,
+            limit=limit,
+        )
 
     async def admit(self, event: InboundEvent) -> Admission:
         target = self._admit

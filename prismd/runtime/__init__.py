@@ -2,7 +2,8 @@
 
 Read it top to bottom: ``_admit`` (what happens when an event arrives), ``_turn`` (how a
 message runs), ``_commands``, ``_approvals``, ``_notify``, ``_recovery`` (operator
-tools); ``_core`` holds the shared state, leases and the reply path.
+tools), ``_delivery`` (sending a staged reply, resends, held replies re-driven when a
+conversation reconnects); ``_core`` holds the shared state, leases and reply staging.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from ..redact import Redactor, bound_detail, truncate_utf8
 from ._ids import control_kind, default_session_id
 from ._ids import notify_operation_id as notify_operation_id
 from ._ids import operation_id_for as operation_id_for
-from ._replies import fit_record, scrub_surrogates
+from ._replies import DeliveryTurns, fit_record, scrub_surrogates
 from ._types import (
     ActorKey,
     Authorize,
@@ -133,6 +133,7 @@ class Core:
     inflight: int = attrs.field(init=False, default=0)
     idle: trio.Event = attrs.field(init=False, factory=trio.Event)
     resume_gate: trio.Event | None = attrs.field(init=False, default=None)
+    delivery_turns: DeliveryTurns = attrs.field(init=False, factory=DeliveryTurns)
 
     def __attrs_post_init__(self) -> None:
         self.slots = trio.Semaphore(self.limits.max_active_sessions)
@@ -667,12 +668,13 @@ class Core:
             controls=controls,
             thread_id=thread_id,
             in_reply_to=in_reply_to,
+            operation_id=operation_id,
         )
-        state, message_id, reason = await self.deliver_once(reply)
+        from ._delivery import deliver_and_mark  # imported late: _delivery builds on Core
+
+        marked = staged if journal is not None and ownership is not None else None
+        state = await deliver_and_mark(self, reply, marked, ownership, fence)
         if journal is not None and ownership is not None and staged is not None:
-            await self.mark_reply(
-                ownership, staged.version, staged.record, state, message_id, reason, fence
-            )
             await self.flag_reply_staged(ownership, connection_id, operation_id, fence, known_op)
         return state
 
@@ -698,19 +700,6 @@ class Core:
     async def send_reply_kw(self, kwargs: dict[str, Any]) -> None:
         """``send_reply`` for :meth:`spawn` (which passes positional arguments only)."""
         await self.send_reply(**kwargs)
-
-    async def deliver_once(self, reply: Reply) -> tuple[str, str | None, str | None]:
-        """Call ``deliver``; a raise is ambiguous (neither counter moves)."""
-        try:
-            result = await self.deliver(reply)
-        except Exception:
-            return "delivery_unknown", None, None
-        if result.delivered:
-            self.count("deliveries")
-            return "delivered", result.message_id, None
-        self.count("delivery_failures")
-        reason = None if result.reason is None else bound_detail(str(result.reason))
-        return "delivery_failed", result.message_id, reason
 
     async def mark_reply(
         self,

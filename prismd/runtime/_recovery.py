@@ -2,7 +2,8 @@
 
 Nothing is replayed behind the operator's back: the model is never re-run, and a reply
 is resent only on an explicit ``reconcile`` (with ``acknowledge_duplicate_risk`` when the
-first send may have landed).
+first send may have landed) — or, when its channel *held* it (proven unsent, no live
+connection), once its conversation reconnects (:mod:`._delivery`).
 
 Scope (SPEC difference 7): an identity scoped to a tenant (or tenant + account) lists
 *and* settles every record inside that scope. Rows are found with a partial-scope list,
@@ -20,7 +21,6 @@ import attrs
 from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 
 from ..api import PruneResult, ReconcileResult, UnresolvedEntry
-from ..channel import Reply
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
     NS_BINDING,
@@ -38,6 +38,8 @@ from ..journal import (
     reply_key,
 )
 from ._core import Core
+from ._delivery import resend
+from ._replies import is_held
 
 MAX_PAGES = 20
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -228,7 +230,13 @@ async def reconcile(
         return await _mark_handled(core, scope, loaded)
     if reply is None or reply.record.state == "delivered":
         return ReconcileResult("resolved", outcome="none", state=record.state)
-    if reply.record.state in UNSETTLED_REPLY_STATES and not acknowledge_duplicate_risk:
+    if (
+        reply.record.state in UNSETTLED_REPLY_STATES
+        and not is_held(reply.record)
+        and not acknowledge_duplicate_risk
+    ):
+        # A held reply is proven unsent (its channel had no connection), like a refused
+        # one: resending it needs no acknowledgement.
         return ReconcileResult(
             "conflict", state=record.state, detail="duplicate_risk", current_version=loaded.version
         )
@@ -300,33 +308,16 @@ async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> 
 async def _resend(
     core: Core, scope: OwnershipScope, op: OperationRecord, reply: Loaded[ReplyRecord]
 ) -> ReconcileResult:
-    stored = reply.record
-    controls: tuple[Any, ...] = ()
-    if stored.approval is not None:
-        # SPEC difference 4: the stored reply has no tokens; issue fresh controls.
-        from ._approvals import reissue_controls
-
-        controls = await reissue_controls(core, scope, dict(stored.approval))
-    state, message_id, reason = await core.deliver_once(
-        Reply(
-            connection_id=stored.connection_id,
-            external_conversation_id=stored.external_conversation_id,
-            text=stored.text,
-            kind="final" if stored.kind == "final" else "notice",
-            controls=controls,
-            thread_id=stored.thread_id,
-            in_reply_to=None,
-        )
-    )
+    # Claim-then-send (see _delivery.resend): a concurrent re-drive or a second operator
+    # resending the same reply loses the claim and sends nothing.
+    state = await resend(core, scope, reply)
+    if state is None:
+        return ReconcileResult("conflict", state=op.state)
     outcome = {
         "delivered": "reply_delivered",
         "delivery_failed": "reply_failed",
+        "pending": "reply_held",
     }.get(state, "reply_unknown")
-    ok = await core.mark_reply(
-        scope, reply.version, stored, state, message_id, reason, None, reply.fencing_token
-    )
-    if not ok:
-        return await _lost_race(core, scope, op)
     return ReconcileResult("resolved", outcome=outcome, state=op.state)
 
 

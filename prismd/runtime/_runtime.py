@@ -19,12 +19,12 @@ from ..api import (
     ReconcileResult,
     UnresolvedEntry,
 )
-from ..channel import Admission, InboundEvent, Preview, Reply, SendResult
+from ..channel import Admission, InboundEvent, PastReply, Preview, Reply, SendResult
 from ..controls import GrantRecord
 from ..identity import AgentIdentity
 from ..limits import Limits
 from ..redact import Redactor
-from . import _admit, _notify, _recovery, _resume
+from . import _admit, _delivery, _notify, _recovery, _resume
 from ._core import Core, FetchAttachment, operation_id_for
 from ._leaselog import LoggedLeases
 from ._types import Authorize, ResolveAgent, ResolveBinding
@@ -112,6 +112,46 @@ class Runtime:
 
     async def prune(self, *, identity: AgentIdentity, now_ms: int | None = None) -> PruneResult:
         return await _recovery.prune(self._core, identity=identity, now_ms=now_ms)
+
+    async def redeliver_pending(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        thread_id: str | None = None,
+    ) -> int:
+        """The conversation has a live connection again: deliver the replies its channel
+        held (``SendResult.hold()``), oldest first, each claimed by CAS so none is sent
+        twice. Returns how many were delivered; never raises. See
+        :mod:`prismd.runtime._delivery`."""
+        return await _delivery.redeliver_pending(
+            self._core,
+            connection_id=connection_id,
+            conversation_id=external_conversation_id,
+            actor_id=external_actor_id,
+            thread_id=thread_id,
+        )
+
+    async def recent_replies(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        thread_id: str | None = None,
+        limit: int = 20,
+    ) -> list[PastReply]:
+        """The conversation's last ``limit`` delivered replies within retention, oldest
+        first (the agent's side only: inbound text is not kept). Never raises."""
+        return await _delivery.recent_replies(
+            self._core,
+            connection_id=connection_id,
+            conversation_id=external_conversation_id,
+            actor_id=external_actor_id,
+            thread_id=thread_id,
+            limit=limit,
+        )
 
     async def create_pairing(
         self,

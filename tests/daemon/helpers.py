@@ -271,13 +271,25 @@ class ChatClient:
                     return frame
 
 
+_RESUME_TOKENS: dict[tuple[int, str], str] = {}
+"""The resume token each (port, actor) was issued, as a browser keeps it: a later hello for
+the same actor must carry it. A stale entry (a new daemon on a reused port) is harmless: an
+actor the journal does not know is simply issued a new token."""
+
+
 @asynccontextmanager
 async def chat(port: int, actor: str = "crash-actor-0001") -> AsyncIterator[ChatClient]:
     with trio.fail_after(30):
         async with trio_websocket.open_websocket_url(f"ws://127.0.0.1:{port}/ws") as ws:
-            await ws.send_message(json.dumps({"type": "hello", "actor": actor}))
+            hello = {"type": "hello", "actor": actor}
+            known = _RESUME_TOKENS.get((port, actor))
+            if known is not None:
+                hello["resume"] = known
+            await ws.send_message(json.dumps(hello))
             client = ChatClient(ws=ws, actor=actor)
-            await client.next_frame("ready")
+            ready = await client.next_frame("ready")
+            if isinstance(ready.get("resume"), str):
+                _RESUME_TOKENS[(port, actor)] = ready["resume"]
             yield client
 
 

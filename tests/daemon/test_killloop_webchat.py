@@ -94,6 +94,8 @@ class Client:
     acked: set[str] = attrs.field(factory=set)
     finals: Counter[str] = attrs.field(factory=Counter)
     sent_frames: int = 0
+    resume: str | None = None
+    """The resume token the first hello was given; every later hello carries it."""
 
     def unacked(self) -> list[tuple[str, str]]:
         return [m for m in self.messages[: self.released] if m[0] not in self.acked]
@@ -128,6 +130,8 @@ async def _session(port: int, client: Client) -> None:
                     while True:
                         frame: dict[str, Any] = json.loads(await ws.get_message())
                         kind, status = frame.get("type"), frame.get("status")
+                        if kind == "ready" and isinstance(frame.get("resume"), str):
+                            client.resume = frame["resume"]
                         if kind == "admission" and status in ("accepted", "unsupported"):
                             client.acked.add(str(frame.get("id")))
                         elif kind == "reply" and frame.get("kind") == "final":
@@ -139,7 +143,10 @@ async def _session(port: int, client: Client) -> None:
             async def send() -> None:
                 in_flight: set[str] = set()
                 try:
-                    await ws.send_message(json.dumps({"type": "hello", "actor": client.actor}))
+                    hello = {"type": "hello", "actor": client.actor}
+                    if client.resume is not None:
+                        hello["resume"] = client.resume
+                    await ws.send_message(json.dumps(hello))
                     while True:
                         for cid, text in client.unacked():
                             if cid in in_flight:

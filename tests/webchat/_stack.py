@@ -1,11 +1,13 @@
-"""A real messaging runtime (memory store) behind a real web chat adapter on loopback."""
+"""A real messaging runtime (memory or SQLite store) behind a real web chat adapter on loopback."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from adapters.webchat import WebchatAdapter
@@ -13,8 +15,51 @@ from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import AuthorizeInput, Grant, Reply, SendResult
 from prismd.identity import AgentIdentity, Principal
+from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
-from stores.memory import MemoryStore
+from stores import SYSTEM_CLOCK, Clock, open_store
+
+OPERATOR = AgentIdentity(
+    tenant_id="default",
+    principal=Principal("operator", "test-operator"),
+    scopes=("operator",),
+    issued_at_ms=0,
+)
+"""Lists and settles every record of the stack's tenant (what ``prismctl`` acts as)."""
+
+
+async def authorize_everyone(request: AuthorizeInput) -> Grant:
+    """The default loopback web chat's ``actors = ["*"]``: everyone gets ``primary``,
+    scoped to (default, connection, actor)."""
+    await trio.lowlevel.checkpoint()
+    identity = AgentIdentity(
+        tenant_id="default",
+        account_id=request.connection_id,
+        user_id=request.external_actor_id,
+        principal=Principal("user", request.external_actor_id),
+        scopes=("chat",),
+        issued_at_ms=0,
+    )
+    return Grant(
+        identity=identity,
+        agent_aliases=("primary",),
+        grant_revision="rev-1",
+        default_agent_alias="primary",
+    )
+
+
+@attrs.define
+class MutableClock:
+    """A wall clock a test moves by hand (``ms`` since the epoch)."""
+
+    ms: int
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+def sqlite_url(directory: Path) -> str:
+    return "sqlite:///" + str(directory / "journal.sqlite")
 
 
 @asynccontextmanager
@@ -23,13 +68,23 @@ async def chat_stack(
     options: Mapping[str, Any] | None = None,
     results: trio.MemorySendChannel[SendResult] | None = None,
     registry: dict[str, WebchatAdapter] | None = None,
+    *,
+    store_url: str = "memory://",
+    clock: Clock = SYSTEM_CLOCK,
+    limits: Limits | None = None,
     **adapter_kwargs: Any,
 ) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
     """Everyone who reaches the socket is granted the ``primary`` agent (the default
     loopback web chat's ``actors = ["*"]``), scoped to (default, connection, actor).
     Every ``deliver`` result is sent to ``results`` when given. ``deliver`` routes by
-    connection id through ``registry`` (when given), so a test can swap in a restarted adapter."""
-    async with MemoryStore() as store:
+    connection id through ``registry`` (when given), so a test can swap in a restarted adapter.
+
+    The adapter is wired as the daemon wires it: resume tokens in the store's checkpoints,
+    the runtime as its ``conversations``. ``store_url="sqlite:///…"`` makes everything
+    survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
+    """
+    store = await open_store(store_url, clock=clock)
+    try:
         agent = build_agent(
             kind,
             AgentContext(
@@ -37,23 +92,6 @@ async def chat_stack(
             ),
         )
         adapters: dict[str, WebchatAdapter] = {} if registry is None else registry
-
-        async def authorize(request: AuthorizeInput) -> Grant:
-            await trio.lowlevel.checkpoint()
-            identity = AgentIdentity(
-                tenant_id="default",
-                account_id=request.connection_id,
-                user_id=request.external_actor_id,
-                principal=Principal("user", request.external_actor_id),
-                scopes=("chat",),
-                issued_at_ms=0,
-            )
-            return Grant(
-                identity=identity,
-                agent_aliases=("primary",),
-                grant_revision="rev-1",
-                default_agent_alias="primary",
-            )
 
         async def resolve_agent(request: ResolveAgentInput) -> Any:
             await trio.lowlevel.checkpoint()
@@ -66,8 +104,16 @@ async def chat_stack(
             return result
 
         async with open_messaging_runtime(
-            authorize=authorize, resolve_agent=resolve_agent, deliver=deliver, store=store
+            authorize=authorize_everyone,
+            resolve_agent=resolve_agent,
+            deliver=deliver,
+            store=store,
+            clock=clock,
+            limits=limits or Limits(),
         ) as runtime:
+            adapter_kwargs.setdefault("checkpoints", store.checkpoints)
+            adapter_kwargs.setdefault("conversations", runtime)
+            adapter_kwargs.setdefault("clock", clock)
             adapter = WebchatAdapter(
                 connection_id="web", listen="127.0.0.1:0", admit=runtime.admit, **adapter_kwargs
             )
@@ -76,3 +122,6 @@ async def chat_stack(
                 await nursery.start(adapter.run)
                 yield adapter, runtime
                 nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -109,14 +110,56 @@ async def send(ws: trio_websocket.WebSocketConnection, frame: dict[str, Any]) ->
     await ws.send_message(json.dumps(frame))
 
 
-async def hello(ws: trio_websocket.WebSocketConnection, actor: str) -> None:
-    await send(ws, {"type": "hello", "actor": actor})
-    assert await recv(ws) == {"type": "ready", "actor": actor}
+RESUME_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
+
+
+async def hello(
+    ws: trio_websocket.WebSocketConnection,
+    actor: str,
+    resume: str | None = None,
+    *,
+    history: bool = False,
+) -> str:
+    """Say hello as ``actor``, with the resume token its browser keeps once it has one.
+
+    Returns that token: the one just issued (a fresh actor's ``ready`` carries it), else
+    ``resume``. With ``history`` (an adapter wired to a runtime) the ``history`` frame that
+    follows ``ready`` is read too, and must be empty.
+    """
+    frame: dict[str, Any] = {"type": "hello", "actor": actor}
+    if resume is not None:
+        frame["resume"] = resume
+    await send(ws, frame)
+    ready = await recv(ws)
+    issued = ready.pop("resume", None)
+    assert ready == {"type": "ready", "actor": actor}
+    if resume is None:
+        assert isinstance(issued, str) and RESUME_RE.match(issued), issued
+    else:
+        assert issued is None  # a known browser is not sent its token again
+    if history:
+        assert await recv(ws) == {"type": "history", "replies": []}
+    return issued or resume  # type: ignore[return-value]
 
 
 @asynccontextmanager
 async def connect(
     adapter: WebchatAdapter,
+    resource: str = "/ws",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **options: Any,
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """A client socket to ``adapter`` whose TCP stream the test owns (see :func:`connect_to`)."""
+    assert adapter.bound is not None
+    host, port = adapter.bound
+    async with connect_to(host, port, resource, headers, **options) as ws:
+        yield ws
+
+
+@asynccontextmanager
+async def connect_to(
+    host: str,
+    port: int,
     resource: str = "/ws",
     headers: list[tuple[bytes, bytes]] | None = None,
     **options: Any,
@@ -127,8 +170,6 @@ async def connect(
     close handshake is already done when ``aclose`` runs), which ``-W error`` reports as an
     unclosed socket; owning the stream closes it in every case.
     """
-    assert adapter.bound is not None
-    host, port = adapter.bound
     stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:

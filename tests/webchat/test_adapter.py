@@ -15,7 +15,7 @@ import trio_websocket
 
 from adapters.webchat import WebchatAdapter, parse_listen
 from prismd.adapter import AdapterFatalError
-from prismd.channel import Admission, ApprovalInput, Control, Reply
+from prismd.channel import Admission, ApprovalInput, Control, Reply, SendResult
 
 from ._support import (
     FIXED_NOW_MS,
@@ -164,6 +164,7 @@ async def test_message_round_trip(nursery: trio.Nursery) -> None:
             assert result.delivered and result.message_id
             assert await recv(ws) == {
                 "type": "reply",
+                "replyId": None,  # this reply names no operation
                 "kind": "notice",
                 "text": "the answer",
                 "controls": [
@@ -179,12 +180,12 @@ async def test_duplicate_client_id_reports_duplicate(nursery: trio.Nursery) -> N
     with trio.fail_after(10):
         adapter, recorder = await start(nursery)
         async with connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            resume = await hello(ws, ACTOR)
             await send(ws, {"type": "message", "id": "m1", "text": "once"})
             assert (await recv(ws))["duplicate"] is False
         # a reconnect re-sends the unacknowledged message with the same client id
         async with connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, resume)
             await send(ws, {"type": "message", "id": "m1", "text": "once"})
             frame = await recv(ws)
             assert frame["status"] == "accepted" and frame["duplicate"] is True
@@ -276,13 +277,13 @@ async def test_huge_frame_closes_only_that_socket(nursery: trio.Nursery) -> None
     with trio.fail_after(10):
         adapter, recorder = await start(nursery, max_message_bytes=1024)
         async with connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            resume = await hello(ws, ACTOR)
             await ws.send_message("x" * 10_000)
             with pytest.raises(trio_websocket.ConnectionClosed) as info:
                 await ws.get_message()
             assert info.value.reason is not None and info.value.reason.code == 1009
         async with connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, resume)
     assert recorder.events == []
 
 
@@ -381,8 +382,8 @@ async def test_send_reaches_every_socket_of_the_actor_only(nursery: trio.Nursery
             connect(adapter) as tab2,
             connect(adapter) as other,
         ):
-            await hello(tab1, ACTOR)
-            await hello(tab2, ACTOR)
+            resume = await hello(tab1, ACTOR)
+            await hello(tab2, ACTOR, resume)  # a second tab of the same browser
             await hello(other, OTHER)
             assert adapter.statistics().open_sockets == 3
             assert adapter.statistics().actors == 2
@@ -407,8 +408,7 @@ async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
         connect(adapter, message_queue_size=0) as stalled,
         connect(adapter, max_message_size=32 * 1024 * 1024) as reader,
     ):
-        await hello(stalled, ACTOR)
-        await hello(reader, ACTOR)
+        await hello(reader, ACTOR, await hello(stalled, ACTOR))
         # a first reply fills the stalled client's zero-sized queue: its reader stops reading
         assert (await adapter.send(reply("first"))).delivered
         assert (await recv(reader))["text"] == "first"
@@ -427,11 +427,11 @@ async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
         assert adapter.statistics().open_sockets == 1
 
 
-async def test_send_without_socket_is_not_connected(nursery: trio.Nursery) -> None:
+async def test_send_without_socket_is_held(nursery: trio.Nursery) -> None:
     with trio.fail_after(10):
         adapter, _ = await start(nursery)
-        result = await adapter.send(reply())
-        assert not result.delivered and result.reason == "webchat_not_connected"
+        # not sent and not failed: the runtime keeps it for the actor's next connection
+        assert await adapter.send(reply()) == SendResult.hold("webchat_not_connected")
         async with connect(adapter) as ws:
             await hello(ws, ACTOR)
             assert (await adapter.send(reply())).delivered
@@ -439,7 +439,14 @@ async def test_send_without_socket_is_not_connected(nursery: trio.Nursery) -> No
         await trio.testing.wait_all_tasks_blocked()
         assert adapter.statistics().open_sockets == 0
         result = await adapter.send(reply())
-        assert not result.delivered and result.reason == "webchat_not_connected"
+        assert result.held and not result.delivered and result.reason == "webchat_not_connected"
+        stats = adapter.statistics()
+        assert (stats.replies_held, stats.replies_sent) == (2, 1)
+
+
+def test_a_held_result_is_never_delivered() -> None:
+    with pytest.raises(ValueError, match="held reply is not delivered"):
+        SendResult(True, held=True)
 
 
 # ---------------------------------------------------------------------- access
@@ -499,10 +506,10 @@ async def test_token_guards_page_and_socket(nursery: trio.Nursery) -> None:
         assert (await http(adapter, upgrade("/ws?token=wrong")))[0] == 401
         assert (await http(adapter, upgrade(extra="Authorization: Bearer x\r\n")))[0] == 401
         async with connect(adapter, f"/ws?token={SECRET_TOKEN}") as ws:
-            await hello(ws, ACTOR)
+            resume = await hello(ws, ACTOR)
         headers = [(b"authorization", f"Bearer {SECRET_TOKEN}".encode())]
         async with connect(adapter, headers=headers) as ws:
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, resume)
             await send(ws, {"type": "message", "id": "m1", "text": "x"})
             assert (await recv(ws))["status"] == "accepted"
     assert len(recorder.events) == 1

@@ -20,8 +20,9 @@ import trio
 import trio_websocket
 
 from adapters.webchat import WebchatAdapter
+from prismd.channel import SendResult
 
-from ._stack import chat_stack
+from ._stack import OPERATOR, chat_stack, sqlite_url
 
 TOKEN = "browser-access-token-0123456789"
 CHROMIUM_FLAGS = [
@@ -165,6 +166,21 @@ class DevTools:
         }})"""
         return await self.evaluate(waiter)
 
+    async def leave(self) -> None:
+        """Navigate to ``about:blank`` (the chat page unloads: its socket closes)."""
+        await self.evaluate("window.prismdOldDocument = true")
+        await self.call("Page.navigate", {"url": "about:blank"})
+        for _ in range(100):
+            try:
+                if await self.evaluate(
+                    "!window.prismdOldDocument && location.href === 'about:blank'"
+                ):
+                    return
+            except AssertionError:
+                pass  # the old execution context went away mid-call
+            await trio.sleep(0.05)
+        raise AssertionError("the chat page did not unload")
+
     async def navigate(self, url: str) -> None:
         # mark the current document so the check below cannot mistake it for the new one
         await self.evaluate("window.prismdOldDocument = true")
@@ -186,6 +202,14 @@ def page_url(adapter: WebchatAdapter) -> str:
     host, port = adapter.bound
     return f"http://{host}:{port}/"
 
+
+TRANSCRIPT = """(() => {
+    const rows = Array.from(document.querySelectorAll('#log li.me, #log li.bot'));
+    return rows.length >= %d && rows.map(li => [
+        li.classList.contains('me') ? 'me' : 'bot', li.querySelector('.text').textContent]);
+})()"""
+"""The conversation as shown, top to bottom: ``[["me"|"bot", text], …]``, once it has at
+least the given number of messages (falsy before)."""
 
 TYPE_AND_SEND = """(() => {
     const input = document.getElementById('text');
@@ -234,9 +258,16 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                 )
                 again = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
                 assert again == actor
+                # the first exchange is back: the own message from localStorage, the answer
+                # from the journal (history frame)
+                assert await browser.wait_for(TRANSCRIPT % 2) == [
+                    ["me", "hello from chromium"],
+                    ["bot", "hello from chromium"],
+                ]
                 await browser.evaluate(TYPE_AND_SEND % json.dumps("second visit"))
                 reply = await browser.wait_for(
-                    "document.querySelector('#log .bot .text')?.textContent"
+                    "document.querySelectorAll('#log .bot').length === 2"
+                    " && document.querySelectorAll('#log .bot .text')[1].textContent"
                 )
                 assert reply == "second visit"
                 assert adapter.statistics().actors == 1
@@ -273,12 +304,17 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
             # 3. a token-guarded chat; the page goes offline, keeps what was typed meanwhile
             #    and sends it once the daemon is back on the same port
             registry: dict[str, WebchatAdapter] = {}
-            async with chat_stack(registry=registry) as (_, runtime), trio.open_nursery() as run:
+            async with (
+                chat_stack(registry=registry) as (stack, runtime),
+                trio.open_nursery() as run,
+            ):
                 first = WebchatAdapter(
                     connection_id="web",
                     listen="127.0.0.1:0",
                     admit=runtime.admit,
                     access_token=TOKEN,
+                    checkpoints=stack.checkpoints,
+                    conversations=runtime,
                 )
                 registry["web"] = first
                 serving = trio.CancelScope()
@@ -312,6 +348,8 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
                     listen=f"127.0.0.1:{first.bound[1]}",
                     admit=runtime.admit,
                     access_token=TOKEN,
+                    checkpoints=stack.checkpoints,
+                    conversations=runtime,
                 )
                 registry["web"] = second
                 await run.start(serve, second, trio.CancelScope())
@@ -326,3 +364,82 @@ async def test_chat_page_in_headless_chromium(tmp_path: Path) -> None:
             await browser.evaluate("console.error('probe-error'), true")
             await browser.evaluate("1")
             assert any("probe-error" in e for e in browser.page_errors())
+
+
+async def test_a_reload_shows_the_answer_that_arrived_while_the_page_was_closed(
+    tmp_path: Path,
+) -> None:
+    results_in, results = trio.open_memory_channel[SendResult](10)
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("mock", {"delay_ms": 1500}, results_in, store_url=sqlite_url(tmp_path)) as (
+                adapter,
+                runtime,
+            ),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for("document.getElementById('status').dataset.state === 'online'")
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("are you there?"))
+            await browser.wait_for(
+                "document.querySelector('#log .me .meta')?.textContent === 'sent'"
+            )
+            actor = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
+            resume = await browser.evaluate("localStorage.getItem('prismd.webchat.resume')")
+            assert isinstance(resume, str) and len(resume) == 43
+
+            # The tab is closed before the agent answers: the answer is journaled and held.
+            await browser.leave()
+            assert await results.receive() == SendResult.hold("webchat_not_connected")
+
+            # Opened again: the page shows the answer (re-driven by the runtime) after the
+            # question (kept by the page), and the journal records it delivered.
+            await browser.navigate(page_url(adapter))
+            assert await browser.wait_for(TRANSCRIPT % 2) == [
+                ["me", "are you there?"],
+                ["bot", "mock: are you there?"],
+            ]
+            assert (await results.receive()).delivered
+            assert await browser.evaluate("localStorage.getItem('prismd.webchat.actor')") == actor
+            for _ in range(200):  # the mark follows the delivery
+                if not await runtime.list_unresolved(identity=OPERATOR):
+                    break
+                await trio.sleep(0.025)
+            assert await runtime.list_unresolved(identity=OPERATOR) == []
+
+            # A reload now shows it from the journal's history, once; nothing is sent again.
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for("document.getElementById('status').dataset.state === 'online'")
+            assert await browser.wait_for(TRANSCRIPT % 2) == [
+                ["me", "are you there?"],
+                ["bot", "mock: are you there?"],
+            ]
+            await trio.sleep(0.3)  # a duplicate would arrive right after the history frame
+            assert await browser.evaluate(TRANSCRIPT % 0) == [
+                ["me", "are you there?"],
+                ["bot", "mock: are you there?"],
+            ]
+            with pytest.raises(trio.WouldBlock):
+                results.receive_nowait()
+            assert runtime.diagnostics().deliveries == 1
+
+            # A page holding the id but not its token (a copied profile) gets none of it:
+            # the server refuses, the page starts a new chat under a new id.
+            await browser.evaluate(f"localStorage.setItem('prismd.webchat.resume', '{'A' * 43}')")
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for("document.getElementById('status').dataset.state === 'online'")
+            renewed = await browser.evaluate("localStorage.getItem('prismd.webchat.actor')")
+            assert isinstance(renewed, str) and renewed != actor
+            assert (
+                await browser.evaluate("document.querySelectorAll('#log .me, #log .bot').length")
+                == 0
+            )
+            notice = await browser.evaluate("document.querySelector('#log .system').textContent")
+            assert notice == "This chat belongs to another browser; a new chat was started."
+            assert adapter.statistics().hellos_refused == 1
+            assert browser.page_errors() == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from prismd.channel import SendResult
+from prismd.runtime._ids import operation_id_for
 
 from ._stack import chat_stack
 from ._support import connect, hello, recv, send
@@ -15,7 +15,7 @@ ACTOR = "browser-actor-0001"
 async def test_message_gets_the_agents_reply() -> None:
     with trio.fail_after(15):
         async with chat_stack() as (adapter, runtime), connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, history=True)
             await send(ws, {"type": "message", "id": "m1", "text": "hello prismd"})
             assert await recv(ws) == {
                 "type": "admission",
@@ -26,6 +26,7 @@ async def test_message_gets_the_agents_reply() -> None:
             }
             assert await recv(ws) == {
                 "type": "reply",
+                "replyId": operation_id_for("web", f"{ACTOR}:m1"),
                 "kind": "final",
                 "text": "hello prismd",
                 "controls": [],
@@ -41,13 +42,15 @@ async def test_resent_client_id_is_a_duplicate_and_runs_once() -> None:
     with trio.fail_after(15):
         async with chat_stack() as (adapter, runtime):
             async with connect(adapter) as ws:
-                await hello(ws, ACTOR)
+                resume = await hello(ws, ACTOR, history=True)
                 await send(ws, {"type": "message", "id": "m1", "text": "first"})
                 assert (await recv(ws))["duplicate"] is False
                 assert (await recv(ws))["text"] == "first"
             # the page re-sends a message it saw no admission for after reconnecting
             async with connect(adapter) as ws:
-                await hello(ws, ACTOR)
+                await hello(ws, ACTOR, resume)
+                history = await recv(ws)
+                assert [r["text"] for r in history["replies"]] == ["first"]
                 await send(ws, {"type": "message", "id": "m1", "text": "first"})
                 frame = await recv(ws)
                 assert frame["status"] == "accepted" and frame["duplicate"] is True
@@ -65,7 +68,7 @@ async def test_approval_buttons_resume_the_run() -> None:
             chat_stack("mock", {"suspend_for_tool": "shell"}) as (adapter, _),
             connect(adapter) as ws,
         ):
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, history=True)
             await send(ws, {"type": "message", "id": "m1", "text": "run it"})
             assert (await recv(ws))["status"] == "accepted"
             notice = await recv(ws)
@@ -101,7 +104,7 @@ async def test_deny_button_ends_the_run() -> None:
             chat_stack("mock", {"suspend_for_tool": "shell"}) as (adapter, _),
             connect(adapter) as ws,
         ):
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, history=True)
             await send(ws, {"type": "message", "id": "m1", "text": "run it"})
             await recv(ws)
             notice = await recv(ws)
@@ -111,17 +114,3 @@ async def test_deny_button_ends_the_run() -> None:
             assert (await recv(ws))["status"] == "accepted"
             final = await recv(ws)
             assert final["text"] == "Approval denied. The request will not continue."
-
-
-async def test_reply_while_disconnected_is_not_delivered() -> None:
-    results_in, results = trio.open_memory_channel[SendResult](10)
-    with trio.fail_after(15):
-        async with chat_stack("mock", {"delay_ms": 200}, results=results_in) as (adapter, _):
-            async with connect(adapter) as ws:
-                await hello(ws, ACTOR)
-                await send(ws, {"type": "message", "id": "m1", "text": "slow"})
-                assert (await recv(ws))["status"] == "accepted"
-            # the browser tab is gone when the answer is ready
-            result = await results.receive()
-            assert result == SendResult(False, reason="webchat_not_connected")
-            assert adapter.statistics().replies_not_connected == 1

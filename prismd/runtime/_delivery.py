@@ -1,0 +1,326 @@
+"""Delivering journaled replies: the send step, resends, held replies, recent history.
+
+:func:`deliver_and_mark` is the send step of ``Core.send_reply`` (the reply is already
+staged ``pending``); :func:`resend` sends a stored reply again (``reconcile`` and the
+re-drive below); :func:`recent_replies` reads a conversation's delivered replies back.
+
+A channel without a live connection to a conversation (a web chat tab that was closed)
+answers ``SendResult.hold()``; the reply record then stays ``pending`` with reason
+:data:`~._replies.HELD_REASON` — proven unsent — instead of ending ``delivery_failed``.
+When the conversation connects again the channel calls :func:`redeliver_pending`, and the
+runtime loads that conversation's held replies from the journal and delivers them.
+
+Guarantees:
+
+* **Never twice.** Every resend (this re-drive and an operator's ``reconcile``) goes through
+  :func:`resend`: a compare-and-swap on the reply record *claims* it (reason cleared, still
+  ``pending``) before ``deliver`` is called, then the outcome is marked on the claimed
+  version. Of two concurrent re-drives (two tabs reconnecting, two processes, a re-drive
+  racing an operator) exactly one wins the claim and sends. A crash after the claim leaves
+  a plain ``pending`` reply — it may have been sent — for the operator, never for a second
+  automatic send. Within one process re-drives also queue behind
+  :class:`~._replies.DeliveryTurns`, so a hold being marked is always seen.
+* **Only what was held.** A ``pending`` reply without the held mark (staged, then the daemon
+  died mid-send) is not re-driven: it stays listed for ``reconcile``, as before.
+* **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of the
+  conversation owner's reply rows are read per call; held replies created within
+  ``retention_days`` are delivered oldest first, at most :data:`MAX_REDELIVER` per call.
+  Older held replies stay listed for the operator. When the connection goes away again
+  mid-way, the rest stay held for the next reconnect.
+* **Only the owner's.** The conversation's owner is whoever ``authorize`` says the actor is
+  now (a revoked actor gets nothing); rows are read under exactly that ownership scope.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from stores import OwnershipScope
+
+from ..channel import AuthorizeInput, Grant, PastReply, Reply
+from ..identity import AgentIdentity, ownership_from_identity
+from ..journal import NS_REPLY, Loaded, ReplyRecord, reply_key
+from ..redact import bound_detail
+from ._admit import check_grant
+from ._core import Core
+from ._replies import HELD_REASON, is_held
+
+MAX_SCAN_PAGES = 5
+"""Pages of ``max_journal_page`` reply rows read per call (newest first)."""
+MAX_REDELIVER = 100
+"""Held replies re-driven per reconnect; more wait for the next one."""
+MAX_HISTORY = 100
+DAY_MS = 24 * 60 * 60 * 1000
+CLAIM_BUDGET_S = 10.0
+
+
+async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
+    """Call ``deliver``: ``(state, message_id, reason)`` for ``Core.mark_reply``.
+
+    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
+    (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
+    with reason :data:`~._replies.HELD_REASON`, and no counter moves.
+    """
+    try:
+        result = await core.deliver(reply)
+    except Exception:
+        return "delivery_unknown", None, None
+    if result.held:
+        return "pending", None, HELD_REASON
+    if result.delivered:
+        core.count("deliveries")
+        return "delivered", result.message_id, None
+    core.count("delivery_failures")
+    reason = None if result.reason is None else bound_detail(str(result.reason))
+    return "delivery_failed", result.message_id, reason
+
+
+async def deliver_and_mark(
+    core: Core,
+    reply: Reply,
+    staged: Loaded[ReplyRecord] | None,
+    ownership: OwnershipScope | None,
+    fence: int | None,
+) -> str:
+    """Deliver a staged reply and mark its record (when journaled); returns the state.
+
+    Holds the conversation's delivery turn across both, so a re-drive started by a
+    reconnect meanwhile sees this reply's hold once it is marked.
+    """
+    async with core.delivery_turns.hold(reply.connection_id, reply.external_conversation_id):
+        state, message_id, reason = await deliver_once(core, reply)
+        if staged is not None and ownership is not None:
+            await core.mark_reply(
+                ownership, staged.version, staged.record, state, message_id, reason, fence
+            )
+    return state
+
+
+async def resend(
+    core: Core,
+    scope: OwnershipScope,
+    loaded: Loaded[ReplyRecord],
+    *,
+    in_reply_to: str | None = None,
+) -> str | None:
+    """Claim the stored reply by CAS, deliver its stored text, mark the outcome.
+
+    Returns the state marked (``delivered``, ``delivery_failed``, ``delivery_unknown``, or
+    ``pending`` when the channel held it again), or ``None`` when nothing was sent because
+    the claim was lost (someone else resent or settled it) or the store failed. Approval
+    notices get fresh controls (SPEC difference 4: the record keeps no tokens).
+    """
+    assert core.journal is not None
+    stored = loaded.record
+    claim = attrs.evolve(stored, state="pending", reason=None, updated_at_ms=core.now_ms())
+    claimed = None
+    # Shielded and bounded like mark_reply: a claim written but never followed by the
+    # send would needlessly leave the reply to the operator.
+    with trio.CancelScope(shield=True), trio.move_on_after(CLAIM_BUDGET_S):
+        try:
+            # The stored fencing token, as reconcile does: the turn that wrote the reply
+            # may be long gone, and no current lease holder writes this record.
+            claimed = await core.journal.mark(scope, claim, loaded.version, loaded.fencing_token)
+        except Exception:
+            core.count("storage_failures")
+            return None
+    if claimed is None:
+        return None
+    controls: tuple[Any, ...] = ()
+    if stored.approval is not None:
+        from ._approvals import reissue_controls
+
+        controls = await reissue_controls(core, scope, dict(stored.approval))
+    state, message_id, reason = await deliver_once(
+        core,
+        Reply(
+            connection_id=stored.connection_id,
+            external_conversation_id=stored.external_conversation_id,
+            text=stored.text,
+            kind="final" if stored.kind == "final" else "notice",
+            controls=controls,
+            thread_id=stored.thread_id,
+            in_reply_to=in_reply_to,
+            operation_id=stored.operation_id,
+        ),
+    )
+    fence = claimed.fencing_token
+    ok = await core.mark_reply(
+        scope, claimed.version, claimed.record, state, message_id, reason, None, fence
+    )
+    return state if ok else None
+
+
+async def _owner(
+    core: Core, connection_id: str, conversation_id: str, actor_id: str, thread_id: str | None
+) -> tuple[AgentIdentity, OwnershipScope] | None:
+    """The actor's current identity and ownership scope, or ``None`` (no usable grant)."""
+    try:
+        grant = await core.authorize(
+            AuthorizeInput(
+                connection_id=connection_id,
+                external_conversation_id=conversation_id,
+                external_actor_id=actor_id,
+                event_id="",
+                text="",
+                action="message",
+                received_at_ms=core.now_ms(),
+                thread_id=thread_id,
+            )
+        )
+    except Exception:
+        return None
+    if check_grant(core, grant) is not None or not isinstance(grant, Grant):
+        return None
+    try:
+        return grant.identity, ownership_from_identity(grant.identity)
+    except Exception:
+        return None
+
+
+async def _conversation_replies(
+    core: Core,
+    scope: OwnershipScope,
+    connection_id: str,
+    conversation_id: str,
+    thread_id: str | None,
+) -> list[Loaded[ReplyRecord]]:
+    """The conversation's reply records under exactly ``scope`` created within retention
+    (bounded scan, newest ``updated_at`` first)."""
+    assert core.journal is not None
+    cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
+    # reply_key with an empty operation id is the key prefix of every reply of this
+    # connection and scope; keys are not escaped, so the record's own fields decide.
+    prefix = reply_key(connection_id, scope, "")
+    out: list[Loaded[ReplyRecord]] = []
+    cursor: str | None = None
+    for _page in range(MAX_SCAN_PAGES):
+        rows, cursor = await core.journal.list(
+            scope, NS_REPLY, core.limits.max_journal_page, key_prefix=prefix, cursor=cursor
+        )
+        for row in rows:
+            if row.scope != scope:
+                continue
+            try:
+                record = ReplyRecord.from_json(row.value)
+            except ValueError:
+                continue
+            if (
+                record.connection_id == connection_id
+                and record.external_conversation_id == conversation_id
+                and record.thread_id == thread_id
+                and record.created_at_ms >= cutoff
+            ):
+                out.append(
+                    Loaded(
+                        version=row.version,
+                        record=record,
+                        fencing_token=row.fencing_token,
+                        scope=row.scope,
+                        updated_at_ms=row.updated_at_ms,
+                    )
+                )
+        if cursor is None or not rows:
+            break
+    return out
+
+
+async def _event_id(core: Core, scope: OwnershipScope, record: ReplyRecord) -> str | None:
+    """The event id the reply answers (its operation's), when that record is still kept."""
+    assert core.journal is not None
+    op = await core.journal.load_operation(scope, record.connection_id, record.operation_id)
+    return None if op is None else op.record.event_id
+
+
+def _oldest_first(replies: list[Loaded[ReplyRecord]]) -> list[Loaded[ReplyRecord]]:
+    return sorted(replies, key=lambda r: (r.record.created_at_ms, r.record.operation_id))
+
+
+async def redeliver_pending(
+    core: Core,
+    *,
+    connection_id: str,
+    conversation_id: str,
+    actor_id: str,
+    thread_id: str | None = None,
+) -> int:
+    """Deliver the conversation's held replies, oldest first; returns how many were delivered.
+
+    Called by a channel when the conversation has a live connection again. Never raises:
+    store failures count ``storage_failures`` and end the call (the replies stay held).
+    """
+    if core.journal is None or core.stopped:
+        return 0
+    owner = await _owner(core, connection_id, conversation_id, actor_id, thread_id)
+    if owner is None:
+        return 0
+    identity, scope = owner
+    delivered = 0
+    try:
+        async with core.delivery_turns.hold(connection_id, conversation_id):
+            replies = await _conversation_replies(
+                core, scope, connection_id, conversation_id, thread_id
+            )
+            held = _oldest_first([r for r in replies if is_held(r.record)])
+            for loaded in held[:MAX_REDELIVER]:
+                if core.stopped or not core.active(identity):
+                    break
+                in_reply_to = await _event_id(core, scope, loaded.record)
+                state = await resend(core, scope, loaded, in_reply_to=in_reply_to)
+                if state == "delivered":
+                    delivered += 1
+                elif state == "pending":
+                    break  # held again: the connection went away; the rest wait too
+    except Exception:
+        core.count("storage_failures")
+    return delivered
+
+
+async def recent_replies(
+    core: Core,
+    *,
+    connection_id: str,
+    conversation_id: str,
+    actor_id: str,
+    thread_id: str | None = None,
+    limit: int = 20,
+) -> list[PastReply]:
+    """The conversation's last ``limit`` delivered replies (1..100), oldest first.
+
+    Only replies created within ``retention_days`` and stored under the actor's current
+    ownership scope. Inbound text is not in the journal after its run (README
+    "Guarantees"), so this is the agent's side of the exchange only. Never raises: a store
+    failure counts ``storage_failures`` and returns ``[]``.
+    """
+    if core.journal is None:
+        return []
+    want = max(1, min(int(limit), MAX_HISTORY))
+    owner = await _owner(core, connection_id, conversation_id, actor_id, thread_id)
+    if owner is None:
+        return []
+    _identity, scope = owner
+    try:
+        replies = await _conversation_replies(
+            core, scope, connection_id, conversation_id, thread_id
+        )
+        delivered = [r for r in replies if r.record.state == "delivered"]
+        chosen = _oldest_first(delivered)[-want:]
+        out = []
+        for loaded in chosen:
+            record = loaded.record
+            out.append(
+                PastReply(
+                    operation_id=record.operation_id,
+                    kind="final" if record.kind == "final" else "notice",
+                    text=record.text,
+                    created_at_ms=record.created_at_ms,
+                    in_reply_to=await _event_id(core, scope, record),
+                )
+            )
+    except Exception:
+        core.count("storage_failures")
+        return []
+    return out
