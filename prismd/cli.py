@@ -76,9 +76,10 @@ def summarize(config: Config) -> str:
     connections = ", ".join(f"{c.kind} {c.id}" for c in config.connections) or "none"
     agents = ", ".join(f"{alias} ({a.kind})" for alias, a in config.agents.items()) or "none"
     backend = config.store.url.partition("://")[0]
+    metrics = "" if config.metrics is None else f"; metrics on {config.metrics.listen}"
     return (
         f"{config.source or 'built-in defaults'}: connections: {connections}; "
-        f"agents: {agents}; {len(config.grants)} grant(s); store: {backend}"
+        f"agents: {agents}; {len(config.grants)} grant(s); store: {backend}{metrics}"
     )
 
 

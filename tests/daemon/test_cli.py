@@ -50,6 +50,10 @@ def test_check_config_ok_prints_a_summary(
     assert "echo (echo)" in out and "slow (mock)" in out
     assert "1 grant(s)" in out
     assert "store: sqlite" in out
+    assert "metrics" not in out
+    path.write_text(GOOD + '\n[metrics]\nlisten = "127.0.0.1:9464"\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert "metrics on 127.0.0.1:9464" in capsys.readouterr().out
 
 
 def test_check_config_bad_key_exits_1_naming_file_and_key(

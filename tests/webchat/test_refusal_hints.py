@@ -25,7 +25,7 @@ HELP = "Commands: /help, /status, /new, /agent <alias>, /cancel."
 async def test_refusals_carry_a_hint_and_acceptances_do_not() -> None:
     with trio.fail_after(15):
         async with chat_stack() as (adapter, runtime), connect(adapter) as ws:
-            await hello(ws, ACTOR)
+            await hello(ws, ACTOR, history=True)
             # The limit is in bytes: 10 923 three-byte characters are one byte too many.
             for client_id, text in (("big", "x" * (LIMIT + 1)), ("wide", "€" * 10_923)):
                 frame = {"type": "message", "id": client_id, "text": text}
