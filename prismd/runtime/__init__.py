@@ -23,3 +23,7 @@ __all__ = [
     "Runtime",
     "open_messaging_runtime",
 ]
+
+from .api import Diagnostics as Diagnostics
+from .api import MessagingRuntime as MessagingRuntime
+from .api import ReconcileResult as ReconcileResult

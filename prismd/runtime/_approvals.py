@@ -17,8 +17,8 @@ from stores import OwnershipScope
 
 from ..agents._base import Agent, Decision, RunFailedError, RunResult, RunState
 from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
-from ..controls import ApprovalRecord, ApprovalTarget, LoadedApproval
 from ..identity import ownership_from_identity
+from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval
 from ..redact import bound_detail
 from ._admit import AdmitContext, authorize_input, check_grant
 from ._core import Core

@@ -30,7 +30,6 @@ from stores import (
 )
 
 from ..agents._base import Agent
-from ..api import Diagnostics
 from ..channel import (
     AttachmentRef,
     Control,
@@ -38,15 +37,18 @@ from ..channel import (
     Reply,
     SendResult,
 )
-from ..controls import ApprovalStore, GrantRecord, GrantStore, PairingStore
 from ..identity import AgentIdentity, identity_is_active
 from ..journal import (
     NS_BINDING,
+    ApprovalStore,
     BindingRecord,
     ChannelJournal,
     CursorRecord,
+    GrantRecord,
+    GrantStore,
     Loaded,
     OperationRecord,
+    PairingStore,
     ReplyRecord,
     StoredControl,
     binding_key,
@@ -67,6 +69,7 @@ from ._types import (
     Route,
     RouteKey,
 )
+from .api import Diagnostics
 
 COUNTER_NAMES = (
     "admitted",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from stores import OwnershipScope, ms_to_iso
 
-from ..api import PairingTicket
 from ..channel import Admission, AuthorizeInput, Grant
 from ..grants import missing_grant
 from ..identity import AgentIdentity, ownership_from_identity
@@ -17,6 +16,7 @@ from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_
 from ..redact import utf8_len
 from ._admit import _denied, check_grant, duplicate, seen_before
 from ._core import MAX_ID_BYTES, Core, notify_operation_id
+from .api import PairingTicket
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
 OPERATOR_PRINCIPAL_KIND = "operator"

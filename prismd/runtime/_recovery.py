@@ -20,7 +20,6 @@ import attrs
 
 from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 
-from ..api import PruneResult, ReconcileResult, UnresolvedEntry
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
     NS_BINDING,
@@ -40,6 +39,7 @@ from ..journal import (
 from ._core import Core
 from ._delivery import resend
 from ._replies import is_held
+from .api import PruneResult, ReconcileResult, UnresolvedEntry
 
 MAX_PAGES = 20
 MAX_SAFE_INTEGER = 2**53 - 1

@@ -11,7 +11,16 @@ import trio
 
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..api import (
+from ..channel import Admission, InboundEvent, PastReply, Preview, Reply, SendResult
+from ..identity import AgentIdentity
+from ..journal import GrantRecord
+from ..limits import Limits
+from ..redact import Redactor
+from . import _admit, _delivery, _notify, _recovery, _resume
+from ._core import Core, FetchAttachment, operation_id_for
+from ._leaselog import LoggedLeases
+from ._types import Authorize, ResolveAgent, ResolveBinding
+from .api import (
     Diagnostics,
     DrainResult,
     PairingTicket,
@@ -19,15 +28,6 @@ from ..api import (
     ReconcileResult,
     UnresolvedEntry,
 )
-from ..channel import Admission, InboundEvent, PastReply, Preview, Reply, SendResult
-from ..controls import GrantRecord
-from ..identity import AgentIdentity
-from ..limits import Limits
-from ..redact import Redactor
-from . import _admit, _delivery, _notify, _recovery, _resume
-from ._core import Core, FetchAttachment, operation_id_for
-from ._leaselog import LoggedLeases
-from ._types import Authorize, ResolveAgent, ResolveBinding
 
 log = logging.getLogger("prismd.runtime")
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import trio
 
-from prismd.controls import (
+from prismd.journal._access import (
     CATEGORY_CONTROL,
     NS_CONTROL,
     NS_GRANT,

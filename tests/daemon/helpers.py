@@ -24,7 +24,7 @@ import trio_websocket
 
 from prismd.agents._base import AgentContext
 from prismd.agents.mock import MockAgent
-from prismd.config import Config, parse_config
+from prismd.daemon._config import Config, parse_config
 from tests.fakes.killloop_agent import CountingMock, inner_mock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,7 +300,15 @@ async def prismctl(layout: Layout, *args: str, limit_s: float = 30) -> tuple[int
     """Run `python -m prismd.ctl --socket … --json ARGS`; returns (code, parsed stdout, stderr)."""
     with trio.fail_after(limit_s):
         done = await trio.run_process(
-            [sys.executable, "-m", "prismd.ctl", "--socket", str(layout.control), "--json", *args],
+            [
+                sys.executable,
+                "-m",
+                "prismd.cli.prismctl",
+                "--socket",
+                str(layout.control),
+                "--json",
+                *args,
+            ],
             capture_stdout=True,
             capture_stderr=True,
             check=False,

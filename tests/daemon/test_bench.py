@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from prismd.bench import BenchOptions, figures, render_table, run_bench
+from prismd.cli._bench import BenchOptions, figures, render_table, run_bench
 
 pytestmark = pytest.mark.slow
 

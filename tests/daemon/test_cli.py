@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prismd.cli import main
+from prismd.cli._prismd import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -177,7 +177,7 @@ def test_version_is_the_distributions_for_both_commands() -> None:
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert importlib.metadata.version("prismd") == declared
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for module, prog in (("prismd", "prismd"), ("prismd.ctl", "prismctl")):
+    for module, prog in (("prismd", "prismd"), ("prismd.cli.prismctl", "prismctl")):
         done = subprocess.run(
             [sys.executable, "-m", module, "--version"],
             capture_output=True,

@@ -12,8 +12,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-import prismd.config as config_module
-from prismd.config import ConfigError, check_runnable, load_config
+import prismd.daemon._config as config_module
+from prismd.daemon._config import ConfigError, check_runnable, load_config
 
 from .helpers import REPO
 

@@ -22,9 +22,7 @@ import pytest
 import trio
 from hypothesis import strategies as st
 
-from prismd.api import UnresolvedEntry
-from prismd.config import ControlConfig, GrantConfig, Operator
-from prismd.control import (
+from prismd.control._server import (
     ControlHandler,
     ControlSocketError,
     ControlSocketInUseError,
@@ -33,6 +31,8 @@ from prismd.control import (
     serve_control,
     to_wire,
 )
+from prismd.daemon._config import ControlConfig, GrantConfig, Operator
+from prismd.runtime.api import UnresolvedEntry
 from stores import OwnershipScope
 from stores.memory import MemoryStore
 from tests.privileges import chown_group, needs_root

@@ -17,11 +17,11 @@ import trio
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
-from prismd.config import ControlConfig, GrantConfig, Operator
-from prismd.control import ControlHandler, pairing_aliases_from_grants, serve_control
-from prismd.controls import GrantStore
+from prismd.control._server import ControlHandler, pairing_aliases_from_grants, serve_control
+from prismd.daemon._config import ControlConfig, GrantConfig, Operator
 from prismd.grants import GrantAuthorizer
-from prismd.journal import NS_CONTROL, ChannelJournal, OperationRecord
+from prismd.journal._access import GrantStore
+from prismd.journal._journal import NS_CONTROL, ChannelJournal, OperationRecord
 from prismd.runtime import open_messaging_runtime
 from stores import OwnershipScope
 from stores.memory import MemoryStore
@@ -29,7 +29,7 @@ from stores.memory import MemoryStore
 from .test_control_support import connect
 
 DEADLINE = 20
-PRISMCTL = [sys.executable, "-m", "prismd.ctl"]
+PRISMCTL = [sys.executable, "-m", "prismd.cli.prismctl"]
 GRANTS = (
     GrantConfig(connection="web", actors=("*",), aliases=("echo",), notifications=True),
     GrantConfig(connection="tg", pairing=True, aliases=("echo",)),
@@ -158,7 +158,7 @@ async def test_operator_workflow_against_the_real_runtime(tmp_path: Path) -> Non
                 [
                     sys.executable,
                     "-m",
-                    "prismd.ctl",
+                    "prismd.cli.prismctl",
                     "--socket",
                     config.socket,
                     "--json",

@@ -15,7 +15,11 @@ from typing import Any
 import attrs
 import trio
 
-from prismd.api import (
+from prismd.channel import Admission, InboundEvent
+from prismd.control._server import ControlHandler, serve_control
+from prismd.daemon._config import ControlConfig
+from prismd.identity import AgentIdentity
+from prismd.runtime.api import (
     Diagnostics,
     DrainResult,
     PairingTicket,
@@ -23,10 +27,6 @@ from prismd.api import (
     ReconcileResult,
     UnresolvedEntry,
 )
-from prismd.channel import Admission, InboundEvent
-from prismd.config import ControlConfig
-from prismd.control import ControlHandler, serve_control
-from prismd.identity import AgentIdentity
 from stores.memory import MemoryStore
 
 DAEMON_UID = os.getuid()

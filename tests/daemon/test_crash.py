@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.journal import NS_OPERATION
+from prismd.journal._journal import NS_OPERATION
 from stores import open_store
 
 from .helpers import (

@@ -6,9 +6,9 @@ import attrs
 import pytest
 
 from prismd.channel import AuthorizeInput
-from prismd.controls import GrantRecord, GrantStore
 from prismd.grants import GrantAuthorizer, grant_revision, operator_identity
 from prismd.identity import AgentIdentity, Principal, identity_is_active
+from prismd.journal._access import GrantRecord, GrantStore
 from stores import OwnershipScope, open_store
 
 

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import trio
 
-from prismd import logs
+from prismd.daemon import _logs as logs
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_BINDING, binding_key
+from prismd.journal._journal import NS_BINDING, binding_key
 from prismd.runtime._ids import operation_id_for
 from prismd.runtime._leaselog import LoggedLeases, route_tag
 from stores import OwnershipScope

@@ -19,11 +19,11 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from prismd.api import Diagnostics
-from prismd.cli import main
-from prismd.config import ConfigError, parse_config
-from prismd.daemon import Daemon
-from prismd.metrics import MAX_CONNECTIONS, DaemonMetrics, MetricsServer
+from prismd.cli._prismd import main
+from prismd.daemon._config import ConfigError, parse_config
+from prismd.daemon._daemon import Daemon
+from prismd.daemon._metrics import MAX_CONNECTIONS, DaemonMetrics, MetricsServer
+from prismd.runtime.api import Diagnostics
 from stores import CheckpointConflictError, OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
 

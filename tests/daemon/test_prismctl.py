@@ -17,17 +17,18 @@ from typing import Any
 import pytest
 import trio
 
-from prismd import controls, ctl
-from prismd.api import ReconcileResult
 from prismd.channel import Admission
-from prismd.config import ControlConfig
+from prismd.cli import prismctl as ctl
+from prismd.daemon._config import ControlConfig
+from prismd.journal import _access as controls
+from prismd.runtime.api import ReconcileResult
 from stores import OwnershipScope
 from tests.privileges import needs_root
 
 from .test_control_support import RecordingRuntime, running_server
 
 DEADLINE = 20
-PRISMCTL = [sys.executable, "-m", "prismd.ctl"]
+PRISMCTL = [sys.executable, "-m", "prismd.cli.prismctl"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -300,9 +301,9 @@ def test_chat_calls_the_chat_client(
         calls.append((url, kwargs))
         return 0
 
-    fake = types.ModuleType("prismd.chatclient")
+    fake = types.ModuleType("prismd.cli._chat")
     fake.run_chat_cli = run_chat_cli  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "prismd.chatclient", fake)
+    monkeypatch.setitem(sys.modules, "prismd.cli._chat", fake)
     monkeypatch.setenv("CHAT_TOKEN", "tok-1")
     assert (
         ctl.main(["chat", "--url", "http://h:1/", "--actor", "me", "--token-env", "CHAT_TOKEN"])
@@ -333,7 +334,7 @@ async def prismctl_as_nobody(*args: str) -> tuple[int, str, str]:
     # standard library, so the repository on PYTHONPATH is enough.
     python = shutil.which("python3", path="/usr/bin") or sys.executable
     result = await trio.run_process(
-        [python, "-m", "prismd.ctl", *args],
+        [python, "-m", "prismd.cli.prismctl", *args],
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
         user=65534,
         group=65534,

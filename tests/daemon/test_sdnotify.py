@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from prismd import sdnotify
+from prismd.daemon import _sdnotify as sdnotify
 
 
 def _receiver(path: str) -> socket.socket:
@@ -113,7 +113,7 @@ async def _datagrams_until(sock: trio.socket.SocketType, last: str, into: list[s
 
 async def _leave_executing(url: str, operation_id: str) -> None:
     """An operation a crash left ``executing`` (what ``list-unresolved`` shows)."""
-    from prismd.journal import ChannelJournal, OperationRecord
+    from prismd.journal._journal import ChannelJournal, OperationRecord
     from stores import OwnershipScope, open_store
 
     store = await open_store(url)
@@ -143,8 +143,8 @@ async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
     """What ``systemctl status`` shows: starting → ready with counts → stopping, each
     line a datagram on $NOTIFY_SOCKET. An unresolved operation left by an earlier run is
     counted, and one that appears while serving updates the line."""
-    import prismd.daemon as daemon_module
-    from prismd.daemon import Daemon
+    import prismd.daemon._daemon as daemon_module
+    from prismd.daemon._daemon import Daemon
 
     from .helpers import inprocess_config
 
@@ -178,7 +178,7 @@ async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
 
 
 async def test_a_fatal_start_says_why_in_the_status(tmp_path: Path) -> None:
-    from prismd.daemon import Daemon
+    from prismd.daemon._daemon import Daemon
 
     from .helpers import inprocess_config
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from prismd.cli import main
-from prismd.soak import SoakOptions, soak
+from prismd.cli._prismd import main
+from prismd.cli._soak import SoakOptions, soak
 
 from .helpers import child_env
 
@@ -188,7 +188,7 @@ def test_soak_uncaught_error_prints_ok_false(
 SLOW_OPEN = """
 import sys, time
 from pathlib import Path
-import prismd.soak as soak_module
+import prismd.cli._soak as soak_module
 
 real_open = soak_module.open_store
 

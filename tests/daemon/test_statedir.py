@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prismd.statedir import StateDirError, locked_state_dir, open_state_dir
+from prismd.daemon._statedir import StateDirError, locked_state_dir, open_state_dir
 
 
 def test_creates_directory_with_0750_and_a_uuid_instance_id(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_second_open_in_same_process_is_refused_until_closed(tmp_path: Path) -> 
 def test_lock_is_refused_for_another_process_and_freed_when_it_dies(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from prismd.statedir import open_state_dir, StateDirError\n"
+        "from prismd.daemon._statedir import open_state_dir, StateDirError\n"
         "try:\n"
         "    open_state_dir(sys.argv[1])\n"
         "except StateDirError as exc:\n"

@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from prismd.adapter import AdapterFatalError
-from prismd.daemon import (
+from prismd.channel import AdapterFatalError
+from prismd.daemon._daemon import (
     ChildStartupError,
     RestartPolicy,
     Supervisor,

@@ -13,10 +13,10 @@ import attrs
 import pytest
 import trio
 
-import prismd.daemon as daemon_module
+import prismd.daemon._daemon as daemon_module
 from prismd.channel import Reply, SendResult
-from prismd.config import default_config
-from prismd.daemon import Daemon, RestartPolicy
+from prismd.daemon._config import default_config
+from prismd.daemon._daemon import Daemon, RestartPolicy
 
 from .helpers import chat
 from .helpers import inprocess_config as _config

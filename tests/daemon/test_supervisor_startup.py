@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-import prismd.daemon as daemon_module
-from prismd.config import Config, parse_config
-from prismd.daemon import Daemon, RestartPolicy
+import prismd.daemon._daemon as daemon_module
+from prismd.daemon._config import Config, parse_config
+from prismd.daemon._daemon import Daemon, RestartPolicy
 
 from .helpers import Layout, chat, child_env, free_port, running_daemon, wait_runs, write_config
 from .helpers import inprocess_config as _config
@@ -310,7 +310,7 @@ async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
     """The restart-intensity exit is a stop too: the claimed turn is settled (not left
     executing for a reconcile), leases are released, the store is closed."""
     from prismd.channel import InboundEvent
-    from prismd.journal import NS_OPERATION
+    from prismd.journal._journal import NS_OPERATION
     from stores import open_store
 
     crash = trio.Event()

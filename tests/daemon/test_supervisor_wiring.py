@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from adapters.webchat import WebchatAdapter
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import InboundEvent, Reply, SendResult
-from prismd.config import ConfigError, parse_config
-from prismd.daemon import Daemon
-from prismd.statedir import locked_state_dir
-from prismd.wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from prismd.daemon._config import ConfigError, parse_config
+from prismd.daemon._daemon import Daemon
+from prismd.daemon._statedir import locked_state_dir
+from prismd.daemon._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 from stores import open_store
 
 BASE = {
@@ -261,8 +261,8 @@ async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path
 def test_startup_hint_for_an_unbound_ipv6_web_chat() -> None:
     """Before the listener is bound the hint comes from config: `[::1]:8787` must read
     `http://[::1]:8787/`, not `http://[[::1]]:8787/`."""
-    from prismd.config import WebchatConnectionConfig
-    from prismd.daemon import _where
+    from prismd.daemon._config import WebchatConnectionConfig
+    from prismd.daemon._daemon import _where
 
     class Unbound:
         bound = None

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prismd.config import load_config
+from prismd.daemon._config import load_config
 from prismd.limits import Limits
 from tests.privileges import needs_root
 

@@ -9,7 +9,7 @@ fix nothing listed it — the message was lost silently. Now it is listed (state
 from __future__ import annotations
 
 from prismd.identity import ownership_from_identity
-from prismd.journal import ChannelJournal, OperationRecord
+from prismd.journal._journal import ChannelJournal, OperationRecord
 
 from .harness import Host, StoreFactory, identity, runtime
 

@@ -6,10 +6,10 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.api import Diagnostics
 from prismd.channel import AuthorizeInput, Grant, ReplyKind
 from prismd.limits import Limits
 from prismd.redact import Redactor
+from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope
 
 from .harness import Host, event, grant, identity, runtime

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_BINDING, ChannelJournal, binding_key, operation_key
+from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, operation_key
 from prismd.limits import Limits
 from prismd.runtime._core import operation_id_for
 from stores.memory import MemoryStore
@@ -134,7 +134,7 @@ async def test_d7_tenant_operator_lists_and_settles_users_records(stores: StoreF
         assert pruned.deleted >= 1
         await rt.stop()
     op_key = operation_key("tg-1", SCOPE, entry.operation_id)
-    from prismd.journal import NS_OPERATION
+    from prismd.journal._journal import NS_OPERATION
 
     assert (
         await store.checkpoints.load_checkpoint(namespace=NS_OPERATION, key=op_key, scope=SCOPE)
@@ -295,7 +295,7 @@ async def test_lost_lease_before_claim_requeues_not_drops(autojump_clock: trio.a
         assert rt.diagnostics().lease_losses >= 1
     assert agent.provider_calls == 1 and "mine" in host.texts
     assert leases.renewals >= 1
-    from prismd.journal import NS_OPERATION
+    from prismd.journal._journal import NS_OPERATION
 
     raw = await inner.checkpoints.load_checkpoint(
         namespace=NS_OPERATION,

@@ -15,10 +15,10 @@ import attrs
 import pytest
 import trio
 
-from prismd.api import Diagnostics
 from prismd.identity import AgentIdentity, Principal
-from prismd.journal import ChannelJournal
+from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
+from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope, open_store
 
 from .harness import Host, event, grant, identity, runtime

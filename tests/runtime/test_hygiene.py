@@ -10,7 +10,7 @@ import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import ChannelJournal
+from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
 from prismd.runtime._core import operation_id_for

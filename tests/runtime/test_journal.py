@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prismd.journal import (
+from prismd.journal._journal import (
     NS_BINDING,
     NS_OPERATION,
     BindingRecord,

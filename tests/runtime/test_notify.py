@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_OPERATION, operation_key
+from prismd.journal._journal import NS_OPERATION, operation_key
 from stores.memory import MemoryStore
 from tests.agents.conftest import ManualClock
 from tests.agents.harness import (

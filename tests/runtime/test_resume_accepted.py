@@ -28,7 +28,7 @@ import trio
 
 from prismd.channel import AuthorizeInput, Grant, InboundEvent
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
-from prismd.journal import NS_OPERATION, ChannelJournal
+from prismd.journal._journal import NS_OPERATION, ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime import Runtime, open_messaging_runtime
 from stores import OwnershipScope, Store, open_store

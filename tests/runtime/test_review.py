@@ -7,7 +7,7 @@ import trio.testing
 
 from prismd.agents._base import EventSink, RunRequest, RunResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import NS_REPLY, ChannelJournal, binding_key
+from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime import open_messaging_runtime

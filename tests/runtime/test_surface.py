@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 
 import prismd.runtime as runtime_pkg
-from prismd.api import MessagingRuntime
 from prismd.runtime import Runtime, open_messaging_runtime
+from prismd.runtime.api import MessagingRuntime
 
 PINNED_PARAMETERS = [
     "authorize",

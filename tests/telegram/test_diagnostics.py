@@ -17,8 +17,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram import ReceiverLeaseLostError
-from adapters.telegram_api import (
+from adapters.telegram._adapter import ReceiverLeaseLostError
+from adapters.telegram._api import (
     TelegramApi,
     TelegramApiError,
     TelegramNetworkError,

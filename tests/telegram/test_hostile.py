@@ -12,8 +12,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram_api import TelegramApi, TelegramNetworkError, TelegramResponseError
-from adapters.telegram_parse import parse_update
+from adapters.telegram._api import TelegramApi, TelegramNetworkError, TelegramResponseError
+from adapters.telegram._parse import parse_update
 from prismd.channel import AttachmentRef, Control, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 

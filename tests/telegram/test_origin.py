@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.telegram_api import validate_api_origin
-from prismd.config import is_loopback_host
+from adapters.telegram._api import validate_api_origin
+from prismd.daemon._config import is_loopback_host
 
 
 @pytest.mark.parametrize(

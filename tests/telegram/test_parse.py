@@ -11,8 +11,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram_api import TelegramApi, TelegramApiError
-from adapters.telegram_parse import parse_update, strip_bot_mention
+from adapters.telegram._api import TelegramApi, TelegramApiError
+from adapters.telegram._parse import parse_update, strip_bot_mention
 from prismd.channel import AttachmentRef, Reply
 from tests.fakes.telegram_api import FakeBotApi
 

@@ -13,9 +13,8 @@ import trio
 import trio.lowlevel
 from trio.testing import MockClock
 
-from adapters.telegram import ReceiverLeaseLostError
-from prismd.adapter import AdapterFatalError
-from prismd.channel import Admission, InboundEvent, Reply
+from adapters.telegram._adapter import ReceiverLeaseLostError
+from prismd.channel import AdapterFatalError, Admission, InboundEvent, Reply
 from tests.fakes.telegram_api import CONFLICT_POLLER, FakeBotApi
 
 from .conftest import (

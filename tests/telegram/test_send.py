@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from adapters.telegram import chunk_text, utf16_units
-from prismd.adapter import DeliveryOutcomeUnknownError
-from prismd.channel import AttachmentRef, Control, Reply, SendResult
+from adapters.telegram._adapter import chunk_text, utf16_units
+from prismd.channel import AttachmentRef, Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 
 from .conftest import CONN, TOKEN, TOKEN_43

@@ -10,11 +10,10 @@ import httpx
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram import ReceiverLeaseLostError, TelegramAdapter
-from prismd.adapter import AdapterFatalError
-from prismd.channel import Admission, InboundEvent
-from prismd.config import TelegramConnectionConfig
-from prismd.telegram_cli import adelete_webhook, aset_webhook
+from adapters.telegram._adapter import ReceiverLeaseLostError, TelegramAdapter
+from prismd.channel import AdapterFatalError, Admission, InboundEvent
+from prismd.cli._telegram import adelete_webhook, aset_webhook
+from prismd.daemon._config import TelegramConnectionConfig
 from tests.fakes.telegram_api import FakeBotApi
 
 from .conftest import (

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import trio
 
-from adapters.webchat import WebchatAdapter
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import AuthorizeInput, Grant, Reply, SendResult

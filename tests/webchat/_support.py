@@ -13,7 +13,7 @@ import attrs
 import trio
 import trio_websocket
 
-from adapters.webchat import WebchatAdapter
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import Admission, InboundEvent
 
 FIXED_NOW_MS = 1_780_000_000_000

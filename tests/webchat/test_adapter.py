@@ -13,9 +13,8 @@ import trio
 import trio.testing
 import trio_websocket
 
-from adapters.webchat import WebchatAdapter, parse_listen
-from prismd.adapter import AdapterFatalError
-from prismd.channel import Admission, ApprovalInput, Control, Reply, SendResult
+from adapters.webchat._adapter import WebchatAdapter, parse_listen
+from prismd.channel import AdapterFatalError, Admission, ApprovalInput, Control, Reply, SendResult
 
 from ._support import (
     FIXED_NOW_MS,

@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio_websocket
 
-from adapters.webchat import WebchatAdapter
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import SendResult
 
 from ._stack import OPERATOR, chat_stack, sqlite_url

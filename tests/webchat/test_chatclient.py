@@ -1,4 +1,4 @@
-"""``prismctl chat`` (prismd.chatclient) against a real adapter and runtime."""
+"""``prismctl chat`` (prismd.cli._chat) against a real adapter and runtime."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from adapters.webchat import WebchatAdapter
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import Admission, InboundEvent, SendResult
-from prismd.chatclient import ChatState, chat, default_state_path
+from prismd.cli._chat import ChatState, chat, default_state_path
 
 from ._stack import chat_stack
 from ._support import REPO_ROOT, Recorder, start
@@ -291,7 +291,7 @@ async def test_run_chat_cli_reads_stdin_until_eof() -> None:
         async with chat_stack() as (adapter, _):
             script = (
                 "import sys\n"
-                "from prismd.chatclient import run_chat_cli\n"
+                "from prismd.cli._chat import run_chat_cli\n"
                 f"sys.exit(run_chat_cli({page(adapter)!r}, actor=None, token=None))\n"
             )
             result = await trio.run_process(
@@ -321,7 +321,7 @@ async def test_run_chat_cli_gives_up_when_the_server_stays_away_mid_read() -> No
             await outer.start(serve)
             script = (
                 "import sys\n"
-                "from prismd.chatclient import run_chat_cli\n"
+                "from prismd.cli._chat import run_chat_cli\n"
                 f"sys.exit(run_chat_cli({page(adapter)!r}, actor=None, token=None,"
                 " reconnect_for_s=1.0))\n"
             )

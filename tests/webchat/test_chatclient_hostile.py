@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import trio
 import trio_websocket
 
-from prismd.chatclient import chat
+from prismd.cli._chat import chat
 
 ACTOR = "terminal-actor-01"
 

@@ -143,7 +143,7 @@ async def run_chat(
         [
             sys.executable,
             "-m",
-            "prismd.ctl",
+            "prismd.cli.prismctl",
             "chat",
             "--url",
             f"http://127.0.0.1:{layout.port}/",

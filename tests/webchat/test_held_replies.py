@@ -13,12 +13,12 @@ import trio
 import trio.testing
 import trio_websocket
 
-from adapters import webchat
-from adapters.webchat import WebchatAdapter
+from adapters.webchat import _adapter as webchat
+from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
-from prismd.journal import ChannelJournal, ReplyRecord
+from prismd.journal._journal import ChannelJournal, ReplyRecord
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from prismd.runtime._ids import operation_id_for
 from stores import OwnershipScope, open_store

@@ -75,7 +75,7 @@ async def test_prismctl_chat_prints_the_hint() -> None:
     with trio.fail_after(30):
         async with chat_stack() as (adapter, _):
             result = await trio.run_process(
-                [sys.executable, "-m", "prismd.ctl", "chat", "--url", page_url(adapter)],
+                [sys.executable, "-m", "prismd.cli.prismctl", "chat", "--url", page_url(adapter)],
                 stdin=f"{big}\n/model gpt-5\nhello\n".encode(),
                 capture_stdout=True,
                 capture_stderr=True,

@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio_websocket
 
-from adapters import webchat
-from adapters.webchat import RESUME_NAMESPACE
+from adapters.webchat import _adapter as webchat
+from adapters.webchat._adapter import RESUME_NAMESPACE
 from stores import CheckpointStore, OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
 

@@ -43,11 +43,11 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from adapters._http import read_request_head, respond, server_connection
+from adapters.toolkit import read_request_head, respond, server_connection
 from stores import CheckpointStore, LeaseStore, Store
 
-from .api import Diagnostics
-from .config import is_loopback_host, parse_host_port
+from ..runtime import Diagnostics
+from ._config import is_loopback_host, parse_host_port
 
 __all__ = ["DaemonMetrics", "MetricsServer", "TimedStore"]
 

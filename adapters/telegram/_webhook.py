@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from prismd.adapter import AdapterFatalError
-from prismd.config import parse_host_port
+from prismd.channel import AdapterFatalError
+from prismd.daemon import parse_host_port
 
-from ._http import (
+from ..toolkit import (
     HttpError,
     RequestHead,
     read_body,
@@ -48,11 +48,11 @@ from ._http import (
     respond,
     server_connection,
 )
-from .telegram_api import TelegramError
-from .telegram_parse import update_id_of
+from ._api import TelegramError
+from ._parse import update_id_of
 
 if TYPE_CHECKING:
-    from .telegram import TelegramAdapter
+    from ._adapter import TelegramAdapter
 
 log = logging.getLogger("prismd.telegram")
 

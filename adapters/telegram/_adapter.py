@@ -15,18 +15,18 @@ Contract §11, with these guarantees:
 * **Never a hot loop.** 429 sleeps ``retry_after`` (body or ``Retry-After`` header); 409,
   5xx, network and store failures back off exponentially with jitter up to 30 s; an empty
   answer is a long poll that lasted ``poll_timeout_s``.
-* **401/403** stop the adapter with :class:`~prismd.adapter.AdapterFatalError`
+* **401/403** stop the adapter with :class:`~prismd.channel.AdapterFatalError`
   (health ``unauthorized``); a webhook set while we would poll is fatal too
   (health ``webhook_active``).
 * **No secrets out.** The token is read per request and lives only in URLs; every exception
-  message is fixed text; httpx's logger is filtered (see :mod:`adapters.telegram_api`).
+  message is fixed text; httpx's logger is filtered (see :mod:`adapters.telegram._api`).
 * **Diagnosable.** Every failed Bot API call that is retried is logged (WARNING) with its
   cause class and the delay (``getUpdates failed: network error (ConnectError); retry in
   1.7 s``), the first success after failures at INFO; receiver lease acquire / renew /
   release at DEBUG, its loss at WARNING. Logs never carry text, ids of users or chats, the
   token or a URL.
 
-Webhook mode (``mode="webhook"``) is served by :mod:`adapters.telegram_webhook`. Streaming
+Webhook mode (``mode="webhook"``) is served by :mod:`adapters.telegram._webhook`. Streaming
 previews go out as ``sendMessageDraft`` through :meth:`TelegramAdapter.send_draft` when
 ``send_drafts`` is on (private chats only).
 """
@@ -42,8 +42,17 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from prismd.adapter import AdapterFatalError, Admit, DeliveryOutcomeUnknownError
-from prismd.channel import Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
+from prismd.channel import (
+    AdapterFatalError,
+    Admission,
+    Admit,
+    AttachmentRef,
+    DeliveryOutcomeUnknownError,
+    InboundEvent,
+    Preview,
+    Reply,
+    SendResult,
+)
 from prismd.journal import cursor_key
 from prismd.redact import utf8_len
 from stores import (
@@ -56,7 +65,7 @@ from stores import (
     ms_to_iso,
 )
 
-from .telegram_api import (
+from ._api import (
     DEFAULT_API_ORIGIN,
     TelegramApi,
     TelegramApiError,
@@ -65,7 +74,7 @@ from .telegram_api import (
     describe_failure,
     validate_api_origin,
 )
-from .telegram_parse import (
+from ._parse import (
     ALLOWED_UPDATES,
     ParsedUpdate,
     _bounded_str,
@@ -193,7 +202,7 @@ class _Backoff:
 
 @attrs.define(eq=False, kw_only=True)
 class TelegramAdapter:
-    """The Telegram channel adapter (implements :class:`prismd.adapter.ChannelAdapter`).
+    """The Telegram channel adapter (implements :class:`prismd.channel.ChannelAdapter`).
 
     Construction is inert: no network, no credential read. ``run`` polls (or serves the
     webhook) until cancelled; ``send`` may be called concurrently and also when ``run`` is
@@ -343,7 +352,7 @@ class TelegramAdapter:
                 if self.send_drafts:
                     nursery.start_soon(self._draft_worker)
                 if self.mode == "webhook":
-                    from .telegram_webhook import serve_webhook
+                    from ._webhook import serve_webhook
 
                     await serve_webhook(self, task_status=task_status)
                 else:

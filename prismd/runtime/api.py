@@ -11,8 +11,8 @@ from typing import Literal, Protocol, TypeAlias
 
 import attrs
 
-from .channel import Admission, InboundEvent
-from .identity import AgentIdentity
+from ..channel import Admission, InboundEvent
+from ..identity import AgentIdentity
 
 ReconcileStatus: TypeAlias = Literal["resolved", "not_found", "conflict", "denied", "unavailable"]
 

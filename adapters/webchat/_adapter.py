@@ -8,7 +8,7 @@ stream that first replays the bytes already read.
 
 HTTP routes:
 
-* ``GET /`` — the chat page (``webchat.html``), ``Cache-Control: no-store`` and a strict
+* ``GET /`` — the chat page (``page.html``), ``Cache-Control: no-store`` and a strict
   ``Content-Security-Policy`` that allows only the page's own inline script and style (by hash).
 * ``GET /healthz`` — ``200 {"status": "ok", "listener": "listening"}``; never needs the token.
 * ``GET /ws`` with ``Upgrade: websocket`` — the chat socket (protocol below).
@@ -17,7 +17,7 @@ HTTP routes:
 Access: on a loopback address the page and socket are open to local users; browsers are
 protected by an ``Origin`` check on the socket (it must equal ``Host``) and, against DNS
 rebinding, the ``Host`` must name a loopback address. On any other address an access token
-is mandatory (:meth:`WebchatAdapter.run` raises :class:`~prismd.adapter.AdapterFatalError`
+is mandatory (:meth:`WebchatAdapter.run` raises :class:`~prismd.channel.AdapterFatalError`
 otherwise), unless ``pairing_only`` says every grant of the connection needs pairing. With a
 token, the page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401
 otherwise); ``/healthz`` stays open.
@@ -94,16 +94,24 @@ import h11
 import trio
 import trio_websocket
 
-from prismd.adapter import AdapterFatalError, Admit
-from prismd.channel import Admission, ApprovalInput, InboundEvent, PastReply, Reply, SendResult
-from prismd.config import is_loopback_host, parse_host_port
-from prismd.controls import new_token, token_hash
+from prismd.channel import (
+    AdapterFatalError,
+    Admission,
+    Admit,
+    ApprovalInput,
+    InboundEvent,
+    PastReply,
+    Reply,
+    SendResult,
+)
+from prismd.daemon import is_loopback_host, parse_host_port
+from prismd.journal import new_token, token_hash
 from prismd.redact import replace_surrogates, utf8_len
 from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 from stores.memory import MemoryStore
 
-from ._http import RequestHead as _Head
-from ._http import read_request_head, respond, server_connection
+from ..toolkit import RequestHead as _Head
+from ..toolkit import read_request_head, respond, server_connection
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
@@ -138,12 +146,12 @@ RESUME_CATEGORY = "prismd-webchat-resume"
 SERVICE_TENANT = "prismd-service"
 """Adapter state lives outside every user tenant (like the Telegram cursor)."""
 
-_PAGE_RESOURCE = "webchat.html"
+_PAGE_RESOURCE = "page.html"
 
 
 def _load_page() -> tuple[bytes, str]:
     """The page bytes and its CSP (inline script/style allowed by their SHA-256 only)."""
-    html = resources.files("adapters").joinpath(_PAGE_RESOURCE).read_text(encoding="utf-8")
+    html = resources.files("adapters.webchat").joinpath(_PAGE_RESOURCE).read_text(encoding="utf-8")
     script_hashes = [_csp_hash(m) for m in re.findall(r"<script>(.*?)</script>", html, re.S)]
     style_hashes = [_csp_hash(m) for m in re.findall(r"<style>(.*?)</style>", html, re.S)]
     csp = "; ".join(
@@ -376,7 +384,7 @@ class _Socket:
 
 @attrs.define(eq=False)
 class WebchatAdapter:
-    """The web chat channel adapter (:class:`prismd.adapter.ChannelAdapter`).
+    """The web chat channel adapter (:class:`prismd.channel.ChannelAdapter`).
 
     Guarantees:
 

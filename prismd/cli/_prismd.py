@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import trio
 
-from .config import Config, ConfigError, check_runnable, load_config
-from .version import version_text
+from ..daemon import Config, ConfigError, check_runnable, load_config
+from ._version import version_text
 
 log = logging.getLogger("prismd.cli")
 
@@ -56,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
             )
         action.add_argument("--drop-pending-updates", action="store_true")
 
-    from .soak import add_soak_arguments
+    from ._soak import add_soak_arguments
 
     soak = sub.add_parser(
         "soak", help="loop admit/drain/reconcile/prune against a real store and the mock agent"
     )
     add_soak_arguments(soak)
-    from .bench import add_bench_arguments
+    from ._bench import add_bench_arguments
 
     bench = sub.add_parser(
         "bench", help="measure admission, duplicates and the pipeline on a real store"
@@ -84,7 +84,7 @@ def summarize(config: Config) -> str:
 
 
 def _configure_logging(level: str, fmt: str) -> None:
-    from .logs import configure_logging
+    from ..daemon import configure_logging
 
     configure_logging(level, "json" if fmt == "json" else "plain")
 
@@ -104,7 +104,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .daemon import install_early_signal_handlers
+    from ..daemon import install_early_signal_handlers
 
     # First: from here on SIGTERM/SIGINT are stop requests, never a traceback or a kill
     # at an arbitrary point of the startup (the daemon honours them at a safe point).
@@ -116,7 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_with_early_signals(args: argparse.Namespace) -> int:
-    from .daemon import describe_exception, run_daemon
+    from ..daemon import describe_exception, run_daemon
 
     # The journal and state files hold message text and lease owner ids: never readable
     # by "other", whatever umask the shell had (group access stays as configured, for
@@ -181,7 +181,7 @@ def _cmd_telegram(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"prismd telegram: {exc}", file=sys.stderr)
         return 2
-    from . import telegram_cli
+    from . import _telegram as telegram_cli
 
     if args.telegram_command == "set-webhook":
         return telegram_cli.set_webhook(
@@ -205,11 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "telegram":
         return _cmd_telegram(args)
     if args.command == "soak":
-        from .soak import run_soak_command
+        from ._soak import run_soak_command
 
         return run_soak_command(args)
     if args.command == "bench":
-        from .bench import run_bench_command
+        from ._bench import run_bench_command
 
         return run_bench_command(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands

@@ -6,7 +6,7 @@ backoff plus jitter and a restart-intensity limit:
 
 * a child that fails before it first reported ``started`` is a startup error
   (:class:`ChildStartupError`): the daemon exits 1 naming the child;
-* :class:`~prismd.adapter.AdapterFatalError` stops that child for good (state
+* :class:`~prismd.channel.AdapterFatalError` stops that child for good (state
   ``failed``) without taking the daemon down;
 * any other exception is a crash: state ``restarting``, sleep, run again; more than
   ``max_restarts`` crashes within ``window_s`` raise :class:`TooManyRestartsError`,
@@ -39,13 +39,17 @@ import trio
 from stores import Store, StoreError
 
 if TYPE_CHECKING:
-    from .metrics import DaemonMetrics
-    from .runtime import Runtime
+    from ..runtime import Runtime
+    from ._metrics import DaemonMetrics
 
-from . import logs, sdnotify
-from .adapter import AdapterFatalError, ChannelAdapter
-from .api import MessagingRuntime
-from .config import (
+from ..channel import AdapterFatalError, ChannelAdapter
+from ..control import ControlSocketError
+from ..grants import GrantAuthorizer
+from ..redact import Redactor
+from ..runtime import MessagingRuntime
+from . import _logs as logs
+from . import _sdnotify as sdnotify
+from ._config import (
     Config,
     ConfigError,
     ConnectionConfig,
@@ -55,11 +59,8 @@ from .config import (
     check_runnable,
     parse_host_port,
 )
-from .control import ControlSocketError
-from .grants import GrantAuthorizer
-from .redact import Redactor
-from .statedir import StateDir, StateDirError, open_state_dir
-from .wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from ._statedir import StateDir, StateDirError, open_state_dir
+from ._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
 log = logging.getLogger("prismd.daemon")
 
@@ -450,7 +451,7 @@ class Daemon:
         if self.out is None:
             self.out = sys.stderr
         if self.config.metrics is not None:
-            from .metrics import DaemonMetrics
+            from ._metrics import DaemonMetrics
 
             self.metrics = DaemonMetrics()
 
@@ -561,7 +562,7 @@ class Daemon:
                     log.warning("closing the store failed: %s", describe_exception(exc))
 
     async def _run_with_store(self, state: StateDir, store: Store) -> int:
-        from .controls import GrantStore
+        from ..journal import GrantStore
 
         config = self.config
         try:
@@ -616,7 +617,7 @@ class Daemon:
         host: Host,
         secrets: list[str],
     ) -> int:
-        from .runtime import open_messaging_runtime
+        from ..runtime import open_messaging_runtime
 
         config = self.config
         async with open_messaging_runtime(
@@ -742,7 +743,7 @@ class Daemon:
         authorizer: GrantAuthorizer,
         host: Host,
     ) -> int:
-        from .control import ControlHandler, pairing_aliases_from_grants, serve_control
+        from ..control import ControlHandler, pairing_aliases_from_grants, serve_control
 
         assert self.notify is not None
         notify = self.notify
@@ -820,7 +821,7 @@ class Daemon:
         )
 
     async def _start_metrics(self, children: trio.Nursery) -> None:
-        from .metrics import MetricsServer
+        from ._metrics import MetricsServer
 
         assert self.metrics is not None and self.config.metrics is not None
         server = MetricsServer(

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 import attrs
 
-from .limits import LIMIT_TABLE, Limits
+from ..limits import LIMIT_TABLE, Limits
 
 __all__ = [
     "AgentConfig",
@@ -988,8 +988,8 @@ def _secret_sources(conn: ConnectionConfig) -> list[tuple[str, str | None, str |
 
 def _check_factory(spec: str, where: str, error: Callable[[str, str], ConfigError]) -> None:
     # The agent kind's own resolution (import + attribute), the step before the call.
-    from .agents._session import AgentOptionError
-    from .agents.python import _resolve
+    from ..agents._session import AgentOptionError
+    from ..agents.python import _resolve
 
     try:
         _resolve(spec)

@@ -41,10 +41,10 @@ import trio
 
 from stores import Store, open_store
 
-from .agents._base import Agent, AgentContext
-from .channel import InboundEvent, Reply, SendResult
-from .grants import GrantAuthorizer
-from .limits import Limits
+from ..agents._base import Agent, AgentContext
+from ..channel import InboundEvent, Reply, SendResult
+from ..grants import GrantAuthorizer
+from ..limits import Limits
 
 CONNECTION = "bench"
 TENANT = "bench-tenant"
@@ -153,8 +153,8 @@ class _Bench:
 
 
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
-    from .agents.registry import build_agent
-    from .runtime import open_messaging_runtime
+    from ..agents.registry import build_agent
+    from ..runtime import open_messaging_runtime
 
     store = await open_store(url)
     try:

@@ -20,15 +20,15 @@ from typing import Any, TextIO
 
 import trio
 
-from adapters.telegram_api import (
+from adapters.telegram import (
+    ALLOWED_UPDATES,
     TelegramApi,
     TelegramApiError,
     TelegramCredentialError,
     TelegramError,
 )
-from adapters.telegram_parse import ALLOWED_UPDATES
 
-from .config import Config, ConfigError, TelegramConnectionConfig, read_secret
+from ..daemon import Config, ConfigError, TelegramConnectionConfig, read_secret
 
 URL_ENV = "PRISMD_TELEGRAM_WEBHOOK_URL"
 

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
-from .version import version_text
+from ._version import version_text
 
 __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
 
@@ -452,9 +452,9 @@ def _chat(args: argparse.Namespace, err: TextIO) -> int:
     try:
         # Imported on demand: the chat client pulls in trio and trio-websocket, which the
         # other subcommands do not need.
-        chatclient = importlib.import_module("prismd.chatclient")
+        chatclient = importlib.import_module("prismd.cli._chat")
     except ModuleNotFoundError as exc:
-        if exc.name != "prismd.chatclient":
+        if exc.name != "prismd.cli._chat":
             raise
         err.write("prismctl: the chat client is not available in this installation\n")
         return 1

@@ -18,19 +18,20 @@ import attrs
 
 from stores import Store
 
-from .adapter import ChannelAdapter
-from .agents._base import Agent, AgentContext
-from .agents._session import AgentOptionError
-from .channel import (
+from ..agents._base import Agent, AgentContext
+from ..agents._session import AgentOptionError
+from ..channel import (
     Admission,
     AttachmentRef,
+    ChannelAdapter,
     InboundEvent,
     PastReply,
     Preview,
     Reply,
     SendResult,
 )
-from .config import (
+from ..runtime import ResolveAgentInput, Runtime
+from ._config import (
     Config,
     ConfigError,
     ConnectionConfig,
@@ -39,8 +40,7 @@ from .config import (
     WebchatConnectionConfig,
     read_secret,
 )
-from .runtime import ResolveAgentInput, Runtime
-from .statedir import StateDir
+from ._statedir import StateDir
 
 log = logging.getLogger("prismd.wiring")
 
@@ -53,7 +53,7 @@ class WiringError(Exception):
 
 def build_agents(config: Config, store: Store) -> dict[str, Agent]:
     """One agent per ``[agents.<alias>]``, each with the store's checkpoints."""
-    from .agents.registry import build_agent
+    from ..agents.registry import build_agent
 
     agents: dict[str, Agent] = {}
     for alias, agent in config.agents.items():

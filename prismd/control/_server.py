@@ -55,14 +55,13 @@ import trio
 
 from stores import OwnershipScope, Store
 
-from .api import MessagingRuntime, ReconcileResult
-from .config import ControlConfig, GrantConfig, Operator
-from .controls import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
-from .grants import missing_grant
-from .grants import operator_identity as _grant_identity
-from .identity import AgentIdentity
-from .redact import LONE_SURROGATE_RE
-from .runtime import PairingUnavailableError
+from ..daemon import ControlConfig, GrantConfig, Operator
+from ..grants import missing_grant
+from ..grants import operator_identity as _grant_identity
+from ..identity import AgentIdentity
+from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
+from ..redact import LONE_SURROGATE_RE
+from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
 
 __all__ = [
     "ControlHandler",

@@ -21,16 +21,10 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from stores import (
-    SYSTEM_CLOCK,
-    CheckpointConflictError,
-    CheckpointStore,
-    Clock,
-    OwnershipScope,
-)
+from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 
-from .channel import ApprovalOutcome, Control
-from .journal import _part, _scope_parts
+from ..channel import ApprovalOutcome, Control
+from ._journal import _part, _scope_parts
 
 NS_CONTROL = "prism.channels.v1.control"
 CATEGORY_CONTROL = "channel-control"

@@ -1,0 +1,20 @@
+"""The command-line tools: ``prismd`` (run, check-config, soak, bench, telegram) and, in the
+public module :mod:`prismd.cli.prismctl`, ``prismctl`` (the operator client of the control
+socket; ``python -m prismd.cli.prismctl``).
+
+This face imports nothing at import time: ``prismctl`` must start with the standard library
+alone (it runs as any operator, whose Python may not see the daemon's dependencies)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``prismd`` console script (see :mod:`prismd.cli._prismd`)."""
+    from ._prismd import main as prismd_main
+
+    return prismd_main(argv)
+
+
+__all__ = ["main"]

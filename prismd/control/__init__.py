@@ -1,0 +1,6 @@
+"""The control socket: a Unix socket speaking newline-delimited JSON-RPC 2.0 to operators."""
+
+from ._server import ControlHandler as ControlHandler
+from ._server import ControlSocketError as ControlSocketError
+from ._server import pairing_aliases_from_grants as pairing_aliases_from_grants
+from ._server import serve_control as serve_control
