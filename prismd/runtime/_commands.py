@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ..channel import Admission
-from ._admit import AdmitContext, actor_key, remember_selection
+from ._context import AdmitContext, actor_key, remember_selection
 from ._core import Core
 from ._types import LeaseHeldElsewhereError, Route
 
@@ -42,21 +42,9 @@ def parse_command(text: str) -> tuple[str, str] | None:
 
 
 def notice(core: Core, ctx: AdmitContext, text: str) -> None:
-    event = ctx.event
-    core.spawn(
-        core.send_reply_kw,
-        dict(
-            identity=ctx.grant.identity,
-            ownership=ctx.ownership,
-            operation_id=ctx.operation_id,
-            connection_id=event.connection_id,
-            conversation_id=event.external_conversation_id,
-            thread_id=event.thread_id,
-            text=core.redact(text),
-            kind="notice",
-            in_reply_to=event.event_id,
-        ),
-    )
+    """The command's answer: committed with its operation's ``succeeded`` state by
+    admission, then sent (``core`` is kept for the callers' symmetry)."""
+    ctx.notices.append(text)
 
 
 def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | None:

@@ -29,10 +29,9 @@ from stores import (
     Store,
 )
 
-from ..agents._base import Agent
+from ..agents import Agent
 from ..channel import (
     AttachmentRef,
-    Control,
     Preview,
     Reply,
     SendResult,
@@ -48,21 +47,23 @@ from ..journal import (
     GrantStore,
     Loaded,
     OperationRecord,
+    OperationRef,
     PairingStore,
-    ReplyRecord,
-    StoredControl,
+    Write,
     binding_key,
+    finish,
+    transition,
 )
 from ..limits import Limits
-from ..redact import Redactor, bound_detail, truncate_utf8
-from ._ids import control_kind, default_session_id
+from ..redact import Redactor, bound_detail
+from ._ids import default_session_id
 from ._ids import notify_operation_id as notify_operation_id
 from ._ids import operation_id_for as operation_id_for
-from ._replies import DeliveryTurns, fit_record, scrub_surrogates
 from ._types import (
     ActorKey,
     Authorize,
     BindingInput,
+    DeliveryTurns,
     ResolveAgent,
     ResolveAgentInput,
     ResolveBinding,
@@ -91,6 +92,7 @@ FetchAttachment = Callable[[AttachmentRef], Awaitable[Any]]
 MAX_ID_BYTES = 256
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
+DEFAULT_LEASE_IDLE_MS = 1_000
 
 OnTyping = Callable[[str, str, str | None], Awaitable[None]]
 
@@ -110,6 +112,7 @@ class Core:
     clock: Clock = SYSTEM_CLOCK
     owner_id: str = attrs.field(factory=lambda: f"channel-runtime-{uuid.uuid4()}")
     reclaim_own_leases: bool = False
+    lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
     fetch_attachment: FetchAttachment | None = None
     on_preview: Callable[[Preview], None] | None = None
     resolve_binding: ResolveBinding | None = None
@@ -342,6 +345,7 @@ class Core:
 
     def apply_binding(self, route: Route, version: int, record: BindingRecord) -> None:
         route.binding_version = version
+        route.binding_stored = record
         route.session_id = record.session_id or None
         route.leaf_id = record.leaf_id
         route.generation = record.generation
@@ -383,31 +387,47 @@ class Core:
             route.hydrated = True
             return True
 
-    async def persist_binding(self, route: Route, fence: int | None) -> bool:
-        """CAS-save the route's binding; one re-load and retry on a lost CAS."""
+    def binding_write(self, route: Route, fence: int | None) -> Write | None:
+        """The write that stores the route's binding, or ``None`` when it has not changed
+        since it was last read or written (or there is no journal)."""
         if self.journal is None:
+            return None
+        record = self.binding_record(route)
+        stored = route.binding_stored
+        if stored is not None and attrs.evolve(stored, updated_at_ms=0) == attrs.evolve(
+            record, updated_at_ms=0
+        ):
+            return None
+        return Write(
+            NS_BINDING, route.ownership, record, route.binding_version, fence, key=route.binding_key
+        )
+
+    def binding_written(self, route: Route, stored: Loaded[Any] | None) -> None:
+        if stored is not None:
+            self.apply_binding(route, stored.version, stored.record)
+
+    async def persist_binding(self, route: Route, fence: int | None) -> bool:
+        """Store the route's binding when it changed (a stale version is re-read and the
+        write retried: this runtime's binding is the newer truth). False on a failure."""
+        write = self.binding_write(route, fence)
+        if write is None or self.journal is None:
             return True
-        for _attempt in range(2):
-            try:
-                saved = await self.journal.save_binding(
-                    route.ownership,
-                    route.binding_key,
-                    self.binding_record(route),
-                    route.binding_version,
-                    fence,
-                )
-                if saved is not None:
-                    route.binding_version = saved.version
-                    return True
-                loaded = await self.journal.load_binding(route.ownership, route.binding_key)
-            except Exception:
-                self.count("storage_failures")
-                return False
-            if loaded is None:
-                break
-            route.binding_version = loaded.version
-        self.count("storage_failures")
-        return False
+        try:
+            finished = await finish(
+                self.journal,
+                OperationRef(route.ownership, route.connection_id, ""),
+                None,
+                now_ms=self.now_ms(),
+                binding=write,
+                settle=False,
+            )
+        except Exception:
+            finished = None
+        if finished is None or finished.binding is None:
+            self.count("storage_failures")
+            return False
+        self.binding_written(route, finished.binding)
+        return True
 
     # ------------------------------------------------------------------ leases
 
@@ -477,6 +497,35 @@ class Core:
                     await trio.sleep(min(1.0, ttl / 10_000))
         finally:
             route.renewing = False
+
+    async def release_when_idle(self, route: Route) -> None:
+        """Release the route lease once the route has stayed idle for ``lease_idle_ms`` (at
+        most a third of the TTL, so the idle lease never needs a renewal): a busy
+        conversation keeps its lease across turns instead of releasing and re-acquiring it
+        around each message. ``stop()`` releases at once."""
+        if self.leases is None or route.lease is None:
+            return
+        grace = min(self.lease_idle_ms, self.limits.lease_ttl_ms / 3) / 1000
+        scheduled = route.release_at is not None
+        route.release_at = trio.current_time() + grace
+        if grace <= 0:
+            route.release_at = None
+            await self.release_if_idle(route)
+        elif not scheduled:
+            self.nursery.start_soon(self._release_later, route)
+
+    async def _release_later(self, route: Route) -> None:
+        try:
+            # Each new idle moment moves ``release_at``: sleep until the latest one.
+            while True:
+                due = route.release_at
+                if due is None or trio.current_time() >= due:
+                    break
+                await trio.sleep_until(due)
+        finally:
+            # Also when the runtime is torn down meanwhile (shielded, bounded inside).
+            route.release_at = None
+            await self.release_if_idle(route)
 
     async def release_if_idle(self, route: Route) -> None:
         """Release the route lease when nothing uses it; fail-closed on a store error."""
@@ -555,40 +604,36 @@ class Core:
         session_id: str | None = None,
         only_from: frozenset[str] | None = None,
     ) -> bool:
-        """Load the operation and CAS it to ``state`` (re-load and retry once on a lost CAS).
+        """Move the operation to ``state`` (:func:`prismd.journal.transition`) with no reply.
 
         With ``only_from``, nothing is written unless the stored state is one of those.
-        Failures count ``storage_failures`` and return False.
+        False when nothing was written; store failures also count ``storage_failures``.
         """
         if self.journal is None:
             return True
-        for _attempt in range(2):
-            try:
-                loaded = await self.journal.load_operation(ownership, connection_id, operation_id)
-                if loaded is None:
-                    return False
-                record: OperationRecord = loaded.record
-                if only_from is not None and record.state not in only_from:
-                    return False
-                updated = attrs.evolve(
-                    record,
-                    state=state,
-                    error_code=error_code if error_code is not None else record.error_code,
-                    run_id=run_id if run_id is not None else record.run_id,
-                    session_id=session_id if session_id is not None else record.session_id,
-                    updated_at_ms=self.now_ms(),
-                )
-                use_fence = fence if fence is not None else loaded.fencing_token
-                saved = await self.journal.save_operation(
-                    ownership, updated, loaded.version, use_fence
-                )
-            except Exception:
-                self.count("storage_failures")
-                return False
-            if saved is not None:
-                return True
-        self.count("storage_failures")
-        return False
+
+        def change(record: OperationRecord) -> OperationRecord:
+            return attrs.evolve(
+                record,
+                error_code=error_code if error_code is not None else record.error_code,
+                run_id=run_id if run_id is not None else record.run_id,
+                session_id=session_id if session_id is not None else record.session_id,
+            )
+
+        try:
+            saved = await transition(
+                self.journal,
+                OperationRef(ownership, connection_id, operation_id),
+                state,
+                now_ms=self.now_ms(),
+                fence=fence,
+                change=change,
+                allowed=None if only_from is None else (lambda r: r.state in only_from),
+            )
+        except Exception:
+            self.count("storage_failures")
+            return False
+        return saved is not None
 
     async def remove_operation(
         self, ownership: OwnershipScope, connection_id: str, operation_id: str
@@ -600,189 +645,6 @@ class Core:
                 await self.journal.remove_operation(ownership, connection_id, operation_id)
             except Exception:
                 self.count("storage_failures")
-
-    # ------------------------------------------------------------------ replies
-
-    async def send_reply(
-        self,
-        *,
-        identity: AgentIdentity | None,
-        ownership: OwnershipScope | None,
-        operation_id: str,
-        connection_id: str,
-        conversation_id: str,
-        thread_id: str | None,
-        text: str,
-        kind: str,
-        in_reply_to: str | None,
-        controls: tuple[Control, ...] = (),
-        fence: int | None = None,
-        approval: dict[str, Any] | None = None,
-        known_op: Loaded[OperationRecord] | None = None,
-    ) -> str | None:
-        """§9.2: check identity, bound the text, stage ``pending``, deliver, mark.
-
-        ``text`` must already be redacted. Returns the final reply state (``None`` when
-        nothing was sent). A reply whose record is settled is never sent again; a
-        staging failure means nothing is sent (persist before send). ``ownership=None``
-        sends without journaling (pairing answers, which have no owner yet).
-        """
-        if identity is not None and not self.active(identity):
-            self.count("failed")
-            return None
-        bounded, cut = truncate_utf8(scrub_surrogates(text), self.limits.max_response_bytes)
-        if cut:
-            self.count("truncated")
-        journal = self.journal if ownership is not None else None
-        staged = None
-        if journal is not None and ownership is not None:
-            # Shielded, bounded: the operation may already be terminal, so a cancellation
-            # here (runtime torn down) would lose the answer with nothing listed.
-            now = self.now_ms()
-            record = ReplyRecord(
-                operation_id=operation_id,
-                connection_id=connection_id,
-                external_conversation_id=conversation_id,
-                kind=kind,
-                text=bounded,
-                state="pending",
-                created_at_ms=now,
-                updated_at_ms=now,
-                thread_id=thread_id,
-                controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in controls),
-                approval=approval,
-            )
-            fitted = fit_record(record, self.limits.max_journal_record_bytes)
-            if fitted is not record:
-                record, bounded = fitted, fitted.text
-                if not cut:
-                    self.count("truncated")
-            with trio.CancelScope(shield=True), trio.move_on_after(10) as bound:
-                staged = await self._stage(journal, ownership, record)
-            if staged is None:
-                if bound.cancelled_caught:
-                    self.count("storage_failures")
-                return None
-        reply = Reply(
-            connection_id=connection_id,
-            external_conversation_id=conversation_id,
-            text=bounded,
-            kind="final" if kind == "final" else "notice",
-            controls=controls,
-            thread_id=thread_id,
-            in_reply_to=in_reply_to,
-            operation_id=operation_id,
-        )
-        from ._delivery import deliver_and_mark  # imported late: _delivery builds on Core
-
-        marked = staged if journal is not None and ownership is not None else None
-        state = await deliver_and_mark(self, reply, marked, ownership, fence)
-        if journal is not None and ownership is not None and staged is not None:
-            await self.flag_reply_staged(ownership, connection_id, operation_id, fence, known_op)
-        return state
-
-    async def _stage(
-        self, journal: ChannelJournal, ownership: OwnershipScope, record: ReplyRecord
-    ) -> Loaded[ReplyRecord] | None:
-        """Stage the reply ``pending`` (create-only); an existing record is used only while
-        still ``pending`` (never resent after it settled). ``None`` means do not send."""
-        try:
-            staged = await journal.stage(ownership, record)
-            if staged is None:
-                existing = await journal.load_reply(
-                    ownership, record.connection_id, record.operation_id
-                )
-                if existing is None or existing.record.state != "pending":
-                    return None
-                staged = existing
-        except Exception:
-            self.count("storage_failures")
-            return None
-        return staged
-
-    async def send_reply_kw(self, kwargs: dict[str, Any]) -> None:
-        """``send_reply`` for :meth:`spawn` (which passes positional arguments only)."""
-        await self.send_reply(**kwargs)
-
-    async def mark_reply(
-        self,
-        ownership: OwnershipScope,
-        version: int,
-        record: ReplyRecord,
-        state: str,
-        message_id: str | None,
-        reason: str | None,
-        fence: int | None,
-        stored_fence: int | None = None,
-    ) -> bool:
-        assert self.journal is not None
-        updated = attrs.evolve(
-            record,
-            state=state,
-            attempts=record.attempts + 1,
-            message_id=message_id,
-            reason=reason,
-            updated_at_ms=self.now_ms(),
-        )
-        try:
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                saved = await self.journal.mark(
-                    ownership, updated, version, fence if fence is not None else stored_fence
-                )
-                if saved is not None:
-                    return True
-        except Exception:
-            pass
-        self.count("storage_failures")
-        return False
-
-    async def flag_reply_staged(
-        self,
-        ownership: OwnershipScope,
-        connection_id: str,
-        operation_id: str,
-        fence: int | None,
-        known: Loaded[OperationRecord] | None = None,
-    ) -> None:
-        assert self.journal is not None
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            if known is not None and known.record.operation_id == operation_id:
-                if known.record.reply_staged:
-                    return
-                updated = attrs.evolve(known.record, reply_staged=True, updated_at_ms=self.now_ms())
-                try:
-                    saved = await self.journal.save_operation(
-                        ownership,
-                        updated,
-                        known.version,
-                        fence if fence is not None else known.fencing_token,
-                    )
-                except Exception:
-                    saved = None
-                if saved is not None:
-                    return
-            for _attempt in range(2):
-                try:
-                    loaded = await self.journal.load_operation(
-                        ownership, connection_id, operation_id
-                    )
-                    if loaded is None or loaded.record.reply_staged:
-                        return
-                    updated = attrs.evolve(
-                        loaded.record, reply_staged=True, updated_at_ms=self.now_ms()
-                    )
-                    use_fence = fence if fence is not None else loaded.fencing_token
-                    if use_fence is not None and loaded.fencing_token is not None:
-                        use_fence = max(use_fence, loaded.fencing_token)
-                    saved = await self.journal.save_operation(
-                        ownership, updated, loaded.version, use_fence
-                    )
-                except Exception:
-                    self.count("storage_failures")
-                    return
-                if saved is not None:
-                    return
-            self.count("storage_failures")
 
     def failure_text(self, message: str | None) -> str:
         detail = bound_detail(self.redact(message or "").strip())

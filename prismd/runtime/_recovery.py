@@ -30,11 +30,14 @@ from ..journal import (
     UNRESOLVED_OPERATION_STATES,
     UNRESOLVED_REPLY_STATES,
     UNSETTLED_REPLY_STATES,
+    Change,
     Loaded,
     OperationRecord,
+    OperationRef,
     ReplyRecord,
     operation_key,
     reply_key,
+    transition,
 )
 from ._core import Core
 from ._delivery import resend
@@ -259,37 +262,46 @@ def _maybe_answerless(record: OperationRecord) -> bool:
 async def _mark_handled(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
 ) -> ReconcileResult:
-    updated = attrs.evolve(loaded.record, reply_staged=True, updated_at_ms=core.now_ms())
-    return await _resolve(core, scope, loaded, updated, "none")
+    return await _resolve(
+        core, scope, loaded, None, lambda r: attrs.evolve(r, reply_staged=True), "none"
+    )
 
 
 async def _transition(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord], state: str
 ) -> ReconcileResult:
-    updated = attrs.evolve(loaded.record, state=state, updated_at_ms=core.now_ms())
-    return await _resolve(core, scope, loaded, updated, state)
+    return await _resolve(core, scope, loaded, state, None, state)
 
 
 async def _resolve(
     core: Core,
     scope: OwnershipScope,
     loaded: Loaded[OperationRecord],
-    updated: OperationRecord,
+    to: str | None,
+    change: Change | None,
     outcome: str,
 ) -> ReconcileResult:
-    """CAS ``updated`` over ``loaded``: ``resolved`` with ``outcome``, else conflict/unavailable."""
+    """One CAS at the version the operator saw: ``resolved`` with ``outcome``, else
+    conflict (with the current version) or unavailable."""
     assert core.journal is not None
+    record = loaded.record
     try:
-        # The stored fencing token is reused so a dead holder's fence does not block this.
-        saved = await core.journal.save_operation(
-            scope, updated, loaded.version, loaded.fencing_token
+        # fence=None: the stored fencing token, so a dead holder's fence does not block it.
+        saved = await transition(
+            core.journal,
+            OperationRef(scope, record.connection_id, record.operation_id),
+            to,
+            now_ms=core.now_ms(),
+            known=loaded,
+            change=change,
+            retry=False,
         )
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
     if saved is None:
-        return await _lost_race(core, scope, loaded.record)
-    return ReconcileResult("resolved", outcome=outcome, state=updated.state)
+        return await _lost_race(core, scope, record)
+    return ReconcileResult("resolved", outcome=outcome, state=saved.record.state)
 
 
 async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> ReconcileResult:

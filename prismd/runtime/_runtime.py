@@ -17,7 +17,7 @@ from ..journal import GrantRecord
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume
-from ._core import Core, FetchAttachment, operation_id_for
+from ._core import DEFAULT_LEASE_IDLE_MS, Core, FetchAttachment, operation_id_for
 from ._leaselog import LoggedLeases
 from ._types import Authorize, ResolveAgent, ResolveBinding
 from .api import (
@@ -244,7 +244,8 @@ class Runtime:
         for route in list(core.routes.values()):
             active = route.active
             turn = None if active is None else active.turn
-            if turn is None or turn.settled or turn.settled_by_stop:
+            if turn is None or turn.settled or turn.settled_by_stop or turn.finishing:
+                # A turn writing its own end already settles it (shielded, bounded).
                 continue
             turn.settled_by_stop = True
             ok = await core.settle_operation(
@@ -283,6 +284,7 @@ async def open_messaging_runtime(
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
     on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
     resume_accepted: bool = False,
+    lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS,
 ) -> AsyncIterator[Runtime]:
     """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
 
@@ -298,6 +300,10 @@ async def open_messaging_runtime(
     before running it) is queued on its route, oldest first, re-authorized, and run once
     (SPEC difference 8; see :mod:`prismd.runtime._resume`). Default False: such records
     are only listed as unresolved, as before.
+
+    ``lease_idle_ms``: a route keeps its binding lease this long after its last turn (at
+    most a third of ``lease_ttl_ms``), so a conversation's next message reuses it instead
+    of acquiring a new one; ``0`` releases as soon as the queue is empty.
     """
     async with trio.open_nursery() as nursery:
         extra = {} if owner_id is None else {"owner_id": owner_id}
@@ -312,6 +318,7 @@ async def open_messaging_runtime(
             redactor=redactor,
             clock=clock,
             reclaim_own_leases=reclaim_own_leases,
+            lease_idle_ms=lease_idle_ms,
             fetch_attachment=fetch_attachment,
             on_preview=on_preview,
             resolve_binding=resolve_binding,

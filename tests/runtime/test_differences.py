@@ -30,7 +30,8 @@ async def test_d1_new_on_idle_leased_route_succeeds(stores: StoreFactory) -> Non
     reference)."""
     store = await stores()
     host = Host()
-    async with runtime(host, store) as rt:
+    # lease_idle_ms=0: the lease is released as soon as the turn ends (an idle route).
+    async with runtime(host, store, lease_idle_ms=0) as rt:
         await rt.admit(event("1"))
         await rt.drain()
         raw = await store.checkpoints.load_checkpoint(namespace=NS_BINDING, key=KEY, scope=SCOPE)

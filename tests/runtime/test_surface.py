@@ -26,6 +26,7 @@ PINNED_PARAMETERS = [
     "on_paired",
     "on_typing",
     "resume_accepted",
+    "lease_idle_ms",
 ]
 
 
