@@ -33,6 +33,8 @@ from ..journal import (
 )
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
+from ._approvals import admit_approval
+from ._commands import admit_command
 from ._context import (
     AdmitContext,
     authorize_input,
@@ -43,8 +45,10 @@ from ._context import (
     duplicate,
     seen_before,
 )
-from ._core import MAX_ID_BYTES, Core, operation_id_for
+from ._core import Core
+from ._ids import operation_id_for
 from ._replies import Draft, Settle, answer
+from ._routes import MAX_ID_BYTES
 from ._turn import enqueue
 from ._types import Route, Turn
 
@@ -242,14 +246,10 @@ async def _admit_authorized(
     try:
         if action == "approval":
             assert approval is not None
-            from ._approvals import admit_approval
-
             result = await admit_approval(core, ctx, approval)
             await _settle_or_remove(core, ctx, result)
             return result
         if action == "command":
-            from ._commands import admit_command
-
             result = await admit_command(core, ctx)
             await _settle_or_remove(core, ctx, result)
             return result
@@ -325,7 +325,7 @@ async def admit_message(
 ) -> Admission:
     event = ctx.event
     conn = event.connection_id
-    route = core.get_route(
+    route = core.routes.route(
         conn,
         event.external_conversation_id,
         event.thread_id,
@@ -336,7 +336,7 @@ async def admit_message(
     if route is None:
         await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
         return denied(core, "capacity")
-    with core.pinned(route):
+    with core.routes.pinned(route):
         return await _admit_to_route(core, ctx, op_loaded, route)
 
 

@@ -119,10 +119,10 @@ async def send_approval_notice(
         draft,
         ownership=route.ownership,
         fence=fence,
-        binding=core.binding_write(route, fence) if with_binding else None,
+        binding=core.routes.binding_write(route, fence) if with_binding else None,
     )
     if with_binding:
-        core.binding_written(route, answered.binding)
+        core.routes.binding_written(route, answered.binding)
 
 
 async def reissue_controls(
@@ -173,7 +173,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
         rec, event, ctx.grant, approval.outcome
     ):
         return Admission("denied", "rejected")
-    route = core.get_route(
+    route = core.routes.route(
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
@@ -183,7 +183,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
     )
     if route is None:
         return Admission("denied", "capacity")
-    with core.pinned(route):
+    with core.routes.pinned(route):
         return await _approve_on_route(core, ctx, approval, loaded, route)
 
 
@@ -198,7 +198,7 @@ async def _approve_on_route(
     event = ctx.event
     rec = loaded.record
     try:
-        await core.hydrate(route, ctx.grant.identity)
+        await core.routes.hydrate(route, ctx.grant.identity)
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
@@ -310,7 +310,7 @@ async def resume(
     finally:
         if route.active is active:
             route.active = None
-        await core.release_if_idle(route)
+        await core.leases.release_if_idle(route)
 
 
 async def _resume(
@@ -341,7 +341,7 @@ async def _resume(
         core.count("storage_failures")
         return
     try:
-        async with core.route_fence(route, wait_s=5.0) as fence:
+        async with core.leases.fence(route, wait_s=5.0) as fence:
             try:
                 result: RunResult | None = None
                 with active.cancel_scope:
@@ -441,6 +441,6 @@ async def _finish_resume(
             outcome.state,
             change=change,
         ),
-        binding=core.binding_write(route, fence),
+        binding=core.routes.binding_write(route, fence),
     )
-    core.binding_written(route, answered.binding)
+    core.routes.binding_written(route, answered.binding)

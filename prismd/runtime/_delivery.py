@@ -42,6 +42,7 @@ from stores import OwnershipScope
 from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_REPLY, Loaded, ReplyRecord, reclaim, reply_key
+from ._approvals import reissue_controls
 from ._context import check_grant
 from ._core import Core
 from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome
@@ -85,8 +86,6 @@ async def resend(
         return None
     controls: tuple[Any, ...] = ()
     if stored.approval is not None:
-        from ._approvals import reissue_controls
-
         controls = await reissue_controls(core, scope, dict(stored.approval))
     state, message_id, reason = await deliver_once(
         core,

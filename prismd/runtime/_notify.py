@@ -16,8 +16,10 @@ from ..journal import NS_BINDING, BindingRecord, OperationRecord, OperationRef, 
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
 from ._context import check_grant, denied, duplicate, seen_before
-from ._core import MAX_ID_BYTES, Core, notify_operation_id
+from ._core import Core
+from ._ids import notify_operation_id
 from ._replies import Draft, Settle, answer
+from ._routes import MAX_ID_BYTES
 from .api import PairingTicket
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
@@ -71,7 +73,7 @@ async def _candidates(
         ):
             found[(route.actor_id, route.alias, route.ownership)] = (
                 route.ownership,
-                core.binding_record(route),
+                core.routes.binding_record(route),
             )
     if core.journal is not None:
         if operator:

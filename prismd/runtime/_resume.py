@@ -36,7 +36,8 @@ from ..identity import ownership_from_identity
 from ..journal import NS_OPERATION, Loaded, OperationRecord, OperationRef
 from ._admit import AWAITING_DECISION_TEXT
 from ._context import authorize_input, check_grant
-from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
+from ._core import Core
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._turn import enqueue
 from ._types import Turn
@@ -166,7 +167,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         # The grant now names another owner or no longer allows the journaled agent.
         await _deny(core, loaded, "rejected")
         return "done"
-    route = core.get_route(
+    route = core.routes.route(
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
@@ -185,7 +186,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         alias=record.agent_alias,
         op=loaded,
     )
-    with core.pinned(route):
+    with core.routes.pinned(route):
         queued = await enqueue(
             core,
             route,

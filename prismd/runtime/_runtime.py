@@ -17,8 +17,10 @@ from ..journal import GrantRecord
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume
-from ._core import DEFAULT_LEASE_IDLE_MS, Core, FetchAttachment, operation_id_for
+from ._core import Core, FetchAttachment
+from ._ids import operation_id_for
 from ._leaselog import LoggedLeases
+from ._leases import DEFAULT_LEASE_IDLE_MS
 from ._types import Authorize, ResolveAgent, ResolveBinding
 from .api import (
     Diagnostics,
@@ -236,7 +238,7 @@ class Runtime:
             await self._settle_stragglers()
         for route in list(core.routes.values()):
             route.lease_users = 0
-            await core.release_if_idle(route)
+            await core.leases.release_if_idle(route)
 
     async def _settle_stragglers(self) -> None:
         """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
@@ -253,7 +255,7 @@ class Runtime:
                 turn.event.connection_id,
                 turn.operation_id,
                 "cancelled",
-                fence=core.route_fence_now(route),
+                fence=core.leases.fence_now(route),
                 error_code="cancelled_at_shutdown",
                 only_from=frozenset({"accepted", "executing"}),
             )
@@ -327,8 +329,9 @@ async def open_messaging_runtime(
             on_typing=on_typing,
             **extra,
         )
-        if core.leases is not None:
-            core.leases = LoggedLeases(core.leases)  # every binding lease decision at DEBUG
+        if core.leases.store is not None:
+            # Every binding lease decision at DEBUG.
+            core.leases.store = LoggedLeases(core.leases.store)
         runtime = Runtime(core)
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()

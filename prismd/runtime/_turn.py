@@ -39,7 +39,8 @@ from ..agents import (
 from ..identity import AgentIdentity
 from ..journal import OperationRecord, OperationRef, SuspendedRun, transition
 from ._approvals import issue_controls
-from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
+from ._core import Core
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
 from ._types import ActiveTurn, Route, Turn
@@ -71,7 +72,7 @@ async def enqueue(
     (``still_wanted`` said no after the binding was read). The route is hydrated first.
     """
     try:
-        await core.hydrate(route, identity)
+        await core.routes.hydrate(route, identity)
     except TypeError:
         return "malformed"
     except Exception:
@@ -112,7 +113,11 @@ async def pump(core: Core, route: Route) -> None:
                 await _settle_queue_at_stop(core, route)
                 break
             head = route.queue[0]
-            if core.leasing and not head.cancelled and not await _wait_for_lease(core, route, head):
+            if (
+                core.leases.enabled
+                and not head.cancelled
+                and not await _wait_for_lease(core, route, head)
+            ):
                 continue
             if not route.queue or route.queue[0] is not head:
                 continue
@@ -133,9 +138,9 @@ async def pump(core: Core, route: Route) -> None:
     finally:
         route.pumping = False
         if torn_down or core.stopped:
-            await core.release_if_idle(route)
+            await core.leases.release_if_idle(route)
         else:
-            await core.release_when_idle(route)
+            await core.leases.release_when_idle(route)
 
 
 async def _refresh_binding(core: Core, route: Route) -> None:
@@ -147,7 +152,7 @@ async def _refresh_binding(core: Core, route: Route) -> None:
         return
     loaded = await core.journal.load_binding(route.ownership, route.binding_key)
     if loaded is not None and loaded.version != route.binding_version:
-        core.apply_binding(route, loaded.version, loaded.record)
+        core.routes.apply_binding(route, loaded.version, loaded.record)
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:
@@ -171,7 +176,7 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
         if not route.queue or route.queue[0] is not head or head.cancelled or core.stopped:
             return False
         try:
-            lease = await core.ensure_lease(route)
+            lease = await core.leases.ensure(route)
         except Exception:
             core.count("storage_failures")
             lease = None
@@ -242,12 +247,12 @@ async def end_turn(
         ownership=turn.ownership,
         fence=fence,
         settle=Settle(_ref(turn), state, known=turn.op, change=change),
-        binding=core.binding_write(route, fence) if with_binding else None,
+        binding=core.routes.binding_write(route, fence) if with_binding else None,
     )
     turn.op = answered.operation
     turn.settled = True
     if with_binding:
-        core.binding_written(route, answered.binding)
+        core.routes.binding_written(route, answered.binding)
 
 
 # --------------------------------------------------------------------------- running a turn
@@ -264,11 +269,13 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             await end_turn(core, route, turn, "cancelled", "cancelled_before_start", None, text)
         elif not core.stopped:
             # Settled by /cancel while queued: only the notice is left to send.
-            await _notice(core, route, turn, CANCELLED_BEFORE_START, core.route_fence_now(route))
+            await _notice(core, route, turn, CANCELLED_BEFORE_START, core.leases.fence_now(route))
         return
     if not core.active(identity):
         core.count("denied")
-        await end_turn(core, route, turn, "failed", "identity_revoked", core.route_fence_now(route))
+        await end_turn(
+            core, route, turn, "failed", "identity_revoked", core.leases.fence_now(route)
+        )
         return
     active = ActiveTurn(state="waiting", turn=turn)
     route.active = active
@@ -327,7 +334,9 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
     identity = turn.grant.identity
     if not core.active(identity):
         core.count("denied")
-        await end_turn(core, route, turn, "failed", "identity_revoked", core.route_fence_now(route))
+        await end_turn(
+            core, route, turn, "failed", "identity_revoked", core.leases.fence_now(route)
+        )
         return
     # A fresh scope for the run itself: a cancel that arrived while waiting is honoured.
     run_scope = trio.CancelScope()
@@ -335,7 +344,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         run_scope.cancel()
     active.cancel_scope = run_scope
     active.state = "running"
-    fence = core.route_fence_now(route)
+    fence = core.leases.fence_now(route)
     in_agent = False
     try:
         agent = await core.resolve_agent(route, identity)
@@ -348,7 +357,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             )
             return
         if route.session_id is None:
-            route.session_id, route.leaf_id = await core.derive_session(
+            route.session_id, route.leaf_id = await core.routes.derive_session(
                 route, identity, route.generation
             )
         if active.cancelled or core.stopped:
@@ -356,13 +365,13 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             # fetching media, deriving the session): no agent call at all.
             await _cancelled_before_claim(core, route, turn, active, fence)
             return
-        if core.leasing:
+        if core.leases.enabled:
             # The claim is written only under a live lease fence. Lost meanwhile (renewal
             # failed, taken over)? The turn goes back to the head of the queue, still
             # ``accepted``, and the pump waits for the lease again (SPEC difference 8).
             lease = None
             try:
-                lease = await core.ensure_lease(route)
+                lease = await core.leases.ensure(route)
             except Exception:
                 core.count("storage_failures")
             if lease is None:

@@ -13,7 +13,7 @@ import trio.testing
 from prismd.identity import ownership_from_identity
 from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, operation_key
 from prismd.limits import Limits
-from prismd.runtime._core import operation_id_for
+from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 
 from .harness import Host, StoreFactory, TrioClock, event, grant, identity, runtime

@@ -11,7 +11,7 @@ from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime import open_messaging_runtime
-from prismd.runtime._core import operation_id_for
+from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 
 from .harness import Host, TrioClock, event, identity, runtime
