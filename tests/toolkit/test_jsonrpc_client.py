@@ -74,23 +74,25 @@ async def test_calls_are_matched_by_id_even_out_of_order() -> None:
         await send(answer(request, {"echo": request.get("params"), "method": request["method"]}))
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, seen):
-            async with open_jsonrpc_client(stream) as client:
-                results: dict[str, Any] = {}
+        async with (
+            loopback_server(handle) as (stream, seen),
+            open_jsonrpc_client(stream) as client,
+        ):
+            results: dict[str, Any] = {}
 
-                async def call(method: str) -> None:
-                    results[method] = await client.call(method, {"n": method})
+            async def call(method: str) -> None:
+                results[method] = await client.call(method, {"n": method})
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(call, "slow")
-                    await trio.sleep(0.05)
-                    nursery.start_soon(call, "fast")
-                assert results == {
-                    "slow": {"echo": {"n": "slow"}, "method": "slow"},
-                    "fast": {"echo": {"n": "fast"}, "method": "fast"},
-                }
-                assert await client.call("version") == {"echo": None, "method": "version"}
-                assert client.pending == 0
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, "slow")
+                await trio.sleep(0.05)
+                nursery.start_soon(call, "fast")
+            assert results == {
+                "slow": {"echo": {"n": "slow"}, "method": "slow"},
+                "fast": {"echo": {"n": "fast"}, "method": "fast"},
+            }
+            assert await client.call("version") == {"echo": None, "method": "version"}
+            assert client.pending == 0
     assert [r["id"] for r in seen] == [1, 2, 3]
     assert all(r["jsonrpc"] == "2.0" for r in seen) and "params" not in seen[2]
 
@@ -101,16 +103,22 @@ async def test_an_error_response_raises_with_the_servers_code() -> None:
         await send({"jsonrpc": "2.0", "id": request["id"], "error": error})
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, _seen):
-            async with open_jsonrpc_client(stream) as client:
-                with pytest.raises(RpcError) as info:
-                    await client.call("send", {"message": "hi"})
+        async with (
+            loopback_server(handle) as (stream, _seen),
+            open_jsonrpc_client(stream) as client,
+        ):
+            with pytest.raises(RpcError) as info:
+                await client.call("send", {"message": "hi"})
     assert (info.value.code, info.value.message) == (-5, "Rate limit exceeded")
     assert info.value.data == {"retryAfterSeconds": 3}
 
 
 async def test_notifications_arrive_in_order_and_server_requests_are_refused() -> None:
+    refused = trio.Event()
+
     async def handle(request: dict[str, Any], send: Callable[[Any], Awaitable[None]]) -> None:
+        if "error" in request:
+            refused.set()
         if request.get("method") == "subscribeReceive":
             for n in range(3):
                 await send({"jsonrpc": "2.0", "method": "receive", "params": {"n": n}})
@@ -118,13 +126,14 @@ async def test_notifications_arrive_in_order_and_server_requests_are_refused() -
             await send(answer(request, 7))
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, seen):
-            async with open_jsonrpc_client(stream) as client:
-                assert await client.call("subscribeReceive") == 7
-                notes = [await client.notifications.receive() for _ in range(3)]
-                assert notes == [Incoming("receive", {"n": n}) for n in range(3)]
-                while len(seen) < 2:
-                    await trio.sleep(0.01)
+        async with (
+            loopback_server(handle) as (stream, seen),
+            open_jsonrpc_client(stream) as client,
+        ):
+            assert await client.call("subscribeReceive") == 7
+            notes = [await client.notifications.receive() for _ in range(3)]
+            assert notes == [Incoming("receive", {"n": n}) for n in range(3)]
+            await refused.wait()
     assert seen[1] == {
         "jsonrpc": "2.0",
         "id": "srv-1",
@@ -143,18 +152,20 @@ async def test_a_call_past_its_deadline_times_out_and_its_late_answer_is_dropped
         await send(answer(request, request["method"]))
 
     with trio.fail_after(600):
-        async with loopback_server(handle) as (stream, _seen):
-            async with open_jsonrpc_client(stream, timeout_s=10) as client:
-                start = trio.current_time()
-                with pytest.raises(JsonRpcTimeoutError) as info:
-                    await client.call("hang")
-                assert info.value.sent is True  # the server may act on it: ambiguous
-                assert 10 <= trio.current_time() - start < 11
-                with pytest.raises(JsonRpcTimeoutError):
-                    await client.call("hang", timeout_s=2)
-                assert await client.call("ok") == "ok"  # the connection is still good
-                await trio.sleep(40)
-                assert client.late_answers == 2 and client.pending == 0
+        async with (
+            loopback_server(handle) as (stream, _seen),
+            open_jsonrpc_client(stream, timeout_s=10) as client,
+        ):
+            start = trio.current_time()
+            with pytest.raises(JsonRpcTimeoutError) as info:
+                await client.call("hang")
+            assert info.value.sent is True  # the server may act on it: ambiguous
+            assert 10 <= trio.current_time() - start < 11
+            with pytest.raises(JsonRpcTimeoutError):
+                await client.call("hang", timeout_s=2)
+            assert await client.call("ok") == "ok"  # the connection is still good
+            await trio.sleep(40)
+            assert client.late_answers == 2 and client.pending == 0
 
 
 async def test_pending_calls_are_bounded(mock_clock: MockClock) -> None:
@@ -166,24 +177,26 @@ async def test_pending_calls_are_bounded(mock_clock: MockClock) -> None:
         await send(answer(request, request["params"]["n"]))
 
     with trio.fail_after(600):
-        async with loopback_server(handle) as (stream, seen):
-            async with open_jsonrpc_client(stream, max_pending=2, timeout_s=60) as client:
-                results: list[int] = []
+        async with (
+            loopback_server(handle) as (stream, seen),
+            open_jsonrpc_client(stream, max_pending=2, timeout_s=60) as client,
+        ):
+            results: list[int] = []
 
-                async def call(n: int) -> None:
-                    results.append(await client.call("work", {"n": n}))
+            async def call(n: int) -> None:
+                results.append(await client.call("work", {"n": n}))
 
-                async with trio.open_nursery() as nursery:
-                    for n in range(3):
-                        nursery.start_soon(call, n)
-                    await trio.sleep(5)
-                    assert client.pending == 2 and len(seen) == 2  # the third waits for a slot
-                    # no slot within its deadline: it never left, so it is safe to retry
-                    with pytest.raises(JsonRpcTimeoutError) as info:
-                        await client.call("work", {"n": 9}, timeout_s=1)
-                    assert info.value.sent is False
-                    release.set()
-                assert sorted(results) == [0, 1, 2]
+            async with trio.open_nursery() as nursery:
+                for n in range(3):
+                    nursery.start_soon(call, n)
+                await trio.sleep(5)
+                assert client.pending == 2 and len(seen) == 2  # the third waits for a slot
+                # no slot within its deadline: it never left, so it is safe to retry
+                with pytest.raises(JsonRpcTimeoutError) as info:
+                    await client.call("work", {"n": 9}, timeout_s=1)
+                assert info.value.sent is False
+                release.set()
+            assert sorted(results) == [0, 1, 2]
 
 
 async def test_a_server_that_goes_away_fails_pending_calls_and_ends_notifications() -> None:
@@ -194,24 +207,26 @@ async def test_a_server_that_goes_away_fails_pending_calls_and_ends_notification
         await trio.sleep_forever()
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, _seen):
-            async with open_jsonrpc_client(stream) as client:
+        async with (
+            loopback_server(handle) as (stream, _seen),
+            open_jsonrpc_client(stream) as client,
+        ):
 
-                async def cut() -> None:
-                    await gone.wait()
-                    # the server side closes: the client sees EOF
-                    await client._stream.send_eof()  # type: ignore[attr-defined]
+            async def cut() -> None:
+                await gone.wait()
+                # the server side closes: the client sees EOF
+                await client._stream.send_eof()  # type: ignore[attr-defined]
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(cut)
-                    with pytest.raises(JsonRpcConnectionError) as info:
-                        await client.call("send")
-                    assert info.value.sent is True
-                with pytest.raises(JsonRpcConnectionError) as again:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cut)
+                with pytest.raises(JsonRpcConnectionError) as info:
                     await client.call("send")
-                assert again.value.sent is False
-                with pytest.raises(trio.EndOfChannel):
-                    await client.notifications.receive()
+                assert info.value.sent is True
+            with pytest.raises(JsonRpcConnectionError) as again:
+                await client.call("send")
+            assert again.value.sent is False
+            with pytest.raises(trio.EndOfChannel):
+                await client.notifications.receive()
 
 
 async def test_an_oversized_frame_breaks_the_connection_instead_of_buffering() -> None:
@@ -220,10 +235,12 @@ async def test_an_oversized_frame_breaks_the_connection_instead_of_buffering() -
         await send(answer(request, "too late"))
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, _seen):
-            async with open_jsonrpc_client(stream, max_frame_bytes=1024) as client:
-                with pytest.raises(JsonRpcConnectionError):
-                    await client.call("version")
+        async with (
+            loopback_server(handle) as (stream, _seen),
+            open_jsonrpc_client(stream, max_frame_bytes=1024) as client,
+        ):
+            with pytest.raises(JsonRpcConnectionError):
+                await client.call("version")
 
 
 async def test_unreadable_frames_are_dropped_not_fatal() -> None:
@@ -233,9 +250,11 @@ async def test_unreadable_frames_are_dropped_not_fatal() -> None:
         await send(answer(request, "fine"))
 
     with trio.fail_after(DEADLINE):
-        async with loopback_server(handle) as (stream, _seen):
-            async with open_jsonrpc_client(stream) as client:
-                assert await client.call("version") == "fine"
+        async with (
+            loopback_server(handle) as (stream, _seen),
+            open_jsonrpc_client(stream) as client,
+        ):
+            assert await client.call("version") == "fine"
 
 
 async def test_bad_bounds_are_refused() -> None:

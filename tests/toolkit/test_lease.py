@@ -3,6 +3,7 @@ the TTL, take over our own predecessor's lease, stand by, fail closed, report lo
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from typing import Any
@@ -202,7 +203,7 @@ async def test_a_store_outage_is_ridden_out_while_the_lease_is_surely_valid(
         nursery.cancel_scope.cancel()
     assert lease.held
     failed = [r for r in leases.renewals if 30 <= r < 39]
-    assert len(failed) >= 3 and all(b > a for a, b in zip(failed, failed[1:]))
+    assert len(failed) >= 3 and all(b > a for a, b in itertools.pairwise(failed))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings and all(
         w.startswith(f"{LABEL}: renewing the receiver lease failed (StoreUnavailableError)")
