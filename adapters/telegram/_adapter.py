@@ -36,7 +36,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from prismd.channel import AdapterFeatures, AttachmentRef, Preview, Reply, SendResult
+from prismd.channel import AdapterFeatures, Admit, AttachmentRef, Preview, Reply, SendResult
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import ReceiverLease
@@ -73,8 +73,7 @@ class TelegramAdapter:
 
     connection_id: str = attrs.field()
     token: Callable[[], str] = attrs.field(repr=False)
-    admit: Any
-    """``runtime.admit`` (:data:`prismd.channel.Admit`)."""
+    admit: Admit
     store: Store
     owner_id: str
     service_scope: OwnershipScope = attrs.field(default=None)

@@ -77,7 +77,8 @@ def _build(conn: WebchatConnectionConfig, context: BuildContext) -> WebchatAdapt
 
 
 def _where(conn: WebchatConnectionConfig, adapter: Any) -> str:
-    bound = adapter.bound if isinstance(adapter, WebchatAdapter) else None
+    # Once listening, the bound address (port 0 resolved); before, the configured one.
+    bound = getattr(adapter, "bound", None)
     host, port = bound if bound is not None else parse_host_port(conn.listen)
     shown = f"[{host}]" if ":" in str(host) else str(host)
     return f"http://{shown}:{port}/"
