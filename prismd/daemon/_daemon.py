@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from ..runtime import Runtime
     from ._metrics import DaemonMetrics
 
+from adapters import kinds
+
 from ..channel import AdapterFatalError, ChannelAdapter
 from ..control import ControlSocketError
 from ..grants import GrantAuthorizer
@@ -49,16 +51,7 @@ from ..redact import Redactor
 from ..runtime import MessagingRuntime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
-from ._config import (
-    Config,
-    ConfigError,
-    ConnectionConfig,
-    Operator,
-    TelegramConnectionConfig,
-    WebchatConnectionConfig,
-    check_runnable,
-    parse_host_port,
-)
+from ._config import Config, ConfigError, ConnectionConfig, Operator, check_runnable
 from ._statedir import StateDir, StateDirError, open_state_dir
 from ._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
@@ -814,9 +807,7 @@ class Daemon:
             restarts=lambda: {name: c.restarts for name, c in supervisor.children.items()},
             leases=lambda: {
                 "binding": runtime.leases_held(),
-                "receiver": sum(
-                    1 for a in adapters.values() if getattr(a, "receiver_lease_held", False)
-                ),
+                "receiver": sum(1 for a in adapters.values() if a.receiver_lease_held),
             },
         )
 
@@ -852,7 +843,8 @@ class Daemon:
         for connection in self.config.connections:
             where = self.endpoints.get(adapter_child_name(connection), "")
             state = self.supervisor.children[adapter_child_name(connection)].state
-            label = "web chat" if connection.kind == "webchat" else connection.kind
+            kind = kinds.connection_kind(connection.kind)
+            label = kind.label if kind is not None else connection.kind
             suffix = "" if state == "running" else f" [{state}]"
             parts.append(f"{label} {connection.id}: {where}{suffix}")
         parts.append(f"control socket: {self.endpoints['control']}")
@@ -882,23 +874,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 def _listen_address(connection: ConnectionConfig) -> str | None:
     """The configured address a connection listens on, if any (for startup errors)."""
-    if isinstance(connection, WebchatConnectionConfig):
-        return connection.listen
-    if isinstance(connection, TelegramConnectionConfig) and connection.mode == "webhook":
-        return connection.webhook_listen
-    return None
+    kind = kinds.connection_kind(connection.kind)
+    return kind.listen_address(connection) if kind is not None else None
 
 
 def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
     """A human hint for the startup line: a URL for the web chat, the mode otherwise."""
-    if isinstance(connection, WebchatConnectionConfig):
-        bound = getattr(adapter, "bound", None)
-        host, port = bound if bound is not None else parse_host_port(connection.listen)
-        shown = f"[{host}]" if ":" in str(host) else str(host)
-        return f"http://{shown}:{port}/"
-    if isinstance(connection, TelegramConnectionConfig):
-        return f"({connection.mode})"
-    return "(connected)"
+    kind = kinds.connection_kind(connection.kind)
+    return kind.where(connection, adapter) if kind is not None else "(connected)"
 
 
 _PASSWORD_IN_URL_RE = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")
