@@ -47,6 +47,7 @@ from adapters import kinds
 from ..channel import AdapterFatalError, ChannelAdapter
 from ..control import ControlSocketError
 from ..grants import GrantAuthorizer
+from ..journal import ChannelJournal, ensure_format
 from ..redact import Redactor
 from ..runtime import MessagingRuntime
 from . import _logs as logs
@@ -334,6 +335,8 @@ EXIT_FAILURE = 1
 STOP_MARGIN_S = 5.0
 """Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
 CLOSE_BUDGET_S = 10.0
+MAX_COUNTED_UNRESOLVED = 100_000
+"""Counting stops here (``at least N unresolved``): a bound on the startup listing."""
 STATUS_REFRESH_S = 10.0
 """How often the serving daemon looks whether its ``STATUS=`` line changed."""
 
@@ -613,6 +616,14 @@ class Daemon:
         from ..runtime import open_messaging_runtime
 
         config = self.config
+        try:
+            # Before the runtime: its resume of acknowledged messages reads the open index.
+            refiled = await ensure_format(ChannelJournal(store.checkpoints))
+        except Exception as exc:
+            self._fail(f"cannot upgrade the journal: {describe_exception(exc)}")
+            return EXIT_FAILURE
+        if refiled:
+            log.info("journal upgraded: %d unresolved record(s) indexed", refiled)
         async with open_messaging_runtime(
             authorize=authorizer.authorize,
             resolve_agent=host.resolve_agent,
@@ -674,8 +685,21 @@ class Daemon:
         capped = False
         for tenant in sorted(tenants):
             identity = authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
+            after: str | None = None
             try:
-                entries = await runtime.list_unresolved(identity=identity, limit=limit)
+                # Every page: the listing reads the unresolved set only (an index), so
+                # counting it costs what is unresolved, not the journal's length.
+                while True:
+                    page = await runtime.list_unresolved_page(
+                        identity=identity, limit=limit, after=after
+                    )
+                    total += len(page.entries)
+                    after = page.next_cursor
+                    if after is None:
+                        break
+                    if total >= MAX_COUNTED_UNRESOLVED:
+                        capped = True
+                        break
             except Exception as exc:
                 log.log(
                     failure_level,
@@ -684,8 +708,6 @@ class Daemon:
                 )
                 self._unresolved = "unresolved unknown"
                 return None
-            total += len(entries)
-            capped = capped or len(entries) >= limit
         self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
         return total, capped
 

@@ -13,10 +13,14 @@ from ._access import LoadedApproval as LoadedApproval
 from ._access import PairingStore as PairingStore
 from ._access import new_token as new_token
 from ._access import token_hash as token_hash
+from ._format import FORMAT as FORMAT
+from ._format import NS_META as NS_META
+from ._format import ensure_format as ensure_format
 from ._journal import NS_BINDING as NS_BINDING
 from ._journal import NS_CURSOR as NS_CURSOR
 from ._journal import NS_OPERATION as NS_OPERATION
 from ._journal import NS_REPLY as NS_REPLY
+from ._journal import OPEN_CATEGORY as OPEN_CATEGORY
 from ._journal import UNRESOLVED_OPERATION_STATES as UNRESOLVED_OPERATION_STATES
 from ._journal import UNRESOLVED_REPLY_STATES as UNRESOLVED_REPLY_STATES
 from ._journal import UNSETTLED_REPLY_STATES as UNSETTLED_REPLY_STATES
@@ -36,7 +40,10 @@ from ._journal import Write as Write
 from ._journal import binding_actor_prefix as binding_actor_prefix
 from ._journal import binding_key as binding_key
 from ._journal import bounded_claims as bounded_claims
+from ._journal import categories as categories
+from ._journal import category_of as category_of
 from ._journal import cursor_key as cursor_key
+from ._journal import maybe_answerless as maybe_answerless
 from ._journal import operation_key as operation_key
 from ._journal import reply_key as reply_key
 from ._protocol import OPERATION_FLOW as OPERATION_FLOW

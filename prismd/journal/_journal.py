@@ -56,9 +56,54 @@ CATEGORY = {
     NS_CONTROL: "channel-control",
 }
 
+OPEN_CATEGORY = {
+    NS_OPERATION: "channel-operation-open",
+    NS_REPLY: "channel-reply-open",
+}
+"""The category of operations and replies an operator may have to settle. The store keeps
+its category index in the same transaction as the record, so listing what is unresolved
+reads the unresolved set only, however long the journal is."""
+
 UNRESOLVED_OPERATION_STATES = frozenset({"accepted", "executing"})
 UNSETTLED_REPLY_STATES = frozenset({"pending", "delivery_unknown"})
 UNRESOLVED_REPLY_STATES = frozenset({"pending", "delivery_unknown", "delivery_failed"})
+ANSWERED_STATES = frozenset({"succeeded", "failed"})
+
+
+def maybe_answerless(record: OperationRecord) -> bool:
+    """An agent run reached a terminal state that always answers, yet no reply is flagged
+    staged (a journal written before the settlement and the reply committed together, killed
+    between the two): the operator must see it.
+
+    ``cancelled`` is excluded: stop() settles queued and stuck work without an answer by design.
+    """
+    return (
+        record.kind == "message"
+        and record.state in ANSWERED_STATES
+        and record.run_id is not None
+        and not record.reply_staged
+    )
+
+
+def category_of(namespace: str, record: object) -> str:
+    """The category a record is stored under: open while an operator may have to act."""
+    if isinstance(record, OperationRecord) and (
+        record.state in UNRESOLVED_OPERATION_STATES or maybe_answerless(record)
+    ):
+        return OPEN_CATEGORY[NS_OPERATION]
+    if isinstance(record, ReplyRecord) and record.state in UNRESOLVED_REPLY_STATES:
+        return OPEN_CATEGORY[NS_REPLY]
+    return CATEGORY[namespace]
+
+
+def categories(namespace: str, *, open_only: bool = False) -> tuple[str, ...]:
+    """Every category ``namespace`` stores (or only the open one, when it has one)."""
+    opened = OPEN_CATEGORY.get(namespace)
+    if open_only and opened is not None:
+        return (opened,)
+    return (CATEGORY[namespace],) if opened is None else (CATEGORY[namespace], opened)
+
+
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
@@ -679,7 +724,7 @@ class ChannelJournal:
                 value=self._checked(record.to_json()),
                 expected_version=w.expected_version,
                 fencing_token=w.fence,
-                category=CATEGORY[w.namespace],
+                category=category_of(w.namespace, record),
                 metadata=_meta(w.namespace, record),
             )
             for w, record in zip(writes, records, strict=True)
@@ -722,12 +767,16 @@ class ChannelJournal:
         *,
         key_prefix: str | None = None,
         cursor: str | None = None,
+        open_only: bool = False,
     ) -> tuple[list[CheckpointRecord], str | None]:
-        """One page (newest first) under a *partial* scope filter: raw rows, unparsed."""
+        """One page (newest first) under a *partial* scope filter: raw rows, unparsed.
+
+        ``open_only``: only the records an operator may have to settle (the store's index).
+        """
         page = await self.checkpoints.list_checkpoints(
             namespace=namespace,
             key_prefix=key_prefix,
-            category=CATEGORY[namespace],
+            category=categories(namespace, open_only=open_only),
             scope=scope,
             cursor=cursor,
             limit=limit,

@@ -88,7 +88,9 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
     cursor: str | None = None
     page = max(1, core.limits.max_journal_page)
     while True:
-        rows, cursor = await core.journal.list(OwnershipScope(), NS_OPERATION, page, cursor=cursor)
+        rows, cursor = await core.journal.list(
+            OwnershipScope(), NS_OPERATION, page, cursor=cursor, open_only=True
+        )
         for row in rows:
             value = row.value
             if not isinstance(value, dict) or value.get("state") != "accepted":

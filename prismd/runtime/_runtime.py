@@ -29,6 +29,7 @@ from .api import (
     PruneResult,
     ReconcileResult,
     UnresolvedEntry,
+    UnresolvedPage,
 )
 
 log = logging.getLogger("prismd.runtime")
@@ -93,6 +94,15 @@ class Runtime:
         self, *, identity: AgentIdentity, limit: int | None = None
     ) -> list[UnresolvedEntry]:
         return await _recovery.list_unresolved(self._core, identity=identity, limit=limit)
+
+    async def list_unresolved_page(
+        self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
+    ) -> UnresolvedPage:
+        """Every unresolved record, a page at a time (see
+        :func:`prismd.runtime._recovery.list_unresolved_page`)."""
+        return await _recovery.list_unresolved_page(
+            self._core, identity=identity, limit=limit, after=after
+        )
 
     async def reconcile(
         self,

@@ -34,9 +34,14 @@ def test_public_names() -> None:
     assert sorted(runtime_pkg.__all__) == [
         "BindingInput",
         "BindingResolution",
+        "Diagnostics",
+        "MessagingRuntime",
         "PairingUnavailableError",
+        "ReconcileResult",
         "ResolveAgentInput",
         "Runtime",
+        "UnresolvedEntry",
+        "UnresolvedPage",
         "open_messaging_runtime",
     ]
 
