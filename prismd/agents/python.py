@@ -30,10 +30,6 @@ def validate_python_options(options: Mapping[str, Any]) -> str:
     return factory
 
 
-def _resolve(spec: str) -> Any:
-    return resolve_callable(spec, "factory")
-
-
 def resolve_callable(spec: str, key: str) -> Any:
     """Import ``module:attr.path`` and return it; ``AgentOptionError(key, …)`` naming the
     module or attribute (never the module's own error text) when that fails."""
@@ -79,5 +75,5 @@ def check_agent(agent: object, where: str) -> Agent:
 def build_python_agent(ctx: AgentContext) -> Agent:
     """Import and call the factory; errors say which factory failed and why."""
     spec = validate_python_options(ctx.options)
-    factory = _resolve(spec)
+    factory = resolve_callable(spec, "factory")
     return check_agent(factory(ctx), f"agent factory {spec!r}")
