@@ -227,24 +227,13 @@ async def _attempt(
         ) as source:
             response = source.response
             if response.status_code != 200:
-                # Read (bounded) so the connection can be reused; the body is never shown.
-                await _drain(response)
+                # The body is never read (nor shown): OpenAI's 401 quotes part of the key.
                 raise _status_error(response)
-            async for event in source.aiter_sse():
-                data = event.data
-                if data.strip() == "[DONE]":
-                    return assembler.completion()
-                if not data.strip():
-                    continue
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise ProviderError(
-                        "provider_bad_stream",
-                        "the model server sent an unreadable stream",
-                        started=assembler.started,
-                    ) from None
-                assembler.feed(chunk)
+            outcome = await _read_events(source, assembler)
+            if isinstance(outcome, ProviderError):
+                raise outcome
+            if outcome is not None:
+                return outcome
             # The stream ended without [DONE]: complete only if the model said it finished
             # (some servers omit [DONE]); otherwise the connection broke off.
             if assembler.finish_reason is not None:
@@ -283,12 +272,39 @@ async def _attempt(
         ) from None
 
 
-async def _drain(response: httpx.Response, limit: int = 64 * 1024) -> None:
-    seen = 0
-    async for part in response.aiter_bytes():
-        seen += len(part)
-        if seen > limit:
-            break
+async def _read_events(
+    source: httpx_sse.EventSource, assembler: _Assembler
+) -> Completion | ProviderError | None:
+    """Feed every event to ``assembler``: the completion at ``[DONE]``, an error for a bad
+    chunk, ``None`` when the stream ended first.
+
+    The event iterator is always run to its end (after an early outcome the response is
+    closed, which ends it): an async generator left suspended mid-stream would only be
+    finalized by the garbage collector.
+    """
+    outcome: Completion | ProviderError | None = None
+    try:
+        async for event in source.aiter_sse():
+            if outcome is not None:
+                continue
+            data = event.data.strip()
+            if data == "[DONE]":
+                outcome = assembler.completion()
+            elif data:
+                try:
+                    assembler.feed(json.loads(data))
+                except ValueError:
+                    outcome = ProviderError(
+                        "provider_bad_stream", "the model server sent an unreadable stream"
+                    )
+                except ProviderError as error:
+                    outcome = error
+            if outcome is not None:
+                await source.response.aclose()
+    except Exception:
+        if outcome is None:
+            raise
+    return outcome
 
 
 async def stream_completion(
