@@ -657,7 +657,8 @@ class ChannelJournal:
         page = await self.checkpoints.list_checkpoints(
             namespace=namespace,
             key_prefix=key_prefix,
-            category=CATEGORY[namespace],
+            # Namespaces outside the journal (the agents', pruned with it) are not filtered.
+            category=CATEGORY.get(namespace),
             scope=scope,
             cursor=cursor,
             limit=limit,
