@@ -74,6 +74,7 @@ from ._api import (
     describe_failure,
     validate_api_origin,
 )
+from ._format import send_formatted
 from ._parse import (
     ALLOWED_UPDATES,
     ParsedUpdate,
@@ -888,7 +889,8 @@ class TelegramAdapter:
             pass
 
     async def send(self, reply: Reply) -> SendResult:
-        """Deliver a reply as plain-text chunks (+ optional synthesized voice).
+        """Deliver a reply as chunks (+ optional synthesized voice); a final answer is sent as
+        Telegram HTML converted from Markdown, plain text when Telegram refuses it (``_format``).
 
         Returns ``delivered`` or a known failure (``invalid_destination``, ``empty_reply``,
         ``invalid_controls``, ``telegram_unauthorized``, ``telegram_forbidden``,
@@ -928,7 +930,11 @@ class TelegramAdapter:
             if markup is not None and index == len(chunks) - 1:
                 params["reply_markup"] = markup
             try:
-                result = await self._send_chunk(params)
+                # Agents answer in Markdown: final answers go out as Telegram HTML, with a
+                # plain-text resend when Telegram cannot parse the entities.
+                result = await send_formatted(
+                    self._send_chunk, params, markdown=reply.kind == "final"
+                )
             except TelegramApiError as error:
                 if index > 0 or _ambiguous(error):
                     raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None
