@@ -270,6 +270,14 @@ async def _attempt(
             retryable=not assembler.started,
             started=assembler.started,
         ) from None
+    except Exception as exc:
+        # Anything else (an odd URL, a library error): the type only, never its text, which
+        # may quote the request (its Authorization header included).
+        raise ProviderError(
+            "provider_error",
+            f"the model request failed ({type(exc).__name__})",
+            started=assembler.started,
+        ) from None
 
 
 async def _read_events(

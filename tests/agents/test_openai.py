@@ -652,3 +652,120 @@ def test_retry_after_headers() -> None:
     assert retry_after_seconds(dated, now=1445412470) == 10
     assert retry_after_seconds(httpx.Headers({"retry-after": "soon"})) is None
     assert retry_after_seconds(httpx.Headers({})) is None
+
+
+async def test_an_unexpected_client_error_names_only_its_type(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    import httpx
+
+    class Exploding(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            raise RuntimeError(f"boom {request.headers['authorization']}")
+
+    agent = OpenAIAgent.from_context(
+        AgentContext(
+            alias="gpt",
+            options={"base_url": "https://api.example/v1", "model": "m",
+                     "api_key_env": "OPENAI_API_KEY"},
+            checkpoints=store.checkpoints, read_secret=reader(),
+        ),
+        transport=Exploding(),
+    )  # fmt: skip
+    failed = await failure(agent)
+    assert failed.error is not None and failed.error.code == "provider_error"
+    assert failed.error.message == "the model request failed (RuntimeError)"
+    await agent.aclose()
+
+
+# --------------------------------------------------------------------------- check-config
+
+
+def config_with(agent: str, tmp_path: Any) -> Any:
+    from prismd.daemon._config import load_config
+
+    path = tmp_path / "prismd.toml"
+    path.write_text(
+        f"""
+[[connections]]
+id = "web"
+kind = "webchat"
+
+[agents.gpt]
+kind = "openai"
+{agent}
+
+[[grants]]
+connection = "web"
+actors = ["*"]
+aliases = ["gpt"]
+"""
+    )
+    return load_config(str(path))
+
+
+@pytest.mark.parametrize(
+    ("agent", "key", "message"),
+    [
+        ('base_url = "http://api.example.com/v1"\nmodel = "m"', "[agents.gpt].base_url",
+         "http:// is accepted only for loopback hosts"),
+        ('base_url = "https://x/v1"', "[agents.gpt].model", "is required"),
+        ('base_url = "https://x/v1"\nmodel = "m"\napi_key = "sk-inline"', "[agents.gpt].api_key",
+         "secrets are never inline"),
+        ('base_url = "https://x/v1"\nmodel = "m"\ntemperature = 9', "[agents.gpt].temperature",
+         "between 0 and 2"),
+        ('base_url = "https://x/v1"\nmodel = "m"\nstream = true', "[agents.gpt].stream",
+         "unknown option"),
+    ],
+)  # fmt: skip
+def test_check_config_names_the_bad_openai_key(
+    tmp_path: Any, agent: str, key: str, message: str
+) -> None:
+    from prismd.daemon._config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        config_with(agent, tmp_path)
+    assert info.value.key == key and message in str(info.value)
+    assert "sk-inline" not in str(info.value)
+
+
+def test_check_config_reads_the_key_and_imports_the_tools(tmp_path: Any) -> None:
+    from prismd.daemon._config import ConfigError, check_runnable
+
+    base = 'base_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
+    config = config_with(base + 'api_key_env = "PRISMD_TEST_NO_SUCH_KEY"', tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_runnable(config, env={})
+    assert info.value.key == "[agents.gpt].api_key_env"
+    assert "PRISMD_TEST_NO_SUCH_KEY is not set" in str(info.value)
+    check_runnable(config, env={"PRISMD_TEST_NO_SUCH_KEY": KEY})
+    keyfile = tmp_path / "key.txt"
+    keyfile.write_text(KEY + "\n")
+    check_runnable(config_with(base + f'api_key_file = "{keyfile}"', tmp_path), env={})
+    missing = config_with(base + f'api_key_file = "{tmp_path / "nope"}"', tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_runnable(missing, env={})
+    assert info.value.key == "[agents.gpt].api_key_file"
+    broken = config_with(base + 'tools = "tests.agents.no_such_module:tools"', tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_runnable(broken, env={})
+    assert info.value.key == "[agents.gpt].tools" and "cannot import module" in str(info.value)
+    good = config_with(base + 'tools = "tests.agents.daemon_tools:tools"', tmp_path)
+    check_runnable(good, env={})
+
+
+async def test_the_daemon_wiring_registers_the_key_as_a_secret(
+    tmp_path: Any, store: MemoryStore
+) -> None:
+    from prismd.daemon._wiring import build_agents
+
+    base = 'base_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
+    config = config_with(base + 'api_key_env = "OPENAI_API_KEY"', tmp_path)
+    secrets: list[str] = []
+    agents = build_agents(config, store, env={"OPENAI_API_KEY": KEY}, secrets=secrets)
+    assert secrets == [KEY] and isinstance(agents["gpt"], OpenAIAgent)
+    from prismd.daemon._config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        build_agents(config, store, env={})
+    assert info.value.key == "[agents.gpt].api_key_env"
