@@ -130,6 +130,18 @@ async def ask(client: ChatClient, client_id: str, text: str) -> dict[str, Any]:
     return await next_reply(client, SEEN)
 
 
+async def turn_done(layout: Layout) -> None:
+    """Wait until no turn holds a slot: the approval notice is sent at the very end of its
+    turn, and an approval arriving before the turn let go of its route is refused (the
+    token stays valid). A person takes longer than that; a test waits for it."""
+    while True:
+        code, diagnostics, err = await prismctl(layout, "diagnostics")
+        assert code == 0, err
+        if diagnostics["active"] == 0 and diagnostics["queued"] == 0:
+            return
+        await trio.sleep(0.05)
+
+
 async def approve(client: ChatClient, value: str, client_id: str = "a1") -> dict[str, Any]:
     return await admitted(client, {"type": "approve", "value": value, "id": client_id}, SEEN)
 
@@ -310,6 +322,7 @@ async def test_a_sigkill_mid_tool_is_listed_and_never_dispatched_again(
                 fake.push(Answer(tool_calls=(("wait_here", {"what": "x"}),)))
                 notice = await ask(client, "m1", "do the slow thing")
                 allow = {c["label"]: c["value"] for c in notice["controls"]}["Allow once"]
+                await turn_done(layout)
                 assert (await approve(client, allow))["status"] == "accepted"
                 while not tool_calls(layout):  # noqa: ASYNC110 (another process writes it)
                     await trio.sleep(0.05)
@@ -366,6 +379,7 @@ async def test_the_tool_approval_round_trip_in_chromium(tmp_path: Path, fake: Fa
                 timeout_ms=15000,
             )
             assert labels == "Allow once|Deny"
+            await turn_done(layout)
             await browser.evaluate(
                 "document.querySelector('#log .bot.notice button').click(), true"
             )
