@@ -103,3 +103,40 @@ async def test_markdown_answers_render_safely_in_chromium(tmp_path: Path, fake: 
     # the user's own message is never interpreted
     assert shape["own"] == "show me **markdown**"
     assert browser.page_errors() == []
+
+
+async def test_a_streamed_answer_shows_live_then_settles_in_chromium(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    text = "Thinking **out loud**, " + "word " * 60 + "done."
+    fake.push(Answer(text, chunk_chars=6, delay_s=0.03))
+    options = {"base_url": fake.base_url, "model": "gpt-4o-mini"}
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("openai", options, previews=True) as (adapter, _runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for("document.getElementById('status').dataset.state === 'online'")
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("think aloud"))
+            partial = await browser.wait_for(
+                "document.querySelector('#log .bot.live .text')?.textContent"
+            )
+            # the text so far, rendered (an unclosed "**" still shows literally)
+            assert any(form.startswith(partial) for form in (text, text.replace("**", "")))
+            assert len(partial) < len(text) - 4
+            assert await browser.evaluate(
+                "document.querySelector('#log .bot.live .text strong')?.textContent"
+            ) in (None, "out loud")
+            final = await browser.wait_for(
+                "document.querySelector('#log .bot.final .text')?.textContent"
+            )
+            assert final == text.replace("**", "")
+            assert await browser.evaluate("document.querySelectorAll('#log .bot').length") == 1
+            assert await browser.evaluate("document.querySelector('#log .bot.live')") is None
+            assert browser.page_errors() == []
