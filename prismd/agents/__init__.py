@@ -36,6 +36,7 @@ from .mock import MockAgent as MockAgent
 from .mock import MockOptions as MockOptions
 from .openai import OpenAIAgent as OpenAIAgent
 from .openai import OpenAIOptions as OpenAIOptions
+from .python import resolve_factory as resolve_factory
 from .registry import AGENT_KINDS as AGENT_KINDS
 from .registry import build_agent as build_agent
 from .registry import validate_agent_options as validate_agent_options

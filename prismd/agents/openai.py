@@ -40,6 +40,7 @@ import attrs
 import httpx
 import trio
 
+from adapters.toolkit import is_loopback_host
 from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 
 from ..identity import AgentIdentity, ownership_from_identity
@@ -66,6 +67,7 @@ from ._session import (
     input_text,
     new_run_id,
 )
+from .python import FACTORY_RE, resolve_factory
 from .tools import Tool, check_tools
 
 log = logging.getLogger("prismd.agents.openai")
@@ -133,8 +135,6 @@ def _text(key: str, value: Any, *, limit: int = 1024) -> str:
 
 def check_base_url(value: Any) -> str:
     """``value`` without a trailing slash, or ``AgentOptionError("base_url", …)``."""
-    from ..daemon._config import is_loopback_host
-
     raw = _text("base_url", value)
     try:
         url = httpx.URL(raw)
@@ -203,8 +203,6 @@ def validate_openai_options(options: Mapping[str, Any]) -> OpenAIOptions:
             raise AgentOptionError("temperature", "must be between 0 and 2")
         values["temperature"] = float(temperature)
     if "tools" in options:
-        from .python import FACTORY_RE
-
         spec = options["tools"]
         if not isinstance(spec, str) or not FACTORY_RE.match(spec):
             raise AgentOptionError("tools", "must be 'module:callable'")
@@ -214,9 +212,7 @@ def validate_openai_options(options: Mapping[str, Any]) -> OpenAIOptions:
 
 def load_tools(spec: str, ctx: AgentContext) -> dict[str, Tool]:
     """Import and call the ``tools`` factory; errors name the key, never the factory's text."""
-    from .python import resolve_callable
-
-    factory = resolve_callable(spec, "tools")
+    factory = resolve_factory(spec, "tools")
     try:
         produced = factory(ctx)
     except Exception as exc:

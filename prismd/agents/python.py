@@ -30,9 +30,10 @@ def validate_python_options(options: Mapping[str, Any]) -> str:
     return factory
 
 
-def resolve_callable(spec: str, key: str) -> Any:
-    """Import ``module:attr.path`` and return it; ``AgentOptionError(key, …)`` naming the
-    module or attribute (never the module's own error text) when that fails."""
+def resolve_factory(spec: str, key: str = "factory") -> Any:
+    """The object ``module:attr.path`` names (imported, not called); raises
+    :class:`AgentOptionError` naming ``key`` (the option that gave ``spec``) when it cannot
+    be found — never with the module's own error text."""
     module_name, _, attr_path = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -75,5 +76,5 @@ def check_agent(agent: object, where: str) -> Agent:
 def build_python_agent(ctx: AgentContext) -> Agent:
     """Import and call the factory; errors say which factory failed and why."""
     spec = validate_python_options(ctx.options)
-    factory = resolve_callable(spec, "factory")
+    factory = resolve_factory(spec)
     return check_agent(factory(ctx), f"agent factory {spec!r}")

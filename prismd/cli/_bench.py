@@ -41,10 +41,11 @@ import trio
 
 from stores import Store, open_store
 
-from ..agents._base import Agent, AgentContext
+from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer
 from ..limits import Limits
+from ..runtime import open_messaging_runtime
 
 CONNECTION = "bench"
 TENANT = "bench-tenant"
@@ -153,9 +154,6 @@ class _Bench:
 
 
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
-    from ..agents.registry import build_agent
-    from ..runtime import open_messaging_runtime
-
     store = await open_store(url)
     try:
         agent: Agent = build_agent(

@@ -874,11 +874,10 @@ def _check_factory(
     spec: str, where: str, error: Callable[[str, str], ConfigError], *, key: str = "factory"
 ) -> None:
     # The agent kind's own resolution (import + attribute), the step before the call.
-    from ..agents._session import AgentOptionError
-    from ..agents.python import resolve_callable
+    from ..agents import AgentOptionError, resolve_factory
 
     try:
-        resolve_callable(spec, key)
+        resolve_factory(spec, key)
     except AgentOptionError as exc:
         message = str(exc)
         named = exc.key or key

@@ -10,6 +10,7 @@ adapters declare in their :class:`~prismd.channel.AdapterFeatures`).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -18,8 +19,7 @@ import attrs
 from adapters import kinds
 from stores import Store
 
-from ..agents._base import Agent, AgentContext
-from ..agents._session import AgentOptionError
+from ..agents import Agent, AgentContext, AgentOptionError, build_agent
 from ..channel import (
     Admission,
     AttachmentRef,
@@ -71,9 +71,6 @@ def build_agents(
     Secrets an agent reads (an ``openai`` API key) come from ``env`` (default: this
     process's environment) and are appended to ``secrets``.
     """
-    import os
-
-    from ..agents.registry import build_agent
 
     found: list[str] = [] if secrets is None else secrets
     agents: dict[str, Agent] = {}

@@ -26,6 +26,8 @@ from typing import Any
 import attrs
 import trio
 
+from stores import StoreUnavailableError
+
 from ..agents import (
     Agent,
     AgentInput,
@@ -128,9 +130,8 @@ async def pump(core: Core, route: Route) -> None:
                     core.count("storage_failures")
             route.queue.popleft()
             if head.claim_failures:
-                await trio.sleep(
-                    min(LEASE_BACKOFF_START_S * 2**head.claim_failures, LEASE_BACKOFF_MAX_S)
-                )
+                exponent = min(head.claim_failures, 16)
+                await trio.sleep(min(LEASE_BACKOFF_START_S * 2**exponent, LEASE_BACKOFF_MAX_S))
             await execute_turn(core, route, head)
     except trio.Cancelled:
         torn_down = True
@@ -379,12 +380,19 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
                 return
             fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
-        if claimed == "retry" and turn.claim_failures < MAX_CLAIM_RETRIES and not core.stopped:
-            # A store error, not a lost CAS: the acknowledged record is still ours to
-            # run. Back to the head of the queue; the pump backs off (bounded).
-            turn.claim_failures += 1
-            route.queue.appendleft(turn)
-            return
+        if claimed in ("unavailable", "retry") and not core.stopped:
+            if claimed == "unavailable" or turn.claim_failures < MAX_CLAIM_RETRIES:
+                # Not a lost CAS: the acknowledged record is still ours to run. Back to the
+                # head of the queue; the pump backs off (bounded). While the store is down
+                # it is retried for as long as that lasts: never dropped from memory.
+                turn.claim_failures += 1
+                route.queue.appendleft(turn)
+                return
+            log.warning(
+                "claim of %s kept failing (%d attempts); it stays accepted and is listed",
+                turn.operation_id,
+                turn.claim_failures,
+            )
         if claimed != "claimed":
             return
         request = RunRequest(
@@ -420,8 +428,9 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
     """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run.
 
     ``"claimed"``; ``"lost"`` (the record is no longer ``accepted``: someone else's);
-    ``"retry"`` (a store error: whether the write landed is unknown, so the caller may
-    retry — the retry is again a CAS from ``accepted``, never a second run).
+    ``"unavailable"`` (the store is down) or ``"retry"`` (another error, e.g. a record that
+    does not parse): whether the write landed is unknown, so the caller may retry — the
+    retry is again a CAS from ``accepted``, never a second run.
     """
     if core.journal is None:
         return "claimed"
@@ -440,6 +449,10 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
             change=claimed,
             allowed=lambda record: record.state == "accepted",
         )
+    except StoreUnavailableError:
+        core.count("storage_failures")
+        turn.op = None
+        return "unavailable"
     except Exception:
         core.count("storage_failures")
         turn.op = None
