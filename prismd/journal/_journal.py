@@ -719,14 +719,16 @@ class ChannelJournal:
     max_record_bytes: int = 128 * 1024
     health: StoreHealth = attrs.field(factory=StoreHealth)
 
-    def _checked(self, value: dict[str, Any]) -> dict[str, Any]:
-        """``value`` when its JSON fits ``max_journal_record_bytes``; raises before any write."""
+    def _encoded(self, value: dict[str, Any]) -> str:
+        """``value``'s compact JSON, which the store keeps as given (encoded once), when it
+        fits ``max_journal_record_bytes``; raises before anything is written."""
         limit = max(1024, self.max_record_bytes)
-        if utf8_len(json.dumps(value, separators=(",", ":"), ensure_ascii=False)) > limit:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        if len(text) > limit // 4 and utf8_len(text) > limit:
             raise JournalRecordTooLargeError(
                 f"journal record exceeds max_journal_record_bytes ({limit} bytes)"
             )
-        return value
+        return text
 
     @staticmethod
     def _loaded(stored: CheckpointRecord, record: Any) -> Loaded[Any]:
@@ -771,20 +773,23 @@ class ChannelJournal:
         not fit, and the store's errors (``StoreUnavailableError``) unchanged.
         """
         records = [self._stored_form(w.record) for w in writes]
-        requests = [
-            SaveCheckpoint(
-                namespace=w.namespace,
-                key=w.address(),
-                scope=w.scope,
-                version=w.expected_version + 1,
-                value=self._checked(record.to_json()),
-                expected_version=w.expected_version,
-                fencing_token=w.fence,
-                category=category_of(w.namespace, record),
-                metadata=_meta(w.namespace, record),
+        requests = []
+        for w, record in zip(writes, records, strict=True):
+            value = record.to_json()
+            requests.append(
+                SaveCheckpoint(
+                    namespace=w.namespace,
+                    key=w.address(),
+                    scope=w.scope,
+                    version=w.expected_version + 1,
+                    value=value,
+                    expected_version=w.expected_version,
+                    fencing_token=w.fence,
+                    category=category_of(w.namespace, record),
+                    metadata=_meta(w.namespace, record),
+                    value_json=self._encoded(value),
+                )
             )
-            for w, record in zip(writes, records, strict=True)
-        ]
         try:
             results = await self.checkpoints.write_checkpoints(requests, atomic=atomic)
         except StoreUnavailableError as exc:
