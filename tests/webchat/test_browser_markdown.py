@@ -13,7 +13,7 @@ import trio_websocket
 
 from tests.fakes.openai_api import Answer, FakeOpenAI, start_fake_openai
 
-from ._stack import chat_stack
+from ._stack import MutableClock, chat_stack
 from .test_browser import TYPE_AND_SEND, DevTools, launch_chromium, page_url
 
 HOSTILE = (
@@ -139,4 +139,35 @@ async def test_a_streamed_answer_shows_live_then_settles_in_chromium(
             assert final == text.replace("**", "")
             assert await browser.evaluate("document.querySelectorAll('#log .bot').length") == 1
             assert await browser.evaluate("document.querySelector('#log .bot.live')") is None
+            assert browser.page_errors() == []
+
+
+async def test_a_refused_decision_leaves_its_buttons_usable_in_chromium(tmp_path: Path) -> None:
+    clock = MutableClock(1_700_000_000_000)
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("mock", {"suspend_for_tool": "shell"}, clock=clock) as (adapter, _rt),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for("document.getElementById('status').dataset.state === 'online'")
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("rm -rf /tmp/x"))
+            await browser.wait_for("document.querySelector('#log .bot.notice button')")
+            clock.ms += 10 * 60 * 1000  # the approval expires (5 minutes)
+            await browser.evaluate(
+                "document.querySelector('#log .bot.notice button').click(), true"
+            )
+            notice = await browser.wait_for("document.querySelector('#log .system')?.textContent")
+            assert notice == "Not accepted: rejected"
+            usable = await browser.wait_for(
+                "Array.from(document.querySelectorAll('#log .bot.notice button'))"
+                ".every(b => !b.disabled && !b.hasAttribute('aria-pressed')) && 'yes'"
+            )
+            assert usable == "yes"
+            assert await browser.evaluate("document.querySelector('#log .bot.final')") is None
             assert browser.page_errors() == []
