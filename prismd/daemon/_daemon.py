@@ -602,12 +602,12 @@ class Daemon:
 
         config = self.config
         try:
-            agents = build_agents(config, store)
+            secrets: list[str] = []
+            agents = build_agents(config, store, env=self.env, secrets=secrets)
             authorizer = GrantAuthorizer(
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
             host = Host(agents=agents)
-            secrets: list[str] = []
             for connection in config.connections:
                 host.adapters[connection.id] = build_adapter(
                     connection,
