@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
 from ._types import DEFAULT_MAX_VALUE_BYTES, SYSTEM_CLOCK, Clock, InvalidStoreURLError, Store
 
+CLOSE_BUDGET_S = 10.0
+"""How long leaving the block waits for the store to close, even when cancelled."""
 
+
+@asynccontextmanager
 async def open_store(
     url: str, *, clock: Clock = SYSTEM_CLOCK, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
-) -> Store:
-    """Open the store named by ``url``; the caller owns it and must ``aclose()`` it.
+) -> AsyncIterator[Store]:
+    """``async with open_store(url) as store:`` — the store named by ``url``, open for the
+    block and closed when it ends (a backend may own a loop, a pool or a task for exactly
+    that long). ``store.aclose()`` inside the block closes it early; every later call then
+    raises :class:`~stores.StoreUnavailableError`.
 
     * ``memory://`` — process-local, for tests.
     * ``sqlite:///relative/or/absolute/path.sqlite`` (``sqlite:////abs`` also accepted).
 
     ``max_value_bytes`` bounds the JSON encoding of one checkpoint value (default 1 MiB).
 
-    Raises :class:`InvalidStoreURLError` for anything else and
+    Entering raises :class:`InvalidStoreURLError` for anything else and
     :class:`~stores.StoreUnavailableError` when the backend cannot be opened.
     """
     if not isinstance(url, str) or not url:
@@ -23,14 +35,23 @@ async def open_store(
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise InvalidStoreURLError("store URL has no scheme: expected memory:// or sqlite:///PATH")
+    store: Store
     if scheme == "memory":
         if rest:
             raise InvalidStoreURLError("memory:// takes no path")
         from .memory import MemoryStore
 
-        return MemoryStore(clock=clock, max_value_bytes=max_value_bytes)
-    if scheme == "sqlite":
+        store = MemoryStore(clock=clock, max_value_bytes=max_value_bytes)
+    elif scheme == "sqlite":
         from .sqlite import open_sqlite_store
 
-        return await open_sqlite_store(url, clock=clock, max_value_bytes=max_value_bytes)
-    raise InvalidStoreURLError(f"unsupported store URL scheme {scheme!r}")
+        store = await open_sqlite_store(url, clock=clock, max_value_bytes=max_value_bytes)
+    else:
+        raise InvalidStoreURLError(f"unsupported store URL scheme {scheme!r}")
+    try:
+        yield store
+    finally:
+        # Shielded so a cancelled block still closes (bounded: a wedged backend cannot hold
+        # the caller forever).
+        with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+            await store.aclose()

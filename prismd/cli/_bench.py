@@ -156,8 +156,7 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
     from ..agents.registry import build_agent
     from ..runtime import open_messaging_runtime
 
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         agent: Agent = build_agent(
             "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
         )
@@ -183,8 +182,6 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
         ) as runtime:
             bench = _Bench(store, answers, runtime)
             return await body(bench)
-    finally:
-        await store.aclose()
 
 
 async def _admit_timed(bench: _Bench, route: int, samples: list[float]) -> str:

@@ -539,27 +539,27 @@ class Daemon:
 
         if self._stopped_during_startup("before opening the store"):
             return EXIT_OK
+        opened = False
         try:
-            store = await open_store(self.config.store.url)
+            # Leaving the block closes the store (bounded by open_store itself).
+            async with open_store(self.config.store.url) as store:
+                opened = True
+                if self.metrics is not None:
+                    store = self.metrics.timed_store(store)
+                return await self._run_with_store(state, store)
         except StoreError as exc:
+            if opened:
+                raise
             # The store's own reason ("integrity check failed", "path is a directory"…);
             # a URL's password, should a backend ever quote one, is removed.
             reason = _without_password(str(exc), self.config.store.url)
             self._fail(f"cannot open the store: {reason}")
             return EXIT_FAILURE
         except Exception as exc:
+            if opened:
+                raise
             self._fail(f"cannot open the store: {describe_exception(exc)}")
             return EXIT_FAILURE
-        if self.metrics is not None:
-            store = self.metrics.timed_store(store)
-        try:
-            return await self._run_with_store(state, store)
-        finally:
-            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                try:
-                    await store.aclose()
-                except Exception as exc:
-                    log.warning("closing the store failed: %s", describe_exception(exc))
 
     async def _run_with_store(self, state: StateDir, store: Store) -> int:
         from ..journal import GrantStore

@@ -46,12 +46,9 @@ async def _wait_executing(layout: Layout) -> dict[str, Any]:
 
 
 async def _operation_states(layout: Layout) -> list[str]:
-    store = await open_store(f"sqlite:///{layout.db}")
-    try:
+    async with open_store(f"sqlite:///{layout.db}") as store:
         page = await store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
         return [str(item.value["state"]) for item in page.items]
-    finally:
-        await store.aclose()
 
 
 async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(tmp_path: Path) -> None:

@@ -33,91 +33,90 @@ def say(line: str) -> None:
 
 
 async def writer(url: str, prefix: str) -> None:
-    store = await open_store(url)
-    cp = store.checkpoints
-    counter = await cp.load_checkpoint(namespace="crash", key="counter", scope=SCOPE)
-    version = 0 if counter is None else counter.version
-    i = 0
-    while True:
-        key = f"{prefix}-{i}"
-        await cp.save_checkpoint(
-            namespace="crash", key=key, scope=SCOPE, version=1, expected_version=0,
-            value={"i": i, "pad": "x" * (i % 300)},
-        )  # fmt: skip
-        say(f"ack {key}")
-        try:
+    async with open_store(url) as store:
+        cp = store.checkpoints
+        counter = await cp.load_checkpoint(namespace="crash", key="counter", scope=SCOPE)
+        version = 0 if counter is None else counter.version
+        i = 0
+        while True:
+            key = f"{prefix}-{i}"
             await cp.save_checkpoint(
-                namespace="crash", key="counter", scope=SCOPE, version=version + 1,
-                expected_version=version, value={"n": version + 1},
+                namespace="crash", key=key, scope=SCOPE, version=1, expected_version=0,
+                value={"i": i, "pad": "x" * (i % 300)},
             )  # fmt: skip
-        except CheckpointConflictError:
-            say("counter-conflict")
-            return
-        version += 1
-        say(f"counter {version}")
-        i += 1
+            say(f"ack {key}")
+            try:
+                await cp.save_checkpoint(
+                    namespace="crash", key="counter", scope=SCOPE, version=version + 1,
+                    expected_version=version, value={"n": version + 1},
+                )  # fmt: skip
+            except CheckpointConflictError:
+                say("counter-conflict")
+                return
+            version += 1
+            say(f"counter {version}")
+            i += 1
 
 
 async def batcher(url: str) -> None:
-    store = await open_store(url)
-    done = trio.Event()
-    count = 0
+    async with open_store(url) as store:
+        done = trio.Event()
+        count = 0
 
-    def stall() -> int:
-        say("in-transaction")
-        time.sleep(60)
-        return 0
+        def stall() -> int:
+            say("in-transaction")
+            time.sleep(60)
+            return 0
 
-    # Test-only: reach the writer connection to stall one transaction before its COMMIT.
-    conn = store._db.conn  # type: ignore[attr-defined]
-    conn.create_scalar_function("stall", stall, 0)
-    conn.execute(
-        "CREATE TEMP TRIGGER stall BEFORE INSERT ON main.prism_checkpoints"
-        " WHEN NEW.key = 'stall-b' BEGIN SELECT stall(); END"
-    )
+        # Test-only: reach the writer connection to stall one transaction before its COMMIT.
+        conn = store._db.conn  # type: ignore[attr-defined]
+        conn.create_scalar_function("stall", stall, 0)
+        conn.execute(
+            "CREATE TEMP TRIGGER stall BEFORE INSERT ON main.prism_checkpoints"
+            " WHEN NEW.key = 'stall-b' BEGIN SELECT stall(); END"
+        )
 
-    def pair(a: str, b: str) -> list[SaveCheckpoint]:
-        return [
-            SaveCheckpoint(namespace="prism.channels.v1.operation", key=k, scope=SCOPE,
-                           version=1, value={"k": k}, expected_version=0)
-            for k in (a, b)
-        ]  # fmt: skip
+        def pair(a: str, b: str) -> list[SaveCheckpoint]:
+            return [
+                SaveCheckpoint(namespace="prism.channels.v1.operation", key=k, scope=SCOPE,
+                               version=1, value={"k": k}, expected_version=0)
+                for k in (a, b)
+            ]  # fmt: skip
 
-    async def lane(lane_id: int) -> None:
-        nonlocal count
-        i = lane_id
-        while not done.is_set():
-            results = await store.checkpoints.write_checkpoints(
-                pair(f"a-{i}", f"b-{i}"), atomic=True
-            )
-            assert all(r.ok for r in results)
-            say(f"ack {i}")
-            count += 1
-            i += 2
-            if count >= 20:
-                done.set()
+        async def lane(lane_id: int) -> None:
+            nonlocal count
+            i = lane_id
+            while not done.is_set():
+                results = await store.checkpoints.write_checkpoints(
+                    pair(f"a-{i}", f"b-{i}"), atomic=True
+                )
+                assert all(r.ok for r in results)
+                say(f"ack {i}")
+                count += 1
+                i += 2
+                if count >= 20:
+                    done.set()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(lane, 0)
-        nursery.start_soon(lane, 1)
-    await store.checkpoints.write_checkpoints(pair("stall-a", "stall-b"), atomic=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lane, 0)
+            nursery.start_soon(lane, 1)
+        await store.checkpoints.write_checkpoints(pair("stall-a", "stall-b"), atomic=True)
 
 
 async def holder(url: str, owner: str, ttl_ms: int) -> None:
-    store = await open_store(url)
-    lease = await store.leases.try_acquire_lease(
-        namespace="locks", key="shared", scope=SCOPE, owner_id=owner, ttl_ms=ttl_ms
-    )
-    if lease is None:
-        say("busy")
-        return
-    say(f"held {lease.fencing_token}")
-    await trio.to_thread.run_sync(sys.stdin.readline)
-    released = await store.leases.release_lease(
-        namespace="locks", key="shared", scope=SCOPE, owner_id=owner, token=lease.token
-    )
-    say("released" if released else "lost")
-    await store.aclose()
+    async with open_store(url) as store:
+        lease = await store.leases.try_acquire_lease(
+            namespace="locks", key="shared", scope=SCOPE, owner_id=owner, ttl_ms=ttl_ms
+        )
+        if lease is None:
+            say("busy")
+            return
+        say(f"held {lease.fencing_token}")
+        await trio.to_thread.run_sync(sys.stdin.readline)
+        released = await store.leases.release_lease(
+            namespace="locks", key="shared", scope=SCOPE, owner_id=owner, token=lease.token
+        )
+        say("released" if released else "lost")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ Every test that takes the ``store`` fixture runs once per backend (ids ``memory`
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import attrs
@@ -39,8 +40,11 @@ class Backend:
     name: str
     url: str
 
-    async def open(self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Store:
-        return await open_store(self.url, clock=TrioClock(), max_value_bytes=max_value_bytes)
+    def open(
+        self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    ) -> AbstractAsyncContextManager[Store]:
+        """``async with backend.open() as store:`` (a durable backend reopens the same data)."""
+        return open_store(self.url, clock=TrioClock(), max_value_bytes=max_value_bytes)
 
 
 def _memory(tmp_path: Path) -> Backend:
@@ -67,8 +71,5 @@ def durable_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 @pytest.fixture
 async def store(backend: Backend) -> AsyncIterator[Store]:
-    opened = await backend.open()
-    try:
+    async with backend.open() as opened:
         yield opened
-    finally:
-        await opened.aclose()

@@ -132,11 +132,10 @@ def test_checkpoint_rules_match_model(backend_name: str, ops: list[tuple[Any, ..
     with tempfile.TemporaryDirectory() as directory:
 
         async def main() -> None:
-            store = await open_store(backend_url(backend_name, directory), clock=ManualClock())
-            try:
+            async with open_store(
+                backend_url(backend_name, directory), clock=ManualClock()
+            ) as store:
                 await run_checkpoint_ops(store, ops)
-            finally:
-                await store.aclose()
 
         trio.run(main)
 
@@ -214,10 +213,7 @@ def test_lease_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) 
 
         async def main() -> None:
             clock = ManualClock()
-            store = await open_store(backend_url(backend_name, directory), clock=clock)
-            try:
+            async with open_store(backend_url(backend_name, directory), clock=clock) as store:
                 await run_lease_ops(store, clock, ops)
-            finally:
-                await store.aclose()
 
         trio.run(main)

@@ -83,8 +83,7 @@ async def chat_stack(
     the runtime as its ``conversations``. ``store_url="sqlite:///…"`` makes everything
     survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
     """
-    store = await open_store(store_url, clock=clock)
-    try:
+    async with open_store(store_url, clock=clock) as store:
         agent = build_agent(
             kind,
             AgentContext(
@@ -122,6 +121,3 @@ async def chat_stack(
                 await nursery.start(adapter.run)
                 yield adapter, runtime
                 nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await store.aclose()
