@@ -1,11 +1,13 @@
 """Durable state for prismd: the CheckpointStore/LeaseStore contracts and their backends.
 
-``open_store(url)`` understands ``memory://``, ``sqlite:///path`` (and later
-``postgresql://…``).
+``async with open_store(url) as store:`` understands ``memory://``, ``sqlite:///path`` and
+``postgresql://…`` (also ``postgres://``); ``migrate_store(url)`` applies or reports a
+durable store's schema.
 """
 
 from __future__ import annotations
 
+from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
@@ -74,6 +76,9 @@ from ._types import (
     SaveCheckpoint as SaveCheckpoint,
 )
 from ._types import (
+    SchemaStatus as SchemaStatus,
+)
+from ._types import (
     Store as Store,
 )
 from ._types import (
@@ -81,6 +86,9 @@ from ._types import (
 )
 from ._types import (
     StoreUnavailableError as StoreUnavailableError,
+)
+from ._types import (
+    StoreUnreachableError as StoreUnreachableError,
 )
 from ._types import (
     SystemClock as SystemClock,
@@ -94,3 +102,4 @@ from ._types import (
 from ._types import (
     ms_to_iso as ms_to_iso,
 )
+from .postgres import PostgresOptions as PostgresOptions

@@ -7,6 +7,8 @@ resulting state against the rules of ``stores._types`` written out as plain Pyth
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,16 @@ class ManualClock:
         return self.now
 
 
-def backend_url(name: str, directory: str) -> str:
-    return BACKENDS[name](Path(directory)).url
+@contextmanager
+def backend_url(name: str) -> Iterator[str]:
+    """A fresh store of backend ``name`` for one example (its directory or schema removed
+    after it)."""
+    with tempfile.TemporaryDirectory() as directory:
+        backend = BACKENDS[name](Path(directory))
+        try:
+            yield backend.url
+        finally:
+            backend.discard()
 
 
 # Mostly the first scope, so rows are rewritten often enough to hit the version/fence rules.
@@ -129,12 +139,10 @@ async def run_checkpoint_ops(store: Store, ops: list[tuple[Any, ...]]) -> None:
 @PROPERTY_SETTINGS
 @given(ops=checkpoint_ops)
 def test_checkpoint_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
+    with backend_url(backend_name) as url:
 
         async def main() -> None:
-            async with open_store(
-                backend_url(backend_name, directory), clock=ManualClock()
-            ) as store:
+            async with open_store(url, clock=ManualClock()) as store:
                 await run_checkpoint_ops(store, ops)
 
         trio.run(main)
@@ -209,11 +217,11 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
 @PROPERTY_SETTINGS
 @given(ops=lease_ops)
 def test_lease_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
+    with backend_url(backend_name) as url:
 
         async def main() -> None:
             clock = ManualClock()
-            async with open_store(backend_url(backend_name, directory), clock=clock) as store:
+            async with open_store(url, clock=clock) as store:
                 await run_lease_ops(store, clock, ops)
 
         trio.run(main)

@@ -1,0 +1,18 @@
+"""The PostgreSQL store: asyncpg on a trio-asyncio loop, the contract of :mod:`stores`.
+
+Opened through ``stores.open_store("postgresql://…")``; its schema is inspected and migrated
+through ``stores.migrate_store``. This face holds what needs no driver: the URL parser
+(``check-config`` uses it without importing asyncpg) and the pool settings.
+"""
+
+from __future__ import annotations
+
+from ._url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
+from ._url import DEFAULT_SCHEMA as DEFAULT_SCHEMA
+from ._url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
+from ._url import MAX_POOL_SIZE as MAX_POOL_SIZE
+from ._url import PostgresOptions as PostgresOptions
+from ._url import PostgresURL as PostgresURL
+from ._url import default_pool_size as default_pool_size
+from ._url import is_postgres_url as is_postgres_url
+from ._url import parse_postgres_url as parse_postgres_url

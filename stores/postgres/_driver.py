@@ -1,0 +1,348 @@
+"""The one place that imports asyncpg and trio-asyncio: a pool on an asyncio loop inside Trio.
+
+:func:`open_driver` runs ``trio_asyncio.open_loop()`` for the store's whole life and an
+asyncpg pool on that loop. Everything else in prismd stays Trio: :meth:`Driver.call` runs one
+asyncio-flavoured function on one pooled connection (a :class:`Session`) and answers in Trio,
+so one store call costs one crossing of the bridge however many statements it runs.
+
+Cancellation really stops waiting: a cancelled Trio caller cancels the asyncio task at once
+and returns; asyncpg then cancels the statement on the server and resets the connection in
+the background, on the loop, while the caller has moved on.
+
+No timer runs on the Trio clock (which a test may drive by hand) or on the asyncio loop (whose
+clock *is* the Trio clock under trio-asyncio): every time limit is real time.
+
+* Statements: the server's ``statement_timeout``, set per connection at startup, and
+  ``idle_in_transaction_session_timeout`` for a transaction whose client went away.
+* A dead network: ``TCP_USER_TIMEOUT`` and keepalives on every TCP socket, so the kernel
+  drops a connection whose peer stopped answering and the call in flight fails.
+* Connecting (TCP, TLS, authentication): a real-time timer thread cancels the attempt.
+
+Errors become :class:`~stores.StoreUnavailableError` (or :class:`~stores.StoreUnreachableError`
+when trying again later may help) whose message names the server (host, port, database), the
+driver's reason when connecting, and otherwise only the error class and SQLSTATE: a server
+message can quote a value, and values never reach a log. The password never appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import asyncpg
+import attrs
+import trio
+import trio_asyncio
+
+from .._types import StoreUnavailableError, StoreUnreachableError
+from ._url import PostgresOptions, PostgresURL, default_pool_size
+
+T = TypeVar("T")
+log = logging.getLogger("stores.postgres")
+
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
+"""A transaction left open by a vanished client is ended by the server after this."""
+CLOSE_BUDGET_S = 5.0
+"""Closing the pool gracefully may take this long; then its connections are dropped."""
+
+# SQLSTATEs (https://www.postgresql.org/docs/current/errcodes-appendix.html).
+_RETRY_TRANSACTION = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+_UNREACHABLE = frozenset({"57P01", "57P02", "57P03", "53300", "53400"})  # shutdown, starting, full
+_DATA_CLASSES = ("22", "23", "54")  # data exception, integrity violation, program limit
+
+
+class RetryTransaction(StoreUnavailableError):
+    """The server aborted the transaction to resolve a deadlock or serialization conflict;
+    nothing of it was written and running it again is safe."""
+
+
+class WriteRefused(StoreUnavailableError):
+    """The server refused the data of one statement (a data or limit error, SQLSTATE class
+    22, 23 or 54): nothing of its transaction was written; other writes may succeed alone."""
+
+
+class ConnectTimeout(Exception):
+    """A new connection was not up within ``connect_timeout_ms`` (real time)."""
+
+
+@attrs.frozen
+class Session:
+    """One pooled connection, for the asyncio-flavoured function given to :meth:`Driver.call`.
+
+    ``args`` are bound as statement parameters (never formatted into SQL).
+    """
+
+    _conn: Any
+
+    async def fetch(self, sql: str, *args: object) -> Sequence[Sequence[Any]]:
+        rows: Sequence[Sequence[Any]] = await self._conn.fetch(sql, *args)
+        return rows
+
+    async def fetchrow(self, sql: str, *args: object) -> Sequence[Any] | None:
+        row: Sequence[Any] | None = await self._conn.fetchrow(sql, *args)
+        return row
+
+    async def execute(self, sql: str, *args: object) -> None:
+        await self._conn.execute(sql, *args)
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """``async with session.transaction():`` — BEGIN … COMMIT (ROLLBACK on error)."""
+        transaction: contextlib.AbstractAsyncContextManager[Any] = self._conn.transaction()
+        return transaction
+
+
+def _connect_kwargs(url: PostgresURL, options: PostgresOptions) -> dict[str, Any]:
+    given = {
+        "host": url.host,
+        "port": url.port,
+        "user": url.user,
+        "database": url.database,
+        "password": options.password if options.password is not None else url.password,
+    }
+    # What the URL leaves out, the driver fills in (PGHOST, PGUSER…, the local socket).
+    kwargs: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    kwargs |= {
+        # No asyncio timers (see the module docstring): the limits are the server's and ours.
+        "timeout": None,
+        "command_timeout": None,
+        "statement_cache_size": 256,
+        "max_cached_statement_lifetime": 0,
+        "server_settings": {
+            "application_name": "prismd",
+            "statement_timeout": str(options.statement_timeout_ms),
+            "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        },
+    }
+    if url.sslmode is not None:
+        kwargs["ssl"] = url.sslmode
+    return kwargs
+
+
+def _tune_socket(conn: Any, options: PostgresOptions) -> None:
+    """Keepalives and ``TCP_USER_TIMEOUT``: a peer that stops answering (a pulled cable, a
+    frozen host) fails the connection in bounded real time instead of hanging a call."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    bound_ms = options.statement_timeout_ms + options.connect_timeout_ms
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, bound_ms)
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    state = getattr(exc, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+@attrs.define(eq=False)
+class Driver:
+    """The loop, the pool and the error vocabulary of one open store."""
+
+    url: PostgresURL
+    options: PostgresOptions
+    loop: Any
+    pool: Any = None
+    closed: bool = False
+
+    @property
+    def where(self) -> str:
+        return self.url.where
+
+    # ------------------------------------------------------------------ errors
+
+    def _clean(self, text: str) -> str:
+        for secret in (self.options.password, self.url.password):
+            if secret:
+                text = text.replace(secret, "[REDACTED]")
+        return text
+
+    def connect_error(self, exc: BaseException) -> StoreUnavailableError:
+        """What a failed connection attempt (at open or a reconnect) tells the caller."""
+        where = f"PostgreSQL store {self.where}"
+        state = _sqlstate(exc)
+        if isinstance(exc, ConnectTimeout):
+            return StoreUnreachableError(
+                f"{where}: cannot connect: no answer within {self.options.connect_timeout_ms} ms"
+            )
+        if isinstance(exc, OSError):
+            reason = exc.strerror or type(exc).__name__
+            return StoreUnreachableError(self._clean(f"{where}: cannot connect: {reason}"))
+        if isinstance(exc, asyncpg.PostgresError):
+            # The server's words at login ('password authentication failed for user "x"',
+            # 'database "y" does not exist') name no value of ours.
+            reason = self._clean(str(getattr(exc, "message", "") or type(exc).__name__))
+            cls = StoreUnreachableError if state in _UNREACHABLE else StoreUnavailableError
+            return cls(f"{where}: cannot connect: {reason} (SQLSTATE {state})")
+        return StoreUnreachableError(f"{where}: cannot connect: {type(exc).__name__}")
+
+    def error(self, exc: BaseException) -> StoreUnavailableError:
+        """A failed call: class and SQLSTATE only (server messages can quote values)."""
+        where = f"PostgreSQL store {self.where}"
+        if isinstance(exc, StoreUnavailableError):
+            return exc
+        state = _sqlstate(exc)
+        if isinstance(exc, asyncpg.PostgresError) and state is not None:
+            name = type(exc).__name__
+            if state in _RETRY_TRANSACTION:
+                return RetryTransaction(f"{where}: transaction aborted ({name}, SQLSTATE {state})")
+            if state.startswith(_DATA_CLASSES):
+                return WriteRefused(f"{where}: statement refused ({name}, SQLSTATE {state})")
+            if state == "57014":
+                return StoreUnavailableError(
+                    f"{where}: statement cancelled after statement_timeout"
+                    f" ({self.options.statement_timeout_ms} ms) or by an operator"
+                )
+            if state in _UNREACHABLE or state.startswith("08"):
+                return StoreUnreachableError(f"{where}: connection lost ({name}, SQLSTATE {state})")
+            return StoreUnavailableError(f"{where}: {name} (SQLSTATE {state})")
+        if isinstance(exc, asyncpg.InterfaceError | OSError | ConnectionError):
+            return StoreUnreachableError(f"{where}: connection lost ({type(exc).__name__})")
+        if isinstance(exc, asyncio.CancelledError):
+            return StoreUnavailableError(f"{where}: store is closed")
+        return StoreUnavailableError(f"{where}: {type(exc).__name__}")
+
+    # ------------------------------------------------------------------ connecting
+
+    async def _connect(self, *args: Any, **kwargs: Any) -> Any:
+        """asyncpg's connect, bounded in real time and with the socket tuned (the pool's
+        ``connect=`` hook: every new pooled connection comes through here)."""
+        task = asyncio.current_task()
+        fired = threading.Event()
+        loop = self.loop
+
+        def expire() -> None:
+            fired.set()
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(task.cancel)  # type: ignore[union-attr]
+
+        timer = threading.Timer(self.options.connect_timeout_ms / 1000, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn = await asyncpg.connect(*args, **kwargs)
+        except asyncio.CancelledError:
+            if fired.is_set():
+                raise ConnectTimeout() from None
+            raise
+        finally:
+            timer.cancel()
+        if fired.is_set() and task is not None and task.cancelling():
+            task.uncancel()  # the timer lost the race to a connection that was up
+        _tune_socket(conn, self.options)
+        return conn
+
+    # ------------------------------------------------------------------ calls
+
+    async def call(self, fn: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
+        """Run ``fn`` (asyncio-flavoured) on a pooled connection; Trio-flavoured.
+
+        Raises what :meth:`error` makes of a driver error; our own exceptions pass through.
+        """
+        if self.closed:
+            raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed")
+        return await self.run(self._on_connection(fn))
+
+    async def _on_connection(self, fn: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
+        try:
+            conn_cm = self.pool.acquire()
+            try:
+                conn = await conn_cm.__aenter__()
+            except (ConnectTimeout, OSError, asyncpg.PostgresError) as exc:
+                raise self.connect_error(exc) from None
+            try:
+                result = await fn(Session(conn))
+            except BaseException as exc:
+                await conn_cm.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+            await conn_cm.__aexit__(None, None, None)
+            return result
+        except StoreUnavailableError:
+            raise
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise self.error(exc) from None
+
+    async def run(self, coro: Awaitable[T]) -> T:
+        """Await an asyncio coroutine from Trio: one crossing; a cancel returns at once."""
+        try:
+            future = asyncio.ensure_future(coro, loop=self.loop)
+        except BaseException:
+            if isinstance(coro, Coroutine):
+                coro.close()
+            raise
+        done = trio.Event()
+
+        def finished(fut: asyncio.Future[T]) -> None:
+            done.set()
+            if not fut.cancelled():
+                fut.exception()  # retrieved: a cancelled call's late error is not "lost"
+
+        future.add_done_callback(finished)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            future.cancel()
+            raise
+        try:
+            return future.result()
+        except asyncio.CancelledError:
+            raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed") from None
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.pool is None:
+            return
+        # Gracefully (Terminate to every server backend) within a bound, then by force.
+        with trio.move_on_after(CLOSE_BUDGET_S) as scope:
+            try:
+                await self.run(self.pool.close())
+            except Exception as exc:  # a broken connection: nothing left to close politely
+                log.debug("closing the pool: %s", type(exc).__name__)
+        if scope.cancelled_caught:
+            self.pool.terminate()
+
+
+@contextlib.asynccontextmanager
+async def open_driver(url: PostgresURL, options: PostgresOptions) -> AsyncIterator[Driver]:
+    """The loop and the pool for the block; connections are made on first use (the caller
+    makes one at once: the migration check)."""
+    async with trio_asyncio.open_loop() as loop:
+        driver = Driver(url=url, options=options, loop=loop)
+        pool_size = options.pool_size or default_pool_size(os.cpu_count())
+
+        async def noop_reset(_conn: Any) -> None:
+            # asyncpg's default reset is a round trip per release (RESET ALL, UNLISTEN…);
+            # prismd never changes session state, and an open transaction is still rolled
+            # back by the pool before this is called.
+            return None
+
+        try:
+            driver.pool = await driver.run(
+                asyncpg.create_pool(
+                    min_size=0,  # no background reconnect loop (it runs timers)
+                    max_size=pool_size,
+                    max_inactive_connection_lifetime=0,
+                    connect=driver._connect,
+                    reset=noop_reset,
+                    **_connect_kwargs(url, options),
+                )
+            )
+        except (ConnectTimeout, OSError, asyncpg.PostgresError) as exc:
+            raise driver.connect_error(exc) from None
+        try:
+            yield driver
+        finally:
+            with trio.CancelScope(shield=True):
+                await driver.aclose()
