@@ -18,12 +18,16 @@ is, fails on any skip: see ``tests/conftest.py``). Every test gets a schema of i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import os
 import subprocess
 import urllib.parse
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
+import trio
 
 URL_ENV = "PRISMD_TEST_POSTGRES_URL"
 MISSING = f"{URL_ENV} is not set: run the suite through tests/with-services.sh (make test does)"
@@ -55,7 +59,9 @@ def admin_url(url: str) -> str:
 
 
 def run_sql(url: str, sql: str, *args: object) -> list[tuple[object, ...]]:
-    """Run one statement on the server with plain asyncio (outside any Trio run)."""
+    """Run one statement on the server with plain asyncio, blocking (inside a Trio run it
+    runs on another thread: trio-asyncio's event loop policy refuses a plain asyncio loop in
+    a Trio thread; :func:`query` is the non-blocking form there)."""
     import asyncpg
 
     async def main() -> list[tuple[object, ...]]:
@@ -65,8 +71,21 @@ def run_sql(url: str, sql: str, *args: object) -> list[tuple[object, ...]]:
         finally:
             await conn.close()
 
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        return runner.run(main())
+    def work() -> list[tuple[object, ...]]:
+        with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+            return runner.run(main())
+
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return work()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(work).result()
+
+
+async def query(url: str, sql: str, *args: object) -> list[tuple[object, ...]]:
+    """:func:`run_sql` without blocking the Trio run."""
+    return await trio.to_thread.run_sync(lambda: run_sql(url, sql, *args))
 
 
 def drop_schema(url: str) -> None:
@@ -86,3 +105,68 @@ def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
     if user and os.geteuid() == 0:
         command = ["runuser", "-u", user, "--", *command]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+class Admin:
+    """A connection of the test's own beside the store's (to hold locks, kill backends,
+    look at what the server sees), on a trio-asyncio loop of its own."""
+
+    def __init__(self, loop: object, conn: object) -> None:
+        self._loop = loop
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: object) -> list[tuple[object, ...]]:
+        rows = await self._loop.run_aio_coroutine(self._conn.fetch(sql, *args))  # type: ignore[attr-defined]
+        return [tuple(row) for row in rows]
+
+    async def execute(self, sql: str, *args: object) -> None:
+        await self._loop.run_aio_coroutine(self._conn.execute(sql, *args))  # type: ignore[attr-defined]
+
+
+@contextlib.asynccontextmanager
+async def admin(url: str) -> AsyncIterator[Admin]:
+    import asyncpg
+    import trio_asyncio
+
+    async with trio_asyncio.open_loop() as loop:
+        conn = await loop.run_aio_coroutine(asyncpg.connect(admin_url(url)))
+        try:
+            yield Admin(loop, conn)
+        finally:
+            with trio.CancelScope(shield=True):
+                await loop.run_aio_coroutine(conn.close())
+
+
+def port_of(url: str) -> int:
+    port = urllib.parse.urlsplit(url).port
+    assert port is not None
+    return port
+
+
+async def forward(
+    listen_port: int,
+    target_port: int,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Forward TCP from 127.0.0.1:``listen_port`` to 127.0.0.1:``target_port`` until
+    cancelled: the server "appearing" on a port where nothing listened before."""
+
+    async def pump(
+        source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope
+    ) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        done.cancel()
+
+    async def handle(client: trio.SocketStream) -> None:
+        server = await trio.open_tcp_stream("127.0.0.1", target_port)
+        async with client, server, trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client, server, nursery.cancel_scope)
+            nursery.start_soon(pump, server, client, nursery.cancel_scope)
+
+    listeners = await trio.open_tcp_listeners(listen_port, host="127.0.0.1")
+    await trio.serve_listeners(handle, listeners, task_status=task_status)

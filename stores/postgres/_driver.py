@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -176,7 +177,11 @@ class Driver:
                 f"{where}: cannot connect: no answer within {self.options.connect_timeout_ms} ms"
             )
         if isinstance(exc, OSError):
-            reason = exc.strerror or type(exc).__name__
+            # asyncio words a refusal "Connect call failed (addr)": the errno says more.
+            if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
+                reason = exc.strerror or type(exc).__name__
+            else:
+                reason = os.strerror(exc.errno)
             return StoreUnreachableError(self._clean(f"{where}: cannot connect: {reason}"))
         if isinstance(exc, asyncpg.PostgresError):
             # The server's words at login ('password authentication failed for user "x"',
@@ -346,3 +351,27 @@ async def open_driver(url: PostgresURL, options: PostgresOptions) -> AsyncIterat
         finally:
             with trio.CancelScope(shield=True):
                 await driver.aclose()
+
+
+def plain_asyncio_timings(
+    driver: Driver, sql: str, batch: Sequence[Sequence[object]]
+) -> list[float]:
+    """Seconds per ``fetch(sql, *args)`` for each ``args`` of ``batch`` from plain asyncio:
+    a selector loop of its own in this (worker) thread and one fresh connection, no Trio.
+    The baseline the bridge is measured against (``prismd bench``'s ``postgres-bridge``)."""
+
+    async def main() -> list[float]:
+        kwargs = _connect_kwargs(driver.url, driver.options)
+        conn = await asyncpg.connect(**kwargs)
+        try:
+            out: list[float] = []
+            for args in batch:
+                start = time.perf_counter()
+                await conn.fetch(sql, *args)
+                out.append(time.perf_counter() - start)
+            return out
+        finally:
+            await conn.close()
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+        return runner.run(main())

@@ -41,6 +41,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -75,7 +76,14 @@ from .._types import (
     WriteStatus,
 )
 from . import _schema
-from ._driver import Driver, RetryTransaction, Session, WriteRefused, open_driver
+from ._driver import (
+    Driver,
+    RetryTransaction,
+    Session,
+    WriteRefused,
+    open_driver,
+    plain_asyncio_timings,
+)
 from ._url import PostgresOptions, PostgresURL, parse_postgres_url
 
 MAX_JOBS = 64
@@ -726,6 +734,27 @@ class PostgresStore:
             await self._driver.aclose()
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
+
+
+@asynccontextmanager
+async def _unwrapped() -> AsyncIterator[None]:
+    """The loop's and the writer's nurseries wrap whatever crosses them in exception groups;
+    one exception comes out as itself, so this store raises what SQLite's would (a
+    :class:`~stores.StoreUnreachableError` on entering, the block's own error on leaving)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1:
+            raise
+        raise leaves[0] from leaves[0].__cause__
+
+
 @asynccontextmanager
 async def open_postgres_store(
     url: str,
@@ -745,7 +774,7 @@ async def open_postgres_store(
     parsed = parse_postgres_url(url)
     _common.check_max_value_bytes(max_value_bytes)
     options = options or PostgresOptions()
-    async with open_driver(parsed, options) as driver:
+    async with _unwrapped(), open_driver(parsed, options) as driver:
         where = driver.where
 
         async def migrate(session: Session) -> SchemaStatus:
@@ -789,7 +818,7 @@ async def schema_status(
     """Where the schema at ``url`` stands; with ``apply=True`` apply what is missing first
     (``prismd migrate``). Raises as :func:`open_postgres_store` does."""
     parsed = parse_postgres_url(url)
-    async with open_driver(parsed, options or PostgresOptions()) as driver:
+    async with _unwrapped(), open_driver(parsed, options or PostgresOptions()) as driver:
         where = driver.where
 
         async def run(session: Session) -> SchemaStatus:
@@ -798,3 +827,60 @@ async def schema_status(
             return await _schema.status(session, parsed.schema, where)
 
         return await driver.call(run)
+
+
+# --------------------------------------------------------------------------- the bridge bench
+
+
+@attrs.frozen
+class BridgeSamples:
+    """Seconds per single-row write, three ways, in one run (``prismd bench``'s
+    ``postgres-bridge``): the same ``prism_write_checkpoints`` call of one create-only save."""
+
+    store: tuple[float, ...]
+    """Through ``save_checkpoint``: validation, the writer task, the bridge, the statement."""
+    bridge: tuple[float, ...]
+    """The bare statement through the trio-asyncio bridge (one crossing, no writer)."""
+    asyncio: tuple[float, ...]
+    """The bare statement from plain asyncio (its own loop and connection, in a thread)."""
+
+
+async def measure_bridge(store: PostgresStore, samples: int) -> BridgeSamples:
+    """Time ``samples`` create-only saves each way (alternating, so load hits all three)."""
+    scope = OwnershipScope("bench-bridge")
+    prefix = uuid.uuid4().hex[:12]
+    writer = store._writer
+    now = store.checkpoints._clock.now_ms
+
+    def args(leg: str, i: int) -> list[list[Any]]:
+        request = _common.check_save(
+            namespace="bench.bridge", key=f"{prefix}-{leg}-{i}", scope=scope, version=1,
+            value={"i": i}, expected_version=0, fencing_token=None, category=None,
+            metadata=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
+        )  # fmt: skip
+        return _pack([_Job(requests=[request], atomic=False, now_ms=now())])
+
+    through_store: list[float] = []
+    through_bridge: list[float] = []
+    chunk = max(1, min(samples, 50))
+    asyncio_times: list[float] = []
+    done = 0
+    while done < samples:
+        n = min(chunk, samples - done)
+        for i in range(done, done + n):
+            start = time.perf_counter()
+            await store.checkpoints.save_checkpoint(
+                namespace="bench.bridge", key=f"{prefix}-store-{i}", scope=scope, version=1,
+                value={"i": i}, expected_version=0,
+            )  # fmt: skip
+            through_store.append(time.perf_counter() - start)
+            statement = writer._statement(args("bridge", i))
+            start = time.perf_counter()
+            await store._driver.call(statement)
+            through_bridge.append(time.perf_counter() - start)
+        batch = [args("asyncio", i) for i in range(done, done + n)]
+        asyncio_times += await trio.to_thread.run_sync(
+            plain_asyncio_timings, store._driver, writer.write_sql, batch
+        )
+        done += n
+    return BridgeSamples(tuple(through_store), tuple(through_bridge), tuple(asyncio_times))

@@ -10,6 +10,10 @@ pairs the next pair stalls inside its transaction (a temporary trigger), printin
 
 ``holder URL OWNER TTL_MS``: acquire the lease ``locks/shared``, print ``held FENCE``, wait for
 a line on stdin, release, print ``released``. Prints ``busy`` when the lease is taken.
+
+``contender URL OWNER``: print ``ready``; then for every line ``go R`` on stdin try to acquire
+the lease ``rounds/R`` and print ``won R FENCE`` or ``lost R``; end at ``quit``. Two of them
+on one database race each round through independent pools.
 """
 
 from __future__ import annotations
@@ -119,6 +123,19 @@ async def holder(url: str, owner: str, ttl_ms: int) -> None:
         say("released" if released else "lost")
 
 
+async def contender(url: str, owner: str) -> None:
+    async with open_store(url) as store:
+        say("ready")
+        while True:
+            line = (await trio.to_thread.run_sync(sys.stdin.readline)).split()
+            if not line or line[0] != "go":
+                return
+            lease = await store.leases.try_acquire_lease(
+                namespace="rounds", key=line[1], scope=SCOPE, owner_id=owner, ttl_ms=60_000
+            )
+            say(f"lost {line[1]}" if lease is None else f"won {line[1]} {lease.fencing_token}")
+
+
 def main() -> None:
     mode, *args = sys.argv[1:]
     if mode == "writer":
@@ -127,6 +144,8 @@ def main() -> None:
         trio.run(batcher, args[0])
     elif mode == "holder":
         trio.run(holder, args[0], args[1], int(args[2]))
+    elif mode == "contender":
+        trio.run(contender, args[0], args[1])
     else:
         raise SystemExit(f"unknown mode {mode}")
 
