@@ -3,5 +3,9 @@
 
 * :mod:`adapters.telegram` — the Bot API, long polling or webhook;
 * :mod:`adapters.webchat` — the local web chat: an HTTP page and a WebSocket on one port;
-* :mod:`adapters.toolkit` — what adapters share: the HTTP/1.1 request-head reader and responder.
+* :mod:`adapters.signal` — signal-cli over JSON-RPC (its connection kind; not built yet);
+* :mod:`adapters.toolkit` — what adapters share: HTTP/1.1 over h11, the receiver lease,
+  backoff, the JSON-RPC client;
+* :mod:`adapters.kinds` — the registry of connection kinds the daemon's config and wiring
+  read.
 """

@@ -14,7 +14,7 @@ These records have no validators on purpose: ``admit`` validates and answers
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias
 
 import attrs
@@ -38,6 +38,10 @@ class AttachmentRef:
     byte_length: int = 0
     mime_type: str | None = None
     file_name: str | None = None
+    connection_id: str | None = None
+    """The connection whose platform issued ``transport_file_id`` (a file id is valid only
+    for the bot or account that saw it): the host asks that connection's adapter alone.
+    ``None`` for a ref rebuilt from an older journal record."""
 
 
 @attrs.frozen
@@ -196,9 +200,30 @@ class DeliveryOutcomeUnknownError(Exception):
     """The platform may or may not have accepted the message (ambiguous delivery)."""
 
 
+@attrs.frozen
+class AdapterFeatures:
+    """What an adapter offers beyond receiving and sending, declared (never probed): the
+    daemon hands the runtime its optional seams (``on_preview``, ``on_typing``,
+    ``fetch_attachment``) only when some adapter declares the matching feature, and routes
+    each call to the adapter of the connection concerned."""
+
+    previews: bool = False
+    """:meth:`ChannelAdapter.send_draft` shows streaming previews (Telegram drafts)."""
+    typing: bool = False
+    """:meth:`ChannelAdapter.send_typing` shows a typing indicator."""
+    attachments: bool = False
+    """:meth:`ChannelAdapter.fetch_attachment` fetches the files its refs name."""
+
+
+NO_FEATURES = AdapterFeatures()
+
+
 class ChannelAdapter(Protocol):
     @property
     def connection_id(self) -> str: ...
+
+    @property
+    def features(self) -> AdapterFeatures: ...
 
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -209,3 +234,142 @@ class ChannelAdapter(Protocol):
     def health(self) -> Mapping[str, str]:
         """Bounded enums only (no ids, numbers, paths or text)."""
         ...
+
+    def send_draft(self, preview: Preview) -> None:
+        """A streaming preview (fire-and-forget, never raises); a no-op unless
+        ``features.previews``."""
+        ...
+
+    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+        """A typing indicator (failures ignored); a no-op unless ``features.typing``."""
+        ...
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> Any:
+        """The bytes of a file this connection's platform issued (an object with ``data``),
+        or ``None``; always ``None`` unless ``features.attachments``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the adapter holds outside ``run`` (HTTP clients)."""
+        ...
+
+    @property
+    def receiver_lease_held(self) -> bool:
+        """It holds its platform's receiver lease now (metrics); False for a channel that
+        has none (the web chat)."""
+        ...
+
+
+# --------------------------------------------------------------------------- connection kinds
+#
+# A connection kind (``[[connections]] kind = "telegram"``) is declared once, by its adapter
+# package (``adapters.telegram.KIND``), and collected by :mod:`adapters.kinds`: how its config
+# table is read, which secrets it needs, how its adapter is built, and what the daemon shows
+# of it. The daemon's config and wiring read that registry; nothing else names a kind.
+
+
+class ConnectionSettings(Protocol):
+    """A parsed ``[[connections]]`` entry (each kind has its own frozen record)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+class ConfigTable(Protocol):
+    """One ``[[connections]]`` table being read (the daemon's config reader): every
+    getter marks the key as known, checks its TOML type and raises the error of
+    :meth:`error`, which names the file and key (``[[connections]][2].mode``)."""
+
+    def get_str(self, name: str, default: Any = None, *, required: bool = False) -> Any: ...
+
+    def get_int(
+        self, name: str, default: Any = None, *, low: int = 0, high: int = 2**53
+    ) -> Any: ...
+
+    def get_bool(self, name: str, default: bool = False) -> bool: ...
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str | None) -> Any: ...
+
+    def get_address(self, name: str, default: str | None = None) -> Any:
+        """A ``host:port`` string (checked), or ``default``."""
+        ...
+
+    def get_env_name(self, name: str) -> str | None:
+        """The name of an environment variable (checked), or ``None``."""
+        ...
+
+    def error(self, name: str | None, message: str) -> Exception: ...
+
+
+class GrantView(Protocol):
+    """What a kind may check of the ``[[grants]]`` of its connection."""
+
+    @property
+    def actors(self) -> tuple[str, ...]: ...
+
+    @property
+    def pairing(self) -> bool: ...
+
+
+@attrs.frozen
+class SecretSource:
+    """A secret a connection reads at start: ``key`` names it in errors (``token_env``)."""
+
+    key: str
+    env_name: str | None
+    file_name: str | None = None
+
+
+@attrs.frozen
+class BuildContext:
+    """What a kind's builder gets from the daemon (construction only, nothing is served)."""
+
+    admit: Admit
+    store: Any
+    """The open :class:`stores.Store`."""
+    owner_id: str
+    """This daemon's stable owner id for the connection (its leases survive a restart)."""
+    secret: Callable[[str, str | None, str | None], str] = attrs.field(repr=False)
+    """``secret(key, env_name, file_name)``: read a secret (a missing one raises the
+    config's error naming ``connections.<id>.<key>``); the value is also registered with
+    the daemon's redactor."""
+    grants: tuple[GrantView, ...] = ()
+    """The ``[[grants]]`` entries of this connection."""
+    retention_days: int = 7
+    max_attachment_bytes: int = 1024 * 1024
+    conversations: Any = None
+    """The runtime's history and re-drive of held replies, late-bound (the web chat)."""
+
+
+@attrs.frozen
+class ConnectionKind:
+    """One connection kind, as its adapter package declares it."""
+
+    name: str
+    """The ``kind`` value in the config."""
+    label: str
+    """How the daemon's startup line names it (``web chat``)."""
+    parse: Callable[[ConfigTable, str], ConnectionSettings]
+    """``parse(table, connection_id)``: read the kind's own keys (the caller rejects the
+    ones not read)."""
+    build: Callable[[Any, BuildContext], ChannelAdapter] | None = None
+    """``build(settings, context)``: the adapter, inert; ``None`` while the kind is not built
+    (a config may name it, ``check-config`` and ``run`` refuse it)."""
+    secrets: Callable[[Any], Sequence[SecretSource]] = lambda _settings: ()
+    """The secrets ``build`` reads (``check-config`` proves they are present)."""
+    check_grants: Callable[[Any, Sequence[GrantView]], tuple[str, str] | None] = (
+        lambda _settings, _grants: None
+    )
+    """A cross-check of the connection's grants: ``(key, error text)``, or ``None``."""
+    listen_address: Callable[[Any], str | None] = lambda _settings: None
+    """The address the connection will listen on, if any (named in bind errors)."""
+    where: Callable[[Any, Any], str] = lambda _settings, _adapter: "(connected)"
+    """``where(settings, adapter)``: the startup line's hint (a URL, the mode)."""
+
+    @property
+    def available(self) -> bool:
+        """The kind is built in this build."""
+        return self.build is not None

@@ -1,14 +1,32 @@
 """The Telegram channel (contract §11): Bot API client, update parser, polling and webhook.
 
-:class:`TelegramAdapter` is the adapter; :mod:`._api` the Bot API client, :mod:`._parse` the
-update → event mapping, :mod:`._webhook` the webhook server.
+:class:`TelegramAdapter` is the adapter (:mod:`._adapter`), wiring parts of one job each:
+:mod:`._poller` (long polling, durable offset), :mod:`._webhook` (the webhook server),
+:mod:`._updates` (one update → ``admit``), :mod:`._send` (replies, typing), :mod:`._media`
+(files, transcription hooks), :mod:`._drafts` (streaming previews); :mod:`._api` is the Bot
+API client, :mod:`._parse` the update → event mapping, :mod:`._kind` the connection kind.
 """
 
-from ._adapter import ReceiverLeaseLostError as ReceiverLeaseLostError
+from ..toolkit import LeaseLostError as ReceiverLeaseLostError
 from ._adapter import TelegramAdapter as TelegramAdapter
-from ._adapter import chunk_text as chunk_text
 from ._api import TelegramApi as TelegramApi
 from ._api import TelegramApiError as TelegramApiError
 from ._api import TelegramCredentialError as TelegramCredentialError
 from ._api import TelegramError as TelegramError
+from ._kind import KIND as KIND
+from ._kind import TelegramConnectionConfig as TelegramConnectionConfig
 from ._parse import ALLOWED_UPDATES as ALLOWED_UPDATES
+from ._send import chunk_text as chunk_text
+
+__all__ = [
+    "ALLOWED_UPDATES",
+    "KIND",
+    "ReceiverLeaseLostError",
+    "TelegramAdapter",
+    "TelegramApi",
+    "TelegramApiError",
+    "TelegramConnectionConfig",
+    "TelegramCredentialError",
+    "TelegramError",
+    "chunk_text",
+]

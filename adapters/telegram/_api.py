@@ -25,7 +25,7 @@ import attrs
 import httpx
 import trio
 
-from prismd.daemon import is_loopback_host
+from ..toolkit import is_loopback_host
 
 DEFAULT_API_ORIGIN = "https://api.telegram.org"
 DEFAULT_MAX_RESPONSE_BYTES = 128 * 1024

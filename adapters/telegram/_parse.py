@@ -105,8 +105,11 @@ def _size(value: object) -> int:
     return min(value, MAX_SAFE_INTEGER)
 
 
-def attachment_refs(message: Mapping[str, Any]) -> tuple[AttachmentRef, ...]:
-    """Largest photo (by ``file_size``), voice and document refs; at most eight."""
+def attachment_refs(
+    message: Mapping[str, Any], connection_id: str | None = None
+) -> tuple[AttachmentRef, ...]:
+    """Largest photo (by ``file_size``), voice and document refs of ``connection_id``; at
+    most eight."""
     refs: list[AttachmentRef] = []
     photos = message.get("photo")
     if isinstance(photos, list):
@@ -122,6 +125,7 @@ def attachment_refs(message: Mapping[str, Any]) -> tuple[AttachmentRef, ...]:
                     kind="image",
                     transport_file_id=best["file_id"],
                     byte_length=_size(best.get("file_size")),
+                    connection_id=connection_id,
                 )
             )
     voice = message.get("voice")
@@ -132,6 +136,7 @@ def attachment_refs(message: Mapping[str, Any]) -> tuple[AttachmentRef, ...]:
                 transport_file_id=voice["file_id"],
                 byte_length=_size(voice.get("file_size")),
                 mime_type=_bounded_str(voice.get("mime_type"), MAX_REF_BYTES),
+                connection_id=connection_id,
             )
         )
     document = message.get("document")
@@ -143,6 +148,7 @@ def attachment_refs(message: Mapping[str, Any]) -> tuple[AttachmentRef, ...]:
                 byte_length=_size(document.get("file_size")),
                 mime_type=_bounded_str(document.get("mime_type"), MAX_REF_BYTES),
                 file_name=_bounded_str(document.get("file_name"), MAX_REF_BYTES),
+                connection_id=connection_id,
             )
         )
     return tuple(refs[:MAX_ATTACHMENTS])
@@ -243,7 +249,7 @@ def _parse_message(
     stripped = strip_bot_mention(text, bot_username)
     if stripped is None:
         return ParsedUpdate(update_id, ignored="other_bot_command")
-    refs = attachment_refs(message)
+    refs = attachment_refs(message, connection_id)
     if not stripped and not refs:
         return ParsedUpdate(update_id, ignored="empty")
     claims: dict[str, Any] = {"platform": "telegram", "chatType": chat_type}

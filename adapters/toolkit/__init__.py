@@ -1,9 +1,34 @@
-"""What the adapters share: one HTTP/1.1 request-head reader and responder over h11
-(408 for a slow head, 431 for an oversized one, 413, bounded reads)."""
+"""What the adapters share, so each platform adapter holds only its platform:
 
+* HTTP/1.1 over h11 — one bounded request-head reader (408 slow head, 431 oversized head,
+  400), body reader (413, 408) and responder, and :func:`close_gracefully` so an error
+  answer reaches a client that is still sending;
+* :class:`ReceiverLease` — the receiver lease: acquire (taking over our own predecessor's
+  at once), renew at half the TTL, fail closed, report loss; :class:`Backoff`, the one
+  bounded exponential backoff with jitter;
+* JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
+  bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
+  (re-exported here);
+* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too.
+"""
+
+from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
+from prismd.jsonrpc import Incoming as Incoming
+from prismd.jsonrpc import RpcError as RpcError
+
+from ._backoff import Backoff as Backoff
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body
 from ._http import read_request_head as read_request_head
 from ._http import respond as respond
 from ._http import server_connection as server_connection
+from ._jsonrpc import JsonRpcClient as JsonRpcClient
+from ._jsonrpc import JsonRpcConnectionError as JsonRpcConnectionError
+from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError
+from ._jsonrpc import open_jsonrpc_client as open_jsonrpc_client
+from ._lease import LeaseLostError as LeaseLostError
+from ._lease import ReceiverLease as ReceiverLease
+from ._net import is_loopback_host as is_loopback_host
+from ._net import parse_host_port as parse_host_port
+from ._streams import close_gracefully as close_gracefully

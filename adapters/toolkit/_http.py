@@ -7,7 +7,8 @@ Guarantees of :func:`read_request_head`:
 * the whole head (request line and headers) must arrive within ``timeout_s``, counted from
   the first call, not per read, so a client dripping a byte now and then cannot hold the
   connection (slowloris): a partly received head is answered **408**; a connection that sent
-  nothing is closed silently (an idle keep-alive connection, a browser's preconnect);
+  nothing is closed silently (an idle keep-alive connection, a browser's preconnect), or
+  answered 408 too with ``answer_silence=True`` (the web chat's choice);
 * a head larger than ``max_head_bytes`` is answered **431**, whether h11 saw it incomplete
   (its ``max_incomplete_event_size``) or it arrived whole in one read;
 * anything h11 cannot parse is answered with h11's status hint, at least **400**;
@@ -20,6 +21,11 @@ reading) and time (**408**), raising :class:`HttpError` with the status to answe
 no-store``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``), an
 ``Allow`` header on 405, no body for ``HEAD``/204/304, and ``Connection: close`` unless told
 to keep the connection; the write is bounded by :data:`SEND_TIMEOUT_S`.
+
+A server closes each connection with :func:`adapters.toolkit.close_gracefully` (half-close,
+read and discard for a bounded time), so an error answered before the request was read
+whole — a 413 to a client still uploading, a 401 before the body — reaches the client
+instead of a reset.
 
 Routing stays with each server; by convention an unknown path is 404 and a known path with
 another method is 405.
@@ -94,6 +100,7 @@ async def read_request_head(
     *,
     max_head_bytes: int = MAX_HEAD_BYTES,
     timeout_s: float = HEAD_TIMEOUT_S,
+    answer_silence: bool = False,
 ) -> RequestHead | None:
     """The next request head on ``conn``, or ``None`` once the request was answered
     (400/408/431) or the peer closed or stayed silent; see the module docstring.
@@ -121,7 +128,7 @@ async def read_request_head(
             await respond(stream, conn, "GET", status, _reason_body(status))
             return None
     if request is None:
-        if buffered or raw:
+        if buffered or raw or answer_silence:
             await respond(stream, conn, "GET", 408, _reason_body(408))
         return None
     # h11 bounds only a head it has not seen whole; one that came in a single read is

@@ -4,3 +4,5 @@ from ._adapter import Conversations as Conversations
 from ._adapter import WebchatAdapter as WebchatAdapter
 from ._adapter import WebchatStatistics as WebchatStatistics
 from ._adapter import parse_listen as parse_listen
+from ._kind import KIND as KIND
+from ._kind import WebchatConnectionConfig as WebchatConnectionConfig

@@ -2,9 +2,11 @@
 
 One listener serves plain HTTP and WebSocket upgrades. trio-websocket answers a plain GET with
 400 before any handler runs, so each connection's request head is read first by the shared
-reader of :mod:`adapters._http` (bounded in size and time, against slowloris: 431, 408, 400);
-upgrade requests to ``/ws`` are then handed to ``trio_websocket.wrap_server_stream`` over a
-stream that first replays the bytes already read.
+reader of :mod:`adapters.toolkit` (bounded in size and time, against slowloris: 431, 408,
+400; a connection that sends nothing in time gets 408 too); upgrade requests to ``/ws`` are
+then handed to ``trio_websocket.wrap_server_stream`` over a stream that first replays the
+bytes already read. A plain HTTP answer is followed by a graceful close (the peer's
+remaining input is read and discarded for a bounded time), so it is never lost to a reset.
 
 HTTP routes:
 
@@ -95,23 +97,33 @@ import trio
 import trio_websocket
 
 from prismd.channel import (
+    NO_FEATURES,
     AdapterFatalError,
+    AdapterFeatures,
     Admission,
     Admit,
     ApprovalInput,
+    AttachmentRef,
     InboundEvent,
     PastReply,
+    Preview,
     Reply,
     SendResult,
 )
-from prismd.daemon import is_loopback_host, parse_host_port
 from prismd.journal import new_token, token_hash
 from prismd.redact import replace_surrogates, utf8_len
 from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 from stores.memory import MemoryStore
 
 from ..toolkit import RequestHead as _Head
-from ..toolkit import read_request_head, respond, server_connection
+from ..toolkit import (
+    close_gracefully,
+    is_loopback_host,
+    parse_host_port,
+    read_request_head,
+    respond,
+    server_connection,
+)
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
@@ -130,6 +142,7 @@ SEND_TIMEOUT_S = 10.0
 is closed, since a peer that stops reading would otherwise hold replies forever."""
 CLOSE_BUDGET_S = 2.0
 STOP_CLOSE_BUDGET_S = 0.25
+LISTENER_CLOSE_BUDGET_S = 1.0
 MAX_CONNECTIONS = 256
 """Default bound on concurrent TCP connections; further ones are closed at once."""
 NOT_CONNECTED = "webchat_not_connected"
@@ -456,6 +469,31 @@ class WebchatAdapter:
     def health(self) -> Mapping[str, str]:
         return {"listener": "listening" if self._listening else "stopped"}
 
+    @property
+    def receiver_lease_held(self) -> bool:
+        """The web chat has no receiver lease: each browser is its own transport."""
+        return False
+
+    @property
+    def features(self) -> AdapterFeatures:
+        """No previews, typing or attachments: the page shows the answer when it comes."""
+        return NO_FEATURES
+
+    def send_draft(self, preview: Preview) -> None:
+        """Not offered (see :attr:`features`)."""
+
+    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+        """Not offered (see :attr:`features`)."""
+        await trio.lowlevel.checkpoint()
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> None:
+        """Not offered (see :attr:`features`): the page sends no files."""
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Nothing is held outside :meth:`run`."""
+        await trio.lowlevel.checkpoint()
+
     def statistics(self) -> WebchatStatistics:
         return WebchatStatistics(
             open_sockets=sum(len(s) for s in self._sockets.values()),
@@ -495,8 +533,8 @@ class WebchatAdapter:
         finally:
             self._listening = False
             self._background = None
-            for listener in listeners:
-                with trio.CancelScope(shield=True):
+            with trio.move_on_after(LISTENER_CLOSE_BUDGET_S, shield=True):
+                for listener in listeners:
                     await listener.aclose()
 
     async def send(self, reply: Reply) -> SendResult:
@@ -563,32 +601,34 @@ class WebchatAdapter:
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         conn = server_connection()
-        head = await read_request_head(stream, conn)
-        if head is None:
-            return  # answered (400/408/431) or closed
-        await self._route(stream, conn, head, head.raw)
+        # A connection that says nothing is answered 408 too (not just closed), as the web
+        # chat always did: a client then knows the server gave up, not that it crashed.
+        head = await read_request_head(stream, conn, answer_silence=True)
+        if head is None or not await self._route(stream, conn, head, head.raw):
+            await close_gracefully(stream)
 
     async def _route(
         self, stream: trio.SocketStream, conn: h11.Connection, head: _Head, raw: bytes
-    ) -> None:
+    ) -> bool:
+        """Answer one request; True when it became a WebSocket (closed by its session)."""
         if not self._host_allowed(head):
             await self._respond(stream, conn, head.method, 421, b"misdirected request\n")
-            return
+            return False
         if head.path == "/healthz":
             if head.method not in ("GET", "HEAD"):
                 await self._respond(stream, conn, head.method, 405, b"method not allowed\n")
-                return
+                return False
             body = (
                 json.dumps({"status": "ok", "listener": self.health()["listener"]}).encode() + b"\n"
             )
             await self._respond(stream, conn, head.method, 200, body, "application/json")
-            return
+            return False
         if head.path not in ("/", "/ws"):
             await self._respond(stream, conn, head.method, 404, b"not found\n")
-            return
+            return False
         if head.method not in ("GET", "HEAD"):
             await self._respond(stream, conn, head.method, 405, b"method not allowed\n")
-            return
+            return False
         if not self._authorized(head):
             await self._respond(
                 stream,
@@ -598,7 +638,7 @@ class WebchatAdapter:
                 b"unauthorized\n",
                 extra=[("WWW-Authenticate", "Bearer")],
             )
-            return
+            return False
         if head.path == "/":
             await self._respond(
                 stream,
@@ -612,7 +652,7 @@ class WebchatAdapter:
                     ("X-Frame-Options", "DENY"),
                 ],
             )
-            return
+            return False
         upgrade = head.headers.get("upgrade", "").lower() == "websocket"
         connection_tokens = {
             t.strip().lower() for t in head.headers.get("connection", "").split(",")
@@ -626,11 +666,12 @@ class WebchatAdapter:
                 b"websocket upgrade required\n",
                 extra=[("Upgrade", "websocket")],
             )
-            return
+            return False
         if not self._origin_allowed(head):
             await self._respond(stream, conn, head.method, 403, b"forbidden origin\n")
-            return
+            return False
         await self._serve_websocket(stream, raw)
+        return True
 
     def _host_allowed(self, head: _Head) -> bool:
         # On loopback without a token, being local is the only protection: a page on another
@@ -668,7 +709,7 @@ class WebchatAdapter:
         return ok
 
     _respond = staticmethod(respond)
-    """The shared responder (:func:`adapters._http.respond`)."""
+    """The shared responder (:func:`adapters.toolkit.respond`)."""
 
     # ------------------------------------------------------------------ WebSocket
 

@@ -12,7 +12,8 @@ The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else ``./var/run/co
 when it exists (the ``make run`` default), else ``/run/prismd/control.sock``.
 
 Plain blocking sockets on purpose: one request, one answer (or a stream of pages for
-``events --follow``), nothing to schedule.
+``events --follow``), nothing to schedule. The framing is :mod:`prismd.jsonrpc`'s, which,
+like this module, imports the standard library alone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from ..jsonrpc import FrameBuffer, FrameError, Incoming, encode_request, parse_message
 from ._version import version_text
 
 __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
@@ -35,6 +37,8 @@ __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
 LOCAL_SOCKET = "var/run/control.sock"
 SYSTEM_SOCKET = "/run/prismd/control.sock"
 CALL_TIMEOUT_S = 60.0
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""Far above any answer the daemon sends (an events page is at most 500 bounded records)."""
 PERMISSION_DENIED = -32001
 PAIRING_UNAVAILABLE = -32002
 # prismd.controls' pairing TTL bounds (contract: at most 5 minutes), repeated because
@@ -70,7 +74,7 @@ class ControlClient:
         self.path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
-        self._buffer = b""
+        self._frames = FrameBuffer(MAX_ANSWER_BYTES)
         self._next_id = 0
         try:
             self._sock.connect(path)
@@ -97,9 +101,8 @@ class ControlClient:
 
     def send(self, method: str, params: Mapping[str, Any]) -> int:
         self._next_id += 1
-        line = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": dict(params)}
         try:
-            self._sock.sendall(json.dumps(line).encode() + b"\n")
+            self._sock.sendall(encode_request(self._next_id, method, dict(params)))
         except OSError:
             # The daemon may have refused us and closed; its error line is still readable.
             pass
@@ -107,27 +110,27 @@ class ControlClient:
 
     def read(self) -> Any:
         """The next result; raises :class:`RpcErrorResult` or :class:`ControlClientError`."""
-        while b"\n" not in self._buffer:
-            try:
-                data = self._sock.recv(65536)
-            except TimeoutError:
-                raise ControlClientError("the daemon did not answer in time") from None
-            except OSError as exc:
-                raise ControlClientError(f"connection lost: {exc.strerror or exc}") from None
-            if not data:
-                raise ControlClientError("the daemon closed the connection")
-            self._buffer += data
-        line, _, self._buffer = self._buffer.partition(b"\n")
         try:
-            message = json.loads(line)
-        except ValueError:
+            line = self._frames.next_frame()
+            while line is None:
+                try:
+                    data = self._sock.recv(65536)
+                except TimeoutError:
+                    raise ControlClientError("the daemon did not answer in time") from None
+                except OSError as exc:
+                    raise ControlClientError(f"connection lost: {exc.strerror or exc}") from None
+                if not data:
+                    raise ControlClientError("the daemon closed the connection")
+                self._frames.feed(data)
+                line = self._frames.next_frame()
+            message = parse_message(line)
+        except FrameError:
             raise ControlClientError("the daemon sent an unreadable answer") from None
-        if not isinstance(message, dict):
+        if isinstance(message, Incoming):
             raise ControlClientError("the daemon sent an unreadable answer")
-        error = message.get("error")
-        if isinstance(error, dict):
-            raise RpcErrorResult(int(error.get("code", 0)), str(error.get("message", "")))
-        return message.get("result")
+        if message.error is not None:
+            raise RpcErrorResult(message.error.code, message.error.message)
+        return message.result
 
     def call(self, method: str, params: Mapping[str, Any]) -> Any:
         self.send(method, params)

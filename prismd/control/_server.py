@@ -39,7 +39,6 @@ import contextlib
 import datetime as _dt
 import errno
 import grp
-import json
 import logging
 import os
 import socket as _socket
@@ -48,18 +47,32 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
+from adapters.toolkit import close_gracefully
 from stores import OwnershipScope, Store
 
-from ..daemon import ControlConfig, GrantConfig, Operator
 from ..grants import missing_grant
 from ..grants import operator_identity as _grant_identity
 from ..identity import AgentIdentity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
+from ..jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    FrameBuffer,
+    FrameTooLargeError,
+    Request,
+    RequestError,
+    RpcError,
+    encode_error,
+    encode_result,
+    parse_request,
+)
 from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
 
@@ -75,23 +88,22 @@ __all__ = [
     "to_wire",
 ]
 
+if TYPE_CHECKING:
+    # Types only: the daemon serves this socket (it imports this package), and the
+    # config records are all the server needs of it, as values it is handed.
+    from ..daemon import ControlConfig, GrantConfig, Operator
+
 log = logging.getLogger("prismd.control")
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
 PERMISSION_DENIED = -32001
 PAIRING_UNAVAILABLE = -32002
 
 EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
 _RECEIVE_CHUNK = 65536
-_DRAIN_S = 1.0
+_CLOSE_BUDGET_S = 1.0
 _ACCEPT_BACKOFF_S = 0.1
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-_DRAIN_BYTES = 4 * 1024 * 1024
 
 
 class ControlSocketError(Exception):
@@ -100,15 +112,6 @@ class ControlSocketError(Exception):
 
 class ControlSocketInUseError(ControlSocketError):
     """A live process already answers on the control socket path."""
-
-
-class RpcError(Exception):
-    """An error the caller should see as a JSON-RPC error object."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class ParamsError(RpcError):
@@ -450,64 +453,6 @@ def _peer_uid(sock: trio.socket.SocketType) -> int | None:
     return int(uid)
 
 
-def _encode(message: Mapping[str, Any]) -> bytes:
-    # ASCII-only output: escapes every non-ASCII character (lone surrogates included), so
-    # encoding never fails and each line is valid UTF-8.
-    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
-
-
-def _error(request_id: Any, code: int, message: str) -> bytes:
-    return _encode(
-        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-    )
-
-
-def _result(request_id: Any, result: Any) -> bytes:
-    return _encode({"jsonrpc": "2.0", "id": request_id, "result": result})
-
-
-@attrs.frozen
-class _Request:
-    id: Any
-    method: str
-    params: Mapping[str, Any]
-
-
-def _parse_request(line: bytes) -> _Request | bytes:
-    """A request, or the error line to answer with."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        return _error(None, PARSE_ERROR, "parse error: not UTF-8")
-    try:
-        message = json.loads(text)
-    except (ValueError, RecursionError):
-        return _error(None, PARSE_ERROR, "parse error: not JSON")
-    if not isinstance(message, dict):
-        return _error(None, INVALID_REQUEST, "invalid request: expected one JSON object")
-    request_id = message.get("id")
-    if isinstance(request_id, bool) or not isinstance(request_id, str | int | type(None)):
-        return _error(None, INVALID_REQUEST, "invalid request: id must be a string or integer")
-    if "id" not in message or request_id is None:
-        return _error(None, INVALID_REQUEST, "invalid request: id is required")
-    if message.get("jsonrpc") != "2.0":
-        return _error(request_id, INVALID_REQUEST, "invalid request: jsonrpc must be '2.0'")
-    method = message.get("method")
-    if not isinstance(method, str) or not method:
-        return _error(request_id, INVALID_REQUEST, "invalid request: method must be a string")
-    params = message.get("params", {})
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        return _error(request_id, INVALID_PARAMS, "params must be an object")
-    unexpected = sorted(set(message) - {"jsonrpc", "id", "method", "params"})
-    if unexpected:
-        return _error(
-            request_id, INVALID_REQUEST, f"invalid request: unknown member {unexpected[0]!r}"
-        )
-    return _Request(request_id, method, params)
-
-
 @attrs.define(eq=False)
 class _Connection:
     stream: trio.SocketStream
@@ -515,24 +460,32 @@ class _Connection:
     handler: ControlHandler
     max_request_bytes: int
     idle_timeout_s: float
-    buffer: bytearray = attrs.field(factory=bytearray)
+    frames: FrameBuffer = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.frames = FrameBuffer(self.max_request_bytes)
 
     async def run(self) -> None:
         while True:
-            line = await self._next_line()
-            if line is None:
-                return
-            if len(line) > self.max_request_bytes:
+            try:
+                line = await self._next_line()
+            except FrameTooLargeError:
+                # Do not keep reading an oversize line: answer once and close.
                 await self.stream.send_all(
-                    _error(None, INVALID_REQUEST, "invalid request: request too large")
+                    encode_error(None, INVALID_REQUEST, "invalid request: request too large")
                 )
-                await _close_gracefully(self.stream)
+                await close_gracefully(self.stream)
+                return
+            if line is None:
                 return
             if not line.strip():
                 continue
-            request = _parse_request(line)
-            if isinstance(request, bytes):
-                await self.stream.send_all(request)
+            try:
+                request = parse_request(line)
+            except RequestError as refused:
+                await self.stream.send_all(
+                    encode_error(refused.request_id, refused.code, refused.message)
+                )
                 continue
             outcome = await self._dispatch(request)
             if isinstance(outcome, bytes):
@@ -542,37 +495,33 @@ class _Connection:
             return
 
     async def _next_line(self) -> bytes | None:
-        """The next line without its newline; ``None`` on EOF, idle timeout or oversize."""
+        """The next line without its newline; ``None`` on EOF or idle timeout.
+        :class:`~prismd.jsonrpc.FrameTooLargeError` for a line over ``max_request_bytes``."""
         while True:
-            end = self.buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 1]
+            line = self.frames.next_frame()
+            if line is not None:
                 return line
-            if len(self.buffer) > self.max_request_bytes:
-                # Do not keep reading an oversize line: answer once and close.
-                return bytes(self.buffer)
             with trio.move_on_after(self.idle_timeout_s):
                 data = await self.stream.receive_some(_RECEIVE_CHUNK)
                 if not data:
                     return None
-                self.buffer += data
+                self.frames.feed(data)
                 continue
             return None
 
-    async def _dispatch(self, request: _Request) -> bytes | AsyncIterator[Any]:
+    async def _dispatch(self, request: Request) -> bytes | AsyncIterator[Any]:
         try:
             result = await self.handler.call(self.operator, request.method, request.params)
             if isinstance(result, AsyncIterator):
                 return result
             # Encoding is inside the guard: a result that is not JSON is an internal error.
-            return _result(request.id, result)
+            return encode_result(request.id, result)
         except RpcError as exc:
-            return _error(request.id, exc.code, exc.message)
+            return encode_error(request.id, exc.code, exc.message)
         except Exception as exc:
             # The type only: exception text may carry ids or user content.
             log.warning("control method %s failed: %s", request.method, type(exc).__name__)
-            return _error(request.id, INTERNAL_ERROR, "internal error")
+            return encode_error(request.id, INTERNAL_ERROR, "internal error")
 
     async def _stream_results(self, request_id: Any, pages: AsyncIterator[Any]) -> None:
         """Send every page until the client closes (EOF) or a send fails."""
@@ -589,17 +538,21 @@ class _Connection:
             nursery.start_soon(watch_for_close, nursery.cancel_scope)
             try:
                 async for page in pages:
-                    await self.stream.send_all(_result(request_id, page))
+                    await self.stream.send_all(encode_result(request_id, page))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             except Exception as exc:
                 log.warning("control event stream failed: %s", type(exc).__name__)
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self.stream.send_all(_error(request_id, INTERNAL_ERROR, "internal error"))
+                    await self.stream.send_all(
+                        encode_error(request_id, INTERNAL_ERROR, "internal error")
+                    )
             finally:
                 aclose = getattr(pages, "aclose", None)
                 if aclose is not None:
-                    with trio.CancelScope(shield=True):
+                    # An async generator's aclose only runs its finally blocks; bounded all
+                    # the same, so a stuck one cannot hold the server's shutdown.
+                    with trio.move_on_after(_CLOSE_BUDGET_S, shield=True):
                         await aclose()
             nursery.cancel_scope.cancel()
 
@@ -733,22 +686,6 @@ def _remove_if_ours(path: Path, identity: os.stat_result) -> None:
         pass
 
 
-async def _close_gracefully(stream: trio.SocketStream) -> None:
-    """Half-close, then discard what the peer still sends (bounded in time and bytes).
-
-    Closing with unread input makes the kernel send a reset, and the peer could lose the
-    error line we just wrote.
-    """
-    await stream.send_eof()
-    discarded = 0
-    with trio.move_on_after(_DRAIN_S):
-        while discarded < _DRAIN_BYTES:
-            data = await stream.receive_some(_RECEIVE_CHUNK)
-            if not data:
-                break
-            discarded += len(data)
-
-
 async def _serve_one(
     stream: trio.SocketStream,
     config: ControlConfig,
@@ -761,8 +698,8 @@ async def _serve_one(
             operator = config.operator_for(uid, daemon_uid=daemon_uid) if uid is not None else None
             if operator is None:
                 log.info("control connection refused for uid %s", uid)
-                await stream.send_all(_error(None, PERMISSION_DENIED, "permission denied"))
-                await _close_gracefully(stream)
+                await stream.send_all(encode_error(None, PERMISSION_DENIED, "permission denied"))
+                await close_gracefully(stream)
                 return
             connection = _Connection(
                 stream,

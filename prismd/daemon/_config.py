@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import grp
 import importlib
-import ipaddress
 import os
 import re
 import tomllib
@@ -37,6 +36,11 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 import attrs
 
+from adapters import kinds
+from adapters.signal import SignalConnectionConfig
+from adapters.telegram import TelegramConnectionConfig
+from adapters.toolkit import is_loopback_host, parse_host_port
+from adapters.webchat import WebchatConnectionConfig
 from stores.postgres import (
     DEFAULT_CONNECT_TIMEOUT_MS,
     DEFAULT_STATEMENT_TIMEOUT_MS,
@@ -45,6 +49,7 @@ from stores.postgres import (
     is_postgres_url,
 )
 
+from ..channel import ConnectionKind, ConnectionSettings
 from ..limits import LIMIT_TABLE, Limits
 
 __all__ = [
@@ -85,12 +90,9 @@ _INLINE_SECRET_KEYS = frozenset(
 )
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-# What this build can run: every kind and scheme the config format knows, and whether it is
-# built yet. A file may name a planned one (it parses); check_runnable refuses it. The
-# Signal and PostgreSQL work flip their entries here, and only here.
-CONNECTION_KINDS: Mapping[str, bool] = types.MappingProxyType(
-    {"telegram": True, "signal": False, "webchat": True}
-)
+# What this build can run: every store scheme the config format knows, and whether it is
+# built yet. A file may name a planned one (it parses); check_runnable refuses it. Connection
+# kinds are registered by their adapter packages (adapters.kinds), availability included.
 STORE_SCHEMES: Mapping[str, bool] = types.MappingProxyType(
     {"memory": True, "sqlite": True, "postgresql": True, "postgres": True}
 )
@@ -187,48 +189,8 @@ class ControlConfig:
         return None
 
 
-@attrs.frozen
-class TelegramConnectionConfig:
-    id: str
-    token_env: str | None = None
-    token_file: str | None = None
-    api_origin: str = "https://api.telegram.org"
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_listen: str = "127.0.0.1:8443"
-    webhook_path: str | None = None
-    """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
-    webhook_secret_env: str | None = None
-    allow_groups: bool = False
-    poll_timeout_s: int = 30
-    kind: Literal["telegram"] = "telegram"
-
-    @property
-    def effective_webhook_path(self) -> str:
-        return self.webhook_path if self.webhook_path is not None else f"/telegram/{self.id}"
-
-
-@attrs.frozen
-class SignalConnectionConfig:
-    id: str
-    account: str
-    socket: str | None = None
-    tcp: str | None = None
-    """Exactly one of ``socket`` (a Unix socket path) and ``tcp`` (``host:port``) is set."""
-    kind: Literal["signal"] = "signal"
-
-
-@attrs.frozen
-class WebchatConnectionConfig:
-    id: str
-    listen: str = "127.0.0.1:8787"
-    access_token_env: str | None = None
-    """Required (or a pairing grant) when ``listen`` is not a loopback address."""
-    kind: Literal["webchat"] = "webchat"
-
-
-ConnectionConfig: TypeAlias = (
-    TelegramConnectionConfig | SignalConnectionConfig | WebchatConnectionConfig
-)
+ConnectionConfig: TypeAlias = ConnectionSettings
+"""A parsed ``[[connections]]`` entry: each kind's own record (:mod:`adapters.kinds`)."""
 
 
 @attrs.frozen
@@ -287,34 +249,6 @@ class Config:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost``, 127.0.0.0/8 and ::1 (brackets allowed)."""
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def parse_host_port(value: str) -> tuple[str, int]:
-    """Split ``"host:port"`` or ``"[v6]:port"``; raises ``ValueError`` when malformed."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError("must be 'host:port'")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError("must be 'host:port'")
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError("an IPv6 host must be written in brackets: '[::1]:port'")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError("port must be between 0 and 65535")
-    return host, port
 
 
 def read_secret(
@@ -462,6 +396,17 @@ class _Table:
             if len(choices) > 2:
                 allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
             raise self.error(name, f"must be {allowed}")
+        return value
+
+    def get_address(self, name: str, default: str | None = None) -> Any:
+        value = self.get_str(name, default)
+        if value is not None:
+            _check_address(self, name, value)
+        return value
+
+    def get_env_name(self, name: str) -> str | None:
+        value: str | None = self.get_str(name)
+        _check_env_name(self, name, value)
         return value
 
     def reject_inline_secrets(self) -> None:
@@ -650,84 +595,6 @@ def _parse_metrics(root: _Table) -> MetricsConfig | None:
     return MetricsConfig(listen=listen, allow_non_loopback=allow_non_loopback)
 
 
-def _parse_telegram(table: _Table, conn_id: str) -> TelegramConnectionConfig:
-    token_env = table.get_str("token_env")
-    token_file = table.get_str("token_file")
-    _check_env_name(table, "token_env", token_env)
-    if (token_env is None) == (token_file is None):
-        raise table.error("token_env", "set exactly one of token_env and token_file")
-    api_origin: str = table.get_str("api_origin", "https://api.telegram.org")
-    _check_origin(table, "api_origin", api_origin)
-    mode = table.choice("mode", ("polling", "webhook"), "polling")
-    webhook_listen: str = table.get_str("webhook_listen", "127.0.0.1:8443")
-    _check_address(table, "webhook_listen", webhook_listen)
-    webhook_path = table.get_str("webhook_path")
-    if webhook_path is not None and not webhook_path.startswith("/"):
-        raise table.error("webhook_path", "must start with '/'")
-    webhook_secret_env = table.get_str("webhook_secret_env")
-    _check_env_name(table, "webhook_secret_env", webhook_secret_env)
-    if mode == "webhook" and webhook_secret_env is None:
-        # Telegram echoes the secret in a header; without it anyone could post updates.
-        raise table.error("webhook_secret_env", "is required in webhook mode")
-    return TelegramConnectionConfig(
-        id=conn_id,
-        token_env=token_env,
-        token_file=token_file,
-        api_origin=api_origin.rstrip("/"),
-        mode=mode,
-        webhook_listen=webhook_listen,
-        webhook_path=webhook_path,
-        webhook_secret_env=webhook_secret_env,
-        allow_groups=table.get_bool("allow_groups"),
-        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
-    )
-
-
-def _check_origin(table: _Table, name: str, origin: str) -> None:
-    scheme, sep, rest = origin.partition("://")
-    hostport = rest.split("/", 1)[0]
-    if not sep or not hostport or "@" in hostport or rest.rstrip("/") != hostport:
-        raise table.error(name, "must be an origin like https://api.telegram.org")
-    host = hostport
-    if hostport.startswith("["):
-        host = hostport.split("]", 1)[0] + "]"
-    elif ":" in hostport:
-        host = hostport.rsplit(":", 1)[0]
-    if scheme == "https":
-        return
-    if scheme == "http":
-        if is_loopback_host(host):
-            return
-        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
-    raise table.error(name, "must start with https://")
-
-
-def _parse_signal(table: _Table, conn_id: str) -> SignalConnectionConfig:
-    account: str = table.get_str("account", required=True)
-    socket = table.get_str("socket")
-    tcp = table.get_str("tcp")
-    if (socket is None) == (tcp is None):
-        raise table.error("socket", "set exactly one of socket and tcp")
-    if tcp is not None:
-        _check_address(table, "tcp", tcp)
-    return SignalConnectionConfig(id=conn_id, account=account, socket=socket, tcp=tcp)
-
-
-def _parse_webchat(table: _Table, conn_id: str) -> WebchatConnectionConfig:
-    listen: str = table.get_str("listen", "127.0.0.1:8787")
-    _check_address(table, "listen", listen)
-    access_token_env = table.get_str("access_token_env")
-    _check_env_name(table, "access_token_env", access_token_env)
-    return WebchatConnectionConfig(id=conn_id, listen=listen, access_token_env=access_token_env)
-
-
-_CONNECTION_PARSERS: dict[str, Callable[[_Table, str], ConnectionConfig]] = {
-    "telegram": _parse_telegram,
-    "signal": _parse_signal,
-    "webchat": _parse_webchat,
-}
-
-
 def _array_of_tables(root: _Table, name: str) -> list[_Table]:
     raw = root._get(name, list, "an array of tables ([[" + name + "]])", [])
     tables = []
@@ -750,8 +617,10 @@ def _parse_connections(root: _Table) -> tuple[ConnectionConfig, ...]:
         if conn_id in seen:
             raise table.error("id", f"duplicate connection id {conn_id!r}")
         seen.add(conn_id)
-        kind = table.choice("kind", tuple(CONNECTION_KINDS), None)
-        result.append(_CONNECTION_PARSERS[kind](table, conn_id))
+        name = table.choice("kind", tuple(kinds.CONNECTION_KINDS), None)
+        kind = kinds.connection_kind(name)
+        assert kind is not None
+        result.append(kind.parse(table, conn_id))
         table.finish()
     return tuple(result)
 
@@ -884,32 +753,25 @@ def _parse_grants(
     return tuple(grants)
 
 
-def _check_webchat_exposure(
+def _check_connection_grants(
     file: str | None,
     connections: tuple[ConnectionConfig, ...],
     grants: tuple[GrantConfig, ...],
 ) -> None:
+    """Each kind's own rule for the grants of its connections (the web chat off loopback)."""
     for index, conn in enumerate(connections, start=1):
-        if not isinstance(conn, WebchatConnectionConfig):
-            continue
-        host, _port = parse_host_port(conn.listen)
-        if is_loopback_host(host) or conn.access_token_env is not None:
-            continue
-        mine = [g for g in grants if g.connection == conn.id]
-        if any("*" in g.actors for g in mine):
-            raise ConfigError(
-                "a non-loopback listen address without access_token_env cannot be granted to "
-                'actors = ["*"] (anyone who reaches the port would talk to the agent)',
-                file=file,
-                key=f"[[connections]][{index}].listen",
-            )
-        if any(g.pairing for g in mine):
-            continue
-        raise ConfigError(
-            "a non-loopback listen address needs access_token_env or a grant with pairing = true",
-            file=file,
-            key=f"[[connections]][{index}].listen",
-        )
+        kind = _kind_of(conn)
+        problem = kind.check_grants(conn, [g for g in grants if g.connection == conn.id])
+        if problem is not None:
+            key, message = problem
+            raise ConfigError(message, file=file, key=f"[[connections]][{index}].{key}")
+
+
+def _kind_of(conn: ConnectionConfig) -> ConnectionKind:
+    kind = kinds.connection_kind(conn.kind)
+    if kind is None:
+        raise ConfigError(f"unknown connection kind {conn.kind!r}")
+    return kind
 
 
 def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Config:
@@ -932,7 +794,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
                     key=name,
                 )
             raise ConfigError("unknown key", file=source, key=name)
-    _check_webchat_exposure(source, connections, grants)
+    _check_connection_grants(source, connections, grants)
     return Config(
         source=source,
         daemon=daemon,
@@ -1006,10 +868,10 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
 
     The checks ``prismd run`` needs before it opens anything, and all ``prismd check-config``
     adds to :func:`load_config`, so the two cannot disagree: the store scheme and every
-    connection kind are built (:data:`STORE_SCHEMES`, :data:`CONNECTION_KINDS`), a SQLite or
-    PostgreSQL URL is one the store accepts (its shape only: no server is contacted), every
-    secret a connection or the store reads at start is present (values read and dropped,
-    never shown), every ``python`` agent's factory module imports and has
+    connection kind are built (:data:`STORE_SCHEMES`, :data:`adapters.kinds.CONNECTION_KINDS`),
+    a SQLite or PostgreSQL URL is one the store accepts (its shape only: no server is
+    contacted), every secret a connection or the store reads at start is present (values
+    read and dropped, never shown), every ``python`` agent's factory module imports and has
     the attribute (it is not called), and ``[control].group`` exists. Nothing is opened,
     bound or contacted.
     """
@@ -1021,14 +883,21 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     _check_store_runnable(config.store, env, error)
     for index, conn in enumerate(config.connections, start=1):
         where = f"[[connections]][{index}]"
-        if not CONNECTION_KINDS.get(conn.kind, False):
+        kind = kinds.connection_kind(conn.kind)
+        if kind is None or not kind.available:
             raise error(
                 f"{where}.kind",
                 f"connection kind {conn.kind!r} is not available in this build yet",
             )
-        for name, env_name, file_name in _secret_sources(conn):
+        for source_ in kind.secrets(conn):
+            name = source_.key
             try:
-                read_secret(env_name=env_name, file_name=file_name, env=env, key=f"{where}.{name}")
+                read_secret(
+                    env_name=source_.env_name,
+                    file_name=source_.file_name,
+                    env=env,
+                    key=f"{where}.{name}",
+                )
             except ConfigError as exc:
                 raise error(exc.key or f"{where}.{name}", exc.message) from None
     for alias, agent in config.agents.items():
@@ -1071,19 +940,6 @@ def _check_store_runnable(
             sqlite_path_from_url(url)
         except InvalidStoreURLError as exc:
             raise error("[store].url", str(exc)) from None
-
-
-def _secret_sources(conn: ConnectionConfig) -> list[tuple[str, str | None, str | None]]:
-    """``(key, env_name, file_name)`` of every secret the connection's adapter reads at start."""
-    if isinstance(conn, TelegramConnectionConfig):
-        token_key = "token_env" if conn.token_env is not None else "token_file"
-        sources = [(token_key, conn.token_env, conn.token_file)]
-        if conn.webhook_secret_env is not None:
-            sources.append(("webhook_secret_env", conn.webhook_secret_env, None))
-        return sources
-    if isinstance(conn, WebchatConnectionConfig) and conn.access_token_env is not None:
-        return [("access_token_env", conn.access_token_env, None)]
-    return []
 
 
 def _check_factory(spec: str, where: str, error: Callable[[str, str], ConfigError]) -> None:

@@ -42,23 +42,17 @@ if TYPE_CHECKING:
     from ..runtime import Runtime
     from ._metrics import DaemonMetrics
 
+from adapters import kinds
+
 from ..channel import AdapterFatalError, ChannelAdapter
 from ..control import ControlSocketError
 from ..grants import GrantAuthorizer
+from ..journal import ChannelJournal, ensure_format
 from ..redact import Redactor
 from ..runtime import MessagingRuntime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
-from ._config import (
-    Config,
-    ConfigError,
-    ConnectionConfig,
-    Operator,
-    TelegramConnectionConfig,
-    WebchatConnectionConfig,
-    check_runnable,
-    parse_host_port,
-)
+from ._config import Config, ConfigError, ConnectionConfig, Operator, check_runnable
 from ._statedir import StateDir, StateDirError, open_state_dir
 from ._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
@@ -344,6 +338,8 @@ CLOSE_BUDGET_S = 10.0
 STORE_RETRY_FIRST_S = 1.0
 STORE_RETRY_MAX_S = 30.0
 """An unreachable store server is tried again after 1 s, 2 s, 4 s … at most 30 s apart."""
+MAX_COUNTED_UNRESOLVED = 100_000
+"""Counting stops here (``at least N unresolved``): a bound on the startup listing."""
 STATUS_REFRESH_S = 10.0
 """How often the serving daemon looks whether its ``STATUS=`` line changed."""
 
@@ -650,6 +646,14 @@ class Daemon:
         from ..runtime import open_messaging_runtime
 
         config = self.config
+        try:
+            # Before the runtime: its resume of acknowledged messages reads the open index.
+            refiled = await ensure_format(ChannelJournal(store.checkpoints))
+        except Exception as exc:
+            self._fail(f"cannot upgrade the journal: {describe_exception(exc)}")
+            return EXIT_FAILURE
+        if refiled:
+            log.info("journal upgraded: %d unresolved record(s) indexed", refiled)
         async with open_messaging_runtime(
             authorize=authorizer.authorize,
             resolve_agent=host.resolve_agent,
@@ -711,8 +715,21 @@ class Daemon:
         capped = False
         for tenant in sorted(tenants):
             identity = authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
+            after: str | None = None
             try:
-                entries = await runtime.list_unresolved(identity=identity, limit=limit)
+                # Every page: the listing reads the unresolved set only (an index), so
+                # counting it costs what is unresolved, not the journal's length.
+                while True:
+                    page = await runtime.list_unresolved_page(
+                        identity=identity, limit=limit, after=after
+                    )
+                    total += len(page.entries)
+                    after = page.next_cursor
+                    if after is None:
+                        break
+                    if total >= MAX_COUNTED_UNRESOLVED:
+                        capped = True
+                        break
             except Exception as exc:
                 log.log(
                     failure_level,
@@ -721,8 +738,6 @@ class Daemon:
                 )
                 self._unresolved = "unresolved unknown"
                 return None
-            total += len(entries)
-            capped = capped or len(entries) >= limit
         self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
         return total, capped
 
@@ -844,9 +859,7 @@ class Daemon:
             restarts=lambda: {name: c.restarts for name, c in supervisor.children.items()},
             leases=lambda: {
                 "binding": runtime.leases_held(),
-                "receiver": sum(
-                    1 for a in adapters.values() if getattr(a, "receiver_lease_held", False)
-                ),
+                "receiver": sum(1 for a in adapters.values() if a.receiver_lease_held),
             },
         )
 
@@ -882,7 +895,8 @@ class Daemon:
         for connection in self.config.connections:
             where = self.endpoints.get(adapter_child_name(connection), "")
             state = self.supervisor.children[adapter_child_name(connection)].state
-            label = "web chat" if connection.kind == "webchat" else connection.kind
+            kind = kinds.connection_kind(connection.kind)
+            label = kind.label if kind is not None else connection.kind
             suffix = "" if state == "running" else f" [{state}]"
             parts.append(f"{label} {connection.id}: {where}{suffix}")
         parts.append(f"control socket: {self.endpoints['control']}")
@@ -912,23 +926,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 def _listen_address(connection: ConnectionConfig) -> str | None:
     """The configured address a connection listens on, if any (for startup errors)."""
-    if isinstance(connection, WebchatConnectionConfig):
-        return connection.listen
-    if isinstance(connection, TelegramConnectionConfig) and connection.mode == "webhook":
-        return connection.webhook_listen
-    return None
+    kind = kinds.connection_kind(connection.kind)
+    return kind.listen_address(connection) if kind is not None else None
 
 
 def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
     """A human hint for the startup line: a URL for the web chat, the mode otherwise."""
-    if isinstance(connection, WebchatConnectionConfig):
-        bound = getattr(adapter, "bound", None)
-        host, port = bound if bound is not None else parse_host_port(connection.listen)
-        shown = f"[{host}]" if ":" in str(host) else str(host)
-        return f"http://{shown}:{port}/"
-    if isinstance(connection, TelegramConnectionConfig):
-        return f"({connection.mode})"
-    return "(connected)"
+    kind = kinds.connection_kind(connection.kind)
+    return kind.where(connection, adapter) if kind is not None else "(connected)"
 
 
 _PASSWORD_IN_URL_RE = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")

@@ -1,21 +1,21 @@
-"""Building the daemon's parts from a :class:`~prismd.config.Config`.
+"""Building the daemon's parts from a :class:`~prismd.daemon.Config`.
 
 Everything here is construction, no serving: agents per alias, one adapter per
-``[[connections]]`` entry, the grant authorizer, and the host callbacks the runtime needs
-(``resolve_agent``, ``deliver``). Adapter modules are imported lazily so a connection kind
-whose module is unavailable is a clear startup error (:class:`WiringError`) instead of an
-import failure at ``prismd`` start.
+``[[connections]]`` entry (built by its kind's builder from :mod:`adapters.kinds`; a kind
+not built in this build is a clear startup error, :class:`WiringError`), and the host
+callbacks the runtime needs (``resolve_agent``, ``deliver``, and the optional seams that
+adapters declare in their :class:`~prismd.channel.AdapterFeatures`).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 
+from adapters import kinds
 from stores import Store
 
 from ..agents._base import Agent, AgentContext
@@ -23,6 +23,7 @@ from ..agents._session import AgentOptionError
 from ..channel import (
     Admission,
     AttachmentRef,
+    BuildContext,
     ChannelAdapter,
     InboundEvent,
     PastReply,
@@ -31,15 +32,7 @@ from ..channel import (
     SendResult,
 )
 from ..runtime import ResolveAgentInput, Runtime
-from ._config import (
-    Config,
-    ConfigError,
-    ConnectionConfig,
-    SignalConnectionConfig,
-    TelegramConnectionConfig,
-    WebchatConnectionConfig,
-    read_secret,
-)
+from ._config import Config, ConfigError, ConnectionConfig, read_secret
 from ._statedir import StateDir
 
 log = logging.getLogger("prismd.wiring")
@@ -82,13 +75,6 @@ def _factory_failed(exc: BaseException) -> str:
 def adapter_child_name(connection: ConnectionConfig) -> str:
     """The supervisor child name of a connection's adapter, e.g. ``webchat:web``."""
     return f"{connection.kind}:{connection.id}"
-
-
-def _import_adapter_module(kind: str, module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise WiringError(f"connection kind {kind!r} is not available in this build") from None
 
 
 def build_adapter(
@@ -150,78 +136,33 @@ def _build_adapter(
     found: list[str],
     conversations: Host | None,
 ) -> ChannelAdapter:
-    if isinstance(connection, WebchatConnectionConfig):
-        module = _import_adapter_module("webchat", "adapters.webchat")
-        token = None
-        if connection.access_token_env:
-            token = read_secret(
-                env_name=connection.access_token_env,
-                file_name=None,
-                env=env,
-                key=f"connections.{connection.id}.access_token_env",
-            )
-            found.append(token)
-        mine = [g for g in config.grants if g.connection == connection.id]
-        # Off loopback without a token, config allows only pairing (no "*" grant): then
-        # strangers reach the socket but no agent until an operator pairs them.
-        pairing_only = bool(mine) and not any("*" in g.actors for g in mine)
-        adapter: ChannelAdapter = module.WebchatAdapter(
-            connection_id=connection.id,
-            listen=connection.listen,
-            admit=admit,
-            access_token=token,
-            pairing_only=pairing_only and any(g.pairing for g in mine),
-            checkpoints=store.checkpoints,
-            conversations=conversations,
-            resume_ttl_days=config.limits.retention_days,
-        )
-        return adapter
-    if isinstance(connection, TelegramConnectionConfig):
-        module = _import_adapter_module("telegram", "adapters.telegram")
-        # Read once now so a missing token fails the start, not the first poll.
-        token_value = read_secret(
-            env_name=connection.token_env,
-            file_name=connection.token_file,
+    kind = kinds.connection_kind(connection.kind)
+    if kind is None:
+        raise WiringError(f"unknown connection kind {connection.kind!r}")
+    if kind.build is None:
+        raise WiringError(f"connection kind {kind.name!r} is not available in this build")
+
+    def secret(name: str, env_name: str | None, file_name: str | None) -> str:
+        value = read_secret(
+            env_name=env_name,
+            file_name=file_name,
             env=env,
-            key=f"connections.{connection.id}.token",
+            key=f"connections.{connection.id}.{name}",
         )
-        found.append(token_value)
-        secret = None
-        if connection.webhook_secret_env:
-            secret = read_secret(
-                env_name=connection.webhook_secret_env,
-                file_name=None,
-                env=env,
-                key=f"connections.{connection.id}.webhook_secret_env",
-            )
-            found.append(secret)
-        adapter = module.TelegramAdapter(
-            connection_id=connection.id,
-            token=lambda: token_value,
-            admit=admit,
-            store=store,
-            owner_id=state.owner_id("telegram", connection.id),
-            reclaim=True,
-            api_origin=connection.api_origin,
-            mode=connection.mode,
-            webhook_listen=connection.webhook_listen,
-            webhook_path=connection.webhook_path,
-            webhook_secret=secret,
-            allow_groups=connection.allow_groups,
-            poll_timeout_s=connection.poll_timeout_s,
-            max_attachment_bytes=config.limits.max_attachment_bytes,
-        )
-        return adapter
-    if isinstance(connection, SignalConnectionConfig):
-        module = _import_adapter_module("signal", "adapters.signal")
-        factory = getattr(module, "build_signal_adapter", None)
-        if factory is None:
-            raise WiringError("connection kind 'signal' is not available in this build")
-        adapter = factory(
-            connection, admit=admit, store=store, owner_id=state.owner_id("signal", connection.id)
-        )
-        return adapter
-    raise WiringError(f"unknown connection kind {getattr(connection, 'kind', '?')!r}")
+        found.append(value)
+        return value
+
+    context = BuildContext(
+        admit=admit,
+        store=store,
+        owner_id=state.owner_id(kind.name, connection.id),
+        secret=secret,
+        grants=tuple(g for g in config.grants if g.connection == connection.id),
+        retention_days=config.limits.retention_days,
+        max_attachment_bytes=config.limits.max_attachment_bytes,
+        conversations=conversations,
+    )
+    return kind.build(connection, context)
 
 
 @attrs.define(eq=False)
@@ -294,43 +235,45 @@ class Host:
         return agent
 
     def has_previews(self) -> bool:
-        return any(callable(getattr(a, "send_draft", None)) for a in self.adapters.values())
+        return any(a.features.previews for a in self.adapters.values())
 
     def preview(self, preview: Preview) -> None:
         """The runtime's ``on_preview``: hand a streaming preview to its connection's adapter
-        (Telegram drafts; adapters without previews ignore it). Never raises."""
+        (Telegram drafts; adapters without previews are not asked). Never raises."""
         adapter = self.adapters.get(preview.connection_id)
-        send_draft = getattr(adapter, "send_draft", None)
-        if callable(send_draft):
-            try:
-                send_draft(preview)
-            except Exception as exc:
-                log.warning("preview failed: %s", type(exc).__name__)
+        if adapter is None or not adapter.features.previews:
+            return
+        try:
+            adapter.send_draft(preview)
+        except Exception as exc:
+            log.warning("preview failed: %s", type(exc).__name__)
 
     def has_typing(self) -> bool:
-        return any(callable(getattr(a, "send_typing", None)) for a in self.adapters.values())
+        return any(a.features.typing for a in self.adapters.values())
 
     async def typing(self, connection_id: str, conversation_id: str, thread_id: str | None) -> None:
         """The runtime's ``on_typing``: a typing indicator on the turn's connection."""
         adapter = self.adapters.get(connection_id)
-        send_typing = getattr(adapter, "send_typing", None)
-        if callable(send_typing):
-            await send_typing(conversation_id, thread_id)
+        if adapter is not None and adapter.features.typing:
+            await adapter.send_typing(conversation_id, thread_id)
 
     def has_attachments(self) -> bool:
-        return any(callable(getattr(a, "fetch_attachment", None)) for a in self.adapters.values())
+        return any(a.features.attachments for a in self.adapters.values())
 
     async def fetch_attachment(self, ref: AttachmentRef) -> Any:
-        """The runtime's ``fetch_attachment``: asks each adapter that can fetch files.
-
-        A ref carries no connection id; a file id is only valid for the bot that saw it,
-        so every other adapter answers ``None`` and the first answer wins.
-        """
+        """The runtime's ``fetch_attachment``: asked of the adapter of the ref's connection
+        (a file id is only valid for the bot that saw it). A ref without a connection id
+        (rebuilt from an older record) is asked of each adapter that fetches files; the
+        others answer ``None`` for ids they did not issue, and the first answer wins."""
+        if ref.connection_id is not None:
+            adapter = self.adapters.get(ref.connection_id)
+            if adapter is None or not adapter.features.attachments:
+                return None
+            return await adapter.fetch_attachment(ref)
         for adapter in self.adapters.values():
-            fetch = getattr(adapter, "fetch_attachment", None)
-            if not callable(fetch):
+            if not adapter.features.attachments:
                 continue
-            fetched = await fetch(ref)
+            fetched = await adapter.fetch_attachment(ref)
             if fetched is not None:
                 return fetched
         return None
@@ -338,11 +281,8 @@ class Host:
     async def aclose(self) -> None:
         """Close adapters that hold resources outside ``run`` (HTTP clients); never raises."""
         for adapter in self.adapters.values():
-            close = getattr(adapter, "aclose", None)
-            if not callable(close):
-                continue
             try:
-                await close()
+                await adapter.aclose()
             except Exception as exc:
                 log.warning("closing %s failed: %s", adapter.connection_id, type(exc).__name__)
 

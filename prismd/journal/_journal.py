@@ -26,19 +26,21 @@ Guarantees:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
 
 from stores import (
-    CheckpointConflictError,
     CheckpointRecord,
     CheckpointStore,
-    InvalidCheckpointError,
     OwnershipScope,
+    SaveCheckpoint,
+    WriteStatus,
     ms_to_iso,
 )
+
+from ..redact import utf8_len
 
 NS_BINDING = "prism.channels.v1.binding"
 NS_OPERATION = "prism.channels.v1.operation"
@@ -54,9 +56,54 @@ CATEGORY = {
     NS_CONTROL: "channel-control",
 }
 
+OPEN_CATEGORY = {
+    NS_OPERATION: "channel-operation-open",
+    NS_REPLY: "channel-reply-open",
+}
+"""The category of operations and replies an operator may have to settle. The store keeps
+its category index in the same transaction as the record, so listing what is unresolved
+reads the unresolved set only, however long the journal is."""
+
 UNRESOLVED_OPERATION_STATES = frozenset({"accepted", "executing"})
 UNSETTLED_REPLY_STATES = frozenset({"pending", "delivery_unknown"})
 UNRESOLVED_REPLY_STATES = frozenset({"pending", "delivery_unknown", "delivery_failed"})
+ANSWERED_STATES = frozenset({"succeeded", "failed"})
+
+
+def maybe_answerless(record: OperationRecord) -> bool:
+    """An agent run reached a terminal state that always answers, yet no reply is flagged
+    staged (a journal written before the settlement and the reply committed together, killed
+    between the two): the operator must see it.
+
+    ``cancelled`` is excluded: stop() settles queued and stuck work without an answer by design.
+    """
+    return (
+        record.kind == "message"
+        and record.state in ANSWERED_STATES
+        and record.run_id is not None
+        and not record.reply_staged
+    )
+
+
+def category_of(namespace: str, record: object) -> str:
+    """The category a record is stored under: open while an operator may have to act."""
+    if isinstance(record, OperationRecord) and (
+        record.state in UNRESOLVED_OPERATION_STATES or maybe_answerless(record)
+    ):
+        return OPEN_CATEGORY[NS_OPERATION]
+    if isinstance(record, ReplyRecord) and record.state in UNRESOLVED_REPLY_STATES:
+        return OPEN_CATEGORY[NS_REPLY]
+    return CATEGORY[namespace]
+
+
+def categories(namespace: str, *, open_only: bool = False) -> tuple[str, ...]:
+    """Every category ``namespace`` stores (or only the open one, when it has one)."""
+    opened = OPEN_CATEGORY.get(namespace)
+    if open_only and opened is not None:
+        return (opened,)
+    return (CATEGORY[namespace],) if opened is None else (CATEGORY[namespace], opened)
+
+
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
@@ -565,22 +612,72 @@ def _meta(namespace: str, record: object) -> dict[str, Any]:
     return {"kind": "cursor", "state": "advanced"}
 
 
+def _key_of(namespace: str, scope: OwnershipScope, record: Any) -> str:
+    """The key a record is stored under (§5): derived from the record's own ids."""
+    if isinstance(record, OperationRecord):
+        return operation_key(record.connection_id, scope, record.operation_id)
+    if isinstance(record, ReplyRecord):
+        return reply_key(record.connection_id, scope, record.operation_id)
+    raise TypeError(f"the key of a {type(record).__name__} is given by its caller")
+
+
+@attrs.frozen
+class Write:
+    """One record of a :meth:`ChannelJournal.commit`: saved by compare-and-swap at
+    ``expected_version`` (0 = create-only), fenced by ``fence`` when given."""
+
+    namespace: str
+    scope: OwnershipScope
+    record: Any
+    expected_version: int
+    fence: int | None = None
+    key: str | None = None
+    """Bindings and cursors name their key; operations and replies derive it."""
+
+    def address(self) -> str:
+        if self.key is not None:
+            return self.key
+        return _key_of(self.namespace, self.scope, self.record)
+
+
+@attrs.frozen
+class Committed:
+    """What :meth:`ChannelJournal.commit` wrote: per write, the stored record or ``None``,
+    and the store's status (``ok``, ``conflict`` — a lost CAS —, or ``aborted``: an atomic
+    commit in which another write lost)."""
+
+    items: tuple[Loaded[Any] | None, ...]
+    statuses: tuple[WriteStatus, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(status == "ok" for status in self.statuses)
+
+    def lost(self, index: int) -> bool:
+        """The write at ``index`` lost its own compare-and-swap (not merely aborted)."""
+        return self.statuses[index] == "conflict"
+
+
 @attrs.define(eq=False)
 class ChannelJournal:
-    """Typed access to the channel namespaces of one CheckpointStore (§5.9)."""
+    """Typed access to the channel namespaces of one CheckpointStore (§5.9).
+
+    Every write goes through :meth:`commit`: one store transaction for one or several
+    records, each with its own compare-and-swap and fence (the write protocol of
+    :mod:`prismd.journal._protocol` builds on it).
+    """
 
     checkpoints: CheckpointStore
     max_record_bytes: int = 128 * 1024
 
-    def _encode(self, value: dict[str, Any]) -> dict[str, Any]:
+    def _checked(self, value: dict[str, Any]) -> dict[str, Any]:
+        """``value`` when its JSON fits ``max_journal_record_bytes``; raises before any write."""
         limit = max(1024, self.max_record_bytes)
-        encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if len(encoded) > limit:
+        if utf8_len(json.dumps(value, separators=(",", ":"), ensure_ascii=False)) > limit:
             raise JournalRecordTooLargeError(
                 f"journal record exceeds max_journal_record_bytes ({limit} bytes)"
             )
-        decoded: dict[str, Any] = json.loads(encoded)
-        return decoded
+        return value
 
     @staticmethod
     def _loaded(stored: CheckpointRecord, record: Any) -> Loaded[Any]:
@@ -598,6 +695,47 @@ class ChannelJournal:
         stored = await self.checkpoints.load_checkpoint(namespace=namespace, key=key, scope=scope)
         return None if stored is None else self._loaded(stored, _DECODERS[namespace](stored.value))
 
+    @staticmethod
+    def _stored_form(record: Any) -> Any:
+        # An operation record carries its inbound text only while ``accepted`` (README
+        # "Guarantees"): every other state is written without it.
+        if (
+            isinstance(record, OperationRecord)
+            and record.input is not None
+            and record.state != "accepted"
+        ):
+            return attrs.evolve(record, input=None)
+        return record
+
+    async def commit(self, writes: Sequence[Write], *, atomic: bool = False) -> Committed:
+        """Write every record in one store transaction; a lost CAS is a ``None`` item.
+
+        With ``atomic`` either all are written or none. Raises
+        :class:`JournalRecordTooLargeError` before anything is written when a record does
+        not fit, and the store's errors (``StoreUnavailableError``) unchanged.
+        """
+        records = [self._stored_form(w.record) for w in writes]
+        requests = [
+            SaveCheckpoint(
+                namespace=w.namespace,
+                key=w.address(),
+                scope=w.scope,
+                version=w.expected_version + 1,
+                value=self._checked(record.to_json()),
+                expected_version=w.expected_version,
+                fencing_token=w.fence,
+                category=category_of(w.namespace, record),
+                metadata=_meta(w.namespace, record),
+            )
+            for w, record in zip(writes, records, strict=True)
+        ]
+        results = await self.checkpoints.write_checkpoints(requests, atomic=atomic)
+        items = tuple(
+            None if result.record is None else self._loaded(result.record, record)
+            for result, record in zip(results, records, strict=True)
+        )
+        return Committed(items, tuple(result.status for result in results))
+
     async def save(
         self,
         namespace: str,
@@ -608,33 +746,10 @@ class ChannelJournal:
         expected_version: int,
         fence: int | None = None,
     ) -> Loaded[Any] | None:
-        """CAS write (``expected_version=0`` = create-only); ``None`` on a lost CAS.
-
-        An operation record leaving ``accepted`` is written without its ``input``."""
-        if (
-            isinstance(record, OperationRecord)
-            and record.input is not None
-            and record.state != "accepted"
-        ):
-            record = attrs.evolve(record, input=None)
-        value = self._encode(record.to_json())
-        try:
-            stored = await self.checkpoints.save_checkpoint(
-                namespace=namespace,
-                key=key,
-                scope=scope,
-                version=expected_version + 1,
-                value=value,
-                expected_version=expected_version,
-                fencing_token=fence,
-                category=CATEGORY[namespace],
-                metadata=_meta(namespace, record),
-            )
-        except InvalidCheckpointError:
-            raise
-        except CheckpointConflictError:
-            return None
-        return self._loaded(stored, record)
+        """CAS write of one record (``expected_version=0`` = create-only); ``None`` on a
+        lost CAS."""
+        write = Write(namespace, scope, record, expected_version, fence, key=key)
+        return (await self.commit((write,))).items[0]
 
     async def create(
         self, namespace: str, scope: OwnershipScope, key: str, record: Any
@@ -652,12 +767,16 @@ class ChannelJournal:
         *,
         key_prefix: str | None = None,
         cursor: str | None = None,
+        open_only: bool = False,
     ) -> tuple[list[CheckpointRecord], str | None]:
-        """One page (newest first) under a *partial* scope filter: raw rows, unparsed."""
+        """One page (newest first) under a *partial* scope filter: raw rows, unparsed.
+
+        ``open_only``: only the records an operator may have to settle (the store's index).
+        """
         page = await self.checkpoints.list_checkpoints(
             namespace=namespace,
             key_prefix=key_prefix,
-            category=CATEGORY[namespace],
+            category=categories(namespace, open_only=open_only),
             scope=scope,
             cursor=cursor,
             limit=limit,

@@ -8,10 +8,8 @@ event is never lost (SPEC difference 8) and never run twice.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Mapping
 
-import attrs
 import trio
 
 from stores import OwnershipScope
@@ -20,28 +18,39 @@ from ..channel import (
     Action,
     Admission,
     ApprovalInput,
-    AuthorizeInput,
     Grant,
     InboundEvent,
 )
 from ..identity import ownership_from_identity
 from ..journal import (
-    NS_BINDING,
-    NS_CURSOR,
-    BindingRecord,
     CursorRecord,
     InputAttachment,
     Loaded,
     OperationInput,
     OperationRecord,
-    binding_actor_prefix,
+    OperationRef,
     bounded_claims,
-    cursor_key,
 )
+from ..journal import admit as journal_admit
 from ..redact import utf8_len
-from ._core import MAX_ID_BYTES, Core, operation_id_for
-from ._turn import start_pump
-from ._types import ActorKey, Route, Turn
+from ._approvals import admit_approval
+from ._commands import admit_command
+from ._context import (
+    AdmitContext,
+    authorize_input,
+    check_grant,
+    choose_alias,
+    current_selection,
+    denied,
+    duplicate,
+    seen_before,
+)
+from ._core import Core
+from ._ids import operation_id_for
+from ._replies import Draft, Settle, answer
+from ._routes import MAX_ID_BYTES
+from ._turn import enqueue
+from ._types import Route, Turn
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
@@ -54,18 +63,6 @@ ATTACHMENT_KINDS = frozenset({"image", "document", "voice"})
 MAX_SAFE_INTEGER = 2**53 - 1
 ADMIT_SHIELD_S = 10.0
 RESUME_GATE_S = 2.0
-
-
-@attrs.frozen
-class AdmitContext:
-    """An authorized event on its way through admission."""
-
-    event: InboundEvent
-    action: Action
-    grant: Grant
-    ownership: OwnershipScope
-    alias: str
-    operation_id: str
 
 
 def _utf8_ok(value: str) -> bool:
@@ -155,158 +152,17 @@ def classify(event: InboundEvent) -> tuple[Action, ApprovalInput | None]:
     return "message", None
 
 
-def authorize_input(event: InboundEvent, action: Action, received_at_ms: int) -> AuthorizeInput:
-    """What ``authorize`` is asked about an inbound event (admission, re-checks, resume)."""
-    return AuthorizeInput(
-        connection_id=event.connection_id,
-        external_conversation_id=event.external_conversation_id,
-        external_actor_id=event.external_actor_id,
-        event_id=event.event_id,
-        text=event.text,
-        action=action,
-        received_at_ms=received_at_ms,
-        thread_id=event.thread_id,
-        claims=event.claims,
-    )
-
-
-def check_grant(core: Core, grant: object) -> str | None:
-    """The denial reason for a grant, or None when usable (§2.2 order)."""
-    if not isinstance(grant, Grant) or grant.identity is None:
-        return "rejected"
-    if not core.active(grant.identity):
-        return "revoked"
-    aliases = grant.agent_aliases
-    if (
-        not isinstance(aliases, tuple)
-        or not aliases
-        or not all(isinstance(a, str) and a for a in aliases)
-    ):
-        return "rejected"
-    if not isinstance(grant.grant_revision, str) or not grant.grant_revision:
-        return "rejected"
-    return None
-
-
-def actor_key(event: InboundEvent, ownership: OwnershipScope) -> ActorKey:
-    return (
-        event.connection_id,
-        event.external_conversation_id,
-        event.thread_id,
-        event.external_actor_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
-    )
-
-
-async def current_selection(
-    core: Core, event: InboundEvent, ownership: OwnershipScope
-) -> str | None:
-    """The actor's ``/agent`` choice: memory first, else the binding with the newest
-    selection stamp (SPEC difference 3, durable across restarts)."""
-    key = actor_key(event, ownership)
-    if key in core.selections:
-        return core.selections[key]
-    selected: str | None = None
-    if core.journal is not None:
-        prefix = binding_actor_prefix(
-            event.connection_id,
-            ownership,
-            event.external_conversation_id,
-            event.thread_id,
-            event.external_actor_id,
-        )
-        try:
-            rows, _cursor = await core.journal.list(ownership, NS_BINDING, 500, key_prefix=prefix)
-        except Exception:
-            core.count("storage_failures")
-            return None
-        best = -1
-        for row in rows:
-            if row.scope != ownership:
-                continue
-            try:
-                record = BindingRecord.from_json(row.value)
-            except ValueError:
-                continue
-            if (
-                record.external_actor_id == event.external_actor_id
-                and record.external_conversation_id == event.external_conversation_id
-                and record.thread_id == event.thread_id
-                and record.selected_at_ms is not None
-                and record.selected_at_ms > best
-            ):
-                best = record.selected_at_ms
-                selected = record.agent_alias
-    remember_selection(core, key, selected)
-    return selected
-
-
-def remember_selection(core: Core, key: ActorKey, alias: str | None) -> bool:
-    """False when the table is full and ``key`` is new (``/agent`` answers ``capacity``)."""
-    if key in core.selections:
-        core.selections[key] = alias
-        core.selections.move_to_end(key)
-        return True
-    if len(core.selections) >= core.limits.max_routes:
-        # Cached "no selection" entries can be dropped: the journal still has the truth.
-        for old_key, old_alias in list(core.selections.items()):
-            if old_alias is None or core.journal is not None:
-                del core.selections[old_key]
-                break
-        else:
-            return False
-    core.selections[key] = alias
-    return True
-
-
-def choose_alias(grant: Grant, selection: str | None) -> str | None:
-    if selection is not None and selection in grant.agent_aliases:
-        return selection
-    alias = grant.default_agent_alias or grant.agent_aliases[0]
-    return alias if alias in grant.agent_aliases else None
-
-
-def _denied(core: Core, reason: str, hint: str | None = None) -> Admission:
-    core.count("denied")
-    return Admission("denied", reason, hint=hint)
-
-
-def duplicate(core: Core, operation_id: str) -> Admission:
-    """An event already admitted: acknowledged again, never run twice."""
-    core.count("duplicates")
-    core.count("admitted")
-    return Admission("accepted", operation_id=operation_id, duplicate=True)
-
-
-def seen_before(core: Core, connection_id: str, event_key: str) -> bool:
-    """No-journal dedup (§7 step 7): a bounded per-connection FIFO of event ids."""
-    seen = core.seen.get(connection_id)
-    if seen is None:
-        if len(core.seen) >= core.limits.max_routes:
-            return False
-        seen = OrderedDict()
-        core.seen[connection_id] = seen
-    if event_key in seen:
-        return True
-    seen[event_key] = None
-    while len(seen) > core.limits.max_seen_events_per_connection:
-        seen.popitem(last=False)
-    return False
-
-
 async def admit(core: Core, event: InboundEvent) -> Admission:
     if core.stopped:
-        return _denied(core, "stopped")
+        return denied(core, "stopped")
     if not validate_event(event):
-        return _denied(core, "malformed")
+        return denied(core, "malformed")
     if utf8_len(event.text) > core.limits.max_input_bytes:
         limit = core.limits.max_input_bytes
-        return _denied(core, "oversized", f"Message too long: at most {limit} bytes (UTF-8).")
+        return denied(core, "oversized", f"Message too long: at most {limit} bytes (UTF-8).")
     if sum(a.byte_length or 0 for a in event.attachments) > core.limits.max_attachment_bytes:
         limit = core.limits.max_attachment_bytes
-        return _denied(core, "oversized", f"Attachments too large: at most {limit} bytes in all.")
+        return denied(core, "oversized", f"Attachments too large: at most {limit} bytes in all.")
     pair = PAIR_RE.match(event.text.strip()) if event.approval is None else None
     if pair is not None and core.pairing_scope is not None and core.pairings is not None:
         scope = core.pairing_scope(event.connection_id)
@@ -317,10 +173,10 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     try:
         grant = await core.authorize(authorize_input(event, action, received))
     except Exception:
-        return _denied(core, "authorization_failed")
+        return denied(core, "authorization_failed")
     reason = check_grant(core, grant)
     if reason is not None:
-        return _denied(core, reason)
+        return denied(core, reason)
     assert isinstance(grant, Grant)
     ownership = ownership_from_identity(grant.identity)
     operation_id = operation_id_for(event.connection_id, event.event_id)
@@ -329,7 +185,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     else:
         alias_choice = choose_alias(grant, await current_selection(core, event, ownership))
         if alias_choice is None:
-            return _denied(core, "rejected")
+            return denied(core, "rejected")
         alias = alias_choice
     ctx = AdmitContext(event, action, grant, ownership, alias, operation_id)
     created: list[bool] = []
@@ -344,7 +200,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     if created:
         await core.remove_operation(ownership, event.connection_id, operation_id)
     core.count("storage_failures")
-    return _denied(core, "unavailable")
+    return denied(core, "unavailable")
 
 
 async def _admit_authorized(
@@ -372,37 +228,36 @@ async def _admit_authorized(
             # a restart; removed by the claim and by every other exit from ``accepted``.
             input=operation_input(event) if action == "message" else None,
         )
+        cursor_at = (event.connection_id, ownership)
         try:
-            created = await core.journal.create_operation(ownership, record)
+            admitted = await journal_admit(
+                core.journal, ownership, record, cursor=core.cursors.get(cursor_at), now_ms=now
+            )
         except Exception:
             core.count("storage_failures")
-            return _denied(core, "unavailable")
-        if created is None:
+            return denied(core, "unavailable")
+        if admitted.operation is None:
             return duplicate(core, operation_id)
-        op_loaded = created
+        op_loaded = admitted.operation
         created_flag.append(True)
-        await advance_cursor(core, ownership, event.connection_id, event.event_id, now)
+        remember_cursor(core, cursor_at, admitted.cursor)
     elif action != "command" and seen_before(core, event.connection_id, event.event_id):
         return duplicate(core, operation_id)
     try:
         if action == "approval":
             assert approval is not None
-            from ._approvals import admit_approval
-
             result = await admit_approval(core, ctx, approval)
-            await _settle_or_remove(core, ctx, result, command=False)
+            await _settle_or_remove(core, ctx, result)
             return result
         if action == "command":
-            from ._commands import admit_command
-
             result = await admit_command(core, ctx)
-            await _settle_or_remove(core, ctx, result, command=True)
+            await _settle_or_remove(core, ctx, result)
             return result
         return await admit_message(core, ctx, op_loaded)
     except Exception as exc:
         await core.remove_operation(ownership, event.connection_id, operation_id)
         core.count("failed")
-        return _denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
+        return denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
 
 
 def operation_input(event: InboundEvent) -> OperationInput:
@@ -419,50 +274,46 @@ def operation_input(event: InboundEvent) -> OperationInput:
     )
 
 
-async def advance_cursor(
-    core: Core, ownership: OwnershipScope, connection_id: str, event_id: str, now: int
+def remember_cursor(
+    core: Core, at: tuple[str, OwnershipScope], cursor: Loaded[CursorRecord] | None
 ) -> None:
-    """Best-effort ordering evidence: CAS from the cached version, else load and retry."""
-    assert core.journal is not None
-    key = (connection_id, ownership)
-    known = core.cursors.get(key)
-    saved = None
-    try:
-        if known is not None:
-            record = CursorRecord(known.record.admitted + 1, event_id, now)
-            saved = await core.journal.save(
-                NS_CURSOR,
-                ownership,
-                cursor_key(connection_id, ownership),
-                record,
-                expected_version=known.version,
-                fence=known.fencing_token,
-            )
-        if saved is None:
-            saved = await core.journal.advance_cursor(ownership, connection_id, event_id, now)
-    except Exception:
-        core.count("storage_failures")
-        saved = None
-    core.cursors.pop(key, None)
-    if saved is not None:
+    """Keep the cursor as stored (bounded table), so the next admission saves a read."""
+    core.cursors.pop(at, None)
+    if cursor is not None:
         if len(core.cursors) >= core.limits.max_routes:
             core.cursors.pop(next(iter(core.cursors)))
-        core.cursors[key] = saved
+        core.cursors[at] = cursor
 
 
-async def _settle_or_remove(
-    core: Core, ctx: AdmitContext, result: Admission, *, command: bool
-) -> None:
-    conn = ctx.event.connection_id
-    if result.status == "accepted":
-        ok = await core.settle_operation(
-            ctx.ownership, conn, ctx.operation_id, "succeeded", only_from=frozenset({"accepted"})
+async def _settle_or_remove(core: Core, ctx: AdmitContext, result: Admission) -> None:
+    """An answered command or approval: ``succeeded`` with its notice, in one transaction
+    before the transport is acknowledged (the notice is sent in the background); anything
+    else removes the record, so the transport's retry is admitted afresh."""
+    event = ctx.event
+    draft = None
+    if ctx.notices:
+        draft = Draft(
+            identity=ctx.grant.identity,
+            operation_id=ctx.operation_id,
+            connection_id=event.connection_id,
+            conversation_id=event.external_conversation_id,
+            thread_id=event.thread_id,
+            text=core.redact(ctx.notices[-1]),
+            kind="notice",
+            in_reply_to=event.event_id,
         )
-        if not ok and command and core.journal is not None:
-            core.count("storage_failures")
+    if result.status == "accepted":
+        settle = Settle(
+            OperationRef(ctx.ownership, event.connection_id, ctx.operation_id),
+            "succeeded",
+            only_from=frozenset({"accepted"}),
+        )
+        await answer(core, draft, ownership=ctx.ownership, settle=settle, send_later=True)
         core.count("admitted")
         return
-    await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+    if draft is not None:
+        await answer(core, draft, ownership=ctx.ownership, send_later=True)
+    await core.remove_operation(ctx.ownership, event.connection_id, ctx.operation_id)
     if result.status == "denied":
         core.count("denied")
     else:
@@ -474,7 +325,7 @@ async def admit_message(
 ) -> Admission:
     event = ctx.event
     conn = event.connection_id
-    route = core.get_route(
+    route = core.routes.route(
         conn,
         event.external_conversation_id,
         event.thread_id,
@@ -484,8 +335,8 @@ async def admit_message(
     )
     if route is None:
         await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
-        return _denied(core, "capacity")
-    with core.pinned(route):
+        return denied(core, "capacity")
+    with core.routes.pinned(route):
         return await _admit_to_route(core, ctx, op_loaded, route)
 
 
@@ -500,53 +351,37 @@ async def _admit_to_route(
         # is bounded so recovery never holds up admission for long.
         with trio.move_on_after(RESUME_GATE_S):
             await gate.wait()
-    try:
-        await core.hydrate(route, ctx.grant.identity)
-    except TypeError:
-        # The host's resolve_binding returned an unusable session id (§2.4).
-        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
-        return _denied(core, "malformed")
-    except Exception:
-        core.count("storage_failures")
-        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
-        return _denied(core, "unavailable")
-    if route.suspended:
-        core.spawn(
-            core.send_reply_kw,
-            dict(
-                identity=ctx.grant.identity,
-                ownership=ctx.ownership,
-                operation_id=ctx.operation_id,
-                connection_id=conn,
-                conversation_id=event.external_conversation_id,
-                thread_id=event.thread_id,
-                text=AWAITING_DECISION_TEXT,
-                kind="notice",
-                in_reply_to=event.event_id,
-            ),
-        )
-        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
-        return _denied(core, "awaiting_decision")
-    if (
-        len(route.queue) >= core.limits.max_pending_per_binding
-        or core.pending_total() >= core.limits.max_pending_per_process
-    ):
-        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
-        return _denied(core, "capacity")
-    route.queue.append(
-        Turn(
-            operation_id=ctx.operation_id,
-            event=event,
-            action=ctx.action,
-            grant=ctx.grant,
-            ownership=ctx.ownership,
-            alias=ctx.alias,
-            op=op_loaded,
-        )
+    turn = Turn(
+        operation_id=ctx.operation_id,
+        event=event,
+        action=ctx.action,
+        grant=ctx.grant,
+        ownership=ctx.ownership,
+        alias=ctx.alias,
+        op=op_loaded,
     )
-    core.count("admitted")
-    start_pump(core, route)
-    return Admission("accepted", operation_id=ctx.operation_id)
+    queued = await enqueue(core, route, turn, ctx.grant.identity)
+    if queued == "queued":
+        return Admission("accepted", operation_id=ctx.operation_id)
+    if queued == "suspended":
+        draft = Draft(
+            identity=ctx.grant.identity,
+            operation_id=ctx.operation_id,
+            connection_id=conn,
+            conversation_id=event.external_conversation_id,
+            thread_id=event.thread_id,
+            text=AWAITING_DECISION_TEXT,
+            kind="notice",
+            in_reply_to=event.event_id,
+        )
+        core.spawn(_answer_in_background, core, draft, ctx.ownership)
+    await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+    reason = {"suspended": "awaiting_decision", "gone": "stopped"}.get(queued, queued)
+    return denied(core, reason)
+
+
+async def _answer_in_background(core: Core, draft: Draft, ownership: OwnershipScope) -> None:
+    await answer(core, draft, ownership=ownership)
 
 
 async def handle_pairing(
@@ -558,7 +393,7 @@ async def handle_pairing(
         result = await core.pairings.consume(scope, connection_id=event.connection_id, token=token)
     except Exception:
         core.count("storage_failures")
-        return _denied(core, "unavailable")
+        return denied(core, "unavailable")
     target = result.target
     if (
         result.status != "consumed"
@@ -569,7 +404,7 @@ async def handle_pairing(
         )
     ):
         core.spawn(_pair_notice, core, event, PAIR_INVALID_TEXT)
-        return _denied(core, "rejected")
+        return denied(core, "rejected")
     try:
         grant = await core.grants.record(
             scope,
@@ -580,7 +415,7 @@ async def handle_pairing(
         )
     except Exception:
         core.count("storage_failures")
-        return _denied(core, "unavailable")
+        return denied(core, "unavailable")
     if core.on_paired is not None:
         try:
             await core.on_paired(grant)
@@ -592,9 +427,9 @@ async def handle_pairing(
 
 
 async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:
-    await core.send_reply(
+    # No owner yet: the answer to a pairing attempt is sent, not journaled.
+    draft = Draft(
         identity=None,
-        ownership=None,
         operation_id=operation_id_for(event.connection_id, event.event_id),
         connection_id=event.connection_id,
         conversation_id=event.external_conversation_id,
@@ -603,3 +438,4 @@ async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:
         kind="notice",
         in_reply_to=event.event_id,
     )
+    await answer(core, draft, ownership=None)

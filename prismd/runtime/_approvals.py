@@ -11,18 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import trio
 
 from stores import OwnershipScope
 
-from ..agents._base import Agent, Decision, RunFailedError, RunResult, RunState
+from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
 from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
-from ..identity import ownership_from_identity
-from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval
+from ..identity import AgentIdentity, ownership_from_identity
+from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRecord, OperationRef
 from ..redact import bound_detail
-from ._admit import AdmitContext, authorize_input, check_grant
+from ._context import AdmitContext, authorize_input, check_grant
 from ._core import Core
-from ._turn import CANCELLED_TEXT, EMPTY_ANSWER_TEXT, preview_sink
+from ._replies import Draft, Settle, answer
+from ._runs import outcome_of, preview_sink
 from ._types import ActiveTurn, LeaseHeldElsewhereError, Route
 
 GENERIC_DECISION_TEXT = "This request requires an authenticated host decision."
@@ -97,11 +97,13 @@ async def send_approval_notice(
     run_id: str,
     session_id: str,
     fence: int | None,
+    with_binding: bool = False,
 ) -> None:
+    """Issue fresh controls for the suspended run and send the approval notice (with the
+    route's binding in the same transaction when ``with_binding``)."""
     text, controls, meta = await issue_controls(core, route, agent, grant, run_id, session_id)
-    await core.send_reply(
+    draft = Draft(
         identity=grant.identity,
-        ownership=route.ownership,
         operation_id=operation_id,
         connection_id=route.connection_id,
         conversation_id=route.conversation_id,
@@ -110,9 +112,17 @@ async def send_approval_notice(
         kind="notice",
         in_reply_to=in_reply_to,
         controls=controls,
-        fence=fence,
         approval=meta,
     )
+    answered = await answer(
+        core,
+        draft,
+        ownership=route.ownership,
+        fence=fence,
+        binding=core.routes.binding_write(route, fence) if with_binding else None,
+    )
+    if with_binding:
+        core.routes.binding_written(route, answered.binding)
 
 
 async def reissue_controls(
@@ -163,7 +173,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
         rec, event, ctx.grant, approval.outcome
     ):
         return Admission("denied", "rejected")
-    route = core.get_route(
+    route = core.routes.route(
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
@@ -173,7 +183,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
     )
     if route is None:
         return Admission("denied", "capacity")
-    with core.pinned(route):
+    with core.routes.pinned(route):
         return await _approve_on_route(core, ctx, approval, loaded, route)
 
 
@@ -188,7 +198,7 @@ async def _approve_on_route(
     event = ctx.event
     rec = loaded.record
     try:
-        await core.hydrate(route, ctx.grant.identity)
+        await core.routes.hydrate(route, ctx.grant.identity)
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
@@ -300,7 +310,7 @@ async def resume(
     finally:
         if route.active is active:
             route.active = None
-        await core.release_if_idle(route)
+        await core.leases.release_if_idle(route)
 
 
 async def _resume(
@@ -330,18 +340,8 @@ async def _resume(
     except Exception:
         core.count("storage_failures")
         return
-    reply_kw: dict[str, Any] = dict(
-        identity=identity,
-        ownership=route.ownership,
-        operation_id=ctx.operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        kind="notice",
-        in_reply_to=ctx.event.event_id,
-    )
     try:
-        async with core.route_fence(route, wait_s=5.0) as fence:
+        async with core.leases.fence(route, wait_s=5.0) as fence:
             try:
                 result: RunResult | None = None
                 with active.cancel_scope:
@@ -378,8 +378,6 @@ async def _resume(
                 )
                 return
             if after is not None and after.status == "suspended" and result.status == "suspended":
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    await core.persist_binding(route, fence)
                 await send_approval_notice(
                     core,
                     route,
@@ -390,9 +388,10 @@ async def _resume(
                     run_id=run.run_id,
                     session_id=run.session_id,
                     fence=fence,
+                    with_binding=True,
                 )
                 return
-            await _finish_resume(core, route, run.operation_id, result, fence, reply_kw)
+            await _finish_resume(core, route, ctx, identity, run.operation_id, result, fence)
     except LeaseHeldElsewhereError:
         return
 
@@ -400,50 +399,48 @@ async def _resume(
 async def _finish_resume(
     core: Core,
     route: Route,
+    ctx: AdmitContext,
+    identity: AgentIdentity,
     original_operation_id: str,
     result: RunResult,
     fence: int | None,
-    reply_kw: dict[str, Any],
 ) -> None:
-    status = result.status
-    state = {"succeeded": "succeeded", "aborted": "cancelled"}.get(status, "failed")
-    error_code = None
-    if status == "denied":
-        error_code = "denied"
-    elif state == "failed":
-        error_code = (
-            str(result.error.code)
-            if result.error is not None and result.error.code
-            else "run_failed"
-        )
-    with trio.CancelScope(shield=True), trio.move_on_after(10):
-        await core.settle_operation(
-            route.ownership,
-            route.connection_id,
-            original_operation_id,
-            state,
-            fence=fence,
-            error_code=error_code,
-            run_id=result.run_id or None,
-        )
-        route.suspended = False
-        route.suspended_run = None
-        if result.leaf_id is not None:
-            route.leaf_id = result.leaf_id
-        await core.persist_binding(route, fence)
-    if status == "succeeded":
-        core.count("completed")
-        text = core.redact(result.text)
-        if text.strip():
-            await core.send_reply(**{**reply_kw, "kind": "final"}, text=text, fence=fence)
-        else:
-            await core.send_reply(**reply_kw, text=EMPTY_ANSWER_TEXT, fence=fence)
-    elif status == "denied":
-        await core.send_reply(**reply_kw, text=DENIED_TEXT, fence=fence)
-    elif status == "aborted":
-        core.count("cancelled")
-        await core.send_reply(**reply_kw, text=CANCELLED_TEXT, fence=fence)
-    else:
-        core.count("failed")
-        message = result.error.message if result.error is not None else None
-        await core.send_reply(**reply_kw, text=core.failure_text(message), fence=fence)
+    """Settle the suspended run's own operation as :func:`~._runs.outcome_of` says, clear
+    the suspension on the binding and answer under the approval's (or ``/cancel``'s)
+    operation — one transaction, then the send."""
+    outcome = outcome_of(core, result)
+    route.suspended = False
+    route.suspended_run = None
+    if result.leaf_id is not None:
+        route.leaf_id = result.leaf_id
+    if outcome.counter is not None:
+        core.count(outcome.counter)
+
+    def change(record: OperationRecord) -> OperationRecord:
+        code = outcome.error_code if outcome.error_code is not None else record.error_code
+        return attrs.evolve(record, error_code=code, run_id=result.run_id or record.run_id)
+
+    assert outcome.text is not None
+    draft = Draft(
+        identity=identity,
+        operation_id=ctx.operation_id,
+        connection_id=route.connection_id,
+        conversation_id=route.conversation_id,
+        thread_id=route.thread_id,
+        text=outcome.text,
+        kind=outcome.kind,
+        in_reply_to=ctx.event.event_id,
+    )
+    answered = await answer(
+        core,
+        draft,
+        ownership=route.ownership,
+        fence=fence,
+        settle=Settle(
+            OperationRef(route.ownership, route.connection_id, original_operation_id),
+            outcome.state,
+            change=change,
+        ),
+        binding=core.routes.binding_write(route, fence),
+    )
+    core.routes.binding_written(route, answered.binding)

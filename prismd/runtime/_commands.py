@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from ..channel import Admission
-from ._admit import AdmitContext, actor_key, remember_selection
+from ._approvals import cancel_suspended
+from ._context import AdmitContext, actor_key, remember_selection
 from ._core import Core
 from ._types import LeaseHeldElsewhereError, Route
 
@@ -42,26 +43,14 @@ def parse_command(text: str) -> tuple[str, str] | None:
 
 
 def notice(core: Core, ctx: AdmitContext, text: str) -> None:
-    event = ctx.event
-    core.spawn(
-        core.send_reply_kw,
-        dict(
-            identity=ctx.grant.identity,
-            ownership=ctx.ownership,
-            operation_id=ctx.operation_id,
-            connection_id=event.connection_id,
-            conversation_id=event.external_conversation_id,
-            thread_id=event.thread_id,
-            text=core.redact(text),
-            kind="notice",
-            in_reply_to=event.event_id,
-        ),
-    )
+    """The command's answer: committed with its operation's ``succeeded`` state by
+    admission, then sent (``core`` is kept for the callers' symmetry)."""
+    ctx.notices.append(text)
 
 
 def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | None:
     event = ctx.event
-    return core.get_route(
+    return core.routes.route(
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
@@ -84,13 +73,13 @@ async def admit_command(core: Core, ctx: AdmitContext) -> Admission:
     route = _route(core, ctx)
     if route is None:
         return Admission("denied", "capacity")
-    with core.pinned(route):
+    with core.routes.pinned(route):
         return await _route_command(core, ctx, route, name)
 
 
 async def _route_command(core: Core, ctx: AdmitContext, route: Route, name: str) -> Admission:
     try:
-        await core.hydrate(route, ctx.grant.identity)
+        await core.routes.hydrate(route, ctx.grant.identity)
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
@@ -116,7 +105,7 @@ async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
         # SPEC difference 3: the selection is stamped on the alias's binding, durably.
         route = _route(core, ctx, arg)
         if route is not None:
-            with core.pinned(route):
+            with core.routes.pinned(route):
                 await _stamp_selection(core, ctx, route)
     notice(core, ctx, f"Agent set to {arg}.")
     return Admission("accepted")
@@ -124,10 +113,10 @@ async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
 
 async def _stamp_selection(core: Core, ctx: AdmitContext, route: Route) -> None:
     try:
-        await core.hydrate(route, ctx.grant.identity)
+        await core.routes.hydrate(route, ctx.grant.identity)
         route.selected_at_ms = core.now_ms()
-        async with core.route_fence(route, wait_s=1.0) as fence:
-            await core.persist_binding(route, fence)
+        async with core.leases.fence(route, wait_s=1.0) as fence:
+            await core.routes.persist_binding(route, fence)
     except LeaseHeldElsewhereError:
         pass
     except Exception:
@@ -145,12 +134,14 @@ async def _new(core: Core, ctx: AdmitContext, route: Route) -> Admission:
     if core.journal is not None:
         old = (route.generation, route.session_id, route.leaf_id, route.suspended_run)
         try:
-            session_id, leaf_id = await core.derive_session(route, ctx.grant.identity, generation)
+            session_id, leaf_id = await core.routes.derive_session(
+                route, ctx.grant.identity, generation
+            )
             route.generation, route.session_id, route.leaf_id = generation, session_id, leaf_id
             route.suspended, route.suspended_run = False, None
             # SPEC difference 1: the binding was written under a fence; take the lease again.
-            async with core.route_fence(route, wait_s=1.0) as fence:
-                ok = await core.persist_binding(route, fence)
+            async with core.leases.fence(route, wait_s=1.0) as fence:
+                ok = await core.routes.persist_binding(route, fence)
         except Exception:
             ok = False
             core.count("storage_failures")
@@ -169,8 +160,6 @@ async def _new(core: Core, ctx: AdmitContext, route: Route) -> Admission:
 async def _cancel(core: Core, ctx: AdmitContext, route: Route) -> Admission:
     active = route.active
     if route.suspended and (active is None or active.state != "resuming"):
-        from ._approvals import cancel_suspended
-
         return await cancel_suspended(core, ctx, route)
     has_active = active is not None and not active.cancelled
     queued = [t for t in route.queue if not t.cancelled]

@@ -1,8 +1,8 @@
-"""Delivering journaled replies: the send step, resends, held replies, recent history.
+"""Journaled replies after their first send: resends, held replies, recent history.
 
-:func:`deliver_and_mark` is the send step of ``Core.send_reply`` (the reply is already
-staged ``pending``); :func:`resend` sends a stored reply again (``reconcile`` and the
-re-drive below); :func:`recent_replies` reads a conversation's delivered replies back.
+:func:`resend` sends a stored reply again (``reconcile`` and the re-drive below);
+:func:`recent_replies` reads a conversation's delivered replies back. A reply's first
+send is :func:`prismd.runtime._replies.answer`.
 
 A channel without a live connection to a conversation (a web chat tab that was closed)
 answers ``SendResult.hold()``; the reply record then stays ``pending`` with reason
@@ -35,18 +35,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import trio
 
 from stores import OwnershipScope
 
 from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_REPLY, Loaded, ReplyRecord, reply_key
-from ..redact import bound_detail
-from ._admit import check_grant
+from ..journal import NS_REPLY, Loaded, ReplyRecord, reclaim, reply_key
+from ._approvals import reissue_controls
+from ._context import check_grant
 from ._core import Core
-from ._replies import HELD_REASON, is_held
+from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome
 
 MAX_SCAN_PAGES = 5
 """Pages of ``max_journal_page`` reply rows read per call (newest first)."""
@@ -54,49 +53,6 @@ MAX_REDELIVER = 100
 """Held replies re-driven per reconnect; more wait for the next one."""
 MAX_HISTORY = 100
 DAY_MS = 24 * 60 * 60 * 1000
-CLAIM_BUDGET_S = 10.0
-
-
-async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
-    """Call ``deliver``: ``(state, message_id, reason)`` for ``Core.mark_reply``.
-
-    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
-    (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
-    with reason :data:`~._replies.HELD_REASON`, and no counter moves.
-    """
-    try:
-        result = await core.deliver(reply)
-    except Exception:
-        return "delivery_unknown", None, None
-    if result.held:
-        return "pending", None, HELD_REASON
-    if result.delivered:
-        core.count("deliveries")
-        return "delivered", result.message_id, None
-    core.count("delivery_failures")
-    reason = None if result.reason is None else bound_detail(str(result.reason))
-    return "delivery_failed", result.message_id, reason
-
-
-async def deliver_and_mark(
-    core: Core,
-    reply: Reply,
-    staged: Loaded[ReplyRecord] | None,
-    ownership: OwnershipScope | None,
-    fence: int | None,
-) -> str:
-    """Deliver a staged reply and mark its record (when journaled); returns the state.
-
-    Holds the conversation's delivery turn across both, so a re-drive started by a
-    reconnect meanwhile sees this reply's hold once it is marked.
-    """
-    async with core.delivery_turns.hold(reply.connection_id, reply.external_conversation_id):
-        state, message_id, reason = await deliver_once(core, reply)
-        if staged is not None and ownership is not None:
-            await core.mark_reply(
-                ownership, staged.version, staged.record, state, message_id, reason, fence
-            )
-    return state
 
 
 async def resend(
@@ -115,15 +71,14 @@ async def resend(
     """
     assert core.journal is not None
     stored = loaded.record
-    claim = attrs.evolve(stored, state="pending", reason=None, updated_at_ms=core.now_ms())
     claimed = None
-    # Shielded and bounded like mark_reply: a claim written but never followed by the
-    # send would needlessly leave the reply to the operator.
-    with trio.CancelScope(shield=True), trio.move_on_after(CLAIM_BUDGET_S):
+    # Shielded and bounded like the mark: a claim written but never followed by the send
+    # would needlessly leave the reply to the operator.
+    with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S):
         try:
             # The stored fencing token, as reconcile does: the turn that wrote the reply
             # may be long gone, and no current lease holder writes this record.
-            claimed = await core.journal.mark(scope, claim, loaded.version, loaded.fencing_token)
+            claimed = await reclaim(core.journal, scope, loaded, now_ms=core.now_ms())
         except Exception:
             core.count("storage_failures")
             return None
@@ -131,8 +86,6 @@ async def resend(
         return None
     controls: tuple[Any, ...] = ()
     if stored.approval is not None:
-        from ._approvals import reissue_controls
-
         controls = await reissue_controls(core, scope, dict(stored.approval))
     state, message_id, reason = await deliver_once(
         core,
@@ -147,11 +100,8 @@ async def resend(
             operation_id=stored.operation_id,
         ),
     )
-    fence = claimed.fencing_token
-    ok = await core.mark_reply(
-        scope, claimed.version, claimed.record, state, message_id, reason, None, fence
-    )
-    return state if ok else None
+    marked = await mark_outcome(core, scope, claimed, state, message_id, reason, None)
+    return state if marked is not None else None
 
 
 async def _owner(

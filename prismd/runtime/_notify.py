@@ -12,10 +12,14 @@ from stores import OwnershipScope, ms_to_iso
 from ..channel import Admission, AuthorizeInput, Grant
 from ..grants import missing_grant
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_BINDING, BindingRecord, OperationRecord, binding_actor_prefix
+from ..journal import NS_BINDING, BindingRecord, OperationRecord, OperationRef, binding_actor_prefix
+from ..journal import admit as journal_admit
 from ..redact import utf8_len
-from ._admit import _denied, check_grant, duplicate, seen_before
-from ._core import MAX_ID_BYTES, Core, notify_operation_id
+from ._context import check_grant, denied, duplicate, seen_before
+from ._core import Core
+from ._ids import notify_operation_id
+from ._replies import Draft, Settle, answer
+from ._routes import MAX_ID_BYTES
 from .api import PairingTicket
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
@@ -69,7 +73,7 @@ async def _candidates(
         ):
             found[(route.actor_id, route.alias, route.ownership)] = (
                 route.ownership,
-                core.binding_record(route),
+                core.routes.binding_record(route),
             )
     if core.journal is not None:
         if operator:
@@ -114,7 +118,7 @@ async def notify(
     thread_id: str | None = None,
 ) -> Admission:
     if core.stopped:
-        return _denied(core, "stopped")
+        return denied(core, "stopped")
     if (
         not isinstance(text, str)
         or not text.strip()
@@ -123,13 +127,13 @@ async def notify(
         or not _ok_id(notify_id, MAX_NOTIFY_ID_BYTES)
         or (thread_id is not None and not _ok_id(thread_id))
     ):
-        return _denied(core, "malformed")
+        return denied(core, "malformed")
     if not core.active(identity):
-        return _denied(core, "revoked")
+        return denied(core, "revoked")
     try:
         ownership = ownership_from_identity(identity)
     except Exception:
-        return _denied(core, "malformed")
+        return denied(core, "malformed")
     operator = identity.principal.kind == OPERATOR_PRINCIPAL_KIND
     try:
         found = await _candidates(
@@ -142,19 +146,19 @@ async def notify(
         )
     except Exception:
         core.count("storage_failures")
-        return _denied(core, "unavailable")
+        return denied(core, "unavailable")
     targets = sorted({(c.external_actor_id or "", scope) for scope, c in found}, key=repr)
     where = _conversation(connection_id, external_conversation_id, thread_id)
     if not targets:
         # The same answer whether the conversation exists outside the caller's scope or not.
-        return _denied(
+        return denied(
             core,
             "rejected",
             f"no {where} is bound to an agent in your scope "
             "(a conversation is bound once its user has written to the agent)",
         )
     if len(targets) > 1:
-        return _denied(
+        return denied(
             core,
             "rejected",
             f"{where} has {len(targets)} bound actors in your scope; notify needs exactly one",
@@ -176,18 +180,18 @@ async def notify(
             )
         )
     except Exception:
-        return _denied(core, "rejected", f"checking the grant of actor {actor_id!r} failed")
+        return denied(core, "rejected", f"checking the grant of actor {actor_id!r} failed")
     if check_grant(core, grant) is not None or not isinstance(grant, Grant):
-        return _denied(
+        return denied(
             core,
             "rejected",
             f"no [[grants]] entry or pairing for connection {connection_id!r} covers actor "
             f"{actor_id!r}",
         )
     if grant.notifications is not True:
-        return _denied(core, "rejected", missing_grant(connection_id, "notifications", actor_id))
+        return denied(core, "rejected", missing_grant(connection_id, "notifications", actor_id))
     if ownership_from_identity(grant.identity) != target_scope:
-        return _denied(
+        return denied(
             core,
             "rejected",
             f"the grant of actor {actor_id!r} now maps to another scope than its conversation",
@@ -196,7 +200,7 @@ async def notify(
         grant.identity.principal.kind != identity.principal.kind
         or grant.identity.principal.id != identity.principal.id
     ):
-        return _denied(
+        return denied(
             core, "rejected", f"the caller is not actor {actor_id!r} (its grant names another)"
         )
     # The notice is journaled under the bound actor's scope and sent as them, so the
@@ -214,7 +218,7 @@ async def notify(
             default = [c for c in usable if c.agent_alias == grant.default_agent_alias]
             usable = default or [max(usable, key=lambda c: c.updated_at_ms)]
     if len(usable) != 1:
-        return _denied(
+        return denied(
             core,
             "rejected",
             f"the agent bound to the {where} is not among the aliases granted to {actor_id!r}",
@@ -222,7 +226,7 @@ async def notify(
     binding = usable[0]
     alias = binding.agent_alias
     if core.pending_total() >= core.limits.max_pending_per_process:
-        return _denied(core, "capacity")
+        return denied(core, "capacity")
     operation_id = notify_operation_id(connection_id, ownership, actor_id, alias, notify_id)
     if core.journal is not None:
         now = core.now_ms()
@@ -241,17 +245,18 @@ async def notify(
             session_id=binding.session_id or None,
         )
         try:
-            created = await core.journal.create_operation(ownership, record)
+            admitted = await journal_admit(
+                core.journal, ownership, record, cursor=None, now_ms=now, with_cursor=False
+            )
         except Exception:
             core.count("storage_failures")
-            return _denied(core, "unavailable")
-        if created is None:
+            return denied(core, "unavailable")
+        if admitted.operation is None:
             return duplicate(core, operation_id)
     elif seen_before(core, connection_id, event_id):
         return duplicate(core, operation_id)
-    await core.send_reply(
+    draft = Draft(
         identity=sender,
-        ownership=ownership,
         operation_id=operation_id,
         connection_id=connection_id,
         conversation_id=external_conversation_id,
@@ -260,7 +265,13 @@ async def notify(
         kind="notice",
         in_reply_to=event_id,
     )
-    await core.settle_operation(ownership, connection_id, operation_id, "succeeded")
+    # The notice is staged with its operation's ``succeeded`` in one transaction.
+    await answer(
+        core,
+        draft,
+        ownership=ownership,
+        settle=Settle(OperationRef(ownership, connection_id, operation_id), "succeeded"),
+    )
     core.count("admitted")
     return Admission("accepted", operation_id=operation_id)
 

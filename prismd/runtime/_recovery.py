@@ -30,16 +30,20 @@ from ..journal import (
     UNRESOLVED_OPERATION_STATES,
     UNRESOLVED_REPLY_STATES,
     UNSETTLED_REPLY_STATES,
+    Change,
     Loaded,
     OperationRecord,
+    OperationRef,
     ReplyRecord,
+    maybe_answerless,
     operation_key,
     reply_key,
+    transition,
 )
 from ._core import Core
 from ._delivery import resend
 from ._replies import is_held
-from .api import PruneResult, ReconcileResult, UnresolvedEntry
+from .api import PruneResult, ReconcileResult, UnresolvedEntry, UnresolvedPage
 
 MAX_PAGES = 20
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -53,72 +57,121 @@ def _inside(caller: OwnershipScope, stored: OwnershipScope) -> bool:
 async def list_unresolved(
     core: Core, *, identity: AgentIdentity, limit: int | None = None
 ) -> list[UnresolvedEntry]:
-    """Unresolved operations and unsettled replies in the caller's scope, newest first."""
-    if core.journal is None or not core.active(identity):
-        return []
-    page = core.limits.max_journal_page
-    want = max(1, min(page if limit is None else int(limit), page))
+    """The first page of :func:`list_unresolved_page` (the contract's shape)."""
+    return list((await list_unresolved_page(core, identity=identity, limit=limit)).entries)
+
+
+_PHASES = (NS_OPERATION, NS_REPLY)
+
+
+def _encode_after(phase: int, cursor: str | None) -> str:
+    return f"{phase}:{cursor or ''}"
+
+
+def _decode_after(after: str | None) -> tuple[int, str | None] | None:
+    if after is None:
+        return 0, None
+    phase, sep, cursor = after.partition(":")
+    if not sep or phase not in ("0", "1"):
+        return None
+    return int(phase), cursor or None
+
+
+async def list_unresolved_page(
+    core: Core,
+    *,
+    identity: AgentIdentity,
+    limit: int | None = None,
+    after: str | None = None,
+) -> UnresolvedPage:
+    """Every unresolved operation and unsettled reply in the caller's scope, a page at a
+    time: first the operations an operator may have to settle, then the operations whose
+    reply is unsettled. ``next_cursor`` (pass it as ``after``) is ``None`` on the last page.
+
+    Reads the journal's open categories only (an index the store keeps with each record),
+    so the cost follows the unresolved set, not the journal's length: an ``executing``
+    record behind a million settled ones is listed. ``limit`` is clamped to
+    ``max_journal_page`` (``capped`` says so).
+    """
+    cap = core.limits.max_journal_page
+    asked = cap if limit is None else int(limit)
+    want = max(1, min(asked, cap))
+    capped = asked > cap
+    position = _decode_after(after)
+    if core.journal is None or not core.active(identity) or position is None:
+        return UnresolvedPage((), None, want, capped)
+    phase, cursor = position
     scope = ownership_from_identity(identity)
     out: list[UnresolvedEntry] = []
     try:
-        # Two scans instead of one reply load per settled operation: unresolved
-        # operations, then unsettled replies (whose operation gives the CAS version).
-        async for row in _rows(core, scope, NS_OPERATION):
-            try:
-                record = OperationRecord.from_json(row.value)
-            except ValueError:
-                continue
-            listed = record.state in UNRESOLVED_OPERATION_STATES
-            if not listed and _maybe_answerless(record):
-                # Killed between the terminal write and the reply staging: no reply row
-                # exists, so the reply scan below cannot list it; without this the answer
-                # is lost silently.
-                reply_row = await core.journal.load_reply(
-                    row.scope, record.connection_id, record.operation_id
-                )
-                listed = reply_row is None
-            if listed:
-                out.append(
-                    UnresolvedEntry(
-                        record.operation_id,
-                        record.connection_id,
-                        record.state,
-                        row.version,
-                        ms_to_iso(row.updated_at_ms),
-                    )
-                )
-                if len(out) >= want:
-                    return out
-        async for row in _rows(core, scope, NS_REPLY):
-            value = row.value
-            if not isinstance(value, dict) or value.get("state") not in UNRESOLVED_REPLY_STATES:
-                continue
-            try:
-                reply = ReplyRecord.from_json(value)
-            except ValueError:
-                continue
-            op = await core.journal.load_operation(
-                row.scope, reply.connection_id, reply.operation_id
+        while phase < len(_PHASES) and len(out) < want:
+            namespace = _PHASES[phase]
+            rows, cursor = await core.journal.list(
+                scope, namespace, want - len(out), cursor=cursor, open_only=True
             )
-            if op is None or op.record.state in UNRESOLVED_OPERATION_STATES:
-                continue
-            out.append(
-                UnresolvedEntry(
-                    op.record.operation_id,
-                    op.record.connection_id,
-                    op.record.state,
-                    op.version,
-                    ms_to_iso(op.updated_at_ms),
-                    reply_state=reply.state,
-                )
-            )
-            if len(out) >= want:
-                break
+            for row in rows:
+                if not _inside(scope, row.scope):
+                    continue
+                entry = await _unresolved_entry(core, namespace, row)
+                if entry is not None:
+                    out.append(entry)
+            if cursor is None:
+                phase, cursor = phase + 1, None
     except Exception:
         core.count("storage_failures")
-        return []
+        return UnresolvedPage((), None, want, capped)
+    next_cursor = None if phase >= len(_PHASES) else _encode_after(phase, cursor)
     out.sort(key=lambda e: e.updated_at, reverse=True)
-    return out
+    return UnresolvedPage(tuple(out), next_cursor, want, capped)
+
+
+async def _unresolved_entry(
+    core: Core, namespace: str, row: CheckpointRecord
+) -> UnresolvedEntry | None:
+    """The listing entry of one open record, or ``None`` when it is not the operator's to
+    settle after all (its operation is listed itself, or an answer exists)."""
+    assert core.journal is not None
+    if namespace == NS_OPERATION:
+        try:
+            record = OperationRecord.from_json(row.value)
+        except ValueError:
+            return None
+        if record.state not in UNRESOLVED_OPERATION_STATES:
+            if not maybe_answerless(record):
+                return None
+            # Killed between the terminal write and the reply staging (a journal written
+            # before both committed together): without a reply row nothing else lists it,
+            # and the answer would be lost silently.
+            reply_row = await core.journal.load_reply(
+                row.scope, record.connection_id, record.operation_id
+            )
+            if reply_row is not None:
+                return None
+        return UnresolvedEntry(
+            record.operation_id,
+            record.connection_id,
+            record.state,
+            row.version,
+            ms_to_iso(row.updated_at_ms),
+        )
+    value = row.value
+    if not isinstance(value, dict) or value.get("state") not in UNRESOLVED_REPLY_STATES:
+        return None
+    try:
+        reply = ReplyRecord.from_json(value)
+    except ValueError:
+        return None
+    op = await core.journal.load_operation(row.scope, reply.connection_id, reply.operation_id)
+    if op is None or op.record.state in UNRESOLVED_OPERATION_STATES:
+        return None  # listed with its operation (or nothing to reconcile it by)
+    return UnresolvedEntry(
+        op.record.operation_id,
+        op.record.connection_id,
+        op.record.state,
+        op.version,
+        ms_to_iso(op.updated_at_ms),
+        reply_state=reply.state,
+    )
 
 
 async def _rows(
@@ -224,7 +277,7 @@ async def reconcile(
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
-    if reply is None and _maybe_answerless(record):
+    if reply is None and maybe_answerless(record):
         # The answer never existed outside the dead process; the model is not re-run.
         # Flagging it handled (CAS on the expected version) takes it off the list.
         return await _mark_handled(core, scope, loaded)
@@ -243,53 +296,49 @@ async def reconcile(
     return await _resend(core, scope, record, reply)
 
 
-def _maybe_answerless(record: OperationRecord) -> bool:
-    """An agent run reached a terminal state that always answers, yet no reply was flagged.
-
-    ``cancelled`` is excluded: stop() settles queued and stuck work without an answer by design.
-    """
-    return (
-        record.kind == "message"
-        and record.state in ("succeeded", "failed")
-        and record.run_id is not None
-        and not record.reply_staged
-    )
-
-
 async def _mark_handled(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
 ) -> ReconcileResult:
-    updated = attrs.evolve(loaded.record, reply_staged=True, updated_at_ms=core.now_ms())
-    return await _resolve(core, scope, loaded, updated, "none")
+    return await _resolve(
+        core, scope, loaded, None, lambda r: attrs.evolve(r, reply_staged=True), "none"
+    )
 
 
 async def _transition(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord], state: str
 ) -> ReconcileResult:
-    updated = attrs.evolve(loaded.record, state=state, updated_at_ms=core.now_ms())
-    return await _resolve(core, scope, loaded, updated, state)
+    return await _resolve(core, scope, loaded, state, None, state)
 
 
 async def _resolve(
     core: Core,
     scope: OwnershipScope,
     loaded: Loaded[OperationRecord],
-    updated: OperationRecord,
+    to: str | None,
+    change: Change | None,
     outcome: str,
 ) -> ReconcileResult:
-    """CAS ``updated`` over ``loaded``: ``resolved`` with ``outcome``, else conflict/unavailable."""
+    """One CAS at the version the operator saw: ``resolved`` with ``outcome``, else
+    conflict (with the current version) or unavailable."""
     assert core.journal is not None
+    record = loaded.record
     try:
-        # The stored fencing token is reused so a dead holder's fence does not block this.
-        saved = await core.journal.save_operation(
-            scope, updated, loaded.version, loaded.fencing_token
+        # fence=None: the stored fencing token, so a dead holder's fence does not block it.
+        saved = await transition(
+            core.journal,
+            OperationRef(scope, record.connection_id, record.operation_id),
+            to,
+            now_ms=core.now_ms(),
+            known=loaded,
+            change=change,
+            retry=False,
         )
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
     if saved is None:
-        return await _lost_race(core, scope, loaded.record)
-    return ReconcileResult("resolved", outcome=outcome, state=updated.state)
+        return await _lost_race(core, scope, record)
+    return ReconcileResult("resolved", outcome=outcome, state=saved.record.state)
 
 
 async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> ReconcileResult:

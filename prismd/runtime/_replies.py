@@ -1,17 +1,43 @@
-"""The reply path's small parts: records that always fit the journal (contract §5 record cap,
-§9.2 persist before send), the held mark, and one send at a time per conversation."""
+"""The reply path (contract §9.2): bound the text, journal it ``pending`` — in the same
+transaction as the operation's settlement and the binding — deliver, mark the outcome.
+
+:func:`answer` is the one way a reply leaves the runtime. Persist before send: nothing is
+delivered unless its record is staged (or, without a journal, nothing is staged at all).
+The held mark and one send at a time per conversation serve channels that may hold a
+reply while the conversation has no live connection (:mod:`prismd.runtime._delivery`).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 import trio
 
-from ..journal import ReplyRecord
-from ..redact import truncate_utf8, utf8_len
+from stores import OwnershipScope
+
+from ..channel import Control, Reply
+from ..identity import AgentIdentity
+from ..journal import Change as Change
+from ..journal import (
+    Loaded,
+    OperationRecord,
+    OperationRef,
+    ReplyRecord,
+    StoredControl,
+    Write,
+    finish,
+    mark,
+)
+from ..redact import bound_detail, truncate_utf8, utf8_len
+from ._core import Core
+from ._ids import control_kind
+
+JOURNAL_BUDGET_S = 10.0
+"""Bound of the shielded journal writes of the reply path: the operation may already be
+settled, so a cancellation there (runtime torn down) would lose the answer unlisted."""
 
 
 def scrub_surrogates(text: str) -> str:
@@ -64,40 +90,242 @@ def is_held(record: ReplyRecord) -> bool:
     return record.state == "pending" and record.reason == HELD_REASON
 
 
-@attrs.define(eq=False)
-class _Turn:
-    lock: trio.Lock = attrs.field(factory=trio.Lock)
-    users: int = 0
+# --------------------------------------------------------------------------- the reply path
 
 
-@attrs.define(eq=False)
-class DeliveryTurns:
-    """One send (deliver + mark) at a time per conversation, within this process.
+@attrs.frozen
+class Draft:
+    """A reply to journal and send. ``text`` is already redacted."""
 
-    A channel may hold a reply (no live connection) and ask for its held replies when the
-    conversation reconnects. Without this a reconnect's re-drive could read the journal
-    after ``deliver`` said "hold" but before that mark was written, and the reply would
-    wait for the next reconnect. Sends hold the turn across deliver and mark, and the
-    re-drive takes it too, so it sees every hold. Entries are dropped when unused: the
-    table is bounded by the sends in flight.
+    identity: AgentIdentity | None
+    """Checked active before anything is staged (``None``: a pairing answer, no owner)."""
+    operation_id: str
+    connection_id: str
+    conversation_id: str
+    thread_id: str | None
+    text: str
+    kind: str
+    in_reply_to: str | None
+    controls: tuple[Control, ...] = ()
+    approval: Mapping[str, Any] | None = None
+    """The non-secret target of an approval notice, so a resend can issue fresh controls."""
+
+
+@attrs.frozen
+class Settle:
+    """The operation write that commits with the reply: ``ref`` moves to ``to`` (``None``:
+    state kept), from the record this runtime last wrote (``known``) when it has one."""
+
+    ref: OperationRef
+    to: str | None
+    known: Loaded[OperationRecord] | None = None
+    change: Change | None = None
+    only_from: frozenset[str] | None = None
+    """Settle only from these states (default: whatever the state machine allows)."""
+
+
+@attrs.frozen
+class Answered:
+    operation: Loaded[OperationRecord] | None = None
+    """The settled operation as stored (``None``: not written — see :func:`finish`)."""
+    binding: Loaded[Any] | None = None
+    state: str | None = None
+    """The reply's state after the send; ``None`` when nothing was sent."""
+
+
+def _only_from(settle: Settle | None) -> Callable[[OperationRecord], bool] | None:
+    states = None if settle is None else settle.only_from
+    return None if states is None else (lambda record: record.state in states)
+
+
+def _record(core: Core, draft: Draft) -> tuple[ReplyRecord, str]:
+    """The reply record (text bounded to ``max_response_bytes`` and to what fits one journal
+    record) and the text to send."""
+    bounded, cut = truncate_utf8(scrub_surrogates(draft.text), core.limits.max_response_bytes)
+    now = core.now_ms()
+    record = ReplyRecord(
+        operation_id=draft.operation_id,
+        connection_id=draft.connection_id,
+        external_conversation_id=draft.conversation_id,
+        kind=draft.kind,
+        text=bounded,
+        state="pending",
+        created_at_ms=now,
+        updated_at_ms=now,
+        thread_id=draft.thread_id,
+        controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in draft.controls),
+        approval=None if draft.approval is None else dict(draft.approval),
+    )
+    fitted = fit_record(record, core.limits.max_journal_record_bytes)
+    if cut or fitted is not record:
+        core.count("truncated")
+    return fitted, fitted.text
+
+
+async def answer(
+    core: Core,
+    draft: Draft | None,
+    *,
+    ownership: OwnershipScope | None,
+    fence: int | None = None,
+    settle: Settle | None = None,
+    binding: Write | None = None,
+    send_later: bool = False,
+) -> Answered:
+    """Commit ``settle``, ``binding`` and the staged reply in one transaction, then deliver
+    the reply and mark its outcome.
+
+    A reply whose record already settled is never sent again; a journal failure means
+    nothing is sent (counted ``storage_failures``; whatever is unresolved stays listed). A
+    draft for an identity no longer active is dropped (``failed``), the rest still commits.
+    ``ownership=None`` sends without journaling (pairing answers, which have no owner yet).
+    With ``send_later`` the journal transaction is awaited and the send runs in the
+    background (tracked for ``drain``): admission answers commands without waiting for
+    the platform.
     """
+    if draft is not None and draft.identity is not None and not core.active(draft.identity):
+        core.count("failed")
+        draft = None
+    record, text = (None, "") if draft is None else _record(core, draft)
+    staged: Loaded[ReplyRecord] | None = None
+    answered = Answered()
+    journal = core.journal
+    if journal is not None and ownership is not None:
+        if settle is None and record is None and binding is None:
+            return answered
+        ref = settle.ref if settle is not None else None
+        if ref is None:
+            assert draft is not None or binding is not None
+            ref = OperationRef(
+                ownership,
+                "" if draft is None else draft.connection_id,
+                "" if draft is None else draft.operation_id,
+            )
+        finished = None
+        with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S) as bound:
+            try:
+                finished = await finish(
+                    journal,
+                    ref,
+                    None if settle is None else settle.to,
+                    now_ms=core.now_ms(),
+                    known=None if settle is None else settle.known,
+                    fence=fence,
+                    change=None if settle is None else settle.change,
+                    binding=binding,
+                    reply=record,
+                    settle=settle is not None,
+                    allowed=_only_from(settle),
+                )
+            except Exception:
+                finished = None
+        if finished is None:
+            core.count("storage_failures")
+            return answered
+        if bound.cancelled_caught:
+            core.count("storage_failures")
+        answered = Answered(finished.operation, finished.binding)
+        staged = finished.reply
+        if staged is None:
+            return answered
+    if draft is None:
+        return answered
+    reply = Reply(
+        connection_id=draft.connection_id,
+        external_conversation_id=draft.conversation_id,
+        text=text,
+        kind="final" if draft.kind == "final" else "notice",
+        controls=draft.controls,
+        thread_id=draft.thread_id,
+        in_reply_to=draft.in_reply_to,
+        operation_id=draft.operation_id,
+    )
+    journaled = journal is not None and ownership is not None
+    staged = staged if journaled else None
+    if send_later:
+        core.spawn(_send, core, reply, staged, ownership, fence)
+        return answered
+    state = await deliver_and_mark(core, reply, staged, ownership, fence)
+    return attrs.evolve(answered, state=state)
 
-    _turns: dict[tuple[str, str], _Turn] = attrs.field(factory=dict)
 
-    @asynccontextmanager
-    async def hold(self, connection_id: str, conversation_id: str) -> AsyncIterator[None]:
-        key = (connection_id, conversation_id)
-        turn = self._turns.get(key)
-        if turn is None:
-            turn = self._turns[key] = _Turn()
-        turn.users += 1
+async def _send(
+    core: Core,
+    reply: Reply,
+    staged: Loaded[ReplyRecord] | None,
+    ownership: OwnershipScope | None,
+    fence: int | None,
+) -> None:
+    await deliver_and_mark(core, reply, staged, ownership, fence)
+
+
+async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
+    """Call ``deliver``: ``(state, message_id, reason)`` for :func:`mark_outcome`.
+
+    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
+    (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
+    with reason :data:`HELD_REASON`, and no counter moves.
+    """
+    try:
+        result = await core.deliver(reply)
+    except Exception:
+        return "delivery_unknown", None, None
+    if result.held:
+        return "pending", None, HELD_REASON
+    if result.delivered:
+        core.count("deliveries")
+        return "delivered", result.message_id, None
+    core.count("delivery_failures")
+    reason = None if result.reason is None else bound_detail(str(result.reason))
+    return "delivery_failed", result.message_id, reason
+
+
+async def deliver_and_mark(
+    core: Core,
+    reply: Reply,
+    staged: Loaded[ReplyRecord] | None,
+    ownership: OwnershipScope | None,
+    fence: int | None,
+) -> str:
+    """Deliver a staged reply and mark its record (when journaled); returns the state.
+
+    Holds the conversation's delivery turn across both, so a re-drive started by a
+    reconnect meanwhile sees this reply's hold once it is marked.
+    """
+    async with core.delivery_turns.hold(reply.connection_id, reply.external_conversation_id):
+        state, message_id, reason = await deliver_once(core, reply)
+        if staged is not None and ownership is not None:
+            await mark_outcome(core, ownership, staged, state, message_id, reason, fence)
+    return state
+
+
+async def mark_outcome(
+    core: Core,
+    ownership: OwnershipScope,
+    staged: Loaded[ReplyRecord],
+    state: str,
+    message_id: str | None,
+    reason: str | None,
+    fence: int | None,
+) -> Loaded[ReplyRecord] | None:
+    """Record a send's outcome (shielded, bounded); ``None`` and ``storage_failures`` when
+    it could not be written."""
+    assert core.journal is not None
+    saved = None
+    with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S):
         try:
-            async with turn.lock:
-                yield
-        finally:
-            turn.users -= 1
-            if turn.users == 0:
-                del self._turns[key]
-
-    def __len__(self) -> int:
-        return len(self._turns)
+            saved = await mark(
+                core.journal,
+                ownership,
+                staged,
+                state,
+                now_ms=core.now_ms(),
+                message_id=message_id,
+                reason=reason,
+                fence=fence,
+            )
+        except Exception:
+            saved = None
+    if saved is None:
+        core.count("storage_failures")
+    return saved

@@ -33,10 +33,13 @@ from stores import OwnershipScope
 
 from ..channel import AttachmentRef, Grant, InboundEvent
 from ..identity import ownership_from_identity
-from ..journal import NS_OPERATION, Loaded, OperationRecord
-from ._admit import AWAITING_DECISION_TEXT, authorize_input, check_grant
-from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
-from ._turn import start_pump
+from ..journal import NS_OPERATION, Loaded, OperationRecord, OperationRef
+from ._admit import AWAITING_DECISION_TEXT
+from ._context import authorize_input, check_grant
+from ._core import Core
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
+from ._replies import Draft, Settle, answer
+from ._turn import enqueue
 from ._types import Turn
 
 MAX_AUTHORIZE_FAILURES = 8
@@ -85,7 +88,9 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
     cursor: str | None = None
     page = max(1, core.limits.max_journal_page)
     while True:
-        rows, cursor = await core.journal.list(OwnershipScope(), NS_OPERATION, page, cursor=cursor)
+        rows, cursor = await core.journal.list(
+            OwnershipScope(), NS_OPERATION, page, cursor=cursor, open_only=True
+        )
         for row in rows:
             value = row.value
             if not isinstance(value, dict) or value.get("state") != "accepted":
@@ -164,7 +169,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         # The grant now names another owner or no longer allows the journaled agent.
         await _deny(core, loaded, "rejected")
         return "done"
-    route = core.get_route(
+    route = core.routes.route(
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
@@ -174,50 +179,55 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
     )
     if route is None:
         return "retry"
-    with core.pinned(route):
-        try:
-            await core.hydrate(route, grant.identity)
-        except Exception:
-            core.count("storage_failures")
-            return "retry"
-        if route.suspended:
-            core.spawn(
-                core.send_reply_kw,
-                dict(
-                    identity=grant.identity,
-                    ownership=ownership,
-                    operation_id=record.operation_id,
-                    connection_id=event.connection_id,
-                    conversation_id=event.external_conversation_id,
-                    thread_id=event.thread_id,
-                    text=AWAITING_DECISION_TEXT,
-                    kind="notice",
-                    in_reply_to=event.event_id,
-                ),
-            )
-            await _deny(core, loaded, "awaiting_decision")
-            return "done"
-        if (
-            len(route.queue) >= core.limits.max_pending_per_binding
-            or core.pending_total() >= core.limits.max_pending_per_process
-        ):
-            return "retry"
-        if core.stopped or _known(core, record.operation_id):
-            return "done"
-        route.queue.append(
-            Turn(
-                operation_id=record.operation_id,
-                event=event,
-                action="message",
-                grant=grant,
-                ownership=ownership,
-                alias=record.agent_alias,
-                op=loaded,
-            )
+    turn = Turn(
+        operation_id=record.operation_id,
+        event=event,
+        action="message",
+        grant=grant,
+        ownership=ownership,
+        alias=record.agent_alias,
+        op=loaded,
+    )
+    with core.routes.pinned(route):
+        queued = await enqueue(
+            core,
+            route,
+            turn,
+            grant.identity,
+            still_wanted=lambda: not _known(core, record.operation_id),
         )
-        core.count("admitted")
-        start_pump(core, route)
-    return "done"
+    if queued in ("queued", "gone"):
+        return "done"
+    if queued == "suspended":
+        # The conversation awaits a decision: this message cannot run before it; it is
+        # settled with the notice that says so, in one transaction.
+        core.count("denied")
+        draft = Draft(
+            identity=grant.identity,
+            operation_id=record.operation_id,
+            connection_id=event.connection_id,
+            conversation_id=event.external_conversation_id,
+            thread_id=event.thread_id,
+            text=AWAITING_DECISION_TEXT,
+            kind="notice",
+            in_reply_to=event.event_id,
+        )
+        settle = Settle(
+            OperationRef(ownership, record.connection_id, record.operation_id),
+            "failed",
+            known=loaded,
+            change=lambda r: attrs.evolve(r, error_code="awaiting_decision"),
+            only_from=frozenset({"accepted"}),
+        )
+        core.spawn(_answer_denied, core, draft, ownership, settle)
+        return "done"
+    return "retry"
+
+
+async def _answer_denied(
+    core: Core, draft: Draft, ownership: OwnershipScope, settle: Settle
+) -> None:
+    await answer(core, draft, ownership=ownership, settle=settle)
 
 
 async def _still_resumable(core: Core, item: _Pending) -> bool:

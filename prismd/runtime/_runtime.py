@@ -17,8 +17,10 @@ from ..journal import GrantRecord
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume
-from ._core import Core, FetchAttachment, operation_id_for
+from ._core import Core, FetchAttachment
+from ._ids import operation_id_for
 from ._leaselog import LoggedLeases
+from ._leases import DEFAULT_LEASE_IDLE_MS
 from ._types import Authorize, ResolveAgent, ResolveBinding
 from .api import (
     Diagnostics,
@@ -27,6 +29,7 @@ from .api import (
     PruneResult,
     ReconcileResult,
     UnresolvedEntry,
+    UnresolvedPage,
 )
 
 log = logging.getLogger("prismd.runtime")
@@ -91,6 +94,15 @@ class Runtime:
         self, *, identity: AgentIdentity, limit: int | None = None
     ) -> list[UnresolvedEntry]:
         return await _recovery.list_unresolved(self._core, identity=identity, limit=limit)
+
+    async def list_unresolved_page(
+        self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
+    ) -> UnresolvedPage:
+        """Every unresolved record, a page at a time (see
+        :func:`prismd.runtime._recovery.list_unresolved_page`)."""
+        return await _recovery.list_unresolved_page(
+            self._core, identity=identity, limit=limit, after=after
+        )
 
     async def reconcile(
         self,
@@ -236,7 +248,7 @@ class Runtime:
             await self._settle_stragglers()
         for route in list(core.routes.values()):
             route.lease_users = 0
-            await core.release_if_idle(route)
+            await core.leases.release_if_idle(route)
 
     async def _settle_stragglers(self) -> None:
         """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
@@ -244,7 +256,8 @@ class Runtime:
         for route in list(core.routes.values()):
             active = route.active
             turn = None if active is None else active.turn
-            if turn is None or turn.settled or turn.settled_by_stop:
+            if turn is None or turn.settled or turn.settled_by_stop or turn.finishing:
+                # A turn writing its own end already settles it (shielded, bounded).
                 continue
             turn.settled_by_stop = True
             ok = await core.settle_operation(
@@ -252,7 +265,7 @@ class Runtime:
                 turn.event.connection_id,
                 turn.operation_id,
                 "cancelled",
-                fence=core.route_fence_now(route),
+                fence=core.leases.fence_now(route),
                 error_code="cancelled_at_shutdown",
                 only_from=frozenset({"accepted", "executing"}),
             )
@@ -283,6 +296,7 @@ async def open_messaging_runtime(
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
     on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
     resume_accepted: bool = False,
+    lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS,
 ) -> AsyncIterator[Runtime]:
     """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
 
@@ -298,6 +312,10 @@ async def open_messaging_runtime(
     before running it) is queued on its route, oldest first, re-authorized, and run once
     (SPEC difference 8; see :mod:`prismd.runtime._resume`). Default False: such records
     are only listed as unresolved, as before.
+
+    ``lease_idle_ms``: a route keeps its binding lease this long after its last turn (at
+    most a third of ``lease_ttl_ms``), so a conversation's next message reuses it instead
+    of acquiring a new one; ``0`` releases as soon as the queue is empty.
     """
     async with trio.open_nursery() as nursery:
         extra = {} if owner_id is None else {"owner_id": owner_id}
@@ -312,6 +330,7 @@ async def open_messaging_runtime(
             redactor=redactor,
             clock=clock,
             reclaim_own_leases=reclaim_own_leases,
+            lease_idle_ms=lease_idle_ms,
             fetch_attachment=fetch_attachment,
             on_preview=on_preview,
             resolve_binding=resolve_binding,
@@ -320,8 +339,9 @@ async def open_messaging_runtime(
             on_typing=on_typing,
             **extra,
         )
-        if core.leases is not None:
-            core.leases = LoggedLeases(core.leases)  # every binding lease decision at DEBUG
+        if core.leases.store is not None:
+            # Every binding lease decision at DEBUG.
+            core.leases.store = LoggedLeases(core.leases.store)
         runtime = Runtime(core)
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()

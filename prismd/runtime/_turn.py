@@ -2,25 +2,31 @@
 
 What happens to a message after ``admit`` returns, top to bottom:
 
-1. the route pump takes the binding lease (retrying with bounded backoff while another
-   owner holds it — the record stays ``accepted`` and listed, SPEC difference 8);
-2. the head turn is popped; cancelled/revoked turns settle without a run;
-3. a concurrency slot is taken (FIFO);
-4. the operation is claimed ``accepted → executing`` by CAS under the lease fence, with
+1. :func:`enqueue` puts it on its route's queue (the one "admit to route", shared by
+   admission and by the resume of messages acknowledged before a restart);
+2. the route pump takes the binding lease (retrying with bounded backoff while another
+   owner holds it — the record stays ``accepted`` and listed, SPEC difference 8) and keeps
+   it across back-to-back turns, releasing it only once the route stayed idle;
+3. the head turn is popped; cancelled/revoked turns settle without a run;
+4. a concurrency slot is taken (FIFO);
+5. the operation is claimed ``accepted → executing`` by CAS under the lease fence, with
    ``attempts`` + 1 (SPEC difference 5), **before** the agent is called;
-5. the agent runs inside a cancel scope (``/cancel`` and ``stop()`` cancel it);
-6. the terminal state is written, then the binding, then the reply is staged and sent.
+6. the agent runs inside a cancel scope (``/cancel`` and ``stop()`` cancel it);
+7. :func:`finish_run`: the terminal state, the binding (when it changed) and the reply
+   staged ``pending`` commit together (:func:`prismd.journal.finish`), then the reply is
+   delivered and its outcome marked.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from ..agents._base import (
+from ..agents import (
     Agent,
     AgentInput,
     EventSink,
@@ -28,25 +34,63 @@ from ..agents._base import (
     RunFailedError,
     RunRequest,
     RunResult,
-    StreamEvent,
     TextBlock,
 )
-from ..channel import Preview
-from ..journal import OperationRecord, SuspendedRun
-from ._core import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, Core
+from ..identity import AgentIdentity
+from ..journal import OperationRecord, OperationRef, SuspendedRun, transition
+from ._approvals import issue_controls
+from ._core import Core
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
+from ._replies import Draft, Settle, answer
+from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
 from ._types import ActiveTurn, Route, Turn
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
-CANCELLED_TEXT = "Request cancelled."
 TYPING_INTERVAL_S = 4.0
 MAX_CLAIM_RETRIES = 8
 log = logging.getLogger("prismd.runtime")
-EMPTY_ANSWER_TEXT = "The request completed without a text answer."
 
 
-class _Unsupported(Exception):
-    pass
+# --------------------------------------------------------------------------- admit to route
+
+
+async def enqueue(
+    core: Core,
+    route: Route,
+    turn: Turn,
+    identity: AgentIdentity,
+    *,
+    still_wanted: Callable[[], bool] | None = None,
+) -> str:
+    """Put ``turn`` on ``route``'s queue and start its pump: ``"queued"``, or why not.
+
+    ``"suspended"`` (the route awaits a decision: the caller answers with the notice and
+    settles or removes the record), ``"capacity"`` (route or process queue full),
+    ``"malformed"`` (the host's ``resolve_binding`` returned an unusable session id),
+    ``"unavailable"`` (the binding could not be read or created), ``"gone"``
+    (``still_wanted`` said no after the binding was read). The route is hydrated first.
+    """
+    try:
+        await core.routes.hydrate(route, identity)
+    except TypeError:
+        return "malformed"
+    except Exception:
+        core.count("storage_failures")
+        return "unavailable"
+    if route.suspended:
+        return "suspended"
+    if (
+        len(route.queue) >= core.limits.max_pending_per_binding
+        or core.pending_total() >= core.limits.max_pending_per_process
+    ):
+        return "capacity"
+    if core.stopped or (still_wanted is not None and not still_wanted()):
+        return "gone"
+    route.queue.append(turn)
+    core.count("admitted")
+    start_pump(core, route)
+    return "queued"
 
 
 def start_pump(core: Core, route: Route) -> None:
@@ -57,7 +101,10 @@ def start_pump(core: Core, route: Route) -> None:
 
 
 async def pump(core: Core, route: Route) -> None:
-    """Run the route's queue in order until it is empty, then release the lease."""
+    """Run the route's queue in order until it is empty; the lease is released once the
+    route stayed idle (see :meth:`Core.release_when_idle`), or at once when the pump is
+    torn down."""
+    torn_down = False
     try:
         while route.queue:
             if core.stopped:
@@ -66,7 +113,11 @@ async def pump(core: Core, route: Route) -> None:
                 await _settle_queue_at_stop(core, route)
                 break
             head = route.queue[0]
-            if core.leasing and not head.cancelled and not await _wait_for_lease(core, route, head):
+            if (
+                core.leases.enabled
+                and not head.cancelled
+                and not await _wait_for_lease(core, route, head)
+            ):
                 continue
             if not route.queue or route.queue[0] is not head:
                 continue
@@ -81,9 +132,15 @@ async def pump(core: Core, route: Route) -> None:
                     min(LEASE_BACKOFF_START_S * 2**head.claim_failures, LEASE_BACKOFF_MAX_S)
                 )
             await execute_turn(core, route, head)
+    except trio.Cancelled:
+        torn_down = True
+        raise
     finally:
         route.pumping = False
-        await core.release_if_idle(route)
+        if torn_down or core.stopped:
+            await core.leases.release_if_idle(route)
+        else:
+            await core.leases.release_when_idle(route)
 
 
 async def _refresh_binding(core: Core, route: Route) -> None:
@@ -95,7 +152,7 @@ async def _refresh_binding(core: Core, route: Route) -> None:
         return
     loaded = await core.journal.load_binding(route.ownership, route.binding_key)
     if loaded is not None and loaded.version != route.binding_version:
-        core.apply_binding(route, loaded.version, loaded.record)
+        core.routes.apply_binding(route, loaded.version, loaded.record)
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:
@@ -107,7 +164,7 @@ async def _settle_queue_at_stop(core: Core, route: Route) -> None:
             core.count("cancelled")
         if not turn.settled:
             turn.cancelled = True
-            await settle_turn(core, turn, "cancelled", "cancelled_at_shutdown", None)
+            await end_turn(core, route, turn, "cancelled", "cancelled_at_shutdown", None)
 
 
 async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
@@ -119,7 +176,7 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
         if not route.queue or route.queue[0] is not head or head.cancelled or core.stopped:
             return False
         try:
-            lease = await core.ensure_lease(route)
+            lease = await core.leases.ensure(route)
         except Exception:
             core.count("storage_failures")
             lease = None
@@ -132,71 +189,73 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
         delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
 
 
-_UNSETTLED = frozenset({"accepted", "executing"})
+# --------------------------------------------------------------------------- ending a turn
 
 
-async def settle_turn(
-    core: Core, turn: Turn, state: str, error_code: str | None, fence: int | None, **extra: Any
+def _ref(turn: Turn) -> OperationRef:
+    return OperationRef(turn.ownership, turn.event.connection_id, turn.operation_id)
+
+
+async def end_turn(
+    core: Core,
+    route: Route,
+    turn: Turn,
+    state: str,
+    error_code: str | None,
+    fence: int | None,
+    text: str | None = None,
+    *,
+    kind: str = "notice",
+    controls: tuple[Any, ...] = (),
+    approval: dict[str, Any] | None = None,
+    with_binding: bool = False,
+    **extra: Any,
 ) -> None:
-    """Write the turn's terminal state: CAS from the version this runtime last wrote,
-    else load and retry (bounded, shielded: a cancelled turn still settles durably)."""
+    """Settle the turn's operation in ``state`` and, when ``text`` is given, answer it —
+    one journal transaction (with the route's binding when ``with_binding``), then the send.
+
+    Only from a state the turn can have left it in (:data:`prismd.journal.OPERATION_FLOW`):
+    an operator may have filed the claimed record meanwhile (``execution_unknown``), and a
+    late result never undoes that. ``extra`` sets ``run_id`` / ``session_id`` when given.
+    """
     if turn.settled_by_stop:
         return
-    with trio.CancelScope(shield=True), trio.move_on_after(10):
-        known = turn.op
-        if core.journal is not None and known is not None:
-            changes = {k: v for k, v in extra.items() if v is not None}
-            updated = attrs.evolve(
-                known.record,
-                state=state,
-                error_code=error_code if error_code is not None else known.record.error_code,
-                updated_at_ms=core.now_ms(),
-                **changes,
-            )
-            try:
-                saved = await core.journal.save_operation(
-                    turn.ownership, updated, known.version, fence
-                )
-            except Exception:
-                saved = None
-            if saved is not None:
-                turn.op = saved
-                turn.settled = True
-                return
-        turn.op = None
-        # Only from a state this turn can have left it in: an operator may have filed the
-        # claimed record meanwhile (``execution_unknown``); a late result never undoes that.
-        await core.settle_operation(
-            turn.ownership,
-            turn.event.connection_id,
-            turn.operation_id,
-            state,
-            fence=fence,
-            error_code=error_code,
-            only_from=_UNSETTLED,
-            **extra,
+    turn.finishing = True
+    changes = {k: v for k, v in extra.items() if v is not None}
+
+    def change(record: OperationRecord) -> OperationRecord:
+        code = error_code if error_code is not None else record.error_code
+        return attrs.evolve(record, error_code=code, **changes)
+
+    draft = None
+    if text is not None:
+        draft = Draft(
+            identity=turn.grant.identity,
+            operation_id=turn.operation_id,
+            connection_id=route.connection_id,
+            conversation_id=route.conversation_id,
+            thread_id=route.thread_id,
+            text=text,
+            kind=kind,
+            in_reply_to=turn.event.event_id,
+            controls=controls,
+            approval=approval,
         )
-    turn.settled = True
-
-
-async def turn_notice(
-    core: Core, route: Route, turn: Turn, text: str, fence: int | None, kind: str = "notice"
-) -> None:
-    if turn.settled_by_stop:
-        return
-    await core.send_reply(
-        identity=turn.grant.identity,
+    answered = await answer(
+        core,
+        draft,
         ownership=turn.ownership,
-        operation_id=turn.operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        text=text,
-        kind=kind,
-        in_reply_to=turn.event.event_id,
         fence=fence,
-        known_op=turn.op,
+        settle=Settle(_ref(turn), state, known=turn.op, change=change),
+        binding=core.routes.binding_write(route, fence) if with_binding else None,
     )
+    turn.op = answered.operation
+    turn.settled = True
+    if with_binding:
+        core.routes.binding_written(route, answered.binding)
+
+
+# --------------------------------------------------------------------------- running a turn
 
 
 async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
@@ -206,15 +265,17 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             turn.cancel_counted = True
             core.count("cancelled")
         if not turn.settled:
-            await settle_turn(core, turn, "cancelled", "cancelled_before_start", None)
-        if not core.stopped:
-            await turn_notice(
-                core, route, turn, CANCELLED_BEFORE_START, core.route_fence_now(route)
-            )
+            text = None if core.stopped else CANCELLED_BEFORE_START
+            await end_turn(core, route, turn, "cancelled", "cancelled_before_start", None, text)
+        elif not core.stopped:
+            # Settled by /cancel while queued: only the notice is left to send.
+            await _notice(core, route, turn, CANCELLED_BEFORE_START, core.leases.fence_now(route))
         return
     if not core.active(identity):
         core.count("denied")
-        await settle_turn(core, turn, "failed", "identity_revoked", core.route_fence_now(route))
+        await end_turn(
+            core, route, turn, "failed", "identity_revoked", core.leases.fence_now(route)
+        )
         return
     active = ActiveTurn(state="waiting", turn=turn)
     route.active = active
@@ -234,13 +295,27 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         route.active = None
 
 
+async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:
+    """A notice for a turn whose operation is already settled."""
+    draft = Draft(
+        identity=turn.grant.identity,
+        operation_id=turn.operation_id,
+        connection_id=route.connection_id,
+        conversation_id=route.conversation_id,
+        thread_id=route.thread_id,
+        text=text,
+        kind="notice",
+        in_reply_to=turn.event.event_id,
+    )
+    await answer(core, draft, ownership=turn.ownership, fence=fence)
+
+
 async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
     if not turn.cancel_counted:
         turn.cancel_counted = True
         core.count("cancelled")
-    await settle_turn(core, turn, "cancelled", "cancelled_while_queued", None)
-    if not active.stopping:
-        await turn_notice(core, route, turn, CANCELLED_BEFORE_START, None)
+    text = None if active.stopping else CANCELLED_BEFORE_START
+    await end_turn(core, route, turn, "cancelled", "cancelled_while_queued", None, text)
 
 
 async def _cancelled_before_claim(
@@ -250,17 +325,18 @@ async def _cancelled_before_claim(
         turn.cancel_counted = True
         core.count("cancelled")
     if active.stopping or core.stopped:
-        await settle_turn(core, turn, "cancelled", "cancelled_at_shutdown", fence)
+        await end_turn(core, route, turn, "cancelled", "cancelled_at_shutdown", fence)
         return
-    await settle_turn(core, turn, "cancelled", "cancelled_before_start", fence)
-    await turn_notice(core, route, turn, CANCELLED_TEXT, fence)
+    await end_turn(core, route, turn, "cancelled", "cancelled_before_start", fence, CANCELLED_TEXT)
 
 
 async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
     identity = turn.grant.identity
     if not core.active(identity):
         core.count("denied")
-        await settle_turn(core, turn, "failed", "identity_revoked", core.route_fence_now(route))
+        await end_turn(
+            core, route, turn, "failed", "identity_revoked", core.leases.fence_now(route)
+        )
         return
     # A fresh scope for the run itself: a cancel that arrived while waiting is honoured.
     run_scope = trio.CancelScope()
@@ -268,7 +344,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         run_scope.cancel()
     active.cancel_scope = run_scope
     active.state = "running"
-    fence = core.route_fence_now(route)
+    fence = core.leases.fence_now(route)
     in_agent = False
     try:
         agent = await core.resolve_agent(route, identity)
@@ -276,11 +352,12 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             agent_input = await build_input(core, agent, turn)
         except _Unsupported:
             core.count("unsupported")
-            await settle_turn(core, turn, "failed", "unsupported_media", fence)
-            await turn_notice(core, route, turn, UNSUPPORTED_MEDIA_TEXT, fence)
+            await end_turn(
+                core, route, turn, "failed", "unsupported_media", fence, UNSUPPORTED_MEDIA_TEXT
+            )
             return
         if route.session_id is None:
-            route.session_id, route.leaf_id = await core.derive_session(
+            route.session_id, route.leaf_id = await core.routes.derive_session(
                 route, identity, route.generation
             )
         if active.cancelled or core.stopped:
@@ -288,13 +365,13 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             # fetching media, deriving the session): no agent call at all.
             await _cancelled_before_claim(core, route, turn, active, fence)
             return
-        if core.leasing:
+        if core.leases.enabled:
             # The claim is written only under a live lease fence. Lost meanwhile (renewal
             # failed, taken over)? The turn goes back to the head of the queue, still
             # ``accepted``, and the pump waits for the lease again (SPEC difference 8).
             lease = None
             try:
-                lease = await core.ensure_lease(route)
+                lease = await core.leases.ensure(route)
             except Exception:
                 core.count("storage_failures")
             if lease is None:
@@ -329,14 +406,93 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             result = RunResult(status="aborted", text="", run_id="", session_id=request.session_id)
     except Exception as exc:
         core.count("failed")
-        code = "runtime_error"
-        await settle_turn(core, turn, "failed", code, fence)
         # Only the agent's own error message is shown (redacted); a host seam's
         # (resolve_agent, fetch_attachment, resolve_binding) may carry URLs or paths.
         detail = str(exc) if in_agent else None
-        await turn_notice(core, route, turn, core.failure_text(detail), fence)
+        await end_turn(
+            core, route, turn, "failed", "runtime_error", fence, core.failure_text(detail)
+        )
         return
     await finish_run(core, route, turn, agent, result, fence)
+
+
+async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
+    """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run.
+
+    ``"claimed"``; ``"lost"`` (the record is no longer ``accepted``: someone else's);
+    ``"retry"`` (a store error: whether the write landed is unknown, so the caller may
+    retry — the retry is again a CAS from ``accepted``, never a second run).
+    """
+    if core.journal is None:
+        return "claimed"
+
+    def claimed(record: OperationRecord) -> OperationRecord:
+        return attrs.evolve(record, attempts=record.attempts + 1, session_id=route.session_id)
+
+    try:
+        saved = await transition(
+            core.journal,
+            _ref(turn),
+            "executing",
+            now_ms=core.now_ms(),
+            known=turn.op,
+            fence=fence,
+            change=claimed,
+            allowed=lambda record: record.state == "accepted",
+        )
+    except Exception:
+        core.count("storage_failures")
+        turn.op = None
+        return "retry"
+    if saved is None:
+        core.count("storage_failures")
+        return "lost"
+    turn.op = saved
+    return "claimed"
+
+
+async def finish_run(
+    core: Core, route: Route, turn: Turn, agent: Agent, result: RunResult, fence: int | None
+) -> None:
+    """Settle the operation as :func:`~._runs.outcome_of` says, with the binding and the
+    answer in the same transaction, then send the answer (§9.1 steps 9–11)."""
+    if turn.settled_by_stop:
+        # stop() already settled this operation ``cancelled`` after its deadline.
+        return
+    outcome = outcome_of(core, result)
+    if result.status == "suspended":
+        route.suspended = True
+        route.suspended_run = SuspendedRun(turn.operation_id, result.run_id, result.session_id)
+    elif result.leaf_id is not None:
+        route.leaf_id = result.leaf_id
+    if outcome.counter is not None:
+        core.count(outcome.counter)
+    text = outcome.text
+    controls: tuple[Any, ...] = ()
+    approval: dict[str, Any] | None = None
+    if result.status == "suspended":
+        text, controls, approval = await issue_controls(
+            core, route, agent, turn.grant, result.run_id, result.session_id
+        )
+    await end_turn(
+        core,
+        route,
+        turn,
+        outcome.state,
+        outcome.error_code,
+        fence,
+        text,
+        kind=outcome.kind,
+        controls=controls,
+        approval=approval,
+        with_binding=True,
+        run_id=result.run_id or None,
+        session_id=result.session_id or None,
+    )
+
+
+class _Unsupported(Exception):
+    pass
 
 
 async def _run_agent(
@@ -383,157 +539,6 @@ async def typing_loop(core: Core, route: Route) -> None:
             except Exception as exc:
                 log.warning("typing callback failed: %s", type(exc).__name__)
         await trio.sleep_until(next_at)
-
-
-async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
-    """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run.
-
-    ``"claimed"``; ``"lost"`` (the record is no longer ``accepted``: someone else's);
-    ``"retry"`` (a store error: whether the write landed is unknown, so the caller may
-    retry — the retry is again a CAS from ``accepted``, never a second run).
-    """
-    if core.journal is None:
-        return "claimed"
-
-    def claimed(record: OperationRecord) -> OperationRecord:
-        return attrs.evolve(
-            record,
-            state="executing",
-            attempts=record.attempts + 1,
-            session_id=route.session_id,
-            updated_at_ms=core.now_ms(),
-        )
-
-    try:
-        saved = None
-        known = turn.op
-        if known is not None and known.record.state == "accepted":
-            saved = await core.journal.save_operation(
-                turn.ownership, claimed(known.record), known.version, fence
-            )
-        if saved is None:
-            loaded = await core.journal.load_operation(
-                turn.ownership, turn.event.connection_id, turn.operation_id
-            )
-            if loaded is None or loaded.record.state != "accepted":
-                core.count("storage_failures")
-                return "lost"
-            saved = await core.journal.save_operation(
-                turn.ownership, claimed(loaded.record), loaded.version, fence
-            )
-    except Exception:
-        core.count("storage_failures")
-        turn.op = None
-        return "retry"
-    if saved is None:
-        core.count("storage_failures")
-        return "lost"
-    turn.op = saved
-    return "claimed"
-
-
-async def finish_run(
-    core: Core, route: Route, turn: Turn, agent: Agent, result: RunResult, fence: int | None
-) -> None:
-    """Settle the operation, persist the binding, then answer (§9.1 steps 9–11)."""
-    if turn.settled_by_stop:
-        # stop() already settled this operation ``cancelled`` after its deadline.
-        return
-    status = result.status
-    if status == "suspended":
-        route.suspended = True
-        route.suspended_run = SuspendedRun(turn.operation_id, result.run_id, result.session_id)
-    elif result.leaf_id is not None:
-        route.leaf_id = result.leaf_id
-    state = {
-        "succeeded": "succeeded",
-        "aborted": "cancelled",
-        "suspended": "suspended",
-    }.get(status, "failed")
-    error_code = None
-    if state == "failed":
-        error_code = (
-            str(result.error.code)
-            if result.error is not None and result.error.code
-            else "run_failed"
-        )
-    await settle_turn(
-        core,
-        turn,
-        state,
-        error_code,
-        fence,
-        run_id=result.run_id or None,
-        session_id=result.session_id or None,
-    )
-    with trio.CancelScope(shield=True), trio.move_on_after(10):
-        await core.persist_binding(route, fence)
-    if status == "succeeded":
-        core.count("completed")
-        text = core.redact(result.text)
-        if not text.strip():
-            await turn_notice(core, route, turn, EMPTY_ANSWER_TEXT, fence)
-        else:
-            await turn_notice(core, route, turn, text, fence, kind="final")
-    elif status == "aborted":
-        core.count("cancelled")
-        await turn_notice(core, route, turn, CANCELLED_TEXT, fence)
-    elif status == "suspended":
-        core.count("suspended")
-        from ._approvals import send_approval_notice
-
-        await send_approval_notice(
-            core,
-            route,
-            agent,
-            grant=turn.grant,
-            operation_id=turn.operation_id,
-            in_reply_to=turn.event.event_id,
-            run_id=result.run_id,
-            session_id=result.session_id,
-            fence=fence,
-        )
-    else:
-        core.count("failed")
-        message = result.error.message if result.error is not None else None
-        await turn_notice(core, route, turn, core.failure_text(message), fence)
-
-
-def preview_sink(core: Core, route: Route, active: ActiveTurn) -> EventSink | None:
-    """Previews (§9.3): cumulative redacted text of the current assistant message."""
-    on_preview = core.on_preview
-    if on_preview is None:
-        return None
-    acc: list[str] = []
-    current: list[str] = [""]
-
-    def sink(event: StreamEvent) -> None:
-        if event.kind == "message_started":
-            acc.clear()
-            current[0] = event.run_id
-            return
-        if event.kind != "message_delta":
-            return
-        if current[0] and event.run_id and event.run_id != current[0]:
-            return
-        acc.append(event.text)
-        text = core.redact("".join(acc))
-        if not text.strip() or active.cancelled or core.stopped:
-            return
-        try:
-            on_preview(
-                Preview(
-                    connection_id=route.connection_id,
-                    external_conversation_id=route.conversation_id,
-                    text=text,
-                    thread_id=route.thread_id,
-                )
-            )
-        except Exception:
-            # The host's preview callback must never break a turn.
-            pass
-
-    return sink
 
 
 async def build_input(core: Core, agent: Agent, turn: Turn) -> AgentInput:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Literal, TypeAlias
 
 import attrs
@@ -11,10 +12,10 @@ import trio
 
 from stores import LeaseRecord, OwnershipScope
 
-from ..agents._base import Agent
+from ..agents import Agent
 from ..channel import Action, AuthorizeInput, Grant, InboundEvent
 from ..identity import AgentIdentity
-from ..journal import Loaded, OperationRecord, SuspendedRun
+from ..journal import BindingRecord, Loaded, OperationRecord, SuspendedRun
 
 
 @attrs.frozen
@@ -72,6 +73,8 @@ class Turn:
     cancel_counted: bool = False
     settled: bool = False
     claim_failures: int = 0
+    finishing: bool = False
+    """The turn is writing its own end (settlement + answer): ``stop()`` leaves it alone."""
     settled_by_stop: bool = False
     """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
     ran: a late result is discarded (no second terminal write, no reply)."""
@@ -114,6 +117,8 @@ class Route:
     queue: deque[Turn] = attrs.field(factory=deque)
     hydrated: bool = False
     binding_version: int = 0
+    binding_stored: BindingRecord | None = None
+    """The binding as last read or written: a turn writes it again only when it changed."""
     session_id: str | None = None
     leaf_id: str | None = None
     generation: int = 0
@@ -125,6 +130,9 @@ class Route:
     lease: LeaseRecord | None = None
     lease_users: int = 0
     renewing: bool = False
+    release_at: float | None = None
+    """When the idle route's lease is due for release (Trio time); ``None``: no release is
+    scheduled. Back-to-back turns keep the lease instead of releasing and re-acquiring it."""
     lease_fresh: bool = False
     """The lease was newly acquired (not renewed): another runtime may have written the
     binding since this process hydrated it; the pump re-reads it before the next turn."""
@@ -153,3 +161,42 @@ class Route:
 
 class LeaseHeldElsewhereError(Exception):
     """The route's binding lease is held by another owner right now."""
+
+
+@attrs.define(eq=False)
+class _Turn:
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    users: int = 0
+
+
+@attrs.define(eq=False)
+class DeliveryTurns:
+    """One send (deliver + mark) at a time per conversation, within this process.
+
+    A channel may hold a reply (no live connection) and ask for its held replies when the
+    conversation reconnects. Without this a reconnect's re-drive could read the journal
+    after ``deliver`` said "hold" but before that mark was written, and the reply would
+    wait for the next reconnect. Sends hold the turn across deliver and mark, and the
+    re-drive takes it too, so it sees every hold. Entries are dropped when unused: the
+    table is bounded by the sends in flight.
+    """
+
+    _turns: dict[tuple[str, str], _Turn] = attrs.field(factory=dict)
+
+    @asynccontextmanager
+    async def hold(self, connection_id: str, conversation_id: str) -> AsyncIterator[None]:
+        key = (connection_id, conversation_id)
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = _Turn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if turn.users == 0:
+                del self._turns[key]
+
+    def __len__(self) -> int:
+        return len(self._turns)

@@ -29,6 +29,18 @@ class UnresolvedEntry:
 
 
 @attrs.frozen
+class UnresolvedPage:
+    """A page of ``list_unresolved_page``: pass ``next_cursor`` as ``after`` for the next
+    (``None``: this was the last page). ``limit`` is the page size used, ``capped`` whether
+    the one asked for was above ``max_journal_page``."""
+
+    entries: tuple[UnresolvedEntry, ...]
+    next_cursor: str | None
+    limit: int
+    capped: bool = False
+
+
+@attrs.frozen
 class ReconcileResult:
     status: ReconcileStatus
     outcome: str | None = None
@@ -106,6 +118,10 @@ class MessagingRuntime(Protocol):
     async def list_unresolved(
         self, *, identity: AgentIdentity, limit: int | None = None
     ) -> list[UnresolvedEntry]: ...
+
+    async def list_unresolved_page(
+        self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
+    ) -> UnresolvedPage: ...
 
     async def reconcile(
         self,

@@ -13,6 +13,7 @@ import attrs
 import pytest
 
 import prismd.daemon._config as config_module
+from adapters import kinds
 from prismd.daemon._config import ConfigError, check_runnable, load_config
 
 from .helpers import REPO
@@ -276,9 +277,9 @@ def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="not available in this build yet") as info:
         check_runnable(config, env={})
     assert info.value.key == "[[connections]][2].kind"
-    monkeypatch.setattr(
-        config_module, "CONNECTION_KINDS", {**config_module.CONNECTION_KINDS, "signal": True}
-    )
+    # Availability lives with the kind (adapters.kinds): a kind is built once it has a builder.
+    built = attrs.evolve(kinds.CONNECTION_KINDS["signal"], build=lambda *_a: None)
+    monkeypatch.setattr(kinds, "CONNECTION_KINDS", {**kinds.CONNECTION_KINDS, "signal": built})
     check_runnable(config, env={})
 
     # PostgreSQL is built: its entry is on, and turning it off is all that refuses it.
@@ -290,4 +291,4 @@ def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="not available in this build yet"):
         check_runnable(config, env={})
     # Every kind the config format knows is in the table (a new kind cannot skip it).
-    assert set(config_module.CONNECTION_KINDS) == {"telegram", "signal", "webchat"}
+    assert set(kinds.CONNECTION_KINDS) == {"telegram", "signal", "webchat"}

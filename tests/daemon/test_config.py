@@ -538,7 +538,7 @@ def test_every_accepted_telegram_poll_timeout_builds_an_adapter() -> None:
     """``check-config`` must not accept what the adapter refuses at start-up: the config
     took ``poll_timeout_s = 0`` while the adapter needs 1..50, so a checked config crashed
     ``prismd run``."""
-    from adapters.telegram._adapter import TelegramAdapter
+    from adapters.telegram import TelegramAdapter
     from prismd.channel import Admission
     from stores.memory import MemoryStore
 

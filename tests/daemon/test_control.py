@@ -17,16 +17,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import hypothesis
 import pytest
 import trio
-from hypothesis import strategies as st
 
 from prismd.control._server import (
     ControlHandler,
     ControlSocketError,
     ControlSocketInUseError,
-    _parse_request,
     pairing_aliases_from_grants,
     serve_control,
     to_wire,
@@ -713,17 +710,6 @@ async def test_without_group_the_socket_is_unreachable_for_others(shared_dir: Pa
 
 
 # ---------------------------------------------------------------- fuzzing the framing
-
-
-@hypothesis.given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
-@hypothesis.settings(max_examples=200, deadline=None)
-def test_parse_request_never_raises(line: bytes) -> None:
-    outcome = _parse_request(line)
-    if isinstance(outcome, bytes):
-        message = json.loads(outcome)
-        assert message["jsonrpc"] == "2.0"
-        assert message["error"]["code"] in (-32700, -32600, -32602)
-        assert outcome.endswith(b"\n") and outcome.count(b"\n") == 1
 
 
 async def test_random_lines_each_get_one_answer(tmp_path: Path) -> None:

@@ -433,8 +433,10 @@ async def test_daemon_serves_its_metrics_as_a_supervised_child(tmp_path: Path) -
         )
         assert value(found, "prismd_leases_held", kind="receiver") == 0
         assert value(found, "prismd_leases_held", kind="binding") in (0, 1)
-        saves = value(found, "prismd_store_call_seconds_count", operation="save_checkpoint")
-        assert saves is not None and saves >= 3  # operation record, claim, reply at least
+        # The journal writes through the batch API: the operation record, the claim and the
+        # settlement with its reply at least, each one store call.
+        writes = value(found, "prismd_store_call_seconds_count", operation="write_checkpoints")
+        assert writes is not None and writes >= 3
         assert "metrics-actor-1" not in (await scrape(url)).text
 
     assert await _run_daemon(daemon, body) == [0]

@@ -120,6 +120,10 @@ async def test_crashing_adapter_is_restarted_and_the_daemon_stays_up(
             self.inner = inner
             self.runs = 0
 
+        def __getattr__(self, name: str) -> Any:
+            # The rest of the adapter protocol (features, aclose…) is the real adapter's.
+            return getattr(self.inner, name)
+
         @property
         def connection_id(self) -> str:
             return str(self.inner.connection_id)
@@ -221,6 +225,10 @@ async def test_an_adapter_crashing_too_often_ends_the_daemon_with_exit_1(
     class AlwaysCrash:
         def __init__(self, inner: Any) -> None:
             self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            # The rest of the adapter protocol (features, aclose…) is the real adapter's.
+            return getattr(self.inner, name)
 
         @property
         def connection_id(self) -> str:

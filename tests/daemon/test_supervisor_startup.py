@@ -319,6 +319,10 @@ async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
         def __init__(self, inner: Any) -> None:
             self.inner = inner
 
+        def __getattr__(self, name: str) -> Any:
+            # The rest of the adapter protocol (features, aclose…) is the real adapter's.
+            return getattr(self.inner, name)
+
         @property
         def connection_id(self) -> str:
             return str(self.inner.connection_id)

@@ -10,7 +10,15 @@ import pytest
 import trio
 
 from adapters.webchat._adapter import WebchatAdapter
-from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.channel import (
+    NO_FEATURES,
+    AdapterFeatures,
+    AttachmentRef,
+    InboundEvent,
+    Preview,
+    Reply,
+    SendResult,
+)
 from prismd.daemon._config import ConfigError, parse_config
 from prismd.daemon._daemon import Daemon
 from prismd.daemon._statedir import locked_state_dir
@@ -30,13 +38,30 @@ def _reply(connection: str) -> Reply:
 
 class FakeAdapter:
     connection_id = "web"
+    features = NO_FEATURES
+    receiver_lease_held = False
 
     def __init__(self) -> None:
         self.sent: list[Reply] = []
+        self.asked: list[str] = []
 
     async def send(self, reply: Reply) -> SendResult:
         self.sent.append(reply)
         return SendResult(delivered=True, message_id="1")
+
+    # What an adapter without optional features offers: the host must not call them.
+    def send_draft(self, preview: Preview) -> None:
+        self.asked.append("send_draft")
+
+    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+        self.asked.append("send_typing")
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> object:
+        self.asked.append("fetch_attachment")
+        return b"not mine"
+
+    async def aclose(self) -> None:
+        self.asked.append("aclose")
 
 
 async def test_agents_are_built_per_alias_with_the_store() -> None:
@@ -180,9 +205,9 @@ async def test_unavailable_connection_kind_is_a_clear_startup_error(
 
 
 async def test_previews_and_attachments_route_to_adapters_that_support_them() -> None:
-    from prismd.channel import AttachmentRef, Preview
-
     class Drafting(FakeAdapter):
+        features = AdapterFeatures(previews=True, typing=True, attachments=True)
+
         def __init__(self) -> None:
             super().__init__()
             self.drafts: list[Preview] = []
@@ -213,11 +238,21 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
     assert [p.text for p in drafting.drafts] == ["partial", "boom"]
     assert await host.fetch_attachment(AttachmentRef("image", "mine")) == b"bytes"
     assert await host.fetch_attachment(AttachmentRef("image", "other")) is None
+    # A ref names its connection: only that adapter is asked, and only if it fetches files.
+    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="tg")) == (
+        b"bytes"
+    )
+    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="web")) is None
+    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="x")) is None
     assert host.has_typing()
     await host.typing("tg", "101", "7")
     await host.typing("web", "c", None)
     await host.typing("nope", "c", None)
     assert drafting.typing == [("101", "7")]
+    # The adapter without features was never asked for one (declared, not probed).
+    assert host.adapters["web"].asked == []  # type: ignore[attr-defined]
+    await host.aclose()
+    assert drafting.asked == ["aclose"]
 
 
 async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path: Path) -> None:

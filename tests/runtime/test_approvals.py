@@ -291,6 +291,8 @@ async def test_failed_lease_release_is_counted_retried_and_recovered(
         assert (await h.runtime.admit(event("1", "hello"))).status == "accepted"
         await h.settle()
         assert h.last().text == "hello"
+        # The idle route gives its lease back after lease_idle_ms (virtual time here).
+        await trio.sleep(2)
         assert h.runtime.diagnostics().storage_failures == 1  # 46
         await h.runtime.stop()
         # 47: the failed release was retried at stop with the same token.

@@ -13,7 +13,7 @@ import trio.testing
 from prismd.identity import ownership_from_identity
 from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, operation_key
 from prismd.limits import Limits
-from prismd.runtime._core import operation_id_for
+from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 
 from .harness import Host, StoreFactory, TrioClock, event, grant, identity, runtime
@@ -30,7 +30,8 @@ async def test_d1_new_on_idle_leased_route_succeeds(stores: StoreFactory) -> Non
     reference)."""
     store = await stores()
     host = Host()
-    async with runtime(host, store) as rt:
+    # lease_idle_ms=0: the lease is released as soon as the turn ends (an idle route).
+    async with runtime(host, store, lease_idle_ms=0) as rt:
         await rt.admit(event("1"))
         await rt.drain()
         raw = await store.checkpoints.load_checkpoint(namespace=NS_BINDING, key=KEY, scope=SCOPE)

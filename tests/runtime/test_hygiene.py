@@ -13,7 +13,7 @@ from prismd.identity import ownership_from_identity
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
-from prismd.runtime._core import operation_id_for
+from prismd.runtime._ids import operation_id_for
 
 from .harness import Host, StoreFactory, event, identity, runtime
 from .scripted import ScriptedAgent

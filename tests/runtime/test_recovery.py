@@ -385,11 +385,12 @@ class _Overtaken:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner.checkpoints, name)
 
-    async def save_checkpoint(self, **kw: Any) -> Any:
-        if not self.raced and kw["namespace"] == NS_OPERATION and kw.get("expected_version"):
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        first = writes[0]
+        if not self.raced and first.namespace == NS_OPERATION and first.expected_version:
             self.raced = True
-            await self.inner.checkpoints.save_checkpoint(**kw)
-        return await self.inner.checkpoints.save_checkpoint(**kw)
+            await self.inner.checkpoints.write_checkpoints(writes, **kw)
+        return await self.inner.checkpoints.write_checkpoints(writes, **kw)
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()

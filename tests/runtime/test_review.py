@@ -11,7 +11,7 @@ from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime import open_messaging_runtime
-from prismd.runtime._core import operation_id_for
+from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 
 from .harness import Host, TrioClock, event, identity, runtime
@@ -217,10 +217,10 @@ class SlowReplyCheckpoints:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    async def save_checkpoint(self, **kwargs):  # type: ignore[no-untyped-def]
-        if kwargs["namespace"] == NS_REPLY and kwargs.get("expected_version") == 0:
+    async def write_checkpoints(self, writes, **kwargs):  # type: ignore[no-untyped-def]
+        if any(w.namespace == NS_REPLY and w.expected_version == 0 for w in writes):
             await trio.sleep(self._delay_s)
-        return await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+        return await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_reply_staging_survives_cancellation_of_the_runtime(
@@ -352,14 +352,16 @@ class FailFirstClaimCheckpoints(SlowReplyCheckpoints):
         self.failed = 0
         self.commit_anyway = commit_anyway
 
-    async def save_checkpoint(self, **kwargs):  # type: ignore[no-untyped-def]
-        value = kwargs["value"]
-        if self.failed == 0 and isinstance(value, dict) and value.get("state") == "executing":
+    async def write_checkpoints(self, writes, **kwargs):  # type: ignore[no-untyped-def]
+        claim = any(
+            isinstance(w.value, dict) and w.value.get("state") == "executing" for w in writes
+        )
+        if self.failed == 0 and claim:
             self.failed += 1
             if self.commit_anyway:
-                await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+                await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
             raise OSError("disk I/O error")
-        return await self._inner.save_checkpoint(**kwargs)  # type: ignore[attr-defined]
+        return await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_a_transient_store_error_at_claim_is_retried_not_dropped(

@@ -26,6 +26,7 @@ PINNED_PARAMETERS = [
     "on_paired",
     "on_typing",
     "resume_accepted",
+    "lease_idle_ms",
 ]
 
 
@@ -33,9 +34,14 @@ def test_public_names() -> None:
     assert sorted(runtime_pkg.__all__) == [
         "BindingInput",
         "BindingResolution",
+        "Diagnostics",
+        "MessagingRuntime",
         "PairingUnavailableError",
+        "ReconcileResult",
         "ResolveAgentInput",
         "Runtime",
+        "UnresolvedEntry",
+        "UnresolvedPage",
         "open_messaging_runtime",
     ]
 

@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 
-from adapters.telegram._adapter import TelegramAdapter
+from adapters.telegram import TelegramAdapter
 from prismd.channel import Admission, InboundEvent
 from stores import OwnershipScope
 from stores.memory import MemoryStore

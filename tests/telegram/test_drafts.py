@@ -7,7 +7,7 @@ from typing import Any
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram._adapter import tail_units, utf16_units
+from adapters.telegram._send import tail_units, utf16_units
 from prismd.channel import Preview, Reply
 from tests.fakes.telegram_api import FakeBotApi
 

@@ -14,7 +14,7 @@ import trio
 import trio.lowlevel
 from trio.testing import MockClock
 
-from adapters.telegram._adapter import TelegramAdapter
+from adapters.telegram import TelegramAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.echo import EchoAgent
 from prismd.channel import Admission, AuthorizeInput, Grant, InboundEvent, Reply, SendResult

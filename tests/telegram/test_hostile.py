@@ -420,3 +420,52 @@ async def test_slow_hook_keeps_the_receiver_lease(
 async def _cursor_is(store: Any, last: str) -> bool:
     cursor = await cursor_value(store)
     return cursor is not None and cursor["lastEventId"] == last
+
+
+async def test_webhook_answers_reach_a_client_still_uploading(
+    fake: FakeBotApi, make_adapter: Any, recorder: Recorder
+) -> None:
+    """A 413 (declared too large) and a 401 (wrong secret, body never read) are answered
+    before the body arrived; the server closes gracefully, so a client still sending gets
+    the answer instead of a reset."""
+    adapter = webhook_adapter(make_adapter)
+    upload = 2 * 1024 * 1024
+
+    async def status_while_uploading(secret: bytes) -> bytes:
+        assert adapter.webhook_address is not None
+        stream = await trio.open_tcp_stream(*adapter.webhook_address)
+        head = (
+            b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nX-Telegram-Bot-Api-Secret-Token: "
+            + secret
+            + b"\r\n"
+            b"Content-Length: %d\r\n\r\n" % upload
+        )
+        answer = bytearray()
+        async with stream, trio.open_nursery() as nursery:
+            await stream.send_all(head)
+
+            async def send_body() -> None:
+                try:
+                    for _ in range(upload // 65536):
+                        await stream.send_all(b"{" * 65536)
+                    await stream.send_eof()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+            nursery.start_soon(send_body)
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+            nursery.cancel_scope.cancel()
+        return bytes(answer).split(b"\r\n", 1)[0]
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        with trio.fail_after(20):
+            for _ in range(3):
+                assert (await status_while_uploading(b"webhook-secret")).startswith(
+                    b"HTTP/1.1 413 "
+                )
+                assert await status_while_uploading(b"wrong") == b"HTTP/1.1 401 Unauthorized"
+        nursery.cancel_scope.cancel()
+    assert recorder.events == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.telegram._api import validate_api_origin
-from prismd.daemon._config import is_loopback_host
+from adapters.toolkit import is_loopback_host
 
 
 @pytest.mark.parametrize(

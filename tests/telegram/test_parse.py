@@ -66,7 +66,12 @@ def test_tg06_photo_with_caption() -> None:
     assert event.text == "www.example.com"
     largest = message["photo"][-1]
     assert event.attachments == (
-        AttachmentRef(kind="image", transport_file_id=largest["file_id"], byte_length=162061),
+        AttachmentRef(
+            kind="image",
+            transport_file_id=largest["file_id"],
+            byte_length=162061,
+            connection_id=CONN,
+        ),
     )
 
 
@@ -85,6 +90,7 @@ def test_tg12_document_with_caption() -> None:
             byte_length=21331,
             mime_type="application/vnd.openxmlformats-officedocument.wordprocessingml.document",
             file_name="test.docx",
+            connection_id=CONN,
         ),
     )
 

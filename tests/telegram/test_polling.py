@@ -13,7 +13,7 @@ import trio
 import trio.lowlevel
 from trio.testing import MockClock
 
-from adapters.telegram._adapter import ReceiverLeaseLostError
+from adapters.telegram import ReceiverLeaseLostError
 from prismd.channel import AdapterFatalError, Admission, InboundEvent, Reply
 from tests.fakes.telegram_api import CONFLICT_POLLER, FakeBotApi
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from adapters.telegram._adapter import chunk_text, utf16_units
+from adapters.telegram._send import chunk_text, utf16_units
 from prismd.channel import AttachmentRef, Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 

@@ -10,7 +10,7 @@ import httpx
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram._adapter import ReceiverLeaseLostError, TelegramAdapter
+from adapters.telegram import ReceiverLeaseLostError, TelegramAdapter
 from prismd.channel import AdapterFatalError, Admission, InboundEvent
 from prismd.cli._telegram import adelete_webhook, aset_webhook
 from prismd.daemon._config import TelegramConnectionConfig

@@ -127,6 +127,26 @@ async def test_slow_request_head_is_cut_off(nursery: trio.Nursery, autojump_cloc
             data += chunk
     assert 9 <= trio.current_time() - start_time <= 11
     assert b"<html" not in data  # never answered the half request with the page
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    await stream.aclose()
+
+
+async def test_a_silent_connection_is_answered_408(
+    nursery: trio.Nursery, autojump_clock: object
+) -> None:
+    """The web chat answers a connection that never sends a request with 408 (as it always
+    did), where the metrics endpoint and the webhook close such a one silently."""
+    adapter, _ = await start(nursery)
+    assert adapter.bound is not None
+    stream = await trio.open_tcp_stream(*adapter.bound)
+    start_time = trio.current_time()
+    data = bytearray()
+    with trio.fail_after(60):
+        while chunk := await stream.receive_some(4096):
+            data += chunk
+    assert 9 <= trio.current_time() - start_time <= 11
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert b"connection: close" in data.lower()
     await stream.aclose()
 
 

@@ -1,0 +1,127 @@
+"""The ``telegram`` connection kind: its config keys, secrets and builder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+from prismd.channel import BuildContext, ConfigTable, ConnectionKind, SecretSource
+
+from ..toolkit import is_loopback_host
+from ._adapter import TelegramAdapter
+from ._api import DEFAULT_API_ORIGIN
+
+
+@attrs.frozen
+class TelegramConnectionConfig:
+    id: str
+    token_env: str | None = None
+    token_file: str | None = None
+    api_origin: str = DEFAULT_API_ORIGIN
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: str = "127.0.0.1:8443"
+    webhook_path: str | None = None
+    """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
+    webhook_secret_env: str | None = None
+    allow_groups: bool = False
+    poll_timeout_s: int = 30
+    kind: Literal["telegram"] = "telegram"
+
+    @property
+    def effective_webhook_path(self) -> str:
+        return self.webhook_path if self.webhook_path is not None else f"/telegram/{self.id}"
+
+
+def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
+    token_env = table.get_env_name("token_env")
+    token_file = table.get_str("token_file")
+    if (token_env is None) == (token_file is None):
+        raise table.error("token_env", "set exactly one of token_env and token_file")
+    api_origin: str = table.get_str("api_origin", DEFAULT_API_ORIGIN)
+    _check_origin(table, "api_origin", api_origin)
+    mode = table.choice("mode", ("polling", "webhook"), "polling")
+    webhook_listen: str = table.get_address("webhook_listen", "127.0.0.1:8443")
+    webhook_path = table.get_str("webhook_path")
+    if webhook_path is not None and not webhook_path.startswith("/"):
+        raise table.error("webhook_path", "must start with '/'")
+    webhook_secret_env = table.get_env_name("webhook_secret_env")
+    if mode == "webhook" and webhook_secret_env is None:
+        # Telegram echoes the secret in a header; without it anyone could post updates.
+        raise table.error("webhook_secret_env", "is required in webhook mode")
+    return TelegramConnectionConfig(
+        id=conn_id,
+        token_env=token_env,
+        token_file=token_file,
+        api_origin=api_origin.rstrip("/"),
+        mode=mode,
+        webhook_listen=webhook_listen,
+        webhook_path=webhook_path,
+        webhook_secret_env=webhook_secret_env,
+        allow_groups=table.get_bool("allow_groups"),
+        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
+    )
+
+
+def _check_origin(table: ConfigTable, name: str, origin: str) -> None:
+    scheme, sep, rest = origin.partition("://")
+    hostport = rest.split("/", 1)[0]
+    if not sep or not hostport or "@" in hostport or rest.rstrip("/") != hostport:
+        raise table.error(name, "must be an origin like https://api.telegram.org")
+    host = hostport
+    if hostport.startswith("["):
+        host = hostport.split("]", 1)[0] + "]"
+    elif ":" in hostport:
+        host = hostport.rsplit(":", 1)[0]
+    if scheme == "https":
+        return
+    if scheme == "http":
+        if is_loopback_host(host):
+            return
+        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
+    raise table.error(name, "must start with https://")
+
+
+def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:
+    token_key = "token_env" if conn.token_env is not None else "token_file"
+    sources = [SecretSource(token_key, conn.token_env, conn.token_file)]
+    if conn.webhook_secret_env is not None:
+        sources.append(SecretSource("webhook_secret_env", conn.webhook_secret_env))
+    return sources
+
+
+def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAdapter:
+    # Read once now so a missing token fails the start, not the first poll.
+    token = context.secret("token", conn.token_env, conn.token_file)
+    secret = None
+    if conn.webhook_secret_env:
+        secret = context.secret("webhook_secret_env", conn.webhook_secret_env, None)
+    return TelegramAdapter(
+        connection_id=conn.id,
+        token=lambda: token,
+        admit=context.admit,
+        store=context.store,
+        owner_id=context.owner_id,
+        reclaim=True,
+        api_origin=conn.api_origin,
+        mode=conn.mode,
+        webhook_listen=conn.webhook_listen,
+        webhook_path=conn.webhook_path,
+        webhook_secret=secret,
+        allow_groups=conn.allow_groups,
+        poll_timeout_s=conn.poll_timeout_s,
+        max_attachment_bytes=context.max_attachment_bytes,
+    )
+
+
+KIND = ConnectionKind(
+    name="telegram",
+    label="telegram",
+    parse=_parse,
+    build=_build,
+    secrets=_secrets,
+    listen_address=lambda conn: conn.webhook_listen if conn.mode == "webhook" else None,
+    where=lambda conn, _adapter: f"({conn.mode})",
+)
+"""The ``telegram`` connection kind (collected by :mod:`adapters.kinds`)."""

@@ -1,0 +1,70 @@
+"""One update from Telegram to ``admit``: parse, answer a callback query, enrich, admit.
+
+Shared by polling and the webhook; the only thing either asks of it is :meth:`process`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from prismd.channel import Admit
+
+from ._api import TelegramApi, TelegramApiError, TelegramError
+from ._media import TelegramMedia
+from ._parse import parse_update
+from ._status import log_retry
+
+
+@attrs.define(eq=False, kw_only=True)
+class UpdateHandler:
+    connection_id: str
+    admit: Admit
+    api: TelegramApi
+    """The receiving client (``answerCallbackQuery``)."""
+    media: TelegramMedia
+    allow_groups: bool = False
+    bot_username: str | None = None
+    """Learnt from ``getMe`` by the receiver; ``/cmd@other_bot`` is ignored once known."""
+
+    async def process(self, update: Mapping[str, Any], *, strict: bool) -> bool:
+        """Answer, parse, enrich and admit one update. True = acknowledge it (the
+        admission is final, or there was nothing to admit).
+
+        ``strict`` (webhook): a failed ``answerCallbackQuery`` raises so Telegram retries.
+        """
+        parsed = parse_update(
+            update,
+            connection_id=self.connection_id,
+            allow_groups=self.allow_groups,
+            bot_username=self.bot_username,
+        )
+        if parsed is None:
+            return True
+        if parsed.callback_query_id is not None:
+            await self._answer_callback(parsed.callback_query_id, strict=strict)
+        if parsed.event is None:
+            return True
+        admission = await self.admit(await self.media.enrich(parsed.event))
+        return not admission.retryable
+
+    async def _answer_callback(self, query_id: str, *, strict: bool) -> None:
+        for attempt in range(2):
+            try:
+                await self.api.call("answerCallbackQuery", {"callback_query_id": query_id})
+                return
+            except TelegramApiError as error:
+                if error.retry_after is None or attempt == 1:
+                    if strict:
+                        raise
+                    return
+                delay = min(error.retry_after, 60)
+                log_retry(self.connection_id, "answerCallbackQuery", error, delay, attempt + 1)
+                await trio.sleep(delay)
+            except TelegramError:
+                if strict:
+                    raise
+                return

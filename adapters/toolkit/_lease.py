@@ -1,0 +1,273 @@
+"""The receiver-lease keeper: one receiver per bot or account, whichever daemon runs it.
+
+A receiver (Telegram's poller or webhook server, Signal's client) may consume its transport
+only while it holds a service-owned lease in the store. :class:`ReceiverLease` does what
+every receiver needs around that lease:
+
+* **acquire** — :meth:`~ReceiverLease.try_acquire` once, or :meth:`~ReceiverLease.acquire`
+  until it is ours (standing by with bounded exponential backoff while another receiver
+  holds it). With ``reclaim=True`` a lease left by this daemon's own predecessor (same
+  stable owner id) is taken over at once instead of after its TTL (SPEC difference 8);
+  every acquisition bumps the fencing token all the same.
+* **renew at half the TTL** — :meth:`~ReceiverLease.keep` runs beside the receiver. A renewal
+  the store refuses means the lease is gone; a renewal that fails (a store error) is retried
+  with backoff, but only while the lease is still surely valid.
+* **fail closed** — once the lease is refused, or can no longer be proven ours before its
+  expiry (counted from the start of the last successful write, so never late), it is lost:
+  :attr:`~ReceiverLease.held` turns false, every :meth:`~ReceiverLease.guard` region is
+  cancelled, :meth:`~ReceiverLease.check` raises :class:`LeaseLostError` and
+  :meth:`~ReceiverLease.keep` returns. The caller stops receiving; what it wrote is fenced
+  by :attr:`~ReceiverLease.fencing_token`, so a write after a takeover is refused anyway.
+* **release** — :meth:`~ReceiverLease.release` when the receiver stops, so a standby
+  daemon takes over without waiting for the TTL; a failed release is only logged (the
+  lease expires on its own).
+
+Log lines (``<label>: receiver lease acquired | held by another receiver | renewed |
+released`` at DEBUG, standing by at INFO, a failed renewal and the loss at WARNING) carry
+the label and exception type names only: never the lease token or an owner id.
+
+Typical use::
+
+    await lease.acquire(on_standby=lambda: task_status.started())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lease.keep)
+        while True:
+            with lease.guard():          # cancelled when the lease is lost
+                batch = await receive()
+            for item in batch:
+                await process(item)      # never cut short by a loss...
+                lease.check()            # ...which is noticed before acknowledging
+                await acknowledge(item, fencing_token=lease.fencing_token)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random as _random
+from collections.abc import Callable, Iterator
+
+import attrs
+import trio
+
+from stores import LeaseRecord, LeaseStore, OwnershipScope
+
+from ._backoff import Backoff
+
+__all__ = ["LeaseLostError", "ReceiverLease"]
+
+MIN_TTL_MS = 1_000
+
+
+class LeaseLostError(Exception):
+    """The receiver lease was lost (expired or taken over); receiving must stop."""
+
+    def __init__(self, message: str = "receiver lease lost") -> None:
+        super().__init__(message)
+
+
+@attrs.define(eq=False, kw_only=True)
+class ReceiverLease:
+    """One receiver lease (see the module docstring). Not reentrant: one receiver uses it."""
+
+    leases: LeaseStore
+    namespace: str
+    key: str
+    scope: OwnershipScope
+    owner_id: str = attrs.field(repr=False)
+    ttl_ms: int = attrs.field()
+    reclaim: bool = True
+    label: str
+    """Prefix of every log line, e.g. ``telegram tg-main`` (no secrets)."""
+    log: logging.Logger = attrs.field(repr=False)
+    random: _random.Random = attrs.field(factory=_random.Random, repr=False)
+    _record: LeaseRecord | None = attrs.field(default=None, init=False, repr=False)
+    _expires_at: float = attrs.field(default=0.0, init=False)
+    """Local (Trio clock) moment by which the lease surely expired, if not renewed."""
+    _renew_at: float = attrs.field(default=0.0, init=False)
+    _lost: bool = attrs.field(default=False, init=False)
+    _guards: set[trio.CancelScope] = attrs.field(factory=set, init=False, repr=False)
+
+    @ttl_ms.validator
+    def _check_ttl(self, _a: object, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < MIN_TTL_MS:
+            raise ValueError("ttl_ms must be an integer of at least 1000")
+
+    @property
+    def held(self) -> bool:
+        """The lease is ours now (acquired, not lost, not released)."""
+        return self._record is not None
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the held lease, for writes it guards (``None`` if not held)."""
+        return None if self._record is None else self._record.fencing_token
+
+    @property
+    def _ttl_s(self) -> float:
+        return self.ttl_ms / 1000
+
+    # ------------------------------------------------------------------ acquire
+
+    async def try_acquire(self) -> bool:
+        """One attempt; True when the lease is ours now. Store errors propagate."""
+        started = trio.current_time()
+        record = await self.leases.try_acquire_lease(
+            namespace=self.namespace,
+            key=self.key,
+            scope=self.scope,
+            owner_id=self.owner_id,
+            ttl_ms=self.ttl_ms,
+            reclaim=self.reclaim,
+        )
+        self.log.debug(
+            "%s: receiver lease %s",
+            self.label,
+            "acquired" if record is not None else "held by another receiver",
+        )
+        if record is None:
+            return False
+        self._hold(record, started)
+        self._lost = False
+        return True
+
+    async def acquire(self, *, on_standby: Callable[[], None] | None = None) -> bool:
+        """Wait until the lease is ours. Returns False when the first attempt got it, True
+        when it had to stand by; ``on_standby`` is called once, when standing by begins.
+
+        While another receiver holds it, retries with jittered exponential backoff from
+        1 s up to a third of the TTL (so a freed lease is taken within that).
+        """
+        if await self.try_acquire():
+            return False
+        self.log.info("%s: another receiver holds the lease; standing by", self.label)
+        if on_standby is not None:
+            on_standby()
+        backoff = Backoff(self.random, base_s=min(1.0, self._ttl_s / 3), cap_s=self._ttl_s / 3)
+        while True:
+            await trio.sleep(backoff.next_delay())
+            if await self.try_acquire():
+                return True
+
+    # ------------------------------------------------------------------ keep
+
+    async def keep(self) -> None:
+        """Renew at half the TTL while held; return once the lease is lost (or was never
+        held). Runs beside the receiver, normally until cancelled."""
+        backoff = Backoff(
+            self.random, base_s=min(1.0, self._ttl_s / 20), cap_s=max(self._ttl_s / 10, 0.1)
+        )
+        while self._record is not None:
+            await trio.sleep_until(self._renew_at)
+            try:
+                renewed = await self.renew()
+            except Exception as exc:
+                delay = backoff.next_delay()
+                if trio.current_time() + delay >= self._expires_at:
+                    # Not provable before it expires: behave as if it already had.
+                    self._mark_lost()
+                    return
+                self.log.warning(
+                    "%s: renewing the receiver lease failed (%s); retry in %.1f s",
+                    self.label,
+                    type(exc).__name__,
+                    delay,
+                )
+                self._renew_at = trio.current_time() + delay
+                continue
+            if not renewed:
+                return
+            backoff.reset()
+
+    async def renew(self) -> bool:
+        """Renew now; False (and the lease lost) when the store refused. Store errors
+        propagate with the lease still counted held until its expiry."""
+        record = self._record
+        if record is None:
+            return False
+        started = trio.current_time()
+        renewed = await self.leases.renew_lease(
+            namespace=self.namespace,
+            key=record.key,
+            scope=self.scope,
+            owner_id=self.owner_id,
+            token=record.token,
+            ttl_ms=self.ttl_ms,
+        )
+        if self._record is not record:
+            return self._record is not None  # released or lost meanwhile
+        if renewed is None:
+            self._mark_lost()
+            return False
+        self._hold(renewed, started)
+        self.log.debug("%s: receiver lease renewed", self.label)
+        return True
+
+    # ------------------------------------------------------------------ guarding
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` unless the lease is held and surely valid."""
+        if self._record is not None and trio.current_time() >= self._expires_at:
+            self._mark_lost()  # keep() was not scheduled in time (a blocked loop)
+        if self._record is None:
+            raise LeaseLostError()
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """A region that may be cut short when the lease is lost (waiting for the
+        transport, a backoff sleep); raises :class:`LeaseLostError` then."""
+        self.check()
+        scope = trio.CancelScope()
+        self._guards.add(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._guards.discard(scope)
+        self.check()
+
+    async def sleep(self, seconds: float) -> None:
+        """``trio.sleep`` inside :meth:`guard`."""
+        with self.guard():
+            await trio.sleep(seconds)
+
+    # ------------------------------------------------------------------ release
+
+    async def release(self) -> None:
+        """Give the lease back (nothing when not held). Never raises ``Exception``."""
+        record, self._record = self._record, None
+        if record is None:
+            return
+        try:
+            await self.leases.release_lease(
+                namespace=self.namespace,
+                key=record.key,
+                scope=self.scope,
+                owner_id=self.owner_id,
+                token=record.token,
+            )
+        except Exception as exc:
+            # it expires on its own; a release failure must not mask the exit reason
+            self.log.debug(
+                "%s: releasing the receiver lease failed (%s); it expires on its own",
+                self.label,
+                type(exc).__name__,
+            )
+            return
+        self.log.debug("%s: receiver lease released", self.label)
+
+    # ------------------------------------------------------------------ internals
+
+    def _hold(self, record: LeaseRecord, started: float) -> None:
+        self._record = record
+        self._expires_at = started + self._ttl_s
+        self._renew_at = started + self._ttl_s / 2
+
+    def _mark_lost(self) -> None:
+        if self._record is None and self._lost:
+            return
+        self._record = None
+        self._lost = True
+        self.log.warning("%s: receiver lease lost (expired or taken over)", self.label)
+        for scope in self._guards:
+            scope.cancel()

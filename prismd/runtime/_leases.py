@@ -1,0 +1,196 @@
+"""Route (binding) leases: who may write a conversation's records (SPEC differences 1, 2, 8).
+
+The lease key is the binding key (it includes the thread and the ownership scope). A
+route acquires its lease for its first turn, keeps it across back-to-back turns (renewed
+below a third of the TTL while it works) and releases it once it stayed idle for
+``lease_idle_ms``, or at once when the runtime stops. Fail-closed: a lease whose release
+failed is kept in memory and released again later, never treated as free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from stores import LeaseRecord, LeaseStore
+
+from ..journal import NS_BINDING
+from ..limits import Limits
+from ._types import LeaseHeldElsewhereError, Route
+
+LEASE_BACKOFF_START_S = 0.05
+LEASE_BACKOFF_MAX_S = 2.0
+DEFAULT_LEASE_IDLE_MS = 1_000
+
+
+@attrs.define(eq=False)
+class RouteLeases:
+    """The binding leases of one runtime (``store=None``: leasing is off)."""
+
+    store: LeaseStore | None
+    limits: Limits
+    owner_id: str
+    nursery: trio.Nursery
+    now_ms: Callable[[], int]
+    count: Callable[[str], None]
+    reclaim: bool = False
+    lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    async def ensure(self, route: Route) -> LeaseRecord | None:
+        """The route's binding lease, acquired or renewed; ``None`` when held elsewhere.
+
+        Store errors propagate. The lease key is the binding key, so it includes the
+        thread and the ownership scope (SPEC difference 2).
+        """
+        assert self.store is not None
+        async with route.lease_lock:
+            lease = route.lease
+            ttl = self.limits.lease_ttl_ms
+            if lease is not None:
+                remaining = lease.expires_at_ms - self.now_ms()
+                if remaining >= ttl / 3:
+                    return lease
+                renewed = None
+                if remaining > 0:
+                    renewed = await self.store.renew_lease(
+                        namespace=NS_BINDING,
+                        key=route.binding_key,
+                        scope=route.ownership,
+                        owner_id=self.owner_id,
+                        token=lease.token,
+                        ttl_ms=ttl,
+                    )
+                if renewed is not None:
+                    route.lease = renewed
+                    return renewed
+                route.lease = None
+                self.count("lease_losses")
+            acquired = await self.store.try_acquire_lease(
+                namespace=NS_BINDING,
+                key=route.binding_key,
+                scope=route.ownership,
+                owner_id=self.owner_id,
+                ttl_ms=ttl,
+                reclaim=self.reclaim,
+            )
+            route.lease = acquired
+            if acquired is not None:
+                route.lease_fresh = True
+            if acquired is not None and not route.renewing:
+                route.renewing = True
+                self.nursery.start_soon(self._renewer, route)
+            return acquired
+
+    async def _renewer(self, route: Route) -> None:
+        """Keep the route lease alive while the route has work (renew below ttl/3)."""
+        ttl = self.limits.lease_ttl_ms
+        try:
+            while route.lease is not None and (route.busy or route.lease_users > 0):
+                lease = route.lease
+                wait_ms = lease.expires_at_ms - self.now_ms() - ttl / 3
+                await trio.sleep(max(0.01, wait_ms / 1000))
+                if route.lease is not lease or not (route.busy or route.lease_users > 0):
+                    continue
+                try:
+                    await self.ensure(route)
+                except Exception:
+                    self.count("storage_failures")
+                    await trio.sleep(min(1.0, ttl / 10_000))
+        finally:
+            route.renewing = False
+
+    async def release_when_idle(self, route: Route) -> None:
+        """Release the route lease once the route has stayed idle for ``lease_idle_ms`` (at
+        most a third of the TTL, so the idle lease never needs a renewal): a busy
+        conversation keeps its lease across turns instead of releasing and re-acquiring it
+        around each message. ``stop()`` releases at once."""
+        if self.store is None or route.lease is None:
+            return
+        grace = min(self.lease_idle_ms, self.limits.lease_ttl_ms / 3) / 1000
+        scheduled = route.release_at is not None
+        route.release_at = trio.current_time() + grace
+        if grace <= 0:
+            route.release_at = None
+            await self.release_if_idle(route)
+        elif not scheduled:
+            self.nursery.start_soon(self._release_later, route)
+
+    async def _release_later(self, route: Route) -> None:
+        try:
+            # Each new idle moment moves ``release_at``: sleep until the latest one.
+            while True:
+                due = route.release_at
+                if due is None or trio.current_time() >= due:
+                    break
+                await trio.sleep_until(due)
+        finally:
+            # Also when the runtime is torn down meanwhile (shielded, bounded inside).
+            route.release_at = None
+            await self.release_if_idle(route)
+
+    async def release_if_idle(self, route: Route) -> None:
+        """Release the route lease when nothing uses it; fail-closed on a store error."""
+        if self.store is None or route.lease is None:
+            return
+        # Under the lease lock, so a turn admitted meanwhile cannot pick up the lease
+        # that is being released (it waits, then acquires a fresh one).
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            async with route.lease_lock:
+                lease = route.lease
+                if lease is None or route.busy or route.lease_users > 0:
+                    return
+                try:
+                    await self.store.release_lease(
+                        namespace=NS_BINDING,
+                        key=route.binding_key,
+                        scope=route.ownership,
+                        owner_id=self.owner_id,
+                        token=lease.token,
+                    )
+                except Exception:
+                    # Keep the in-memory lease: the same token is retried at the next idle
+                    # point or at stop (fail-closed: never treat the binding as free).
+                    self.count("storage_failures")
+                    return
+                if route.lease is lease:
+                    route.lease = None
+
+    @asynccontextmanager
+    async def fence(self, route: Route, *, wait_s: float = 0.0) -> AsyncIterator[int | None]:
+        """Hold the route lease for writes made outside a queued turn; yields its fence.
+
+        Without leases yields ``None``. When the lease is held elsewhere it retries with
+        bounded backoff for up to ``wait_s`` seconds, then raises
+        :class:`~._types.LeaseHeldElsewhereError`.
+        """
+        if self.store is None:
+            yield None
+            return
+        route.lease_users += 1
+        try:
+            delay = LEASE_BACKOFF_START_S
+            waited = 0.0
+            while True:
+                lease = await self.ensure(route)
+                if lease is not None:
+                    break
+                if waited >= wait_s:
+                    self.count("lease_losses")
+                    raise LeaseHeldElsewhereError()
+                await trio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
+            yield lease.fencing_token
+        finally:
+            route.lease_users -= 1
+            await self.release_if_idle(route)
+
+    def fence_now(self, route: Route) -> int | None:
+        return None if route.lease is None else route.lease.fencing_token

@@ -1,0 +1,55 @@
+"""Durable commits per message, counted by the SQLite store itself (issue 9's target: at
+most 6 per message of a steady conversation, every one the contract requires).
+
+A steady conversation: one user, one chat, each message sent after the previous answer
+arrived (the chat pattern), the ``mock`` agent keeping its transcript in the same store.
+Per message the journal writes: the ``accepted`` record with the cursor (the dedup and
+acknowledgement point), the claim ``accepted → executing`` (before the agent runs), the
+agent's transcript, the terminal state with the binding and the staged reply (one atomic
+transaction), and the delivery outcome. The route lease is acquired once and kept while
+the conversation is busy.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import trio
+
+from prismd.agents import AgentContext, MockAgent
+from stores import open_store
+from stores.sqlite import SQLiteStore
+
+from .harness import Host, TrioClock, event, identity, runtime
+
+TARGET = 6
+MESSAGES = 20
+
+
+async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
+    tmp_path: Path,
+) -> None:
+    # Real time: SQLite works on threads, which a virtual clock would skip past.
+    clock = TrioClock()
+    async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
+        assert isinstance(store, SQLiteStore)
+        agent = MockAgent.from_context(
+            AgentContext(alias="primary", options={}, checkpoints=store.checkpoints, clock=clock)
+        )
+        host = Host(agent=agent)  # type: ignore[arg-type]
+        per_message: list[int] = []
+        async with runtime(host, store, clock=clock) as rt:
+            for i in range(MESSAGES):
+                before = store.statistics().commits
+                admission = await rt.admit(event(str(i), f"message {i}"))
+                assert admission.status == "accepted" and not admission.duplicate, admission
+                with trio.fail_after(30):
+                    await rt.drain()
+                assert len(host.deliveries) == i + 1
+                per_message.append(store.statistics().commits - before)
+            steady = per_message[1:]  # the first also creates the binding and the lease
+            print(f"commits per message: first {per_message[0]}, then {steady}", file=sys.stderr)
+            assert max(steady) <= TARGET, per_message
+            assert host.texts == [f"mock: message {i}" for i in range(MESSAGES)]
+            assert await rt.list_unresolved(identity=identity()) == []
