@@ -92,6 +92,16 @@ def drop_schema(url: str) -> None:
     run_sql(url, f'DROP SCHEMA IF EXISTS "{schema_of(url)}" CASCADE')
 
 
+def empty_schema(url: str) -> None:
+    """Remove every row the store wrote (a migrated schema as good as new, minus the DDL)."""
+    schema = f'"{schema_of(url)}"'
+    run_sql(
+        url,
+        f"TRUNCATE {schema}.prism_checkpoints, {schema}.prism_leases, {schema}.prism_events",
+    )
+    run_sql(url, f"UPDATE {schema}.prism_event_seq SET last_seq = 0")
+
+
 def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
     """Run ``pg_ctl -D <data dir> ARGS…`` as the server's user (for restart tests)."""
     data = os.environ.get("PRISMD_TEST_POSTGRES_DATA", "")

@@ -1,13 +1,15 @@
-"""The one place that imports asyncpg and trio-asyncio: a pool on an asyncio loop inside Trio.
+"""The one place that imports asyncpg and trio-asyncio: connections on an asyncio loop in Trio.
 
-:func:`open_driver` runs ``trio_asyncio.open_loop()`` for the store's whole life and an
-asyncpg pool on that loop. Everything else in prismd stays Trio: :meth:`Driver.call` runs one
-asyncio-flavoured function on one pooled connection (a :class:`Session`) and answers in Trio,
-so one store call costs one crossing of the bridge however many statements it runs.
+:func:`open_driver` runs ``trio_asyncio.open_loop()`` for the store's whole life and a pool
+of asyncpg connections on that loop, kept on the Trio side (a semaphore and a list: checking
+a connection out and in costs no asyncio step, and under trio-asyncio the steps are what
+costs). Everything else in prismd stays Trio: :meth:`Driver.call` runs one asyncio-flavoured
+function on one pooled connection (a :class:`Session`) and answers in Trio, so one store call
+costs one crossing of the bridge however many statements it runs.
 
-Cancellation really stops waiting: a cancelled Trio caller cancels the asyncio task at once
-and returns; asyncpg then cancels the statement on the server and resets the connection in
-the background, on the loop, while the caller has moved on.
+Cancellation really stops waiting: a cancelled Trio caller cancels the asyncio task and
+returns at once; asyncpg sends the server a cancel request in the background, and the next
+statement on that connection waits until the server confirmed it.
 
 No timer runs on the Trio clock (which a test may drive by hand) or on the asyncio loop (whose
 clock *is* the Trio clock under trio-asyncio): every time limit is real time.
@@ -141,9 +143,27 @@ def _tune_socket(conn: Any, options: PostgresOptions) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, bound_ms)
 
 
+def _leaves_connection_usable(exc: BaseException) -> bool:
+    """An ordinary error answered by a live server (a timeout, a refused value, a deadlock)
+    leaves the connection ready for the next statement; anything else may not."""
+    if isinstance(exc, asyncio.CancelledError):
+        return True  # asyncpg cancels the statement and waits for the server before reuse
+    state = _sqlstate(exc)
+    if not isinstance(exc, asyncpg.PostgresError) or state is None:
+        return False
+    return not (state in _UNREACHABLE or state.startswith("08"))
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     state = getattr(exc, "sqlstate", None)
     return state if isinstance(state, str) else None
+
+
+@attrs.define(eq=False)
+class _Lease:
+    """The connection one call holds (``None`` until it has one, or once it was dropped)."""
+
+    conn: Any
 
 
 @attrs.define(eq=False)
@@ -153,8 +173,18 @@ class Driver:
     url: PostgresURL
     options: PostgresOptions
     loop: Any
-    pool: Any = None
+    size: int
+    """Connections at most (``pool_size``)."""
     closed: bool = False
+    _idle: list[Any] = attrs.Factory(list)
+    """Open connections no call holds (asyncpg ``Connection`` objects)."""
+    _slots: trio.Semaphore = attrs.field(init=False)
+    """One token per connection that may exist: held from a call's start to its task's end."""
+    _connect_kwargs: dict[str, Any] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = trio.Semaphore(self.size)
+        self._connect_kwargs = _connect_kwargs(self.url, self.options)
 
     @property
     def where(self) -> str:
@@ -211,7 +241,7 @@ class Driver:
             if state in _UNREACHABLE or state.startswith("08"):
                 return StoreUnreachableError(f"{where}: connection lost ({name}, SQLSTATE {state})")
             return StoreUnavailableError(f"{where}: {name} (SQLSTATE {state})")
-        if isinstance(exc, asyncpg.InterfaceError | OSError | ConnectionError):
+        if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | OSError):
             return StoreUnreachableError(f"{where}: connection lost ({type(exc).__name__})")
         if isinstance(exc, asyncio.CancelledError):
             return StoreUnavailableError(f"{where}: store is closed")
@@ -220,16 +250,23 @@ class Driver:
     # ------------------------------------------------------------------ connecting
 
     async def _connect(self, *args: Any, **kwargs: Any) -> Any:
-        """asyncpg's connect, bounded in real time and with the socket tuned (the pool's
-        ``connect=`` hook: every new pooled connection comes through here)."""
+        """asyncpg's connect, bounded in real time and with the socket tuned (every new
+        pooled connection comes through here)."""
         task = asyncio.current_task()
-        fired = threading.Event()
+        assert task is not None
         loop = self.loop
+        # Touched on the loop only, so a timer firing just as the connection comes up
+        # cannot cancel the statement that follows.
+        attempt = {"connecting": True, "expired": False}
 
-        def expire() -> None:
-            fired.set()
+        def expire_on_loop() -> None:
+            if attempt["connecting"]:
+                attempt["expired"] = True
+                task.cancel()
+
+        def expire() -> None:  # on the timer's thread
             with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(task.cancel)  # type: ignore[union-attr]
+                loop.call_soon_threadsafe(expire_on_loop)
 
         timer = threading.Timer(self.options.connect_timeout_ms / 1000, expire)
         timer.daemon = True
@@ -237,13 +274,13 @@ class Driver:
         try:
             conn = await asyncpg.connect(*args, **kwargs)
         except asyncio.CancelledError:
-            if fired.is_set():
+            if attempt["expired"]:
+                task.uncancel()
                 raise ConnectTimeout() from None
             raise
         finally:
+            attempt["connecting"] = False
             timer.cancel()
-        if fired.is_set() and task is not None and task.cancelling():
-            task.uncancel()  # the timer lost the race to a connection that was up
         _tune_socket(conn, self.options)
         return conn
 
@@ -252,29 +289,57 @@ class Driver:
     async def call(self, fn: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
         """Run ``fn`` (asyncio-flavoured) on a pooled connection; Trio-flavoured.
 
-        Raises what :meth:`error` makes of a driver error; our own exceptions pass through.
+        At most ``pool_size`` calls hold a connection at once; the others wait here, in
+        Trio. The connection comes back to the pool when ``fn``'s task is over (after a
+        cancelled caller has moved on, too), unless the call left it unusable: then it is
+        dropped and a later call connects anew. Raises what :meth:`error` makes of a driver
+        error; our own exceptions pass through.
         """
         if self.closed:
             raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed")
-        return await self.run(self._on_connection(fn))
-
-    async def _on_connection(self, fn: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
+        await self._slots.acquire()
+        lease = _Lease(self._idle.pop() if self._idle else None)
         try:
-            conn_cm = self.pool.acquire()
-            try:
-                conn = await conn_cm.__aenter__()
-            except (ConnectTimeout, OSError, asyncpg.PostgresError) as exc:
-                raise self.connect_error(exc) from None
-            try:
-                result = await fn(Session(conn))
-            except BaseException as exc:
-                await conn_cm.__aexit__(type(exc), exc, exc.__traceback__)
-                raise
-            await conn_cm.__aexit__(None, None, None)
-            return result
-        except StoreUnavailableError:
+            future = asyncio.ensure_future(self._on_connection(lease, fn), loop=self.loop)
+        except BaseException:
+            self._slots.release()
             raise
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+
+        def settle(_fut: asyncio.Future[T]) -> None:
+            # On the loop, once fn's task is done: return the connection, free the slot.
+            if lease.conn is not None and not lease.conn.is_closed():
+                if self.closed:
+                    lease.conn.terminate()
+                else:
+                    self._idle.append(lease.conn)
+            self._slots.release()
+
+        future.add_done_callback(settle)
+        return await self._wait(future)
+
+    async def _on_connection(
+        self, lease: _Lease, fn: Callable[[Session], Coroutine[Any, Any, T]]
+    ) -> T:
+        try:
+            if lease.conn is None or lease.conn.is_closed():
+                lease.conn = None
+                try:
+                    lease.conn = await self._connect(**self._connect_kwargs)
+                except (ConnectTimeout, OSError, asyncpg.PostgresError) as exc:
+                    raise self.connect_error(exc) from None
+            conn = lease.conn
+            try:
+                return await fn(Session(conn))
+            except BaseException as exc:
+                if not _leaves_connection_usable(exc):
+                    # asyncpg may not have seen the connection die yet (a FATAL answer
+                    # before the EOF): never hand it out again.
+                    conn.terminate()
+                    lease.conn = None
+                raise
+        except (StoreUnavailableError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
             raise self.error(exc) from None
 
     async def run(self, coro: Awaitable[T]) -> T:
@@ -285,6 +350,9 @@ class Driver:
             if isinstance(coro, Coroutine):
                 coro.close()
             raise
+        return await self._wait(future)
+
+    async def _wait(self, future: asyncio.Future[T]) -> T:
         done = trio.Event()
 
         def finished(fut: asyncio.Future[T]) -> None:
@@ -304,19 +372,23 @@ class Driver:
             raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed") from None
 
     async def aclose(self) -> None:
+        """Close every connection: gracefully (a Terminate message to each server backend)
+        once the calls in flight are over, within a bound; by force after it."""
         if self.closed:
             return
         self.closed = True
-        if self.pool is None:
-            return
-        # Gracefully (Terminate to every server backend) within a bound, then by force.
-        with trio.move_on_after(CLOSE_BUDGET_S) as scope:
-            try:
-                await self.run(self.pool.close())
-            except Exception as exc:  # a broken connection: nothing left to close politely
-                log.debug("closing the pool: %s", type(exc).__name__)
-        if scope.cancelled_caught:
-            self.pool.terminate()
+        with trio.move_on_after(CLOSE_BUDGET_S):
+            for _ in range(self.size):
+                await self._slots.acquire()
+            idle, self._idle = self._idle, []
+            for conn in idle:
+                try:
+                    await self.run(conn.close())
+                except Exception as exc:  # a broken connection: nothing to close politely
+                    log.debug("closing a connection: %s", type(exc).__name__)
+        for conn in self._idle:
+            conn.terminate()
+        self._idle = []
 
 
 @contextlib.asynccontextmanager
@@ -324,28 +396,8 @@ async def open_driver(url: PostgresURL, options: PostgresOptions) -> AsyncIterat
     """The loop and the pool for the block; connections are made on first use (the caller
     makes one at once: the migration check)."""
     async with trio_asyncio.open_loop() as loop:
-        driver = Driver(url=url, options=options, loop=loop)
-        pool_size = options.pool_size or default_pool_size(os.cpu_count())
-
-        async def noop_reset(_conn: Any) -> None:
-            # asyncpg's default reset is a round trip per release (RESET ALL, UNLISTEN…);
-            # prismd never changes session state, and an open transaction is still rolled
-            # back by the pool before this is called.
-            return None
-
-        try:
-            driver.pool = await driver.run(
-                asyncpg.create_pool(
-                    min_size=0,  # no background reconnect loop (it runs timers)
-                    max_size=pool_size,
-                    max_inactive_connection_lifetime=0,
-                    connect=driver._connect,
-                    reset=noop_reset,
-                    **_connect_kwargs(url, options),
-                )
-            )
-        except (ConnectTimeout, OSError, asyncpg.PostgresError) as exc:
-            raise driver.connect_error(exc) from None
+        size = options.pool_size or default_pool_size(os.cpu_count())
+        driver = Driver(url=url, options=options, loop=loop, size=size)
         try:
             yield driver
         finally:

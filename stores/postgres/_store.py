@@ -41,6 +41,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -85,6 +86,8 @@ from ._driver import (
     plain_asyncio_timings,
 )
 from ._url import PostgresOptions, PostgresURL, parse_postgres_url
+
+log = logging.getLogger("stores.postgres")
 
 MAX_JOBS = 64
 """Jobs per transaction: bounds the subtransactions of one transaction (atomic jobs) below
@@ -300,6 +303,14 @@ class _Writer:
                 batch = self._take()
                 try:
                     await self._commit(batch)
+                except Exception as exc:
+                    # Nothing may stop the one writer: a surprise fails this batch only.
+                    log.error("PostgreSQL store: write failed (%s)", type(exc).__name__)
+                    failed = StoreUnavailableError(
+                        f"PostgreSQL store {self.driver.where}: write failed ({type(exc).__name__})"
+                    )
+                    for job in batch:
+                        job.finish(error=failed)
                 finally:
                     for job in batch:
                         job.finish(

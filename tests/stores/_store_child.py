@@ -1,4 +1,4 @@
-"""Child process for the SQLite crash and multi-process tests (run as a script).
+"""Child process for the multi-process store tests: SQLite crashes, PostgreSQL lease races.
 
 ``writer URL PREFIX``: create-only saves of ``PREFIX-0``, ``PREFIX-1``, … and a CAS counter,
 printing ``ack KEY`` / ``counter N`` only after each save returned, until killed.

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stores import CheckpointConflictError, OwnershipScope, Store, open_store
+from tests import pgserver
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, Backend
 
 SCOPES = [OwnershipScope("t1", "a1", "u1"), OwnershipScope("t1", "a1", "u2"), OwnershipScope()]
 KEYS = ["a", "b"]
@@ -41,16 +42,38 @@ class ManualClock:
         return self.now
 
 
-@contextmanager
-def backend_url(name: str) -> Iterator[str]:
-    """A fresh store of backend ``name`` for one example (its directory or schema removed
-    after it)."""
-    with tempfile.TemporaryDirectory() as directory:
-        backend = BACKENDS[name](Path(directory))
-        try:
+@attrs.define
+class Scratch:
+    """Where each example of one test keeps its store: a fresh directory per example, or,
+    for PostgreSQL, one schema per test emptied between examples (migrating a new schema for
+    every example would be most of the run)."""
+
+    schemas: dict[str, Backend] = attrs.Factory(dict)
+
+    @contextmanager
+    def url(self, name: str) -> Iterator[str]:
+        if name == "postgres":
+            backend = self.schemas.get(name)
+            if backend is None:
+                backend = self.schemas[name] = BACKENDS[name](Path("."))
+            else:
+                pgserver.empty_schema(backend.url)
             yield backend.url
-        finally:
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            yield BACKENDS[name](Path(directory)).url
+
+    def discard(self) -> None:
+        for backend in self.schemas.values():
             backend.discard()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Scratch]:
+    """Shared by every example of a test (Hypothesis runs them all in one call)."""
+    kept = Scratch()
+    yield kept
+    kept.discard()
 
 
 # Mostly the first scope, so rows are rewritten often enough to hit the version/fence rules.
@@ -138,8 +161,10 @@ async def run_checkpoint_ops(store: Store, ops: list[tuple[Any, ...]]) -> None:
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=checkpoint_ops)
-def test_checkpoint_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with backend_url(backend_name) as url:
+def test_checkpoint_rules_match_model(
+    scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
+) -> None:
+    with scratch.url(backend_name) as url:
 
         async def main() -> None:
             async with open_store(url, clock=ManualClock()) as store:
@@ -216,8 +241,10 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=lease_ops)
-def test_lease_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with backend_url(backend_name) as url:
+def test_lease_rules_match_model(
+    scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
+) -> None:
+    with scratch.url(backend_name) as url:
 
         async def main() -> None:
             clock = ManualClock()
