@@ -216,7 +216,7 @@ class Driver:
         if isinstance(exc, asyncpg.PostgresError):
             # The server's words at login ('password authentication failed for user "x"',
             # 'database "y" does not exist') name no value of ours.
-            reason = self._clean(str(getattr(exc, "message", "") or type(exc).__name__))
+            reason = self._clean(getattr(exc, "message", None) or str(exc) or type(exc).__name__)
             cls = StoreUnreachableError if state in _UNREACHABLE else StoreUnavailableError
             return cls(f"{where}: cannot connect: {reason} (SQLSTATE {state})")
         return StoreUnreachableError(f"{where}: cannot connect: {type(exc).__name__}")
@@ -298,6 +298,9 @@ class Driver:
         if self.closed:
             raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed")
         await self._slots.acquire()
+        if self.closed:  # closed while this call waited for a connection
+            self._slots.release()
+            raise StoreUnavailableError(f"PostgreSQL store {self.where}: store is closed")
         lease = _Lease(self._idle.pop() if self._idle else None)
         try:
             future = asyncio.ensure_future(self._on_connection(lease, fn), loop=self.loop)

@@ -312,13 +312,15 @@ class _Writer:
                     for job in batch:
                         job.finish(error=failed)
                 finally:
-                    for job in batch:
-                        job.finish(
-                            error=StoreUnavailableError(
-                                f"PostgreSQL store {self.driver.where}: store is closed"
-                                " while the write was in flight (outcome unknown)"
-                            )
+                    # Only when the writer itself is cancelled (the store closing).
+                    unfinished = [job for job in batch if not job.done.is_set()]
+                    if unfinished:
+                        cut = StoreUnavailableError(
+                            f"PostgreSQL store {self.driver.where}: store closed while the"
+                            " write was in flight (outcome unknown)"
                         )
+                        for job in unfinished:
+                            job.finish(error=cut)
         finally:
             self.idle.set()
 

@@ -545,3 +545,51 @@ async def test_expiry_takeover_and_the_old_owner_is_refused(url: str) -> None:
             assert current is not None and current.owner_id == "b" and current.fencing_token == 2
             record = await b.checkpoints.load_checkpoint(**op)
             assert record is not None and record.value == {"by": "b"} and record.version == 2
+
+
+def test_connect_failures_say_whether_trying_again_can_help() -> None:
+    """What the server says at login is shown (it names no value of ours; a password that
+    would appear is removed); only what may pass (a server starting, full) is retried."""
+    import asyncpg
+
+    from stores.postgres._driver import Driver
+
+    driver = Driver(
+        url=parse_postgres_url("postgresql://prismd:pw-7f3a@db:5433/journal"),
+        options=PostgresOptions(),
+        loop=None,
+        size=2,
+    )
+    login = driver.connect_error(
+        asyncpg.InvalidPasswordError('password authentication failed for user "prismd"')
+    )
+    assert type(login) is StoreUnavailableError
+    assert str(login) == (
+        "PostgreSQL store db:5433/journal: cannot connect: password authentication failed"
+        ' for user "prismd" (SQLSTATE 28P01)'
+    )
+    starting = driver.connect_error(
+        asyncpg.CannotConnectNowError("the database system is starting up")
+    )
+    assert isinstance(starting, StoreUnreachableError) and "57P03" in str(starting)
+    echoed = driver.connect_error(asyncpg.PostgresError("role pw-7f3a is odd"))
+    assert "pw-7f3a" not in str(echoed) and "[REDACTED]" in str(echoed)
+    refused = driver.connect_error(ConnectionRefusedError(111, "Connect call failed"))
+    assert isinstance(refused, StoreUnreachableError) and str(refused).endswith(
+        "cannot connect: Connection refused"
+    )
+    # Once connected, a server's words are not shown: they can quote a value.
+    failed = driver.error(asyncpg.UniqueViolationError("Key (key)=(secret-value) exists"))
+    assert "secret-value" not in str(failed) and "SQLSTATE 23505" in str(failed)
+
+
+async def test_connections_give_up_on_a_silent_peer_in_bounded_time(url: str) -> None:
+    """A peer that stops answering (a pulled cable) must not hang a call for the kernel's
+    quarter of an hour: keepalives and TCP_USER_TIMEOUT bound it in real time."""
+    options = PostgresOptions(statement_timeout_ms=2000, connect_timeout_ms=1000)
+    async with open_store(url, postgres=options) as store:
+        assert isinstance(store, PostgresStore)
+        (conn,) = store._driver._idle  # the one the migration used
+        sock = conn._transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 3000
