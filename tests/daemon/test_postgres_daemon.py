@@ -243,3 +243,64 @@ def test_prismd_bench_on_postgres_with_the_bridge_scenario(tmp_path: Path, url: 
 def test_bench_refuses_the_bridge_scenario_without_postgres(tmp_path: Path) -> None:
     done = prismd(tmp_path, "bench", "--scenario", "postgres-bridge")
     assert done.returncode == 2 and "needs --store postgresql://" in done.stderr
+
+
+async def test_prismd_keeps_serving_across_a_server_restart(tmp_path: Path, url: str) -> None:
+    """``pg_ctl restart -m fast`` while messages flow: what the web chat acknowledged is
+    answered once or listed unresolved (a turn cut by the restart stays ``executing`` for the
+    operator), anything else was refused as ``unavailable``, and the same prismd — not
+    restarted — answers again once the server is back."""
+    layout = write_config(tmp_path, delay_ms=1, store_url=url)
+    accepted: list[str] = []
+    replies: list[str] = []
+    refused = 0
+    async with running_daemon(layout) as daemon:
+        await daemon.wait_state("READY=1")
+        async with chat(layout.port) as client:
+
+            async def send(number: int, reply_within_s: float = 10) -> bool:
+                nonlocal refused
+                admission = await client.send_message(f"m{number}", f"message {number}")
+                if admission["status"] != "accepted":
+                    assert admission["reason"] == "unavailable", admission
+                    refused += 1
+                    await trio.sleep(0.1)
+                    return False
+                accepted.append(f"m{number}")
+                with trio.move_on_after(reply_within_s):
+                    while f"m{number}" not in replies:
+                        replies.append((await client.next_frame("reply"))["inReplyTo"])
+                return f"m{number}" in replies
+
+            for number in range(1, 6):
+                assert await send(number)
+            restarted = trio.Event()
+
+            async def restart() -> None:
+                done = await trio.to_thread.run_sync(
+                    pgserver.pg_ctl, "restart", "-m", "fast", "-w", "-t", "60"
+                )
+                assert done.returncode == 0, done.stdout + done.stderr
+                restarted.set()
+
+            with trio.fail_after(90):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(restart)
+                    while not restarted.is_set():  # keep admitting while it is away
+                        await send(number := number + 1, reply_within_s=0.3)
+                # The same prismd, not restarted: five more, each answered.
+                answered_after = 0
+                while answered_after < 5:
+                    answered_after += await send(number := number + 1)
+        assert daemon.process.returncode is None
+        with trio.fail_after(30):
+            while True:
+                code, unresolved, err = await prismctl(layout, "list-unresolved")
+                assert code == 0, err
+                if len(set(replies)) + len(unresolved) >= len(accepted):
+                    break
+                await trio.sleep(0.2)
+        daemon.send(signal.SIGTERM)
+        assert await daemon.wait_exit() == 0
+    assert len(replies) == len(set(replies)), "a message was answered twice"
+    assert set(replies) <= set(accepted)
