@@ -238,6 +238,12 @@ class Driver:
                     f"{where}: statement cancelled after statement_timeout"
                     f" ({self.options.statement_timeout_ms} ms) or by an operator"
                 )
+            if state == "42501":
+                return StoreUnavailableError(
+                    f"{where}: permission denied (SQLSTATE 42501): the role lacks a privilege"
+                    " this needs, such as creating tables in the schema (make the database"
+                    " or the schema the role's own)"
+                )
             if state in _UNREACHABLE or state.startswith("08"):
                 return StoreUnreachableError(f"{where}: connection lost ({name}, SQLSTATE {state})")
             return StoreUnavailableError(f"{where}: {name} (SQLSTATE {state})")

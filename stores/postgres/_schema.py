@@ -57,6 +57,7 @@ class Migration:
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()[:16]
 
 
+# Part of migration 1's text (and so of its checksum): never edit, add a migration instead.
 _SCOPE_EQ = (
     "c.tenant_id IS NOT DISTINCT FROM p_tenant AND c.account_id IS NOT DISTINCT FROM p_account"
     " AND c.user_id IS NOT DISTINCT FROM p_user"

@@ -593,3 +593,17 @@ async def test_connections_give_up_on_a_silent_peer_in_bounded_time(url: str) ->
         sock = conn._transport.get_extra_info("socket")
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 3000
+
+
+async def test_a_role_that_may_not_create_the_schema_is_told_why(url: str) -> None:
+    role = f"r_{pgserver.schema_of(url)}"
+    await pgserver.query(url, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        restricted = url.replace("postgresql://postgres@", f"postgresql://{role}@")
+        with trio.fail_after(30), pytest.raises(StoreUnavailableError) as info:
+            async with open_store(restricted):
+                pass
+        assert "permission denied (SQLSTATE 42501)" in str(info.value)
+        assert not isinstance(info.value, StoreUnreachableError)
+    finally:
+        await pgserver.query(url, f'DROP ROLE "{role}"')
