@@ -42,8 +42,8 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -224,15 +224,13 @@ def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[W
                     namespace=req.namespace,
                     key=req.key,
                     version=req.version,
-                    value=_common.decode_json(req.value_json),
+                    value=req.stored_value(),
                     scope=req.scope,
                     created_at_ms=created,
                     updated_at_ms=updated,
                     fencing_token=req.fencing_token,
                     category=req.category,
-                    metadata=None
-                    if req.metadata_json is None
-                    else _common.decode_json(req.metadata_json),
+                    metadata=req.stored_metadata(),
                 )
             status_: WriteStatus = status
             results.append(WriteResult(status_, record))
@@ -615,7 +613,7 @@ class PostgresLeaseStore:
         if not isinstance(reclaim, bool):
             raise InvalidLeaseError("reclaim must be a bool")
         now = self._clock.now_ms()
-        token = uuid.uuid4().hex
+        token = os.urandom(16).hex()
         row = await self._call(
             f"SELECT * FROM {self._t}.prism_acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             namespace, key, *_scope_args(scope), owner_id, token, now, now + ttl, reclaim,
@@ -861,7 +859,7 @@ class BridgeSamples:
 async def measure_bridge(store: PostgresStore, samples: int) -> BridgeSamples:
     """Time ``samples`` create-only saves each way (alternating, so load hits all three)."""
     scope = OwnershipScope("bench-bridge")
-    prefix = uuid.uuid4().hex[:12]
+    prefix = os.urandom(6).hex()
     writer = store._writer
     now = store.checkpoints._clock.now_ms
 
