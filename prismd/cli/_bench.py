@@ -52,8 +52,7 @@ from typing import Any
 import attrs
 import trio
 
-from stores import Store, open_store
-from stores.postgres import is_postgres_url
+from stores import Store, is_postgres_url, open_store
 
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
@@ -445,8 +444,7 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
 
 def _shown(url: str) -> str:
     """A store URL as it may be printed: a PostgreSQL password left out."""
-    from stores import InvalidStoreURLError
-    from stores.postgres import is_postgres_url, parse_postgres_url
+    from stores import InvalidStoreURLError, parse_postgres_url
 
     if not is_postgres_url(url):
         return url

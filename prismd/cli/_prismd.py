@@ -152,8 +152,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 def _store_display(url: str) -> str:
     """The store URL as it may be shown (no password)."""
-    from stores import InvalidStoreURLError
-    from stores.postgres import is_postgres_url, parse_postgres_url
+    from stores import InvalidStoreURLError, is_postgres_url, parse_postgres_url
 
     if is_postgres_url(url):
         try:

@@ -41,7 +41,7 @@ from adapters.signal import SignalConnectionConfig
 from adapters.telegram import TelegramConnectionConfig
 from adapters.toolkit import is_loopback_host, parse_host_port
 from adapters.webchat import WebchatConnectionConfig
-from stores.postgres import (
+from stores import (
     DEFAULT_CONNECT_TIMEOUT_MS,
     DEFAULT_STATEMENT_TIMEOUT_MS,
     MAX_POOL_SIZE,
@@ -119,7 +119,7 @@ class ConfigError(Exception):
 @attrs.frozen
 class StoreConfig:
     url: str = "sqlite:///var/journal.sqlite"
-    # PostgreSQL only (refused with another URL): see stores.postgres.PostgresOptions.
+    # PostgreSQL only (refused with another URL): see stores.PostgresOptions.
     pool_size: int | None = None
     """At most this many connections (default: twice the CPU count, 2..16)."""
     password_file: str | None = None
@@ -920,8 +920,7 @@ def _check_store_runnable(
         raise error("[store].url", f"the {scheme}:// store is not available in this build yet")
     if store.is_postgres:
         # The URL's shape and the password's presence; nothing is contacted.
-        from stores import InvalidStoreURLError
-        from stores.postgres import parse_postgres_url
+        from stores import InvalidStoreURLError, parse_postgres_url
 
         try:
             parse_postgres_url(url)

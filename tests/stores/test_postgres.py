@@ -26,10 +26,10 @@ from stores import (
     StoreUnreachableError,
     migrate_store,
     open_store,
+    parse_postgres_url,
 )
-from stores.postgres import parse_postgres_url
-from stores.postgres._schema import LATEST, MIGRATIONS
-from stores.postgres._store import PostgresStore
+from stores._pg_schema import LATEST, MIGRATIONS
+from stores.postgres import PostgresStore
 from tests import pgserver
 
 from .test_sqlite_processes import spawn
@@ -552,7 +552,7 @@ def test_connect_failures_say_whether_trying_again_can_help() -> None:
     would appear is removed); only what may pass (a server starting, full) is retried."""
     import asyncpg
 
-    from stores.postgres._driver import Driver
+    from stores._pg_driver import Driver
 
     driver = Driver(
         url=parse_postgres_url("postgresql://prismd:pw-7f3a@db:5433/journal"),

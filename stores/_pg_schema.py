@@ -25,7 +25,7 @@ Tables (the contract's ``prism_checkpoints``/``prism_leases`` plus the event str
   to come, and an aborted transaction gives its numbers back (no gaps at all).
 * ``prism_schema_migrations`` — what was applied, when, with which checksum.
 
-Functions (so a group commit or a lease call is one round trip, see ``_store``):
+Functions (so a group commit or a lease call is one round trip, see :mod:`stores.postgres`):
 
 * ``prism_apply_write`` — one save or delete with every check in its writing statement.
 * ``prism_write_checkpoints`` — a batch of jobs; an atomic job of several writes runs in a
@@ -42,8 +42,8 @@ import hashlib
 
 import attrs
 
-from .._types import SchemaStatus, StoreUnavailableError
-from ._driver import Session
+from ._pg_driver import Session
+from ._types import SchemaStatus, StoreUnavailableError
 
 
 @attrs.frozen

@@ -13,8 +13,9 @@ Guarantees:
   fence and scope checks and the write are one atomic step on one row — what SERIALIZABLE
   would give for this access pattern, without its retries: no check reads a row it does not
   write or lock, and nothing reads a range to decide a write. Leases are the same (one
-  statement, the conflicting row locked; see ``_schema``). The conformance suite's races
-  (many writers, one winner) and the PostgreSQL tests with two independent pools prove it.
+  statement, the conflicting row locked; see :mod:`stores._pg_schema`). The conformance
+  suite's races (many writers, one winner) and the PostgreSQL tests with two independent
+  pools prove it.
 * **One write path, group committed.** Every write call is a job for one writer task: jobs
   that arrive while a transaction is in flight wait, and the next transaction carries all of
   them (up to :data:`MAX_JOBS`) as one call of ``prism_write_checkpoints`` — one statement,
@@ -51,8 +52,18 @@ from typing import Any
 import attrs
 import trio
 
-from .. import _common
-from .._types import (
+from . import _common
+from . import _pg_schema as _schema
+from ._pg_driver import (
+    Driver,
+    RetryTransaction,
+    Session,
+    WriteRefused,
+    open_driver,
+    plain_asyncio_timings,
+)
+from ._pg_url import PostgresOptions, PostgresURL, parse_postgres_url
+from ._types import (
     ANY_SCOPE,
     DEFAULT_MAX_VALUE_BYTES,
     LIST_LIMIT_DEFAULT,
@@ -72,20 +83,11 @@ from .._types import (
     OwnershipScope,
     SaveCheckpoint,
     SchemaStatus,
+    Store,
     StoreUnavailableError,
     WriteResult,
     WriteStatus,
 )
-from . import _schema
-from ._driver import (
-    Driver,
-    RetryTransaction,
-    Session,
-    WriteRefused,
-    open_driver,
-    plain_asyncio_timings,
-)
-from ._url import PostgresOptions, PostgresURL, parse_postgres_url
 
 log = logging.getLogger("stores.postgres")
 
@@ -775,7 +777,7 @@ async def open_postgres_store(
     options: PostgresOptions | None = None,
 ) -> AsyncIterator[PostgresStore]:
     """The store at ``url`` for the block: the loop, the pool and the writer live exactly as
-    long. Entering checks the schema and applies missing migrations (see ``_schema``).
+    long. Entering checks the schema and applies missing migrations (see :mod:`stores._pg_schema`).
 
     Raises :class:`~stores.InvalidStoreURLError` for a malformed URL,
     :class:`~stores.StoreUnreachableError` when the server cannot be reached (refused, timed
@@ -856,8 +858,11 @@ class BridgeSamples:
     """The bare statement from plain asyncio (its own loop and connection, in a thread)."""
 
 
-async def measure_bridge(store: PostgresStore, samples: int) -> BridgeSamples:
-    """Time ``samples`` create-only saves each way (alternating, so load hits all three)."""
+async def measure_bridge(store: Store, samples: int) -> BridgeSamples:
+    """Time ``samples`` create-only saves each way, alternating so that load hits all three
+    alike (``prismd bench``'s ``postgres-bridge``). ``TypeError`` for another store."""
+    if not isinstance(store, PostgresStore):
+        raise TypeError("the postgres-bridge measure needs a postgresql:// store")
     scope = OwnershipScope("bench-bridge")
     prefix = os.urandom(6).hex()
     writer = store._writer
