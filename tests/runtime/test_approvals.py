@@ -545,19 +545,17 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path}/journal.sqlite"
     clock = ManualClock()
     with trio.fail_after(60):
-        first_store = await open_store(url, clock=clock)
-        try:
-            async with open_harness(
+        async with (
+            open_store(url, clock=clock) as first_store,
+            open_harness(
                 first_store,  # type: ignore[arg-type]
                 clock,
                 {"primary": suspending_mock(first_store, clock)},
-            ) as h1:
-                allow, _ = await suspend(h1)
-                await h1.runtime.stop()
-        finally:
-            await first_store.aclose()
-        second_store = await open_store(url, clock=clock)
-        try:
+            ) as h1,
+        ):
+            allow, _ = await suspend(h1)
+            await h1.runtime.stop()
+        async with open_store(url, clock=clock) as second_store:
             agent = suspending_mock(second_store, clock)
             async with open_harness(second_store, clock, {"primary": agent}) as h2:  # type: ignore[arg-type]
                 await h2.runtime.admit(event("10", "/status"))
@@ -572,8 +570,6 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
                 page = await second_store.checkpoints.list_checkpoints(namespace=NS_RUN)
                 (row,) = page.items
                 assert row.value["toolRuns"] == 1 and row.value["status"] == "succeeded"
-        finally:
-            await second_store.aclose()
 
 
 async def test_pairing_by_start_deep_link_and_expiry(
