@@ -1,0 +1,135 @@
+"""The durable inbox: received messages whose admission must wait.
+
+signal-cli hands a message over once and forgets it (``protocols-telegram-signal.md`` §2:
+no application acknowledgement, no replay). When ``admit`` cannot take a message now — a
+retryable answer (``capacity``, ``unavailable``, ``stopped`` while the daemon shuts down)
+or an exception — the Telegram adapter simply leaves it with Telegram; the Signal adapter
+has nobody to leave it with. It keeps the event in memory and writes it here, in the
+journal's store, so a stop or a crash while it waits does not lose it: the next receiver to
+hold the lease (this daemon after a restart, or a standby) admits it before subscribing.
+
+One record per event: namespace ``prism.channels.v1.signal.inbox``, key
+``i1:<connection>:<event id>``, the adapter's service scope, category
+``channel-signal-inbox``, created once (compare-and-swap on version 0) and deleted once the
+event got a final admission. It holds the message text — the only place beside the
+operation record of an ``accepted`` message that does — for as long as that takes; an
+admission answered as a duplicate is final too, so an event written here twice, or replayed
+by two daemons, is still admitted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from prismd.channel import InboundEvent
+from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
+
+from ._status import log
+
+__all__ = ["INBOX_CATEGORY", "INBOX_NAMESPACE", "Inbox"]
+
+INBOX_NAMESPACE = "prism.channels.v1.signal.inbox"
+INBOX_CATEGORY = "channel-signal-inbox"
+MAX_REPLAY = 10_000
+"""At most this many records are taken back at one start (the rest at the next)."""
+_PAGE = 500
+
+
+@attrs.define(eq=False, kw_only=True)
+class Inbox:
+    connection_id: str
+    checkpoints: CheckpointStore
+    scope: OwnershipScope
+
+    def key(self, event_id: str) -> str:
+        return f"i1:{self.connection_id}:{event_id}"
+
+    async def put(self, event: InboundEvent) -> bool:
+        """Write ``event`` (once); False when the store refused or failed (logged)."""
+        value = {
+            "schema": 1,
+            "eventId": event.event_id,
+            "conversationId": event.external_conversation_id,
+            "actorId": event.external_actor_id,
+            "text": event.text,
+            "receivedAt": event.received_at_ms,
+            "claims": dict(event.claims),
+        }
+        try:
+            await self.checkpoints.save_checkpoint(
+                namespace=INBOX_NAMESPACE,
+                key=self.key(event.event_id),
+                scope=self.scope,
+                version=1,
+                expected_version=0,
+                value=value,
+                category=INBOX_CATEGORY,
+            )
+        except CheckpointConflictError:
+            return True  # already there (written before a restart)
+        except Exception as exc:
+            log.warning(
+                "signal %s: keeping a received message in the inbox failed (%s); it waits "
+                "in memory only",
+                self.connection_id,
+                type(exc).__name__,
+            )
+            return False
+        return True
+
+    async def remove(self, event: InboundEvent) -> None:
+        """Delete the record of an event that got its final admission (failures logged:
+        a record left behind is admitted again as a duplicate and removed then)."""
+        try:
+            await self.checkpoints.delete_checkpoint(
+                namespace=INBOX_NAMESPACE, key=self.key(event.event_id), scope=self.scope
+            )
+        except Exception as exc:
+            log.warning(
+                "signal %s: removing an admitted message from the inbox failed (%s)",
+                self.connection_id,
+                type(exc).__name__,
+            )
+
+    async def load(self) -> list[InboundEvent]:
+        """Every waiting event, oldest first (store errors propagate)."""
+        rows: list[tuple[int, str, InboundEvent]] = []
+        cursor: str | None = None
+        while len(rows) < MAX_REPLAY:
+            page = await self.checkpoints.list_checkpoints(
+                namespace=INBOX_NAMESPACE,
+                key_prefix=f"i1:{self.connection_id}:",
+                scope=self.scope,
+                cursor=cursor,
+                limit=_PAGE,
+            )
+            for row in page.items:
+                event = self._event(row.value)
+                if event is not None:
+                    rows.append((event.received_at_ms or 0, row.key, event))
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        rows.sort(key=lambda item: (item[0], item[1]))
+        return [event for _received, _key, event in rows]
+
+    def _event(self, value: Any) -> InboundEvent | None:
+        if not isinstance(value, Mapping) or value.get("schema") != 1:
+            return None
+        parts = [value.get(k) for k in ("eventId", "conversationId", "actorId", "text")]
+        if not all(isinstance(part, str) for part in parts):
+            return None
+        received = value.get("receivedAt")
+        claims = value.get("claims")
+        return InboundEvent(
+            connection_id=self.connection_id,
+            external_conversation_id=value["conversationId"],
+            external_actor_id=value["actorId"],
+            event_id=value["eventId"],
+            text=value["text"],
+            received_at_ms=received if isinstance(received, int) else None,
+            claims=dict(claims) if isinstance(claims, Mapping) else {},
+        )

@@ -1,0 +1,650 @@
+"""Receiving: one manual ``subscribeReceive`` subscription under the receiver lease.
+
+Contract §12.3–12.4, with the differences that keep every message signal-cli handed over:
+
+* **One receiver per account.** Receiving runs only while
+  :class:`~adapters.toolkit.ReceiverLease` holds ``prism.channels.v1.signal.receiver`` /
+  ``r1:<connection>`` (service scope), renewed at half its TTL; a daemon that does not get
+  it stands by (``standby``) and takes over when it frees; a restarted daemon takes over
+  its own predecessor's lease at once (SPEC difference 8).
+* **Readiness probe.** Before every ``subscribeReceive`` the readiness record (§5.7, the
+  same namespace and key in the journal's store) is rewritten by compare-and-swap at
+  version + 1, fenced by the lease: signal-cli is asked for messages only when the store
+  takes a write from this holder now. A probe that fails (the store is down, a newer
+  holder's fence) means no subscription: back off and try again.
+* **Accept only ours.** A ``receive`` notification counts only for the current
+  subscription id; one naming another account pauses the receiver for good (health
+  ``account: mismatch``, an :class:`~prismd.channel.AdapterFatalError`: the operator
+  fixes the config or the daemon, reconnecting cannot).
+* **Journal on receipt.** Each event is admitted the moment it is read — nothing else
+  happens before ``admit`` writes the operation record — one at a time, in order; while it
+  is admitted, reading stops (at most ``max_pending_events`` further notifications wait in
+  memory, then signal-cli's writes block). That hop is the loss window a SIGKILL can hit.
+* **Pause, never drop.** On a retryable admission, a lost lease, a connection that ended,
+  or a stop: stop taking notifications, ``unsubscribeReceive`` (a request, so its answer
+  says that everything sent before it has been read), take what was already sent, drop the
+  socket. Events already received are kept (memory + the durable inbox,
+  :mod:`adapters.signal._inbox`) and admitted before the next subscription, with backoff.
+  Reconnecting waits a jittered delay doubling from ``reconnect_delay_s`` to
+  ``max_reconnect_delay_s`` (no hot loop while signal-cli is down).
+* **A graceful stop.** Cancelling :meth:`Receiver.run` (the supervisor stopping the daemon)
+  ends waiting, not the wind-down: it unsubscribes, keeps what was sent meanwhile in the
+  inbox and releases the lease, within :data:`STOP_BUDGET_S`.
+
+Log lines name the connection and cause classes, never the account number, a sender or
+message text.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random as _random
+from collections.abc import Iterator
+from typing import Literal, TypeAlias
+
+import attrs
+import trio
+
+from prismd.channel import Admit, InboundEvent
+from prismd.jsonrpc import Incoming
+from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope, ms_to_iso
+
+from ..toolkit import (
+    Backoff,
+    JsonRpcClient,
+    JsonRpcConnectionError,
+    JsonRpcTimeoutError,
+    LeaseLostError,
+    ReceiverLease,
+    RpcError,
+    open_jsonrpc_client,
+)
+from ._client import Endpoint, SignalUnreachableError
+from ._inbox import Inbox
+from ._parse import parse_envelope, read_notification
+from ._status import SignalStatus, log
+
+__all__ = ["READINESS_CATEGORY", "RECEIVER_NAMESPACE", "Receiver"]
+
+RECEIVER_NAMESPACE = "prism.channels.v1.signal.receiver"
+READINESS_CATEGORY = "channel-signal-receiver"
+STOP_BUDGET_S = 5.0
+"""A stop ends the receiver within this long, whatever signal-cli or the store do."""
+WIND_DOWN_S = 2.0
+"""Bound on unsubscribing and taking what was already sent."""
+PERSIST_S = 2.0
+"""Bound on writing held events to the inbox during a stop."""
+STABLE_S = 30.0
+"""A subscription that lasted this long resets the reconnect backoff."""
+
+Ended: TypeAlias = Literal[
+    "stopped",
+    "unreachable",
+    "subscribe_failed",
+    "eof",
+    "broken",
+    "oversized",
+    "malformed",
+    "closed",
+    "open",
+    "admission",
+    "account_mismatch",
+]
+_WHY = {
+    "unreachable": "signal-cli is unreachable",
+    "subscribe_failed": "subscribeReceive failed",
+    "eof": "signal-cli closed the connection",
+    "broken": "the connection broke",
+    "oversized": "signal-cli sent an oversized frame",
+    "malformed": "signal-cli sent a malformed frame",
+}
+
+
+class _Mismatch:
+    """A notification for another account."""
+
+
+MISMATCH = _Mismatch()
+
+
+@attrs.define(eq=False)
+class _Held:
+    event: InboundEvent
+    durable: bool = False
+
+
+@attrs.define(eq=False)
+class _Started:
+    """``task_status.started()`` once: when receiving or standing by, whichever is first."""
+
+    task_status: trio.TaskStatus[None]
+    fired: bool = False
+
+    def fire(self) -> None:
+        if not self.fired:
+            self.fired = True
+            self.task_status.started()
+
+
+@attrs.define(eq=False, kw_only=True)
+class Receiver:
+    connection_id: str
+    account: str
+    endpoint: Endpoint
+    admit: Admit
+    lease: ReceiverLease
+    checkpoints: CheckpointStore
+    service_scope: OwnershipScope
+    inbox: Inbox
+    status: SignalStatus
+    clock: Clock
+    random: _random.Random
+    allow_groups: bool
+    timeout_s: float
+    max_frame_bytes: int
+    max_pending_requests: int
+    max_pending_events: int
+    reconnect_delay_s: float
+    max_reconnect_delay_s: float
+    _held: collections.deque[_Held] = attrs.field(factory=collections.deque, init=False)
+    _stopping: bool = attrs.field(default=False, init=False)
+    _interruptible_scopes: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+    _warned_unsubscribed: bool = attrs.field(default=False, init=False)
+    _mismatch: bool = attrs.field(default=False, init=False)
+    _failures: int = attrs.field(default=0, init=False)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self, task_status: trio.TaskStatus[None]) -> bool:
+        """Receive until cancelled; True when it stopped for an account mismatch.
+
+        Cancellation is turned into a graceful stop (see the module docstring), bounded by
+        :data:`STOP_BUDGET_S`.
+        """
+        started = _Started(task_status)
+        self._stopping = False
+        self._mismatch = False
+        hard = trio.CancelScope(shield=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_stop, hard)
+            try:
+                with hard:
+                    await self._run(started)
+            finally:
+                nursery.cancel_scope.cancel()
+        return self._mismatch
+
+    async def _watch_stop(self, hard: trio.CancelScope) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._stopping = True
+            for scope in self._interruptible_scopes:
+                scope.cancel()
+            hard.deadline = min(hard.deadline, trio.current_time() + STOP_BUDGET_S)
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[trio.CancelScope]:
+        """A wait that a stop ends (check ``cancelled_caught`` or :attr:`_stopping`)."""
+        scope = trio.CancelScope()
+        if self._stopping:
+            scope.cancel()
+        self._interruptible_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._interruptible_scopes.discard(scope)
+
+    async def _run(self, started: _Started) -> None:
+        self.status.state = "starting"
+        try:
+            while not self._stopping and not self._mismatch:
+                if not await self._acquire(started):
+                    return
+                await self._hold_and_receive(started)
+        finally:
+            await self._finish()
+
+    async def _acquire(self, started: _Started) -> bool:
+        """Hold the lease (standing by while another receiver has it); False on a stop."""
+
+        def standby() -> None:
+            self.status.state = "standby"
+            self.status.subscription = "inactive"
+            started.fire()
+
+        backoff = Backoff(
+            self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
+        )
+        while True:
+            with self._interruptible() as scope:
+                try:
+                    await self.lease.acquire(on_standby=standby)
+                    return True
+                except Exception as exc:
+                    delay = backoff.next_delay()
+                    self.status.state = "backoff"
+                    log.warning(
+                        "signal %s: acquiring the receiver lease failed (%s); retry in %.1f s",
+                        self.connection_id,
+                        type(exc).__name__,
+                        delay,
+                    )
+                    await trio.sleep(delay)
+            if scope.cancelled_caught:
+                return False
+
+    async def _hold_and_receive(self, started: _Started) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.lease.keep)
+            try:
+                await self._while_held(started)
+            except LeaseLostError:
+                self.status.state = "paused"
+                log.info(
+                    "signal %s: receiver lease lost; not receiving until it is ours again",
+                    self.connection_id,
+                )
+            finally:
+                nursery.cancel_scope.cancel()
+        await self.lease.release()
+
+    async def _while_held(self, started: _Started) -> None:
+        backoff = Backoff(
+            self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
+        )
+        await self._replay_inbox()
+        while not self._stopping:
+            await self._settle_held()
+            if self._stopping or self._mismatch:
+                return
+            self.lease.check()
+            if not await self._probe_or_wait(backoff):
+                continue
+            ended, stable = await self._session(started)
+            if ended == "account_mismatch" or self._mismatch:
+                self._mismatch = True
+                await self._settle_held()
+                return
+            if ended == "stopped":
+                return
+            if stable:
+                backoff.reset()
+            if ended == "admission":
+                continue  # _settle_held paces the retries
+            self._failures += 1
+            delay = backoff.next_delay()
+            self.status.state = "backoff"
+            log.warning(
+                "signal %s: %s; reconnecting in %.1f s (attempt %d)",
+                self.connection_id,
+                _WHY.get(ended, "the subscription ended"),
+                delay,
+                self._failures,
+            )
+            with self._interruptible():
+                await self.lease.sleep(delay)
+
+    async def _finish(self) -> None:
+        with trio.move_on_after(STOP_BUDGET_S, shield=True):
+            await self._persist_held()
+            await self.lease.release()
+        self.status.bridge = "unavailable"
+        self.status.subscription = "inactive"
+        self.status.state = "account_mismatch" if self._mismatch else "stopped"
+
+    # ------------------------------------------------------------------ readiness
+
+    async def _probe(self) -> None:
+        """Rewrite the readiness record (version + 1, fenced by the lease)."""
+        self.status.state = "probing"
+        key = f"r1:{self.connection_id}"
+        for _attempt in range(2):
+            record = await self.checkpoints.load_checkpoint(
+                namespace=RECEIVER_NAMESPACE, key=key, scope=self.service_scope
+            )
+            version = 0 if record is None else record.version
+            try:
+                await self.checkpoints.save_checkpoint(
+                    namespace=RECEIVER_NAMESPACE,
+                    key=key,
+                    scope=self.service_scope,
+                    version=version + 1,
+                    expected_version=version,
+                    fencing_token=self.lease.fencing_token,
+                    value={"schema": 1, "updatedAt": ms_to_iso(self.clock.now_ms())},
+                    category=READINESS_CATEGORY,
+                )
+            except CheckpointConflictError:
+                continue  # rewritten meanwhile: look again (a newer fence refuses twice)
+            self.status.probes += 1
+            return
+        raise CheckpointConflictError("readiness record held by a newer writer")
+
+    async def _probe_or_wait(self, backoff: Backoff) -> bool:
+        """True once the probe was written; False after a failure (waited) or a stop."""
+        try:
+            with self._interruptible() as scope, self.lease.guard():
+                await self._probe()
+            return not scope.cancelled_caught
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            delay = backoff.next_delay()
+            self.status.state = "backoff"
+            log.warning(
+                "signal %s: readiness probe failed (%s); not subscribing; retry in %.1f s",
+                self.connection_id,
+                type(exc).__name__,
+                delay,
+            )
+            with self._interruptible():
+                await self.lease.sleep(delay)
+            return False
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _connect(self) -> trio.abc.Stream | None:
+        stream: trio.abc.Stream | None = None
+        self.status.state = "connecting"
+        try:
+            with self._interruptible(), self.lease.guard():
+                stream = await self.endpoint.connect(self.timeout_s)
+        except SignalUnreachableError as exc:
+            log.debug("signal %s: connect failed (%s)", self.connection_id, exc.cause_name)
+            return None
+        except LeaseLostError:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            raise
+        if stream is not None and self._stopping:
+            await trio.aclose_forcefully(stream)
+            return None
+        return stream
+
+    async def _session(self, started: _Started) -> tuple[Ended, bool]:
+        """Connect, subscribe, take notifications, wind down: why it ended, and whether the
+        subscription lasted :data:`STABLE_S`."""
+        stream = await self._connect()
+        if stream is None:
+            return ("stopped" if self._stopping else "unreachable"), False
+        self.status.connects += 1
+        lease_lost = False
+        ended: Ended = "stopped"
+        since: float | None = None
+        async with open_jsonrpc_client(
+            stream,
+            timeout_s=self.timeout_s,
+            max_pending=self.max_pending_requests,
+            max_frame_bytes=self.max_frame_bytes,
+            max_notifications=self.max_pending_events,
+            close_on_bad_frame=True,
+        ) as client:
+            self.status.bridge = "connected"
+            subscription: int | None = None
+            try:
+                subscription = await self._subscribe(client)
+                if subscription is None:
+                    ended = "subscribe_failed"
+                else:
+                    since = trio.current_time()
+                    self._subscribed(started)
+                    self.lease.check()
+                    ended = await self._intake(client, subscription)
+            except LeaseLostError:
+                lease_lost = True
+            finally:
+                if subscription is not None:
+                    await self._wind_down(client, subscription)
+        self.status.bridge = "unavailable"
+        self.status.subscription = "paused"
+        if ended in ("oversized", "malformed"):
+            self.status.bad_frames += 1
+        if lease_lost:
+            raise LeaseLostError()
+        stable = since is not None and trio.current_time() - since >= STABLE_S
+        return ended, stable
+
+    async def _subscribe(self, client: JsonRpcClient) -> int | None:
+        """The new subscription id, or ``None`` (logged). Not cut short by a stop or a lost
+        lease: signal-cli may already have subscribed, and a subscription whose id is not
+        known could not be wound down."""
+        try:
+            result = await client.call("subscribeReceive")
+        except RpcError as error:
+            log.warning(
+                "signal %s: subscribeReceive refused (code %d)", self.connection_id, error.code
+            )
+            return None
+        except (JsonRpcTimeoutError, JsonRpcConnectionError) as exc:
+            log.debug(
+                "signal %s: subscribeReceive failed (%s)", self.connection_id, type(exc).__name__
+            )
+            return None
+        if isinstance(result, bool) or not isinstance(result, int) or result < 0:
+            log.warning(
+                "signal %s: subscribeReceive answered no subscription id", self.connection_id
+            )
+            return None
+        return result
+
+    def _subscribed(self, started: _Started) -> None:
+        status = self.status
+        status.subscriptions += 1
+        status.subscription = "active"
+        status.state = "receiving"
+        if status.account == "unverified":
+            status.account = "ready"
+        if self._failures:
+            log.info(
+                "signal %s: receiving again after %d failed attempt(s)",
+                self.connection_id,
+                self._failures,
+            )
+            self._failures = 0
+        elif not started.fired:
+            log.info("signal %s: receiving (manual subscription)", self.connection_id)
+        started.fire()
+
+    async def _intake(self, client: JsonRpcClient, subscription: int) -> Ended:
+        while True:
+            if self._stopping:
+                return "stopped"
+            note: Incoming | None = None
+            with self._interruptible(), self.lease.guard():
+                try:
+                    note = await client.notifications.receive()
+                except trio.EndOfChannel:
+                    return client.closed_reason
+            if note is None:
+                return "stopped"
+            verdict = self._classify(note, subscription)
+            if verdict is MISMATCH:
+                return "account_mismatch"
+            if isinstance(verdict, InboundEvent) and not await self._admit_or_hold(verdict):
+                return "admission"
+            self.lease.check()
+
+    def _classify(self, note: Incoming, subscription: int) -> InboundEvent | _Mismatch | None:
+        """The event in ``note``, :data:`MISMATCH`, or ``None`` (counted, ignored)."""
+        status = self.status
+        if note.method != "receive":
+            status.ignored["other_notification"] += 1
+            return None
+        status.notifications += 1
+        parsed = read_notification(note.params)
+        if parsed is None:
+            status.ignored["malformed"] += 1
+            return None
+        if parsed.shape == "automatic":
+            status.unsubscribed += 1
+            if not self._warned_unsubscribed:
+                self._warned_unsubscribed = True
+                log.warning(
+                    "signal %s: signal-cli sends messages outside any subscription: it is "
+                    "not in manual receive mode (run it with --receive-mode=manual); those "
+                    "copies are ignored",
+                    self.connection_id,
+                )
+            return None
+        if parsed.subscription != subscription:
+            status.foreign_subscription += 1
+            return None
+        if parsed.account is not None and parsed.account != self.account:
+            if not self._mismatch:
+                log.error(
+                    "signal %s: signal-cli serves another account than the configured one; "
+                    "receiving stopped (fix `account` or the signal-cli daemon, then restart)",
+                    self.connection_id,
+                )
+            self._mismatch = True
+            status.account = "mismatch"
+            return MISMATCH
+        result = parse_envelope(
+            parsed,
+            connection_id=self.connection_id,
+            account=self.account,
+            allow_groups=self.allow_groups,
+            received_at_ms=self.clock.now_ms(),
+        )
+        if result.event is None:
+            reason = result.ignored or "malformed"
+            status.ignored[reason] += 1
+            log.debug("signal %s: notification ignored (%s)", self.connection_id, reason)
+            return None
+        return result.event
+
+    # ------------------------------------------------------------------ admission
+
+    async def _admit_once(self, event: InboundEvent) -> bool:
+        """True when ``admit`` gave a final answer (accepted, duplicate, a final refusal)."""
+        try:
+            admission = await self.admit(event)
+        except Exception as exc:
+            self.status.retried += 1
+            log.warning(
+                "signal %s: admitting a message failed (%s); it is kept and retried",
+                self.connection_id,
+                type(exc).__name__,
+            )
+            return False
+        if admission.retryable:
+            self.status.retried += 1
+            log.debug(
+                "signal %s: admission answered %s; the message is kept and retried",
+                self.connection_id,
+                admission.reason,
+            )
+            return False
+        self.status.admitted += 1
+        return True
+
+    async def _admit_or_hold(self, event: InboundEvent) -> bool:
+        if await self._admit_once(event):
+            return True
+        held = _Held(event)
+        self._held.append(held)
+        self.status.held = len(self._held)
+        held.durable = await self.inbox.put(event)
+        return False
+
+    async def _settle_held(self) -> None:
+        """Admit the held events in order, with backoff; returns when none is left (or on a
+        stop, after making them durable)."""
+        backoff = Backoff(
+            self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
+        )
+        while self._held:
+            if self._stopping:
+                await self._persist_held()
+                return
+            item = self._held[0]
+            if not item.durable:
+                item.durable = await self.inbox.put(item.event)
+            if await self._admit_once(item.event):
+                self._held.popleft()
+                self.status.held = len(self._held)
+                if item.durable:
+                    await self.inbox.remove(item.event)
+                backoff.reset()
+                continue
+            self.status.state = "paused"
+            self.status.subscription = "paused"
+            delay = backoff.next_delay()
+            log.info(
+                "signal %s: %d received message(s) wait for admission; next try in %.1f s",
+                self.connection_id,
+                len(self._held),
+                delay,
+            )
+            with self._interruptible():
+                await trio.sleep(delay)
+
+    async def _persist_held(self) -> None:
+        with trio.move_on_after(PERSIST_S, shield=True):
+            for item in list(self._held):
+                if not item.durable:
+                    item.durable = await self.inbox.put(item.event)
+
+    async def _replay_inbox(self) -> None:
+        try:
+            events = await self.inbox.load()
+        except Exception as exc:
+            log.warning(
+                "signal %s: reading the inbox failed (%s); retried at the next start",
+                self.connection_id,
+                type(exc).__name__,
+            )
+            return
+        known = {item.event.event_id for item in self._held}
+        for event in events:
+            if event.event_id not in known:
+                self._held.append(_Held(event, durable=True))
+                self.status.replayed += 1
+        self.status.held = len(self._held)
+        if events:
+            log.info(
+                "signal %s: %d received message(s) taken back from the inbox",
+                self.connection_id,
+                len(events),
+            )
+
+    # ------------------------------------------------------------------ pausing
+
+    async def _wind_down(self, client: JsonRpcClient, subscription: int) -> None:
+        """Unsubscribe, take every notification sent before that was answered, keep their
+        events held (bounded by :data:`WIND_DOWN_S`; the socket closes after)."""
+        self.status.subscription = "paused"
+        with trio.move_on_after(WIND_DOWN_S, shield=True):
+            if not client.closed:
+                async with trio.open_nursery() as nursery:
+
+                    async def unsubscribe() -> None:
+                        try:
+                            await client.call(
+                                "unsubscribeReceive",
+                                {"subscription": subscription},
+                                timeout_s=min(self.timeout_s, WIND_DOWN_S),
+                            )
+                        except (RpcError, JsonRpcTimeoutError, JsonRpcConnectionError):
+                            pass
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(unsubscribe)
+                    async for note in client.notifications:
+                        self._keep(note, subscription)
+                    nursery.cancel_scope.cancel()
+        while True:
+            try:
+                note = client.notifications.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            self._keep(note, subscription)
+        self.status.held = len(self._held)
+
+    def _keep(self, note: Incoming, subscription: int) -> None:
+        verdict = self._classify(note, subscription)
+        if isinstance(verdict, InboundEvent):
+            self._held.append(_Held(verdict))
