@@ -43,6 +43,8 @@ class Inbox:
     connection_id: str
     checkpoints: CheckpointStore
     scope: OwnershipScope
+    _seq: int = attrs.field(default=0, init=False)
+    """Orders events received in the same millisecond (as they were read)."""
 
     def key(self, event_id: str) -> str:
         return f"i1:{self.connection_id}:{event_id}"
@@ -56,6 +58,7 @@ class Inbox:
             "actorId": event.external_actor_id,
             "text": event.text,
             "receivedAt": event.received_at_ms,
+            "seq": self._next_seq(),
             "claims": dict(event.claims),
         }
         try:
@@ -80,6 +83,10 @@ class Inbox:
             return False
         return True
 
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
     async def remove(self, event: InboundEvent) -> None:
         """Delete the record of an event that got its final admission (failures logged:
         a record left behind is admitted again as a duplicate and removed then)."""
@@ -96,7 +103,7 @@ class Inbox:
 
     async def load(self) -> list[InboundEvent]:
         """Every waiting event, oldest first (store errors propagate)."""
-        rows: list[tuple[int, str, InboundEvent]] = []
+        rows: list[tuple[int, int, str, InboundEvent]] = []
         cursor: str | None = None
         while len(rows) < MAX_REPLAY:
             page = await self.checkpoints.list_checkpoints(
@@ -109,12 +116,14 @@ class Inbox:
             for row in page.items:
                 event = self._event(row.value)
                 if event is not None:
-                    rows.append((event.received_at_ms or 0, row.key, event))
+                    seq = row.value.get("seq")
+                    order = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+                    rows.append((event.received_at_ms or 0, order, row.key, event))
             cursor = page.next_cursor
             if cursor is None:
                 break
-        rows.sort(key=lambda item: (item[0], item[1]))
-        return [event for _received, _key, event in rows]
+        rows.sort(key=lambda item: item[:3])
+        return [event for *_order, event in rows]
 
     def _event(self, value: Any) -> InboundEvent | None:
         if not isinstance(value, Mapping) or value.get("schema") != 1:

@@ -617,6 +617,7 @@ class Receiver:
         """Unsubscribe, take every notification sent before that was answered, keep their
         events held (bounded by :data:`WIND_DOWN_S`; the socket closes after)."""
         self.status.subscription = "paused"
+        self.status.state = "paused"
         with trio.move_on_after(WIND_DOWN_S, shield=True):
             if not client.closed:
                 async with trio.open_nursery() as nursery:

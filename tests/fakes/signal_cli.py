@@ -280,6 +280,11 @@ class FakeSignalCli:
         raw = data if isinstance(data, bytes) else encode(data)
         await conn.write(raw)
 
+    def drop_connection(self, connection: int | None = None) -> None:
+        """Reset one connection (by default the newest subscriber's), as a crashed peer or a
+        proxy would; the process keeps running."""
+        _reset(self._target(connection).stream)
+
     def _target(self, connection: int | None) -> Connection:
         if connection is not None:
             return self._connections[connection]
@@ -298,12 +303,14 @@ class FakeSignalCli:
         self._counter = itertools.count()
         listeners: list[trio.SocketListener] = []
         if self.socket_path is not None:
+            # Bound in this thread, not in trio's worker thread: the thread hop would let an
+            # autojump clock leap over the restart, and both are quick syscalls here.
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)  # a stale socket of a killed process: a quick syscall
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            await sock.bind(self.socket_path)
-            sock.listen(64)
-            listeners.append(trio.SocketListener(sock))
+                os.unlink(self.socket_path)  # a stale socket of a killed process
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.bind(self.socket_path)
+            raw.listen(64)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(raw)))
         if self.tcp:
             tcp = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
             self.port = tcp[0].socket.getsockname()[1]

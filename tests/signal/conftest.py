@@ -109,7 +109,9 @@ async def make_adapter(
 
 async def wait_until(predicate: Callable[[], bool], step: float = 0.05) -> None:
     """Poll a condition on (virtual) time; tests bound it with their own deadline."""
-    while not predicate():
+    while True:
+        if predicate():
+            return
         await trio.sleep(step)
 
 
