@@ -8,6 +8,7 @@ the group and attachment policy), :mod:`._send` (chunks, approval lines, results
 :mod:`._status` (health and counters); :mod:`._kind` is the connection kind.
 """
 
+from ._adapter import ACCOUNT_RE as ACCOUNT_RE
 from ._adapter import SignalAdapter as SignalAdapter
 from ._client import Endpoint as Endpoint
 from ._inbox import INBOX_NAMESPACE as INBOX_NAMESPACE
@@ -20,6 +21,7 @@ from ._send import MAX_CHUNK_UNITS as MAX_CHUNK_UNITS
 from ._status import SignalStatistics as SignalStatistics
 
 __all__ = [
+    "ACCOUNT_RE",
     "IGNORE_REASONS",
     "INBOX_NAMESPACE",
     "KIND",
