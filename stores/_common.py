@@ -148,6 +148,23 @@ class SaveRequest:
     fencing_token: int | None
     category: str | None
     metadata_json: str | None
+    encoded_by_caller: bool = False
+    value: JSONValue = None
+    """With ``encoded_by_caller``: the value as given, returned in the stored record (no
+    decode of what the caller encoded). Otherwise the record holds a decode of
+    ``value_json`` (so a tuple comes back a list, as it would from a load)."""
+    metadata: Mapping[str, JSONValue] | None = None
+
+    def stored_value(self) -> JSONValue:
+        return self.value if self.encoded_by_caller else decode_json(self.value_json)
+
+    def stored_metadata(self) -> Mapping[str, JSONValue] | None:
+        if self.metadata_json is None:
+            return None
+        if self.encoded_by_caller and self.metadata is not None:
+            return dict(self.metadata)
+        decoded: Mapping[str, JSONValue] = decode_json(self.metadata_json)
+        return decoded
 
 
 def check_save(
@@ -162,6 +179,7 @@ def check_save(
     category: object,
     metadata: object,
     max_value_bytes: int,
+    value_json: object = None,
 ) -> SaveRequest:
     """Validate a save and encode its value; every backend calls this before touching data.
 
@@ -177,7 +195,11 @@ def check_save(
         raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
     if category is not None and not _is_text(category):
         raise InvalidCheckpointError("category must be a string")
-    value_json = encode_json(value, "value")
+    encoded_by_caller = value_json is not None
+    if value_json is None:
+        value_json = encode_json(value, "value")
+    elif not _is_text(value_json):
+        raise InvalidCheckpointError("value_json must be a string")
     if len(value_json.encode("utf-8")) > max_value_bytes:
         raise RecordTooLargeError(
             f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
@@ -201,6 +223,9 @@ def check_save(
         fencing_token=fencing_token,  # type: ignore[arg-type]
         category=category,
         metadata_json=metadata_json,
+        encoded_by_caller=encoded_by_caller,
+        value=value,
+        metadata=metadata,
     )
 
 
@@ -243,6 +268,7 @@ def check_writes(
                     category=write.category,
                     metadata=write.metadata,
                     max_value_bytes=max_value_bytes,
+                    value_json=write.value_json,
                 )
             )
         elif isinstance(write, DeleteCheckpoint):

@@ -33,6 +33,7 @@ Rules every backend follows (the conformance suite in ``tests/stores`` checks th
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias
@@ -118,9 +119,16 @@ def ms_to_datetime(ms: int) -> _dt.datetime:
     return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC)
 
 
+@functools.lru_cache(maxsize=256)
+def _iso_second(second: int) -> str:
+    return ms_to_datetime(second * 1000).isoformat(timespec="seconds").replace("+00:00", "")
+
+
 def ms_to_iso(ms: int) -> str:
-    """ISO 8601 UTC with millisecond precision and a ``Z`` suffix."""
-    return ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO 8601 UTC with millisecond precision and a ``Z`` suffix (``…T14:13:20.123Z``)."""
+    second, milli = divmod(ms, 1000)
+    # Every record carries its times in this form: the second's text is reused.
+    return f"{_iso_second(second)}.{milli:03d}Z"
 
 
 # --------------------------------------------------------------------------- records
@@ -228,6 +236,9 @@ class SaveCheckpoint:
     fencing_token: int | None = None
     category: str | None = None
     metadata: Mapping[str, JSONValue] | None = None
+    value_json: str | None = None
+    """``value`` already encoded as compact JSON by a caller that built it (the journal):
+    stored as given, so the value is encoded once; its size is still checked."""
 
 
 @attrs.frozen

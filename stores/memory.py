@@ -11,9 +11,10 @@ respect to other tasks: that is the memory store's "transaction".
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import attrs
 import trio
@@ -46,6 +47,9 @@ from ._types import (
 _CONFLICT = "checkpoint version conflict"
 
 
+_DECODE: Any = object()
+
+
 @attrs.frozen
 class _Row:
     """A stored checkpoint with its value kept as JSON text (the copy boundary)."""
@@ -61,12 +65,14 @@ class _Row:
     category: str | None
     metadata_json: str | None
 
-    def record(self) -> CheckpointRecord:
+    def record(self, value: JSONValue = _DECODE) -> CheckpointRecord:
+        """The row as a record; ``value`` given: the caller's own object, not a decode of
+        the stored copy (a save answering with what it was asked to store)."""
         return CheckpointRecord(
             namespace=self.namespace,
             key=self.key,
             version=self.version,
-            value=_common.decode_json(self.value_json),
+            value=_common.decode_json(self.value_json) if value is _DECODE else value,
             scope=self.scope,
             created_at_ms=self.created_at_ms,
             updated_at_ms=self.updated_at_ms,
@@ -221,7 +227,9 @@ class MemoryCheckpointStore:
                 continue
             overlay[address] = row
             events.append(("save", row, req.metadata_json))
-            results.append(WriteResult("ok", row.record()))
+            results.append(
+                WriteResult("ok", row.record(req.value) if req.encoded_by_caller else row.record())
+            )
         if atomic and not all(r.ok for r in results):
             return tuple(r if not r.ok else WriteResult("aborted") for r in results)
         for address, row in overlay.items():
@@ -351,7 +359,7 @@ class MemoryLeaseStore:
             key=key,
             scope=scope,
             owner_id=owner_id,
-            token=uuid.uuid4().hex,
+            token=os.urandom(16).hex(),
             fencing_token=1 if row is None else row.fencing_token + 1,
             acquired_at_ms=now,
             expires_at_ms=now + ttl,

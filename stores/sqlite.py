@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -549,10 +548,12 @@ _UPSERT_SET = (
     " category = excluded.category, value = excluded.value,"
     " metadata = excluded.metadata, updated_at = max(excluded.updated_at, c.updated_at)"
 )
-_CREATE_ONLY = f"{_INSERT} ON CONFLICT (namespace, key) DO NOTHING RETURNING {_CHECKPOINT_COLUMNS}"
+# What a successful write hands back: everything else it wrote is the request's own.
+_WRITTEN = "created_at, updated_at"
+_CREATE_ONLY = f"{_INSERT} ON CONFLICT (namespace, key) DO NOTHING RETURNING {_WRITTEN}"
 _UPSERT_ANY = (
     f"{_INSERT} ON CONFLICT (namespace, key) DO UPDATE SET {_UPSERT_SET}"
-    f" WHERE {_UPDATE_WHERE} RETURNING {_CHECKPOINT_COLUMNS}"
+    f" WHERE {_UPDATE_WHERE} RETURNING {_WRITTEN}"
 )
 # A positive expected version needs an existing row: an insert can only conflict.
 _UPSERT_AT = (
@@ -560,7 +561,7 @@ _UPSERT_AT = (
     " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
     " WHERE EXISTS (SELECT 1 FROM prism_checkpoints WHERE namespace = ? AND key = ?)"
     f" ON CONFLICT (namespace, key) DO UPDATE SET {_UPSERT_SET}"
-    f" WHERE {_UPDATE_WHERE} RETURNING {_CHECKPOINT_COLUMNS}"
+    f" WHERE {_UPDATE_WHERE} RETURNING {_WRITTEN}"
 )
 _DELETE = (
     f"DELETE FROM prism_checkpoints WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
@@ -613,7 +614,20 @@ def _apply(
         req.category,
         req.metadata_json,
     )
-    return WriteResult("ok", _checkpoint(row))
+    created, updated = row
+    record = CheckpointRecord(
+        namespace=req.namespace,
+        key=req.key,
+        version=req.version,
+        value=req.stored_value(),
+        scope=req.scope,
+        created_at_ms=created,
+        updated_at_ms=updated,
+        fencing_token=req.fencing_token,
+        category=req.category,
+        metadata=req.stored_metadata(),
+    )
+    return WriteResult("ok", record)
 
 
 @attrs.define(eq=False)
@@ -844,7 +858,7 @@ class SQLiteLeaseStore:
         if not isinstance(reclaim, bool):
             raise InvalidLeaseError("reclaim must be a bool")
         now = self._db.clock.now_ms()
-        token = uuid.uuid4().hex
+        token = os.urandom(16).hex()
         sql = (
             f"INSERT INTO prism_leases AS l ({_LEASE_COLUMNS})"
             " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)"

@@ -29,6 +29,7 @@ from ._session import SessionEntry as SessionEntry
 from .echo import EchoAgent as EchoAgent
 from .mock import MockAgent as MockAgent
 from .mock import MockOptions as MockOptions
+from .python import resolve_factory as resolve_factory
 from .registry import AGENT_KINDS as AGENT_KINDS
 from .registry import build_agent as build_agent
 from .registry import validate_agent_options as validate_agent_options

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,11 +54,11 @@ class SessionEntry:
 
 
 def new_run_id() -> str:
-    return f"run-{uuid.uuid4().hex}"
+    return f"run-{os.urandom(16).hex()}"
 
 
 def new_entry_id() -> str:
-    return f"e-{uuid.uuid4().hex}"
+    return f"e-{os.urandom(16).hex()}"
 
 
 def definition_revision(kind: str, options: Mapping[str, Any]) -> str:

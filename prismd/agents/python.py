@@ -30,7 +30,9 @@ def validate_python_options(options: Mapping[str, Any]) -> str:
     return factory
 
 
-def _resolve(spec: str) -> Any:
+def resolve_factory(spec: str) -> Any:
+    """The object ``module:attr.path`` names (imported, not called); raises
+    :class:`AgentOptionError` naming ``factory`` when it cannot be found."""
     module_name, _, attr_path = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -73,5 +75,5 @@ def check_agent(agent: object, where: str) -> Agent:
 def build_python_agent(ctx: AgentContext) -> Agent:
     """Import and call the factory; errors say which factory failed and why."""
     spec = validate_python_options(ctx.options)
-    factory = _resolve(spec)
+    factory = resolve_factory(spec)
     return check_agent(factory(ctx), f"agent factory {spec!r}")

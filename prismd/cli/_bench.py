@@ -20,7 +20,11 @@ Scenarios (``--scenario``, repeatable; default all in-process ones):
   routes: closed loop (each route sends its next message once its answer arrived) for
   throughput, then open loop at half that rate for latency admit → delivered
   (``pipeline_latency``);
-* ``memory``: resident set size with 10,000 idle routes and their bindings.
+* ``memory``: resident set size with 10,000 idle routes and their bindings;
+* ``webchat``, ``telegram``, ``stop``: a real ``prismd run`` process (see
+  :mod:`prismd.cli._bench_live`): 20 web chat sockets, 20 Telegram chats against a loopback
+  Bot API, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on
+  its own SQLite journal).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -41,15 +46,18 @@ import trio
 
 from stores import Store, open_store
 
-from ..agents._base import Agent, AgentContext
+from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer
 from ..limits import Limits
+from ..runtime import open_messaging_runtime
+from . import _bench_live
+from ._figures import figures
 
 CONNECTION = "bench"
 TENANT = "bench-tenant"
 ALIAS = "mock"
-SCENARIOS = ("admission", "duplicate", "pipeline", "memory")
+SCENARIOS = ("admission", "duplicate", "pipeline", "memory", "webchat", "telegram", "stop")
 FSYNC_SAMPLES = 200
 MEMORY_ROUTES = 10_000
 
@@ -67,26 +75,6 @@ class _Entry:
     aliases: tuple[str, ...] = (ALIAS,)
     default_alias: str | None = ALIAS
     notifications: bool = False
-
-
-def figures(samples_s: Sequence[float], elapsed_s: float) -> dict[str, float | int]:
-    """count, per_s and the latency percentiles (ms) of one series."""
-    if not samples_s:
-        return {"count": 0, "per_s": 0.0}
-    ordered = sorted(samples_s)
-
-    def pct(p: float) -> float:
-        index = min(len(ordered) - 1, max(0, round(p * (len(ordered) - 1))))
-        return round(ordered[index] * 1000, 3)
-
-    return {
-        "count": len(ordered),
-        "per_s": round(len(ordered) / elapsed_s, 1) if elapsed_s > 0 else 0.0,
-        "p50_ms": pct(0.50),
-        "p95_ms": pct(0.95),
-        "p99_ms": pct(0.99),
-        "max_ms": round(ordered[-1] * 1000, 3),
-    }
 
 
 def fsync_baseline(directory: str, samples: int = FSYNC_SAMPLES) -> list[float]:
@@ -153,9 +141,6 @@ class _Bench:
 
 
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
-    from ..agents.registry import build_agent
-    from ..runtime import open_messaging_runtime
-
     store = await open_store(url)
     try:
         agent: Agent = build_agent(
@@ -336,6 +321,17 @@ def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+async def _stop(workdir: Path, _duration_s: float) -> dict[str, Any]:
+    return await _bench_live.stop(workdir)
+
+
+LIVE: dict[str, Callable[[Path, float], Awaitable[dict[str, Any]]]] = {
+    "webchat": _bench_live.webchat,
+    "telegram": _bench_live.telegram,
+    "stop": _stop,
+}
+
+
 @attrs.frozen
 class BenchOptions:
     store: str | None = None
@@ -383,6 +379,10 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
             results.update(await pipeline(fresh_url(), options.duration_s, options.routes))
         elif name == "memory":
             results["memory"] = await memory(fresh_url())
+        elif name in LIVE:
+            live_dir = Path(workdir) / name
+            live_dir.mkdir()
+            results.update(await LIVE[name](live_dir, options.duration_s))
     baseline()
     fsync = figures(fsync_samples, fsync_elapsed)
     return {

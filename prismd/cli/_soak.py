@@ -32,10 +32,12 @@ import trio.lowlevel
 
 from stores import open_store
 
-from ..agents._base import Agent, AgentContext
+from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
+from ..daemon import describe_exception, install_early_signal_handlers, take_early_signal
 from ..grants import GrantAuthorizer, operator_identity
 from ..limits import Limits
+from ..runtime import open_messaging_runtime
 
 log = logging.getLogger("prismd.soak")
 
@@ -182,8 +184,6 @@ async def _soak_on(
     async with trio.open_nursery() as nursery:
         if install_signals:
             await nursery.start(_watch_signals, interrupted)
-            from ..daemon import take_early_signal
-
             if take_early_signal() is not None:
                 interrupted.set()
         summary = await _soak_loop(url, options, interrupted, task_status)
@@ -206,9 +206,6 @@ async def _soak_loop(
     interrupted: trio.Event,
     task_status: trio.TaskStatus[None],
 ) -> dict[str, Any]:
-    from ..agents.registry import build_agent
-    from ..runtime import open_messaging_runtime
-
     started = time.monotonic()
     deadline = trio.current_time() + options.duration_ms / 1000
     counts = {
@@ -339,8 +336,6 @@ def run_soak_command(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         store=args.store,
     )
-    from ..daemon import describe_exception, install_early_signal_handlers
-
     # Before anything else: a signal during startup must end the soak, not kill it.
     restore_signals = install_early_signal_handlers()
     try:

@@ -863,11 +863,10 @@ def _check_store_runnable(url: str, error: Callable[[str, str], ConfigError]) ->
 
 def _check_factory(spec: str, where: str, error: Callable[[str, str], ConfigError]) -> None:
     # The agent kind's own resolution (import + attribute), the step before the call.
-    from ..agents._session import AgentOptionError
-    from ..agents.python import _resolve
+    from ..agents import AgentOptionError, resolve_factory
 
     try:
-        _resolve(spec)
+        resolve_factory(spec)
     except AgentOptionError as exc:
         message = str(exc)
         key = exc.key or "factory"

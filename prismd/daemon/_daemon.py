@@ -21,6 +21,7 @@ URLs (httpx puts the request URL, and Telegram's carries the bot token, into its
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import math
@@ -29,6 +30,7 @@ import random
 import re
 import signal
 import sys
+import threading
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TextIO, TypeAlias
@@ -334,6 +336,9 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 STOP_MARGIN_S = 5.0
 """Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
+EXIT_MARGIN_S = 1.5
+"""``prismd run`` exits at most this long after ``stop_deadline_ms`` from the first
+SIGTERM/SIGINT, even when an agent ignores cancellation (see :meth:`Daemon.request_stop`)."""
 CLOSE_BUDGET_S = 10.0
 MAX_COUNTED_UNRESOLVED = 100_000
 """Counting stops here (``at least N unresolved``): a bound on the startup listing."""
@@ -379,6 +384,20 @@ def take_early_signal() -> int | None:
     return signum
 
 
+def _exit_after_deadline(budget_s: float) -> None:
+    """The stop deadline passed and something (an agent ignoring cancellation) still holds
+    the process: leave now, on a timer thread, whatever the event loop is doing."""
+    log.warning(
+        "stop deadline passed (%.1f s after the signal) with work that ignores cancellation;"
+        " exiting: the journal holds what was settled",
+        budget_s,
+    )
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(EXIT_OK)
+
+
 def _forced_exit(signum: int) -> NoReturn:
     """Second SIGTERM/SIGINT: leave now. Durable state is crash-safe by design (SIGKILL is)."""
     sys.stderr.write(f"prismd: second {signal.Signals(signum).name}, exiting immediately\n")
@@ -418,6 +437,9 @@ class Daemon:
     config: Config
     env: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     install_signals: bool = True
+    hard_exit: bool = False
+    """Exit the process at the stop deadline whatever holds it (``prismd run`` only: an
+    in-process caller must not lose its interpreter)."""
     notify: Callable[[str], object] | None = None
     """``sd_notify`` (default: :func:`prismd.sdnotify.notify` with ``env``)."""
     out: TextIO | None = None
@@ -452,13 +474,29 @@ class Daemon:
             self.metrics = DaemonMetrics()
 
     def request_stop(self) -> None:
-        """Begin the graceful stop (what the first SIGTERM/SIGINT does)."""
+        """Begin the graceful stop (what the first SIGTERM/SIGINT does).
+
+        With ``hard_exit`` (``prismd run``) the process also exits, exit code 0, at
+        ``stop_deadline_ms`` + :data:`EXIT_MARGIN_S` if it is still alive then: by that time
+        ``runtime.stop()`` has settled everything it could (a run that did not end is filed
+        ``cancelled_at_shutdown`` and logged), and only a task that ignores cancellation can
+        still hold the process. What the journal says is durable; nothing else is lost.
+        """
+        first = not self._stop_requested
         self._stop_requested = True
         self._serve_scope.cancel()
+        if first and self.hard_exit:
+            budget = self.config.limits.stop_deadline_ms / 1000 + EXIT_MARGIN_S
+            timer = threading.Timer(budget, _exit_after_deadline, args=(budget,))
+            timer.daemon = True
+            timer.start()
 
     def health(self) -> dict[str, Any]:
-        """Per child ``state`` (+ adapter ``health()``); bounded enums only."""
-        return {"ready": self.ready.is_set(), "children": self.supervisor.health()}
+        """Per child ``state`` (+ adapter ``health()``) and the store (``ok`` / ``failing``);
+        bounded enums only."""
+        runtime = self.runtime
+        store = "unknown" if runtime is None else runtime.health()["store"]
+        return {"ready": self.ready.is_set(), "store": store, "children": self.supervisor.health()}
 
     async def run(self) -> int:
         """Run until stopped; returns the process exit code (0 clean stop, 1 failure).
@@ -929,4 +967,5 @@ def _reopen_logs() -> None:
 
 async def run_daemon(config: Config, **kwargs: Any) -> int:
     """``prismd run`` on a loaded config; returns the exit code."""
+    kwargs.setdefault("hard_exit", True)
     return await Daemon(config, **kwargs).run()

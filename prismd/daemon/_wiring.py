@@ -18,8 +18,7 @@ import attrs
 from adapters import kinds
 from stores import Store
 
-from ..agents._base import Agent, AgentContext
-from ..agents._session import AgentOptionError
+from ..agents import Agent, AgentContext, AgentOptionError, build_agent
 from ..channel import (
     Admission,
     AttachmentRef,
@@ -46,8 +45,6 @@ class WiringError(Exception):
 
 def build_agents(config: Config, store: Store) -> dict[str, Agent]:
     """One agent per ``[agents.<alias>]``, each with the store's checkpoints."""
-    from ..agents.registry import build_agent
-
     agents: dict[str, Agent] = {}
     for alias, agent in config.agents.items():
         context = AgentContext(alias=alias, options=agent.options, checkpoints=store.checkpoints)

@@ -26,16 +26,19 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
+import trio
 
 from stores import (
     CheckpointRecord,
     CheckpointStore,
     OwnershipScope,
     SaveCheckpoint,
+    StoreUnavailableError,
     WriteStatus,
     ms_to_iso,
 )
@@ -658,6 +661,51 @@ class Committed:
         return self.statuses[index] == "conflict"
 
 
+STORE_LOG_INTERVAL_S = 30.0
+"""While the store keeps failing, one warning per this interval (not one per call)."""
+
+log = logging.getLogger("prismd.journal")
+
+
+@attrs.define(eq=False)
+class StoreHealth:
+    """Whether the journal's store answers: ``failing`` from the first store error until the
+    next call that succeeds. Logged when it starts failing (then at most once per
+    :data:`STORE_LOG_INTERVAL_S`) and when it recovers; the message names the error's class
+    only (store messages may quote paths or URLs)."""
+
+    failing_since: float | None = None
+    failures: int = 0
+    _logged_at: float = 0.0
+
+    @property
+    def state(self) -> str:
+        return "ok" if self.failing_since is None else "failing"
+
+    def failed(self, exc: BaseException) -> None:
+        now = trio.current_time()
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = now
+        elif now - self._logged_at < STORE_LOG_INTERVAL_S:
+            return
+        self._logged_at = now
+        log.warning(
+            "the store is failing (%s, %d failure(s) so far); acknowledged messages stay"
+            " journaled and are retried",
+            type(exc).__name__,
+            self.failures,
+        )
+
+    def answered(self) -> None:
+        if self.failing_since is not None:
+            log.warning(
+                "the store answers again after %.1f s", trio.current_time() - self.failing_since
+            )
+            self.failing_since = None
+            self.failures = 0
+
+
 @attrs.define(eq=False)
 class ChannelJournal:
     """Typed access to the channel namespaces of one CheckpointStore (§5.9).
@@ -669,15 +717,18 @@ class ChannelJournal:
 
     checkpoints: CheckpointStore
     max_record_bytes: int = 128 * 1024
+    health: StoreHealth = attrs.field(factory=StoreHealth)
 
-    def _checked(self, value: dict[str, Any]) -> dict[str, Any]:
-        """``value`` when its JSON fits ``max_journal_record_bytes``; raises before any write."""
+    def _encoded(self, value: dict[str, Any]) -> str:
+        """``value``'s compact JSON, which the store keeps as given (encoded once), when it
+        fits ``max_journal_record_bytes``; raises before anything is written."""
         limit = max(1024, self.max_record_bytes)
-        if utf8_len(json.dumps(value, separators=(",", ":"), ensure_ascii=False)) > limit:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        if len(text) > limit // 4 and utf8_len(text) > limit:
             raise JournalRecordTooLargeError(
                 f"journal record exceeds max_journal_record_bytes ({limit} bytes)"
             )
-        return value
+        return text
 
     @staticmethod
     def _loaded(stored: CheckpointRecord, record: Any) -> Loaded[Any]:
@@ -692,7 +743,14 @@ class ChannelJournal:
     async def load(self, namespace: str, scope: OwnershipScope, key: str) -> Loaded[Any] | None:
         """The parsed record, ``None`` when missing (or another scope's);
         :class:`CorruptRecordError` when it does not parse."""
-        stored = await self.checkpoints.load_checkpoint(namespace=namespace, key=key, scope=scope)
+        try:
+            stored = await self.checkpoints.load_checkpoint(
+                namespace=namespace, key=key, scope=scope
+            )
+        except StoreUnavailableError as exc:
+            self.health.failed(exc)
+            raise
+        self.health.answered()
         return None if stored is None else self._loaded(stored, _DECODERS[namespace](stored.value))
 
     @staticmethod
@@ -715,21 +773,29 @@ class ChannelJournal:
         not fit, and the store's errors (``StoreUnavailableError``) unchanged.
         """
         records = [self._stored_form(w.record) for w in writes]
-        requests = [
-            SaveCheckpoint(
-                namespace=w.namespace,
-                key=w.address(),
-                scope=w.scope,
-                version=w.expected_version + 1,
-                value=self._checked(record.to_json()),
-                expected_version=w.expected_version,
-                fencing_token=w.fence,
-                category=category_of(w.namespace, record),
-                metadata=_meta(w.namespace, record),
+        requests = []
+        for w, record in zip(writes, records, strict=True):
+            value = record.to_json()
+            requests.append(
+                SaveCheckpoint(
+                    namespace=w.namespace,
+                    key=w.address(),
+                    scope=w.scope,
+                    version=w.expected_version + 1,
+                    value=value,
+                    expected_version=w.expected_version,
+                    fencing_token=w.fence,
+                    category=category_of(w.namespace, record),
+                    metadata=_meta(w.namespace, record),
+                    value_json=self._encoded(value),
+                )
             )
-            for w, record in zip(writes, records, strict=True)
-        ]
-        results = await self.checkpoints.write_checkpoints(requests, atomic=atomic)
+        try:
+            results = await self.checkpoints.write_checkpoints(requests, atomic=atomic)
+        except StoreUnavailableError as exc:
+            self.health.failed(exc)
+            raise
+        self.health.answered()
         items = tuple(
             None if result.record is None else self._loaded(result.record, record)
             for result, record in zip(results, records, strict=True)
@@ -773,14 +839,19 @@ class ChannelJournal:
 
         ``open_only``: only the records an operator may have to settle (the store's index).
         """
-        page = await self.checkpoints.list_checkpoints(
-            namespace=namespace,
-            key_prefix=key_prefix,
-            category=categories(namespace, open_only=open_only),
-            scope=scope,
-            cursor=cursor,
-            limit=limit,
-        )
+        try:
+            page = await self.checkpoints.list_checkpoints(
+                namespace=namespace,
+                key_prefix=key_prefix,
+                category=categories(namespace, open_only=open_only),
+                scope=scope,
+                cursor=cursor,
+                limit=limit,
+            )
+        except StoreUnavailableError as exc:
+            self.health.failed(exc)
+            raise
+        self.health.answered()
         return list(page.items), page.next_cursor
 
     # ---------------------------------------------------------------- typed helpers

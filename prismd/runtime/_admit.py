@@ -30,6 +30,7 @@ from ..journal import (
     OperationRecord,
     OperationRef,
     bounded_claims,
+    operation_key,
 )
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
@@ -228,6 +229,11 @@ async def _admit_authorized(
             # a restart; removed by the claim and by every other exit from ``accepted``.
             input=operation_input(event) if action == "message" else None,
         )
+        known_as = operation_key(event.connection_id, ownership, operation_id)
+        if core.known.has(known_as):
+            # Created (or answered as a duplicate) by this runtime, and records leave only
+            # through prune: the answer is the store's, without asking it.
+            return duplicate(core, operation_id)
         cursor_at = (event.connection_id, ownership)
         try:
             admitted = await journal_admit(
@@ -236,6 +242,7 @@ async def _admit_authorized(
         except Exception:
             core.count("storage_failures")
             return denied(core, "unavailable")
+        core.known.add(known_as)
         if admitted.operation is None:
             return duplicate(core, operation_id)
         op_loaded = admitted.operation

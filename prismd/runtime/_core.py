@@ -45,6 +45,7 @@ from ..journal import (
     OperationRecord,
     OperationRef,
     PairingStore,
+    operation_key,
     transition,
 )
 from ..limits import Limits
@@ -55,6 +56,7 @@ from ._types import (
     ActorKey,
     Authorize,
     DeliveryTurns,
+    KnownOperations,
     ResolveAgent,
     ResolveAgentInput,
     ResolveBinding,
@@ -126,6 +128,9 @@ class Core:
     idle: trio.Event = attrs.field(init=False, factory=trio.Event)
     resume_gate: trio.Event | None = attrs.field(init=False, default=None)
     delivery_turns: DeliveryTurns = attrs.field(init=False, factory=DeliveryTurns)
+    pumping: set[Route] = attrs.field(init=False, factory=set)
+    """Routes whose pump runs (every queued turn is on one of them)."""
+    known: KnownOperations = attrs.field(init=False, factory=KnownOperations)
 
     def __attrs_post_init__(self) -> None:
         self.slots = trio.Semaphore(self.limits.max_active_sessions)
@@ -174,12 +179,13 @@ class Core:
         return text if self.redactor is None else self.redactor.redact(text)
 
     def diagnostics(self) -> Diagnostics:
-        queued = sum(len(r.queue) for r in self.routes.values())
+        queued = self.pending_total()
         held = self.limits.max_active_sessions - self.slots.value
         return Diagnostics(queued=queued, active=held, **self.counters)
 
     def pending_total(self) -> int:
-        return sum(len(r.queue) for r in self.routes.values())
+        # Only a pumping route has a queue: no walk over every route of the table.
+        return sum(len(r.queue) for r in self.pumping)
 
     async def resolve_agent(self, route: Route, identity: AgentIdentity) -> Agent:
         return await self.resolve_agent_cb(
@@ -278,6 +284,7 @@ class Core:
                 await self.journal.remove_operation(ownership, connection_id, operation_id)
             except Exception:
                 self.count("storage_failures")
+        self.known.discard(operation_key(connection_id, ownership, operation_id))
 
     def failure_text(self, message: str | None) -> str:
         detail = bound_detail(self.redact(message or "").strip())

@@ -135,8 +135,9 @@ class RouteLeases:
             route.release_at = None
             await self.release_if_idle(route)
 
-    async def release_if_idle(self, route: Route) -> None:
-        """Release the route lease when nothing uses it; fail-closed on a store error."""
+    async def release_if_idle(self, route: Route, *, force: bool = False) -> None:
+        """Release the route lease when nothing uses it (``force``: at stop, whatever still
+        runs); fail-closed on a store error."""
         if self.store is None or route.lease is None:
             return
         # Under the lease lock, so a turn admitted meanwhile cannot pick up the lease
@@ -144,7 +145,7 @@ class RouteLeases:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             async with route.lease_lock:
                 lease = route.lease
-                if lease is None or route.busy or route.lease_users > 0:
+                if lease is None or (not force and (route.busy or route.lease_users > 0)):
                     return
                 try:
                     await self.store.release_lease(

@@ -67,6 +67,7 @@ def _event(record: OperationRecord) -> InboundEvent:
                 byte_length=a.byte_length,
                 mime_type=a.mime_type,
                 file_name=a.file_name,
+                connection_id=record.connection_id,
             )
             for a in inp.attachments
         ),

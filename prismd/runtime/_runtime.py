@@ -181,6 +181,12 @@ class Runtime:
             ttl_ms=ttl_ms,
         )
 
+    def health(self) -> dict[str, str]:
+        """Bounded enums: ``store`` is ``ok``, ``failing`` (the last store call raised; the
+        next one that answers clears it) or ``none`` (no journal)."""
+        journal = self._core.journal
+        return {"store": "none" if journal is None else journal.health.state}
+
     def diagnostics(self) -> Diagnostics:
         """The §13.6 counters; never text, ids, tokens or keys."""
         return self._core.diagnostics()
@@ -248,7 +254,9 @@ class Runtime:
             await self._settle_stragglers()
         for route in list(core.routes.values()):
             route.lease_users = 0
-            await core.leases.release_if_idle(route)
+            # Also a route whose run ignores cancellation: its record is settled by now and
+            # its late writes are discarded, so nothing of this runtime needs the lease.
+            await core.leases.release_if_idle(route, force=True)
 
     async def _settle_stragglers(self) -> None:
         """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
@@ -260,6 +268,11 @@ class Runtime:
                 # A turn writing its own end already settles it (shielded, bounded).
                 continue
             turn.settled_by_stop = True
+            log.warning(
+                "the run of %s did not end by the stop deadline; settled"
+                " cancelled_at_shutdown (a late result is discarded)",
+                turn.operation_id,
+            )
             ok = await core.settle_operation(
                 turn.ownership,
                 turn.event.connection_id,

@@ -26,6 +26,8 @@ from typing import Any
 import attrs
 import trio
 
+from stores import StoreUnavailableError
+
 from ..agents import (
     Agent,
     AgentInput,
@@ -97,6 +99,7 @@ def start_pump(core: Core, route: Route) -> None:
     if route.pumping or not route.queue:
         return
     route.pumping = True
+    core.pumping.add(route)
     core.spawn(pump, core, route)
 
 
@@ -128,15 +131,15 @@ async def pump(core: Core, route: Route) -> None:
                     core.count("storage_failures")
             route.queue.popleft()
             if head.claim_failures:
-                await trio.sleep(
-                    min(LEASE_BACKOFF_START_S * 2**head.claim_failures, LEASE_BACKOFF_MAX_S)
-                )
+                exponent = min(head.claim_failures, 16)
+                await trio.sleep(min(LEASE_BACKOFF_START_S * 2**exponent, LEASE_BACKOFF_MAX_S))
             await execute_turn(core, route, head)
     except trio.Cancelled:
         torn_down = True
         raise
     finally:
         route.pumping = False
+        core.pumping.discard(route)
         if torn_down or core.stopped:
             await core.leases.release_if_idle(route)
         else:
@@ -288,9 +291,13 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             await _cancelled_waiting(core, route, turn, active)
             return
         try:
-            await _run_with_slot(core, route, turn, active)
+            ran = await _run_with_slot(core, route, turn, active)
         finally:
+            # The slot bounds concurrent agent runs; the journal writes and the send that
+            # end the turn do not hold it up for the next run.
             core.slots.release()
+        if ran is not None:
+            await finish_run(core, route, turn, *ran)
     finally:
         route.active = None
 
@@ -330,14 +337,18 @@ async def _cancelled_before_claim(
     await end_turn(core, route, turn, "cancelled", "cancelled_before_start", fence, CANCELLED_TEXT)
 
 
-async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
+async def _run_with_slot(
+    core: Core, route: Route, turn: Turn, active: ActiveTurn
+) -> tuple[Agent, RunResult, int | None] | None:
+    """Claim and run; the run's agent, result and fence for :func:`finish_run`, or
+    ``None`` when the turn ended here (settled, put back on the queue, or lost)."""
     identity = turn.grant.identity
     if not core.active(identity):
         core.count("denied")
         await end_turn(
             core, route, turn, "failed", "identity_revoked", core.leases.fence_now(route)
         )
-        return
+        return None
     # A fresh scope for the run itself: a cancel that arrived while waiting is honoured.
     run_scope = trio.CancelScope()
     if active.cancelled:
@@ -355,7 +366,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             await end_turn(
                 core, route, turn, "failed", "unsupported_media", fence, UNSUPPORTED_MEDIA_TEXT
             )
-            return
+            return None
         if route.session_id is None:
             route.session_id, route.leaf_id = await core.routes.derive_session(
                 route, identity, route.generation
@@ -364,7 +375,7 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
             # ``/cancel`` or ``stop()`` arrived before the claim (while resolving the agent,
             # fetching media, deriving the session): no agent call at all.
             await _cancelled_before_claim(core, route, turn, active, fence)
-            return
+            return None
         if core.leases.enabled:
             # The claim is written only under a live lease fence. Lost meanwhile (renewal
             # failed, taken over)? The turn goes back to the head of the queue, still
@@ -376,17 +387,24 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
                 core.count("storage_failures")
             if lease is None:
                 route.queue.appendleft(turn)
-                return
+                return None
             fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
-        if claimed == "retry" and turn.claim_failures < MAX_CLAIM_RETRIES and not core.stopped:
-            # A store error, not a lost CAS: the acknowledged record is still ours to
-            # run. Back to the head of the queue; the pump backs off (bounded).
-            turn.claim_failures += 1
-            route.queue.appendleft(turn)
-            return
+        if claimed in ("unavailable", "retry") and not core.stopped:
+            if claimed == "unavailable" or turn.claim_failures < MAX_CLAIM_RETRIES:
+                # Not a lost CAS: the acknowledged record is still ours to run. Back to the
+                # head of the queue; the pump backs off (bounded). While the store is down
+                # it is retried for as long as that lasts: never dropped from memory.
+                turn.claim_failures += 1
+                route.queue.appendleft(turn)
+                return None
+            log.warning(
+                "claim of %s kept failing (%d attempts); it stays accepted and is listed",
+                turn.operation_id,
+                turn.claim_failures,
+            )
         if claimed != "claimed":
-            return
+            return None
         request = RunRequest(
             session_id=route.session_id,
             input=agent_input,
@@ -412,16 +430,17 @@ async def _run_with_slot(core: Core, route: Route, turn: Turn, active: ActiveTur
         await end_turn(
             core, route, turn, "failed", "runtime_error", fence, core.failure_text(detail)
         )
-        return
-    await finish_run(core, route, turn, agent, result, fence)
+        return None
+    return agent, result, fence
 
 
 async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
     """CAS ``accepted → executing`` (attempts + 1) under the lease fence, before any run.
 
     ``"claimed"``; ``"lost"`` (the record is no longer ``accepted``: someone else's);
-    ``"retry"`` (a store error: whether the write landed is unknown, so the caller may
-    retry — the retry is again a CAS from ``accepted``, never a second run).
+    ``"unavailable"`` (the store is down) or ``"retry"`` (another error, e.g. a record that
+    does not parse): whether the write landed is unknown, so the caller may retry — the
+    retry is again a CAS from ``accepted``, never a second run.
     """
     if core.journal is None:
         return "claimed"
@@ -440,6 +459,10 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
             change=claimed,
             allowed=lambda record: record.state == "accepted",
         )
+    except StoreUnavailableError:
+        core.count("storage_failures")
+        turn.op = None
+        return "unavailable"
     except Exception:
         core.count("storage_failures")
         turn.op = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Literal, TypeAlias
@@ -200,3 +200,27 @@ class DeliveryTurns:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+@attrs.define(eq=False)
+class KnownOperations:
+    """Operation record keys (id and owner) this runtime knows exist in the journal (it
+    created them, or its create-only write found them): a redelivery of such an event is a
+    duplicate without a store round trip. Bounded (oldest forgotten first); a miss asks the
+    store as before, so another runtime's records are still deduplicated by the create-only
+    write."""
+
+    limit: int = 20_000
+    _ids: OrderedDict[str, None] = attrs.field(factory=OrderedDict)
+
+    def has(self, key: str) -> bool:
+        return key in self._ids
+
+    def add(self, key: str) -> None:
+        self._ids[key] = None
+        self._ids.move_to_end(key)
+        while len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+
+    def discard(self, key: str) -> None:
+        self._ids.pop(key, None)

@@ -73,3 +73,21 @@ def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
             cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert proc.returncode == 2, (args, proc.stderr)
+
+
+def test_live_scenarios_drive_a_real_daemon(tmp_path: Path) -> None:
+    """``webchat``, ``telegram`` and ``stop`` start a real ``prismd run`` each and report."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "prismd", "bench", "--json", "--duration-s", "1",
+         "--scenario", "webchat", "--scenario", "telegram", "--scenario", "stop"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    scenarios = json.loads(proc.stdout)["scenarios"]
+    for name in ("webchat", "webchat_latency", "telegram"):
+        assert set(scenarios[name]) >= SERIES_KEYS and scenarios[name]["count"] > 0, name
+    stop = scenarios["stop"]
+    assert stop["exit_code"] == 0 and stop["left_executing"] == 0
+    assert stop["seconds_to_exit"] < stop["deadline_s"] + 5
+    assert stop["states"] == {"cancelled": 100}
+    assert list(tmp_path.iterdir()) == []
