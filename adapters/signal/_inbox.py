@@ -19,13 +19,13 @@ by two daemons, is still admitted once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from prismd.channel import InboundEvent
-from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
+from stores import CheckpointStore, DeleteCheckpoint, OwnershipScope, SaveCheckpoint
 
 from ._status import log
 
@@ -49,55 +49,67 @@ class Inbox:
     def key(self, event_id: str) -> str:
         return f"i1:{self.connection_id}:{event_id}"
 
-    async def put(self, event: InboundEvent) -> bool:
-        """Write ``event`` (once); False when the store refused or failed (logged)."""
-        value = {
+    async def put(self, events: Sequence[InboundEvent]) -> list[bool]:
+        """Write each event (once), all in one transaction; per event whether it is now
+        durable (False for every event when the store failed: logged)."""
+        if not events:
+            return []
+        writes = [
+            SaveCheckpoint(
+                namespace=INBOX_NAMESPACE,
+                key=self.key(event.event_id),
+                scope=self.scope,
+                version=1,
+                expected_version=0,
+                value=self._value(event),
+                category=INBOX_CATEGORY,
+            )
+            for event in events
+        ]
+        try:
+            results = await self.checkpoints.write_checkpoints(writes)
+        except Exception as exc:
+            log.warning(
+                "signal %s: keeping %d received message(s) in the inbox failed (%s); they "
+                "wait in memory only",
+                self.connection_id,
+                len(events),
+                type(exc).__name__,
+            )
+            return [False] * len(events)
+        # a conflict on a create-only write: the record is there already (written before)
+        return [result.status in ("ok", "conflict") for result in results]
+
+    def _value(self, event: InboundEvent) -> dict[str, Any]:
+        self._seq += 1
+        return {
             "schema": 1,
             "eventId": event.event_id,
             "conversationId": event.external_conversation_id,
             "actorId": event.external_actor_id,
             "text": event.text,
             "receivedAt": event.received_at_ms,
-            "seq": self._next_seq(),
+            "seq": self._seq,
             "claims": dict(event.claims),
         }
+
+    async def remove(self, events: Sequence[InboundEvent]) -> None:
+        """Delete the records of events that got their final admission, in one transaction
+        (failures logged: a record left behind is admitted again as a duplicate and removed
+        then)."""
+        if not events:
+            return
+        deletes = [
+            DeleteCheckpoint(namespace=INBOX_NAMESPACE, key=self.key(e.event_id), scope=self.scope)
+            for e in events
+        ]
         try:
-            await self.checkpoints.save_checkpoint(
-                namespace=INBOX_NAMESPACE,
-                key=self.key(event.event_id),
-                scope=self.scope,
-                version=1,
-                expected_version=0,
-                value=value,
-                category=INBOX_CATEGORY,
-            )
-        except CheckpointConflictError:
-            return True  # already there (written before a restart)
+            await self.checkpoints.write_checkpoints(deletes)
         except Exception as exc:
             log.warning(
-                "signal %s: keeping a received message in the inbox failed (%s); it waits "
-                "in memory only",
+                "signal %s: removing %d admitted message(s) from the inbox failed (%s)",
                 self.connection_id,
-                type(exc).__name__,
-            )
-            return False
-        return True
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    async def remove(self, event: InboundEvent) -> None:
-        """Delete the record of an event that got its final admission (failures logged:
-        a record left behind is admitted again as a duplicate and removed then)."""
-        try:
-            await self.checkpoints.delete_checkpoint(
-                namespace=INBOX_NAMESPACE, key=self.key(event.event_id), scope=self.scope
-            )
-        except Exception as exc:
-            log.warning(
-                "signal %s: removing an admitted message from the inbox failed (%s)",
-                self.connection_id,
+                len(events),
                 type(exc).__name__,
             )
 

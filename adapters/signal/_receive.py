@@ -77,6 +77,10 @@ PERSIST_S = 2.0
 """Bound on writing held events to the inbox during a stop."""
 STABLE_S = 30.0
 """A subscription that lasted this long resets the reconnect backoff."""
+MAX_BATCH = 64
+"""At most this many notifications are journaled in one transaction (and removed in one)."""
+MAX_HELD = 256
+"""Journaled events waiting for admission beyond which reading pauses."""
 
 Ended: TypeAlias = Literal[
     "stopped",
@@ -90,6 +94,7 @@ Ended: TypeAlias = Literal[
     "open",
     "admission",
     "account_mismatch",
+    "lease_lost",
 ]
 _WHY = {
     "unreachable": "signal-cli is unreachable",
@@ -112,6 +117,50 @@ MISMATCH = _Mismatch()
 class _Held:
     event: InboundEvent
     durable: bool = False
+
+
+@attrs.define(eq=False)
+class _Intake:
+    """What the two intake tasks of one subscription share: why it ends (the first reason
+    wins), the read waits to cut short then, and the wake-ups between them."""
+
+    ended: Ended | None = None
+    admitted: trio.Event = attrs.field(factory=trio.Event)
+    """Set (and replaced) whenever an event was admitted, or when the intake ends."""
+    _work: trio.Event = attrs.field(factory=trio.Event)
+    _reading: set[trio.CancelScope] = attrs.field(factory=set)
+
+    def end(self, reason: Ended) -> None:
+        if self.ended is None:
+            self.ended = reason
+        for scope in self._reading:
+            scope.cancel()
+        self._work.set()
+        self.admitted.set()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """A wait for signal-cli that :meth:`end` cuts short."""
+        scope = trio.CancelScope()
+        if self.ended is not None:
+            scope.cancel()
+        self._reading.add(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self._reading.discard(scope)
+
+    def work(self) -> None:
+        self._work.set()
+
+    async def wait_for_work(self) -> None:
+        await self._work.wait()
+        self._work = trio.Event()
+
+    def progress(self) -> None:
+        self.admitted.set()
+        self.admitted = trio.Event()
 
 
 @attrs.define(eq=False)
@@ -153,6 +202,8 @@ class Receiver:
     _warned_unsubscribed: bool = attrs.field(default=False, init=False)
     _mismatch: bool = attrs.field(default=False, init=False)
     _failures: int = attrs.field(default=0, init=False)
+    _to_remove: list[InboundEvent] = attrs.field(factory=list, init=False)
+    """Admitted events whose inbox records are still to be deleted (in one batch)."""
 
     # ------------------------------------------------------------------ run
 
@@ -290,6 +341,7 @@ class Receiver:
     async def _finish(self) -> None:
         with trio.move_on_after(STOP_BUDGET_S, shield=True):
             await self._persist_held()
+            await self._flush_removals()
             await self.lease.release()
         self.status.bridge = "unavailable"
         self.status.subscription = "inactive"
@@ -371,7 +423,6 @@ class Receiver:
         if stream is None:
             return ("stopped" if self._stopping else "unreachable"), False
         self.status.connects += 1
-        lease_lost = False
         ended: Ended = "stopped"
         since: float | None = None
         async with open_jsonrpc_client(
@@ -383,26 +434,21 @@ class Receiver:
             close_on_bad_frame=True,
         ) as client:
             self.status.bridge = "connected"
-            subscription: int | None = None
-            try:
-                subscription = await self._subscribe(client)
-                if subscription is None:
-                    ended = "subscribe_failed"
-                else:
-                    since = trio.current_time()
-                    self._subscribed(started)
-                    self.lease.check()
+            subscription = await self._subscribe(client)
+            if subscription is None:
+                ended = "subscribe_failed"
+            else:
+                since = trio.current_time()
+                self._subscribed(started)
+                try:
                     ended = await self._intake(client, subscription)
-            except LeaseLostError:
-                lease_lost = True
-            finally:
-                if subscription is not None:
+                finally:
                     await self._wind_down(client, subscription)
         self.status.bridge = "unavailable"
         self.status.subscription = "paused"
         if ended in ("oversized", "malformed"):
             self.status.bad_frames += 1
-        if lease_lost:
+        if ended == "lease_lost":
             raise LeaseLostError()
         stable = since is not None and trio.current_time() - since >= STABLE_S
         return ended, stable
@@ -449,23 +495,92 @@ class Receiver:
         started.fire()
 
     async def _intake(self, client: JsonRpcClient, subscription: int) -> Ended:
-        while True:
-            if self._stopping:
-                return "stopped"
-            note: Incoming | None = None
-            with self._interruptible(), self.lease.guard():
+        """Two tasks until the subscription should end: one journals what signal-cli sends
+        the moment it is read (:meth:`_journal_loop`), one admits the journaled events in
+        order (:meth:`_admit_loop`). Neither is cut short in the middle of a write; the
+        first reason to end (a retryable admission, the connection, the lease, a stop, an
+        account mismatch) ends both."""
+        intake = _Intake()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._journal_loop, client, subscription, intake)
+            await self._admit_loop(intake)
+            intake.end("stopped")
+        assert intake.ended is not None
+        return intake.ended
+
+    async def _journal_loop(
+        self, client: JsonRpcClient, subscription: int, intake: _Intake
+    ) -> None:
+        while intake.ended is None:
+            first: Incoming | None = None
+            try:
+                with self._interruptible(), intake.reading(), self.lease.guard():
+                    try:
+                        first = await client.notifications.receive()
+                    except trio.EndOfChannel:
+                        intake.end(client.closed_reason)
+                        return
+            except LeaseLostError:
+                intake.end("lease_lost")
+                return
+            if first is None:
+                intake.end("stopped")
+                return
+            notes = [first]
+            while len(notes) < MAX_BATCH:
                 try:
-                    note = await client.notifications.receive()
-                except trio.EndOfChannel:
-                    return client.closed_reason
-            if note is None:
-                return "stopped"
-            verdict = self._classify(note, subscription)
-            if verdict is MISMATCH:
-                return "account_mismatch"
-            if isinstance(verdict, InboundEvent) and not await self._admit_or_hold(verdict):
-                return "admission"
-            self.lease.check()
+                    notes.append(client.notifications.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await self._journal(notes, subscription)
+            if self._mismatch:
+                intake.end("account_mismatch")
+                return
+            intake.work()
+            while len(self._held) >= MAX_HELD and intake.ended is None:
+                # Admission is behind: stop reading (signal-cli's writes then block) rather
+                # than hold without bound.
+                with self._interruptible(), intake.reading():
+                    await intake.admitted.wait()
+
+    async def _admit_loop(self, intake: _Intake) -> None:
+        while intake.ended is None:
+            if self._stopping:
+                intake.end("stopped")
+                return
+            if not self._held:
+                await self._flush_removals()
+                with self._interruptible():
+                    await intake.wait_for_work()
+                continue
+            item = self._held[0]
+            if not await self._admit_once(item.event):
+                intake.end("admission")
+                return
+            self._admitted(item)
+            intake.progress()
+            if len(self._to_remove) >= MAX_BATCH:
+                await self._flush_removals()
+            try:
+                self.lease.check()
+            except LeaseLostError:
+                intake.end("lease_lost")
+                return
+
+    async def _journal(self, notes: list[Incoming], subscription: int) -> None:
+        """Classify ``notes`` and keep their events, written to the inbox in one
+        transaction (journal on receipt: nothing else happens to them before)."""
+        events = [
+            verdict
+            for note in notes
+            if isinstance(verdict := self._classify(note, subscription), InboundEvent)
+        ]
+        if not events:
+            return
+        durable = await self.inbox.put(events)
+        for event, ok in zip(events, durable, strict=True):
+            self._held.append(_Held(event, durable=ok))
+        self.status.held = len(self._held)
 
     def _classify(self, note: Incoming, subscription: int) -> InboundEvent | _Mismatch | None:
         """The event in ``note``, :data:`MISMATCH`, or ``None`` (counted, ignored)."""
@@ -541,14 +656,15 @@ class Receiver:
         self.status.admitted += 1
         return True
 
-    async def _admit_or_hold(self, event: InboundEvent) -> bool:
-        if await self._admit_once(event):
-            return True
-        held = _Held(event)
-        self._held.append(held)
+    def _admitted(self, item: _Held) -> None:
+        self._held.popleft()
         self.status.held = len(self._held)
-        held.durable = await self.inbox.put(event)
-        return False
+        if item.durable:
+            self._to_remove.append(item.event)
+
+    async def _flush_removals(self) -> None:
+        done, self._to_remove = self._to_remove, []
+        await self.inbox.remove(done)
 
     async def _settle_held(self) -> None:
         """Admit the held events in order, with backoff; returns when none is left (or on a
@@ -560,14 +676,10 @@ class Receiver:
             if self._stopping:
                 await self._persist_held()
                 return
+            await self._persist_held()
             item = self._held[0]
-            if not item.durable:
-                item.durable = await self.inbox.put(item.event)
             if await self._admit_once(item.event):
-                self._held.popleft()
-                self.status.held = len(self._held)
-                if item.durable:
-                    await self.inbox.remove(item.event)
+                self._admitted(item)
                 backoff.reset()
                 continue
             self.status.state = "paused"
@@ -581,12 +693,17 @@ class Receiver:
             )
             with self._interruptible():
                 await trio.sleep(delay)
+        await self._flush_removals()
 
     async def _persist_held(self) -> None:
+        """Write the held events not yet in the inbox (bounded, also during a stop)."""
+        missing = [item for item in self._held if not item.durable]
+        if not missing:
+            return
         with trio.move_on_after(PERSIST_S, shield=True):
-            for item in list(self._held):
-                if not item.durable:
-                    item.durable = await self.inbox.put(item.event)
+            durable = await self.inbox.put([item.event for item in missing])
+            for item, ok in zip(missing, durable, strict=True):
+                item.durable = ok
 
     async def _replay_inbox(self) -> None:
         try:
@@ -614,10 +731,13 @@ class Receiver:
     # ------------------------------------------------------------------ pausing
 
     async def _wind_down(self, client: JsonRpcClient, subscription: int) -> None:
-        """Unsubscribe, take every notification sent before that was answered, keep their
-        events held (bounded by :data:`WIND_DOWN_S`; the socket closes after)."""
+        """Unsubscribe, take every notification sent before that was answered, and journal
+        their events (bounded by :data:`WIND_DOWN_S` and :data:`PERSIST_S`; the socket
+        closes after). The ``unsubscribeReceive`` is a request, not the reference's
+        notification: its answer proves that nothing more is on the way."""
         self.status.subscription = "paused"
         self.status.state = "paused"
+        notes: list[Incoming] = []
         with trio.move_on_after(WIND_DOWN_S, shield=True):
             if not client.closed:
                 async with trio.open_nursery() as nursery:
@@ -635,17 +755,13 @@ class Receiver:
 
                     nursery.start_soon(unsubscribe)
                     async for note in client.notifications:
-                        self._keep(note, subscription)
+                        notes.append(note)
                     nursery.cancel_scope.cancel()
         while True:
             try:
-                note = client.notifications.receive_nowait()
+                notes.append(client.notifications.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            self._keep(note, subscription)
-        self.status.held = len(self._held)
-
-    def _keep(self, note: Incoming, subscription: int) -> None:
-        verdict = self._classify(note, subscription)
-        if isinstance(verdict, InboundEvent):
-            self._held.append(_Held(verdict))
+        with trio.move_on_after(PERSIST_S, shield=True):
+            await self._journal(notes, subscription)
+        await self._persist_held()
