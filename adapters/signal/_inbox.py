@@ -1,20 +1,21 @@
-"""The durable inbox: received messages whose admission must wait.
+"""The durable inbox: every received message, from the moment it is read until ``admit``
+gave it a final answer.
 
 signal-cli hands a message over once and forgets it (``protocols-telegram-signal.md`` §2:
-no application acknowledgement, no replay). When ``admit`` cannot take a message now — a
-retryable answer (``capacity``, ``unavailable``, ``stopped`` while the daemon shuts down)
-or an exception — the Telegram adapter simply leaves it with Telegram; the Signal adapter
-has nobody to leave it with. It keeps the event in memory and writes it here, in the
-journal's store, so a stop or a crash while it waits does not lose it: the next receiver to
-hold the lease (this daemon after a restart, or a standby) admits it before subscribing.
+no application acknowledgement, no replay), so the Signal adapter writes what it reads here
+first, in the journal's store, before anything else happens to it: a crash, a stop or a
+retryable admission (``capacity``, ``unavailable``, ``stopped``) while it waits then loses
+nothing — the next receiver to hold the lease (this daemon after a restart, or a standby)
+admits it before subscribing. (The Telegram adapter needs no such thing: Telegram keeps an
+update until the offset moves past it.)
 
 One record per event: namespace ``prism.channels.v1.signal.inbox``, key
 ``i1:<connection>:<event id>``, the adapter's service scope, category
-``channel-signal-inbox``, created once (compare-and-swap on version 0) and deleted once the
-event got a final admission. It holds the message text — the only place beside the
-operation record of an ``accepted`` message that does — for as long as that takes; an
-admission answered as a duplicate is final too, so an event written here twice, or replayed
-by two daemons, is still admitted once.
+``channel-signal-inbox``, created once (compare-and-swap on version 0; a batch of them in one
+transaction) and deleted once the event got a final admission (in batches too). It holds
+the message text — the only place beside the operation record of an ``accepted`` message
+that does — for that long. An admission answered as a duplicate is final, so an event
+written twice, or replayed by two daemons, is still admitted once.
 """
 
 from __future__ import annotations

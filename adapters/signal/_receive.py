@@ -16,15 +16,22 @@ Contract §12.3–12.4, with the differences that keep every message signal-cli 
   subscription id; one naming another account pauses the receiver for good (health
   ``account: mismatch``, an :class:`~prismd.channel.AdapterFatalError`: the operator
   fixes the config or the daemon, reconnecting cannot).
-* **Journal on receipt.** Each event is admitted the moment it is read — nothing else
-  happens before ``admit`` writes the operation record — one at a time, in order; while it
-  is admitted, reading stops (at most ``max_pending_events`` further notifications wait in
-  memory, then signal-cli's writes block). That hop is the loss window a SIGKILL can hit.
+* **Journal on receipt.** signal-cli forgets a message once it has written it, so the
+  first thing done with what was read is to write it to the durable inbox
+  (:mod:`adapters.signal._inbox`): every notification available at that moment, in one
+  transaction. A second task admits the journaled events one at a time, in order, and
+  removes their inbox records in batches. The loss window a SIGKILL can hit is therefore
+  the read plus one inbox transaction (measured in ``tests/signal/test_killloop_signal.py``),
+  not the admissions; it holds at most the notifications already read (``max_pending_events``
+  in the client's queue, one batch of :data:`MAX_BATCH` being written) plus what sat in the
+  socket buffers. While :data:`MAX_HELD` journaled events wait for admission, reading
+  pauses (signal-cli's writes then block).
 * **Pause, never drop.** On a retryable admission, a lost lease, a connection that ended,
   or a stop: stop taking notifications, ``unsubscribeReceive`` (a request, so its answer
   says that everything sent before it has been read), take what was already sent, drop the
-  socket. Events already received are kept (memory + the durable inbox,
-  :mod:`adapters.signal._inbox`) and admitted before the next subscription, with backoff.
+  socket. Events already received stay journaled and are admitted before the next
+  subscription, with backoff; a receiver that takes over the lease (this daemon restarted,
+  or a standby) takes them back from the inbox first.
   Reconnecting waits a jittered delay doubling from ``reconnect_delay_s`` to
   ``max_reconnect_delay_s`` (no hot loop while signal-cli is down).
 * **A graceful stop.** Cancelling :meth:`Receiver.run` (the supervisor stopping the daemon)
