@@ -26,13 +26,13 @@ Contract §12.3–12.4, with the differences that keep every message signal-cli 
   in the client's queue, one batch of :data:`MAX_BATCH` being written) plus what sat in the
   socket buffers. While :data:`MAX_HELD` journaled events wait for admission, reading
   pauses (signal-cli's writes then block).
-* **Pause, never drop.** On a retryable admission, a lost lease, a connection that ended,
-  or a stop: stop taking notifications, ``unsubscribeReceive`` (a request, so its answer
-  says that everything sent before it has been read), take what was already sent, drop the
-  socket. Events already received stay journaled and are admitted before the next
-  subscription, with backoff; a receiver that takes over the lease (this daemon restarted,
-  or a standby) takes them back from the inbox first.
-  Reconnecting waits a jittered delay doubling from ``reconnect_delay_s`` to
+* **Pause, never drop.** On a retryable admission, a lost lease, writer loss (the store
+  refused an inbox write), a connection that ended, or a stop: stop taking notifications,
+  ``unsubscribeReceive`` (a request, so its answer says that everything sent before it has
+  been read), take what was already sent, drop the socket. Events already received stay
+  journaled and are admitted before the next subscription, with backoff; a receiver that
+  takes over the lease (this daemon restarted, or a standby) takes them back from the inbox
+  first. Reconnecting waits a jittered delay doubling from ``reconnect_delay_s`` to
   ``max_reconnect_delay_s`` (no hot loop while signal-cli is down).
 * **A graceful stop.** Cancelling :meth:`Receiver.run` (the supervisor stopping the daemon)
   ends waiting, not the wind-down: it unsubscribes, keeps what was sent meanwhile in the
@@ -102,6 +102,7 @@ Ended: TypeAlias = Literal[
     "admission",
     "account_mismatch",
     "lease_lost",
+    "writer_lost",
 ]
 _WHY = {
     "unreachable": "signal-cli is unreachable",
@@ -110,6 +111,7 @@ _WHY = {
     "broken": "the connection broke",
     "oversized": "signal-cli sent an oversized frame",
     "malformed": "signal-cli sent a malformed frame",
+    "writer_lost": "the journal does not take writes; not receiving meanwhile",
 }
 
 
@@ -539,7 +541,10 @@ class Receiver:
                     notes.append(client.notifications.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            await self._journal(notes, subscription)
+            if not await self._journal(notes, subscription):
+                # Writer loss: what cannot be journaled must not be taken from signal-cli.
+                intake.end("writer_lost")
+                return
             if self._mismatch:
                 intake.end("account_mismatch")
                 return
@@ -574,20 +579,22 @@ class Receiver:
                 intake.end("lease_lost")
                 return
 
-    async def _journal(self, notes: list[Incoming], subscription: int) -> None:
+    async def _journal(self, notes: list[Incoming], subscription: int) -> bool:
         """Classify ``notes`` and keep their events, written to the inbox in one
-        transaction (journal on receipt: nothing else happens to them before)."""
+        transaction (journal on receipt: nothing else happens to them before). False when
+        the store did not take the write (the events are kept in memory, and retried)."""
         events = [
             verdict
             for note in notes
             if isinstance(verdict := self._classify(note, subscription), InboundEvent)
         ]
         if not events:
-            return
+            return True
         durable = await self.inbox.put(events)
         for event, ok in zip(events, durable, strict=True):
             self._held.append(_Held(event, durable=ok))
         self.status.held = len(self._held)
+        return all(durable)
 
     def _classify(self, note: Incoming, subscription: int) -> InboundEvent | _Mismatch | None:
         """The event in ``note``, :data:`MISMATCH`, or ``None`` (counted, ignored)."""

@@ -333,6 +333,43 @@ async def test_163_no_subscription_while_the_readiness_probe_fails(
     assert flaky.saves[0] == RECEIVER_NAMESPACE
 
 
+async def test_writer_loss_while_receiving_pauses_until_the_store_takes_writes(
+    autojump_clock: MockClock,
+    fake: FakeSignalCli,
+    make_adapter: Any,
+    store: MemoryStore,
+    recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The inbox write fails: the message read is kept (and admitted), but nothing more is
+    taken from signal-cli — unsubscribed, and no new subscription while the probe cannot be
+    written; once the store takes writes again, what waited on the server comes."""
+
+    @attrs.define
+    class Outage(FlakyCheckpoints):
+        async def write_checkpoints(self, writes: Any, **kwargs: Any) -> Any:
+            if self.failing:
+                raise StoreUnavailableError("store down")
+            return await self.inner.write_checkpoints(writes, **kwargs)
+
+    flaky = Outage(store.checkpoints, failing=False)
+    adapter = make_adapter(store=WrappedStore(flaky, store.leases))
+    with trio.fail_after(600):
+        async with running(adapter):
+            flaky.failing = True
+            fake.push(text_envelope("read during the outage"))
+            await recorder.wait_for(1)
+            await fake.wait_until(lambda: not fake.subscriptions)
+            fake.push(text_envelope("waits on the server", timestamp=2))
+            await trio.sleep(60)
+            assert len(fake.subscribe_log) == 1 and len(recorder.events) == 1
+            flaky.failing = False
+            await recorder.wait_for(2)
+    assert recorder.texts == ["read during the outage", "waits on the server"]
+    assert "the journal does not take writes" in caplog.text
+    assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
+
+
 async def test_164_a_destroyed_socket_reconnects(
     autojump_clock: MockClock, fake: FakeSignalCli, make_adapter: Any, recorder: Recorder
 ) -> None:
