@@ -446,6 +446,8 @@ class Receiver:
             subscription = await self._subscribe(client)
             if subscription is None:
                 ended = "subscribe_failed"
+                # signal-cli may have subscribed (and sent) before the answer was lost.
+                await self._wind_down(client, None)
             else:
                 since = trio.current_time()
                 self._subscribed(started)
@@ -522,6 +524,7 @@ class Receiver:
     ) -> None:
         while intake.ended is None:
             first: Incoming | None = None
+            lease_lost = False
             try:
                 with self._interruptible(), intake.reading(), self.lease.guard():
                     try:
@@ -530,10 +533,10 @@ class Receiver:
                         intake.end(client.closed_reason)
                         return
             except LeaseLostError:
-                intake.end("lease_lost")
-                return
+                # The guard may raise after the receive returned: journal what was taken.
+                lease_lost = True
             if first is None:
-                intake.end("stopped")
+                intake.end("lease_lost" if lease_lost else "stopped")
                 return
             notes = [first]
             while len(notes) < MAX_BATCH:
@@ -541,7 +544,11 @@ class Receiver:
                     notes.append(client.notifications.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            if not await self._journal(notes, subscription):
+            journaled = await self._journal(notes, subscription)
+            if lease_lost:
+                intake.end("lease_lost")
+                return
+            if not journaled:
                 # Writer loss: what cannot be journaled must not be taken from signal-cli.
                 intake.end("writer_lost")
                 return
@@ -744,11 +751,16 @@ class Receiver:
 
     # ------------------------------------------------------------------ pausing
 
-    async def _wind_down(self, client: JsonRpcClient, subscription: int) -> None:
+    async def _wind_down(self, client: JsonRpcClient, subscription: int | None) -> None:
         """Unsubscribe, take every notification sent before that was answered, and journal
         their events (bounded by :data:`WIND_DOWN_S` and :data:`PERSIST_S`; the socket
         closes after). The ``unsubscribeReceive`` is a request, not the reference's
-        notification: its answer proves that nothing more is on the way."""
+        notification: its answer proves that nothing more is on the way.
+
+        ``subscription`` ``None``: ``subscribeReceive`` got no usable answer, yet signal-cli
+        may have subscribed this connection; ``unsubscribeReceive`` without an id ends the
+        connection's subscription, and the one id its notifications carry is taken as it
+        (this connection never had another)."""
         self.status.subscription = "paused"
         self.status.state = "paused"
         notes: list[Incoming] = []
@@ -757,10 +769,11 @@ class Receiver:
                 async with trio.open_nursery() as nursery:
 
                     async def unsubscribe() -> None:
+                        params = None if subscription is None else {"subscription": subscription}
                         try:
                             await client.call(
                                 "unsubscribeReceive",
-                                {"subscription": subscription},
+                                params,
                                 timeout_s=min(self.timeout_s, WIND_DOWN_S),
                             )
                         except (RpcError, JsonRpcTimeoutError, JsonRpcConnectionError):
@@ -776,6 +789,18 @@ class Receiver:
                 notes.append(client.notifications.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+        if subscription is None:
+            subscription = _first_subscription(notes)
+            if subscription is None:
+                return
         with trio.move_on_after(PERSIST_S, shield=True):
             await self._journal(notes, subscription)
         await self._persist_held()
+
+
+def _first_subscription(notes: list[Incoming]) -> int | None:
+    for note in notes:
+        parsed = read_notification(note.params) if note.method == "receive" else None
+        if parsed is not None and parsed.subscription is not None:
+            return parsed.subscription
+    return None

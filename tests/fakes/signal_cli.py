@@ -222,6 +222,8 @@ class FakeSignalCli:
     starts: int = 0
     close_on_subscribe: int = 0
     """The next this many ``subscribeReceive`` calls close the connection instead."""
+    slow_subscribe_s: float = 0.0
+    """The next ``subscribeReceive`` subscribes at once but answers this much later."""
     _outcomes: collections.deque[SendOutcome] = attrs.field(factory=collections.deque)
     _counter: itertools.count[int] = attrs.field(factory=itertools.count)
     _timestamps: itertools.count[int] = attrs.field(
@@ -484,6 +486,9 @@ class FakeSignalCli:
                 self.max_concurrent_subscriptions, len({c.id for c in self._subscriptions.values()})
             )
             self._wake()
+            if self.slow_subscribe_s:
+                delay, self.slow_subscribe_s = self.slow_subscribe_s, 0.0
+                await trio.sleep(delay)
             return sub
         if method == "unsubscribeReceive":
             wanted = _subscription_param(params)

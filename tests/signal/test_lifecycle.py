@@ -370,6 +370,27 @@ async def test_writer_loss_while_receiving_pauses_until_the_store_takes_writes(
     assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
 
 
+async def test_a_subscribe_answer_that_never_comes_still_loses_nothing(
+    autojump_clock: MockClock, fake: FakeSignalCli, make_adapter: Any, recorder: Recorder
+) -> None:
+    """signal-cli subscribed and handed out a message, but its answer came after the
+    deadline: the adapter ends the connection's subscription without knowing its id, takes
+    the message sent meanwhile, and admits it."""
+    fake.slow_subscribe_s = 60.0
+    fake.push(text_envelope("sent before the answer"))
+    adapter = make_adapter(request_timeout_s=5.0)
+    with trio.fail_after(300):
+        async with running(adapter):
+            await recorder.wait_for(1)
+    assert recorder.texts == ["sent before the answer"]
+    first_conn = fake.subscribe_log[0][1]
+    assert (
+        first_conn,
+        {"jsonrpc": "2.0", "id": 2, "method": "unsubscribeReceive"},
+    ) in fake.requests
+    assert len(fake.subscribe_log) == 2
+
+
 async def test_164_a_destroyed_socket_reconnects(
     autojump_clock: MockClock, fake: FakeSignalCli, make_adapter: Any, recorder: Recorder
 ) -> None:
