@@ -18,6 +18,7 @@ from prismd.channel import DeliveryOutcomeUnknownError, Reply, SendResult
 from ..toolkit import chunk_text as _chunk_text
 from ..toolkit import utf16_units as utf16_units
 from ._api import TelegramApi, TelegramApiError, TelegramCredentialError, TelegramError
+from ._format import send_formatted
 from ._parse import _bounded_str, clean_text
 from ._status import log_retry
 
@@ -78,7 +79,8 @@ class TelegramSender:
             pass
 
     async def send(self, reply: Reply) -> SendResult:
-        """Deliver a reply as plain-text chunks (+ optional synthesized voice).
+        """Deliver a reply as chunks (+ optional synthesized voice); a final answer goes out
+        as Telegram HTML converted from Markdown, plain text when Telegram refuses it.
 
         Returns ``delivered`` or a known failure (``invalid_destination``, ``empty_reply``,
         ``invalid_controls``, ``telegram_unauthorized``, ``telegram_forbidden``,
@@ -118,7 +120,11 @@ class TelegramSender:
             if markup is not None and index == len(chunks) - 1:
                 params["reply_markup"] = markup
             try:
-                result = await self._send_chunk(params)
+                # Agents answer in Markdown: final answers go out as Telegram HTML, with a
+                # plain-text resend when Telegram cannot parse the entities.
+                result = await send_formatted(
+                    self._send_chunk, params, markdown=reply.kind == "final"
+                )
             except TelegramApiError as error:
                 if index > 0 or _ambiguous(error):
                     raise DeliveryOutcomeUnknownError("Telegram delivery outcome unknown") from None

@@ -58,6 +58,9 @@ server → client
   of ``admit``; ``denied`` with reason ``capacity``/``unavailable``/``stopped`` is worth
   retrying later. ``hint``, when present, tells the user what to do (the size limit of an
   ``oversized`` message, ``/help`` after an ``unknown_command``).
+* ``{"type": "preview", "text": "…"}`` — the live text of an answer being streamed (the
+  whole text so far, redacted, never journaled): shown until the next ``reply`` replaces it.
+  Coalesced (a slow tab gets the newest text) and never sent after the reply that ends it.
 * ``{"type": "reply", "replyId": <str or null>, "kind": "final"|"notice", "text": "…",
   "controls": [{"label", "value"}], "inReplyTo": <client id or null>}`` — sent to every open
   socket of the actor. ``replyId`` is stable (one per journaled operation), so a client that
@@ -97,7 +100,6 @@ import trio
 import trio_websocket
 
 from prismd.channel import (
-    NO_FEATURES,
     AdapterFatalError,
     AdapterFeatures,
     Admission,
@@ -124,6 +126,7 @@ from ..toolkit import (
     respond,
     server_connection,
 )
+from ._previews import LivePreviews
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
@@ -446,9 +449,11 @@ class WebchatAdapter:
     _csp: str = attrs.field(default="", init=False)
     _tokens: _ResumeTokens = attrs.field(init=False)
     _background: trio.Nursery | None = attrs.field(default=None, init=False)
+    _previews: LivePreviews = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._page, self._csp = _load_page()
+        self._previews = LivePreviews(self._send_preview)
         if not 1 <= self.resume_ttl_days <= 3650:
             raise ValueError("resume_ttl_days must be in 1..3650")
         if not 0 <= self.history_limit <= 100:
@@ -476,11 +481,26 @@ class WebchatAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        """No previews, typing or attachments: the page shows the answer when it comes."""
-        return NO_FEATURES
+        """Previews (the answer's live text); no typing or attachments."""
+        return AdapterFeatures(previews=True)
 
     def send_draft(self, preview: Preview) -> None:
-        """Not offered (see :attr:`features`)."""
+        """Show a streaming answer's text in the actor's open tabs (a ``preview`` frame,
+        coalesced, never after the reply that ends it; see :mod:`._previews`). Never
+        blocks or raises; nothing when no tab of the actor is open."""
+        actor = preview.external_conversation_id
+        if (
+            preview.connection_id != self._connection_id
+            or self._background is None
+            or not self._sockets.get(actor)
+        ):
+            return
+        self._previews.offer(self._background, actor, preview.text)
+
+    async def _send_preview(self, actor: str, frame: str) -> None:
+        async with trio.open_nursery() as nursery:
+            for sock in list(self._sockets.get(actor, ())):
+                nursery.start_soon(self._send_frame, sock, frame)
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
         """Not offered (see :attr:`features`)."""
@@ -558,8 +578,12 @@ class WebchatAdapter:
             if await self._send_frame(sock, frame):
                 taken.append(sock)
 
-        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S
-        async with trio.open_nursery() as nursery:
+        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S;
+        # under the actor's preview lock, so no stale preview follows the reply
+        async with (
+            self._previews.replying(reply.external_conversation_id),
+            trio.open_nursery() as nursery,
+        ):
             for sock in sockets:
                 nursery.start_soon(deliver, sock)
         if not taken:

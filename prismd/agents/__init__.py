@@ -1,7 +1,9 @@
 """Agents: the Trio-native agent seam (``_base``) and the built-in kinds.
 
 Kinds: ``echo`` (answers with the input), ``mock`` (test/soak stand-in with delays,
-failures and durable tool approvals) and ``python`` (any ``module:callable`` factory).
+failures and durable tool approvals), ``openai`` (any OpenAI-compatible chat completions
+server, streamed, with durable history and tools) and ``python`` (any ``module:callable``
+factory).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from ._base import RunRequest as RunRequest
 from ._base import RunResult as RunResult
 from ._base import RunState as RunState
 from ._base import RunStatusName as RunStatusName
+from ._base import SecretReader as SecretReader
 from ._base import StreamEvent as StreamEvent
 from ._base import TextBlock as TextBlock
+from ._retention import AGENT_NAMESPACES as AGENT_NAMESPACES
+from ._retention import agent_record_kept as agent_record_kept
 from ._session import NS_RUN as NS_RUN
 from ._session import NS_SESSION as NS_SESSION
 from ._session import AgentOptionError as AgentOptionError
@@ -29,7 +34,10 @@ from ._session import SessionEntry as SessionEntry
 from .echo import EchoAgent as EchoAgent
 from .mock import MockAgent as MockAgent
 from .mock import MockOptions as MockOptions
+from .openai import OpenAIAgent as OpenAIAgent
+from .openai import OpenAIOptions as OpenAIOptions
 from .python import resolve_factory as resolve_factory
 from .registry import AGENT_KINDS as AGENT_KINDS
 from .registry import build_agent as build_agent
 from .registry import validate_agent_options as validate_agent_options
+from .tools import Tool as Tool

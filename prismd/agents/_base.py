@@ -145,14 +145,26 @@ class Agent(Protocol):
         ...
 
 
+SecretReader: TypeAlias = Callable[[str | None, str | None, str], str]
+"""``read_secret(env_name, file_name, key)``: the secret from the environment variable or
+the file (``$CREDENTIALS_DIRECTORY`` first), stripped; raises ``ValueError`` naming ``key``
+(never the value) when it is missing or empty."""
+
+
 @attrs.frozen
 class AgentContext:
-    """What a factory gets to build an agent for one alias."""
+    """What a factory gets to build an agent for one alias.
+
+    ``read_secret`` is the host's: under ``prismd run`` every secret read through it is
+    registered with the daemon's redactor and log filter, so it never reaches a reply, a
+    notice or a log line. ``None`` where the host reads no secrets (a bare test).
+    """
 
     alias: str
     options: Mapping[str, Any]
     checkpoints: CheckpointStore
     clock: Clock = SYSTEM_CLOCK
+    read_secret: SecretReader | None = None
 
 
 AgentFactory: TypeAlias = Callable[[AgentContext], Agent]

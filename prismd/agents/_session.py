@@ -148,12 +148,14 @@ def _bounded(entries: list[SessionEntry]) -> list[SessionEntry]:
 
 @attrs.define(eq=False)
 class SessionLog:
-    """Durable transcripts of one agent alias, bounded to the last
-    :data:`MAX_SESSION_ENTRIES` entries and :data:`MAX_SESSION_BYTES` of JSON (each entry's
-    text clipped to :data:`MAX_ENTRY_BYTES`). Appends are CAS-retried."""
+    """Durable transcripts of one agent alias, bounded to the last ``max_entries`` (at
+    most :data:`MAX_SESSION_ENTRIES`) entries and :data:`MAX_SESSION_BYTES` of JSON (each
+    entry's text clipped to :data:`MAX_ENTRY_BYTES`). Appends are CAS-retried."""
 
     checkpoints: CheckpointStore
     alias: str
+    max_entries: int = MAX_SESSION_ENTRIES
+    """Kept entries (at most :data:`MAX_SESSION_ENTRIES`); the oldest are dropped first."""
 
     async def entries(self, session_id: str, ownership: OwnershipScope) -> tuple[SessionEntry, ...]:
         stored = await self.checkpoints.load_checkpoint(
@@ -176,7 +178,7 @@ class SessionLog:
             )
             entries = [] if stored is None else _parse_entries(stored.value)
             entries.extend(added)
-            entries = _bounded(entries[-MAX_SESSION_ENTRIES:])
+            entries = _bounded(entries[-min(self.max_entries, MAX_SESSION_ENTRIES) :])
             version = 0 if stored is None else stored.version
             try:
                 await self.checkpoints.save_checkpoint(

@@ -15,7 +15,7 @@ from typing import Any
 from ._base import Agent, AgentContext
 from ._session import AgentOptionError
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+FACTORY_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _PROPERTIES = ("agent_id", "definition_revision", "input_capabilities", "supports_approvals")
 _METHODS = ("run", "status", "resume")
 
@@ -25,34 +25,35 @@ def validate_python_options(options: Mapping[str, Any]) -> str:
     factory = options.get("factory")
     if factory is None:
         raise AgentOptionError("factory", "is required for agent kind 'python'")
-    if not isinstance(factory, str) or not _FACTORY_RE.match(factory):
+    if not isinstance(factory, str) or not FACTORY_RE.match(factory):
         raise AgentOptionError("factory", "must be 'module:callable'")
     return factory
 
 
-def resolve_factory(spec: str) -> Any:
+def resolve_factory(spec: str, key: str = "factory") -> Any:
     """The object ``module:attr.path`` names (imported, not called); raises
-    :class:`AgentOptionError` naming ``factory`` when it cannot be found."""
+    :class:`AgentOptionError` naming ``key`` (the option that gave ``spec``) when it cannot
+    be found — never with the module's own error text."""
     module_name, _, attr_path = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise AgentOptionError("factory", f"cannot import module {module_name!r}") from exc
+        raise AgentOptionError(key, f"cannot import module {module_name!r}") from exc
     except Exception as exc:
         # A syntax error or an exception raised at import time: name its type only (its
         # text is the module's own and may carry anything).
         raise AgentOptionError(
-            "factory", f"cannot import module {module_name!r} ({type(exc).__name__})"
+            key, f"cannot import module {module_name!r} ({type(exc).__name__})"
         ) from None
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise AgentOptionError(
-                "factory", f"module {module_name!r} has no attribute {attr_path!r}"
+                key, f"module {module_name!r} has no attribute {attr_path!r}"
             ) from None
     if not callable(target):
-        raise AgentOptionError("factory", f"{spec!r} is not callable")
+        raise AgentOptionError(key, f"{spec!r} is not callable")
     return target
 
 

@@ -14,17 +14,15 @@ from ._base import Agent, AgentContext
 from ._session import AgentOptionError
 from .echo import EchoAgent, validate_echo_options
 from .mock import MockAgent, validate_mock_options
+from .openai import OpenAIAgent, validate_openai_options
 from .python import build_python_agent, validate_python_options
 
-AGENT_KINDS = ("echo", "mock", "python")
-PLANNED_KINDS = ("openai",)
+AGENT_KINDS = ("echo", "mock", "openai", "python")
 
 
 def _unavailable(kind: str) -> AgentOptionError:
-    if kind in PLANNED_KINDS:
-        return AgentOptionError("kind", f"agent kind {kind!r} is not available yet")
     return AgentOptionError(
-        "kind", f"unknown agent kind {kind!r}; expected one of echo, mock, python"
+        "kind", f"unknown agent kind {kind!r}; expected one of {', '.join(AGENT_KINDS)}"
     )
 
 
@@ -34,6 +32,8 @@ def validate_agent_options(kind: str, options: Mapping[str, Any]) -> None:
         validate_echo_options(options)
     elif kind == "mock":
         validate_mock_options(options)
+    elif kind == "openai":
+        validate_openai_options(options)
     elif kind == "python":
         validate_python_options(options)
     else:
@@ -47,6 +47,8 @@ def build_agent(kind: str, ctx: AgentContext) -> Agent:
         return EchoAgent.from_context(ctx)
     if kind == "mock":
         return MockAgent.from_context(ctx)
+    if kind == "openai":
+        return OpenAIAgent.from_context(ctx)
     if kind == "python":
         return build_python_agent(ctx)
     raise _unavailable(kind)

@@ -8,6 +8,7 @@ exit. A fatal error is one ``prismd: …`` line on stderr, printed once.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -33,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
     run.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
     run.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    run.add_argument(
+        "--accept-new-journal",
+        action="store_true",
+        help="start although the journal is not the one the state directory ran on before"
+        " (a new or replaced journal: its dedup records are gone)",
+    )
 
     check = sub.add_parser(
         "check-config",
@@ -130,7 +137,9 @@ def _run_with_early_signals(args: argparse.Namespace) -> int:
         return 1
 
     try:
-        return trio.run(run_daemon, config)
+        return trio.run(
+            functools.partial(run_daemon, config, accept_new_journal=args.accept_new_journal)
+        )
     except KeyboardInterrupt:  # pragma: no cover - SIGINT is handled, kept as a backstop
         print("prismd: interrupted", file=sys.stderr)
         return 130

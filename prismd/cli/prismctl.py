@@ -252,7 +252,12 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     add = functools.partial(sub.add_parser, parents=[common])
 
     cmd = add("list-unresolved", help="operations the daemon cannot prove settled")
-    cmd.add_argument("--limit", type=int, help="at most N entries (1-500)")
+    cmd.add_argument(
+        "--limit", type=int, help="entries per page (capped at the daemon's max_journal_page)"
+    )
+    pages = cmd.add_mutually_exclusive_group()
+    pages.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+    pages.add_argument("--all", action="store_true", help="every page")
 
     cmd = add("reconcile", help="settle one unresolved operation")
     cmd.add_argument("operation", metavar="OP", help="operation id")
@@ -308,7 +313,12 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     command = args.command
     if command == "list-unresolved":
-        return "listUnresolved", {} if args.limit is None else {"limit": args.limit}
+        listing: dict[str, Any] = {"paged": True}
+        if args.limit is not None:
+            listing["limit"] = args.limit
+        if args.after is not None:
+            listing["after"] = args.after
+        return "listUnresolved", listing
     if command == "reconcile":
         params: dict[str, Any] = {
             "connectionId": args.connection,
@@ -347,13 +357,40 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     raise AssertionError(command)
 
 
+def _every_page(client: ControlClient, params: dict[str, Any], first: Any) -> Any:
+    """``first`` and every page after it, as one page without a next cursor."""
+    entries = list(first.get("entries") or [])
+    result = first
+    while result.get("nextCursor"):
+        result = client.call("listUnresolved", {**params, "after": result["nextCursor"]})
+        entries += result.get("entries") or []
+    return {**first, "entries": entries, "nextCursor": None}
+
+
+def _paging_notes(args: argparse.Namespace, result: Any) -> list[str]:
+    """What a list-unresolved page says about the rest: the cap, the next cursor."""
+    if args.command != "list-unresolved" or not isinstance(result, Mapping):
+        return []
+    notes = []
+    if result.get("capped"):
+        notes.append(
+            f"--limit {args.limit} is above the daemon's page cap: {result.get('limit')}"
+            " entries per page"
+        )
+    cursor = result.get("nextCursor")
+    if cursor:
+        notes.append(f"more: prismctl list-unresolved --after {cursor} (or --all for every page)")
+    return notes
+
+
 def _render(command: str, result: Any, out: TextIO) -> int:
     """Print ``result`` for people; the exit code for it."""
     if command == "list-unresolved":
-        if not result:
+        entries = result.get("entries") if isinstance(result, Mapping) else result
+        if not entries:
             out.write("no unresolved operations\n")
         else:
-            print_table(result, UNRESOLVED_COLUMNS, out)
+            print_table(entries, UNRESOLVED_COLUMNS, out)
         return 0
     if command == "pair":
         out.write(f"token       {result.get('token')}\n")
@@ -479,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _follow(client, args, out)
             method, params = _request(args)
             result = client.call(method, params)
+            if args.command == "list-unresolved" and args.all:
+                result = _every_page(client, params, result)
     except ControlClientError as exc:
         err.write(f"prismctl: {exc}\n")
         return 1
@@ -493,10 +532,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     if args.json:
-        out.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-        return _exit_code_of(args.command, result)
+        shown = result
+        if args.command == "list-unresolved" and isinstance(result, Mapping):
+            shown = result.get("entries", [])  # the list scripts read; paging goes to stderr
+        out.write(json.dumps(shown, indent=2, ensure_ascii=False) + "\n")
+        for line in _paging_notes(args, result):
+            err.write(f"prismctl: {line}\n")
+        return _exit_code_of(args.command, shown)
     code = _render(args.command, result, out)
-    advice = _advice(args, result)
+    advice = _paging_notes(args, result) + _advice(args, result)
     if advice:
         err.write("prismctl: " + "\n".join(advice) + "\n")
     return code

@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     # config records are all the server needs of it, as values it is handed.
     from ..daemon import ControlConfig, GrantConfig, Operator
 
+MAX_SAFE_INT = 2**53 - 1
 log = logging.getLogger("prismd.control")
 
 PERMISSION_DENIED = -32001
@@ -316,12 +317,24 @@ class ControlHandler:
         return await target(operator, params)
 
     async def _list_unresolved(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
-        params = _Params(raw, ("limit",))
-        limit = params.integer("limit", low=1, high=500)
-        entries = await self.runtime.list_unresolved(
-            identity=self.identity_for(operator), limit=limit
+        """The contract's list (one page); with ``paged: true`` an object with the entries,
+        ``nextCursor`` (pass it as ``after``; ``null`` on the last page), the page ``limit``
+        used and whether the asked one was ``capped``."""
+        params = _Params(raw, ("limit", "after", "paged"))
+        limit = params.integer("limit", low=1, high=MAX_SAFE_INT)
+        after = params.text("after", required=False)
+        page = await self.runtime.list_unresolved_page(
+            identity=self.identity_for(operator), limit=limit, after=after
         )
-        return to_wire(entries)
+        entries = to_wire(list(page.entries))
+        if not params.flag("paged"):
+            return entries
+        return {
+            "entries": entries,
+            "nextCursor": page.next_cursor,
+            "limit": page.limit,
+            "capped": page.capped,
+        }
 
     async def _reconcile(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(

@@ -806,8 +806,9 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     adds to :func:`load_config`, so the two cannot disagree: the store scheme and every
     connection kind are built (:data:`STORE_SCHEMES`, :data:`adapters.kinds.CONNECTION_KINDS`),
     a SQLite URL is one the store accepts, every secret a connection reads at start is present
-    (values read and dropped, never shown), every ``python`` agent's factory module imports and has
-    the attribute (it is not called), and ``[control].group`` exists. Nothing is opened,
+    (values read and dropped, never shown), every ``python`` agent's factory module imports
+    and has the attribute (it is not called), every ``openai`` agent's API key is present and
+    its ``tools`` factory imports, and ``[control].group`` exists. Nothing is opened,
     bound or contacted.
     """
     source = config.source
@@ -836,8 +837,11 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
             except ConfigError as exc:
                 raise error(exc.key or f"{where}.{name}", exc.message) from None
     for alias, agent in config.agents.items():
+        where = f"[agents.{alias}]"
         if agent.kind == "python":
-            _check_factory(str(agent.options.get("factory", "")), f"[agents.{alias}]", error)
+            _check_factory(str(agent.options.get("factory", "")), where, error)
+        elif agent.kind == "openai":
+            _check_openai_runnable(agent.options, where, env, error)
     group = config.control.group
     if group is not None:
         try:
@@ -861,13 +865,37 @@ def _check_store_runnable(url: str, error: Callable[[str, str], ConfigError]) ->
             raise error("[store].url", str(exc)) from None
 
 
-def _check_factory(spec: str, where: str, error: Callable[[str, str], ConfigError]) -> None:
+def _check_openai_runnable(
+    options: Mapping[str, Any],
+    where: str,
+    env: Mapping[str, str],
+    error: Callable[[str, str], ConfigError],
+) -> None:
+    """The API key is present (read and dropped) and the ``tools`` module imports."""
+    for key in ("api_key_env", "api_key_file"):
+        if key in options:
+            try:
+                read_secret(
+                    env_name=options[key] if key == "api_key_env" else None,
+                    file_name=options[key] if key == "api_key_file" else None,
+                    env=env,
+                    key=f"{where}.{key}",
+                )
+            except ConfigError as exc:
+                raise error(exc.key or f"{where}.{key}", exc.message) from None
+    if "tools" in options:
+        _check_factory(str(options["tools"]), where, error, key="tools")
+
+
+def _check_factory(
+    spec: str, where: str, error: Callable[[str, str], ConfigError], *, key: str = "factory"
+) -> None:
     # The agent kind's own resolution (import + attribute), the step before the call.
     from ..agents import AgentOptionError, resolve_factory
 
     try:
-        resolve_factory(spec)
+        resolve_factory(spec, key)
     except AgentOptionError as exc:
         message = str(exc)
-        key = exc.key or "factory"
-        raise error(f"{where}.{key}", message.removeprefix(f"{key}: ")) from None
+        named = exc.key or key
+        raise error(f"{where}.{named}", message.removeprefix(f"{named}: ")) from None

@@ -438,6 +438,8 @@ class Daemon:
     env: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     install_signals: bool = True
     hard_exit: bool = False
+    accept_new_journal: bool = False
+    """Start on a journal that is not the one the state directory remembers (and adopt it)."""
     """Exit the process at the stop deadline whatever holds it (``prismd run`` only: an
     in-process caller must not lose its interpreter)."""
     notify: Callable[[str], object] | None = None
@@ -600,12 +602,12 @@ class Daemon:
 
         config = self.config
         try:
-            agents = build_agents(config, store)
+            secrets: list[str] = []
+            agents = build_agents(config, store, env=self.env, secrets=secrets)
             authorizer = GrantAuthorizer(
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
             host = Host(agents=agents)
-            secrets: list[str] = []
             for connection in config.connections:
                 host.adapters[connection.id] = build_adapter(
                     connection,
@@ -643,6 +645,33 @@ class Daemon:
             with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                 await host.aclose()
 
+    def _same_journal(self, state: StateDir, journal_id: str) -> bool:
+        """The journal is the one this state directory ran on (or it never ran); otherwise
+        refuse, unless ``accept_new_journal``. Remembers the id it starts with."""
+        try:
+            remembered = state.remembered_journal()
+            if remembered is not None and remembered != journal_id:
+                if not self.accept_new_journal:
+                    url = self.config.store.url
+                    self._fail(
+                        f"the journal ({_without_password(url, url)}) is not the one this"
+                        f" daemon ran on before (state directory {state.path}): a new, emptied"
+                        " or replaced journal has lost every dedup record, so messages could be"
+                        " answered twice. Restore the journal, or start once with"
+                        " `prismd run --accept-new-journal` to adopt it"
+                    )
+                    return False
+                log.warning(
+                    "adopting a new journal (--accept-new-journal): messages redelivered"
+                    " from before it may run again"
+                )
+            if remembered != journal_id:
+                state.remember_journal(journal_id)
+        except StateDirError as exc:
+            self._fail(str(exc))
+            return False
+        return True
+
     async def _run_runtime(
         self,
         state: StateDir,
@@ -656,12 +685,14 @@ class Daemon:
         config = self.config
         try:
             # Before the runtime: its resume of acknowledged messages reads the open index.
-            refiled = await ensure_format(ChannelJournal(store.checkpoints))
+            journal = await ensure_format(ChannelJournal(store.checkpoints))
         except Exception as exc:
-            self._fail(f"cannot upgrade the journal: {describe_exception(exc)}")
+            self._fail(f"cannot read the journal's identity: {describe_exception(exc)}")
             return EXIT_FAILURE
-        if refiled:
-            log.info("journal upgraded: %d unresolved record(s) indexed", refiled)
+        if journal.refiled:
+            log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
+        if not self._same_journal(state, journal.journal_id):
+            return EXIT_FAILURE
         async with open_messaging_runtime(
             authorize=authorizer.authorize,
             resolve_agent=host.resolve_agent,

@@ -21,6 +21,7 @@ import attrs
 
 INSTANCE_FILE = "instance-id"
 LOCK_FILE = "lock"
+JOURNAL_FILE = "journal-id"
 
 
 class StateDirError(Exception):
@@ -43,6 +44,21 @@ class StateDir:
     def owner_id(self, *parts: str) -> str:
         """A lease owner id such as ``prismd-<id>:runtime`` or ``prismd-<id>:telegram:tg``."""
         return ":".join((self.owner_prefix, *parts))
+
+    def remembered_journal(self) -> str | None:
+        """The id of the journal this daemon ran on before (``None``: it never ran)."""
+        target = self.path / JOURNAL_FILE
+        try:
+            text = target.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeError):
+            raise StateDirError(f"cannot read {target}") from None
+        return text or None
+
+    def remember_journal(self, journal_id: str) -> None:
+        """Remember the journal's id (atomically: a crash leaves the old one or the new)."""
+        _write_atomically(self.path / JOURNAL_FILE, journal_id)
 
     def close(self) -> None:
         """Release the lock (idempotent). The kernel also drops it when the process dies."""
@@ -67,14 +83,21 @@ def _read_or_create_instance_id(directory: Path) -> str:
         except ValueError:
             raise StateDirError(f"{target} does not hold a UUID") from None
     value = str(uuid.uuid4())
-    # Written to a temp file and renamed, so a crash never leaves a half-written id.
-    tmp = directory / f".{INSTANCE_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="ascii") as handle:
-        handle.write(value + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+    _write_atomically(target, value)
     return value
+
+
+def _write_atomically(target: Path, value: str) -> None:
+    # Written to a temp file and renamed, so a crash never leaves a half-written id.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="ascii") as handle:
+            handle.write(value + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise StateDirError(f"cannot write {target}: {exc.strerror}") from None
 
 
 def open_state_dir(path: str | os.PathLike[str]) -> StateDir:

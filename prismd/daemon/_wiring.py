@@ -10,6 +10,7 @@ adapters declare in their :class:`~prismd.channel.AdapterFeatures`).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -43,16 +44,52 @@ class WiringError(Exception):
     """The configuration cannot be turned into a running daemon; the message names the part."""
 
 
-def build_agents(config: Config, store: Store) -> dict[str, Agent]:
-    """One agent per ``[agents.<alias>]``, each with the store's checkpoints."""
+def secret_reader(
+    env: Mapping[str, str], found: list[str], where: str
+) -> Callable[[str | None, str | None, str], str]:
+    """An :attr:`AgentContext.read_secret` over :func:`read_secret` that appends every value
+    it reads to ``found`` (the daemon's redactor and log filter); errors name
+    ``<where>.<key>``."""
+
+    def read(env_name: str | None, file_name: str | None, key: str) -> str:
+        value = read_secret(env_name=env_name, file_name=file_name, env=env, key=f"{where}.{key}")
+        found.append(value)
+        return value
+
+    return read
+
+
+def build_agents(
+    config: Config,
+    store: Store,
+    *,
+    env: Mapping[str, str] | None = None,
+    secrets: list[str] | None = None,
+) -> dict[str, Agent]:
+    """One agent per ``[agents.<alias>]``, each with the store's checkpoints.
+
+    Secrets an agent reads (an ``openai`` API key) come from ``env`` (default: this
+    process's environment) and are appended to ``secrets``.
+    """
+
+    found: list[str] = [] if secrets is None else secrets
     agents: dict[str, Agent] = {}
     for alias, agent in config.agents.items():
-        context = AgentContext(alias=alias, options=agent.options, checkpoints=store.checkpoints)
+        context = AgentContext(
+            alias=alias,
+            options=agent.options,
+            checkpoints=store.checkpoints,
+            read_secret=secret_reader(
+                os.environ if env is None else env, found, f"[agents.{alias}]"
+            ),
+        )
         try:
             agents[alias] = build_agent(agent.kind, context)
         except AgentOptionError as exc:
             # AgentOptionError messages name the option, never a value.
             raise WiringError(f"[agents.{alias}]: {exc}") from None
+        except ConfigError:
+            raise  # a missing secret: the message names the key, never a value
         except TypeError as exc:
             if str(exc).startswith("agent factory "):
                 # check_agent's own fixed text: which protocol member is missing.
@@ -276,7 +313,15 @@ class Host:
         return None
 
     async def aclose(self) -> None:
-        """Close adapters that hold resources outside ``run`` (HTTP clients); never raises."""
+        """Close adapters and agents that hold resources outside ``run`` (HTTP clients);
+        never raises."""
+        for alias, agent in self.agents.items():
+            close_agent = getattr(agent, "aclose", None)
+            if callable(close_agent):
+                try:
+                    await close_agent()
+                except Exception as exc:
+                    log.warning("closing agent %s failed: %s", alias, type(exc).__name__)
         for adapter in self.adapters.values():
             try:
                 await adapter.aclose()

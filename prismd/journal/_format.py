@@ -1,20 +1,27 @@
-"""The journal's format marker and the one upgrade it has needed so far.
+"""The journal's own record: its identity and its format, and the one upgrade so far.
 
-Format 2 stores an operation or reply an operator may have to settle under the *open*
+**Identity.** Every journal holds a random id, written once when the journal first meets
+this code. The daemon remembers it in its state directory, so a journal that is not the
+one it had — a zero-length or replaced file, a database recreated empty — is noticed
+instead of silently starting afresh (every dedup record gone, and with them the
+at-most-once guarantee). See :func:`ensure_format`.
+
+**Format 2** stores an operation or reply an operator may have to settle under the *open*
 category (:data:`~._journal.OPEN_CATEGORY`), so listing them reads the store's category
 index instead of the whole journal. A journal written before carries every record under
-its namespace's plain category; :func:`ensure_format` re-files the open ones once (each by
-compare-and-swap at its stored version and fence, the value unchanged) and then records
-the format, so later starts only read the marker.
+its namespace's plain category: the first start re-files the open ones (each by
+compare-and-swap at its stored version and fence, the value unchanged), then records the
+format, so later starts only read this record.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import attrs
 
-from stores import OwnershipScope, SaveCheckpoint
+from stores import CheckpointRecord, OwnershipScope, SaveCheckpoint
 
 from ._journal import (
     CATEGORY,
@@ -31,39 +38,80 @@ from ._journal import (
 NS_META = "prism.channels.v1.meta"
 META_KEY = "journal"
 META_SCOPE = OwnershipScope()
+META_CATEGORY = "channel-meta"
 FORMAT = 2
 _PAGE = 500
 
 
 @attrs.frozen
-class JournalMeta:
-    """The journal's own record: its format (and, in time, its identity)."""
+class JournalInfo:
+    """What :func:`ensure_format` found or made."""
 
-    format: int = FORMAT
+    journal_id: str
+    created: bool
+    """The id was written just now: a new journal, or one from before identities."""
+    refiled: int = 0
+    """Records re-filed by the format-2 upgrade."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"format": self.format}
+
+def _id_of(stored: CheckpointRecord | None) -> tuple[str | None, int]:
+    if stored is None or not isinstance(stored.value, dict):
+        return None, 0
+    journal_id = stored.value.get("journalId")
+    version = stored.value.get("format")
+    return (
+        journal_id if isinstance(journal_id, str) and journal_id else None,
+        version if isinstance(version, int) else 0,
+    )
 
 
-async def ensure_format(journal: ChannelJournal) -> int:
-    """Bring the journal to :data:`FORMAT`; returns how many records were re-filed.
-
-    Safe to run from several processes at once: a record someone else rewrote meanwhile is
-    skipped (its writer filed it by the current rules), and the marker is create-only.
-    Raises the store's errors.
-    """
-    stored = await journal.checkpoints.load_checkpoint(
+async def _load(journal: ChannelJournal) -> CheckpointRecord | None:
+    return await journal.checkpoints.load_checkpoint(
         namespace=NS_META, key=META_KEY, scope=META_SCOPE
     )
-    if stored is not None and isinstance(stored.value, dict):
-        current = stored.value.get("format")
-        if isinstance(current, int) and current >= FORMAT:
-            return 0
+
+
+async def ensure_format(journal: ChannelJournal) -> JournalInfo:
+    """The journal's identity, after bringing it to :data:`FORMAT`.
+
+    Safe to run from several processes at once (several instances on one database): a
+    record someone else rewrote meanwhile is skipped (its writer filed it by the current
+    rules), and the record holding the id is written by compare-and-swap, so every
+    process ends up with the same id. Raises the store's errors.
+    """
+    stored = await _load(journal)
+    journal_id, version = _id_of(stored)
+    if journal_id is not None and version >= FORMAT:
+        return JournalInfo(journal_id, created=False)
+    refiled = 0 if version >= FORMAT else await _refile(journal)
+    for _attempt in range(3):
+        new_id = journal_id or os.urandom(16).hex()
+        write = SaveCheckpoint(
+            namespace=NS_META,
+            key=META_KEY,
+            scope=META_SCOPE,
+            version=1 if stored is None else stored.version + 1,
+            value={"journalId": new_id, "format": FORMAT},
+            expected_version=0 if stored is None else stored.version,
+            category=META_CATEGORY,
+        )
+        (result,) = await journal.checkpoints.write_checkpoints([write])
+        if result.ok:
+            return JournalInfo(new_id, created=journal_id is None, refiled=refiled)
+        stored = await _load(journal)  # another process wrote it first: take its id
+        journal_id, version = _id_of(stored)
+        if journal_id is not None and version >= FORMAT:
+            return JournalInfo(journal_id, created=False, refiled=refiled)
+    raise RuntimeError("the journal's identity record kept changing")
+
+
+async def _refile(journal: ChannelJournal) -> int:
     moved = 0
-    for namespace, parse in (
+    parsers: tuple[tuple[str, Any], ...] = (
         (NS_OPERATION, OperationRecord.from_json),
         (NS_REPLY, ReplyRecord.from_json),
-    ):
+    )
+    for namespace, parse in parsers:
         cursor: str | None = None
         while True:
             page = await journal.checkpoints.list_checkpoints(
@@ -76,35 +124,14 @@ async def ensure_format(journal: ChannelJournal) -> int:
                 except (CorruptRecordError, ValueError):
                     continue
                 if category_of(namespace, record) != CATEGORY[namespace]:
-                    writes.append(
-                        Write(
-                            namespace,
-                            row.scope,
-                            record,
-                            row.version,
-                            row.fencing_token,
-                            key=row.key,
-                        )
+                    write = Write(
+                        namespace, row.scope, record, row.version, row.fencing_token, key=row.key
                     )
+                    writes.append(write)
             if writes:
                 committed = await journal.commit(writes)
                 moved += sum(1 for status in committed.statuses if status == "ok")
             cursor = page.next_cursor
             if cursor is None:
                 break
-    await journal.checkpoints.write_checkpoints(
-        [_marker()]  # create-only: a concurrent upgrader's marker is as good as ours
-    )
     return moved
-
-
-def _marker() -> SaveCheckpoint:
-    return SaveCheckpoint(
-        namespace=NS_META,
-        key=META_KEY,
-        scope=META_SCOPE,
-        version=1,
-        value=JournalMeta().to_json(),
-        expected_version=0,
-        category="channel-meta",
-    )

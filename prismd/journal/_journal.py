@@ -843,7 +843,11 @@ class ChannelJournal:
             page = await self.checkpoints.list_checkpoints(
                 namespace=namespace,
                 key_prefix=key_prefix,
-                category=categories(namespace, open_only=open_only),
+                # Namespaces outside the journal (the agents', pruned with it) are not
+                # filtered by category.
+                category=(
+                    categories(namespace, open_only=open_only) if namespace in CATEGORY else None
+                ),
                 scope=scope,
                 cursor=cursor,
                 limit=limit,

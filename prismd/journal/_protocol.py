@@ -55,8 +55,9 @@ OPERATION_FLOW: Mapping[str, frozenset[str]] = {
     "accepted": frozenset({"executing", "succeeded", "failed", "cancelled", "abandoned"}),
     # The agent may have run: it ends, suspends for a decision, or an operator files it.
     "executing": frozenset({"succeeded", "failed", "cancelled", "suspended", "execution_unknown"}),
-    # Waiting for a decision; the resume settles it.
-    "suspended": frozenset({"succeeded", "failed", "cancelled"}),
+    # Waiting for a decision; the resume claims it (executing) while the agent continues
+    # (a tool may run: a crash then leaves it listed), or settles it.
+    "suspended": frozenset({"executing", "succeeded", "failed", "cancelled"}),
 }
 """Which state an operation may move to from each state. Absent states are terminal:
 ``succeeded``, ``failed``, ``cancelled``, ``abandoned``, ``execution_unknown``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import trio
 
 from stores import OwnershipScope
 
@@ -342,6 +343,17 @@ async def _resume(
         return
     try:
         async with core.leases.fence(route, wait_s=5.0) as fence:
+            # Like a turn's claim: while the agent continues (and may call a tool), the
+            # original operation is ``executing``, so a crash leaves it listed for
+            # ``reconcile`` instead of a quiet ``suspended``.
+            claimed = not deny and await core.settle_operation(
+                route.ownership,
+                route.connection_id,
+                run.operation_id,
+                "executing",
+                fence=fence,
+                only_from=_SUSPENDED,
+            )
             try:
                 result: RunResult | None = None
                 with active.cancel_scope:
@@ -365,6 +377,7 @@ async def _resume(
                 )
             except Exception:
                 core.count("failed")
+                await _unclaim(core, route, run.operation_id, fence, claimed)
                 await send_approval_notice(
                     core,
                     route,
@@ -378,6 +391,7 @@ async def _resume(
                 )
                 return
             if after is not None and after.status == "suspended" and result.status == "suspended":
+                await _unclaim(core, route, run.operation_id, fence, claimed)
                 await send_approval_notice(
                     core,
                     route,
@@ -394,6 +408,26 @@ async def _resume(
             await _finish_resume(core, route, ctx, identity, run.operation_id, result, fence)
     except LeaseHeldElsewhereError:
         return
+
+
+_SUSPENDED = frozenset({"suspended"})
+
+
+async def _unclaim(
+    core: Core, route: Route, operation_id: str, fence: int | None, claimed: bool
+) -> None:
+    """The run is suspended again (another decision, or the resume failed): so is its
+    operation."""
+    if claimed:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await core.settle_operation(
+                route.ownership,
+                route.connection_id,
+                operation_id,
+                "suspended",
+                fence=fence,
+                only_from=frozenset({"executing"}),
+            )
 
 
 async def _finish_resume(

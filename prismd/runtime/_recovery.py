@@ -20,6 +20,7 @@ import attrs
 
 from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 
+from ..agents import AGENT_NAMESPACES, agent_record_kept
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
     NS_BINDING,
@@ -371,6 +372,8 @@ async def _resend(
 
 
 def _kept(namespace: str, value: Any) -> bool:
+    if namespace in AGENT_NAMESPACES:
+        return agent_record_kept(namespace, value)
     if not isinstance(value, dict):
         return namespace == NS_OPERATION
     if namespace == NS_OPERATION:
@@ -410,7 +413,9 @@ async def prune(core: Core, *, identity: AgentIdentity, now_ms: int | None = Non
     """Delete settled records older than ``retention_days`` in the caller's scope.
 
     Bounded: at most ``MAX_PAGES`` pages of ``max_journal_page`` rows per namespace per
-    call. Keeps unresolved operations, unsettled replies and suspended bindings.
+    call. Keeps unresolved operations, unsettled replies and suspended bindings. The
+    agents' records (transcripts, run state: :data:`~prismd.agents.AGENT_NAMESPACES`) go
+    under the same retention, except runs still in flight.
     """
     if core.journal is None or not core.active(identity):
         return PruneResult()
@@ -418,7 +423,7 @@ async def prune(core: Core, *, identity: AgentIdentity, now_ms: int | None = Non
     now = core.now_ms() if now_ms is None else now_ms
     cutoff = now - core.limits.retention_days * DAY_MS
     scanned = deleted = retained = 0
-    for namespace in (NS_OPERATION, NS_REPLY, NS_BINDING, NS_CURSOR, NS_CONTROL):
+    for namespace in (NS_OPERATION, NS_REPLY, NS_BINDING, NS_CURSOR, NS_CONTROL, *AGENT_NAMESPACES):
         cursor: str | None = None
         for _page in range(MAX_PAGES):
             try:

@@ -416,7 +416,7 @@ async def test_python_factory_errors_are_clear(
         ("mock", {"model": "x"}, "model"),
         ("python", {}, "factory"),
         ("python", {"factory": "nocolon"}, "factory"),
-        ("openai", {}, "kind"),
+        ("openai", {}, "base_url"),
         ("llama", {}, "kind"),
     ],
 )
@@ -438,8 +438,10 @@ def test_validate_agent_options_accepts_good_options() -> None:
     validate_agent_options("python", {"factory": "pkg.mod:make", "anything": [1]})
 
 
-async def test_openai_is_not_available_yet(store: MemoryStore, clock: ManualClock) -> None:
-    with pytest.raises(ValueError, match="agent kind 'openai' is not available yet"):
+async def test_unknown_kinds_and_bad_options_fail_the_build(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    with pytest.raises(AgentOptionError, match="base_url: is required"):
         build_agent("openai", ctx(store, clock))
     with pytest.raises(ValueError, match="unknown agent kind 'nope'"):
         build_agent("nope", ctx(store, clock))
@@ -452,7 +454,9 @@ def test_public_surface() -> None:
 
     for name in ("Agent", "AgentContext", "EchoAgent", "MockAgent", "build_agent"):
         assert hasattr(agents, name)
-    assert agents.AGENT_KINDS == ("echo", "mock", "python")
+    assert agents.AGENT_KINDS == ("echo", "mock", "openai", "python")
+    for name in ("OpenAIAgent", "Tool", "AGENT_NAMESPACES", "agent_record_kept"):
+        assert hasattr(agents, name)
 
 
 async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) -> None:

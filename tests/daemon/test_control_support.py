@@ -26,6 +26,7 @@ from prismd.runtime.api import (
     PruneResult,
     ReconcileResult,
     UnresolvedEntry,
+    UnresolvedPage,
 )
 from stores.memory import MemoryStore
 
@@ -107,6 +108,20 @@ class RecordingRuntime:
         self._record("list_unresolved", identity=identity, limit=limit)
         return self.entries[: limit or None]
 
+    async def list_unresolved_page(
+        self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
+    ) -> UnresolvedPage:
+        """Pages of ``entries``; the cursor is the index of the next entry."""
+        await trio.lowlevel.checkpoint()
+        self._record("list_unresolved", identity=identity, limit=limit)
+        start = 0 if after is None else int(after)
+        size = min(limit or 100, 100)
+        page = self.entries[start : start + size]
+        more = start + size < len(self.entries)
+        return UnresolvedPage(
+            tuple(page), str(start + size) if more else None, size, (limit or 0) > 100
+        )
+
     async def reconcile(
         self,
         *,
@@ -155,6 +170,9 @@ class RecordingRuntime:
             ttl_ms=ttl_ms,
         )
         return PairingTicket("pair-token-abc", "2026-01-01T00:05:00.000Z", connection_id)
+
+    def health(self) -> dict[str, str]:
+        return {"store": "ok"}
 
     def diagnostics(self) -> Diagnostics:
         self._record("diagnostics")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prismd.journal import NS_OPERATION, operation_key
+from prismd.journal import NS_OPERATION, ChannelJournal, Write, operation_key
 from stores import OwnershipScope, SaveCheckpoint, open_store
 from tests.runtime.test_unresolved_index import fill_scope, op
 
@@ -77,3 +77,36 @@ async def test_a_journal_written_before_the_index_is_upgraded_once(tmp_path: Pat
             assert [e["operationId"] for e in entries] == ["op-00000"]
             daemon.send(signal.SIGTERM)
             assert await daemon.wait_exit() == 0
+
+
+async def test_prismctl_pages_through_every_unresolved_record(tmp_path: Path) -> None:
+    """250 ``executing`` records: a page is capped at ``max_journal_page`` (100) and says
+    how to get the next, ``--after`` walks on, ``--all`` returns all 250 once each."""
+    layout = write_config(tmp_path)
+    layout.db.parent.mkdir(parents=True, exist_ok=True)
+    scope = OwnershipScope("default", "web", "old-user")
+    store = await open_store(f"sqlite:///{layout.db}")
+    try:
+        journal = ChannelJournal(store.checkpoints)
+        writes = [Write(NS_OPERATION, scope, op(i, "executing", at=10 + i), 0) for i in range(250)]
+        assert (await journal.commit(writes)).ok
+    finally:
+        await store.aclose()
+    async with running_daemon(layout) as daemon:
+        await daemon.wait_state("READY=1")
+        assert "250 unresolved operation(s)" in daemon.stderr()
+        code, first, err = await prismctl(layout, "list-unresolved", "--limit", "1000")
+        assert code == 0, err
+        assert len(first) == 100
+        assert "above the daemon's page cap: 100 entries per page" in err
+        cursor = err.split("--after ", 1)[1].split()[0]
+        code, second, err = await prismctl(layout, "list-unresolved", "--after", cursor)
+        assert code == 0 and len(second) == 100, err
+        code, every, err = await prismctl(layout, "list-unresolved", "--all")
+        assert code == 0, err
+        ids = [e["operationId"] for e in every]
+        assert len(ids) == 250 == len(set(ids))
+        assert {e["operationId"] for e in first + second} <= set(ids)
+        assert "more:" not in err
+        daemon.send(signal.SIGTERM)
+        assert await daemon.wait_exit() == 0

@@ -12,10 +12,12 @@
   timeout < 3 → timeout 3; within 0.5 s → limit 1); a second poller terminates a pending one
   with 409 (at least 3 s between such 409s); 409 while a webhook is set; setWebhook
   terminates a pending poll with 409; ``allowed_updates`` filters updates pushed afterwards.
-* sendMessage validates ``chat_id`` (known chat) and text (1–4096 UTF-16 units); migrated
-  chats answer 400 with ``migrate_to_chat_id``. getFile + ``/file/bot<token>/<path>``,
-  setWebhook/deleteWebhook/getWebhookInfo, answerCallbackQuery, sendChatAction, sendVoice
-  (multipart), getMe.
+* sendMessage validates ``chat_id`` (known chat) and text (1–4096 UTF-16 units after
+  entity parsing); ``parse_mode=HTML`` text is parsed as the Bot API does (its tags only,
+  nested properly, escaped ``<``/``&``; else ``400 can't parse entities``, see
+  :func:`parse_html`); migrated chats answer 400 with ``migrate_to_chat_id``. getFile +
+  ``/file/bot<token>/<path>``, setWebhook/deleteWebhook/getWebhookInfo, answerCallbackQuery,
+  sendChatAction, sendVoice (multipart), getMe.
 * Every request is recorded in :attr:`FakeBotApi.calls` (method, params, virtual time).
 * Failure injection: :meth:`FakeBotApi.fail_next`. :meth:`FakeBotApi.wait_until` with
   :attr:`FakeBotApi.pending_poll_at` lets a test send its competing getUpdates exactly while
@@ -507,6 +509,8 @@ class FakeBotApi:
     async def _m_sendMessage(self, params: Mapping[str, Any]) -> Any:
         chat_id = self._known_chat(params)
         text = params.get("text")
+        if isinstance(text, str) and params.get("parse_mode") == "HTML":
+            text = parse_html(text)
         if not isinstance(text, str) or not text.strip():
             raise ApiError(400, "Bad Request: message text is empty")
         if _utf16(text) > 4096:
@@ -559,6 +563,74 @@ class FakeBotApi:
         if size is not None:
             result["file_size"] = size
         return result
+
+
+_HTML_TAGS = {
+    "b": "b", "strong": "b", "i": "i", "em": "i", "u": "u", "ins": "u", "s": "s",
+    "strike": "s", "del": "s", "tg-spoiler": "tg-spoiler", "span": "span", "a": "a",
+    "code": "code", "pre": "pre", "blockquote": "blockquote", "tg-emoji": "tg-emoji",
+}  # fmt: skip
+_NAMED_ENTITIES = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
+_HTML_TOKEN_RE = re.compile(
+    r"<(/?)([A-Za-z][A-Za-z0-9-]*)((?:\s[^<>]*)?)>|<|&(#x[0-9A-Fa-f]+|#[0-9]+|[A-Za-z]+);|&"
+)
+
+
+def parse_html(text: str) -> str:
+    """The visible text of a ``parse_mode=HTML`` message, as the Bot API parses it: only its
+    tags (``<span class="tg-spoiler">``, ``<a href>``, ``<pre><code class="language-…">``),
+    properly nested; only ``&lt; &gt; &amp; &quot;`` and numeric entities; every other
+    ``<`` or ``&`` is an error. Raises the API's ``400 Bad Request: can't parse entities``."""
+
+    def fail(reason: str) -> ApiError:
+        return ApiError(400, f"Bad Request: can't parse entities: {reason}")
+
+    out: list[str] = []
+    stack: list[str] = []
+    position = 0
+    for match in _HTML_TOKEN_RE.finditer(text):
+        out.append(text[position : match.start()])
+        position = match.end()
+        offset = len(text[: match.start()].encode("utf-8"))
+        token = match.group(0)
+        if match.group(2) is not None:
+            closing, name, attributes = match.group(1), match.group(2).lower(), match.group(3)
+            if name not in _HTML_TAGS:
+                kind = "end" if closing else "start"
+                raise fail(f'Unsupported {kind} tag "{name}" at byte offset {offset}')
+            if closing:
+                if not stack:
+                    raise fail(f"Unexpected end tag at byte offset {offset}")
+                if stack[-1] != name:
+                    raise fail(
+                        f'Unmatched end tag at byte offset {offset}, expected "</{stack[-1]}>", '
+                        f'found "</{name}>"'
+                    )
+                stack.pop()
+            else:
+                if name == "span" and 'class="tg-spoiler"' not in attributes:
+                    raise fail(f'Tag "span" must have class "tg-spoiler" at byte offset {offset}')
+                if name == "a" and "href=" not in attributes:
+                    raise fail(f'Tag "a" must have attribute "href" at byte offset {offset}')
+                stack.append(name)
+        elif token == "<":
+            raise fail(f'Unsupported start tag "" at byte offset {offset}')
+        elif token == "&":
+            raise fail(f"Character '&' is reserved and must be escaped at byte offset {offset}")
+        else:
+            entity = match.group(4)
+            if entity.startswith("#x"):
+                out.append(chr(int(entity[2:], 16)))
+            elif entity.startswith("#"):
+                out.append(chr(int(entity[1:])))
+            elif entity in _NAMED_ENTITIES:
+                out.append(_NAMED_ENTITIES[entity])
+            else:
+                raise fail(f'Unsupported HTML entity "&{entity};" at byte offset {offset}')
+    out.append(text[position:])
+    if stack:
+        raise fail(f'Can\'t find end tag corresponding to start tag "{stack[-1]}"')
+    return "".join(out)
 
 
 async def start_fake(nursery: trio.Nursery, **kwargs: Any) -> FakeBotApi:

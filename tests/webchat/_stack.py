@@ -13,7 +13,7 @@ import trio
 from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
-from prismd.channel import AuthorizeInput, Grant, Reply, SendResult
+from prismd.channel import AuthorizeInput, Grant, Preview, Reply, SendResult
 from prismd.identity import AgentIdentity, Principal
 from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
@@ -72,6 +72,7 @@ async def chat_stack(
     store_url: str = "memory://",
     clock: Clock = SYSTEM_CLOCK,
     limits: Limits | None = None,
+    previews: bool = False,
     **adapter_kwargs: Any,
 ) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
     """Everyone who reaches the socket is granted the ``primary`` agent (the default
@@ -82,6 +83,7 @@ async def chat_stack(
     The adapter is wired as the daemon wires it: resume tokens in the store's checkpoints,
     the runtime as its ``conversations``. ``store_url="sqlite:///…"`` makes everything
     survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
+    ``previews=True`` streams previews to the adapter as the daemon does (``preview`` frames).
     """
     store = await open_store(store_url, clock=clock)
     try:
@@ -103,10 +105,17 @@ async def chat_stack(
                 await results.send(result)
             return result
 
+        def preview(preview: Preview) -> None:
+            # as the daemon's host routes previews: to the adapter of the connection
+            adapter = adapters.get(preview.connection_id)
+            if adapter is not None:
+                adapter.send_draft(preview)
+
         async with open_messaging_runtime(
             authorize=authorize_everyone,
             resolve_agent=resolve_agent,
             deliver=deliver,
+            on_preview=preview if previews else None,
             store=store,
             clock=clock,
             limits=limits or Limits(),
