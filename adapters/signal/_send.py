@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -74,7 +74,8 @@ _UUID_RE = re.compile(r"^[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}$")
 _NUMBER_RE = re.compile(r"^\+[0-9]{3,20}$")
 _GROUP_ID_RE = re.compile(r"^[A-Za-z0-9+/=_-]{1,128}$")
 
-Outcome: TypeAlias = Literal["delivered"] | str
+Outcome: TypeAlias = str
+"""``"delivered"``, a failure reason (``signal_…``), or :data:`UNKNOWN`."""
 
 
 def render(text: str, controls: Sequence[Control]) -> list[str] | None:
@@ -166,11 +167,10 @@ def error_outcome(error: RpcError) -> Outcome:
     response = data.get("response") if isinstance(data, Mapping) else None
     detailed = result_outcome(response) if response is not None else None
     if error.code == RATE_LIMIT:
-        return (
-            "signal_captcha_required"
-            if detailed == "signal_captcha_required"
-            else ("signal_rate_limited")
-        )
+        # A rate limit with a challenge token is Signal asking for a captcha.
+        if detailed == "signal_captcha_required":
+            return detailed
+        return "signal_rate_limited"
     if error.code == UNTRUSTED_KEY:
         return "signal_identity_changed"
     if error.code == CAPTCHA_REJECTED:
