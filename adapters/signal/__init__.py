@@ -2,10 +2,11 @@
 
 :class:`SignalAdapter` is the adapter (:mod:`._adapter`), wiring parts of one job each:
 :mod:`._client` (the Unix socket / TCP transport), :mod:`._receive` (the receiver lease,
-readiness probe, subscription, pausing and reconnecting), :mod:`._inbox` (received
-messages whose admission must wait, kept durably), :mod:`._parse` (notification → event,
-the group and attachment policy), :mod:`._send` (chunks, approval lines, results),
-:mod:`._status` (health and counters); :mod:`._kind` is the connection kind.
+subscription, journal-then-admit intake, pausing and reconnecting), :mod:`._readiness`
+(the probe before each subscription), :mod:`._inbox` (every received message, durably,
+until admitted), :mod:`._filter` and :mod:`._parse` (notification → event, the group and
+attachment policy), :mod:`._send` (chunks, approval lines, results), :mod:`._status`
+(health and counters); :mod:`._kind` is the connection kind.
 """
 
 from ._adapter import ACCOUNT_RE as ACCOUNT_RE
@@ -16,7 +17,7 @@ from ._kind import KIND as KIND
 from ._kind import SignalConnectionConfig as SignalConnectionConfig
 from ._parse import IGNORE_REASONS as IGNORE_REASONS
 from ._parse import event_id_for as event_id_for
-from ._receive import RECEIVER_NAMESPACE as RECEIVER_NAMESPACE
+from ._readiness import RECEIVER_NAMESPACE as RECEIVER_NAMESPACE
 from ._send import MAX_CHUNK_UNITS as MAX_CHUNK_UNITS
 from ._status import SignalStatistics as SignalStatistics
 

@@ -7,10 +7,10 @@ job each:
 * the transport — :class:`~adapters.signal._client.Endpoint` and the toolkit's JSON-RPC
   client (:mod:`._client`);
 * receiving — :class:`~adapters.signal._receive.Receiver`: the receiver lease, the
-  readiness probe, one manual subscription, pausing and reconnecting, the durable inbox
-  (:mod:`._inbox`) for messages whose admission must wait;
-* notification → event — :mod:`._parse` (which messages count, and the policy for groups
-  and attachments);
+  readiness probe (:mod:`._readiness`), one manual subscription, pausing and reconnecting,
+  the durable inbox (:mod:`._inbox`) every received message is written to first;
+* notification → event — :mod:`._filter` (only our subscription's, only our account's) and
+  :mod:`._parse` (which messages count, and the policy for groups and attachments);
 * sending — :class:`~adapters.signal._send.SignalSender` (chunks, approval lines, results
   by JSON-RPC error code and per-recipient result type);
 * health and counters — :mod:`._status`.
@@ -42,8 +42,10 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import ReceiverLease
 from ._client import Endpoint
+from ._filter import NotificationFilter
 from ._inbox import Inbox
-from ._receive import RECEIVER_NAMESPACE, Receiver
+from ._readiness import RECEIVER_NAMESPACE
+from ._receive import Receiver
 from ._send import MAX_CHUNK_UNITS, SignalSender
 from ._status import SignalStatistics, SignalStatus, log
 
@@ -148,7 +150,6 @@ class SignalAdapter:
         )
         self._receiver = Receiver(
             connection_id=self.connection_id,
-            account=self.account,
             endpoint=self.endpoint,
             admit=self.admit,
             lease=self._lease,
@@ -160,9 +161,15 @@ class SignalAdapter:
                 scope=self.service_scope,
             ),
             status=self._status,
+            filter=NotificationFilter(
+                connection_id=self.connection_id,
+                account=self.account,
+                allow_groups=self.allow_groups,
+                status=self._status,
+                clock=self.clock,
+            ),
             clock=self.clock,
             random=rng,
-            allow_groups=self.allow_groups,
             timeout_s=float(self.request_timeout_s),
             max_frame_bytes=self.max_frame_bytes,
             max_pending_requests=self.max_pending_requests,

@@ -55,7 +55,7 @@ import trio
 
 from prismd.channel import Admit, InboundEvent
 from prismd.jsonrpc import Incoming
-from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope, ms_to_iso
+from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import (
     Backoff,
@@ -68,14 +68,14 @@ from ..toolkit import (
     open_jsonrpc_client,
 )
 from ._client import Endpoint, SignalUnreachableError
+from ._filter import NotificationFilter
 from ._inbox import Inbox
-from ._parse import parse_envelope, read_notification
+from ._parse import read_notification
+from ._readiness import write_readiness
 from ._status import SignalStatus, log
 
-__all__ = ["READINESS_CATEGORY", "RECEIVER_NAMESPACE", "Receiver"]
+__all__ = ["Receiver"]
 
-RECEIVER_NAMESPACE = "prism.channels.v1.signal.receiver"
-READINESS_CATEGORY = "channel-signal-receiver"
 STOP_BUDGET_S = 5.0
 """A stop ends the receiver within this long, whatever signal-cli or the store do."""
 WIND_DOWN_S = 2.0
@@ -113,13 +113,6 @@ _WHY = {
     "malformed": "signal-cli sent a malformed frame",
     "writer_lost": "the journal does not take writes; not receiving meanwhile",
 }
-
-
-class _Mismatch:
-    """A notification for another account."""
-
-
-MISMATCH = _Mismatch()
 
 
 @attrs.define(eq=False)
@@ -188,7 +181,6 @@ class _Started:
 @attrs.define(eq=False, kw_only=True)
 class Receiver:
     connection_id: str
-    account: str
     endpoint: Endpoint
     admit: Admit
     lease: ReceiverLease
@@ -196,9 +188,9 @@ class Receiver:
     service_scope: OwnershipScope
     inbox: Inbox
     status: SignalStatus
+    filter: NotificationFilter
     clock: Clock
     random: _random.Random
-    allow_groups: bool
     timeout_s: float
     max_frame_bytes: int
     max_pending_requests: int
@@ -208,8 +200,6 @@ class Receiver:
     _held: collections.deque[_Held] = attrs.field(factory=collections.deque, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
     _interruptible_scopes: set[trio.CancelScope] = attrs.field(factory=set, init=False)
-    _warned_unsubscribed: bool = attrs.field(default=False, init=False)
-    _mismatch: bool = attrs.field(default=False, init=False)
     _failures: int = attrs.field(default=0, init=False)
     _to_remove: list[InboundEvent] = attrs.field(factory=list, init=False)
     """Admitted events whose inbox records are still to be deleted (in one batch)."""
@@ -224,7 +214,6 @@ class Receiver:
         """
         started = _Started(task_status)
         self._stopping = False
-        self._mismatch = False
         hard = trio.CancelScope(shield=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_stop, hard)
@@ -233,7 +222,7 @@ class Receiver:
                     await self._run(started)
             finally:
                 nursery.cancel_scope.cancel()
-        return self._mismatch
+        return self.filter.mismatched
 
     async def _watch_stop(self, hard: trio.CancelScope) -> None:
         try:
@@ -260,7 +249,7 @@ class Receiver:
     async def _run(self, started: _Started) -> None:
         self.status.state = "starting"
         try:
-            while not self._stopping and not self._mismatch:
+            while not self._stopping and not self.filter.mismatched:
                 if not await self._acquire(started):
                     return
                 await self._hold_and_receive(started)
@@ -318,14 +307,14 @@ class Receiver:
         await self._replay_inbox()
         while not self._stopping:
             await self._settle_held()
-            if self._stopping or self._mismatch:
+            if self._stopping or self.filter.mismatched:
                 return
             self.lease.check()
             if not await self._probe_or_wait(backoff):
                 continue
             ended, stable = await self._session(started)
-            if ended == "account_mismatch" or self._mismatch:
-                self._mismatch = True
+            if ended == "account_mismatch" or self.filter.mismatched:
+                self.filter.mismatched = True
                 await self._settle_held()
                 return
             if ended == "stopped":
@@ -354,41 +343,23 @@ class Receiver:
             await self.lease.release()
         self.status.bridge = "unavailable"
         self.status.subscription = "inactive"
-        self.status.state = "account_mismatch" if self._mismatch else "stopped"
+        self.status.state = "account_mismatch" if self.filter.mismatched else "stopped"
 
     # ------------------------------------------------------------------ readiness
-
-    async def _probe(self) -> None:
-        """Rewrite the readiness record (version + 1, fenced by the lease)."""
-        self.status.state = "probing"
-        key = f"r1:{self.connection_id}"
-        for _attempt in range(2):
-            record = await self.checkpoints.load_checkpoint(
-                namespace=RECEIVER_NAMESPACE, key=key, scope=self.service_scope
-            )
-            version = 0 if record is None else record.version
-            try:
-                await self.checkpoints.save_checkpoint(
-                    namespace=RECEIVER_NAMESPACE,
-                    key=key,
-                    scope=self.service_scope,
-                    version=version + 1,
-                    expected_version=version,
-                    fencing_token=self.lease.fencing_token,
-                    value={"schema": 1, "updatedAt": ms_to_iso(self.clock.now_ms())},
-                    category=READINESS_CATEGORY,
-                )
-            except CheckpointConflictError:
-                continue  # rewritten meanwhile: look again (a newer fence refuses twice)
-            self.status.probes += 1
-            return
-        raise CheckpointConflictError("readiness record held by a newer writer")
 
     async def _probe_or_wait(self, backoff: Backoff) -> bool:
         """True once the probe was written; False after a failure (waited) or a stop."""
         try:
             with self._interruptible() as scope, self.lease.guard():
-                await self._probe()
+                self.status.state = "probing"
+                await write_readiness(
+                    self.checkpoints,
+                    connection_id=self.connection_id,
+                    scope=self.service_scope,
+                    fencing_token=self.lease.fencing_token,
+                    clock=self.clock,
+                )
+                self.status.probes += 1
             return not scope.cancelled_caught
         except LeaseLostError:
             raise
@@ -552,7 +523,7 @@ class Receiver:
                 # Writer loss: what cannot be journaled must not be taken from signal-cli.
                 intake.end("writer_lost")
                 return
-            if self._mismatch:
+            if self.filter.mismatched:
                 intake.end("account_mismatch")
                 return
             intake.work()
@@ -593,7 +564,7 @@ class Receiver:
         events = [
             verdict
             for note in notes
-            if isinstance(verdict := self._classify(note, subscription), InboundEvent)
+            if isinstance(verdict := self.filter.classify(note, subscription), InboundEvent)
         ]
         if not events:
             return True
@@ -602,55 +573,6 @@ class Receiver:
             self._held.append(_Held(event, durable=ok))
         self.status.held = len(self._held)
         return all(durable)
-
-    def _classify(self, note: Incoming, subscription: int) -> InboundEvent | _Mismatch | None:
-        """The event in ``note``, :data:`MISMATCH`, or ``None`` (counted, ignored)."""
-        status = self.status
-        if note.method != "receive":
-            status.ignored["other_notification"] += 1
-            return None
-        status.notifications += 1
-        parsed = read_notification(note.params)
-        if parsed is None:
-            status.ignored["malformed"] += 1
-            return None
-        if parsed.shape == "automatic":
-            status.unsubscribed += 1
-            if not self._warned_unsubscribed:
-                self._warned_unsubscribed = True
-                log.warning(
-                    "signal %s: signal-cli sends messages outside any subscription: it is "
-                    "not in manual receive mode (run it with --receive-mode=manual); those "
-                    "copies are ignored",
-                    self.connection_id,
-                )
-            return None
-        if parsed.subscription != subscription:
-            status.foreign_subscription += 1
-            return None
-        if parsed.account is not None and parsed.account != self.account:
-            if not self._mismatch:
-                log.error(
-                    "signal %s: signal-cli serves another account than the configured one; "
-                    "receiving stopped (fix `account` or the signal-cli daemon, then restart)",
-                    self.connection_id,
-                )
-            self._mismatch = True
-            status.account = "mismatch"
-            return MISMATCH
-        result = parse_envelope(
-            parsed,
-            connection_id=self.connection_id,
-            account=self.account,
-            allow_groups=self.allow_groups,
-            received_at_ms=self.clock.now_ms(),
-        )
-        if result.event is None:
-            reason = result.ignored or "malformed"
-            status.ignored[reason] += 1
-            log.debug("signal %s: notification ignored (%s)", self.connection_id, reason)
-            return None
-        return result.event
 
     # ------------------------------------------------------------------ admission
 
