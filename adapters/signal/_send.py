@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
+import trio
 
 from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from prismd.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
@@ -106,6 +107,13 @@ def render(text: str, controls: Sequence[Control]) -> list[str] | None:
         else:
             chunks.extend(chunk_text(block, MAX_CHUNK_UNITS))
     return chunks
+
+
+async def _discard_notifications(client: JsonRpcClient) -> None:
+    """A send connection subscribes to nothing; a signal-cli not in manual mode still sends
+    it messages, which must not fill the queue and stall the answer to ``send``."""
+    async for _note in client.notifications:
+        pass
 
 
 def _destination(conversation: object) -> dict[str, Any] | None:
@@ -205,14 +213,19 @@ class SignalSender:
         if not chunks:
             return SendResult(delivered=False, reason="empty_reply")
         try:
-            async with open_signal_client(
-                self.endpoint,
-                timeout_s=self.timeout_s,
-                max_pending=1,
-                max_frame_bytes=self.max_frame_bytes,
-                max_notifications=16,
-            ) as client:
+            async with (
+                open_signal_client(
+                    self.endpoint,
+                    timeout_s=self.timeout_s,
+                    max_pending=1,
+                    max_frame_bytes=self.max_frame_bytes,
+                    max_notifications=16,
+                ) as client,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(_discard_notifications, client)
                 outcome, message_id = await self._send_chunks(client, target, chunks)
+                nursery.cancel_scope.cancel()
         except SignalUnreachableError as exc:
             log.warning("signal %s: send failed: %s", self.connection_id, exc)
             return SendResult(delivered=False, reason="signal_unavailable")

@@ -224,6 +224,9 @@ class FakeSignalCli:
     """The next this many ``subscribeReceive`` calls close the connection instead."""
     slow_subscribe_s: float = 0.0
     """The next ``subscribeReceive`` subscribes at once but answers this much later."""
+    automatic_on_send: int = 0
+    """Before answering a ``send``, write this many automatic-mode notifications to its
+    connection (what ``--receive-mode=on-connection`` hands every connection)."""
     _outcomes: collections.deque[SendOutcome] = attrs.field(factory=collections.deque)
     _counter: itertools.count[int] = attrs.field(factory=itertools.count)
     _timestamps: itertools.count[int] = attrs.field(
@@ -534,6 +537,12 @@ class FakeSignalCli:
         if outcome.error is not None:
             code, text, data = outcome.error
             raise _RpcError(code, text, data)
+        for n in range(self.automatic_on_send):
+            note = {
+                "envelope": text_envelope("to every connection", timestamp=n),
+                "account": self.account,
+            }
+            await conn.write(encode({"jsonrpc": "2.0", "method": "receive", "params": note}))
         addresses = (
             [_address(r) for r in recipients]
             if recipients

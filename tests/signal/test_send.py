@@ -136,6 +136,17 @@ async def test_170_an_outcome_that_may_be_out_is_ambiguous(
         assert SENDER_UUID not in record.getMessage()
 
 
+async def test_notifications_on_a_send_connection_do_not_stall_it(
+    fake: FakeSignalCli, make_adapter: Any
+) -> None:
+    """A signal-cli not in manual mode sends messages to every connection, the send's too:
+    they are discarded there, and the answer still gets through."""
+    fake.automatic_on_send = 200
+    adapter = make_adapter()
+    with trio.fail_after(10):
+        assert (await adapter.send(reply())).delivered
+
+
 async def test_a_failure_after_a_first_chunk_is_ambiguous(
     fake: FakeSignalCli, make_adapter: Any
 ) -> None:
