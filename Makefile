@@ -15,7 +15,7 @@ SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 DESTDIR ?=
 
-.PHONY: run test lint typecheck pytest venv clean install install-telegram
+.PHONY: run test check lint typecheck pytest venv clean install install-telegram
 
 venv: $(STAMP)
 
@@ -39,6 +39,11 @@ pytest: $(STAMP)
 	bash tests/with-services.sh $(BIN)/python -m pytest -W error $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The fast part while working: everything not marked slow (no daemons, no browser, no
+# kill loops); `make test` runs it all.
+check: lint typecheck
+	bash tests/with-services.sh $(BIN)/python -m pytest -W error -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

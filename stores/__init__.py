@@ -1,12 +1,23 @@
 """Durable state for prismd: the CheckpointStore/LeaseStore contracts and their backends.
 
-``open_store(url)`` understands ``memory://``, ``sqlite:///path`` (and later
-``postgresql://…``).
+``async with open_store(url) as store:`` understands ``memory://``, ``sqlite:///path`` and
+``postgresql://…`` (also ``postgres://``); ``migrate_store(url)`` applies or reports a
+durable store's schema. The PostgreSQL URL parser and pool settings are here too: they import
+no driver (``check-config`` uses them), while :mod:`stores.postgres` (the store) does.
 """
 
 from __future__ import annotations
 
+from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
+from ._pg_url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
+from ._pg_url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
+from ._pg_url import MAX_POOL_SIZE as MAX_POOL_SIZE
+from ._pg_url import PostgresOptions as PostgresOptions
+from ._pg_url import PostgresURL as PostgresURL
+from ._pg_url import default_pool_size as default_pool_size
+from ._pg_url import is_postgres_url as is_postgres_url
+from ._pg_url import parse_postgres_url as parse_postgres_url
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
 )
@@ -74,6 +85,9 @@ from ._types import (
     SaveCheckpoint as SaveCheckpoint,
 )
 from ._types import (
+    SchemaStatus as SchemaStatus,
+)
+from ._types import (
     Store as Store,
 )
 from ._types import (
@@ -81,6 +95,9 @@ from ._types import (
 )
 from ._types import (
     StoreUnavailableError as StoreUnavailableError,
+)
+from ._types import (
+    StoreUnreachableError as StoreUnreachableError,
 )
 from ._types import (
     SystemClock as SystemClock,

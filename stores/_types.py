@@ -91,6 +91,12 @@ class StoreUnavailableError(StoreError):
     """The backend cannot be reached or its data cannot be trusted (I/O, corruption)."""
 
 
+class StoreUnreachableError(StoreUnavailableError):
+    """A network backend's server could not be reached (refused, timed out, starting up,
+    no free connection slot): trying again later may succeed, unlike a refused login, a
+    missing database or a schema newer than this build."""
+
+
 class InvalidStoreURLError(StoreError, ValueError):
     """``open_store`` was given a URL it does not understand."""
 
@@ -272,6 +278,28 @@ class WriteResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@attrs.frozen
+class SchemaStatus:
+    """Where a durable store's schema stands against this build (``prismd migrate``)."""
+
+    schema: str
+    """Which schema: a PostgreSQL schema name, or the SQLite file."""
+    current: int
+    """The highest version applied (0: none yet)."""
+    latest: int
+    """The highest version this build knows."""
+    applied: tuple[int, ...] = ()
+    """The versions this call applied."""
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        return tuple(range(self.current + 1, self.latest + 1))
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.latest
 
 
 @attrs.frozen

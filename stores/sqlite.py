@@ -59,6 +59,7 @@ from ._types import (
     LeaseRecord,
     OwnershipScope,
     SaveCheckpoint,
+    SchemaStatus,
     StoreUnavailableError,
     WriteResult,
 )
@@ -249,6 +250,40 @@ async def open_sqlite_store(
     )
     db = _Database(conn=conn, reader=reader, clock=clock, label=str(path))
     return SQLiteStore(url=url, db=db, max_value_bytes=max_value_bytes)
+
+
+async def sqlite_schema_status(url: str, *, apply: bool) -> SchemaStatus:
+    """The schema version of the file at ``url``: with ``apply``, open it as the store does
+    (creating and preparing it); without, read it and change nothing (a missing file is
+    version 0). Raises as :func:`open_sqlite_store` does."""
+    path = sqlite_path_from_url(url)
+    if apply:
+        before = await trio.to_thread.run_sync(_read_user_version, path)
+        store = await open_sqlite_store(url)
+        await store.aclose()
+        applied = () if before == SCHEMA_VERSION else (SCHEMA_VERSION,)
+        return SchemaStatus(str(path), SCHEMA_VERSION, SCHEMA_VERSION, applied)
+    current = await trio.to_thread.run_sync(_read_user_version, path)
+    if current > SCHEMA_VERSION:
+        raise StoreUnavailableError(
+            f"SQLite store {path}: schema version {current} is not {SCHEMA_VERSION}"
+        )
+    return SchemaStatus(str(path), current, SCHEMA_VERSION)
+
+
+def _read_user_version(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    try:
+        conn = apsw.Connection(os.fspath(path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            return int(_scalar(conn, "PRAGMA user_version"))
+        finally:
+            conn.close()
+    except apsw.Error as exc:
+        raise StoreUnavailableError(
+            f"SQLite store {path}: not a usable SQLite database ({type(exc).__name__})"
+        ) from None
 
 
 def _open_connections(path: Path, busy_timeout_ms: int) -> tuple[apsw.Connection, apsw.Connection]:

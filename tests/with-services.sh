@@ -3,7 +3,9 @@
 # Debian's Chromium for the web chat browser test. Installs them with apt-get when missing
 # (as root; another user is told what to install). PostgreSQL runs as the postgres user when
 # started by root, else as the current user.
-# Exports PRISMD_TEST_POSTGRES_URL and PRISMD_TEST_CHROMIUM for the tests.
+# Exports PRISMD_TEST_POSTGRES_URL (the server), PRISMD_TEST_POSTGRES_DATA/_BIN/_LOG/_AS (its data
+# directory, the directory of pg_ctl, its log and the user it runs as: restart tests use them) and
+# PRISMD_TEST_CHROMIUM for the tests.
 set -euo pipefail
 
 need_apt=()
@@ -60,5 +62,13 @@ run_pg "$pg_bin/initdb" -D "$pgdir/data" -U postgres -A trust --no-sync >/dev/nu
 run_pg "$pg_bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/log" -w \
   -o "-c listen_addresses=127.0.0.1 -p $port -k $pgdir -c fsync=on -c max_connections=200" start >/dev/null
 export PRISMD_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$port/postgres"
+export PRISMD_TEST_POSTGRES_DATA="$pgdir/data"
+export PRISMD_TEST_POSTGRES_BIN="$pg_bin"
+export PRISMD_TEST_POSTGRES_LOG="$pgdir/log"
+if [ "$(id -u)" = 0 ]; then
+  export PRISMD_TEST_POSTGRES_AS=postgres
+else
+  export PRISMD_TEST_POSTGRES_AS="$(id -un)"
+fi
 export PRISMD_TEST_CHROMIUM="$(command -v chromium)"
 "$@"

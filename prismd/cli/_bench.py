@@ -24,7 +24,15 @@ Scenarios (``--scenario``, repeatable; default all in-process ones):
 * ``webchat``, ``telegram``, ``stop``: a real ``prismd run`` process (see
   :mod:`prismd.cli._bench_live`): 20 web chat sockets, 20 Telegram chats against a loopback
   Bot API, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on
-  its own SQLite journal).
+  its own SQLite journal);
+* ``postgres-bridge`` (with ``--store postgresql://…``; in the default set then): the same
+  single-row write — one create-only save, one call of the store's write function — three
+  ways in one run, alternating: through the store (``postgres_bridge_store``), the bare
+  statement through the trio-asyncio bridge (``postgres_bridge_trio``) and the bare
+  statement from plain asyncio on its own loop and connection (``postgres_bridge_asyncio``).
+  The difference of the last two is what the bridge costs.
+
+Event ids carry a per-run nonce, so ``--store`` may name a store that earlier runs used.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from typing import Any
 import attrs
 import trio
 
-from stores import Store, open_store
+from stores import Store, is_postgres_url, open_store
 
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
@@ -57,7 +65,19 @@ from ._figures import figures
 CONNECTION = "bench"
 TENANT = "bench-tenant"
 ALIAS = "mock"
-SCENARIOS = ("admission", "duplicate", "pipeline", "memory", "webchat", "telegram", "stop")
+SCENARIOS = (
+    "admission",
+    "duplicate",
+    "pipeline",
+    "memory",
+    "webchat",
+    "telegram",
+    "stop",
+    "postgres-bridge",
+)
+DEFAULT_SCENARIOS = SCENARIOS[:-1]
+BRIDGE_ROUND = 50
+"""Writes per leg in one round of ``postgres-bridge`` (rounds repeat until the duration)."""
 FSYNC_SAMPLES = 200
 MEMORY_ROUTES = 10_000
 
@@ -128,6 +148,11 @@ class _Bench:
     answers: _Answers
     runtime: Any
     serial: int = 0
+    nonce: str = attrs.Factory(lambda: f"{os.getpid()}-{time.time_ns()}")
+    """In every event id: a store used by an earlier run holds no duplicate of this run's."""
+
+    def event_id(self, serial: int) -> str:
+        return f"ev-{self.nonce}-{serial}"
 
     def event(self, route: int, event_id: str | None = None) -> InboundEvent:
         self.serial += 1
@@ -135,14 +160,13 @@ class _Bench:
             connection_id=CONNECTION,
             external_conversation_id=f"chat-{route}",
             external_actor_id=f"user-{route}",
-            event_id=event_id or f"ev-{self.serial}",
+            event_id=event_id or self.event_id(self.serial),
             text=f"message {self.serial}",
         )
 
 
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         agent: Agent = build_agent(
             "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
         )
@@ -168,8 +192,6 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
         ) as runtime:
             bench = _Bench(store, answers, runtime)
             return await body(bench)
-    finally:
-        await store.aclose()
 
 
 async def _admit_timed(bench: _Bench, route: int, samples: list[float]) -> str:
@@ -190,7 +212,7 @@ async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
 
         async def lane(r: int) -> None:
             while time.perf_counter() < end:
-                waiter = bench.answers.expect(f"ev-{bench.serial + 1}")
+                waiter = bench.answers.expect(bench.event_id(bench.serial + 1))
                 await _admit_timed(bench, r, samples)
                 await waiter.wait()
 
@@ -299,7 +321,7 @@ async def memory(url: str) -> dict[str, Any]:
     async def body(bench: _Bench) -> dict[str, Any]:
         before = _rss_mb()
         for r in range(MEMORY_ROUTES):
-            waiter = bench.answers.expect(f"ev-{bench.serial + 1}")
+            waiter = bench.answers.expect(bench.event_id(bench.serial + 1))
             await bench.runtime.admit(bench.event(r))
             await waiter.wait()
         await bench.runtime.drain(deadline_ms=30_000)
@@ -307,6 +329,29 @@ async def memory(url: str) -> dict[str, Any]:
 
     result: dict[str, Any] = await _with_runtime(url, body)
     return result
+
+
+async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
+    """The same single-row write through the store, the bare bridge and plain asyncio."""
+    from stores.postgres import measure_bridge
+
+    legs: dict[str, list[float]] = {"store": [], "trio": [], "asyncio": []}
+    async with open_store(url) as store:
+        start = time.perf_counter()
+        end = start + duration_s
+        while time.perf_counter() < end:
+            round_ = await measure_bridge(store, BRIDGE_ROUND)
+            legs["store"] += round_.store
+            legs["trio"] += round_.bridge
+            legs["asyncio"] += round_.asyncio
+        elapsed = time.perf_counter() - start
+    out = {f"postgres_bridge_{leg}": figures(samples, elapsed) for leg, samples in legs.items()}
+    trio_p50, asyncio_p50 = out["postgres_bridge_trio"], out["postgres_bridge_asyncio"]
+    if "p50_ms" in trio_p50 and "p50_ms" in asyncio_p50:
+        trio_p50["bridge_cost_p50_ms"] = round(
+            float(trio_p50["p50_ms"]) - float(asyncio_p50["p50_ms"]), 3
+        )
+    return out
 
 
 def _rss_mb() -> float:
@@ -335,7 +380,7 @@ LIVE: dict[str, Callable[[Path, float], Awaitable[dict[str, Any]]]] = {
 @attrs.frozen
 class BenchOptions:
     store: str | None = None
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     routes: int = 100
     duration_s: float = 5.0
     json: bool = False
@@ -383,10 +428,12 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
             live_dir = Path(workdir) / name
             live_dir.mkdir()
             results.update(await LIVE[name](live_dir, options.duration_s))
+        elif name == "postgres-bridge":
+            results.update(await postgres_bridge(fresh_url(), options.duration_s))
     baseline()
     fsync = figures(fsync_samples, fsync_elapsed)
     return {
-        "store": options.store or "sqlite (temporary file)",
+        "store": _shown(options.store) if options.store else "sqlite (temporary file)",
         "scenarios": results,
         "fsync": {k: fsync[k] for k in ("count", "p50_ms", "p95_ms", "per_s") if k in fsync},
         "peak_rss_mb": _peak_rss_mb(),
@@ -395,15 +442,27 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
     }
 
 
+def _shown(url: str) -> str:
+    """A store URL as it may be printed: a PostgreSQL password left out."""
+    from stores import InvalidStoreURLError, parse_postgres_url
+
+    if not is_postgres_url(url):
+        return url
+    try:
+        return parse_postgres_url(url).display
+    except InvalidStoreURLError:
+        return "postgresql://…"
+
+
 def render_table(summary: dict[str, Any]) -> str:
     """The readable form: one row per series, the fsync baseline last."""
     cols = ("count", "per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")
-    lines = [f"{'series':<20}" + "".join(f"{c:>11}" for c in cols) + "  extra"]
+    lines = [f"{'series':<24}" + "".join(f"{c:>11}" for c in cols) + "  extra"]
     for name, fig in summary["scenarios"].items():
         extra = ", ".join(f"{k}={v}" for k, v in fig.items() if k not in cols)
-        lines.append(f"{name:<20}" + "".join(f"{fig.get(c, ''):>11}" for c in cols) + f"  {extra}")
+        lines.append(f"{name:<24}" + "".join(f"{fig.get(c, ''):>11}" for c in cols) + f"  {extra}")
     fs = summary["fsync"]
-    lines.append(f"{'fsync (baseline)':<20}" + "".join(f"{fs.get(c, ''):>11}" for c in cols))
+    lines.append(f"{'fsync (baseline)':<24}" + "".join(f"{fs.get(c, ''):>11}" for c in cols))
     lines.append(f"peak RSS {summary['peak_rss_mb']} MB; store {summary['store']}")
     return "\n".join(lines)
 
@@ -416,7 +475,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         action="append",
         choices=SCENARIOS,
-        help="run only this scenario (repeatable; default: all)",
+        help="run only this scenario (repeatable; default: all but postgres-bridge, and"
+        " that one too with a postgresql:// store)",
     )
     parser.add_argument(
         "--routes", type=int, default=100, help="routes of the pipeline (default 100)"
@@ -434,9 +494,16 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if not 0.1 <= args.duration_s <= 3600:
         print("prismd bench: --duration-s must be between 0.1 and 3600", file=sys.stderr)
         return 2
+    scenarios = tuple(args.scenario or DEFAULT_SCENARIOS)
+    is_postgres = args.store is not None and is_postgres_url(args.store)
+    if args.scenario is None and is_postgres:
+        scenarios += ("postgres-bridge",)
+    if "postgres-bridge" in scenarios and not is_postgres:
+        print("prismd bench: postgres-bridge needs --store postgresql://…", file=sys.stderr)
+        return 2
     options = BenchOptions(
         store=args.store,
-        scenarios=tuple(args.scenario or SCENARIOS),
+        scenarios=scenarios,
         routes=args.routes,
         duration_s=args.duration_s,
         json=args.json,

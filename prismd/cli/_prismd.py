@@ -1,8 +1,10 @@
-"""The ``prismd`` console script: ``run``, ``check-config``, ``soak``, ``bench`` and ``telegram``.
+"""The ``prismd`` console script: ``run``, ``check-config``, ``migrate``, ``soak``, ``bench``
+and ``telegram``.
 
-Exit codes: 0 success, 1 failure (bad config, startup error, failed soak), 2 usage error
-(argparse). ``run`` returns 128 + signal number when a second SIGTERM/SIGINT forces the
-exit. A fatal error is one ``prismd: …`` line on stderr, printed once.
+Exit codes: 0 success, 1 failure (bad config, startup error, failed soak, ``migrate --check``
+finding migrations to apply), 2 usage error (argparse). ``run`` returns 128 + signal number
+when a second SIGTERM/SIGINT forces the exit. A fatal error is one ``prismd: …`` line on
+stderr, printed once.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path", nargs="?", metavar="PATH", help="the same as --config PATH")
     check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="apply the store's schema migrations (run does too); --check only reports",
+    )
+    migrate.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+    migrate.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 when migrations are pending"
+    )
 
     telegram = sub.add_parser("telegram", help="manage a Telegram connection's webhook")
     tg_sub = telegram.add_subparsers(dest="telegram_command", required=True, metavar="ACTION")
@@ -108,6 +119,53 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         return 1
     print(f"ok: {summarize(config)}")
     return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    """``prismd migrate [--check]``: one line saying where the schema stands."""
+    from stores import StoreError, migrate_store
+
+    try:
+        config = load_config(args.config)
+        postgres = config.store.postgres_options()
+    except ConfigError as exc:
+        print(f"prismd: {exc}", file=sys.stderr)
+        return 1
+    where = _store_display(config.store.url)
+    try:
+        status = trio.run(
+            functools.partial(
+                migrate_store, config.store.url, apply=not args.check, postgres=postgres
+            )
+        )
+    except StoreError as exc:
+        text = str(exc)
+        if postgres is not None and postgres.password:
+            text = text.replace(postgres.password, "[REDACTED]")
+        print(f"prismd: {where}: {text}", file=sys.stderr)
+        return 1
+    state = f"{where}: schema {status.schema} at version {status.current} of {status.latest}"
+    if status.applied:
+        print(f"{state}; applied {', '.join(map(str, status.applied))}")
+    elif status.up_to_date:
+        print(f"{state}; up to date")
+    else:
+        pending = ", ".join(map(str, status.pending))
+        print(f"{state}; pending: {pending} (prismd migrate, or prismd run, applies them)")
+        return 1
+    return 0
+
+
+def _store_display(url: str) -> str:
+    """The store URL as it may be shown (no password)."""
+    from stores import InvalidStoreURLError, is_postgres_url, parse_postgres_url
+
+    if is_postgres_url(url):
+        try:
+            return parse_postgres_url(url).display
+        except InvalidStoreURLError:
+            return "postgresql://…"
+    return url
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -213,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_run(args)
     if args.command == "telegram":
         return _cmd_telegram(args)
+    if args.command == "migrate":
+        return _cmd_migrate(args)
     if args.command == "soak":
         from ._soak import run_soak_command
 

@@ -220,8 +220,7 @@ async def _soak_loop(
     }
     pruned = {"scanned": 0, "deleted": 0, "retained": 0}
     collector = _Collector()
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         agent: Agent = build_agent(
             "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
         )
@@ -293,9 +292,6 @@ async def _soak_loop(
                 pruned[key] += getattr(final, key)
             await runtime.stop()
             diagnostics = _wire(runtime.diagnostics())
-    finally:
-        with trio.move_on_after(10, shield=True):
-            await store.aclose()
 
     ok = (
         unresolved_at_end == 0

@@ -10,7 +10,9 @@ Guarantees of :func:`load_config`:
 * secrets are never inline: tokens come from the environment (``token_env``) or a file
   (``token_file``, looked up in systemd's ``$CREDENTIALS_DIRECTORY`` first) and are read
   by :func:`read_secret` only when a connection starts. A key such as ``token = "…"`` is
-  an error that says so, and no error message ever contains a value of such a key;
+  an error that says so, and no error message ever contains a value of such a key; the
+  same holds for a PostgreSQL password (``[store] password_file``/``password_env``; a
+  password inside ``[store] url`` is refused);
 * cross references hold: connection ids are unique, grants name existing connections and
   aliases from ``[agents]``, ``default_alias`` is one of the grant's ``aliases``.
 
@@ -40,6 +42,13 @@ from adapters.signal import SignalConnectionConfig
 from adapters.telegram import TelegramConnectionConfig
 from adapters.toolkit import is_loopback_host, parse_host_port
 from adapters.webchat import WebchatConnectionConfig
+from stores import (
+    DEFAULT_CONNECT_TIMEOUT_MS,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    MAX_POOL_SIZE,
+    PostgresOptions,
+    is_postgres_url,
+)
 
 from ..channel import ConnectionKind, ConnectionSettings
 from ..limits import LIMIT_TABLE, Limits
@@ -83,11 +92,10 @@ _INLINE_SECRET_KEYS = frozenset(
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # What this build can run: every store scheme the config format knows, and whether it is
-# built yet. A file may name a planned one (it parses); check_runnable refuses it. The
-# PostgreSQL work flips its entries here, and only here. Connection kinds are registered by
-# their adapter packages (adapters.kinds), availability included.
+# built yet. A file may name a planned one (it parses); check_runnable refuses it. Connection
+# kinds are registered by their adapter packages (adapters.kinds), availability included.
 STORE_SCHEMES: Mapping[str, bool] = types.MappingProxyType(
-    {"memory": True, "sqlite": True, "postgresql": False, "postgres": False}
+    {"memory": True, "sqlite": True, "postgresql": True, "postgres": True}
 )
 
 
@@ -112,6 +120,36 @@ class ConfigError(Exception):
 @attrs.frozen
 class StoreConfig:
     url: str = "sqlite:///var/journal.sqlite"
+    # PostgreSQL only (refused with another URL): see stores.PostgresOptions.
+    pool_size: int | None = None
+    """At most this many connections (default: twice the CPU count, 2..16)."""
+    password_file: str | None = None
+    password_env: str | None = None
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+    connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
+
+    @property
+    def is_postgres(self) -> bool:
+        return is_postgres_url(self.url)
+
+    def postgres_options(self, env: Mapping[str, str] = os.environ) -> PostgresOptions | None:
+        """The pool settings of a ``postgresql://`` store, its password read now (from
+        ``password_file``/``password_env``; never shown); ``None`` for another store.
+        Raises :class:`ConfigError` when the password source is missing or empty."""
+        if not self.is_postgres:
+            return None
+        password = None
+        if self.password_env is not None or self.password_file is not None:
+            key = "[store].password_env" if self.password_env else "[store].password_file"
+            password = read_secret(
+                env_name=self.password_env, file_name=self.password_file, env=env, key=key
+            )
+        return PostgresOptions(
+            pool_size=self.pool_size,
+            password=password,
+            statement_timeout_ms=self.statement_timeout_ms,
+            connect_timeout_ms=self.connect_timeout_ms,
+        )
 
 
 @attrs.frozen
@@ -409,6 +447,15 @@ def _parse_daemon(root: _Table) -> DaemonConfig:
     return result
 
 
+_POSTGRES_STORE_KEYS = (
+    "pool_size",
+    "password_file",
+    "password_env",
+    "statement_timeout_ms",
+    "connect_timeout_ms",
+)
+
+
 def _parse_store(root: _Table) -> StoreConfig:
     table = root.table("store")
     url: str = table.get_str("url", _default(StoreConfig, "url"))
@@ -417,8 +464,42 @@ def _parse_store(root: _Table) -> StoreConfig:
         raise table.error("url", "must be sqlite:///PATH, postgresql://… or memory://")
     if scheme == "sqlite" and not rest.lstrip("/"):
         raise table.error("url", "sqlite:/// needs a file path")
+    if not is_postgres_url(url):
+        for name in _POSTGRES_STORE_KEYS:
+            if name in table.data:
+                raise table.error(name, "is only for a postgresql:// store")
+        table.finish()
+        return StoreConfig(url=url)
+    if _url_has_password(url):
+        raise table.error(
+            "url",
+            "a password in the URL is a secret inline in the config;"
+            " use password_file or password_env",
+        )
+    password_file = table.get_str("password_file")
+    password_env = table.get_str("password_env")
+    if password_file is not None and password_env is not None:
+        raise table.error("password_env", "give password_file or password_env, not both")
+    result = StoreConfig(
+        url=url,
+        pool_size=table.get_int("pool_size", None, low=2, high=MAX_POOL_SIZE),
+        password_file=password_file,
+        password_env=password_env,
+        statement_timeout_ms=table.get_int(
+            "statement_timeout_ms", DEFAULT_STATEMENT_TIMEOUT_MS, low=1, high=3_600_000
+        ),
+        connect_timeout_ms=table.get_int(
+            "connect_timeout_ms", DEFAULT_CONNECT_TIMEOUT_MS, low=1, high=600_000
+        ),
+    )
     table.finish()
-    return StoreConfig(url=url)
+    return result
+
+
+def _url_has_password(url: str) -> bool:
+    netloc = url.partition("://")[2].partition("/")[0].partition("?")[0]
+    userinfo, at, _host = netloc.rpartition("@")
+    return bool(at) and ":" in userinfo
 
 
 def _parse_limits(root: _Table) -> Limits:
@@ -805,10 +886,11 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     The checks ``prismd run`` needs before it opens anything, and all ``prismd check-config``
     adds to :func:`load_config`, so the two cannot disagree: the store scheme and every
     connection kind are built (:data:`STORE_SCHEMES`, :data:`adapters.kinds.CONNECTION_KINDS`),
-    a SQLite URL is one the store accepts, every secret a connection reads at start is present
-    (values read and dropped, never shown), every ``python`` agent's factory module imports
-    and has the attribute (it is not called), every ``openai`` agent's API key is present and
-    its ``tools`` factory imports, and ``[control].group`` exists. Nothing is opened,
+    a SQLite or PostgreSQL URL is one the store accepts (its shape only: no server is
+    contacted), every secret a connection or the store reads at start is present (values
+    read and dropped, never shown), every ``python`` agent's factory module imports and has
+    the attribute (it is not called), every ``openai`` agent's API key is present and its
+    ``tools`` factory imports, and ``[control].group`` exists. Nothing is opened,
     bound or contacted.
     """
     source = config.source
@@ -816,7 +898,7 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     def error(key: str, message: str) -> ConfigError:
         return ConfigError(message, file=source, key=key)
 
-    _check_store_runnable(config.store.url, error)
+    _check_store_runnable(config.store, env, error)
     for index, conn in enumerate(config.connections, start=1):
         where = f"[[connections]][{index}]"
         kind = kinds.connection_kind(conn.kind)
@@ -850,10 +932,25 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
             raise error("[control].group", f"no such group {group!r}") from None
 
 
-def _check_store_runnable(url: str, error: Callable[[str, str], ConfigError]) -> None:
+def _check_store_runnable(
+    store: StoreConfig, env: Mapping[str, str], error: Callable[[str, str], ConfigError]
+) -> None:
+    url = store.url
     scheme = url.partition("://")[0]
     if not STORE_SCHEMES.get(scheme, False):
         raise error("[store].url", f"the {scheme}:// store is not available in this build yet")
+    if store.is_postgres:
+        # The URL's shape and the password's presence; nothing is contacted.
+        from stores import InvalidStoreURLError, parse_postgres_url
+
+        try:
+            parse_postgres_url(url)
+        except InvalidStoreURLError as exc:
+            raise error("[store].url", str(exc)) from None
+        try:
+            store.postgres_options(env)
+        except ConfigError as exc:
+            raise error(exc.key or "[store].password_file", exc.message) from None
     if scheme == "sqlite":
         # The store's own URL rules (relative vs absolute, a file name), without opening it.
         from stores import InvalidStoreURLError

@@ -340,6 +340,9 @@ EXIT_MARGIN_S = 1.5
 """``prismd run`` exits at most this long after ``stop_deadline_ms`` from the first
 SIGTERM/SIGINT, even when an agent ignores cancellation (see :meth:`Daemon.request_stop`)."""
 CLOSE_BUDGET_S = 10.0
+STORE_RETRY_FIRST_S = 1.0
+STORE_RETRY_MAX_S = 30.0
+"""An unreachable store server is tried again after 1 s, 2 s, 4 s … at most 30 s apart."""
 MAX_COUNTED_UNRESOLVED = 100_000
 """Counting stops here (``at least N unresolved``): a bound on the startup listing."""
 STATUS_REFRESH_S = 10.0
@@ -409,7 +412,9 @@ def _forced_exit(signum: int) -> NoReturn:
 class Daemon:
     """``prismd run``: owns the state directory lock, the store, the runtime and the children.
 
-    Start order: state directory lock → store → agents, grants, adapters → runtime (with
+    Start order: state directory lock → store (a server that cannot be reached is tried
+    again, 1 s, 2 s, 4 s … at most 30 s apart, each failure logged and in ``STATUS=``; any
+    other store error is fatal) → agents, grants, adapters → runtime (with
     ``reclaim_own_leases=True`` and owner ids from the instance id; messages acknowledged
     but never started before a crash are queued for their first run, ``resume_accepted``) →
     a log line counting unresolved operations (nothing that started is re-run) → children
@@ -460,6 +465,8 @@ class Daemon:
     """Built when the config has ``[metrics]``: times the store, served by a child."""
     _serve_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _stop_requested: bool = attrs.field(default=False, init=False)
+    _stop_event: trio.Event = attrs.field(factory=trio.Event, init=False)
+    """Set with ``_stop_requested``: wakes a startup step that waits (the store's retry)."""
     _unresolved: str = attrs.field(default="unresolved unknown", init=False)
     """How many operations wait for reconcile, as the ``STATUS=ready`` line says it."""
 
@@ -486,6 +493,7 @@ class Daemon:
         """
         first = not self._stop_requested
         self._stop_requested = True
+        self._stop_event.set()
         self._serve_scope.cancel()
         if first and self.hard_exit:
             budget = self.config.limits.stop_deadline_ms / 1000 + EXIT_MARGIN_S
@@ -571,31 +579,53 @@ class Daemon:
             pass
 
     async def _run_locked(self, state: StateDir) -> int:
-        from stores import open_store
+        from stores import StoreUnreachableError, open_store
 
         if self._stopped_during_startup("before opening the store"):
             return EXIT_OK
+        url = self.config.store.url
         try:
-            store = await open_store(self.config.store.url)
-        except StoreError as exc:
-            # The store's own reason ("integrity check failed", "path is a directory"…);
-            # a URL's password, should a backend ever quote one, is removed.
-            reason = _without_password(str(exc), self.config.store.url)
-            self._fail(f"cannot open the store: {reason}")
+            postgres = self.config.store.postgres_options(self.env)
+        except ConfigError as exc:
+            self._fail(str(exc))
             return EXIT_FAILURE
-        except Exception as exc:
-            self._fail(f"cannot open the store: {describe_exception(exc)}")
-            return EXIT_FAILURE
-        if self.metrics is not None:
-            store = self.metrics.timed_store(store)
-        try:
-            return await self._run_with_store(state, store)
-        finally:
-            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                try:
-                    await store.aclose()
-                except Exception as exc:
-                    log.warning("closing the store failed: %s", describe_exception(exc))
+        if postgres is not None and postgres.password:
+            logs.register_secret(postgres.password)
+        delay = STORE_RETRY_FIRST_S
+        while True:
+            opened = False
+            try:
+                # Leaving the block closes the store (bounded by open_store itself).
+                async with open_store(url, postgres=postgres) as store:
+                    opened = True
+                    if self.metrics is not None:
+                        store = self.metrics.timed_store(store)
+                    return await self._run_with_store(state, store)
+            except StoreUnreachableError as exc:
+                if opened:
+                    raise
+                # A server that is down or still starting: wait and try again (a refused
+                # login, a missing database or a newer schema are not retried).
+                reason = _without_password(str(exc), url)
+                log.warning("cannot open the store: %s; trying again in %g s", reason, delay)
+                self._status(f"starting: waiting for the store: {reason}")
+                with trio.move_on_after(delay):
+                    await self._stop_event.wait()
+                if self._stopped_during_startup("while waiting for the store"):
+                    return EXIT_OK
+                delay = min(delay * 2, STORE_RETRY_MAX_S)
+            except StoreError as exc:
+                if opened:
+                    raise
+                # The store's own reason ("integrity check failed", "path is a directory"…);
+                # a URL's password, should a backend ever quote one, is removed.
+                self._fail(f"cannot open the store: {_without_password(str(exc), url)}")
+                return EXIT_FAILURE
+            except Exception as exc:
+                if opened:
+                    raise
+                self._fail(f"cannot open the store: {describe_exception(exc)}")
+                return EXIT_FAILURE
 
     async def _run_with_store(self, state: StateDir, store: Store) -> int:
         from ..journal import GrantStore

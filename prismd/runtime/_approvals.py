@@ -26,6 +26,8 @@ from ._replies import Draft, Settle, answer
 from ._runs import outcome_of, preview_sink
 from ._types import ActiveTurn, LeaseHeldElsewhereError, Route
 
+FINISHING_WAIT_S = 10.0
+"""How long an approval waits for the turn that asked for it to finish writing."""
 GENERIC_DECISION_TEXT = "This request requires an authenticated host decision."
 NOT_AWAITING_TEXT = "This request is no longer awaiting a decision."
 DENIED_TEXT = "Approval denied. The request will not continue."
@@ -203,6 +205,12 @@ async def _approve_on_route(
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
+    active = route.active
+    if active is not None and active.turn is not None and active.turn.finishing:
+        # The approval notice can reach the user while its turn still writes its last
+        # record: wait for the route to be free instead of refusing a valid decision.
+        with trio.move_on_after(FINISHING_WAIT_S):
+            await active.ended.wait()
     run = route.suspended_run
     if (
         not route.suspended

@@ -300,6 +300,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             await finish_run(core, route, turn, *ran)
     finally:
         route.active = None
+        active.ended.set()
 
 
 async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:

@@ -92,6 +92,8 @@ class ActiveTurn:
     turn: Turn | None = None
     cancelled: bool = False
     stopping: bool = False
+    ended: trio.Event = attrs.field(factory=trio.Event)
+    """Set once the route is free again (the turn's last journal write and send are done)."""
 
     def cancel(self, *, stopping: bool = False) -> None:
         self.cancelled = True

@@ -466,8 +466,7 @@ async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) ->
     url = f"sqlite:///{tmp_path}/agents.sqlite"
     clock = ManualClock()
     with trio.fail_after(30):
-        first_store = await open_store(url, clock=clock)
-        try:
+        async with open_store(url, clock=clock) as first_store:
             ctx1 = AgentContext(
                 alias="primary",
                 options={"suspend_for_tool": "write"},
@@ -477,10 +476,7 @@ async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) ->
             first = build_agent("mock", ctx1)
             assert isinstance(first, MockAgent)
             run_id, version, approval_id = await suspended_run(first)
-        finally:
-            await first_store.aclose()
-        second_store = await open_store(url, clock=clock)
-        try:
+        async with open_store(url, clock=clock) as second_store:
             ctx2 = attrs.evolve(ctx1, checkpoints=second_store.checkpoints)
             second = build_agent("mock", ctx2)
             assert isinstance(second, MockAgent)
@@ -489,8 +485,6 @@ async def test_suspended_run_survives_reopening_a_sqlite_store(tmp_path: Any) ->
             assert await second.tool_runs(run_id, OWNER) == 1
             entries = await second.session_entries("sess-1", OWNER)
             assert [e.role for e in entries] == ["user", "assistant"]
-        finally:
-            await second_store.aclose()
 
 
 async def test_transcripts_stay_within_byte_bounds(store: MemoryStore, clock: ManualClock) -> None:

@@ -7,12 +7,15 @@ across SIGKILL and restart that the agent ran exactly once in total.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +28,7 @@ import trio_websocket
 from prismd.agents._base import AgentContext
 from prismd.agents.mock import MockAgent
 from prismd.daemon._config import Config, parse_config
+from tests import pgserver
 from tests.fakes.killloop_agent import CountingMock, inner_mock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,6 +108,8 @@ def free_port() -> int:
 class Layout:
     root: Path
     port: int
+    store_url: str | None = None
+    """A ``postgresql://`` store for the daemon; ``None``: the SQLite file :attr:`db`."""
 
     @property
     def config(self) -> Path:
@@ -112,6 +118,11 @@ class Layout:
     @property
     def db(self) -> Path:
         return self.root / "journal.sqlite"
+
+    @property
+    def url(self) -> str:
+        """The daemon's ``[store] url``."""
+        return self.store_url or f"sqlite:///{self.db}"
 
     @property
     def control(self) -> Path:
@@ -135,15 +146,18 @@ def write_config(
     port: int | None = None,
     extra: str = "",
     agent_extra: str = "",
+    store_url: str | None = None,
+    store_extra: str = "",
 ) -> Layout:
-    layout = Layout(root=root, port=port or free_port())
+    layout = Layout(root=root, port=port or free_port(), store_url=store_url)
     layout.config.write_text(
         f"""
 [daemon]
 state_dir = "{layout.state_dir}"
 
 [store]
-url = "sqlite:///{layout.db}"
+url = "{layout.url}"
+{store_extra}
 
 [limits]
 stop_deadline_ms = {stop_deadline_ms}
@@ -172,6 +186,25 @@ aliases = ["slow"]
 """
     )
     return layout
+
+
+def live_leases(layout: Layout) -> list[str]:
+    """The namespaces of the leases that have not expired (wall clock), read beside the
+    daemon straight from its store's table (SQLite file or PostgreSQL schema)."""
+    now_ms = int(time.time() * 1000)
+    if layout.store_url is not None:
+        table = f'"{pgserver.schema_of(layout.store_url)}".prism_leases'
+        rows = pgserver.run_sql(
+            layout.store_url, f"SELECT namespace FROM {table} WHERE expires_at > $1", now_ms
+        )
+        return [str(row[0]) for row in rows]
+    if not layout.db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(layout.db)) as conn:
+        found = conn.execute(
+            "SELECT namespace FROM prism_leases WHERE expires_at > ?", (now_ms,)
+        ).fetchall()
+    return [str(row[0]) for row in found]
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -32,6 +32,7 @@ class Case:
     message: str
     connection: str = ""
     store: str = ""
+    store_keys: str = ""
     control: str = ""
     agent: str = ""
 
@@ -71,10 +72,17 @@ CASES = [
         connection='kind = "signal"\naccount = "+15550001111"\ntcp = "192.0.2.1:7583"',
     ),
     Case(
-        "postgresql not built",
+        "postgresql URL the store refuses",
         "[store].url",
-        "the postgresql:// store is not available in this build yet",
-        store="postgresql://prismd:pw-7f3a@localhost/prismd",
+        "postgresql URL: sslmode must be one of",
+        store="postgresql://prismd@localhost/prismd?sslmode=sometimes",
+    ),
+    Case(
+        "postgresql password unset",
+        "[store].password_env",
+        f"environment variable {MISSING_ENV} is not set or empty",
+        store="postgresql://prismd@localhost/prismd",
+        store_keys=f'password_env = "{MISSING_ENV}"',
     ),
     Case(
         "sqlite URL the store refuses",
@@ -115,6 +123,7 @@ def write(tmp_path: Path, case: Case | None = None, **fields: str) -> Path:
         fields = {
             "connection": case.connection,
             "store": case.store,
+            "store_keys": case.store_keys,
             "control": case.control,
             "agent": case.agent,
             **fields,
@@ -131,6 +140,7 @@ def write(tmp_path: Path, case: Case | None = None, **fields: str) -> Path:
 state_dir = "{tmp_path / "state"}"
 [store]
 url = "{store}"
+{fields.get("store_keys", "")}
 [control]
 socket = "{tmp_path / "run" / "control.sock"}"
 {fields.get("control", "")}
@@ -235,6 +245,21 @@ def test_a_config_that_can_run_passes_and_nothing_is_started(tmp_path: Path) -> 
     assert "$CREDENTIALS_DIRECTORY is not set" in done.stderr
 
 
+def test_check_config_accepts_a_postgres_store_without_contacting_it(tmp_path: Path) -> None:
+    """The URL's shape and the password source are checked; the server (a closed port
+    here) is not contacted, so the check passes at once."""
+    (tmp_path / "pg-password").write_text("pw-7f3a\n")
+    path = write(
+        tmp_path,
+        store="postgres://prismd@127.0.0.1:1/prismd?schema=team",
+        store_keys='password_file = "pg-password"\npool_size = 3',
+    )
+    done = prismd(tmp_path, "check-config", str(path), env=env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "store: postgres" in done.stdout and "pw-7f3a" not in done.stdout + done.stderr
+    nothing_started(tmp_path)
+
+
 def test_check_config_takes_the_path_once(tmp_path: Path) -> None:
     path = write(tmp_path)
     env = env_for(tmp_path)
@@ -246,7 +271,7 @@ def test_check_config_takes_the_path_once(tmp_path: Path) -> None:
 
 
 def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A connection kind and PostgreSQL become runnable by flipping their entry, nothing else."""
+    """A connection kind or store scheme is runnable by its entry in one table, nothing else."""
     signal = 'kind = "signal"\naccount = "+15550001111"\ntcp = "127.0.0.1:7583"'
     config = load_config(write(tmp_path, connection=signal), env={})
     check_runnable(config, env={})
@@ -257,13 +282,13 @@ def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         check_runnable(config, env={})
     assert info.value.key == "[[connections]][2].kind"
 
-    postgres = next(c for c in CASES if c.name == "postgresql not built")
-    config = load_config(write(tmp_path, postgres), env={})
+    # PostgreSQL is built: its entry is on, and turning it off is all that refuses it.
+    config = load_config(write(tmp_path, store="postgresql://prismd@localhost/prismd"), env={})
+    check_runnable(config, env={})
+    monkeypatch.setattr(
+        config_module, "STORE_SCHEMES", {**config_module.STORE_SCHEMES, "postgresql": False}
+    )
     with pytest.raises(ConfigError, match="not available in this build yet"):
         check_runnable(config, env={})
-    monkeypatch.setattr(
-        config_module, "STORE_SCHEMES", {**config_module.STORE_SCHEMES, "postgresql": True}
-    )
-    check_runnable(config, env={})
     # Every kind the config format knows is in the table (a new kind cannot skip it).
     assert set(kinds.CONNECTION_KINDS) == {"telegram", "signal", "webchat"}

@@ -180,6 +180,25 @@ def test_full_valid_file(tmp_path: Path) -> None:
     assert config.connection("nope") is None
 
 
+def test_postgres_store_settings(tmp_path: Path) -> None:
+    path = tmp_path / "prismd.toml"
+    path.write_text(
+        "[store]\nurl = 'postgresql://prismd@db:5432/prismd?schema=team'\n"
+        "pool_size = 6\npassword_file = 'pg-password'\nstatement_timeout_ms = 2500\n"
+    )
+    store = load_config(path).store
+    assert (store.is_postgres, store.pool_size, store.statement_timeout_ms) == (True, 6, 2500)
+    (tmp_path / "pg-password").write_text("s3cret-7f3a\n")
+    options = store.postgres_options(env={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert options is not None and options.password == "s3cret-7f3a"
+    assert (options.pool_size, options.connect_timeout_ms) == (6, 5000)
+    assert "s3cret-7f3a" not in repr(options)
+    with pytest.raises(ConfigError) as info:
+        store.postgres_options(env={})
+    assert info.value.key == "[store].password_file"
+    assert load_config(None).store.postgres_options() is None  # SQLite: no pool settings
+
+
 def test_empty_file_is_valid_and_takes_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""), env={})
     assert config.connections == ()
@@ -195,6 +214,20 @@ def test_empty_file_is_valid_and_takes_defaults(tmp_path: Path) -> None:
         ("[daemon]\nstate = 'x'\n", "[daemon].state", "unknown key"),
         ("[store]\nurl = 3\n", "[store].url", "must be a string, got integer"),
         ("[store]\nurl = 'mysql://x'\n", "[store].url", "sqlite:///PATH"),
+        ("[store]\nurl = 'sqlite:///x'\npool_size = 4\n", "[store].pool_size", "postgresql://"),
+        (
+            "[store]\nurl = 'postgresql://u:SECRET@h/d'\n",
+            "[store].url",
+            "a password in the URL is a secret inline",
+        ),
+        ("[store]\nurl = 'postgres://u@h/d'\npool_size = 1\n", "[store].pool_size", "between 2"),
+        (
+            "[store]\nurl = 'postgres://u@h/d'\npassword_env = 'A'\npassword_file = 'b'\n",
+            "[store].password_env",
+            "not both",
+        ),
+        ("[store]\nurl = 'postgres://u@h/d'\npassword = 'SECRET'\n", "[store].password", "inline"),
+        ("[store]\nurl = 'postgres://u@h/d'\nschema = 'x'\n", "[store].schema", "unknown key"),
         ("[limits]\nmax_routes = 0\n", "[limits].max_routes", "between 1 and 10000"),
         ("[limits]\nmax_routes = 20000\n", "[limits].max_routes", "between 1 and 10000"),
         ("[limits]\nmax_routes = 'ten'\n", "[limits].max_routes", "must be a number"),

@@ -1,7 +1,9 @@
 """Crash fixtures (contract behaviours 181–186, 117, 119–120 adapted to the daemon).
 
-Real `prismd run` subprocesses on a SQLite file, the mock agent with a long delay (wrapped
-to count run starts durably), driven through the web chat WebSocket and `prismctl`.
+Real `prismd run` subprocesses on a SQLite file and on PostgreSQL (every test of the
+``test_crash*`` files runs on both: the ``store_url`` fixture), the mock agent with a long
+delay (wrapped to count run starts durably), driven through the web chat WebSocket and
+`prismctl`.
 """
 
 from __future__ import annotations
@@ -46,16 +48,15 @@ async def _wait_executing(layout: Layout) -> dict[str, Any]:
 
 
 async def _operation_states(layout: Layout) -> list[str]:
-    store = await open_store(f"sqlite:///{layout.db}")
-    try:
+    async with open_store(layout.url) as store:
         page = await store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
         return [str(item.value["state"]) for item in page.items]
-    finally:
-        await store.aclose()
 
 
-async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(tmp_path: Path) -> None:
-    layout = write_config(tmp_path, delay_ms=60_000, stop_deadline_ms=3_000)
+async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(
+    tmp_path: Path, store_url: str | None
+) -> None:
+    layout = write_config(tmp_path, delay_ms=60_000, stop_deadline_ms=3_000, store_url=store_url)
     async with running_daemon(layout) as daemon:
         await daemon.wait_state("READY=1")
         async with chat(layout.port) as client:
@@ -88,10 +89,12 @@ async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(tmp_path: 
     assert run_count(layout.runs) == 1
 
 
-async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(tmp_path: Path) -> None:
+async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(
+    tmp_path: Path, store_url: str | None
+) -> None:
     # A long lease TTL: the restarted daemon must reclaim its predecessor's binding lease
     # at once (deliberate difference 8), not wait it out.
-    layout = write_config(tmp_path, delay_ms=60_000, lease_ttl_ms=120_000)
+    layout = write_config(tmp_path, delay_ms=60_000, lease_ttl_ms=120_000, store_url=store_url)
     async with running_daemon(layout, tag="first") as first:
         await first.wait_state("READY=1")
         async with chat(layout.port) as client:
@@ -150,8 +153,10 @@ async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(tmp_pat
     assert sorted(await _operation_states(layout)) == ["cancelled", "execution_unknown"]
 
 
-async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
-    layout = write_config(tmp_path)
+async def test_second_daemon_on_the_same_state_dir_is_refused(
+    tmp_path: Path, store_url: str | None
+) -> None:
+    layout = write_config(tmp_path, store_url=store_url)
     async with running_daemon(layout, tag="owner") as owner:
         await owner.wait_state("READY=1")
         async with running_daemon(layout, tag="intruder") as intruder:
@@ -166,12 +171,14 @@ async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) ->
         assert await owner.wait_exit() == 0
 
 
-async def test_sigkill_with_queued_messages_runs_them_once_after_restart(tmp_path: Path) -> None:
+async def test_sigkill_with_queued_messages_runs_them_once_after_restart(
+    tmp_path: Path, store_url: str | None
+) -> None:
     """Nothing acknowledged is dropped (SPEC difference 8, issue 3): messages the web chat
     already acknowledged but that were still queued (`accepted`, never claimed) when the
     daemon was SIGKILLed get their first — and only — run after the restart. The claimed
     one stays `executing` for the operator; nothing is run twice."""
-    layout = write_config(tmp_path, delay_ms=3_000)
+    layout = write_config(tmp_path, delay_ms=3_000, store_url=store_url)
     async with running_daemon(layout, tag="first") as first:
         await first.wait_state("READY=1")
         async with chat(layout.port) as client:

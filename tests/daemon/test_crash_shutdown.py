@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import sqlite3
-import time
 from pathlib import Path
 
 import trio
 
 from tests.fakes.telegram_api import start_fake
 
-from .helpers import free_port, running_daemon, write_config
-
-
-def _live_leases(db: Path) -> list[str]:
-    now_ms = int(time.time() * 1000)
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute(
-            "SELECT namespace FROM prism_leases WHERE expires_at > ?", (now_ms,)
-        ).fetchall()
-    return [str(row[0]) for row in rows]
+from .helpers import free_port, live_leases, running_daemon, write_config
 
 
 async def test_sigterm_during_a_long_poll_exits_0_promptly_and_releases_the_receiver_lease(
     tmp_path: Path,
+    store_url: str | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         fake = await start_fake(nursery)
         layout = write_config(
             tmp_path,
+            store_url=store_url,
             delay_ms=1,
             extra=f"""
 [[connections]]
@@ -54,7 +44,7 @@ aliases = ["slow"]
                         break
                     await trio.sleep(0.05)
             await trio.sleep(0.3)  # inside the 30 s long poll
-            assert any("receiver" in ns for ns in _live_leases(layout.db))
+            assert any("receiver" in ns for ns in live_leases(layout))
             sent = trio.current_time()
             daemon.send(signal.SIGTERM)
             assert await daemon.wait_exit(20) == 0, daemon.stderr()
@@ -62,18 +52,20 @@ aliases = ["slow"]
             assert trio.current_time() - sent < 10
             log = daemon.stderr()
         nursery.cancel_scope.cancel()
-    assert _live_leases(layout.db) == []
+    assert live_leases(layout) == []
     assert fake.token not in log
 
 
 async def test_sigterm_while_an_adapter_is_still_starting_exits_0_promptly(
     tmp_path: Path,
+    store_url: str | None,
 ) -> None:
     """Telegram unreachable: its adapter is still retrying getMe (before READY) when the
     SIGTERM comes; the daemon stops at once with exit 0 and leaves no live lease."""
     closed = free_port()
     layout = write_config(
         tmp_path,
+        store_url=store_url,
         delay_ms=1,
         extra=f"""
 [[connections]]
@@ -100,4 +92,4 @@ aliases = ["slow"]
         assert await daemon.wait_exit(20) == 0, daemon.stderr()
         assert trio.current_time() - sent < 8
         assert "Traceback" not in daemon.stderr()
-    assert _live_leases(layout.db) == []
+    assert live_leases(layout) == []

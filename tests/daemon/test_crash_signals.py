@@ -18,9 +18,15 @@ SECRET_TOKEN = "webchat-access-token-5a9c1e77d2"
 SECRET_TEXT = "private words 0c1d2e3f"
 
 
-async def test_second_sigterm_during_a_slow_stop_forces_exit_143(tmp_path: Path) -> None:
+async def test_second_sigterm_during_a_slow_stop_forces_exit_143(
+    tmp_path: Path, store_url: str | None
+) -> None:
     layout = write_config(
-        tmp_path, delay_ms=10, stop_deadline_ms=60_000, agent_extra="shield_ms = 60000"
+        tmp_path,
+        delay_ms=10,
+        stop_deadline_ms=60_000,
+        agent_extra="shield_ms = 60000",
+        store_url=store_url,
     )
     async with running_daemon(layout) as daemon:
         await daemon.wait_state("READY=1")
@@ -37,8 +43,10 @@ async def test_second_sigterm_during_a_slow_stop_forces_exit_143(tmp_path: Path)
         assert "second SIGTERM" in daemon.stderr()
 
 
-async def test_debug_logs_never_contain_the_access_token_or_message_text(tmp_path: Path) -> None:
-    layout = write_config(tmp_path, delay_ms=10)
+async def test_debug_logs_never_contain_the_access_token_or_message_text(
+    tmp_path: Path, store_url: str | None
+) -> None:
+    layout = write_config(tmp_path, delay_ms=10, store_url=store_url)
     text = layout.config.read_text().replace(
         'listen = "127.0.0.1', 'access_token_env = "WEB_TOKEN"\nlisten = "127.0.0.1'
     )
@@ -72,8 +80,10 @@ async def test_debug_logs_never_contain_the_access_token_or_message_text(tmp_pat
     assert "private words" not in log
 
 
-async def test_watchdog_pings_reach_a_real_notify_socket(tmp_path: Path) -> None:
-    layout = write_config(tmp_path, delay_ms=10)
+async def test_watchdog_pings_reach_a_real_notify_socket(
+    tmp_path: Path, store_url: str | None
+) -> None:
+    layout = write_config(tmp_path, delay_ms=10, store_url=store_url)
     async with running_daemon(layout, extra_env={"WATCHDOG_USEC": "200000"}) as daemon:
         await daemon.wait_state("READY=1")
         await daemon.wait_state("WATCHDOG=1", limit_s=10)

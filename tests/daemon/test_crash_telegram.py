@@ -42,9 +42,10 @@ async def _wait_sent(fake: FakeBotApi, text: str, limit_s: float) -> None:
             await trio.sleep(0.05)
 
 
-def _layout(tmp_path: Path, fake: FakeBotApi) -> Layout:
+def _layout(tmp_path: Path, fake: FakeBotApi, store_url: str | None) -> Layout:
     return write_config(
         tmp_path,
+        store_url=store_url,
         delay_ms=1,
         extra=f"""
 [[connections]]
@@ -62,10 +63,12 @@ aliases = ["slow"]
     )
 
 
-async def test_sigkill_and_restart_resume_polling_at_once(tmp_path: Path) -> None:
+async def test_sigkill_and_restart_resume_polling_at_once(
+    tmp_path: Path, store_url: str | None
+) -> None:
     async with trio.open_nursery() as nursery:
         fake = await start_fake(nursery)
-        layout = _layout(tmp_path, fake)
+        layout = _layout(tmp_path, fake, store_url)
         env = {"TG_TOKEN": fake.token}
         async with running_daemon(
             layout, tag="first", extra_env=env, args=("--log-level", "debug")
@@ -101,7 +104,7 @@ async def test_sigkill_and_restart_resume_polling_at_once(tmp_path: Path) -> Non
         assert "hello one" not in log and "hello two" not in log
 
 
-async def test_webhook_mode_through_the_daemon(tmp_path: Path) -> None:
+async def test_webhook_mode_through_the_daemon(tmp_path: Path, store_url: str | None) -> None:
     hook_port = free_port()
     secret = "hook_secret_42"
     async with trio.open_nursery() as nursery:
@@ -109,6 +112,7 @@ async def test_webhook_mode_through_the_daemon(tmp_path: Path) -> None:
         fake.chats.add("101")  # the chat is known to the bot (updates arrive by webhook)
         layout = write_config(
             tmp_path,
+            store_url=store_url,
             delay_ms=1,
             extra=f"""
 [[connections]]

@@ -212,8 +212,7 @@ async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> Non
 
 
 async def test_paired_grants_through_a_real_grant_store() -> None:
-    store = await open_store("memory://")
-    try:
+    async with open_store("memory://") as store:
         grants = GrantStore(store.checkpoints)
         entry = Entry(connection="tg", pairing=True, tenant="acme")
         auth = GrantAuthorizer([entry], load_paired=grants.load)
@@ -230,8 +229,6 @@ async def test_paired_grants_through_a_real_grant_store() -> None:
         assert grant.identity.tenant_id == "acme"
         # A record on a connection without pairing grants nothing.
         assert auth.paired_grant(attrs.evolve(record, connection_id="web")) is None
-    finally:
-        await store.aclose()
 
 
 async def test_no_store_lookup_without_pairing_or_loader() -> None:

@@ -116,8 +116,7 @@ async def _leave_executing(url: str, operation_id: str) -> None:
     from prismd.journal._journal import ChannelJournal, OperationRecord
     from stores import OwnershipScope, open_store
 
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         await ChannelJournal(store.checkpoints).create_operation(
             OwnershipScope(tenant_id="default", account_id="web", user_id="actor-1"),
             OperationRecord(
@@ -133,8 +132,6 @@ async def _leave_executing(url: str, operation_id: str) -> None:
                 updated_at_ms=1,
             ),
         )
-    finally:
-        await store.aclose()
 
 
 async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(

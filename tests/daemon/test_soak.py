@@ -187,15 +187,18 @@ def test_soak_uncaught_error_prints_ok_false(
 
 SLOW_OPEN = """
 import sys, time
+from contextlib import asynccontextmanager
 from pathlib import Path
 import prismd.cli._soak as soak_module
 
 real_open = soak_module.open_store
 
+@asynccontextmanager
 async def slow_open(url):
     Path(sys.argv[1]).write_text("opening")
     time.sleep(1.0)  # a slow filesystem: the signal arrives while the store opens
-    return await real_open(url)
+    async with real_open(url) as store:
+        yield store
 
 soak_module.open_store = slow_open
 from prismd.cli import main

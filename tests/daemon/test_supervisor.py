@@ -86,7 +86,10 @@ async def test_crashing_child_is_restarted_with_doubling_backoff(
 async def test_backoff_is_bounded_and_jittered() -> None:
     sup = Supervisor(policy=RestartPolicy(jitter=0.2), rng=random.Random(7))
     values = [sup._backoff(n) for n in range(12)]
-    assert all(0.4 <= v <= 0.6 for v in values[:1])
+    # Each attempt within ±20 % of its doubled base (0.5, 1, 2, … capped at 30 s).
+    for n, v in enumerate(values):
+        base = min(30.0, 0.5 * 2**n)
+        assert base * 0.8 <= v <= base * 1.2, (n, v)
     assert all(v <= 36.0 for v in values)
     assert 24.0 <= values[-1] <= 36.0
     # Jitter: not all identical at the cap.

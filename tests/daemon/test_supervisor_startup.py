@@ -382,12 +382,9 @@ async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
         crash.set()
     assert codes == [1]
     assert "webchat:web crashed 3 times" in out.getvalue()
-    store = await open_store("sqlite:///" + str(tmp_path / "journal.sqlite"))
-    try:
+    async with open_store("sqlite:///" + str(tmp_path / "journal.sqlite")) as store:
         page = await store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
         states = [str(item.value["state"]) for item in page.items]
-    finally:
-        await store.aclose()
     assert states == ["cancelled"]
     assert _live_leases(tmp_path / "journal.sqlite") == []
 

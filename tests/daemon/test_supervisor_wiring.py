@@ -66,8 +66,7 @@ class FakeAdapter:
 
 
 async def test_agents_are_built_per_alias_with_the_store() -> None:
-    store = await open_store("memory://")
-    try:
+    async with open_store("memory://") as store:
         config = parse_config(BASE)
         agents = build_agents(config, store)
         assert set(agents) == {"echo", "slow"}
@@ -80,8 +79,6 @@ async def test_agents_are_built_per_alias_with_the_store() -> None:
         Request.agent_alias = "missing"
         with pytest.raises(LookupError):
             await host.resolve_agent(Request())
-    finally:
-        await store.aclose()
 
 
 async def test_deliver_routes_by_connection_and_unknown_is_not_delivered() -> None:
@@ -114,8 +111,7 @@ async def test_admit_before_the_runtime_is_bound_is_retryable() -> None:
 
 
 async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> None:
-    store = await open_store("memory://")
-    try:
+    async with open_store("memory://") as store:
         with locked_state_dir(tmp_path) as state:
             config = parse_config(BASE)
             (web,) = config.connections
@@ -162,8 +158,6 @@ async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> 
                     env={},
                 )
             assert "123:" not in str(info.value)
-    finally:
-        await store.aclose()
 
 
 async def test_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
@@ -266,8 +260,7 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
 async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path: Path) -> None:
     """A web chat off loopback without a token is allowed by config only when its grants
     need pairing; wiring must tell the adapter so, or it refuses to start."""
-    store = await open_store("memory://")
-    try:
+    async with open_store("memory://") as store:
         with locked_state_dir(tmp_path) as state:
             config = parse_config(
                 {
@@ -291,8 +284,6 @@ async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path
                 env={},
             )
             assert isinstance(plain, WebchatAdapter) and plain.pairing_only is False
-    finally:
-        await store.aclose()
 
 
 def test_startup_hint_for_an_unbound_ipv6_web_chat() -> None:

@@ -23,12 +23,9 @@ async def test_startup_counts_an_executing_record_behind_5000_settled_ones(
 ) -> None:
     layout = write_config(tmp_path)
     layout.db.parent.mkdir(parents=True, exist_ok=True)
-    store = await open_store(f"sqlite:///{layout.db}")
-    try:
+    async with open_store(f"sqlite:///{layout.db}") as store:
         # The web chat grant's scope: tenant "default", account = the connection id.
         await fill_scope(store, OwnershipScope("default", "web", "old-user"), 5_000)
-    finally:
-        await store.aclose()
     async with running_daemon(layout) as daemon:
         await daemon.wait_state("READY=1")
         log = daemon.stderr()
@@ -49,8 +46,7 @@ async def test_a_journal_written_before_the_index_is_upgraded_once(tmp_path: Pat
     layout = write_config(tmp_path)
     layout.db.parent.mkdir(parents=True, exist_ok=True)
     scope = OwnershipScope("default", "web", "old-user")
-    store = await open_store(f"sqlite:///{layout.db}")
-    try:
+    async with open_store(f"sqlite:///{layout.db}") as store:
         writes = [
             SaveCheckpoint(
                 namespace=NS_OPERATION,
@@ -64,8 +60,6 @@ async def test_a_journal_written_before_the_index_is_upgraded_once(tmp_path: Pat
             for record in (op(0, "executing", at=1), op(1, "succeeded", at=2))
         ]
         assert all(r.ok for r in await store.checkpoints.write_checkpoints(writes))
-    finally:
-        await store.aclose()
     for tag in ("first", "second"):
         async with running_daemon(layout, tag=tag) as daemon:
             await daemon.wait_state("READY=1")

@@ -8,7 +8,7 @@ grant aliases ``("primary",)``, revision ``rev-1``; ``deliver`` records replies.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,19 +160,25 @@ async def runtime(host: Host, store: Store | None = None, **kwargs: Any) -> Asyn
 StoreFactory = Callable[[], Awaitable[Store]]
 
 
-def store_factory(kind: str, tmp_path: Path, clock: Any = None) -> StoreFactory:
-    """Opens a store of ``kind`` (``memory`` or ``sqlite``); every call on the same
-    factory opens the *same* data (a "restart" reopens the file; memory is shared)."""
+@asynccontextmanager
+async def store_factory(
+    kind: str, tmp_path: Path, clock: Any = None
+) -> AsyncIterator[StoreFactory]:
+    """A factory opening a store of ``kind`` (``memory`` or ``sqlite``); every call opens
+    the *same* data (a "restart" reopens the file; memory is shared). Every store it opened
+    is closed when the block ends."""
+    options: dict[str, Any] = {} if clock is None else {"clock": clock}
     shared: list[Store] = []
+    async with AsyncExitStack() as stack:
 
-    async def open_one() -> Store:
-        if kind == "memory":
-            if not shared:
-                shared.append(
-                    await open_store("memory://", **({} if clock is None else {"clock": clock}))
-                )
-            return shared[0]
-        url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-        return await open_store(url, **({} if clock is None else {"clock": clock}))
+        async def open_one() -> Store:
+            if kind == "memory":
+                if not shared:
+                    shared.append(
+                        await stack.enter_async_context(open_store("memory://", **options))
+                    )
+                return shared[0]
+            url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+            return await stack.enter_async_context(open_store(url, **options))
 
-    return open_one
+        yield open_one

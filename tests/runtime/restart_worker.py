@@ -55,19 +55,18 @@ def _input() -> dict[str, str]:
 
 
 async def main(params: dict[str, str]) -> None:
-    store = await open_store(f"sqlite:///{params['filename']}")
-    agent = ScriptedAgent(wait_for_cancel=True)
+    async with open_store(f"sqlite:///{params['filename']}") as store:
+        agent = ScriptedAgent(wait_for_cancel=True)
 
-    async def authorize(_inp: AuthorizeInput) -> Grant:
-        return Grant(identity=IDENTITY, agent_aliases=("primary",), grant_revision="rev-1")
+        async def authorize(_inp: AuthorizeInput) -> Grant:
+            return Grant(identity=IDENTITY, agent_aliases=("primary",), grant_revision="rev-1")
 
-    async def resolve_agent(_inp: ResolveAgentInput) -> ScriptedAgent:
-        return agent
+        async def resolve_agent(_inp: ResolveAgentInput) -> ScriptedAgent:
+            return agent
 
-    async def deliver(_reply: Reply) -> SendResult:
-        return SendResult(delivered=True, message_id="1")
+        async def deliver(_reply: Reply) -> SendResult:
+            return SendResult(delivered=True, message_id="1")
 
-    try:
         with trio.open_signal_receiver(signal.SIGTERM) as signals:
             async with open_messaging_runtime(
                 authorize=authorize, resolve_agent=resolve_agent, deliver=deliver, store=store
@@ -95,8 +94,6 @@ async def main(params: dict[str, str]) -> None:
                 async for _signum in signals:
                     break
                 await rt.stop()
-    finally:
-        await store.aclose()
     print("STOPPED", flush=True)
 
 

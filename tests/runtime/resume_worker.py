@@ -49,39 +49,39 @@ def _filename() -> str:
 
 
 async def main(filename: str) -> None:
-    store = await open_store(f"sqlite:///{filename}")
+    async with open_store(f"sqlite:///{filename}") as store:
 
-    async def authorize(_inp: AuthorizeInput) -> Grant:
-        return Grant(identity=IDENTITY, agent_aliases=("primary",), grant_revision="rev-1")
+        async def authorize(_inp: AuthorizeInput) -> Grant:
+            return Grant(identity=IDENTITY, agent_aliases=("primary",), grant_revision="rev-1")
 
-    async def resolve_agent(_inp: ResolveAgentInput) -> Any:
-        await trio.sleep_forever()
+        async def resolve_agent(_inp: ResolveAgentInput) -> Any:
+            await trio.sleep_forever()
 
-    async def deliver(_reply: Reply) -> SendResult:
-        return SendResult(delivered=True, message_id="1")
+        async def deliver(_reply: Reply) -> SendResult:
+            return SendResult(delivered=True, message_id="1")
 
-    async with open_messaging_runtime(
-        authorize=authorize,
-        resolve_agent=resolve_agent,
-        deliver=deliver,
-        store=store,
-        owner_id=OWNER,
-    ) as rt:
-        for n, (text, chat) in enumerate(EVENTS, start=1):
-            admission = await rt.admit(
-                InboundEvent(
-                    connection_id="tg-e2e",
-                    external_conversation_id=chat,
-                    external_actor_id="actor-e2e",
-                    event_id=f"ev-{n}",
-                    text=text,
-                    claims={"platform": "telegram", "chatType": "private"},
+        async with open_messaging_runtime(
+            authorize=authorize,
+            resolve_agent=resolve_agent,
+            deliver=deliver,
+            store=store,
+            owner_id=OWNER,
+        ) as rt:
+            for n, (text, chat) in enumerate(EVENTS, start=1):
+                admission = await rt.admit(
+                    InboundEvent(
+                        connection_id="tg-e2e",
+                        external_conversation_id=chat,
+                        external_actor_id="actor-e2e",
+                        event_id=f"ev-{n}",
+                        text=text,
+                        claims={"platform": "telegram", "chatType": "private"},
+                    )
                 )
-            )
-            if admission.status != "accepted":
-                raise RuntimeError("event was not accepted")
-        print("READY", flush=True)
-        await trio.sleep_forever()
+                if admission.status != "accepted":
+                    raise RuntimeError("event was not accepted")
+            print("READY", flush=True)
+            await trio.sleep_forever()
 
 
 if __name__ == "__main__":

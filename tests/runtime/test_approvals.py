@@ -545,19 +545,17 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path}/journal.sqlite"
     clock = ManualClock()
     with trio.fail_after(60):
-        first_store = await open_store(url, clock=clock)
-        try:
-            async with open_harness(
+        async with (
+            open_store(url, clock=clock) as first_store,
+            open_harness(
                 first_store,  # type: ignore[arg-type]
                 clock,
                 {"primary": suspending_mock(first_store, clock)},
-            ) as h1:
-                allow, _ = await suspend(h1)
-                await h1.runtime.stop()
-        finally:
-            await first_store.aclose()
-        second_store = await open_store(url, clock=clock)
-        try:
+            ) as h1,
+        ):
+            allow, _ = await suspend(h1)
+            await h1.runtime.stop()
+        async with open_store(url, clock=clock) as second_store:
             agent = suspending_mock(second_store, clock)
             async with open_harness(second_store, clock, {"primary": agent}) as h2:  # type: ignore[arg-type]
                 await h2.runtime.admit(event("10", "/status"))
@@ -572,8 +570,6 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
                 page = await second_store.checkpoints.list_checkpoints(namespace=NS_RUN)
                 (row,) = page.items
                 assert row.value["toolRuns"] == 1 and row.value["status"] == "succeeded"
-        finally:
-            await second_store.aclose()
 
 
 async def test_pairing_by_start_deep_link_and_expiry(
@@ -711,3 +707,56 @@ async def test_approval_racing_stop_is_retryable_and_keeps_its_token(
         assert again.status == "accepted", again
         await h2.settle()
         assert h2.last().text == "mock: hello" and agent.resume_calls == 1
+
+
+@attrs.define(eq=False)
+class SlowMarkStore:
+    """The store, with the write that marks a reply ``delivered`` taking 5 s: the turn that
+    sent an approval notice is still finishing when the user presses its button."""
+
+    inner: MemoryStore
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def leases(self) -> Any:
+        return self.inner.leases
+
+    @property
+    def checkpoints(self) -> Any:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner.checkpoints, name)
+
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        if any(isinstance(w.value, dict) and w.value.get("state") == "delivered" for w in writes):
+            await trio.sleep(5)
+        return await self.inner.checkpoints.write_checkpoints(writes, **kw)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_approval_pressed_while_its_turn_still_finishes_is_not_refused(
+    store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The notice reached the user before its turn wrote its last record; a valid decision
+    made in that moment waits for the route instead of being refused."""
+    agent = suspending_mock(store, clock)
+    slow = SlowMarkStore(store)
+    notice_seen = trio.Event()
+    async with open_harness(slow, clock, {"primary": agent}) as h:  # type: ignore[arg-type]
+        h.deliver_hook = lambda reply: notice_seen.set() if reply.controls else None  # type: ignore[func-returns-value]
+        assert (await h.runtime.admit(event("1", "hello"))).status == "accepted"
+        with trio.fail_after(30):
+            await notice_seen.wait()
+        allow, _ = tokens_of(h.last())
+        run_id, _ = await suspended_run(store)
+        admission = await h.runtime.admit(event("2", f"/approve {allow}"))
+        assert admission.status == "accepted", admission
+        await h.settle()
+        assert h.last().text == "mock: hello"
+        assert await agent.tool_runs(run_id, OWNER) == 1

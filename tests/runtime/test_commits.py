@@ -32,9 +32,8 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
 ) -> None:
     # Real time: SQLite works on threads, which a virtual clock would skip past.
     clock = TrioClock()
-    store = await open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock)
-    assert isinstance(store, SQLiteStore)
-    try:
+    async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
+        assert isinstance(store, SQLiteStore)
         agent = MockAgent.from_context(
             AgentContext(alias="primary", options={}, checkpoints=store.checkpoints, clock=clock)
         )
@@ -54,5 +53,3 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
             assert max(steady) <= TARGET, per_message
             assert host.texts == [f"mock: message {i}" for i in range(MESSAGES)]
             assert await rt.list_unresolved(identity=identity()) == []
-    finally:
-        await store.aclose()

@@ -43,36 +43,30 @@ async def test_sqlite_turn_and_restart_dedup_b111_b112(tmp_path: Path) -> None:
     text; reopened, the same event is a duplicate with nothing run or listed."""
     agent = ScriptedAgent(answer=lambda _t, n: f"answer {n}")
     host = Host(agent=agent)
-    store = await open_store(sqlite_url(tmp_path))
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
         async with runtime(host, store) as rt:
             assert (await rt.admit(event("1", "very private words"))).status == "accepted"
             assert (await rt.drain()).settled
             diag = json.dumps(attrs.asdict(rt.diagnostics()))
         assert host.texts == ["answer 1"] and "very private words" not in diag
-    finally:
-        await store.aclose()
     host2 = Host(agent=agent)
-    store = await open_store(sqlite_url(tmp_path))
-    try:
-        async with runtime(host2, store) as rt:
-            again = await rt.admit(event("1", "very private words"))
-            await rt.drain()
-            assert again.duplicate
-            assert await rt.list_unresolved(identity=identity()) == []
-    finally:
-        await store.aclose()
+    async with open_store(sqlite_url(tmp_path)) as store, runtime(host2, store) as rt:
+        again = await rt.admit(event("1", "very private words"))
+        await rt.drain()
+        assert again.duplicate
+        assert await rt.list_unresolved(identity=identity()) == []
     assert agent.provider_calls == 1 and host2.deliveries == []
 
 
 async def test_two_handles_lease_held_elsewhere_b113(tmp_path: Path) -> None:
     """Behaviour 113 (with SPEC difference 8): the second handle's runtime accepts event 2,
     delivers nothing while the owner runs, counts a lease loss and keeps the record."""
-    owner_store = await open_store(sqlite_url(tmp_path))
-    other_store = await open_store(sqlite_url(tmp_path))
-    agent = ScriptedAgent(wait_for_cancel=True)
-    other = Host()
-    try:
+    async with (
+        open_store(sqlite_url(tmp_path)) as owner_store,
+        open_store(sqlite_url(tmp_path)) as other_store,
+    ):
+        agent = ScriptedAgent(wait_for_cancel=True)
+        other = Host()
         async with runtime(Host(agent=agent), owner_store) as a:
             await a.admit(event("1"))
             await agent.wait_started(1)
@@ -86,9 +80,6 @@ async def test_two_handles_lease_held_elsewhere_b113(tmp_path: Path) -> None:
                 assert states == {"accepted", "executing"}
                 await b.stop()
             await a.stop()
-    finally:
-        await owner_store.aclose()
-        await other_store.aclose()
     assert other.agent.provider_calls == 0
 
 
@@ -96,8 +87,7 @@ async def test_capacity_on_sqlite_b114(tmp_path: Path) -> None:
     """Behaviour 114: queue of one per binding, one route: 1, 2 accepted, 3 capacity."""
     gate = trio.Event()
     agent = ScriptedAgent(gate=gate)
-    store = await open_store(sqlite_url(tmp_path))
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
         limits = Limits(max_pending_per_binding=1, max_routes=1)
         async with runtime(Host(agent=agent), store, limits=limits) as rt:
             assert (await rt.admit(event("1"))).status == "accepted"
@@ -107,33 +97,27 @@ async def test_capacity_on_sqlite_b114(tmp_path: Path) -> None:
             assert (third.status, third.reason) == ("denied", "capacity")
             gate.set()
             await rt.drain()
-    finally:
-        await store.aclose()
     assert agent.provider_calls == 2
 
 
 async def test_revoked_on_sqlite_journals_nothing_b115(tmp_path: Path) -> None:
     """Behaviour 115: a revoked grant is denied; nothing is journaled or listed."""
-    store = await open_store(sqlite_url(tmp_path))
-    host = Host(grant_for=lambda _i: grant(identity(revoked_at_ms=1)))
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
+        host = Host(grant_for=lambda _i: grant(identity(revoked_at_ms=1)))
         async with runtime(host, store) as rt:
             result = await rt.admit(event("1"))
             assert (result.status, result.reason) == ("denied", "revoked")
             assert (await rt.drain()).settled
             await rt.stop()
             assert await rt.list_unresolved(identity=identity()) == []
-    finally:
-        await store.aclose()
     assert host.agent.provider_calls == 0
 
 
 @pytest.mark.slow
 async def test_duplicate_latency_b116(tmp_path: Path) -> None:
     """Behaviour 116: 20 re-admissions of a processed event are duplicates, p95 < 500 ms."""
-    store = await open_store(sqlite_url(tmp_path))
-    host = Host()
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
+        host = Host()
         async with runtime(host, store) as rt:
             await rt.admit(event("1"))
             await rt.drain()
@@ -142,8 +126,6 @@ async def test_duplicate_latency_b116(tmp_path: Path) -> None:
                 start = time.perf_counter()
                 assert (await rt.admit(event("1"))).duplicate
                 latencies.append(time.perf_counter() - start)
-    finally:
-        await store.aclose()
     latencies.sort()
     assert latencies[18] < 0.5
     assert host.agent.provider_calls == 1
@@ -202,8 +184,7 @@ async def test_sigterm_settles_claimed_work_cancelled_b117(tmp_path: Path) -> No
     proc.send_signal(signal.SIGTERM)
     out = await _read_rest(proc, rest)
     assert proc.returncode == 0 and "STOPPED" in out
-    store = await open_store(sqlite_url(tmp_path))
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
         scope = OwnershipScope("e2e-tenant", None, "e2e-user")
         loaded = await ChannelJournal(store.checkpoints).load_operation(
             scope, "tg-e2e", str(state["operationId"])
@@ -211,8 +192,6 @@ async def test_sigterm_settles_claimed_work_cancelled_b117(tmp_path: Path) -> No
         assert loaded is not None and loaded.record.state in ("cancelled", "failed")
         async with runtime(Host(), store) as rt:
             assert await rt.list_unresolved(identity=E2E) == []
-    finally:
-        await store.aclose()
 
 
 @pytest.mark.slow
@@ -227,8 +206,7 @@ async def test_sigkill_leaves_executing_reconcilable_never_rerun_b119_b120(
     with trio.fail_after(30):
         await proc.wait()
     agent = ScriptedAgent()
-    store = await open_store(sqlite_url(tmp_path))
-    try:
+    async with open_store(sqlite_url(tmp_path)) as store:
         host = Host(agent=agent, grant_for=lambda _i: grant(E2E))
         async with runtime(host, store) as rt:
             listed = await rt.list_unresolved(identity=E2E)
@@ -256,8 +234,6 @@ async def test_sigkill_leaves_executing_reconcilable_never_rerun_b119_b120(
             )
             assert again.duplicate
             assert await rt.list_unresolved(identity=E2E) == []
-    finally:
-        await store.aclose()
     assert agent.provider_calls == 0
 
 
@@ -290,13 +266,14 @@ async def test_two_handles_same_event_runs_once_and_deferred_turn_completes(
     """Two runtimes on two handles of one SQLite file: the same event admitted on both
     runs once (the loser is a duplicate); B's turn for the busy binding waits for A's
     lease and then runs exactly once (SPEC difference 8 on SQLite)."""
-    store_a = await open_store(sqlite_url(tmp_path))
-    store_b = await open_store(sqlite_url(tmp_path))
-    gate = trio.Event()
-    agent_a = ScriptedAgent(gate=gate, answer="from A")
-    agent_b = ScriptedAgent(answer="from B")
-    host_a, host_b = Host(agent=agent_a), Host(agent=agent_b)
-    try:
+    async with (
+        open_store(sqlite_url(tmp_path)) as store_a,
+        open_store(sqlite_url(tmp_path)) as store_b,
+    ):
+        gate = trio.Event()
+        agent_a = ScriptedAgent(gate=gate, answer="from A")
+        agent_b = ScriptedAgent(answer="from B")
+        host_a, host_b = Host(agent=agent_a), Host(agent=agent_b)
         async with runtime(host_a, store_a) as a, runtime(host_b, store_b) as b:
             first = await a.admit(event("1"))
             same = await b.admit(event("1"))
@@ -310,8 +287,5 @@ async def test_two_handles_same_event_runs_once_and_deferred_turn_completes(
                 await a.drain()
                 await b.drain()
             assert await b.list_unresolved(identity=identity()) == []
-    finally:
-        await store_a.aclose()
-        await store_b.aclose()
     assert (agent_a.provider_calls, agent_b.provider_calls) == (1, 1)
     assert host_a.texts == ["from A"] and host_b.texts == ["from B"]

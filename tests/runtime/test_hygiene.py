@@ -129,9 +129,23 @@ async def test_randomized_runs_each_event_at_most_once(stores: StoreFactory) -> 
         await rt.drain()
         assert await rt.list_unresolved(identity=IDENT) == []
         diag = rt.diagnostics()
+        journal = ChannelJournal(store.checkpoints)
+        states = {}
+        for eid in accepted:
+            loaded = await journal.load_operation(SCOPE, "tg-1", operation_id_for("tg-1", eid))
+            assert loaded is not None, eid
+            states[eid] = loaded.record.state
     ran = [c.input for c in agent.calls]
+    # At most once: no event's text reached the agent twice, nor one that was not accepted.
     assert len(ran) == len(set(ran))
     assert set(ran) <= {f"msg {e}" for e in accepted}
+    # And at least once unless cancelled: every accepted event either ran to an answer or
+    # was settled cancelled (by a /cancel before or during its run) — none was lost.
+    assert set(states.values()) <= {"succeeded", "cancelled"}, states
+    for eid, state in states.items():
+        if state == "succeeded":
+            assert f"msg {eid}" in ran, eid
+    assert sum(1 for s in states.values() if s == "succeeded") > len(accepted) // 2
     finals = [r for r in host.deliveries if r.kind == "final"]
     assert len(finals) == diag.completed <= len(accepted)
     assert all(isinstance(r, Reply) for r in host.deliveries)

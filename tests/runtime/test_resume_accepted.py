@@ -43,9 +43,8 @@ SUCCESSOR: dict[str, Any] = {"owner_id": "runtime-a", "reclaim_own_leases": True
 
 @pytest.fixture(params=["memory", "sqlite"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await store_factory(request.param, tmp_path, clock=TrioClock())()
-    yield opened
-    await opened.aclose()
+    async with store_factory(request.param, tmp_path, clock=TrioClock()) as factory:
+        yield await factory()
 
 
 def _events() -> list[InboundEvent]:
@@ -333,20 +332,20 @@ async def test_foreign_owner_waits_for_dead_lease_then_resumes(
     """Difference 8: route 1's lease is still held by the dead A; a runtime with another
     owner keeps those records ``accepted`` (and runs chat-2 at once), then runs them in
     order after the lease TTL."""
-    store = await open_store("memory://", clock=TrioClock())
-    await _admit_then_kill(store, _events())
-    await trio.sleep(1)
-    agent = _echo()
-    host = Host(agent=agent)
-    async with _open(host, store, resume_accepted=True, owner_id="runtime-b") as rt:
-        await _wait(lambda: len(host.deliveries) == 1, within_s=10)
-        assert host.texts == ["re m4"]
-        assert rt.diagnostics().lease_losses >= 1
-        stored = await _ops(store)
-        assert [stored[k]["state"] for k in "123"] == ["accepted"] * 3
-        await _wait(lambda: len(host.deliveries) == 4, within_s=300)
-    assert _texts_by_chat(agent, CHAT_OF) == {"chat-1": list(CHAT1), "chat-2": ["m4"]}
-    assert all("input" not in v for v in (await _ops(store)).values())
+    async with open_store("memory://", clock=TrioClock()) as store:
+        await _admit_then_kill(store, _events())
+        await trio.sleep(1)
+        agent = _echo()
+        host = Host(agent=agent)
+        async with _open(host, store, resume_accepted=True, owner_id="runtime-b") as rt:
+            await _wait(lambda: len(host.deliveries) == 1, within_s=10)
+            assert host.texts == ["re m4"]
+            assert rt.diagnostics().lease_losses >= 1
+            stored = await _ops(store)
+            assert [stored[k]["state"] for k in "123"] == ["accepted"] * 3
+            await _wait(lambda: len(host.deliveries) == 4, within_s=300)
+        assert _texts_by_chat(agent, CHAT_OF) == {"chat-1": list(CHAT1), "chat-2": ["m4"]}
+        assert all("input" not in v for v in (await _ops(store)).values())
 
 
 E2E = AgentIdentity(
@@ -384,8 +383,7 @@ async def test_sigkill_then_resume_sqlite(tmp_path: Path) -> None:
         proc.kill()
         with trio.fail_after(30):
             await proc.wait()
-    store = await open_store(f"sqlite:///{filename}")
-    try:
+    async with open_store(f"sqlite:///{filename}") as store:
         before = await _ops(store)
         assert {v["input"]["text"] for v in before.values()} == {"m1", "m2", "m3", "m4"}
         agent = _echo()
@@ -414,5 +412,3 @@ async def test_sigkill_then_resume_sqlite(tmp_path: Path) -> None:
         assert all(v["state"] == "succeeded" and "input" not in v for v in after.values())
         scope = ownership_from_identity(E2E)
         assert all(row["connectionId"] == "tg-e2e" for row in after.values()) and scope
-    finally:
-        await store.aclose()

@@ -78,8 +78,7 @@ async def test_an_old_executing_record_behind_5000_settled_ones_is_listed(
     tmp_path: Path, kind: str
 ) -> None:
     url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path}/journal.sqlite"
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         await fill(store, 5_000)
         async with runtime(Host(), store) as rt:
             entries = await rt.list_unresolved(identity=identity(user=None))
@@ -87,14 +86,11 @@ async def test_an_old_executing_record_behind_5000_settled_ones_is_listed(
             page = await rt.list_unresolved_page(identity=identity(user=None), limit=10_000)
             assert page.capped and page.limit == 100 and page.next_cursor is None
             assert len(page.entries) == 1
-    finally:
-        await store.aclose()
 
 
 async def test_paging_walks_every_unresolved_record_once(tmp_path: Path) -> None:
-    store = await open_store(f"sqlite:///{tmp_path}/journal.sqlite")
-    journal = ChannelJournal(store.checkpoints)
-    try:
+    async with open_store(f"sqlite:///{tmp_path}/journal.sqlite") as store:
+        journal = ChannelJournal(store.checkpoints)
         writes = [Write(NS_OPERATION, SCOPE, op(i, "accepted", at=100 + i), 0) for i in range(7)]
         # Settled operations whose reply is not: listed with the reply's state.
         writes += [
@@ -135,14 +131,11 @@ async def test_paging_walks_every_unresolved_record_once(tmp_path: Path) -> None
             # A cursor that was not issued by the listing is answered with nothing.
             bogus = await rt.list_unresolved_page(identity=identity(user=None), after="x")
             assert bogus.entries == () and bogus.next_cursor is None
-    finally:
-        await store.aclose()
 
 
 async def test_a_record_leaves_the_index_when_it_is_settled(tmp_path: Path) -> None:
-    store = await open_store(f"sqlite:///{tmp_path}/journal.sqlite")
-    journal = ChannelJournal(store.checkpoints)
-    try:
+    async with open_store(f"sqlite:///{tmp_path}/journal.sqlite") as store:
+        journal = ChannelJournal(store.checkpoints)
         await journal.commit([Write(NS_OPERATION, SCOPE, op(1, "executing", at=1), 0)])
         async with runtime(Host(), store) as rt:
             (entry,) = await rt.list_unresolved(identity=identity(user=None))
@@ -159,5 +152,3 @@ async def test_a_record_leaves_the_index_when_it_is_settled(tmp_path: Path) -> N
             namespace=NS_OPERATION, category="channel-operation-open"
         )
         assert page.items == ()
-    finally:
-        await store.aclose()

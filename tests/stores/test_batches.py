@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,15 +146,15 @@ async def test_empty_batch_writes_nothing(store: Store) -> None:
 # --------------------------------------------------------------------------- SQLite group commit
 
 
-async def sqlite(tmp_path: Path) -> SQLiteStore:
-    store = await open_store(f"sqlite:///{tmp_path}/batch.sqlite")
-    assert isinstance(store, SQLiteStore)
-    return store
+@asynccontextmanager
+async def sqlite(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    async with open_store(f"sqlite:///{tmp_path}/batch.sqlite") as store:
+        assert isinstance(store, SQLiteStore)
+        yield store
 
 
 async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:
-    store = await sqlite(tmp_path)
-    try:
+    async with sqlite(tmp_path) as store:
         results: dict[int, str] = {}
 
         async def writer(i: int) -> None:
@@ -177,23 +179,17 @@ async def test_concurrent_writers_share_transactions(tmp_path: Path) -> None:
         # The first writer commits alone; the 99 queued behind it share far fewer commits.
         assert stats.commits < 20, stats
         assert len(await keys(store)) == 50 and len(await event_keys(store)) == 50
-    finally:
-        await store.aclose()
 
 
 async def test_a_single_writer_is_not_held_back(tmp_path: Path) -> None:
-    store = await sqlite(tmp_path)
-    try:
+    async with sqlite(tmp_path) as store:
         for i in range(5):
             await store.checkpoints.write_checkpoints([put(f"k{i}")])
         assert store.statistics().commits == 5
-    finally:
-        await store.aclose()
 
 
 async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> None:
-    store = await sqlite(tmp_path)
-    try:
+    async with sqlite(tmp_path) as store:
         # A statement error inside one job fails the transaction the others share.
         store._db.conn.execute(
             "CREATE TEMP TRIGGER boom BEFORE INSERT ON main.prism_checkpoints"
@@ -225,8 +221,6 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
         # The connection is usable afterwards.
         await store.checkpoints.write_checkpoints([put("a")])
         assert await keys(store) == {"first": 1, "a": 1}
-    finally:
-        await store.aclose()
 
 
 def hold_transactions_on(store: SQLiteStore, key: str) -> threading.Event:
@@ -248,36 +242,35 @@ def hold_transactions_on(store: SQLiteStore, key: str) -> threading.Event:
 
 
 async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
-    store = await sqlite(tmp_path)
-    release = hold_transactions_on(store, "leader")
-    try:
-        done: list[str] = []
+    async with sqlite(tmp_path) as store:
+        release = hold_transactions_on(store, "leader")
+        try:
+            done: list[str] = []
 
-        async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
-            with trio.CancelScope() as scope:
-                task_status.started(scope)
-                await store.checkpoints.write_checkpoints([put(key)])
-                done.append(key)
+            async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    await store.checkpoints.write_checkpoints([put(key)])
+                    done.append(key)
 
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                leader = await nursery.start(writer, "leader")
-                queued = [await nursery.start(writer, f"q{i}") for i in range(5)]
-                await trio.testing.wait_all_tasks_blocked()
-                # The leader is inside its transaction: cancelling it changes nothing.
-                leader.cancel()
-                queued[0].cancel()  # the one the next transaction would be led by
-                queued[3].cancel()
-                await trio.testing.wait_all_tasks_blocked()
-                release.set()
-        # The leader's call still answers its committed write (the cancellation lands at
-        # its caller's next checkpoint); the cancelled queued ones wrote nothing.
-        assert sorted(done) == ["leader", "q1", "q2", "q4"]
-        assert set(await keys(store)) == {"leader", "q1", "q2", "q4"}
-        assert len(await event_keys(store)) == 4
-    finally:
-        release.set()
-        await store.aclose()
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    leader = await nursery.start(writer, "leader")
+                    queued = [await nursery.start(writer, f"q{i}") for i in range(5)]
+                    await trio.testing.wait_all_tasks_blocked()
+                    # The leader is inside its transaction: cancelling it changes nothing.
+                    leader.cancel()
+                    queued[0].cancel()  # the one the next transaction would be led by
+                    queued[3].cancel()
+                    await trio.testing.wait_all_tasks_blocked()
+                    release.set()
+            # The leader's call still answers its committed write (the cancellation lands at
+            # its caller's next checkpoint); the cancelled queued ones wrote nothing.
+            assert sorted(done) == ["leader", "q1", "q2", "q4"]
+            assert set(await keys(store)) == {"leader", "q1", "q2", "q4"}
+            assert len(await event_keys(store)) == 4
+        finally:
+            release.set()
 
 
 @pytest.mark.slow
@@ -292,12 +285,9 @@ async def test_sigkill_inside_a_transaction_leaves_nothing_of_it(tmp_path: Path)
         assert await child.exit_code() == -signal.SIGKILL
     acked = [int(ln.split()[1]) for ln in lines if ln.startswith("ack ")]
     assert len(acked) >= 10
-    store = await open_store(url)
-    try:
+    async with open_store(url) as store:
         stored = await keys(store)
         events = await event_keys(store)
-    finally:
-        await store.aclose()
     for i in acked:
         assert stored.get(f"a-{i}") == 1 and stored.get(f"b-{i}") == 1, i
     # Batches are atomic pairs: a half-applied batch would show one key without its twin.

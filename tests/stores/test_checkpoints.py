@@ -290,15 +290,12 @@ async def test_record_size_limit_default_one_mib(store: Store) -> None:
 
 async def test_record_size_limit_is_configurable(backend: Backend) -> None:
     """Behaviour 104: a 4 KiB value is refused by a store limited to 1024 bytes."""
-    store = await backend.open(max_value_bytes=1024)
-    try:
+    async with backend.open(max_value_bytes=1024) as store:
         with pytest.raises(RecordTooLargeError):
             await save(store, version=1, value={"leafId": "x" * 4096})
         assert await load(store) is None
         assert (await store.checkpoints.list_events()).items == ()
         assert (await save(store, version=1, value={"leafId": "x" * 900})).version == 1
-    finally:
-        await store.aclose()
 
 
 # --------------------------------------------------------------------------- bad input
@@ -365,23 +362,32 @@ async def test_bad_load_and_delete_input(store: Store, kw: dict[str, Any]) -> No
 
 
 async def test_closed_store_is_unavailable(backend: Backend) -> None:
-    store = await backend.open()
-    await save(store, version=1)
-    await store.aclose()
-    await store.aclose()  # idempotent
+    async with backend.open() as store:
+        await save(store, version=1)
+        await store.aclose()  # early, inside the block
+        await store.aclose()  # idempotent
+        with pytest.raises(StoreUnavailableError):
+            await load(store)
+        with pytest.raises(StoreUnavailableError):
+            await save(store, version=2)
+        with pytest.raises(StoreUnavailableError):
+            await store.leases.get_lease(namespace=NS, key="k", scope=SCOPE)
+
+
+async def test_store_is_closed_when_its_block_ends(backend: Backend) -> None:
+    async with backend.open() as store:
+        await save(store, version=1)
     with pytest.raises(StoreUnavailableError):
         await load(store)
-    with pytest.raises(StoreUnavailableError):
-        await save(store, version=2)
     with pytest.raises(StoreUnavailableError):
         await store.leases.get_lease(namespace=NS, key="k", scope=SCOPE)
 
 
-async def test_store_is_an_async_context_manager(backend: Backend) -> None:
-    async with await backend.open() as store:  # type: ignore[attr-defined]
-        await save(store, version=1)
-    with pytest.raises(StoreUnavailableError):
-        await load(store)
+async def test_open_store_is_no_longer_awaitable(backend: Backend) -> None:
+    """Only ``async with open_store(...)``: the old ``await open_store(...)`` form is gone."""
+    opener = backend.open()
+    with pytest.raises(TypeError):
+        await opener  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- cancellation

@@ -48,26 +48,25 @@ REPLY_NS = "prism.channels.v1.reply"
 async def test_bad_urls_are_refused(url: str, tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InvalidStoreURLError) as info:
-        await open_store(url)
+        async with open_store(url):
+            pass
     assert isinstance(info.value, ValueError)
     assert os.listdir(tmp_path) == []  # nothing written
 
 
 async def test_memory_url() -> None:
-    store = await open_store("memory://")
-    assert isinstance(store, MemoryStore) and store.url == "memory://"
-    await store.aclose()
+    async with open_store("memory://") as store:
+        assert isinstance(store, MemoryStore) and store.url == "memory://"
 
 
 async def test_relative_and_absolute_sqlite_urls(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
-    rel = await open_store("sqlite:///var/deep/journal.sqlite")
-    assert isinstance(rel, SQLiteStore) and rel.url == "sqlite:///var/deep/journal.sqlite"
-    await rel.aclose()
+    async with open_store("sqlite:///var/deep/journal.sqlite") as rel:
+        assert isinstance(rel, SQLiteStore) and rel.url == "sqlite:///var/deep/journal.sqlite"
     assert (tmp_path / "var" / "deep" / "journal.sqlite").is_file()
     absolute = tmp_path / "abs" / "j.sqlite"
-    store = await open_store(f"sqlite:///{absolute}")
-    await store.aclose()
+    async with open_store(f"sqlite:///{absolute}"):
+        pass
     assert absolute.is_file()
 
 
@@ -100,7 +99,8 @@ async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
 async def test_directory_path_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "adir").mkdir()
     with pytest.raises(StoreUnavailableError, match="directory"):
-        await open_store(f"sqlite:///{tmp_path}/adir")
+        async with open_store(f"sqlite:///{tmp_path}/adir"):
+            pass
 
 
 async def test_garbage_file_is_unavailable_and_untouched(tmp_path: Path) -> None:
@@ -108,7 +108,8 @@ async def test_garbage_file_is_unavailable_and_untouched(tmp_path: Path) -> None
     secret = b"SECRET-CONTENT " * 400
     path.write_bytes(secret)
     with pytest.raises(StoreUnavailableError) as info:
-        await open_store(f"sqlite:///{path}")
+        async with open_store(f"sqlite:///{path}"):
+            pass
     assert "SECRET" not in str(info.value)
     assert str(path) in str(info.value)
     assert path.read_bytes() == secret
@@ -117,12 +118,11 @@ async def test_garbage_file_is_unavailable_and_untouched(tmp_path: Path) -> None
 
 async def test_corrupt_database_is_unavailable(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite"
-    store = await open_store(f"sqlite:///{path}")
-    for i in range(300):
-        await store.checkpoints.save_checkpoint(
-            namespace="n", key=f"k{i}", scope=SCOPE, version=1, value={"pad": "SECRET" * 50}
-        )
-    await store.aclose()
+    async with open_store(f"sqlite:///{path}") as store:
+        for i in range(300):
+            await store.checkpoints.save_checkpoint(
+                namespace="n", key=f"k{i}", scope=SCOPE, version=1, value={"pad": "SECRET" * 50}
+            )
     # Fold the WAL into the main file, then smash pages in the middle of it.
     probe = apsw.Connection(str(path))
     probe.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -133,62 +133,67 @@ async def test_corrupt_database_is_unavailable(tmp_path: Path) -> None:
         f.seek(4096 * 2)
         f.write(os.urandom(4096 * 6))
     with pytest.raises(StoreUnavailableError) as info:
-        await open_store(f"sqlite:///{path}")
+        async with open_store(f"sqlite:///{path}"):
+            pass
     assert "SECRET" not in str(info.value)
 
 
 async def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite"
-    await (await open_store(f"sqlite:///{path}")).aclose()
+    async with open_store(f"sqlite:///{path}"):
+        pass
     probe = apsw.Connection(str(path))
     probe.execute("PRAGMA user_version = 99")
     probe.close()
     with pytest.raises(StoreUnavailableError, match="schema version 99"):
-        await open_store(f"sqlite:///{path}")
+        async with open_store(f"sqlite:///{path}"):
+            pass
 
 
 async def test_reopen_keeps_the_journal(durable_backend: Backend) -> None:
     """Behaviours 97, 172–180 at the store level: create-only, CAS, fences, events and the
     lease owner all survive closing and reopening the store."""
-    store = await durable_backend.open()
-    cp = store.checkpoints
-    # 172/173: binding created once, then applied with the created version.
-    binding = await cp.save_checkpoint(
-        namespace=BINDING_NS, key="b1", scope=SCOPE, version=1, expected_version=0,
-        value={"sessionId": "s1", "generation": 0}, category="channel-binding",
-    )  # fmt: skip
-    await cp.save_checkpoint(
-        namespace=BINDING_NS, key="b1", scope=SCOPE, version=2, expected_version=1,
-        value={"sessionId": "s1", "leafId": "leaf-2", "generation": 1},
-        category="channel-binding",
-    )  # fmt: skip
-    # 175: operation accepted → executing (fenced by the lease below).
-    lease = await store.leases.try_acquire_lease(
-        namespace=BINDING_NS, key="durable:tg-1", scope=SCOPE, owner_id="worker-a", ttl_ms=30_000
-    )
-    assert lease is not None and lease.fencing_token == 1
-    await cp.save_checkpoint(
-        namespace=OPERATION_NS, key="o1", scope=SCOPE, version=1, expected_version=0,
-        value={"state": "accepted"},
-    )  # fmt: skip
-    await cp.save_checkpoint(
-        namespace=OPERATION_NS, key="o1", scope=SCOPE, version=2, expected_version=1,
-        value={"state": "executing"}, fencing_token=lease.fencing_token,
-    )  # fmt: skip
-    # 176: reply pending, then delivered.
-    await cp.save_checkpoint(
-        namespace=REPLY_NS, key="r1", scope=SCOPE, version=1, expected_version=0,
-        value={"state": "pending", "text": "hi"},
-    )  # fmt: skip
-    await cp.save_checkpoint(
-        namespace=REPLY_NS, key="r1", scope=SCOPE, version=2, expected_version=1,
-        value={"state": "delivered", "text": "hi"},
-    )  # fmt: skip
-    events_before = await cp.list_events()
-    await store.aclose()
+    async with durable_backend.open() as store:
+        cp = store.checkpoints
+        # 172/173: binding created once, then applied with the created version.
+        binding = await cp.save_checkpoint(
+            namespace=BINDING_NS, key="b1", scope=SCOPE, version=1, expected_version=0,
+            value={"sessionId": "s1", "generation": 0}, category="channel-binding",
+        )  # fmt: skip
+        await cp.save_checkpoint(
+            namespace=BINDING_NS, key="b1", scope=SCOPE, version=2, expected_version=1,
+            value={"sessionId": "s1", "leafId": "leaf-2", "generation": 1},
+            category="channel-binding",
+        )  # fmt: skip
+        # 175: operation accepted → executing (fenced by the lease below).
+        lease = await store.leases.try_acquire_lease(
+            namespace=BINDING_NS,
+            key="durable:tg-1",
+            scope=SCOPE,
+            owner_id="worker-a",
+            ttl_ms=30_000,
+        )
+        assert lease is not None and lease.fencing_token == 1
+        await cp.save_checkpoint(
+            namespace=OPERATION_NS, key="o1", scope=SCOPE, version=1, expected_version=0,
+            value={"state": "accepted"},
+        )  # fmt: skip
+        await cp.save_checkpoint(
+            namespace=OPERATION_NS, key="o1", scope=SCOPE, version=2, expected_version=1,
+            value={"state": "executing"}, fencing_token=lease.fencing_token,
+        )  # fmt: skip
+        # 176: reply pending, then delivered.
+        await cp.save_checkpoint(
+            namespace=REPLY_NS, key="r1", scope=SCOPE, version=1, expected_version=0,
+            value={"state": "pending", "text": "hi"},
+        )  # fmt: skip
+        await cp.save_checkpoint(
+            namespace=REPLY_NS, key="r1", scope=SCOPE, version=2, expected_version=1,
+            value={"state": "delivered", "text": "hi"},
+        )  # fmt: skip
+        events_before = await cp.list_events()
 
-    reopened = await durable_backend.open()
-    try:
+    async with durable_backend.open() as reopened:
         cp = reopened.checkpoints
         b = await cp.load_checkpoint(namespace=BINDING_NS, key="b1", scope=SCOPE)
         assert b is not None
@@ -238,15 +243,11 @@ async def test_reopen_keeps_the_journal(durable_backend: Backend) -> None:
             ttl_ms=30_000,
         )  # fmt: skip
         assert again is not None and again.fencing_token == 2
-    finally:
-        await reopened.aclose()
 
 
 async def test_two_connections_on_one_file_share_leases(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/j.sqlite"
-    one = await open_store(url, clock=TrioClock())
-    two = await open_store(url, clock=TrioClock())
-    try:
+    async with open_store(url, clock=TrioClock()) as one, open_store(url, clock=TrioClock()) as two:
         got: list[Any] = []
 
         async def grab(store: Any, owner: str) -> None:
@@ -260,15 +261,13 @@ async def test_two_connections_on_one_file_share_leases(tmp_path: Path) -> None:
             for i in range(10):
                 nursery.start_soon(grab, one if i % 2 else two, f"w{i}")
         assert len([g for g in got if g is not None]) == 1
-    finally:
-        await one.aclose()
-        await two.aclose()
 
 
 async def test_unusable_parent_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("not a directory")
     with pytest.raises(StoreUnavailableError, match="directory"):
-        await open_store(f"sqlite:///{tmp_path}/afile/journal.sqlite")
+        async with open_store(f"sqlite:///{tmp_path}/afile/journal.sqlite"):
+            pass
 
 
 async def test_locked_database_never_blocks_the_trio_loop(tmp_path: Path) -> None:

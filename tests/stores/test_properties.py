@@ -7,6 +7,8 @@ resulting state against the rules of ``stores._types`` written out as plain Pyth
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stores import CheckpointConflictError, OwnershipScope, Store, open_store
+from tests import pgserver
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, Backend
 
 SCOPES = [OwnershipScope("t1", "a1", "u1"), OwnershipScope("t1", "a1", "u2"), OwnershipScope()]
 KEYS = ["a", "b"]
@@ -39,8 +42,38 @@ class ManualClock:
         return self.now
 
 
-def backend_url(name: str, directory: str) -> str:
-    return BACKENDS[name](Path(directory)).url
+@attrs.define
+class Scratch:
+    """Where each example of one test keeps its store: a fresh directory per example, or,
+    for PostgreSQL, one schema per test emptied between examples (migrating a new schema for
+    every example would be most of the run)."""
+
+    schemas: dict[str, Backend] = attrs.Factory(dict)
+
+    @contextmanager
+    def url(self, name: str) -> Iterator[str]:
+        if name == "postgres":
+            backend = self.schemas.get(name)
+            if backend is None:
+                backend = self.schemas[name] = BACKENDS[name](Path("."))
+            else:
+                pgserver.empty_schema(backend.url)
+            yield backend.url
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            yield BACKENDS[name](Path(directory)).url
+
+    def discard(self) -> None:
+        for backend in self.schemas.values():
+            backend.discard()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Scratch]:
+    """Shared by every example of a test (Hypothesis runs them all in one call)."""
+    kept = Scratch()
+    yield kept
+    kept.discard()
 
 
 # Mostly the first scope, so rows are rewritten often enough to hit the version/fence rules.
@@ -128,15 +161,14 @@ async def run_checkpoint_ops(store: Store, ops: list[tuple[Any, ...]]) -> None:
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=checkpoint_ops)
-def test_checkpoint_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
+def test_checkpoint_rules_match_model(
+    scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
+) -> None:
+    with scratch.url(backend_name) as url:
 
         async def main() -> None:
-            store = await open_store(backend_url(backend_name, directory), clock=ManualClock())
-            try:
+            async with open_store(url, clock=ManualClock()) as store:
                 await run_checkpoint_ops(store, ops)
-            finally:
-                await store.aclose()
 
         trio.run(main)
 
@@ -209,15 +241,14 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=lease_ops)
-def test_lease_rules_match_model(backend_name: str, ops: list[tuple[Any, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as directory:
+def test_lease_rules_match_model(
+    scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
+) -> None:
+    with scratch.url(backend_name) as url:
 
         async def main() -> None:
             clock = ManualClock()
-            store = await open_store(backend_url(backend_name, directory), clock=clock)
-            try:
+            async with open_store(url, clock=clock) as store:
                 await run_lease_ops(store, clock, ops)
-            finally:
-                await store.aclose()
 
         trio.run(main)

@@ -89,8 +89,7 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
             acked += run_acks
             counter_acked = max([counter_acked, *counters])
 
-            store = await open_store(url)
-            try:
+            async with open_store(url) as store:
                 stored: set[str] = set()
                 cursor = None
                 while True:
@@ -114,8 +113,6 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
                 assert counter.value == {"n": counter.version}
                 events = await store.checkpoints.list_events(after=0, limit=500)
                 assert events.items and events.items[0].seq == 1
-            finally:
-                await store.aclose()
             probe = apsw.Connection(str(path))
             try:
                 assert probe.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -126,9 +123,8 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
 
 async def test_one_lease_holder_across_processes(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/leases.sqlite"
-    store = await open_store(url)
     lease_args: dict[str, Any] = {"namespace": "locks", "key": "shared", "scope": SCOPE}
-    try:
+    async with open_store(url) as store:
         with trio.fail_after(30):
             child = await spawn("holder", url, "proc-b", "60000")
             assert await child.line() == "held 1"
@@ -157,15 +153,12 @@ async def test_one_lease_holder_across_processes(tmp_path: Path) -> None:
             assert await store.leases.release_lease(
                 owner_id="proc-a", token=mine.token, **lease_args
             )
-    finally:
-        await store.aclose()
 
 
 async def test_killed_holder_lease_expires(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/leases.sqlite"
-    store = await open_store(url)
     lease_args: dict[str, Any] = {"namespace": "locks", "key": "shared", "scope": SCOPE}
-    try:
+    async with open_store(url) as store:
         with trio.fail_after(30):
             child = await spawn("holder", url, "proc-b", "400")
             assert await child.line() == "held 1"
@@ -180,5 +173,3 @@ async def test_killed_holder_lease_expires(tmp_path: Path) -> None:
                 owner_id="proc-a", ttl_ms=1000, **lease_args
             )
             assert taken is not None and taken.fencing_token == 2
-    finally:
-        await store.aclose()

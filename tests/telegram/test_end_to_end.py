@@ -130,15 +130,13 @@ async def test_two_adapters_on_one_sqlite_file_one_poller(
     """Two "daemons" (separate store connections) on one SQLite file: one polls, the other
     stands by; no 409 conflict ever reaches Telegram. Real time (SQLite worker threads)."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    store_a = await open_store(url)
-    store_b = await open_store(url)
-    received: list[str] = []
+    async with open_store(url) as store_a, open_store(url) as store_b:
+        received: list[str] = []
 
-    async def admit(event: InboundEvent) -> Admission:
-        received.append(event.text)
-        return Admission("accepted", operation_id="op")
+        async def admit(event: InboundEvent) -> Admission:
+            received.append(event.text)
+            return Admission("accepted", operation_id="op")
 
-    try:
         from stores import SYSTEM_CLOCK
 
         a = make_adapter(
@@ -158,9 +156,6 @@ async def test_two_adapters_on_one_sqlite_file_one_poller(
                 await wait_until(lambda: len(received) >= 2)
                 await trio.sleep(2.5)
                 nursery.cancel_scope.cancel()
-    finally:
-        await store_a.aclose()
-        await store_b.aclose()
     assert received == ["one", "two"]
     assert fake.conflicts == 0
 

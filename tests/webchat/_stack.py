@@ -85,8 +85,7 @@ async def chat_stack(
     survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
     ``previews=True`` streams previews to the adapter as the daemon does (``preview`` frames).
     """
-    store = await open_store(store_url, clock=clock)
-    try:
+    async with open_store(store_url, clock=clock) as store:
         agent = build_agent(
             kind,
             AgentContext(
@@ -131,6 +130,3 @@ async def chat_stack(
                 await nursery.start(adapter.run)
                 yield adapter, runtime
                 nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await store.aclose()

@@ -403,8 +403,7 @@ async def test_two_runtimes_sharing_a_journal_deliver_a_held_reply_once(tmp_path
         return deliver
 
     with trio.fail_after(30):
-        store_a, store_b = await open_store(url), await open_store(url)
-        try:
+        async with open_store(url) as store_a, open_store(url) as store_b:
             agent = build_agent(
                 "echo", AgentContext(alias="primary", options={}, checkpoints=store_a.checkpoints)
             )
@@ -462,10 +461,6 @@ async def test_two_runtimes_sharing_a_journal_deliver_a_held_reply_once(tmp_path
                 )
                 loaded = await ChannelJournal(store_a.checkpoints).load_reply(scope(), "web", OP1)
                 assert loaded is not None and loaded.record.state == "delivered"
-        finally:
-            with trio.CancelScope(shield=True):
-                await store_a.aclose()
-                await store_b.aclose()
 
 
 async def test_a_reconnect_while_the_send_is_being_held_still_gets_the_answer() -> None:

@@ -1,0 +1,902 @@
+"""The PostgreSQL store: the CheckpointStore/LeaseStore contract on a real server.
+
+Guarantees:
+
+* A call that returned has committed (the server's ``synchronous_commit`` decides what that
+  means on disk; PostgreSQL's default waits for the WAL flush).
+* **Isolation: READ COMMITTED, with every check inside the statement that writes.** Each
+  save is one ``INSERT … ON CONFLICT DO UPDATE … WHERE <checks>`` (or ``UPDATE … WHERE
+  <checks>`` for a positive expected version, ``INSERT … ON CONFLICT DO NOTHING`` for
+  create-only); each delete one ``DELETE … WHERE <scope>``. The row is locked by that
+  statement and, if another transaction changed it meanwhile, the server re-evaluates the
+  ``WHERE`` against the newest committed row before writing. So the version, create-only,
+  fence and scope checks and the write are one atomic step on one row — what SERIALIZABLE
+  would give for this access pattern, without its retries: no check reads a row it does not
+  write or lock, and nothing reads a range to decide a write. Leases are the same (one
+  statement, the conflicting row locked; see :mod:`stores._pg_schema`). The conformance
+  suite's races (many writers, one winner) and the PostgreSQL tests with two independent
+  pools prove it.
+* **One write path, group committed.** Every write call is a job for one writer task: jobs
+  that arrive while a transaction is in flight wait, and the next transaction carries all of
+  them (up to :data:`MAX_JOBS`) as one call of ``prism_write_checkpoints`` — one statement,
+  one round trip, one commit. Each write keeps its own result; an ``atomic`` job of several
+  writes runs in a subtransaction rolled back when one of them loses. Nobody is answered
+  before the commit; a failed transaction fails every job in it, except that a statement the
+  server refuses for its data (an oversized key, say) is retried job by job, so one bad job
+  does not fail the others. A deadlock or serialization abort (another instance's
+  transaction) is retried, bounded.
+* **Events:** written by the same statement as their checkpoints; sequence numbers come from
+  one counter row locked until commit, so commits are visible in ``seq`` order and
+  :meth:`PostgresCheckpointStore.list_events` never shows N+1 before a committed N.
+* **Time** comes from the store's ``clock`` (passed in, like SQLite), never the server's:
+  instances sharing a database need synchronized clocks (NTP), and tests can drive it.
+* **Cancellation:** a cancelled read returns at once (the statement is cancelled on the
+  server in the background). A cancelled write still queued is dropped (nothing written);
+  once its transaction is in flight the caller waits for the outcome, bounded by the
+  statement timeout, so a returned write is never in doubt.
+* **Failures:** a lost connection, a server restart or a timeout fails the calls in flight
+  with :class:`~stores.StoreUnavailableError`; the pool reconnects on the next call. A
+  connection lost during COMMIT leaves that transaction's outcome unknown to the caller (it
+  may have committed): every write is a compare-and-swap, so a retry cannot apply it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from . import _common
+from . import _pg_schema as _schema
+from ._pg_driver import (
+    Driver,
+    RetryTransaction,
+    Session,
+    WriteRefused,
+    open_driver,
+    plain_asyncio_timings,
+)
+from ._pg_url import PostgresOptions, PostgresURL, parse_postgres_url
+from ._types import (
+    ANY_SCOPE,
+    DEFAULT_MAX_VALUE_BYTES,
+    LIST_LIMIT_DEFAULT,
+    SYSTEM_CLOCK,
+    CheckpointConflictError,
+    CheckpointPage,
+    CheckpointRecord,
+    CheckpointWrite,
+    Clock,
+    DeleteCheckpoint,
+    EventPage,
+    InvalidLeaseError,
+    JournalEvent,
+    JSONValue,
+    LeaseConflictError,
+    LeaseRecord,
+    OwnershipScope,
+    SaveCheckpoint,
+    SchemaStatus,
+    Store,
+    StoreUnavailableError,
+    WriteResult,
+    WriteStatus,
+)
+
+log = logging.getLogger("stores.postgres")
+
+MAX_JOBS = 64
+"""Jobs per transaction: bounds the subtransactions of one transaction (atomic jobs) below
+PostgreSQL's per-backend cache of 64, past which every snapshot in the cluster slows down."""
+MAX_WRITES = _common.MAX_BATCH_WRITES
+"""Writes per transaction (one job may bring this many on its own)."""
+RETRIES = 4
+"""A transaction aborted by a deadlock or serialization failure is run again this often."""
+CLOSE_BUDGET_S = 5.0
+_CONFLICT = "checkpoint version conflict"
+_STATUSES: frozenset[str] = frozenset({"ok", "conflict", "missing", "aborted"})
+
+_CHECKPOINT_COLUMNS = (
+    "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
+    " value::text, metadata::text, created_at, updated_at"
+)
+_LEASE_COLUMNS = (
+    "namespace, key, tenant_id, account_id, user_id, owner_id, token, fencing_token,"
+    " acquired_at, expires_at, updated_at"
+)
+_EVENT_COLUMNS = (
+    "seq, at, action, namespace, key, tenant_id, account_id, user_id, version, category,"
+    " metadata::text"
+)
+_SCOPE_FIELDS = ("tenant_id", "account_id", "user_id")
+
+
+def _scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
+    return (scope.tenant_id, scope.account_id, scope.user_id)
+
+
+def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
+    """The partial-scope filter: each field that is set must match exactly."""
+    for column, value in zip(_SCOPE_FIELDS, _scope_args(scope)):
+        if value is not None:
+            args.append(value)
+            where.append(f"{column} = ${len(args)}")
+
+
+def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
+    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
+    return CheckpointRecord(
+        namespace=ns,
+        key=key,
+        version=version,
+        value=_common.decode_json(value),
+        scope=OwnershipScope(tenant, account, user),
+        created_at_ms=created,
+        updated_at_ms=updated,
+        fencing_token=fence,
+        category=category,
+        metadata=None if meta is None else _common.decode_json(meta),
+    )
+
+
+def _event(row: Sequence[Any]) -> JournalEvent:
+    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
+    return JournalEvent(
+        seq=seq,
+        at_ms=at,
+        action=action,
+        namespace=ns,
+        key=key,
+        scope=OwnershipScope(tenant, account, user),
+        version=version,
+        category=category,
+        metadata=None if meta is None else _common.decode_json(meta),
+    )
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+Request = _common.SaveRequest | _common.DeleteRequest
+
+
+@attrs.define(eq=False)
+class _Job:
+    """One caller's ``write_checkpoints``: waiting for, or inside, a transaction."""
+
+    requests: list[Request]
+    atomic: bool
+    now_ms: int
+    done: trio.Event = attrs.Factory(trio.Event)
+    taken: bool = False
+    results: tuple[WriteResult, ...] = ()
+    error: BaseException | None = None
+
+    def finish(
+        self, results: tuple[WriteResult, ...] = (), error: BaseException | None = None
+    ) -> None:
+        if not self.done.is_set():
+            self.results, self.error = results, error
+            self.done.set()
+
+
+def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
+    """The arguments of ``prism_write_checkpoints``: one array per column, one element per
+    write, jobs numbered in order."""
+    columns: list[list[Any]] = [[] for _ in range(15)]
+    for number, job in enumerate(jobs):
+        for req in job.requests:
+            if isinstance(req, _common.DeleteRequest):
+                row: tuple[Any, ...] = (
+                    number, job.atomic, job.now_ms, True, req.namespace, req.key,
+                    *_scope_args(req.scope), None, None, None, None, None, None,
+                )  # fmt: skip
+            else:
+                row = (
+                    number, job.atomic, job.now_ms, False, req.namespace, req.key,
+                    *_scope_args(req.scope), req.version, req.expected_version,
+                    req.fencing_token, req.category, req.value_json, req.metadata_json,
+                )  # fmt: skip
+            for column, value in zip(columns, row):
+                column.append(value)
+    return columns
+
+
+def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[WriteResult, ...]]:
+    total = sum(len(job.requests) for job in jobs)
+    if len(rows) != total:
+        raise StoreUnavailableError("PostgreSQL store: the write answered an unexpected shape")
+    out: list[tuple[WriteResult, ...]] = []
+    it = iter(rows)
+    for job in jobs:
+        results: list[WriteResult] = []
+        for req in job.requests:
+            status, created, updated = next(it)
+            if status not in _STATUSES:
+                raise StoreUnavailableError("PostgreSQL store: unknown write status")
+            record = None
+            if status == "ok" and isinstance(req, _common.SaveRequest):
+                record = CheckpointRecord(
+                    namespace=req.namespace,
+                    key=req.key,
+                    version=req.version,
+                    value=req.stored_value(),
+                    scope=req.scope,
+                    created_at_ms=created,
+                    updated_at_ms=updated,
+                    fencing_token=req.fencing_token,
+                    category=req.category,
+                    metadata=req.stored_metadata(),
+                )
+            status_: WriteStatus = status
+            results.append(WriteResult(status_, record))
+        out.append(tuple(results))
+    return out
+
+
+@attrs.define(eq=False)
+class _Writer:
+    """The one task that writes: drains the queue into group-committed transactions."""
+
+    driver: Driver
+    write_sql: str
+    outcome_wait_s: float
+    queue: list[_Job] = attrs.Factory(list)
+    wake: trio.Event = attrs.Factory(trio.Event)
+    idle: trio.Event = attrs.Factory(trio.Event)
+    closed: bool = False
+    commits: int = 0
+    writes: int = 0
+
+    async def submit(self, job: _Job) -> tuple[WriteResult, ...]:
+        if self.closed:
+            raise StoreUnavailableError(f"PostgreSQL store {self.driver.where}: store is closed")
+        # An already cancelled caller writes nothing: once queued, the writer may take the
+        # job before the cancellation is delivered, and a taken job is answered.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self.queue.append(job)
+        self.wake.set()
+        try:
+            await job.done.wait()
+        except trio.Cancelled:
+            if not job.taken:
+                self.queue.remove(job)
+                raise
+            # Inside a transaction: wait for its outcome (bounded: the server ends any
+            # statement at statement_timeout) so the caller's write is never in doubt.
+            with trio.move_on_after(self.outcome_wait_s, shield=True):
+                await job.done.wait()
+            if not job.done.is_set():
+                raise
+        if job.error is not None:
+            raise job.error
+        return job.results
+
+    def _take(self) -> list[_Job]:
+        batch: list[_Job] = []
+        writes = 0
+        while self.queue and len(batch) < MAX_JOBS:
+            size = len(self.queue[0].requests)
+            if batch and writes + size > MAX_WRITES:
+                break
+            job = self.queue.pop(0)
+            job.taken = True
+            batch.append(job)
+            writes += size
+        return batch
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self.queue:
+                    self.idle.set()
+                    self.wake = trio.Event()
+                    await self.wake.wait()
+                    self.idle = trio.Event()
+                    continue
+                batch = self._take()
+                try:
+                    await self._commit(batch)
+                except Exception as exc:
+                    # Nothing may stop the one writer: a surprise fails this batch only.
+                    log.error("PostgreSQL store: write failed (%s)", type(exc).__name__)
+                    failed = StoreUnavailableError(
+                        f"PostgreSQL store {self.driver.where}: write failed ({type(exc).__name__})"
+                    )
+                    for job in batch:
+                        job.finish(error=failed)
+                finally:
+                    # Only when the writer itself is cancelled (the store closing).
+                    unfinished = [job for job in batch if not job.done.is_set()]
+                    if unfinished:
+                        cut = StoreUnavailableError(
+                            f"PostgreSQL store {self.driver.where}: store closed while the"
+                            " write was in flight (outcome unknown)"
+                        )
+                        for job in unfinished:
+                            job.finish(error=cut)
+        finally:
+            self.idle.set()
+
+    async def _commit(self, batch: list[_Job]) -> None:
+        """One transaction for ``batch``; every job is finished when this returns."""
+        jobs = [job for job in batch if job.requests]
+        for job in batch:
+            if not job.requests:
+                job.finish(())
+        if not jobs:
+            return
+        for attempt in range(RETRIES + 1):
+            try:
+                rows = await self.driver.call(self._statement(_pack(jobs)))
+            except RetryTransaction as exc:
+                if attempt == RETRIES:
+                    for job in jobs:
+                        job.finish(error=exc)
+                    return
+                continue
+            except WriteRefused as exc:
+                if len(jobs) == 1:
+                    jobs[0].finish(error=exc)
+                    return
+                # Which job did the server refuse? Each alone: only that one fails.
+                for job in jobs:
+                    await self._commit([job])
+                return
+            except StoreUnavailableError as exc:
+                for job in jobs:
+                    job.finish(error=exc)
+                return
+            try:
+                answers = _unpack(jobs, rows)
+            except StoreUnavailableError as exc:
+                for job in jobs:
+                    job.finish(error=exc)
+                return
+            self.commits += 1
+            self.writes += len(jobs)
+            for job, results in zip(jobs, answers):
+                if job.atomic and not all(r.ok for r in results):
+                    results = tuple(r if not r.ok else WriteResult("aborted") for r in results)
+                job.finish(results)
+            return
+
+    def _statement(self, columns: list[list[Any]]) -> Any:
+        sql = self.write_sql
+
+        async def write(session: Session) -> Sequence[Sequence[Any]]:
+            return await session.fetch(sql, *columns)
+
+        return write
+
+    def close(self) -> None:
+        self.closed = True
+        queued, self.queue = self.queue, []
+        for job in queued:
+            job.finish(
+                error=StoreUnavailableError(
+                    f"PostgreSQL store {self.driver.where}: store is closed"
+                )
+            )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@attrs.define(eq=False)
+class PostgresCheckpointStore:
+    """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
+
+    _driver: Driver
+    _writer: _Writer
+    _clock: Clock
+    _max_value_bytes: int
+    _schema_name: str
+
+    @property
+    def _t(self) -> str:
+        return _schema.quote_ident(self._schema_name)
+
+    async def save_checkpoint(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        version: int,
+        value: JSONValue,
+        expected_version: int | None = None,
+        fencing_token: int | None = None,
+        category: str | None = None,
+        metadata: Mapping[str, JSONValue] | None = None,
+    ) -> CheckpointRecord:
+        """One write of the next group commit; a lost check raises
+        :class:`~stores.CheckpointConflictError` and writes nothing."""
+        write = SaveCheckpoint(
+            namespace=namespace,
+            key=key,
+            scope=scope,
+            version=version,
+            value=value,
+            expected_version=expected_version,
+            fencing_token=fencing_token,
+            category=category,
+            metadata=metadata,
+        )
+        (result,) = await self.write_checkpoints((write,))
+        if result.record is None:
+            raise CheckpointConflictError(_CONFLICT)
+        return result.record
+
+    async def write_checkpoints(
+        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+    ) -> tuple[WriteResult, ...]:
+        """The batch as one job of a group-committed transaction (see
+        :meth:`~stores.CheckpointStore.write_checkpoints`)."""
+        requests = _common.check_writes(writes, atomic, self._max_value_bytes)
+        if not requests:
+            if self._writer.closed:
+                raise StoreUnavailableError(
+                    f"PostgreSQL store {self._driver.where}: store is closed"
+                )
+            await trio.lowlevel.checkpoint()
+            return ()
+        job = _Job(requests=requests, atomic=atomic, now_ms=self._clock.now_ms())
+        return await self._writer.submit(job)
+
+    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
+        """True when a row was removed (with its delete event); a foreign scope is a miss."""
+        (result,) = await self.write_checkpoints((DeleteCheckpoint(namespace, key, scope),))
+        return result.ok
+
+    async def load_checkpoint(
+        self, *, namespace: str, key: str, scope: OwnershipScope
+    ) -> CheckpointRecord | None:
+        """The row, or ``None`` when absent or stored under another exact scope."""
+        _common.check_checkpoint_address(namespace, key, scope)
+        sql = (
+            f"SELECT {_CHECKPOINT_COLUMNS} FROM {self._t}.prism_checkpoints"
+            " WHERE namespace = $1 AND key = $2 AND tenant_id IS NOT DISTINCT FROM $3"
+            " AND account_id IS NOT DISTINCT FROM $4 AND user_id IS NOT DISTINCT FROM $5"
+        )
+
+        async def read(session: Session) -> Sequence[Any] | None:
+            return await session.fetchrow(sql, namespace, key, *_scope_args(scope))
+
+        row = await self._driver.call(read)
+        return None if row is None else _checkpoint(row)
+
+    async def list_checkpoints(
+        self,
+        *,
+        namespace: str | None = None,
+        key_prefix: str | None = None,
+        category: str | Sequence[str] | None = None,
+        scope: OwnershipScope = ANY_SCOPE,
+        cursor: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+    ) -> CheckpointPage:
+        """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
+        _common.check_list_filters(namespace, key_prefix, scope)
+        categories = _common.check_category_filter(category)
+        position = _common.decode_cursor(cursor)
+        n = _common.clamp_limit(limit)
+        if categories == ():
+            await trio.lowlevel.checkpoint()
+            return CheckpointPage(items=())
+        where: list[str] = []
+        args: list[Any] = []
+        if namespace is not None:
+            args.append(namespace)
+            where.append(f"namespace = ${len(args)}")
+        if key_prefix:
+            args.append(key_prefix)
+            where.append(f"starts_with(key, ${len(args)})")
+        if categories is not None:
+            args.append(list(categories))
+            where.append(f"category = ANY(${len(args)}::text[])")
+        _scope_filter(scope, where, args)
+        if position is not None:
+            at, last_key, last_ns = position
+            args += [at, last_key, last_ns]
+            a, k, s = (f"${len(args) - 2}", f"${len(args) - 1}", f"${len(args)}")
+            where.append(
+                f"(updated_at < {a} OR (updated_at = {a} AND (key > {k}"
+                f" OR (key = {k} AND namespace > {s}))))"
+            )
+        sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM {self._t}.prism_checkpoints"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        args.append(n + 1)
+        sql += f" ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ${len(args)}"
+
+        async def read(session: Session) -> Sequence[Sequence[Any]]:
+            return await session.fetch(sql, *args)
+
+        rows = [_checkpoint(row) for row in await self._driver.call(read)]
+        items = tuple(rows[:n])
+        next_cursor = _common.encode_cursor(items[-1]) if len(rows) > n else None
+        return CheckpointPage(items=items, next_cursor=next_cursor)
+
+    async def list_events(
+        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
+    ) -> EventPage:
+        """Committed events with ``seq > after`` in ``seq`` order (which is commit order: see
+        the module docstring), filtered by partial scope."""
+        after, n = _common.check_event_args(after, limit, scope)
+        where = ["seq > $1"]
+        args: list[Any] = [after]
+        _scope_filter(scope, where, args)
+        args.append(n)
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM {self._t}.prism_events WHERE {' AND '.join(where)}"
+            f" ORDER BY seq LIMIT ${len(args)}"
+        )
+
+        async def read(session: Session) -> Sequence[Sequence[Any]]:
+            return await session.fetch(sql, *args)
+
+        items = tuple(_event(row) for row in await self._driver.call(read))
+        return EventPage(items=items, last_seq=items[-1].seq if items else after)
+
+
+# --------------------------------------------------------------------------- leases
+
+
+@attrs.define(eq=False)
+class PostgresLeaseStore:
+    """:class:`~stores.LeaseStore` on ``prism_leases``: one round trip per call, every check
+    in the statement that writes (see ``prism_acquire_lease``/``prism_move_lease``)."""
+
+    _driver: Driver
+    _clock: Clock
+    _schema_name: str
+
+    @property
+    def _t(self) -> str:
+        return _schema.quote_ident(self._schema_name)
+
+    async def _call(self, sql: str, *args: Any) -> Sequence[Any]:
+        async def run(session: Session) -> Sequence[Any]:
+            row = await session.fetchrow(sql, *args)
+            assert row is not None  # the functions always answer one row
+            return row
+
+        return await self._driver.call(run)
+
+    def _record(
+        self,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        token: str,
+        now: int,
+        row: Sequence[Any],
+    ) -> LeaseRecord | None:
+        status, fence, acquired, expires = row
+        if status == "scope":
+            raise LeaseConflictError("lease ownership mismatch")
+        if status != "ok":
+            return None
+        return LeaseRecord(
+            namespace=namespace,
+            key=key,
+            scope=scope,
+            owner_id=owner_id,
+            token=token,
+            fencing_token=fence,
+            acquired_at_ms=acquired,
+            expires_at_ms=expires,
+            updated_at_ms=now,
+        )
+
+    async def try_acquire_lease(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        ttl_ms: int,
+        reclaim: bool = False,
+    ) -> LeaseRecord | None:
+        """A fresh lease (new token, fencing token + 1), or ``None`` while someone else holds
+        it; :class:`~stores.LeaseConflictError` for a foreign scope or bad input."""
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        ttl = _common.check_ttl(ttl_ms)
+        if not isinstance(reclaim, bool):
+            raise InvalidLeaseError("reclaim must be a bool")
+        now = self._clock.now_ms()
+        token = os.urandom(16).hex()
+        row = await self._call(
+            f"SELECT * FROM {self._t}.prism_acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            namespace, key, *_scope_args(scope), owner_id, token, now, now + ttl, reclaim,
+        )  # fmt: skip
+        return self._record(namespace, key, scope, owner_id, token, now, row)
+
+    async def _move(
+        self,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        token: str,
+        now: int,
+        expires_at: int,
+    ) -> LeaseRecord | None:
+        row = await self._call(
+            f"SELECT * FROM {self._t}.prism_move_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            namespace, key, *_scope_args(scope), owner_id, token, now, expires_at,
+        )  # fmt: skip
+        return self._record(namespace, key, scope, owner_id, token, now, row)
+
+    async def renew_lease(
+        self,
+        *,
+        namespace: str,
+        key: str,
+        scope: OwnershipScope,
+        owner_id: str,
+        token: str,
+        ttl_ms: int,
+    ) -> LeaseRecord | None:
+        """Move the expiry of an unexpired lease held by (owner_id, token); else ``None``."""
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        _common.check_name(token, "token", InvalidLeaseError)
+        ttl = _common.check_ttl(ttl_ms)
+        now = self._clock.now_ms()
+        return await self._move(namespace, key, scope, owner_id, token, now, now + ttl)
+
+    async def release_lease(
+        self, *, namespace: str, key: str, scope: OwnershipScope, owner_id: str, token: str
+    ) -> bool:
+        """Expire the lease now when (owner_id, token) holds it; ``False`` otherwise."""
+        _common.check_lease_address(namespace, key, scope)
+        _common.check_name(owner_id, "owner_id", InvalidLeaseError)
+        _common.check_name(token, "token", InvalidLeaseError)
+        now = self._clock.now_ms()
+        return await self._move(namespace, key, scope, owner_id, token, now, now) is not None
+
+    async def get_lease(
+        self, *, namespace: str, key: str, scope: OwnershipScope
+    ) -> LeaseRecord | None:
+        """The unexpired lease, or ``None``; a foreign scope raises LeaseConflictError."""
+        _common.check_lease_address(namespace, key, scope)
+        now = self._clock.now_ms()
+        sql = (
+            f"SELECT {_LEASE_COLUMNS} FROM {self._t}.prism_leases WHERE namespace = $1 AND key = $2"
+        )
+
+        async def read(session: Session) -> Sequence[Any] | None:
+            return await session.fetchrow(sql, namespace, key)
+
+        row = await self._driver.call(read)
+        if row is None:
+            return None
+        (ns, k, tenant, account, user, owner, token, fence, acquired, expires, updated) = row
+        if OwnershipScope(tenant, account, user) != scope:
+            raise LeaseConflictError("lease ownership mismatch")
+        if expires <= now:
+            return None
+        return LeaseRecord(
+            namespace=ns,
+            key=k,
+            scope=scope,
+            owner_id=owner,
+            token=token,
+            fencing_token=fence,
+            acquired_at_ms=acquired,
+            expires_at_ms=expires,
+            updated_at_ms=updated,
+        )
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@attrs.frozen
+class PostgresStatistics:
+    commits: int
+    """Write transactions committed: fewer than ``writes`` under load (group commit)."""
+    writes: int
+    """Write jobs (one per store call) in those transactions."""
+
+
+@attrs.define(eq=False)
+class PostgresStore:
+    """An open PostgreSQL :class:`~stores.Store`; made by :func:`open_postgres_store`."""
+
+    _url: PostgresURL
+    _driver: Driver
+    _writer: _Writer
+    checkpoints: PostgresCheckpointStore
+    leases: PostgresLeaseStore
+    schema_status: SchemaStatus
+    _writer_scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    _closed: bool = False
+
+    @property
+    def url(self) -> str:
+        """The URL without its password."""
+        return self._url.display
+
+    def statistics(self) -> PostgresStatistics:
+        """Counters of the write path since open (for the bench and the tests)."""
+        return PostgresStatistics(commits=self._writer.commits, writes=self._writer.writes)
+
+    async def aclose(self) -> None:
+        """Finish the transaction in flight (bounded), fail what is queued, close the pool;
+        idempotent. Every later call raises :class:`~stores.StoreUnavailableError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+            await self._writer.idle.wait()
+        self._writer_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._driver.aclose()
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
+
+
+@asynccontextmanager
+async def _unwrapped() -> AsyncIterator[None]:
+    """The loop's and the writer's nurseries wrap whatever crosses them in exception groups;
+    one exception comes out as itself, so this store raises what SQLite's would (a
+    :class:`~stores.StoreUnreachableError` on entering, the block's own error on leaving)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1:
+            raise
+        raise leaves[0] from leaves[0].__cause__
+
+
+@asynccontextmanager
+async def open_postgres_store(
+    url: str,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    options: PostgresOptions | None = None,
+) -> AsyncIterator[PostgresStore]:
+    """The store at ``url`` for the block: the loop, the pool and the writer live exactly as
+    long. Entering checks the schema and applies missing migrations (see :mod:`stores._pg_schema`).
+
+    Raises :class:`~stores.InvalidStoreURLError` for a malformed URL,
+    :class:`~stores.StoreUnreachableError` when the server cannot be reached (refused, timed
+    out, starting up) and :class:`~stores.StoreUnavailableError` for everything else that
+    stops the open (login refused, no such database, a newer schema).
+    """
+    parsed = parse_postgres_url(url)
+    _common.check_max_value_bytes(max_value_bytes)
+    options = options or PostgresOptions()
+    async with _unwrapped(), open_driver(parsed, options) as driver:
+        where = driver.where
+
+        async def migrate(session: Session) -> SchemaStatus:
+            return await _schema.migrate(session, parsed.schema, where)
+
+        status = await driver.call(migrate)
+        table = _schema.quote_ident(parsed.schema)
+        writer = _Writer(
+            driver=driver,
+            write_sql=f"SELECT * FROM {table}.prism_write_checkpoints("
+            + ", ".join(f"${i}" for i in range(1, 16))
+            + ")",
+            outcome_wait_s=(options.statement_timeout_ms + options.connect_timeout_ms) / 1000 + 1,
+        )
+        store = PostgresStore(
+            url=parsed,
+            driver=driver,
+            writer=writer,
+            checkpoints=PostgresCheckpointStore(
+                driver, writer, clock, max_value_bytes, parsed.schema
+            ),
+            leases=PostgresLeaseStore(driver, clock, parsed.schema),
+            schema_status=status,
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def write_loop() -> None:
+                with store._writer_scope:
+                    await writer.run()
+
+            nursery.start_soon(write_loop)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+
+
+async def schema_status(
+    url: str, *, options: PostgresOptions | None = None, apply: bool = False
+) -> SchemaStatus:
+    """Where the schema at ``url`` stands; with ``apply=True`` apply what is missing first
+    (``prismd migrate``). Raises as :func:`open_postgres_store` does."""
+    parsed = parse_postgres_url(url)
+    async with _unwrapped(), open_driver(parsed, options or PostgresOptions()) as driver:
+        where = driver.where
+
+        async def run(session: Session) -> SchemaStatus:
+            if apply:
+                return await _schema.migrate(session, parsed.schema, where)
+            return await _schema.status(session, parsed.schema, where)
+
+        return await driver.call(run)
+
+
+# --------------------------------------------------------------------------- the bridge bench
+
+
+@attrs.frozen
+class BridgeSamples:
+    """Seconds per single-row write, three ways, in one run (``prismd bench``'s
+    ``postgres-bridge``): the same ``prism_write_checkpoints`` call of one create-only save."""
+
+    store: tuple[float, ...]
+    """Through ``save_checkpoint``: validation, the writer task, the bridge, the statement."""
+    bridge: tuple[float, ...]
+    """The bare statement through the trio-asyncio bridge (one crossing, no writer)."""
+    asyncio: tuple[float, ...]
+    """The bare statement from plain asyncio (its own loop and connection, in a thread)."""
+
+
+async def measure_bridge(store: Store, samples: int) -> BridgeSamples:
+    """Time ``samples`` create-only saves each way, alternating so that load hits all three
+    alike (``prismd bench``'s ``postgres-bridge``). ``TypeError`` for another store."""
+    if not isinstance(store, PostgresStore):
+        raise TypeError("the postgres-bridge measure needs a postgresql:// store")
+    scope = OwnershipScope("bench-bridge")
+    prefix = os.urandom(6).hex()
+    writer = store._writer
+    now = store.checkpoints._clock.now_ms
+
+    def args(leg: str, i: int) -> list[list[Any]]:
+        request = _common.check_save(
+            namespace="bench.bridge", key=f"{prefix}-{leg}-{i}", scope=scope, version=1,
+            value={"i": i}, expected_version=0, fencing_token=None, category=None,
+            metadata=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
+        )  # fmt: skip
+        return _pack([_Job(requests=[request], atomic=False, now_ms=now())])
+
+    through_store: list[float] = []
+    through_bridge: list[float] = []
+    chunk = max(1, min(samples, 50))
+    asyncio_times: list[float] = []
+    done = 0
+    while done < samples:
+        n = min(chunk, samples - done)
+        for i in range(done, done + n):
+            start = time.perf_counter()
+            await store.checkpoints.save_checkpoint(
+                namespace="bench.bridge", key=f"{prefix}-store-{i}", scope=scope, version=1,
+                value={"i": i}, expected_version=0,
+            )  # fmt: skip
+            through_store.append(time.perf_counter() - start)
+            statement = writer._statement(args("bridge", i))
+            start = time.perf_counter()
+            await store._driver.call(statement)
+            through_bridge.append(time.perf_counter() - start)
+        batch = [args("asyncio", i) for i in range(done, done + n)]
+        asyncio_times += await trio.to_thread.run_sync(
+            plain_asyncio_timings, store._driver, writer.write_sql, batch
+        )
+        done += n
+    return BridgeSamples(tuple(through_store), tuple(through_bridge), tuple(asyncio_times))
