@@ -9,7 +9,8 @@
 * JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
   bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
   (re-exported here);
-* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too.
+* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
+* :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units.
 """
 
 from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
@@ -32,3 +33,5 @@ from ._lease import ReceiverLease as ReceiverLease
 from ._net import is_loopback_host as is_loopback_host
 from ._net import parse_host_port as parse_host_port
 from ._streams import close_gracefully as close_gracefully
+from ._text import chunk_text as chunk_text
+from ._text import utf16_units as utf16_units
