@@ -400,8 +400,9 @@ class _ReplayStream(trio.abc.Stream):
 
     It also completes a failure trio-websocket leaves half done: for a frame wsproto refuses
     (a text frame that is not UTF-8 …) the library records close code 1007 locally and closes
-    the transport without telling the peer, who would see an abnormal closure (1006). When
-    the library closes the stream in that state, the close frame is sent first.
+    the transport without telling the peer, who would see an abnormal closure (1006).
+    :meth:`tell_failure` sends that close frame; it runs when the library closes the stream
+    and when the session ends, whichever comes first.
     """
 
     def __init__(self, inner: trio.abc.Stream, prefix: bytes) -> None:
@@ -409,14 +410,25 @@ class _ReplayStream(trio.abc.Stream):
         self._prefix = prefix
         self.ws: Any = None
         """The WebSocket over this stream, once accepted."""
+        self._close_sent = False
 
     async def send_close_frame(self, code: int, reason: str) -> None:
-        """Write a close frame directly (bounded; never raises for a gone peer)."""
+        """Write a close frame directly, once (bounded; never raises for a gone peer)."""
+        if self._close_sent:
+            return
+        self._close_sent = True
         with trio.move_on_after(CLOSE_FRAME_BUDGET_S):
             try:
                 await self._inner.send_all(_close_frame(code, reason))
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
                 pass
+
+    async def tell_failure(self) -> None:
+        """Send the close frame of a failure the library did not send (see the class)."""
+        code = self._failed_without_telling()
+        if code is not None:
+            with trio.CancelScope(shield=True):
+                await self.send_close_frame(code, _FAIL_REASONS[code])
 
     def _failed_without_telling(self) -> int | None:
         ws = self.ws
@@ -443,10 +455,7 @@ class _ReplayStream(trio.abc.Stream):
         return await self._inner.receive_some(max_bytes)
 
     async def aclose(self) -> None:
-        code = self._failed_without_telling()
-        if code is not None:
-            with trio.CancelScope(shield=True):
-                await self.send_close_frame(code, _FAIL_REASONS[code])
+        await self.tell_failure()
         await self._inner.aclose()
 
     def __repr__(self) -> str:
@@ -828,6 +837,7 @@ class WebchatAdapter:
             try:
                 await self._session(_Socket(ws=ws, stream=replay, slot=slot))
             finally:
+                await replay.tell_failure()
                 if slot.evicted:
                     # Pushed out for a newcomer: say so without waiting for an answer (the
                     # library's reader is cancelled with us); the transport closes next.
