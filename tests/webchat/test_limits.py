@@ -29,8 +29,6 @@ SECRET_TOKEN = "wc-secret-token-0123456789"
 FLOOD = 300
 """More than either budget holds (MAX_PENDING, MAX_SOCKETS)."""
 
-pytestmark = pytest.mark.slow
-
 
 def actor(n: int) -> str:
     return f"flood-actor-{n:06d}"
@@ -45,6 +43,7 @@ async def new_user_is_served(adapter: WebchatAdapter, user: str = ACTOR, **optio
         assert (await recv(ws))["status"] == "accepted"
 
 
+@pytest.mark.slow
 async def test_held_sockets_cannot_lock_a_new_user_out(nursery: trio.Nursery) -> None:
     """300 established sockets (more than MAX_SOCKETS) held open and silent: the page,
     /healthz and a new user's socket are still served; the idlest sockets gave way."""
@@ -62,6 +61,7 @@ async def test_held_sockets_cannot_lock_a_new_user_out(nursery: trio.Nursery) ->
     assert [e.external_actor_id for e in recorder.events] == [ACTOR]
 
 
+@pytest.mark.slow
 async def test_sockets_held_before_their_hello_cannot_lock_a_new_user_out(
     nursery: trio.Nursery,
 ) -> None:
@@ -77,6 +77,7 @@ async def test_sockets_held_before_their_hello_cannot_lock_a_new_user_out(
             await new_user_is_served(adapter)
 
 
+@pytest.mark.slow
 async def test_slow_unauthenticated_heads_cannot_starve_an_authenticated_user(
     nursery: trio.Nursery,
 ) -> None:
