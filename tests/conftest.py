@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.privileges import IS_ROOT
+from tests.support.privileges import IS_ROOT
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

@@ -12,19 +12,7 @@ import trio.lowlevel
 
 from stores import CheckpointConflictError
 from stores.memory import MemoryStore
-
-
-@attrs.define
-class ManualClock:
-    """A wall clock the test moves by hand (epoch ms)."""
-
-    now: int = 1_700_000_000_000
-
-    def now_ms(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
+from tests.support.clocks import ManualClock
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ from prismd.agents import (
 from prismd.agents._session import MAX_SESSION_ENTRIES
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
+from tests.support.clocks import ManualClock
 
-from .conftest import ManualClock, YieldingCheckpoints
+from .conftest import YieldingCheckpoints
 
 IDENTITY = AgentIdentity(
     tenant_id="tenant-1", principal=Principal("user", "user-1"), scopes=("chat",),

@@ -22,8 +22,9 @@ from prismd.journal._access import (
 )
 from stores import OwnershipScope
 from stores.memory import MemoryStore
+from tests.support.clocks import ManualClock
 
-from .conftest import ManualClock, YieldingCheckpoints
+from .conftest import YieldingCheckpoints
 
 SCOPE = OwnershipScope("tenant-1", None, "user-1")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
@@ -73,7 +74,7 @@ async def test_issue_creates_two_records_without_tokens(
     assert deny.label == "Deny" and deny.value.startswith("p:d:")
     t_allow, t_deny = allow.value[4:], deny.value[4:]
     assert t_allow != t_deny and TOKEN_RE.match(t_allow) and TOKEN_RE.match(t_deny)
-    assert issued.expires_at_ms == clock.now + 300_000
+    assert issued.expires_at_ms == clock.ms + 300_000
     rows = await all_control_rows(store)
     assert sorted(k for k, _ in rows) == sorted(
         f"a1:tg-1:tenant-1:-:user-1:{token_hash(t)}" for t in (t_allow, t_deny)
@@ -95,7 +96,7 @@ async def test_issue_creates_two_records_without_tokens(
 async def test_ttl_is_clamped_to_five_minutes(store: MemoryStore, clock: ManualClock) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=3_600_000)
-    assert issued.expires_at_ms == clock.now + 300_000
+    assert issued.expires_at_ms == clock.ms + 300_000
 
 
 async def test_load_misses_other_connection_scope_and_unknown_token(
@@ -140,7 +141,7 @@ async def test_consume_once_then_already_consumed(store: MemoryStore, clock: Man
     assert await approvals.consume(SCOPE, "tg-1", token, 1) == "consumed"
     loaded = await approvals.load(SCOPE, "tg-1", token)
     assert loaded is not None and loaded.version == 2
-    assert loaded.record.state == "consumed" and loaded.record.consumed_at_ms == clock.now
+    assert loaded.record.state == "consumed" and loaded.record.consumed_at_ms == clock.ms
     assert await approvals.consume(SCOPE, "tg-1", token, 1) == "already_consumed"
     assert await approvals.consume(SCOPE, "tg-1", token, 2) == "already_consumed"
     # The other control of the pair is independent.
@@ -164,7 +165,7 @@ async def test_consume_expires_at_the_boundary(store: MemoryStore, clock: Manual
     token = issued.controls[0].value[4:]
     clock.advance(999)
     loaded = await approvals.load(SCOPE, "tg-1", token)
-    assert loaded is not None and loaded.record.expires_at_ms > clock.now
+    assert loaded is not None and loaded.record.expires_at_ms > clock.ms
     clock.advance(1)
     assert await approvals.consume(SCOPE, "tg-1", token, 1) == "expired"
     loaded = await approvals.load(SCOPE, "tg-1", token)
@@ -225,7 +226,7 @@ async def test_pairing_record_never_contains_the_token(
     key, value = rows[0]
     assert key == f"p1:tg-1:tenant-1:-:user-1:{token_hash(issued.token)}"
     assert issued.token not in key and issued.token not in value
-    assert issued.expires_at_ms == clock.now + 300_000
+    assert issued.expires_at_ms == clock.ms + 300_000
 
 
 async def test_pairing_consume_lifecycle(store: MemoryStore, clock: ManualClock) -> None:
@@ -266,7 +267,7 @@ async def test_pairing_expiry_uses_now(store: MemoryStore, clock: ManualClock) -
     issued = await pairings.create(
         SCOPE, connection_id="tg-1", aliases=("primary",), ttl_ms=1000, grant_revision="rev-1"
     )
-    assert issued.expires_at_ms == clock.now + 1000
+    assert issued.expires_at_ms == clock.ms + 1000
     late = await pairings.consume(
         SCOPE, connection_id="tg-1", token=issued.token, now_ms=issued.expires_at_ms + 1
     )
@@ -285,11 +286,11 @@ async def test_pairing_ttl_clamped(store: MemoryStore, clock: ManualClock) -> No
     short = await pairings.create(SCOPE, connection_id="tg-1", aliases=("a",), ttl_ms=5)
     long = await pairings.create(SCOPE, connection_id="tg-1", aliases=("a",), ttl_ms=10**9)
     default = await pairings.create(
-        SCOPE, connection_id="tg-1", aliases=("a",), now_ms=clock.now + 50
+        SCOPE, connection_id="tg-1", aliases=("a",), now_ms=clock.ms + 50
     )
-    assert short.expires_at_ms == clock.now + 1000
-    assert long.expires_at_ms == clock.now + 300_000
-    assert default.expires_at_ms == clock.now + 50 + 300_000
+    assert short.expires_at_ms == clock.ms + 1000
+    assert long.expires_at_ms == clock.ms + 300_000
+    assert default.expires_at_ms == clock.ms + 50 + 300_000
     assert default.target.grant_revision == "pairing" and default.target.external_actor_id is None
 
 
@@ -319,7 +320,7 @@ async def test_grant_record_is_an_idempotent_upsert(store: MemoryStore, clock: M
     grants = GrantStore(store.checkpoints, clock=clock)
     scope = OwnershipScope("default", "tg-1", "202")
     first = await grants.record(scope, connection_id="tg-1", actor_id="202", aliases=("primary",))
-    assert first.created_at_ms == clock.now and first.default_alias is None
+    assert first.created_at_ms == clock.ms and first.default_alias is None
     clock.advance(10)
     again = await grants.record(scope, connection_id="tg-1", actor_id="202", aliases=("primary",))
     assert again == first

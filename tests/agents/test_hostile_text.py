@@ -9,8 +9,7 @@ import pytest
 from prismd.agents import RunRequest, build_agent
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
-
-from .conftest import ManualClock
+from tests.support.clocks import ManualClock
 
 IDENTITY = AgentIdentity(
     tenant_id="tenant-1", principal=Principal("user", "user-1"), scopes=("chat",),

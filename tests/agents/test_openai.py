@@ -30,8 +30,7 @@ from prismd.agents._chat import retry_after_seconds
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.fakes.openai_api import Answer, Failure, FakeOpenAI, Hang, start_fake_openai
-
-from .conftest import ManualClock
+from tests.support.clocks import ManualClock
 
 IDENTITY = AgentIdentity(
     tenant_id="tenant-1", principal=Principal("user", "user-1"), scopes=("chat",),

@@ -15,9 +15,10 @@ from prismd.agents import NS_RUN, AgentContext, OpenAIAgent, build_agent
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.fakes.openai_api import Answer, Failure, FakeOpenAI, start_fake_openai
+from tests.support.builders import IDENTITY, event
+from tests.support.clocks import ManualClock
+from tests.support.harness import ExactRedactor, open_harness
 
-from .conftest import ManualClock
-from .harness import IDENTITY, ExactRedactor, event, open_harness
 from .test_openai import CALLS, KEY, Calls, reader
 
 OPERATOR = AgentIdentity(
@@ -157,7 +158,7 @@ async def test_after_a_prune_past_retention_no_record_keeps_message_text(
             await h.settle()
         dumped = json.dumps([r.value for r in await all_rows(store)])
         assert "Quito-XYZZY" in dumped and "ZORK-42" in dumped  # kept within retention
-        within = await h.runtime.prune(identity=OPERATOR, now_ms=clock.now + DAY_MS)
+        within = await h.runtime.prune(identity=OPERATOR, now_ms=clock.ms + DAY_MS)
         assert within.deleted == 0
         clock.advance(31 * DAY_MS)
         result = await h.runtime.prune(identity=OPERATOR)

@@ -20,9 +20,9 @@ from prismd.agents import AgentContext, OpenAIAgent, build_agent, validate_agent
 from stores.memory import MemoryStore
 from tests.conftest import REPO
 from tests.fakes.openai_api import Answer, FakeOpenAI, start_fake_openai
-
-from .conftest import ManualClock
-from .harness import event, open_harness
+from tests.support.builders import event
+from tests.support.clocks import ManualClock
+from tests.support.harness import open_harness
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import pgserver
+from tests.support import pgserver
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

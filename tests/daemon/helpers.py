@@ -28,8 +28,8 @@ import trio_websocket
 from prismd.agents._base import AgentContext
 from prismd.agents.mock import MockAgent
 from prismd.daemon._config import Config, parse_config
-from tests import pgserver
 from tests.fakes.killloop_agent import CountingMock, inner_mock
+from tests.support import pgserver
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from prismd.daemon._config import ControlConfig, GrantConfig, Operator
 from prismd.runtime.api import UnresolvedEntry
 from stores import OwnershipScope
 from stores.memory import MemoryStore
-from tests.privileges import chown_group, needs_root
+from tests.support.privileges import chown_group, needs_root
 
 from .test_control_support import Client, RecordingRuntime, connect, running_server
 

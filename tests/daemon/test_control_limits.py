@@ -20,8 +20,8 @@ import trio
 
 from prismd.control._server import MAX_OPERATOR_CONNECTIONS
 from prismd.daemon._config import ControlConfig, Operator
-from tests.flood import drip
-from tests.privileges import needs_root
+from tests.support.flood import drip
+from tests.support.privileges import needs_root
 
 from .test_control_support import connect, running_server
 

@@ -10,6 +10,7 @@ from prismd.grants import GrantAuthorizer, grant_revision, operator_identity
 from prismd.identity import AgentIdentity, Principal, identity_is_active
 from prismd.journal._access import GrantRecord, GrantStore
 from stores import OwnershipScope, open_store
+from tests.support.clocks import ManualClock
 
 
 @attrs.frozen
@@ -35,14 +36,6 @@ class Op:
     user: str | None = None
 
 
-@attrs.define
-class FakeClock:
-    now: int = 1_700_000_000_000
-
-    def now_ms(self) -> int:
-        return self.now
-
-
 def _event(connection: str = "web", actor: str = "a1") -> AuthorizeInput:
     return AuthorizeInput(
         connection_id=connection,
@@ -56,7 +49,7 @@ def _event(connection: str = "web", actor: str = "a1") -> AuthorizeInput:
 
 
 async def test_listed_actor_gets_identity_from_connection_and_actor() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     entry = Entry(connection="tg", actors=("202", "303"), aliases=("echo", "mock"))
     auth = GrantAuthorizer([entry], clock=clock)
     grant = await auth.authorize(_event("tg", "303"))
@@ -67,9 +60,9 @@ async def test_listed_actor_gets_identity_from_connection_and_actor() -> None:
         user_id="303",
         principal=Principal("user", "303"),
         scopes=("chat",),
-        issued_at_ms=clock.now,
+        issued_at_ms=clock.ms,
     )
-    assert identity_is_active(grant.identity, clock.now)
+    assert identity_is_active(grant.identity, clock.ms)
     assert grant.agent_aliases == ("echo", "mock")
     assert grant.default_agent_alias is None
     assert grant.notifications is False
@@ -77,7 +70,7 @@ async def test_listed_actor_gets_identity_from_connection_and_actor() -> None:
 
 
 async def test_unlisted_actor_other_connection_and_empty_actor_are_refused() -> None:
-    auth = GrantAuthorizer([Entry(connection="tg", actors=("202",))], clock=FakeClock())
+    auth = GrantAuthorizer([Entry(connection="tg", actors=("202",))], clock=ManualClock())
     assert await auth.authorize(_event("tg", "999")) is None
     assert await auth.authorize(_event("other", "202")) is None
     assert await auth.authorize(_event("tg", "")) is None
@@ -94,7 +87,7 @@ async def test_wildcard_and_explicit_account_user_tenant_and_options() -> None:
         default_alias="mock",
         notifications=True,
     )
-    auth = GrantAuthorizer([entry], clock=FakeClock())
+    auth = GrantAuthorizer([entry], clock=ManualClock())
     grant = await auth.authorize(_event("web", "browser-7"))
     assert grant is not None
     assert (grant.identity.tenant_id, grant.identity.account_id, grant.identity.user_id) == (
@@ -110,7 +103,7 @@ async def test_wildcard_and_explicit_account_user_tenant_and_options() -> None:
 async def test_first_matching_entry_wins() -> None:
     specific = Entry(connection="tg", actors=("202",), aliases=("mock",))
     everyone = Entry(connection="tg", actors=("*",), aliases=("echo",))
-    auth = GrantAuthorizer([specific, everyone], clock=FakeClock())
+    auth = GrantAuthorizer([specific, everyone], clock=ManualClock())
     first = await auth.authorize(_event("tg", "202"))
     other = await auth.authorize(_event("tg", "303"))
     assert first is not None and first.agent_aliases == ("mock",)
@@ -160,7 +153,7 @@ def _record(actor: str, aliases: tuple[str, ...] = ("echo",)) -> GrantRecord:
 
 
 async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     calls: list[tuple[OwnershipScope, str, str]] = []
     paired: dict[str, GrantRecord] = {}
 
@@ -186,7 +179,7 @@ async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> Non
         user_id="202",
         principal=Principal("user", "202"),
         scopes=("chat",),
-        issued_at_ms=clock.now,
+        issued_at_ms=clock.ms,
     )
     assert grant.agent_aliases == ("echo", "mock")
     assert grant.notifications is True
@@ -196,7 +189,7 @@ async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> Non
     assert await auth.authorize(_event("tg", "202")) == grant
     assert len(calls) == 2
     # The cache expires.
-    clock.now += 60_001
+    clock.ms += 60_001
     again = await auth.authorize(_event("tg", "202"))
     assert again is not None and again.grant_revision == grant.grant_revision
     assert len(calls) == 3
@@ -205,7 +198,7 @@ async def test_paired_grants_are_loaded_in_the_pairing_scope_and_cached() -> Non
     assert await auth.authorize(_event("tg", "303")) is None
     paired["303"] = _record("303")
     assert await auth.authorize(_event("tg", "303")) is None
-    clock.now += 5_001
+    clock.ms += 5_001
     third = await auth.authorize(_event("tg", "303"))
     assert third is not None and third.identity.user_id == "303"
     assert third.grant_revision != grant.grant_revision
@@ -262,7 +255,7 @@ async def test_static_grant_wins_over_pairing_and_store_errors_propagate_uncache
 
 
 def test_operator_identity() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     auth = GrantAuthorizer([], clock=clock)
     identity = auth.identity_for(Op(uid=1000, tenant="acme", account="tg", user="ops"))
     assert identity == AgentIdentity(
@@ -271,9 +264,9 @@ def test_operator_identity() -> None:
         user_id="ops",
         principal=Principal("operator", "1000"),
         scopes=("operator",),
-        issued_at_ms=clock.now,
+        issued_at_ms=clock.ms,
     )
-    assert identity_is_active(identity, clock.now)
+    assert identity_is_active(identity, clock.ms)
     tenant_wide = operator_identity(Op(uid=0), now_ms=5)
     assert (tenant_wide.tenant_id, tenant_wide.account_id, tenant_wide.user_id) == (
         "default",

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import httpx
 import pytest
 import trio
@@ -25,8 +24,10 @@ from prismd.runtime._ids import operation_id_for
 from prismd.runtime._leaselog import LoggedLeases, route_tag
 from stores import OwnershipScope
 from stores.memory import MemoryStore
-from tests.runtime.harness import Host, TrioClock, event, grant, identity, runtime
-from tests.runtime.scripted import ScriptedAgent
+from tests.support.builders import event, grant, identity
+from tests.support.clocks import ManualClock, TrioClock
+from tests.support.harness import Host, runtime
+from tests.support.scripted import ScriptedAgent
 
 from .helpers import chat, running_daemon, write_config
 
@@ -296,14 +297,6 @@ async def test_prismd_run_debug_stderr(tmp_path: Path, journald: bool) -> None:
     ):
         assert any(re.search(rf"^{prefix}{wanted}", line) for line in log_lines), wanted
     assert DAEMON_TEXT not in output and "logs-actor-0001" not in output
-
-
-@attrs.define
-class ManualClock:
-    ms: int = 1_790_000_000_000
-
-    def now_ms(self) -> int:
-        return self.ms
 
 
 async def test_every_binding_lease_outcome_has_its_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 
-from tests import pgserver
 from tests.fakes.telegram_api import start_fake
+from tests.support import pgserver
 
 from .helpers import chat, child_env, free_port, prismctl, running_daemon, write_config
 

@@ -23,7 +23,7 @@ from prismd.daemon._config import ControlConfig
 from prismd.journal import _access as controls
 from prismd.runtime.api import ReconcileResult
 from stores import OwnershipScope
-from tests.privileges import needs_root
+from tests.support.privileges import needs_root
 
 from .test_control_support import RecordingRuntime, running_server
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prismd.daemon._config import load_config
 from prismd.limits import Limits
-from tests.privileges import needs_root
+from tests.support.privileges import needs_root
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "prismd.service"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import StoreFactory, store_factory
+from tests.support.harness import StoreFactory, store_factory
 
 
 @pytest.fixture(params=["memory", "sqlite"])

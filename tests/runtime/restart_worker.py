@@ -24,8 +24,7 @@ from prismd.channel import AuthorizeInput, Grant, InboundEvent, Reply, SendResul
 from prismd.identity import AgentIdentity, Principal
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from stores import open_store
-
-from .scripted import ScriptedAgent
+from tests.support.scripted import ScriptedAgent
 
 IDENTITY = AgentIdentity(
     tenant_id="e2e-tenant",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from prismd.identity import ownership_from_identity
 from prismd.journal._journal import ChannelJournal, OperationRecord
-
-from .harness import Host, StoreFactory, identity, runtime
+from tests.support.builders import identity
+from tests.support.harness import Host, StoreFactory, runtime
 
 IDENT = identity()
 SCOPE = ownership_from_identity(IDENT)
@@ -63,6 +63,6 @@ async def test_answerless_terminal_op_is_listed_then_reconciled(stores: StoreFac
             identity=IDENT, connection_id="tg-1", operation_id="fail", expected_version=99
         )
         assert stale.status == "conflict"
-    assert host.agent.provider_calls == 0 and host.deliveries == []
+    assert host.agent.provider_calls == 0 and host.replies == []
     loaded = await journal.load_operation(SCOPE, "tg-1", "lost")
     assert loaded is not None and loaded.record.reply_staged and loaded.record.state == "succeeded"

@@ -22,18 +22,10 @@ from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from prismd.journal._access import GrantStore, token_hash
 from stores import OwnershipScope
 from stores.memory import MemoryStore
-from tests.agents.conftest import ManualClock
-from tests.agents.harness import (
-    IDENTITY,
-    SECRET,
-    ExactRedactor,
-    Harness,
-    RecordingAgent,
-    event,
-    grant_for,
-    identity_for,
-    open_harness,
-)
+from tests.support.builders import IDENTITY, event, grant, identity
+from tests.support.clocks import ManualClock
+from tests.support.harness import SECRET, ExactRedactor, Host, open_harness
+from tests.support.scripted import RecordingAgent
 
 OWNER = ownership_from_identity(IDENTITY)
 DENIED_TEXT = "Approval denied. The request will not continue."
@@ -70,7 +62,7 @@ def tokens_of(reply: Reply) -> tuple[str, str]:
     return values["Allow once"][4:], values["Deny"][4:]
 
 
-async def suspend(h: Harness, event_id: str = "1") -> tuple[str, str]:
+async def suspend(h: Host, event_id: str = "1") -> tuple[str, str]:
     """Behaviour 38's GIVEN: a message whose run suspends; returns (allow, deny) tokens."""
     admission = await h.runtime.admit(event(event_id, "hello"))
     assert admission.status == "accepted", admission
@@ -111,7 +103,7 @@ async def test_approval_from_a_revoked_identity_is_denied(
     agent = suspending_mock(store, clock)
     async with open_harness(store, clock, {"primary": agent}) as h:
         allow, _ = await suspend(h)
-        h.default_grant = grant_for(identity_for(revoked_at_ms=1))
+        h.default_grant = grant(identity(revoked_at_ms=1))
         admission = await h.runtime.admit(event("2", "", approval=(allow, "allow_once")))
         assert (admission.status, admission.reason) == ("denied", "revoked")
         await h.settle()
@@ -503,11 +495,11 @@ async def test_approval_checks_reject_without_consuming(
         elif change == "expired":
             clock.advance(5 * 60 * 1000)
         elif change == "grant_revision":
-            h.default_grant = grant_for(revision="rev-2")
+            h.default_grant = grant(revision="rev-2")
         elif change == "alias_removed":
-            h.default_grant = grant_for(aliases=("secondary",))
+            h.default_grant = grant(aliases=("secondary",))
         elif change == "other_principal":
-            h.default_grant = grant_for(
+            h.default_grant = grant(
                 attrs.evolve(IDENTITY, principal=Principal("user", "someone-else"))
             )
         admission = await h.runtime.admit(event("2", "", approval=(allow, outcome)))

@@ -20,8 +20,9 @@ import trio
 from prismd.agents import AgentContext, MockAgent
 from stores import open_store
 from stores.sqlite import SQLiteStore
-
-from .harness import Host, TrioClock, event, identity, runtime
+from tests.support.builders import event, identity
+from tests.support.clocks import TrioClock
+from tests.support.harness import Host, runtime
 
 TARGET = 6
 MESSAGES = 20
@@ -46,7 +47,7 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
                 assert admission.status == "accepted" and not admission.duplicate, admission
                 with trio.fail_after(30):
                     await rt.drain()
-                assert len(host.deliveries) == i + 1
+                assert len(host.replies) == i + 1
                 per_message.append(store.statistics().commits - before)
             steady = per_message[1:]  # the first also creates the binding and the lease
             print(f"commits per message: first {per_message[0]}, then {steady}", file=sys.stderr)

@@ -11,9 +11,9 @@ from prismd.limits import Limits
 from prismd.redact import Redactor
 from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope
-
-from .harness import Host, event, grant, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, grant, identity
+from tests.support.harness import Host, runtime
+from tests.support.scripted import ScriptedAgent
 
 GROUP_TUPLES = {("chat-g", "77", "user-1"), ("chat-g", "88", "user-1")}
 
@@ -48,7 +48,7 @@ async def test_group_topic_ownership_b1_b2_b3_b4_b5() -> None:
         await rt.drain()
     assert host.agent.provider_calls == 2  # b5
     assert len(host.agent.sessions) == 2
-    assert sorted((r.external_conversation_id, r.thread_id, r.text) for r in host.deliveries) == [
+    assert sorted((r.external_conversation_id, r.thread_id, r.text) for r in host.replies) == [
         ("chat-g", "77", "answer"),
         ("chat-g", "88", "answer"),
     ]
@@ -64,7 +64,7 @@ async def test_cancel_during_stream_sends_only_partial_preview_b8() -> None:
         assert (await rt.admit(event("2", "/cancel"))).status == "accepted"
         await rt.drain()
     assert [p.text for p in host.previews] == ["partial"]
-    assert all(r.kind != "final" for r in host.deliveries)
+    assert all(r.kind != "final" for r in host.replies)
 
 
 async def test_accepted_message_runs_once_and_replies_b9_b10() -> None:
@@ -76,8 +76,8 @@ async def test_accepted_message_runs_once_and_replies_b9_b10() -> None:
         assert result.operation_id is not None and result.operation_id.startswith("chan-op-")
         drained = await rt.drain()
         assert drained.settled
-    assert [r.kind for r in host.deliveries] == ["final"]
-    reply = host.deliveries[0]
+    assert [r.kind for r in host.replies] == ["final"]
+    reply = host.replies[0]
     assert reply.text == "answer" and reply.connection_id == "tg-1" and reply.in_reply_to == "1"
     assert [len(v) for v in host.agent.sessions.values()] == [2]
 
@@ -93,7 +93,7 @@ async def test_duplicate_event_is_not_rerun_b11() -> None:
         assert again.status == "accepted" and again.duplicate
         assert again.operation_id == first.operation_id
         assert rt.diagnostics().duplicates == 1
-    assert host.agent.provider_calls == 1 and len(host.deliveries) == 1
+    assert host.agent.provider_calls == 1 and len(host.replies) == 1
 
 
 async def test_denials_never_reach_provider_b12_b13_b15_b16_b17_b18() -> None:
@@ -127,7 +127,7 @@ async def test_denials_never_reach_provider_b12_b13_b15_b16_b17_b18() -> None:
         bad_thread = attrs.evolve(event("5"), thread_id=77)  # type: ignore[arg-type]
         assert (await rt.admit(bad_thread)).reason == "malformed"  # b17
         await rt.drain()
-    assert host.agent.provider_calls == 0 and host.deliveries == []  # b18
+    assert host.agent.provider_calls == 0 and host.replies == []  # b18
 
 
 async def test_agent_command_unknown_alias_b14() -> None:
@@ -232,7 +232,7 @@ async def test_failure_notice_is_redacted_b24() -> None:
         await rt.admit(event("2"))
         await rt.drain()
         diag = rt.diagnostics()
-    notices = [r for r in host.deliveries if r.kind == "notice"]
+    notices = [r for r in host.replies if r.kind == "notice"]
     assert len(notices) == 1
     assert notices[0].text.startswith("Request failed:")
     assert secret not in notices[0].text and "first answer" not in notices[0].text
@@ -245,7 +245,7 @@ async def test_revoked_identity_denied_b25() -> None:
     async with runtime(host) as rt:
         assert (await rt.admit(event())).reason == "revoked"
         await rt.drain()
-    assert host.agent.provider_calls == 0 and host.deliveries == []
+    assert host.agent.provider_calls == 0 and host.replies == []
 
 
 async def test_revoked_mid_run_sends_nothing_b26() -> None:
@@ -261,7 +261,7 @@ async def test_revoked_mid_run_sends_nothing_b26() -> None:
         gate.set()
         await rt.drain()
         assert rt.diagnostics().failed == 1
-    assert host.deliveries == []
+    assert host.replies == []
 
 
 async def test_secure_agent_refuses_foreign_grant_b28() -> None:
@@ -334,7 +334,7 @@ async def test_capacity_limits_and_nothing_evicted_b34_b35() -> None:
         gate.set()
         await rt.drain()
     assert agent.provider_calls == 2
-    assert [r.kind for r in host.deliveries] == ["final", "final"]
+    assert [r.kind for r in host.replies] == ["final", "final"]
 
 
 async def test_slots_queue_and_stop_b36_b37() -> None:

@@ -15,9 +15,10 @@ from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, ope
 from prismd.limits import Limits
 from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
-
-from .harness import Host, StoreFactory, TrioClock, event, grant, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, grant, identity
+from tests.support.clocks import TrioClock
+from tests.support.harness import Host, StoreFactory, runtime
+from tests.support.scripted import ScriptedAgent
 
 IDENT = identity()
 SCOPE = ownership_from_identity(IDENT)
@@ -64,7 +65,7 @@ async def test_d2_lease_key_includes_thread_and_scope(stores: StoreFactory) -> N
         key77 = binding_key("tg-1", SCOPE, "chat-1", "77", "user-1", "primary")
         lease = await store.leases.get_lease(namespace=NS_BINDING, key=key77, scope=SCOPE)
         assert lease is not None  # held by the running topic-77 turn
-        assert [r.thread_id for r in host.deliveries] == ["88"]
+        assert [r.thread_id for r in host.replies] == ["88"]
         gate.set()
         await rt.drain()
 
@@ -163,7 +164,7 @@ async def test_d8_lease_held_elsewhere_keeps_record_and_runs_later_b90_b91_b92(
         await trio.sleep(5)
         diag = b.diagnostics()
         assert diag.lease_losses >= 1 and diag.completed == 0  # b90
-        assert host_b.deliveries == []
+        assert host_b.replies == []
         loaded = await ChannelJournal(store.checkpoints).load_operation(
             SCOPE, "tg-1", operation_id_for("tg-1", "2")
         )

@@ -20,9 +20,9 @@ from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope, open_store
-
-from .harness import Host, event, grant, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, grant, identity
+from tests.support.harness import Host, runtime
+from tests.support.scripted import ScriptedAgent
 
 REPO = Path(__file__).resolve().parents[2]
 E2E = AgentIdentity(
@@ -55,7 +55,7 @@ async def test_sqlite_turn_and_restart_dedup_b111_b112(tmp_path: Path) -> None:
         await rt.drain()
         assert again.duplicate
         assert await rt.list_unresolved(identity=identity()) == []
-    assert agent.provider_calls == 1 and host2.deliveries == []
+    assert agent.provider_calls == 1 and host2.replies == []
 
 
 async def test_two_handles_lease_held_elsewhere_b113(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ async def test_two_handles_lease_held_elsewhere_b113(tmp_path: Path) -> None:
                 assert result.status == "accepted"
                 await trio.sleep(0.3)
                 assert b.diagnostics().lease_losses >= 1
-                assert other.deliveries == []
+                assert other.replies == []
                 states = {e.state for e in await b.list_unresolved(identity=identity())}
                 assert states == {"accepted", "executing"}
                 await b.stop()
@@ -281,7 +281,7 @@ async def test_two_handles_same_event_runs_once_and_deferred_turn_completes(
             await agent_a.wait_started(1)
             assert (await b.admit(event("2"))).status == "accepted"
             await trio.sleep(0.2)
-            assert host_b.deliveries == []
+            assert host_b.replies == []
             gate.set()
             with trio.fail_after(20):
                 await a.drain()

@@ -14,9 +14,9 @@ from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
 from prismd.runtime._ids import operation_id_for
-
-from .harness import Host, StoreFactory, event, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, identity
+from tests.support.harness import Host, StoreFactory, runtime
+from tests.support.scripted import ScriptedAgent
 
 IDENT = identity()
 SCOPE = ownership_from_identity(IDENT)
@@ -46,14 +46,14 @@ async def test_long_answer_truncated_and_counted() -> None:
         await rt.admit(event())
         await rt.drain()
         assert rt.diagnostics().truncated == 1
-    [reply] = host.deliveries
+    [reply] = host.replies
     assert reply.text.endswith(TRUNCATION_MARKER) and utf8_len(reply.text) <= 1024
 
 
 async def test_failed_delivery_is_counted_and_listed(stores: StoreFactory) -> None:
     """§9.2: ``delivered: false`` counts a delivery failure and leaves a resendable reply."""
     store = await stores()
-    host = Host(deliver_result=lambda _r: SendResult(delivered=False, reason="blocked" * 200))
+    host = Host(deliver_hook=lambda _r: SendResult(delivered=False, reason="blocked" * 200))
     async with runtime(host, store) as rt:
         await rt.admit(event())
         await rt.drain()
@@ -146,9 +146,9 @@ async def test_randomized_runs_each_event_at_most_once(stores: StoreFactory) -> 
         if state == "succeeded":
             assert f"msg {eid}" in ran, eid
     assert sum(1 for s in states.values() if s == "succeeded") > len(accepted) // 2
-    finals = [r for r in host.deliveries if r.kind == "final"]
+    finals = [r for r in host.replies if r.kind == "final"]
     assert len(finals) == diag.completed <= len(accepted)
-    assert all(isinstance(r, Reply) for r in host.deliveries)
+    assert all(isinstance(r, Reply) for r in host.replies)
     assert attrs.asdict(diag)["queued"] == 0
 
 

@@ -21,8 +21,7 @@ from prismd.journal._journal import (
     reply_key,
 )
 from stores import OwnershipScope
-
-from .harness import StoreFactory
+from tests.support.harness import StoreFactory
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 

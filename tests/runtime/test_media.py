@@ -15,8 +15,10 @@ import trio
 from prismd.agents import AgentContext, ImageBlock, TextBlock, build_agent
 from prismd.channel import AttachmentRef
 from stores.memory import MemoryStore
-from tests.agents.conftest import ManualClock
-from tests.agents.harness import RecordingAgent, event, open_harness
+from tests.support.builders import event
+from tests.support.clocks import ManualClock
+from tests.support.harness import open_harness
+from tests.support.scripted import RecordingAgent
 
 PNG = b"\x89PNG"
 IMAGE = AttachmentRef(

@@ -12,18 +12,10 @@ import trio
 from prismd.identity import ownership_from_identity
 from prismd.journal._journal import NS_OPERATION, operation_key
 from stores.memory import MemoryStore
-from tests.agents.conftest import ManualClock
-from tests.agents.harness import (
-    IDENTITY,
-    SECRET,
-    ExactRedactor,
-    Harness,
-    RecordingAgent,
-    event,
-    grant_for,
-    identity_for,
-    open_harness,
-)
+from tests.support.builders import IDENTITY, event, grant, identity
+from tests.support.clocks import ManualClock
+from tests.support.harness import SECRET, ExactRedactor, Host, open_harness
+from tests.support.scripted import RecordingAgent
 
 OWNER = ownership_from_identity(IDENTITY)
 
@@ -48,14 +40,14 @@ async def store(clock: ManualClock) -> AsyncIterator[MemoryStore]:
         yield s
 
 
-async def bind(h: Harness, event_id: str = "1", **kw: Any) -> None:
+async def bind(h: Host, event_id: str = "1", **kw: Any) -> None:
     """Send one ordinary message so the actor has a binding, and let it finish."""
     admission = await h.runtime.admit(event(event_id, "hello", **kw))
     assert admission.status == "accepted", admission
     await h.settle()
 
 
-async def notify(h: Harness, notify_id: str = "job-1", **kw: Any) -> Any:
+async def notify(h: Host, notify_id: str = "job-1", **kw: Any) -> Any:
     args: dict[str, Any] = dict(
         identity=IDENTITY,
         connection_id="tg-1",
@@ -104,7 +96,7 @@ async def test_notify_is_deduplicated_redacted_and_journaled(
         store,
         clock,
         {"primary": agent},
-        grant=grant_for(notifications=True),
+        grant=grant(notifications=True),
         redactor=ExactRedactor(SECRET),
     ) as h:
         await bind(h)
@@ -136,14 +128,14 @@ async def test_notify_from_another_user_or_tenant_is_rejected(
         store,
         clock,
         {"primary": RecordingAgent()},
-        grant=grant_for(notifications=True),
+        grant=grant(notifications=True),
         use_journal=False,
     ) as h:
         await bind(h)
         delivered = len(h.replies)
-        other_user = await notify(h, identity=identity_for("user-2"))
+        other_user = await notify(h, identity=identity("user-2"))
         assert (other_user.status, other_user.reason) == ("denied", "rejected")
-        other_tenant = await notify(h, identity=identity_for("user-1", "tenant-9"))
+        other_tenant = await notify(h, identity=identity("user-1", "tenant-9"))
         assert (other_tenant.status, other_tenant.reason) == ("denied", "rejected")
         # Told the same as for a conversation that does not exist: nothing leaks.
         assert other_user.hint == other_tenant.hint == unbound()
@@ -158,7 +150,7 @@ async def test_notify_without_a_binding_is_rejected(
         store,
         clock,
         {"primary": RecordingAgent()},
-        grant=grant_for(notifications=True),
+        grant=grant(notifications=True),
         use_journal=False,
     ) as h:
         await bind(h)
@@ -178,12 +170,12 @@ async def test_notify_from_a_revoked_identity(
     use_journal: bool,
 ) -> None:
     """Behaviour 67: revoked before and after the binding exists."""
-    revoked = identity_for(revoked_at_ms=1)
+    revoked = identity(revoked_at_ms=1)
     async with open_harness(
         store,
         clock,
         {"primary": RecordingAgent()},
-        grant=grant_for(notifications=True),
+        grant=grant(notifications=True),
         use_journal=use_journal,
     ) as h:
         before = await notify(h, identity=revoked)
@@ -199,15 +191,13 @@ async def test_notify_by_a_user_who_is_not_the_bound_actor(
     store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Behaviour 68 [NOJ]: each grant's identity is the actor; only user-1 is bound."""
-    grants = {
-        actor: grant_for(identity_for(actor), notifications=True) for actor in ("user-1", "user-2")
-    }
+    grants = {actor: grant(identity(actor), notifications=True) for actor in ("user-1", "user-2")}
     async with open_harness(
         store, clock, {"primary": RecordingAgent()}, grants=grants, use_journal=False
     ) as h:
         await bind(h)
         delivered = len(h.replies)
-        result = await notify(h, identity=identity_for("user-2"))
+        result = await notify(h, identity=identity("user-2"))
         assert (result.status, result.reason) == ("denied", "rejected")
         assert len(h.replies) == delivered
 
@@ -218,10 +208,10 @@ async def test_notify_follows_the_grant_to_the_new_alias(
     """Behaviour 69."""
     agents = {"primary": RecordingAgent(), "secondary": RecordingAgent(answer="second")}
     async with open_harness(
-        store, clock, agents, grant=grant_for(aliases=("primary",), notifications=True)
+        store, clock, agents, grant=grant(aliases=("primary",), notifications=True)
     ) as h:
         await bind(h, "1")
-        h.default_grant = grant_for(aliases=("secondary",), notifications=True)
+        h.default_grant = grant(aliases=("secondary",), notifications=True)
         await bind(h, "2")
         assert h.last().text == "second"
         delivered = len(h.replies)
@@ -236,9 +226,7 @@ async def test_notify_in_a_group_thread_targets_the_callers_actor(
     store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Behaviour 70: two actors bound in chat-g / thread 77."""
-    grants = {
-        actor: grant_for(identity_for(actor), notifications=True) for actor in ("user-1", "user-2")
-    }
+    grants = {actor: grant(identity(actor), notifications=True) for actor in ("user-1", "user-2")}
     async with open_harness(store, clock, {"primary": RecordingAgent()}, grants=grants) as h:
         await bind(h, "1", actor="user-1", chat="chat-g", thread="77")
         await bind(h, "2", actor="user-2", chat="chat-g", thread="77")
@@ -257,12 +245,12 @@ async def test_notify_after_restart_uses_the_durable_binding(
 ) -> None:
     """SPEC difference 3: the reference only finds routes in memory, so after a restart a
     bound actor could not be notified until they wrote again. Ours reads the binding."""
-    grant = grant_for(notifications=True)
-    async with open_harness(store, clock, {"primary": RecordingAgent()}, grant=grant) as h1:
+    notifying = grant(notifications=True)
+    async with open_harness(store, clock, {"primary": RecordingAgent()}, grant=notifying) as h1:
         await bind(h1)
         await h1.runtime.stop()
     agent = RecordingAgent()
-    async with open_harness(store, clock, {"primary": agent}, grant=grant) as h2:
+    async with open_harness(store, clock, {"primary": agent}, grant=notifying) as h2:
         result = await notify(h2, "after-restart")
         assert result.status == "accepted", result
         assert len(h2.replies) == 1
@@ -279,7 +267,7 @@ async def test_notify_input_validation_and_stop(
     """§9.5 step 1: blank text, empty or oversized ids are ``malformed``; after ``stop()``
     every notify is ``stopped``; none of them delivers anything."""
     async with open_harness(
-        store, clock, {"primary": RecordingAgent()}, grant=grant_for(notifications=True)
+        store, clock, {"primary": RecordingAgent()}, grant=grant(notifications=True)
     ) as h:
         await bind(h)
         delivered = len(h.replies)
@@ -322,9 +310,7 @@ async def test_operator_notifies_a_bound_actor_inside_its_tenant(
     ``notify``) reaches a bound actor of its tenant; the notice is journaled under the
     actor's own scope. The reference would refuse it (principal mismatch)."""
     agent = RecordingAgent()
-    async with open_harness(
-        store, clock, {"primary": agent}, grant=grant_for(notifications=True)
-    ) as h:
+    async with open_harness(store, clock, {"primary": agent}, grant=grant(notifications=True)) as h:
         await bind(h)
         delivered = len(h.replies)
         result = await notify(h, identity=operator_identity())
@@ -358,9 +344,7 @@ async def test_operator_notify_into_a_shared_thread_names_the_ambiguity(
 ) -> None:
     """Two actors bound in one group thread: an operator's notify cannot pick one and
     says so (a user's own notify reaches its own actor, behaviour 70)."""
-    grants = {
-        actor: grant_for(identity_for(actor), notifications=True) for actor in ("user-1", "user-2")
-    }
+    grants = {actor: grant(identity(actor), notifications=True) for actor in ("user-1", "user-2")}
     async with open_harness(store, clock, {"primary": RecordingAgent()}, grants=grants) as h:
         await bind(h, "1", actor="user-1", chat="chat-g", thread="77")
         await bind(h, "2", actor="user-2", chat="chat-g", thread="77")
@@ -381,15 +365,15 @@ async def test_notify_refusal_hints_for_grant_problems(
 ) -> None:
     """The grant of the bound actor went away, or no longer lists the bound agent: the
     operator is told which, naming the actor (inside its own scope)."""
-    grant = grant_for(notifications=True)
-    async with open_harness(store, clock, {"primary": RecordingAgent()}, grant=grant) as h:
+    notifying = grant(notifications=True)
+    async with open_harness(store, clock, {"primary": RecordingAgent()}, grant=notifying) as h:
         await bind(h)
         h.default_grant = None
         gone = await notify(h, "job-a", identity=operator_identity())
         assert gone.hint == (
             "no [[grants]] entry or pairing for connection 'tg-1' covers actor 'user-1'"
         )
-        h.default_grant = grant_for(aliases=("other",), notifications=True)
+        h.default_grant = grant(aliases=("other",), notifications=True)
         moved = await notify(h, "job-b", identity=operator_identity())
         assert moved.hint == (
             "the agent bound to the conversation 'chat-1' on connection 'tg-1' is not among"

@@ -22,9 +22,9 @@ from prismd.journal._journal import (
 )
 from prismd.redact import Redactor
 from stores import OwnershipScope, ms_to_iso
-
-from .harness import Host, StoreFactory, event, grant, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, grant, identity
+from tests.support.harness import Host, StoreFactory, runtime
+from tests.support.scripted import ScriptedAgent
 
 IDENT = identity()
 SCOPE = ownership_from_identity(IDENT)
@@ -49,7 +49,7 @@ async def test_previews_redacted_and_never_journaled_b6_b7(stores: StoreFactory)
         "77",
     )
     assert all(secret not in p.text for p in host.previews)
-    assert [(r.kind, r.text) for r in host.deliveries] == [("final", "answer [REDACTED] done")]
+    assert [(r.kind, r.text) for r in host.replies] == [("final", "answer [REDACTED] done")]
     page = await store.checkpoints.list_checkpoints(namespace=NS_REPLY)
     assert [i.value["kind"] for i in page.items] == ["final"]
 
@@ -66,7 +66,7 @@ async def test_restart_keeps_session_and_dedup_b72_b73(stores: StoreFactory) -> 
         await b.drain()
     assert host_b.agent.calls[0].session_id == host_a.agent.calls[0].session_id
     assert again.duplicate and again.status == "accepted"
-    assert host_b.agent.provider_calls == 1 and len(host_b.deliveries) == 1
+    assert host_b.agent.provider_calls == 1 and len(host_b.replies) == 1
 
 
 async def test_new_generation_survives_restart_b74(stores: StoreFactory) -> None:
@@ -96,7 +96,7 @@ async def test_same_event_other_tenant_is_separate_b75(stores: StoreFactory) -> 
         second = await rt.admit(event("3"))
         await rt.drain()
     assert second.status == "accepted" and not second.duplicate
-    assert len(host.deliveries) == 2
+    assert len(host.replies) == 2
 
 
 async def test_claimed_op_listed_reconciled_never_rerun_b76_to_b82(stores: StoreFactory) -> None:
@@ -161,7 +161,7 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
     """Behaviours 83–87: a thrown deliver is ambiguous; after a restart it is listed as
     ``delivery_unknown``; reconcile needs the ack, resends the stored text once, then
     reports ``none``."""
-    host_a = Host(deliver_result=_throwing_deliver)
+    host_a = Host(deliver_hook=_throwing_deliver)
     async with runtime(host_a, await stores()) as a:
         await a.admit(event("1"))
         await a.drain()
@@ -183,14 +183,14 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
             acknowledge_duplicate_risk=True,
         )
         assert (r.status, r.outcome) == ("resolved", "reply_delivered")  # b86
-        assert [(d.text, d.in_reply_to) for d in host_b.deliveries] == [("answer", None)]
+        assert [(d.text, d.in_reply_to) for d in host_b.replies] == [("answer", None)]
         r = await b.reconcile(
             **kw,  # type: ignore[arg-type]
             expected_version=entry.version,
             acknowledge_duplicate_risk=True,
         )
         assert (r.status, r.outcome) == ("resolved", "none")  # b87
-        assert len(host_b.deliveries) == 1
+        assert len(host_b.replies) == 1
         assert await b.list_unresolved(identity=IDENT) == []
     assert host_b.agent.provider_calls == 0
 
@@ -362,7 +362,7 @@ async def test_late_result_does_not_undo_an_operators_execution_unknown(
         journal = ChannelJournal(store.checkpoints, max_record_bytes=128 * 1024)
         loaded = await journal.load_operation(SCOPE, "tg-1", entry.operation_id)
         assert loaded is not None and loaded.record.state == "execution_unknown"
-    assert [r.text for r in host.deliveries] == ["late answer"]
+    assert [r.text for r in host.replies] == ["late answer"]
     assert agent.provider_calls == 1
 
 

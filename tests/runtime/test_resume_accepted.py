@@ -32,9 +32,10 @@ from prismd.journal._journal import NS_OPERATION, ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime import Runtime, open_messaging_runtime
 from stores import OwnershipScope, Store, open_store
-
-from .harness import Host, TrioClock, event, grant, identity, store_factory
-from .scripted import ScriptedAgent, input_text
+from tests.support.builders import event, grant, identity
+from tests.support.clocks import TrioClock
+from tests.support.harness import Host, store_factory
+from tests.support.scripted import ScriptedAgent, input_text
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT1 = ("m1", "m2", "m3")
@@ -139,7 +140,7 @@ async def test_killed_accepted_messages_run_once_in_fifo_order(store: Store) -> 
         # Admitted after the restart: goes after the recovered ones on its route.
         late = await rt.admit(event("5", "m5", chat="chat-1"))
         assert late.status == "accepted" and not late.duplicate
-        await _wait(lambda: len(host.deliveries) == 5)
+        await _wait(lambda: len(host.replies) == 5)
         await trio.sleep(0.2)
         diag = rt.diagnostics()
         assert (diag.admitted, diag.duplicates, diag.completed) == (5, 0, 5)
@@ -174,7 +175,7 @@ async def test_default_does_not_resume(store: Store) -> None:
             expected_version=entry.version,
         )
         assert result.status == "resolved"
-    assert agent.calls == [] and host.deliveries == []
+    assert agent.calls == [] and host.replies == []
     stored = await _ops(store)
     by_op = {v["operationId"]: v for v in stored.values()}
     abandoned = by_op.pop(entry.operation_id)
@@ -201,7 +202,7 @@ async def test_input_written_at_admit_and_removed_at_claim(store: Store) -> None
             "claims": {"platform": "telegram", "chatType": "supergroup", "isForum": True},
         }
         gate.set()
-        await _wait(lambda: len(host.deliveries) == 2)
+        await _wait(lambda: len(host.replies) == 2)
         await rt.drain()
     assert all("input" not in v for v in (await _ops(store)).values())
 
@@ -231,7 +232,7 @@ async def test_oversized_input_falls_back_to_no_input(store: Store) -> None:
         stored = await _ops(store)
         assert stored["2"]["state"] == "accepted" and "input" not in stored["2"]
         gate.set()
-        await _wait(lambda: len(host.deliveries) == 2)
+        await _wait(lambda: len(host.replies) == 2)
         assert rt.diagnostics().storage_failures == 0
     assert [input_text(c.input) for c in agent.calls] == ["first", big]
 
@@ -252,7 +253,7 @@ async def test_denied_at_recovery_settles_failed_without_run(store: Store) -> No
         await trio.sleep(0.2)
         diag = rt.diagnostics()
         assert (diag.admitted, diag.denied) == (0, 4)
-    assert agent.calls == [] and host.deliveries == []
+    assert agent.calls == [] and host.replies == []
     stored = await _ops(store)
     assert {k: (v["state"], v["errorCode"]) for k, v in stored.items()} == {
         "1": ("failed", "identity_revoked"),
@@ -290,7 +291,7 @@ async def test_two_runtimes_recovering_concurrently_run_each_once(store: Store) 
         _open(host_b, store, resume_accepted=True, **SUCCESSOR) as b,
         _open(host_c, store, resume_accepted=True, owner_id="runtime-c") as c,
     ):
-        await _wait(lambda: len(host_b.deliveries) + len(host_c.deliveries) == 4)
+        await _wait(lambda: len(host_b.replies) + len(host_c.replies) == 4)
         await trio.sleep(0.3)
         await b.drain()
         await c.drain()
@@ -338,12 +339,12 @@ async def test_foreign_owner_waits_for_dead_lease_then_resumes(
         agent = _echo()
         host = Host(agent=agent)
         async with _open(host, store, resume_accepted=True, owner_id="runtime-b") as rt:
-            await _wait(lambda: len(host.deliveries) == 1, within_s=10)
+            await _wait(lambda: len(host.replies) == 1, within_s=10)
             assert host.texts == ["re m4"]
             assert rt.diagnostics().lease_losses >= 1
             stored = await _ops(store)
             assert [stored[k]["state"] for k in "123"] == ["accepted"] * 3
-            await _wait(lambda: len(host.deliveries) == 4, within_s=300)
+            await _wait(lambda: len(host.replies) == 4, within_s=300)
         assert _texts_by_chat(agent, CHAT_OF) == {"chat-1": list(CHAT1), "chat-2": ["m4"]}
         assert all("input" not in v for v in (await _ops(store)).values())
 
@@ -404,7 +405,7 @@ async def test_sigkill_then_resume_sqlite(tmp_path: Path) -> None:
                 reclaim_own_leases=True,
                 resume_accepted=True,
             ) as rt:
-                await _wait(lambda: len(host.deliveries) == 4, within_s=25)
+                await _wait(lambda: len(host.replies) == 4, within_s=25)
                 await rt.drain()
         assert _texts_by_chat(agent, CHAT_OF) == {"chat-1": list(CHAT1), "chat-2": ["m4"]}
         assert [host.authorize_calls[0].claims] == [{"platform": "telegram", "chatType": "private"}]

@@ -13,9 +13,10 @@ from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime import open_messaging_runtime
 from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
-
-from .harness import Host, TrioClock, event, identity, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event, identity
+from tests.support.clocks import TrioClock
+from tests.support.harness import Host, runtime
+from tests.support.scripted import ScriptedAgent
 
 IDENT = identity()
 SCOPE = ownership_from_identity(IDENT)
@@ -260,7 +261,7 @@ async def test_an_answer_whose_json_exceeds_the_record_cap_is_cut_not_lost() -> 
         await rt.admit(event("1"))
         await rt.drain()
         diag = rt.diagnostics()
-    assert len(host.deliveries) == 1
+    assert len(host.replies) == 1
     sent = host.texts[0]
     assert sent.endswith(TRUNCATION_MARKER) and sent.startswith("\x01" * 1000)
     assert diag.truncated == 1 and diag.storage_failures == 0
@@ -285,7 +286,7 @@ async def test_prune_keeps_the_operation_of_an_unsettled_reply() -> None:
 
         return SendResult(delivered=True, message_id="m")
 
-    host = Host(agent=ScriptedAgent(answer=lambda text, n: text), deliver_result=flaky)
+    host = Host(agent=ScriptedAgent(answer=lambda text, n: text), deliver_hook=flaky)
     async with runtime(host, store) as rt:
         await rt.admit(event("1", "first"))
         await rt.admit(event("2", "second", chat="chat-2"))

@@ -8,8 +8,9 @@ import logging
 import pytest
 import trio
 
-from .harness import Host, event, runtime
-from .scripted import ScriptedAgent
+from tests.support.builders import event
+from tests.support.harness import Host, runtime
+from tests.support.scripted import ScriptedAgent
 
 
 async def test_typing_at_start_and_every_4s_until_the_run_ends(

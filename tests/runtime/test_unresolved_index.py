@@ -17,8 +17,8 @@ from prismd.journal import (
     Write,
 )
 from stores import OwnershipScope, Store, open_store
-
-from .harness import Host, identity, runtime
+from tests.support.builders import identity
+from tests.support.harness import Host, runtime
 
 SCOPE = OwnershipScope("tenant-1", None, "user-1")
 

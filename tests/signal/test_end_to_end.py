@@ -21,8 +21,8 @@ from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import Store, open_store
 from tests.fakes.signal_cli import SENDER_UUID, FakeSignalCli, text_envelope
-
-from .conftest import TrioClock, wait_until
+from tests.support.clocks import TrioClock
+from tests.support.waiting import wait_until
 
 
 async def authorize(inp: AuthorizeInput) -> Grant:

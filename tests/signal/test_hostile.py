@@ -12,8 +12,8 @@ import trio
 from trio.testing import MockClock
 
 from tests.fakes.signal_cli import ACCOUNT, FakeSignalCli, text_envelope
-
-from .conftest import Recorder, wait_until
+from tests.support.recorder import Recorder
+from tests.support.waiting import wait_until
 
 KEYS = (
     "envelope",

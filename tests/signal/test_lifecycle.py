@@ -26,8 +26,11 @@ from tests.fakes.signal_cli import (
     other_envelope,
     text_envelope,
 )
+from tests.support.clocks import TrioClock
+from tests.support.recorder import Recorder
+from tests.support.waiting import raises_flat, wait_until
 
-from .conftest import CONN, SERVICE, Recorder, TrioClock, raises_flat, wait_until
+from .conftest import CONN, SERVICE
 
 LEASE_KEY = f"r1:{CONN}"
 

@@ -16,8 +16,9 @@ from adapters.signal._send import UNKNOWN, error_outcome, render, result_outcome
 from adapters.toolkit import RpcError, utf16_units
 from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.signal_cli import SENDER_UUID, FakeSignalCli, SendOutcome
+from tests.support.waiting import raises_flat
 
-from .conftest import CONN, fixture, raises_flat
+from .conftest import CONN, fixture
 
 TOKEN_A = "A" * 43
 TOKEN_D = "d" * 32

@@ -18,8 +18,8 @@ from stores import (
     Store,
     StoreUnavailableError,
 )
-
-from .conftest import EPOCH_MS, Backend
+from tests.support.backends import Backend
+from tests.support.clocks import EPOCH_MS
 
 NS = "prism.channels.v1.binding"
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")

@@ -15,8 +15,7 @@ from stores import (
     OwnershipScope,
     Store,
 )
-
-from .conftest import EPOCH_MS
+from tests.support.clocks import EPOCH_MS
 
 NS = "prism.channels.v1.binding"
 KEY = "durable:tg-1"

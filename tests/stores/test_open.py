@@ -19,8 +19,8 @@ from stores import (
 )
 from stores.memory import MemoryStore
 from stores.sqlite import SQLiteStore, open_sqlite_store
-
-from .conftest import Backend, TrioClock
+from tests.support.backends import Backend
+from tests.support.clocks import TrioClock
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 BINDING_NS = "prism.channels.v1.binding"

@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
@@ -30,7 +29,8 @@ from stores import (
 )
 from stores._pg_schema import LATEST, MIGRATIONS
 from stores.postgres import PostgresStore
-from tests import pgserver
+from tests.support import pgserver
+from tests.support.clocks import ManualClock
 
 from .test_sqlite_processes import spawn
 
@@ -38,14 +38,6 @@ SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 NS = "prism.channels.v1.operation"
 HUGE = secrets.token_hex(6000)
 """A key the server refuses: incompressible, past the btree's limit for one index entry."""
-
-
-@attrs.define
-class ManualClock:
-    now: int = 1_700_000_000_000
-
-    def now_ms(self) -> int:
-        return self.now
 
 
 @pytest.fixture
@@ -526,7 +518,7 @@ async def test_expiry_takeover_and_the_old_owner_is_refused(url: str) -> None:
                 **op, version=1, expected_version=0, value={"by": "a"}, fencing_token=1
             )
             assert await b.leases.try_acquire_lease(owner_id="b", ttl_ms=1000, **lease_at) is None
-            clock.now += 1001
+            clock.ms += 1001
             taken = await b.leases.try_acquire_lease(owner_id="b", ttl_ms=1000, **lease_at)
             assert taken is not None and taken.fencing_token == 2
             await b.checkpoints.save_checkpoint(

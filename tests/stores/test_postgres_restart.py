@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from stores import OwnershipScope, Store, StoreUnavailableError, open_store
-from tests import pgserver
+from tests.support import pgserver
 
 pytestmark = pytest.mark.slow
 

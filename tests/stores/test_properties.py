@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stores import CheckpointConflictError, OwnershipScope, Store, open_store
-from tests import pgserver
-
-from .conftest import BACKENDS, Backend
+from tests.support import pgserver
+from tests.support.backends import BACKENDS, Backend
+from tests.support.clocks import ManualClock
 
 SCOPES = [OwnershipScope("t1", "a1", "u1"), OwnershipScope("t1", "a1", "u2"), OwnershipScope()]
 KEYS = ["a", "b"]
@@ -32,14 +32,6 @@ PROPERTY_SETTINGS = settings(
     max_examples=40,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@attrs.define
-class ManualClock:
-    now: int = 1_700_000_000_000
-
-    def now_ms(self) -> int:
-        return self.now
 
 
 @attrs.define
@@ -195,10 +187,10 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
     current_token: str | None = None
     lk: dict[str, Any] = {"namespace": "n", "key": "k", "scope": SCOPES[0]}
     for op in ops:
-        now = clock.now
+        now = clock.ms
         live = holder is not None and expires > now
         if op[0] == "advance":
-            clock.now += op[1]
+            clock.ms += op[1]
         elif op[0] == "acquire":
             _, owner, reclaim = op
             lease = await store.leases.try_acquire_lease(
@@ -231,7 +223,7 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
                 if released:
                     expires = now
         current = await store.leases.get_lease(**lk)
-        if holder is not None and expires > clock.now:
+        if holder is not None and expires > clock.ms:
             assert current is not None and current.owner_id == holder
             assert (current.fencing_token, current.expires_at_ms) == (fence, expires)
         else:

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
 from adapters.telegram import TelegramAdapter
-from prismd.channel import Admission, InboundEvent
 from stores import OwnershipScope
 from stores.memory import MemoryStore
 from tests.conftest import FIXTURES
 from tests.fakes.telegram_api import FakeBotApi, start_fake
+from tests.support.clocks import TrioClock
+from tests.support.recorder import Recorder
 
 TOKEN = "123456:secret-token"
 CONN = "telegram-main"
@@ -27,35 +27,9 @@ TG_FIXTURES = FIXTURES / "telegram"
 TOKEN_43 = "A" * 43
 
 
-class TrioClock:
-    """Store wall clock that follows Trio's (virtual) clock, so leases expire in test time."""
-
-    def now_ms(self) -> int:
-        return 1_700_000_000_000 + int(trio.current_time() * 1000)
-
-
 def fixture(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(Path(TG_FIXTURES / name).read_text())
     return data
-
-
-@attrs.define(eq=False)
-class Recorder:
-    """An ``admit`` that records events and answers ``answer(event)`` (accepted by default)."""
-
-    answer: Callable[[InboundEvent], Admission] = lambda _e: Admission(status="accepted")
-    events: list[InboundEvent] = attrs.field(factory=list)
-    changed: trio.Event = attrs.field(factory=trio.Event)
-
-    async def __call__(self, event: InboundEvent) -> Admission:
-        self.events.append(event)
-        self.changed.set()
-        self.changed = trio.Event()
-        return self.answer(event)
-
-    async def wait_for(self, count: int) -> None:
-        while len(self.events) < count:
-            await self.changed.wait()
 
 
 def private_message(
@@ -163,31 +137,9 @@ async def cursor_value(store: MemoryStore) -> dict[str, Any] | None:
     return None if record is None else dict(record.value)
 
 
-def raises_flat(exc: type[BaseException], match: str | None = None) -> Any:
-    """Expect ``exc`` raised bare or inside (nested) nursery exception groups."""
-    return pytest.RaisesGroup(
-        pytest.RaisesExc(exc, match=match), flatten_subgroups=True, allow_unwrapped=True
-    )
-
-
 async def run_until_admitted(adapter: TelegramAdapter, recorder: Recorder, count: int = 1) -> None:
     """Run the adapter until ``recorder`` has ``count`` events, then stop it."""
     async with trio.open_nursery() as nursery:
         await nursery.start(adapter.run)
         await recorder.wait_for(count)
         nursery.cancel_scope.cancel()
-
-
-async def wait_until(predicate: Callable[[], bool], step: float = 0.1) -> None:
-    """Poll a condition on (virtual) time; tests bound it with their own deadline."""
-    while True:
-        if predicate():
-            return
-        await trio.sleep(step)
-
-
-async def wait_until_async(predicate: Callable[[], Awaitable[object]], step: float = 0.1) -> None:
-    while True:
-        if await predicate():
-            return
-        await trio.sleep(step)

@@ -27,8 +27,10 @@ from adapters.telegram._api import (
 )
 from prismd.channel import Reply
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.recorder import Recorder
+from tests.support.waiting import raises_flat, wait_until
 
-from .conftest import CONN, SERVICE, TOKEN, Recorder, private_message, raises_flat, wait_until
+from .conftest import CONN, SERVICE, TOKEN, private_message
 
 RETRY_RE = re.compile(
     rf"^telegram {CONN}: (\w+) failed: (.+); retry in (\d+\.\d) s \(attempt (\d+)\)$"

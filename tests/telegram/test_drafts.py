@@ -10,8 +10,9 @@ from trio.testing import MockClock
 from adapters.telegram._send import tail_units, utf16_units
 from prismd.channel import Preview, Reply
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.waiting import wait_until
 
-from .conftest import CONN, wait_until
+from .conftest import CONN
 
 
 def preview(text: str, chat: str = "101", thread: str | None = None, conn: str = CONN) -> Preview:

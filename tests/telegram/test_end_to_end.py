@@ -23,8 +23,10 @@ from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import Store, open_store
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.clocks import TrioClock
+from tests.support.waiting import wait_until
 
-from .conftest import TrioClock, private_message, wait_until
+from .conftest import private_message
 
 
 async def authorize(inp: AuthorizeInput) -> Grant:

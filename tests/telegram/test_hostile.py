@@ -16,17 +16,10 @@ from adapters.telegram._api import TelegramApi, TelegramNetworkError, TelegramRe
 from adapters.telegram._parse import parse_update
 from prismd.channel import AttachmentRef, Control, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.recorder import Recorder
+from tests.support.waiting import wait_until, wait_until_async
 
-from .conftest import (
-    CONN,
-    Recorder,
-    callback,
-    cursor_value,
-    private_message,
-    run_until_admitted,
-    wait_until,
-    wait_until_async,
-)
+from .conftest import CONN, callback, cursor_value, private_message, run_until_admitted
 from .test_webhook import post, webhook_adapter
 
 LONE = "\ud800"

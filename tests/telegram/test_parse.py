@@ -15,8 +15,9 @@ from adapters.telegram._api import TelegramApi, TelegramApiError
 from adapters.telegram._parse import parse_update, strip_bot_mention
 from prismd.channel import AttachmentRef, Reply
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.recorder import Recorder
 
-from .conftest import CONN, TG_FIXTURES, TOKEN, Recorder, fixture, private_message
+from .conftest import CONN, TG_FIXTURES, TOKEN, fixture, private_message
 
 
 def parse(update: dict[str, Any], **kwargs: Any) -> Any:

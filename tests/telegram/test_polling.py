@@ -16,21 +16,19 @@ from trio.testing import MockClock
 from adapters.telegram import ReceiverLeaseLostError
 from prismd.channel import AdapterFatalError, Admission, InboundEvent, Reply
 from tests.fakes.telegram_api import CONFLICT_POLLER, FakeBotApi
+from tests.support.recorder import Recorder
+from tests.support.waiting import raises_flat, wait_until, wait_until_async
 
 from .conftest import (
     CONN,
     SERVICE,
     TOKEN,
     TOKEN_43,
-    Recorder,
     callback,
     cursor_value,
     private_message,
-    raises_flat,
     run_until_admitted,
     topic_message,
-    wait_until,
-    wait_until_async,
 )
 
 

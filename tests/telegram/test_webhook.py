@@ -15,17 +15,10 @@ from prismd.channel import AdapterFatalError, Admission, InboundEvent
 from prismd.cli._telegram import adelete_webhook, aset_webhook
 from prismd.daemon._config import TelegramConnectionConfig
 from tests.fakes.telegram_api import FakeBotApi
+from tests.support.recorder import Recorder
+from tests.support.waiting import raises_flat
 
-from .conftest import (
-    CONN,
-    SERVICE,
-    TOKEN,
-    TOKEN_43,
-    Recorder,
-    callback,
-    private_message,
-    raises_flat,
-)
+from .conftest import CONN, SERVICE, TOKEN, TOKEN_43, callback, private_message
 
 SECRET = "webhook-secret"
 RECEIVER = "prism.channels.v1.telegram.receiver"

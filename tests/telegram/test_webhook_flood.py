@@ -16,7 +16,8 @@ import trio
 
 from tests.daemon.helpers import free_port, prismctl, running_daemon, write_config
 from tests.fakes.telegram_api import FakeBotApi, start_fake
-from tests.flood import closed_by_peer, idle_connections, wait_until
+from tests.support.flood import closed_by_peer, idle_connections
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

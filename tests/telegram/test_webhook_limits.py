@@ -14,9 +14,11 @@ import trio
 from adapters.telegram import TelegramAdapter
 from adapters.telegram._webhook import MAX_PENDING, MAX_SERVING
 from tests.fakes.telegram_api import FakeBotApi
-from tests.flood import closed_by_peer, drip, idle_connections, wait_until
+from tests.support.flood import closed_by_peer, drip, idle_connections
+from tests.support.recorder import Recorder
+from tests.support.waiting import wait_until
 
-from .conftest import Recorder, private_message
+from .conftest import private_message
 from .test_webhook import SECRET, post, webhook_adapter
 
 FLOOD = 300

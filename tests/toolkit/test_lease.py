@@ -16,8 +16,7 @@ from trio.testing import MockClock
 from adapters.toolkit import LeaseLostError, ReceiverLease
 from stores import OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
-
-from .conftest import TrioClock
+from tests.support.clocks import TrioClock
 
 NS = "prism.test.receiver"
 KEY = "r1:conn"

@@ -25,7 +25,8 @@ from adapters.toolkit import (
     quiet_note,
     serve_limited,
 )
-from tests.flood import gone, wait_until
+from tests.support.flood import gone
+from tests.support.waiting import wait_until
 
 DEADLINE = 20
 

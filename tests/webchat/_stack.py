@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import trio
 
 from adapters.webchat._adapter import WebchatAdapter
@@ -46,16 +45,6 @@ async def authorize_everyone(request: AuthorizeInput) -> Grant:
         grant_revision="rev-1",
         default_agent_alias="primary",
     )
-
-
-@attrs.define
-class MutableClock:
-    """A wall clock a test moves by hand (``ms`` since the epoch)."""
-
-    ms: int
-
-    def now_ms(self) -> int:
-        return self.ms
 
 
 def sqlite_url(directory: Path) -> str:

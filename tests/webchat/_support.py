@@ -15,17 +15,10 @@ import trio_websocket
 
 from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import Admission, InboundEvent
+from tests.support.clocks import ManualClock
 
 FIXED_NOW_MS = 1_780_000_000_000
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@attrs.frozen
-class FixedClock:
-    ms: int = FIXED_NOW_MS
-
-    def now_ms(self) -> int:
-        return self.ms
 
 
 @attrs.define
@@ -50,7 +43,7 @@ class Recorder:
 async def start(nursery: trio.Nursery, **kwargs: Any) -> tuple[WebchatAdapter, Recorder]:
     recorder = kwargs.pop("admit", None) or Recorder()
     kwargs.setdefault("listen", "127.0.0.1:0")
-    kwargs.setdefault("clock", FixedClock())
+    kwargs.setdefault("clock", ManualClock(FIXED_NOW_MS))
     adapter = WebchatAdapter(connection_id="web", admit=recorder, **kwargs)
     await nursery.start(adapter.run)
     return adapter, recorder

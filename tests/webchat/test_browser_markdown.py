@@ -12,8 +12,9 @@ import trio
 import trio_websocket
 
 from tests.fakes.openai_api import Answer, FakeOpenAI, start_fake_openai
+from tests.support.clocks import ManualClock
 
-from ._stack import MutableClock, chat_stack
+from ._stack import chat_stack
 from .test_browser import TYPE_AND_SEND, DevTools, launch_chromium, page_url
 
 HOSTILE = (
@@ -143,7 +144,7 @@ async def test_a_streamed_answer_shows_live_then_settles_in_chromium(
 
 
 async def test_a_refused_decision_leaves_its_buttons_usable_in_chromium(tmp_path: Path) -> None:
-    clock = MutableClock(1_700_000_000_000)
+    clock = ManualClock(1_700_000_000_000)
     with trio.fail_after(60):
         async with (
             launch_chromium(tmp_path) as devtools_url,

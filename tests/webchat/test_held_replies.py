@@ -23,8 +23,9 @@ from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from prismd.runtime._ids import operation_id_for
 from stores import OwnershipScope, open_store
 from stores.memory import MemoryStore
+from tests.support.clocks import ManualClock
 
-from ._stack import OPERATOR, MutableClock, authorize_everyone, chat_stack, sqlite_url
+from ._stack import OPERATOR, authorize_everyone, chat_stack, sqlite_url
 from ._support import connect, hello, recv, send
 
 ACTOR = "held-actor-000001"
@@ -247,7 +248,7 @@ async def test_a_wrong_or_missing_resume_token_gets_nothing_of_the_conversation(
 
 
 async def test_history_is_bounded_oldest_first_delivered_only_and_within_retention() -> None:
-    clock = MutableClock(1_780_000_000_000)
+    clock = ManualClock(1_780_000_000_000)
     with trio.fail_after(30):
         async with chat_stack(clock=clock) as (adapter, runtime):
             async with connect(adapter) as ws:
@@ -278,7 +279,7 @@ async def test_history_is_bounded_oldest_first_delivered_only_and_within_retenti
 
 
 async def test_a_held_answer_older_than_retention_waits_for_the_operator() -> None:
-    clock = MutableClock(1_780_000_000_000)
+    clock = ManualClock(1_780_000_000_000)
     results_in, results = trio.open_memory_channel[SendResult](10)
     with trio.fail_after(20):
         async with chat_stack("mock", SLOW, results_in, clock=clock) as (adapter, runtime):

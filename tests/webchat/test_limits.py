@@ -19,7 +19,8 @@ import trio_websocket
 from adapters.webchat._adapter import MAX_PENDING, MAX_SOCKETS, WebchatAdapter
 from prismd.channel import Reply
 from prismd.daemon import _logs as logs
-from tests.flood import drip, gone, wait_until
+from tests.support.flood import drip, gone
+from tests.support.waiting import wait_until
 
 from ._support import connect, get, hello, http, recv, send, start, upgrade
 

@@ -15,8 +15,8 @@ from adapters.webchat import _adapter as webchat
 from adapters.webchat._adapter import RESUME_NAMESPACE
 from stores import CheckpointStore, OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
+from tests.support.clocks import ManualClock
 
-from ._stack import MutableClock
 from ._support import FIXED_NOW_MS, connect, hello, recv, send, start
 
 ACTOR = "resume-actor-0001"
@@ -109,7 +109,7 @@ async def test_two_browsers_claiming_a_fresh_id_at_once_one_wins(nursery: trio.N
 
 
 async def test_an_id_unused_past_its_ttl_is_free_again_and_swept(nursery: trio.Nursery) -> None:
-    clock = MutableClock(FIXED_NOW_MS)
+    clock = ManualClock(FIXED_NOW_MS)
     with trio.fail_after(10):
         async with MemoryStore(clock=clock) as store:
             adapter, _ = await start(
@@ -177,7 +177,7 @@ async def test_the_sweep_is_bounded_and_goes_on_where_it_stopped(
 ) -> None:
     monkeypatch.setattr(webchat, "SWEEP_PAGES", 1)
     monkeypatch.setattr(webchat, "SWEEP_PAGE_SIZE", 2)
-    clock = MutableClock(FIXED_NOW_MS)
+    clock = ManualClock(FIXED_NOW_MS)
     with trio.fail_after(10):
         async with MemoryStore(clock=clock) as store:
             adapter, _ = await start(

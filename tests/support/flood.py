@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import trio
-
-
-async def wait_until(predicate: Callable[[], bool], step: float = 0.01) -> None:
-    """Poll a condition (on Trio's clock); the caller bounds it with its own deadline."""
-    while True:
-        if predicate():
-            return
-        await trio.sleep(step)
 
 
 @contextlib.contextmanager

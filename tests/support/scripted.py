@@ -1,5 +1,8 @@
 """A scriptable test agent that stands in for an LLM provider (implements ``prismd.agents``).
 
+Also :class:`RecordingAgent`, a model stand-in that records every input and streams one
+fixed answer.
+
 Usage::
 
     agent = ScriptedAgent(answer="answer")               # answers "answer"
@@ -288,3 +291,31 @@ def image_blocks(value: object) -> list[ImageBlock]:
     if isinstance(value, tuple):
         return [b for b in value if isinstance(b, ImageBlock)]
     return []
+
+
+@attrs.define(eq=False)
+class RecordingAgent:
+    """A model stand-in that records every input and answers ``answer`` (streamed)."""
+
+    agent_id: str = "recording"
+    definition_revision: str = "rec-1"
+    input_capabilities: frozenset[str] = frozenset({"text"})
+    supports_approvals: bool = False
+    answer: str = "model answer"
+    inputs: list[Any] = attrs.field(factory=list)
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
+        self.inputs.append(request.input)
+        run_id = f"rec-{len(self.inputs)}"
+        if on_event is not None:
+            on_event(StreamEvent("message_started", run_id))
+            on_event(StreamEvent("message_delta", run_id, self.answer))
+            on_event(StreamEvent("message_finished", run_id, self.answer))
+        await trio.lowlevel.checkpoint()
+        return RunResult("succeeded", self.answer, run_id, request.session_id)
+
+    async def status(self, **_kw: Any) -> RunState | None:
+        return None
+
+    async def resume(self, **kw: Any) -> RunResult:
+        raise AssertionError("RecordingAgent never suspends")
