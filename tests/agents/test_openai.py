@@ -319,6 +319,7 @@ async def test_a_hanging_server_fails_after_timeout_ms(
     await agent.aclose()
 
 
+@pytest.mark.slow
 async def test_unreachable_server_is_a_clear_failure(
     store: MemoryStore, clock: ManualClock
 ) -> None:
@@ -534,6 +535,7 @@ async def test_a_crash_mid_tool_leaves_an_interrupted_run_that_never_calls_again
     await restarted.aclose()
 
 
+@pytest.mark.slow
 async def test_a_cancelled_resume_ends_the_run_state(
     fake: FakeOpenAI, store: MemoryStore, clock: ManualClock, calls: Calls
 ) -> None:

@@ -13,6 +13,8 @@ import pytest
 
 from prismd.cli._prismd import main
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 REPO = Path(__file__).resolve().parents[2]
 
 GOOD = """

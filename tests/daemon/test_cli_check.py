@@ -18,6 +18,8 @@ from prismd.daemon._config import ConfigError, check_runnable, load_config
 
 from .helpers import REPO
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 SECRET = "0123456:SecretTokenValue-7f3a-abcdefghijklmnopqrstu"
 MISSING_ENV = "PRISMD_CHECK_MISSING_7F3A"
 MISSING_GROUP = "no-such-group-7f3a"

@@ -13,6 +13,8 @@ from pathlib import Path
 import apsw
 import pytest
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 REPO = Path(__file__).resolve().parents[2]
 SECRET_TEXT = "private words from a user 7f3a"
 

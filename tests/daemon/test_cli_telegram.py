@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.fakes.telegram_api import start_fake
 
 from .helpers import child_env
+
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
 
 SECRET = "hook-secret_0123"
 

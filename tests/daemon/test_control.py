@@ -36,6 +36,8 @@ from tests.support.privileges import chown_group, needs_root
 
 from .test_control_support import Client, RecordingRuntime, connect, running_server
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 DEADLINE = 10
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 
 from prismd.agents._base import AgentContext
@@ -27,6 +28,8 @@ from stores import OwnershipScope
 from stores.memory import MemoryStore
 
 from .test_control_support import connect
+
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
 
 DEADLINE = 20
 PRISMCTL = [sys.executable, "-m", "prismd.cli.prismctl"]

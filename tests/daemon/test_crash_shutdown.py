@@ -5,11 +5,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.fakes.telegram_api import start_fake
 
 from .helpers import free_port, live_leases, running_daemon, write_config
+
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
 
 
 async def test_sigterm_during_a_long_poll_exits_0_promptly_and_releases_the_receiver_lease(

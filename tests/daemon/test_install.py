@@ -22,6 +22,8 @@ import trio
 
 from .helpers import REPO
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 SYSTEMD = REPO / "systemd"
 ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 OPERATORS_GROUP = "prismd-operators"

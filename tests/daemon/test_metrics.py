@@ -30,6 +30,8 @@ from stores.memory import MemoryStore
 from .helpers import chat
 from .helpers import inprocess_config as _config
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 SCOPE = OwnershipScope(tenant_id="t", account_id="a", user_id="u")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -27,6 +27,8 @@ from tests.support.privileges import needs_root
 
 from .test_control_support import RecordingRuntime, running_server
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 DEADLINE = 20
 PRISMCTL = [sys.executable, "-m", "prismd.cli.prismctl"]
 REPO = Path(__file__).resolve().parents[2]

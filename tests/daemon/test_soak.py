@@ -19,6 +19,8 @@ from prismd.cli._soak import SoakOptions, soak
 
 from .helpers import child_env
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 REPO = Path(__file__).resolve().parents[2]
 
 FIELDS = {

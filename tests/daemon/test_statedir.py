@@ -13,6 +13,8 @@ import pytest
 
 from prismd.daemon._statedir import StateDirError, locked_state_dir, open_state_dir
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 
 def test_creates_directory_with_0750_and_a_uuid_instance_id(tmp_path: Path) -> None:
     target = tmp_path / "state" / "nested"

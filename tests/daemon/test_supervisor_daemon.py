@@ -21,6 +21,8 @@ from prismd.daemon._daemon import Daemon, RestartPolicy
 from .helpers import chat
 from .helpers import inprocess_config as _config
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 
 def _port(daemon: Daemon) -> int:
     url = daemon.endpoints["webchat:web"]

@@ -25,6 +25,8 @@ from prismd.daemon._daemon import Daemon, RestartPolicy
 from .helpers import Layout, chat, child_env, free_port, running_daemon, wait_runs, write_config
 from .helpers import inprocess_config as _config
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 SECRET = "SuperSecretValue-0123456789"
 
 

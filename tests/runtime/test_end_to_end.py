@@ -237,6 +237,7 @@ async def test_sigkill_leaves_executing_reconcilable_never_rerun_b119_b120(
     assert agent.provider_calls == 0
 
 
+@pytest.mark.slow
 async def test_worker_refuses_bad_input_b181() -> None:
     """The worker exits non-zero before doing anything when its input is missing/invalid."""
     for value in (None, "{", json.dumps({"filename": "x.txt"})):
@@ -260,6 +261,7 @@ def test_diagnostics_names_are_the_fifteen_counters() -> None:
     assert len(attrs.fields(Diagnostics)) == 15
 
 
+@pytest.mark.slow
 async def test_two_handles_same_event_runs_once_and_deferred_turn_completes(
     tmp_path: Path,
 ) -> None:

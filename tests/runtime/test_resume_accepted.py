@@ -118,6 +118,7 @@ def _texts_by_chat(agent: ScriptedAgent, chat_of: dict[str, str]) -> dict[str, l
 CHAT_OF = {"m1": "chat-1", "m2": "chat-1", "m3": "chat-1", "m4": "chat-2", "m5": "chat-1"}
 
 
+@pytest.mark.slow
 async def test_killed_accepted_messages_run_once_in_fifo_order(store: Store) -> None:
     await _admit_then_kill(store, _events())
     before = await _ops(store)
@@ -156,6 +157,7 @@ async def test_killed_accepted_messages_run_once_in_fifo_order(store: Store) -> 
     assert all(v["attempts"] == 1 for v in after.values())
 
 
+@pytest.mark.slow
 async def test_default_does_not_resume(store: Store) -> None:
     await _admit_then_kill(store, _events())
     await trio.sleep(0.01)
@@ -265,6 +267,7 @@ async def test_denied_at_recovery_settles_failed_without_run(store: Store) -> No
     assert sorted(c.text for c in host.authorize_calls) == ["m1", "m2", "m3", "m4"]
 
 
+@pytest.mark.slow
 async def test_authorize_error_at_recovery_leaves_accepted(store: Store) -> None:
     await _admit_then_kill(store, _events())
     await trio.sleep(0.01)
@@ -282,6 +285,7 @@ async def test_authorize_error_at_recovery_leaves_accepted(store: Store) -> None
     assert all(v["state"] == "accepted" and "input" in v for v in stored.values())
 
 
+@pytest.mark.slow
 async def test_two_runtimes_recovering_concurrently_run_each_once(store: Store) -> None:
     await _admit_then_kill(store, _events())
     await trio.sleep(0.01)

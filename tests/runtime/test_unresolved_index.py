@@ -74,6 +74,7 @@ async def fill_scope(store: Store, scope: OwnershipScope, settled: int) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.slow
 async def test_an_old_executing_record_behind_5000_settled_ones_is_listed(
     tmp_path: Path, kind: str
 ) -> None:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -108,6 +109,7 @@ async def test_approval_lines_are_answered_with_approve_commands(
     assert fake.sends[1] == {"recipient": [SENDER_UUID], "message": "mock: run it"}
 
 
+@pytest.mark.slow
 async def test_two_adapters_on_one_sqlite_journal_one_receives(
     fake: FakeSignalCli, make_adapter: Any, tmp_path: Path
 ) -> None:

@@ -400,6 +400,7 @@ _json = st.recursive(
 
 @given(_json)
 @settings(max_examples=300, deadline=None)
+@pytest.mark.slow
 def test_any_params_parse_without_raising(params: Any) -> None:
     note = read_notification(params)
     if note is None:

@@ -79,6 +79,7 @@ async def test_tokens_are_unique_per_acquisition(store: Store) -> None:
     assert len(tokens) == 5
 
 
+@pytest.mark.slow
 async def test_renew_keeps_tokens_and_moves_expiry(store: Store, autojump_clock: Any) -> None:
     lease = await acquire(store, ttl_ms=1000)
     assert lease is not None
@@ -98,6 +99,7 @@ async def test_renew_keeps_tokens_and_moves_expiry(store: Store, autojump_clock:
     assert await renew(store, lease) is None  # expired leases are not renewed
 
 
+@pytest.mark.slow
 async def test_expiry_then_takeover_bumps_fence(store: Store, autojump_clock: Any) -> None:
     lease = await acquire(store, ttl_ms=1000)
     assert lease is not None
@@ -115,6 +117,7 @@ async def test_expiry_then_takeover_bumps_fence(store: Store, autojump_clock: An
     assert await get(store) == taken
 
 
+@pytest.mark.slow
 async def test_fence_counter_survives_release_and_expiry(store: Store, autojump_clock: Any) -> None:
     fences = []
     for i in range(3):
@@ -159,6 +162,7 @@ async def test_reclaim_takes_over_own_unexpired_lease(store: Store) -> None:
     assert fresh is not None and fresh.fencing_token == again.fencing_token + 1
 
 
+@pytest.mark.slow
 async def test_lease_scope_mismatch_is_a_conflict_both_ways(
     store: Store, autojump_clock: Any
 ) -> None:

@@ -47,6 +47,7 @@ async def walk(store: Store, limit: int, **filters: Any) -> list[tuple[str, str]
         cursor = page.next_cursor
 
 
+@pytest.mark.slow
 async def test_order_is_newest_first_then_key(store: Store, autojump_clock: Any) -> None:
     await put(store, "n", "b")
     await put(store, "n", "a")
@@ -128,6 +129,7 @@ async def test_limit_is_clamped(store: Store) -> None:
         await lc(limit=1.5)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_paging_walks_every_row_once(store: Store, autojump_clock: Any) -> None:
     expected = []
     for i in range(23):
@@ -148,6 +150,7 @@ async def test_paging_walks_every_row_once(store: Store, autojump_clock: Any) ->
         assert seen == [(r.namespace, r.key) for r in full.items]
 
 
+@pytest.mark.slow
 async def test_paging_under_concurrent_writes(store: Store, autojump_clock: Any) -> None:
     """No row twice, and every row that stayed unchanged for the whole walk is seen."""
     rng = random.Random(7)

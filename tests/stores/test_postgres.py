@@ -34,6 +34,8 @@ from tests.support.clocks import ManualClock
 
 from .test_sqlite_processes import spawn
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 NS = "prism.channels.v1.operation"
 HUGE = secrets.token_hex(6000)

@@ -153,6 +153,7 @@ async def run_checkpoint_ops(store: Store, ops: list[tuple[Any, ...]]) -> None:
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=checkpoint_ops)
+@pytest.mark.slow
 def test_checkpoint_rules_match_model(
     scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
 ) -> None:
@@ -233,6 +234,7 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @PROPERTY_SETTINGS
 @given(ops=lease_ops)
+@pytest.mark.slow
 def test_lease_rules_match_model(
     scratch: Scratch, backend_name: str, ops: list[tuple[Any, ...]]
 ) -> None:

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.lowlevel
 from trio.testing import MockClock
@@ -126,6 +127,7 @@ async def test_adapter_restart_mid_batch_each_update_answered_once(
     assert duplicates == [str(ids[1])]
 
 
+@pytest.mark.slow
 async def test_two_adapters_on_one_sqlite_file_one_poller(
     fake: FakeBotApi, tmp_path: Path, make_adapter: Any
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -19,6 +20,7 @@ async def call(fake: FakeBotApi, method: str, token: str = TOKEN, **kwargs: Any)
         return await client.post(f"{fake.origin}/bot{token}/{method}", timeout=120, **kwargs)
 
 
+@pytest.mark.slow
 async def test_envelopes_and_errors(fake: FakeBotApi) -> None:
     ok = await call(fake, "getMe", json={})
     assert ok.json()["ok"] is True and ok.json()["result"]["is_bot"] is True

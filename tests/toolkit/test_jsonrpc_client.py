@@ -141,6 +141,7 @@ async def test_notifications_arrive_in_order_and_server_requests_are_refused() -
     }
 
 
+@pytest.mark.slow
 async def test_a_call_past_its_deadline_times_out_and_its_late_answer_is_dropped(
     mock_clock: MockClock,
 ) -> None:

@@ -49,6 +49,7 @@ async def test_a_bad_frame_closes_after_what_came_before(bad: bytes) -> None:
     assert reason == "malformed"
 
 
+@pytest.mark.slow
 async def test_the_default_drops_unreadable_frames_and_goes_on() -> None:
     seen, reason = await _client_reading(NOTE + b"not json\n" + NOTE)
     assert len(seen) == 2 and reason == "open"

@@ -238,6 +238,7 @@ async def test_out_of_descriptors_accept_sheds_the_idlest_connection(
     assert "shed the idlest connection" in failures[0]
 
 
+@pytest.mark.slow
 async def test_out_of_descriptors_accept_backs_off_and_logs_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -421,6 +421,7 @@ async def test_send_reaches_every_socket_of_the_actor_only(nursery: trio.Nursery
             assert (await recv(other))["text"] == "for other"
 
 
+@pytest.mark.slow
 async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

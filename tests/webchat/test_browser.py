@@ -24,6 +24,8 @@ from prismd.channel import SendResult
 
 from ._stack import OPERATOR, chat_stack, sqlite_url
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 TOKEN = "browser-access-token-0123456789"
 CHROMIUM_FLAGS = [
     "--headless",

@@ -17,6 +17,8 @@ from tests.support.clocks import ManualClock
 from ._stack import chat_stack
 from .test_browser import TYPE_AND_SEND, DevTools, launch_chromium, page_url
 
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
 HOSTILE = (
     "# Result\n"
     "**bold** and *italic* and `<b>code</b>` and ~~old~~\n"

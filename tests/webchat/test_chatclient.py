@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -127,6 +128,7 @@ async def test_bad_url_and_actor_exit_1() -> None:
         assert code == 1 and expected in err.getvalue()
 
 
+@pytest.mark.slow
 async def test_token_is_needed_and_never_printed(nursery: trio.Nursery) -> None:
     with trio.fail_after(15):
         adapter, recorder = await start(nursery, access_token=SECRET)
@@ -154,6 +156,7 @@ async def test_token_is_needed_and_never_printed(nursery: trio.Nursery) -> None:
         assert SECRET not in err.getvalue() and "ignored" not in err.getvalue()
 
 
+@pytest.mark.slow
 async def test_server_going_away_and_back_reconnects_and_gets_the_held_answer() -> None:
     """The adapter goes away (a restart) with an answer still due and a line typed while it
     is down: the client reconnects with backoff, receives the held answer once (the runtime
@@ -226,6 +229,7 @@ async def test_server_going_away_and_back_reconnects_and_gets_the_held_answer() 
     assert diagnostics.deliveries == 2  # the held answer once, the new one once
 
 
+@pytest.mark.slow
 async def test_a_server_that_never_comes_back_is_given_up_on() -> None:
     err = Transcript()
     _send_line, lines = trio.open_memory_channel[str](10)
@@ -306,6 +310,7 @@ async def test_run_chat_cli_reads_stdin_until_eof() -> None:
     assert result.stdout.decode() == "agent> ping from stdin\n"
 
 
+@pytest.mark.slow
 async def test_run_chat_cli_gives_up_when_the_server_stays_away_mid_read() -> None:
     """stdin stays open (a person at the terminal); the daemon stops and never returns:
     bounded reconnect attempts, then exit 1 — no hang."""

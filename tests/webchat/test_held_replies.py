@@ -140,6 +140,7 @@ async def test_answer_for_a_closed_tab_is_held_then_delivered_once_on_reconnect(
             assert runtime.diagnostics().deliveries == 2
 
 
+@pytest.mark.slow
 async def test_two_tabs_reconnecting_at_once_get_it_delivered_once(tmp_path: Path) -> None:
     results_in, results = trio.open_memory_channel[SendResult](10)
     with trio.fail_after(20):
@@ -202,6 +203,7 @@ async def test_a_restart_between_the_answer_and_the_reconnect_still_delivers_it(
             assert runtime.diagnostics().deliveries == 1
 
 
+@pytest.mark.slow
 async def test_a_wrong_or_missing_resume_token_gets_nothing_of_the_conversation(
     tmp_path: Path,
 ) -> None:

@@ -26,6 +26,7 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_a_streamed_answer_is_previewed_then_replied(fake: FakeOpenAI) -> None:
     text = "The answer arrives in many small pieces, one after another."
     fake.push(Answer(text, chunk_chars=4, delay_s=0.02))

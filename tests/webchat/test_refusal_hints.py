@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 import trio_websocket
 
@@ -90,6 +91,7 @@ async def test_prismctl_chat_prints_the_hint() -> None:
     assert "yyyy" not in err
 
 
+@pytest.mark.slow
 async def test_the_page_shows_the_hint(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with (
