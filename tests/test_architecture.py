@@ -117,3 +117,57 @@ def test_packages_use_each_other_through_their_faces() -> None:
             if any(part.startswith("_") for part in target.split(".")):
                 crossings.append(f"{module} -> {target}")
     assert crossings == []
+
+
+# Shields whose bound lives elsewhere, each with the reason it cannot hang.
+BOUNDED_ELSEWHERE = {
+    # The job is inside a transaction on the store's own thread, which is never abandoned:
+    # the wait ends with that transaction (and the store's busy timeout bounds it).
+    ("stores/sqlite.py", "write"),
+    # Driver.aclose bounds itself (CLOSE_BUDGET_S, then terminates the connections).
+    ("stores/_pg_driver.py", "open_driver"),
+    ("stores/postgres.py", "aclose"),
+}
+
+
+def _unbounded_shields(path: Path) -> list[tuple[str, int]]:
+    """``with trio.CancelScope(shield=True)`` with no ``deadline=`` and no
+    ``move_on_after``/``fail_after`` in the same ``with``, by enclosing function."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = function
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = child.name
+            if isinstance(child, (ast.With, ast.AsyncWith)):
+                calls = [ast.unparse(item.context_expr) for item in child.items]
+                shielded = [c for c in calls if "CancelScope(" in c and "shield=True" in c]
+                bounded = any("deadline=" in c for c in shielded) or any(
+                    "move_on_after(" in c or "fail_after(" in c for c in calls
+                )
+                if shielded and not bounded:
+                    found.append((name, child.lineno))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+def test_every_shield_is_bounded() -> None:
+    """Cleanup is shielded only under a deadline (``move_on_after(…, shield=True)``, a
+    ``deadline=``), so no stop, close or drain can wait forever on a peer or a store."""
+    unbounded = []
+    for path, _is_package in MODULES.values():
+        relative = path.relative_to(REPO).as_posix()
+        for function, line in _unbounded_shields(path):
+            if (relative, function) not in BOUNDED_ELSEWHERE:
+                unbounded.append(f"{relative}:{line} in {function}")
+    assert unbounded == []
+    # The allowance list names only shields that exist (it cannot go stale silently).
+    present = {
+        (path.relative_to(REPO).as_posix(), function)
+        for path, _ in MODULES.values()
+        for function, _line in _unbounded_shields(path)
+    }
+    assert present >= BOUNDED_ELSEWHERE

@@ -430,7 +430,9 @@ class _ReplayStream(trio.abc.Stream):
         """Send the close frame of a failure the library did not send (see the class)."""
         code = self._failed_without_telling()
         if code is not None:
-            with trio.CancelScope(shield=True):
+            # Shielded so a cancelled handler still tells the peer, bounded so a peer that
+            # reads nothing cannot hold the handler (and a stop) forever.
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                 await self.send_close_frame(code, _FAIL_REASONS[code])
 
     def _failed_without_telling(self) -> int | None:
@@ -865,7 +867,7 @@ class WebchatAdapter:
                 if slot.evicted:
                     # Pushed out for a newcomer: say so without waiting for an answer (the
                     # library's reader is cancelled with us); the transport closes next.
-                    with trio.CancelScope(shield=True):
+                    with trio.move_on_after(STOP_CLOSE_BUDGET_S, shield=True):
                         await replay.send_close_frame(1013, "try again later")
                 else:
                     # Stopping (we are cancelled): say 1001 "going away" and do not wait long

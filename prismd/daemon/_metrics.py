@@ -69,6 +69,8 @@ MAX_CONNECTIONS = 8
 _SCRAPES = "scrapes"
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 4 * 1024
+_LISTENER_CLOSE_BUDGET_S = 1.0
+"""Bound of closing the listening sockets at stop (shielded: it runs while cancelled)."""
 STORE_BUCKETS_S = (
     0.0005,
     0.001,
@@ -332,7 +334,7 @@ class MetricsServer:
         finally:
             self._listening = False
             for listener in listeners:
-                with trio.CancelScope(shield=True):
+                with trio.move_on_after(_LISTENER_CLOSE_BUDGET_S, shield=True):
                     await listener.aclose()
 
     async def _handle(self, stream: trio.SocketStream, _slot: Slot) -> None:

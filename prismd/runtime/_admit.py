@@ -193,8 +193,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     # From the record on, admission is shielded (bounded): a caller cancelled after the
     # create would leave an ``accepted`` record in no queue, and the transport's
     # redelivery would be answered "duplicate" — acknowledged, never run.
-    with trio.CancelScope(shield=True) as shield:
-        shield.deadline = trio.current_time() + ADMIT_SHIELD_S
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + ADMIT_SHIELD_S):
         return await _admit_authorized(core, ctx, approval, created)
     # Only when the bound expired: undo our own record (never a duplicate's original),
     # so the transport's retry is admitted afresh.
