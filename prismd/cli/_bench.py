@@ -25,6 +25,9 @@ Scenarios (``--scenario``, repeatable; default all in-process ones):
   :mod:`prismd.cli._bench_live`): 20 web chat sockets, 20 Telegram chats against a loopback
   Bot API, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on
   its own SQLite journal);
+* ``scale`` (with ``--store postgresql://…``; in the default set then): the ``pipeline``
+  run by 1, 2 and 3 ``prismd bench`` processes at once on the one database, each its own
+  runtime and routes; ``scale_N`` sums their throughput and takes the worst p95;
 * ``postgres-bridge`` (with ``--store postgresql://…``; in the default set then): the same
   single-row write — one create-only save, one call of the store's write function — three
   ways in one run, alternating: through the store (``postgres_bridge_store``), the bare
@@ -74,8 +77,12 @@ SCENARIOS = (
     "telegram",
     "stop",
     "postgres-bridge",
+    "scale",
 )
-DEFAULT_SCENARIOS = SCENARIOS[:-1]
+DEFAULT_SCENARIOS = SCENARIOS[:-2]
+POSTGRES_SCENARIOS = ("postgres-bridge", "scale")
+"""Only with ``--store postgresql://…`` (and then in the default set)."""
+SCALE_PROCESSES = (1, 2, 3)
 BRIDGE_ROUND = 50
 """Writes per leg in one round of ``postgres-bridge`` (rounds repeat until the duration)."""
 FSYNC_SAMPLES = 200
@@ -149,7 +156,8 @@ class _Bench:
     runtime: Any
     serial: int = 0
     nonce: str = attrs.Factory(lambda: f"{os.getpid()}-{time.time_ns()}")
-    """In every event id: a store used by an earlier run holds no duplicate of this run's."""
+    """In every event id and route: a store used by an earlier run (or by another process
+    at the same time) holds no duplicate of this run's events and none of its routes."""
 
     def event_id(self, serial: int) -> str:
         return f"ev-{self.nonce}-{serial}"
@@ -158,8 +166,10 @@ class _Bench:
         self.serial += 1
         return InboundEvent(
             connection_id=CONNECTION,
-            external_conversation_id=f"chat-{route}",
-            external_actor_id=f"user-{route}",
+            # Routes are this run's own too: processes sharing a store (``scale``) do not
+            # compete for each other's route leases.
+            external_conversation_id=f"chat-{self.nonce}-{route}",
+            external_actor_id=f"user-{self.nonce}-{route}",
             event_id=event_id or self.event_id(self.serial),
             text=f"message {self.serial}",
         )
@@ -354,6 +364,33 @@ async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
     return out
 
 
+async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
+    """``pipeline`` in 1, 2 and 3 processes at once on one PostgreSQL database."""
+    out: dict[str, Any] = {}
+    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json"]
+    argv += ["--scenario", "pipeline", "--routes", str(routes), "--duration-s", str(duration_s)]
+    for n in SCALE_PROCESSES:
+        reports: list[dict[str, Any]] = []
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(_pipeline_process, argv, reports)
+        out[f"scale_{n}"] = {
+            "processes": n,
+            "count": sum(int(r["count"]) for r in reports),
+            "per_s": round(sum(float(r["per_s"]) for r in reports), 1),
+            "p95_ms": max(float(r["p95_ms"]) for r in reports),
+            "per_process_per_s": [float(r["per_s"]) for r in reports],
+            "cpu_ms_per_message": max(float(r["cpu_ms_per_message"]) for r in reports),
+        }
+    return out
+
+
+async def _pipeline_process(argv: list[str], reports: list[dict[str, Any]]) -> None:
+    done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
+    reports.append(json.loads(done.stdout)["scenarios"]["pipeline"])
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
@@ -430,6 +467,8 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
             results.update(await LIVE[name](live_dir, options.duration_s))
         elif name == "postgres-bridge":
             results.update(await postgres_bridge(fresh_url(), options.duration_s))
+        elif name == "scale":
+            results.update(await scale(fresh_url(), options.duration_s, options.routes))
     baseline()
     fsync = figures(fsync_samples, fsync_elapsed)
     return {
@@ -475,8 +514,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         action="append",
         choices=SCENARIOS,
-        help="run only this scenario (repeatable; default: all but postgres-bridge, and"
-        " that one too with a postgresql:// store)",
+        help="run only this scenario (repeatable; default: all but postgres-bridge and"
+        " scale, and those too with a postgresql:// store)",
     )
     parser.add_argument(
         "--routes", type=int, default=100, help="routes of the pipeline (default 100)"
@@ -497,10 +536,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     scenarios = tuple(args.scenario or DEFAULT_SCENARIOS)
     is_postgres = args.store is not None and is_postgres_url(args.store)
     if args.scenario is None and is_postgres:
-        scenarios += ("postgres-bridge",)
-    if "postgres-bridge" in scenarios and not is_postgres:
-        print("prismd bench: postgres-bridge needs --store postgresql://…", file=sys.stderr)
-        return 2
+        scenarios += POSTGRES_SCENARIOS
+    for name in POSTGRES_SCENARIOS:
+        if name in scenarios and not is_postgres:
+            print(f"prismd bench: {name} needs --store postgresql://…", file=sys.stderr)
+            return 2
     options = BenchOptions(
         store=args.store,
         scenarios=scenarios,

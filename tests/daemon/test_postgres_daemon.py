@@ -241,8 +241,27 @@ def test_prismd_bench_on_postgres_with_the_bridge_scenario(tmp_path: Path, url: 
     assert json.loads(again.stdout)["scenarios"]["admission"]["count"] > 0
 
 
-def test_bench_refuses_the_bridge_scenario_without_postgres(tmp_path: Path) -> None:
-    done = prismd(tmp_path, "bench", "--scenario", "postgres-bridge")
+def test_bench_scale_runs_the_pipeline_in_one_two_and_three_processes(
+    tmp_path: Path, url: str
+) -> None:
+    done = prismd(tmp_path, "bench", "--json", "--duration-s", "0.3", "--routes", "5",
+                  "--store", url, "--scenario", "scale")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scenarios = json.loads(done.stdout)["scenarios"]
+    assert set(scenarios) == {"scale_1", "scale_2", "scale_3"}
+    for n in (1, 2, 3):
+        row = scenarios[f"scale_{n}"]
+        assert row["processes"] == n and len(row["per_process_per_s"]) == n
+        assert all(rate > 0 for rate in row["per_process_per_s"])
+        assert row["per_s"] == round(sum(row["per_process_per_s"]), 1)
+        assert row["count"] > 0 and row["p95_ms"] > 0
+
+
+@pytest.mark.parametrize("scenario", ["postgres-bridge", "scale"])
+def test_bench_refuses_the_postgres_scenarios_without_postgres(
+    tmp_path: Path, scenario: str
+) -> None:
+    done = prismd(tmp_path, "bench", "--scenario", scenario)
     assert done.returncode == 2 and "needs --store postgresql://" in done.stderr
 
 
