@@ -4,10 +4,35 @@ dripping, held) and the checks a flooded server is judged by."""
 from __future__ import annotations
 
 import contextlib
+import resource
 import socket
 from collections.abc import Iterator
 
 import trio
+
+HEADROOM = 512
+"""Descriptors the test process keeps for itself beside a flood (its own sockets, files)."""
+
+
+@contextlib.contextmanager
+def descriptors_for(count: int) -> Iterator[None]:
+    """Room for ``count`` more descriptors in this process: the soft limit raised (up to the
+    hard one) while the block runs. A login shell's soft limit is often 1,024, too few for a
+    flood of 2,000 (root's is usually higher)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + HEADROOM
+    if wanted <= soft:
+        yield
+        return
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        raise RuntimeError(
+            f"the flood needs {wanted} descriptors; the hard limit is {hard} (raise it: ulimit -Hn)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @contextlib.contextmanager
@@ -15,7 +40,7 @@ def idle_connections(host: str, port: int, count: int) -> Iterator[list[socket.s
     """``count`` TCP connections that send nothing, opened at once (non-blocking connects:
     on loopback the kernel completes them in its accept queue), closed on exit."""
     socks: list[socket.socket] = []
-    try:
+    with descriptors_for(count), _closing(socks):
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(sock)
@@ -23,6 +48,12 @@ def idle_connections(host: str, port: int, count: int) -> Iterator[list[socket.s
             with contextlib.suppress(BlockingIOError):
                 sock.connect((host, port))
         yield socks
+
+
+@contextlib.contextmanager
+def _closing(socks: list[socket.socket]) -> Iterator[None]:
+    try:
+        yield
     finally:
         for sock in socks:
             sock.close()
