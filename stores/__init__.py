@@ -26,6 +26,9 @@ from ._types import (
     DEFAULT_MAX_VALUE_BYTES as DEFAULT_MAX_VALUE_BYTES,
 )
 from ._types import (
+    INBOX_STATES as INBOX_STATES,
+)
+from ._types import (
     SYSTEM_CLOCK as SYSTEM_CLOCK,
 )
 from ._types import (

@@ -285,6 +285,11 @@ class TelegramAdapter:
         return self._updates.bot_username
 
     @property
+    def uses_inbox(self) -> bool:
+        """Updates go through the store's durable inbox (``webhook_inbox``)."""
+        return self._inbox_worker is not None
+
+    @property
     def receiver_lease_held(self) -> bool:
         """This adapter holds the bot's receiver lease now (for metrics)."""
         return self._lease.held
