@@ -242,13 +242,18 @@ def parse_request(frame: bytes) -> Request:
     return Request(request_id, method, params)
 
 
-def parse_message(frame: bytes) -> Response | Incoming:
-    """A response or a server-initiated message; :class:`FrameError` when unreadable."""
+def parse_message(frame: bytes, *, strict: bool = False) -> Response | Incoming:
+    """A response or a server-initiated message; :class:`FrameError` when unreadable.
+
+    ``strict``: a message without ``"jsonrpc": "2.0"`` is unreadable too (a peer that does
+    not speak JSON-RPC 2.0 cannot be trusted with the rest of the stream)."""
     try:
         message = _decode(frame)
     except RequestError:
         raise FrameError("unreadable frame") from None
     if not isinstance(message, dict):
+        raise FrameError("unreadable frame")
+    if strict and message.get("jsonrpc") != "2.0":
         raise FrameError("unreadable frame")
     method = message.get("method")
     if isinstance(method, str):

@@ -15,6 +15,8 @@ import trio
 
 from prismd.channel import DeliveryOutcomeUnknownError, Reply, SendResult
 
+from ..toolkit import chunk_text as _chunk_text
+from ..toolkit import utf16_units as utf16_units
 from ._api import TelegramApi, TelegramApiError, TelegramCredentialError, TelegramError
 from ._format import send_formatted
 from ._parse import _bounded_str, clean_text
@@ -28,29 +30,9 @@ Synthesize = Callable[[str], Awaitable[tuple[bytes, str] | None]]
 """``synthesize(text) -> (audio, format)``; format like ``ogg``, ``audio/mpeg`` or ``.m4a``."""
 
 
-def utf16_units(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
-
-
 def chunk_text(text: str, limit: int = MAX_CHUNK_UNITS) -> list[str]:
-    """Split into chunks of at most ``limit`` UTF-16 code units, never inside a surrogate pair.
-
-    Python strings hold code points, so a chunk never splits a pair by construction; the
-    budget counts astral characters as two units.
-    """
-    chunks: list[str] = []
-    current: list[str] = []
-    units = 0
-    for char in text:
-        width = 2 if ord(char) > 0xFFFF else 1
-        if units + width > limit:
-            chunks.append("".join(current))
-            current, units = [], 0
-        current.append(char)
-        units += width
-    if current:
-        chunks.append("".join(current))
-    return chunks
+    """Telegram's chunking: :func:`adapters.toolkit.chunk_text` at 3,500 UTF-16 units."""
+    return _chunk_text(text, limit)
 
 
 def tail_units(text: str, limit: int) -> str:

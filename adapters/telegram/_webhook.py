@@ -2,9 +2,16 @@
 
 HTTP is read and written by the shared pieces of :mod:`adapters.toolkit`: a request head
 over 16 KiB → 431, unparsable → 400, not complete within 30 s → 408 (a kept-alive
-connection silent for 75 s is closed); a body not complete within 30 s → 408. Every
-connection is closed gracefully, so an answer given before the body was read (401, 413…)
-reaches a client that is still sending.
+connection must send its next whole head within 75 s); a body not complete within 30 s →
+408. Every connection is closed gracefully, so an answer given before the body was read
+(401, 413…) reaches a client that is still sending.
+
+Connections are bounded by :func:`adapters.toolkit.serve_limited` in two budgets: at most
+:data:`MAX_PENDING` still in a request head (or idle between kept-alive requests), where a
+newcomer pushes out the oldest, so idle or dripping connections — 2,000 of them — cannot
+keep Telegram out; and at most :data:`MAX_SERVING` requests past the secret check (Telegram
+opens at most 100 connections), beyond which a request is answered 503 and retried by
+Telegram. Out of file descriptors, accept backs off and logs once a minute.
 
 Per request, in this order (contract §11.7; status codes exact):
 
@@ -12,7 +19,8 @@ Per request, in this order (contract §11.7; status codes exact):
    not starting with ``application/json`` → 415;
 2. ``X-Telegram-Bot-Api-Secret-Token`` compared as SHA-256 digests with
    :func:`hmac.compare_digest` → missing or wrong → 401, before the body is read;
-3. this server does not hold the receiver lease (another receiver is active) → 503;
+3. :data:`MAX_SERVING` authenticated requests in progress already → 503; this server
+   does not hold the receiver lease (another receiver is active) → 503;
 4. body over ``max_request_bytes`` → 413; not JSON → 400; not an object with a valid
    ``update_id`` → 400;
 5. a callback query is answered (failure → 503 so Telegram redelivers);
@@ -54,15 +62,19 @@ from stores import InboxStore
 
 from ..toolkit import (
     Backoff,
+    Budget,
+    ConnectionLimiter,
     HttpError,
     LeaseLostError,
     ReceiverLease,
     RequestHead,
+    Slot,
     close_gracefully,
     parse_host_port,
     read_body,
     read_request_head,
     respond,
+    serve_limited,
     server_connection,
 )
 from ._api import TelegramApi, TelegramError
@@ -79,6 +91,11 @@ HEAD_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 75.0
 """A kept-alive connection must send its next request head within this time."""
 MAX_HEAD_BYTES = 16 * 1024
+MAX_PENDING = 128
+"""Connections in a request head or idle between requests; the oldest gives way when full."""
+MAX_SERVING = 100
+"""Requests past the secret check at once: Telegram's ``max_connections`` is at most 100."""
+PENDING, SERVING = "pending", "serving"
 DRAIN_S = 5.0
 """After the lease is lost: how long requests in flight may take to finish."""
 GETME_MAX_BACKOFF_S = 60.0
@@ -108,8 +125,21 @@ class WebhookServer:
     """Inbox mode: updates are committed here (no receiver lease); ``None``: admitted here."""
     on_put: Callable[[], None] | None = None
     """Called after an update was committed to the inbox (wakes this instance's worker)."""
+    max_pending: int = MAX_PENDING
+    max_serving: int = MAX_SERVING
     address: tuple[str, int] | None = attrs.field(default=None, init=False)
     """``(host, port)`` the server listens on, once it does (port 0 resolved)."""
+    limiter: ConnectionLimiter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.limiter = ConnectionLimiter(
+            f"telegram {self.connection_id} webhook",
+            {
+                PENDING: Budget(self.max_pending, "evict", "connections in a request head"),
+                SERVING: Budget(self.max_serving, "refuse", "authenticated requests"),
+            },
+            logger=log,
+        )
 
     async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; raises :class:`LeaseLostError` once the lease is lost
@@ -136,8 +166,10 @@ class WebhookServer:
                     else:
                         self.status.state = "serving"  # every instance serves: no lease
                     nursery.start_soon(self._learn_username)
-                    serve = functools.partial(trio.serve_listeners, handler_nursery=handlers)
-                    await nursery.start(serve, self._handle, listeners)
+                    serve = functools.partial(
+                        serve_limited, budget=PENDING, handler_nursery=handlers
+                    )
+                    await nursery.start(serve, self._handle, listeners, self.limiter)
                     log.info(
                         "telegram %s: webhook listening on %s port %d",
                         self.connection_id,
@@ -179,9 +211,9 @@ class WebhookServer:
                 self.updates.bot_username = me["username"]
             return
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
         try:
-            await self._serve_connection(stream)
+            await self._serve_connection(stream, slot)
         except AdapterFatalError:
             raise
         except Exception:
@@ -189,7 +221,7 @@ class WebhookServer:
         finally:
             await close_gracefully(stream)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, stream: trio.SocketStream, slot: Slot) -> None:
         conn = server_connection(MAX_HEAD_BYTES)
         timeout = HEAD_TIMEOUT_S
         while True:
@@ -200,15 +232,16 @@ class WebhookServer:
             )
             if head is None:
                 return
-            status, close = await self._answer(stream, conn, head)
+            status, close = await self._answer(stream, conn, head, slot)
             await respond(stream, conn, head.method, status, close=close, allow="POST")
             if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
                 return
             conn.start_next_cycle()
+            slot.move(PENDING)  # waiting for the next head: evictable again
             timeout = IDLE_TIMEOUT_S
 
     async def _answer(
-        self, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead
+        self, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead, slot: Slot
     ) -> tuple[int, bool]:
         """``(status, close the connection)`` for one request, following the module docstring."""
         if head.path != self.path:
@@ -219,6 +252,8 @@ class WebhookServer:
             return 415, True
         if not _secret_ok(self.secret, head.headers.get(SECRET_HEADER)):
             return 401, True
+        if not slot.move(SERVING):
+            return 503, True  # more requests at once than Telegram opens: it retries
         if self.inbox is None and not self.lease.held:
             return 503, True
         try:

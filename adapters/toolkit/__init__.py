@@ -9,7 +9,12 @@
 * JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
   bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
   (re-exported here);
-* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too.
+* :func:`serve_limited` with a :class:`ConnectionLimiter` — the one accept loop of every
+  listener: connections split into budgets (a flood of one kind cannot take the places of
+  another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
+  errors back off and log once per interval; :class:`LogThrottle` for such lines;
+* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
+* :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units.
 """
 
 from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
@@ -29,6 +34,16 @@ from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError
 from ._jsonrpc import open_jsonrpc_client as open_jsonrpc_client
 from ._lease import LeaseLostError as LeaseLostError
 from ._lease import ReceiverLease as ReceiverLease
+from ._limits import Budget as Budget
+from ._limits import BudgetStatistics as BudgetStatistics
+from ._limits import ConnectionLimiter as ConnectionLimiter
+from ._limits import Slot as Slot
+from ._limits import serve_limited as serve_limited
 from ._net import is_loopback_host as is_loopback_host
 from ._net import parse_host_port as parse_host_port
 from ._streams import close_gracefully as close_gracefully
+from ._text import chunk_text as chunk_text
+from ._text import utf16_units as utf16_units
+from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
+from ._throttle import LogThrottle as LogThrottle
+from ._throttle import quiet_note as quiet_note

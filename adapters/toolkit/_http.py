@@ -87,6 +87,11 @@ class RequestHead:
     raw: bytes = attrs.field(repr=False)
     """Every byte read from the stream while reading this head (the head, and whatever
     arrived with it): a protocol switch (the web chat's WebSocket upgrade) replays them."""
+    authority: str | None = None
+    """The ``host[:port]`` a target names itself (absolute-form ``http://host/path``, or a
+    ``//host/path`` that parses the same): HTTP makes it the request's host in place of the
+    ``Host`` header, so a server that checks ``Host`` checks this too. ``None`` for the
+    usual origin-form ``/path``."""
 
 
 def server_connection(max_head_bytes: int = MAX_HEAD_BYTES) -> h11.Connection:
@@ -230,4 +235,5 @@ def _parse_head(request: h11.Request, raw: bytes) -> RequestHead:
         query=parse_qs(parts.query),
         headers=headers,
         raw=raw,
+        authority=parts.netloc or None,
     )

@@ -16,7 +16,12 @@ Guarantees of :func:`open_jsonrpc_client`:
 * **One reader.** Responses are matched by id; a late answer to a call that timed out is
   dropped. A request from the server is answered ``-32601``. When the stream ends or
   breaks, every pending call fails with :class:`JsonRpcConnectionError` and the
-  notification channel closes; leaving the context closes the stream.
+  notification channel closes (after every notification read before); leaving the context
+  closes the stream. :attr:`JsonRpcClient.closed_reason` says why it ended.
+* **Bad frames.** An unreadable frame (not JSON, not an object) is dropped with a warning;
+  with ``close_on_bad_frame=True`` it ends the connection instead, as does a message
+  without ``"jsonrpc": "2.0"`` (for a peer whose stream must be trusted whole, such as
+  signal-cli handing out messages once: the caller reconnects rather than guessing).
 
 Example::
 
@@ -32,7 +37,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import attrs
 import trio
@@ -42,6 +47,7 @@ from prismd.jsonrpc import (
     METHOD_NOT_FOUND,
     FrameBuffer,
     FrameError,
+    FrameTooLargeError,
     Incoming,
     Response,
     encode_error,
@@ -61,6 +67,11 @@ log = logging.getLogger("prismd.jsonrpc")
 
 _CHUNK = 65536
 CLOSE_BUDGET_S = 1.0
+
+CloseReason: TypeAlias = Literal["open", "eof", "broken", "oversized", "malformed", "closed"]
+"""Why a connection ended: ``eof`` (the server closed it), ``broken`` (a read or write
+failed), ``oversized`` (a frame over ``max_frame_bytes``), ``malformed`` (a bad frame with
+``close_on_bad_frame``), ``closed`` (the context was left); ``open`` while it lasts."""
 
 
 class JsonRpcConnectionError(Exception):
@@ -96,11 +107,13 @@ class JsonRpcClient:
     notifications: trio.MemoryReceiveChannel[Incoming]
     """Notifications from the server, in arrival order (closed when the connection ends)."""
     _notify_send: trio.MemorySendChannel[Incoming]
+    close_on_bad_frame: bool = False
     _slots: trio.Semaphore = attrs.field(init=False)
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _pending: dict[int, _Pending] = attrs.field(factory=dict, init=False)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    closed_reason: CloseReason = attrs.field(default="open", init=False)
     late_answers: int = attrs.field(default=0, init=False)
     """Responses that matched no pending call (answers after their call's deadline)."""
 
@@ -110,6 +123,11 @@ class JsonRpcClient:
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        """The connection ended (no call can succeed any more)."""
+        return self._closed
 
     async def call(self, method: str, params: Any = None, *, timeout_s: float | None = None) -> Any:
         """The ``result`` of one request. Raises :class:`~prismd.jsonrpc.RpcError` (error
@@ -148,25 +166,31 @@ class JsonRpcClient:
                 await self._stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 # Part of the frame may have gone out: the caller cannot know.
-                self._fail_all()
+                self._fail_all("broken")
                 raise JsonRpcConnectionError(sent=True) from None
 
     async def _read(self) -> None:
         frames = FrameBuffer(self.max_frame_bytes)
+        reason: CloseReason = "closed"  # cancelled: the context is being left
         try:
             while True:
                 frame = frames.next_frame()
                 if frame is None:
                     data = await self._stream.receive_some(_CHUNK)
                     if not data:
+                        reason = "eof"
                         return
                     frames.feed(data)
                     continue
                 if not frame.strip():
                     continue
                 try:
-                    message = parse_message(frame)
+                    message = parse_message(frame, strict=self.close_on_bad_frame)
                 except FrameError:
+                    if self.close_on_bad_frame:
+                        log.warning("JSON-RPC: the server sent an unreadable frame; closing")
+                        reason = "malformed"
+                        return
                     log.warning("JSON-RPC: an unreadable frame was dropped")
                     continue
                 if isinstance(message, Incoming):
@@ -178,12 +202,13 @@ class JsonRpcClient:
                     continue
                 waiter.response = message
                 waiter.done.set()
-        except FrameError:
+        except FrameTooLargeError:
             log.warning("JSON-RPC: the server sent a frame over %d bytes", self.max_frame_bytes)
+            reason = "oversized"
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            reason = "broken"
         finally:
-            self._fail_all()
+            self._fail_all(reason)
 
     async def _incoming(self, message: Incoming) -> None:
         if message.id is None:
@@ -195,7 +220,9 @@ class JsonRpcClient:
         except JsonRpcConnectionError:
             pass
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, reason: CloseReason) -> None:
+        if self.closed_reason == "open":
+            self.closed_reason = reason
         self._closed = True
         for waiter in self._pending.values():
             waiter.done.set()  # response stays None: connection lost
@@ -210,13 +237,16 @@ async def open_jsonrpc_client(
     max_pending: int = 64,
     max_frame_bytes: int = MAX_FRAME_BYTES,
     max_notifications: int = 256,
+    close_on_bad_frame: bool = False,
 ) -> AsyncIterator[JsonRpcClient]:
     """A client reading ``stream`` in the background until the context exits (see the
     module docstring); the stream is closed on exit."""
     if timeout_s <= 0 or max_pending < 1 or max_notifications < 0:
         raise ValueError("timeout_s, max_pending and max_notifications must be positive")
     send, receive = trio.open_memory_channel[Incoming](max_notifications)
-    client = JsonRpcClient(stream, timeout_s, max_pending, max_frame_bytes, receive, send)
+    client = JsonRpcClient(
+        stream, timeout_s, max_pending, max_frame_bytes, receive, send, close_on_bad_frame
+    )
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._read)
@@ -225,6 +255,6 @@ async def open_jsonrpc_client(
             finally:
                 nursery.cancel_scope.cancel()
     finally:
-        client._fail_all()
+        client._fail_all("closed")
         with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
             await stream.aclose()

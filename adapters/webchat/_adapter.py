@@ -8,6 +8,17 @@ then handed to ``trio_websocket.wrap_server_stream`` over a stream that first re
 bytes already read. A plain HTTP answer is followed by a graceful close (the peer's
 remaining input is read and discarded for a bounded time), so it is never lost to a reset.
 
+Connections (:func:`adapters.toolkit.serve_limited`) are counted in two budgets, so that
+neither kind can lock the other out: at most ``max_pending`` (:data:`MAX_PENDING`) still in
+their HTTP head, being answered, or upgraded but before a valid hello; at most
+``max_sockets`` (:data:`MAX_SOCKETS`) established sockets (hello done). A full budget makes
+room for each newcomer: a pending newcomer pushes out the oldest pending connection, so
+slow or silent heads — hundreds of them — cannot keep a user from the page, ``/healthz`` or
+the socket; a socket whose hello completes pushes out the established socket idle longest
+(closed 1013 "try again later"; the page reconnects). An established socket that neither
+sent a message nor got a reply for ``idle_timeout_s`` (:data:`IDLE_TIMEOUT_S`) is closed
+(1000 "idle"); the page reconnects and held replies are re-driven then.
+
 HTTP routes:
 
 * ``GET /`` — the chat page (``page.html``), ``Cache-Control: no-store`` and a strict
@@ -17,12 +28,15 @@ HTTP routes:
 * anything else — 404 (unknown path), 405 (other method), 426 (``/ws`` without upgrade).
 
 Access: on a loopback address the page and socket are open to local users; browsers are
-protected by an ``Origin`` check on the socket (it must equal ``Host``) and, against DNS
-rebinding, the ``Host`` must name a loopback address. On any other address an access token
-is mandatory (:meth:`WebchatAdapter.run` raises :class:`~prismd.channel.AdapterFatalError`
-otherwise), unless ``pairing_only`` says every grant of the connection needs pairing. With a
-token, the page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401
-otherwise); ``/healthz`` stays open.
+protected by an ``Origin`` check on the socket (it must equal the request's host) and,
+against DNS rebinding, the ``Host`` must name a loopback address (421 otherwise), and so
+must the authority of an absolute-form target (``GET http://host/ws``), which HTTP says
+replaces ``Host``. On any other address an access token is mandatory
+(:meth:`WebchatAdapter.run` raises :class:`~prismd.channel.AdapterFatalError` otherwise),
+unless ``pairing_only`` says every grant of the connection needs pairing. With a token, the
+page and socket require it as ``?token=…`` or ``Authorization: Bearer …`` (401 otherwise):
+exactly one of them, so a request is one guess (two ``token=`` parameters, or a parameter
+and a header, are answered 400 unchecked); ``/healthz`` stays open.
 
 WebSocket protocol — JSON objects in text frames:
 
@@ -70,6 +84,7 @@ server → client
   admitted. The socket stays open, except when no valid hello arrives in time, and for the
   two codes: ``resume_refused`` (the actor id belongs to another browser: start a new one)
   and ``unavailable`` (the resume check could not be made: retry later), both then closed.
+  A text frame that is not valid UTF-8 fails the socket with close code 1007 (RFC 6455).
 
 Replies while no socket of the actor is open: :meth:`WebchatAdapter.send` answers
 ``SendResult.hold()`` and the runtime keeps the reply ``pending`` (held). When a socket of
@@ -83,6 +98,7 @@ Message text never reaches the logs; the adapter logs only fixed messages and ex
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -117,15 +133,19 @@ from prismd.redact import replace_surrogates, utf8_len
 from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 from stores.memory import MemoryStore
 
-from ..toolkit import RequestHead as _Head
 from ..toolkit import (
+    Budget,
+    ConnectionLimiter,
+    Slot,
     close_gracefully,
     is_loopback_host,
     parse_host_port,
     read_request_head,
     respond,
+    serve_limited,
     server_connection,
 )
+from ..toolkit import RequestHead as _Head
 from ._previews import LivePreviews
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
@@ -146,8 +166,13 @@ is closed, since a peer that stops reading would otherwise hold replies forever.
 CLOSE_BUDGET_S = 2.0
 STOP_CLOSE_BUDGET_S = 0.25
 LISTENER_CLOSE_BUDGET_S = 1.0
-MAX_CONNECTIONS = 256
-"""Default bound on concurrent TCP connections; further ones are closed at once."""
+MAX_PENDING = 128
+"""Default bound on connections in their HTTP head, being answered, or before their hello."""
+MAX_SOCKETS = 256
+"""Default bound on established sockets (hello done)."""
+IDLE_TIMEOUT_S = 600.0
+"""An established socket without a message or a reply for this long is closed (1000)."""
+PENDING, ESTABLISHED = "pending", "established"
 NOT_CONNECTED = "webchat_not_connected"
 RESUME_CHECK_TIMEOUT_S = 10.0
 HISTORY_LIMIT = 20
@@ -360,15 +385,63 @@ class _BadFrame(Exception):
     """A client frame we refuse; ``args[0]`` is the fixed text sent back."""
 
 
+_FAIL_REASONS = {1002: "protocol error", 1007: "invalid UTF-8", 1009: "message too big"}
+"""Close codes wsproto reports for a frame it could not accept (its ``ParseFailed``)."""
+CLOSE_FRAME_BUDGET_S = 0.25
+
+
+def _close_frame(code: int, reason: str) -> bytes:
+    """A server's (unmasked) close frame; ``reason`` is fixed ASCII text, short."""
+    payload = code.to_bytes(2, "big") + reason.encode("ascii")
+    return bytes([0x88, len(payload)]) + payload
+
+
 class _ReplayStream(trio.abc.Stream):
     """A stream that yields ``prefix`` before reading from ``inner``.
 
     The request head was consumed to route the request; wsproto must see it again.
+
+    It also completes a failure trio-websocket leaves half done: for a frame wsproto refuses
+    (a text frame that is not UTF-8 …) the library records close code 1007 locally and closes
+    the transport without telling the peer, who would see an abnormal closure (1006).
+    :meth:`tell_failure` sends that close frame; it runs when the library closes the stream
+    and when the session ends, whichever comes first.
     """
 
     def __init__(self, inner: trio.abc.Stream, prefix: bytes) -> None:
         self._inner = inner
         self._prefix = prefix
+        self.ws: Any = None
+        """The WebSocket over this stream, once accepted."""
+        self._close_sent = False
+
+    async def send_close_frame(self, code: int, reason: str) -> None:
+        """Write a close frame directly, once (bounded; never raises for a gone peer)."""
+        if self._close_sent:
+            return
+        self._close_sent = True
+        with trio.move_on_after(CLOSE_FRAME_BUDGET_S):
+            try:
+                await self._inner.send_all(_close_frame(code, reason))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                pass
+
+    async def tell_failure(self) -> None:
+        """Send the close frame of a failure the library did not send (see the class)."""
+        code = self._failed_without_telling()
+        if code is not None:
+            with trio.CancelScope(shield=True):
+                await self.send_close_frame(code, _FAIL_REASONS[code])
+
+    def _failed_without_telling(self) -> int | None:
+        ws = self.ws
+        closed = getattr(ws, "closed", None)
+        if closed is None or closed.code not in _FAIL_REASONS:
+            return None
+        # Still OPEN for wsproto: no close frame went out (a peer's own close is answered,
+        # which leaves it CLOSED). Private, hence looked up defensively; the tests pin it.
+        state = getattr(getattr(ws, "_wsproto", None), "state", None)
+        return int(closed.code) if getattr(state, "name", None) == "OPEN" else None
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._inner.send_all(data)
@@ -385,6 +458,7 @@ class _ReplayStream(trio.abc.Stream):
         return await self._inner.receive_some(max_bytes)
 
     async def aclose(self) -> None:
+        await self.tell_failure()
         await self._inner.aclose()
 
     def __repr__(self) -> str:
@@ -396,6 +470,8 @@ class _Socket:
     ws: Any  # trio_websocket.WebSocketConnection (untyped library)
     stream: trio.abc.Stream
     """The transport under ``ws``, closed directly when the peer stops reading."""
+    slot: Slot
+    """Its place among the listener's connections (touched by messages and replies)."""
 
 
 @attrs.define(eq=False)
@@ -423,7 +499,9 @@ class WebchatAdapter:
     access_token: str | None = None
     clock: Clock = SYSTEM_CLOCK
     max_message_bytes: int = 64 * 1024
-    max_connections: int = MAX_CONNECTIONS
+    max_pending: int = MAX_PENDING
+    max_sockets: int = MAX_SOCKETS
+    idle_timeout_s: float = IDLE_TIMEOUT_S
     pairing_only: bool = False
     """Every grant of this connection needs pairing (``prismctl pair``), so a listener off
     loopback is acceptable without an access token: strangers reach the socket but no agent."""
@@ -439,7 +517,7 @@ class WebchatAdapter:
     _listening: bool = attrs.field(default=False, init=False)
     _on_loopback: bool = attrs.field(default=True, init=False)
     _sockets: dict[str, set[_Socket]] = attrs.field(factory=dict, init=False)
-    _connections: int = attrs.field(default=0, init=False)
+    limiter: ConnectionLimiter = attrs.field(init=False)
     _admissions: int = attrs.field(default=0, init=False)
     _rejected_frames: int = attrs.field(default=0, init=False)
     _replies_sent: int = attrs.field(default=0, init=False)
@@ -463,6 +541,18 @@ class WebchatAdapter:
             checkpoints = MemoryStore(clock=self.clock).checkpoints
         self._tokens = _ResumeTokens(
             checkpoints, self._connection_id, self.clock, self.resume_ttl_days * DAY_MS
+        )
+        self.limiter = ConnectionLimiter(
+            f"web chat {self._connection_id}",
+            {
+                PENDING: Budget(
+                    self.max_pending,
+                    "evict",
+                    "connections in their HTTP head or before their hello",
+                ),
+                ESTABLISHED: Budget(self.max_sockets, "evict", "established sockets"),
+            },
+            logger=log,
         )
 
     @property
@@ -518,7 +608,7 @@ class WebchatAdapter:
         return WebchatStatistics(
             open_sockets=sum(len(s) for s in self._sockets.values()),
             actors=len(self._sockets),
-            connections=self._connections,
+            connections=self.limiter.open(),
             admissions=self._admissions,
             rejected_frames=self._rejected_frames,
             replies_sent=self._replies_sent,
@@ -545,7 +635,12 @@ class WebchatAdapter:
             self.bound = (str(sockname[0]), int(sockname[1]))
             async with trio.open_nursery() as nursery:
                 self._background = nursery
-                await nursery.start(trio.serve_listeners, self._handle_connection, listeners)
+                await nursery.start(
+                    functools.partial(serve_limited, budget=PENDING),
+                    self._handle_connection,
+                    listeners,
+                    self.limiter,
+                )
                 nursery.start_soon(self._sweep_resume_tokens)
                 self._listening = True
                 log.info("web chat listening on %s port %d", self.bound[0], self.bound[1])
@@ -576,6 +671,7 @@ class WebchatAdapter:
 
         async def deliver(sock: _Socket) -> None:
             if await self._send_frame(sock, frame):
+                sock.slot.touch()
                 taken.append(sock)
 
         # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S;
@@ -607,32 +703,27 @@ class WebchatAdapter:
 
     # ------------------------------------------------------------------ HTTP
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        if self._connections >= self.max_connections:
-            await trio.aclose_forcefully(stream)
-            return
-        self._connections += 1
+    async def _handle_connection(self, stream: trio.SocketStream, slot: Slot) -> None:
         try:
-            await self._serve_connection(stream)
+            await self._serve_connection(stream, slot)
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away; nothing to report
         except* Exception as group:
             kinds = sorted({type(e).__name__ for e in group.exceptions})
             log.warning("web chat connection failed: %s", ", ".join(kinds))
         finally:
-            self._connections -= 1
             await trio.aclose_forcefully(stream)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, stream: trio.SocketStream, slot: Slot) -> None:
         conn = server_connection()
         # A connection that says nothing is answered 408 too (not just closed), as the web
         # chat always did: a client then knows the server gave up, not that it crashed.
         head = await read_request_head(stream, conn, answer_silence=True)
-        if head is None or not await self._route(stream, conn, head, head.raw):
+        if head is None or not await self._route(stream, conn, head, slot):
             await close_gracefully(stream)
 
     async def _route(
-        self, stream: trio.SocketStream, conn: h11.Connection, head: _Head, raw: bytes
+        self, stream: trio.SocketStream, conn: h11.Connection, head: _Head, slot: Slot
     ) -> bool:
         """Answer one request; True when it became a WebSocket (closed by its session)."""
         if not self._host_allowed(head):
@@ -653,7 +744,12 @@ class WebchatAdapter:
         if head.method not in ("GET", "HEAD"):
             await self._respond(stream, conn, head.method, 405, b"method not allowed\n")
             return False
-        if not self._authorized(head):
+        credentials = self._credentials(head)
+        if self.access_token and len(credentials) > 1:
+            # One guess per request: never compare several presented tokens.
+            await self._respond(stream, conn, head.method, 400, b"one access token at most\n")
+            return False
+        if not self._authorized(credentials):
             await self._respond(
                 stream,
                 conn,
@@ -694,15 +790,19 @@ class WebchatAdapter:
         if not self._origin_allowed(head):
             await self._respond(stream, conn, head.method, 403, b"forbidden origin\n")
             return False
-        await self._serve_websocket(stream, raw)
+        await self._serve_websocket(stream, head.raw, slot)
         return True
 
     def _host_allowed(self, head: _Head) -> bool:
         # On loopback without a token, being local is the only protection: a page on another
         # site that rebinds its DNS name to 127.0.0.1 would otherwise reach us with its own
-        # Host. A token (or pairing off loopback) protects the other cases.
+        # Host. A token (or pairing off loopback) protects the other cases. An absolute-form
+        # target's authority is the request's host for HTTP (RFC 9112 §3.2.2), so it must
+        # pass the same test; the Host header must too, whatever a proxy makes of the two.
         if self.access_token or not self._on_loopback:
             return True
+        if head.authority is not None and not _host_header_is_loopback(head.authority):
+            return False
         return _host_header_is_loopback(head.headers.get("host", ""))
 
     def _origin_allowed(self, head: _Head) -> bool:
@@ -714,30 +814,33 @@ class WebchatAdapter:
             parts = urlsplit(origin)
         except ValueError:
             return False
-        host = head.headers.get("host", "")
+        host = head.authority if head.authority is not None else head.headers.get("host", "")
         return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
 
-    def _authorized(self, head: _Head) -> bool:
+    @staticmethod
+    def _credentials(head: _Head) -> list[str]:
+        """Every access token the request presents (a bearer header, ``token=`` params)."""
+        auth = head.headers.get("authorization", "")
+        presented: list[str] = []
+        if auth[:7].lower() == "bearer ":
+            presented.append(auth[7:].strip())
+        presented.extend(head.query.get("token", []))
+        return presented
+
+    def _authorized(self, credentials: Sequence[str]) -> bool:
+        """The one presented token (at most one, see :meth:`_credentials`) is ours."""
         if not self.access_token:
             return True
-        expected = self.access_token.encode("utf-8")
-        auth = head.headers.get("authorization", "")
-        candidates: list[str] = []
-        if auth[:7].lower() == "bearer ":
-            candidates.append(auth[7:].strip())
-        candidates.extend(head.query.get("token", []))
-        ok = False
-        for candidate in candidates:
-            # compare every candidate so timing does not reveal which one matched
-            ok |= hmac.compare_digest(candidate.encode("utf-8"), expected)
-        return ok
+        return len(credentials) == 1 and hmac.compare_digest(
+            credentials[0].encode("utf-8"), self.access_token.encode("utf-8")
+        )
 
     _respond = staticmethod(respond)
     """The shared responder (:func:`adapters.toolkit.respond`)."""
 
     # ------------------------------------------------------------------ WebSocket
 
-    async def _serve_websocket(self, stream: trio.SocketStream, raw: bytes) -> None:
+    async def _serve_websocket(self, stream: trio.SocketStream, raw: bytes, slot: Slot) -> None:
         replay = _ReplayStream(stream, raw)
         async with trio.open_nursery() as nursery:
             ws: Any = None
@@ -751,18 +854,26 @@ class WebchatAdapter:
                     message_queue_size=16,
                 )
                 ws = await request.accept()
+                replay.ws = ws
             if ws is None:
                 nursery.cancel_scope.cancel()
                 return
             try:
-                await self._session(_Socket(ws=ws, stream=replay))
+                await self._session(_Socket(ws=ws, stream=replay, slot=slot))
             finally:
-                # Stopping (we are cancelled): say 1001 "going away" and do not wait long for
-                # the peer's answer, since the library's reader task is cancelled with us.
-                stopping = _cancelled_now()
-                budget = STOP_CLOSE_BUDGET_S if stopping else CLOSE_BUDGET_S
-                with trio.move_on_after(budget, shield=True):
-                    await ws.aclose(1001 if stopping else 1000)
+                await replay.tell_failure()
+                if slot.evicted:
+                    # Pushed out for a newcomer: say so without waiting for an answer (the
+                    # library's reader is cancelled with us); the transport closes next.
+                    with trio.CancelScope(shield=True):
+                        await replay.send_close_frame(1013, "try again later")
+                else:
+                    # Stopping (we are cancelled): say 1001 "going away" and do not wait long
+                    # for the peer's answer, since the library's reader is cancelled with us.
+                    stopping = _cancelled_now()
+                    budget = STOP_CLOSE_BUDGET_S if stopping else CLOSE_BUDGET_S
+                    with trio.move_on_after(budget, shield=True):
+                        await ws.aclose(1001 if stopping else 1000)
                 nursery.cancel_scope.cancel()
 
     async def _session(self, sock: _Socket) -> None:
@@ -800,6 +911,8 @@ class WebchatAdapter:
             )
             await ws.aclose(1008, "resume refused")
             return
+        # Proved: from now on an established socket (the idlest one gives way if full).
+        sock.slot.move(ESTABLISHED)
         ready: dict[str, str] = {"type": "ready", "actor": actor}
         if resumed.issued is not None:
             ready["resume"] = resumed.issued
@@ -819,9 +932,10 @@ class WebchatAdapter:
                     # the tab closing again would leave a claimed reply for the operator.
                     self._background.start_soon(self._redeliver, actor, self.conversations)
             while True:
-                message = await _get_message(ws)
+                message = await self._next_message(sock)
                 if message is None:
                     return
+                sock.slot.touch()
                 try:
                     event, client_id = self._event_from(actor, self._decode(message))
                 except _BadFrame as bad:
@@ -845,6 +959,18 @@ class WebchatAdapter:
                 peers.discard(sock)
                 if not peers:
                     del self._sockets[actor]
+
+    async def _next_message(self, sock: _Socket) -> str | bytes | None:
+        """The socket's next message; ``None`` once it closed, or after closing it (1000
+        "idle") when it had neither a message nor a reply for ``idle_timeout_s``."""
+        while True:
+            with trio.move_on_at(sock.slot.last_active + self.idle_timeout_s):
+                return await _get_message(sock.ws)
+            if trio.current_time() >= sock.slot.last_active + self.idle_timeout_s:
+                with trio.move_on_after(CLOSE_BUDGET_S):
+                    await sock.ws.aclose(1000, "idle")
+                return None
+            # a reply went out meanwhile: the socket is not idle, wait on
 
     def _hello_from(self, frame: dict[str, Any]) -> tuple[str, str | None]:
         """``(actor, presented resume token or None)`` of a valid hello; :class:`_BadFrame`."""

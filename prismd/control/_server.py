@@ -8,8 +8,15 @@ SPEC "Control socket" onto the runtime. Guarantees:
   moment where another user could connect. A stale socket file is replaced; a socket a
   live daemon still answers on is not (:class:`ControlSocketInUseError`). The file is
   removed when the server stops.
-* The peer's uid (``SO_PEERCRED``) must map to an :class:`~prismd.config.Operator`;
-  anyone else gets one error (``-32001 permission denied``) and the connection is closed.
+* The peer's uid (``SO_PEERCRED``) must map to an :class:`~prismd.config.Operator`, checked
+  at accept before anything else; anyone else gets one error (``-32001 permission
+  denied``) and the connection is closed. Refused connections cost operators nothing: they
+  have their own small budget (:data:`MAX_REFUSED_CONNECTIONS` being answered at once, for
+  at most :data:`REFUSED_DRAIN_S`; beyond it they are closed unanswered), and they are
+  logged at most once per minute per uid, with a count.
+* At most :data:`MAX_OPERATOR_CONNECTIONS` operator connections are open at once (further
+  ones are closed at accept); out of file descriptors, accept backs off and logs once a
+  minute (:func:`adapters.toolkit.serve_limited`).
 * Every input gets a JSON-RPC answer or a closed connection, never a crash: bad UTF-8 or
   JSON → ``-32700``; not a request object (or no ``id``; notifications are not
   supported) → ``-32600``; a line longer than ``max_request_bytes`` → ``-32600`` and close;
@@ -23,7 +30,9 @@ SPEC "Control socket" onto the runtime. Guarantees:
   ``currentVersion`` (the version to retry with); both keys are absent when there is
   nothing to say, so results that were complete before are unchanged. Hints carry ids and
   numbers only, never message text or tokens.
-* A connection silent for ``idle_timeout_ms`` is closed.
+* Each request line must arrive whole within ``idle_timeout_ms`` of the connection's
+  start or of the previous answer, counted for the whole line and not per read, so a
+  client dripping a byte a second is closed at that deadline like a silent one.
 
 ``events {after?, follow?, fromNow?}`` answers one page ``{"events": […], "cursor": N}``
 read from the store's committed event stream (so every instance on one store shows what
@@ -49,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import functools
 import grp
 import logging
 import os
@@ -63,7 +73,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from adapters.toolkit import close_gracefully
+from adapters.toolkit import (
+    Budget,
+    ConnectionLimiter,
+    LogThrottle,
+    Slot,
+    close_gracefully,
+    quiet_note,
+    serve_limited,
+)
 from stores import (
     INBOX_STATES,
     InboxItem,
@@ -122,8 +140,12 @@ EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
 _RECEIVE_CHUNK = 65536
 _CLOSE_BUDGET_S = 1.0
-_ACCEPT_BACKOFF_S = 0.1
-_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+MAX_OPERATOR_CONNECTIONS = 32
+"""Operator connections at once (an ``events --follow`` holds one for as long as it runs)."""
+MAX_REFUSED_CONNECTIONS = 8
+"""Refused connections being answered at once; further ones are closed unanswered."""
+REFUSED_DRAIN_S = 0.25
+OPERATORS, REFUSED = "operators", "refused"
 
 
 class ControlSocketError(Exception):
@@ -621,13 +643,15 @@ class _Connection:
             return
 
     async def _next_line(self) -> bytes | None:
-        """The next line without its newline; ``None`` on EOF or idle timeout.
-        :class:`~prismd.jsonrpc.FrameTooLargeError` for a line over ``max_request_bytes``."""
+        """The next line without its newline; ``None`` on EOF or when the whole line did not
+        arrive within ``idle_timeout_s``. :class:`~prismd.jsonrpc.FrameTooLargeError` for a
+        line over ``max_request_bytes``."""
+        deadline = trio.current_time() + self.idle_timeout_s
         while True:
             line = self.frames.next_frame()
             if line is not None:
                 return line
-            with trio.move_on_after(self.idle_timeout_s):
+            with trio.move_on_at(deadline):
                 data = await self.stream.receive_some(_RECEIVE_CHUNK)
                 if not data:
                     return None
@@ -784,19 +808,36 @@ async def serve_control(
         if gid is not None:
             os.chown(path, -1, gid)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
-        async with listener, trio.open_nursery() as nursery:
+        limiter = ConnectionLimiter(
+            "control socket",
+            {
+                OPERATORS: Budget(MAX_OPERATOR_CONNECTIONS, "refuse", "operator connections"),
+                REFUSED: Budget(MAX_REFUSED_CONNECTIONS, "refuse", "refused connections"),
+            },
+            logger=log,
+        )
+        refusals = LogThrottle()
+
+        def budget_for(stream: trio.SocketStream) -> str:
+            uid = _peer_uid(stream.socket)
+            if _operator(config, uid, daemon_uid) is not None:
+                return OPERATORS
+            quiet = refusals.passes(uid)
+            if quiet is not None:
+                log.info("control connection refused for uid %s%s", uid, quiet_note(quiet))
+            return REFUSED
+
+        async def serve_one(stream: trio.SocketStream, slot: Slot) -> None:
+            await _serve_one(stream, slot, config, handler, daemon_uid)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(serve_limited, budget=budget_for),
+                serve_one,
+                [listener],
+                limiter,
+            )
             task_status.started()
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    # Out of file descriptors or memory: keep the server, retry shortly.
-                    if exc.errno not in _RESOURCE_ERRNOS:
-                        raise
-                    log.warning("control socket accept failed: %s", errno.errorcode[exc.errno])
-                    await trio.sleep(_ACCEPT_BACKOFF_S)
-                    continue
-                nursery.start_soon(_serve_one, stream, config, handler, daemon_uid)
     finally:
         raw.close()
         _remove_if_ours(path, identity)
@@ -812,20 +853,26 @@ def _remove_if_ours(path: Path, identity: os.stat_result) -> None:
         pass
 
 
+def _operator(config: ControlConfig, uid: int | None, daemon_uid: int | None) -> Operator | None:
+    return config.operator_for(uid, daemon_uid=daemon_uid) if uid is not None else None
+
+
 async def _serve_one(
     stream: trio.SocketStream,
+    slot: Slot,
     config: ControlConfig,
     handler: ControlHandler,
     daemon_uid: int | None,
 ) -> None:
     async with stream:
         try:
-            uid = _peer_uid(stream.socket)
-            operator = config.operator_for(uid, daemon_uid=daemon_uid) if uid is not None else None
-            if operator is None:
-                log.info("control connection refused for uid %s", uid)
-                await stream.send_all(encode_error(None, PERMISSION_DENIED, "permission denied"))
-                await close_gracefully(stream)
+            operator = _operator(config, _peer_uid(stream.socket), daemon_uid)
+            if slot.budget == REFUSED or operator is None:
+                with trio.move_on_after(REFUSED_DRAIN_S):
+                    await stream.send_all(
+                        encode_error(None, PERMISSION_DENIED, "permission denied")
+                    )
+                await close_gracefully(stream, drain_s=REFUSED_DRAIN_S)
                 return
             connection = _Connection(
                 stream,

@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import attrs
 
 from adapters import kinds
+from adapters.signal import ACCOUNT_RE as SIGNAL_ACCOUNT_RE
 from adapters.signal import SignalConnectionConfig
 from adapters.telegram import TelegramConnectionConfig
 from adapters.toolkit import is_loopback_host, parse_host_port
@@ -842,12 +843,28 @@ def default_config(env: Mapping[str, str] = os.environ) -> Config:
 
     Telegram (connection ``telegram``, pairing grant) is added when
     ``TELEGRAM_BOT_TOKEN`` is set in ``env``; the token itself is read only at start-up.
+    Signal (connection ``signal``, pairing grant) is added when ``SIGNAL_CLI_SOCKET`` names
+    the socket of a ``signal-cli -a ACCOUNT daemon --receive-mode=manual``; ``SIGNAL_ACCOUNT``
+    must then name that account (:class:`ConfigError` otherwise).
     """
     connections: list[ConnectionConfig] = [WebchatConnectionConfig(id="web")]
     grants = [GrantConfig(connection="web", actors=("*",), aliases=("echo",))]
     if env.get("TELEGRAM_BOT_TOKEN", "").strip():
         connections.append(TelegramConnectionConfig(id="telegram", token_env="TELEGRAM_BOT_TOKEN"))
         grants.append(GrantConfig(connection="telegram", pairing=True, aliases=("echo",)))
+    signal_socket = env.get("SIGNAL_CLI_SOCKET", "").strip()
+    if signal_socket:
+        account = env.get("SIGNAL_ACCOUNT", "").strip()
+        if not SIGNAL_ACCOUNT_RE.fullmatch(account):
+            raise ConfigError(
+                "SIGNAL_CLI_SOCKET is set: SIGNAL_ACCOUNT must be the phone number signal-cli "
+                "runs with, in international format (+…)",
+                key="SIGNAL_ACCOUNT",
+            )
+        connections.append(
+            SignalConnectionConfig(id="signal", account=account, socket=signal_socket)
+        )
+        grants.append(GrantConfig(connection="signal", pairing=True, aliases=("echo",)))
     return Config(
         source=None,
         daemon=DaemonConfig(),

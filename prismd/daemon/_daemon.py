@@ -41,7 +41,6 @@ import trio
 from stores import Store, StoreError
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
     from ._metrics import DaemonMetrics
 
 from adapters import kinds
@@ -49,9 +48,9 @@ from adapters import kinds
 from ..channel import AdapterFatalError, ChannelAdapter
 from ..control import ControlSocketError
 from ..grants import GrantAuthorizer
-from ..journal import ChannelJournal, ensure_format
+from ..journal import ChannelJournal, GrantStore, ensure_format
 from ..redact import Redactor
-from ..runtime import MessagingRuntime
+from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
 from ._config import Config, ConfigError, ConnectionConfig, Operator, check_runnable
@@ -65,6 +64,17 @@ ChildState: TypeAlias = Literal["starting", "running", "restarting", "failed", "
 
 class ChildRun(Protocol):
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
+
+
+class _EarlyExit(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+async def _close_host(host: Host) -> None:
+    with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+        await host.aclose()
 
 
 class DaemonError(Exception):
@@ -539,7 +549,7 @@ class Daemon:
                     if early is not None:
                         log.info("received %s before startup", signal.Signals(early).name)
                         self.request_stop()
-                code = await self._run_unlocked()
+                code = await self._start_and_serve()
                 nursery.cancel_scope.cancel()
             return code
         finally:
@@ -554,25 +564,52 @@ class Daemon:
         self._print("prismd: stopped during startup")
         return True
 
-    async def _run_unlocked(self) -> int:
-        if self._stopped_during_startup("before opening the state directory"):
-            return EXIT_OK
+    async def _start_and_serve(self) -> int:
+        """The startup, one step after the other, each thing it opens closed in reverse
+        order on the way out: state directory lock → store → agents, grants and adapters →
+        journal identity → runtime → serve. A step that cannot go on (a failure, or a stop
+        requested meanwhile) ends the startup with its exit code (:class:`_EarlyExit`)."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                self._startup_point("before opening the state directory")
+                state = self._open_state_dir(stack)
+                store = await self._open_store(stack)
+                authorizer, host, secrets = await self._wire(stack, state, store)
+                await self._check_journal(state, store)
+                runtime = await self._open_runtime(stack, state, store, authorizer, host, secrets)
+                await self._report_unresolved(runtime, authorizer)
+                # Not _startup_point: an exception would leave the runtime's nursery
+                # wrapped in a group. Leaving the block stops the runtime (bounded).
+                if self._stopped_during_startup("before starting the children"):
+                    return EXIT_OK
+                return await self._serve(runtime, store, authorizer, host)
+        except _EarlyExit as early:
+            return early.code
+
+    def _startup_point(self, step: str) -> None:
+        """A safe point of the startup: raises :class:`_EarlyExit` (exit 0) when a stop was
+        requested (logged)."""
+        if self._stopped_during_startup(step):
+            raise _EarlyExit(EXIT_OK)
+
+    def _give_up(self, message: str) -> NoReturn:
+        """A fatal startup error: printed once, exit 1."""
+        self._fail(message)
+        raise _EarlyExit(EXIT_FAILURE)
+
+    def _open_state_dir(self, stack: contextlib.AsyncExitStack) -> StateDir:
         try:
             # What `prismd check-config` checks, before anything is opened.
             check_runnable(self.config, self.env)
         except ConfigError as exc:
-            self._fail(str(exc))
-            return EXIT_FAILURE
+            self._give_up(str(exc))
         try:
             state = open_state_dir(self.config.daemon.state_dir)
         except StateDirError as exc:
-            self._fail(str(exc))
-            return EXIT_FAILURE
+            self._give_up(str(exc))
+        stack.callback(state.close)
         self.instance_id = state.instance_id
-        try:
-            return await self._run_locked(state)
-        finally:
-            state.close()
+        return state
 
     def _fail(self, message: str) -> None:
         """A fatal error: one ``prismd:`` line (not also a log record: it would say it twice)."""
@@ -592,58 +629,47 @@ class Daemon:
         except (OSError, ValueError):
             pass
 
-    async def _run_locked(self, state: StateDir) -> int:
+    async def _open_store(self, stack: contextlib.AsyncExitStack) -> Store:
+        """The store, entered on ``stack`` (leaving it closes the store, bounded). A server
+        that is down or still starting is waited for with backoff; a refused login, a
+        missing database, a newer schema or a broken file end the startup."""
         from stores import StoreUnreachableError, open_store
 
-        if self._stopped_during_startup("before opening the store"):
-            return EXIT_OK
+        self._startup_point("before opening the store")
         url = self.config.store.url
         try:
             postgres = self.config.store.postgres_options(self.env)
         except ConfigError as exc:
-            self._fail(str(exc))
-            return EXIT_FAILURE
+            self._give_up(str(exc))
         if postgres is not None and postgres.password:
             logs.register_secret(postgres.password)
         delay = STORE_RETRY_FIRST_S
         while True:
-            opened = False
             try:
-                # Leaving the block closes the store (bounded by open_store itself).
-                async with open_store(url, postgres=postgres) as store:
-                    opened = True
-                    if self.metrics is not None:
-                        store = self.metrics.timed_store(store)
-                    return await self._run_with_store(state, store)
+                store: Store = await stack.enter_async_context(open_store(url, postgres=postgres))
             except StoreUnreachableError as exc:
-                if opened:
-                    raise
-                # A server that is down or still starting: wait and try again (a refused
-                # login, a missing database or a newer schema are not retried).
                 reason = _without_password(str(exc), url)
                 log.warning("cannot open the store: %s; trying again in %g s", reason, delay)
                 self._status(f"starting: waiting for the store: {reason}")
                 with trio.move_on_after(delay):
                     await self._stop_event.wait()
-                if self._stopped_during_startup("while waiting for the store"):
-                    return EXIT_OK
+                self._startup_point("while waiting for the store")
                 delay = min(delay * 2, STORE_RETRY_MAX_S)
+                continue
             except StoreError as exc:
-                if opened:
-                    raise
                 # The store's own reason ("integrity check failed", "path is a directory"…);
                 # a URL's password, should a backend ever quote one, is removed.
-                self._fail(f"cannot open the store: {_without_password(str(exc), url)}")
-                return EXIT_FAILURE
+                self._give_up(f"cannot open the store: {_without_password(str(exc), url)}")
             except Exception as exc:
-                if opened:
-                    raise
-                self._fail(f"cannot open the store: {describe_exception(exc)}")
-                return EXIT_FAILURE
+                self._give_up(f"cannot open the store: {describe_exception(exc)}")
+            if self.metrics is not None:
+                store = self.metrics.timed_store(store)
+            return store
 
-    async def _run_with_store(self, state: StateDir, store: Store) -> int:
-        from ..journal import GrantStore
-
+    async def _wire(
+        self, stack: contextlib.AsyncExitStack, state: StateDir, store: Store
+    ) -> tuple[GrantAuthorizer, Host, list[str]]:
+        """Agents, grants and adapters, built (inertly) from the config."""
         config = self.config
         try:
             secrets: list[str] = []
@@ -666,28 +692,33 @@ class Daemon:
         except WiringError as exc:
             # Name the file like check-config does (ConfigError messages already do).
             where = f"{config.source}: " if config.source else ""
-            self._fail(f"{where}{exc}")
-            return EXIT_FAILURE
+            self._give_up(f"{where}{exc}")
         except ConfigError as exc:
-            self._fail(str(exc))
-            return EXIT_FAILURE
+            self._give_up(str(exc))
         except Exception as exc:
             # Anything else from wiring: one line, the type only (its text may carry a value).
-            self._fail(f"cannot start: {describe_exception(exc)}")
-            return EXIT_FAILURE
+            self._give_up(f"cannot start: {describe_exception(exc)}")
         self.host = host
+        stack.push_async_callback(_close_host, host)
         for secret in secrets:
             logs.register_secret(secret)
+        # A checkpoint first: a signal that arrived while a blocking factory ran is
+        # delivered to the receiver task here.
+        await trio.lowlevel.checkpoint()
+        self._startup_point("before opening the runtime")
+        return authorizer, host, secrets
+
+    async def _check_journal(self, state: StateDir, store: Store) -> None:
+        """The journal's identity (and format): the one this state directory ran on."""
         try:
-            # A checkpoint first: a signal that arrived while a blocking factory ran is
-            # delivered to the receiver task here.
-            await trio.lowlevel.checkpoint()
-            if self._stopped_during_startup("before opening the runtime"):
-                return EXIT_OK
-            return await self._run_runtime(state, store, authorizer, host, secrets)
-        finally:
-            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                await host.aclose()
+            # Before the runtime: its resume of acknowledged messages reads the open index.
+            journal = await ensure_format(ChannelJournal(store.checkpoints))
+        except Exception as exc:
+            self._give_up(f"cannot read the journal's identity: {describe_exception(exc)}")
+        if journal.refiled:
+            log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
+        if not self._same_journal(state, journal.journal_id):
+            raise _EarlyExit(EXIT_FAILURE)
 
     def _same_journal(self, state: StateDir, journal_id: str) -> bool:
         """The journal is the one this state directory ran on (or it never ran); otherwise
@@ -716,64 +747,48 @@ class Daemon:
             return False
         return True
 
-    async def _run_runtime(
+    async def _open_runtime(
         self,
+        stack: contextlib.AsyncExitStack,
         state: StateDir,
         store: Store,
         authorizer: GrantAuthorizer,
         host: Host,
         secrets: list[str],
-    ) -> int:
-        from ..runtime import open_messaging_runtime
-
+    ) -> Runtime:
         config = self.config
-        try:
-            # Before the runtime: its resume of acknowledged messages reads the open index.
-            journal = await ensure_format(ChannelJournal(store.checkpoints))
-        except Exception as exc:
-            self._fail(f"cannot read the journal's identity: {describe_exception(exc)}")
-            return EXIT_FAILURE
-        if journal.refiled:
-            log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
-        if not self._same_journal(state, journal.journal_id):
-            return EXIT_FAILURE
-        async with open_messaging_runtime(
-            authorize=authorizer.authorize,
-            resolve_agent=host.resolve_agent,
-            deliver=host.deliver,
-            store=store,
-            use_leases=True,
-            limits=config.limits,
-            owner_id=state.owner_id("runtime"),
-            reclaim_own_leases=True,
-            resume_accepted=True,
-            pairing_scope=authorizer.pairing_scope,
-            on_paired=authorizer.on_paired,
-            redactor=Redactor.of(secrets) if secrets else None,
-            fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
-            on_preview=host.preview if host.has_previews() else None,
-            on_typing=host.typing if host.has_typing() else None,
-        ) as runtime:
-            self.runtime = runtime
-            adapters = host.adapters
+        runtime = await stack.enter_async_context(
+            open_messaging_runtime(
+                authorize=authorizer.authorize,
+                resolve_agent=host.resolve_agent,
+                deliver=host.deliver,
+                store=store,
+                use_leases=True,
+                limits=config.limits,
+                owner_id=state.owner_id("runtime"),
+                reclaim_own_leases=True,
+                resume_accepted=True,
+                pairing_scope=authorizer.pairing_scope,
+                on_paired=authorizer.on_paired,
+                redactor=Redactor.of(secrets) if secrets else None,
+                fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
+                on_preview=host.preview if host.has_previews() else None,
+                on_typing=host.typing if host.has_typing() else None,
+            )
+        )
+        self.runtime = runtime
+        adapters = host.adapters
 
-            def leases_held() -> Mapping[str, Any]:
-                receivers = [c for c, a in adapters.items() if a.receiver_lease_held]
-                return {"binding": runtime.leases_held(), "receiver": sorted(receivers)}
+        def leases_held() -> Mapping[str, Any]:
+            receivers = [c for c, a in adapters.items() if a.receiver_lease_held]
+            return {"binding": runtime.leases_held(), "receiver": sorted(receivers)}
 
-            self._leases_held = leases_held
-            if self.metrics is not None:
-                self._watch_metrics(runtime, host)
-            host.bind(runtime.admit, runtime)
-            try:
-                await self._report_unresolved(runtime, authorizer)
-                if self._stopped_during_startup("before starting the children"):
-                    with trio.move_on_after(self._stop_budget_s(), shield=True):
-                        await runtime.stop()
-                    return EXIT_OK
-                return await self._serve(runtime, store, authorizer, host)
-            finally:
-                host.bind(None)
+        self._leases_held = leases_held
+        if self.metrics is not None:
+            self._watch_metrics(runtime, host)
+        host.bind(runtime.admit, runtime)
+        stack.callback(host.bind, None)
+        return runtime
 
     async def _report_unresolved(
         self, runtime: MessagingRuntime, authorizer: GrantAuthorizer

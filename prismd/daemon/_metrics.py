@@ -22,8 +22,10 @@ is read live from its owner at scrape time by a custom collector, so nothing is 
 No label carries text, a user, chat or actor id, or a token. The endpoint has no
 authentication: it listens on loopback unless ``allow_non_loopback`` says otherwise.
 
-HTTP is served by :mod:`adapters._http`: one request per connection, at most
-:data:`MAX_CONNECTIONS` at once (more are closed at once), the whole head within
+HTTP is served by the shared pieces of :mod:`adapters.toolkit`: one request per connection,
+at most :data:`MAX_CONNECTIONS` at once (:func:`~adapters.toolkit.serve_limited`: a
+newcomer pushes out the oldest, so stuck or silent clients cannot keep the scraper out; out
+of file descriptors, accept backs off and logs once a minute), the whole head within
 :data:`HEAD_TIMEOUT_S` (408), at most :data:`MAX_HEAD_BYTES` (431); ``/metrics`` answers
 ``GET``/``HEAD``, another method 405, another path 404.
 """
@@ -43,7 +45,15 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from adapters.toolkit import read_request_head, respond, server_connection
+from adapters.toolkit import (
+    Budget,
+    ConnectionLimiter,
+    Slot,
+    read_request_head,
+    respond,
+    serve_limited,
+    server_connection,
+)
 from stores import CheckpointStore, InboxStore, LeaseStore, Store
 
 from ..runtime import Diagnostics
@@ -55,7 +65,8 @@ log = logging.getLogger("prismd.metrics")
 
 METRICS_PATH = "/metrics"
 MAX_CONNECTIONS = 8
-"""Concurrent scrapes served; a scraper needs one, a few spare cover a stuck client."""
+"""Concurrent connections; a scraper needs one, and the oldest gives way to a newcomer."""
+_SCRAPES = "scrapes"
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 4 * 1024
 STORE_BUCKETS_S = (
@@ -287,8 +298,15 @@ class MetricsServer:
     allow_non_loopback: bool = False
     max_connections: int = MAX_CONNECTIONS
     bound: tuple[str, int] | None = attrs.field(default=None, init=False)
-    _connections: int = attrs.field(default=0, init=False)
+    limiter: ConnectionLimiter = attrs.field(init=False)
     _listening: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.limiter = ConnectionLimiter(
+            "metrics",
+            {_SCRAPES: Budget(self.max_connections, "evict", "connections")},
+            logger=log,
+        )
 
     @property
     def url(self) -> str:
@@ -312,7 +330,8 @@ class MetricsServer:
             sockname = listeners[0].socket.getsockname()
             self.bound = (str(sockname[0]), int(sockname[1]))
             async with trio.open_nursery() as nursery:
-                await nursery.start(trio.serve_listeners, self._handle, listeners)
+                serve = functools.partial(serve_limited, budget=_SCRAPES)
+                await nursery.start(serve, self._handle, listeners, self.limiter)
                 self._listening = True
                 log.info("metrics on %s", self.url)
                 task_status.started()
@@ -322,11 +341,7 @@ class MetricsServer:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        if self._connections >= self.max_connections:
-            await trio.aclose_forcefully(stream)
-            return
-        self._connections += 1
+    async def _handle(self, stream: trio.SocketStream, _slot: Slot) -> None:
         try:
             await self._serve(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -334,7 +349,6 @@ class MetricsServer:
         except Exception as exc:
             log.warning("metrics request failed: %s", type(exc).__name__)
         finally:
-            self._connections -= 1
             await trio.aclose_forcefully(stream)
 
     async def _serve(self, stream: trio.SocketStream) -> None:

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -255,7 +255,10 @@ async def running_daemon(
     tag: str = "run",
     extra_env: Mapping[str, str] | None = None,
     args: tuple[str, ...] = (),
+    preexec: Callable[[], None] | None = None,
 ) -> AsyncIterator[DaemonProcess]:
+    """`prismd run` on ``layout``; ``preexec`` runs in the child before it starts (to lower a
+    resource limit, say)."""
     notify_path = layout.root / f"notify-{tag}.sock"
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     await sock.bind(str(notify_path))
@@ -270,6 +273,7 @@ async def running_daemon(
             stderr=err,
             env=env,
             cwd=str(layout.root),
+            preexec_fn=preexec,
         )
     finally:
         os.close(err)

@@ -66,10 +66,10 @@ CASES = [
         connection=f'kind = "webchat"\nlisten = "127.0.0.1:0"\naccess_token_env = "{MISSING_ENV}"',
     ),
     Case(
-        "signal not built",
-        "[[connections]][2].kind",
-        "connection kind 'signal' is not available in this build yet",
-        connection='kind = "signal"\naccount = "+15550001111"\ntcp = "127.0.0.1:7583"',
+        "signal tcp not on loopback",
+        "[[connections]][2].tcp",
+        "must be a loopback address",
+        connection='kind = "signal"\naccount = "+15550001111"\ntcp = "192.0.2.1:7583"',
     ),
     Case(
         "postgresql URL the store refuses",
@@ -272,15 +272,15 @@ def test_check_config_takes_the_path_once(tmp_path: Path) -> None:
 
 def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection kind or store scheme is runnable by its entry in one table, nothing else."""
-    signal = next(c for c in CASES if c.name == "signal not built")
-    config = load_config(write(tmp_path, signal), env={})
+    signal = 'kind = "signal"\naccount = "+15550001111"\ntcp = "127.0.0.1:7583"'
+    config = load_config(write(tmp_path, connection=signal), env={})
+    check_runnable(config, env={})
+    # Availability lives with the kind (adapters.kinds): a kind is built once it has a builder.
+    unbuilt = attrs.evolve(kinds.CONNECTION_KINDS["signal"], build=None)
+    monkeypatch.setattr(kinds, "CONNECTION_KINDS", {**kinds.CONNECTION_KINDS, "signal": unbuilt})
     with pytest.raises(ConfigError, match="not available in this build yet") as info:
         check_runnable(config, env={})
     assert info.value.key == "[[connections]][2].kind"
-    # Availability lives with the kind (adapters.kinds): a kind is built once it has a builder.
-    built = attrs.evolve(kinds.CONNECTION_KINDS["signal"], build=lambda *_a: None)
-    monkeypatch.setattr(kinds, "CONNECTION_KINDS", {**kinds.CONNECTION_KINDS, "signal": built})
-    check_runnable(config, env={})
 
     # PostgreSQL is built: its entry is on, and turning it off is all that refuses it.
     config = load_config(write(tmp_path, store="postgresql://prismd@localhost/prismd"), env={})

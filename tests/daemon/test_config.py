@@ -309,7 +309,11 @@ CONNECTION_ERRORS = [
     ("id = 's'\nkind = 'signal'\ntcp = '127.0.0.1:1'", ".account", "required"),
     ("id = 's'\nkind = 'signal'\naccount = '+1'", ".socket", "exactly one of socket and tcp"),
     ("id = 's'\nkind = 'signal'\naccount = '+1'\ntcp = 'nohost'", ".tcp", "host:port"),
-    ("id = 's'\nkind = 'signal'\naccount = '+1'\ntcp = 'h:1'\nmode = 'x'", ".mode", "unknown"),
+    (
+        "id = 's'\nkind = 'signal'\naccount = '+1'\ntcp = 'localhost:1'\nmode = 'x'",
+        ".mode",
+        "unknown",
+    ),
     ("id = 'w'\nkind = 'webchat'\nlisten = '::1:80'", ".listen", "brackets"),
     ("id = 'w'\nkind = 'webchat'\nlisten = '0.0.0.0:8788'", ".listen", "access_token_env"),
     ("id = 'w'\nkind = 'webchat'\ntoken_env = 'X'", ".token_env", "unknown key"),

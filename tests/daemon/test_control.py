@@ -549,6 +549,7 @@ async def test_out_of_file_descriptors_does_not_stop_the_server(
                 client = Client(client_stream)
                 assert (await client.result("health"))["status"] == "ok"
     assert "EMFILE" in caplog.text
+    assert all(r.exc_info is None and not r.exc_text for r in caplog.records), "no traceback"
 
 
 async def test_pair_aliases_default_from_the_pairing_grant(tmp_path: Path) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
+from adapters import kinds
 from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import (
     NO_FEATURES,
@@ -183,8 +184,9 @@ def test_wiring_error_names_the_part() -> None:
 async def test_unavailable_connection_kind_is_a_clear_startup_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A None entry in sys.modules makes the lazy import fail like a missing module.
-    monkeypatch.setitem(sys.modules, "adapters.signal", None)
+    # A kind without a builder is one this build does not have (adapters.kinds).
+    unbuilt = attrs.evolve(kinds.CONNECTION_KINDS["signal"], build=None)
+    monkeypatch.setattr(kinds, "CONNECTION_KINDS", {**kinds.CONNECTION_KINDS, "signal": unbuilt})
     config = parse_config(
         {
             **BASE,

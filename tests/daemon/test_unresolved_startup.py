@@ -79,13 +79,10 @@ async def test_prismctl_pages_through_every_unresolved_record(tmp_path: Path) ->
     layout = write_config(tmp_path)
     layout.db.parent.mkdir(parents=True, exist_ok=True)
     scope = OwnershipScope("default", "web", "old-user")
-    store = await open_store(f"sqlite:///{layout.db}")
-    try:
+    async with open_store(f"sqlite:///{layout.db}") as store:
         journal = ChannelJournal(store.checkpoints)
         writes = [Write(NS_OPERATION, scope, op(i, "executing", at=10 + i), 0) for i in range(250)]
         assert (await journal.commit(writes)).ok
-    finally:
-        await store.aclose()
     async with running_daemon(layout) as daemon:
         await daemon.wait_state("READY=1")
         assert "250 unresolved operation(s)" in daemon.stderr()

@@ -351,18 +351,24 @@ async def test_admit_failure_is_an_error_frame(nursery: trio.Nursery) -> None:
         assert (await http(adapter, get("/healthz")))[0] == 200
 
 
-async def test_connections_beyond_the_cap_are_closed(nursery: trio.Nursery) -> None:
+async def test_established_sockets_do_not_take_the_places_of_new_connections(
+    nursery: trio.Nursery,
+) -> None:
+    """Two budgets: an established socket leaves the page and ``/healthz`` reachable, and a
+    hello into a full set of sockets pushes out the idlest one (1013), not the newcomer."""
     with trio.fail_after(10):
-        adapter, _ = await start(nursery, max_connections=1)
-        async with connect(adapter) as ws:
-            await hello(ws, ACTOR)
-            assert adapter.bound is not None
-            stream = await trio.open_tcp_stream(*adapter.bound)
-            async with stream:
-                await stream.send_all(get("/healthz"))
-                assert await stream.receive_some(4096) == b""  # closed unanswered
-        await trio.testing.wait_all_tasks_blocked()
-        assert (await http(adapter, get("/healthz")))[0] == 200
+        adapter, _ = await start(nursery, max_pending=1, max_sockets=1)
+        async with connect(adapter) as first:
+            await hello(first, ACTOR)
+            assert (await http(adapter, get("/healthz")))[0] == 200
+            async with connect(adapter) as second:
+                await hello(second, "actor-b-000002")
+                with pytest.raises(trio_websocket.ConnectionClosed) as info:
+                    await first.get_message()
+                assert info.value.reason.code == 1013
+                await send(second, {"type": "message", "id": "m1", "text": "still here"})
+                assert (await recv(second))["status"] == "accepted"
+        assert adapter.limiter.statistics()["established"].evicted == 1
 
 
 async def test_stopping_closes_sockets_with_going_away(nursery: trio.Nursery) -> None:

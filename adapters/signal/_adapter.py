@@ -1,0 +1,237 @@
+"""The Signal channel adapter (experimental): configuration, and the parts that do the work.
+
+Contract §12, over a ``signal-cli -a ACCOUNT daemon --receive-mode=manual`` on a Unix socket
+or loopback TCP. :class:`SignalAdapter` validates its configuration and wires parts of one
+job each:
+
+* the transport — :class:`~adapters.signal._client.Endpoint` and the toolkit's JSON-RPC
+  client (:mod:`._client`);
+* receiving — :class:`~adapters.signal._receive.Receiver`: the receiver lease, the
+  readiness probe (:mod:`._readiness`), one manual subscription, pausing and reconnecting,
+  the durable inbox (:mod:`._inbox`) every received message is written to first;
+* notification → event — :mod:`._filter` (only our subscription's, only our account's) and
+  :mod:`._parse` (which messages count, and the policy for groups and attachments);
+* sending — :class:`~adapters.signal._send.SignalSender` (chunks, approval lines, results
+  by JSON-RPC error code and per-recipient result type);
+* health and counters — :mod:`._status`.
+
+Construction is inert: nothing is connected, read or written until ``run`` or ``send``.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from prismd.channel import (
+    NO_FEATURES,
+    AdapterFatalError,
+    AdapterFeatures,
+    Admit,
+    AttachmentRef,
+    Preview,
+    Reply,
+    SendResult,
+)
+from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
+
+from ..toolkit import ReceiverLease
+from ._client import Endpoint
+from ._filter import NotificationFilter
+from ._inbox import Inbox
+from ._readiness import RECEIVER_NAMESPACE
+from ._receive import Receiver
+from ._send import MAX_CHUNK_UNITS, SignalSender
+from ._status import SignalStatistics, SignalStatus, log
+
+__all__ = ["ACCOUNT_RE", "SignalAdapter"]
+
+ACCOUNT_RE = re.compile(r"^\+[0-9]{1,20}$")
+"""The account as signal-cli's ``-a`` takes it: the phone number in international format."""
+
+
+def _bounded(low: float, high: float, what: str, *, integer: bool = True) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+            raise ValueError(f"{what} must be {'an integer' if integer else 'a number'}")
+        if not low <= value <= high:
+            raise ValueError(f"{what} must be in {low:g}..{high:g}")
+
+    return check
+
+
+@attrs.define(eq=False, kw_only=True)
+class SignalAdapter:
+    """The Signal channel adapter (implements :class:`prismd.channel.ChannelAdapter`).
+
+    ``run`` receives until cancelled (and raises :class:`~prismd.channel.AdapterFatalError`
+    when signal-cli serves another account); ``send`` works whether or not ``run`` runs.
+    """
+
+    connection_id: str = attrs.field()
+    account: str = attrs.field(repr=False)
+    admit: Admit
+    store: Store
+    owner_id: str = attrs.field(repr=False)
+    socket: str | None = None
+    tcp: str | None = None
+    allow_groups: bool = False
+    service_scope: OwnershipScope = attrs.field(default=None)
+    reclaim: bool = True
+    lease_ttl_ms: int = attrs.field(
+        default=90_000, validator=_bounded(5_000, 300_000, "lease_ttl_ms")
+    )
+    request_timeout_s: float = attrs.field(
+        default=10.0, validator=_bounded(0.1, 60.0, "request_timeout_s", integer=False)
+    )
+    send_timeout_s: float = attrs.field(
+        default=60.0, validator=_bounded(0.1, 300.0, "send_timeout_s", integer=False)
+    )
+    max_frame_bytes: int = attrs.field(
+        default=128 * 1024, validator=_bounded(1024, 512 * 1024, "max_frame_bytes")
+    )
+    max_pending_requests: int = attrs.field(
+        default=16, validator=_bounded(1, 64, "max_pending_requests")
+    )
+    max_pending_events: int = attrs.field(
+        default=32, validator=_bounded(1, 128, "max_pending_events")
+    )
+    reconnect_delay_s: float = attrs.field(
+        default=1.0, validator=_bounded(0.001, 60.0, "reconnect_delay_s", integer=False)
+    )
+    max_reconnect_delay_s: float = attrs.field(
+        default=30.0, validator=_bounded(0.001, 60.0, "max_reconnect_delay_s", integer=False)
+    )
+    clock: Clock = SYSTEM_CLOCK
+    random: _random.Random | None = None
+
+    endpoint: Endpoint = attrs.field(init=False)
+    _status: SignalStatus = attrs.field(init=False)
+    _lease: ReceiverLease = attrs.field(init=False, repr=False)
+    _receiver: Receiver = attrs.field(init=False)
+    _sender: SignalSender = attrs.field(init=False)
+
+    @connection_id.validator
+    def _check_connection(self, _a: object, value: str) -> None:
+        if not isinstance(value, str) or not value or len(value.encode()) > 256:
+            raise ValueError("connection_id must be a non-empty string of at most 256 bytes")
+
+    @account.validator
+    def _check_account(self, _a: object, value: str) -> None:
+        if not isinstance(value, str) or not ACCOUNT_RE.fullmatch(value):
+            raise ValueError("account must be a phone number in international format (+…)")
+
+    def __attrs_post_init__(self) -> None:
+        if self.service_scope is None:
+            self.service_scope = OwnershipScope(
+                tenant_id="prismd-service", account_id=self.connection_id
+            )
+        if self.max_reconnect_delay_s < self.reconnect_delay_s:
+            raise ValueError("max_reconnect_delay_s must be at least reconnect_delay_s")
+        self.endpoint = Endpoint(socket=self.socket, tcp=self.tcp)
+        rng = self.random if self.random is not None else _random.Random()
+        self._status = SignalStatus(self.connection_id)
+        self._lease = ReceiverLease(
+            leases=self.store.leases,
+            namespace=RECEIVER_NAMESPACE,
+            key=f"r1:{self.connection_id}",
+            scope=self.service_scope,
+            owner_id=self.owner_id,
+            ttl_ms=self.lease_ttl_ms,
+            reclaim=self.reclaim,
+            label=f"signal {self.connection_id}",
+            log=log,
+            random=rng,
+        )
+        self._receiver = Receiver(
+            connection_id=self.connection_id,
+            endpoint=self.endpoint,
+            admit=self.admit,
+            lease=self._lease,
+            checkpoints=self.store.checkpoints,
+            service_scope=self.service_scope,
+            inbox=Inbox(
+                connection_id=self.connection_id,
+                checkpoints=self.store.checkpoints,
+                scope=self.service_scope,
+            ),
+            status=self._status,
+            filter=NotificationFilter(
+                connection_id=self.connection_id,
+                account=self.account,
+                allow_groups=self.allow_groups,
+                status=self._status,
+                clock=self.clock,
+            ),
+            clock=self.clock,
+            random=rng,
+            timeout_s=float(self.request_timeout_s),
+            max_frame_bytes=self.max_frame_bytes,
+            max_pending_requests=self.max_pending_requests,
+            max_pending_events=self.max_pending_events,
+            reconnect_delay_s=float(self.reconnect_delay_s),
+            max_reconnect_delay_s=float(self.max_reconnect_delay_s),
+        )
+        self._sender = SignalSender(
+            connection_id=self.connection_id,
+            endpoint=self.endpoint,
+            status=self._status,
+            timeout_s=float(self.send_timeout_s),
+            max_frame_bytes=self.max_frame_bytes,
+        )
+
+    # ------------------------------------------------------------------ public surface
+
+    def health(self) -> Mapping[str, str]:
+        """``state`` (:data:`~adapters.signal._status.STATES`), ``bridge`` (unavailable |
+        connected), ``subscription`` (inactive | active | paused), ``account`` (unverified |
+        ready | mismatch | identity_changed)."""
+        return self._status.health()
+
+    def statistics(self) -> SignalStatistics:
+        """What became of the notifications so far (counters only)."""
+        return self._status.statistics()
+
+    @property
+    def capabilities(self) -> Mapping[str, object]:
+        """Contract §3 ``ChannelCapabilities``: no transport acknowledgement, text commands."""
+        return {
+            "acknowledgement": "none",
+            "controls": "command",
+            "max_text_code_units": MAX_CHUNK_UNITS,
+        }
+
+    @property
+    def features(self) -> AdapterFeatures:
+        return NO_FEATURES
+
+    @property
+    def receiver_lease_held(self) -> bool:
+        return self._lease.held
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Receive until cancelled (see :mod:`adapters.signal._receive`); started once
+        receiving or standing by for the lease."""
+        if await self._receiver.run(task_status):
+            raise AdapterFatalError("signal-cli serves another account than the configured one")
+
+    async def send(self, reply: Reply) -> SendResult:
+        """See :meth:`adapters.signal._send.SignalSender.send`."""
+        return await self._sender.send(reply)
+
+    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+        return None
+
+    def send_draft(self, preview: Preview) -> None:
+        return None
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
