@@ -138,6 +138,8 @@ PAIRING_UNAVAILABLE = -32002
 
 EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
+INBOX_PRUNE_BATCH = 500
+"""Inbox rows one ``prune`` call of the store deletes (it is called until fewer go)."""
 _RECEIVE_CHUNK = 65536
 _CLOSE_BUDGET_S = 1.0
 MAX_OPERATOR_CONNECTIONS = 32
@@ -407,7 +409,13 @@ class ControlHandler:
         wire: dict[str, Any] = to_wire(result)
         if self.retention_ms is not None:
             moment = now_ms if now_ms is not None else time.time_ns() // 1_000_000
-            deleted = await self.store.inbox.prune(before_ms=max(0, moment - self.retention_ms))
+            cutoff = max(0, moment - self.retention_ms)
+            deleted = 0
+            while True:  # the store deletes a bounded batch per call
+                batch = await self.store.inbox.prune(before_ms=cutoff, limit=INBOX_PRUNE_BATCH)
+                deleted += batch
+                if batch < INBOX_PRUNE_BATCH:
+                    break
             wire["scanned"] = wire.get("scanned", 0) + deleted
             wire["deleted"] = wire.get("deleted", 0) + deleted
         return wire
@@ -573,7 +581,10 @@ class ControlHandler:
         return {"status": "settled", "item": _inbox_wire(item)}
 
 
-_INBOX_NOT_FOUND = "no dead letter with that update id on this connection (see listInbox)"
+_INBOX_NOT_FOUND = (
+    "no dead letter with that update id on this connection in your scope"
+    " (`prismctl list-inbox` lists them)"
+)
 
 
 def _inbox_wire(item: InboxItem) -> dict[str, Any]:
