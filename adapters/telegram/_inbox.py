@@ -24,7 +24,7 @@ on (connection, ``update_id``) — and answers 2xx only once that row is committ
 * **Bounded retries.** A retryable admission (``capacity``, ``unavailable``) or a failure
   puts the row back with exponential backoff and jitter (1 s … 60 s); after
   :data:`MAX_ATTEMPTS` attempts (claims that expired with their worker count too) it is a
-  dead letter, kept with its update and listed by ``prismctl inbox`` until an operator
+  dead letter, kept with its update and listed by ``prismctl list-inbox`` until an operator
   retries or discards it. Never retried forever, never dropped.
 
 Nothing here logs an update's content or a user's or chat's id; an update id and a reason
