@@ -18,10 +18,13 @@ the random parts is printed in every assertion (``PRISM_MULTI_SEED`` replays one
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import random
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -396,3 +399,153 @@ async def test_the_instances_ride_out_a_postgres_restart(tmp_path: Path, url: st
     assert spreader.statuses["503"] > 0, f"{tag}: {spreader.statuses}"
     assert outcome["answered"] >= len(updates) // 2, f"{tag}: {outcome}"
     assert any("store" in log.lower() for log in logs), "the outage went unnoticed"
+
+
+# --------------------------------------------------------------------------- polling
+
+
+def _message(chat: int, n: int) -> dict[str, Any]:
+    update = _private(chat, n, 0)
+    del update["update_id"]
+    return update
+
+
+def _answered(fake: FakeBotApi, n: int) -> int:
+    return sum(1 for s in fake.sent if s.get("text") == f"mock: mi{n}")
+
+
+async def _until(condition: Any, limit_s: float, what: str) -> float:
+    """Wait for ``condition()`` (sync or async), at most ``limit_s``; the seconds it took."""
+    began = time.monotonic()
+    with trio.move_on_after(limit_s):
+        while True:
+            done = condition()
+            if inspect.isawaitable(done):
+                done = await done
+            if done:
+                return time.monotonic() - began
+            await trio.sleep(0.1)
+    raise AssertionError(f"not within {limit_s} s: {what}")
+
+
+async def _receiving(layout: Layout) -> bool:
+    return (await _health(layout))["leases"]["receiver"] == ["tg"]
+
+
+async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, url: str) -> None:
+    """A polls and B stands by. A is SIGSTOPped in the middle of a turn: B takes over the
+    polling once A's receiver lease expired (within ``lease_ttl_ms`` of the stop) and answers
+    new messages, also in A's chat once A's route lease expired. Woken after that, A's turn
+    is fenced: no reply, no write — the operation stays ``executing`` for the operator. Then B
+    is SIGKILLed and A takes over from the durable offset within ``lease_ttl_ms``; nothing is
+    admitted or answered twice. B's ``prismctl events --follow --from-now`` shows A's
+    writes."""
+    runs = tmp_path / "runs.log"
+    ttl_s = LEASE_TTL_MS / 1000
+    with trio.fail_after(150):
+        async with trio.open_nursery() as nursery:
+            fake = await start_fake(nursery)
+            a_layout, b_layout = (
+                _instance(tmp_path / name, fake, url, runs, mode="polling", delay_ms=(2500, 2500))
+                for name in "ab"
+            )
+            env = _env(fake)
+            async with (
+                running_daemon(a_layout, tag="a", extra_env=env) as a,
+                AsyncExitStack() as b_stack,
+            ):
+                await a.wait_state("READY=1", limit_s=60)
+                await _until(lambda: _receiving(a_layout), 30, "A polls")
+                b = await b_stack.enter_async_context(
+                    running_daemon(b_layout, tag="b", extra_env=env)
+                )
+                await b.wait_state("READY=1", limit_s=60)
+                assert (await _health(b_layout))["leases"]["receiver"] == []
+                follower = await trio.lowlevel.open_process(
+                    [
+                        sys.executable, "-m", "prismd.cli.prismctl", "--socket",
+                        str(b_layout.control), "--json", "events", "--follow", "--from-now",
+                    ],
+                    stdout=subprocess.PIPE,
+                )  # fmt: skip
+                await trio.sleep(1.5)  # following (its first page is empty: nothing to see)
+
+                ids = {1: fake.push_update(_message(401, 1))}
+                await _until(lambda: run_keys(runs) != [], 30, "A starts the turn")
+                a.send(signal.SIGSTOP)
+                stopped = time.monotonic()
+                first_op = run_keys(runs)[0]
+                takeover = await _until(lambda: _receiving(b_layout), ttl_s + 10, "B polls")
+                ids[2] = fake.push_update(_message(402, 2))
+                ids[3] = fake.push_update(_message(401, 3))  # A's chat: A's route lease first
+                await _until(lambda: _answered(fake, 2) == _answered(fake, 3) == 1, 45, "B answers")
+                chat_moved = time.monotonic() - stopped
+                a.send(signal.SIGCONT)
+                await trio.sleep(4)  # A's agent returns at once: its sleep ended long ago
+                assert _answered(fake, 1) == 0, "the fenced turn sent its reply"
+                await _until(lambda: _receiving_not(a_layout), 20, "A no longer polls")
+                code, unresolved, err = await prismctl(b_layout, "list-unresolved")
+                assert code == 0, err
+                assert [(e["operationId"], e["state"]) for e in unresolved] == [
+                    (first_op, "executing")
+                ]
+
+                seen = await _read_events(follower, first_op)
+
+                b.send(signal.SIGKILL)
+                killed = time.monotonic()
+                assert await b.wait_exit() == -signal.SIGKILL
+                ids[4] = fake.push_update(_message(403, 4))
+                failover = await _until(lambda: _answered(fake, 4) == 1, ttl_s + 15, "A answers")
+                failover_receiving = time.monotonic() - killed
+                assert await _receiving(a_layout)
+                await _until(lambda: not fake.updates, 20, "every update confirmed")
+
+                code, events, err = await prismctl(a_layout, "events")
+                assert code == 0, err
+                logs = await _stop([a], "polling")
+            nursery.cancel_scope.cancel()
+    runs_per_op = Counter(run_keys(runs))
+    assert max(runs_per_op.values()) == 1, runs_per_op
+    assert len(runs_per_op) == 4
+    assert [_answered(fake, n) for n in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    # A's control socket shows what B wrote (the operations of messages 2 and 3).
+    keys = [e["key"] for e in events["events"]]
+    for n in (2, 3):
+        op = operation_id_for("tg", str(ids[n]))
+        assert any(op in key for key in keys), (n, op)
+    assert any(first_op in e["key"] for e in seen), "B's follower did not show A's write"
+    print(
+        f"multi-instance polling: takeover after SIGSTOP {takeover:.1f}s, A's chat answered"
+        f" by B {chat_moved:.1f}s after the stop, failover after SIGKILL {failover:.1f}s"
+        f" ({failover_receiving:.1f}s), lease_ttl_ms={LEASE_TTL_MS}",
+        file=sys.stderr,
+    )
+    assert takeover <= ttl_s + 5 and failover <= ttl_s + 10
+    assert fake.token not in "".join(logs)
+
+
+async def _receiving_not(layout: Layout) -> bool:
+    return (await _health(layout))["leases"]["receiver"] == []
+
+
+async def _read_events(follower: trio.Process, op: str) -> list[dict[str, Any]]:
+    """The events printed by a ``prismctl --json events --follow`` until one names ``op``."""
+    assert follower.stdout is not None
+    seen: list[dict[str, Any]] = []
+    buffer = b""
+    try:
+        with trio.move_on_after(10):
+            while not any(op in e["key"] for e in seen):
+                chunk = await follower.stdout.receive_some(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    seen += json.loads(line)["events"]
+    finally:
+        follower.terminate()
+        await follower.wait()
+        await follower.stdout.aclose()
+    return seen
