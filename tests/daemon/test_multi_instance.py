@@ -468,7 +468,12 @@ async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, u
                     ],
                     stdout=subprocess.PIPE,
                 )  # fmt: skip
-                await trio.sleep(1.5)  # following (its first page is empty: nothing to see)
+                assert follower.stdout is not None
+                first_page = b""
+                with trio.fail_after(20):  # following once its first page, empty, is out
+                    while not first_page.endswith(b"\n"):
+                        first_page += await follower.stdout.receive_some(65536)
+                assert json.loads(first_page)["events"] == [], first_page
 
                 ids = {1: fake.push_update(_message(401, 1))}
                 await _until(lambda: run_keys(runs) != [], 30, "A starts the turn")
