@@ -559,6 +559,16 @@ class InboxStore(Protocol):
         """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), claimed."""
         ...
 
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be claimed
+        now, as if their claims had expired; how many. For an owner starting again whose
+        previous process is known to be gone (its state directory's lock), so that what it
+        held is taken up at once instead of after the claims' time. Each item's attempt
+        still counts; the old claims are fenced once the items are claimed again."""
+        ...
+
     async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
         """Move the claim's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
         a ``done`` item's partition hold); ``None`` when the claim is no longer the item's."""

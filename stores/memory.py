@@ -565,6 +565,26 @@ class MemoryInboxStore:
             claims.append(InboxClaim(stored.public(with_payload=True), token, now + ttl))
         return tuple(claims)
 
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        await self._state.step()
+        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
+        wanted = _common.check_inbox_sources(sources)
+        now = self._state.clock.now_ms()
+        mine = [
+            row
+            for row in self._state.inbox.values()
+            if row.item.state == "claimed"
+            and row.item.owner_id == owner
+            and row.item.claim_expires_at_ms > now
+            and (wanted is None or row.item.source in wanted)
+        ]
+        for row in mine:
+            item = attrs.evolve(row.item, claim_expires_at_ms=now, updated_at_ms=now)
+            self._store(attrs.evolve(row, item=item))
+        return len(mine)
+
     async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
         await self._state.step()
         _common.check_inbox_claim(claim)

@@ -866,6 +866,23 @@ class PostgresInboxStore:
         )
         return done is not None
 
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
+        wanted = _common.check_inbox_sources(sources)
+        if wanted == ():
+            await trio.lowlevel.checkpoint()
+            return 0
+        now = self._clock.now_ms()
+        rows = await self._rows(
+            f"UPDATE {self._t} SET claim_expires_at = $1, updated_at = $1"
+            " WHERE state = 'claimed' AND owner_id = $2 AND claim_expires_at > $1"
+            " AND ($3::text[] IS NULL OR source = ANY($3::text[])) RETURNING 1",
+            now, owner, None if wanted is None else list(wanted),
+        )  # fmt: skip
+        return len(rows)
+
     async def release(self, claim: InboxClaim) -> bool:
         now = self._clock.now_ms()
         released = await self._update(

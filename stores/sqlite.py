@@ -1181,6 +1181,27 @@ class SQLiteInboxStore:
         )
         return done is not None
 
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
+        wanted = _common.check_inbox_sources(sources)
+        if wanted == ():
+            return 0
+        now = self._db.clock.now_ms()
+        sql = (
+            "UPDATE prism_inbox SET claim_expires_at = ?, updated_at = ?"
+            " WHERE state = 'claimed' AND owner_id = ? AND claim_expires_at > ?"
+        )
+        if wanted is not None:
+            sql += f" AND source IN ({', '.join('?' for _ in wanted)})"
+        sql += " RETURNING 1"
+
+        def txn(conn: apsw.Connection) -> int:
+            return len(conn.execute(sql, (now, now, owner, now, *(wanted or ()))).fetchall())
+
+        return await self._db.write(txn)
+
     async def release(self, claim: InboxClaim) -> bool:
         now = self._db.clock.now_ms()
         released = await self._update(

@@ -225,6 +225,7 @@ class TelegramAdapter:
                     owner_id=self.owner_id,
                     claim_ttl_ms=self.lease_ttl_ms,
                     busy_conversations=self.busy_conversations,
+                    reclaim=self.reclaim,
                     random=rng,
                 )
             self._webhook = WebhookServer(

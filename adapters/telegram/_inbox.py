@@ -7,8 +7,9 @@ on (connection, ``update_id``) — and answers 2xx only once that row is committ
 
 * **Claims are leases.** A claim holds its row for ``claim_ttl_ms`` and is renewed at a third
   of that while the update is processed; a worker that dies lets its claims expire and
-  another instance's worker takes them over. Concurrent workers never get the same row
-  (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
+  another instance's worker takes them over — or the same instance restarted (``reclaim``:
+  its owner id is its state directory's), which takes them up at once. Concurrent workers
+  never get the same row (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 * **Acknowledged only after the journal.** A row is settled ``done`` only after ``admit``
   returned a final answer, i.e. after the operation record was committed (or the update was
   a duplicate, or nothing to admit). A crash between that commit and the settle redelivers
@@ -117,6 +118,10 @@ class InboxWorker:
     claim_ttl_ms: int
     busy_conversations: BusyConversations | None = None
     """This instance's runtime: the conversations it still works on (``None``: no holds)."""
+    reclaim: bool = False
+    """``owner_id`` is this instance's alone (its state directory's lock): rows it still has
+    claimed when ``run`` starts were claimed by a process (or a ``run``) that is gone, and
+    are taken up at once instead of after their claims' time."""
     random: _random.Random = attrs.field(factory=_random.Random, repr=False)
     concurrency: int = CONCURRENCY
     max_attempts: int = MAX_ATTEMPTS
@@ -148,6 +153,8 @@ class InboxWorker:
         """Claim and process rows until cancelled; on the way out, hand back what is held."""
         self._stopping = False
         slots = trio.Semaphore(self.concurrency)
+        if self.reclaim:
+            await self._expire_own_claims()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._keep_holds)
@@ -156,6 +163,22 @@ class InboxWorker:
         finally:
             with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                 await self._release_all()
+
+    async def _expire_own_claims(self) -> None:
+        try:
+            expired = await self.inbox.expire_own_claims(
+                owner_id=self.owner_id, sources=[self.connection_id]
+            )
+        except Exception as exc:
+            # Not needed for correctness: those claims run out by themselves.
+            self._store_failure("taking up this instance's earlier claims", exc)
+            return
+        if expired:
+            log.info(
+                "telegram %s: %d inbox row(s) claimed before a restart taken up again",
+                self.connection_id,
+                expired,
+            )
 
     async def _claim_loop(self, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         failures = Backoff(self.random, base_s=0.2, cap_s=STORE_BACKOFF_CAP_S)

@@ -138,6 +138,44 @@ async def test_an_expired_claim_is_taken_over_and_the_old_one_fenced(
     assert await store.inbox.complete(new)
 
 
+async def test_an_owner_starting_again_takes_up_its_own_claims_at_once(
+    store: Store, autojump_clock: Any
+) -> None:
+    """What owner "a" held when it died is claimable now (by anyone: "a" restarted claims
+    it first, in practice); "b"'s claims, "a"'s on another source and "a"'s partition holds
+    are left as they are, and the dead process's claims are fenced once claimed again."""
+    await put(store, 1, partition="p1")
+    await put(store, 2, partition="p2")
+    await put(store, 3, partition="p3")
+    await put(store, 4, partition="p4", source="tg-other")
+    await put(store, 5, partition="p5")
+    await put(store, 6, partition="p5")
+    old = {c.key: c for c in await claim(store, "a", sources=[SRC], limit=2)}
+    assert sorted(old) == ["1", "2"]
+    (b_claim,) = await claim(store, "b", sources=[SRC], limit=1)
+    assert b_claim.key == "3"
+    (other,) = await claim(store, "a", sources=["tg-other"])
+    (held,) = await claim(store, "a", sources=[SRC])
+    assert held.key == "5"
+    assert await store.inbox.complete(held, hold_ms=TTL)  # 6 waits for "a" (its hold)
+
+    assert await store.inbox.expire_own_claims(owner_id="a", sources=[SRC]) == 2
+    assert await store.inbox.expire_own_claims(owner_id="a", sources=[SRC]) == 0
+    assert await store.inbox.expire_own_claims(owner_id="a", sources=[]) == 0
+    again = await claim(store, "a", sources=[SRC])
+    assert keys(again) == ["1", "2", "6"]  # 6: "a"'s hold still holds for "a"
+    assert all(c.item.attempts == 2 for c in again if c.key in ("1", "2"))
+    assert not await store.inbox.complete(old["1"])  # the dead process's claim: fenced
+    for current in again:
+        assert await store.inbox.complete(current)
+    assert await store.inbox.complete(b_claim)
+    assert await store.inbox.complete(other)
+    with pytest.raises(InvalidInboxError):
+        await store.inbox.expire_own_claims(owner_id="")
+    with pytest.raises(InvalidInboxError):
+        await store.inbox.expire_own_claims(owner_id="a", sources="tg-main")
+
+
 async def test_an_expired_claim_not_taken_over_still_works(
     store: Store, autojump_clock: Any
 ) -> None:

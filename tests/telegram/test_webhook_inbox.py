@@ -135,6 +135,35 @@ async def test_a_crash_between_the_journal_and_the_settle_is_a_duplicate(
     assert item is not None and item.attempts == 2
 
 
+async def test_an_instance_started_again_takes_up_the_rows_it_had_claimed(
+    fake: FakeBotApi, make_adapter: Any, recorder: Recorder, store: MemoryStore
+) -> None:
+    """Its previous process claimed a row for ten minutes and died; started again with the
+    same owner id it admits the row now, while another instance would have to wait."""
+    assert await store.inbox.put(
+        source=CONN, key="8", partition="chat:101", order=8,
+        payload={"update_id": 8, **private_message("before the crash")},
+    )  # fmt: skip
+    (dead,) = await store.inbox.claim(
+        owner_id="daemon-a", ttl_ms=600_000, max_attempts=10, sources=[CONN]
+    )
+    other = inbox_adapter(make_adapter, owner_id="daemon-b")
+    again = inbox_adapter(make_adapter, owner_id="daemon-a")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(other.run)
+            await trio.sleep(1)
+            assert recorder.events == []  # B may not take a live claim
+            await nursery.start(again.run)
+            await recorder.wait_for(1)
+            await wait_until_async(lambda: _state_is(store, "8", "done"))
+            nursery.cancel_scope.cancel()
+    assert [e.event_id for e in recorder.events] == ["8"]
+    item = await store.inbox.get(source=CONN, key="8")
+    assert item is not None and item.attempts == 2 and item.owner_id == "daemon-a"
+    assert not await store.inbox.complete(dead)
+
+
 async def test_a_store_that_refuses_the_row_gets_503(
     fake: FakeBotApi, make_adapter: Any, recorder: Recorder, store: MemoryStore
 ) -> None:
