@@ -155,6 +155,8 @@ def _cell(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, Mapping):
         return ",".join(f"{k}={_cell(v)}" for k, v in value.items() if v is not None) or "-"
+    if isinstance(value, list | tuple):
+        return ",".join(_cell(v) for v in value) or "-"
     return str(value)
 
 

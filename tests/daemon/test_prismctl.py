@@ -639,3 +639,24 @@ async def test_list_and_settle_inbox_dead_letters(tmp_path: Path) -> None:
                 "--socket", config.socket, "list-inbox", "--state", "pending"
             )
             assert [line.split()[1] for line in out.splitlines()[1:]] == ["42"]
+
+
+async def test_health_names_the_instance_its_leases_and_the_inbox_depth(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    snapshot = {
+        "instance": "inst-7f3a",
+        "ready": True,
+        "leases": {"binding": 2, "receiver": ["tg", "tg2"]},
+        "children": {"telegram:tg": {"state": "running"}},
+    }
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, health=snapshot, inbox_sources=("tg",)) as (_, store):
+            await _dead_letters(store, "tg", ["5"])
+            code, out, err = await prismctl("--socket", config.socket, "health")
+    assert (code, err) == (0, "")
+    pairs = dict(line.split(None, 1) for line in out.splitlines())
+    assert pairs["instance"] == "inst-7f3a"
+    assert pairs["leases.binding"] == "2"
+    assert pairs["leases.receiver"] == "tg,tg2"
+    assert (pairs["inbox.pending"], pairs["inbox.dead"]) == ("0", "1")
+    assert pairs["children.telegram:tg.state"] == "running"
