@@ -595,6 +595,18 @@ def _follow(client: ControlClient, args: argparse.Namespace, out: TextIO) -> int
     return 0
 
 
+def _dead_letters(client: ControlClient) -> int:
+    """The inbox's dead letters (``health``), which ``list-unresolved`` mentions: they wait
+    for an operator too. 0 when the daemon has no inbox or does not say."""
+    try:
+        health = client.call("health", {})
+    except RpcErrorResult:
+        return 0
+    inbox = health.get("inbox") if isinstance(health, Mapping) else None
+    dead = inbox.get("dead") if isinstance(inbox, Mapping) else None
+    return dead if isinstance(dead, int) and not isinstance(dead, bool) else 0
+
+
 def _chat(args: argparse.Namespace, err: TextIO) -> int:
     token = None
     if args.token_env:
@@ -631,6 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = client.call(method, params)
             if args.command == "list-unresolved" and args.all:
                 result = _every_page(client, params, result)
+            dead = _dead_letters(client) if args.command == "list-unresolved" else 0
     except ControlClientError as exc:
         err.write(f"prismctl: {exc}\n")
         return 1
@@ -644,16 +657,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    notes = _paging_notes(args, result)
+    if dead:
+        notes.append(f"and {dead} dead letter(s) in the webhook inbox: prismctl list-inbox")
     if args.json:
         shown = result
         if args.command == "list-unresolved" and isinstance(result, Mapping):
             shown = result.get("entries", [])  # the list scripts read; paging goes to stderr
         out.write(json.dumps(shown, indent=2, ensure_ascii=False) + "\n")
-        for line in _paging_notes(args, result):
+        for line in notes:
             err.write(f"prismctl: {line}\n")
         return _exit_code_of(args.command, shown)
     code = _render(args.command, result, out)
-    advice = _paging_notes(args, result) + _advice(args, result)
+    advice = notes + _advice(args, result)
     if advice:
         err.write("prismctl: " + "\n".join(advice) + "\n")
     return code

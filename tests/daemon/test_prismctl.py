@@ -601,6 +601,11 @@ async def test_list_and_settle_inbox_dead_letters(tmp_path: Path) -> None:
             code, out, _ = await prismctl("--socket", config.socket, "list-inbox")
             assert (code, out) == (0, "no inbox rows in that state\n")
             await _dead_letters(store, "tg", ["41", "42", "43"])
+            code, out, err = await prismctl("--socket", config.socket, "list-unresolved")
+            assert code == 0 and out.startswith("OPERATION")
+            assert err == (
+                "prismctl: and 3 dead letter(s) in the webhook inbox: prismctl list-inbox\n"
+            )
             code, out, err = await prismctl("--socket", config.socket, "list-inbox")
             assert (code, err) == (0, "")
             lines = out.splitlines()
