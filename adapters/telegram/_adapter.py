@@ -196,6 +196,7 @@ class TelegramAdapter:
             label=f"telegram {self.connection_id}",
             log=log,
             random=rng,
+            clock=self.clock,
         )
         self._sender = TelegramSender(
             connection_id=self.connection_id, api=self._api, synthesize=self.synthesize

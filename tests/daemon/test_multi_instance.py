@@ -526,7 +526,9 @@ async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, u
         f" ({failover_receiving:.1f}s), lease_ttl_ms={LEASE_TTL_MS}",
         file=sys.stderr,
     )
-    assert takeover <= ttl_s + 5 and failover <= ttl_s + 10
+    # From the stop or kill, which is after the last renewal: the lease expires within the
+    # TTL, and the standby tries right then (the rest is prismctl and the 2.5 s agent).
+    assert takeover <= ttl_s + 4 and failover <= ttl_s + 2.5 + 4
     assert fake.token not in "".join(logs)
 
 
