@@ -29,11 +29,12 @@ run: $(STAMP)
 	$(BIN)/prismd run
 
 lint: $(STAMP)
-	$(BIN)/ruff check prismd adapters stores tests
-	$(BIN)/ruff format --check prismd adapters stores tests
+	$(BIN)/ruff check prismd adapters stores tests examples
+	$(BIN)/ruff format --check prismd adapters stores tests examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy examples
 
 pytest: $(STAMP)
 	bash tests/with-services.sh $(BIN)/python -m pytest -W error $(PYTEST_ARGS)

@@ -340,8 +340,11 @@ class BuildContext:
     """The ``[[grants]]`` entries of this connection."""
     retention_days: int = 7
     max_attachment_bytes: int = 1024 * 1024
+    lease_ttl_ms: int = 30_000
+    """``[limits] lease_ttl_ms``: how long a receiver's lease or claim outlives its holder."""
     conversations: Any = None
-    """The runtime's history and re-drive of held replies, late-bound (the web chat)."""
+    """The runtime's history and re-drive of held replies, late-bound (the web chat), and
+    the conversations it still works on (``busy_conversations``, the Telegram inbox)."""
 
 
 @attrs.frozen

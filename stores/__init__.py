@@ -1,7 +1,8 @@
 """Durable state for prismd: the CheckpointStore/LeaseStore contracts and their backends.
 
 ``async with open_store(url) as store:`` understands ``memory://``, ``sqlite:///path`` and
-``postgresql://…`` (also ``postgres://``); ``migrate_store(url)`` applies or reports a
+``postgresql://…`` (also ``postgres://``); every store has three facets: ``checkpoints``,
+``leases`` and the durable ``inbox``. ``migrate_store(url)`` applies or reports a
 durable store's schema. The PostgreSQL URL parser and pool settings are here too: they import
 no driver (``check-config`` uses them), while :mod:`stores.postgres` (the store) does.
 """
@@ -23,6 +24,9 @@ from ._types import (
 )
 from ._types import (
     DEFAULT_MAX_VALUE_BYTES as DEFAULT_MAX_VALUE_BYTES,
+)
+from ._types import (
+    INBOX_STATES as INBOX_STATES,
 )
 from ._types import (
     SYSTEM_CLOCK as SYSTEM_CLOCK,
@@ -52,7 +56,28 @@ from ._types import (
     EventPage as EventPage,
 )
 from ._types import (
+    InboxClaim as InboxClaim,
+)
+from ._types import (
+    InboxDepth as InboxDepth,
+)
+from ._types import (
+    InboxItem as InboxItem,
+)
+from ._types import (
+    InboxPage as InboxPage,
+)
+from ._types import (
+    InboxState as InboxState,
+)
+from ._types import (
+    InboxStore as InboxStore,
+)
+from ._types import (
     InvalidCheckpointError as InvalidCheckpointError,
+)
+from ._types import (
+    InvalidInboxError as InvalidInboxError,
 )
 from ._types import (
     InvalidLeaseError as InvalidLeaseError,

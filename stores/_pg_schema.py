@@ -11,7 +11,7 @@ migration exactly once: the first applies, the others wait for its commit and fi
 left to do. A database whose schema is newer than this build, or whose recorded migrations do
 not match the embedded ones, is refused with :class:`~stores.StoreUnavailableError`.
 
-Tables (the contract's ``prism_checkpoints``/``prism_leases`` plus the event stream):
+Tables (the contract's ``prism_checkpoints``/``prism_leases``, the event stream, the inbox):
 
 * ``prism_checkpoints`` — ``(namespace, key)`` primary key, ``COLLATE "C"`` so listing order
   is code-point order as on the other backends; values and metadata are ``json`` (the exact
@@ -23,6 +23,8 @@ Tables (the contract's ``prism_checkpoints``/``prism_leases`` plus the event str
   lock is held until commit, so event-writing transactions commit one after another in ``seq``
   order and become visible in that order: a reader can never see ``seq`` N+1 while N is still
   to come, and an aborted transaction gives its numbers back (no gaps at all).
+* ``prism_inbox`` (migration 2) — :class:`~stores.InboxStore`'s items, ``(source, key)``
+  primary key (the dedup).
 * ``prism_schema_migrations`` — what was applied, when, with which checksum.
 
 Functions (so a group commit or a lease call is one round trip, see :mod:`stores.postgres`):
@@ -324,7 +326,37 @@ END
 $fn$;
 """.replace("@SCOPE@", _SCOPE_EQ)
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "checkpoints, leases, events", _V1),)
+# Migration 2: the durable inbox (InboxStore). Claims are one UPDATE over a
+# ``FOR UPDATE SKIP LOCKED`` selection (see stores.postgres); the indexes serve the
+# readiness rules: due items by state, a partition's unfinished head, its holds, pruning.
+_V2 = """
+CREATE TABLE @S@.prism_inbox (
+    source           text COLLATE "C" NOT NULL,
+    key              text COLLATE "C" NOT NULL,
+    partition        text COLLATE "C" NOT NULL,
+    ord              bigint NOT NULL,
+    payload          json,
+    state            text COLLATE "C" NOT NULL,
+    attempts         integer NOT NULL,
+    available_at     bigint NOT NULL,
+    owner_id         text COLLATE "C",
+    token            text COLLATE "C",
+    claim_expires_at bigint NOT NULL,
+    error            text,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    PRIMARY KEY (source, key)
+);
+CREATE INDEX prism_inbox_ready ON @S@.prism_inbox (state, available_at);
+CREATE INDEX prism_inbox_head ON @S@.prism_inbox (source, partition, state, ord, key);
+CREATE INDEX prism_inbox_hold ON @S@.prism_inbox (source, partition, claim_expires_at);
+CREATE INDEX prism_inbox_prune ON @S@.prism_inbox (state, updated_at);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "checkpoints, leases, events", _V1),
+    Migration(2, "inbox", _V2),
+)
 """Append only: a released migration is never edited (its checksum is checked)."""
 
 LATEST = MIGRATIONS[-1].version

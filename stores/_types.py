@@ -28,6 +28,9 @@ Rules every backend follows (the conformance suite in ``tests/stores`` checks th
   writes all-or-nothing. A backend may commit the writes of several concurrent callers in
   one transaction (group commit); nobody is answered before that transaction is durable,
   and a failed commit fails every write in it.
+* :class:`InboxStore` (``store.inbox``) is a durable inbox of items a transport handed over
+  (a Telegram webhook update), deduplicated on ``(source, key)``, claimed by leased workers on
+  every instance. Its rules are in :class:`InboxStore`'s docstring.
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ class LeaseConflictError(StoreError):
 
 class InvalidLeaseError(LeaseConflictError, ValueError):
     """Empty namespace/key/owner/token or a non-positive TTL."""
+
+
+class InvalidInboxError(StoreError, ValueError):
+    """An inbox call's input was invalid (an empty name, a bad number, a payload that is not
+    JSON or too large); nothing was written."""
 
 
 class StoreUnavailableError(StoreError):
@@ -309,6 +317,72 @@ class EventPage:
     """The highest sequence number read, or ``after`` when nothing was read."""
 
 
+InboxState: TypeAlias = Literal["pending", "claimed", "done", "dead", "discarded"]
+INBOX_STATES: tuple[InboxState, ...] = ("pending", "claimed", "done", "dead", "discarded")
+MAX_INBOX_ERROR_CHARS = 200
+
+
+@attrs.frozen
+class InboxItem:
+    """One row of the durable inbox (see :class:`InboxStore`)."""
+
+    source: str
+    """Who handed it in: a connection id."""
+    key: str
+    """Unique within ``source`` (Telegram: the ``update_id``): the dedup key."""
+    partition: str
+    """Items of one ``(source, partition)`` are handed out one at a time, in ``order``."""
+    order: int
+    state: InboxState
+    attempts: int
+    """Claims so far (each claim counts one attempt)."""
+    available_at_ms: int
+    """A ``pending`` item is not claimed before this (retry backoff)."""
+    created_at_ms: int
+    updated_at_ms: int
+    payload: JSONValue = None
+    """What was handed in; ``None`` once ``done`` or ``discarded`` (the inbox keeps a payload
+    only while it may still be needed) and in listings."""
+    error: str | None = None
+    """The code the last failed attempt gave (a short fixed text, never payload text)."""
+    owner_id: str | None = None
+    """The owner of the current or last claim."""
+    claim_expires_at_ms: int = 0
+    """Until when that claim holds the item (and, for a ``done`` item, its partition)."""
+
+
+@attrs.frozen
+class InboxClaim:
+    """An item handed to one worker: valid while its ``token`` is the item's."""
+
+    item: InboxItem
+    token: str
+    expires_at_ms: int
+
+    @property
+    def source(self) -> str:
+        return self.item.source
+
+    @property
+    def key(self) -> str:
+        return self.item.key
+
+
+@attrs.frozen
+class InboxPage:
+    items: tuple[InboxItem, ...]
+    next_cursor: str | None = None
+
+
+@attrs.frozen
+class InboxDepth:
+    """How many items wait, are in a worker's hands, or are dead letters."""
+
+    pending: int = 0
+    claimed: int = 0
+    dead: int = 0
+
+
 # --------------------------------------------------------------------------- contracts
 
 
@@ -378,7 +452,16 @@ class CheckpointStore(Protocol):
     async def list_events(
         self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
     ) -> EventPage:
-        """Committed events with ``seq > after`` in order, filtered by partial scope."""
+        """Committed events with ``seq > after`` in order, filtered by partial scope.
+
+        Under concurrent writers a reader that pages with ``after = last_seq`` never sees an
+        event N+1 before a committed event N: sequence numbers are visible in order (a
+        number given back by a transaction that did not commit may be skipped)."""
+        ...
+
+    async def last_event_seq(self) -> int:
+        """The highest committed event sequence number (0 when there is none): where a
+        reader that wants only what happens from now on starts."""
         ...
 
 
@@ -420,6 +503,119 @@ class LeaseStore(Protocol):
         ...
 
 
+class InboxStore(Protocol):
+    """A durable inbox: what a transport handed over, committed before it is acknowledged,
+    then processed by leased workers on any instance.
+
+    * :meth:`put` is the acknowledgment point: once it returned, the item is durable. A
+      second put of the same ``(source, key)`` changes nothing and answers ``False`` (a
+      redelivery is acknowledged without a second row), whatever state the item is in.
+    * :meth:`claim` hands out items *ready* for the caller ``owner_id`` at the store clock's
+      now, oldest first, each under a fresh token, ``attempts`` + 1, until ``now + ttl_ms``.
+      An item is ready when (a) it is ``pending`` and due, or ``claimed`` and its claim
+      expired (its worker died); (b) no item of its ``(source, partition)`` with a smaller
+      ``(order, key)`` is ``pending`` or ``claimed`` — so a partition is handed out in
+      order, one item at a time; and (c) no *other* owner holds the partition: no item of it
+      is ``claimed`` or ``done`` by another owner with an unexpired claim (see
+      :meth:`complete`'s ``hold_ms``). Concurrent claimers never get the same item
+      (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``; memory: one
+      synchronous step). An item whose claim expired with ``attempts >= max_attempts``
+      becomes ``dead`` instead of being claimed again (it kept killing its worker).
+    * Every later call on a claim is fenced by its token: once another claim took the item
+      it answers ``None``/``False`` and changes nothing. A claim that expired but was not
+      taken over still works (nobody else acted on the item).
+    * :meth:`complete` settles the item ``done`` (payload dropped) and may keep its
+      partition for the same owner for ``hold_ms`` (extended by :meth:`extend`, ended by
+      :meth:`release`): while the owner still works on what the item started, the next
+      items of the partition go to that owner only, so their order is kept across instances.
+    * :meth:`retry` puts it back ``pending`` after ``delay_ms``, or ``dead`` once
+      ``attempts >= max_attempts``: never retried forever, never dropped. A ``dead`` item is
+      listed (:meth:`list_items`) until an operator settles it (:meth:`settle`): ``retry`` (pending,
+      attempts 0) or ``discard`` (``discarded``, payload dropped). ``dead`` and
+      ``discarded`` items do not hold up their partition.
+    * :meth:`prune` deletes ``done`` and ``discarded`` items last updated before a time,
+      bounded per call; nothing else is ever deleted.
+    """
+
+    async def put(
+        self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
+    ) -> bool:
+        """Commit a new ``pending`` item (due now); ``False`` when ``(source, key)`` exists.
+
+        Raises :class:`InvalidInboxError` for bad input (an empty name, an order that is not
+        a non-negative safe integer, a payload that is not JSON or too large) and
+        :class:`StoreUnavailableError`."""
+        ...
+
+    async def claim(
+        self,
+        *,
+        owner_id: str,
+        ttl_ms: int,
+        limit: int = 1,
+        max_attempts: int,
+        sources: Sequence[str] | None = None,
+    ) -> tuple[InboxClaim, ...]:
+        """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), claimed."""
+        ...
+
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be claimed
+        now, as if their claims had expired; how many. For an owner starting again whose
+        previous process is known to be gone (its state directory's lock), so that what it
+        held is taken up at once instead of after the claims' time. Each item's attempt
+        still counts; the old claims are fenced once the items are claimed again."""
+        ...
+
+    async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
+        """Move the claim's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
+        a ``done`` item's partition hold); ``None`` when the claim is no longer the item's."""
+        ...
+
+    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
+        """``done``, payload dropped; the partition stays the owner's for ``hold_ms``."""
+        ...
+
+    async def release(self, claim: InboxClaim) -> bool:
+        """End a ``done`` item's partition hold now."""
+        ...
+
+    async def retry(
+        self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
+    ) -> InboxItem | None:
+        """Back to ``pending``, due after ``delay_ms``, with ``error`` (a short code); ``dead``
+        when ``attempts >= max_attempts``. The item as stored, or ``None`` (claim lost)."""
+        ...
+
+    async def get(self, *, source: str, key: str) -> InboxItem | None: ...
+
+    async def list_items(
+        self,
+        *,
+        source: str | None = None,
+        state: InboxState | None = None,
+        cursor: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+    ) -> InboxPage:
+        """Items in ``(source, order, key)`` order, without payloads; keyset-paged."""
+        ...
+
+    async def settle(
+        self, *, source: str, key: str, action: Literal["retry", "discard"]
+    ) -> InboxItem | None:
+        """An operator's decision on a ``dead`` item; ``None`` when it is not dead (or absent)."""
+        ...
+
+    async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
+        """Delete up to ``limit`` ``done``/``discarded`` items updated before ``before_ms``
+        whose partition hold is over; how many were deleted."""
+        ...
+
+    async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth: ...
+
+
 class Store(Protocol):
     """What :func:`stores.open_store` returns."""
 
@@ -431,5 +627,8 @@ class Store(Protocol):
 
     @property
     def leases(self) -> LeaseStore: ...
+
+    @property
+    def inbox(self) -> InboxStore: ...
 
     async def aclose(self) -> None: ...

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import apsw
 import attrs
@@ -42,6 +42,7 @@ from ._types import (
     ANY_SCOPE,
     DEFAULT_MAX_VALUE_BYTES,
     LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
     SYSTEM_CLOCK,
     CheckpointConflictError,
     CheckpointPage,
@@ -51,6 +52,12 @@ from ._types import (
     DeleteCheckpoint,
     EventAction,
     EventPage,
+    InboxClaim,
+    InboxDepth,
+    InboxItem,
+    InboxPage,
+    InboxState,
+    InvalidInboxError,
     InvalidLeaseError,
     InvalidStoreURLError,
     JournalEvent,
@@ -66,7 +73,8 @@ from ._types import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: checkpoints, leases, events; 2: the inbox (``prism_inbox``)."""
 BUSY_TIMEOUT_MS = 5000
 _CONFLICT = "checkpoint version conflict"
 
@@ -118,6 +126,32 @@ CREATE TABLE IF NOT EXISTS prism_events (
     metadata   TEXT
 );
 """
+
+_SCHEMA_2 = """
+CREATE TABLE IF NOT EXISTS prism_inbox (
+    source           TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    partition        TEXT    NOT NULL,
+    ord              INTEGER NOT NULL,
+    payload          TEXT,
+    state            TEXT    NOT NULL,
+    attempts         INTEGER NOT NULL,
+    available_at     INTEGER NOT NULL,
+    owner_id         TEXT,
+    token            TEXT,
+    claim_expires_at INTEGER NOT NULL,
+    error            TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    PRIMARY KEY (source, key)
+);
+CREATE INDEX IF NOT EXISTS prism_inbox_ready ON prism_inbox (state, available_at);
+CREATE INDEX IF NOT EXISTS prism_inbox_head ON prism_inbox (source, partition, state, ord, key);
+CREATE INDEX IF NOT EXISTS prism_inbox_hold ON prism_inbox (source, partition, claim_expires_at);
+CREATE INDEX IF NOT EXISTS prism_inbox_prune ON prism_inbox (state, updated_at);
+"""
+_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_2}
+"""Forward-only: version N's DDL, applied in order from the file's version + 1."""
 
 _CHECKPOINT_COLUMNS = (
     "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
@@ -261,12 +295,13 @@ async def sqlite_schema_status(url: str, *, apply: bool) -> SchemaStatus:
         before = await trio.to_thread.run_sync(_read_user_version, path)
         store = await open_sqlite_store(url)
         await store.aclose()
-        applied = () if before == SCHEMA_VERSION else (SCHEMA_VERSION,)
+        applied = tuple(range(before + 1, SCHEMA_VERSION + 1))
         return SchemaStatus(str(path), SCHEMA_VERSION, SCHEMA_VERSION, applied)
     current = await trio.to_thread.run_sync(_read_user_version, path)
     if current > SCHEMA_VERSION:
         raise StoreUnavailableError(
-            f"SQLite store {path}: schema version {current} is not {SCHEMA_VERSION}"
+            f"SQLite store {path}: schema version {current} is newer than this"
+            f" prismd knows ({SCHEMA_VERSION})"
         )
     return SchemaStatus(str(path), current, SCHEMA_VERSION)
 
@@ -362,13 +397,15 @@ def _prepare(conn: apsw.Connection, label: str) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = _scalar(conn, "PRAGMA user_version")
-        if version == 0:
-            conn.execute(_SCHEMA)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        elif version != SCHEMA_VERSION:
+        if not 0 <= version <= SCHEMA_VERSION:
             raise StoreUnavailableError(
-                f"SQLite store {label}: schema version {version} is not {SCHEMA_VERSION}"
+                f"SQLite store {label}: schema version {version} is newer than this"
+                f" prismd knows ({SCHEMA_VERSION})"
             )
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            conn.execute(_MIGRATIONS[step])
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -817,6 +854,14 @@ class SQLiteCheckpointStore:
         items = tuple(await self._db.run(read))
         return EventPage(items=items, last_seq=items[-1].seq if items else after)
 
+    async def last_event_seq(self) -> int:
+        """The highest committed event sequence number (0: none yet)."""
+
+        def read(conn: apsw.Connection) -> int:
+            return int(_scalar(conn, "SELECT coalesce(max(seq), 0) FROM prism_events"))
+
+        return await self._db.run(read)
+
 
 # --------------------------------------------------------------------------- leases
 
@@ -978,6 +1023,325 @@ class SQLiteLeaseStore:
         return await self._db.run(read)
 
 
+# --------------------------------------------------------------------------- inbox
+
+_INBOX_COLUMNS = (
+    "source, key, partition, ord, payload, state, attempts, available_at, owner_id, token,"
+    " claim_expires_at, error, created_at, updated_at"
+)
+# Contract (a)-(c) of InboxStore.claim, as one query (the writer's BEGIN IMMEDIATE makes it
+# and the updates that follow one step for every other connection and process).
+_INBOX_READY = """
+SELECT r.source, r.key, r.attempts FROM prism_inbox AS r
+ WHERE ((r.state = 'pending' AND r.available_at <= :now)
+        OR (r.state = 'claimed' AND r.claim_expires_at <= :now))
+   {sources}
+   AND NOT EXISTS (SELECT 1 FROM prism_inbox AS e
+        WHERE e.source = r.source AND e.partition = r.partition
+          AND e.state IN ('pending', 'claimed')
+          AND (e.ord < r.ord OR (e.ord = r.ord AND e.key < r.key)))
+   AND NOT EXISTS (SELECT 1 FROM prism_inbox AS h
+        WHERE h.source = r.source AND h.partition = r.partition
+          AND h.claim_expires_at > :now AND h.state IN ('claimed', 'done')
+          AND h.owner_id IS NOT :owner)
+ ORDER BY r.available_at, r.ord, r.source, r.key
+ LIMIT :limit
+"""
+
+
+def _inbox_item(row: Sequence[Any], *, with_payload: bool = True) -> tuple[InboxItem, str | None]:
+    (source, key, partition, order, payload, state, attempts, available, owner, token,
+     expires, error, created, updated) = row  # fmt: skip
+    item = InboxItem(
+        source=source, key=key, partition=partition, order=order, state=state,
+        attempts=attempts, available_at_ms=available, created_at_ms=created,
+        updated_at_ms=updated, error=error, owner_id=owner, claim_expires_at_ms=expires,
+        payload=_common.decode_json(payload) if with_payload and payload is not None else None,
+    )  # fmt: skip
+    return item, token
+
+
+@attrs.define(eq=False)
+class SQLiteInboxStore:
+    """:class:`~stores.InboxStore` on ``prism_inbox``: every change is a job of the
+    group-committed writer (``BEGIN IMMEDIATE``), so a claim is atomic across processes."""
+
+    _db: _Database
+    _max_value_bytes: int
+
+    async def put(
+        self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
+    ) -> bool:
+        """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
+        put = _common.check_inbox_put(
+            source=source, key=key, partition=partition, order=order, payload=payload,
+            max_value_bytes=self._max_value_bytes,
+        )  # fmt: skip
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> bool:
+            row = _one(
+                conn,
+                f"INSERT INTO prism_inbox ({_INBOX_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, 0, NULL, ?, ?)"
+                " ON CONFLICT (source, key) DO NOTHING RETURNING 1",
+                (put.source, put.key, put.partition, put.order, put.payload_json, now, now, now),
+            )
+            return row is not None
+
+        return await self._db.write(txn)
+
+    async def claim(
+        self,
+        *,
+        owner_id: str,
+        ttl_ms: int,
+        limit: int = 1,
+        max_attempts: int,
+        sources: Sequence[str] | None = None,
+    ) -> tuple[InboxClaim, ...]:
+        """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
+        owner, ttl, n, most, wanted = _common.check_inbox_claim_args(
+            owner_id, ttl_ms, limit, max_attempts, sources
+        )
+        if wanted == ():
+            return ()
+        now = self._db.clock.now_ms()
+        args: dict[str, Any] = {"now": now, "owner": owner, "limit": n}
+        where = ""
+        if wanted is not None:
+            names = [f":s{i}" for i in range(len(wanted))]
+            where = f"AND r.source IN ({', '.join(names)})"
+            args.update({name[1:]: value for name, value in zip(names, wanted)})
+        sql = _INBOX_READY.format(sources=where)
+
+        def txn(conn: apsw.Connection) -> tuple[InboxClaim, ...]:
+            ready: list[Any] = conn.execute(sql, args).fetchall()
+            claims: list[InboxClaim] = []
+            for source, key, attempts in ready:
+                if attempts >= most:
+                    conn.execute(
+                        "UPDATE prism_inbox SET state = 'dead', updated_at = ?"
+                        " WHERE source = ? AND key = ?",
+                        (now, source, key),
+                    )
+                    continue
+                token = _common.new_claim_token()
+                row = _one(
+                    conn,
+                    "UPDATE prism_inbox SET state = 'claimed', attempts = attempts + 1,"
+                    " owner_id = ?, token = ?, claim_expires_at = ?, updated_at = ?"
+                    f" WHERE source = ? AND key = ? RETURNING {_INBOX_COLUMNS}",
+                    (owner, token, now + ttl, now, source, key),
+                )
+                item, _ = _inbox_item(row)
+                claims.append(InboxClaim(item, token, now + ttl))
+            return tuple(claims)
+
+        return await self._db.write(txn)
+
+    async def _update(
+        self, claim: InboxClaim, states: tuple[str, ...], assignments: str, args: Sequence[Any]
+    ) -> InboxItem | None:
+        """``UPDATE … SET assignments`` the claim's item when its token and state still
+        match; the item as stored, or ``None``."""
+        _common.check_inbox_claim(claim)
+        sql = (
+            f"UPDATE prism_inbox SET {assignments}"
+            f" WHERE source = ? AND key = ? AND token = ?"
+            f" AND state IN ({', '.join('?' for _ in states)}) RETURNING {_INBOX_COLUMNS}"
+        )
+        values = (*args, claim.source, claim.key, claim.token, *states)
+
+        def txn(conn: apsw.Connection) -> InboxItem | None:
+            row = _one(conn, sql, values)
+            return None if row is None else _inbox_item(row)[0]
+
+        return await self._db.write(txn)
+
+    async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
+        ttl = _common.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
+        now = self._db.clock.now_ms()
+        item = await self._update(
+            claim,
+            ("claimed", "done"),
+            "claim_expires_at = ?, updated_at = ?",
+            (now + ttl, now),
+        )
+        return None if item is None else attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
+
+    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
+        hold = _common.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
+        now = self._db.clock.now_ms()
+        done = await self._update(
+            claim,
+            ("claimed",),
+            "state = 'done', payload = NULL, claim_expires_at = ?, updated_at = ?",
+            (now + hold, now),
+        )
+        return done is not None
+
+    async def expire_own_claims(
+        self, *, owner_id: str, sources: Sequence[str] | None = None
+    ) -> int:
+        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
+        wanted = _common.check_inbox_sources(sources)
+        if wanted == ():
+            return 0
+        now = self._db.clock.now_ms()
+        sql = (
+            "UPDATE prism_inbox SET claim_expires_at = ?, updated_at = ?"
+            " WHERE state = 'claimed' AND owner_id = ? AND claim_expires_at > ?"
+        )
+        if wanted is not None:
+            sql += f" AND source IN ({', '.join('?' for _ in wanted)})"
+        sql += " RETURNING 1"
+
+        def txn(conn: apsw.Connection) -> int:
+            return len(conn.execute(sql, (now, now, owner, now, *(wanted or ()))).fetchall())
+
+        return await self._db.write(txn)
+
+    async def release(self, claim: InboxClaim) -> bool:
+        now = self._db.clock.now_ms()
+        released = await self._update(
+            claim,
+            ("done",),
+            "claim_expires_at = min(claim_expires_at, ?), updated_at = ?",
+            (now, now),
+        )
+        return released is not None
+
+    async def retry(
+        self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
+    ) -> InboxItem | None:
+        delay = _common.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
+        code = _common.bound_inbox_error(error)
+        most = _common.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
+        now = self._db.clock.now_ms()
+        return await self._update(
+            claim,
+            ("claimed",),
+            "state = CASE WHEN attempts >= ? THEN 'dead' ELSE 'pending' END, error = ?,"
+            " available_at = ?, token = NULL, claim_expires_at = ?, updated_at = ?",
+            (most, code, now + delay, now, now),
+        )
+
+    async def get(self, *, source: str, key: str) -> InboxItem | None:
+        _common.check_name(source, "source", InvalidInboxError)
+        _common.check_name(key, "key", InvalidInboxError)
+
+        def read(conn: apsw.Connection) -> InboxItem | None:
+            row = _one(
+                conn,
+                f"SELECT {_INBOX_COLUMNS} FROM prism_inbox WHERE source = ? AND key = ?",
+                (source, key),
+            )
+            return None if row is None else _inbox_item(row)[0]
+
+        return await self._db.run(read)
+
+    async def list_items(
+        self,
+        *,
+        source: str | None = None,
+        state: InboxState | None = None,
+        cursor: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+    ) -> InboxPage:
+        if source is not None:
+            _common.check_name(source, "source", InvalidInboxError)
+        wanted = _common.check_inbox_state(state)
+        position = _common.decode_inbox_cursor(cursor)
+        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        where: list[str] = []
+        args: list[Any] = []
+        if source is not None:
+            where.append("source = ?")
+            args.append(source)
+        if wanted is not None:
+            where.append("state = ?")
+            args.append(wanted)
+        if position is not None:
+            where.append("(source, ord, key) > (?, ?, ?)")
+            args += list(position)
+        sql = f"SELECT {_INBOX_COLUMNS} FROM prism_inbox"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY source, ord, key LIMIT ?"
+        args.append(n + 1)
+
+        def read(conn: apsw.Connection) -> list[InboxItem]:
+            rows = conn.execute(sql, args).fetchall()
+            return [_inbox_item(row, with_payload=False)[0] for row in rows]
+
+        rows = await self._db.run(read)
+        items = tuple(rows[:n])
+        more = len(rows) > n
+        return InboxPage(items, _common.encode_inbox_cursor(items[-1]) if more else None)
+
+    async def settle(
+        self, *, source: str, key: str, action: Literal["retry", "discard"]
+    ) -> InboxItem | None:
+        _common.check_name(source, "source", InvalidInboxError)
+        _common.check_name(key, "key", InvalidInboxError)
+        if action == "retry":
+            assignments = "state = 'pending', attempts = 0, available_at = ?, updated_at = ?"
+        elif action == "discard":
+            assignments = "state = 'discarded', payload = NULL, updated_at = max(?, ?)"
+        else:
+            raise InvalidInboxError("action must be 'retry' or 'discard'")
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> InboxItem | None:
+            row = _one(
+                conn,
+                f"UPDATE prism_inbox SET {assignments}"
+                f" WHERE source = ? AND key = ? AND state = 'dead' RETURNING {_INBOX_COLUMNS}",
+                (now, now, source, key),
+            )
+            return None if row is None else _inbox_item(row)[0]
+
+        return await self._db.write(txn)
+
+    async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
+        before = _common.check_inbox_ms(before_ms, "before_ms", minimum=0)
+        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        now = self._db.clock.now_ms()
+
+        def txn(conn: apsw.Connection) -> int:
+            rows = conn.execute(
+                "DELETE FROM prism_inbox WHERE rowid IN (SELECT rowid FROM prism_inbox"
+                " WHERE state IN ('done', 'discarded') AND updated_at < ?"
+                " AND claim_expires_at <= ? LIMIT ?) RETURNING 1",
+                (before, now, n),
+            ).fetchall()
+            return len(rows)
+
+        return await self._db.write(txn)
+
+    async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
+        wanted = _common.check_inbox_sources(sources)
+        if wanted == ():
+            return InboxDepth()
+        sql = (
+            "SELECT state, count(*) FROM prism_inbox WHERE state IN ('pending', 'claimed', 'dead')"
+        )
+        if wanted is not None:
+            sql += f" AND source IN ({', '.join('?' for _ in wanted)})"
+        sql += " GROUP BY state"
+
+        def read(conn: apsw.Connection) -> InboxDepth:
+            counts: dict[str, int] = dict(conn.execute(sql, wanted or ()).fetchall())  # type: ignore[arg-type]
+            return InboxDepth(
+                pending=counts.get("pending", 0),
+                claimed=counts.get("claimed", 0),
+                dead=counts.get("dead", 0),
+            )
+
+        return await self._db.run(read)
+
+
 # --------------------------------------------------------------------------- the store
 
 
@@ -1002,10 +1366,12 @@ class SQLiteStore:
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     _checkpoints: SQLiteCheckpointStore = attrs.field(init=False)
     _leases: SQLiteLeaseStore = attrs.field(init=False)
+    _inbox: SQLiteInboxStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._checkpoints = SQLiteCheckpointStore(self._db, self.max_value_bytes)
         self._leases = SQLiteLeaseStore(self._db)
+        self._inbox = SQLiteInboxStore(self._db, self.max_value_bytes)
 
     @property
     def url(self) -> str:
@@ -1018,6 +1384,10 @@ class SQLiteStore:
     @property
     def leases(self) -> SQLiteLeaseStore:
         return self._leases
+
+    @property
+    def inbox(self) -> SQLiteInboxStore:
+        return self._inbox
 
     def statistics(self) -> SQLiteStatistics:
         """Counters of the write path since open (for the bench and the tests)."""

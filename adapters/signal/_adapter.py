@@ -147,6 +147,7 @@ class SignalAdapter:
             label=f"signal {self.connection_id}",
             log=log,
             random=rng,
+            clock=self.clock,
         )
         self._receiver = Receiver(
             connection_id=self.connection_id,

@@ -4,7 +4,10 @@ Contract §11. :class:`TelegramAdapter` validates its configuration and wires pa
 job each:
 
 * receiving — :class:`~adapters.telegram._poller.Poller` (long polling with a durable
-  offset) or :class:`~adapters.telegram._webhook.WebhookServer`, both under the bot's
+  offset) or :class:`~adapters.telegram._webhook.WebhookServer`; with ``webhook_inbox``
+  the webhook commits updates to the store's durable inbox on every instance and
+  :class:`~adapters.telegram._inbox.InboxWorker` admits them (no receiver lease: any number
+  of instances serve one bot). Otherwise both run under the bot's
   receiver lease (:class:`~adapters.toolkit.ReceiverLease`,
   ``prism.channels.v1.telegram.receiver`` / ``r1:<connection>``); a daemon that does not
   get it waits in ``standby`` (health) and retries; a restarted daemon reclaims its
@@ -42,6 +45,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 from ..toolkit import ReceiverLease
 from ._api import DEFAULT_API_ORIGIN, TelegramApi, validate_api_origin
 from ._drafts import DraftStreamer
+from ._inbox import BusyConversations, InboxWorker
 from ._media import (
     MAX_ATTACHMENT_BYTES_CAP,
     ExtractDocumentText,
@@ -83,6 +87,11 @@ class TelegramAdapter:
     webhook_listen: str = "127.0.0.1:8443"
     webhook_path: str | None = None
     webhook_secret: str | None = attrs.field(default=None, repr=False)
+    webhook_inbox: bool = False
+    """Webhook mode on several instances: commit updates to the durable inbox before the
+    2xx; inbox workers admit them (claims last ``lease_ttl_ms``)."""
+    busy_conversations: BusyConversations | None = None
+    """The runtime's conversations still in work here (inbox mode keeps their order)."""
     allow_groups: bool = False
     send_drafts: bool = False
     poll_timeout_s: int = attrs.field(default=30)
@@ -111,6 +120,7 @@ class TelegramAdapter:
     _updates: UpdateHandler = attrs.field(init=False)
     _poller: Poller | None = attrs.field(default=None, init=False)
     _webhook: WebhookServer | None = attrs.field(default=None, init=False)
+    _inbox_worker: InboxWorker | None = attrs.field(default=None, init=False)
 
     @connection_id.validator
     def _check_connection(self, _a: object, value: str) -> None:
@@ -145,6 +155,8 @@ class TelegramAdapter:
             )
         if self.mode not in ("polling", "webhook"):
             raise ValueError("mode must be 'polling' or 'webhook'")
+        if self.webhook_inbox and self.mode != "webhook":
+            raise ValueError("webhook_inbox needs mode 'webhook'")
         if self.mode == "webhook" and not (
             isinstance(self.webhook_secret, str) and _SECRET_RE.fullmatch(self.webhook_secret)
         ):
@@ -184,6 +196,7 @@ class TelegramAdapter:
             label=f"telegram {self.connection_id}",
             log=log,
             random=rng,
+            clock=self.clock,
         )
         self._sender = TelegramSender(
             connection_id=self.connection_id, api=self._api, synthesize=self.synthesize
@@ -205,6 +218,17 @@ class TelegramAdapter:
         )
         if self.mode == "webhook":
             assert self.webhook_secret is not None
+            if self.webhook_inbox:
+                self._inbox_worker = InboxWorker(
+                    connection_id=self.connection_id,
+                    inbox=self.store.inbox,
+                    updates=self._updates,
+                    owner_id=self.owner_id,
+                    claim_ttl_ms=self.lease_ttl_ms,
+                    busy_conversations=self.busy_conversations,
+                    reclaim=self.reclaim,
+                    random=rng,
+                )
             self._webhook = WebhookServer(
                 connection_id=self.connection_id,
                 listen=self.webhook_listen,
@@ -215,6 +239,8 @@ class TelegramAdapter:
                 updates=self._updates,
                 status=self._status,
                 api=self._rx_api,
+                inbox=self.store.inbox if self.webhook_inbox else None,
+                on_put=None if self._inbox_worker is None else self._inbox_worker.wake,
             )
         else:
             self._poller = Poller(
@@ -234,9 +260,13 @@ class TelegramAdapter:
     # ------------------------------------------------------------------ public surface
 
     def health(self) -> Mapping[str, str]:
-        """``{"state": …}``: idle, starting, standby, polling, serving, backoff,
-        rate_limited, conflict, unauthorized, webhook_active, stopped."""
-        return {"state": self._status.state, "mode": self.mode}
+        """``{"state": …, "mode": …}`` (``"receiver": "inbox"`` in inbox mode): state idle,
+        starting, standby, polling, serving, backoff, rate_limited, conflict, unauthorized,
+        webhook_active, stopped."""
+        health = {"state": self._status.state, "mode": self.mode}
+        if self._inbox_worker is not None:
+            health["receiver"] = "inbox"
+        return health
 
     @property
     def capabilities(self) -> Mapping[str, object]:
@@ -257,6 +287,11 @@ class TelegramAdapter:
         return self._updates.bot_username
 
     @property
+    def uses_inbox(self) -> bool:
+        """Updates go through the store's durable inbox (``webhook_inbox``)."""
+        return self._inbox_worker is not None
+
+    @property
     def receiver_lease_held(self) -> bool:
         """This adapter holds the bot's receiver lease now (for metrics)."""
         return self._lease.held
@@ -274,6 +309,8 @@ class TelegramAdapter:
             async with trio.open_nursery() as nursery:
                 if self.send_drafts:
                     nursery.start_soon(self._drafts.run)
+                if self._inbox_worker is not None:
+                    await nursery.start(self._inbox_worker.run)
                 if self._webhook is not None:
                     await self._webhook.serve(task_status=task_status)
                 else:

@@ -25,6 +25,7 @@ class TelegramConnectionConfig:
     webhook_path: str | None = None
     """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
     webhook_secret_env: str | None = None
+    webhook_inbox: bool = False
     allow_groups: bool = False
     poll_timeout_s: int = 30
     kind: Literal["telegram"] = "telegram"
@@ -50,6 +51,9 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
     if mode == "webhook" and webhook_secret_env is None:
         # Telegram echoes the secret in a header; without it anyone could post updates.
         raise table.error("webhook_secret_env", "is required in webhook mode")
+    webhook_inbox = table.get_bool("webhook_inbox")
+    if webhook_inbox and mode != "webhook":
+        raise table.error("webhook_inbox", "needs mode = 'webhook'")
     return TelegramConnectionConfig(
         id=conn_id,
         token_env=token_env,
@@ -59,6 +63,7 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
         webhook_listen=webhook_listen,
         webhook_path=webhook_path,
         webhook_secret_env=webhook_secret_env,
+        webhook_inbox=webhook_inbox,
         allow_groups=table.get_bool("allow_groups"),
         poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
     )
@@ -97,6 +102,10 @@ def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAda
     secret = None
     if conn.webhook_secret_env:
         secret = context.secret("webhook_secret_env", conn.webhook_secret_env, None)
+    # The receiver lease (and the inbox's claims) last the daemon's lease_ttl_ms, so a
+    # standby takes over that soon; a long poll must fit inside it with room to spare.
+    floor = conn.poll_timeout_s * 1000 + 10_000 if conn.mode == "polling" else 5_000
+    lease_ttl_ms = min(max(context.lease_ttl_ms, floor), 300_000)
     return TelegramAdapter(
         connection_id=conn.id,
         token=lambda: token,
@@ -109,8 +118,11 @@ def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAda
         webhook_listen=conn.webhook_listen,
         webhook_path=conn.webhook_path,
         webhook_secret=secret,
+        webhook_inbox=conn.webhook_inbox,
+        busy_conversations=getattr(context.conversations, "busy_conversations", None),
         allow_groups=conn.allow_groups,
         poll_timeout_s=conn.poll_timeout_s,
+        lease_ttl_ms=lease_ttl_ms,
         max_attachment_bytes=context.max_attachment_bytes,
     )
 
@@ -122,6 +134,6 @@ KIND = ConnectionKind(
     build=_build,
     secrets=_secrets,
     listen_address=lambda conn: conn.webhook_listen if conn.mode == "webhook" else None,
-    where=lambda conn, _adapter: f"({conn.mode})",
+    where=lambda conn, _adapter: f"({conn.mode}{', inbox' if conn.webhook_inbox else ''})",
 )
 """The ``telegram`` connection kind (collected by :mod:`adapters.kinds`)."""

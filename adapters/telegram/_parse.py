@@ -64,6 +64,33 @@ def update_id_of(update: object) -> int | None:
     return value
 
 
+_CHAT_CARRIERS = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "my_chat_member",
+    "chat_member",
+    "message_reaction",
+)
+
+
+def conversation_of(update: Mapping[str, Any]) -> str | None:
+    """The chat an update belongs to, as the event's conversation id would be (the chat of
+    a callback query's message), or ``None`` when it names none."""
+    chat: object = None
+    for field in _CHAT_CARRIERS:
+        carrier = update.get(field)
+        if isinstance(carrier, Mapping):
+            chat = carrier.get("chat")
+            break
+    else:
+        callback = update.get("callback_query")
+        if isinstance(callback, Mapping) and isinstance(callback.get("message"), Mapping):
+            chat = callback["message"].get("chat")
+    return _chat_id(chat.get("id")) if isinstance(chat, Mapping) else None
+
+
 def _bounded_str(value: object, limit: int) -> str | None:
     # A lone surrogate (legal in JSON text, ``"\\ud800"``) must make this ``None``, not
     # raise; a raising parse would re-poll the same update forever.

@@ -36,6 +36,11 @@ class UpdateHandler:
 
         ``strict`` (webhook): a failed ``answerCallbackQuery`` raises so Telegram retries.
         """
+        return await self.admit_update(update, strict=strict) is None
+
+    async def admit_update(self, update: Mapping[str, Any], *, strict: bool) -> str | None:
+        """:meth:`process`, answering ``None`` to acknowledge or the retryable admission's
+        reason (``capacity``, ``unavailable``, ``stopped``) to try again later."""
         parsed = parse_update(
             update,
             connection_id=self.connection_id,
@@ -43,13 +48,13 @@ class UpdateHandler:
             bot_username=self.bot_username,
         )
         if parsed is None:
-            return True
+            return None
         if parsed.callback_query_id is not None:
             await self._answer_callback(parsed.callback_query_id, strict=strict)
         if parsed.event is None:
-            return True
+            return None
         admission = await self.admit(await self.media.enrich(parsed.event))
-        return not admission.retryable
+        return (admission.reason or "denied") if admission.retryable else None
 
     async def _answer_callback(self, query_id: str, *, strict: bool) -> None:
         for attempt in range(2):

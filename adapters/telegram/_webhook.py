@@ -35,6 +35,13 @@ retries later), and a lost lease stops the server: it stops accepting, gives the
 in flight :data:`DRAIN_S` to finish (a deadline on the handlers' nursery), then raises
 :class:`~adapters.toolkit.LeaseLostError`. No offset is kept: the runtime's operation
 journal deduplicates Telegram's redeliveries.
+
+**Inbox mode** (``inbox`` set, the connection's ``webhook_inbox``): no receiver lease, so
+every instance behind a load balancer serves the same path. Steps 3, 5 and 6 become one:
+the validated update is committed to the durable inbox (deduplicated on the connection and
+``update_id``; a redelivery is acknowledged without a second row) and answered 204 once
+committed, 503 when the store refused (Telegram retries). The inbox workers admit it
+(:mod:`adapters.telegram._inbox`).
 """
 
 from __future__ import annotations
@@ -44,12 +51,14 @@ import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Callable
 
 import attrs
 import h11
 import trio
 
 from prismd.channel import AdapterFatalError
+from stores import InboxStore
 
 from ..toolkit import (
     Backoff,
@@ -69,6 +78,7 @@ from ..toolkit import (
     server_connection,
 )
 from ._api import TelegramApi, TelegramError
+from ._inbox import put_update
 from ._parse import update_id_of
 from ._status import ReceiverStatus
 from ._updates import UpdateHandler
@@ -111,6 +121,10 @@ class WebhookServer:
     updates: UpdateHandler
     status: ReceiverStatus
     api: TelegramApi
+    inbox: InboxStore | None = None
+    """Inbox mode: updates are committed here (no receiver lease); ``None``: admitted here."""
+    on_put: Callable[[], None] | None = None
+    """Called after an update was committed to the inbox (wakes this instance's worker)."""
     max_pending: int = MAX_PENDING
     max_serving: int = MAX_SERVING
     address: tuple[str, int] | None = attrs.field(default=None, init=False)
@@ -147,7 +161,10 @@ class WebhookServer:
                         lost = True
                         nursery.cancel_scope.cancel()  # stop accepting; drain below
 
-                    await nursery.start(hold)
+                    if self.inbox is None:
+                        await nursery.start(hold)
+                    else:
+                        self.status.state = "serving"  # every instance serves: no lease
                     nursery.start_soon(self._learn_username)
                     serve = functools.partial(
                         serve_limited, budget=PENDING, handler_nursery=handlers
@@ -237,7 +254,7 @@ class WebhookServer:
             return 401, True
         if not slot.move(SERVING):
             return 503, True  # more requests at once than Telegram opens: it retries
-        if not self.lease.held:
+        if self.inbox is None and not self.lease.held:
             return 503, True
         try:
             body = await read_body(
@@ -251,6 +268,8 @@ class WebhookServer:
             return 400, False
         if not isinstance(update, dict) or update_id_of(update) is None:
             return 400, False
+        if self.inbox is not None:
+            return await self._commit(update), False
         try:
             final = await self.updates.process(update, strict=True)
         except AdapterFatalError:
@@ -258,3 +277,19 @@ class WebhookServer:
         except Exception:
             return 503, False
         return (204 if final else 503), False
+
+    async def _commit(self, update: dict[str, object]) -> int:
+        """Inbox mode: 204 once the update is committed (or was already), 503 otherwise."""
+        assert self.inbox is not None
+        try:
+            await put_update(self.inbox, self.connection_id, update)
+        except Exception as exc:
+            log.warning(
+                "telegram %s: committing an update to the inbox failed (%s)",
+                self.connection_id,
+                type(exc).__name__,
+            )
+            return 503
+        if self.on_put is not None:
+            self.on_put()
+        return 204

@@ -50,13 +50,15 @@ from collections.abc import Callable, Iterator
 import attrs
 import trio
 
-from stores import LeaseRecord, LeaseStore, OwnershipScope
+from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope
 
 from ._backoff import Backoff
 
 __all__ = ["LeaseLostError", "ReceiverLease"]
 
 MIN_TTL_MS = 1_000
+EXPIRY_MARGIN_S = 0.05
+"""A standby tries this long after the holder's lease is due to expire."""
 
 
 class LeaseLostError(Exception):
@@ -81,6 +83,9 @@ class ReceiverLease:
     """Prefix of every log line, e.g. ``telegram tg-main`` (no secrets)."""
     log: logging.Logger = attrs.field(repr=False)
     random: _random.Random = attrs.field(factory=_random.Random, repr=False)
+    clock: Clock = attrs.field(default=SYSTEM_CLOCK, repr=False)
+    """The store's clock (lease expiry is its wall-clock time): a standby wakes when the
+    holder's lease is due to expire."""
     _record: LeaseRecord | None = attrs.field(default=None, init=False, repr=False)
     _expires_at: float = attrs.field(default=0.0, init=False)
     """Local (Trio clock) moment by which the lease surely expired, if not renewed."""
@@ -136,7 +141,9 @@ class ReceiverLease:
         when it had to stand by; ``on_standby`` is called once, when standing by begins.
 
         While another receiver holds it, retries with jittered exponential backoff from
-        1 s up to a third of the TTL (so a freed lease is taken within that).
+        1 s up to a third of the TTL (so a released lease is taken within that), and right
+        after the holder's lease is due to expire (so a dead holder is replaced within the
+        TTL of its last renewal, not up to a third of a TTL later).
         """
         if await self.try_acquire():
             return False
@@ -145,9 +152,21 @@ class ReceiverLease:
             on_standby()
         backoff = Backoff(self.random, base_s=min(1.0, self._ttl_s / 3), cap_s=self._ttl_s / 3)
         while True:
-            await trio.sleep(backoff.next_delay())
+            await trio.sleep(await self._standby_delay(backoff.next_delay()))
             if await self.try_acquire():
                 return True
+
+    async def _standby_delay(self, delay: float) -> float:
+        """``delay``, or less: until just after the holder's lease is due to expire."""
+        holder = await self.leases.get_lease(
+            namespace=self.namespace, key=self.key, scope=self.scope
+        )
+        if holder is None:
+            return delay  # gone meanwhile (or not ours to see): the backoff decides
+        left = (holder.expires_at_ms - self.clock.now_ms()) / 1000
+        if not 0 < left <= self._ttl_s:
+            return delay  # a clock that does not match the store's: back off only
+        return min(delay, left + EXPIRY_MARGIN_S)
 
     # ------------------------------------------------------------------ keep
 

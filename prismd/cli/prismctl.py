@@ -2,11 +2,12 @@
 
 Every control method is a subcommand; output is a readable table, or the raw JSON-RPC
 result with ``--json``. Exit codes: 0 success, 1 an error (an error result, a reconcile
-whose status is not ``resolved``, a notify that was not accepted, no daemon, permission
-denied), 2 a usage error (``pair --ttl-ms`` outside 1000..300000 included). A refusal the
-operator can act on is followed, on stderr, by what to do: the exact ``reconcile`` command
-to retry with (``--version`` N, ``--acknowledge-duplicate-risk``), or the daemon's hint
-(e.g. the ``[[grants]]`` entry a ``notify`` needs).
+whose status is not ``resolved``, a notify that was not accepted, a settle-inbox that
+settled nothing, no daemon, permission denied), 2 a usage error (``pair --ttl-ms``
+outside 1000..300000 included). A refusal the operator can act on is followed, on
+stderr, by what to do: the exact ``reconcile`` command to retry with (``--version`` N,
+``--acknowledge-duplicate-risk``), or the daemon's hint (e.g. the ``[[grants]]`` entry a
+``notify`` needs).
 
 The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else ``./var/run/control.sock``
 when it exists (the ``make run`` default), else ``/run/prismd/control.sock``.
@@ -26,6 +27,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -153,6 +155,8 @@ def _cell(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, Mapping):
         return ",".join(f"{k}={_cell(v)}" for k, v in value.items() if v is not None) or "-"
+    if isinstance(value, list | tuple):
+        return ",".join(_cell(v) for v in value) or "-"
     return str(value)
 
 
@@ -162,13 +166,26 @@ def print_table(
     out: TextIO,
     *,
     heading: bool = True,
+    widths: Sequence[int] | None = None,
 ) -> None:
-    """Left-aligned columns; ``columns`` are (key, heading) pairs."""
+    """Left-aligned columns; ``columns`` are (key, heading) pairs. Fixed ``widths`` (a
+    followed stream's pages line up) shorten longer cells in the middle."""
     cells = [[_cell(row.get(key)) for key, _ in columns] for row in rows]
     headings = [heading for _, heading in columns]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headings)]
+    if widths is None:
+        widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headings)]
+    else:
+        cells = [[_shorten(c, w) for c, w in zip(r, widths, strict=True)] for r in cells]
     for line in [headings, *cells] if heading else cells:
         out.write("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: both ends kept (ids differ at either)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (width - 1 - head) :]}"
 
 
 def print_pairs(pairs: Mapping[str, Any], out: TextIO, prefix: str = "") -> None:
@@ -198,13 +215,48 @@ UNRESOLVED_COLUMNS = [
 ]
 EVENT_COLUMNS = [
     ("seq", "SEQ"),
+    ("time", "TIME (UTC)"),
     ("action", "ACTION"),
-    ("namespace", "NAMESPACE"),
+    ("kind", "KIND"),
+    ("state", "STATE"),
+    ("version", "VER"),
     ("key", "KEY"),
-    ("version", "VERSION"),
-    ("category", "CATEGORY"),
-    ("scope", "SCOPE"),
 ]
+EVENT_WIDTHS = (9, 19, 6, 9, 17, 4, 24)
+"""Fixed, so that the pages of ``events --follow`` line up; 100 columns with the gaps."""
+INBOX_COLUMNS = [
+    ("connectionId", "CONNECTION"),
+    ("updateId", "UPDATE"),
+    ("state", "STATE"),
+    ("attempts", "ATTEMPTS"),
+    ("error", "ERROR"),
+    ("updatedAt", "UPDATED"),
+]
+
+
+def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event as the table shows it: its time, and what the journal's metadata says it
+    is (the namespace when it says nothing)."""
+    metadata = event.get("metadata")
+    meta: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
+    at = event.get("atMs")
+    shown = None
+    if isinstance(at, int) and not isinstance(at, bool):
+        shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at // 1000))
+    return {
+        "seq": event.get("seq"),
+        "time": shown,
+        "action": event.get("action"),
+        "kind": meta.get("kind") or event.get("namespace"),
+        "state": meta.get("state"),
+        "version": event.get("version"),
+        "key": event.get("key"),
+    }
+
+
+def print_events(events: Sequence[Mapping[str, Any]], out: TextIO, *, heading: bool) -> None:
+    rows = [event_row(e) for e in events]
+    print_table(rows, EVENT_COLUMNS, out, heading=heading, widths=EVENT_WIDTHS)
 
 
 # --------------------------------------------------------------------------- commands
@@ -293,9 +345,31 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
         "(default and maximum: 5 minutes)",
     )
 
-    cmd = add("events", help="the journal event stream")
-    cmd.add_argument("--after", type=int, default=0, metavar="N", help="cursor to start after")
+    cmd = add("events", help="the journal event stream (every instance's, from the store)")
+    start = cmd.add_mutually_exclusive_group()
+    start.add_argument("--after", type=int, metavar="N", help="cursor to start after")
+    start.add_argument(
+        "--from-now", action="store_true", help="start at the end (with --follow: only new)"
+    )
     cmd.add_argument("--follow", action="store_true", help="keep printing new events")
+
+    cmd = add("list-inbox", help="the webhook inbox's dead letters (or rows in --state)")
+    cmd.add_argument("--connection", help="connection id (default: every inbox connection)")
+    cmd.add_argument(
+        "--state",
+        choices=("pending", "claimed", "done", "dead", "discarded", "all"),
+        default="dead",
+        help="rows in this state (default: dead)",
+    )
+    cmd.add_argument("--limit", type=int, help="rows per page (per connection)")
+    cmd.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+
+    cmd = add("settle-inbox", help="retry or discard one dead letter of the inbox")
+    cmd.add_argument("update", metavar="UPDATE_ID", help="the update id (see list-inbox)")
+    cmd.add_argument("--connection", required=True, help="connection id")
+    settle = cmd.add_mutually_exclusive_group(required=True)
+    settle.add_argument("--retry", action="store_true", help="hand it to the workers again")
+    settle.add_argument("--discard", action="store_true", help="never admit it")
 
     cmd = add("chat", help="chat with an agent through the web chat channel")
     cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
@@ -350,10 +424,25 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             params["ttlMs"] = args.ttl_ms
         return "pair", params
     if command == "events":
-        params = {"after": args.after}
+        params = {"fromNow": True} if args.from_now else {"after": args.after or 0}
         if args.follow:
             params["follow"] = True
         return "events", params
+    if command == "list-inbox":
+        params = {"state": args.state}
+        for name, value in (("connectionId", args.connection), ("limit", args.limit)):
+            if value is not None:
+                params[name] = value
+        if args.after is not None:
+            params["after"] = args.after
+        return "listInbox", params
+    if command == "settle-inbox":
+        action = "retry" if args.retry else "discard"
+        return "settleInbox", {
+            "connectionId": args.connection,
+            "updateId": args.update,
+            "action": action,
+        }
     raise AssertionError(command)
 
 
@@ -368,8 +457,21 @@ def _every_page(client: ControlClient, params: dict[str, Any], first: Any) -> An
 
 
 def _paging_notes(args: argparse.Namespace, result: Any) -> list[str]:
-    """What a list-unresolved page says about the rest: the cap, the next cursor."""
-    if args.command != "list-unresolved" or not isinstance(result, Mapping):
+    """What a list-unresolved (or list-inbox) page says about the rest: the cap, the next
+    cursor."""
+    if not isinstance(result, Mapping):
+        return []
+    if args.command == "list-inbox":
+        after = result.get("nextCursor")
+        if not after:
+            return []
+        again = ["prismctl", "list-inbox", "--state", args.state]
+        if args.connection is not None:
+            again += ["--connection", args.connection]
+        if args.limit is not None:
+            again += ["--limit", str(args.limit)]
+        return [f"more: {shlex.join([*again, '--after', after])}"]
+    if args.command != "list-unresolved":
         return []
     notes = []
     if result.get("capped"):
@@ -400,9 +502,18 @@ def _render(command: str, result: Any, out: TextIO) -> int:
         return 0
     if command == "events":
         if result.get("events"):
-            print_table(result["events"], EVENT_COLUMNS, out)
+            print_events(result["events"], out, heading=True)
         out.write(f"cursor {result.get('cursor')}\n")
         return 0
+    if command == "list-inbox":
+        if not result.get("items"):
+            out.write("no inbox rows in that state\n")
+        else:
+            print_table(result["items"], INBOX_COLUMNS, out)
+        return 0
+    if command == "settle-inbox":
+        out.write(f"{result.get('status')}\n")
+        return 0 if result.get("status") == "settled" else 1
     if isinstance(result, Mapping):
         # The hint is printed as advice (stderr), in prismctl's own terms where it can.
         print_pairs({k: v for k, v in result.items() if k != "hint"}, out)
@@ -463,6 +574,8 @@ def _exit_code_of(command: str, result: Any) -> int:
         return 0 if result.get("status") == "resolved" else 1
     if command == "notify" and isinstance(result, Mapping):
         return 0 if result.get("status") == "accepted" else 1
+    if command == "settle-inbox" and isinstance(result, Mapping):
+        return 0 if result.get("status") == "settled" else 1
     return 0
 
 
@@ -474,12 +587,24 @@ def _follow(client: ControlClient, args: argparse.Namespace, out: TextIO) -> int
             if args.json:
                 out.write(json.dumps(page, separators=(",", ":")) + "\n")
             elif page.get("events"):
-                print_table(page["events"], EVENT_COLUMNS, out, heading=header)
+                print_events(page["events"], out, heading=header)
                 header = False
             out.flush()
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _dead_letters(client: ControlClient) -> int:
+    """The inbox's dead letters (``health``), which ``list-unresolved`` mentions: they wait
+    for an operator too. 0 when the daemon has no inbox or does not say."""
+    try:
+        health = client.call("health", {})
+    except RpcErrorResult:
+        return 0
+    inbox = health.get("inbox") if isinstance(health, Mapping) else None
+    dead = inbox.get("dead") if isinstance(inbox, Mapping) else None
+    return dead if isinstance(dead, int) and not isinstance(dead, bool) else 0
 
 
 def _chat(args: argparse.Namespace, err: TextIO) -> int:
@@ -518,6 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = client.call(method, params)
             if args.command == "list-unresolved" and args.all:
                 result = _every_page(client, params, result)
+            dead = _dead_letters(client) if args.command == "list-unresolved" else 0
     except ControlClientError as exc:
         err.write(f"prismctl: {exc}\n")
         return 1
@@ -531,16 +657,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    notes = _paging_notes(args, result)
+    if dead:
+        notes.append(f"and {dead} dead letter(s) in the webhook inbox: prismctl list-inbox")
     if args.json:
         shown = result
         if args.command == "list-unresolved" and isinstance(result, Mapping):
             shown = result.get("entries", [])  # the list scripts read; paging goes to stderr
         out.write(json.dumps(shown, indent=2, ensure_ascii=False) + "\n")
-        for line in _paging_notes(args, result):
+        for line in notes:
             err.write(f"prismctl: {line}\n")
         return _exit_code_of(args.command, shown)
     code = _render(args.command, result, out)
-    advice = _paging_notes(args, result) + _advice(args, result)
+    advice = notes + _advice(args, result)
     if advice:
         err.write("prismctl: " + "\n".join(advice) + "\n")
     return code

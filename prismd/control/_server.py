@@ -34,12 +34,23 @@ SPEC "Control socket" onto the runtime. Guarantees:
   start or of the previous answer, counted for the whole line and not per read, so a
   client dripping a byte a second is closed at that deadline like a silent one.
 
-``events {after?, follow?}`` answers one page ``{"events": […], "cursor": N}``; pass
-``cursor`` back as ``after`` for the next page. With ``follow: true`` the connection
-turns into a stream: the same request id gets one result line per page — first the
-page at ``after`` (possibly empty), then every further page as events commit (polled
-every 200 ms) — until the client closes the connection. Further input on a following
-connection is ignored.
+``events {after?, follow?, fromNow?}`` answers one page ``{"events": […], "cursor": N}``
+read from the store's committed event stream (so every instance on one store shows what
+any of them wrote); pass ``cursor`` back as ``after`` for the next page. ``fromNow: true``
+starts at the stream's end (the first page is empty, with the cursor to follow from). With
+``follow: true`` the connection turns into a stream: the same request id gets one result
+line per page — first the page at ``after`` (possibly empty), then every further page as
+events commit (polled every 200 ms) — until the client closes the connection. Further
+input on a following connection is ignored. The store never shows an event N+1 before a
+committed N, so a follower that always asks after its last cursor skips nothing.
+
+The durable inbox (Telegram ``webhook_inbox``): ``health`` adds its depth (``inbox``:
+pending, claimed, dead) for the connections that use it; ``listInbox {connectionId?,
+state?, limit?, after?}`` pages its rows (default: the dead letters), never their content;
+``settleInbox {connectionId, updateId, action}`` retries or discards a dead letter; ``prune``
+also deletes the rows admitted more than ``retention_days`` ago (counted in its totals). An
+operator sees and settles the rows of a connection when its scope names no user and no
+other account.
 """
 
 from __future__ import annotations
@@ -71,7 +82,15 @@ from adapters.toolkit import (
     quiet_note,
     serve_limited,
 )
-from stores import OwnershipScope, Store
+from stores import (
+    INBOX_STATES,
+    InboxItem,
+    InboxState,
+    InvalidInboxError,
+    OwnershipScope,
+    Store,
+    ms_to_iso,
+)
 
 from ..grants import missing_grant
 from ..grants import operator_identity as _grant_identity
@@ -119,6 +138,8 @@ PAIRING_UNAVAILABLE = -32002
 
 EVENTS_PAGE = 100
 FOLLOW_POLL_S = 0.2
+INBOX_PRUNE_BATCH = 500
+"""Inbox rows one ``prune`` call of the store deletes (it is called until fewer go)."""
 _RECEIVE_CHUNK = 65536
 _CLOSE_BUDGET_S = 1.0
 MAX_OPERATOR_CONNECTIONS = 32
@@ -316,6 +337,11 @@ class ControlHandler:
     """The aliases a ``pair`` without ``aliases`` grants on a connection (normally those of
     its pairing grant, see :func:`pairing_aliases_from_grants`)."""
     follow_poll_s: float = FOLLOW_POLL_S
+    inbox_sources: tuple[str, ...] = ()
+    """The connections whose updates go through the store's inbox (their depth is health)."""
+    retention_ms: int | None = None
+    """``retention_days`` in ms: ``prune`` deletes inbox rows settled before ``now`` minus
+    this (``None``: the inbox is not pruned)."""
 
     def methods(self) -> frozenset[str]:
         return frozenset(self._table())
@@ -330,6 +356,8 @@ class ControlHandler:
             "notify": self._notify,
             "pair": self._pair,
             "events": self._events,
+            "listInbox": self._list_inbox,
+            "settleInbox": self._settle_inbox,
         }
 
     async def call(self, operator: Operator, method: str, params: Mapping[str, Any]) -> Any:
@@ -378,7 +406,19 @@ class ControlHandler:
         now = params.text("now", required=False)
         now_ms = _parse_iso_ms("now", now) if now is not None else None
         result = await self.runtime.prune(identity=self.identity_for(operator), now_ms=now_ms)
-        return to_wire(result)
+        wire: dict[str, Any] = to_wire(result)
+        if self.retention_ms is not None:
+            moment = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+            cutoff = max(0, moment - self.retention_ms)
+            deleted = 0
+            while True:  # the store deletes a bounded batch per call
+                batch = await self.store.inbox.prune(before_ms=cutoff, limit=INBOX_PRUNE_BATCH)
+                deleted += batch
+                if batch < INBOX_PRUNE_BATCH:
+                    break
+            wire["scanned"] = wire.get("scanned", 0) + deleted
+            wire["deleted"] = wire.get("deleted", 0) + deleted
+        return wire
 
     async def _diagnostics(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         _Params(raw, ())
@@ -388,7 +428,16 @@ class ControlHandler:
     async def _health(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         _Params(raw, ())
         await trio.lowlevel.checkpoint()
-        return to_wire(self.health())
+        health: dict[str, Any] = to_wire(self.health())
+        if self.inbox_sources:
+            try:
+                depth = await self.store.inbox.depth(sources=self.inbox_sources)
+            except Exception as exc:
+                log.warning("reading the inbox depth failed: %s", type(exc).__name__)
+                health["inbox"] = "unavailable"
+            else:
+                health["inbox"] = to_wire(depth)
+        return health
 
     async def _notify(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(
@@ -449,9 +498,13 @@ class ControlHandler:
         return to_wire(ticket)
 
     async def _events(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
-        params = _Params(raw, ("after", "follow", "limit"))
+        params = _Params(raw, ("after", "follow", "limit", "fromNow"))
         after: int = params.integer("after", low=0, high=2**63 - 1) or 0
         limit: int = params.integer("limit", low=1, high=500) or EVENTS_PAGE
+        if params.flag("fromNow"):
+            if "after" in raw:
+                raise ParamsError("param 'fromNow' and param 'after' exclude each other")
+            after = await self.store.checkpoints.last_event_seq()
         scope = OwnershipScope(operator.tenant, operator.account, operator.user)
         if params.flag("follow"):
             return self._follow(scope, after, limit)
@@ -474,6 +527,77 @@ class ControlHandler:
                 yield page
             if len(page["events"]) < limit:
                 await trio.sleep(self.follow_poll_s)
+
+    # ------------------------------------------------------------------ the inbox
+
+    def _may_see_inbox(self, operator: Operator, connection_id: str) -> bool:
+        # Inbox rows are the connection's own (no user is known before admission): an
+        # operator scoped to a user, or to another account, does not see them.
+        return operator.user is None and operator.account in (None, connection_id)
+
+    async def _list_inbox(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("connectionId", "state", "limit", "after"))
+        connection_id = params.text("connectionId", required=False)
+        chosen = params.text("state", required=False) or "dead"
+        if chosen not in (*INBOX_STATES, "all"):
+            raise ParamsError(f"param 'state' must be one of {', '.join(INBOX_STATES)}, all")
+        state: InboxState | None = next((s for s in INBOX_STATES if s == chosen), None)
+        limit: int = params.integer("limit", low=1, high=500) or EVENTS_PAGE
+        after = params.text("after", required=False)
+        sources = [connection_id] if connection_id is not None else list(self.inbox_sources)
+        sources = [c for c in sources if self._may_see_inbox(operator, c)]
+        if len(sources) != 1 and after is not None:
+            # Several connections would need a cursor each: they are listed up to ``limit``
+            # each, and paging is per connection.
+            raise ParamsError("param 'after' needs param 'connectionId'")
+        items: list[Any] = []
+        cursor: str | None = None
+        for source in sources:
+            try:
+                page = await self.store.inbox.list_items(
+                    source=source,
+                    state=state,
+                    cursor=after,
+                    limit=limit,
+                )
+            except InvalidInboxError:
+                raise ParamsError("param 'after' must be a nextCursor of listInbox") from None
+            items += [_inbox_wire(item) for item in page.items]
+            cursor = page.next_cursor if len(sources) == 1 else None
+        return {"items": items, "nextCursor": cursor}
+
+    async def _settle_inbox(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        params = _Params(raw, ("connectionId", "updateId", "action"))
+        connection_id = params.text("connectionId")
+        update_id = params.text("updateId")
+        action = params.text("action")
+        if action not in ("retry", "discard"):
+            raise ParamsError("param 'action' must be 'retry' or 'discard'")
+        if not self._may_see_inbox(operator, connection_id):
+            return {"status": "not_found", "hint": _INBOX_NOT_FOUND}
+        item = await self.store.inbox.settle(source=connection_id, key=update_id, action=action)
+        if item is None:
+            return {"status": "not_found", "hint": _INBOX_NOT_FOUND}
+        return {"status": "settled", "item": _inbox_wire(item)}
+
+
+_INBOX_NOT_FOUND = (
+    "no dead letter with that update id on this connection in your scope"
+    " (`prismctl list-inbox` lists them)"
+)
+
+
+def _inbox_wire(item: InboxItem) -> dict[str, Any]:
+    """An inbox row for the operator: where, how far, why — never its content."""
+    return {
+        "connectionId": item.source,
+        "updateId": item.key,
+        "state": item.state,
+        "attempts": item.attempts,
+        "error": item.error,
+        "createdAt": ms_to_iso(item.created_at_ms),
+        "updatedAt": ms_to_iso(item.updated_at_ms),
+    }
 
 
 # --------------------------------------------------------------------------- server

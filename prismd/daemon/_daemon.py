@@ -479,6 +479,9 @@ class Daemon:
     """Set with ``_stop_requested``: wakes a startup step that waits (the store's retry)."""
     _unresolved: str = attrs.field(default="unresolved unknown", init=False)
     """How many operations wait for reconcile, as the ``STATUS=ready`` line says it."""
+    instance_id: str | None = attrs.field(default=None, init=False)
+    """The state directory's stable instance id (every lease this daemon holds names it)."""
+    _leases_held: Callable[[], Mapping[str, Any]] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.supervisor = Supervisor(policy=self.policy)
@@ -512,11 +515,21 @@ class Daemon:
             timer.start()
 
     def health(self) -> dict[str, Any]:
-        """Per child ``state`` (+ adapter ``health()``) and the store (``ok`` / ``failing``);
-        bounded enums only."""
+        """Which instance this is, per child ``state`` (+ adapter ``health()``), the store
+        (``ok`` / ``failing``) and the leases held now: how many binding leases, and the
+        connections whose receiver lease it holds. Enums, counts and ids of this daemon
+        and its connections only."""
         runtime = self.runtime
         store = "unknown" if runtime is None else runtime.health()["store"]
-        return {"ready": self.ready.is_set(), "store": store, "children": self.supervisor.health()}
+        health: dict[str, Any] = {
+            "instance": self.instance_id,
+            "ready": self.ready.is_set(),
+            "store": store,
+            "children": self.supervisor.health(),
+        }
+        if self._leases_held is not None:
+            health["leases"] = self._leases_held()
+        return health
 
     async def run(self) -> int:
         """Run until stopped; returns the process exit code (0 clean stop, 1 failure).
@@ -595,6 +608,7 @@ class Daemon:
         except StateDirError as exc:
             self._give_up(str(exc))
         stack.callback(state.close)
+        self.instance_id = state.instance_id
         return state
 
     def _fail(self, message: str) -> None:
@@ -763,6 +777,13 @@ class Daemon:
             )
         )
         self.runtime = runtime
+        adapters = host.adapters
+
+        def leases_held() -> Mapping[str, Any]:
+            receivers = [c for c, a in adapters.items() if a.receiver_lease_held]
+            return {"binding": runtime.leases_held(), "receiver": sorted(receivers)}
+
+        self._leases_held = leases_held
         if self.metrics is not None:
             self._watch_metrics(runtime, host)
         host.bind(runtime.admit, runtime)
@@ -885,6 +906,10 @@ class Daemon:
                     health=self.health,
                     identity_for=authorizer.identity_for,
                     pair_aliases=pairing_aliases_from_grants(config.grants),
+                    inbox_sources=tuple(
+                        c for c, a in host.adapters.items() if getattr(a, "uses_inbox", False)
+                    ),
+                    retention_ms=config.limits.retention_days * 86_400_000,
                 )
                 await self.supervisor.start(
                     children,

@@ -54,7 +54,7 @@ from adapters.toolkit import (
     serve_limited,
     server_connection,
 )
-from stores import CheckpointStore, LeaseStore, Store
+from stores import CheckpointStore, InboxStore, LeaseStore, Store
 
 from ..runtime import Diagnostics
 from ._config import is_loopback_host, parse_host_port
@@ -142,17 +142,19 @@ class _TimedCalls:
 
 @attrs.define(eq=False)
 class TimedStore:
-    """A :class:`~stores.Store` whose checkpoint and lease calls are timed; everything else
+    """A :class:`~stores.Store` whose checkpoint, lease and inbox calls are timed; everything else
     (``url``, ``aclose``, backend extras) is the inner store's."""
 
     inner: Store
     histogram: Histogram
     _checkpoints: _TimedCalls = attrs.field(init=False)
     _leases: _TimedCalls = attrs.field(init=False)
+    _inbox: _TimedCalls = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._checkpoints = _TimedCalls(self.inner.checkpoints, self.histogram)
         self._leases = _TimedCalls(self.inner.leases, self.histogram)
+        self._inbox = _TimedCalls(self.inner.inbox, self.histogram)
 
     @property
     def url(self) -> str:
@@ -165,6 +167,10 @@ class TimedStore:
     @property
     def leases(self) -> LeaseStore:
         return cast(LeaseStore, self._leases)
+
+    @property
+    def inbox(self) -> InboxStore:
+        return cast(InboxStore, self._inbox)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -194,6 +194,7 @@ def _build_adapter(
         grants=tuple(g for g in config.grants if g.connection == connection.id),
         retention_days=config.limits.retention_days,
         max_attachment_bytes=config.limits.max_attachment_bytes,
+        lease_ttl_ms=config.limits.lease_ttl_ms,
         conversations=conversations,
     )
     return kind.build(connection, context)
@@ -253,6 +254,14 @@ class Host:
             external_actor_id=external_actor_id,
             limit=limit,
         )
+
+    def busy_conversations(self, connection_id: str) -> frozenset[str]:
+        """The conversations of ``connection_id`` the runtime still works on (a durable
+        inbox keeps their next updates here, in order); none before :meth:`bind`."""
+        runtime = self._runtime
+        if runtime is None:
+            return frozenset()
+        return runtime.busy_conversations(connection_id)
 
     async def admit(self, event: InboundEvent) -> Admission:
         target = self._admit

@@ -195,3 +195,22 @@ class RouteLeases:
 
     def fence_now(self, route: Route) -> int | None:
         return None if route.lease is None else route.lease.fencing_token
+
+    def holding(self, route: Route, fence: int | None) -> Callable[[], bool] | None:
+        """For writes and sends made under ``fence``: a check that the route still holds
+        the lease it came from, unexpired by this process's clock (``None`` without leases
+        or without a fence). A process stopped past its lease's expiry (SIGSTOP, a long
+        pause) fails it on waking, whatever it was doing; the store's fence check alone
+        would still accept writes to rows no newer holder touched."""
+        if self.store is None or fence is None:
+            return None
+
+        def held() -> bool:
+            lease = route.lease
+            return (
+                lease is not None
+                and lease.fencing_token == fence
+                and lease.expires_at_ms > self.now_ms()
+            )
+
+        return held

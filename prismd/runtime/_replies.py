@@ -171,9 +171,17 @@ async def answer(
     settle: Settle | None = None,
     binding: Write | None = None,
     send_later: bool = False,
+    fenced: Callable[[], bool] | None = None,
 ) -> Answered:
     """Commit ``settle``, ``binding`` and the staged reply in one transaction, then deliver
     the reply and mark its outcome.
+
+    ``fenced`` (a turn's writes under its route lease): asked right before the journal
+    write and again right before the send; once it says the lease ``fence`` came from is no
+    longer held (expired while the process was stopped, or taken over), nothing more is
+    written or sent — the operation stays as it was (listed), a staged reply stays
+    ``pending`` (listed), counted ``lease_losses``. The store's own fence check refuses a
+    write only to rows a newer holder wrote; this refuses the rest.
 
     A reply whose record already settled is never sent again; a journal failure means
     nothing is sent (counted ``storage_failures``; whatever is unresolved stays listed). A
@@ -192,6 +200,9 @@ async def answer(
     journal = core.journal
     if journal is not None and ownership is not None:
         if settle is None and record is None and binding is None:
+            return answered
+        if fenced is not None and not fenced():
+            core.count("lease_losses")
             return answered
         ref = settle.ref if settle is not None else None
         if ref is None:
@@ -244,6 +255,9 @@ async def answer(
     staged = staged if journaled else None
     if send_later:
         core.spawn(_send, core, reply, staged, ownership, fence)
+        return answered
+    if fenced is not None and not fenced():
+        core.count("lease_losses")
         return answered
     state = await deliver_and_mark(core, reply, staged, ownership, fence)
     return attrs.evolve(answered, state=state)

@@ -70,6 +70,18 @@ class Runtime:
         """Binding leases this runtime holds now (for metrics)."""
         return sum(1 for route in self._core.routes.values() if route.lease is not None)
 
+    def busy_conversations(self, connection_id: str) -> frozenset[str]:
+        """The conversations of ``connection_id`` this runtime still works on: a turn queued,
+        running or ending, or their route lease still held. A durable inbox keeps such a
+        conversation's next messages for this instance, so they run after the earlier ones
+        (one pass over the route table, no store call)."""
+        return frozenset(
+            route.conversation_id
+            for route in self._core.routes.values()
+            if route.connection_id == connection_id
+            and (route.busy or route.lease is not None or route.lease_users > 0)
+        )
+
     async def notify(
         self,
         *,

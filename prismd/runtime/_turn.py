@@ -220,6 +220,8 @@ async def end_turn(
     Only from a state the turn can have left it in (:data:`prismd.journal.OPERATION_FLOW`):
     an operator may have filed the claimed record meanwhile (``execution_unknown``), and a
     late result never undoes that. ``extra`` sets ``run_id`` / ``session_id`` when given.
+    Under a lease ``fence``, nothing is written or sent once that lease is no longer held
+    (a process woken after its lease expired: the conversation has moved on elsewhere).
     """
     if turn.settled_by_stop:
         return
@@ -251,6 +253,7 @@ async def end_turn(
         fence=fence,
         settle=Settle(_ref(turn), state, known=turn.op, change=change),
         binding=core.routes.binding_write(route, fence) if with_binding else None,
+        fenced=core.leases.holding(route, fence),
     )
     turn.op = answered.operation
     turn.settled = True

@@ -249,6 +249,8 @@ async def running_server(
     daemon_uid: int | None = DAEMON_UID,
     health: dict[str, Any] | None = None,
     pair_aliases: Callable[[str], tuple[str, ...] | None] | None = None,
+    inbox_sources: tuple[str, ...] = (),
+    retention_ms: int | None = None,
 ) -> AsyncIterator[tuple[RecordingRuntime, MemoryStore]]:
     runtime = runtime if runtime is not None else RecordingRuntime()
     store = store if store is not None else MemoryStore()
@@ -259,6 +261,8 @@ async def running_server(
         health=lambda: snapshot,
         pair_aliases=pair_aliases,
         follow_poll_s=0.02,
+        inbox_sources=inbox_sources,
+        retention_ms=retention_ms,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(

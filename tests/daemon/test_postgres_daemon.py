@@ -174,16 +174,16 @@ def test_prismd_migrate_and_check(tmp_path: Path, url: str) -> None:
     checked = prismd(tmp_path, "migrate", "--check", "--config", config)
     assert checked.returncode == 1, checked.stderr
     schema = pgserver.schema_of(url)
-    assert f"schema {schema} at version 0 of 1; pending: 1" in checked.stdout
+    assert f"schema {schema} at version 0 of 2; pending: 1, 2" in checked.stdout
     assert pgserver.run_sql(url, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
     applied = prismd(tmp_path, "migrate", "--config", config)
     assert applied.returncode == 0, applied.stderr
-    assert applied.stdout.strip().endswith(f"schema {schema} at version 1 of 1; applied 1")
+    assert applied.stdout.strip().endswith(f"schema {schema} at version 2 of 2; applied 1, 2")
     again = prismd(tmp_path, "migrate", "--config", config)
     assert again.returncode == 0 and again.stdout.strip().endswith("up to date")
     assert prismd(tmp_path, "migrate", "--check", "--config", config).returncode == 0
     pgserver.run_sql(
-        url, f"INSERT INTO {table(url, 'prism_schema_migrations')} VALUES (2, 'x', 'x', now())"
+        url, f"INSERT INTO {table(url, 'prism_schema_migrations')} VALUES (3, 'x', 'x', now())"
     )
     newer = prismd(tmp_path, "migrate", "--check", "--config", config)
     assert newer.returncode == 1 and "newer than this prismd knows" in newer.stderr
@@ -193,10 +193,10 @@ def test_prismd_migrate_on_sqlite(tmp_path: Path) -> None:
     layout = write_config(tmp_path, delay_ms=1)
     config = str(layout.config)
     checked = prismd(tmp_path, "migrate", "--check", "--config", config)
-    assert checked.returncode == 1 and "at version 0 of 1; pending: 1" in checked.stdout
+    assert checked.returncode == 1 and "at version 0 of 2; pending: 1, 2" in checked.stdout
     assert not layout.db.exists()
     applied = prismd(tmp_path, "migrate", "--config", config)
-    assert applied.returncode == 0 and applied.stdout.strip().endswith("applied 1")
+    assert applied.returncode == 0 and applied.stdout.strip().endswith("applied 1, 2")
     assert layout.db.exists()
     assert prismd(tmp_path, "migrate", "--check", "--config", config).returncode == 0
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from prismd.runtime.api import ReconcileResult
 from stores import OwnershipScope
 from tests.support.privileges import needs_root
 
+from .test_control_inbox import _dead_letters
 from .test_control_support import RecordingRuntime, running_server
 
 pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
@@ -240,17 +242,45 @@ async def test_events_page_and_follow(tmp_path: Path) -> None:
                 await store.checkpoints.save_checkpoint(
                     namespace="ns", key=key, scope=scope, version=1, value=1
                 )
+            long_key = "telegram-main/" + "x" * 80 + "/op-the-end"
+            await store.checkpoints.save_checkpoint(
+                namespace="prism.ops",
+                key=long_key,
+                scope=scope,
+                version=3,
+                value=1,
+                metadata={"kind": "operation", "state": "execution_unknown"},
+            )
             code, out, _ = await prismctl("--socket", config.socket, "events")
             assert code == 0
             lines = out.splitlines()
-            assert lines[0].split()[:4] == ["SEQ", "ACTION", "NAMESPACE", "KEY"]
-            assert [line.split()[3] for line in lines[1:3]] == ["k1", "k2"]
+            assert lines[0].split() == [
+                "SEQ", "TIME", "(UTC)", "ACTION", "KIND", "STATE", "VER", "KEY"
+            ]  # fmt: skip
+            assert all(len(line) <= 100 for line in lines), lines
+            first = lines[1].split()
+            assert first[0] == "1"
+            assert first[1] == time.strftime("%Y-%m-%d", time.gmtime())
+            assert first[-1] == "k1"
+            assert [line.split()[-1] for line in lines[1:3]] == ["k1", "k2"]
+            third = lines[3].split()
+            assert third[4:7] == ["operation", "execution_unknown", "3"]
+            assert third[7].startswith("telegram-ma") and third[7].endswith("/op-the-end")
+            assert len(third[7]) == 24
+            assert "…" in third[7]
             assert lines[-1].startswith("cursor ")
-            cursor = int(lines[-1].split()[1])
-            code, out, _ = await prismctl(
-                "--socket", config.socket, "--json", "events", "--after", str(cursor - 1)
+            end = int(lines[-1].split()[1])
+            assert end == 3
+            code, out, _ = await prismctl("--socket", config.socket, "events", "--from-now")
+            assert (code, out) == (0, "cursor 3\n")
+            code, _, err = await prismctl(
+                "--socket", config.socket, "events", "--from-now", "--after", "1"
             )
-            assert [e["key"] for e in json.loads(out)["events"]] == ["k2"]
+            assert code == 2 and "not allowed with" in err
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "--json", "events", "--after", "1"
+            )
+            assert [e["key"] for e in json.loads(out)["events"]] == ["k2", long_key]
 
             process = await trio.lowlevel.open_process(
                 [*PRISMCTL, "--socket", config.socket, "--json", "events", "--follow"],
@@ -273,7 +303,7 @@ async def test_events_page_and_follow(tmp_path: Path) -> None:
 
             try:
                 first = await next_page()
-                assert [e["key"] for e in first["events"]] == ["k1", "k2"]
+                assert [e["key"] for e in first["events"]] == ["k1", "k2", long_key]
                 await store.checkpoints.save_checkpoint(
                     namespace="ns", key="k3", scope=scope, version=1, value=1
                 )
@@ -516,3 +546,124 @@ async def test_daemon_hints_are_passed_on(tmp_path: Path) -> None:
                 "prismctl: the operation id matches records of several scopes inside yours;"
                 " an operator scoped to one account and user can settle it\n"
             )
+
+
+async def test_follow_from_now_prints_only_new_events_under_one_heading(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    scope = OwnershipScope("default", "web", "u1")
+    with trio.fail_after(DEADLINE):
+        async with running_server(config) as (_, store):
+            await store.checkpoints.save_checkpoint(
+                namespace="ns", key="old", scope=scope, version=1, value=1
+            )
+            process = await trio.lowlevel.open_process(
+                [*PRISMCTL, "--socket", config.socket, "events", "--follow", "--from-now"],
+                stdout=subprocess.PIPE,
+            )
+            assert process.stdout is not None
+            text = b""
+
+            async def read_output() -> None:
+                nonlocal text
+                assert process.stdout is not None
+                while text.count(b"\n") < 3:
+                    chunk = await process.stdout.receive_some(65536)
+                    assert chunk, "prismctl exited early"
+                    text += chunk
+
+            try:
+                # Nothing shows when prismctl has started following: write until two new
+                # events are printed; whatever was written before it started is not.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read_output)
+                    for n in range(1, 200):
+                        if text.count(b"\n") >= 3:
+                            break
+                        await store.checkpoints.save_checkpoint(
+                            namespace="ns", key=f"new{n}", scope=scope, version=1, value=1
+                        )
+                        await trio.sleep(0.1)
+            finally:
+                process.terminate()
+                await process.wait()
+                await process.stdout.aclose()
+    lines = text.decode().splitlines()
+    assert lines[0].startswith("SEQ")
+    rows = [line.split() for line in lines[1:3]]
+    first = int(rows[0][0])
+    assert first >= 2  # "old" (seq 1) was before --from-now
+    assert [row[0] for row in rows] == [str(first), str(first + 1)]
+    assert [row[-1] for row in rows] == [f"new{first - 1}", f"new{first}"]
+
+
+async def test_list_and_settle_inbox_dead_letters(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, inbox_sources=("tg",)) as (_, store):
+            code, out, _ = await prismctl("--socket", config.socket, "list-inbox")
+            assert (code, out) == (0, "no inbox rows in that state\n")
+            await _dead_letters(store, "tg", ["41", "42", "43"])
+            code, out, err = await prismctl("--socket", config.socket, "list-unresolved")
+            assert code == 0 and out.startswith("OPERATION")
+            assert err == (
+                "prismctl: and 3 dead letter(s) in the webhook inbox: prismctl list-inbox\n"
+            )
+            code, out, err = await prismctl("--socket", config.socket, "list-inbox")
+            assert (code, err) == (0, "")
+            lines = out.splitlines()
+            assert lines[0].split() == [
+                "CONNECTION", "UPDATE", "STATE", "ATTEMPTS", "ERROR", "UPDATED"
+            ]  # fmt: skip
+            assert [line.split()[:5] for line in lines[1:]] == [
+                ["tg", key, "dead", "1", "admit_failed"] for key in ("41", "42", "43")
+            ]
+            code, out, err = await prismctl(
+                "--socket", config.socket, "--json", "list-inbox", "--limit", "2"
+            )
+            assert code == 0
+            assert [i["updateId"] for i in json.loads(out)["items"]] == ["41", "42"]
+            assert "more: prismctl list-inbox --state dead --limit 2 --after " in err
+            after = err.rsplit("--after ", 1)[1].strip()
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "--json", "list-inbox", "--after", after
+            )
+            assert [i["updateId"] for i in json.loads(out)["items"]] == ["43"]
+
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "settle-inbox", "42", "--connection", "tg", "--retry"
+            )
+            assert (code, out) == (0, "settled\n")
+            code, out, err = await prismctl(
+                "--socket", config.socket, "settle-inbox", "42", "--connection", "tg", "--discard"
+            )
+            assert (code, out) == (1, "not_found\n")
+            assert "prismctl list-inbox" in err
+            code, _, err = await prismctl(
+                "--socket", config.socket, "settle-inbox", "41", "--connection", "tg"
+            )
+            assert code == 2 and "--retry" in err
+            code, out, _ = await prismctl(
+                "--socket", config.socket, "list-inbox", "--state", "pending"
+            )
+            assert [line.split()[1] for line in out.splitlines()[1:]] == ["42"]
+
+
+async def test_health_names_the_instance_its_leases_and_the_inbox_depth(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    snapshot = {
+        "instance": "inst-7f3a",
+        "ready": True,
+        "leases": {"binding": 2, "receiver": ["tg", "tg2"]},
+        "children": {"telegram:tg": {"state": "running"}},
+    }
+    with trio.fail_after(DEADLINE):
+        async with running_server(config, health=snapshot, inbox_sources=("tg",)) as (_, store):
+            await _dead_letters(store, "tg", ["5"])
+            code, out, err = await prismctl("--socket", config.socket, "health")
+    assert (code, err) == (0, "")
+    pairs = dict(line.split(None, 1) for line in out.splitlines())
+    assert pairs["instance"] == "inst-7f3a"
+    assert pairs["leases.binding"] == "2"
+    assert pairs["leases.receiver"] == "tg,tg2"
+    assert (pairs["inbox.pending"], pairs["inbox.dead"]) == ("0", "1")
+    assert pairs["children.telegram:tg.state"] == "running"

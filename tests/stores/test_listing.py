@@ -204,6 +204,7 @@ async def test_bad_cursor_and_filters(store: Store) -> None:
 # --------------------------------------------------------------------------- events
 
 
+@pytest.mark.slow
 async def test_events_follow_commit_order(store: Store, autojump_clock: Any) -> None:
     cp = store.checkpoints
     await put(store, "n", "a", A, category="op", metadata={"state": "accepted"})

@@ -15,14 +15,16 @@ from stores import (
     InvalidStoreURLError,
     OwnershipScope,
     StoreUnavailableError,
+    migrate_store,
     open_store,
 )
 from stores.memory import MemoryStore
-from stores.sqlite import SQLiteStore, open_sqlite_store
+from stores.sqlite import SCHEMA_VERSION, SQLiteStore, open_sqlite_store
 from tests.support.backends import Backend
 from tests.support.clocks import TrioClock
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
+SCOPE_NONE = OwnershipScope()
 BINDING_NS = "prism.channels.v1.binding"
 OPERATION_NS = "prism.channels.v1.operation"
 REPLY_NS = "prism.channels.v1.reply"
@@ -79,7 +81,7 @@ async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
         )
         probe = apsw.Connection(str(path))
         assert probe.execute("PRAGMA journal_mode").fetchall() == [("wal",)]
-        assert probe.execute("PRAGMA user_version").fetchall() == [(1,)]
+        assert probe.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
         tables = {
             r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
@@ -148,6 +150,31 @@ async def test_newer_schema_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError, match="schema version 99"):
         async with open_store(f"sqlite:///{path}"):
             pass
+
+
+async def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A journal written before the inbox (schema 1) keeps its rows and gains the inbox."""
+    from stores.sqlite import _SCHEMA
+
+    path = tmp_path / "j.sqlite"
+    old = apsw.Connection(str(path))
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute(_SCHEMA)
+    old.execute(
+        "INSERT INTO prism_checkpoints (namespace, key, version, value, created_at, updated_at)"
+        " VALUES ('n', 'k', 3, '{\"kept\":true}', 1, 1)"
+    )
+    old.execute("PRAGMA user_version = 1")
+    old.close()
+    status = await migrate_store(f"sqlite:///{path}", apply=False)
+    assert (status.current, status.pending) == (1, (2,))
+    async with open_store(f"sqlite:///{path}") as store:
+        kept = await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE_NONE)
+        assert kept is not None and kept.version == 3 and kept.value == {"kept": True}
+        assert await store.inbox.put(source="s", key="1", partition="p", order=1, payload={})
+    probe = apsw.Connection(str(path))
+    assert probe.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
+    probe.close()
 
 
 async def test_reopen_keeps_the_journal(durable_backend: Backend) -> None:

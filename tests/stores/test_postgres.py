@@ -183,7 +183,8 @@ async def test_the_url_never_shows_a_password_and_options_override_it(url: str) 
 async def test_check_changes_nothing_then_migrate_applies_once(url: str) -> None:
     with trio.fail_after(30):
         before = await migrate_store(url, apply=False)
-        assert (before.current, before.latest, before.pending) == (0, LATEST, (1,))
+        everything = tuple(m.version for m in MIGRATIONS)
+        assert (before.current, before.latest, before.pending) == (0, LATEST, everything)
         schema = pgserver.schema_of(url)
         assert (
             await pgserver.query(url, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
@@ -198,6 +199,43 @@ async def test_check_changes_nothing_then_migrate_applies_once(url: str) -> None
         url, f"SELECT version FROM {schema_table(url, 'prism_schema_migrations')}"
     )
     assert rows == [(m.version,) for m in MIGRATIONS]
+
+
+async def test_a_version_1_schema_is_upgraded_with_its_rows_kept(url: str) -> None:
+    """A schema migrated by the build before the inbox (version 1) gets migration 2 at the
+    next start; its journal is untouched."""
+    from stores._pg_schema import render
+
+    schema = pgserver.schema_of(url)
+    async with pgserver.admin(url) as admin:
+        await admin.execute(f'CREATE SCHEMA "{schema}"')
+        await admin.execute(render(MIGRATIONS[0].sql, schema))
+        await admin.execute(
+            f"CREATE TABLE {schema_table(url, 'prism_schema_migrations')} (version integer"
+            " PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        await admin.execute(
+            f"INSERT INTO {schema_table(url, 'prism_schema_migrations')} (version, name, checksum)"
+            " VALUES (1, $1, $2)",
+            MIGRATIONS[0].name,
+            MIGRATIONS[0].checksum,
+        )
+        await admin.execute(
+            f"INSERT INTO {schema_table(url, 'prism_checkpoints')} (namespace, key, version,"
+            " value, created_at, updated_at) VALUES ('n', 'k', 3, '{\"kept\": 1}', 1, 1)"
+        )
+    with trio.fail_after(30):
+        status = await migrate_store(url, apply=False)
+        assert (status.current, status.pending) == (1, tuple(range(2, LATEST + 1)))
+        async with open_store(url) as store:
+            assert isinstance(store, PostgresStore)
+            assert store.schema_status.applied == tuple(range(2, LATEST + 1))
+            kept = await store.checkpoints.load_checkpoint(
+                namespace="n", key="k", scope=OwnershipScope()
+            )
+            assert kept is not None and kept.value == {"kept": 1}
+            assert await store.inbox.put(source="s", key="1", partition="p", order=1, payload={})
 
 
 async def test_twenty_instances_starting_together_migrate_exactly_once(url: str) -> None:
@@ -217,11 +255,12 @@ async def test_twenty_instances_starting_together_migrate_exactly_once(url: str)
             for _ in range(20):
                 nursery.start_soon(instance)
     assert len(applied) == 20
-    assert sorted(applied) == [()] * 19 + [(1,)]
+    assert sorted(applied) == [()] * 19 + [tuple(m.version for m in MIGRATIONS)]
     table = schema_table(url, "prism_schema_migrations")
-    assert await pgserver.query(url, f"SELECT version, count(*) FROM {table} GROUP BY version") == [
-        (1, 1)
-    ]
+    counted = await pgserver.query(
+        url, f"SELECT version, count(*) FROM {table} GROUP BY version ORDER BY version"
+    )
+    assert counted == [(m.version, 1) for m in MIGRATIONS]
     assert (
         len(await pgserver.query(url, f"SELECT seq FROM {schema_table(url, 'prism_events')}")) == 20
     )

@@ -11,5 +11,8 @@ agent, and the recording ``admit`` of the adapter tests.
   :func:`store_factory` for "restart = reopen the same journal";
 * :mod:`.backends` — :class:`Backend` and :data:`BACKENDS`: memory, SQLite and PostgreSQL;
 * :mod:`.scripted` — :class:`ScriptedAgent`, the agent that stands in for a provider;
-* :mod:`.recorder` — :class:`Recorder`, an ``admit`` that records what an adapter admits.
+* :mod:`.recorder` — :class:`Recorder`, an ``admit`` that records what an adapter admits;
+* :mod:`.waiting`, :mod:`.flood` — waiting for a condition; floods of raw connections;
+* :mod:`.spreader` — the loopback load spreader in front of several ``prismd run``;
+* :mod:`.pgserver`, :mod:`.privileges` — the PostgreSQL test server; what needs root.
 """

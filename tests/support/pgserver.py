@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import shlex
 import subprocess
 import urllib.parse
 import uuid
@@ -115,6 +116,24 @@ def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
     if user and os.geteuid() == 0:
         command = ["runuser", "-u", user, "--", *command]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def pg_ctl_start_again() -> subprocess.CompletedProcess[str]:
+    """Start the server stopped by ``pg_ctl stop`` with the options it last ran with (from
+    ``postmaster.opts``): a bare ``pg_ctl start`` would take the defaults — another port."""
+    data = os.environ.get("PRISMD_TEST_POSTGRES_DATA", "")
+    if not data:
+        pytest.skip("PRISMD_TEST_POSTGRES_DATA is not set: run tests/with-services.sh")
+    with open(os.path.join(data, "postmaster.opts")) as file:
+        words = shlex.split(file.read())[1:]  # without the postgres binary
+    options: list[str] = []
+    while words:
+        word = words.pop(0)
+        if word == "-D":
+            words.pop(0)  # pg_ctl passes its own -D
+        else:
+            options.append(word)
+    return pg_ctl("start", "-w", "-t", "60", "-o", shlex.join(options))
 
 
 class Admin:

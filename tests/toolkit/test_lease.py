@@ -143,6 +143,41 @@ async def test_standby_takes_over_when_the_holder_releases(
     assert (logging.DEBUG, f"{LABEL}: receiver lease acquired") in messages
 
 
+async def test_a_standby_takes_over_as_soon_as_a_dead_holders_lease_expires(
+    autojump_clock: MockClock, store: MemoryStore
+) -> None:
+    """The holder stops renewing (killed): the standby tries right after the lease's expiry,
+    not up to a third of the TTL later — within the TTL of the holder's last renewal."""
+    clock = TrioClock()
+    holder = make(store.leases)
+    standby = make(store.leases, owner="daemon-b", clock=clock)
+    assert await holder.try_acquire()
+    record = await stored(store)
+    expiry_s = (record.expires_at_ms - clock.now_ms()) / 1000
+    with trio.fail_after(120):
+        assert await standby.acquire()
+    took = trio.current_time()
+    assert expiry_s <= took <= expiry_s + 0.1, (expiry_s, took)
+    assert standby.held and standby.fencing_token == 2
+
+
+async def test_a_standby_whose_clock_differs_from_the_stores_backs_off_only(
+    autojump_clock: MockClock, store: MemoryStore
+) -> None:
+    @attrs.frozen
+    class Elsewhere:
+        def now_ms(self) -> int:
+            return 0  # decades away from the store's clock
+
+    holder = make(store.leases)
+    standby = make(store.leases, owner="daemon-b", clock=Elsewhere())
+    assert await holder.try_acquire()
+    with trio.fail_after(200):
+        assert await standby.acquire()
+    # Taken by the backoff (at most a third of the TTL apart), never before the expiry.
+    assert 60 <= trio.current_time() <= 60 + 20
+
+
 async def test_a_lease_taken_over_is_lost_guarded_waits_are_cut_short(
     autojump_clock: MockClock, store: MemoryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
