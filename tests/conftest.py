@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio.testing
 
 from tests.support.privileges import IS_ROOT
 
@@ -82,3 +83,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("skipped in a root run, where nothing may be skipped", red=True)
         for nodeid in _skipped:
             terminalreporter.write_line(nodeid)
+
+
+AUTOJUMP_THRESHOLD_S = 0.0002
+"""Real seconds the run loop stays idle before virtual time jumps.
+
+pytest-trio's own ``autojump_clock`` uses 0, which makes an idle run loop with no timer
+pending spin (``epoll_wait`` with a zero timeout, again and again) while a worker thread
+runs — the SQLite store's — and the thread then waits for the GIL after every SQLite call
+(the 5 ms switch interval): opening a store took 1.4–2.7 s instead of 6 ms. A small positive
+threshold lets the loop sleep, costing that much real time per jump."""
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """Virtual time that jumps whenever every task is blocked (see
+    :data:`AUTOJUMP_THRESHOLD_S`)."""
+    return trio.testing.MockClock(autojump_threshold=AUTOJUMP_THRESHOLD_S)
