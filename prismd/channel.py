@@ -213,6 +213,9 @@ class AdapterFeatures:
     """:meth:`ChannelAdapter.send_typing` shows a typing indicator."""
     attachments: bool = False
     """:meth:`ChannelAdapter.fetch_attachment` fetches the files its refs name."""
+    inbox: bool = False
+    """Its updates go through the store's durable inbox (``store.inbox``, source = the
+    connection id): the control socket shows their depth and dead letters."""
 
 
 NO_FEATURES = AdapterFeatures()

@@ -280,7 +280,9 @@ class TelegramAdapter:
     @property
     def features(self) -> AdapterFeatures:
         """Declared for the host (:class:`prismd.channel.AdapterFeatures`)."""
-        return AdapterFeatures(previews=self.send_drafts, typing=True, attachments=True)
+        return AdapterFeatures(
+            previews=self.send_drafts, typing=True, attachments=True, inbox=self.uses_inbox
+        )
 
     @property
     def bot_username(self) -> str | None:

@@ -906,9 +906,7 @@ class Daemon:
                     health=self.health,
                     identity_for=authorizer.identity_for,
                     pair_aliases=pairing_aliases_from_grants(config.grants),
-                    inbox_sources=tuple(
-                        c for c, a in host.adapters.items() if getattr(a, "uses_inbox", False)
-                    ),
+                    inbox_sources=tuple(c for c, a in host.adapters.items() if a.features.inbox),
                     retention_ms=config.limits.retention_days * 86_400_000,
                 )
                 await self.supervisor.start(
