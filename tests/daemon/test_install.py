@@ -259,7 +259,7 @@ def test_the_example_config_passes_check_config_with_the_env_it_documents(
         wrapped = command  # installed for real on this machine
     except KeyError:
         if not _namespaces_work():
-            pytest.skip(
+            pytest.fail(
                 f"group {OPERATORS_GROUP} does not exist and user+mount namespaces "
                 "(unshare --user --map-root-user --mount) are not permitted here"
             )

@@ -35,10 +35,10 @@ MISSING = f"{URL_ENV} is not set: run the suite through tests/with-services.sh (
 
 
 def server_url() -> str:
-    """The server's URL (without a schema), or skip the test saying how to get one."""
+    """The server's URL (without a schema); a test without one fails saying how to get it."""
     url = os.environ.get(URL_ENV, "")
     if not url:
-        pytest.skip(MISSING)
+        pytest.fail(MISSING)
     return url
 
 
@@ -108,7 +108,7 @@ def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
     data = os.environ.get("PRISMD_TEST_POSTGRES_DATA", "")
     bindir = os.environ.get("PRISMD_TEST_POSTGRES_BIN", "")
     if not data or not bindir:
-        pytest.skip("PRISMD_TEST_POSTGRES_DATA/_BIN are not set: run tests/with-services.sh")
+        pytest.fail("PRISMD_TEST_POSTGRES_DATA/_BIN are not set: run tests/with-services.sh")
     log = os.environ.get("PRISMD_TEST_POSTGRES_LOG", "/dev/null")
     # -l: the restarted server must not inherit our pipes (run() would wait for it forever).
     command = [os.path.join(bindir, "pg_ctl"), "-D", data, "-l", log, *args]
@@ -123,7 +123,7 @@ def pg_ctl_start_again() -> subprocess.CompletedProcess[str]:
     ``postmaster.opts``): a bare ``pg_ctl start`` would take the defaults — another port."""
     data = os.environ.get("PRISMD_TEST_POSTGRES_DATA", "")
     if not data:
-        pytest.skip("PRISMD_TEST_POSTGRES_DATA is not set: run tests/with-services.sh")
+        pytest.fail("PRISMD_TEST_POSTGRES_DATA is not set: run tests/with-services.sh")
     with open(os.path.join(data, "postmaster.opts")) as file:
         words = shlex.split(file.read())[1:]  # without the postgres binary
     options: list[str] = []
