@@ -14,7 +14,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 import attrs
 
@@ -31,6 +31,7 @@ from ._types import (
     InvalidCheckpointError,
     InvalidInboxError,
     InvalidLeaseError,
+    JournalEvent,
     JSONValue,
     OwnershipScope,
     RecordTooLargeError,
@@ -503,3 +504,41 @@ def decode_inbox_cursor(cursor: object) -> tuple[str, int, str] | None:
 def new_claim_token() -> str:
     """A claim's token: unguessable and unique (a fencing identity, never logged)."""
     return os.urandom(16).hex()
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRecord:
+    """A checkpoint row of the SQL backends (their shared column order) as a record."""
+    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
+    return CheckpointRecord(
+        namespace=ns,
+        key=key,
+        version=version,
+        value=decode_json(value),
+        scope=OwnershipScope(tenant, account, user),
+        created_at_ms=created,
+        updated_at_ms=updated,
+        fencing_token=fence,
+        category=category,
+        metadata=None if meta is None else decode_json(meta),
+    )
+
+
+def event_from_row(row: Sequence[Any]) -> JournalEvent:
+    """A journal event row of the SQL backends as an event."""
+    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
+    return JournalEvent(
+        seq=seq,
+        at_ms=at,
+        action=action,
+        namespace=ns,
+        key=key,
+        scope=OwnershipScope(tenant, account, user),
+        version=version,
+        category=category,
+        metadata=None if meta is None else decode_json(meta),
+    )
+
+
+def scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
+    """A scope as the three column values of the SQL backends."""
+    return (scope.tenant_id, scope.account_id, scope.user_id)

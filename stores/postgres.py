@@ -83,7 +83,6 @@ from ._types import (
     InboxState,
     InvalidInboxError,
     InvalidLeaseError,
-    JournalEvent,
     JSONValue,
     LeaseConflictError,
     LeaseRecord,
@@ -124,47 +123,12 @@ _EVENT_COLUMNS = (
 _SCOPE_FIELDS = ("tenant_id", "account_id", "user_id")
 
 
-def _scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
-    return (scope.tenant_id, scope.account_id, scope.user_id)
-
-
 def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
     """The partial-scope filter: each field that is set must match exactly."""
-    for column, value in zip(_SCOPE_FIELDS, _scope_args(scope)):
+    for column, value in zip(_SCOPE_FIELDS, _common.scope_args(scope)):
         if value is not None:
             args.append(value)
             where.append(f"{column} = ${len(args)}")
-
-
-def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
-    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
-    return CheckpointRecord(
-        namespace=ns,
-        key=key,
-        version=version,
-        value=_common.decode_json(value),
-        scope=OwnershipScope(tenant, account, user),
-        created_at_ms=created,
-        updated_at_ms=updated,
-        fencing_token=fence,
-        category=category,
-        metadata=None if meta is None else _common.decode_json(meta),
-    )
-
-
-def _event(row: Sequence[Any]) -> JournalEvent:
-    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
-    return JournalEvent(
-        seq=seq,
-        at_ms=at,
-        action=action,
-        namespace=ns,
-        key=key,
-        scope=OwnershipScope(tenant, account, user),
-        version=version,
-        category=category,
-        metadata=None if meta is None else _common.decode_json(meta),
-    )
 
 
 # --------------------------------------------------------------------------- group commit
@@ -202,12 +166,12 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
             if isinstance(req, _common.DeleteRequest):
                 row: tuple[Any, ...] = (
                     number, job.atomic, job.now_ms, True, req.namespace, req.key,
-                    *_scope_args(req.scope), None, None, None, None, None, None,
+                    *_common.scope_args(req.scope), None, None, None, None, None, None,
                 )  # fmt: skip
             else:
                 row = (
                     number, job.atomic, job.now_ms, False, req.namespace, req.key,
-                    *_scope_args(req.scope), req.version, req.expected_version,
+                    *_common.scope_args(req.scope), req.version, req.expected_version,
                     req.fencing_token, req.category, req.value_json, req.metadata_json,
                 )  # fmt: skip
             for column, value in zip(columns, row):
@@ -474,10 +438,10 @@ class PostgresCheckpointStore:
         )
 
         async def read(session: Session) -> Sequence[Any] | None:
-            return await session.fetchrow(sql, namespace, key, *_scope_args(scope))
+            return await session.fetchrow(sql, namespace, key, *_common.scope_args(scope))
 
         row = await self._driver.call(read)
-        return None if row is None else _checkpoint(row)
+        return None if row is None else _common.checkpoint_from_row(row)
 
     async def list_checkpoints(
         self,
@@ -526,7 +490,7 @@ class PostgresCheckpointStore:
         async def read(session: Session) -> Sequence[Sequence[Any]]:
             return await session.fetch(sql, *args)
 
-        rows = [_checkpoint(row) for row in await self._driver.call(read)]
+        rows = [_common.checkpoint_from_row(row) for row in await self._driver.call(read)]
         items = tuple(rows[:n])
         next_cursor = _common.encode_cursor(items[-1]) if len(rows) > n else None
         return CheckpointPage(items=items, next_cursor=next_cursor)
@@ -549,7 +513,7 @@ class PostgresCheckpointStore:
         async def read(session: Session) -> Sequence[Sequence[Any]]:
             return await session.fetch(sql, *args)
 
-        items = tuple(_event(row) for row in await self._driver.call(read))
+        items = tuple(_common.event_from_row(row) for row in await self._driver.call(read))
         return EventPage(items=items, last_seq=items[-1].seq if items else after)
 
     async def last_event_seq(self) -> int:
@@ -636,7 +600,7 @@ class PostgresLeaseStore:
         token = os.urandom(16).hex()
         row = await self._call(
             f"SELECT * FROM {self._t}.prism_acquire_lease($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            namespace, key, *_scope_args(scope), owner_id, token, now, now + ttl, reclaim,
+            namespace, key, *_common.scope_args(scope), owner_id, token, now, now + ttl, reclaim,
         )  # fmt: skip
         return self._record(namespace, key, scope, owner_id, token, now, row)
 
@@ -652,7 +616,7 @@ class PostgresLeaseStore:
     ) -> LeaseRecord | None:
         row = await self._call(
             f"SELECT * FROM {self._t}.prism_move_lease($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            namespace, key, *_scope_args(scope), owner_id, token, now, expires_at,
+            namespace, key, *_common.scope_args(scope), owner_id, token, now, expires_at,
         )  # fmt: skip
         return self._record(namespace, key, scope, owner_id, token, now, row)
 

@@ -165,13 +165,9 @@ _LEASE_COLUMNS = (
 _SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
 
 
-def _scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
-    return (scope.tenant_id, scope.account_id, scope.user_id)
-
-
 def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
     """Append the partial-scope filter: each field that is set must match exactly."""
-    for column, field in zip(("tenant_id", "account_id", "user_id"), _scope_args(scope)):
+    for column, field in zip(("tenant_id", "account_id", "user_id"), _common.scope_args(scope)):
         if field is not None:
             where.append(f"{column} = ?")
             args.append(field)
@@ -192,23 +188,16 @@ def _insert_event(
     conn.execute(
         "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
         " user_id, version, category, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (at_ms, action, namespace, key, *_scope_args(scope), version, category, metadata_json),
-    )
-
-
-def _checkpoint(row: Sequence[Any]) -> CheckpointRecord:
-    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
-    return CheckpointRecord(
-        namespace=ns,
-        key=key,
-        version=version,
-        value=_common.decode_json(value),
-        scope=OwnershipScope(tenant, account, user),
-        created_at_ms=created,
-        updated_at_ms=updated,
-        fencing_token=fence,
-        category=category,
-        metadata=None if meta is None else _common.decode_json(meta),
+        (
+            at_ms,
+            action,
+            namespace,
+            key,
+            *_common.scope_args(scope),
+            version,
+            category,
+            metadata_json,
+        ),
     )
 
 
@@ -224,21 +213,6 @@ def _lease(row: Sequence[Any]) -> LeaseRecord:
         acquired_at_ms=acquired,
         expires_at_ms=expires,
         updated_at_ms=updated,
-    )
-
-
-def _event(row: Sequence[Any]) -> JournalEvent:
-    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
-    return JournalEvent(
-        seq=seq,
-        at_ms=at,
-        action=action,
-        namespace=ns,
-        key=key,
-        scope=OwnershipScope(tenant, account, user),
-        version=version,
-        category=category,
-        metadata=None if meta is None else _common.decode_json(meta),
     )
 
 
@@ -646,7 +620,7 @@ def _apply(
 ) -> WriteResult:
     """One write of a batch: one statement whose ``WHERE`` holds every check, plus its event."""
     if isinstance(req, _common.DeleteRequest):
-        gone = _one(conn, _DELETE, (req.namespace, req.key, *_scope_args(req.scope)))
+        gone = _one(conn, _DELETE, (req.namespace, req.key, *_common.scope_args(req.scope)))
         if gone is None:
             return WriteResult("missing")
         version, category = gone
@@ -660,7 +634,7 @@ def _apply(
         req.version,
         req.fencing_token,
         req.category,
-        *_scope_args(req.scope),
+        *_common.scope_args(req.scope),
         req.value_json,
         req.metadata_json,
         now,
@@ -771,9 +745,9 @@ class SQLiteCheckpointStore:
                 conn,
                 f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
                 f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}",
-                (namespace, key, *_scope_args(scope)),
+                (namespace, key, *_common.scope_args(scope)),
             )
-            return None if row is None else _checkpoint(row)
+            return None if row is None else _common.checkpoint_from_row(row)
 
         return await self._db.run(read)
 
@@ -819,7 +793,7 @@ class SQLiteCheckpointStore:
         args.append(n + 1)
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
-            return [_checkpoint(row) for row in conn.execute(sql, args).fetchall()]
+            return [_common.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
 
         rows = await self._db.run(read)
         items = tuple(rows[:n])
@@ -849,7 +823,7 @@ class SQLiteCheckpointStore:
 
         def read(conn: apsw.Connection) -> list[JournalEvent]:
             rows: list[Any] = conn.execute(sql, args).fetchall()
-            return [_event(row) for row in rows]
+            return [_common.event_from_row(row) for row in rows]
 
         items = tuple(await self._db.run(read))
         return EventPage(items=items, last_seq=items[-1].seq if items else after)
@@ -883,7 +857,7 @@ class SQLiteLeaseStore:
             " WHERE namespace = ? AND key = ?",
             (namespace, key),
         )
-        if row is not None and tuple(row) != _scope_args(scope):
+        if row is not None and tuple(row) != _common.scope_args(scope):
             raise LeaseConflictError("lease ownership mismatch")
 
     async def _move_expiry(
@@ -907,7 +881,7 @@ class SQLiteLeaseStore:
                 f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
                 " AND owner_id = ? AND token = ? AND expires_at > ?"
                 f" RETURNING {_LEASE_COLUMNS}",
-                (expires_at, now, namespace, key, *_scope_args(scope), owner_id, token, now),
+                (expires_at, now, namespace, key, *_common.scope_args(scope), owner_id, token, now),
             )
             if row is not None:
                 return _lease(row)
@@ -954,7 +928,7 @@ class SQLiteLeaseStore:
         args = (
             namespace,
             key,
-            *_scope_args(scope),
+            *_common.scope_args(scope),
             owner_id,
             token,
             now,
