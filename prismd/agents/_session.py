@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -20,8 +21,8 @@ import trio
 from stores import (
     CheckpointConflictError,
     CheckpointStore,
-    InvalidCheckpointError,
     OwnershipScope,
+    SaveCheckpoint,
 )
 
 from ..redact import replace_surrogates
@@ -134,34 +135,100 @@ def _clip(text: str) -> str:
     return raw[:MAX_ENTRY_BYTES].decode("utf-8", "ignore")
 
 
-def _bounded(entries: list[SessionEntry]) -> list[SessionEntry]:
-    """Drop the oldest entries until the transcript's JSON fits :data:`MAX_SESSION_BYTES`."""
+MAX_CACHED_SESSIONS = 256
+MAX_CACHED_BYTES = 8 * 1024 * 1024
+"""Bounds of a :class:`SessionLog`'s memory of the transcripts it last wrote."""
+
+
+def _measured(item: Mapping[str, str]) -> int:
     # Measured as escaped ASCII JSON, the largest encoding any store may use.
-    sizes = [len(json.dumps(attrs.asdict(e))) + 1 for e in entries]
-    total = sum(sizes) + 16
-    start = 0
-    while total > MAX_SESSION_BYTES and start < len(entries) - 1:
-        total -= sizes[start]
-        start += 1
-    return entries[start:]
+    return len(json.dumps(item)) + 1
+
+
+@attrs.frozen
+class _Transcript:
+    """A transcript as this process stored it: its version and, per entry, the stored
+    dict, its compact JSON and its measured size — so an append costs the new entries,
+    not a load, parse and re-encoding of the whole transcript."""
+
+    version: int
+    items: tuple[dict[str, str], ...] = ()
+    encoded: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, version: int, entries: list[SessionEntry]) -> _Transcript:
+        return cls(version).extended(entries, MAX_SESSION_ENTRIES, version)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes) + 16
+
+    def extended(self, added: list[SessionEntry], max_entries: int, version: int) -> _Transcript:
+        """These entries plus ``added``: the last ``max_entries``, then the oldest dropped
+        until the JSON fits :data:`MAX_SESSION_BYTES` (the newest always stays)."""
+        items = [{"id": e.id, "role": e.role, "text": e.text} for e in added]
+        all_items = self.items + tuple(items)
+        encoded = self.encoded + tuple(
+            json.dumps(i, ensure_ascii=False, separators=(",", ":")) for i in items
+        )
+        sizes = self.sizes + tuple(_measured(i) for i in items)
+        start = max(0, len(all_items) - max_entries)
+        total = sum(sizes[start:]) + 16
+        while total > MAX_SESSION_BYTES and start < len(all_items) - 1:
+            total -= sizes[start]
+            start += 1
+        return _Transcript(version, all_items[start:], encoded[start:], sizes[start:])
+
+    def value_json(self) -> str:
+        return '{"entries":[' + ",".join(self.encoded) + "]}"
 
 
 @attrs.define(eq=False)
 class SessionLog:
     """Durable transcripts of one agent alias, bounded to the last ``max_entries`` (at
     most :data:`MAX_SESSION_ENTRIES`) entries and :data:`MAX_SESSION_BYTES` of JSON (each
-    entry's text clipped to :data:`MAX_ENTRY_BYTES`). Appends are CAS-retried."""
+    entry's text clipped to :data:`MAX_ENTRY_BYTES`). Appends are CAS-retried.
+
+    The log remembers the transcripts it last wrote (at most :data:`MAX_CACHED_SESSIONS`
+    and :data:`MAX_CACHED_BYTES`, least recently used forgotten first) and appends to
+    one without loading it: the store's compare-and-swap on the remembered version is
+    what makes that safe — if anything else wrote the transcript since (another process,
+    a prune), the save conflicts, the memory is dropped and the append reloads.
+    """
 
     checkpoints: CheckpointStore
     alias: str
     max_entries: int = MAX_SESSION_ENTRIES
     """Kept entries (at most :data:`MAX_SESSION_ENTRIES`); the oldest are dropped first."""
+    _cache: OrderedDict[tuple[str, OwnershipScope], _Transcript] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _cached_bytes: int = attrs.field(default=0, init=False)
 
     async def entries(self, session_id: str, ownership: OwnershipScope) -> tuple[SessionEntry, ...]:
         stored = await self.checkpoints.load_checkpoint(
             namespace=NS_SESSION, key=_session_key(self.alias, session_id), scope=ownership
         )
         return () if stored is None else tuple(_parse_entries(stored.value))
+
+    def _take(self, at: tuple[str, OwnershipScope]) -> _Transcript | None:
+        cached = self._cache.pop(at, None)
+        if cached is not None:
+            self._cached_bytes -= cached.total
+        return cached
+
+    def _remember(self, at: tuple[str, OwnershipScope], transcript: _Transcript) -> None:
+        known = self._take(at)
+        if known is not None and known.version > transcript.version:
+            transcript = known  # a newer write of ours landed meanwhile
+        self._cache[at] = transcript
+        self._cached_bytes += transcript.total
+        while self._cache and (
+            len(self._cache) > MAX_CACHED_SESSIONS or self._cached_bytes > MAX_CACHED_BYTES
+        ):
+            _, oldest = self._cache.popitem(last=False)
+            self._cached_bytes -= oldest.total
 
     async def append(
         self,
@@ -172,27 +239,36 @@ class SessionLog:
         """Append entries (role, text) and return the id of the last one (the new leaf)."""
         added = [SessionEntry(new_entry_id(), role, _clip(text)) for role, text in new]
         key = _session_key(self.alias, session_id)
+        at = (key, ownership)
+        limit = min(self.max_entries, MAX_SESSION_ENTRIES)
         for _attempt in range(_CAS_ATTEMPTS):
-            stored = await self.checkpoints.load_checkpoint(
-                namespace=NS_SESSION, key=key, scope=ownership
-            )
-            entries = [] if stored is None else _parse_entries(stored.value)
-            entries.extend(added)
-            entries = _bounded(entries[-min(self.max_entries, MAX_SESSION_ENTRIES) :])
-            version = 0 if stored is None else stored.version
-            try:
-                await self.checkpoints.save_checkpoint(
-                    namespace=NS_SESSION,
-                    key=key,
-                    scope=ownership,
-                    version=version + 1,
-                    value={"entries": [attrs.asdict(e) for e in entries]},
-                    expected_version=version,
-                    category=CATEGORY_SESSION,
+            # Taken out while the save is in flight: a concurrent append of this process
+            # loads from the store instead and meets the compare-and-swap.
+            current = self._take(at)
+            if current is None:
+                stored = await self.checkpoints.load_checkpoint(
+                    namespace=NS_SESSION, key=key, scope=ownership
                 )
-            except InvalidCheckpointError:
-                raise  # bad input (a subclass of the conflict error): retrying cannot help
-            except CheckpointConflictError:
+                current = (
+                    _Transcript(0)
+                    if stored is None
+                    else _Transcript.of(stored.version, _parse_entries(stored.value))
+                )
+            version = current.version
+            written = current.extended(added, limit, version + 1)
+            save = SaveCheckpoint(
+                namespace=NS_SESSION,
+                key=key,
+                scope=ownership,
+                version=version + 1,
+                value={"entries": list(written.items)},
+                expected_version=version,
+                category=CATEGORY_SESSION,
+                value_json=written.value_json(),
+            )
+            (result,) = await self.checkpoints.write_checkpoints((save,))
+            if not result.ok:
                 continue
+            self._remember(at, written)
             return added[-1].id
         raise CheckpointConflictError("session transcript append kept losing its CAS")

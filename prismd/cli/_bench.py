@@ -20,7 +20,8 @@ Scenarios (``--scenario``, repeatable; default all in-process ones):
   routes: closed loop (each route sends its next message once its answer arrived) for
   throughput, then open loop at half that rate for latency admit → delivered
   (``pipeline_latency``);
-* ``memory``: resident set size with 10,000 idle routes and their bindings;
+* ``memory``: resident set size with 10,000 idle routes and their bindings, measured in a
+  fresh ``prismd bench`` process (``rss_before_mb``: the same process before the routes);
 * ``webchat``, ``telegram``, ``stop``: a real ``prismd run`` process (see
   :mod:`prismd.cli._bench_live`): 20 web chat sockets, 20 Telegram chats against a loopback
   Bot API, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on
@@ -131,7 +132,6 @@ class _Answers:
     """The bench's ``deliver``: wakes whoever waits for the answer to an event."""
 
     waiting: dict[str, trio.Event] = attrs.Factory(dict)
-    arrived: dict[str, float] = attrs.Factory(dict)
     delivered: int = 0
 
     def expect(self, event_id: str) -> trio.Event:
@@ -142,7 +142,6 @@ class _Answers:
     async def deliver(self, reply: Reply) -> SendResult:
         self.delivered += 1
         key = reply.in_reply_to or ""
-        self.arrived[key] = time.perf_counter()
         waiter = self.waiting.pop(key, None)
         if waiter is not None:
             waiter.set()
@@ -327,18 +326,29 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
     return result
 
 
-async def memory(url: str) -> dict[str, Any]:
+async def memory(url: str, routes: int = MEMORY_ROUTES) -> dict[str, Any]:
     async def body(bench: _Bench) -> dict[str, Any]:
         before = _rss_mb()
-        for r in range(MEMORY_ROUTES):
+        for r in range(routes):
             waiter = bench.answers.expect(bench.event_id(bench.serial + 1))
             await bench.runtime.admit(bench.event(r))
             await waiter.wait()
         await bench.runtime.drain(deadline_ms=30_000)
-        return {"routes": MEMORY_ROUTES, "rss_mb": _rss_mb(), "rss_before_mb": before}
+        return {"routes": routes, "rss_mb": _rss_mb(), "rss_before_mb": before}
 
     result: dict[str, Any] = await _with_runtime(url, body)
     return result
+
+
+async def _memory_process(url: str, routes: int) -> dict[str, Any]:
+    """``memory`` in a process of its own: what the routes cost, not what the scenarios
+    before them left on this process's heap."""
+    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json"]
+    argv += ["--scenario", "memory", "--in-process", "--memory-routes", str(routes)]
+    done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
+    figures_: dict[str, Any] = json.loads(done.stdout)["scenarios"]["memory"]
+    figures_["process"] = "fresh"
+    return figures_
 
 
 async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
@@ -421,6 +431,10 @@ class BenchOptions:
     routes: int = 100
     duration_s: float = 5.0
     json: bool = False
+    in_process: bool = False
+    """Run ``memory`` here instead of in a fresh child process (the child's own flag)."""
+    memory_routes: int = MEMORY_ROUTES
+    """Routes of ``memory`` (hidden flag: the tests use fewer)."""
 
 
 def _progress(options: BenchOptions, text: str) -> None:
@@ -460,7 +474,12 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
         elif name == "pipeline":
             results.update(await pipeline(fresh_url(), options.duration_s, options.routes))
         elif name == "memory":
-            results["memory"] = await memory(fresh_url())
+            url = fresh_url()
+            results["memory"] = (
+                await memory(url, options.memory_routes)
+                if options.in_process
+                else await _memory_process(url, options.memory_routes)
+            )
         elif name in LIVE:
             live_dir = Path(workdir) / name
             live_dir.mkdir()
@@ -524,11 +543,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration-s", type=float, default=5.0, help="seconds per series (default 5)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-routes", type=int, default=MEMORY_ROUTES, help=argparse.SUPPRESS)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
     if not 1 <= args.routes <= 1000:
         print("prismd bench: --routes must be between 1 and 1000", file=sys.stderr)
+        return 2
+    if not 1 <= args.memory_routes <= 100_000:
+        print("prismd bench: --memory-routes must be between 1 and 100000", file=sys.stderr)
         return 2
     if not 0.1 <= args.duration_s <= 3600:
         print("prismd bench: --duration-s must be between 0.1 and 3600", file=sys.stderr)
@@ -547,6 +571,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         routes=args.routes,
         duration_s=args.duration_s,
         json=args.json,
+        in_process=args.in_process,
+        memory_routes=args.memory_routes,
     )
     workdir = tempfile.mkdtemp(prefix="prismd-bench-", dir=os.getcwd())
     try:

@@ -46,7 +46,7 @@ from ._context import (
     duplicate,
     seen_before,
 )
-from ._core import Core
+from ._core import MEMO_LIMIT, Core
 from ._ids import operation_id_for
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
@@ -283,11 +283,12 @@ def operation_input(event: InboundEvent) -> OperationInput:
 def remember_cursor(
     core: Core, at: tuple[str, OwnershipScope], cursor: Loaded[CursorRecord] | None
 ) -> None:
-    """Keep the cursor as stored (bounded table), so the next admission saves a read."""
+    """Keep the cursor as stored, so the next admission saves a read: the most recently
+    used :data:`MEMO_LIMIT` (a forgotten one is read again, once)."""
     core.cursors.pop(at, None)
     if cursor is not None:
-        if len(core.cursors) >= core.limits.max_routes:
-            core.cursors.pop(next(iter(core.cursors)))
+        if len(core.cursors) >= min(core.limits.max_routes, MEMO_LIMIT):
+            core.cursors.popitem(last=False)
         core.cursors[at] = cursor
 
 

@@ -12,7 +12,7 @@ from stores import OwnershipScope
 
 from ..channel import Action, Admission, AuthorizeInput, Grant, InboundEvent
 from ..journal import NS_BINDING, BindingRecord, binding_actor_prefix
-from ._core import Core
+from ._core import MEMO_LIMIT, Core
 from ._types import ActorKey
 
 
@@ -82,6 +82,7 @@ async def current_selection(
     selection stamp (SPEC difference 3, durable across restarts)."""
     key = actor_key(event, ownership)
     if key in core.selections:
+        core.selections.move_to_end(key)
         return core.selections[key]
     selected: str | None = None
     if core.journal is not None:
@@ -124,10 +125,15 @@ def remember_selection(core: Core, key: ActorKey, alias: str | None) -> bool:
         core.selections[key] = alias
         core.selections.move_to_end(key)
         return True
-    if len(core.selections) >= core.limits.max_routes:
-        # Cached "no selection" entries can be dropped: the journal still has the truth.
-        for old_key, old_alias in list(core.selections.items()):
-            if old_alias is None or core.journal is not None:
+    if core.journal is not None:
+        # The journal has the truth: this is a memory of the actors in use (the least
+        # recently used forgotten first, and read again when they come back).
+        if len(core.selections) >= min(core.limits.max_routes, MEMO_LIMIT):
+            core.selections.popitem(last=False)
+    elif len(core.selections) >= core.limits.max_routes:
+        # Without a journal the table is the truth: only "no selection" entries can go.
+        for old_key, old_alias in core.selections.items():
+            if old_alias is None:
                 del core.selections[old_key]
                 break
         else:

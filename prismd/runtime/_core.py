@@ -64,6 +64,9 @@ from ._types import (
 )
 from .api import Diagnostics
 
+MEMO_LIMIT = 1024
+"""Per-actor selections and per-scope cursors remembered to save a store read each: the
+most recently used this many (with a journal, which holds the truth)."""
 COUNTER_NAMES = (
     "admitted",
     "denied",
@@ -119,8 +122,8 @@ class Core:
     )
     selections: OrderedDict[ActorKey, str | None] = attrs.field(init=False, factory=OrderedDict)
     seen: dict[str, OrderedDict[str, None]] = attrs.field(init=False, factory=dict)
-    cursors: dict[tuple[str, OwnershipScope], Loaded[CursorRecord]] = attrs.field(
-        init=False, factory=dict
+    cursors: OrderedDict[tuple[str, OwnershipScope], Loaded[CursorRecord]] = attrs.field(
+        init=False, factory=OrderedDict
     )
     slots: trio.Semaphore = attrs.field(init=False)
     stopped: bool = attrs.field(init=False, default=False)

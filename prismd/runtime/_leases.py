@@ -83,28 +83,33 @@ class RouteLeases:
             route.lease = acquired
             if acquired is not None:
                 route.lease_fresh = True
-            if acquired is not None and not route.renewing:
-                route.renewing = True
-                self.nursery.start_soon(self._renewer, route)
+            if acquired is not None and route.renewer is None:
+                route.renewer = trio.CancelScope()
+                self.nursery.start_soon(self._renewer, route, route.renewer)
             return acquired
 
-    async def _renewer(self, route: Route) -> None:
+    async def _renewer(self, route: Route, scope: trio.CancelScope) -> None:
         """Keep the route lease alive while the route has work (renew below ttl/3)."""
         ttl = self.limits.lease_ttl_ms
         try:
-            while route.lease is not None and (route.busy or route.lease_users > 0):
-                lease = route.lease
-                wait_ms = lease.expires_at_ms - self.now_ms() - ttl / 3
-                await trio.sleep(max(0.01, wait_ms / 1000))
-                if route.lease is not lease or not (route.busy or route.lease_users > 0):
-                    continue
-                try:
-                    await self.ensure(route)
-                except Exception:
-                    self.count("storage_failures")
-                    await trio.sleep(min(1.0, ttl / 10_000))
+            with scope:
+                await self._renew(route, ttl)
         finally:
-            route.renewing = False
+            if route.renewer is scope:
+                route.renewer = None
+
+    async def _renew(self, route: Route, ttl: int) -> None:
+        while route.lease is not None and (route.busy or route.lease_users > 0):
+            lease = route.lease
+            wait_ms = lease.expires_at_ms - self.now_ms() - ttl / 3
+            await trio.sleep(max(0.01, wait_ms / 1000))
+            if route.lease is not lease or not (route.busy or route.lease_users > 0):
+                continue
+            try:
+                await self.ensure(route)
+            except Exception:
+                self.count("storage_failures")
+                await trio.sleep(min(1.0, ttl / 10_000))
 
     async def release_when_idle(self, route: Route) -> None:
         """Release the route lease once the route has stayed idle for ``lease_idle_ms`` (at
@@ -162,6 +167,10 @@ class RouteLeases:
                     return
                 if route.lease is lease:
                     route.lease = None
+                    if route.renewer is not None:
+                        route.renewer.cancel()
+                        route.renewer = None
+            route.shed_locks()
 
     @asynccontextmanager
     async def fence(self, route: Route, *, wait_s: float = 0.0) -> AsyncIterator[int | None]:

@@ -24,7 +24,6 @@ from ..journal import (
     Loaded,
     OperationRef,
     Write,
-    binding_key,
     finish,
 )
 from ..limits import Limits
@@ -95,9 +94,6 @@ class Routes:
             actor_id=actor_id,
             alias=alias,
             ownership=ownership,
-            binding_key=binding_key(
-                connection_id, ownership, conversation_id, thread_id, actor_id, alias
-            ),
         )
         self._table[key] = route
         return route
@@ -110,7 +106,7 @@ class Routes:
                 and route.lease is None
                 and route.lease_users == 0
                 and route.pins == 0
-                and not route.hydrate_lock.locked()
+                and not route.hydrating()
             ):
                 if route.suspended and self.journal is None:
                     continue
@@ -192,31 +188,35 @@ class Routes:
         """
         if route.hydrated:
             return True
-        async with route.hydrate_lock:
-            if route.hydrated:
-                return True
-            if self.journal is None:
-                route.hydrated = True
-                return True
-            loaded = await self.journal.load_binding(route.ownership, route.binding_key)
-            if loaded is None:
-                if not create:
-                    return False
-                sid, leaf = await self.derive_session(route, identity, 0)
-                route.session_id, route.leaf_id = sid, leaf
-                record = self.binding_record(route)
-                created = await self.journal.create_binding(
-                    route.ownership, route.binding_key, record
-                )
-                if created is None:
-                    loaded = await self.journal.load_binding(route.ownership, route.binding_key)
-                    if loaded is None:
-                        raise RuntimeError("binding vanished during hydration")
-                else:
-                    loaded = created
-            self.apply_binding(route, loaded.version, loaded.record)
+        try:
+            async with route.hydrate_lock:
+                return await self._hydrate_once(route, identity, create)
+        finally:
+            route.shed_locks()
+
+    async def _hydrate_once(self, route: Route, identity: AgentIdentity, create: bool) -> bool:
+        if route.hydrated:
+            return True
+        if self.journal is None:
             route.hydrated = True
             return True
+        loaded = await self.journal.load_binding(route.ownership, route.binding_key)
+        if loaded is None:
+            if not create:
+                return False
+            sid, leaf = await self.derive_session(route, identity, 0)
+            route.session_id, route.leaf_id = sid, leaf
+            record = self.binding_record(route)
+            created = await self.journal.create_binding(route.ownership, route.binding_key, record)
+            if created is None:
+                loaded = await self.journal.load_binding(route.ownership, route.binding_key)
+                if loaded is None:
+                    raise RuntimeError("binding vanished during hydration")
+            else:
+                loaded = created
+        self.apply_binding(route, loaded.version, loaded.record)
+        route.hydrated = True
+        return True
 
     def binding_write(self, route: Route, fence: int | None) -> Write | None:
         """The write that stores the route's binding, or ``None`` when it has not changed

@@ -129,7 +129,7 @@ async def pump(core: Core, route: Route) -> None:
                     await _refresh_binding(core, route)
                 except Exception:
                     core.count("storage_failures")
-            route.queue.popleft()
+            route.queue.pop(0)
             if head.claim_failures:
                 exponent = min(head.claim_failures, 16)
                 await trio.sleep(min(LEASE_BACKOFF_START_S * 2**exponent, LEASE_BACKOFF_MAX_S))
@@ -390,7 +390,7 @@ async def _run_with_slot(
             except Exception:
                 core.count("storage_failures")
             if lease is None:
-                route.queue.appendleft(turn)
+                route.queue.insert(0, turn)
                 return None
             fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
@@ -400,7 +400,7 @@ async def _run_with_slot(
                 # head of the queue; the pump backs off (bounded). While the store is down
                 # it is retried for as long as that lasts: never dropped from memory.
                 turn.claim_failures += 1
-                route.queue.appendleft(turn)
+                route.queue.insert(0, turn)
                 return None
             log.warning(
                 "claim of %s kept failing (%d attempts); it stays accepted and is listed",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Literal, TypeAlias
@@ -15,7 +16,7 @@ from stores import LeaseRecord, OwnershipScope
 from ..agents import Agent
 from ..channel import Action, AuthorizeInput, Grant, InboundEvent
 from ..identity import AgentIdentity
-from ..journal import BindingRecord, Loaded, OperationRecord, SuspendedRun
+from ..journal import BindingRecord, Loaded, OperationRecord, SuspendedRun, binding_key
 
 
 @attrs.frozen
@@ -115,8 +116,9 @@ class Route:
     actor_id: str
     alias: str
     ownership: OwnershipScope
-    binding_key: str
-    queue: deque[Turn] = attrs.field(factory=deque)
+    queue: list[Turn] = attrs.field(factory=list)
+    """FIFO, at most ``max_pending_per_binding`` long: a list (56 bytes empty) rather than a
+    deque (~600), which ten thousand idle routes would pay for nothing."""
     hydrated: bool = False
     binding_version: int = 0
     binding_stored: BindingRecord | None = None
@@ -131,7 +133,9 @@ class Route:
     pumping: bool = False
     lease: LeaseRecord | None = None
     lease_users: int = 0
-    renewing: bool = False
+    renewer: trio.CancelScope | None = None
+    """The scope of the task keeping the lease alive while the route works; cancelled
+    when the lease is released, so an idle route leaves no sleeping task behind."""
     release_at: float | None = None
     """When the idle route's lease is due for release (Trio time); ``None``: no release is
     scheduled. Back-to-back turns keep the lease instead of releasing and re-acquiring it."""
@@ -142,8 +146,51 @@ class Route:
     """Entry points holding this route object across an await (admit, commands): the
     route must not be evicted meanwhile, or a second route object for the same binding
     could be created and both would pump it."""
-    lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
-    hydrate_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _lease_lock: trio.Lock | None = None
+    _hydrate_lock: trio.Lock | None = None
+
+    @property
+    def binding_key(self) -> str:
+        """The binding's journal key (also its lease key), built when needed rather than
+        kept: ~180 bytes per route, for a few f-string joins per turn."""
+        return binding_key(
+            self.connection_id,
+            self.ownership,
+            self.conversation_id,
+            self.thread_id,
+            self.actor_id,
+            self.alias,
+        )
+
+    # The locks are created on first use: an idle route that never needed one does not
+    # carry two locks and their parking lots (~700 bytes).
+    @property
+    def lease_lock(self) -> trio.Lock:
+        if self._lease_lock is None:
+            self._lease_lock = trio.Lock()
+        return self._lease_lock
+
+    @property
+    def hydrate_lock(self) -> trio.Lock:
+        if self._hydrate_lock is None:
+            self._hydrate_lock = trio.Lock()
+        return self._hydrate_lock
+
+    def hydrating(self) -> bool:
+        return self._hydrate_lock is not None and self._hydrate_lock.locked()
+
+    def shed_locks(self) -> None:
+        """Forget the locks nobody holds or waits for (they are made again on next use).
+
+        Safe because ``async with route.lease_lock`` takes a free lock without yielding:
+        no task can hold a reference to a lock it has not yet acquired or queued on.
+        """
+        lock = self._lease_lock
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            self._lease_lock = None
+        lock = self._hydrate_lock
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            self._hydrate_lock = None
 
     @property
     def busy(self) -> bool:
@@ -213,16 +260,26 @@ class KnownOperations:
     write."""
 
     limit: int = 20_000
-    _ids: OrderedDict[str, None] = attrs.field(factory=OrderedDict)
+    _ids: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict)
+    """Keyed by a 128-bit digest of the record key (49 bytes instead of ~150): a false
+    "known" would answer a new event as a duplicate, and at 2**-128 per pair it does not."""
+
+    @staticmethod
+    def _digest(key: str) -> bytes:
+        return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def has(self, key: str) -> bool:
-        return key in self._ids
+        return self._digest(key) in self._ids
 
     def add(self, key: str) -> None:
-        self._ids[key] = None
-        self._ids.move_to_end(key)
+        digest = self._digest(key)
+        self._ids[digest] = None
+        self._ids.move_to_end(digest)
         while len(self._ids) > self.limit:
             self._ids.popitem(last=False)
 
     def discard(self, key: str) -> None:
-        self._ids.pop(key, None)
+        self._ids.pop(self._digest(key), None)
+
+    def __len__(self) -> int:
+        return len(self._ids)

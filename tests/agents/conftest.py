@@ -48,6 +48,13 @@ class YieldingCheckpoints:
             self.conflicts += 1
             raise
 
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        self.saves += len(writes)
+        results = await self.inner.write_checkpoints(writes, **kw)
+        self.conflicts += sum(1 for r in results if r.status == "conflict")
+        return results
+
     async def list_checkpoints(self, **kw: Any) -> Any:
         await trio.lowlevel.checkpoint()
         return await self.inner.list_checkpoints(**kw)

@@ -66,8 +66,27 @@ def test_cli_prints_one_json_object(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # its temporary store directory is gone
 
 
+def test_memory_is_measured_in_a_fresh_process_with_its_routes(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "prismd", "bench", "--json", "--scenario", "memory",
+         "--memory-routes", "300"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    memory = json.loads(proc.stdout)["scenarios"]["memory"]
+    assert memory["process"] == "fresh" and memory["routes"] == 300
+    # The child's own figures: a Python process with the runtime imported and 300 routes.
+    assert 10 < memory["rss_before_mb"] <= memory["rss_mb"] < 500
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
-    for args in (["--routes", "0"], ["--duration-s", "0"], ["--scenario", "nope"]):
+    for args in (
+        ["--routes", "0"],
+        ["--duration-s", "0"],
+        ["--scenario", "nope"],
+        ["--memory-routes", "0"],
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "prismd", "bench", *args],
             cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
