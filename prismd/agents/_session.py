@@ -137,7 +137,11 @@ def _clip(text: str) -> str:
 
 MAX_CACHED_SESSIONS = 256
 MAX_CACHED_BYTES = 8 * 1024 * 1024
-"""Bounds of a :class:`SessionLog`'s memory of the transcripts it last wrote."""
+"""Bounds of a :class:`SessionLog`'s memory of the transcripts it last wrote (the bytes an
+estimate of what the kept entries occupy in memory, see ``_Transcript.weight``)."""
+_ENTRY_OVERHEAD = 320
+"""Bytes a kept entry costs beyond its text, twice over (stored dict, its JSON): the
+dict, the id and the objects' headers."""
 
 
 def _measured(item: Mapping[str, str]) -> int:
@@ -161,8 +165,10 @@ class _Transcript:
         return cls(version).extended(entries, MAX_SESSION_ENTRIES, version)
 
     @property
-    def total(self) -> int:
-        return sum(self.sizes) + 16
+    def weight(self) -> int:
+        """Roughly the bytes this memory occupies: each entry's text held twice (the dict
+        and its JSON) plus the per-entry objects."""
+        return 2 * sum(self.sizes) + _ENTRY_OVERHEAD * len(self.sizes)
 
     def extended(self, added: list[SessionEntry], max_entries: int, version: int) -> _Transcript:
         """These entries plus ``added``: the last ``max_entries``, then the oldest dropped
@@ -215,7 +221,7 @@ class SessionLog:
     def _take(self, at: tuple[str, OwnershipScope]) -> _Transcript | None:
         cached = self._cache.pop(at, None)
         if cached is not None:
-            self._cached_bytes -= cached.total
+            self._cached_bytes -= cached.weight
         return cached
 
     def _remember(self, at: tuple[str, OwnershipScope], transcript: _Transcript) -> None:
@@ -223,12 +229,12 @@ class SessionLog:
         if known is not None and known.version > transcript.version:
             transcript = known  # a newer write of ours landed meanwhile
         self._cache[at] = transcript
-        self._cached_bytes += transcript.total
+        self._cached_bytes += transcript.weight
         while self._cache and (
             len(self._cache) > MAX_CACHED_SESSIONS or self._cached_bytes > MAX_CACHED_BYTES
         ):
             _, oldest = self._cache.popitem(last=False)
-            self._cached_bytes -= oldest.total
+            self._cached_bytes -= oldest.weight
 
     async def append(
         self,

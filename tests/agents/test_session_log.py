@@ -9,6 +9,7 @@ import attrs
 import trio
 
 from prismd.agents._session import (
+    MAX_CACHED_BYTES,
     MAX_CACHED_SESSIONS,
     MAX_SESSION_BYTES,
     MAX_SESSION_ENTRIES,
@@ -132,3 +133,13 @@ async def test_the_memory_is_bounded(store: MemoryStore) -> None:
     # The oldest were forgotten, not lost: an append to one reloads it.
     await log.append("s0", OWNER, (("assistant", "again"),))
     assert texts(await log.entries("s0", OWNER)) == ["hi", "again"]
+
+
+async def test_the_memory_is_bounded_by_bytes(store: MemoryStore) -> None:
+    log = SessionLog(store.checkpoints, "primary")
+    big = "y" * 30_000
+    for i in range(200):
+        await log.append(f"b{i}", OWNER, (("user", big),))
+    assert log._cached_bytes <= MAX_CACHED_BYTES
+    assert log._cached_bytes == sum(t.weight for t in log._cache.values())
+    assert 100 < len(log._cache) < 200
