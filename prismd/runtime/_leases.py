@@ -167,6 +167,9 @@ class RouteLeases:
                     return
                 if route.lease is lease:
                     route.lease = None
+                    # Idle now: the copy kept to skip unchanged binding writes goes too
+                    # (the next turn writes the binding in its terminal transaction).
+                    route.binding_stored = None
                     if route.renewer is not None:
                         route.renewer.cancel()
                         route.renewer = None

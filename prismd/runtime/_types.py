@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Literal, TypeAlias
@@ -260,9 +260,11 @@ class KnownOperations:
     write."""
 
     limit: int = 20_000
-    _ids: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict)
-    """Keyed by a 128-bit digest of the record key (49 bytes instead of ~150): a false
-    "known" would answer a new event as a duplicate, and at 2**-128 per pair it does not."""
+    _ids: set[bytes] = attrs.field(factory=set)
+    """128-bit digests of the record keys (49 bytes instead of ~150): a false "known" would
+    answer a new event as a duplicate, and at 2**-128 per pair it does not."""
+    _order: deque[bytes] = attrs.field(factory=deque)
+    """Insertion order, oldest first (a set and a deque: half an OrderedDict's memory)."""
 
     @staticmethod
     def _digest(key: str) -> bytes:
@@ -273,13 +275,17 @@ class KnownOperations:
 
     def add(self, key: str) -> None:
         digest = self._digest(key)
-        self._ids[digest] = None
-        self._ids.move_to_end(digest)
-        while len(self._ids) > self.limit:
-            self._ids.popitem(last=False)
+        if digest in self._ids:
+            return
+        self._ids.add(digest)
+        self._order.append(digest)
+        while len(self._order) > self.limit:
+            # A discarded key re-added is in the order twice: forgetting it at the first is
+            # early, which only costs a store read.
+            self._ids.discard(self._order.popleft())
 
     def discard(self, key: str) -> None:
-        self._ids.pop(self._digest(key), None)
+        self._ids.discard(self._digest(key))
 
     def __len__(self) -> int:
         return len(self._ids)
