@@ -60,6 +60,7 @@ from stores import Store, is_postgres_url, open_store
 
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
+from ..daemon import GrantConfig
 from ..grants import GrantAuthorizer
 from ..limits import Limits
 from ..runtime import open_messaging_runtime
@@ -90,19 +91,8 @@ FSYNC_SAMPLES = 200
 MEMORY_ROUTES = 10_000
 
 
-@attrs.frozen
-class _Entry:
-    """The one grant of the bench: everyone on ``bench``, each actor its own scope."""
-
-    connection: str = CONNECTION
-    actors: tuple[str, ...] = ("*",)
-    pairing: bool = False
-    tenant: str = TENANT
-    account: str | None = None
-    user: str | None = None
-    aliases: tuple[str, ...] = (ALIAS,)
-    default_alias: str | None = ALIAS
-    notifications: bool = False
+GRANT = GrantConfig(CONNECTION, ("*",), tenant=TENANT, aliases=(ALIAS,), default_alias=ALIAS)
+"""The one grant of the bench: everyone on ``bench``, each actor its own scope."""
 
 
 def fsync_baseline(directory: str, samples: int = FSYNC_SAMPLES) -> list[float]:
@@ -179,7 +169,7 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
         agent: Agent = build_agent(
             "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
         )
-        authorizer = GrantAuthorizer([_Entry()])
+        authorizer = GrantAuthorizer([GRANT])
         answers = _Answers()
 
         async def resolve_agent(_request: Any) -> Agent:
@@ -343,12 +333,18 @@ async def memory(url: str, routes: int = MEMORY_ROUTES) -> dict[str, Any]:
 async def _memory_process(url: str, routes: int) -> dict[str, Any]:
     """``memory`` in a process of its own: what the routes cost, not what the scenarios
     before them left on this process's heap."""
-    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json"]
-    argv += ["--scenario", "memory", "--in-process", "--memory-routes", str(routes)]
-    done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
-    figures_: dict[str, Any] = json.loads(done.stdout)["scenarios"]["memory"]
+    args = ["--scenario", "memory", "--in-process", "--memory-routes", str(routes)]
+    figures_: dict[str, Any] = (await _bench_process(url, args))["memory"]
     figures_["process"] = "fresh"
     return figures_
+
+
+async def _bench_process(url: str, args: list[str]) -> dict[str, Any]:
+    """The scenarios' figures of a child ``prismd bench --json --store url *args``."""
+    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json", *args]
+    done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
+    scenarios: dict[str, Any] = json.loads(done.stdout)["scenarios"]
+    return scenarios
 
 
 async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
@@ -377,14 +373,13 @@ async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
 async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
     """``pipeline`` in 1, 2 and 3 processes at once on one PostgreSQL database."""
     out: dict[str, Any] = {}
-    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json"]
-    argv += ["--scenario", "pipeline", "--routes", str(routes), "--duration-s", str(duration_s)]
+    args = ["--scenario", "pipeline", "--routes", str(routes), "--duration-s", str(duration_s)]
     for n in SCALE_PROCESSES:
         reports: list[dict[str, Any]] = []
 
         async with trio.open_nursery() as nursery:
             for _ in range(n):
-                nursery.start_soon(_pipeline_process, argv, reports)
+                nursery.start_soon(_pipeline_process, url, args, reports)
         out[f"scale_{n}"] = {
             "processes": n,
             "count": sum(int(r["count"]) for r in reports),
@@ -396,9 +391,8 @@ async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
     return out
 
 
-async def _pipeline_process(argv: list[str], reports: list[dict[str, Any]]) -> None:
-    done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
-    reports.append(json.loads(done.stdout)["scenarios"]["pipeline"])
+async def _pipeline_process(url: str, args: list[str], reports: list[dict[str, Any]]) -> None:
+    reports.append((await _bench_process(url, args))["pipeline"])
 
 
 def _rss_mb() -> float:

@@ -34,7 +34,12 @@ from stores import open_store
 
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
-from ..daemon import describe_exception, install_early_signal_handlers, take_early_signal
+from ..daemon import (
+    GrantConfig,
+    describe_exception,
+    install_early_signal_handlers,
+    take_early_signal,
+)
 from ..grants import GrantAuthorizer, operator_identity
 from ..limits import Limits
 from ..runtime import open_messaging_runtime
@@ -116,19 +121,6 @@ class _Collector:
         self.keys.add((reply.external_conversation_id, reply.in_reply_to))
         self.lanes.add(reply.external_conversation_id)
         return SendResult(delivered=True, message_id=str(self.delivered))
-
-
-@attrs.frozen
-class _Entry:
-    connection: str = CONNECTION
-    actors: tuple[str, ...] = ("*",)
-    pairing: bool = False
-    tenant: str = TENANT
-    account: str | None = None
-    user: str | None = USER
-    aliases: tuple[str, ...] = (ALIAS,)
-    default_alias: str | None = ALIAS
-    notifications: bool = False
 
 
 @attrs.frozen
@@ -224,7 +216,18 @@ async def _soak_loop(
         agent: Agent = build_agent(
             "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
         )
-        authorizer = GrantAuthorizer([_Entry()])
+        authorizer = GrantAuthorizer(
+            [
+                GrantConfig(
+                    CONNECTION,
+                    ("*",),
+                    tenant=TENANT,
+                    user=USER,
+                    aliases=(ALIAS,),
+                    default_alias=ALIAS,
+                )
+            ]
+        )
         operator = operator_identity(_SoakOperator(uid=os.getuid()), now_ms=int(time.time() * 1000))
 
         async def resolve_agent(_request: Any) -> Agent:

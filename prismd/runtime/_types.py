@@ -102,6 +102,10 @@ class ActiveTurn:
         self.cancel_scope.cancel()
 
 
+def _unused(lock: trio.Lock | None) -> bool:
+    return lock is not None and not lock.locked() and not lock.statistics().tasks_waiting
+
+
 @attrs.define(eq=False)
 class Route:
     """In-memory state of one binding (connection, conversation, thread, actor, alias, scope).
@@ -185,11 +189,9 @@ class Route:
         Safe because ``async with route.lease_lock`` takes a free lock without yielding:
         no task can hold a reference to a lock it has not yet acquired or queued on.
         """
-        lock = self._lease_lock
-        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+        if _unused(self._lease_lock):
             self._lease_lock = None
-        lock = self._hydrate_lock
-        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+        if _unused(self._hydrate_lock):
             self._hydrate_lock = None
 
     @property
