@@ -54,6 +54,8 @@ def _is_text(value: object) -> TypeGuard[str]:
     # keeps every backend (memory included) accepting exactly the same strings.
     if not isinstance(value, str):
         return False
+    if value.isascii():
+        return True
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -101,6 +103,16 @@ def check_ttl(ttl_ms: object) -> int:
     return ttl_ms  # type: ignore[return-value]
 
 
+_COMPACT = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps`` with these options builds an encoder per call; this one is shared (it
+keeps no state between calls)."""
+
+
+def utf8_size(text: str) -> int:
+    """``len(text.encode("utf-8"))`` without the copy for ASCII text."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def encode_json(value: JSONValue, what: str) -> str:
     """Strict compact JSON: no NaN/Infinity, string keys only, no ``default`` hook.
 
@@ -108,8 +120,9 @@ def encode_json(value: JSONValue, what: str) -> str:
     """
     try:
         _check_json_shape(value, 0)
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-        text.encode("utf-8")  # lone surrogates: see _is_text
+        text = _COMPACT.encode(value)
+        if not text.isascii():
+            text.encode("utf-8")  # lone surrogates: see _is_text
         return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidCheckpointError(f"{what} is not JSON-serialisable") from exc
@@ -208,7 +221,7 @@ def check_save(
         value_json = encode_json(value, "value")
     elif not _is_text(value_json):
         raise InvalidCheckpointError("value_json must be a string")
-    if len(value_json.encode("utf-8")) > max_value_bytes:
+    if utf8_size(value_json) > max_value_bytes:
         raise RecordTooLargeError(
             f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
         )
@@ -217,7 +230,7 @@ def check_save(
         if not isinstance(metadata, Mapping):
             raise InvalidCheckpointError("metadata must be a mapping")
         metadata_json = encode_json(dict(metadata), "metadata")
-        if len(metadata_json.encode("utf-8")) > max_value_bytes:
+        if utf8_size(metadata_json) > max_value_bytes:
             raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
     assert isinstance(namespace, str) and isinstance(key, str)
     assert isinstance(scope, OwnershipScope) and isinstance(version, int)

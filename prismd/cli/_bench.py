@@ -14,7 +14,8 @@ both the scenario and its baseline.
 Scenarios (``--scenario``, repeatable; default all in-process ones):
 
 * ``admission``: ``admit`` of new events until the operation record is durable, first one
-  route at a time, then 64 routes concurrently (``admission_64``);
+  route at a time, then 64 routes concurrently (``admission_64``); no turn runs while
+  admissions are measured (the turns of each round run between rounds);
 * ``duplicate``: re-admission of events already admitted;
 * ``pipeline``: admit → claim → run → terminal → reply staged → delivered over ``--routes``
   routes: closed loop (each route sends its next message once its answer arrived) for
@@ -143,7 +144,10 @@ class _Bench:
     store: Store
     answers: _Answers
     runtime: Any
+    limits: Limits
     serial: int = 0
+    gate: trio.Event | None = None
+    """Set by ``admission``: turns wait for it before they claim (the agent's resolution)."""
     nonce: str = attrs.Factory(lambda: f"{os.getpid()}-{time.time_ns()}")
     """In every event id and route: a store used by an earlier run (or by another process
     at the same time) holds no duplicate of this run's events and none of its routes."""
@@ -172,7 +176,11 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
         authorizer = GrantAuthorizer([GRANT])
         answers = _Answers()
 
+        bench: _Bench | None = None
+
         async def resolve_agent(_request: Any) -> Agent:
+            if bench is not None and bench.gate is not None:
+                await bench.gate.wait()
             return agent
 
         limits = Limits(
@@ -189,7 +197,7 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
             limits=limits,
             owner_id=f"prismd-bench-{os.getpid()}-{time.monotonic_ns()}",
         ) as runtime:
-            bench = _Bench(store, answers, runtime)
+            bench = _Bench(store, answers, runtime, limits)
             return await body(bench)
 
 
@@ -203,24 +211,48 @@ async def _admit_timed(bench: _Bench, route: int, samples: list[float]) -> str:
     return event.event_id
 
 
+ADMISSION_SAMPLES = 2_000
+"""At most this many admissions per ``admission`` figure (the turns they start are run
+afterwards, unmeasured, at pipeline speed)."""
+
+
 async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
+    """Admissions alone: while they are measured, no turn runs.
+
+    The turns wait for the agent (a gate in ``resolve_agent``, before their claim), so the
+    store and the core do nothing but admit. In rounds: each route admits as many events as
+    its pending limits allow, one at a time, all routes at once; then the gate opens, every
+    turn of the round runs and is answered (not measured), and the gate closes again.
+    """
+
     async def body(bench: _Bench) -> dict[str, Any]:
+        limits = bench.limits
+        per_route = min(limits.max_pending_per_binding, limits.max_pending_per_process // routes)
+        per_route -= 1
         samples: list[float] = []
-        end = time.perf_counter() + duration_s
-        start = time.perf_counter()
+        measured = 0.0
+        answered = 0
+        waiters: list[trio.Event] = []
 
         async def lane(r: int) -> None:
-            while time.perf_counter() < end:
-                waiter = bench.answers.expect(bench.event_id(bench.serial + 1))
+            for _ in range(per_route):
+                waiters.append(bench.answers.expect(bench.event_id(bench.serial + 1)))
                 await _admit_timed(bench, r, samples)
-                await waiter.wait()
 
-        # Each route waits for its answer before the next admission, so no queue fills;
-        # with one route that is strictly one admission at a time.
-        async with trio.open_nursery() as nursery:
-            for r in range(routes):
-                nursery.start_soon(lane, r)
-        return figures(samples, time.perf_counter() - start)
+        while measured < duration_s and len(samples) < ADMISSION_SAMPLES:
+            bench.gate = trio.Event()
+            waiters.clear()
+
+            start, delivered = time.perf_counter(), bench.answers.delivered
+            async with trio.open_nursery() as nursery:
+                for r in range(routes):
+                    nursery.start_soon(lane, r)
+            measured += time.perf_counter() - start
+            answered += bench.answers.delivered - delivered
+            bench.gate.set()
+            for waiter in waiters:
+                await waiter.wait()
+        return {**figures(samples, measured), "answered_while_measured": answered}
 
     result: dict[str, Any] = await _with_runtime(url, body)
     return result

@@ -42,6 +42,9 @@ async def test_in_process_scenarios_report_every_figure(tmp_path: Path) -> None:
     for name, fig in scenarios.items():
         assert set(fig) >= SERIES_KEYS, name
         assert fig["count"] > 0 and fig["p50_ms"] <= fig["p95_ms"] <= fig["max_ms"], name
+    # Admission is measured alone: the turns it starts run between its rounds.
+    assert scenarios["admission"]["answered_while_measured"] == 0
+    assert scenarios["admission_64"]["answered_while_measured"] == 0
     pipeline = scenarios["pipeline"]
     # Counted by the store itself (shared transactions make it fractional, never zero).
     assert 0 < pipeline["commits_per_message"] < 20
