@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -402,6 +403,8 @@ class _Job:
     """One caller's write, waiting for (or inside) a group-committed transaction."""
 
     fn: Callable[[apsw.Connection], Any]
+    token: trio.lowlevel.TrioToken
+    """The caller's Trio run: the writer thread wakes the caller through it."""
     wake: trio.Event = attrs.Factory(trio.Event)
     taken: bool = False
     finished: bool = False
@@ -409,19 +412,33 @@ class _Job:
     error: BaseException | None = None
 
 
+def _wake(batch: list[_Job]) -> None:
+    """On the callers' Trio thread: every job of a finished transaction is answered."""
+    for job in batch:
+        job.wake.set()
+
+
 @attrs.define(eq=False)
 class _Database:
-    """The writer and reader connections and the one path each statement takes to reach them."""
+    """The writer and reader connections and the one path each statement takes to reach them.
+
+    Writes go to one writer thread, which commits everything queued since its last
+    transaction began in the next one, back to back while writes keep coming, and sleeps
+    when none are queued. A lone write starts a transaction at once (nothing waits for
+    company); under load, every write queued during a commit shares the next one.
+    """
 
     conn: apsw.Connection
     reader: apsw.Connection
     clock: Clock
     label: str
     closed: bool = False
-    _write_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
     _read_limiter: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(1))
-    _queue: list[_Job] = attrs.Factory(list)
-    _leading: bool = False
+    _pending: list[_Job] = attrs.Factory(list)
+    _cond: threading.Condition = attrs.Factory(threading.Condition)
+    """Guards ``_pending``, ``_stopping`` and each queued job's ``taken``."""
+    _writer: threading.Thread | None = None
+    _stopping: bool = False
     commits: int = 0
     writes: int = 0
 
@@ -456,65 +473,78 @@ class _Database:
         ``fn`` rolls back its savepoint only and is raised here (:class:`_RolledBack`
         answers its value instead); a failed transaction raises
         :class:`StoreUnavailableError` for every job in it.
+
+        Cancelled while queued, the write is withdrawn (nothing of it runs). Once its
+        transaction has begun, its outcome is the thread's: the call waits for it (bounded
+        by one transaction) and answers it; the cancellation lands at the caller's next
+        checkpoint.
         """
         if self.closed:
             raise StoreUnavailableError("store is closed")
-        job = _Job(fn)
-        self._queue.append(job)
+        # Already cancelled: nothing is queued (the writer thread could take it at once).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        job = _Job(fn, trio.lowlevel.current_trio_token())
+        with self._cond:
+            if self._writer is None:
+                writer = threading.Thread(
+                    target=self._write_loop, name=f"prismd-sqlite-writer {self.label}", daemon=True
+                )
+                try:
+                    writer.start()
+                except RuntimeError:
+                    raise StoreUnavailableError(
+                        f"SQLite store {self.label}: no writer thread"
+                    ) from None
+                self._writer = writer
+            self._pending.append(job)
+            self._cond.notify()
         try:
-            while not job.finished:
-                if self._leading:
-                    job.wake = trio.Event()
-                    await job.wake.wait()
-                else:
-                    await self._commit_queue()
+            await job.wake.wait()
         except trio.Cancelled:
-            if not job.taken:
-                self._queue.remove(job)
-                self._promote()
-                raise
-            # The job is inside a transaction: its outcome is decided by the thread, which is
-            # never abandoned. Wait for it (bounded by one transaction) and answer it; the
-            # cancellation is delivered at the caller's next checkpoint.
+            with self._cond:
+                if not job.taken:
+                    self._pending.remove(job)
+                    raise
             with trio.CancelScope(shield=True):
-                while not job.finished:
-                    job.wake = trio.Event()
-                    await job.wake.wait()
+                await job.wake.wait()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[no-any-return]
 
-    def _promote(self) -> None:
-        """Wake the oldest queued job so its caller commits the queue next."""
-        if not self._leading and self._queue:
-            self._queue[0].wake.set()
-
-    async def _commit_queue(self) -> None:
-        """Commit everything queued now in one transaction (the caller leads this batch)."""
-        self._leading = True
-        batch, self._queue = self._queue, []
-        for job in batch:
-            job.taken = True
-        try:
-            await trio.to_thread.run_sync(
-                self._transaction, batch, limiter=self._write_limiter, abandon_on_cancel=False
-            )
-        except trio.Cancelled:
-            # Only possible before the thread started (it is never abandoned): nothing of the
-            # batch ran, so it goes back to the front of the queue for the next leader.
-            unrun = [job for job in batch if not job.finished]
-            for job in unrun:
-                job.taken = False
-            self._queue[:0] = unrun
-            raise
-        finally:
-            self._leading = False
+    def _write_loop(self) -> None:
+        """The writer thread: one transaction for everything queued, until stopped."""
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+                for job in batch:
+                    job.taken = True
+            try:
+                self._transaction(batch)
+            except Exception:
+                # Not a statement's error (those fail the transaction in ``_transaction``):
+                # the batch fails, and the thread lives on for the next one.
+                with contextlib.suppress(apsw.Error):
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
             for job in batch:
-                if job.taken and not job.finished:
+                if not job.finished:
                     job.finished = True
                     job.error = StoreUnavailableError(f"SQLite store {self.label}: write failed")
-                job.wake.set()
-            self._promote()
+            self._answer(batch)
+
+    @staticmethod
+    def _answer(batch: list[_Job]) -> None:
+        by_run: dict[trio.lowlevel.TrioToken, list[_Job]] = {}
+        for job in batch:
+            by_run.setdefault(job.token, []).append(job)
+        for token, jobs in by_run.items():
+            # A run that has ended has nobody left waiting.
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(_wake, jobs)
 
     def _transaction(self, batch: list[_Job]) -> None:
         conn = self.conn
@@ -565,10 +595,15 @@ class _Database:
         def close_reader() -> None:
             self.reader.close()
 
-        # Each connection is closed from behind its own limiter: after any call in flight.
-        await trio.to_thread.run_sync(
-            close_writer, limiter=self._write_limiter, abandon_on_cancel=False
-        )
+        # Each connection is closed after any call in flight: the writer's once its thread
+        # has answered what was queued (as "store is closed") and stopped.
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            writer = self._writer
+        if writer is not None:
+            await trio.to_thread.run_sync(writer.join, abandon_on_cancel=False)
+        await trio.to_thread.run_sync(close_writer, abandon_on_cancel=False)
         await trio.to_thread.run_sync(
             close_reader, limiter=self._read_limiter, abandon_on_cancel=False
         )

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -188,6 +189,19 @@ async def test_a_single_writer_is_not_held_back(tmp_path: Path) -> None:
         assert store.statistics().commits == 5
 
 
+async def test_the_writer_thread_ends_with_the_store(tmp_path: Path) -> None:
+    def writers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("prismd-sqlite-writer")]
+
+    before = set(writers())
+    async with sqlite(tmp_path) as store:
+        await store.checkpoints.write_checkpoints([put("k")])
+        assert len(set(writers()) - before) == 1
+    assert set(writers()) - before == set()
+    with pytest.raises(StoreUnavailableError):
+        await store.checkpoints.write_checkpoints([put("later")])
+
+
 async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> None:
     async with sqlite(tmp_path) as store:
         # A statement error inside one job fails the transaction the others share.
@@ -196,6 +210,7 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
             " WHEN NEW.key = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
         )
         outcomes: dict[str, str] = {}
+        hold = hold_transactions_on(store, "first")
 
         async def writer(key: str) -> None:
             try:
@@ -204,12 +219,17 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
             except StoreUnavailableError:
                 outcomes[key] = "unavailable"
 
-        with trio.fail_after(30):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer, "first")  # leads the first transaction alone
-                await trio.testing.wait_all_tasks_blocked()
-                for key in ("a", "boom", "b"):
-                    nursery.start_soon(writer, key)  # queued together behind it
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(writer, "first")  # alone in the first transaction
+                    await hold.inside()
+                    for key in ("a", "boom", "b"):
+                        nursery.start_soon(writer, key)  # queued together behind it
+                    await trio.testing.wait_all_tasks_blocked()
+                    hold.release.set()
+        finally:
+            hold.release.set()
         assert outcomes == {
             "first": "ok",
             "a": "unavailable",
@@ -223,27 +243,40 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
         assert await keys(store) == {"first": 1, "a": 1}
 
 
-def hold_transactions_on(store: SQLiteStore, key: str) -> threading.Event:
-    """Make the writer thread block inside the transaction that writes ``key`` until the
-    returned event is set (a temporary trigger calling back into the test)."""
-    release = threading.Event()
+@attrs.define
+class Hold:
+    entered: threading.Event = attrs.Factory(threading.Event)
+    """Set by the writer thread once it is inside the transaction."""
+    release: threading.Event = attrs.Factory(threading.Event)
 
-    def hold() -> int:
-        release.wait(30)
+    async def inside(self) -> None:
+        """Until the writer thread holds the transaction open (it may be slow to start)."""
+        await trio.to_thread.run_sync(self.entered.wait, 30)
+        assert self.entered.is_set()
+
+
+def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
+    """Make the writer thread block inside the transaction that writes ``key`` until
+    ``release`` is set (a temporary trigger calling back into the test)."""
+    hold = Hold()
+
+    def held() -> int:
+        hold.entered.set()
+        hold.release.wait(30)
         return 0
 
     conn = store._db.conn
-    conn.create_scalar_function("hold", hold, 0)
+    conn.create_scalar_function("hold", held, 0)
     conn.execute(
         "CREATE TEMP TRIGGER hold BEFORE INSERT ON main.prism_checkpoints"
         f" WHEN NEW.key = '{key}' BEGIN SELECT hold(); END"
     )
-    return release
+    return hold
 
 
 async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
     async with sqlite(tmp_path) as store:
-        release = hold_transactions_on(store, "leader")
+        hold = hold_transactions_on(store, "leader")
         try:
             done: list[str] = []
 
@@ -256,21 +289,22 @@ async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
                     leader = await nursery.start(writer, "leader")
+                    await hold.inside()
                     queued = [await nursery.start(writer, f"q{i}") for i in range(5)]
                     await trio.testing.wait_all_tasks_blocked()
                     # The leader is inside its transaction: cancelling it changes nothing.
                     leader.cancel()
-                    queued[0].cancel()  # the one the next transaction would be led by
+                    queued[0].cancel()  # the oldest of those queued behind it
                     queued[3].cancel()
                     await trio.testing.wait_all_tasks_blocked()
-                    release.set()
+                    hold.release.set()
             # The leader's call still answers its committed write (the cancellation lands at
             # its caller's next checkpoint); the cancelled queued ones wrote nothing.
             assert sorted(done) == ["leader", "q1", "q2", "q4"]
             assert set(await keys(store)) == {"leader", "q1", "q2", "q4"}
             assert len(await event_keys(store)) == 4
         finally:
-            release.set()
+            hold.release.set()
 
 
 @pytest.mark.slow
