@@ -7,17 +7,18 @@ Guarantees:
 * Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
   its first statement, so the compare-and-swap checks and the write cannot interleave with
   another connection or process. A save or delete and its :class:`JournalEvent` commit together.
-* The Trio loop is never blocked: reads run on a reader connection in a worker thread, writes
-  on the writer connection in another (each one at a time, via its own
-  ``CapacityLimiter(1)``); WAL lets a read proceed while a write waits for its fsync.
+* The Trio loop is never blocked: reads run on a reader connection in a worker thread (one
+  at a time, via a ``CapacityLimiter(1)``), writes on the writer connection in the store's
+  own writer thread; WAL lets a read proceed while a write waits for its fsync.
 * Group commit: every write is a job for :meth:`_Database.write`. Jobs that arrive while a
-  transaction is in flight wait, and the next free moment commits *all* of them in one
-  ``BEGIN IMMEDIATE … COMMIT`` (one fsync), each inside its own ``SAVEPOINT`` so a job that
-  fails or loses an atomic batch rolls back alone. A writer on an idle store is committed at
-  once (no linger). Nobody is answered before the shared ``COMMIT`` returned; a failed
-  transaction fails every job in it. A caller cancelled while its job is still queued leaves
-  nothing behind; once its job is in a transaction it waits for the outcome (the thread call
-  is not abandoned), so a write is never left half-known.
+  transaction is in flight wait, and the writer thread commits *all* of them in one
+  ``BEGIN IMMEDIATE … COMMIT`` (one fsync) as soon as that transaction ends, each inside
+  its own ``SAVEPOINT`` so a job that fails or loses an atomic batch rolls back alone. A
+  writer on an idle store is committed at once (no linger). Nobody is answered before the
+  shared ``COMMIT`` returned; a failed transaction fails every job in it. A caller
+  cancelled while its job is still queued leaves nothing behind; once its job is in a
+  transaction it waits for the outcome, so a write is never left half-known. The thread
+  ends when the store is closed.
 * Two processes on one file coordinate through the ``prism_leases`` table: acquisition is one
   ``INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`` statement.
 * A corrupt, unreadable or newer-schema file raises :class:`StoreUnavailableError` at open;
