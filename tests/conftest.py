@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ if str(REPO) not in sys.path:
 _BESIDE = str(REPO.parent).rstrip(os.sep) + os.sep
 _INSIDE = str(REPO) + os.sep
 _WATCHED = frozenset({"open", "os.listdir", "os.scandir"})
+_IN_TEMP = os.path.realpath(REPO.parent) == os.path.realpath(tempfile.gettempdir())
 
 
 class OutsideRepositoryError(RuntimeError):
@@ -47,7 +49,12 @@ def outside_repository(path: object) -> str | None:
     # A clone in a home directory sits beside the user's dot-directories (~/.config,
     # ~/.cache): tools read those legitimately. A sibling checkout or sample folder is
     # what a fresh clone lacks.
-    if full[len(_BESIDE) :].startswith("."):
+    beside = full[len(_BESIDE) :]
+    if beside.startswith("."):
+        return None
+    # A clone made directly in the temporary directory sits beside pytest's own temporary
+    # directories and those of tempfile: the tests' scratch space, not samples.
+    if _IN_TEMP and beside.startswith(("pytest-of-", "tmp")):
         return None
     return full
 

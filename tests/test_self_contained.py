@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests import conftest
 from tests.conftest import FIXTURES, REPO, OutsideRepositoryError, outside_repository
 
 
@@ -25,6 +26,21 @@ def test_paths_inside_the_clone_and_elsewhere_are_allowed() -> None:
     assert outside_repository(3) is None
     # The dot-directories of a home the clone may live in are not sibling checkouts.
     assert outside_repository(REPO.parent / ".cache" / "pip") is None
+
+
+def test_a_clone_in_the_temporary_directory_may_use_the_scratch_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cloned straight into /tmp, the clone sits beside pytest's and tempfile's scratch
+    directories; a sample folder there is still refused."""
+    scratch = REPO.parent / "pytest-of-someone" / "test0"
+    made = REPO.parent / "tmpab12cd" / "journal.sqlite"
+    shared = REPO.parent / "shared" / "SOURCES.md"
+    monkeypatch.setattr(conftest, "_IN_TEMP", True)
+    assert outside_repository(scratch) is None and outside_repository(made) is None
+    assert outside_repository(shared) == str(shared)
+    monkeypatch.setattr(conftest, "_IN_TEMP", False)
+    assert outside_repository(scratch) == str(scratch)
 
 
 def test_samples_and_their_provenance_are_in_the_repository() -> None:
