@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,9 @@ _BESIDE = str(REPO.parent).rstrip(os.sep) + os.sep
 _INSIDE = str(REPO) + os.sep
 _WATCHED = frozenset({"open", "os.listdir", "os.scandir"})
 _IN_TEMP = os.path.realpath(REPO.parent) == os.path.realpath(tempfile.gettempdir())
+_SCRATCH = ("pytest-of-", "tmp", "prismd-")
+_BEFORE = frozenset(os.listdir(REPO.parent)) if _IN_TEMP else frozenset()
+"""With the clone in the temporary directory: the names beside it before the run."""
 
 
 class OutsideRepositoryError(RuntimeError):
@@ -52,11 +56,21 @@ def outside_repository(path: object) -> str | None:
     beside = full[len(_BESIDE) :]
     if beside.startswith("."):
         return None
-    # A clone made directly in the temporary directory sits beside pytest's own temporary
-    # directories and those of tempfile: the tests' scratch space, not samples.
-    if _IN_TEMP and beside.startswith(("pytest-of-", "tmp")):
+    # A clone made directly in the temporary directory sits beside the scratch space of the
+    # tests and the harness — whatever appeared there during the run, and the names of
+    # pytest's, tempfile's and our own (the PostgreSQL server of tests/with-services.sh) —
+    # not beside samples.
+    if _IN_TEMP and is_scratch(beside.split(os.sep, 1)[0], _BEFORE, os.path.lexists):
         return None
     return full
+
+
+def is_scratch(name: str, before: frozenset[str], exists: Callable[[str], bool]) -> bool:
+    """``name`` (beside a clone in the temporary directory) is scratch: one of the scratch
+    prefixes, or made since the run began (it exists now and did not then)."""
+    if not name:
+        return False
+    return name.startswith(_SCRATCH) or (name not in before and exists(_BESIDE + name))
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:

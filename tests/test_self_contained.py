@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from tests import conftest
-from tests.conftest import FIXTURES, REPO, OutsideRepositoryError, outside_repository
+from tests.conftest import (
+    FIXTURES,
+    REPO,
+    OutsideRepositoryError,
+    is_scratch,
+    outside_repository,
+)
 
 
 def test_a_path_beside_the_clone_is_refused() -> None:
@@ -31,15 +38,25 @@ def test_paths_inside_the_clone_and_elsewhere_are_allowed() -> None:
 def test_a_clone_in_the_temporary_directory_may_use_the_scratch_beside_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Cloned straight into /tmp, the clone sits beside pytest's and tempfile's scratch
-    directories; a sample folder there is still refused."""
-    scratch = REPO.parent / "pytest-of-someone" / "test0"
-    made = REPO.parent / "tmpab12cd" / "journal.sqlite"
-    shared = REPO.parent / "shared" / "SOURCES.md"
+    """Cloned straight into /tmp, the clone sits beside pytest's, tempfile's and the
+    harness's scratch directories; a sample folder there is still refused."""
+    before = frozenset({"shared", "tmpab12cd", "prismd-pg.Cja9q6", "sibling-checkout"})
+    made_now = {"sg-abc123"}
+
+    def exists(path: str) -> bool:
+        return os.path.basename(path) in before | made_now
+
+    for name in ("pytest-of-someone", "tmpab12cd", "prismd-pg.Cja9q6", "sg-abc123"):
+        assert is_scratch(name, before, exists), name
+    for name in ("shared", "sibling-checkout", "never-there", ""):
+        assert not is_scratch(name, before, exists), name
     monkeypatch.setattr(conftest, "_IN_TEMP", True)
-    assert outside_repository(scratch) is None and outside_repository(made) is None
+    monkeypatch.setattr(conftest, "_BEFORE", before)
+    assert outside_repository(REPO.parent / "pytest-of-someone" / "test0") is None
+    shared = REPO.parent / "shared" / "SOURCES.md"
     assert outside_repository(shared) == str(shared)
     monkeypatch.setattr(conftest, "_IN_TEMP", False)
+    scratch = REPO.parent / "pytest-of-someone" / "test0"
     assert outside_repository(scratch) == str(scratch)
 
 
