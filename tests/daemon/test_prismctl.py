@@ -361,13 +361,23 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def prismctl_as_nobody(*args: str) -> tuple[int, str, str]:
+async def prismctl_as_nobody(shared: Path, *args: str) -> tuple[int, str, str]:
     # The system interpreter (the venv's lives under root's home): prismctl needs only the
-    # standard library, so the repository on PYTHONPATH is enough.
+    # standard library, so the package on PYTHONPATH is enough. A copy of it in ``shared``:
+    # the clone itself may sit under a directory nobody cannot enter (``mktemp -d``).
+    code = shared / "code"
+    if not code.exists():
+        shutil.copytree(
+            REPO / "prismd", code / "prismd", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        for directory, _dirs, files in os.walk(code):
+            os.chmod(directory, 0o755)
+            for name in files:
+                os.chmod(os.path.join(directory, name), 0o644)
     python = shutil.which("python3", path="/usr/bin") or sys.executable
     result = await trio.run_process(
         [python, "-m", "prismd.cli.prismctl", *args],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(code)},
         user=65534,
         group=65534,
         extra_groups=[],
@@ -384,7 +394,9 @@ async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
     private = ControlConfig(socket=str(shared_dir / "private" / "control.sock"))
     with trio.fail_after(DEADLINE):
         async with running_server(private, daemon_uid=os.getuid()):
-            code, out, err = await prismctl_as_nobody("--socket", private.socket, "health")
+            code, out, err = await prismctl_as_nobody(
+                shared_dir, "--socket", private.socket, "health"
+            )
             assert (code, out) == (1, "")
             assert err == f"prismctl: permission denied: cannot open {private.socket}\n"
         grouped = ControlConfig(
@@ -392,7 +404,9 @@ async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
             group=grp.getgrgid(65534).gr_name,
         )
         async with running_server(grouped, daemon_uid=os.getuid()) as (runtime, _):
-            code, out, err = await prismctl_as_nobody("--socket", grouped.socket, "health")
+            code, out, err = await prismctl_as_nobody(
+                shared_dir, "--socket", grouped.socket, "health"
+            )
             assert (code, out) == (1, "")
             assert err == "prismctl: permission denied: uid 65534 is not an operator\n"
             assert runtime.calls == []
