@@ -23,7 +23,7 @@ def test_a_path_beside_the_clone_is_refused() -> None:
     with pytest.raises(OutsideRepositoryError, match="outside the repository"):
         beside.open()
     with pytest.raises(OutsideRepositoryError):
-        list(REPO.parent.glob("*"))
+        os.listdir(REPO.parent / "beside-the-clone")
 
 
 def test_paths_inside_the_clone_and_elsewhere_are_allowed() -> None:
@@ -40,7 +40,7 @@ def test_a_clone_in_the_temporary_directory_may_use_the_scratch_beside_it(
 ) -> None:
     """Cloned straight into /tmp, the clone sits beside pytest's, tempfile's and the
     harness's scratch directories; a sample folder there is still refused."""
-    before = frozenset({"shared", "tmpab12cd", "prismd-pg.Cja9q6", "sibling-checkout"})
+    before = frozenset({"samples", "tmpab12cd", "prismd-pg.Cja9q6", "sibling-checkout"})
     made_now = {"sg-abc123"}
 
     def exists(path: str) -> bool:
@@ -48,13 +48,13 @@ def test_a_clone_in_the_temporary_directory_may_use_the_scratch_beside_it(
 
     for name in ("pytest-of-someone", "tmpab12cd", "prismd-pg.Cja9q6", "sg-abc123"):
         assert is_scratch(name, before, exists), name
-    for name in ("shared", "sibling-checkout", "never-there", ""):
+    for name in ("samples", "sibling-checkout", "never-there", ""):
         assert not is_scratch(name, before, exists), name
     monkeypatch.setattr(conftest, "_IN_TEMP", True)
     monkeypatch.setattr(conftest, "_BEFORE", before)
     assert outside_repository(REPO.parent / "pytest-of-someone" / "test0") is None
-    shared = REPO.parent / "shared" / "SOURCES.md"
-    assert outside_repository(shared) == str(shared)
+    samples = REPO.parent / "samples" / "SOURCES.md"
+    assert outside_repository(samples) == str(samples)
     monkeypatch.setattr(conftest, "_IN_TEMP", False)
     scratch = REPO.parent / "pytest-of-someone" / "test0"
     assert outside_repository(scratch) == str(scratch)
