@@ -36,15 +36,18 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy examples
 
+# In parallel processes, then the tests that restart the shared PostgreSQL server alone
+# (tests/run-suite.sh); PRISMD_TEST_JOBS=N sets the number of processes.
 pytest: $(STAMP)
-	bash tests/with-services.sh $(BIN)/python -m pytest -W error $(PYTEST_ARGS)
+	bash tests/with-services.sh bash tests/run-suite.sh $(BIN)/python $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 # The fast part while working: everything not marked slow (no daemons, no browser, no
 # kill loops); `make test` runs it all.
 check: lint typecheck
-	bash tests/with-services.sh $(BIN)/python -m pytest -W error -m "not slow" $(PYTEST_ARGS)
+	bash tests/with-services.sh $(BIN)/python -m pytest -W error -n $${PRISMD_TEST_JOBS:-2} \
+		-m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -331,6 +331,7 @@ async def test_three_webhook_instances_one_killed_again_and_again(tmp_path: Path
 # --------------------------------------------------------------------------- server restart
 
 
+@pytest.mark.serial
 async def test_the_instances_ride_out_a_postgres_restart(tmp_path: Path, url: str) -> None:
     """The server stopped (``-m fast``) for two seconds and started again while updates flow
     to three instances: while it is away an update cannot be committed, so it is not

@@ -265,6 +265,7 @@ def test_bench_refuses_the_postgres_scenarios_without_postgres(
     assert done.returncode == 2 and "needs --store postgresql://" in done.stderr
 
 
+@pytest.mark.serial
 async def test_prismd_keeps_serving_across_a_server_restart(tmp_path: Path, url: str) -> None:
     """``pg_ctl restart -m fast`` while messages flow: what the web chat acknowledged is
     answered once or listed unresolved (a turn cut by the restart stays ``executing`` for the

@@ -12,7 +12,7 @@ import trio
 from stores import OwnershipScope, Store, StoreUnavailableError, open_store
 from tests.support import pgserver
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 NS = "prism.channels.v1.operation"

@@ -104,7 +104,13 @@ def empty_schema(url: str) -> None:
 
 
 def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``pg_ctl -D <data dir> ARGS…`` as the server's user (for restart tests)."""
+    """Run ``pg_ctl -D <data dir> ARGS…`` as the server's user (for restart tests).
+
+    Refused in a parallel worker: every other test uses this server, so a test that stops
+    or restarts it is marked ``serial`` and runs alone (tests/run-suite.sh).
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("this test stops or restarts the shared server: mark it serial")
     data = os.environ.get("PRISMD_TEST_POSTGRES_DATA", "")
     bindir = os.environ.get("PRISMD_TEST_POSTGRES_BIN", "")
     if not data or not bindir:
