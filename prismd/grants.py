@@ -42,8 +42,27 @@ POSITIVE_TTL_MS = 60_000
 MAX_CACHE_ENTRIES = 4_096
 
 
+@attrs.frozen
+class GrantConfig:
+    """Who may talk to which agents on one connection.
+
+    ``actors == ("*",)`` grants everyone who can reach the connection. The ownership
+    scope of a granted actor is ``(tenant, account or connection id, user or actor id)``.
+    """
+
+    connection: str
+    actors: tuple[str, ...] = ()
+    pairing: bool = False
+    tenant: str = "default"
+    account: str | None = None
+    user: str | None = None
+    aliases: tuple[str, ...] = ()
+    default_alias: str | None = None
+    notifications: bool = False
+
+
 class GrantEntry(Protocol):
-    """The fields of ``prismd.config.GrantConfig`` the authorizer reads."""
+    """The fields of :class:`GrantConfig` the authorizer reads."""
 
     @property
     def connection(self) -> str: ...

@@ -8,6 +8,8 @@ factory).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._base import Agent as Agent
 from ._base import AgentContext as AgentContext
 from ._base import AgentFactory as AgentFactory
@@ -34,10 +36,22 @@ from ._session import SessionEntry as SessionEntry
 from .echo import EchoAgent as EchoAgent
 from .mock import MockAgent as MockAgent
 from .mock import MockOptions as MockOptions
-from .openai import OpenAIAgent as OpenAIAgent
-from .openai import OpenAIOptions as OpenAIOptions
 from .python import resolve_factory as resolve_factory
 from .registry import AGENT_KINDS as AGENT_KINDS
 from .registry import build_agent as build_agent
 from .registry import validate_agent_options as validate_agent_options
 from .tools import Tool as Tool
+
+if TYPE_CHECKING:
+    from .openai import OpenAIAgent as OpenAIAgent
+    from .openai import OpenAIOptions as OpenAIOptions
+
+
+def __getattr__(name: str) -> Any:
+    # The openai kind is imported when first named: it brings httpx and its HTTP stack
+    # (~3 MB resident), which a process running other kinds never uses.
+    if name in ("OpenAIAgent", "OpenAIOptions"):
+        from . import openai
+
+        return getattr(openai, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

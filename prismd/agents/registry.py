@@ -14,7 +14,6 @@ from ._base import Agent, AgentContext
 from ._session import AgentOptionError
 from .echo import EchoAgent, validate_echo_options
 from .mock import MockAgent, validate_mock_options
-from .openai import OpenAIAgent, validate_openai_options
 from .python import build_python_agent, validate_python_options
 
 AGENT_KINDS = ("echo", "mock", "openai", "python")
@@ -33,6 +32,8 @@ def validate_agent_options(kind: str, options: Mapping[str, Any]) -> None:
     elif kind == "mock":
         validate_mock_options(options)
     elif kind == "openai":
+        from .openai import validate_openai_options
+
         validate_openai_options(options)
     elif kind == "python":
         validate_python_options(options)
@@ -48,6 +49,9 @@ def build_agent(kind: str, ctx: AgentContext) -> Agent:
     if kind == "mock":
         return MockAgent.from_context(ctx)
     if kind == "openai":
+        # Imported on first use (httpx and its HTTP stack): see the package.
+        from .openai import OpenAIAgent
+
         return OpenAIAgent.from_context(ctx)
     if kind == "python":
         return build_python_agent(ctx)

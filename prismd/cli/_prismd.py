@@ -16,11 +16,17 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
-from ..daemon import Config, ConfigError, check_runnable, load_config
 from ._version import version_text
+
+if TYPE_CHECKING:
+    from ..daemon import Config
+
+# The daemon (its config, adapters and their HTTP stacks) is imported by the commands that
+# use it: ``prismd bench`` and ``prismd soak`` processes hold only the runtime and the store.
 
 log = logging.getLogger("prismd.cli")
 
@@ -111,6 +117,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     if args.path is not None and args.config is not None and args.path != args.config:
         print("prismd check-config: give the file once (PATH or --config PATH)", file=sys.stderr)
         return 2
+    from ..daemon import ConfigError, check_runnable, load_config
+
     try:
         config = load_config(args.path or args.config)
         check_runnable(config)
@@ -124,6 +132,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 def _cmd_migrate(args: argparse.Namespace) -> int:
     """``prismd migrate [--check]``: one line saying where the schema stands."""
     from stores import StoreError, migrate_store
+
+    from ..daemon import ConfigError, load_config
 
     try:
         config = load_config(args.config)
@@ -181,7 +191,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_with_early_signals(args: argparse.Namespace) -> int:
-    from ..daemon import describe_exception, run_daemon
+    from ..daemon import ConfigError, describe_exception, load_config, run_daemon
 
     # The journal and state files hold message text and lease owner ids: never readable
     # by "other", whatever umask the shell had (group access stays as configured, for
@@ -243,6 +253,8 @@ def _tb_lines(exc: BaseException, seen: set[int], indent: str) -> list[str]:
 
 def _cmd_telegram(args: argparse.Namespace) -> int:
     """``prismd telegram set-webhook|delete-webhook``: 0 done, 1 refused, 2 config/usage."""
+    from ..daemon import ConfigError, load_config
+
     try:
         config = load_config(args.config)
     except ConfigError as exc:

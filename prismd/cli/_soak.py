@@ -34,13 +34,7 @@ from stores import open_store
 
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
-from ..daemon import (
-    GrantConfig,
-    describe_exception,
-    install_early_signal_handlers,
-    take_early_signal,
-)
-from ..grants import GrantAuthorizer, operator_identity
+from ..grants import GrantAuthorizer, GrantConfig, operator_identity
 from ..limits import Limits
 from ..runtime import open_messaging_runtime
 
@@ -172,6 +166,8 @@ async def _soak_on(
 ) -> dict[str, Any]:
     """The signal receiver first, so a SIGINT/SIGTERM at any point (even while the store
     opens) only sets ``interrupted``: the soak then skips the loop and still finishes."""
+    from ..daemon import take_early_signal
+
     interrupted = trio.Event()
     async with trio.open_nursery() as nursery:
         if install_signals:
@@ -335,7 +331,11 @@ def run_soak_command(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         store=args.store,
     )
-    # Before anything else: a signal during startup must end the soak, not kill it.
+    # The daemon's signal plumbing only (the soak's process holds the runtime and the
+    # store, not the daemon); before anything else, a signal during startup must end the
+    # soak, not kill it.
+    from ..daemon import describe_exception, install_early_signal_handlers
+
     restore_signals = install_early_signal_handlers()
     try:
         summary = trio.run(soak, options)

@@ -51,6 +51,7 @@ from stores import (
 )
 
 from ..channel import ConnectionKind, ConnectionSettings
+from ..grants import GrantConfig as GrantConfig
 from ..limits import LIMIT_TABLE, Limits
 
 __all__ = [
@@ -192,25 +193,6 @@ class ControlConfig:
 
 ConnectionConfig: TypeAlias = ConnectionSettings
 """A parsed ``[[connections]]`` entry: each kind's own record (:mod:`adapters.kinds`)."""
-
-
-@attrs.frozen
-class GrantConfig:
-    """Who may talk to which agents on one connection.
-
-    ``actors == ("*",)`` grants everyone who can reach the connection. The ownership
-    scope of a granted actor is ``(tenant, account or connection id, user or actor id)``.
-    """
-
-    connection: str
-    actors: tuple[str, ...] = ()
-    pairing: bool = False
-    tenant: str = "default"
-    account: str | None = None
-    user: str | None = None
-    aliases: tuple[str, ...] = ()
-    default_alias: str | None = None
-    notifications: bool = False
 
 
 @attrs.frozen

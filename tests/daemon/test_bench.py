@@ -83,6 +83,31 @@ def test_memory_is_measured_in_a_fresh_process_with_its_routes(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+PROBE = """
+import sys
+from prismd.cli import _prismd
+from prismd.cli._bench import memory
+from prismd.agents import build_agent
+_prismd._parser()
+print(sorted(m for m in ("prismd.daemon", "adapters.telegram", "httpx", "trio_websocket")
+             if m in sys.modules))
+from prismd.agents import OpenAIAgent
+print(OpenAIAgent.__module__, "httpx" in sys.modules)
+"""
+
+
+def test_the_bench_process_holds_the_runtime_and_the_store_only(tmp_path: Path) -> None:
+    """What ``memory`` measures: a ``prismd bench`` process imports neither the daemon nor
+    the adapters nor the openai kind's HTTP stack (their modules are ~8 MB resident); the
+    openai kind still loads when named."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "prismd.agents.openai True"], proc.stdout
+
+
 def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
     for args in (
         ["--routes", "0"],
