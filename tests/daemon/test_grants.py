@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
 from prismd.channel import AuthorizeInput
-from prismd.grants import GrantAuthorizer, grant_revision, operator_identity
+from prismd.grants import GrantAuthorizer, GrantConfig, grant_revision, operator_identity
 from prismd.identity import AgentIdentity, Principal, identity_is_active
 from prismd.journal._access import GrantRecord, GrantStore
 from stores import OwnershipScope, open_store
 from tests.support.clocks import ManualClock
 
 
-@attrs.frozen
-class Entry:
-    """Same fields as prismd.config.GrantConfig."""
-
-    connection: str
-    actors: tuple[str, ...] = ()
-    pairing: bool = False
-    tenant: str = "default"
-    account: str | None = None
-    user: str | None = None
-    aliases: tuple[str, ...] = ("echo",)
-    default_alias: str | None = None
-    notifications: bool = False
+def Entry(**fields: Any) -> GrantConfig:
+    """A grant that lets its actors use ``echo`` unless the test names other aliases."""
+    return GrantConfig(**{"aliases": ("echo",), **fields})
 
 
 @attrs.frozen
