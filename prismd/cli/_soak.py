@@ -331,9 +331,9 @@ def run_soak_command(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         store=args.store,
     )
-    # The daemon's signal plumbing only (the soak's process holds the runtime and the
-    # store, not the daemon); before anything else, a signal during startup must end the
-    # soak, not kill it.
+    # Imported here, not with the module: every ``prismd`` command's parser imports this
+    # module, and ``prismd bench`` must not load the daemon. Then, before anything else:
+    # a signal during startup must end the soak, not kill it.
     from ..daemon import describe_exception, install_early_signal_handlers
 
     restore_signals = install_early_signal_handlers()
