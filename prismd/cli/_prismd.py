@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..daemon import Config
 
 # The daemon (its config, adapters and their HTTP stacks) is imported by the commands that
-# use it: ``prismd bench`` and ``prismd soak`` processes hold only the runtime and the store.
+# use it: a ``prismd bench`` process holds only the runtime and the store.
 
 log = logging.getLogger("prismd.cli")
 
