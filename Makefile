@@ -36,8 +36,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy examples
 
-# In parallel processes, then the tests that restart the shared PostgreSQL server alone
-# (tests/run-suite.sh); PRISMD_TEST_JOBS=N sets the number of processes.
+# The suite runs in PRISMD_TEST_JOBS processes (the cores of the machine it was tuned on),
+# then the tests that restart the shared PostgreSQL server alone (tests/run-suite.sh).
+export PRISMD_TEST_JOBS ?= 2
+
 pytest: $(STAMP)
 	bash tests/with-services.sh bash tests/run-suite.sh $(BIN)/python $(PYTEST_ARGS)
 
@@ -46,7 +48,7 @@ test: lint typecheck pytest
 # The fast part while working: everything not marked slow (no daemons, no browser, no
 # kill loops); `make test` runs it all.
 check: lint typecheck
-	bash tests/with-services.sh $(BIN)/python -m pytest -W error -n $${PRISMD_TEST_JOBS:-2} \
+	bash tests/with-services.sh $(BIN)/python -m pytest -W error -n $(PRISMD_TEST_JOBS) \
 		-m "not slow" $(PYTEST_ARGS)
 
 clean:

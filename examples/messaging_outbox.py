@@ -54,7 +54,7 @@ import trio
 from adapters.telegram import TelegramAdapter
 from prismd.agents import AgentContext, build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
-from prismd.grants import GrantAuthorizer
+from prismd.grants import GrantAuthorizer, GrantConfig
 from prismd.runtime import open_messaging_runtime
 from stores import open_store
 
@@ -69,20 +69,9 @@ CRASH_EXIT = 3
 Send = Callable[[Reply], Awaitable[SendResult]]
 
 
-@attrs.frozen
-class _Grant:
-    """The one grant of this host (``prismd.grants.GrantEntry``): anyone on the connection
-    may talk to ``echo``, as a user of :data:`TENANT`."""
-
-    connection: str = CONNECTION
-    actors: tuple[str, ...] = ("*",)
-    pairing: bool = False
-    tenant: str = TENANT
-    account: str | None = None
-    user: str | None = None
-    aliases: tuple[str, ...] = (ALIAS,)
-    default_alias: str | None = ALIAS
-    notifications: bool = False
+GRANT = GrantConfig(CONNECTION, ("*",), tenant=TENANT, aliases=(ALIAS,), default_alias=ALIAS)
+"""The one grant of this host: anyone on the connection may talk to ``echo``, as a user of
+:data:`TENANT`."""
 
 
 def _schema_of(url: str) -> str:
@@ -323,7 +312,7 @@ async def _main(args: argparse.Namespace) -> int:
                 return agent
 
             async with open_messaging_runtime(
-                authorize=GrantAuthorizer([_Grant()]).authorize,
+                authorize=GrantAuthorizer([GRANT]).authorize,
                 resolve_agent=resolve_agent,
                 deliver=host.deliver,
                 store=store,

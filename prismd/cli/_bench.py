@@ -442,13 +442,12 @@ async def _live(name: str, workdir: Path, duration_s: float) -> dict[str, Any]:
     # holds only the runtime and the store, not the web chat client and the fake Bot API.
     from . import _bench_live
 
-    if name == "stop":
-        return await _bench_live.stop(workdir)
-    scenario = _bench_live.webchat if name == "webchat" else _bench_live.telegram
+    scenario: Callable[[Path, float], Awaitable[dict[str, Any]]] = getattr(_bench_live, name)
     return await scenario(workdir, duration_s)
 
 
 LIVE = ("webchat", "telegram", "stop")
+"""The scenarios of :mod:`prismd.cli._bench_live`, by their function names there."""
 
 
 @attrs.frozen

@@ -287,9 +287,10 @@ async def webchat(workdir: Path, duration_s: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------- stop
 
 
-async def stop(workdir: Path) -> dict[str, Any]:
+async def stop(workdir: Path, _duration_s: float = 0.0) -> dict[str, Any]:
     """SIGTERM with 100 turns in flight (16 running in a slow ``mock`` agent, the rest
-    queued): seconds until ``prismd run`` exited 0, and that nothing is left ``executing``."""
+    queued): seconds until ``prismd run`` exited 0, and that nothing is left ``executing``
+    (the duration does not apply: the scenario ends when the process does)."""
     port = free_port()
     config = write_config(
         workdir, port=port, agent='kind = "mock"\ndelay_ms = 60000', stop_deadline_ms=5_000
