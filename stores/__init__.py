@@ -9,6 +9,7 @@ no driver (``check-config`` uses them), while :mod:`stores.postgres` (the store)
 
 from __future__ import annotations
 
+from ._common import compact_json as compact_json
 from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
 from ._pg_url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS

@@ -108,6 +108,12 @@ _COMPACT = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 keeps no state between calls)."""
 
 
+def compact_json(value: JSONValue) -> str:
+    """``value`` as the stores keep JSON: compact, UTF-8 unescaped, no NaN/Infinity (no
+    shape checks: for values their caller built, such as the journal's records)."""
+    return _COMPACT.encode(value)
+
+
 def utf8_size(text: str) -> int:
     """``len(text.encode("utf-8"))`` without the copy for ASCII text."""
     return len(text) if text.isascii() else len(text.encode("utf-8"))
@@ -156,9 +162,11 @@ def decode_json(text: str) -> JSONValue:
     return json.loads(text)
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class SaveRequest:
-    """A validated ``save_checkpoint`` call with its value already encoded."""
+    """A validated ``save_checkpoint`` call with its value already encoded. Built for
+    every write and read by the backend only (never changed after :func:`check_save`);
+    not frozen, because a frozen attrs class sets each field through a method call."""
 
     namespace: str
     key: str
@@ -188,6 +196,64 @@ class SaveRequest:
         return decoded
 
 
+def _plain_save(
+    namespace: object,
+    key: object,
+    scope: object,
+    version: object,
+    expected_version: object,
+    fencing_token: object,
+    category: object,
+) -> bool:
+    """The common save, recognised in one expression: non-empty ASCII names, an exact
+    :class:`OwnershipScope` of ASCII strings or ``None``, exact ints in range, an ASCII
+    category or none. Everything it accepts, the full checks of :func:`check_save` accept
+    too; anything else takes those checks (and their error messages)."""
+    if type(scope) is not OwnershipScope:
+        return False
+    t, a, u = scope.tenant_id, scope.account_id, scope.user_id
+    return (
+        type(namespace) is str
+        and type(key) is str
+        and namespace != ""
+        and key != ""
+        and namespace.isascii()
+        and key.isascii()
+        and (t is None or (type(t) is str and t.isascii()))
+        and (a is None or (type(a) is str and a.isascii()))
+        and (u is None or (type(u) is str and u.isascii()))
+        and type(version) is int
+        and 1 <= version <= MAX_SAFE_INTEGER
+        and (
+            expected_version is None
+            or (type(expected_version) is int and 0 <= expected_version <= MAX_SAFE_INTEGER)
+        )
+        and (
+            fencing_token is None
+            or (type(fencing_token) is int and 0 <= fencing_token <= MAX_SAFE_INTEGER)
+        )
+        and (category is None or (type(category) is str and category.isascii()))
+    )
+
+
+_METADATA_JSON: dict[tuple[tuple[str, str], ...], str] = {}
+"""Encoded metadata of the flat ``str → str`` shapes seen (the journal's ``kind``/``state``
+pairs: a small closed set), so the common ones are not encoded on every write."""
+_METADATA_JSON_MAX = 256
+
+
+def _metadata_json(metadata: Mapping[Any, Any]) -> str:
+    items = tuple(metadata.items())
+    if len(items) <= 4 and all(type(k) is str and type(v) is str for k, v in items):
+        cached = _METADATA_JSON.get(items)
+        if cached is None:
+            cached = encode_json(dict(items), "metadata")
+            if len(_METADATA_JSON) < _METADATA_JSON_MAX:
+                _METADATA_JSON[items] = cached
+        return cached
+    return encode_json(dict(metadata), "metadata")
+
+
 def check_save(
     *,
     namespace: object,
@@ -207,15 +273,16 @@ def check_save(
     Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError` when the UTF-8
     JSON encoding of ``value`` exceeds ``max_value_bytes``).
     """
-    check_checkpoint_address(namespace, key, scope)
-    if not _is_safe_int(version, 1):
-        raise InvalidCheckpointError("version must be a positive safe integer")
-    if expected_version is not None and not _is_safe_int(expected_version, 0):
-        raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
-    if fencing_token is not None and not _is_safe_int(fencing_token, 0):
-        raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
-    if category is not None and not _is_text(category):
-        raise InvalidCheckpointError("category must be a string")
+    if not _plain_save(namespace, key, scope, version, expected_version, fencing_token, category):
+        check_checkpoint_address(namespace, key, scope)
+        if not _is_safe_int(version, 1):
+            raise InvalidCheckpointError("version must be a positive safe integer")
+        if expected_version is not None and not _is_safe_int(expected_version, 0):
+            raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
+        if fencing_token is not None and not _is_safe_int(fencing_token, 0):
+            raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
+        if category is not None and not _is_text(category):
+            raise InvalidCheckpointError("category must be a string")
     encoded_by_caller = value_json is not None
     if value_json is None:
         value_json = encode_json(value, "value")
@@ -229,7 +296,7 @@ def check_save(
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidCheckpointError("metadata must be a mapping")
-        metadata_json = encode_json(dict(metadata), "metadata")
+        metadata_json = _metadata_json(metadata)
         if utf8_size(metadata_json) > max_value_bytes:
             raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
     assert isinstance(namespace, str) and isinstance(key, str)
@@ -268,8 +335,11 @@ def check_writes(
 ) -> list[SaveRequest | DeleteRequest]:
     """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
     the first bad write by its index, before anything is written."""
-    if not isinstance(writes, Sequence) or isinstance(writes, str | bytes):
-        raise InvalidCheckpointError("writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
+    if type(writes) is not tuple and type(writes) is not list:  # the common two, no ABC check
+        if not isinstance(writes, Sequence) or isinstance(writes, str | bytes):
+            raise InvalidCheckpointError(
+                "writes must be a sequence of SaveCheckpoint/DeleteCheckpoint"
+            )
     if len(writes) > MAX_BATCH_WRITES:
         raise InvalidCheckpointError(f"at most {MAX_BATCH_WRITES} writes per batch")
     if not isinstance(atomic, bool):

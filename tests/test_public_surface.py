@@ -256,6 +256,7 @@ PINNED: dict[str, list[str]] = {
         "SystemClock",
         "WriteResult",
         "WriteStatus",
+        "compact_json",
         "default_pool_size",
         "is_postgres_url",
         "migrate_store",

@@ -23,6 +23,7 @@ from stores import (
     CheckpointStore,
     OwnershipScope,
     SaveCheckpoint,
+    compact_json,
 )
 
 from ..redact import replace_surrogates
@@ -144,8 +145,13 @@ _ENTRY_OVERHEAD = 320
 dict, the id and the objects' headers."""
 
 
-def _measured(item: Mapping[str, str]) -> int:
-    # Measured as escaped ASCII JSON, the largest encoding any store may use.
+def _measured(item: Mapping[str, str], compact: str) -> int:
+    """The entry's size as escaped ASCII JSON (``json.dumps(item)``, the largest encoding
+    any store may use) plus its comma in the list. ``compact`` is its compact encoding:
+    when that is ASCII, the escaped form differs only by the separators' spaces (one
+    after each colon and each comma), so nothing is encoded a second time."""
+    if compact.isascii():
+        return len(compact) + max(0, 2 * len(item) - 1) + 1
     return len(json.dumps(item)) + 1
 
 
@@ -175,10 +181,9 @@ class _Transcript:
         until the JSON fits :data:`MAX_SESSION_BYTES` (the newest always stays)."""
         items = [{"id": e.id, "role": e.role, "text": e.text} for e in added]
         all_items = self.items + tuple(items)
-        encoded = self.encoded + tuple(
-            json.dumps(i, ensure_ascii=False, separators=(",", ":")) for i in items
-        )
-        sizes = self.sizes + tuple(_measured(i) for i in items)
+        added_json = [compact_json(i) for i in items]
+        encoded = self.encoded + tuple(added_json)
+        sizes = self.sizes + tuple(_measured(i, j) for i, j in zip(items, added_json, strict=True))
         start = max(0, len(all_items) - max_entries)
         total = sum(sizes[start:]) + 16
         while total > MAX_SESSION_BYTES and start < len(all_items) - 1:

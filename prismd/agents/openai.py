@@ -657,7 +657,7 @@ class OpenAIAgent:
         if held.version:
             # Shielded: the tool ran; losing its result to a cancel would leave it
             # "dispatching" (interrupted) although it finished.
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
+            with trio.CancelScope(shield=True, relative_deadline=10):
                 await self._advance(run_id, ownership, held, run)
         else:
             held.run = run
@@ -690,7 +690,7 @@ class OpenAIAgent:
         ended = attrs.evolve(
             held.run, status=status, queue=(), pending=None, dispatch=None, error_code=error_code
         )
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
+        with trio.CancelScope(shield=True, relative_deadline=10):
             await self._save(run_id, ownership, held, ended)
 
     async def status(

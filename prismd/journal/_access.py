@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from stores import SYSTEM_CLOCK, CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
+from stores import (
+    SYSTEM_CLOCK,
+    CheckpointConflictError,
+    CheckpointStore,
+    Clock,
+    OwnershipScope,
+    compact_json,
+)
 
 from ..channel import ApprovalOutcome, Control
+from ..redact import utf8_len
 from ._journal import _part, _scope_parts
 
 NS_CONTROL = "prism.channels.v1.control"
@@ -64,7 +71,7 @@ def control_key(prefix: str, scope: OwnershipScope, connection_id: str, token: s
 
 
 def _encoded_size(value: Mapping[str, Any]) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    return utf8_len(compact_json(dict(value)))
 
 
 def _check_size(value: Mapping[str, Any], max_record_bytes: int) -> None:

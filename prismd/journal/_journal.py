@@ -25,7 +25,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -40,6 +39,7 @@ from stores import (
     SaveCheckpoint,
     StoreUnavailableError,
     WriteStatus,
+    compact_json,
     ms_to_iso,
 )
 
@@ -706,10 +706,6 @@ class StoreHealth:
             self.failures = 0
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-"""Shared: ``json.dumps`` with options builds an encoder per call."""
-
-
 @attrs.define(eq=False)
 class ChannelJournal:
     """Typed access to the channel namespaces of one CheckpointStore (§5.9).
@@ -727,7 +723,7 @@ class ChannelJournal:
         """``value``'s compact JSON, which the store keeps as given (encoded once), when it
         fits ``max_journal_record_bytes``; raises before anything is written."""
         limit = max(1024, self.max_record_bytes)
-        text = _COMPACT.encode(value)
+        text = compact_json(value)
         if len(text) > limit // 4 and utf8_len(text) > limit:
             raise JournalRecordTooLargeError(
                 f"journal record exceeds max_journal_record_bytes ({limit} bytes)"

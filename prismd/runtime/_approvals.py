@@ -427,7 +427,7 @@ async def _unclaim(
     """The run is suspended again (another decision, or the resume failed): so is its
     operation."""
     if claimed:
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
+        with trio.CancelScope(shield=True, relative_deadline=10):
             await core.settle_operation(
                 route.ownership,
                 route.connection_id,

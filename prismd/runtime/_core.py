@@ -282,7 +282,7 @@ class Core:
     ) -> None:
         if self.journal is None:
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        with trio.CancelScope(shield=True, relative_deadline=5):
             try:
                 await self.journal.remove_operation(ownership, connection_id, operation_id)
             except Exception:

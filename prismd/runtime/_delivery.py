@@ -74,7 +74,7 @@ async def resend(
     claimed = None
     # Shielded and bounded like the mark: a claim written but never followed by the send
     # would needlessly leave the reply to the operator.
-    with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S):
+    with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
         try:
             # The stored fencing token, as reconcile does: the turn that wrote the reply
             # may be long gone, and no current lease holder writes this record.

@@ -147,7 +147,7 @@ class RouteLeases:
             return
         # Under the lease lock, so a turn admitted meanwhile cannot pick up the lease
         # that is being released (it waits, then acquires a fresh one).
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        with trio.CancelScope(shield=True, relative_deadline=5):
             async with route.lease_lock:
                 lease = route.lease
                 if lease is None or (not force and (route.busy or route.lease_users > 0)):

@@ -9,14 +9,13 @@ reply while the conversation has no live connection (:mod:`prismd.runtime._deliv
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
-from stores import OwnershipScope
+from stores import OwnershipScope, compact_json
 
 from ..channel import Control, Reply
 from ..identity import AgentIdentity
@@ -52,9 +51,8 @@ def scrub_surrogates(text: str) -> str:
 
 
 def _record_size(record: ReplyRecord, text: str) -> int:
-    value = attrs.evolve(record, text=text).to_json()
-    dumped = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return utf8_len(dumped)
+    value = (record if text == record.text else attrs.evolve(record, text=text)).to_json()
+    return utf8_len(compact_json(value))
 
 
 def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecord:
@@ -213,7 +211,7 @@ async def answer(
                 "" if draft is None else draft.operation_id,
             )
         finished = None
-        with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S) as bound:
+        with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S) as bound:
             try:
                 finished = await finish(
                     journal,
@@ -326,7 +324,7 @@ async def mark_outcome(
     it could not be written."""
     assert core.journal is not None
     saved = None
-    with trio.CancelScope(shield=True), trio.move_on_after(JOURNAL_BUDGET_S):
+    with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
         try:
             saved = await mark(
                 core.journal,

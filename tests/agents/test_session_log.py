@@ -3,6 +3,7 @@ compare-and-swap that keeps that safe when anything else wrote the transcript.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -14,7 +15,9 @@ from prismd.agents._session import (
     MAX_SESSION_BYTES,
     MAX_SESSION_ENTRIES,
     NS_SESSION,
+    SessionEntry,
     SessionLog,
+    _Transcript,
 )
 from stores import OwnershipScope
 from stores.memory import MemoryStore
@@ -143,3 +146,26 @@ async def test_the_memory_is_bounded_by_bytes(store: MemoryStore) -> None:
     assert log._cached_bytes <= MAX_CACHED_BYTES
     assert log._cached_bytes == sum(t.weight for t in log._cache.values())
     assert 100 < len(log._cache) < 200
+
+
+def test_an_entry_is_measured_as_its_escaped_ascii_json() -> None:
+    """The byte bound counts each entry as ``json.dumps`` (escaped ASCII, spaced
+    separators) would write it; the size is worked out from the compact encoding
+    without encoding the entry again when that is ASCII."""
+    texts_ = [
+        "",
+        "plain",
+        'quote " and \\ slash',
+        "tab\tnew\nline\x01",
+        "é",
+        "日本",
+        "😀",
+        "a" * 500,
+    ]
+    for text in texts_:
+        transcript = _Transcript(0).extended(
+            [SessionEntry("id-1", "user", text)], MAX_SESSION_ENTRIES, 1
+        )
+        (item,) = transcript.items
+        assert transcript.sizes == (len(json.dumps(item)) + 1,), text
+        assert transcript.encoded == (json.dumps(item, ensure_ascii=False, separators=(",", ":")),)
