@@ -35,6 +35,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy examples
+	$(BIN)/mypy tests
 
 # The suite runs in PRISMD_TEST_JOBS processes (the cores of the machine it was tuned on),
 # then the tests that restart the shared PostgreSQL server alone (tests/run-suite.sh).

@@ -41,10 +41,10 @@ class OutsideRepositoryError(RuntimeError):
 
 def outside_repository(path: object) -> str | None:
     """The absolute path when ``path`` lies beside the repository (not inside it), else None."""
-    if isinstance(path, int) or path is None:
+    if not isinstance(path, str | bytes | os.PathLike):
         return None
     try:
-        raw = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
+        raw = os.fsdecode(os.fspath(path))
     except TypeError:
         return None
     full = os.path.normpath(os.path.abspath(raw))

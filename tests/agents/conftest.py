@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from stores import CheckpointConflictError
+from stores import CheckpointConflictError, CheckpointStore
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock
 
@@ -31,7 +31,7 @@ class YieldingCheckpoints:
     """Wraps a CheckpointStore and yields to the scheduler before every call, so concurrent
     tasks interleave between their load and their compare-and-swap."""
 
-    inner: Any
+    inner: CheckpointStore
     saves: int = 0
     conflicts: int = 0
 
@@ -64,3 +64,6 @@ class YieldingCheckpoints:
 
     async def list_events(self, **kw: Any) -> Any:
         return await self.inner.list_events(**kw)
+
+    async def last_event_seq(self) -> int:
+        return await self.inner.last_event_seq()

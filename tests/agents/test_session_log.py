@@ -44,7 +44,7 @@ async def test_an_append_after_the_first_does_not_load_the_transcript(
     store: MemoryStore,
 ) -> None:
     counting = CountingLoads(store.checkpoints)
-    log = SessionLog(counting, "primary")  # type: ignore[arg-type]
+    log = SessionLog(counting, "primary")
     for i in range(5):
         await log.append("s", OWNER, (("user", f"q{i}"), ("assistant", f"a{i}")))
     assert counting.loads == 1  # the first append of this process, to learn the version
@@ -59,7 +59,7 @@ async def test_a_transcript_written_by_another_process_is_reloaded_not_overwritt
     """Two logs on one store stand for two processes: each remembers its own last write,
     and the other's append makes that memory stale. Nothing either appended is lost."""
     counting = CountingLoads(store.checkpoints)
-    mine = SessionLog(counting, "primary")  # type: ignore[arg-type]
+    mine = SessionLog(counting, "primary")
     theirs = SessionLog(store.checkpoints, "primary")
     await mine.append("s", OWNER, (("user", "mine-1"),))
     await theirs.append("s", OWNER, (("user", "theirs-1"),))
@@ -92,7 +92,7 @@ async def test_a_transcript_deleted_meanwhile_starts_again(store: MemoryStore) -
 
 async def test_concurrent_appends_in_one_process_keep_every_entry(store: MemoryStore) -> None:
     yielding = YieldingCheckpoints(store.checkpoints)
-    log = SessionLog(yielding, "primary")  # type: ignore[arg-type]
+    log = SessionLog(yielding, "primary")
     await log.append("s", OWNER, (("user", "first"),))
 
     async with trio.open_nursery() as nursery:
@@ -125,7 +125,7 @@ async def test_remembered_appends_keep_the_count_and_byte_bounds(store: MemorySt
     import json
 
     assert len(json.dumps(row.value)) <= MAX_SESSION_BYTES
-    assert 2 <= len(row.value["entries"]) < 12  # type: ignore[arg-type, call-overload, index]
+    assert 2 <= len(row.value["entries"]) < 12
 
 
 async def test_the_memory_is_bounded(store: MemoryStore) -> None:

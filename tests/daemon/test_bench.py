@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from prismd.cli._bench import BenchOptions, figures, render_table, run_bench
+from prismd.cli._bench import BenchOptions, render_table, run_bench
+from prismd.cli._figures import figures
 
 pytestmark = pytest.mark.slow
 

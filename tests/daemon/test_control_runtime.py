@@ -202,7 +202,7 @@ async def test_lone_surrogates_in_params_are_invalid_params(tmp_path: Path) -> N
             daemon_parts(tmp_path) as (_runtime, _delivered, config),
             connect(config.socket) as client,
         ):
-            calls = [
+            calls: list[tuple[str, dict[str, object], str]] = [
                 ("reconcile", {"connectionId": "web", "operationId": "op-\ud800",
                                "expectedVersion": 1}, "operationId"),
                 ("notify", {"connectionId": "web", "externalConversationId": "c\ud800",

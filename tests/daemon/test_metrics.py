@@ -449,8 +449,10 @@ async def test_daemon_serves_its_metrics_as_a_supervised_child(tmp_path: Path) -
         assert "metrics-actor-1" not in (await scrape(url)).text
 
     assert await _run_daemon(daemon, body) == [0]
+    port = httpx.URL(daemon.endpoints["metrics"]).port
+    assert port is not None
     with pytest.raises(OSError):  # the listener went with the daemon
-        await trio.open_tcp_stream("127.0.0.1", httpx.URL(daemon.endpoints["metrics"]).port)
+        await trio.open_tcp_stream("127.0.0.1", port)
 
 
 async def test_without_the_section_there_is_no_endpoint(tmp_path: Path) -> None:

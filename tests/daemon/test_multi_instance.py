@@ -430,7 +430,8 @@ async def _until(condition: Any, limit_s: float, what: str) -> float:
 
 
 async def _receiving(layout: Layout) -> bool:
-    return (await _health(layout))["leases"]["receiver"] == ["tg"]
+    holders: list[str] = (await _health(layout))["leases"]["receiver"]
+    return holders == ["tg"]
 
 
 async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, url: str) -> None:
@@ -534,7 +535,8 @@ async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, u
 
 
 async def _receiving_not(layout: Layout) -> bool:
-    return (await _health(layout))["leases"]["receiver"] == []
+    holders: list[str] = (await _health(layout))["leases"]["receiver"]
+    return holders == []
 
 
 async def _read_events(follower: trio.Process, op: str) -> list[dict[str, Any]]:

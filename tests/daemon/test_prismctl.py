@@ -302,8 +302,8 @@ async def test_events_page_and_follow(tmp_path: Path) -> None:
                 return page
 
             try:
-                first = await next_page()
-                assert [e["key"] for e in first["events"]] == ["k1", "k2", long_key]
+                first_page = await next_page()
+                assert [e["key"] for e in first_page["events"]] == ["k1", "k2", long_key]
                 await store.checkpoints.save_checkpoint(
                     namespace="ns", key="k3", scope=scope, version=1, value=1
                 )

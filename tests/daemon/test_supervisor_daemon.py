@@ -14,9 +14,12 @@ import pytest
 import trio
 
 import prismd.daemon._daemon as daemon_module
+import prismd.daemon._logs as daemon_logs
+from adapters.webchat import WebchatConnectionConfig
 from prismd.channel import Reply, SendResult
 from prismd.daemon._config import default_config
 from prismd.daemon._daemon import Daemon, RestartPolicy
+from prismd.daemon._wiring import build_adapter
 
 from .helpers import chat
 from .helpers import inprocess_config as _config
@@ -157,7 +160,7 @@ async def test_crashing_adapter_is_restarted_and_the_daemon_stays_up(
         def health(self) -> dict[str, str]:
             return dict(self.inner.health())
 
-    real_build = daemon_module.build_adapter
+    real_build = build_adapter
 
     def build(*args: Any, **kwargs: Any) -> Any:
         return CrashOnce(real_build(*args, **kwargs))
@@ -180,7 +183,10 @@ async def test_crashing_adapter_is_restarted_and_the_daemon_stays_up(
         assert crashes == [1]
         child = daemon.supervisor.children["webchat:web"]
         assert child.restarts == 1 and child.state == "running"
-        async with chat(daemon.host.adapters["web"].bound[1], actor="inproc-actor-2") as client:
+        assert daemon.host is not None
+        web = daemon.host.adapters["web"]
+        assert isinstance(web, CrashOnce)
+        async with chat(web.bound[1], actor="inproc-actor-2") as client:
             assert (await client.send_message("m1", "still up"))["status"] == "accepted"
             assert (await client.next_frame("reply"))["text"] == "still up"
         daemon.request_stop()
@@ -247,7 +253,7 @@ async def test_an_adapter_crashing_too_often_ends_the_daemon_with_exit_1(
         def health(self) -> dict[str, str]:
             return {}
 
-    real_build = daemon_module.build_adapter
+    real_build = build_adapter
     monkeypatch.setattr(
         daemon_module, "build_adapter", lambda *a, **k: AlwaysCrash(real_build(*a, **k))
     )
@@ -280,7 +286,7 @@ async def test_sighup_keeps_serving_and_reopens_logs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reopened = trio.Event()
-    monkeypatch.setattr(daemon_module.logs, "reopen", reopened.set)
+    monkeypatch.setattr(daemon_logs, "reopen", reopened.set)
     daemon = Daemon(_config(tmp_path), env={}, install_signals=True, notify=lambda _s: None)
     codes: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -308,6 +314,7 @@ async def test_default_config_runs_under_var_in_the_working_directory(
     monkeypatch.chdir(tmp_path)
     config = default_config({})
     (web,) = config.connections
+    assert isinstance(web, WebchatConnectionConfig)
     config = attrs.evolve(config, connections=(attrs.evolve(web, listen="127.0.0.1:0"),))
     out = io.StringIO()
     daemon = Daemon(config, env={}, install_signals=False, notify=lambda _s: None, out=out)

@@ -21,6 +21,7 @@ import trio
 import prismd.daemon._daemon as daemon_module
 from prismd.daemon._config import Config, parse_config
 from prismd.daemon._daemon import Daemon, RestartPolicy
+from prismd.daemon._wiring import build_adapter
 
 from .helpers import Layout, chat, child_env, free_port, running_daemon, wait_runs, write_config
 from .helpers import inprocess_config as _config
@@ -340,7 +341,7 @@ async def test_too_many_crashes_exit_1_settles_claimed_work_and_releases_leases(
         def health(self) -> dict[str, str]:
             return {}
 
-    real_build = daemon_module.build_adapter
+    real_build = build_adapter
     monkeypatch.setattr(
         daemon_module, "build_adapter", lambda *a, **k: CrashOnDemand(real_build(*a, **k))
     )

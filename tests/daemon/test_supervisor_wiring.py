@@ -24,7 +24,10 @@ from prismd.daemon._config import ConfigError, parse_config
 from prismd.daemon._daemon import Daemon
 from prismd.daemon._statedir import locked_state_dir
 from prismd.daemon._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from prismd.identity import ownership_from_identity
+from prismd.runtime import ResolveAgentInput
 from stores import open_store
+from tests.support.builders import IDENTITY
 
 BASE = {
     "connections": [{"id": "web", "kind": "webchat", "listen": "127.0.0.1:0"}],
@@ -72,13 +75,18 @@ async def test_agents_are_built_per_alias_with_the_store() -> None:
         assert set(agents) == {"echo", "slow"}
         host = Host(agents=agents)
 
-        class Request:
-            agent_alias = "slow"
+        def request(alias: str) -> ResolveAgentInput:
+            return ResolveAgentInput(
+                agent_alias=alias,
+                identity=IDENTITY,
+                ownership=ownership_from_identity(IDENTITY),
+                connection_id="web",
+                external_conversation_id="chat-1",
+            )
 
-        assert await host.resolve_agent(Request()) is agents["slow"]
-        Request.agent_alias = "missing"
+        assert await host.resolve_agent(request("slow")) is agents["slow"]
         with pytest.raises(LookupError):
-            await host.resolve_agent(Request())
+            await host.resolve_agent(request("missing"))
 
 
 async def test_deliver_routes_by_connection_and_unknown_is_not_delivered() -> None:

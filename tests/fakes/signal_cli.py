@@ -412,7 +412,7 @@ class FakeSignalCli:
             return
         try:
             value = json.loads(text)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             await self._reply(conn, _error(None, PARSE_ERROR, f"Unexpected character: {exc.msg}"))
             return
         if isinstance(value, list):

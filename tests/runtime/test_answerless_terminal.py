@@ -63,6 +63,6 @@ async def test_answerless_terminal_op_is_listed_then_reconciled(stores: StoreFac
             identity=IDENT, connection_id="tg-1", operation_id="fail", expected_version=99
         )
         assert stale.status == "conflict"
-    assert host.agent.provider_calls == 0 and host.replies == []
+    assert host.scripted.provider_calls == 0 and host.replies == []
     loaded = await journal.load_operation(SCOPE, "tg-1", "lost")
     assert loaded is not None and loaded.record.reply_staged and loaded.record.state == "succeeded"

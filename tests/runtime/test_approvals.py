@@ -540,7 +540,7 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
         async with (
             open_store(url, clock=clock) as first_store,
             open_harness(
-                first_store,  # type: ignore[arg-type]
+                first_store,
                 clock,
                 {"primary": suspending_mock(first_store, clock)},
             ) as h1,
@@ -549,7 +549,7 @@ async def test_restart_resume_on_sqlite(tmp_path: Any) -> None:
             await h1.runtime.stop()
         async with open_store(url, clock=clock) as second_store:
             agent = suspending_mock(second_store, clock)
-            async with open_harness(second_store, clock, {"primary": agent}) as h2:  # type: ignore[arg-type]
+            async with open_harness(second_store, clock, {"primary": agent}) as h2:
                 await h2.runtime.admit(event("10", "/status"))
                 await h2.settle()
                 assert "awaiting decision" in h2.last().text
@@ -678,7 +678,7 @@ async def test_approval_racing_stop_is_retryable_and_keeps_its_token(
     token then works on the next runtime."""
     agent = suspending_mock(store, clock)
     gated = _GatedStatus(agent)
-    async with open_harness(store, clock, {"primary": gated}) as h:  # type: ignore[dict-item]
+    async with open_harness(store, clock, {"primary": gated}) as h:
         allow, _ = await suspend(h)
         gated.armed = True
         result: list[Any] = []
@@ -740,8 +740,8 @@ async def test_an_approval_pressed_while_its_turn_still_finishes_is_not_refused(
     agent = suspending_mock(store, clock)
     slow = SlowMarkStore(store)
     notice_seen = trio.Event()
-    async with open_harness(slow, clock, {"primary": agent}) as h:  # type: ignore[arg-type]
-        h.deliver_hook = lambda reply: notice_seen.set() if reply.controls else None  # type: ignore[func-returns-value]
+    async with open_harness(slow, clock, {"primary": agent}) as h:
+        h.deliver_hook = lambda reply: notice_seen.set() if reply.controls else None
         assert (await h.runtime.admit(event("1", "hello"))).status == "accepted"
         with trio.fail_after(30):
             await notice_seen.wait()

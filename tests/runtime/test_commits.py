@@ -38,7 +38,7 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
         agent = MockAgent.from_context(
             AgentContext(alias="primary", options={}, checkpoints=store.checkpoints, clock=clock)
         )
-        host = Host(agent=agent)  # type: ignore[arg-type]
+        host = Host(agent=agent)
         per_message: list[int] = []
         async with runtime(host, store, clock=clock) as rt:
             for i in range(MESSAGES):

@@ -46,8 +46,8 @@ async def test_group_topic_ownership_b1_b2_b3_b4_b5() -> None:
         assert (await rt.admit(forwarded)).reason == "rejected"  # b4
         assert (await rt.admit(event("7", chat="chat-g", thread="88"))).status == "accepted"
         await rt.drain()
-    assert host.agent.provider_calls == 2  # b5
-    assert len(host.agent.sessions) == 2
+    assert host.scripted.provider_calls == 2  # b5
+    assert len(host.scripted.sessions) == 2
     assert sorted((r.external_conversation_id, r.thread_id, r.text) for r in host.replies) == [
         ("chat-g", "77", "answer"),
         ("chat-g", "88", "answer"),
@@ -59,7 +59,7 @@ async def test_cancel_during_stream_sends_only_partial_preview_b8() -> None:
     host = Host(agent=ScriptedAgent(deltas=("partial",), wait_for_cancel=True))
     async with runtime(host) as rt:
         await rt.admit(event("1"))
-        await host.agent.wait_started(1)
+        await host.scripted.wait_started(1)
         await trio.testing.wait_all_tasks_blocked()
         assert (await rt.admit(event("2", "/cancel"))).status == "accepted"
         await rt.drain()
@@ -79,7 +79,7 @@ async def test_accepted_message_runs_once_and_replies_b9_b10() -> None:
     assert [r.kind for r in host.replies] == ["final"]
     reply = host.replies[0]
     assert reply.text == "answer" and reply.connection_id == "tg-1" and reply.in_reply_to == "1"
-    assert [len(v) for v in host.agent.sessions.values()] == [2]
+    assert [len(v) for v in host.scripted.sessions.values()] == [2]
 
 
 async def test_duplicate_event_is_not_rerun_b11() -> None:
@@ -93,7 +93,7 @@ async def test_duplicate_event_is_not_rerun_b11() -> None:
         assert again.status == "accepted" and again.duplicate
         assert again.operation_id == first.operation_id
         assert rt.diagnostics().duplicates == 1
-    assert host.agent.provider_calls == 1 and len(host.replies) == 1
+    assert host.scripted.provider_calls == 1 and len(host.replies) == 1
 
 
 async def test_denials_never_reach_provider_b12_b13_b15_b16_b17_b18() -> None:
@@ -127,7 +127,7 @@ async def test_denials_never_reach_provider_b12_b13_b15_b16_b17_b18() -> None:
         bad_thread = attrs.evolve(event("5"), thread_id=77)  # type: ignore[arg-type]
         assert (await rt.admit(bad_thread)).reason == "malformed"  # b17
         await rt.drain()
-    assert host.agent.provider_calls == 0 and host.replies == []  # b18
+    assert host.scripted.provider_calls == 0 and host.replies == []  # b18
 
 
 async def test_agent_command_unknown_alias_b14() -> None:
@@ -164,8 +164,8 @@ async def test_sessions_per_tenant_connection_b20() -> None:
         for conn, eid in (("tg-a", "1"), ("tg-b", "1"), ("tg-a", "2"), ("tg-c", "1")):
             assert (await rt.admit(event(eid, conn=conn))).status == "accepted"
             await rt.drain()
-    assert sorted(len(v) for v in host.agent.sessions.values()) == [2, 2, 4]
-    assert host.agent.provider_calls == 4
+    assert sorted(len(v) for v in host.scripted.sessions.values()) == [2, 2, 4]
+    assert host.scripted.provider_calls == 4
 
 
 async def test_one_binding_runs_fifo_one_at_a_time_b21(autojump_clock: trio.abc.Clock) -> None:
@@ -213,7 +213,7 @@ async def test_cancel_on_idle_binding_b23() -> None:
     async with runtime(host) as rt:
         assert (await rt.admit(event("1", "/cancel"))).status == "accepted"
         await rt.drain()
-    assert host.texts[0] == "Nothing to cancel." and host.agent.provider_calls == 0
+    assert host.texts[0] == "Nothing to cancel." and host.scripted.provider_calls == 0
 
 
 async def test_failure_notice_is_redacted_b24() -> None:
@@ -245,7 +245,7 @@ async def test_revoked_identity_denied_b25() -> None:
     async with runtime(host) as rt:
         assert (await rt.admit(event())).reason == "revoked"
         await rt.drain()
-    assert host.agent.provider_calls == 0 and host.replies == []
+    assert host.scripted.provider_calls == 0 and host.replies == []
 
 
 async def test_revoked_mid_run_sends_nothing_b26() -> None:
@@ -256,7 +256,7 @@ async def test_revoked_mid_run_sends_nothing_b26() -> None:
     host = Host(agent=ScriptedAgent(gate=gate), grant_for=lambda _i: holder[0])
     async with runtime(host) as rt:
         await rt.admit(event())
-        await host.agent.wait_started(1)
+        await host.scripted.wait_started(1)
         object.__setattr__(ident, "revoked_at_ms", 1)
         gate.set()
         await rt.drain()
@@ -307,14 +307,14 @@ async def test_new_and_agent_switch_sessions_b32_b33() -> None:
         for eid, text in (("1", "hi"), ("2", "/new"), ("3", "hi again")):
             await rt.admit(event(eid, text))
             await rt.drain()
-        sessions = [c.session_id for c in host.agent.calls]
+        sessions = [c.session_id for c in host.scripted.calls]
         assert len(set(sessions)) == 2  # b32
-        assert [len(host.agent.sessions[s]) for s in dict.fromkeys(sessions)] == [2, 2]
+        assert [len(host.scripted.sessions[s]) for s in dict.fromkeys(sessions)] == [2, 2]
         await rt.admit(event("4", "/agent research"))
         await rt.admit(event("5", "hello research"))
         await rt.drain()
     assert [r.agent_alias for r in host.resolved] == ["primary", "primary", "research"]  # b33
-    assert host.agent.provider_calls == 3
+    assert host.scripted.provider_calls == 3
 
 
 async def test_capacity_limits_and_nothing_evicted_b34_b35() -> None:
@@ -384,7 +384,7 @@ async def test_threads_get_distinct_sessions_b52() -> None:
         await rt.admit(event("1", thread="topic-a"))
         await rt.admit(event("2", thread="topic-b"))
         await rt.drain()
-    assert len({c.session_id for c in host.agent.calls}) == 2
+    assert len({c.session_id for c in host.scripted.calls}) == 2
 
 
 def test_reply_kind_has_no_draft_b53() -> None:

@@ -229,7 +229,7 @@ async def test_lease_renewed_during_long_run(autojump_clock: trio.abc.Clock) -> 
     host = Host(agent=ScriptedAgent(gate=gate))
     async with runtime(host, store, clock=clock, limits=Limits(lease_ttl_ms=30_000)) as rt:
         await rt.admit(event("1"))
-        await host.agent.wait_started(1)
+        await host.scripted.wait_started(1)
         await trio.sleep(100)
         lease = await store.leases.get_lease(namespace=NS_BINDING, key=KEY, scope=SCOPE)
         assert lease is not None and lease.expires_at_ms > clock.now_ms()

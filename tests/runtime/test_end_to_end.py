@@ -80,7 +80,7 @@ async def test_two_handles_lease_held_elsewhere_b113(tmp_path: Path) -> None:
                 assert states == {"accepted", "executing"}
                 await b.stop()
             await a.stop()
-    assert other.agent.provider_calls == 0
+    assert other.scripted.provider_calls == 0
 
 
 async def test_capacity_on_sqlite_b114(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ async def test_revoked_on_sqlite_journals_nothing_b115(tmp_path: Path) -> None:
             assert (await rt.drain()).settled
             await rt.stop()
             assert await rt.list_unresolved(identity=identity()) == []
-    assert host.agent.provider_calls == 0
+    assert host.scripted.provider_calls == 0
 
 
 @pytest.mark.slow
@@ -128,7 +128,7 @@ async def test_duplicate_latency_b116(tmp_path: Path) -> None:
                 latencies.append(time.perf_counter() - start)
     latencies.sort()
     assert latencies[18] < 0.5
-    assert host.agent.provider_calls == 1
+    assert host.scripted.provider_calls == 1
 
 
 async def _start_worker(

@@ -99,7 +99,7 @@ async def test_in_memory_dedup_window_is_bounded() -> None:
         assert (await rt.admit(event("3"))).duplicate
         assert not (await rt.admit(event("1"))).duplicate  # evicted from the window
         await rt.drain()
-    assert host.agent.provider_calls == 4
+    assert host.scripted.provider_calls == 4
 
 
 async def test_randomized_runs_each_event_at_most_once(stores: StoreFactory) -> None:
@@ -175,5 +175,5 @@ async def test_resolve_binding_maps_sessions_and_bad_ids_are_malformed(
         assert (bad.status, bad.reason) == ("denied", "malformed")
         await rt.drain()
         assert await rt.list_unresolved(identity=IDENT) == []
-    assert [c.session_id for c in host.agent.calls] == ["host-primary-0"]
+    assert [c.session_id for c in host.scripted.calls] == ["host-primary-0"]
     assert seen[0].generation == 0 and seen[0].ownership == SCOPE

@@ -17,7 +17,9 @@ from tests.support.waiting import wait_until
 
 def live_task_names() -> list[str]:
     names: list[str] = []
-    pending = [trio.lowlevel.current_root_task()]
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    pending = [root]
     while pending:
         task = pending.pop()
         names.append(task.name)

@@ -64,9 +64,9 @@ async def test_restart_keeps_session_and_dedup_b72_b73(stores: StoreFactory) -> 
         await b.admit(event("2"))
         again = await b.admit(event("1"))
         await b.drain()
-    assert host_b.agent.calls[0].session_id == host_a.agent.calls[0].session_id
+    assert host_b.scripted.calls[0].session_id == host_a.scripted.calls[0].session_id
     assert again.duplicate and again.status == "accepted"
-    assert host_b.agent.provider_calls == 1 and len(host_b.replies) == 1
+    assert host_b.scripted.provider_calls == 1 and len(host_b.replies) == 1
 
 
 async def test_new_generation_survives_restart_b74(stores: StoreFactory) -> None:
@@ -81,7 +81,7 @@ async def test_new_generation_survives_restart_b74(stores: StoreFactory) -> None
     async with runtime(host_b, await stores()) as b:
         await b.admit(event("3"))
         await b.drain()
-    assert host_b.agent.calls[0].session_id != host_a.agent.calls[0].session_id
+    assert host_b.scripted.calls[0].session_id != host_a.scripted.calls[0].session_id
 
 
 async def test_same_event_other_tenant_is_separate_b75(stores: StoreFactory) -> None:
@@ -167,7 +167,7 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
         await a.drain()
         diag = a.diagnostics()
         assert (diag.deliveries, diag.delivery_failures) == (0, 0)  # b83
-    assert host_a.agent.provider_calls == 1
+    assert host_a.scripted.provider_calls == 1
     host_b = Host()
     async with runtime(host_b, await stores()) as b:
         listed = await b.list_unresolved(identity=IDENT)
@@ -192,7 +192,7 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
         assert (r.status, r.outcome) == ("resolved", "none")  # b87
         assert len(host_b.replies) == 1
         assert await b.list_unresolved(identity=IDENT) == []
-    assert host_b.agent.provider_calls == 0
+    assert host_b.scripted.provider_calls == 0
 
 
 async def _write_direct(
@@ -251,7 +251,7 @@ async def test_staged_reply_reconciled_by_owner_only_b88_b89(stores: StoreFactor
             acknowledge_duplicate_risk=True,
         )
         assert (r.status, r.outcome) == ("resolved", "reply_delivered")
-    assert host.texts == ["staged text op-x"] and host.agent.provider_calls == 0
+    assert host.texts == ["staged text op-x"] and host.scripted.provider_calls == 0
 
 
 async def test_delivery_failed_resend_needs_no_ack(stores: StoreFactory) -> None:
@@ -402,7 +402,7 @@ async def test_a_lost_race_reports_the_version_it_lost_to(stores: StoreFactory) 
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
     await _write_direct(journal, "accepted", "delivered", 1, "acc")
-    async with runtime(Host(), _Overtaken(store)) as rt:  # type: ignore[arg-type]
+    async with runtime(Host(), _Overtaken(store)) as rt:
         r = await rt.reconcile(
             identity=IDENT, connection_id="tg-1", operation_id="acc", expected_version=1
         )

@@ -5,12 +5,13 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from prismd.agents import Agent
 from prismd.agents._base import EventSink, RunRequest, RunResult
 from prismd.identity import ownership_from_identity
 from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER
-from prismd.runtime import open_messaging_runtime
+from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 from tests.support.builders import event, identity
@@ -80,7 +81,7 @@ class GatedHost(Host):
     resolve_gate: trio.Event
     resolving: trio.Event
 
-    async def resolve_agent(self, inp):  # type: ignore[no-untyped-def,override]
+    async def resolve_agent(self, inp: ResolveAgentInput) -> Agent:
         self.resolving.set()
         await self.resolve_gate.wait()
         return await super().resolve_agent(inp)
@@ -524,7 +525,7 @@ async def test_a_host_seam_error_message_never_reaches_the_chat() -> None:
         await rt.drain()
         assert rt.diagnostics().failed == 1
     assert host.texts == ["The request failed before it produced an answer."]
-    assert host.agent.calls == []
+    assert host.scripted.calls == []
 
 
 async def test_stop_cancelled_by_its_caller_still_settles_queued_work(

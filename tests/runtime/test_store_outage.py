@@ -51,7 +51,7 @@ async def test_a_claim_is_retried_through_a_long_outage_and_then_runs(
     flaky = FlakyCheckpoints(store.checkpoints)
     async with runtime(host, store, clock=clock) as rt:
         core = rt._core
-        core.journal = ChannelJournal(flaky, core.limits.max_journal_record_bytes)  # type: ignore[arg-type]
+        core.journal = ChannelJournal(flaky, core.limits.max_journal_record_bytes)
         assert rt.health() == {"store": "ok"}
         assert (await rt.admit(event("1"))).status == "accepted"
         flaky.down = True

@@ -135,8 +135,15 @@ class _Table:
     def get_bool(self, name: str, default: bool = False) -> bool:
         return bool(self.data.get(name, default))
 
+    def choice(self, name: str, choices: tuple[str, ...], default: str | None) -> Any:
+        return self.data.get(name, default)
+
     def get_address(self, name: str, default: str | None = None) -> Any:
         return self.data.get(name, default)
+
+    def get_env_name(self, name: str) -> str | None:
+        value: str | None = self.data.get(name)
+        return value
 
     def error(self, name: str | None, message: str) -> Exception:
         return ValueError(f"{name}: {message}")
@@ -715,7 +722,12 @@ async def test_a_stop_keeps_what_signal_cli_already_sent_and_a_restart_admits_it
     assert not fake.lost_in_write
     again = Recorder()
     order: list[str] = []
-    again.answer = lambda e: (order.append(f"admit:{e.text}"), Admission(status="accepted"))[1]
+
+    def answer(e: InboundEvent) -> Admission:
+        order.append(f"admit:{e.text}")
+        return Admission(status="accepted")
+
+    again.answer = answer
     restarted = make_adapter(admit=again)
     with trio.fail_after(60):
         async with running(restarted):

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import apsw
 import attrs
 import pytest
 import trio
@@ -260,7 +261,7 @@ def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
     ``release`` is set (a temporary trigger calling back into the test)."""
     hold = Hold()
 
-    def held() -> int:
+    def held(*_args: apsw.SQLiteValue) -> int:
         hold.entered.set()
         hold.release.wait(30)
         return 0

@@ -89,6 +89,7 @@ async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
         index_sql = probe.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'prism_checkpoints_list'"
         ).fetchall()
+        assert isinstance(index_sql[0][0], str)
         assert "namespace, category, tenant_id, updated_at DESC, key" in index_sql[0][0]
         probe.close()
         # The store's own connection runs with synchronous=FULL (2), read back at open.

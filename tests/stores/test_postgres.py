@@ -8,7 +8,7 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import trio
@@ -38,6 +38,16 @@ pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
 NS = "prism.channels.v1.operation"
+
+
+class CheckpointAt(TypedDict):
+    """Where a checkpoint is: the keyword arguments every checkpoint call takes."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+
+
 HUGE = secrets.token_hex(6000)
 """A key the server refuses: incompressible, past the btree's limit for one index entry."""
 
@@ -348,7 +358,9 @@ async def wait_for_lock_waiter(admin: pgserver.Admin) -> int:
             " AND wait_event_type = 'Lock'"
         )
         if rows:
-            return int(rows[0][0])  # type: ignore[call-overload]
+            pid = rows[0][0]
+            assert isinstance(pid, int), pid
+            return pid
         await trio.sleep(0.02)
 
 
@@ -554,7 +566,7 @@ async def test_expiry_takeover_and_the_old_owner_is_refused(url: str) -> None:
         async with open_store(url, clock=clock) as a, open_store(url, clock=clock) as b:
             held = await a.leases.try_acquire_lease(owner_id="a", ttl_ms=1000, **lease_at)
             assert held is not None and held.fencing_token == 1
-            op = {"namespace": NS, "key": "op-1", "scope": SCOPE}
+            op: CheckpointAt = {"namespace": NS, "key": "op-1", "scope": SCOPE}
             await a.checkpoints.save_checkpoint(
                 **op, version=1, expected_version=0, value={"by": "a"}, fencing_token=1
             )

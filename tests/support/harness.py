@@ -64,8 +64,8 @@ class Host:
     """Grant by actor id."""
     grant_for: Callable[[AuthorizeInput], Grant | None] | None = None
     deliver_hook: Callable[[Reply], SendResult | None] | None = None
-    runtime: Runtime | None = None
-    """Set while :func:`runtime` / :func:`open_harness` runs."""
+    _runtime: Runtime | None = attrs.field(default=None, init=False)
+    """Set while :func:`runtime` / :func:`open_harness` runs (read it as :attr:`runtime`)."""
     replies: list[Reply] = attrs.field(factory=list)
     previews: list[Preview] = attrs.field(factory=list)
     authorize_calls: list[AuthorizeInput] = attrs.field(factory=list)
@@ -99,6 +99,19 @@ class Host:
         self.previews.append(preview)
 
     @property
+    def runtime(self) -> Runtime:
+        """The runtime :func:`runtime` / :func:`open_harness` is running for this host."""
+        assert self._runtime is not None, "no runtime is running"
+        return self._runtime
+
+    @property
+    def scripted(self) -> ScriptedAgent:
+        """``agent`` as the :class:`ScriptedAgent` it is by default (its records: calls,
+        provider calls, sessions, started runs)."""
+        assert isinstance(self.agent, ScriptedAgent), f"the agent is {self.agent!r}"
+        return self.agent
+
+    @property
     def actions(self) -> list[str]:
         return [c.action for c in self.authorize_calls]
 
@@ -112,7 +125,6 @@ class Host:
 
     async def settle(self) -> None:
         """Wait until every queued turn, resume and notice has finished."""
-        assert self.runtime is not None, "no runtime is running"
         with trio.fail_after(120):
             result = await self.runtime.drain(deadline_ms=60_000)
         assert result.settled, result
@@ -130,11 +142,11 @@ async def runtime(host: Host, store: Store | None = None, **kwargs: Any) -> Asyn
         on_preview=host.on_preview,
         **kwargs,
     ) as rt:
-        host.runtime = rt
+        host._runtime = rt
         try:
             yield rt
         finally:
-            host.runtime = None
+            host._runtime = None
 
 
 @asynccontextmanager

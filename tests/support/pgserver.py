@@ -182,7 +182,7 @@ async def forward(
     listen_port: int,
     target_port: int,
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Forward TCP from 127.0.0.1:``listen_port`` to 127.0.0.1:``target_port`` until
     cancelled: the server "appearing" on a port where nothing listened before."""

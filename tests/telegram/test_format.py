@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.telegram._format import to_telegram_html, visible_text, well_formed
-from prismd.channel import Control, Reply
+from prismd.channel import Control, Reply, ReplyKind
 from tests.fakes.telegram_api import ApiError, FakeBotApi, parse_html
 
 from .conftest import CONN
 
 
-def reply(text: str, kind: str = "final", **kwargs: Any) -> Reply:
+def reply(text: str, kind: ReplyKind = "final", **kwargs: Any) -> Reply:
     return Reply(connection_id=CONN, external_conversation_id="101", text=text, kind=kind, **kwargs)
 
 

@@ -365,6 +365,7 @@ async def test_established_sockets_do_not_take_the_places_of_new_connections(
                 await hello(second, "actor-b-000002")
                 with pytest.raises(trio_websocket.ConnectionClosed) as info:
                     await first.get_message()
+                assert info.value.reason is not None
                 assert info.value.reason.code == 1013
                 await send(second, {"type": "message", "id": "m1", "text": "still here"})
                 assert (await recv(second))["status"] == "accepted"

@@ -29,7 +29,7 @@ async def _lines() -> AsyncIterator[str]:
 
 
 async def test_hostile_text_both_ways_does_not_crash_the_client(nursery: trio.Nursery) -> None:
-    received: list[str] = []
+    received: list[str | bytes] = []
 
     async def handler(request: trio_websocket.WebSocketRequest) -> None:
         ws = await request.accept()

@@ -120,6 +120,7 @@ async def test_an_idle_established_socket_is_closed(
                 while True:
                     frame = await recv(ws)
                     assert frame["type"] == "reply"
+            assert info.value.reason is not None
             assert (info.value.reason.code, info.value.reason.reason) == (1000, "idle")
             closed_at[name] = trio.current_time() - start
 
