@@ -301,6 +301,7 @@ def check_save(
             raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
     assert isinstance(namespace, str) and isinstance(key, str)
     assert isinstance(scope, OwnershipScope) and isinstance(version, int)
+    assert category is None or isinstance(category, str)
     return SaveRequest(
         namespace=namespace,
         key=key,
