@@ -4,7 +4,9 @@ A real ``prismd run`` subprocess (SQLite journal, the mock agent behind a random
 records each run's idempotency key durably) is SIGKILLed ~6 times at seeded random moments
 (seed printed in every assertion; ``PRISM_KILLLOOP_SEED`` replays one). Two clients keep
 sending; after each restart they reconnect and re-send every message whose admission was
-not acknowledged, with the same client id, as the page does. After a final run stopped by
+not acknowledged, with the same client id, as the page does; like the page, a message
+denied for a reason worth retrying (a full route queue while the messages acknowledged
+before the kill run first) is sent again after a pause. After a final run stopped by
 SIGTERM, for every message: at most one agent run, at most one final answer seen, and either
 answered or listed by ``prismctl --json list-unresolved``; ``PRAGMA integrity_check`` ok.
 """
@@ -38,6 +40,9 @@ MESSAGES = 30
 ACTORS = ("killloop-actor-0001", "killloop-actor-0002")
 OPEN_STATES = {"accepted", "executing"}
 OPEN_REPLIES = {"pending", "delivery_unknown", "delivery_failed"}
+RETRYABLE = {"capacity", "unavailable", "stopped"}
+"""Denials the web chat protocol calls worth retrying later (``adapters/webchat``)."""
+RETRY_AFTER_S = 0.5
 
 
 def _config(root: Path, seed: int) -> Layout:
@@ -125,6 +130,12 @@ async def _session(port: int, client: Client) -> None:
                 nursery.cancel_scope.cancel()
                 return
 
+            in_flight: set[str] = set()
+
+            async def retry_later(cid: str) -> None:
+                await trio.sleep(RETRY_AFTER_S)
+                in_flight.discard(cid)
+
             async def receive() -> None:
                 try:
                     while True:
@@ -134,6 +145,10 @@ async def _session(port: int, client: Client) -> None:
                             client.resume = frame["resume"]
                         if kind == "admission" and status in ("accepted", "unsupported"):
                             client.acked.add(str(frame.get("id")))
+                        elif kind == "admission" and frame.get("reason") in RETRYABLE:
+                            # Not acknowledged, worth retrying later (the page does too):
+                            # sent again by ``send`` once the delay has passed.
+                            nursery.start_soon(retry_later, str(frame.get("id")))
                         elif kind == "reply" and frame.get("kind") == "final":
                             client.finals[str(frame.get("inReplyTo"))] += 1
                 except _GONE:
@@ -141,7 +156,6 @@ async def _session(port: int, client: Client) -> None:
                 nursery.cancel_scope.cancel()
 
             async def send() -> None:
-                in_flight: set[str] = set()
                 try:
                     hello = {"type": "hello", "actor": client.actor}
                     if client.resume is not None:
