@@ -336,11 +336,13 @@ def check_writes(
 ) -> list[SaveRequest | DeleteRequest]:
     """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
     the first bad write by its index, before anything is written."""
-    if type(writes) is not tuple and type(writes) is not list:  # the common two, no ABC check
-        if not isinstance(writes, Sequence) or isinstance(writes, str | bytes):
-            raise InvalidCheckpointError(
-                "writes must be a sequence of SaveCheckpoint/DeleteCheckpoint"
-            )
+    # A tuple or a list (the common two) is not put through the ABC check.
+    if (
+        type(writes) is not tuple
+        and type(writes) is not list
+        and (not isinstance(writes, Sequence) or isinstance(writes, str | bytes))
+    ):
+        raise InvalidCheckpointError("writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
     if len(writes) > MAX_BATCH_WRITES:
         raise InvalidCheckpointError(f"at most {MAX_BATCH_WRITES} writes per batch")
     if not isinstance(atomic, bool):
