@@ -237,14 +237,21 @@ def _plain_save(
 
 
 _METADATA_JSON: dict[tuple[tuple[str, str], ...], str] = {}
-"""Encoded metadata of the flat ``str → str`` shapes seen (the journal's ``kind``/``state``
-pairs: a small closed set), so the common ones are not encoded on every write."""
+"""Encoded metadata of the small flat ``str → str`` shapes seen (the journal's
+``kind``/``state`` pairs: a small closed set), so the common ones are not encoded on every
+write. Bounded in entries and in each entry's size: a host's own metadata (any text) is
+encoded every time instead."""
 _METADATA_JSON_MAX = 256
+_METADATA_MEMO_CHARS = 128
 
 
 def _metadata_json(metadata: Mapping[Any, Any]) -> str:
     items = tuple(metadata.items())
-    if len(items) <= 4 and all(type(k) is str and type(v) is str for k, v in items):
+    if (
+        len(items) <= 4
+        and all(type(k) is str and type(v) is str for k, v in items)
+        and sum(len(k) + len(v) for k, v in items) <= _METADATA_MEMO_CHARS
+    ):
         cached = _METADATA_JSON.get(items)
         if cached is None:
             cached = encode_json(dict(items), "metadata")

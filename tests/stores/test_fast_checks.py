@@ -143,3 +143,11 @@ def test_the_metadata_memo_is_bounded() -> None:
         common._metadata_json({"kind": "k", "state": f"s{i}"})
     assert len(common._METADATA_JSON) <= common._METADATA_JSON_MAX
     assert common._metadata_json({"kind": "k", "state": "s-new"}) == '{"kind":"k","state":"s-new"}'
+
+
+def test_large_metadata_is_encoded_every_time_not_remembered() -> None:
+    before = dict(common._METADATA_JSON)
+    text = "x" * (common._METADATA_MEMO_CHARS + 1)
+    assert common._metadata_json({"note": text}) == '{"note":"' + text + '"}'
+    remembered = dict(common._METADATA_JSON)
+    assert remembered == before
