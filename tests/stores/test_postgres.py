@@ -335,10 +335,11 @@ async def test_a_refused_job_fails_alone_in_a_group_commit(url: str, store: Post
         async with pgserver.admin(url) as admin:
             # Hold every event-writing transaction at its last statement.
             await admin.execute("BEGIN")
-            await admin.execute(f"LOCK TABLE {schema_table(url, 'prism_event_seq')}")
+            locked = schema_table(url, "prism_event_seq")
+            await admin.execute(f"LOCK TABLE {locked}")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(write, "leader")
-                await wait_for_lock_waiter(admin)
+                await wait_for_lock_waiter(admin, locked)
                 for key in ("a", "b", HUGE, "c"):
                     nursery.start_soon(write, key)
                 await trio.testing.wait_all_tasks_blocked()
@@ -350,17 +351,29 @@ async def test_a_refused_job_fails_alone_in_a_group_commit(url: str, store: Post
     assert store.statistics().commits == commits + 4  # the leader, then a, b, c one by one
 
 
-async def wait_for_lock_waiter(admin: pgserver.Admin) -> int:
-    """The pid of the prismd backend waiting for a lock (polls what the server sees)."""
+async def lock_waiters(admin: pgserver.Admin, table: str) -> list[int]:
+    """The pids of the prismd backends waiting for a lock on ``table`` (schema-qualified):
+    this test's own, not those of the tests running beside it on the same server."""
+    rows = await admin.fetch(
+        "SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
+        " WHERE a.application_name = 'prismd' AND NOT l.granted"
+        " AND l.relation = $1::text::regclass",
+        table,
+    )
+    pids: list[int] = []
+    for row in rows:
+        pid = row[0]
+        assert isinstance(pid, int), pid
+        pids.append(pid)
+    return pids
+
+
+async def wait_for_lock_waiter(admin: pgserver.Admin, table: str) -> int:
+    """The pid of the prismd backend waiting for a lock on ``table`` (polls the server)."""
     while True:
-        rows = await admin.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'prismd'"
-            " AND wait_event_type = 'Lock'"
-        )
-        if rows:
-            pid = rows[0][0]
-            assert isinstance(pid, int), pid
-            return pid
+        pids = await lock_waiters(admin, table)
+        if pids:
+            return pids[0]
         await trio.sleep(0.02)
 
 
@@ -370,7 +383,8 @@ async def test_connection_lost_mid_transaction(url: str, store: PostgresStore) -
     with trio.fail_after(30):
         async with pgserver.admin(url) as admin:
             await admin.execute("BEGIN")
-            await admin.execute(f"LOCK TABLE {schema_table(url, 'prism_event_seq')}")
+            locked = schema_table(url, "prism_event_seq")
+            await admin.execute(f"LOCK TABLE {locked}")
             outcome: list[BaseException] = []
 
             async def write() -> None:
@@ -381,7 +395,7 @@ async def test_connection_lost_mid_transaction(url: str, store: PostgresStore) -
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(write)
-                pid = await wait_for_lock_waiter(admin)
+                pid = await wait_for_lock_waiter(admin, locked)
                 await admin.execute("SELECT pg_terminate_backend($1)", pid)
             await admin.execute("ROLLBACK")
         assert len(outcome) == 1 and "connection lost" in str(outcome[0])
@@ -403,20 +417,15 @@ async def test_a_cancelled_read_stops_waiting_and_the_server_stops_too(
         )
         async with pgserver.admin(url) as admin:
             await admin.execute("BEGIN")
-            await admin.execute(
-                f"LOCK TABLE {schema_table(url, 'prism_checkpoints')} IN ACCESS EXCLUSIVE MODE"
-            )
+            locked = schema_table(url, "prism_checkpoints")
+            await admin.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
             with trio.move_on_after(0.3) as scope:
                 await store.checkpoints.load_checkpoint(namespace=NS, key="k", scope=SCOPE)
             assert scope.cancelled_caught
             cancelled_at = time.monotonic()
             # The statement does not linger on the server either.
             while True:
-                waiting = await admin.fetch(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'prismd'"
-                    " AND wait_event_type = 'Lock'"
-                )
-                if not waiting:
+                if not await lock_waiters(admin, locked):
                     break
                 await trio.sleep(0.02)
             assert time.monotonic() - cancelled_at < 5
