@@ -56,7 +56,9 @@ class Redactor:
 
 
 def utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    """The UTF-8 length (lone surrogates counted as 3 bytes), without encoding ASCII text:
+    the journal measures every record's JSON with it."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _prefix_bytes(text: str, max_bytes: int) -> str:

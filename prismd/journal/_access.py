@@ -71,7 +71,7 @@ def control_key(prefix: str, scope: OwnershipScope, connection_id: str, token: s
 
 
 def _encoded_size(value: Mapping[str, Any]) -> int:
-    return utf8_len(compact_json(dict(value)))
+    return utf8_len(compact_json(value))
 
 
 def _check_size(value: Mapping[str, Any], max_record_bytes: int) -> None:

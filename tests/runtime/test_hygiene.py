@@ -177,3 +177,8 @@ async def test_resolve_binding_maps_sessions_and_bad_ids_are_malformed(
         assert await rt.list_unresolved(identity=IDENT) == []
     assert [c.session_id for c in host.scripted.calls] == ["host-primary-0"]
     assert seen[0].generation == 0 and seen[0].ownership == SCOPE
+
+
+def test_utf8_len_counts_the_encoded_bytes_for_any_text() -> None:
+    for text in ["", "plain ascii", "é", "日本語", "😀", "\ud800", "a\udfffb", "\x00\x7f"]:
+        assert utf8_len(text) == len(text.encode("utf-8", "surrogatepass")), repr(text)
