@@ -13,7 +13,8 @@ Guarantees:
 * Group commit: every write is a job for :meth:`_Database.write`. Jobs that arrive while a
   transaction is in flight wait, and the writer thread commits *all* of them in one
   ``BEGIN IMMEDIATE … COMMIT`` (one fsync) as soon as that transaction ends, each inside
-  its own ``SAVEPOINT`` so a job that fails or loses an atomic batch rolls back alone. A
+  its own ``SAVEPOINT`` so a job that fails or loses an atomic batch rolls back alone
+  (a job whose statements each apply in full or not at all needs none). A
   writer on an idle store is committed at once (no linger). Nobody is answered before the
   shared ``COMMIT`` returned; a failed transaction fails every job in it. A caller
   cancelled while its job is still queued leaves nothing behind; once its job is in a
@@ -406,6 +407,8 @@ class _Job:
     fn: Callable[[apsw.Connection], Any]
     token: trio.lowlevel.TrioToken
     """The caller's Trio run: the writer thread wakes the caller through it."""
+    savepoint: bool = True
+    """Run inside a savepoint of its own (see :meth:`_Database.write`)."""
     wake: trio.Event = attrs.Factory(trio.Event)
     taken: bool = False
     finished: bool = False
@@ -467,13 +470,19 @@ class _Database:
             raise StoreUnavailableError("store is closed")
         return fn(self.reader)
 
-    async def write(self, fn: Callable[[apsw.Connection], T]) -> T:
+    async def write(self, fn: Callable[[apsw.Connection], T], *, savepoint: bool = True) -> T:
         """Run ``fn(conn)`` inside a savepoint of the next group-committed transaction.
 
         Returns what ``fn`` returned once the transaction is durable. An exception from
         ``fn`` rolls back its savepoint only and is raised here (:class:`_RolledBack`
         answers its value instead); a failed transaction raises
         :class:`StoreUnavailableError` for every job in it.
+
+        ``savepoint=False`` spares the two statements of the savepoint for a job whose
+        statements each either apply in full or change nothing, whatever the others do
+        (a single-statement write, or independent ones: a lost check writes nothing). Such
+        a job cannot be rolled back alone: if ``fn`` raises, the whole transaction is
+        rolled back and fails.
 
         Cancelled while queued, the write is withdrawn (nothing of it runs). Once its
         transaction has begun, its outcome is the thread's: the call waits for it (bounded
@@ -484,7 +493,7 @@ class _Database:
             raise StoreUnavailableError("store is closed")
         # Already cancelled: nothing is queued (the writer thread could take it at once).
         await trio.lowlevel.checkpoint_if_cancelled()
-        job = _Job(fn, trio.lowlevel.current_trio_token())
+        job = _Job(fn, trio.lowlevel.current_trio_token(), savepoint)
         with self._cond:
             if self._writer is None:
                 writer = threading.Thread(
@@ -557,6 +566,11 @@ class _Database:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
+                if not job.savepoint:
+                    # Anything but a statement's error escapes to ``_write_loop``, which
+                    # rolls the transaction back and fails every job in it.
+                    job.result = job.fn(conn)
+                    continue
                 conn.execute("SAVEPOINT job")
                 try:
                     job.result = job.fn(conn)
@@ -762,13 +776,17 @@ class SQLiteCheckpointStore:
         requests = _common.check_writes(writes, atomic, self._max_value_bytes)
         now = self._db.clock.now_ms()
 
+        # Each write is one statement whose WHERE holds its checks, plus its event: only an
+        # atomic batch of several needs a savepoint, to undo the ones already applied.
+        undo = atomic and len(requests) > 1
+
         def txn(conn: apsw.Connection) -> tuple[WriteResult, ...]:
             results = tuple(_apply(conn, req, now) for req in requests)
-            if atomic and not all(r.ok for r in results):
+            if undo and not all(r.ok for r in results):
                 raise _RolledBack(tuple(r if not r.ok else WriteResult("aborted") for r in results))
             return results
 
-        return await self._db.write(txn)
+        return await self._db.write(txn, savepoint=undo)
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope

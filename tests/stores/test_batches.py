@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -121,6 +121,18 @@ async def test_atomic_batch_is_all_or_nothing(store: Store) -> None:
     assert await keys(store) == {"op": 2, "reply": 1, "binding": 1}
 
 
+async def test_a_lone_atomic_write_that_loses_is_a_conflict(store: Store) -> None:
+    await store.checkpoints.save_checkpoint(
+        namespace=NS, key="op", scope=SCOPE, version=1, value={}, expected_version=0
+    )
+    lost = await store.checkpoints.write_checkpoints([put("op")], atomic=True)
+    assert [r.status for r in lost] == ["conflict"] and lost[0].record is None
+    won = await store.checkpoints.write_checkpoints([put("op", 2)], atomic=True)
+    assert [r.status for r in won] == ["ok"]
+    assert await keys(store) == {"op": 2}
+    assert await event_keys(store) == [("save", "op"), ("save", "op")]
+
+
 async def test_bad_input_is_refused_before_anything_is_written(store: Store) -> None:
     cases: list[Any] = [
         [put("a"), put("b", value={1: "int key"})],
@@ -211,26 +223,10 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
             " WHEN NEW.key = 'boom' BEGIN SELECT RAISE(ABORT, 'boom'); END"
         )
         outcomes: dict[str, str] = {}
-        hold = hold_transactions_on(store, "first")
-
-        async def writer(key: str) -> None:
-            try:
-                await store.checkpoints.write_checkpoints([put(key)])
-                outcomes[key] = "ok"
-            except StoreUnavailableError:
-                outcomes[key] = "unavailable"
-
-        try:
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(writer, "first")  # alone in the first transaction
-                    await hold.inside()
-                    for key in ("a", "boom", "b"):
-                        nursery.start_soon(writer, key)  # queued together behind it
-                    await trio.testing.wait_all_tasks_blocked()
-                    hold.release.set()
-        finally:
-            hold.release.set()
+        write = recorded_write(store, outcomes)
+        await behind_a_held_transaction(
+            store, write("first"), write("a"), write("boom"), write("b")
+        )
         assert outcomes == {
             "first": "ok",
             "a": "unavailable",
@@ -242,6 +238,90 @@ async def test_a_failed_transaction_fails_every_write_in_it(tmp_path: Path) -> N
         # The connection is usable afterwards.
         await store.checkpoints.write_checkpoints([put("a")])
         assert await keys(store) == {"first": 1, "a": 1}
+
+
+@pytest.mark.parametrize("savepoint", [True, False], ids=["in-a-savepoint", "without"])
+async def test_a_job_that_raises_after_a_statement_leaves_nothing_of_it(
+    tmp_path: Path, savepoint: bool
+) -> None:
+    # In its savepoint a failing job is rolled back alone and its own error is raised.
+    # Without one (``savepoint=False``) nothing could undo its first statement alone: the
+    # whole transaction is rolled back and fails.
+    async with sqlite(tmp_path) as store:
+        outcomes: dict[str, str] = {}
+
+        def half_then_raise(conn: apsw.Connection) -> None:
+            conn.execute(
+                "INSERT INTO prism_checkpoints (namespace, key, version, value, created_at,"
+                " updated_at) VALUES (?, 'half', 1, '{}', 0, 0)",
+                (NS,),
+            )
+            raise RuntimeError("after its first statement")
+
+        async def raw() -> None:
+            try:
+                await store._db.write(half_then_raise, savepoint=savepoint)
+                outcomes["raw"] = "ok"
+            except StoreUnavailableError:
+                outcomes["raw"] = "unavailable"
+            except RuntimeError:
+                outcomes["raw"] = "raised"
+
+        write = recorded_write(store, outcomes)
+        await behind_a_held_transaction(store, write("first"), write("a"), raw, write("b"))
+        if savepoint:
+            assert outcomes == {"first": "ok", "a": "ok", "raw": "raised", "b": "ok"}
+            assert await keys(store) == {"first": 1, "a": 1, "b": 1}
+        else:
+            assert outcomes == {
+                "first": "ok",
+                "a": "unavailable",
+                "raw": "unavailable",
+                "b": "unavailable",
+            }
+            assert await keys(store) == {"first": 1}
+        # The connection is usable afterwards.
+        await store.checkpoints.write_checkpoints([put("c")])
+        assert "c" in await keys(store) and "half" not in await keys(store)
+
+
+def recorded_write(
+    store: SQLiteStore, outcomes: dict[str, str]
+) -> Callable[[str], Callable[[], Awaitable[None]]]:
+    """``write(key)``: a call that saves ``key`` and records "ok" or "unavailable"."""
+
+    def write(key: str) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            try:
+                await store.checkpoints.write_checkpoints([put(key)])
+                outcomes[key] = "ok"
+            except StoreUnavailableError:
+                outcomes[key] = "unavailable"
+
+        return call
+
+    return write
+
+
+async def behind_a_held_transaction(
+    store: SQLiteStore,
+    first: Callable[[], Awaitable[None]],
+    *queued: Callable[[], Awaitable[None]],
+) -> None:
+    """``first`` alone in a transaction held open (it writes the key "first") while every
+    one of ``queued`` is queued behind it; then the hold is released and all finish."""
+    hold = hold_transactions_on(store, "first")
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first)
+                await hold.inside()
+                for call in queued:
+                    nursery.start_soon(call)  # queued together behind it
+                await trio.testing.wait_all_tasks_blocked()
+                hold.release.set()
+    finally:
+        hold.release.set()
 
 
 @attrs.define
