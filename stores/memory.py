@@ -12,7 +12,7 @@ respect to other tasks: that is the memory store's "transaction".
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -26,7 +26,6 @@ from ._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
     SYSTEM_CLOCK,
-    CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
@@ -46,13 +45,9 @@ from ._types import (
     LeaseConflictError,
     LeaseRecord,
     OwnershipScope,
-    SaveCheckpoint,
     StoreUnavailableError,
     WriteResult,
 )
-
-_CONFLICT = "checkpoint version conflict"
-
 
 _DECODE: Any = object()
 
@@ -185,44 +180,10 @@ class _State:
 
 
 @attrs.define(eq=False)
-class MemoryCheckpointStore:
+class MemoryCheckpointStore(_common.SavesAsABatchOfOne):
     """:class:`~stores.CheckpointStore` over a dict; see the module docstring."""
 
     _state: _State
-
-    async def save_checkpoint(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        version: int,
-        value: JSONValue,
-        expected_version: int | None = None,
-        fencing_token: int | None = None,
-        category: str | None = None,
-        metadata: Mapping[str, JSONValue] | None = None,
-    ) -> CheckpointRecord:
-        """Store ``value`` under the CAS and fencing rules; nothing is written when it raises.
-
-        Raises :class:`~stores.CheckpointConflictError` (its subclasses for bad input or an
-        oversize value) and :class:`~stores.StoreUnavailableError` once closed.
-        """
-        write = SaveCheckpoint(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            version=version,
-            value=value,
-            expected_version=expected_version,
-            fencing_token=fencing_token,
-            category=category,
-            metadata=metadata,
-        )
-        (result,) = await self.write_checkpoints((write,))
-        if result.record is None:
-            raise CheckpointConflictError(_CONFLICT)
-        return result.record
 
     async def write_checkpoints(
         self, writes: Sequence[CheckpointWrite], *, atomic: bool = False

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -69,7 +69,6 @@ from ._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
     SYSTEM_CLOCK,
-    CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
@@ -87,7 +86,6 @@ from ._types import (
     LeaseConflictError,
     LeaseRecord,
     OwnershipScope,
-    SaveCheckpoint,
     SchemaStatus,
     Store,
     StoreUnavailableError,
@@ -105,7 +103,6 @@ MAX_WRITES = _common.MAX_BATCH_WRITES
 RETRIES = 4
 """A transaction aborted by a deadlock or serialization failure is run again this often."""
 CLOSE_BUDGET_S = 5.0
-_CONFLICT = "checkpoint version conflict"
 _STATUSES: frozenset[str] = frozenset({"ok", "conflict", "missing", "aborted"})
 
 _CHECKPOINT_COLUMNS = (
@@ -361,7 +358,7 @@ class _Writer:
 
 
 @attrs.define(eq=False)
-class PostgresCheckpointStore:
+class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
 
     _driver: Driver
@@ -373,37 +370,6 @@ class PostgresCheckpointStore:
     @property
     def _t(self) -> str:
         return _schema.quote_ident(self._schema_name)
-
-    async def save_checkpoint(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        version: int,
-        value: JSONValue,
-        expected_version: int | None = None,
-        fencing_token: int | None = None,
-        category: str | None = None,
-        metadata: Mapping[str, JSONValue] | None = None,
-    ) -> CheckpointRecord:
-        """One write of the next group commit; a lost check raises
-        :class:`~stores.CheckpointConflictError` and writes nothing."""
-        write = SaveCheckpoint(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            version=version,
-            value=value,
-            expected_version=expected_version,
-            fencing_token=fencing_token,
-            category=category,
-            metadata=metadata,
-        )
-        (result,) = await self.write_checkpoints((write,))
-        if result.record is None:
-            raise CheckpointConflictError(_CONFLICT)
-        return result.record
 
     async def write_checkpoints(
         self, writes: Sequence[CheckpointWrite], *, atomic: bool = False

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -47,7 +47,6 @@ from ._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
     SYSTEM_CLOCK,
-    CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
@@ -68,7 +67,6 @@ from ._types import (
     LeaseConflictError,
     LeaseRecord,
     OwnershipScope,
-    SaveCheckpoint,
     SchemaStatus,
     StoreUnavailableError,
     WriteResult,
@@ -79,7 +77,6 @@ T = TypeVar("T")
 SCHEMA_VERSION = 2
 """1: checkpoints, leases, events; 2: the inbox (``prism_inbox``)."""
 BUSY_TIMEOUT_MS = 5000
-_CONFLICT = "checkpoint version conflict"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS prism_checkpoints (
@@ -727,45 +724,11 @@ def _apply(
 
 
 @attrs.define(eq=False)
-class SQLiteCheckpointStore:
+class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
 
     _db: _Database
     _max_value_bytes: int
-
-    async def save_checkpoint(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        version: int,
-        value: JSONValue,
-        expected_version: int | None = None,
-        fencing_token: int | None = None,
-        category: str | None = None,
-        metadata: Mapping[str, JSONValue] | None = None,
-    ) -> CheckpointRecord:
-        """Store ``value`` under the CAS and fencing rules in one transaction with its event.
-
-        The version, scope and fence checks run inside the UPSERT's ``WHERE``; zero rows
-        means :class:`~stores.CheckpointConflictError` and nothing is written.
-        """
-        write = SaveCheckpoint(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            version=version,
-            value=value,
-            expected_version=expected_version,
-            fencing_token=fencing_token,
-            category=category,
-            metadata=metadata,
-        )
-        (result,) = await self.write_checkpoints((write,))
-        if result.record is None:
-            raise CheckpointConflictError(_CONFLICT)
-        return result.record
 
     async def write_checkpoints(
         self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
