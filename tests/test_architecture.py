@@ -121,9 +121,12 @@ def test_packages_use_each_other_through_their_faces() -> None:
 
 # Shields whose bound lives elsewhere, each with the reason it cannot hang.
 BOUNDED_ELSEWHERE = {
-    # The job is inside a transaction on the store's own thread, which is never abandoned:
-    # the wait ends with that transaction (and the store's busy timeout bounds it).
+    # The job is inside a transaction (or leads one) whose statements and COMMIT run to
+    # their end, the writer thread's part never abandoned: the wait ends with that
+    # transaction (and the store's busy timeout bounds its BEGIN). ``aclose`` waits for
+    # the last such transaction; the writes queued behind it fail at once.
     ("stores/sqlite.py", "write"),
+    ("stores/sqlite.py", "aclose"),
     # Driver.aclose bounds itself (CLOSE_BUDGET_S, then terminates the connections).
     ("stores/_pg_driver.py", "open_driver"),
     ("stores/postgres.py", "aclose"),

@@ -30,7 +30,7 @@ from stores import (
     StoreUnavailableError,
     open_store,
 )
-from stores.sqlite import SQLiteStore
+from stores.sqlite import INLINE_WRITES, MAX_JOBS_PER_TRANSACTION, SQLiteStore
 
 from .test_sqlite_processes import spawn
 
@@ -202,6 +202,123 @@ async def test_a_single_writer_is_not_held_back(tmp_path: Path) -> None:
         assert store.statistics().commits == 5
 
 
+def record_threads(store: SQLiteStore, *, commits_too: bool = True) -> tuple[list[str], list[str]]:
+    """The threads that ran each checkpoint insert's statement, and each ``COMMIT``."""
+    statements: list[str] = []
+    commits: list[str] = []
+
+    def seen(*_args: apsw.SQLiteValue) -> int:
+        statements.append(threading.current_thread().name)
+        return 0
+
+    def commit_hook() -> bool:
+        commits.append(threading.current_thread().name)
+        return False
+
+    conn = store._db.conn
+    conn.create_scalar_function("seen", seen, 0)
+    conn.execute(
+        "CREATE TEMP TRIGGER seen BEFORE INSERT ON main.prism_checkpoints BEGIN SELECT seen(); END"
+    )
+    if commits_too:
+        conn.set_commit_hook(commit_hook)
+    return statements, commits
+
+
+async def test_statements_run_on_the_loop_only_when_writes_share_a_transaction(
+    tmp_path: Path,
+) -> None:
+    here = threading.current_thread().name
+    writer = "prismd-sqlite-writer"
+    async with sqlite(tmp_path) as store:
+        statements, commits = record_threads(store)
+        # A lone write: its whole transaction runs in the writer thread, beside the loop.
+        await store.checkpoints.write_checkpoints([put("alone")])
+        assert [name.startswith(writer) for name in statements] == [True]
+        # Writers queued together: their statements run here, in one transaction.
+        statements.clear()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(store.checkpoints.write_checkpoints, [put(f"many-{i}")])
+        # (The first found none queued: it led a transaction of its own, in the thread.)
+        assert statements[0].startswith(writer) and statements[1:] == [here] * 5
+        # A batch too large for the loop goes to the writer thread even then.
+        statements.clear()
+        big = [put(f"big-{i}") for i in range(INLINE_WRITES + 1)]
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.checkpoints.write_checkpoints, big)
+                nursery.start_soon(store.checkpoints.write_checkpoints, [put("beside")])
+        assert len(statements) == INLINE_WRITES + 2
+        assert all(name.startswith(writer) for name in statements)
+        # Every COMMIT (the fsync) is the writer thread's.
+        assert commits and all(name.startswith(writer) for name in commits)
+        assert len(await keys(store)) == 1 + 6 + INLINE_WRITES + 2
+
+
+async def test_a_busy_loop_waits_for_a_locked_database_off_the_loop(tmp_path: Path) -> None:
+    # Two writes queued together run their statements here, but their BEGIN finds the
+    # file locked by another connection: that wait is the writer thread's, and the loop
+    # keeps running until the lock is released; then both land.
+    here = threading.current_thread().name
+    async with sqlite(tmp_path) as store:
+        blocker = apsw.Connection(str(tmp_path / "batch.sqlite"))
+        hold = hold_transactions_on(store, "first")
+        statements, _ = record_threads(store, commits_too=False)
+        armed = threading.Event()
+
+        def lock_right_after_the_commit(_conn: apsw.Connection, _db: str, _pages: int) -> int:
+            # Called by the committing thread once the held transaction is in: the next
+            # transaction's BEGIN meets this connection's lock.
+            if armed.is_set():
+                armed.clear()
+                blocker.execute("BEGIN IMMEDIATE")
+            return apsw.SQLITE_OK
+
+        store._db.conn.set_wal_hook(lock_right_after_the_commit)
+        outcomes: dict[str, str] = {}
+        write = recorded_write(store, outcomes)
+        ticks = 0
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(write("first"))
+                    await hold.inside()
+                    nursery.start_soon(write("a"))
+                    nursery.start_soon(write("b"))
+                    await trio.testing.wait_all_tasks_blocked()
+                    armed.set()
+                    hold.release.set()
+                    while not blocker.in_transaction or ticks < 10:
+                        await trio.sleep(0.02)
+                        ticks += 1
+                    assert outcomes == {"first": "ok"}
+                    blocker.execute("COMMIT")
+        finally:
+            hold.release.set()
+            if blocker.in_transaction:
+                blocker.execute("ROLLBACK")
+            blocker.close()
+        assert outcomes == {"first": "ok", "a": "ok", "b": "ok"}
+        assert statements[1:] == [here, here]
+        assert await keys(store) == {"first": 1, "a": 1, "b": 1}
+
+
+async def test_a_transaction_takes_at_most_its_bound_of_queued_writes(tmp_path: Path) -> None:
+    async with sqlite(tmp_path) as store:
+        outcomes: dict[str, str] = {}
+        write = recorded_write(store, outcomes)
+        queued = MAX_JOBS_PER_TRANSACTION + 10
+        await behind_a_held_transaction(
+            store, write("first"), *(write(f"q{i}") for i in range(queued))
+        )
+        assert set(outcomes.values()) == {"ok"} and len(outcomes) == queued + 1
+        # The first alone, then the bound, then the rest in the next transaction.
+        assert store.statistics().commits == 3
+        assert len(await keys(store)) == queued + 1
+
+
 async def test_the_writer_thread_ends_with_the_store(tmp_path: Path) -> None:
     def writers() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name.startswith("prismd-sqlite-writer")]
@@ -327,7 +444,7 @@ async def behind_a_held_transaction(
 @attrs.define
 class Hold:
     entered: threading.Event = attrs.Factory(threading.Event)
-    """Set by the writer thread once it is inside the transaction."""
+    """Set by the writer thread once it is committing the transaction."""
     release: threading.Event = attrs.Factory(threading.Event)
 
     async def inside(self) -> None:
@@ -337,21 +454,32 @@ class Hold:
 
 
 def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
-    """Make the writer thread block inside the transaction that writes ``key`` until
-    ``release`` is set (a temporary trigger calling back into the test)."""
+    """Make the writer thread block in the ``COMMIT`` of the transaction that writes ``key``
+    until ``release`` is set: a temporary trigger marks the transaction, and a commit hook
+    (called by the thread that commits) holds a marked one. Whether its statements ran on
+    the Trio thread or in the writer thread, the loop goes on meanwhile."""
     hold = Hold()
+    marked: list[bool] = []
 
-    def held(*_args: apsw.SQLiteValue) -> int:
-        hold.entered.set()
-        hold.release.wait(30)
+    def mark(*_args: apsw.SQLiteValue) -> int:
+        marked.append(True)
         return 0
 
+    def commit_hook() -> bool:
+        if marked:
+            marked.clear()
+            hold.entered.set()
+            hold.release.wait(30)
+        return False  # then commit
+
     conn = store._db.conn
-    conn.create_scalar_function("hold", held, 0)
+    conn.create_scalar_function("hold", mark, 0)
     conn.execute(
         "CREATE TEMP TRIGGER hold BEFORE INSERT ON main.prism_checkpoints"
         f" WHEN NEW.key = '{key}' BEGIN SELECT hold(); END"
     )
+    conn.set_commit_hook(commit_hook)
+    conn.set_rollback_hook(marked.clear)
     return hold
 
 
