@@ -406,11 +406,11 @@ class _RolledBack(Exception):
         self.value = value
 
 
-INLINE_WRITES = 64
-"""A ``write_checkpoints`` batch of more writes runs its statements in the writer thread."""
+INLINE_WRITES = 256
+"""A transaction of more writes than this (the sum of its jobs' ``weight``) runs its
+statements in the writer thread: a bound on how long they hold the Trio loop."""
 MAX_JOBS_PER_TRANSACTION = 256
-"""At most this many jobs share one transaction (later ones take the next): a bound on how
-long the statements of one transaction hold the Trio loop."""
+"""At most this many jobs share one transaction (later ones take the next)."""
 
 
 @attrs.define(eq=False)
@@ -420,8 +420,8 @@ class _Job:
     fn: Callable[[apsw.Connection], Any]
     savepoint: bool
     """Run inside a savepoint of its own (see :meth:`_Database.write`)."""
-    inline: bool
-    """Small enough to run on the Trio thread (see :meth:`_Database.write`)."""
+    weight: int
+    """How many writes it makes, at most (see :meth:`_Database.write`)."""
     wake: trio.Event = attrs.Factory(trio.Event)
     taken: bool = False
     """In a transaction: its outcome is that transaction's."""
@@ -460,7 +460,7 @@ class _Database:
     the store's writer thread while the loop goes on: every ``COMMIT`` (the fsync), a
     ``BEGIN`` that finds the file locked by another connection, and the whole transaction
     of a lone write (it then runs beside the loop) or of a batch with a large job
-    (``inline=False``).
+    (more than :data:`INLINE_WRITES` writes in all).
     """
 
     conn: apsw.Connection
@@ -510,7 +510,7 @@ class _Database:
         return fn(self.reader)
 
     async def write(
-        self, fn: Callable[[apsw.Connection], T], *, savepoint: bool = True, inline: bool = True
+        self, fn: Callable[[apsw.Connection], T], *, savepoint: bool = True, weight: int = 1
     ) -> T:
         """Run ``fn(conn)`` inside a savepoint of the next group-committed transaction.
 
@@ -523,8 +523,8 @@ class _Database:
         statements each either apply in full or change nothing, whatever the others do
         (a single-statement write, or independent ones: a lost check writes nothing). Such
         a job cannot be rolled back alone: if ``fn`` raises, the whole transaction is
-        rolled back and fails. ``inline=False`` keeps a job whose statements may take long
-        off the Trio thread (its transaction runs in the writer thread).
+        rolled back and fails. ``weight`` is how many writes ``fn`` makes at most: a
+        transaction of more than :data:`INLINE_WRITES` in all runs in the writer thread.
 
         Cancelled while queued, the write is withdrawn (nothing of it runs). Once its
         transaction has begun, its outcome is the transaction's: the call waits for it
@@ -535,7 +535,7 @@ class _Database:
             raise StoreUnavailableError("store is closed")
         # Already cancelled: nothing is queued (a running transaction could take it).
         await trio.lowlevel.checkpoint_if_cancelled()
-        job = _Job(fn, savepoint, inline)
+        job = _Job(fn, savepoint, weight)
         self._pending.append(job)
         if self._leading:
             try:
@@ -567,7 +567,7 @@ class _Database:
             if self.closed:
                 for job in batch:
                     job.error = StoreUnavailableError("store is closed")
-            elif len(batch) > 1 and all(job.inline for job in batch):
+            elif len(batch) > 1 and sum(job.weight for job in batch) <= INLINE_WRITES:
                 # Writes queued together: the loop is busy.
                 await self._transaction_here(batch)
             else:
@@ -890,7 +890,7 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
                 raise _RolledBack(tuple(r if not r.ok else WriteResult("aborted") for r in results))
             return results
 
-        return await self._db.write(txn, savepoint=undo, inline=len(requests) <= INLINE_WRITES)
+        return await self._db.write(txn, savepoint=undo, weight=len(requests))
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope
@@ -1450,8 +1450,8 @@ class SQLiteInboxStore:
             ).fetchall()
             return len(rows)
 
-        # Up to ``limit`` rows at a time: not on the Trio thread.
-        return await self._db.write(txn, inline=False)
+        # Up to ``n`` deletes: beyond the Trio thread's share of one transaction.
+        return await self._db.write(txn, weight=n)
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
         wanted = _common.check_inbox_sources(sources)

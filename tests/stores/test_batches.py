@@ -243,18 +243,20 @@ async def test_statements_run_on_the_loop_only_when_writes_share_a_transaction(
                     nursery.start_soon(store.checkpoints.write_checkpoints, [put(f"many-{i}")])
         # (The first found none queued: it led a transaction of its own, in the thread.)
         assert statements[0].startswith(writer) and statements[1:] == [here] * 5
-        # A batch too large for the loop goes to the writer thread even then.
+        # Writes queued together that are too many for the loop in all go to the writer
+        # thread even then.
         statements.clear()
-        big = [put(f"big-{i}") for i in range(INLINE_WRITES + 1)]
+        share = INLINE_WRITES // 2 + 1
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(store.checkpoints.write_checkpoints, big)
-                nursery.start_soon(store.checkpoints.write_checkpoints, [put("beside")])
-        assert len(statements) == INLINE_WRITES + 2
+                for b in range(3):
+                    batch = [put(f"big-{b}-{i}") for i in range(share)]
+                    nursery.start_soon(store.checkpoints.write_checkpoints, batch)
+        assert len(statements) == 3 * share
         assert all(name.startswith(writer) for name in statements)
         # Every COMMIT (the fsync) is the writer thread's.
         assert commits and all(name.startswith(writer) for name in commits)
-        assert len(await keys(store)) == 1 + 6 + INLINE_WRITES + 2
+        assert len(await keys(store)) == 1 + 6 + 3 * share
 
 
 async def test_a_busy_loop_waits_for_a_locked_database_off_the_loop(tmp_path: Path) -> None:
