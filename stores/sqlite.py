@@ -427,7 +427,6 @@ class _Job:
     """In a transaction: its outcome is that transaction's."""
     lead: bool = False
     """Woken to run the next transaction (handed over by the one that ran the last)."""
-    finished: bool = False
     result: Any = None
     error: BaseException | None = None
 
@@ -565,8 +564,7 @@ class _Database:
             job.taken = True
         try:
             if self.closed:
-                for job in batch:
-                    job.error = StoreUnavailableError("store is closed")
+                self._fail(batch, StoreUnavailableError("store is closed"))
             elif len(batch) > 1 and sum(job.weight for job in batch) <= INLINE_WRITES:
                 # Writes queued together: the loop is busy.
                 await self._transaction_here(batch)
@@ -574,22 +572,13 @@ class _Database:
                 await self._in_thread(functools.partial(self._transaction, batch))
         except Exception:
             # Not a statement's error (those fail the transaction where they happen): a
-            # job without a savepoint raised. Nothing of the transaction stays, every job
-            # in it fails (below), and the connection is not left inside a transaction
-            # that every later BEGIN would trip over.
-            self._rollback()
+            # job without a savepoint raised.
+            self._abandon(batch)
         except BaseException:
-            self._rollback()
+            self._abandon(batch)
             raise
         finally:
             for job in batch:
-                if not job.finished:
-                    job.finished = True
-                    if job.error is None:
-                        job.result = None
-                        job.error = StoreUnavailableError(
-                            f"SQLite store {self.label}: write failed"
-                        )
                 job.wake.set()
             if self._pending:
                 following = self._pending[0]
@@ -685,13 +674,16 @@ class _Database:
         for job in batch:
             job.result = None
             job.error = error
-            job.finished = True
+
+    def _abandon(self, batch: list[_Job]) -> None:
+        """Nothing of the transaction stays and every job in it fails; the connection is
+        not left inside a transaction that every later BEGIN would trip over."""
+        self._rollback()
+        self._fail(batch, StoreUnavailableError(f"SQLite store {self.label}: write failed"))
 
     def _committed(self, batch: list[_Job]) -> None:
         self.commits += 1
         self.writes += len(batch)
-        for job in batch:
-            job.finished = True
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         """``fn()`` in the writer thread (started on first use); its exception is raised
