@@ -1,8 +1,8 @@
 """Shared pieces of the built-in agents: durable session transcripts, option errors, helpers.
 
 A transcript is the agent's own memory of a conversation (not the channel journal): one
-checkpoint per (agent alias, session id) in ``prismd.agents.v1.session``, scoped by the
-run's ownership, holding the most recent user/assistant entries within fixed bounds.
+checkpoint per (owner, agent alias, session id) in ``prismd.agents.v1.session``, scoped by
+the run's ownership, holding the most recent user/assistant entries within fixed bounds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import trio
 
 from stores import (
     CheckpointConflictError,
+    CheckpointRecord,
     CheckpointStore,
+    CheckpointWrite,
+    DeleteCheckpoint,
     OwnershipScope,
     SaveCheckpoint,
     compact_json,
@@ -106,7 +109,23 @@ async def stream_text(
     on_event(StreamEvent("message_finished", run_id, text))
 
 
-def _session_key(alias: str, session_id: str) -> str:
+def session_key(alias: str, session_id: str, ownership: OwnershipScope) -> str:
+    """A transcript's row key: ``s2:`` and the JSON array ``[tenant, account, user, alias,
+    session id]``.
+
+    The owner is part of it because session ids need not be unique across owners (a
+    host's ``resolve_binding`` chooses them): two owners with the same session id have a
+    transcript each, where one shared row key made the second one's every append lose
+    its compare-and-swap.
+    """
+    return "s2:" + compact_json(
+        [ownership.tenant_id, ownership.account_id, ownership.user_id, alias, session_id]
+    )
+
+
+def legacy_session_key(alias: str, session_id: str) -> str:
+    """Where transcripts were kept before the owner was part of the key (``s1:``): read
+    when the owner's row is missing, and moved to it by the next append."""
     return f"s1:{alias}:{session_id}"
 
 
@@ -218,10 +237,23 @@ class SessionLog:
     _cached_bytes: int = attrs.field(default=0, init=False)
 
     async def entries(self, session_id: str, ownership: OwnershipScope) -> tuple[SessionEntry, ...]:
-        stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_SESSION, key=_session_key(self.alias, session_id), scope=ownership
-        )
+        stored, _legacy = await self._load(session_id, ownership)
         return () if stored is None else tuple(_parse_entries(stored.value))
+
+    async def _load(
+        self, session_id: str, ownership: OwnershipScope
+    ) -> tuple[CheckpointRecord | None, bool]:
+        """The stored transcript, and whether it is still under its legacy key."""
+        for key, legacy in (
+            (session_key(self.alias, session_id, ownership), False),
+            (legacy_session_key(self.alias, session_id), True),
+        ):
+            stored = await self.checkpoints.load_checkpoint(
+                namespace=NS_SESSION, key=key, scope=ownership
+            )
+            if stored is not None:
+                return stored, legacy
+        return None, False
 
     def _take(self, at: tuple[str, OwnershipScope]) -> _Transcript | None:
         cached = self._cache.pop(at, None)
@@ -249,35 +281,48 @@ class SessionLog:
     ) -> str:
         """Append entries (role, text) and return the id of the last one (the new leaf)."""
         added = [SessionEntry(new_entry_id(), role, _clip(text)) for role, text in new]
-        key = _session_key(self.alias, session_id)
+        key = session_key(self.alias, session_id, ownership)
         at = (key, ownership)
         limit = min(self.max_entries, MAX_SESSION_ENTRIES)
         for _attempt in range(_CAS_ATTEMPTS):
             # Taken out while the save is in flight: a concurrent append of this process
             # loads from the store instead and meets the compare-and-swap.
             current = self._take(at)
+            legacy = False
             if current is None:
-                stored = await self.checkpoints.load_checkpoint(
-                    namespace=NS_SESSION, key=key, scope=ownership
-                )
+                stored, legacy = await self._load(session_id, ownership)
                 current = (
                     _Transcript(0)
                     if stored is None
-                    else _Transcript.of(stored.version, _parse_entries(stored.value))
+                    # A legacy row moves: created under the owner's key (version 1).
+                    else _Transcript.of(
+                        0 if legacy else stored.version, _parse_entries(stored.value)
+                    )
                 )
             version = current.version
             written = current.extended(added, limit, version + 1)
-            save = SaveCheckpoint(
-                namespace=NS_SESSION,
-                key=key,
-                scope=ownership,
-                version=version + 1,
-                value={"entries": list(written.items)},
-                expected_version=version,
-                category=CATEGORY_SESSION,
-                value_json=written.value_json(),
+            writes: tuple[CheckpointWrite, ...] = (
+                SaveCheckpoint(
+                    namespace=NS_SESSION,
+                    key=key,
+                    scope=ownership,
+                    version=version + 1,
+                    value={"entries": list(written.items)},
+                    expected_version=version,
+                    category=CATEGORY_SESSION,
+                    value_json=written.value_json(),
+                ),
             )
-            (result,) = await self.checkpoints.write_checkpoints((save,))
+            if legacy:
+                # Together or not at all: a legacy row already moved (or pruned) meanwhile
+                # is missing, and the append starts over from what is stored now.
+                old = DeleteCheckpoint(
+                    namespace=NS_SESSION,
+                    key=legacy_session_key(self.alias, session_id),
+                    scope=ownership,
+                )
+                writes = (*writes, old)
+            result, *_ = await self.checkpoints.write_checkpoints(writes, atomic=legacy)
             if not result.ok:
                 continue
             self._remember(at, written)

@@ -24,7 +24,7 @@ from prismd.agents import (
     build_agent,
     validate_agent_options,
 )
-from prismd.agents._session import MAX_SESSION_ENTRIES
+from prismd.agents._session import MAX_SESSION_ENTRIES, session_key
 from prismd.identity import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock
@@ -503,7 +503,7 @@ async def test_transcripts_stay_within_byte_bounds(store: MemoryStore, clock: Ma
     assert all(len(e.text.encode()) <= MAX_ENTRY_BYTES for e in entries)
     assert entries[-1].id == result.leaf_id and entries[-1].role == "assistant"
     row = await store.checkpoints.load_checkpoint(
-        namespace=NS_SESSION, key="s1:primary:sess-1", scope=OWNER
+        namespace=NS_SESSION, key=session_key("primary", "sess-1", OWNER), scope=OWNER
     )
     assert row is not None
     import json

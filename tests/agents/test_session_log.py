@@ -4,6 +4,7 @@ compare-and-swap that keeps that safe when anything else wrote the transcript.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,8 +19,10 @@ from prismd.agents._session import (
     SessionEntry,
     SessionLog,
     _Transcript,
+    legacy_session_key,
+    session_key,
 )
-from stores import OwnershipScope
+from stores import OwnershipScope, open_store
 from stores.memory import MemoryStore
 
 from .conftest import YieldingCheckpoints
@@ -47,7 +50,9 @@ async def test_an_append_after_the_first_does_not_load_the_transcript(
     log = SessionLog(counting, "primary")
     for i in range(5):
         await log.append("s", OWNER, (("user", f"q{i}"), ("assistant", f"a{i}")))
-    assert counting.loads == 1  # the first append of this process, to learn the version
+    # The first append of this process, to learn the version: the owner's key, then the
+    # legacy one (both missing for a new session); none after that.
+    assert counting.loads == 2
     assert counting.saves == 5 and counting.conflicts == 0
     entries = await SessionLog(store.checkpoints, "primary").entries("s", OWNER)
     assert texts(entries) == [t for i in range(5) for t in (f"q{i}", f"a{i}")]
@@ -64,7 +69,9 @@ async def test_a_transcript_written_by_another_process_is_reloaded_not_overwritt
     await mine.append("s", OWNER, (("user", "mine-1"),))
     await theirs.append("s", OWNER, (("user", "theirs-1"),))
     leaf = await mine.append("s", OWNER, (("assistant", "mine-2"),))
-    assert counting.conflicts == 1 and counting.loads == 2
+    # Two loads for the new session (the owner's key, the legacy one), one after the
+    # conflict.
+    assert counting.conflicts == 1 and counting.loads == 3
     entries = await theirs.entries("s", OWNER)
     assert texts(entries) == ["mine-1", "theirs-1", "mine-2"]
     assert entries[-1].id == leaf
@@ -79,12 +86,12 @@ async def test_a_transcript_deleted_meanwhile_starts_again(store: MemoryStore) -
     log = SessionLog(store.checkpoints, "primary")
     await log.append("s", OWNER, (("user", "old"),))
     deleted = await store.checkpoints.delete_checkpoint(
-        namespace=NS_SESSION, key="s1:primary:s", scope=OWNER
+        namespace=NS_SESSION, key=session_key("primary", "s", OWNER), scope=OWNER
     )
     assert deleted
     await log.append("s", OWNER, (("user", "new"),))
     row = await store.checkpoints.load_checkpoint(
-        namespace=NS_SESSION, key="s1:primary:s", scope=OWNER
+        namespace=NS_SESSION, key=session_key("primary", "s", OWNER), scope=OWNER
     )
     assert row is not None and row.version == 1
     assert texts(await log.entries("s", OWNER)) == ["new"]
@@ -119,7 +126,7 @@ async def test_remembered_appends_keep_the_count_and_byte_bounds(store: MemorySt
     for _ in range(12):
         await log.append("b", OWNER, (("user", big),))
     row = await store.checkpoints.load_checkpoint(
-        namespace=NS_SESSION, key="s1:primary:b", scope=OWNER
+        namespace=NS_SESSION, key=session_key("primary", "b", OWNER), scope=OWNER
     )
     assert row is not None
     import json
@@ -169,3 +176,97 @@ def test_an_entry_is_measured_as_its_escaped_ascii_json() -> None:
         (item,) = transcript.items
         assert transcript.sizes == (len(json.dumps(item)) + 1,), text
         assert transcript.encoded == (json.dumps(item, ensure_ascii=False, separators=(",", ":")),)
+
+
+async def test_two_owners_with_one_session_id_keep_a_transcript_each(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """A host's ``resolve_binding`` may give two owners the same session id: each gets its
+    own transcript (the owner is part of the row key), on every store."""
+    other = OwnershipScope("tenant-b", None, "user-1")
+    async with open_store(f"sqlite:///{tmp_path / 's.sqlite'}") as sqlite:
+        for checkpoints in (store.checkpoints, sqlite.checkpoints):
+            log = SessionLog(checkpoints, "primary")
+            await log.append("main", OWNER, (("user", "from a"),))
+            await log.append("main", other, (("user", "from b"),))
+            await log.append("main", OWNER, (("assistant", "to a"),))
+            fresh = SessionLog(checkpoints, "primary")
+            assert texts(await fresh.entries("main", OWNER)) == ["from a", "to a"]
+            assert texts(await fresh.entries("main", other)) == ["from b"]
+
+
+async def test_a_legacy_transcript_is_read_and_moved_by_the_next_append(
+    store: MemoryStore,
+) -> None:
+    """A transcript stored under the key without the owner (``s1:``, before it was part of
+    the key) is read where the owner's row is missing, and the next append moves it:
+    created under the owner's key and the legacy row deleted, together."""
+    legacy = legacy_session_key("primary", "s")
+    old = [{"id": "e1", "role": "user", "text": "before"}]
+    await store.checkpoints.save_checkpoint(
+        namespace=NS_SESSION,
+        key=legacy,
+        scope=OWNER,
+        version=7,
+        value={"entries": old},
+        expected_version=None,
+    )
+    log = SessionLog(store.checkpoints, "primary")
+    assert texts(await log.entries("s", OWNER)) == ["before"]
+    # Another owner does not see it: the legacy row is scoped as it always was.
+    assert await log.entries("s", OwnershipScope("tenant-b", None, "user-1")) == ()
+    await log.append("s", OWNER, (("user", "after"),))
+    moved = await store.checkpoints.load_checkpoint(
+        namespace=NS_SESSION, key=session_key("primary", "s", OWNER), scope=OWNER
+    )
+    assert moved is not None and moved.version == 1
+    assert [e["text"] for e in moved.value["entries"]] == ["before", "after"]
+    gone = await store.checkpoints.load_checkpoint(namespace=NS_SESSION, key=legacy, scope=OWNER)
+    assert gone is None
+    assert texts(await SessionLog(store.checkpoints, "primary").entries("s", OWNER)) == [
+        "before",
+        "after",
+    ]
+
+
+async def test_a_legacy_transcript_moved_meanwhile_loses_nothing(store: MemoryStore) -> None:
+    """Two logs (two processes) both read the legacy row; one moves it first. The other's
+    move (create under the owner's key, delete the legacy row) then applies not at all, and
+    its append lands on the moved transcript."""
+    await store.checkpoints.save_checkpoint(
+        namespace=NS_SESSION,
+        key=legacy_session_key("primary", "s"),
+        scope=OWNER,
+        version=3,
+        value={"entries": [{"id": "e1", "role": "user", "text": "before"}]},
+        expected_version=None,
+    )
+    theirs = SessionLog(store.checkpoints, "primary")
+    racing = _FirstWriteWaits(store.checkpoints)
+    mine = SessionLog(racing, "primary")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(mine.append, "s", OWNER, (("user", "mine"),))
+        await racing.loaded.wait()  # mine read the legacy row and is about to move it
+        await theirs.append("s", OWNER, (("user", "theirs"),))
+        racing.go.set()
+    # The move lost: the owner's row existed, the legacy one was gone. The retry appended.
+    assert racing.outcomes == [["conflict", "missing"], ["ok"]]
+    entries = texts(await SessionLog(store.checkpoints, "primary").entries("s", OWNER))
+    assert entries == ["before", "theirs", "mine"]
+
+
+@attrs.define
+class _FirstWriteWaits(YieldingCheckpoints):
+    """Holds the first write until ``go``; ``loaded`` once it is about to be made."""
+
+    loaded: trio.Event = attrs.Factory(trio.Event)
+    go: trio.Event = attrs.Factory(trio.Event)
+    outcomes: list[list[str]] = attrs.Factory(list)
+
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        if not self.outcomes and not self.loaded.is_set():
+            self.loaded.set()
+            await self.go.wait()
+        results = await super().write_checkpoints(writes, **kw)
+        self.outcomes.append([r.status for r in results])
+        return results
