@@ -3,16 +3,19 @@ every derived error body maps to the right client error and send outcome."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from adapters.telegram._api import TelegramApi, TelegramApiError
-from adapters.telegram._parse import parse_update, strip_bot_mention
+from adapters.telegram._parse import MAX_ID_BYTES, parse_update, strip_bot_mention, update_id_of
 from prismd.channel import AttachmentRef, Reply
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
@@ -214,3 +217,86 @@ async def test_derived_error_bodies(
         assert result.reason == EXPECTED_REASON[name]
         if body["error_code"] == 429:  # retry_after honoured between the five attempts
             assert trio.current_time() - start >= 4 * 35
+
+
+def _updates_in(value: Any) -> list[dict[str, Any]]:
+    """Every object with an ``update_id`` inside a fixture (a ``getUpdates`` answer holds
+    several)."""
+    found: list[dict[str, Any]] = []
+    if isinstance(value, dict):
+        if "update_id" in value:
+            found.append(value)
+        for child in value.values():
+            found.extend(_updates_in(child))
+    elif isinstance(value, list):
+        for child in value:
+            found.extend(_updates_in(child))
+    return found
+
+
+_REAL_UPDATES = [
+    update
+    for path in sorted(TG_FIXTURES.glob("*.json"))
+    for update in _updates_in(json.loads(path.read_text()))
+]
+_FIELDS = [
+    "update_id", "message", "callback_query", "edited_message", "channel_post", "my_chat_member",
+    "chat", "from", "sender_chat", "id", "type", "is_bot", "username", "text", "caption",
+    "entities", "photo", "document", "file_id", "file_unique_id", "file_size", "mime_type",
+    "message_thread_id", "reply_to_message", "data", "migrate_to_chat_id", "date",
+]  # fmt: skip
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(_FIELDS), children, max_size=6)
+    ),
+    max_leaves=25,
+)
+_IGNORE_REASONS = {
+    "bot_sender", "callback_data", "channel_post", "chat_migrated", "chat_type",
+    "edited_channel_post", "edited_message", "empty", "malformed", "my_chat_member",
+    "no_sender", "other_bot_command", "sender_chat", "unsupported_update",
+}  # fmt: skip
+
+
+@given(
+    st.sampled_from(_REAL_UPDATES),
+    st.lists(
+        st.tuples(st.lists(st.sampled_from(_FIELDS), min_size=1, max_size=4), _JSON), max_size=4
+    ),
+    st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_real_updates_with_any_field_replaced_parse_without_raising(
+    real: dict[str, Any], edits: list[tuple[list[str], Any]], allow_groups: bool
+) -> None:
+    """The real samples, with fields anywhere in them replaced by arbitrary JSON (wrong
+    types, huge numbers, missing parts): an update without a valid ``update_id`` is
+    ``None`` (the caller skips it), every other one is an event or a known ignore, and an
+    event's ids stay bounded."""
+    assert len(_REAL_UPDATES) >= 6
+    update = copy.deepcopy(real)
+    for path, value in edits:
+        at: Any = update
+        for name in path[:-1]:
+            if not isinstance(at.get(name), dict):
+                break
+            at = at[name]
+        at[path[-1]] = value
+    parsed = parse(update, allow_groups=allow_groups)
+    if update_id_of(update) is None:
+        assert parsed is None
+        return
+    assert parsed is not None and parsed.update_id == update["update_id"]
+    assert (parsed.event is None) != (parsed.ignored is None)
+    if parsed.ignored is not None:
+        assert parsed.ignored in _IGNORE_REASONS
+        return
+    event = parsed.event
+    for value in (event.external_conversation_id, event.external_actor_id, event.event_id):
+        assert 0 < len(value.encode()) <= MAX_ID_BYTES
