@@ -14,7 +14,7 @@ from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
 from prismd.runtime._ids import operation_id_for
-from tests.support.builders import event, identity
+from tests.support.builders import event, grant, identity
 from tests.support.harness import Host, StoreFactory, runtime
 from tests.support.scripted import ScriptedAgent
 
@@ -182,3 +182,36 @@ async def test_resolve_binding_maps_sessions_and_bad_ids_are_malformed(
 def test_utf8_len_counts_the_encoded_bytes_for_any_text() -> None:
     for text in ["", "plain ascii", "é", "日本語", "😀", "\ud800", "a\udfffb", "\x00\x7f"]:
         assert utf8_len(text) == len(text.encode("utf-8", "surrogatepass")), repr(text)
+
+
+async def test_two_owners_given_one_session_id_by_the_host_each_keep_their_transcript(
+    stores: StoreFactory,
+) -> None:
+    """§2.4: ``resolve_binding`` chooses session ids, and nothing makes them unique across
+    owners. Two tenants given the same one are both answered, and each transcript holds
+    only its owner's turns."""
+    from prismd.agents import AgentContext, EchoAgent, build_agent
+    from prismd.runtime import BindingInput, BindingResolution
+
+    async def one_session_for_everyone(_inp: BindingInput) -> BindingResolution:
+        return BindingResolution(session_id="main")
+
+    store = await stores()
+    echo = build_agent(
+        "echo", AgentContext(alias="primary", options={}, checkpoints=store.checkpoints)
+    )
+    assert isinstance(echo, EchoAgent)
+    a, b = identity(tenant="tenant-a"), identity(tenant="tenant-b")
+    host = Host(agent=echo, grants={"user-a": grant(a), "user-b": grant(b)})
+    async with runtime(host, store, resolve_binding=one_session_for_everyone) as rt:
+        for event_id, actor, text in (("1", "user-a", "hi from a"), ("2", "user-b", "hi from b")):
+            assert (await rt.admit(event(event_id, text, actor=actor))).status == "accepted"
+            await host.settle()
+        assert (await rt.admit(event("3", "again a", actor="user-a"))).status == "accepted"
+        await host.settle()
+    assert host.texts == ["hi from a", "hi from b", "again a"]
+    transcripts = [
+        [e.text for e in await echo.session_entries("main", ownership_from_identity(who))]
+        for who in (a, b)
+    ]
+    assert transcripts == [["hi from a", "hi from a", "again a", "again a"], ["hi from b"] * 2]
