@@ -542,6 +542,10 @@ class _Database:
             except trio.Cancelled:
                 if not job.taken:
                     self._pending.remove(job)
+                    if job.lead:
+                        # Handed the next transaction just as the cancellation came: pass
+                        # it on, or the writes queued behind would wait for nobody.
+                        self._hand_over()
                     raise
                 with trio.CancelScope(shield=True):
                     await job.wake.wait()
@@ -580,14 +584,18 @@ class _Database:
         finally:
             for job in batch:
                 job.wake.set()
-            if self._pending:
-                following = self._pending[0]
-                following.lead = True
-                following.wake.set()
-            else:
-                self._leading = False
-                if self._idle is not None:
-                    self._idle.set()
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The next transaction to the oldest write queued, or the store is idle."""
+        if self._pending:
+            following = self._pending[0]
+            following.lead = True
+            following.wake.set()
+        else:
+            self._leading = False
+            if self._idle is not None:
+                self._idle.set()
 
     async def _transaction_here(self, batch: list[_Job]) -> None:
         """The statements on this (the Trio) thread; the ``COMMIT`` in the writer thread."""
@@ -599,16 +607,9 @@ class _Database:
                 # Another connection holds the file: wait for it off the loop.
                 await self._in_thread(self._begin_waiting)
             self._run_jobs(batch)
-        except apsw.Error as exc:
-            self._rollback()
-            self._fail(batch, self._unavailable(exc))
-            return
-        try:
             await self._in_thread(self._commit)
         except apsw.Error as exc:
-            # Leaving the transaction open would wedge every later BEGIN on this connection.
-            self._rollback()
-            self._fail(batch, self._unavailable(exc))
+            self._failed(batch, exc)
             return
         self._committed(batch)
 
@@ -619,8 +620,7 @@ class _Database:
             self._run_jobs(batch)
             self._commit()
         except apsw.Error as exc:
-            self._rollback()
-            self._fail(batch, self._unavailable(exc))
+            self._failed(batch, exc)
             return
         self._committed(batch)
 
@@ -674,6 +674,12 @@ class _Database:
         for job in batch:
             job.result = None
             job.error = error
+
+    def _failed(self, batch: list[_Job], exc: apsw.Error) -> None:
+        """A statement, ``BEGIN`` or ``COMMIT`` failed: every job fails. Rolled back, since
+        a transaction left open would wedge every later ``BEGIN`` on this connection."""
+        self._rollback()
+        self._fail(batch, self._unavailable(exc))
 
     def _abandon(self, batch: list[_Job]) -> None:
         """Nothing of the transaction stays and every job in it fails; the connection is

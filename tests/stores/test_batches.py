@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,7 +31,7 @@ from stores import (
     StoreUnavailableError,
     open_store,
 )
-from stores.sqlite import INLINE_WRITES, MAX_JOBS_PER_TRANSACTION, SQLiteStore
+from stores.sqlite import INLINE_WRITES, MAX_JOBS_PER_TRANSACTION, SQLiteStore, open_sqlite_store
 
 from .test_sqlite_processes import spawn
 
@@ -483,6 +484,58 @@ def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
     conn.set_commit_hook(commit_hook)
     conn.set_rollback_hook(marked.clear)
     return hold
+
+
+async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_on(
+    tmp_path: Path,
+) -> None:
+    """The oldest queued write is handed the next transaction when the one before ends. If
+    its caller's cancellation reaches the loop in the same moment (the two wake-ups then
+    run in either order), the write is withdrawn and the hand-over passes on: a later
+    write never waits for a leader that is gone. Repeated, so that both orders occur."""
+    # Not ``async with``: were the hand-over lost, the store could not close either (its
+    # close waits for the last transaction), and the test would hang instead of failing.
+    store = await open_sqlite_store(f"sqlite:///{tmp_path}/batch.sqlite")
+    token = trio.lowlevel.current_trio_token()
+    entered, release = threading.Event(), threading.Event()
+    victim: list[trio.CancelScope] = []
+
+    def commit_hook() -> bool:
+        if not entered.is_set():
+            entered.set()
+            release.wait(30)
+            # The loop is held up while the writer thread reports this COMMIT, and the
+            # cancellation is queued after that report: both reach the loop at once.
+            token.run_sync_soon(time.sleep, 0.2)
+            threading.Timer(0.1, token.run_sync_soon, (victim.pop().cancel,)).start()
+        return False
+
+    done: list[str] = []
+
+    async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await store.checkpoints.write_checkpoints([put(key)])
+            done.append(key)
+
+    store._db.conn.set_commit_hook(commit_hook)
+    rounds = 16
+    for n in range(rounds):
+        entered.clear()
+        release.clear()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(writer, f"first{n}")
+                await trio.to_thread.run_sync(entered.wait, 30)
+                victim.append(await nursery.start(writer, f"queued{n}"))
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+            entered.set()  # the next write passes the hook
+            await store.checkpoints.write_checkpoints([put(f"after{n}")])
+        assert f"queued{n}" not in done
+    expected = {f"{kind}{n}" for n in range(rounds) for kind in ("first", "after")}
+    assert set(await keys(store)) == expected
+    await store.aclose()
 
 
 async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
