@@ -486,6 +486,19 @@ def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
     return hold
 
 
+def cancellable_writer(store: SQLiteStore, done: list[str]) -> Callable[..., Awaitable[None]]:
+    """For ``nursery.start(writer, key)``: saves ``key`` inside a cancel scope it hands back
+    as started, and records the key in ``done`` once the save returned."""
+
+    async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await store.checkpoints.write_checkpoints([put(key)])
+            done.append(key)
+
+    return writer
+
+
 async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_on(
     tmp_path: Path,
 ) -> None:
@@ -511,13 +524,7 @@ async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_o
         return False
 
     done: list[str] = []
-
-    async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            await store.checkpoints.write_checkpoints([put(key)])
-            done.append(key)
-
+    writer = cancellable_writer(store, done)
     store._db.conn.set_commit_hook(commit_hook)
     rounds = 16
     for n in range(rounds):
@@ -543,13 +550,7 @@ async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
         hold = hold_transactions_on(store, "leader")
         try:
             done: list[str] = []
-
-            async def writer(key: str, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
-                with trio.CancelScope() as scope:
-                    task_status.started(scope)
-                    await store.checkpoints.write_checkpoints([put(key)])
-                    done.append(key)
-
+            writer = cancellable_writer(store, done)
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
                     leader = await nursery.start(writer, "leader")
