@@ -131,8 +131,6 @@ class Core:
     idle: trio.Event = attrs.field(init=False, factory=trio.Event)
     resume_gate: trio.Event | None = attrs.field(init=False, default=None)
     delivery_turns: DeliveryTurns = attrs.field(init=False, factory=DeliveryTurns)
-    pumping: set[Route] = attrs.field(init=False, factory=set)
-    """Routes whose pump runs (every queued turn is on one of them)."""
     known: KnownOperations = attrs.field(init=False, factory=KnownOperations)
 
     def __attrs_post_init__(self) -> None:
@@ -187,8 +185,8 @@ class Core:
         return Diagnostics(queued=queued, active=held, **self.counters)
 
     def pending_total(self) -> int:
-        # Only a pumping route has a queue: no walk over every route of the table.
-        return sum(len(r.queue) for r in self.pumping)
+        # Kept by the route queues as they change: no walk over the routes per admission.
+        return self.routes.tally.queued
 
     async def resolve_agent(self, route: Route, identity: AgentIdentity) -> Agent:
         return await self.resolve_agent_cb(

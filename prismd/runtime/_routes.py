@@ -28,7 +28,7 @@ from ..journal import (
 )
 from ..limits import Limits
 from ._ids import default_session_id
-from ._types import BindingInput, ResolveBinding, Route, RouteKey
+from ._types import BindingInput, QueueTally, ResolveBinding, Route, RouteKey, TurnQueue
 
 MAX_ID_BYTES = 256
 
@@ -42,6 +42,8 @@ class Routes:
     now_ms: Callable[[], int]
     count: Callable[[str], None]
     resolve_binding: ResolveBinding | None = None
+    tally: QueueTally = attrs.field(init=False, factory=QueueTally)
+    """The turns queued on all routes (every route's queue counts into it)."""
     _table: dict[RouteKey, Route] = attrs.field(init=False, factory=dict)
 
     def values(self) -> Iterator[Route]:
@@ -94,6 +96,7 @@ class Routes:
             actor_id=actor_id,
             alias=alias,
             ownership=ownership,
+            queue=TurnQueue(self.tally),
         )
         self._table[key] = route
         return route

@@ -236,9 +236,7 @@ class Runtime:
         # must not leave queued work unsettled, and nothing may outlive the deadline.
         with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
-                queued = list(route.queue)
-                route.queue.clear()
-                for turn in queued:
+                for turn in route.queue.take_all():
                     if turn.cancelled:
                         continue
                     turn.cancelled = True

@@ -99,7 +99,6 @@ def start_pump(core: Core, route: Route) -> None:
     if route.pumping or not route.queue:
         return
     route.pumping = True
-    core.pumping.add(route)
     core.spawn(pump, core, route)
 
 
@@ -115,21 +114,22 @@ async def pump(core: Core, route: Route) -> None:
                 # lost before its claim) must not run after stop either.
                 await _settle_queue_at_stop(core, route)
                 break
-            head = route.queue[0]
+            head = route.queue.head
+            assert head is not None
             if (
                 core.leases.enabled
                 and not head.cancelled
                 and not await _wait_for_lease(core, route, head)
             ):
                 continue
-            if not route.queue or route.queue[0] is not head:
+            if route.queue.head is not head:
                 continue
             if route.lease_fresh:
                 try:
                     await _refresh_binding(core, route)
                 except Exception:
                     core.count("storage_failures")
-            route.queue.pop(0)
+            route.queue.pop_head()
             if head.claim_failures:
                 exponent = min(head.claim_failures, 16)
                 await trio.sleep(min(LEASE_BACKOFF_START_S * 2**exponent, LEASE_BACKOFF_MAX_S))
@@ -139,7 +139,6 @@ async def pump(core: Core, route: Route) -> None:
         raise
     finally:
         route.pumping = False
-        core.pumping.discard(route)
         if torn_down or core.stopped:
             await core.leases.release_if_idle(route)
         else:
@@ -159,9 +158,7 @@ async def _refresh_binding(core: Core, route: Route) -> None:
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:
-    queued = list(route.queue)
-    route.queue.clear()
-    for turn in queued:
+    for turn in route.queue.take_all():
         if not turn.cancel_counted:
             turn.cancel_counted = True
             core.count("cancelled")
@@ -176,7 +173,7 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
     delay = LEASE_BACKOFF_START_S
     lost_counted = False
     while True:
-        if not route.queue or route.queue[0] is not head or head.cancelled or core.stopped:
+        if route.queue.head is not head or head.cancelled or core.stopped:
             return False
         try:
             lease = await core.leases.ensure(route)
@@ -390,7 +387,7 @@ async def _run_with_slot(
             except Exception:
                 core.count("storage_failures")
             if lease is None:
-                route.queue.insert(0, turn)
+                route.queue.push_front(turn)
                 return None
             fence = lease.fencing_token
         claimed = await claim(core, route, turn, fence)
@@ -400,7 +397,7 @@ async def _run_with_slot(
                 # head of the queue; the pump backs off (bounded). While the store is down
                 # it is retried for as long as that lasts: never dropped from memory.
                 turn.claim_failures += 1
-                route.queue.insert(0, turn)
+                route.queue.push_front(turn)
                 return None
             log.warning(
                 "claim of %s kept failing (%d attempts); it stays accepted and is listed",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Literal, TypeAlias
 
@@ -102,6 +102,59 @@ class ActiveTurn:
         self.cancel_scope.cancel()
 
 
+@attrs.define(eq=False)
+class QueueTally:
+    """The turns queued on all the routes of one runtime, kept as they are queued and
+    taken: the process-wide capacity check reads it instead of walking the routes."""
+
+    queued: int = 0
+
+
+class TurnQueue:
+    """A route's FIFO of turns (at most ``max_pending_per_binding``), counted into the
+    runtime's :class:`QueueTally` by every change. A list rather than a deque (56 bytes
+    empty against ~600), which ten thousand idle routes would pay for nothing."""
+
+    __slots__ = ("_tally", "_turns")
+
+    def __init__(self, tally: QueueTally) -> None:
+        self._tally = tally
+        self._turns: list[Turn] = []
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def __bool__(self) -> bool:
+        return bool(self._turns)
+
+    def __iter__(self) -> Iterator[Turn]:
+        return iter(self._turns)
+
+    @property
+    def head(self) -> Turn | None:
+        return self._turns[0] if self._turns else None
+
+    def append(self, turn: Turn) -> None:
+        self._turns.append(turn)
+        self._tally.queued += 1
+
+    def push_front(self, turn: Turn) -> None:
+        """Put a popped turn back at the head (its claim must wait)."""
+        self._turns.insert(0, turn)
+        self._tally.queued += 1
+
+    def pop_head(self) -> Turn:
+        turn = self._turns.pop(0)
+        self._tally.queued -= 1
+        return turn
+
+    def take_all(self) -> list[Turn]:
+        """Empty the queue; returns what it held, oldest first."""
+        turns, self._turns = self._turns, []
+        self._tally.queued -= len(turns)
+        return turns
+
+
 def _unused(lock: trio.Lock | None) -> bool:
     return lock is not None and not lock.locked() and not lock.statistics().tasks_waiting
 
@@ -120,9 +173,7 @@ class Route:
     actor_id: str
     alias: str
     ownership: OwnershipScope
-    queue: list[Turn] = attrs.field(factory=list)
-    """FIFO, at most ``max_pending_per_binding`` long: a list (56 bytes empty) rather than a
-    deque (~600), which ten thousand idle routes would pay for nothing."""
+    queue: TurnQueue
     hydrated: bool = False
     binding_version: int = 0
     binding_stored: BindingRecord | None = None

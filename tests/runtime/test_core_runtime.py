@@ -337,6 +337,38 @@ async def test_capacity_limits_and_nothing_evicted_b34_b35() -> None:
     assert [r.kind for r in host.replies] == ["final", "final"]
 
 
+async def test_process_queue_cap_follows_turns_queued_taken_cancelled_and_stopped() -> None:
+    """The process-wide queue cap counts what is queued on every route as it changes: a
+    turn that starts running, one cancelled by ``/cancel`` and those settled at stop leave
+    room again, and every admission is answered by that count alone."""
+    gate = trio.Event()
+    agent = ScriptedAgent(gate=gate)
+    host = Host(agent=agent)
+    async with runtime(host, limits=Limits(max_pending_per_process=2)) as rt:
+        for eid, actor in (("a1", "user-a"), ("b1", "user-b")):
+            assert (await rt.admit(event(eid, actor=actor))).status == "accepted"
+        await agent.wait_started(2)
+        assert rt.diagnostics().queued == 0  # both popped and running
+        for eid, actor in (("a2", "user-a"), ("b2", "user-b")):
+            assert (await rt.admit(event(eid, actor=actor))).status == "accepted"
+        assert rt.diagnostics().queued == 2
+        full = await rt.admit(event("c1", actor="user-c"))
+        assert (full.status, full.reason) == ("denied", "capacity")
+        # /cancel on a's route cancels its running turn and its queued one.
+        assert (await rt.admit(event("a3", "/cancel", actor="user-a"))).status == "accepted"
+        await trio.testing.wait_all_tasks_blocked()
+        assert rt.diagnostics().queued == 1
+        assert (await rt.admit(event("c2", actor="user-c"))).status == "accepted"
+        await agent.wait_started(3)
+        assert rt.diagnostics().queued == 1
+        assert (await rt.admit(event("c3", actor="user-c"))).status == "accepted"
+        assert (await rt.admit(event("c4", actor="user-c"))).reason == "capacity"
+        assert rt.diagnostics().queued == 2
+        await rt.stop()
+        assert rt.diagnostics().queued == 0
+    assert agent.provider_calls == 3  # a1, b1, c2: nothing queued ran after stop
+
+
 async def test_slots_queue_and_stop_b36_b37() -> None:
     """Behaviours 36, 37: slot waiters are active-not-queued; stop cancels all three."""
     agent = ScriptedAgent(wait_for_cancel=True)
