@@ -157,7 +157,7 @@ class Routes:
         )
         return sid, None
 
-    def binding_record(self, route: Route) -> BindingRecord:
+    def binding_record(self, route: Route, updated_at_ms: int | None = None) -> BindingRecord:
         return BindingRecord(
             session_id=route.session_id or "",
             agent_alias=route.alias,
@@ -165,7 +165,7 @@ class Routes:
             suspended=route.suspended,
             leaf_id=route.leaf_id,
             suspended_run=route.suspended_run,
-            updated_at_ms=self.now_ms(),
+            updated_at_ms=self.now_ms() if updated_at_ms is None else updated_at_ms,
             connection_id=route.connection_id,
             external_conversation_id=route.conversation_id,
             external_actor_id=route.actor_id,
@@ -226,12 +226,11 @@ class Routes:
         since it was last read or written (or there is no journal)."""
         if self.journal is None:
             return None
-        record = self.binding_record(route)
         stored = route.binding_stored
-        if stored is not None and attrs.evolve(stored, updated_at_ms=0) == attrs.evolve(
-            record, updated_at_ms=0
-        ):
+        # Built with the stored stamp: equal means nothing but the time would change.
+        if stored is not None and self.binding_record(route, stored.updated_at_ms) == stored:
             return None
+        record = self.binding_record(route)
         return Write(
             NS_BINDING, route.ownership, record, route.binding_version, fence, key=route.binding_key
         )
