@@ -55,6 +55,28 @@ def _record_size(record: ReplyRecord, text: str) -> int:
     return utf8_len(compact_json(value))
 
 
+_BOUND_PER_CHAR = 6
+"""JSON bytes one code point of a string can take in a record: a control character
+escaped as ``\\u001f`` six, anything else at most four (UTF-8)."""
+_BOUND_FIXED = 512
+"""Bytes for everything of a record that is not one of its strings: keys, punctuation,
+numbers, the two ISO-8601 stamps (about 300 at most)."""
+
+
+def fits_unmeasured(record: ReplyRecord, budget: int) -> bool:
+    """``record``'s JSON certainly fits ``budget`` by a bound on its strings alone, so it
+    need not be encoded to be measured (and is encoded once, when journaled). Only for a
+    record without controls or an approval target: those are measured."""
+    if record.controls or record.approval is not None:
+        return False
+    chars = len(record.text) + len(record.operation_id) + len(record.connection_id)
+    chars += len(record.external_conversation_id) + len(record.kind) + len(record.state)
+    for optional in (record.thread_id, record.message_id, record.reason):
+        if optional is not None:
+            chars += len(optional)
+    return _BOUND_PER_CHAR * chars + _BOUND_FIXED <= budget
+
+
 def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecord:
     """``record``, its text cut further (with the truncation marker) when its JSON would
     not fit ``max_journal_record_bytes`` with room left for marking it (message id and a
@@ -64,7 +86,7 @@ def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecor
     """
     limit = max(1024, max_journal_record_bytes)
     budget = limit - min(4096, limit // 4)
-    if _record_size(record, record.text) <= budget:
+    if fits_unmeasured(record, budget) or _record_size(record, record.text) <= budget:
         return record
     lo, hi = 0, utf8_len(record.text)
     while lo < hi:

@@ -10,10 +10,13 @@ import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
+from prismd.journal import ReplyRecord, StoredControl
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
 from prismd.runtime._ids import operation_id_for
+from prismd.runtime._replies import fit_record, fits_unmeasured
+from stores import compact_json
 from tests.support.builders import event, grant, identity
 from tests.support.harness import Host, StoreFactory, runtime
 from tests.support.scripted import ScriptedAgent
@@ -48,6 +51,60 @@ async def test_long_answer_truncated_and_counted() -> None:
         assert rt.diagnostics().truncated == 1
     [reply] = host.replies
     assert reply.text.endswith(TRUNCATION_MARKER) and utf8_len(reply.text) <= 1024
+
+
+def test_a_reply_record_fitted_without_measuring_it_fits_when_measured() -> None:
+    """A reply record is encoded once (when journaled) unless a bound on its strings
+    leaves a doubt; the bound never calls a record fitting that does not fit, whatever
+    its text (escapes, multi-byte characters, long ids) and at every size around it."""
+    rng = random.Random(11)
+    alphabet = ['"', "\\", "\x00", "\x1f", "\n", "é", "€", "😀", "\u2028", "a", "\ufffd"]
+    budget = 4096
+    fast = 0
+    for _ in range(600):
+        chars = rng.randrange(0, 250)
+        texts = ["".join(rng.choice(alphabet) for _ in range(chars)) for _ in range(4)]
+        record = ReplyRecord(
+            operation_id=texts[1][:200],
+            connection_id=texts[2][:40],
+            external_conversation_id=texts[3][:100],
+            kind="final",
+            text=texts[0],
+            state="delivery_failed",
+            created_at_ms=253_402_300_799_999,
+            updated_at_ms=253_402_300_799_999,
+            thread_id=texts[3][:50],
+            attempts=2**53 - 1,
+            message_id=texts[2][:60],
+            reason=texts[1][:100],
+        )
+        if fits_unmeasured(record, budget):
+            fast += 1
+            assert utf8_len(compact_json(record.to_json())) <= budget
+            assert fit_record(record, budget + 4096) is record
+        else:
+            assert not fits_unmeasured(record, budget - 1)
+    assert 100 < fast < 600  # both sides of the bound were tried
+    # The tightest case: every character escaped to six bytes, every number at its widest.
+    for n in range(0, 120, 7):
+        e = "\x00" * n
+        worst = attrs.evolve(
+            record,
+            operation_id=e,
+            connection_id=e,
+            external_conversation_id=e,
+            text=e,
+            thread_id=e,
+            message_id=e,
+            reason=e,
+        )
+        size = utf8_len(compact_json(worst.to_json()))
+        for tight in range(size - 700, size + 700):
+            assert not fits_unmeasured(worst, tight) or size <= tight
+    controls = (StoredControl("Allow", "allow_once"),)
+    short = ReplyRecord("op", "c", "chat", "notice", "hi", "pending", 1, 1, controls=controls)
+    assert not fits_unmeasured(short, budget)  # controls and approvals are measured
+    assert fit_record(short, budget + 4096) is short
 
 
 async def test_failed_delivery_is_counted_and_listed(stores: StoreFactory) -> None:
