@@ -7,13 +7,15 @@ Guarantees:
 * Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
   its first statement, so the compare-and-swap checks and the write cannot interleave with
   another connection or process. A save or delete and its :class:`JournalEvent` commit together.
-* The Trio loop never waits for the disk or for another process: reads run on a reader
-  connection in a worker thread (one at a time, via a ``CapacityLimiter(1)``); every
-  ``COMMIT`` (the fsync), and every ``BEGIN`` that finds the file locked, runs on the
+* The Trio loop never waits for another process, and waits for the disk only when it has
+  nothing else to do and the disk has been fast: reads run on a reader connection in a
+  worker thread (one at a time, via a ``CapacityLimiter(1)``); a ``BEGIN`` that finds the
+  file locked, every checkpoint, and every ``COMMIT`` (the fsync) while other tasks are
+  runnable or a recent commit took :data:`COMMIT_ON_LOOP_BELOW_S` or longer, run on the
   writer connection in the store's own writer thread; WAL lets a read proceed while a
   write waits for its fsync. A write transaction's statements (memory work: WAL writes
-  pages at ``COMMIT``) run on the Trio thread while the loop is busy, in the writer
-  thread otherwise (see :class:`_Database`).
+  pages at ``COMMIT``) run on the Trio thread unless they are many (see
+  :class:`_Database`).
 * Group commit: every write is a job for :meth:`_Database.write`. Jobs that arrive while a
   transaction is in flight wait, and *all* of them share one ``BEGIN IMMEDIATE … COMMIT``
   (one fsync) as soon as that transaction ends, each inside its own ``SAVEPOINT`` so a job
@@ -35,6 +37,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -409,6 +412,13 @@ class _RolledBack(Exception):
 INLINE_WRITES = 256
 """A transaction of more writes than this (the sum of its jobs' ``weight``) runs its
 statements in the writer thread: a bound on how long they hold the Trio loop."""
+COMMIT_ON_LOOP_BELOW_S = 0.001
+"""A ``COMMIT`` may run on an idle Trio loop only while the store's recent commits each took
+less than this (the slowest, decaying by :data:`COMMIT_TIME_DECAY` per commit since)."""
+COMMIT_TIME_DECAY = 0.9
+WAL_CHECKPOINT_PAGES = 1000
+"""Checkpoint (``PASSIVE``, in the writer thread) once the WAL holds this many pages:
+SQLite's own automatic checkpoint, moved off whichever thread committed."""
 MAX_JOBS_PER_TRANSACTION = 256
 """At most this many jobs share one transaction (later ones take the next)."""
 
@@ -451,15 +461,24 @@ class _Database:
     meanwhile leads the next. A lone write starts a transaction at once (nothing waits
     for company).
 
-    Where the statements run: when several writes share a transaction (the loop is busy),
-    on the Trio thread itself. They touch memory, not the disk (WAL: pages are written at
+    Where the statements run: on the Trio thread itself, unless the transaction makes
+    more than :data:`INLINE_WRITES` writes in all (then the whole transaction runs in the
+    writer thread). They touch memory, not the disk (WAL: pages are written at
     ``COMMIT``), and a thread running them would have to take the interpreter lock back
-    from the busy loop after every statement; the web chat daemon measured 15–20% more
-    messages per second this way. What can wait on the disk or on another process runs in
-    the store's writer thread while the loop goes on: every ``COMMIT`` (the fsync), a
-    ``BEGIN`` that finds the file locked by another connection, and the whole transaction
-    of a lone write (it then runs beside the loop) or of a batch with a large job
-    (more than :data:`INLINE_WRITES` writes in all).
+    from a busy loop after every statement; the web chat daemon measured 15–20% more
+    messages per second this way.
+
+    Where the ``COMMIT`` runs: in the store's writer thread while the loop goes on,
+    unless the loop has nothing else to run (no runnable task) and every recent commit
+    was fast (under :data:`COMMIT_ON_LOOP_BELOW_S`): then on the Trio thread. Handing a
+    commit to the thread and being woken back costs two thread wake-ups (0.16 ms on the
+    2-core VM of the bench, more than the fsync itself), which an idle loop would only
+    spend waiting; a busy loop keeps working during the fsync instead. A commit that
+    turns out slow (a disk stall) blocks the loop that once, and sends the following
+    ones to the thread until the commit times decay below the bound again. What can wait
+    on another process, or on more than a commit, always runs in the thread: a ``BEGIN``
+    that finds the file locked by another connection, and the WAL checkpoint
+    (:data:`WAL_CHECKPOINT_PAGES`).
     """
 
     conn: apsw.Connection
@@ -481,8 +500,23 @@ class _Database:
     """Guards ``_calls`` and ``_stopping``."""
     _writer: threading.Thread | None = None
     _stopping: bool = False
+    commit_on_loop_below_s: float = COMMIT_ON_LOOP_BELOW_S
+    """See :data:`COMMIT_ON_LOOP_BELOW_S` (tests set 0: every ``COMMIT`` in the thread)."""
+    _commit_s: float = 0.0
+    """The slowest recent ``COMMIT``, in seconds, decayed by each commit since."""
+    _wal_pages: int = 0
+    """Pages in the WAL after the last commit (from the WAL hook)."""
     commits: int = 0
     writes: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        # Replaces SQLite's automatic checkpoint (itself a WAL hook), which would run in
+        # whichever thread commits: the loop's, for a commit made there.
+        self.conn.set_wal_hook(self._wal_hook)
+
+    def _wal_hook(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
+        self._wal_pages = pages
+        return apsw.SQLITE_OK
 
     def _unavailable(self, exc: apsw.Error) -> StoreUnavailableError:
         # Class name only: apsw messages can quote SQL.
@@ -569,8 +603,7 @@ class _Database:
         try:
             if self.closed:
                 self._fail(batch, StoreUnavailableError("store is closed"))
-            elif len(batch) > 1 and sum(job.weight for job in batch) <= INLINE_WRITES:
-                # Writes queued together: the loop is busy.
+            elif sum(job.weight for job in batch) <= INLINE_WRITES:
                 await self._transaction_here(batch)
             else:
                 await self._in_thread(functools.partial(self._transaction, batch))
@@ -580,11 +613,22 @@ class _Database:
             self._abandon(batch)
         except BaseException:
             self._abandon(batch)
-            raise
-        finally:
-            for job in batch:
-                job.wake.set()
+            self._answer(batch)
             self._hand_over()
+            raise
+        self._answer(batch)
+        try:
+            if self._wal_pages >= WAL_CHECKPOINT_PAGES and not self.closed:
+                # The batch is answered already; the next transaction waits for this.
+                with contextlib.suppress(StoreUnavailableError):
+                    await self._in_thread(self._checkpoint)
+        finally:
+            self._hand_over()
+
+    @staticmethod
+    def _answer(batch: list[_Job]) -> None:
+        for job in batch:
+            job.wake.set()
 
     def _hand_over(self) -> None:
         """The next transaction to the oldest write queued, or the store is idle."""
@@ -598,7 +642,8 @@ class _Database:
                 self._idle.set()
 
     async def _transaction_here(self, batch: list[_Job]) -> None:
-        """The statements on this (the Trio) thread; the ``COMMIT`` in the writer thread."""
+        """The statements on this (the Trio) thread; the ``COMMIT`` here too if the loop
+        is idle and the disk has been fast, else in the writer thread."""
         conn = self.conn
         try:
             try:
@@ -607,11 +652,20 @@ class _Database:
                 # Another connection holds the file: wait for it off the loop.
                 await self._in_thread(self._begin_waiting)
             self._run_jobs(batch)
-            await self._in_thread(self._commit)
+            if self._commit_s < self.commit_on_loop_below_s and await self._loop_idle():
+                self._commit()
+            else:
+                await self._in_thread(self._commit)
         except apsw.Error as exc:
             self._failed(batch, exc)
             return
         self._committed(batch)
+
+    async def _loop_idle(self) -> bool:
+        """After the tasks that were to run with this one have run (one yield): no write
+        queued for the next transaction, and no task waiting to run."""
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return not self._pending and trio.lowlevel.current_statistics().tasks_runnable == 0
 
     def _transaction(self, batch: list[_Job]) -> None:
         """The whole transaction, in the writer thread."""
@@ -640,7 +694,17 @@ class _Database:
             conn.set_busy_timeout(0)
 
     def _commit(self) -> None:
+        start = time.perf_counter()
         self.conn.execute("COMMIT")
+        self._commit_s = max(time.perf_counter() - start, self._commit_s * COMMIT_TIME_DECAY)
+
+    def _checkpoint(self) -> None:
+        """A ``PASSIVE`` checkpoint (it never waits for readers), in the writer thread. The
+        writes are durable in the WAL already: a failed checkpoint is retried after the
+        next commit, as SQLite's own would be."""
+        with contextlib.suppress(apsw.Error):
+            self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+        self._wal_pages = 0
 
     def _run_jobs(self, batch: list[_Job]) -> None:
         """Each job in its own savepoint, if it needs one; a statement's error

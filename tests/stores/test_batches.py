@@ -31,7 +31,13 @@ from stores import (
     StoreUnavailableError,
     open_store,
 )
-from stores.sqlite import INLINE_WRITES, MAX_JOBS_PER_TRANSACTION, SQLiteStore, open_sqlite_store
+from stores.sqlite import (
+    INLINE_WRITES,
+    MAX_JOBS_PER_TRANSACTION,
+    WAL_CHECKPOINT_PAGES,
+    SQLiteStore,
+    open_sqlite_store,
+)
 
 from .test_sqlite_processes import spawn
 
@@ -226,38 +232,91 @@ def record_threads(store: SQLiteStore, *, commits_too: bool = True) -> tuple[lis
     return statements, commits
 
 
-async def test_statements_run_on_the_loop_only_when_writes_share_a_transaction(
-    tmp_path: Path,
-) -> None:
+async def test_statements_run_on_the_loop_unless_they_are_many(tmp_path: Path) -> None:
     here = threading.current_thread().name
     writer = "prismd-sqlite-writer"
     async with sqlite(tmp_path) as store:
         statements, commits = record_threads(store)
-        # A lone write: its whole transaction runs in the writer thread, beside the loop.
+        # A lone write on an idle loop: statements and COMMIT here (no thread wake-ups).
         await store.checkpoints.write_checkpoints([put("alone")])
-        assert [name.startswith(writer) for name in statements] == [True]
-        # Writers queued together: their statements run here, in one transaction.
+        assert (statements, commits) == ([here], [here])
+        # Writers queued together: their statements run here. The first found none queued
+        # and led a transaction of its own; the others queued behind it meanwhile, so the
+        # loop was busy and its COMMIT went to the writer thread. The five queued share
+        # the next transaction, and nothing is left to run by its COMMIT: here.
         statements.clear()
+        commits.clear()
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 for i in range(6):
                     nursery.start_soon(store.checkpoints.write_checkpoints, [put(f"many-{i}")])
-        # (The first found none queued: it led a transaction of its own, in the thread.)
-        assert statements[0].startswith(writer) and statements[1:] == [here] * 5
+        assert statements == [here] * 6
+        assert [name.startswith(writer) for name in commits] == [True, False]
         # Writes queued together that are too many for the loop in all go to the writer
-        # thread even then.
+        # thread, statements and COMMIT (the first of them, alone, fits: it runs here).
         statements.clear()
+        commits.clear()
         share = INLINE_WRITES // 2 + 1
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 for b in range(3):
                     batch = [put(f"big-{b}-{i}") for i in range(share)]
                     nursery.start_soon(store.checkpoints.write_checkpoints, batch)
+        assert statements[:share] == [here] * share
         assert len(statements) == 3 * share
-        assert all(name.startswith(writer) for name in statements)
-        # Every COMMIT (the fsync) is the writer thread's.
-        assert commits and all(name.startswith(writer) for name in commits)
+        assert all(name.startswith(writer) for name in statements[share:])
+        assert [name.startswith(writer) for name in commits] == [True, True]
         assert len(await keys(store)) == 1 + 6 + 3 * share
+
+
+async def test_after_a_slow_commit_commits_go_to_the_writer_thread_until_the_disk_is_fast(
+    tmp_path: Path,
+) -> None:
+    here = threading.current_thread().name
+    async with sqlite(tmp_path) as store:
+        _, commits = record_threads(store, commits_too=False)
+        slow = [True]
+
+        def commit_hook() -> bool:
+            commits.append(threading.current_thread().name)
+            if slow:
+                slow.clear()
+                time.sleep(0.02)  # a disk stall: this COMMIT takes 20 ms
+            return False
+
+        store._db.conn.set_commit_hook(commit_hook)
+        # The stall is met once on the loop (nothing told it apart before).
+        await store.checkpoints.write_checkpoints([put("stalled")])
+        assert commits == [here]
+        # Then the loop no longer waits for a commit: each goes to the thread, until the
+        # slowest recent one, decayed by each commit since, is under the bound again.
+        commits.clear()
+        for i in range(60):
+            await store.checkpoints.write_checkpoints([put(f"k{i}")])
+        on_loop = [name == here for name in commits]
+        # 20 ms decayed by 0.9 a commit stays over 1 ms for 29 commits (a slow one meanwhile
+        # only makes it longer); 31 more are enough for the loop to be used again.
+        assert not any(on_loop[:29])
+        assert any(on_loop[29:])
+        assert len(await keys(store)) == 61
+
+
+async def test_the_wal_is_checkpointed_while_commits_are_made_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    # SQLite's automatic checkpoint is replaced by the store's (in the writer thread): a
+    # WAL that nothing checkpointed would grow with every commit.
+    page = 4096
+    async with sqlite(tmp_path) as store:
+        wal = tmp_path / "batch.sqlite-wal"
+        sizes = []
+        for i in range(450):
+            await store.checkpoints.write_checkpoints([put(f"k{i}", value={"pad": "x" * 9000})])
+            sizes.append(wal.stat().st_size)
+        # Each write adds at least three pages (the value overflows two): 1350 and more.
+        assert max(sizes) < (WAL_CHECKPOINT_PAGES + 50) * (page + 24)
+        assert sizes.index(max(sizes)) < len(sizes) - 1
+        assert len(await keys(store)) == 450
 
 
 async def test_a_busy_loop_waits_for_a_locked_database_off_the_loop(tmp_path: Path) -> None:
@@ -328,6 +387,7 @@ async def test_the_writer_thread_ends_with_the_store(tmp_path: Path) -> None:
 
     before = set(writers())
     async with sqlite(tmp_path) as store:
+        store._db.commit_on_loop_below_s = 0.0  # the COMMIT in the thread: it is started
         await store.checkpoints.write_checkpoints([put("k")])
         assert len(set(writers()) - before) == 1
     assert set(writers()) - before == set()
@@ -463,6 +523,8 @@ def hold_transactions_on(store: SQLiteStore, key: str) -> Hold:
     the Trio thread or in the writer thread, the loop goes on meanwhile."""
     hold = Hold()
     marked: list[bool] = []
+    # The held COMMIT must be the writer thread's, never the loop's.
+    store._db.commit_on_loop_below_s = 0.0
 
     def mark(*_args: apsw.SQLiteValue) -> int:
         marked.append(True)
@@ -525,6 +587,7 @@ async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_o
 
     done: list[str] = []
     writer = cancellable_writer(store, done)
+    store._db.commit_on_loop_below_s = 0.0  # the held COMMIT is the writer thread's
     store._db.conn.set_commit_hook(commit_hook)
     rounds = 16
     for n in range(rounds):
