@@ -608,6 +608,45 @@ async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_o
     await store.aclose()
 
 
+async def test_a_write_handed_the_next_transaction_returns_once_its_commit_has_ended(
+    tmp_path: Path,
+) -> None:
+    """The hand-over that makes a queued write the next leader wakes it; that wake-up is not
+    its answer. Its call returns only when its own ``COMMIT`` (held here in the writer
+    thread) has ended."""
+    async with sqlite(tmp_path) as store:
+        store._db.commit_on_loop_below_s = 0.0
+        entered = [threading.Event(), threading.Event()]
+        release = [threading.Event(), threading.Event()]
+        commits: list[int] = []
+
+        def commit_hook() -> bool:
+            n = len(commits)
+            commits.append(n)
+            if n < 2:
+                entered[n].set()
+                release[n].wait(30)
+            return False
+
+        store._db.conn.set_commit_hook(commit_hook)
+        done: list[str] = []
+        writer = cancellable_writer(store, done)
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(writer, "first")
+                await trio.to_thread.run_sync(entered[0].wait, 30)
+                await nursery.start(writer, "second")
+                await trio.testing.wait_all_tasks_blocked()
+                release[0].set()
+                # "second" was handed the next transaction; its COMMIT is now held.
+                await trio.to_thread.run_sync(entered[1].wait, 30)
+                await trio.testing.wait_all_tasks_blocked()
+                assert done == ["first"]
+                release[1].set()
+        assert done == ["first", "second"]
+        assert set(await keys(store)) == {"first", "second"}
+
+
 async def test_cancelled_while_queued_writes_nothing(tmp_path: Path) -> None:
     async with sqlite(tmp_path) as store:
         hold = hold_transactions_on(store, "leader")
