@@ -579,10 +579,21 @@ async def test_a_write_cancelled_as_it_is_handed_the_next_transaction_hands_it_o
         if not entered.is_set():
             entered.set()
             release.wait(30)
-            # The loop is held up while the writer thread reports this COMMIT, and the
-            # cancellation is queued after that report: both reach the loop at once.
-            token.run_sync_soon(time.sleep, 0.2)
-            threading.Timer(0.1, token.run_sync_soon, (victim.pop().cancel,)).start()
+            cancel = victim.pop().cancel
+            holding = threading.Event()
+
+            def hold_the_loop() -> None:
+                holding.set()
+                # The writer thread reports this COMMIT meanwhile (it waited for this to
+                # start, so the report is queued for a later pass of Trio's entry queue);
+                # queued now, the cancellation is handled in the same pass as the report,
+                # or before it on a machine too slow to report within 0.2 s, never after
+                # the hand-over. The two woken tasks then run in either order.
+                time.sleep(0.2)
+                token.run_sync_soon(cancel)
+
+            token.run_sync_soon(hold_the_loop)
+            holding.wait(30)
         return False
 
     done: list[str] = []
