@@ -601,23 +601,22 @@ class _Database:
         for job in batch:
             job.taken = True
         try:
-            if self.closed:
-                self._fail(batch, StoreUnavailableError("store is closed"))
-            elif sum(job.weight for job in batch) <= INLINE_WRITES:
-                await self._transaction_here(batch)
-            else:
-                await self._in_thread(functools.partial(self._transaction, batch))
-        except Exception:
-            # Not a statement's error (those fail the transaction where they happen): a
-            # job without a savepoint raised.
-            self._abandon(batch)
-        except BaseException:
-            self._abandon(batch)
-            self._answer(batch)
-            self._hand_over()
-            raise
-        self._answer(batch)
-        try:
+            try:
+                if self.closed:
+                    self._fail(batch, StoreUnavailableError("store is closed"))
+                elif sum(job.weight for job in batch) <= INLINE_WRITES:
+                    await self._transaction_here(batch)
+                else:
+                    await self._in_thread(functools.partial(self._transaction, batch))
+            except Exception:
+                # Not a statement's error (those fail the transaction where they happen):
+                # a job without a savepoint raised.
+                self._abandon(batch)
+            except BaseException:
+                self._abandon(batch)
+                raise
+            finally:
+                self._answer(batch)
             if self._wal_pages >= WAL_CHECKPOINT_PAGES and not self.closed:
                 # The batch is answered already; the next transaction waits for this.
                 with contextlib.suppress(StoreUnavailableError):
