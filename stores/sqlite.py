@@ -850,13 +850,17 @@ _UPSERT_ANY = (
     f"{_INSERT} ON CONFLICT (namespace, key) DO UPDATE SET {_UPSERT_SET}"
     f" WHERE {_UPDATE_WHERE} RETURNING {_WRITTEN}"
 )
-# A positive expected version needs an existing row: an insert can only conflict.
-_UPSERT_AT = (
-    f"INSERT INTO prism_checkpoints AS c ({_CHECKPOINT_COLUMNS})"
-    " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-    " WHERE EXISTS (SELECT 1 FROM prism_checkpoints WHERE namespace = ? AND key = ?)"
-    f" ON CONFLICT (namespace, key) DO UPDATE SET {_UPSERT_SET}"
-    f" WHERE {_UPDATE_WHERE} RETURNING {_WRITTEN}"
+# A positive expected version needs an existing row: a plain UPDATE of it, under the same
+# checks as the upsert's (one index seek; an upsert would look the row up twice and draw a
+# new rowid before it met the conflict).
+_UPDATE_AT = (
+    "UPDATE prism_checkpoints AS c SET version = ?3, fencing_token = ?4, category = ?5,"
+    " value = ?9, metadata = ?10, updated_at = max(?12, c.updated_at)"
+    " WHERE namespace = ?1 AND key = ?2"
+    " AND tenant_id IS ?6 AND account_id IS ?7 AND user_id IS ?8"
+    " AND c.version = ?13 AND ?3 > c.version"
+    " AND (c.fencing_token IS NULL OR (?4 IS NOT NULL AND ?4 >= c.fencing_token))"
+    f" RETURNING {_WRITTEN}"
 )
 _DELETE = (
     f"DELETE FROM prism_checkpoints WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
@@ -895,7 +899,7 @@ def _apply(
     elif expected is None:
         row = _one(conn, _UPSERT_ANY, (*values, None, None))
     else:
-        row = _one(conn, _UPSERT_AT, (*values, req.namespace, req.key, expected, expected))
+        row = _one(conn, _UPDATE_AT, (*values, expected))
     if row is None:
         return WriteResult("conflict")
     _insert_event(
