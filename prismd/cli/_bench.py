@@ -360,18 +360,21 @@ async def memory(url: str, routes: int = MEMORY_ROUTES) -> dict[str, Any]:
     return result
 
 
-async def _memory_process(url: str, routes: int) -> dict[str, Any]:
+async def _memory_process(url: str, routes: int, workdir: str) -> dict[str, Any]:
     """``memory`` in a process of its own: what the routes cost, not what the scenarios
     before them left on this process's heap."""
     args = ["--scenario", "memory", "--in-process", "--memory-routes", str(routes)]
-    figures_: dict[str, Any] = (await _bench_process(url, args))["memory"]
+    figures_: dict[str, Any] = (await _bench_process(url, args, workdir))["memory"]
     figures_["process"] = "fresh"
     return figures_
 
 
-async def _bench_process(url: str, args: list[str]) -> dict[str, Any]:
-    """The scenarios' figures of a child ``prismd bench --json --store url *args``."""
-    argv = [sys.executable, "-m", "prismd", "bench", "--store", url, "--json", *args]
+async def _bench_process(url: str, args: list[str], workdir: str) -> dict[str, Any]:
+    """The scenarios' figures of a child ``prismd bench --json --store url *args``, whose
+    own working directory (its fsync baseline) is made in ``workdir``."""
+    argv = [
+        sys.executable, "-m", "prismd", "bench", "--store", url, "--json", "--dir", workdir, *args
+    ]  # fmt: skip
     done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
     scenarios: dict[str, Any] = json.loads(done.stdout)["scenarios"]
     return scenarios
@@ -400,7 +403,7 @@ async def postgres_bridge(url: str, duration_s: float) -> dict[str, Any]:
     return out
 
 
-async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
+async def scale(url: str, duration_s: float, routes: int, workdir: str) -> dict[str, Any]:
     """``pipeline`` in 1, 2 and 3 processes at once on one PostgreSQL database."""
     out: dict[str, Any] = {}
     args = ["--scenario", "pipeline", "--routes", str(routes), "--duration-s", str(duration_s)]
@@ -409,7 +412,7 @@ async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
 
         async with trio.open_nursery() as nursery:
             for _ in range(n):
-                nursery.start_soon(_pipeline_process, url, args, reports)
+                nursery.start_soon(_pipeline_process, url, args, reports, workdir)
         out[f"scale_{n}"] = {
             "processes": n,
             "count": sum(int(r["count"]) for r in reports),
@@ -421,8 +424,10 @@ async def scale(url: str, duration_s: float, routes: int) -> dict[str, Any]:
     return out
 
 
-async def _pipeline_process(url: str, args: list[str], reports: list[dict[str, Any]]) -> None:
-    reports.append((await _bench_process(url, args))["pipeline"])
+async def _pipeline_process(
+    url: str, args: list[str], reports: list[dict[str, Any]], workdir: str
+) -> None:
+    reports.append((await _bench_process(url, args, workdir))["pipeline"])
 
 
 def _rss_mb() -> float:
@@ -504,7 +509,7 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
             results["memory"] = (
                 await memory(url, options.memory_routes)
                 if options.in_process
-                else await _memory_process(url, options.memory_routes)
+                else await _memory_process(url, options.memory_routes, workdir)
             )
         elif name in LIVE:
             live_dir = Path(workdir) / name
@@ -513,7 +518,7 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
         elif name == "postgres-bridge":
             results.update(await postgres_bridge(fresh_url(), options.duration_s))
         elif name == "scale":
-            results.update(await scale(fresh_url(), options.duration_s, options.routes))
+            results.update(await scale(fresh_url(), options.duration_s, options.routes, workdir))
     baseline()
     fsync = figures(fsync_samples, fsync_elapsed)
     return {
@@ -568,6 +573,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration-s", type=float, default=5.0, help="seconds per series (default 5)"
     )
+    parser.add_argument(
+        "--dir",
+        metavar="PATH",
+        default=None,
+        help="directory on the disk to measure: the temporary store, the daemons' state and"
+        " the fsync baseline live there (default: the current directory)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-routes", type=int, default=MEMORY_ROUTES, help=argparse.SUPPRESS)
@@ -600,7 +612,20 @@ def run_bench_command(args: argparse.Namespace) -> int:
         in_process=args.in_process,
         memory_routes=args.memory_routes,
     )
-    workdir = tempfile.mkdtemp(prefix="prismd-bench-", dir=os.getcwd())
+    # Not the system's temporary directory by default: often a tmpfs, where an fsync
+    # costs nothing and the figures would say nothing about the disk.
+    try:
+        parent = os.path.abspath(args.dir if args.dir is not None else os.getcwd())
+        workdir = tempfile.mkdtemp(prefix="prismd-bench-", dir=parent)
+    except OSError as exc:
+        where = args.dir if args.dir is not None else "the current directory"
+        print(
+            f"prismd bench: cannot create a working directory in {where}"
+            f" ({exc.strerror or type(exc).__name__}); run it from a writable directory"
+            " on the disk to measure, or name one with --dir",
+            file=sys.stderr,
+        )
+        return 2
     try:
         summary = trio.run(run_bench, options, workdir)
     finally:

@@ -84,6 +84,49 @@ def test_memory_is_measured_in_a_fresh_process_with_its_routes(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+# Runs ``prismd bench`` in a current directory removed under it: one nobody can write in,
+# root included.
+IN_A_REMOVED_DIRECTORY = 'mkdir gone && cd gone && rmdir ../gone && exec "$0" -m prismd bench "$@"'
+
+
+def test_a_directory_it_cannot_write_in_is_refused_and_dir_names_the_disk(
+    tmp_path: Path,
+) -> None:
+    """The temporary store and the fsync baseline live in the current directory unless
+    ``--dir`` names another (the system's temporary directory may be a tmpfs, where an
+    fsync measures nothing). One it cannot write in is refused in one line, exit 2; with
+    ``--dir`` the bench runs there, and so does its fresh ``memory`` process."""
+    shell = ["sh", "-c", IN_A_REMOVED_DIRECTORY, sys.executable, "--json"]
+    refused = subprocess.run(
+        [*shell, "--scenario", "duplicate", "--duration-s", "0.2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stdout == ""
+    assert refused.stderr.startswith(
+        "prismd bench: cannot create a working directory in the current directory"
+    )
+    assert "--dir" in refused.stderr and "Traceback" not in refused.stderr
+    missing = subprocess.run(
+        [*shell, "--scenario", "duplicate", "--dir", str(tmp_path / "absent")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert f"in {tmp_path / 'absent'} (" in missing.stderr and "Traceback" not in missing.stderr
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    proc = subprocess.run(
+        [*shell, "--scenario", "memory", "--memory-routes", "300", "--dir", str(disk)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["scenarios"]["memory"]["routes"] == 300
+    assert summary["fsync"]["count"] > 0
+    assert list(disk.iterdir()) == []  # its working directory is gone again
+
+
 PROBE = """
 import sys
 from prismd.cli import _prismd
