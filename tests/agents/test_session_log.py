@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prismd.agents._session import (
     MAX_CACHED_BYTES,
@@ -22,7 +24,7 @@ from prismd.agents._session import (
     legacy_session_key,
     session_key,
 )
-from stores import OwnershipScope, open_store
+from stores import OwnershipScope, compact_json, open_store
 from stores.memory import MemoryStore
 
 from .conftest import YieldingCheckpoints
@@ -148,11 +150,14 @@ async def test_the_memory_is_bounded(store: MemoryStore) -> None:
 async def test_the_memory_is_bounded_by_bytes(store: MemoryStore) -> None:
     log = SessionLog(store.checkpoints, "primary")
     big = "y" * 30_000
-    for i in range(200):
-        await log.append(f"b{i}", OWNER, (("user", big),))
+    sessions = MAX_CACHED_SESSIONS - 6
+    # Each transcript weighs more than the byte bound shared out among the sessions.
+    assert 4 * 2 * len(big) * sessions > 1.5 * MAX_CACHED_BYTES
+    for i in range(sessions):
+        await log.append(f"b{i}", OWNER, (("user", big),) * 4)
     assert log._cached_bytes <= MAX_CACHED_BYTES
     assert log._cached_bytes == sum(t.weight for t in log._cache.values())
-    assert 100 < len(log._cache) < 200
+    assert sessions // 4 < len(log._cache) < sessions
 
 
 def test_an_entry_is_measured_as_its_escaped_ascii_json() -> None:
@@ -176,6 +181,58 @@ def test_an_entry_is_measured_as_its_escaped_ascii_json() -> None:
         (item,) = transcript.items
         assert transcript.sizes == (len(json.dumps(item)) + 1,), text
         assert transcript.encoded == (json.dumps(item, ensure_ascii=False, separators=(",", ":")),)
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=40),
+            st.sampled_from(["user", "assistant"]),
+            st.text(max_size=300),
+        ),
+        max_size=12,
+    )
+)
+def test_a_reloaded_transcript_is_the_one_that_was_kept(
+    entries: list[tuple[str, Literal["user", "assistant"], str]],
+) -> None:
+    """What an append keeps of each entry (its dict, compact JSON and measured size) is
+    what ``compact_json``/``json.dumps`` make of it, for any text; and a transcript read
+    back from its stored JSON (the path of an append whose memory was forgotten) is the
+    same, entry for entry."""
+    kept = _Transcript(0).extended(
+        [SessionEntry(*entry) for entry in entries], MAX_SESSION_ENTRIES, 3
+    )
+    for item, encoded, size in zip(kept.items, kept.encoded, kept.sizes, strict=True):
+        assert encoded == compact_json(item)
+        assert size == len(json.dumps(item)) + 1
+    stored = json.loads(kept.value_json())
+    assert stored == {"entries": list(kept.items)}
+    assert _Transcript.stored(3, stored) == kept
+
+
+def test_a_stored_transcript_skips_what_is_not_an_entry() -> None:
+    """Read back, a damaged transcript keeps its well-formed entries only (as ``entries``
+    shows them), and appends go on from those."""
+    value = {
+        "entries": [
+            {"id": "a", "role": "user", "text": "kept"},
+            {"id": "b", "role": "system", "text": "unknown role"},
+            {"id": 3, "role": "user", "text": "id not a string"},
+            "not an object",
+            {"id": "c", "role": "assistant"},
+            {"id": "d", "role": "assistant", "text": "kept too", "extra": 1},
+        ]
+    }
+    transcript = _Transcript.stored(5, value)
+    assert transcript.version == 5
+    assert transcript.items == (
+        {"id": "a", "role": "user", "text": "kept"},
+        {"id": "d", "role": "assistant", "text": "kept too"},
+    )
+    assert _Transcript.stored(1, {"entries": "no list"}) == _Transcript(1)
+    assert _Transcript.stored(1, ["no", "object"]) == _Transcript(1)
 
 
 async def test_two_owners_with_one_session_id_keep_a_transcript_each(
