@@ -172,7 +172,7 @@ def _clip(text: str) -> str:
     return raw[:MAX_ENTRY_BYTES].decode("utf-8", "ignore")
 
 
-MAX_CACHED_SESSIONS = 256
+MAX_CACHED_SESSIONS = 1024
 MAX_CACHED_BYTES = 32 * 1024 * 1024
 """Bounds of a :class:`SessionLog`'s memory of the transcripts it last wrote (the bytes an
 estimate of what the kept entries occupy in memory, see ``_Transcript.weight``; a full
@@ -187,9 +187,10 @@ dict, the id and the objects' headers."""
 def _measured(item: Mapping[str, str], compact: str) -> int:
     """The entry's size as escaped ASCII JSON (``json.dumps(item)``, the largest encoding
     any store may use) plus its comma in the list. ``compact`` is its compact encoding:
-    when that is ASCII, the escaped form differs only by the separators' spaces (one
-    after each colon and each comma), so nothing is encoded a second time."""
-    if compact.isascii():
+    when that is ASCII without DEL (which only the escaped form writes as ``\\u007f``),
+    the escaped form differs only by the separators' spaces (one after each colon and
+    each comma), so nothing is encoded a second time."""
+    if compact.isascii() and "\x7f" not in compact:
         return len(compact) + max(0, 2 * len(item) - 1) + 1
     return len(json.dumps(item)) + 1
 

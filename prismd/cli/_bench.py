@@ -62,7 +62,7 @@ from stores import Store, is_postgres_url, open_store
 from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer, GrantConfig
-from ..limits import Limits
+from ..limits import LIMIT_TABLE, Limits
 from ..runtime import open_messaging_runtime
 from ._figures import figures
 
@@ -166,6 +166,12 @@ class _Bench:
         )
 
 
+MAX_ROUTES = LIMIT_TABLE["max_pending_per_process"][1]
+"""The most routes ``pipeline`` may have: each keeps one message pending, and a process
+holds at most this many (the contract's cap of ``max_pending_per_process``); more would be
+refused "capacity"."""
+
+
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
     async with open_store(url) as store:
         agent: Agent = build_agent(
@@ -182,7 +188,7 @@ async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, A
             return agent
 
         limits = Limits(
-            max_pending_per_process=500,
+            max_pending_per_process=MAX_ROUTES,
             max_active_sessions=16,
             max_routes=10_000,
             max_pending_per_binding=32,
@@ -586,8 +592,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    if not 1 <= args.routes <= 1000:
-        print("prismd bench: --routes must be between 1 and 1000", file=sys.stderr)
+    if not 1 <= args.routes <= MAX_ROUTES:
+        print(f"prismd bench: --routes must be between 1 and {MAX_ROUTES}", file=sys.stderr)
         return 2
     if not 1 <= args.memory_routes <= 100_000:
         print("prismd bench: --memory-routes must be between 1 and 100000", file=sys.stderr)

@@ -150,11 +150,12 @@ async def test_the_memory_is_bounded(store: MemoryStore) -> None:
 async def test_the_memory_is_bounded_by_bytes(store: MemoryStore) -> None:
     log = SessionLog(store.checkpoints, "primary")
     big = "y" * 30_000
-    sessions = MAX_CACHED_SESSIONS - 6
-    # Each transcript weighs more than the byte bound shared out among the sessions.
-    assert 4 * 2 * len(big) * sessions > 1.5 * MAX_CACHED_BYTES
+    sessions, entries = 100, 8  # 240 KB transcripts, within MAX_SESSION_BYTES
+    assert entries * len(big) < MAX_SESSION_BYTES and sessions < MAX_CACHED_SESSIONS
+    # Together they weigh more than the byte bound, long before the count bound.
+    assert sessions * entries * 2 * len(big) > 1.2 * MAX_CACHED_BYTES
     for i in range(sessions):
-        await log.append(f"b{i}", OWNER, (("user", big),) * 4)
+        await log.append(f"b{i}", OWNER, (("user", big),) * entries)
     assert log._cached_bytes <= MAX_CACHED_BYTES
     assert log._cached_bytes == sum(t.weight for t in log._cache.values())
     assert sessions // 4 < len(log._cache) < sessions
@@ -169,6 +170,7 @@ def test_an_entry_is_measured_as_its_escaped_ascii_json() -> None:
         "plain",
         'quote " and \\ slash',
         "tab\tnew\nline\x01",
+        "del \x7f\x7f",  # ASCII, but escaped as \u007f by json.dumps only
         "é",
         "日本",
         "😀",

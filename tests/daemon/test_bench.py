@@ -155,6 +155,7 @@ def test_the_bench_process_holds_the_runtime_and_the_store_only(tmp_path: Path) 
 def test_cli_refuses_bad_arguments(tmp_path: Path) -> None:
     for args in (
         ["--routes", "0"],
+        ["--routes", "501"],  # more than the messages a process may hold pending
         ["--duration-s", "0"],
         ["--scenario", "nope"],
         ["--memory-routes", "0"],
