@@ -60,6 +60,33 @@ async def test_an_append_after_the_first_does_not_load_the_transcript(
     assert texts(entries) == [t for i in range(5) for t in (f"q{i}", f"a{i}")]
 
 
+async def test_hundreds_of_conversations_in_turn_are_appended_without_a_load(
+    store: MemoryStore,
+) -> None:
+    """The memory holds as many conversations as a busy process has going at once,
+    answered in turn (each after all the others: the worst order for a least-recently-used
+    memory): 900 short ones, and 300 at their full 200 entries (about 90 KB each of short
+    messages, under the byte bound together), load nothing after their first append."""
+    for sessions, first_entries in ((900, 2), (300, MAX_SESSION_ENTRIES - 2)):
+        assert sessions <= MAX_CACHED_SESSIONS
+        counting = CountingLoads(store.checkpoints)
+        log = SessionLog(counting, f"agent-{sessions}")
+        for i in range(sessions):
+            await log.append(
+                f"s{i}", OWNER, (("user", "q"), ("assistant", "a")) * (first_entries // 2)
+            )
+        # The owner's key and the legacy one, each missing.
+        assert counting.loads == 2 * sessions
+        for turn in range(2):
+            for i in range(sessions):
+                await log.append(f"s{i}", OWNER, (("user", f"q{turn}"), ("assistant", "a")))
+        assert counting.loads == 2 * sessions, sessions
+        assert len(log._cache) == sessions and log._cached_bytes <= MAX_CACHED_BYTES
+        assert all(
+            len(t.items) == min(first_entries + 4, MAX_SESSION_ENTRIES) for t in log._cache.values()
+        )
+
+
 async def test_a_transcript_written_by_another_process_is_reloaded_not_overwritten(
     store: MemoryStore,
 ) -> None:
