@@ -47,7 +47,7 @@ from ._context import (
     seen_before,
 )
 from ._core import MEMO_LIMIT, Core
-from ._ids import operation_id_for
+from ._ids import operation_id_for, stamp_us
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
 from ._turn import enqueue
@@ -277,6 +277,7 @@ def operation_input(event: InboundEvent) -> OperationInput:
         thread_id=event.thread_id,
         received_at_ms=event.received_at_ms,
         claims=bounded_claims(event.claims),
+        admitted_us=stamp_us(),
     )
 
 

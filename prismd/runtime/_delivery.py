@@ -186,7 +186,12 @@ async def _event_id(core: Core, scope: OwnershipScope, record: ReplyRecord) -> s
 
 
 def _oldest_first(replies: list[Loaded[ReplyRecord]]) -> list[Loaded[ReplyRecord]]:
-    return sorted(replies, key=lambda r: (r.record.created_at_ms, r.record.operation_id))
+    # Replies staged before they carried a microsecond stamp count as their millisecond's
+    # first.
+    return sorted(
+        replies,
+        key=lambda r: (r.record.created_at_ms, r.record.created_us or 0, r.record.operation_id),
+    )
 
 
 async def redeliver_pending(

@@ -32,7 +32,7 @@ from ..journal import (
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
 from ._core import Core
-from ._ids import control_kind
+from ._ids import control_kind, stamp_us
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be
@@ -175,6 +175,7 @@ def _record(core: Core, draft: Draft) -> tuple[ReplyRecord, str]:
         thread_id=draft.thread_id,
         controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in draft.controls),
         approval=None if draft.approval is None else dict(draft.approval),
+        created_us=stamp_us(),
     )
     fitted = fit_record(record, core.limits.max_journal_record_bytes)
     if cut or fitted is not record:

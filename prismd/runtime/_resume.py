@@ -77,6 +77,14 @@ def _event(record: OperationRecord) -> InboundEvent:
     )
 
 
+def _admission_order(pending: _Pending) -> tuple[int, int, str]:
+    """Oldest first: the millisecond, then the microsecond stamp of the admission (records
+    written before it had one count as the millisecond's first), then the id."""
+    record = pending.loaded.record
+    admitted = record.input.admitted_us if record.input is not None else None
+    return (record.created_at_ms, admitted or 0, record.operation_id)
+
+
 def _resumable(record: OperationRecord) -> bool:
     return record.state == "accepted" and record.kind == "message" and record.input is not None
 
@@ -115,7 +123,7 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
             )
         if cursor is None:
             break
-    found.sort(key=lambda p: (p.loaded.record.created_at_ms, p.loaded.record.operation_id))
+    found.sort(key=_admission_order)
     return found
 
 

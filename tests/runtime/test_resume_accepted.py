@@ -198,6 +198,9 @@ async def test_input_written_at_admit_and_removed_at_claim(store: Store) -> None
         stored = await _ops(store)
         assert stored["1"]["state"] == "executing" and "input" not in stored["1"]
         assert stored["2"]["state"] == "accepted"
+        # The admission's microsecond stamp (what orders a route's records of one ms).
+        admitted_us = stored["2"]["input"].pop("admittedUs")
+        assert isinstance(admitted_us, int) and admitted_us > 0
         assert stored["2"]["input"] == {
             "text": "second",
             "threadId": "t-9",
@@ -351,6 +354,34 @@ async def test_foreign_owner_waits_for_dead_lease_then_resumes(
             await _wait(lambda: len(host.replies) == 4, within_s=300)
         assert _texts_by_chat(agent, CHAT_OF) == {"chat-1": list(CHAT1), "chat-2": ["m4"]}
         assert all("input" not in v for v in (await _ops(store)).values())
+
+
+async def test_messages_admitted_in_one_millisecond_resume_in_their_order(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Seven messages of one route admitted within one (virtual) millisecond: their
+    records tie on ``createdAtMs`` and their operation ids (hashes) sort otherwise, yet the
+    restarted runtime runs them in the order they were admitted (the records' admission
+    stamp, in microseconds)."""
+    texts = [f"t{n}" for n in range(1, 8)]  # within max_pending_per_binding (8)
+    events = [event(f"same-ms-{n}", text, chat="chat-1") for n, text in enumerate(texts)]
+    async with open_store("memory://", clock=TrioClock()) as store:
+        await _admit_then_kill(store, events)
+        before = await _ops(store)
+        assert len({v["createdAtMs"] for v in before.values()}) == 1
+        by_hash = [
+            v["input"]["text"]
+            for _k, v in sorted(before.items(), key=lambda kv: kv[1]["operationId"])
+        ]
+        assert by_hash != texts  # what ordering by the id would have run
+        stamps = [before[ev.event_id]["input"]["admittedUs"] for ev in events]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+        await trio.sleep(0.01)  # the restart: a later millisecond than the admissions
+        agent = _echo()
+        host = Host(agent=agent)
+        async with _open(host, store, resume_accepted=True, **SUCCESSOR):
+            await _wait(lambda: len(host.replies) == len(texts), within_s=60)
+        assert [input_text(call.input) for call in agent.calls] == texts
 
 
 E2E = AgentIdentity(
