@@ -46,8 +46,8 @@ from ._context import (
     duplicate,
     seen_before,
 )
-from ._core import MEMO_LIMIT, Core
-from ._ids import operation_id_for, stamp_us
+from ._core import MEMO_LIMIT, Core, stamp_us
+from ._ids import operation_id_for
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
 from ._turn import enqueue

@@ -7,20 +7,8 @@ UTF-8 bytes with SHA-256, rendered as lowercase hex.
 from __future__ import annotations
 
 import hashlib
-import time
 
 from stores import OwnershipScope
-
-_last_stamp_us = 0
-
-
-def stamp_us() -> int:
-    """Now in microseconds of the wall clock, and later than the last call's in this
-    process: orders the records a route writes within one millisecond (admissions,
-    staged replies), where ``created_at_ms`` ties and the operation id is a hash."""
-    global _last_stamp_us
-    _last_stamp_us = max(time.time_ns() // 1000, _last_stamp_us + 1)
-    return _last_stamp_us
 
 
 def _j(parts: tuple[str | None, ...]) -> str:

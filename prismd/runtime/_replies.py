@@ -31,8 +31,8 @@ from ..journal import (
     mark,
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
-from ._core import Core
-from ._ids import control_kind, stamp_us
+from ._core import Core, stamp_us
+from ._ids import control_kind
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be

@@ -9,8 +9,8 @@ import itertools
 
 from prismd.journal import Loaded
 from prismd.journal._journal import OperationInput, ReplyRecord
+from prismd.runtime._core import stamp_us
 from prismd.runtime._delivery import _oldest_first
-from prismd.runtime._ids import stamp_us
 
 
 def _reply(operation_id: str, created_us: int | None, created_at_ms: int = 5_000) -> ReplyRecord:
