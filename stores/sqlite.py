@@ -829,38 +829,48 @@ _INSERT = (
     f"INSERT INTO prism_checkpoints AS c ({_CHECKPOINT_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# The stored row is `c`; the checks of contract §1.2 steps 2-5 in one WHERE.
-_UPDATE_WHERE = (
-    "c.tenant_id IS excluded.tenant_id AND c.account_id IS excluded.account_id"
-    " AND c.user_id IS excluded.user_id"
-    " AND (? IS NULL OR c.version = ?)"
-    " AND excluded.version > c.version"
-    " AND (c.fencing_token IS NULL OR (excluded.fencing_token IS NOT NULL"
-    "      AND excluded.fencing_token >= c.fencing_token))"
-)
-_UPSERT_SET = (
-    "version = excluded.version, fencing_token = excluded.fencing_token,"
-    " category = excluded.category, value = excluded.value,"
-    " metadata = excluded.metadata, updated_at = max(excluded.updated_at, c.updated_at)"
-)
+
+
+def _overwrite(new: Callable[[str], str], expected: str) -> tuple[str, str]:
+    """The ``SET`` and the ``WHERE`` of a write over the stored row ``c``: ``new(column)``
+    is the SQL of the value written to ``column``, ``expected`` that of the expected
+    version (``NULL``: any). The ``WHERE`` holds the checks of contract §1.2 steps 2-5, the
+    same for the upsert and for the ``UPDATE`` of a positive expected version."""
+    fence = new("fencing_token")
+    assignments = ", ".join(
+        f"{column} = {new(column)}"
+        for column in ("version", "fencing_token", "category", "value", "metadata")
+    )
+    checks = (
+        f"c.tenant_id IS {new('tenant_id')} AND c.account_id IS {new('account_id')}"
+        f" AND c.user_id IS {new('user_id')}"
+        f" AND ({expected} IS NULL OR c.version = {expected})"
+        f" AND {new('version')} > c.version"
+        f" AND (c.fencing_token IS NULL OR ({fence} IS NOT NULL AND {fence} >= c.fencing_token))"
+    )
+    return f"{assignments}, updated_at = max({new('updated_at')}, c.updated_at)", checks
+
+
 # What a successful write hands back: everything else it wrote is the request's own.
 _WRITTEN = "created_at, updated_at"
 _CREATE_ONLY = f"{_INSERT} ON CONFLICT (namespace, key) DO NOTHING RETURNING {_WRITTEN}"
+_UPSERT_SET, _UPSERT_WHERE = _overwrite(lambda column: f"excluded.{column}", "?")
 _UPSERT_ANY = (
     f"{_INSERT} ON CONFLICT (namespace, key) DO UPDATE SET {_UPSERT_SET}"
-    f" WHERE {_UPDATE_WHERE} RETURNING {_WRITTEN}"
+    f" WHERE {_UPSERT_WHERE} RETURNING {_WRITTEN}"
 )
-# A positive expected version needs an existing row: a plain UPDATE of it, under the same
-# checks as the upsert's (one index seek; an upsert would look the row up twice and draw a
-# new rowid before it met the conflict).
+# A positive expected version needs an existing row: a plain UPDATE of it (one index seek;
+# an upsert would look the row up twice and draw a new rowid before it met the conflict),
+# bound like the insert (each column's value at its place in the column list) and then the
+# expected version.
+_PARAMETER = {
+    column.strip(): f"?{n}" for n, column in enumerate(_CHECKPOINT_COLUMNS.split(","), start=1)
+}
+_UPDATE_SET, _UPDATE_WHERE = _overwrite(_PARAMETER.__getitem__, f"?{len(_PARAMETER) + 1}")
 _UPDATE_AT = (
-    "UPDATE prism_checkpoints AS c SET version = ?3, fencing_token = ?4, category = ?5,"
-    " value = ?9, metadata = ?10, updated_at = max(?12, c.updated_at)"
-    " WHERE namespace = ?1 AND key = ?2"
-    " AND tenant_id IS ?6 AND account_id IS ?7 AND user_id IS ?8"
-    " AND c.version = ?13 AND ?3 > c.version"
-    " AND (c.fencing_token IS NULL OR (?4 IS NOT NULL AND ?4 >= c.fencing_token))"
-    f" RETURNING {_WRITTEN}"
+    f"UPDATE prism_checkpoints AS c SET {_UPDATE_SET}"
+    f" WHERE namespace = {_PARAMETER['namespace']} AND key = {_PARAMETER['key']}"
+    f" AND {_UPDATE_WHERE} RETURNING {_WRITTEN}"
 )
 _DELETE = (
     f"DELETE FROM prism_checkpoints WHERE namespace = ? AND key = ? AND {_SCOPE_IS}"
