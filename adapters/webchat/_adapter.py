@@ -590,8 +590,13 @@ class WebchatAdapter:
         self._previews.offer(self._background, actor, preview.text)
 
     async def _send_preview(self, actor: str, frame: str) -> None:
+        sockets = list(self._sockets.get(actor, ()))
+        if len(sockets) == 1:
+            # One tab (the usual case): no nursery and task to spend per frame.
+            await self._send_frame(sockets[0], frame)
+            return
         async with trio.open_nursery() as nursery:
-            for sock in list(self._sockets.get(actor, ())):
+            for sock in sockets:
                 nursery.start_soon(self._send_frame, sock, frame)
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
@@ -676,14 +681,16 @@ class WebchatAdapter:
                 sock.slot.touch()
                 taken.append(sock)
 
-        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S;
-        # under the actor's preview lock, so no stale preview follows the reply
-        async with (
-            self._previews.replying(reply.external_conversation_id),
-            trio.open_nursery() as nursery,
-        ):
-            for sock in sockets:
-                nursery.start_soon(deliver, sock)
+        # under the actor's preview lock, so no stale preview follows the reply;
+        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S
+        # (one tab, the usual case, is sent to directly: no nursery and task per reply)
+        async with self._previews.replying(reply.external_conversation_id):
+            if len(sockets) == 1:
+                await deliver(sockets[0])
+            else:
+                async with trio.open_nursery() as nursery:
+                    for sock in sockets:
+                        nursery.start_soon(deliver, sock)
         if not taken:
             # No open socket took it: nothing reached the browser (a timed-out write is an
             # incomplete frame), so the runtime keeps it for the actor's next connection.

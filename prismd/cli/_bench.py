@@ -3,7 +3,8 @@
 Every scenario runs the real runtime on a real store (a temporary SQLite file in the
 working directory's filesystem unless ``--store`` names one) with the ``mock`` agent
 answering at once, and no network. Latencies are wall-clock (``time.perf_counter``);
-``cpu_ms_per_message`` is process CPU time (every thread) per message;
+``cpu_ms_per_message`` is process CPU time (every thread) per message (for ``webchat``
+the daemon's, read from ``/proc``: the clients' CPU is not in it);
 ``commits_per_message`` is the store's own count of durable transactions per message,
 where the store keeps one (SQLite).
 

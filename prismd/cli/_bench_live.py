@@ -148,6 +148,18 @@ class Daemon:
             link.unlink()
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU time (user + system, every thread) of process ``pid`` so far, from
+    ``/proc/PID/stat``; ``None`` where there is no such file (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: count after it.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def operation_states(workdir: Path) -> dict[str, int]:
     with sqlite3.connect(workdir / "journal.sqlite") as conn:
         rows = conn.execute(
@@ -240,6 +252,7 @@ async def webchat(workdir: Path, duration_s: float) -> dict[str, Any]:
         async def closed_loop(clients: list[ChatClient]) -> None:
             end = time.perf_counter() + duration_s
             start = time.perf_counter()
+            cpu0 = process_cpu_s(daemon.process.pid)
 
             async def lane(client: ChatClient) -> None:
                 while time.perf_counter() < end:
@@ -252,6 +265,10 @@ async def webchat(workdir: Path, duration_s: float) -> dict[str, Any]:
                     nursery.start_soon(lane, client)
             samples = [s for c in clients for s in c.latencies]
             closed.update(figures(samples, time.perf_counter() - start))
+            cpu1 = process_cpu_s(daemon.process.pid)
+            if cpu0 is not None and cpu1 is not None and samples:
+                # The daemon's CPU (not the clients'): what the machine spends per message.
+                closed["cpu_ms_per_message"] = round((cpu1 - cpu0) * 1000 / len(samples), 3)
             for client in clients:
                 client.latencies.clear()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from prismd.cli._bench import BenchOptions, render_table, run_bench
+from prismd.cli._bench_live import process_cpu_s
 from prismd.cli._figures import figures
 
 pytestmark = pytest.mark.slow
@@ -178,8 +179,34 @@ def test_live_scenarios_drive_a_real_daemon(tmp_path: Path) -> None:
     scenarios = json.loads(proc.stdout)["scenarios"]
     for name in ("webchat", "webchat_latency", "telegram"):
         assert set(scenarios[name]) >= SERIES_KEYS and scenarios[name]["count"] > 0, name
+    # The daemon's own CPU per message (from /proc: this suite runs on Linux).
+    assert scenarios["webchat"]["cpu_ms_per_message"] > 0
     stop = scenarios["stop"]
     assert stop["exit_code"] == 0 and stop["left_executing"] == 0
     assert stop["seconds_to_exit"] < stop["deadline_s"] + 5
     assert stop["states"] == {"cancelled": 100}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_process_cpu_time_is_read_whatever_its_name() -> None:
+    """``/proc/PID/stat`` puts the command name in parentheses, and a name may hold
+    parentheses and spaces itself: the fields are counted after the last one."""
+    script = (
+        "import pathlib, sys, time\n"
+        "pathlib.Path('/proc/self/comm').write_text('a) b (c')\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "print('spun', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
+        assert Path(f"/proc/{child.pid}/comm").read_text().strip() == "a) b (c"
+        spent = process_cpu_s(child.pid)
+        assert spent is not None and 0.25 <= spent < 5
+    finally:
+        child.communicate("", timeout=30)
+    assert process_cpu_s(child.pid) is None  # reaped: no such process

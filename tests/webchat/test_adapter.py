@@ -454,6 +454,27 @@ async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
         assert adapter.statistics().open_sockets == 1
 
 
+@pytest.mark.slow
+async def test_a_lone_stalled_tab_is_given_up_on_and_the_reply_held(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The only tab of the actor is sent to directly (no nursery): its stalled write is
+    # still bounded by the send timeout, and the reply is held for the next connection.
+    autojump_clock.autojump_threshold = 0.2
+    adapter, _ = await start(nursery)
+    big = "x" * (16 * 1024 * 1024)  # more than the kernel buffers of a loopback socket hold
+    async with connect(adapter, message_queue_size=0) as stalled:
+        await hello(stalled, ACTOR)
+        assert (await adapter.send(reply("first"))).delivered  # fills the zero-sized queue
+        started = trio.current_time()
+        result = await adapter.send(reply(big))
+        assert result == SendResult.hold("webchat_not_connected")
+        assert 9 <= trio.current_time() - started <= 12
+        await trio.sleep(1)  # virtual: the dropped socket's session winds down
+        assert adapter.statistics().open_sockets == 0
+        assert adapter.statistics().replies_held == 1
+
+
 async def test_send_without_socket_is_held(nursery: trio.Nursery) -> None:
     with trio.fail_after(10):
         adapter, _ = await start(nursery)
