@@ -152,11 +152,12 @@ def process_cpu_s(pid: int) -> float | None:
     """CPU time (user + system, every thread) of process ``pid`` so far, from
     ``/proc/PID/stat``; ``None`` where there is no such file (not Linux)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    # The command name (field 2) is in parentheses and may hold spaces: count after it.
-    fields = stat[stat.rindex(")") + 2 :].split()
+    # The command name (field 2) is in parentheses and may hold spaces, parentheses and
+    # bytes of any encoding: read as bytes, and count the fields after its last ")".
+    fields = stat[stat.rindex(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

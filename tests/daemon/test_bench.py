@@ -190,10 +190,11 @@ def test_live_scenarios_drive_a_real_daemon(tmp_path: Path) -> None:
 
 def test_a_process_cpu_time_is_read_whatever_its_name() -> None:
     """``/proc/PID/stat`` puts the command name in parentheses, and a name may hold
-    parentheses and spaces itself: the fields are counted after the last one."""
+    parentheses, spaces and non-ASCII bytes itself: the fields are counted after the last
+    parenthesis, over bytes."""
     script = (
         "import pathlib, sys, time\n"
-        "pathlib.Path('/proc/self/comm').write_text('a) b (c')\n"
+        "pathlib.Path('/proc/self/comm').write_text('a) b (c\\u00e9')\n"
         "end = time.process_time() + 0.3\n"
         "while time.process_time() < end: pass\n"
         "print('spun', flush=True)\n"
@@ -204,7 +205,7 @@ def test_a_process_cpu_time_is_read_whatever_its_name() -> None:
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == "spun\n"
-        assert Path(f"/proc/{child.pid}/comm").read_text().strip() == "a) b (c"
+        assert Path(f"/proc/{child.pid}/comm").read_text().strip() == "a) b (c\u00e9"
         spent = process_cpu_s(child.pid)
         assert spent is not None and 0.25 <= spent < 5
     finally:
