@@ -105,7 +105,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
@@ -591,13 +591,7 @@ class WebchatAdapter:
 
     async def _send_preview(self, actor: str, frame: str) -> None:
         sockets = list(self._sockets.get(actor, ()))
-        if len(sockets) == 1:
-            # One tab (the usual case): no nursery and task to spend per frame.
-            await self._send_frame(sockets[0], frame)
-            return
-        async with trio.open_nursery() as nursery:
-            for sock in sockets:
-                nursery.start_soon(self._send_frame, sock, frame)
+        await _to_each(sockets, functools.partial(self._send_frame, frame=frame))
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
         """Not offered (see :attr:`features`)."""
@@ -681,16 +675,9 @@ class WebchatAdapter:
                 sock.slot.touch()
                 taken.append(sock)
 
-        # under the actor's preview lock, so no stale preview follows the reply;
-        # concurrently, so one stalled tab cannot hold up the others for SEND_TIMEOUT_S
-        # (one tab, the usual case, is sent to directly: no nursery and task per reply)
+        # under the actor's preview lock, so no stale preview follows the reply
         async with self._previews.replying(reply.external_conversation_id):
-            if len(sockets) == 1:
-                await deliver(sockets[0])
-            else:
-                async with trio.open_nursery() as nursery:
-                    for sock in sockets:
-                        nursery.start_soon(deliver, sock)
+            await _to_each(sockets, deliver)
         if not taken:
             # No open socket took it: nothing reached the browser (a timed-out write is an
             # incomplete frame), so the runtime keeps it for the actor's next connection.
@@ -1126,6 +1113,20 @@ class WebchatAdapter:
             # may be stuck writing to this peer too: drop the transport, which ends both.
             await trio.aclose_forcefully(sock.stream)
         return False
+
+
+async def _to_each(
+    sockets: Sequence[_Socket], send: Callable[[_Socket], Awaitable[object]]
+) -> None:
+    """``send`` to every socket: concurrently, so one stalled tab cannot hold up the others
+    for ``SEND_TIMEOUT_S``; to a lone one (the usual case) directly, with no nursery and
+    task to spend per frame."""
+    if len(sockets) == 1:
+        await send(sockets[0])
+        return
+    async with trio.open_nursery() as nursery:
+        for sock in sockets:
+            nursery.start_soon(send, sock)
 
 
 async def _get_message(ws: Any) -> str | bytes | None:

@@ -422,6 +422,11 @@ async def test_send_reaches_every_socket_of_the_actor_only(nursery: trio.Nursery
             assert (await recv(other))["text"] == "for other"
 
 
+STALLING_TEXT = "x" * (16 * 1024 * 1024)
+"""A reply larger than the kernel buffers of a loopback socket hold: its write to a tab
+that reads nothing stalls."""
+
+
 @pytest.mark.slow
 async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
@@ -429,7 +434,6 @@ async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
     # jump virtual time only after real idleness, so loopback transfers are never "idle"
     autojump_clock.autojump_threshold = 0.2
     adapter, _ = await start(nursery)
-    big = "x" * (16 * 1024 * 1024)  # more than the kernel buffers of a loopback socket hold
     # a queue of 0 frames: the stalled client reads nothing once ready is consumed
     async with (
         connect(adapter, message_queue_size=0) as stalled,
@@ -443,11 +447,11 @@ async def test_a_stalled_tab_neither_blocks_nor_keeps_replies(
 
             async def read_it() -> None:
                 frame = await recv(reader)
-                assert len(frame["text"]) == len(big)
+                assert len(frame["text"]) == len(STALLING_TEXT)
 
             readers.start_soon(read_it)
             started = trio.current_time()
-            result = await adapter.send(reply(big))
+            result = await adapter.send(reply(STALLING_TEXT))
         assert result.delivered  # the reading tab took it
         assert 9 <= trio.current_time() - started <= 12  # the stalled one was given up on
         await trio.sleep(1)  # virtual: the closed socket's session winds down
@@ -462,12 +466,11 @@ async def test_a_lone_stalled_tab_is_given_up_on_and_the_reply_held(
     # still bounded by the send timeout, and the reply is held for the next connection.
     autojump_clock.autojump_threshold = 0.2
     adapter, _ = await start(nursery)
-    big = "x" * (16 * 1024 * 1024)  # more than the kernel buffers of a loopback socket hold
     async with connect(adapter, message_queue_size=0) as stalled:
         await hello(stalled, ACTOR)
         assert (await adapter.send(reply("first"))).delivered  # fills the zero-sized queue
         started = trio.current_time()
-        result = await adapter.send(reply(big))
+        result = await adapter.send(reply(STALLING_TEXT))
         assert result == SendResult.hold("webchat_not_connected")
         assert 9 <= trio.current_time() - started <= 12
         await trio.sleep(1)  # virtual: the dropped socket's session winds down
