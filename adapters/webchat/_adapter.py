@@ -74,7 +74,9 @@ server → client
   ``oversized`` message, ``/help`` after an ``unknown_command``).
 * ``{"type": "preview", "text": "…"}`` — the live text of an answer being streamed (the
   whole text so far, redacted, never journaled): shown until the next ``reply`` replaces it.
-  Coalesced (a slow tab gets the newest text) and never sent after the reply that ends it.
+  Coalesced (a slow tab gets the newest text), at most one per ``PREVIEW_INTERVAL_S``
+  (50 ms) per actor and the first that long after the answer's first delta (an answer
+  complete sooner comes as its reply alone), and never sent after the reply that ends it.
 * ``{"type": "reply", "replyId": <str or null>, "kind": "final"|"notice", "text": "…",
   "controls": [{"label", "value"}], "inReplyTo": <client id or null>}`` — sent to every open
   socket of the actor. ``replyId`` is stable (one per journaled operation), so a client that
