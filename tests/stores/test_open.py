@@ -168,13 +168,48 @@ async def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     old.execute("PRAGMA user_version = 1")
     old.close()
     status = await migrate_store(f"sqlite:///{path}", apply=False)
-    assert (status.current, status.pending) == (1, (2,))
+    assert (status.current, status.pending) == (1, (2, 3))
     async with open_store(f"sqlite:///{path}") as store:
         kept = await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE_NONE)
         assert kept is not None and kept.version == 3 and kept.value == {"kept": True}
         assert await store.inbox.put(source="s", key="1", partition="p", order=1, payload={})
     probe = apsw.Connection(str(path))
     assert probe.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
+    probe.close()
+
+
+async def test_a_version_2_file_loses_the_index_no_listing_uses(tmp_path: Path) -> None:
+    """Schema 3 drops ``prism_checkpoints_recent`` (updated on every save, used by no
+    listing prismd makes); the rows stay, and a listing of every namespace at once is
+    still newest first."""
+    from stores.sqlite import _SCHEMA, _SCHEMA_2
+
+    path = tmp_path / "j.sqlite"
+    old = apsw.Connection(str(path))
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute(_SCHEMA)
+    old.execute(_SCHEMA_2)
+    old.execute(
+        "CREATE INDEX prism_checkpoints_recent"
+        " ON prism_checkpoints (updated_at DESC, key, namespace)"
+    )
+    for ns, key, at in (("a", "k1", 5), ("b", "k2", 9), ("a", "k3", 7)):
+        old.execute(
+            "INSERT INTO prism_checkpoints (namespace, key, version, value, created_at,"
+            " updated_at) VALUES (?, ?, 1, '{}', ?, ?)",
+            (ns, key, at, at),
+        )
+    old.execute("PRAGMA user_version = 2")
+    old.close()
+    status = await migrate_store(f"sqlite:///{path}", apply=False)
+    assert (status.current, status.pending) == (2, (3,))
+    async with open_store(f"sqlite:///{path}") as store:
+        page = await store.checkpoints.list_checkpoints()
+        assert [(r.namespace, r.key) for r in page.items] == [("b", "k2"), ("a", "k3"), ("a", "k1")]
+    probe = apsw.Connection(str(path))
+    indexes = {r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "prism_checkpoints_recent" not in indexes and "prism_checkpoints_list" in indexes
+    assert probe.execute("PRAGMA user_version").fetchall() == [(3,)]
     probe.close()
 
 
