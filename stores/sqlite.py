@@ -319,6 +319,7 @@ def _open_connections(path: Path, busy_timeout_ms: int) -> tuple[apsw.Connection
         reader = apsw.Connection(os.fspath(path), flags=apsw.SQLITE_OPEN_READWRITE)
         reader.set_busy_timeout(busy_timeout_ms)
         reader.execute("PRAGMA query_only=ON")
+        reader.execute(_TEMP_IN_MEMORY)
     except apsw.Error as exc:
         conn.close()
         raise StoreUnavailableError(
@@ -374,6 +375,13 @@ def _scalar(conn: apsw.Connection, sql: str) -> Any:
     return None if row is None else row[0]
 
 
+_TEMP_IN_MEMORY = "PRAGMA temp_store=MEMORY"
+"""Temporary storage in memory, not in temporary files: a savepoint's statement journal
+(an atomic batch of several writes, such as a turn's terminal) and a sort's temporary
+B-tree. Both are bounded by one transaction or one listing page; in a file, the first
+write inside a savepoint cost a terminal's reply insert 40 us instead of 18."""
+
+
 def _prepare(conn: apsw.Connection, label: str) -> None:
     # quick_check first: on a damaged file it fails (or reports) before we write anything.
     check = conn.execute("PRAGMA quick_check").fetchall()
@@ -388,6 +396,7 @@ def _prepare(conn: apsw.Connection, label: str) -> None:
     if _scalar(conn, "PRAGMA synchronous") != 2:
         raise StoreUnavailableError(f"SQLite store {label}: synchronous=FULL refused")
     conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute(_TEMP_IN_MEMORY)
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = _scalar(conn, "PRAGMA user_version")

@@ -95,6 +95,11 @@ async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
         # The store's own connection runs with synchronous=FULL (2), read back at open.
         sync = await store._db.run(lambda c: c.execute("PRAGMA synchronous").fetchall())
         assert sync == [(2,)]
+        # Temporary storage (a savepoint's statement journal, a sort) in memory, not in
+        # temporary files, on the writer and the reader alike.
+        temp = await store._db.run(lambda c: c.execute("PRAGMA temp_store").fetchall())
+        assert temp == [(2,)]
+        assert store._db.conn.execute("PRAGMA temp_store").fetchall() == [(2,)]
     finally:
         await store.aclose()
 
