@@ -193,10 +193,10 @@ def test_prismd_migrate_on_sqlite(tmp_path: Path) -> None:
     layout = write_config(tmp_path, delay_ms=1)
     config = str(layout.config)
     checked = prismd(tmp_path, "migrate", "--check", "--config", config)
-    assert checked.returncode == 1 and "at version 0 of 2; pending: 1, 2" in checked.stdout
+    assert checked.returncode == 1 and "at version 0 of 3; pending: 1, 2, 3" in checked.stdout
     assert not layout.db.exists()
     applied = prismd(tmp_path, "migrate", "--config", config)
-    assert applied.returncode == 0 and applied.stdout.strip().endswith("applied 1, 2")
+    assert applied.returncode == 0 and applied.stdout.strip().endswith("applied 1, 2, 3")
     assert layout.db.exists()
     assert prismd(tmp_path, "migrate", "--check", "--config", config).returncode == 0
 
