@@ -24,10 +24,6 @@ first delta. A model streaming tokens shows its text 20 times a second; an answe
 ends sooner is not previewed at all: a preview its reply replaces within a frame's time is
 flicker to the reader, and a frame, a task and a socket write to the daemon."""
 
-_EARLY_S = PREVIEW_INTERVAL_S / 5
-"""The first previews due within this of each other go out together (one wake-up of the
-scheduler for the previews of many actors, each at most this early)."""
-
 
 def preview_frame(text: str) -> str:
     # ASCII escapes, as for replies: a lone surrogate must not make the UTF-8 encoding raise.
@@ -74,19 +70,16 @@ class LivePreviews:
                     await self._wake.wait()
                     self._wake = None
                     continue
-                first = next(iter(self._due.values()))
-                now = trio.current_time()
-                if first > now + _EARLY_S:
-                    await trio.sleep_until(first)
+                actor, due = next(iter(self._due.items()))
+                # Up to a fifth of the interval early: the first previews of many actors
+                # go out at one wake-up of this task, not one each.
+                if due > trio.current_time() + self.interval_s / 5:
+                    await trio.sleep_until(due)
                     continue
-                while self._due:
-                    actor, due = next(iter(self._due.items()))
-                    if due > now + _EARLY_S:
-                        break
-                    del self._due[actor]
-                    if actor in self._latest:
-                        self._streaming.add(actor)
-                        nursery.start_soon(self._stream, actor)
+                del self._due[actor]
+                if actor in self._latest:
+                    self._streaming.add(actor)
+                    nursery.start_soon(self._stream, actor)
         finally:
             if self._scheduling_in is nursery:
                 self._scheduling_in = None
