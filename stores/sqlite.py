@@ -7,21 +7,20 @@ Guarantees:
 * Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
   its first statement, so the compare-and-swap checks and the write cannot interleave with
   another connection or process. A save or delete and its :class:`JournalEvent` commit together.
-* The Trio loop never waits for another process, and waits for the disk only when it has
-  nothing else to do and the disk has been fast: reads run on a reader connection in a
-  worker thread (one at a time, via a ``CapacityLimiter(1)``); a ``BEGIN`` that finds the
-  file locked, every checkpoint, and every ``COMMIT`` (the fsync) while other tasks are
-  runnable or a recent commit took :data:`COMMIT_ON_LOOP_BELOW_S` or longer, run on the
-  writer connection in the store's own writer thread; WAL lets a read proceed while a
-  write waits for its fsync. A write transaction's statements (memory work: WAL writes
-  pages at ``COMMIT``) run on the Trio thread unless they are many (see
-  :class:`_Database`).
+* The Trio loop never waits for another process, and waits for the disk only while the
+  disk has been fast: reads run on a reader connection in a worker thread (one at a time,
+  via a ``CapacityLimiter(1)``); a ``BEGIN`` that finds the file locked, every checkpoint,
+  and every ``COMMIT`` (the fsync) after a recent commit took
+  :data:`COMMIT_ON_LOOP_BELOW_S` or longer, run on the writer connection in the store's
+  own writer thread; WAL lets a read proceed while a write waits for its fsync. A write
+  transaction's statements (memory work: WAL writes pages at ``COMMIT``) run on the Trio
+  thread unless they are many (see :class:`_Database`).
 * Group commit: every write is a job for :meth:`_Database.write`. Jobs that arrive while a
   transaction is in flight wait, and *all* of them share one ``BEGIN IMMEDIATE … COMMIT``
   (one fsync) as soon as that transaction ends, each inside its own ``SAVEPOINT`` so a job
   that fails or loses an atomic batch rolls back alone (a job whose statements each apply
-  in full or not at all needs none). A writer on an idle store is committed at once (no
-  linger). Nobody is answered before the shared ``COMMIT`` returned; a failed transaction
+  in full or not at all needs none). A writer on an idle store is committed after one pass
+  of the scheduler (no timer, no linger). Nobody is answered before the shared ``COMMIT`` returned; a failed transaction
   fails every job in it. A caller cancelled while its job is still queued leaves nothing
   behind; once its job is in a transaction it waits for the outcome, so a write is never
   left half-known. The thread ends when the store is closed.
@@ -432,8 +431,8 @@ INLINE_WRITES = 256
 """A transaction of more writes than this (the sum of its jobs' ``weight``) runs its
 statements in the writer thread: a bound on how long they hold the Trio loop."""
 COMMIT_ON_LOOP_BELOW_S = 0.001
-"""A ``COMMIT`` may run on an idle Trio loop only while the store's recent commits each took
-less than this (the slowest, decaying by :data:`COMMIT_TIME_DECAY` per commit since)."""
+"""A ``COMMIT`` runs on the Trio thread only while the store's recent commits each took less
+than this (the slowest, decaying by :data:`COMMIT_TIME_DECAY` per commit since)."""
 COMMIT_TIME_DECAY = 0.9
 WAL_CHECKPOINT_PAGES = 1000
 """Checkpoint (``PASSIVE``, in the writer thread) once the WAL holds this many pages:
@@ -476,9 +475,10 @@ class _Database:
     """The writer and reader connections and the one path each statement takes to reach them.
 
     Writes are group-committed. A caller whose write finds no transaction in flight leads
-    one: everything queued by then shares it, and when it ends, the oldest write queued
-    meanwhile leads the next. A lone write starts a transaction at once (nothing waits
-    for company).
+    one: it lets the tasks runnable with it run first (one pass of the scheduler, no
+    timer), everything queued by then shares the transaction, and when it ends, the
+    oldest write queued meanwhile leads the next. A lone write is not held for company
+    beyond that one pass.
 
     Where the statements run: on the Trio thread itself, unless the transaction makes
     more than :data:`INLINE_WRITES` writes in all (then the whole transaction runs in the
@@ -487,14 +487,16 @@ class _Database:
     from a busy loop after every statement; the web chat daemon measured 15–20% more
     messages per second this way.
 
-    Where the ``COMMIT`` runs: in the store's writer thread while the loop goes on,
-    unless the loop has nothing else to run (no runnable task) and every recent commit
-    was fast (under :data:`COMMIT_ON_LOOP_BELOW_S`): then on the Trio thread. Handing a
-    commit to the thread and being woken back costs two thread wake-ups (0.16 ms on the
-    2-core VM of the bench, more than the fsync itself), which an idle loop would only
-    spend waiting; a busy loop keeps working during the fsync instead. A commit that
-    turns out slow (a disk stall) blocks the loop that once, and sends the following
-    ones to the thread until the commit times decay below the bound again. What can wait
+    Where the ``COMMIT`` runs: on the Trio thread while every recent commit was fast
+    (under :data:`COMMIT_ON_LOOP_BELOW_S`), else in the store's writer thread while the
+    loop goes on. Handing a commit to the thread costs two thread wake-ups (0.16 ms on
+    the 2-core VM of the bench, more than the fsync itself) and, on a busy loop, the wait
+    for the loop to take the answer back: every durable step of a message paid it, and
+    a message makes four in a row before its reply. Committing on the loop instead
+    holds the loop for the fsync, once per transaction (which carries every write of
+    its scheduler pass). A commit that turns out slow (a disk stall) blocks the loop
+    that once, and sends the following ones to the thread until the commit times decay
+    below the bound again. What can wait
     on another process, or on more than a commit, always runs in the thread: a ``BEGIN``
     that finds the file locked by another connection, and the WAL checkpoint
     (:data:`WAL_CHECKPOINT_PAGES`).
@@ -615,6 +617,9 @@ class _Database:
     async def _lead(self) -> None:
         """Run one transaction of everything queued (this caller's write is the oldest),
         answer it, and hand the next to the oldest write queued meanwhile."""
+        # One pass of the scheduler first: every task runnable in it queues its write into
+        # this transaction (a COMMIT on the loop lets no task run until it returns).
+        await trio.lowlevel.cancel_shielded_checkpoint()
         batch = self._pending[:MAX_JOBS_PER_TRANSACTION]
         del self._pending[:MAX_JOBS_PER_TRANSACTION]
         for job in batch:
@@ -670,7 +675,7 @@ class _Database:
                 # Another connection holds the file: wait for it off the loop.
                 await self._in_thread(self._begin_waiting)
             self._run_jobs(batch)
-            if self._commit_s < self.commit_on_loop_below_s and await self._loop_idle():
+            if self._commit_s < self.commit_on_loop_below_s:
                 self._commit()
             else:
                 await self._in_thread(self._commit)
@@ -678,12 +683,6 @@ class _Database:
             self._failed(batch, exc)
             return
         self._committed(batch)
-
-    async def _loop_idle(self) -> bool:
-        """After the tasks that were to run with this one have run (one yield): no write
-        queued for the next transaction, and no task waiting to run."""
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return not self._pending and trio.lowlevel.current_statistics().tasks_runnable == 0
 
     def _transaction(self, batch: list[_Job]) -> None:
         """The whole transaction, in the writer thread."""
