@@ -20,10 +20,10 @@ Guarantees:
   (one fsync) as soon as that transaction ends, each inside its own ``SAVEPOINT`` so a job
   that fails or loses an atomic batch rolls back alone (a job whose statements each apply
   in full or not at all needs none). A writer on an idle store is committed after one pass
-  of the scheduler (no timer, no linger). Nobody is answered before the shared ``COMMIT`` returned; a failed transaction
-  fails every job in it. A caller cancelled while its job is still queued leaves nothing
-  behind; once its job is in a transaction it waits for the outcome, so a write is never
-  left half-known. The thread ends when the store is closed.
+  of the scheduler (no timer, no linger). Nobody is answered before the shared ``COMMIT``
+  returned; a failed transaction fails every job in it. A caller cancelled while its job is
+  still queued leaves nothing behind; once its job is in a transaction it waits for the
+  outcome, so a write is never left half-known. The thread ends when the store is closed.
 * Two processes on one file coordinate through the ``prism_leases`` table: acquisition is one
   ``INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`` statement.
 * A corrupt, unreadable or newer-schema file raises :class:`StoreUnavailableError` at open;
