@@ -19,7 +19,7 @@ from stores import LeaseRecord, LeaseStore
 
 from ..journal import NS_BINDING
 from ..limits import Limits
-from ._types import LeaseHeldElsewhereError, Route
+from ._types import LeaseHeldElsewhereError, Route, acquire_promptly
 
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
@@ -50,7 +50,8 @@ class RouteLeases:
         thread and the ownership scope (SPEC difference 2).
         """
         assert self.store is not None
-        async with route.lease_lock:
+        await acquire_promptly(route.lease_lock)
+        try:
             lease = route.lease
             ttl = self.limits.lease_ttl_ms
             if lease is not None:
@@ -87,6 +88,8 @@ class RouteLeases:
                 route.renewer = trio.CancelScope()
                 self.nursery.start_soon(self._renewer, route, route.renewer)
             return acquired
+        finally:
+            route.lease_lock.release()
 
     async def _renewer(self, route: Route, scope: trio.CancelScope) -> None:
         """Keep the route lease alive while the route has work (renew below ttl/3)."""

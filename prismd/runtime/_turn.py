@@ -45,7 +45,7 @@ from ._core import Core
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
-from ._types import ActiveTurn, Route, Turn
+from ._types import ActiveTurn, Route, Turn, acquire_promptly
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -285,7 +285,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
     try:
         got_slot = False
         with active.cancel_scope:
-            await core.slots.acquire()
+            await acquire_promptly(core.slots)
             got_slot = True
         if not got_slot:
             await _cancelled_waiting(core, route, turn, active)

@@ -271,6 +271,19 @@ class _Turn:
     users: int = 0
 
 
+async def acquire_promptly(lock: trio.Lock | trio.Semaphore) -> None:
+    """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
+    free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
+    reply each such yield waits for every other runnable task to take its step. A
+    cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
+    still goes to them first (``acquire_nowait`` refuses it)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+
+
 @attrs.define(eq=False)
 class DeliveryTurns:
     """One send (deliver + mark) at a time per conversation, within this process.
@@ -293,8 +306,11 @@ class DeliveryTurns:
             turn = self._turns[key] = _Turn()
         turn.users += 1
         try:
-            async with turn.lock:
+            await acquire_promptly(turn.lock)
+            try:
                 yield
+            finally:
+                turn.lock.release()
         finally:
             turn.users -= 1
             if turn.users == 0:

@@ -1,0 +1,79 @@
+"""``acquire_promptly``: a free lock or slot is taken without a pass through the scheduler;
+everything else is as ``acquire``: a cancelled caller raises, and waiters go first."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+import trio.testing
+
+from prismd.runtime._types import acquire_promptly
+
+
+class _Yields(trio.abc.Instrument):
+    """Counts the times ``task`` gave the scheduler a turn (ended a step)."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def _yields_of(acquire: Awaitable[None]) -> int:
+    yields = _Yields(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(yields)
+    try:
+        await acquire
+    finally:
+        trio.lowlevel.remove_instrument(yields)
+    return yields.count
+
+
+@pytest.mark.parametrize("make", [trio.Lock, lambda: trio.Semaphore(1)])
+async def test_a_free_lock_is_taken_without_a_pass_through_the_scheduler(
+    make: Callable[[], trio.Lock | trio.Semaphore],
+) -> None:
+    lock = make()
+    assert await _yields_of(acquire_promptly(lock)) == 0
+    assert lock.locked() if isinstance(lock, trio.Lock) else lock.value == 0
+    lock.release()
+    # Trio's own acquire, for contrast, yields even when the lock is free.
+    assert await _yields_of(lock.acquire()) == 1
+    lock.release()
+
+
+async def test_a_cancelled_caller_raises_and_holds_nothing() -> None:
+    lock = trio.Lock()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await acquire_promptly(lock)
+        pytest.fail("acquire_promptly returned in a cancelled scope")
+    assert not lock.locked()
+
+
+async def test_waiters_go_first(autojump_clock: trio.testing.MockClock) -> None:
+    lock = trio.Lock()
+    order: list[str] = []
+
+    async def waiter(name: str) -> None:
+        await acquire_promptly(lock)
+        order.append(name)
+        await trio.sleep(1)
+        lock.release()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await acquire_promptly(lock)
+            nursery.start_soon(waiter, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            lock.release()
+            # Released to the parked waiter: a newcomer does not jump the queue.
+            await acquire_promptly(lock)
+            order.append("newcomer")
+            lock.release()
+    assert order == ["first", "newcomer"]
