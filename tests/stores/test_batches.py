@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -239,8 +240,7 @@ async def test_statements_run_on_the_loop_unless_they_are_many(tmp_path: Path) -
     async with sqlite(tmp_path) as store:
         statements, commits = record_threads(store)
         # Where the size of the transaction decides, not the disk's speed (the next
-        # test's): a COMMIT in the thread is timed with the wait for the interpreter lock,
-        # which a loop running the other writers can hold for milliseconds.
+        # test's): the bound is lifted, so that no commit of this disk goes to the thread.
         store._db.commit_on_loop_below_s = math.inf
         # A lone write: statements and COMMIT here (no thread wake-ups).
         await store.checkpoints.write_checkpoints([put("alone")])
@@ -282,33 +282,35 @@ async def test_after_a_slow_commit_commits_go_to_the_writer_thread_until_the_dis
     here = threading.current_thread().name
     async with sqlite(tmp_path) as store:
         _, commits = record_threads(store, commits_too=False)
-        slow = [True]
 
         def commit_hook() -> bool:
-            commits.append(threading.current_thread().name)
-            if slow:
-                slow.clear()
-                time.sleep(0.1)  # a disk stall: this COMMIT takes 100 ms
+            name = threading.current_thread().name
+            commits.append(name)
+            if name == here and commits.count(here) <= 2:
+                time.sleep(0.1)  # a disk stall: this COMMIT on the loop takes 100 ms
+            elif name != here:
+                # Every COMMIT in the thread takes 30 ms: there it ends only once the
+                # thread has the interpreter lock back, which a busy loop keeps from it
+                # (the web chat daemon measured p50 1 ms, p95 4.5 ms against the 1 ms
+                # bound), so that time is not the disk's and is not counted.
+                time.sleep(0.03)
             return False
 
         store._db.conn.set_commit_hook(commit_hook)
         # A bound far above any commit of a healthy disk, so that the test does not
         # depend on this one's speed (the product's bound is 1 ms).
         store._db.commit_on_loop_below_s = 0.02
-        # The stall is met once on the loop (nothing told it apart before).
-        await store.checkpoints.write_checkpoints([put("stalled")])
-        assert commits == [here]
-        # Then the loop no longer waits for a commit: each goes to the thread, until the
-        # slowest recent one, decayed by each commit since, is under the bound again.
-        commits.clear()
-        for i in range(60):
+        for i in range(36):
             await store.checkpoints.write_checkpoints([put(f"k{i}")])
-        on_loop = [name == here for name in commits]
-        # 100 ms decayed by 0.9 a commit stays over 20 ms for 16 commits (a slow one
-        # meanwhile only makes it longer); 44 more are enough for the loop to be used again.
-        assert not any(on_loop[:16])
-        assert any(on_loop[16:])
-        assert len(await keys(store)) == 61
+        runs = [(on_loop, len(list(run))) for on_loop, run in groupby(n == here for n in commits)]
+        # The stall is met once on the loop (nothing told it apart before). Then the loop
+        # no longer waits for a commit: each goes to the thread until the slowest one on
+        # the loop, decayed by 0.9 with each commit since, is under the bound again: 100 ms
+        # stays over 20 ms for 16 commits. The loop's next commit is timed again: a second
+        # stall sends 16 more to the thread; the loop is used once more after them.
+        assert runs[:4] == [(True, 1), (False, 16), (True, 1), (False, 16)]
+        assert runs[4][0] is True
+        assert len(await keys(store)) == 36
 
 
 async def test_the_wal_is_checkpointed_while_commits_are_made_on_the_loop(
