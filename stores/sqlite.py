@@ -434,6 +434,8 @@ COMMIT_ON_LOOP_BELOW_S = 0.001
 """A ``COMMIT`` runs on the Trio thread only while the store's recent commits there each took
 less than this (the slowest, decaying by :data:`COMMIT_TIME_DECAY` per commit since)."""
 COMMIT_TIME_DECAY = 0.9
+SLOW_COMMIT_S = 0.01
+"""A ``COMMIT`` this long or longer is counted in :attr:`SQLiteStatistics.slow_commits`."""
 WAL_CHECKPOINT_PAGES = 1000
 """Checkpoint (``PASSIVE``, in the writer thread) once the WAL holds this many pages:
 SQLite's own automatic checkpoint, moved off whichever thread committed."""
@@ -534,6 +536,9 @@ class _Database:
     """Pages in the WAL after the last commit (from the WAL hook)."""
     commits: int = 0
     writes: int = 0
+    slow_commits: int = 0
+    """Commits that took :data:`SLOW_COMMIT_S` or longer (see :class:`SQLiteStatistics`)."""
+    slow_commit_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         # Replaces SQLite's automatic checkpoint (itself a WAL hook), which would run in
@@ -721,14 +726,18 @@ class _Database:
         interpreter lock back, which a busy loop can keep from it for milliseconds (or, in
         ``tests/stores/test_batches.py``, seconds), so its time would be the loop's, not the
         disk's. The slowest time decays instead, and once it is under the bound the next
-        commit runs, and is measured, on the loop."""
-        if not here:
-            self.conn.execute("COMMIT")
-            self._commit_s *= COMMIT_TIME_DECAY
-            return
+        commit runs, and is measured, on the loop. Either counts in
+        :attr:`slow_commits` when it took :data:`SLOW_COMMIT_S` or longer."""
         start = time.perf_counter()
         self.conn.execute("COMMIT")
-        self._commit_s = max(time.perf_counter() - start, self._commit_s * COMMIT_TIME_DECAY)
+        took = time.perf_counter() - start
+        if took >= SLOW_COMMIT_S:
+            self.slow_commits += 1
+            self.slow_commit_s += took
+        if here:
+            self._commit_s = max(took, self._commit_s * COMMIT_TIME_DECAY)
+        else:
+            self._commit_s *= COMMIT_TIME_DECAY
 
     def _checkpoint(self) -> None:
         """A ``PASSIVE`` checkpoint (it never waits for readers), in the writer thread. The
@@ -1592,6 +1601,12 @@ class SQLiteStatistics:
     """Transactions committed: one fsync each; fewer than ``writes`` under load."""
     writes: int
     """Write jobs (one per store call) in those transactions."""
+    slow_commits: int = 0
+    """Of ``commits``, those whose ``COMMIT`` took :data:`SLOW_COMMIT_S` (10 ms) or longer:
+    the disk's stalls, which every write waiting for them shares (one in the writer thread
+    is timed with its wait for the interpreter lock too)."""
+    slow_commit_s: float = 0.0
+    """The time those took, in all."""
 
 
 @attrs.define(eq=False)
@@ -1632,7 +1647,13 @@ class SQLiteStore:
 
     def statistics(self) -> SQLiteStatistics:
         """Counters of the write path since open (for the bench and the tests)."""
-        return SQLiteStatistics(commits=self._db.commits, writes=self._db.writes)
+        db = self._db
+        return SQLiteStatistics(
+            commits=db.commits,
+            writes=db.writes,
+            slow_commits=db.slow_commits,
+            slow_commit_s=db.slow_commit_s,
+        )
 
     async def aclose(self) -> None:
         """Close the connections (after any call in flight); idempotent."""

@@ -6,7 +6,9 @@ answering at once, and no network. Latencies are wall-clock (``time.perf_counter
 ``cpu_ms_per_message`` is process CPU time (every thread) per message (for ``webchat``
 the daemon's, read from ``/proc``: the clients' CPU is not in it);
 ``commits_per_message`` is the store's own count of durable transactions per message,
-where the store keeps one (SQLite).
+where the store keeps one (SQLite); so are ``slow_commits`` and ``slow_commit_ms`` beside
+the admission and pipeline series: the commits of 10 ms or more while the series was
+measured, and their time in all (the disk's stalls, which a latency's tail follows).
 
 An ``fsync`` baseline — a 100-byte append plus ``fsync`` on the same filesystem — is
 measured before every scenario and reported as one series, so a noisy machine moves
@@ -115,6 +117,39 @@ def fsync_baseline(directory: str, samples: int = FSYNC_SAMPLES) -> list[float]:
 def _commits(store: Store) -> int | None:
     stats = getattr(store, "statistics", None)
     return None if stats is None else int(stats().commits)
+
+
+@attrs.define(eq=False)
+class _SlowCommits:
+    """The store's commits of 10 ms or more while a series was measured (SQLite
+    counts them: the disk's stalls, which every write waiting for one shares), reported
+    as ``slow_commits`` and ``slow_commit_ms`` (their time in all) beside a latency."""
+
+    store: Store
+    count: int = 0
+    seconds: float = 0.0
+    _at: tuple[int, float] | None = None
+
+    def _now(self) -> tuple[int, float] | None:
+        stats = getattr(self.store, "statistics", None)
+        if stats is None:
+            return None
+        now = stats()
+        return int(now.slow_commits), float(now.slow_commit_s)
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self) -> None:
+        now = self._now()
+        if self._at is not None and now is not None:
+            self.count += now[0] - self._at[0]
+            self.seconds += now[1] - self._at[1]
+
+    def report(self, fig: dict[str, Any]) -> None:
+        if self._at is not None:
+            fig["slow_commits"] = self.count
+            fig["slow_commit_ms"] = round(self.seconds * 1000, 1)
 
 
 @attrs.define(eq=False)
@@ -238,6 +273,7 @@ async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
         measured = 0.0
         answered = 0
         waiters: list[trio.Event] = []
+        slow = _SlowCommits(bench.store)
 
         async def lane(r: int) -> None:
             for _ in range(per_route):
@@ -249,15 +285,19 @@ async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
             waiters.clear()
 
             start, delivered = time.perf_counter(), bench.answers.delivered
+            slow.start()
             async with trio.open_nursery() as nursery:
                 for r in range(routes):
                     nursery.start_soon(lane, r)
+            slow.stop()
             measured += time.perf_counter() - start
             answered += bench.answers.delivered - delivered
             bench.gate.set()
             for waiter in waiters:
                 await waiter.wait()
-        return {**figures(samples, measured), "answered_while_measured": answered}
+        out = {**figures(samples, measured), "answered_while_measured": answered}
+        slow.report(out)
+        return out
 
     result: dict[str, Any] = await _with_runtime(url, body)
     return result
@@ -294,6 +334,8 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
         # Closed loop: every route keeps exactly one message in flight.
         samples: list[float] = []
         commits0, cpu0 = _commits(store), time.process_time()
+        slow = _SlowCommits(store)
+        slow.start()
         end = time.perf_counter() + duration_s
         start = time.perf_counter()
 
@@ -312,7 +354,9 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
             for r in range(routes):
                 nursery.start_soon(lane, r)
         elapsed = time.perf_counter() - start
+        slow.stop()
         closed = figures(samples, elapsed)
+        slow.report(closed)
         commits1 = _commits(store)
         if commits0 is not None and commits1 is not None and samples:
             closed["commits_per_message"] = round((commits1 - commits0) / len(samples), 2)
@@ -337,6 +381,8 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
             latencies.append(time.perf_counter() - t0)
 
         open_start = time.perf_counter()
+        slow = _SlowCommits(store)
+        slow.start()
         async with trio.open_nursery() as nursery:
             i = 0
             next_at = time.perf_counter()
@@ -346,7 +392,9 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
                 next_at += interval
                 await trio.sleep(max(0.0, next_at - time.perf_counter()))
         opened = figures(latencies, time.perf_counter() - open_start)
+        slow.stop()
         opened["offered_per_s"] = round(rate, 1)
+        slow.report(opened)
         return {"pipeline": closed, "pipeline_latency": opened}
 
     result: dict[str, Any] = await _with_runtime(url, body)

@@ -51,6 +51,13 @@ async def test_in_process_scenarios_report_every_figure(tmp_path: Path) -> None:
     # Counted by the store itself (shared transactions make it fractional, never zero).
     assert 0 < pipeline["commits_per_message"] < 20
     assert pipeline["cpu_ms_per_message"] > 0
+    # The disk's stalls while each series was measured, as the store counted them.
+    for name in ("admission", "admission_64", "pipeline", "pipeline_latency"):
+        fig = scenarios[name]
+        assert 0 <= fig["slow_commits"] <= fig["count"], name
+        assert (fig["slow_commit_ms"] >= 10 * fig["slow_commits"]) and (
+            fig["slow_commit_ms"] == 0 or fig["slow_commits"] > 0
+        ), name
     assert set(summary["fsync"]) == {"count", "p50_ms", "p95_ms", "per_s"}
     assert summary["fsync"]["count"] >= 4 * 200
     assert summary["peak_rss_mb"] > 0

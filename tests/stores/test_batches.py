@@ -313,6 +313,27 @@ async def test_after_a_slow_commit_commits_go_to_the_writer_thread_until_the_dis
         assert len(await keys(store)) == 36
 
 
+async def test_slow_commits_are_counted(tmp_path: Path) -> None:
+    # The bench reports the disk's stalls beside its latencies from these counters.
+    async with sqlite(tmp_path) as store:
+        stall = [0.05]
+
+        def commit_hook() -> bool:
+            if stall:
+                time.sleep(stall.pop())  # this COMMIT takes 50 ms
+            return False
+
+        store._db.conn.set_commit_hook(commit_hook)
+        before = store.statistics()
+        for i in range(6):
+            await store.checkpoints.write_checkpoints([put(f"k{i}")])
+        after = store.statistics()
+        assert after.commits - before.commits == 6
+        # The stalled one; the others only if this disk stalled too (not all five).
+        assert 1 <= after.slow_commits - before.slow_commits < 6
+        assert after.slow_commit_s - before.slow_commit_s >= 0.05
+
+
 async def test_the_wal_is_checkpointed_while_commits_are_made_on_the_loop(
     tmp_path: Path,
 ) -> None:
