@@ -135,7 +135,8 @@ class _SlowCommits:
         if stats is None:
             return None
         now = stats()
-        return int(now.slow_commits), float(now.slow_commit_s)
+        count = getattr(now, "slow_commits", None)  # a store that does not time them: none
+        return None if count is None else (int(count), float(now.slow_commit_s))
 
     def start(self) -> None:
         self._at = self._now()
