@@ -7,12 +7,13 @@ Guarantees:
 * Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
   its first statement, so the compare-and-swap checks and the write cannot interleave with
   another connection or process. A save or delete and its :class:`JournalEvent` commit together.
-* The Trio loop never waits for another process, and waits for the disk only while the
-  disk has been fast: reads run on a reader connection in a worker thread (one at a time,
-  via a ``CapacityLimiter(1)``); a ``BEGIN`` that finds the file locked, every checkpoint,
-  and every ``COMMIT`` (the fsync) after a recent commit took
-  :data:`COMMIT_ON_LOOP_BELOW_S` or longer, run on the writer connection in the store's
-  own writer thread; WAL lets a read proceed while a write waits for its fsync. A write
+* The Trio loop never waits for another process, and waits for the disk only while its
+  commits there have been fast (after a slow one, once the slowest has decayed, to measure
+  again): reads run on a reader connection in a worker thread (one at a time, via a
+  ``CapacityLimiter(1)``); a ``BEGIN`` that finds the file locked, every checkpoint, and
+  every ``COMMIT`` (the fsync) after a recent commit took :data:`COMMIT_ON_LOOP_BELOW_S` or
+  longer, run on the writer connection in the store's own writer thread; WAL lets a read
+  proceed while a write waits for its fsync. A write
   transaction's statements (memory work: WAL writes pages at ``COMMIT``) run on the Trio
   thread unless they are many (see :class:`_Database`).
 * Group commit: every write is a job for :meth:`_Database.write`. Jobs that arrive while a
