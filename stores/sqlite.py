@@ -722,13 +722,10 @@ class _Database:
             conn.set_busy_timeout(0)
 
     def _commit(self, *, here: bool = True) -> None:
-        """``COMMIT``. On the Trio thread it is timed, for where the next ones run. In the
-        writer thread (``here=False``) it is not: it ends only when that thread has the
-        interpreter lock back, which a busy loop can keep from it for milliseconds (or, in
-        ``tests/stores/test_batches.py``, seconds), so its time would be the loop's, not the
-        disk's. The slowest time decays instead, and once it is under the bound the next
-        commit runs, and is measured, on the loop. Either counts in
-        :attr:`slow_commits` when it took :data:`SLOW_COMMIT_S` or longer."""
+        """``COMMIT``; only one on the Trio thread is timed for where the next ones run
+        (``here=False``, in the writer thread: the slowest time only decays; see
+        :class:`_Database`). Either counts in :attr:`slow_commits` when it took
+        :data:`SLOW_COMMIT_S` or longer."""
         start = time.perf_counter()
         self.conn.execute("COMMIT")
         took = time.perf_counter() - start

@@ -46,6 +46,7 @@ Event ids carry a per-run nonce, so ``--store`` may name a store that earlier ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -53,7 +54,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,16 @@ def fsync_baseline(directory: str, samples: int = FSYNC_SAMPLES) -> list[float]:
     return out
 
 
-def _commits(store: Store) -> int | None:
+def _statistics(store: Store) -> Any:
+    """The store's own write-path counters where it keeps them (SQLite, PostgreSQL), else
+    ``None``."""
     stats = getattr(store, "statistics", None)
-    return None if stats is None else int(stats().commits)
+    return None if stats is None else stats()
+
+
+def _commits(store: Store) -> int | None:
+    stats = _statistics(store)
+    return None if stats is None else int(stats.commits)
 
 
 @attrs.define(eq=False)
@@ -128,27 +136,22 @@ class _SlowCommits:
     store: Store
     count: int = 0
     seconds: float = 0.0
-    _at: tuple[int, float] | None = None
 
-    def _now(self) -> tuple[int, float] | None:
-        stats = getattr(self.store, "statistics", None)
-        if stats is None:
-            return None
-        now = stats()
-        count = getattr(now, "slow_commits", None)  # a store that does not time them: none
-        return None if count is None else (int(count), float(now.slow_commit_s))
+    @property
+    def counted(self) -> bool:
+        return hasattr(_statistics(self.store), "slow_commits")
 
-    def start(self) -> None:
-        self._at = self._now()
-
-    def stop(self) -> None:
-        now = self._now()
-        if self._at is not None and now is not None:
-            self.count += now[0] - self._at[0]
-            self.seconds += now[1] - self._at[1]
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        before = _statistics(self.store)
+        yield
+        after = _statistics(self.store)
+        if hasattr(after, "slow_commits"):
+            self.count += after.slow_commits - before.slow_commits
+            self.seconds += after.slow_commit_s - before.slow_commit_s
 
     def report(self, fig: dict[str, Any]) -> None:
-        if self._at is not None:
+        if self.counted:
             fig["slow_commits"] = self.count
             fig["slow_commit_ms"] = round(self.seconds * 1000, 1)
 
@@ -286,11 +289,10 @@ async def admission(url: str, duration_s: float, routes: int) -> dict[str, Any]:
             waiters.clear()
 
             start, delivered = time.perf_counter(), bench.answers.delivered
-            slow.start()
-            async with trio.open_nursery() as nursery:
-                for r in range(routes):
-                    nursery.start_soon(lane, r)
-            slow.stop()
+            with slow.measuring():
+                async with trio.open_nursery() as nursery:
+                    for r in range(routes):
+                        nursery.start_soon(lane, r)
             measured += time.perf_counter() - start
             answered += bench.answers.delivered - delivered
             bench.gate.set()
@@ -336,7 +338,6 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
         samples: list[float] = []
         commits0, cpu0 = _commits(store), time.process_time()
         slow = _SlowCommits(store)
-        slow.start()
         end = time.perf_counter() + duration_s
         start = time.perf_counter()
 
@@ -351,11 +352,11 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
                 await waiter.wait()
                 samples.append(time.perf_counter() - t0)
 
-        async with trio.open_nursery() as nursery:
-            for r in range(routes):
-                nursery.start_soon(lane, r)
+        with slow.measuring():
+            async with trio.open_nursery() as nursery:
+                for r in range(routes):
+                    nursery.start_soon(lane, r)
         elapsed = time.perf_counter() - start
-        slow.stop()
         closed = figures(samples, elapsed)
         slow.report(closed)
         commits1 = _commits(store)
@@ -383,17 +384,16 @@ async def pipeline(url: str, duration_s: float, routes: int) -> dict[str, Any]:
 
         open_start = time.perf_counter()
         slow = _SlowCommits(store)
-        slow.start()
-        async with trio.open_nursery() as nursery:
-            i = 0
-            next_at = time.perf_counter()
-            while next_at < open_end:
-                nursery.start_soon(one, i % routes)
-                i += 1
-                next_at += interval
-                await trio.sleep(max(0.0, next_at - time.perf_counter()))
+        with slow.measuring():
+            async with trio.open_nursery() as nursery:
+                i = 0
+                next_at = time.perf_counter()
+                while next_at < open_end:
+                    nursery.start_soon(one, i % routes)
+                    i += 1
+                    next_at += interval
+                    await trio.sleep(max(0.0, next_at - time.perf_counter()))
         opened = figures(latencies, time.perf_counter() - open_start)
-        slow.stop()
         opened["offered_per_s"] = round(rate, 1)
         slow.report(opened)
         return {"pipeline": closed, "pipeline_latency": opened}
