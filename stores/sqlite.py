@@ -1047,6 +1047,12 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
             where.append("namespace = ?")
             args.append(namespace)
         if key_prefix:
+            low, high = _common.prefix_bounds(key_prefix)
+            where.append("key >= ?")
+            args.append(low)
+            if high is not None:
+                where.append("key < ?")
+                args.append(high)
             where.append("substr(key, 1, ?) = ?")
             args += [len(key_prefix), key_prefix]
         if categories is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ from stores import (
     JournalEvent,
     OwnershipScope,
     Store,
+    _common,
 )
+from stores.sqlite import open_sqlite_store
 
 A = OwnershipScope("t1", "a1", "u1")
 B = OwnershipScope("t1", "a1", "u2")
@@ -111,6 +114,81 @@ async def test_key_prefix_is_literal(store: Store) -> None:
     assert keys(await lc(key_prefix="a%")) == ["a%b"]
     assert keys(await lc(key_prefix="a_")) == ["a_c"]
     assert keys(await lc(key_prefix="a*")) == ["a*c"]
+
+
+async def test_key_prefix_at_the_edges_of_its_range(store: Store) -> None:
+    # A prefix listing narrows by the range [prefix, prefix with its last code point + 1)
+    # before the exact test; the keys here sit on and just past both ends of those ranges.
+    for key in [
+        "ab",
+        "ab\x01",
+        "abz",
+        "ac",
+        "a\U0010ffff",
+        "a\U0010ffffx",
+        "b",
+        "\ud7ff!",
+        "\ue000",
+        "é",
+        "éa",
+        "ê",
+        "\U0010ffff",
+        "\U0010ffff\U0010ffff",
+    ]:
+        await put(store, "n", key)
+    lc = store.checkpoints.list_checkpoints
+
+    async def prefixed(prefix: str) -> list[str]:
+        return sorted(keys(await lc(key_prefix=prefix)))
+
+    assert await prefixed("ab") == ["ab", "ab\x01", "abz"]
+    assert await prefixed("a\U0010ffff") == ["a\U0010ffff", "a\U0010ffffx"]
+    assert await prefixed("a") == ["ab", "ab\x01", "abz", "ac", "a\U0010ffff", "a\U0010ffffx"]
+    assert await prefixed("\ud7ff") == ["\ud7ff!"]
+    assert await prefixed("é") == ["é", "éa"]
+    assert await prefixed("\U0010ffff") == ["\U0010ffff", "\U0010ffff\U0010ffff"]
+    assert await prefixed("\U0010ffff\U0010ffff") == ["\U0010ffff\U0010ffff"]
+
+
+async def test_sqlite_prefix_listing_reads_a_range_of_the_primary_key(tmp_path: Path) -> None:
+    # The plan, not a time: a prefix listing finds its keys through the primary key's range
+    # (namespace = ? AND key > ? AND key < ?), not by reading every key of the namespace.
+    store = await open_sqlite_store(f"sqlite:///{tmp_path}/plan.sqlite")
+    try:
+        for route in range(20):
+            await put(store, "bindings", f"route:{route}:binding", category="binding")
+        statements: list[tuple[str, Any]] = []
+
+        def trace(_cursor: Any, sql: str, bindings: Any) -> bool:
+            statements.append((sql, bindings))
+            return True
+
+        store._db.reader.exec_trace = trace
+        page = await store.checkpoints.list_checkpoints(
+            namespace="bindings", key_prefix="route:7:", category=["binding", "other"]
+        )
+        store._db.reader.exec_trace = None
+        assert keys(page) == ["route:7:binding"]
+        ((sql, bindings),) = statements
+        plan = " | ".join(
+            row[3] for row in store._db.reader.execute("EXPLAIN QUERY PLAN " + sql, bindings)
+        )
+        assert "namespace=? AND key>? AND key<?" in plan, plan
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "bounds"),
+    [
+        ("ab", ("ab", "ac")),
+        ("a\U0010ffff", ("a\U0010ffff", "b")),
+        ("\ud7ff", ("\ud7ff", "\ue000")),
+        ("\U0010ffff\U0010ffff", ("\U0010ffff\U0010ffff", None)),
+    ],
+)
+def test_prefix_bounds(prefix: str, bounds: tuple[str, str | None]) -> None:
+    assert _common.prefix_bounds(prefix) == bounds
 
 
 async def test_limit_is_clamped(store: Store) -> None:
