@@ -7,9 +7,12 @@ Guarantees:
 * Every write is one ``BEGIN IMMEDIATE`` transaction that holds the database write lock from
   its first statement, so the compare-and-swap checks and the write cannot interleave with
   another connection or process. A save or delete and its :class:`JournalEvent` commit together.
-* The Trio loop never waits for another process, and waits for the disk only while its
-  commits there have been fast (after a slow one, once the slowest has decayed, to measure
-  again): reads run on a reader connection in a worker thread (one at a time, via a
+* The Trio loop never waits for another process, and waits for the disk only for the
+  pages of a short read and while its commits there have been fast (after a slow one, once
+  the slowest has decayed, to measure again): a read runs on the Trio thread's own reader
+  connection, which never waits for a lock, until its statement has made
+  :data:`READ_HERE_STEPS` steps, and is made again, if it finds the file locked or runs
+  longer, on a reader connection in a worker thread (one at a time, via a
   ``CapacityLimiter(1)``); a ``BEGIN`` that finds the file locked, every checkpoint, and
   every ``COMMIT`` (the fsync) after a recent commit took :data:`COMMIT_ON_LOOP_BELOW_S` or
   longer, run on the writer connection in the store's own writer thread; WAL lets a read
@@ -268,11 +271,16 @@ async def open_sqlite_store(
     """
     path = sqlite_path_from_url(url)
     _common.check_max_value_bytes(max_value_bytes)
-    conn, reader = await trio.to_thread.run_sync(
+    conn, reader, loop_reader = await trio.to_thread.run_sync(
         _open_connections, path, busy_timeout_ms, abandon_on_cancel=False
     )
     db = _Database(
-        conn=conn, reader=reader, clock=clock, label=str(path), busy_timeout_ms=busy_timeout_ms
+        conn=conn,
+        reader=reader,
+        loop_reader=loop_reader,
+        clock=clock,
+        label=str(path),
+        busy_timeout_ms=busy_timeout_ms,
     )
     return SQLiteStore(url=url, db=db, max_value_bytes=max_value_bytes)
 
@@ -312,15 +320,24 @@ def _read_user_version(path: Path) -> int:
         ) from None
 
 
-def _open_connections(path: Path, busy_timeout_ms: int) -> tuple[apsw.Connection, apsw.Connection]:
-    """The writer (which checks and prepares the file) and then a reader on the same file."""
+def _open_connections(
+    path: Path, busy_timeout_ms: int
+) -> tuple[apsw.Connection, apsw.Connection, apsw.Connection]:
+    """The writer (which checks and prepares the file), then the two readers on the same
+    file: the worker thread's, which waits up to ``busy_timeout_ms`` for a lock, and the
+    Trio thread's, which never waits (see :meth:`_Database.run`)."""
     conn = _open_connection(path, busy_timeout_ms)
+    readers: list[apsw.Connection] = []
     try:
-        reader = apsw.Connection(os.fspath(path), flags=apsw.SQLITE_OPEN_READWRITE)
-        reader.set_busy_timeout(busy_timeout_ms)
-        reader.execute("PRAGMA query_only=ON")
-        reader.execute(_TEMP_IN_MEMORY)
+        for timeout_ms in (busy_timeout_ms, 0):
+            reader = apsw.Connection(os.fspath(path), flags=apsw.SQLITE_OPEN_READWRITE)
+            readers.append(reader)
+            reader.set_busy_timeout(timeout_ms)
+            reader.execute("PRAGMA query_only=ON")
+            reader.execute(_TEMP_IN_MEMORY)
     except apsw.Error as exc:
+        for reader in readers:
+            reader.close()
         conn.close()
         raise StoreUnavailableError(
             f"SQLite store {path}: cannot open a reader ({type(exc).__name__})"
@@ -328,7 +345,7 @@ def _open_connections(path: Path, busy_timeout_ms: int) -> tuple[apsw.Connection
     # From now on the writer's BEGIN never waits on the Trio thread: a locked file is
     # waited for in the writer thread (``_Database._begin_waiting``).
     conn.set_busy_timeout(0)
-    return conn, reader
+    return conn, readers[0], readers[1]
 
 
 def _open_connection(path: Path, busy_timeout_ms: int) -> apsw.Connection:
@@ -442,6 +459,16 @@ WAL_CHECKPOINT_PAGES = 1000
 SQLite's own automatic checkpoint, moved off whichever thread committed."""
 MAX_JOBS_PER_TRANSACTION = 256
 """At most this many jobs share one transaction (later ones take the next)."""
+READ_HERE_STEPS = 20_000
+"""A read's statement on the Trio thread stops after this many steps of SQLite's virtual
+machine, and the read is made in the worker thread instead (:meth:`_Database.run`). On
+the bench's VM a statement stopped there had run 0.3 ms (p50); a read of one checkpoint by
+its key makes 133 steps, of a lease 12, a page of 500 checkpoints through the listing
+index 10,600, a route's bindings by key prefix 428."""
+
+
+def _stop() -> bool:
+    return True
 
 
 @attrs.define(eq=False)
@@ -512,6 +539,9 @@ class _Database:
 
     conn: apsw.Connection
     reader: apsw.Connection
+    """The worker thread's (:meth:`run`)."""
+    loop_reader: apsw.Connection
+    """The Trio thread's (:meth:`run`): its busy timeout is 0."""
     clock: Clock
     label: str
     busy_timeout_ms: int = BUSY_TIMEOUT_MS
@@ -540,11 +570,15 @@ class _Database:
     slow_commits: int = 0
     """Commits that took :data:`SLOW_COMMIT_S` or longer (see :class:`SQLiteStatistics`)."""
     slow_commit_s: float = 0.0
+    reads_in_thread: int = 0
+    """Reads made again in the worker thread (see :meth:`run`)."""
 
     def __attrs_post_init__(self) -> None:
         # Replaces SQLite's automatic checkpoint (itself a WAL hook), which would run in
         # whichever thread commits: the loop's, for a commit made there.
         self.conn.set_wal_hook(self._wal_hook)
+        # Called once a statement has made READ_HERE_STEPS steps: stops it (InterruptError).
+        self.loop_reader.set_progress_handler(_stop, READ_HERE_STEPS)
 
     def _wal_hook(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
         self._wal_pages = pages
@@ -555,12 +589,37 @@ class _Database:
         return StoreUnavailableError(f"SQLite store {self.label}: {type(exc).__name__}")
 
     async def run(self, fn: Callable[[apsw.Connection], T]) -> T:
-        """Run the read ``fn(reader)`` on a worker thread, one read at a time.
+        """Run the read ``fn(conn)``: on the Trio thread while it is short, else on a
+        worker thread (one read at a time).
+
+        First on the Trio thread's reader, which never waits for a lock and stops any
+        statement past :data:`READ_HERE_STEPS` steps of SQLite's virtual machine; a read
+        that finds the file locked or runs past that is made again, from the start, on
+        the worker thread's reader, which waits up to the busy timeout. A read has no
+        side effect, so the second run answers as the first would have. A reader in WAL
+        mode waits for nobody but a connection that holds the file exclusively (a
+        recovery, ``locking_mode=EXCLUSIVE``).
+
+        Why not every read in the thread: most are short (one row by its key, a route's
+        bindings), and one at a time behind the limiter, each paying two thread wake-ups
+        and then the wait for a busy loop to take the interpreter lock back, they queued:
+        the first admission on each of 64 new routes reads 5 checkpoints and a listing,
+        and the last of those 384 reads answered some 140 ms after the first (admission
+        at 64 routes: p99 140 ms, 25.8 on the loop).
 
         apsw errors become :class:`StoreUnavailableError`; our own errors pass through.
         """
         if self.closed:
             raise StoreUnavailableError("store is closed")
+        await trio.lowlevel.checkpoint()
+        if self.closed:
+            raise StoreUnavailableError("store is closed")
+        try:
+            return fn(self.loop_reader)
+        except (apsw.BusyError, apsw.InterruptError):
+            self.reads_in_thread += 1
+        except apsw.Error as exc:
+            raise self._unavailable(exc) from None
         try:
             return await trio.to_thread.run_sync(
                 self._read, fn, limiter=self._read_limiter, abandon_on_cancel=False
@@ -841,6 +900,9 @@ class _Database:
 
         def close_writer() -> None:
             self.conn.close()
+
+        # First: the writer, closed last, checkpoints the WAL into the file (in a thread).
+        self.loop_reader.close()
 
         def close_reader() -> None:
             self.reader.close()

@@ -163,11 +163,15 @@ async def test_sqlite_prefix_listing_reads_a_range_of_the_primary_key(tmp_path: 
             statements.append((sql, bindings))
             return True
 
-        store._db.reader.exec_trace = trace
+        # Either reader may run it (see _Database.run).
+        readers = (store._db.loop_reader, store._db.reader)
+        for reader in readers:
+            reader.exec_trace = trace
         page = await store.checkpoints.list_checkpoints(
             namespace="bindings", key_prefix="route:7:", category=["binding", "other"]
         )
-        store._db.reader.exec_trace = None
+        for reader in readers:
+            reader.exec_trace = None
         assert keys(page) == ["route:7:binding"]
         ((sql, bindings),) = statements
         plan = " | ".join(

@@ -10,10 +10,12 @@ from typing import Any
 import apsw
 import pytest
 import trio
+import trio.testing
 
 from stores import (
     InvalidStoreURLError,
     OwnershipScope,
+    SaveCheckpoint,
     StoreUnavailableError,
     migrate_store,
     open_store,
@@ -96,10 +98,15 @@ async def test_sqlite_settings_are_durable(tmp_path: Path) -> None:
         sync = await store._db.run(lambda c: c.execute("PRAGMA synchronous").fetchall())
         assert sync == [(2,)]
         # Temporary storage (a savepoint's statement journal, a sort) in memory, not in
-        # temporary files, on the writer and the reader alike.
-        temp = await store._db.run(lambda c: c.execute("PRAGMA temp_store").fetchall())
-        assert temp == [(2,)]
-        assert store._db.conn.execute("PRAGMA temp_store").fetchall() == [(2,)]
+        # temporary files, on the writer and both readers alike.
+        db = store._db
+        for conn in (db.conn, db.reader, db.loop_reader):
+            assert conn.execute("PRAGMA temp_store").fetchall() == [(2,)]
+        # The readers cannot write; the Trio thread's never waits for a lock.
+        for conn in (db.reader, db.loop_reader):
+            assert conn.execute("PRAGMA query_only").fetchall() == [(1,)]
+        assert db.reader.execute("PRAGMA busy_timeout").fetchall() == [(5000,)]
+        assert db.loop_reader.execute("PRAGMA busy_timeout").fetchall() == [(0,)]
     finally:
         await store.aclose()
 
@@ -399,3 +406,114 @@ async def test_busy_timeout_is_unavailable_and_writes_nothing(tmp_path: Path) ->
             blocker.execute("ROLLBACK")
         blocker.close()
         await store.aclose()
+
+
+async def test_short_reads_answer_on_the_loop_and_long_ones_in_the_thread(tmp_path: Path) -> None:
+    """Reads of one row, and a listing that stays under READ_HERE_STEPS, answer on the Trio
+    thread: with the worker thread's reads held up, they still answer. A listing that runs
+    past the bound is stopped and made in the worker thread (here: after the hold ends),
+    and answers the same rows."""
+    store = await open_sqlite_store(f"sqlite:///{tmp_path}/reads.sqlite")
+    other = OwnershipScope("tenant-1", "acct-1", "user-2")
+    rows = 6_000
+    try:
+        with trio.fail_after(60):
+            for start in range(0, rows, 500):
+                await store.checkpoints.write_checkpoints(
+                    [
+                        SaveCheckpoint(
+                            namespace="n",
+                            key=f"k{i:05d}",
+                            scope=other if i in (17, 4_321) else SCOPE,
+                            version=1,
+                            value={"i": i},
+                        )
+                        for i in range(start, start + 500)
+                    ]
+                )
+            await store.leases.try_acquire_lease(
+                namespace="l", key="k", scope=SCOPE, owner_id="w", ttl_ms=60_000
+            )
+            await store.inbox.put(source="s", key="1", partition="p", order=1, payload={})
+            db = store._db
+            assert db.reads_in_thread == 0
+            answered: list[list[str]] = []
+            async with trio.open_nursery() as nursery, db._read_limiter:
+                with trio.fail_after(5):
+                    row = await store.checkpoints.load_checkpoint(
+                        namespace="n", key="k04321", scope=other
+                    )
+                    assert row is not None and row.value == {"i": 4_321}
+                    page = await store.checkpoints.list_checkpoints(
+                        namespace="n", key_prefix="k0432", limit=500
+                    )
+                    assert len(page.items) == 10
+                    lease = await store.leases.get_lease(namespace="l", key="k", scope=SCOPE)
+                    assert lease is not None and lease.owner_id == "w"
+                    item = await store.inbox.get(source="s", key="1")
+                    assert item is not None and item.state == "pending"
+                    assert await store.checkpoints.last_event_seq() == rows
+                assert db.reads_in_thread == 0
+
+                async def scan() -> None:
+                    # user-2's rows are 2 of 6,000: the scan reads every one.
+                    page = await store.checkpoints.list_checkpoints(namespace="n", scope=other)
+                    answered.append(sorted(r.key for r in page.items))
+
+                nursery.start_soon(scan)
+                # Stopped on the loop: now it waits for the worker thread's reader.
+                await trio.testing.wait_all_tasks_blocked()
+                assert db.reads_in_thread == 1
+                assert answered == []
+            assert answered == [["k00017", "k04321"]]
+            assert db.reads_in_thread == 1
+    finally:
+        await store.aclose()
+
+
+async def test_a_locked_read_on_the_loop_is_made_in_the_thread(tmp_path: Path) -> None:
+    """A read that finds the file locked on the Trio thread (whose reader has no busy
+    timeout) is made again in the worker thread; any other SQLite error on either is
+    StoreUnavailableError, naming neither the statement nor its values."""
+    store = await open_sqlite_store(f"sqlite:///{tmp_path}/busy.sqlite")
+    try:
+        with trio.fail_after(20):
+            await store.checkpoints.save_checkpoint(
+                namespace="n", key="k", scope=SCOPE, version=1, value="SECRET"
+            )
+            db = store._db
+            faults: list[type[apsw.Error]] = []
+            seen: list[str] = []
+
+            def on_loop(_cursor: Any, _sql: str, _bindings: Any) -> bool:
+                seen.append("loop")
+                if faults:
+                    raise faults.pop(0)("injected")
+                return True
+
+            def in_thread(_cursor: Any, _sql: str, _bindings: Any) -> bool:
+                seen.append("thread")
+                return True
+
+            db.loop_reader.exec_trace = on_loop
+            db.reader.exec_trace = in_thread
+            faults.append(apsw.BusyError)
+            row = await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE)
+            assert row is not None and row.value == "SECRET"
+            assert seen == ["loop", "thread"] and db.reads_in_thread == 1
+            seen.clear()
+            faults.append(apsw.IOError)
+            with pytest.raises(StoreUnavailableError) as info:
+                await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE)
+            assert "IOError" in str(info.value)
+            assert "SECRET" not in str(info.value) and "SELECT" not in str(info.value)
+            assert seen == ["loop"] and db.reads_in_thread == 1
+            # Both readers go on answering.
+            seen.clear()
+            assert await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE)
+            assert seen == ["loop"]
+            db.loop_reader.exec_trace = db.reader.exec_trace = None
+    finally:
+        await store.aclose()
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await store.checkpoints.load_checkpoint(namespace="n", key="k", scope=SCOPE)
