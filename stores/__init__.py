@@ -54,6 +54,9 @@ from ._types import (
     DeleteCheckpoint as DeleteCheckpoint,
 )
 from ._types import (
+    EncodedSave as EncodedSave,
+)
+from ._types import (
     EventPage as EventPage,
 )
 from ._types import (

@@ -27,6 +27,7 @@ from ._types import (
     CheckpointRecord,
     CheckpointWrite,
     DeleteCheckpoint,
+    EncodedSave,
     InboxClaim,
     InboxItem,
     InboxState,
@@ -232,6 +233,21 @@ class SaveRequest:
     def stored_value(self) -> JSONValue:
         return self.value if self.encoded_by_caller else decode_json(self.value_json)
 
+    def stored(self, created_at_ms: int, updated_at_ms: int) -> CheckpointRecord:
+        """The record this save stored, at the row's times (what a backend answers)."""
+        return CheckpointRecord(
+            namespace=self.namespace,
+            key=self.key,
+            version=self.version,
+            value=self.stored_value(),
+            scope=self.scope,
+            created_at_ms=created_at_ms,
+            updated_at_ms=updated_at_ms,
+            fencing_token=self.fencing_token,
+            category=self.category,
+            metadata=self.stored_metadata(),
+        )
+
     def stored_metadata(self) -> Mapping[str, JSONValue] | None:
         if self.metadata_json is None:
             return None
@@ -306,6 +322,29 @@ def _metadata_json(metadata: Mapping[Any, Any]) -> str:
     return encode_json(dict(metadata), "metadata")
 
 
+def _check_save_fields(
+    namespace: object,
+    key: object,
+    scope: object,
+    version: object,
+    expected_version: object,
+    fencing_token: object,
+    category: object,
+) -> None:
+    """Everything of a save but its value and metadata (one expression for the common
+    save, :func:`_plain_save`; the full checks and their messages otherwise)."""
+    if not _plain_save(namespace, key, scope, version, expected_version, fencing_token, category):
+        check_checkpoint_address(namespace, key, scope)
+        if not _is_safe_int(version, 1):
+            raise InvalidCheckpointError("version must be a positive safe integer")
+        if expected_version is not None and not _is_safe_int(expected_version, 0):
+            raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
+        if fencing_token is not None and not _is_safe_int(fencing_token, 0):
+            raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
+        if category is not None and not _is_text(category):
+            raise InvalidCheckpointError("category must be a string")
+
+
 def check_save(
     *,
     namespace: object,
@@ -325,16 +364,7 @@ def check_save(
     Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError` when the UTF-8
     JSON encoding of ``value`` exceeds ``max_value_bytes``).
     """
-    if not _plain_save(namespace, key, scope, version, expected_version, fencing_token, category):
-        check_checkpoint_address(namespace, key, scope)
-        if not _is_safe_int(version, 1):
-            raise InvalidCheckpointError("version must be a positive safe integer")
-        if expected_version is not None and not _is_safe_int(expected_version, 0):
-            raise InvalidCheckpointError("expected_version must be a non-negative safe integer")
-        if fencing_token is not None and not _is_safe_int(fencing_token, 0):
-            raise InvalidCheckpointError("fencing_token must be a non-negative safe integer")
-        if category is not None and not _is_text(category):
-            raise InvalidCheckpointError("category must be a string")
+    _check_save_fields(namespace, key, scope, version, expected_version, fencing_token, category)
     encoded_by_caller = value_json is not None
     if value_json is None:
         value_json = encode_json(value, "value")
@@ -383,22 +413,27 @@ MAX_BATCH_WRITES = 1000
 """At most this many writes in one ``write_checkpoints`` call (bounded transactions)."""
 
 
-def check_writes(
-    writes: object, atomic: object, max_value_bytes: int
-) -> list[SaveRequest | DeleteRequest]:
-    """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
-    the first bad write by its index, before anything is written."""
+def _check_batch(writes: object, atomic: object, not_a_sequence: str) -> None:
     # A tuple or a list (the common two) is not put through the ABC check.
     if (
         type(writes) is not tuple
         and type(writes) is not list
         and (not isinstance(writes, Sequence) or isinstance(writes, str | bytes))
     ):
-        raise InvalidCheckpointError("writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
+        raise InvalidCheckpointError(not_a_sequence)
     if len(writes) > MAX_BATCH_WRITES:
         raise InvalidCheckpointError(f"at most {MAX_BATCH_WRITES} writes per batch")
     if not isinstance(atomic, bool):
         raise InvalidCheckpointError("atomic must be a bool")
+
+
+def check_writes(
+    writes: object, atomic: object, max_value_bytes: int
+) -> list[SaveRequest | DeleteRequest]:
+    """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
+    the first bad write by its index, before anything is written."""
+    _check_batch(writes, atomic, "writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
+    assert isinstance(writes, Sequence)
     out: list[SaveRequest | DeleteRequest] = []
     for write in writes:
         if isinstance(write, SaveCheckpoint):
@@ -423,6 +458,61 @@ def check_writes(
         else:
             raise InvalidCheckpointError("writes must be SaveCheckpoint or DeleteCheckpoint")
     return out
+
+
+_METADATA_OBJECTS: set[str] = set()
+"""Encoded metadata already checked to be a JSON object (bounded like
+:data:`_METADATA_JSON`): the journal's few ``kind``/``state`` pairs."""
+
+
+def _check_metadata_json(metadata_json: object, max_value_bytes: int) -> None:
+    if metadata_json is None:
+        return
+    if not _is_text(metadata_json):
+        raise InvalidCheckpointError("metadata_json must be a string")
+    if metadata_json in _METADATA_OBJECTS:
+        return
+    if utf8_size(metadata_json) > max_value_bytes:
+        raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
+    try:
+        decoded = json.loads(metadata_json)
+    except ValueError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        raise InvalidCheckpointError("metadata_json must be a JSON object")
+    if len(metadata_json) <= _METADATA_MEMO_CHARS and len(_METADATA_OBJECTS) < _METADATA_JSON_MAX:
+        _METADATA_OBJECTS.add(metadata_json)
+
+
+def check_encoded(saves: object, atomic: object, max_value_bytes: int) -> Sequence[EncodedSave]:
+    """Validate a ``save_encoded`` batch as :func:`check_writes` validates a
+    ``write_checkpoints`` one (each field as :func:`check_save` checks it, the value's
+    size against ``max_value_bytes``); the saves themselves are the requests the backends
+    apply. ``value_json`` is trusted to be compact JSON (its caller encoded it);
+    ``metadata_json`` is checked to be a JSON object once per distinct text."""
+    _check_batch(saves, atomic, "saves must be a sequence of EncodedSave")
+    assert isinstance(saves, Sequence)
+    for save in saves:
+        if type(save) is not EncodedSave:
+            raise InvalidCheckpointError("saves must be EncodedSave")
+        _check_save_fields(
+            save.namespace,
+            save.key,
+            save.scope,
+            save.version,
+            save.expected_version,
+            save.fencing_token,
+            save.category,
+        )
+        value_json = save.value_json
+        if not _is_text(value_json):
+            raise InvalidCheckpointError("value_json must be a string")
+        if utf8_size(value_json) > max_value_bytes:
+            raise RecordTooLargeError(
+                f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
+            )
+        _check_metadata_json(save.metadata_json, max_value_bytes)
+    return saves
 
 
 def check_max_value_bytes(max_value_bytes: object) -> int:

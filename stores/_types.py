@@ -39,7 +39,7 @@ import datetime as _dt
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 import attrs
 
@@ -255,6 +255,24 @@ class SaveCheckpoint:
     stored as given, so the value is encoded once; its size is still checked."""
 
 
+class EncodedSave(NamedTuple):
+    """One save of :meth:`CheckpointStore.save_encoded`: what a :class:`SaveCheckpoint`
+    says, with the value (and the metadata, a JSON object) already encoded as compact JSON
+    by the caller that built them (the journal, an agent's transcript). A named tuple, not
+    an attrs class: the journal makes several for every message, and a tuple is built in
+    one step."""
+
+    namespace: str
+    key: str
+    scope: OwnershipScope
+    version: int
+    expected_version: int | None
+    fencing_token: int | None
+    category: str | None
+    value_json: str
+    metadata_json: str | None = None
+
+
 @attrs.frozen
 class DeleteCheckpoint:
     """One delete in :meth:`CheckpointStore.write_checkpoints`: a row stored under another
@@ -420,6 +438,25 @@ class CheckpointStore(Protocol):
         Raises :class:`InvalidCheckpointError` for a malformed write before anything is
         written, and :class:`StoreUnavailableError` when the transaction fails (nothing of
         it was written).
+        """
+        ...
+
+    async def save_encoded(
+        self, saves: Sequence[EncodedSave], *, atomic: bool = False
+    ) -> tuple[int | None, ...]:
+        """:meth:`write_checkpoints` of saves whose values the caller encoded, answering
+        less: per save, the stored row's ``updated_at_ms`` when it was written, ``None``
+        when it lost its compare-and-swap (version, create-only, fence or scope). With
+        ``atomic=True`` one ``None`` means that nothing of the batch was written: every
+        save whose own checks passed then answers ``0`` (``aborted``).
+
+        The same transaction, checks and events as :meth:`write_checkpoints`, which is the
+        same write path in every backend; a save stored this way loads as any other (its
+        value is the decode of ``value_json``). ``value_json`` and ``metadata_json`` must
+        be compact JSON (``metadata_json`` an object), as :func:`stores.compact_json`
+        makes it: they are stored as given. Raises :class:`InvalidCheckpointError` (or
+        :class:`RecordTooLargeError`) for a malformed save before anything is written, and
+        :class:`StoreUnavailableError` when the transaction fails.
         """
         ...
 

@@ -31,6 +31,7 @@ from ._types import (
     CheckpointWrite,
     Clock,
     DeleteCheckpoint,
+    EncodedSave,
     EventAction,
     EventPage,
     InboxClaim,
@@ -47,6 +48,7 @@ from ._types import (
     OwnershipScope,
     StoreUnavailableError,
     WriteResult,
+    WriteStatus,
 )
 
 _DECODE: Any = object()
@@ -86,7 +88,10 @@ class _Row:
         )
 
 
-def _saved(req: _common.SaveRequest, current: _Row | None, now: int) -> _Row | None:
+_Request = _common.SaveRequest | _common.DeleteRequest | EncodedSave
+
+
+def _saved(req: _common.SaveRequest | EncodedSave, current: _Row | None, now: int) -> _Row | None:
     """The row ``req`` writes over ``current``, or ``None`` when its checks fail (§1.2)."""
     if current is None:
         if req.expected_version not in (None, 0):
@@ -188,46 +193,72 @@ class MemoryCheckpointStore(_common.SavesAsABatchOfOne):
     async def write_checkpoints(
         self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
     ) -> tuple[WriteResult, ...]:
-        """Apply the batch against an overlay of the rows it touches, then publish the
-        overlay and its events at once (see :meth:`~stores.CheckpointStore.write_checkpoints`)."""
+        """See :meth:`~stores.CheckpointStore.write_checkpoints` and :meth:`_apply`."""
         await trio.lowlevel.checkpoint()
         state = self._state
         state.check_open()
         requests = _common.check_writes(writes, atomic, state.max_value_bytes)
+        results: list[WriteResult] = []
+        for req, (status, row) in zip(requests, self._apply(requests, atomic), strict=True):
+            if status != "ok" or row is None or isinstance(req, _common.DeleteRequest):
+                results.append(WriteResult(status))
+            else:
+                record = row.record(req.value) if req.encoded_by_caller else row.record()
+                results.append(WriteResult(status, record))
+        return tuple(results)
+
+    async def save_encoded(
+        self, saves: Sequence[EncodedSave], *, atomic: bool = False
+    ) -> tuple[int | None, ...]:
+        """See :meth:`~stores.CheckpointStore.save_encoded` and :meth:`_apply`."""
+        await trio.lowlevel.checkpoint()
+        state = self._state
+        state.check_open()
+        checked = _common.check_encoded(saves, atomic, state.max_value_bytes)
+        return tuple(
+            None if row is None else 0 if status == "aborted" else row.updated_at_ms
+            for status, row in self._apply(checked, atomic)
+        )
+
+    def _apply(
+        self, requests: Sequence[_Request], atomic: bool
+    ) -> list[tuple[WriteStatus, _Row | None]]:
+        """Apply the batch against an overlay of the rows it touches, then publish the
+        overlay and its events at once; per request its status and the row it wrote (or
+        would have written, when an ``atomic`` batch is ``aborted``)."""
+        state = self._state
         now = state.clock.now_ms()
         overlay: dict[tuple[str, str], _Row | None] = {}
         events: list[tuple[EventAction, _Row, str | None]] = []
-        results: list[WriteResult] = []
+        results: list[tuple[WriteStatus, _Row | None]] = []
         for req in requests:
             address = (req.namespace, req.key)
             current = overlay[address] if address in overlay else state.checkpoints.get(address)
             if isinstance(req, _common.DeleteRequest):
                 if current is None or current.scope != req.scope:
-                    results.append(WriteResult("missing"))
+                    results.append(("missing", None))
                     continue
                 overlay[address] = None
                 events.append(("delete", current, None))
-                results.append(WriteResult("ok"))
+                results.append(("ok", None))
                 continue
             row = _saved(req, current, now)
             if row is None:
-                results.append(WriteResult("conflict"))
+                results.append(("conflict", None))
                 continue
             overlay[address] = row
             events.append(("save", row, req.metadata_json))
-            results.append(
-                WriteResult("ok", row.record(req.value) if req.encoded_by_caller else row.record())
-            )
-        if atomic and not all(r.ok for r in results):
-            return tuple(r if not r.ok else WriteResult("aborted") for r in results)
-        for address, row in overlay.items():
-            if row is None:
+            results.append(("ok", row))
+        if atomic and any(status != "ok" for status, _ in results):
+            return [(status if status != "ok" else "aborted", row) for status, row in results]
+        for address, stored in overlay.items():
+            if stored is None:
                 del state.checkpoints[address]
             else:
-                state.checkpoints[address] = row
-        for action, row, metadata_json in events:
-            state.append_event(action, row, now, metadata_json)
-        return tuple(results)
+                state.checkpoints[address] = stored
+        for action, stored, metadata_json in events:
+            state.append_event(action, stored, now, metadata_json)
+        return results
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope

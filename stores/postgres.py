@@ -74,6 +74,7 @@ from ._types import (
     CheckpointWrite,
     Clock,
     DeleteCheckpoint,
+    EncodedSave,
     EventPage,
     InboxClaim,
     InboxDepth,
@@ -131,24 +132,25 @@ def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> N
 # --------------------------------------------------------------------------- group commit
 
 
-Request = _common.SaveRequest | _common.DeleteRequest
+Request = _common.SaveRequest | _common.DeleteRequest | EncodedSave
 
 
 @attrs.define(eq=False)
 class _Job:
-    """One caller's ``write_checkpoints``: waiting for, or inside, a transaction."""
+    """One caller's ``write_checkpoints`` or ``save_encoded``: waiting for, or inside, a
+    transaction."""
 
-    requests: list[Request]
+    requests: Sequence[Request]
     atomic: bool
     now_ms: int
+    encoded: bool = False
+    """A ``save_encoded`` job: answered with times, not write results."""
     done: trio.Event = attrs.Factory(trio.Event)
     taken: bool = False
-    results: tuple[WriteResult, ...] = ()
+    results: tuple[Any, ...] = ()
     error: BaseException | None = None
 
-    def finish(
-        self, results: tuple[WriteResult, ...] = (), error: BaseException | None = None
-    ) -> None:
+    def finish(self, results: tuple[Any, ...] = (), error: BaseException | None = None) -> None:
         if not self.done.is_set():
             self.results, self.error = results, error
             self.done.set()
@@ -176,36 +178,39 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
     return columns
 
 
-def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[WriteResult, ...]]:
+def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """Each job's answer from the rows the write returned (one per write, in order)."""
     total = sum(len(job.requests) for job in jobs)
     if len(rows) != total:
         raise StoreUnavailableError("PostgreSQL store: the write answered an unexpected shape")
-    out: list[tuple[WriteResult, ...]] = []
+    out: list[tuple[Any, ...]] = []
     it = iter(rows)
     for job in jobs:
-        results: list[WriteResult] = []
-        for req in job.requests:
-            status, created, updated = next(it)
-            if status not in _STATUSES:
-                raise StoreUnavailableError("PostgreSQL store: unknown write status")
-            record = None
-            if status == "ok" and isinstance(req, _common.SaveRequest):
-                record = CheckpointRecord(
-                    namespace=req.namespace,
-                    key=req.key,
-                    version=req.version,
-                    value=req.stored_value(),
-                    scope=req.scope,
-                    created_at_ms=created,
-                    updated_at_ms=updated,
-                    fencing_token=req.fencing_token,
-                    category=req.category,
-                    metadata=req.stored_metadata(),
-                )
-            status_: WriteStatus = status
-            results.append(WriteResult(status_, record))
-        out.append(tuple(results))
+        answered = [next(it) for _ in job.requests]
+        if any(status not in _STATUSES for status, _created, _updated in answered):
+            raise StoreUnavailableError("PostgreSQL store: unknown write status")
+        out.append(_answer(job, answered))
     return out
+
+
+def _answer(job: _Job, answered: list[Sequence[Any]]) -> tuple[Any, ...]:
+    """``save_encoded``'s times, or ``write_checkpoints``' results with their records (an
+    ``atomic`` job with a lost check: the others ``aborted``)."""
+    if job.encoded:
+        return tuple(
+            updated if status == "ok" else 0 if status == "aborted" else None
+            for status, _, updated in answered
+        )
+    results: list[WriteResult] = []
+    for req, (status, created, updated) in zip(job.requests, answered, strict=True):
+        record = None
+        if status == "ok" and isinstance(req, _common.SaveRequest):
+            record = req.stored(created, updated)
+        status_: WriteStatus = status
+        results.append(WriteResult(status_, record))
+    if job.atomic and not all(r.ok for r in results):
+        return tuple(r if not r.ok else WriteResult("aborted") for r in results)
+    return tuple(results)
 
 
 @attrs.define(eq=False)
@@ -222,7 +227,7 @@ class _Writer:
     commits: int = 0
     writes: int = 0
 
-    async def submit(self, job: _Job) -> tuple[WriteResult, ...]:
+    async def submit(self, job: _Job) -> tuple[Any, ...]:
         if self.closed:
             raise StoreUnavailableError(f"PostgreSQL store {self.driver.where}: store is closed")
         # An already cancelled caller writes nothing: once queued, the writer may take the
@@ -329,9 +334,7 @@ class _Writer:
                 return
             self.commits += 1
             self.writes += len(jobs)
-            for job, results in zip(jobs, answers):
-                if job.atomic and not all(r.ok for r in results):
-                    results = tuple(r if not r.ok else WriteResult("aborted") for r in results)
+            for job, results in zip(jobs, answers, strict=True):
                 job.finish(results)
             return
 
@@ -377,14 +380,24 @@ class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
         """The batch as one job of a group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`)."""
         requests = _common.check_writes(writes, atomic, self._max_value_bytes)
-        if not requests:
+        return await self._submit(_Job(requests, atomic, self._clock.now_ms()))
+
+    async def save_encoded(
+        self, saves: Sequence[EncodedSave], *, atomic: bool = False
+    ) -> tuple[int | None, ...]:
+        """The saves as one job of a group-committed transaction, as
+        :meth:`write_checkpoints` (see :meth:`~stores.CheckpointStore.save_encoded`)."""
+        checked = _common.check_encoded(saves, atomic, self._max_value_bytes)
+        return await self._submit(_Job(checked, atomic, self._clock.now_ms(), encoded=True))
+
+    async def _submit(self, job: _Job) -> tuple[Any, ...]:
+        if not job.requests:
             if self._writer.closed:
                 raise StoreUnavailableError(
                     f"PostgreSQL store {self._driver.where}: store is closed"
                 )
             await trio.lowlevel.checkpoint()
             return ()
-        job = _Job(requests=requests, atomic=atomic, now_ms=self._clock.now_ms())
         return await self._writer.submit(job)
 
     async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:

@@ -62,6 +62,7 @@ from ._types import (
     CheckpointWrite,
     Clock,
     DeleteCheckpoint,
+    EncodedSave,
     EventAction,
     EventPage,
     InboxClaim,
@@ -191,6 +192,12 @@ def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) 
             args.append(field)
 
 
+_EVENT = (
+    "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
+    " user_id, version, category, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
 def _insert_event(
     conn: apsw.Connection,
     at_ms: int,
@@ -204,8 +211,7 @@ def _insert_event(
 ) -> None:
     """Journal a save or delete inside the transaction that made it."""
     conn.execute(
-        "INSERT INTO prism_events (at, action, namespace, key, tenant_id, account_id,"
-        " user_id, version, category, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _EVENT,
         (
             at_ms,
             action,
@@ -980,10 +986,50 @@ _DELETE = (
 )
 
 
+def _apply_save(
+    conn: apsw.Connection, req: _common.SaveRequest | EncodedSave, now: int
+) -> tuple[int, int] | None:
+    """One save: one statement whose ``WHERE`` holds every check, then its event. The
+    stored row's ``(created_at, updated_at)``, or ``None`` when a check failed (nothing
+    written). Every save of either write method takes this path."""
+    scope = req.scope
+    tenant, account, user = scope.tenant_id, scope.account_id, scope.user_id
+    values = (
+        req.namespace,
+        req.key,
+        req.version,
+        req.fencing_token,
+        req.category,
+        tenant,
+        account,
+        user,
+        req.value_json,
+        req.metadata_json,
+        now,
+        now,
+    )
+    expected = req.expected_version
+    if expected == 0:
+        rows = conn.execute(_CREATE_ONLY, values).fetchall()
+    elif expected is None:
+        rows = conn.execute(_UPSERT_ANY, (*values, None, None)).fetchall()
+    else:
+        rows = conn.execute(_UPDATE_AT, (*values, expected)).fetchall()
+    if not rows:
+        return None
+    conn.execute(
+        _EVENT,
+        (now, "save", req.namespace, req.key, tenant, account, user, req.version, req.category,
+         req.metadata_json),
+    )  # fmt: skip
+    created, updated = rows[0]
+    return created, updated  # type: ignore[return-value]
+
+
 def _apply(
     conn: apsw.Connection, req: _common.SaveRequest | _common.DeleteRequest, now: int
 ) -> WriteResult:
-    """One write of a batch: one statement whose ``WHERE`` holds every check, plus its event."""
+    """One write of a ``write_checkpoints`` batch, answered with the stored record."""
     if isinstance(req, _common.DeleteRequest):
         gone = _one(conn, _DELETE, (req.namespace, req.key, *_common.scope_args(req.scope)))
         if gone is None:
@@ -993,52 +1039,10 @@ def _apply(
             conn, now, "delete", req.namespace, req.key, req.scope, version, category, None
         )
         return WriteResult("ok")
-    values = (
-        req.namespace,
-        req.key,
-        req.version,
-        req.fencing_token,
-        req.category,
-        *_common.scope_args(req.scope),
-        req.value_json,
-        req.metadata_json,
-        now,
-        now,
-    )
-    expected = req.expected_version
-    if expected == 0:
-        row = _one(conn, _CREATE_ONLY, values)
-    elif expected is None:
-        row = _one(conn, _UPSERT_ANY, (*values, None, None))
-    else:
-        row = _one(conn, _UPDATE_AT, (*values, expected))
-    if row is None:
+    stored = _apply_save(conn, req, now)
+    if stored is None:
         return WriteResult("conflict")
-    _insert_event(
-        conn,
-        now,
-        "save",
-        req.namespace,
-        req.key,
-        req.scope,
-        req.version,
-        req.category,
-        req.metadata_json,
-    )
-    created, updated = row
-    record = CheckpointRecord(
-        namespace=req.namespace,
-        key=req.key,
-        version=req.version,
-        value=req.stored_value(),
-        scope=req.scope,
-        created_at_ms=created,
-        updated_at_ms=updated,
-        fencing_token=req.fencing_token,
-        category=req.category,
-        metadata=req.stored_metadata(),
-    )
-    return WriteResult("ok", record)
+    return WriteResult("ok", req.stored(*stored))
 
 
 @attrs.define(eq=False)
@@ -1068,6 +1072,24 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
             return results
 
         return await self._db.write(txn, savepoint=undo, weight=len(requests))
+
+    async def save_encoded(
+        self, saves: Sequence[EncodedSave], *, atomic: bool = False
+    ) -> tuple[int | None, ...]:
+        """The saves in one savepoint of a group-committed transaction, as
+        :meth:`write_checkpoints` (see :meth:`~stores.CheckpointStore.save_encoded`)."""
+        checked = _common.check_encoded(saves, atomic, self._max_value_bytes)
+        now = self._db.clock.now_ms()
+        undo = atomic and len(checked) > 1
+
+        def txn(conn: apsw.Connection) -> tuple[int | None, ...]:
+            stored = tuple(_apply_save(conn, save, now) for save in checked)
+            times = tuple(None if row is None else row[1] for row in stored)
+            if undo and None in times:
+                raise _RolledBack(tuple(None if at is None else 0 for at in times))
+            return times
+
+        return await self._db.write(txn, savepoint=undo, weight=len(checked))
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope

@@ -224,6 +224,7 @@ PINNED: dict[str, list[str]] = {
         "DEFAULT_MAX_VALUE_BYTES",
         "DEFAULT_STATEMENT_TIMEOUT_MS",
         "DeleteCheckpoint",
+        "EncodedSave",
         "EventPage",
         "INBOX_STATES",
         "InboxClaim",

@@ -23,8 +23,8 @@ from stores import (
     CheckpointConflictError,
     CheckpointRecord,
     CheckpointStore,
-    CheckpointWrite,
     DeleteCheckpoint,
+    EncodedSave,
     OwnershipScope,
     SaveCheckpoint,
     compact_json,
@@ -332,8 +332,10 @@ class SessionLog:
                 )
             version = current.version
             written = current.extended(added, limit, version + 1)
-            writes: tuple[CheckpointWrite, ...] = (
-                SaveCheckpoint(
+            if legacy:
+                # Together or not at all: a legacy row already moved (or pruned) meanwhile
+                # is missing, and the append starts over from what is stored now.
+                save = SaveCheckpoint(
                     namespace=NS_SESSION,
                     key=key,
                     scope=ownership,
@@ -342,19 +344,28 @@ class SessionLog:
                     expected_version=version,
                     category=CATEGORY_SESSION,
                     value_json=written.value_json(),
-                ),
-            )
-            if legacy:
-                # Together or not at all: a legacy row already moved (or pruned) meanwhile
-                # is missing, and the append starts over from what is stored now.
+                )
                 old = DeleteCheckpoint(
                     namespace=NS_SESSION,
                     key=legacy_session_key(self.alias, session_id),
                     scope=ownership,
                 )
-                writes = (*writes, old)
-            result, *_ = await self.checkpoints.write_checkpoints(writes, atomic=legacy)
-            if not result.ok:
+                result, *_ = await self.checkpoints.write_checkpoints((save, old), atomic=True)
+                ok = result.ok
+            else:
+                encoded = EncodedSave(
+                    NS_SESSION,
+                    key,
+                    ownership,
+                    version + 1,
+                    version,
+                    None,
+                    CATEGORY_SESSION,
+                    written.value_json(),
+                )
+                (updated_at,) = await self.checkpoints.save_encoded((encoded,))
+                ok = updated_at is not None
+            if not ok:
                 continue
             self._remember(at, written)
             return added[-1].id

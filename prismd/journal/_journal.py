@@ -35,8 +35,8 @@ import trio
 from stores import (
     CheckpointRecord,
     CheckpointStore,
+    EncodedSave,
     OwnershipScope,
-    SaveCheckpoint,
     StoreUnavailableError,
     WriteStatus,
     compact_json,
@@ -617,14 +617,26 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
 }
 
 
-def _meta(namespace: str, record: object) -> dict[str, Any]:
-    if isinstance(record, OperationRecord):
-        return {"kind": record.kind, "state": record.state}
-    if isinstance(record, ReplyRecord):
-        return {"kind": record.kind, "state": record.state}
+def _meta(record: object) -> tuple[str, str]:
+    if isinstance(record, OperationRecord | ReplyRecord):
+        return record.kind, record.state
     if isinstance(record, BindingRecord):
-        return {"kind": "binding", "state": "suspended" if record.suspended else "ready"}
-    return {"kind": "cursor", "state": "advanced"}
+        return "binding", "suspended" if record.suspended else "ready"
+    return "cursor", "advanced"
+
+
+_META_JSON: dict[tuple[str, str], str] = {}
+"""The encoded metadata of each ``(kind, state)`` pair met: a small closed set (the
+record kinds times their states), so each is encoded once."""
+
+
+def _meta_json(record: object) -> str:
+    """A save's metadata (``{"kind": …, "state": …}``, never text or ids), encoded."""
+    meta = _meta(record)
+    encoded = _META_JSON.get(meta)
+    if encoded is None:
+        encoded = _META_JSON[meta] = compact_json({"kind": meta[0], "state": meta[1]})
+    return encoded
 
 
 def _key_of(namespace: str, scope: OwnershipScope, record: Any) -> str:
@@ -653,6 +665,9 @@ class Write:
         if self.key is not None:
             return self.key
         return _key_of(self.namespace, self.scope, self.record)
+
+
+_OK: WriteStatus = "ok"
 
 
 @attrs.frozen
@@ -785,34 +800,41 @@ class ChannelJournal:
         not fit, and the store's errors (``StoreUnavailableError``) unchanged.
         """
         records = [self._stored_form(w.record) for w in writes]
-        requests = []
-        for w, record in zip(writes, records, strict=True):
-            value = record.to_json()
-            requests.append(
-                SaveCheckpoint(
-                    namespace=w.namespace,
-                    key=w.address(),
-                    scope=w.scope,
-                    version=w.expected_version + 1,
-                    value=value,
-                    expected_version=w.expected_version,
-                    fencing_token=w.fence,
-                    category=category_of(w.namespace, record),
-                    metadata=_meta(w.namespace, record),
-                    value_json=self._encoded(value),
-                )
+        saves = [
+            EncodedSave(
+                w.namespace,
+                w.address(),
+                w.scope,
+                w.expected_version + 1,
+                w.expected_version,
+                w.fence,
+                category_of(w.namespace, record),
+                self._encoded(record.to_json()),
+                _meta_json(record),
             )
+            for w, record in zip(writes, records, strict=True)
+        ]
         try:
-            results = await self.checkpoints.write_checkpoints(requests, atomic=atomic)
+            stored = await self.checkpoints.save_encoded(saves, atomic=atomic)
         except StoreUnavailableError as exc:
             self.health.failed(exc)
             raise
         self.health.answered()
+        lost = None in stored
+        written = not (atomic and lost)
         items = tuple(
-            None if result.record is None else self._loaded(result.record, record)
-            for result, record in zip(results, records, strict=True)
+            None
+            if updated_at is None or not written
+            else Loaded(save.version, record, save.fencing_token, save.scope, updated_at)
+            for save, record, updated_at in zip(saves, records, stored, strict=True)
         )
-        return Committed(items, tuple(result.status for result in results))
+        if not lost:
+            return Committed(items, (_OK,) * len(items))
+        statuses: tuple[WriteStatus, ...] = tuple(
+            "conflict" if updated_at is None else "aborted" if not written else "ok"
+            for updated_at in stored
+        )
+        return Committed(items, statuses)
 
     async def save(
         self,

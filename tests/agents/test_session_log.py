@@ -349,10 +349,19 @@ class _FirstWriteWaits(YieldingCheckpoints):
     go: trio.Event = attrs.Factory(trio.Event)
     outcomes: list[list[str]] = attrs.Factory(list)
 
-    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+    async def _first_waits(self) -> None:
         if not self.outcomes and not self.loaded.is_set():
             self.loaded.set()
             await self.go.wait()
+
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        await self._first_waits()
         results = await super().write_checkpoints(writes, **kw)
         self.outcomes.append([r.status for r in results])
         return results
+
+    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
+        await self._first_waits()
+        stored = await super().save_encoded(saves, **kw)
+        self.outcomes.append(["conflict" if at is None else "ok" for at in stored])
+        return stored
