@@ -68,6 +68,7 @@ from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer, GrantConfig
 from ..limits import LIMIT_TABLE, Limits
 from ..runtime import open_messaging_runtime
+from ._collector import tune_collector
 from ._figures import figures
 
 CONNECTION = "bench"
@@ -682,6 +683,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    tune_collector()
     try:
         summary = trio.run(run_bench, options, workdir)
     finally:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ._collector import tune_collector
 from ._version import version_text
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ def _run_with_early_signals(args: argparse.Namespace) -> int:
         print(f"prismd: {exc}", file=sys.stderr)
         return 1
 
+    tune_collector()
     try:
         return trio.run(
             functools.partial(run_daemon, config, accept_new_journal=args.accept_new_journal)

@@ -37,6 +37,7 @@ from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer, GrantConfig, operator_identity
 from ..limits import Limits
 from ..runtime import open_messaging_runtime
+from ._collector import tune_collector
 
 log = logging.getLogger("prismd.soak")
 
@@ -337,6 +338,7 @@ def run_soak_command(args: argparse.Namespace) -> int:
     from ..daemon import describe_exception, install_early_signal_handlers
 
     restore_signals = install_early_signal_handlers()
+    tune_collector()
     try:
         summary = trio.run(soak, options)
     except BaseException as exc:
