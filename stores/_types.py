@@ -138,11 +138,22 @@ def _iso_second(second: int) -> str:
     return ms_to_datetime(second * 1000).isoformat(timespec="seconds").replace("+00:00", "")
 
 
+_ISO_MEMO: dict[int, str] = {}
+_ISO_MEMO_MAX = 1024
+"""The texts of the milliseconds met lately: every record carries its two times in this
+form, and the records of one moment share them (emptied when full)."""
+
+
 def ms_to_iso(ms: int) -> str:
     """ISO 8601 UTC with millisecond precision and a ``Z`` suffix (``…T14:13:20.123Z``)."""
-    second, milli = divmod(ms, 1000)
-    # Every record carries its times in this form: the second's text is reused.
-    return f"{_iso_second(second)}.{milli:03d}Z"
+    text = _ISO_MEMO.get(ms)
+    if text is None:
+        second, milli = divmod(ms, 1000)
+        text = f"{_iso_second(second)}.{milli:03d}Z"
+        if len(_ISO_MEMO) >= _ISO_MEMO_MAX:
+            _ISO_MEMO.clear()
+        _ISO_MEMO[ms] = text
+    return text
 
 
 # --------------------------------------------------------------------------- records

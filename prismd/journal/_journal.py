@@ -26,8 +26,9 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import attrs
 import trio
@@ -226,6 +227,41 @@ def _compact(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
 
 
+_FIELDS: dict[type, tuple[Callable[[Any], tuple[Any, ...]], dict[str, int]]] = {}
+"""Per record class: a getter of every field's value in ``__init__`` order, and each
+field's place in it."""
+
+
+class Replaceable:
+    """``record.replace(**changes)``: :func:`attrs.evolve` for the journal's records, which
+    are copied several times for every message. ``evolve`` walks the class's fields and
+    asks each for its name on every call; this reads every value at once and calls
+    ``__init__`` positionally (the records' fields are all positional ``__init__``
+    arguments, checked on first use)."""
+
+    __slots__ = ()
+
+    def replace(self, **changes: Any) -> Self:
+        cls = type(self)
+        known = _FIELDS.get(cls)
+        if known is None:
+            fields = attrs.fields(cls)  # type: ignore[arg-type]
+            assert len(fields) > 1
+            assert all(f.init and not f.kw_only and f.alias == f.name for f in fields)
+            names = [f.name for f in fields]
+            known = _FIELDS[cls] = (
+                operator.attrgetter(*names),
+                {name: i for i, name in enumerate(names)},
+            )
+        values_of, place = known
+        values = list(values_of(self))
+        for name, value in changes.items():
+            if name not in place:
+                raise TypeError(f"{cls.__name__} has no field {name!r}")
+            values[place[name]] = value
+        return cls(*values)
+
+
 @attrs.frozen
 class SuspendedRun:
     operation_id: str
@@ -234,7 +270,7 @@ class SuspendedRun:
 
 
 @attrs.frozen
-class BindingRecord:
+class BindingRecord(Replaceable):
     """§5.1, plus the route's own ids (so a prefix listing can be filtered exactly) and
     ``selected_at_ms`` (SPEC difference 3: the actor's ``/agent`` choice is the binding
     with the newest selection stamp)."""
@@ -406,7 +442,7 @@ class OperationInput:
 
 
 @attrs.frozen
-class OperationRecord:
+class OperationRecord(Replaceable):
     """§5.2: one admitted event. Carries inbound text only in ``input``, and only while
     ``accepted`` (see the module docstring)."""
 
@@ -429,29 +465,35 @@ class OperationRecord:
     input: OperationInput | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return _compact(
-            {
-                "operationId": self.operation_id,
-                "eventId": self.event_id,
-                "kind": self.kind,
-                "connectionId": self.connection_id,
-                "externalConversationId": self.external_conversation_id,
-                "externalActorId": self.external_actor_id,
-                "threadId": self.thread_id,
-                "agentAlias": self.agent_alias,
-                "sessionId": self.session_id,
-                "runId": self.run_id,
-                "state": self.state,
-                "replyStaged": self.reply_staged,
-                "attempts": self.attempts,
-                "createdAt": ms_to_iso(self.created_at_ms),
-                "updatedAt": ms_to_iso(self.updated_at_ms),
-                "createdAtMs": self.created_at_ms,
-                "updatedAtMs": self.updated_at_ms,
-                "errorCode": self.error_code,
-                "input": None if self.input is None else self.input.to_json(),
-            }
-        )
+        # Written out, absent optional fields left out as they come (no dict of Nones to
+        # filter): the journal encodes four of these for every message.
+        out: dict[str, Any] = {
+            "operationId": self.operation_id,
+            "eventId": self.event_id,
+            "kind": self.kind,
+            "connectionId": self.connection_id,
+            "externalConversationId": self.external_conversation_id,
+            "externalActorId": self.external_actor_id,
+        }
+        if self.thread_id is not None:
+            out["threadId"] = self.thread_id
+        out["agentAlias"] = self.agent_alias
+        if self.session_id is not None:
+            out["sessionId"] = self.session_id
+        if self.run_id is not None:
+            out["runId"] = self.run_id
+        out["state"] = self.state
+        out["replyStaged"] = self.reply_staged
+        out["attempts"] = self.attempts
+        out["createdAt"] = ms_to_iso(self.created_at_ms)
+        out["updatedAt"] = ms_to_iso(self.updated_at_ms)
+        out["createdAtMs"] = self.created_at_ms
+        out["updatedAtMs"] = self.updated_at_ms
+        if self.error_code is not None:
+            out["errorCode"] = self.error_code
+        if self.input is not None:
+            out["input"] = self.input.to_json()
+        return out
 
     @classmethod
     def from_json(cls, value: object) -> OperationRecord:
@@ -516,7 +558,7 @@ class StoredControl:
 
 
 @attrs.frozen
-class ReplyRecord:
+class ReplyRecord(Replaceable):
     """§5.4: the only payload-bearing record (text already redacted and truncated).
 
     ``approval`` holds the non-secret approval target (run/session/approval ids and
@@ -542,27 +584,33 @@ class ReplyRecord:
     orders a conversation's replies of one millisecond when they are sent again."""
 
     def to_json(self) -> dict[str, Any]:
-        return _compact(
-            {
-                "operationId": self.operation_id,
-                "connectionId": self.connection_id,
-                "externalConversationId": self.external_conversation_id,
-                "threadId": self.thread_id,
-                "kind": self.kind,
-                "text": self.text,
-                "controls": [{"label": c.label, "kind": c.kind} for c in self.controls] or None,
-                "state": self.state,
-                "attempts": self.attempts,
-                "messageId": self.message_id,
-                "reason": self.reason,
-                "approval": None if self.approval is None else dict(self.approval),
-                "createdAt": ms_to_iso(self.created_at_ms),
-                "updatedAt": ms_to_iso(self.updated_at_ms),
-                "createdAtMs": self.created_at_ms,
-                "updatedAtMs": self.updated_at_ms,
-                "createdUs": self.created_us,
-            }
-        )
+        # Written out as OperationRecord.to_json is (two of these for every message).
+        out: dict[str, Any] = {
+            "operationId": self.operation_id,
+            "connectionId": self.connection_id,
+            "externalConversationId": self.external_conversation_id,
+        }
+        if self.thread_id is not None:
+            out["threadId"] = self.thread_id
+        out["kind"] = self.kind
+        out["text"] = self.text
+        if self.controls:
+            out["controls"] = [{"label": c.label, "kind": c.kind} for c in self.controls]
+        out["state"] = self.state
+        out["attempts"] = self.attempts
+        if self.message_id is not None:
+            out["messageId"] = self.message_id
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.approval is not None:
+            out["approval"] = dict(self.approval)
+        out["createdAt"] = ms_to_iso(self.created_at_ms)
+        out["updatedAt"] = ms_to_iso(self.updated_at_ms)
+        out["createdAtMs"] = self.created_at_ms
+        out["updatedAtMs"] = self.updated_at_ms
+        if self.created_us is not None:
+            out["createdUs"] = self.created_us
+        return out
 
     @classmethod
     def from_json(cls, value: object) -> ReplyRecord:
@@ -789,7 +837,7 @@ class ChannelJournal:
             and record.input is not None
             and record.state != "accepted"
         ):
-            return attrs.evolve(record, input=None)
+            return record.replace(input=None)
         return record
 
     async def commit(self, writes: Sequence[Write], *, atomic: bool = False) -> Committed:
@@ -934,7 +982,7 @@ class ChannelJournal:
             # Raised by ``_encode`` before anything is written.
             if record.input is None:
                 raise
-        return await self.create(NS_OPERATION, scope, key, attrs.evolve(record, input=None))
+        return await self.create(NS_OPERATION, scope, key, record.replace(input=None))
 
     async def save_operation(
         self,

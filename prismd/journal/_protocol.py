@@ -104,7 +104,7 @@ def _write(
     now_ms: int,
 ) -> Write:
     updated = current.record if change is None else change(current.record)
-    updated = attrs.evolve(updated, state=updated.state if to is None else to, updated_at_ms=now_ms)
+    updated = updated.replace(state=updated.state if to is None else to, updated_at_ms=now_ms)
     return Write(
         NS_OPERATION,
         ref.scope,
@@ -199,7 +199,7 @@ async def admit(
             except JournalRecordTooLargeError:
                 if op_write.record.input is None:
                     raise
-                op_write = attrs.evolve(op_write, record=attrs.evolve(record, input=None))
+                op_write = attrs.evolve(op_write, record=record.replace(input=None))
                 committed = await journal.commit((op_write,))
             return Admitted(committed.items[0], None)
         if attempt == 1 or known is None:
@@ -221,7 +221,7 @@ async def admit(
         except JournalRecordTooLargeError:
             if op_write.record.input is None:
                 raise
-            op_write = attrs.evolve(op_write, record=attrs.evolve(record, input=None))
+            op_write = attrs.evolve(op_write, record=record.replace(input=None))
             continue
         if committed.ok:
             return Admitted(committed.items[0], committed.items[1] if attempt < 2 else None)
@@ -292,7 +292,7 @@ async def finish(
 
                 def flagged(record: OperationRecord, flag: bool = staged_flag) -> OperationRecord:
                     base = record if change is None else change(record)
-                    return attrs.evolve(base, reply_staged=flag)
+                    return base.replace(reply_staged=flag)
 
                 writes.append(_write(ref, current, to, flagged, fence, now_ms))
         if binding is not None:
@@ -344,8 +344,7 @@ async def mark(
     record moved meanwhile (someone else resent or settled it) or the move is not allowed."""
     if state not in REPLY_FLOW.get(staged.record.state, frozenset()):
         return None
-    updated = attrs.evolve(
-        staged.record,
+    updated = staged.record.replace(
         state=state,
         attempts=staged.record.attempts + 1,
         message_id=message_id,
@@ -366,6 +365,6 @@ async def reclaim(
     concurrent resends exactly one wins; ``None`` for the loser (or a ``delivered`` reply)."""
     if "pending" not in REPLY_FLOW.get(stored.record.state, frozenset()):
         return None
-    claim = attrs.evolve(stored.record, state="pending", reason=None, updated_at_ms=now_ms)
+    claim = stored.record.replace(state="pending", reason=None, updated_at_ms=now_ms)
     write = Write(NS_REPLY, scope, claim, stored.version, stored.fencing_token)
     return (await journal.commit((write,))).items[0]

@@ -23,7 +23,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from stores import StoreUnavailableError
@@ -45,7 +44,7 @@ from ._core import Core
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
-from ._types import ActiveTurn, Route, Turn, acquire_promptly
+from ._types import ActiveTurn, Route, Turn, take_at_once
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -227,7 +226,7 @@ async def end_turn(
 
     def change(record: OperationRecord) -> OperationRecord:
         code = error_code if error_code is not None else record.error_code
-        return attrs.evolve(record, error_code=code, **changes)
+        return record.replace(error_code=code, **changes)
 
     draft = None
     if text is not None:
@@ -283,10 +282,14 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
     active = ActiveTurn(state="waiting", turn=turn)
     route.active = active
     try:
-        got_slot = False
-        with active.cancel_scope:
-            await acquire_promptly(core.slots)
-            got_slot = True
+        # A free slot is taken at once (nothing to cancel meanwhile); a wait for one is
+        # under the turn's scope, so /cancel and stop() end it.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        got_slot = take_at_once(core.slots)
+        if not got_slot:
+            with active.cancel_scope:
+                await core.slots.acquire()
+                got_slot = True
         if not got_slot:
             await _cancelled_waiting(core, route, turn, active)
             return
@@ -447,7 +450,7 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
         return "claimed"
 
     def claimed(record: OperationRecord) -> OperationRecord:
-        return attrs.evolve(record, attempts=record.attempts + 1, session_id=route.session_id)
+        return record.replace(attempts=record.attempts + 1, session_id=route.session_id)
 
     try:
         saved = await transition(

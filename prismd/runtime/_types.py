@@ -278,10 +278,18 @@ async def acquire_promptly(lock: trio.Lock | trio.Semaphore) -> None:
     cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
     still goes to them first (``acquire_nowait`` refuses it)."""
     await trio.lowlevel.checkpoint_if_cancelled()
+    if not take_at_once(lock):
+        await lock.acquire()
+
+
+def take_at_once(lock: trio.Lock | trio.Semaphore) -> bool:
+    """``lock.acquire_nowait()``: True when ``lock`` was free (and is now held), False
+    when it is taken or has waiters (who go first)."""
     try:
         lock.acquire_nowait()
     except trio.WouldBlock:
-        await lock.acquire()
+        return False
+    return True
 
 
 @attrs.define(eq=False)

@@ -166,3 +166,70 @@ async def test_saves_carry_state_metadata_without_text(stores: StoreFactory) -> 
     assert (NS_OPERATION, {"kind": "message", "state": "accepted"}) in metas
     assert (NS_OPERATION, {"kind": "message", "state": "executing"}) in metas
     assert "the answer" not in json.dumps([m for _n, m in metas])
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        op(),
+        reply(),
+        BindingRecord(session_id="s-1", agent_alias="primary", leaf_id="e-1"),
+    ],
+)
+def test_replace_is_evolve(record: OperationRecord | ReplyRecord | BindingRecord) -> None:
+    """``record.replace`` answers what ``attrs.evolve`` would, field by field, and refuses
+    a field the record does not have (as ``evolve`` does)."""
+    import attrs
+
+    values: dict[str, object] = {
+        "state": "delivered",
+        "updated_at_ms": 99,
+        "thread_id": "th",
+        "session_id": "s-2",
+        "generation": 4,
+        "suspended": True,
+        "attempts": 2,
+        "text": "changed",
+    }
+    fields = {f.name for f in attrs.fields(type(record))}
+    changes = {name: value for name, value in values.items() if name in fields}
+    assert len(changes) >= 2
+    replaced = record.replace(**changes)
+    assert replaced == attrs.evolve(record, **changes)
+    assert type(replaced) is type(record) and replaced is not record
+    assert record.replace() == record
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        record.replace(nope=1)
+
+
+def test_stored_json_leaves_out_absent_fields_and_keeps_its_key_order() -> None:
+    """The records' JSON as the journal stores it: what is absent is left out (not
+    ``null``), every field present comes in the contract's order."""
+    minimal = op().to_json()
+    assert list(minimal) == [
+        "operationId", "eventId", "kind", "connectionId", "externalConversationId",
+        "externalActorId", "agentAlias", "state", "replyStaged", "attempts", "createdAt",
+        "updatedAt", "createdAtMs", "updatedAtMs",
+    ]  # fmt: skip
+    full = (
+        op("failed")
+        .replace(thread_id="t", session_id="s", run_id="r", error_code="run_failed")
+        .to_json()
+    )
+    assert [k for k in full if k not in minimal] == ["threadId", "sessionId", "runId", "errorCode"]
+    assert list(full).index("threadId") == list(full).index("externalActorId") + 1
+    assert full["createdAt"] == "1970-01-01T00:00:00.001Z"
+    held = reply().replace(
+        thread_id="t", controls=(StoredControl("Allow", "allow_once"),), message_id="m",
+        reason="held", approval={"runId": "r"}, created_us=5,
+    ).to_json()  # fmt: skip
+    assert list(held) == [
+        "operationId", "connectionId", "externalConversationId", "threadId", "kind", "text",
+        "controls", "state", "attempts", "messageId", "reason", "approval", "createdAt",
+        "updatedAt", "createdAtMs", "updatedAtMs", "createdUs",
+    ]  # fmt: skip
+    bare = reply().replace(controls=()).to_json()
+    assert "controls" not in bare and "createdUs" not in bare and "threadId" not in bare
+    assert OperationRecord.from_json(json.loads(json.dumps(full))) == op("failed").replace(
+        thread_id="t", session_id="s", run_id="r", error_code="run_failed"
+    )
