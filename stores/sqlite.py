@@ -486,7 +486,9 @@ class _Job:
     """Run inside a savepoint of its own (see :meth:`_Database.write`)."""
     weight: int
     """How many writes it makes, at most (see :meth:`_Database.write`)."""
-    wake: trio.Event = attrs.Factory(trio.Event)
+    waiting: trio.lowlevel.Task | None = None
+    """The caller's task while it is parked for its answer or for the lead (see
+    :meth:`_Database._park`); ``None`` once woken, and while it leads."""
     taken: bool = False
     """In a transaction: its outcome is that transaction's."""
     lead: bool = False
@@ -668,18 +670,7 @@ class _Database:
         job = _Job(fn, savepoint, weight)
         self._pending.append(job)
         if self._leading:
-            try:
-                await job.wake.wait()
-            except trio.Cancelled:
-                if not job.taken:
-                    self._pending.remove(job)
-                    if job.lead:
-                        # Handed the next transaction just as the cancellation came: pass
-                        # it on, or the writes queued behind would wait for nobody.
-                        self._hand_over()
-                    raise
-                with trio.CancelScope(shield=True):
-                    await job.wake.wait()
+            await self._park(job)
         else:
             self._leading = job.lead = True
         if job.lead:
@@ -689,6 +680,32 @@ class _Database:
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[no-any-return]
+
+    async def _park(self, job: _Job) -> None:
+        """Wait until the job is answered or handed the next transaction (:meth:`_wake`).
+
+        A cancellation while the job is still queued withdraws it (nothing of it runs) and
+        raises here; once the job is in a transaction it cannot be aborted: the caller
+        waits for that transaction's outcome (bounded by one transaction) and the
+        cancellation lands at its next checkpoint. Parking the task itself (no
+        :class:`trio.Event` per write) decides both in the same step as the cancellation:
+        a withdrawn job is gone from the queue before anyone could hand it the lead."""
+        job.waiting = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            if job.taken:
+                return trio.lowlevel.Abort.FAILED
+            self._pending.remove(job)
+            job.waiting = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    @staticmethod
+    def _wake(job: _Job) -> None:
+        task, job.waiting = job.waiting, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
     async def _lead(self) -> None:
         """Run one transaction of everything queued (this caller's write is the oldest),
@@ -724,17 +741,16 @@ class _Database:
         finally:
             self._hand_over()
 
-    @staticmethod
-    def _answer(batch: list[_Job]) -> None:
+    def _answer(self, batch: list[_Job]) -> None:
         for job in batch:
-            job.wake.set()
+            self._wake(job)
 
     def _hand_over(self) -> None:
         """The next transaction to the oldest write queued, or the store is idle."""
         if self._pending:
             following = self._pending[0]
             following.lead = True
-            following.wake.set()
+            self._wake(following)
         else:
             self._leading = False
             if self._idle is not None:

@@ -98,10 +98,12 @@ async def stream_text(
 
     ``by_word`` streams one delta per word (with its leading space), else one delta.
 
-    Checkpoints between deltas so a cancelled run stops streaming promptly.
+    Checkpoints between deltas so a cancelled run stops streaming promptly. With no sink
+    there is nothing to stream: a cancelled run still stops here, but the others do not
+    yield (every agent writes its transcript next, which does).
     """
     if on_event is None:
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         return
     on_event(StreamEvent("message_started", run_id))
     for piece in _WORD.findall(text) if by_word else ([text] if text else []):

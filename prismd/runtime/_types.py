@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Literal, TypeAlias
 
 import attrs
@@ -271,6 +270,35 @@ class _Turn:
     users: int = 0
 
 
+class _Holding:
+    __slots__ = ("_key", "_turn", "_turns")
+
+    def __init__(self, turns: dict[tuple[str, str], _Turn], key: tuple[str, str]) -> None:
+        self._turns = turns
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        turn = self._turns.get(self._key)
+        if turn is None:
+            turn = self._turns[self._key] = _Turn()
+        turn.users += 1
+        self._turn = turn
+        try:
+            await acquire_promptly(self._turn.lock)
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._turn.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._turn.users -= 1
+        if self._turn.users == 0:
+            del self._turns[self._key]
+
+
 async def acquire_promptly(lock: trio.Lock | trio.Semaphore) -> None:
     """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
     free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
@@ -306,23 +334,10 @@ class DeliveryTurns:
 
     _turns: dict[tuple[str, str], _Turn] = attrs.field(factory=dict)
 
-    @asynccontextmanager
-    async def hold(self, connection_id: str, conversation_id: str) -> AsyncIterator[None]:
-        key = (connection_id, conversation_id)
-        turn = self._turns.get(key)
-        if turn is None:
-            turn = self._turns[key] = _Turn()
-        turn.users += 1
-        try:
-            await acquire_promptly(turn.lock)
-            try:
-                yield
-            finally:
-                turn.lock.release()
-        finally:
-            turn.users -= 1
-            if turn.users == 0:
-                del self._turns[key]
+    def hold(self, connection_id: str, conversation_id: str) -> _Holding:
+        """``async with turns.hold(connection_id, conversation_id):`` the conversation's turn
+        for the block (an object, not a generator: every send takes one)."""
+        return _Holding(self._turns, (connection_id, conversation_id))
 
     def __len__(self) -> int:
         return len(self._turns)
