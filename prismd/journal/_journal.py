@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, NamedTuple, Self, TypeVar
 
 import attrs
 import trio
 
 from stores import (
+    ANY_SCOPE,
     CheckpointRecord,
     CheckpointStore,
     EncodedSave,
@@ -645,15 +646,16 @@ class ReplyRecord(Replaceable):
 R = TypeVar("R")
 
 
-@attrs.frozen
-class Loaded(Generic[R]):
+class Loaded(NamedTuple, Generic[R]):
     """A record as stored: its version (for CAS), the parsed record, the stored fence and
-    the stored ownership scope (which a partial-scope operator uses to settle it)."""
+    the stored ownership scope (which a partial-scope operator uses to settle it). A named
+    tuple, as :class:`Write` and :class:`Committed` are: every write of a message makes
+    one of each (built in one step; an attrs class sets its fields one by one)."""
 
     version: int
     record: R
     fencing_token: int | None = None
-    scope: OwnershipScope = attrs.field(factory=OwnershipScope)
+    scope: OwnershipScope = ANY_SCOPE
     updated_at_ms: int = 0
 
 
@@ -696,8 +698,7 @@ def _key_of(namespace: str, scope: OwnershipScope, record: Any) -> str:
     raise TypeError(f"the key of a {type(record).__name__} is given by its caller")
 
 
-@attrs.frozen
-class Write:
+class Write(NamedTuple):
     """One record of a :meth:`ChannelJournal.commit`: saved by compare-and-swap at
     ``expected_version`` (0 = create-only), fenced by ``fence`` when given."""
 
@@ -718,8 +719,7 @@ class Write:
 _OK: WriteStatus = "ok"
 
 
-@attrs.frozen
-class Committed:
+class Committed(NamedTuple):
     """What :meth:`ChannelJournal.commit` wrote: per write, the stored record or ``None``,
     and the store's status (``ok``, ``conflict`` — a lost CAS —, or ``aborted``: an atomic
     commit in which another write lost)."""

@@ -199,7 +199,7 @@ async def admit(
             except JournalRecordTooLargeError:
                 if op_write.record.input is None:
                     raise
-                op_write = attrs.evolve(op_write, record=record.replace(input=None))
+                op_write = op_write._replace(record=record.replace(input=None))
                 committed = await journal.commit((op_write,))
             return Admitted(committed.items[0], None)
         if attempt == 1 or known is None:
@@ -221,7 +221,7 @@ async def admit(
         except JournalRecordTooLargeError:
             if op_write.record.input is None:
                 raise
-            op_write = attrs.evolve(op_write, record=record.replace(input=None))
+            op_write = op_write._replace(record=record.replace(input=None))
             continue
         if committed.ok:
             return Admitted(committed.items[0], committed.items[1] if attempt < 2 else None)
@@ -318,7 +318,7 @@ async def finish(
             if statuses[index] == "conflict":
                 assert binding.key is not None
                 now = await journal.load(NS_BINDING, binding.scope, binding.key)
-                binding = attrs.evolve(binding, expected_version=0 if now is None else now.version)
+                binding = binding._replace(expected_version=0 if now is None else now.version)
             index += 1
         if reply is not None and statuses[index] == "conflict":
             existing = await journal.load_reply(ref.scope, reply.connection_id, reply.operation_id)

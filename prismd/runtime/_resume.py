@@ -251,7 +251,7 @@ async def _still_resumable(core: Core, item: _Pending) -> bool:
         return True
     if loaded is None or not _resumable(loaded.record):
         return False
-    item.loaded = attrs.evolve(loaded, scope=item.loaded.scope)
+    item.loaded = loaded._replace(scope=item.loaded.scope)
     return True
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -181,7 +182,7 @@ def test_replace_is_evolve(record: OperationRecord | ReplyRecord | BindingRecord
     a field the record does not have (as ``evolve`` does)."""
     import attrs
 
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "state": "delivered",
         "updated_at_ms": 99,
         "thread_id": "th",
