@@ -27,6 +27,7 @@ Every function raises the store's errors (``StoreUnavailableError``) and
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -92,7 +93,9 @@ class OperationRef:
     operation_id: str
 
 
-Change = Callable[[OperationRecord], OperationRecord]
+Change = Callable[[OperationRecord], Mapping[str, Any]]
+"""What a step changes in an operation record besides its state and time: the fields to
+set, given the record as it stands (``{"attempts": record.attempts + 1}``)."""
 
 
 def _write(
@@ -102,9 +105,17 @@ def _write(
     change: Change | None,
     fence: int | None,
     now_ms: int,
+    **also: Any,
 ) -> Write:
-    updated = current.record if change is None else change(current.record)
-    updated = updated.replace(state=updated.state if to is None else to, updated_at_ms=now_ms)
+    record = current.record
+    fields = {} if change is None else dict(change(record))
+    fields.update(also)
+    state = fields["state"] = record.state if to is None else to
+    fields["updated_at_ms"] = now_ms
+    if state != "accepted" and record.input is not None:
+        fields["input"] = None  # inbound text rests only in an accepted record (journal)
+    # One copy of the record for the whole step.
+    updated = record.replace(**fields)
     return Write(
         NS_OPERATION,
         ref.scope,
@@ -288,13 +299,8 @@ async def finish(
             ):
                 write_op = False
             else:
-                staged_flag = reply is not None or current.record.reply_staged
-
-                def flagged(record: OperationRecord, flag: bool = staged_flag) -> OperationRecord:
-                    base = record if change is None else change(record)
-                    return base.replace(reply_staged=flag)
-
-                writes.append(_write(ref, current, to, flagged, fence, now_ms))
+                flag = reply is not None or current.record.reply_staged
+                writes.append(_write(ref, current, to, change, fence, now_ms, reply_staged=flag))
         if binding is not None:
             writes.append(binding)
         if reply is not None:

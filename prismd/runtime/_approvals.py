@@ -458,9 +458,14 @@ async def _finish_resume(
     if outcome.counter is not None:
         core.count(outcome.counter)
 
-    def change(record: OperationRecord) -> OperationRecord:
-        code = outcome.error_code if outcome.error_code is not None else record.error_code
-        return attrs.evolve(record, error_code=code, run_id=result.run_id or record.run_id)
+    fields: dict[str, Any] = {}
+    if outcome.error_code is not None:
+        fields["error_code"] = outcome.error_code
+    if result.run_id:
+        fields["run_id"] = result.run_id
+
+    def change(_: OperationRecord) -> dict[str, Any]:
+        return fields
 
     assert outcome.text is not None
     draft = Draft(

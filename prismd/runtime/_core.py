@@ -265,13 +265,11 @@ class Core:
         if self.journal is None:
             return True
 
-        def change(record: OperationRecord) -> OperationRecord:
-            return attrs.evolve(
-                record,
-                error_code=error_code if error_code is not None else record.error_code,
-                run_id=run_id if run_id is not None else record.run_id,
-                session_id=session_id if session_id is not None else record.session_id,
-            )
+        given = {"error_code": error_code, "run_id": run_id, "session_id": session_id}
+        fields = {name: value for name, value in given.items() if value is not None}
+
+        def change(_: OperationRecord) -> dict[str, Any]:
+            return fields
 
         try:
             saved = await transition(

@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
-
 from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 
 from ..agents import AGENT_NAMESPACES, agent_record_kept
@@ -301,7 +299,7 @@ async def _mark_handled(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
 ) -> ReconcileResult:
     return await _resolve(
-        core, scope, loaded, None, lambda r: attrs.evolve(r, reply_staged=True), "none"
+        core, scope, loaded, None, lambda _: {"reply_staged": True}, "none"
     )
 
 

@@ -224,9 +224,11 @@ async def end_turn(
     turn.finishing = True
     changes = {k: v for k, v in extra.items() if v is not None}
 
-    def change(record: OperationRecord) -> OperationRecord:
-        code = error_code if error_code is not None else record.error_code
-        return record.replace(error_code=code, **changes)
+    if error_code is not None:
+        changes["error_code"] = error_code
+
+    def change(_: OperationRecord) -> dict[str, Any]:
+        return changes
 
     draft = None
     if text is not None:
@@ -449,8 +451,8 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
     if core.journal is None:
         return "claimed"
 
-    def claimed(record: OperationRecord) -> OperationRecord:
-        return record.replace(attempts=record.attempts + 1, session_id=route.session_id)
+    def claimed(record: OperationRecord) -> dict[str, Any]:
+        return {"attempts": record.attempts + 1, "session_id": route.session_id}
 
     try:
         saved = await transition(
