@@ -40,6 +40,9 @@ OPERATOR_SCOPES = ("operator",)
 NEGATIVE_TTL_MS = 5_000
 POSITIVE_TTL_MS = 60_000
 MAX_CACHE_ENTRIES = 4_096
+STATIC_MEMO_ENTRIES = 1_024
+"""Configured grants remembered (see :meth:`GrantAuthorizer.static_grant`); emptied when
+full."""
 
 
 @attrs.frozen
@@ -176,6 +179,7 @@ class GrantAuthorizer:
     _revisions: dict[int, str] = attrs.field(init=False, factory=dict)
     _pairing_entries: dict[str, int] = attrs.field(init=False, factory=dict)
     _cache: dict[tuple[str, str], _Cached] = attrs.field(init=False, factory=dict)
+    _static: dict[tuple[str, str], Grant] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.grants = tuple(self.grants)
@@ -197,7 +201,22 @@ class GrantAuthorizer:
         return tuple(self._pairing_entries)
 
     def static_grant(self, connection_id: str, actor_id: str) -> Grant | None:
-        """The config grant for (connection, actor), without touching the store."""
+        """The config grant for (connection, actor), without touching the store. The
+        configuration does not change while the process runs: the grant of an actor met
+        lately is the one made for it then (:data:`STATIC_MEMO_ENTRIES`), so its identity
+        is checked once, not on every message."""
+        key = (connection_id, actor_id)
+        known = self._static.get(key)
+        if known is not None:
+            return known
+        grant = self._static_grant(connection_id, actor_id)
+        if grant is not None:
+            if len(self._static) >= STATIC_MEMO_ENTRIES:
+                self._static.clear()
+            self._static[key] = grant
+        return grant
+
+    def _static_grant(self, connection_id: str, actor_id: str) -> Grant | None:
         for index, entry in enumerate(self.grants):
             if entry.connection != connection_id:
                 continue

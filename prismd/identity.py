@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,10 +44,33 @@ def _utf8_len(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
+_CHECKED: dict[int, weakref.ref[AgentIdentity]] = {}
+"""Identities whose shape was found valid, by ``id`` (a weak reference tells a live one from
+a new object at a reused address). Their fields cannot change (frozen, of immutable
+values), and a turn asks the same identity four or five times; emptied when full."""
+_CHECKED_MAX = 4_096
+
+
 def identity_is_active(identity: object, now_ms: int) -> bool:
     """``assertIdentityActive`` as a boolean: shape, limits, verified, not revoked/expired."""
     if not isinstance(identity, AgentIdentity):
         return False
+    checked = _CHECKED.get(id(identity))
+    if checked is None or checked() is not identity:
+        if not _well_formed(identity):
+            return False
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[id(identity)] = weakref.ref(identity)
+    if identity.revoked_at_ms is not None and identity.revoked_at_ms <= now_ms:
+        return False
+    if identity.expires_at_ms is not None and identity.expires_at_ms <= now_ms:
+        return False
+    return identity.issued_at_ms <= now_ms + 60_000
+
+
+def _well_formed(identity: AgentIdentity) -> bool:
+    """Shape and limits: verified, ids and scopes within their bounds."""
     if identity.verified is not True:
         return False
     if not isinstance(identity.tenant_id, str) or not identity.tenant_id:
@@ -63,13 +87,7 @@ def identity_is_active(identity: object, now_ms: int) -> bool:
     scopes = identity.scopes
     if not isinstance(scopes, tuple) or not scopes or len(scopes) > 64:
         return False
-    if any(not isinstance(s, str) or not s or _utf8_len(s) > 128 for s in scopes):
-        return False
-    if identity.revoked_at_ms is not None and identity.revoked_at_ms <= now_ms:
-        return False
-    if identity.expires_at_ms is not None and identity.expires_at_ms <= now_ms:
-        return False
-    return identity.issued_at_ms <= now_ms + 60_000
+    return all(isinstance(s, str) and s and _utf8_len(s) <= 128 for s in scopes)
 
 
 def epoch_ms(value: _dt.datetime) -> int:

@@ -153,6 +153,10 @@ class Answered:
     """The reply's state after the send; ``None`` when nothing was sent."""
 
 
+NOTHING_ANSWERED = Answered()
+"""Nothing written, nothing sent."""
+
+
 def _only_from(settle: Settle | None) -> Callable[[OperationRecord], bool] | None:
     states = None if settle is None else settle.only_from
     return None if states is None else (lambda record: record.state in states)
@@ -217,7 +221,7 @@ async def answer(
         draft = None
     record, text = (None, "") if draft is None else _record(core, draft)
     staged: Loaded[ReplyRecord] | None = None
-    answered = Answered()
+    answered = NOTHING_ANSWERED
     journal = core.journal
     if journal is not None and ownership is not None:
         if settle is None and record is None and binding is None:
@@ -281,7 +285,7 @@ async def answer(
         core.count("lease_losses")
         return answered
     state = await deliver_and_mark(core, reply, staged, ownership, fence)
-    return attrs.evolve(answered, state=state)
+    return Answered(answered.operation, answered.binding, state)
 
 
 async def _send(

@@ -265,3 +265,46 @@ def test_operator_identity() -> None:
         None,
         None,
     )
+
+
+async def test_a_configured_grant_is_made_once_per_actor_and_the_memory_is_bounded() -> None:
+    from prismd.grants import STATIC_MEMO_ENTRIES
+
+    clock = ManualClock()
+    auth = GrantAuthorizer([Entry(connection="tg", actors=("*",))], clock=clock)
+    first = await auth.authorize(_event("tg", "303"))
+    clock.ms += 5_000
+    again = await auth.authorize(_event("tg", "303"))
+    other = await auth.authorize(_event("tg", "404"))
+    assert first is not None and again is first  # the same grant, its identity checked once
+    assert other is not None and other is not first
+    assert other.identity.user_id == "404" and other.identity.issued_at_ms == clock.ms
+    assert identity_is_active(again.identity, clock.ms)
+    for n in range(STATIC_MEMO_ENTRIES + 10):
+        assert await auth.authorize(_event("tg", f"actor-{n}")) is not None
+    assert len(auth._static) <= STATIC_MEMO_ENTRIES
+    assert await auth.authorize(_event("web", "303")) is None  # not remembered as anything
+
+
+def test_an_identity_is_checked_whole_once_and_its_times_on_every_call() -> None:
+    import weakref
+
+    from prismd import identity as identities
+
+    identity = AgentIdentity(
+        tenant_id="t",
+        principal=Principal("user", "u"),
+        scopes=("chat",),
+        issued_at_ms=1_000,
+        revoked_at_ms=5_000,
+    )
+    assert identity_is_active(identity, 1_000)
+    assert id(identity) in identities._CHECKED
+    assert not identity_is_active(identity, 5_000)  # revoked since: the time still counts
+    assert not identity_is_active(identity, -70_000)  # issued over a minute in the future
+    bad = attrs.evolve(identity, scopes=())
+    assert not identity_is_active(bad, 1_000)
+    assert id(bad) not in identities._CHECKED
+    # A new object at an address a checked identity had is checked afresh.
+    identities._CHECKED[id(bad)] = weakref.ref(identity)
+    assert not identity_is_active(bad, 1_000)
