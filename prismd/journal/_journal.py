@@ -124,8 +124,11 @@ class CorruptRecordError(ValueError):
 
 
 def _scope_parts(scope: OwnershipScope) -> str:
-    return ":".join(
-        "-" if p is None else p for p in (scope.tenant_id, scope.account_id, scope.user_id)
+    # Written out (every key of every write is built with it): no generator to join.
+    tenant, account, user = scope.tenant_id, scope.account_id, scope.user_id
+    return (
+        f"{'-' if tenant is None else tenant}:{'-' if account is None else account}:"
+        f"{'-' if user is None else user}"
     )
 
 

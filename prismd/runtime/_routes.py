@@ -227,8 +227,7 @@ class Routes:
         if self.journal is None:
             return None
         stored = route.binding_stored
-        # Built with the stored stamp: equal means nothing but the time would change.
-        if stored is not None and self.binding_record(route, stored.updated_at_ms) == stored:
+        if stored is not None and _unchanged(route, stored):
             return None
         record = self.binding_record(route)
         return Write(
@@ -261,3 +260,21 @@ class Routes:
             return False
         self.binding_written(route, finished.binding)
         return True
+
+
+def _unchanged(route: Route, stored: BindingRecord) -> bool:
+    """``route``'s binding is ``stored`` but for its time: field by field what
+    :meth:`Routes.binding_record` would write (no record built to compare)."""
+    return (
+        stored.session_id == (route.session_id or "")
+        and stored.agent_alias == route.alias
+        and stored.generation == route.generation
+        and stored.suspended == route.suspended
+        and stored.leaf_id == route.leaf_id
+        and stored.suspended_run == route.suspended_run
+        and stored.connection_id == route.connection_id
+        and stored.external_conversation_id == route.conversation_id
+        and stored.external_actor_id == route.actor_id
+        and stored.thread_id == route.thread_id
+        and stored.selected_at_ms == route.selected_at_ms
+    )
