@@ -20,9 +20,9 @@ YOUNG_THRESHOLD = 10_000
 def tune_collector() -> None:
     """Freeze what is alive now (modules, classes, the configuration: never garbage,
     never walked again) and collect the youngest generation every
-    :data:`YOUNG_THRESHOLD` net allocations. Called once, after start-up, by ``prismd
-    run``, ``prismd bench`` and ``prismd soak`` before their Trio run; the older
-    generations keep their default ratios (10, 10)."""
+    :data:`YOUNG_THRESHOLD` net allocations. Called by ``prismd run``, ``prismd bench``
+    and ``prismd soak`` right before their Trio run; the older generations keep their
+    ratios (10 and 10 by default)."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
