@@ -345,6 +345,21 @@ def _check_save_fields(
             raise InvalidCheckpointError("category must be a string")
 
 
+def _check_value_json(value_json: object, max_value_bytes: int) -> str:
+    if not _is_text(value_json):
+        raise InvalidCheckpointError("value_json must be a string")
+    if utf8_size(value_json) > max_value_bytes:
+        raise RecordTooLargeError(
+            f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
+        )
+    return value_json
+
+
+def _check_metadata_size(metadata_json: str, max_value_bytes: int) -> None:
+    if utf8_size(metadata_json) > max_value_bytes:
+        raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
+
+
 def check_save(
     *,
     namespace: object,
@@ -368,19 +383,13 @@ def check_save(
     encoded_by_caller = value_json is not None
     if value_json is None:
         value_json = encode_json(value, "value")
-    elif not _is_text(value_json):
-        raise InvalidCheckpointError("value_json must be a string")
-    if utf8_size(value_json) > max_value_bytes:
-        raise RecordTooLargeError(
-            f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
-        )
+    value_json = _check_value_json(value_json, max_value_bytes)
     metadata_json: str | None = None
     if metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidCheckpointError("metadata must be a mapping")
         metadata_json = _metadata_json(metadata)
-        if utf8_size(metadata_json) > max_value_bytes:
-            raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
+        _check_metadata_size(metadata_json, max_value_bytes)
     assert isinstance(namespace, str) and isinstance(key, str)
     assert isinstance(scope, OwnershipScope) and isinstance(version, int)
     assert category is None or isinstance(category, str)
@@ -472,10 +481,9 @@ def _check_metadata_json(metadata_json: object, max_value_bytes: int) -> None:
         raise InvalidCheckpointError("metadata_json must be a string")
     if metadata_json in _METADATA_OBJECTS:
         return
-    if utf8_size(metadata_json) > max_value_bytes:
-        raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
+    _check_metadata_size(metadata_json, max_value_bytes)
     try:
-        decoded = json.loads(metadata_json)
+        decoded = decode_json(metadata_json)
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):
@@ -504,13 +512,7 @@ def check_encoded(saves: object, atomic: object, max_value_bytes: int) -> Sequen
             save.fencing_token,
             save.category,
         )
-        value_json = save.value_json
-        if not _is_text(value_json):
-            raise InvalidCheckpointError("value_json must be a string")
-        if utf8_size(value_json) > max_value_bytes:
-            raise RecordTooLargeError(
-                f"checkpoint value is larger than max_value_bytes ({max_value_bytes} bytes)"
-            )
+        _check_value_json(save.value_json, max_value_bytes)
         _check_metadata_json(save.metadata_json, max_value_bytes)
     return saves
 

@@ -84,6 +84,8 @@ from ._types import (
 )
 
 T = TypeVar("T")
+W = TypeVar("W")
+A = TypeVar("A")
 
 SCHEMA_VERSION = 3
 """1: checkpoints, leases, events; 2: the inbox (``prism_inbox``); 3: no
@@ -1033,10 +1035,9 @@ def _apply_save(
         rows = conn.execute(_UPDATE_AT, (*values, expected)).fetchall()
     if not rows:
         return None
-    conn.execute(
-        _EVENT,
-        (now, "save", req.namespace, req.key, tenant, account, user, req.version, req.category,
-         req.metadata_json),
+    _insert_event(
+        conn, now, "save", req.namespace, req.key, scope, req.version, req.category,
+        req.metadata_json,
     )  # fmt: skip
     created, updated = rows[0]
     return created, updated  # type: ignore[return-value]
@@ -1061,6 +1062,31 @@ def _apply(
     return WriteResult("ok", req.stored(*stored))
 
 
+def _saved_at(conn: apsw.Connection, save: EncodedSave, now: int) -> int | None:
+    """``save_encoded``'s answer for one save: the row's ``updated_at``, or ``None``."""
+    stored = _apply_save(conn, save, now)
+    return None if stored is None else stored[1]
+
+
+def _result_lost(result: WriteResult) -> bool:
+    return not result.ok
+
+
+def _result_aborted(result: WriteResult) -> WriteResult:
+    return result if not result.ok else _ABORTED
+
+
+_ABORTED = WriteResult("aborted")
+
+
+def _time_lost(updated_at: int | None) -> bool:
+    return updated_at is None
+
+
+def _time_aborted(updated_at: int | None) -> int | None:
+    return None if updated_at is None else 0
+
+
 @attrs.define(eq=False)
 class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
@@ -1075,19 +1101,7 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
         :meth:`~stores.CheckpointStore.write_checkpoints`); an ``atomic`` batch with a lost
         check rolls its savepoint back."""
         requests = _common.check_writes(writes, atomic, self._max_value_bytes)
-        now = self._db.clock.now_ms()
-
-        # Each write is one statement whose WHERE holds its checks, plus its event: only an
-        # atomic batch of several needs a savepoint, to undo the ones already applied.
-        undo = atomic and len(requests) > 1
-
-        def txn(conn: apsw.Connection) -> tuple[WriteResult, ...]:
-            results = tuple(_apply(conn, req, now) for req in requests)
-            if undo and not all(r.ok for r in results):
-                raise _RolledBack(tuple(r if not r.ok else WriteResult("aborted") for r in results))
-            return results
-
-        return await self._db.write(txn, savepoint=undo, weight=len(requests))
+        return await self._batch(requests, atomic, _apply, _result_lost, _result_aborted)
 
     async def save_encoded(
         self, saves: Sequence[EncodedSave], *, atomic: bool = False
@@ -1095,17 +1109,31 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
         """The saves in one savepoint of a group-committed transaction, as
         :meth:`write_checkpoints` (see :meth:`~stores.CheckpointStore.save_encoded`)."""
         checked = _common.check_encoded(saves, atomic, self._max_value_bytes)
+        return await self._batch(checked, atomic, _saved_at, _time_lost, _time_aborted)
+
+    async def _batch(
+        self,
+        writes: Sequence[W],
+        atomic: bool,
+        apply: Callable[[apsw.Connection, W, int], A],
+        lost: Callable[[A], bool],
+        aborted: Callable[[A], A],
+    ) -> tuple[A, ...]:
+        """``apply`` each write in one job of the next group-committed transaction; an
+        ``atomic`` batch in which one was ``lost`` is rolled back and answered
+        ``aborted`` for each (what a lost one answers stays)."""
         now = self._db.clock.now_ms()
-        undo = atomic and len(checked) > 1
+        # Each write is one statement whose WHERE holds its checks, plus its event: only an
+        # atomic batch of several needs a savepoint, to undo the ones already applied.
+        undo = atomic and len(writes) > 1
 
-        def txn(conn: apsw.Connection) -> tuple[int | None, ...]:
-            stored = tuple(_apply_save(conn, save, now) for save in checked)
-            times = tuple(None if row is None else row[1] for row in stored)
-            if undo and None in times:
-                raise _RolledBack(tuple(None if at is None else 0 for at in times))
-            return times
+        def txn(conn: apsw.Connection) -> tuple[A, ...]:
+            results = tuple(apply(conn, write, now) for write in writes)
+            if undo and any(lost(r) for r in results):
+                raise _RolledBack(tuple(aborted(r) for r in results))
+            return results
 
-        return await self._db.write(txn, savepoint=undo, weight=len(checked))
+        return await self._db.write(txn, savepoint=undo, weight=len(writes))
 
     async def load_checkpoint(
         self, *, namespace: str, key: str, scope: OwnershipScope

@@ -93,9 +93,10 @@ class OperationRef:
     operation_id: str
 
 
-Change = Callable[[OperationRecord], Mapping[str, Any]]
+Change = Mapping[str, Any] | Callable[[OperationRecord], Mapping[str, Any]]
 """What a step changes in an operation record besides its state and time: the fields to
-set, given the record as it stands (``{"attempts": record.attempts + 1}``)."""
+set, or a function of the record as it stands that answers them (``lambda record:
+{"attempts": record.attempts + 1}``)."""
 
 
 def _write(
@@ -108,12 +109,10 @@ def _write(
     **also: Any,
 ) -> Write:
     record = current.record
-    fields = {} if change is None else dict(change(record))
+    fields = dict(change(record) if callable(change) else change or {})
     fields.update(also)
-    state = fields["state"] = record.state if to is None else to
+    fields["state"] = record.state if to is None else to
     fields["updated_at_ms"] = now_ms
-    if state != "accepted" and record.input is not None:
-        fields["input"] = None  # inbound text rests only in an accepted record (journal)
     # One copy of the record for the whole step.
     updated = record.replace(**fields)
     return Write(

@@ -18,7 +18,7 @@ from stores import OwnershipScope
 from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
 from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRecord, OperationRef
+from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef
 from ..redact import bound_detail
 from ._context import AdmitContext, authorize_input, check_grant
 from ._core import Core
@@ -458,14 +458,11 @@ async def _finish_resume(
     if outcome.counter is not None:
         core.count(outcome.counter)
 
-    fields: dict[str, Any] = {}
+    change: dict[str, Any] = {}
     if outcome.error_code is not None:
-        fields["error_code"] = outcome.error_code
+        change["error_code"] = outcome.error_code
     if result.run_id:
-        fields["run_id"] = result.run_id
-
-    def change(_: OperationRecord) -> dict[str, Any]:
-        return fields
+        change["run_id"] = result.run_id
 
     assert outcome.text is not None
     draft = Draft(

@@ -43,7 +43,6 @@ from ..journal import (
     GrantRecord,
     GrantStore,
     Loaded,
-    OperationRecord,
     OperationRef,
     PairingStore,
     operation_key,
@@ -266,10 +265,7 @@ class Core:
             return True
 
         given = {"error_code": error_code, "run_id": run_id, "session_id": session_id}
-        fields = {name: value for name, value in given.items() if value is not None}
-
-        def change(_: OperationRecord) -> dict[str, Any]:
-            return fields
+        change = {name: value for name, value in given.items() if value is not None}
 
         try:
             saved = await transition(

@@ -298,7 +298,7 @@ async def reconcile(
 async def _mark_handled(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord]
 ) -> ReconcileResult:
-    return await _resolve(core, scope, loaded, None, lambda _: {"reply_staged": True}, "none")
+    return await _resolve(core, scope, loaded, None, {"reply_staged": True}, "none")
 
 
 async def _transition(

@@ -225,7 +225,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
             OperationRef(ownership, record.connection_id, record.operation_id),
             "failed",
             known=loaded,
-            change=lambda _: {"error_code": "awaiting_decision"},
+            change={"error_code": "awaiting_decision"},
             only_from=frozenset({"accepted"}),
         )
         core.spawn(_answer_denied, core, draft, ownership, settle)

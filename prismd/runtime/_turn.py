@@ -44,7 +44,7 @@ from ._core import Core
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
-from ._types import ActiveTurn, Route, Turn, take_at_once
+from ._types import ActiveTurn, Route, Turn, acquire_promptly
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -223,13 +223,8 @@ async def end_turn(
         return
     turn.finishing = True
     changes = {k: v for k, v in extra.items() if v is not None}
-
     if error_code is not None:
         changes["error_code"] = error_code
-
-    def change(_: OperationRecord) -> dict[str, Any]:
-        return changes
-
     draft = None
     if text is not None:
         draft = Draft(
@@ -249,7 +244,7 @@ async def end_turn(
         draft,
         ownership=turn.ownership,
         fence=fence,
-        settle=Settle(_ref(turn), state, known=turn.op, change=change),
+        settle=Settle(_ref(turn), state, known=turn.op, change=changes),
         binding=core.routes.binding_write(route, fence) if with_binding else None,
         fenced=core.leases.holding(route, fence),
     )
@@ -284,15 +279,8 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
     active = ActiveTurn(state="waiting", turn=turn)
     route.active = active
     try:
-        # A free slot is taken at once (nothing to cancel meanwhile); a wait for one is
-        # under the turn's scope, so /cancel and stop() end it.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        got_slot = take_at_once(core.slots)
-        if not got_slot:
-            with active.cancel_scope:
-                await core.slots.acquire()
-                got_slot = True
-        if not got_slot:
+        # A wait for a slot is under the turn's scope: /cancel and stop() end it.
+        if not await acquire_promptly(core.slots, wait_within=active.cancel_scope):
             await _cancelled_waiting(core, route, turn, active)
             return
         try:

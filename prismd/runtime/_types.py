@@ -299,25 +299,31 @@ class _Holding:
             del self._turns[self._key]
 
 
-async def acquire_promptly(lock: trio.Lock | trio.Semaphore) -> None:
+async def acquire_promptly(
+    lock: trio.Lock | trio.Semaphore, *, wait_within: trio.CancelScope | None = None
+) -> bool:
     """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
     free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
     reply each such yield waits for every other runnable task to take its step. A
     cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
-    still goes to them first (``acquire_nowait`` refuses it)."""
+    still goes to them first (``acquire_nowait`` refuses it).
+
+    ``wait_within``: a wait for the lock, if there is one, runs inside that scope (entered
+    only then: a free lock costs no scope); False when the scope was cancelled before the
+    lock was taken. True when it is held."""
     await trio.lowlevel.checkpoint_if_cancelled()
-    if not take_at_once(lock):
-        await lock.acquire()
-
-
-def take_at_once(lock: trio.Lock | trio.Semaphore) -> bool:
-    """``lock.acquire_nowait()``: True when ``lock`` was free (and is now held), False
-    when it is taken or has waiters (who go first)."""
     try:
         lock.acquire_nowait()
+        return True
     except trio.WouldBlock:
-        return False
-    return True
+        pass
+    if wait_within is None:
+        await lock.acquire()
+        return True
+    with wait_within:
+        await lock.acquire()
+        return True
+    return False
 
 
 @attrs.define(eq=False)

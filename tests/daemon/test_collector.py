@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from prismd.cli._collector import YOUNG_THRESHOLD, tune_collector
+from tests.daemon.helpers import child_env
 
 
 @pytest.fixture
@@ -58,5 +59,6 @@ def test_the_commands_tune_it_before_their_run(tmp_path: Path) -> None:
         timeout=120,
         check=True,
         cwd=tmp_path,
+        env=child_env(),
     )
     assert out.stdout.strip().splitlines()[-1] == f"0 [({YOUNG_THRESHOLD}, True)]"

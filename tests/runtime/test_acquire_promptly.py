@@ -24,7 +24,7 @@ class _Yields(trio.abc.Instrument):
             self.count += 1
 
 
-async def _yields_of(acquire: Awaitable[None]) -> int:
+async def _yields_of(acquire: Awaitable[object]) -> int:
     yields = _Yields(trio.lowlevel.current_task())
     trio.lowlevel.add_instrument(yields)
     try:
@@ -77,3 +77,33 @@ async def test_waiters_go_first(autojump_clock: trio.testing.MockClock) -> None:
             order.append("newcomer")
             lock.release()
     assert order == ["first", "newcomer"]
+
+
+async def test_only_a_wait_runs_within_the_given_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A free slot is taken with no scope entered (cancelling the scope afterwards changes
+    nothing); a wait is inside it: cancelled, the caller gets False and holds nothing, and
+    the slot goes to the next waiter."""
+    slots = trio.Semaphore(1)
+    unused = trio.CancelScope()
+    assert await _yields_of(acquire_promptly(slots, wait_within=unused)) == 0
+    assert slots.value == 0
+    unused.cancel()  # never entered: nothing happens
+    answers: list[bool] = []
+
+    async def wait(scope: trio.CancelScope) -> None:
+        answers.append(await acquire_promptly(slots, wait_within=scope))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            cancelled, kept = trio.CancelScope(), trio.CancelScope()
+            nursery.start_soon(wait, cancelled)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(wait, kept)
+            await trio.testing.wait_all_tasks_blocked()
+            cancelled.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert answers == [False] and slots.value == 0
+            slots.release()
+    assert answers == [False, True] and slots.value == 0
