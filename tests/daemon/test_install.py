@@ -65,8 +65,16 @@ def clean_env() -> dict[str, str]:
 
 
 def make(args: list[str], installed: Installed) -> None:
+    """Runs ``args`` into the temporary PREFIX and DESTDIR. Both lie in the temporary
+    directory, which the unit's PrivateTmp=yes hides from the service: ALLOW_HIDDEN_PREFIX=yes
+    says this staged install is not started from there."""
     done = subprocess.run(
-        [*args, f"PREFIX={installed.prefix}", f"DESTDIR={installed.destdir}"],
+        [
+            *args,
+            f"PREFIX={installed.prefix}",
+            f"DESTDIR={installed.destdir}",
+            "ALLOW_HIDDEN_PREFIX=yes",
+        ],
         cwd=REPO,
         env=clean_env(),
         capture_output=True,
@@ -288,3 +296,53 @@ def test_the_example_config_passes_check_config_with_the_env_it_documents(
     )
     assert refused.returncode == 1
     assert "[[connections]][1].token_file: secret file telegram-token not found" in refused.stderr
+
+
+HIDDEN = ("/tmp", "/var/tmp", "/home", "/root", "/run/user")
+"""What prismd.service's PrivateTmp=yes and ProtectHome=yes hide from the service."""
+
+
+def run_make(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_makefile_knows_what_the_unit_hides() -> None:
+    unit = (SYSTEMD / "prismd.service").read_text().splitlines()
+    assert "PrivateTmp=yes" in unit and "ProtectHome=yes" in unit
+    makefile = (REPO / "Makefile").read_text()
+    listed = re.search(r"^HIDDEN_BY_SANDBOX := (.*)$", makefile, re.M)
+    assert listed is not None
+    assert tuple(listed.group(1).split()) == HIDDEN
+
+
+@pytest.mark.parametrize(
+    "under", [*HIDDEN, "/opt/../tmp"], ids=["tmp", "var-tmp", "home", "root", "run-user", "dotdot"]
+)
+def test_make_install_refuses_a_prefix_the_sandbox_hides(under: str, tmp_path: Path) -> None:
+    prefix = f"{under}/prismd-install-test-{os.getpid()}-{tmp_path.name}/prismd"
+    destdir = tmp_path / "root"
+    done = run_make("install", f"PREFIX={prefix}", f"DESTDIR={destdir}")
+    assert done.returncode != 0
+    hidden = os.path.normpath(under)
+    assert f"PREFIX={prefix} is under {hidden}, which prismd.service" in done.stderr
+    assert "ALLOW_HIDDEN_PREFIX=yes" in done.stderr and "/opt/prismd" in done.stderr
+    # Refused before anything was made.
+    assert not os.path.exists(os.path.dirname(os.path.normpath(prefix)))
+    assert not destdir.exists()
+
+
+def test_a_prefix_the_sandbox_shows_passes_and_the_override_warns() -> None:
+    for prefix in ("/opt/prismd", "/srv/prismd", "/usr/local/lib/prismd", "/rooted/prismd"):
+        done = run_make("check-prefix", f"PREFIX={prefix}")
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), prefix
+    staged = run_make("check-prefix", "PREFIX=/var/tmp/stage/prismd", "ALLOW_HIDDEN_PREFIX=yes")
+    assert staged.returncode == 0
+    assert "PREFIX=/var/tmp/stage/prismd is under /var/tmp" in staged.stderr
