@@ -1,4 +1,4 @@
-"""The documented install, run as README.md writes it (into temporary PREFIX and DESTDIR),
+"""The documented install, run as docs/install.md writes it (into temporary PREFIX and DESTDIR),
 then checked as an operator would: systemd verifies the installed unit, the installed
 commands run from anywhere, the example config passes check-config with the environment it
 documents."""
@@ -31,11 +31,11 @@ SECRET = "123456:InstalledTokenValue-7f3a-abcdefghijklmnop"
 
 
 def documented_install_commands() -> list[list[str]]:
-    """The ``sudo make install…`` lines of README's install block, without ``sudo``."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    """The ``sudo make install…`` lines of docs/install.md's install block, without ``sudo``."""
+    page = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    section = page.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None, "README's Install section has no sh block"
+    assert block is not None, "the Install section of docs/install.md has no sh block"
     commands = []
     for line in block.group(1).splitlines():
         words = shlex.split(line, comments=True)
@@ -87,7 +87,7 @@ def make(args: list[str], installed: Installed) -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """``make install`` only (not the Telegram drop-in), as README says, once per module."""
+    """``make install`` only (not the Telegram drop-in), as docs/install.md says; once."""
     base = tmp_path_factory.mktemp("install")
     result = Installed(prefix=base / "opt" / "prismd", destdir=base / "root")
     commands = documented_install_commands()
@@ -106,7 +106,7 @@ def verify(unit: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_readme_documents_the_install_and_the_telegram_drop_in() -> None:
+def test_the_docs_document_the_install_and_the_telegram_drop_in() -> None:
     assert documented_install_commands() == [["make", "install"], ["make", "install-telegram"]]
 
 
