@@ -77,13 +77,19 @@ check-prefix:
 	for hidden in $(HIDDEN_BY_SANDBOX); do \
 		for under in "$$hidden" "$$(realpath -m -- "$$hidden")"; do \
 			case "$$prefix/" in "$$under"/*) \
-				echo "make install: PREFIX=$(PREFIX) is under $$hidden, which prismd.service" \
-					"hides from the service (PrivateTmp=yes hides /tmp and /var/tmp," \
-					"ProtectHome=yes hides /home, /root and /run/user): the installed unit" \
-					"could not start $$prefix/bin/prismd. Choose another PREFIX (the default" \
-					"is /opt/prismd), or set ALLOW_HIDDEN_PREFIX=yes for a staged install" \
+				why="PREFIX=$(PREFIX) is under $$hidden, which prismd.service hides from the"; \
+				why="$$why service (PrivateTmp=yes hides /tmp and /var/tmp, ProtectHome=yes"; \
+				why="$$why hides /home, /root and /run/user): the installed unit could not"; \
+				why="$$why start $$prefix/bin/prismd"; \
+				if test '$(ALLOW_HIDDEN_PREFIX)' = yes; then \
+					echo "make install: warning: $$why; installing anyway" \
+						"(ALLOW_HIDDEN_PREFIX=yes)." >&2; \
+					exit 0; \
+				fi; \
+				echo "make install: $$why. Choose another PREFIX (the default is" \
+					"/opt/prismd), or set ALLOW_HIDDEN_PREFIX=yes for a staged install" \
 					"that will not run from there." >&2; \
-				test '$(ALLOW_HIDDEN_PREFIX)' = yes && exit 0; exit 1;; \
+				exit 1;; \
 			esac; \
 		done; \
 	done
