@@ -1,8 +1,12 @@
-# prismd — two commands: `make run` and `make test`; `make install` for a host (README).
+# prismd — two commands: `make run` and `make test`; `make install` for a host
+# (docs/install.md); docs/contributing.md says what each target does.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# `make run` needs the runtime only; ruff, mypy and pytest (the `test` extra) are
+# installed by the targets that use them.
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
 
 # `make install`: the venv lives at PREFIX (not staged under DESTDIR: a venv cannot be
@@ -15,17 +19,22 @@ SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 DESTDIR ?=
 
-.PHONY: run test check lint typecheck pytest venv clean install install-telegram
+.PHONY: run test check lint typecheck pytest venv clean install install-telegram check-prefix
 
+# The whole toolchain (what `make check` and `make test` use).
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(RUNTIME_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUNTIME_STAMP)
 	$(BIN)/prismd run
 
 lint: $(STAMP)
@@ -55,7 +64,37 @@ check: lint typecheck
 clean:
 	rm -rf $(VENV) var
 
-install:
+# prismd.service's sandbox hides these directories from the service (PrivateTmp=yes:
+# /tmp and /var/tmp; ProtectHome=yes: /home, /root and /run/user): a venv under one of
+# them passes `systemd-analyze verify`, but the service cannot find its ExecStart=.
+# `make install` refuses such a PREFIX unless ALLOW_HIDDEN_PREFIX=yes (a staged install
+# that will not be started from there, such as the test suite's).
+HIDDEN_BY_SANDBOX := /tmp /var/tmp /home /root /run/user
+ALLOW_HIDDEN_PREFIX ?= no
+
+check-prefix:
+	@prefix=$$(realpath -m -- '$(PREFIX)'); \
+	for hidden in $(HIDDEN_BY_SANDBOX); do \
+		for under in "$$hidden" "$$(realpath -m -- "$$hidden")"; do \
+			case "$$prefix/" in "$$under"/*) \
+				why="PREFIX=$(PREFIX) is under $$hidden, which prismd.service hides from the"; \
+				why="$$why service (PrivateTmp=yes hides /tmp and /var/tmp, ProtectHome=yes"; \
+				why="$$why hides /home, /root and /run/user): the installed unit could not"; \
+				why="$$why start $$prefix/bin/prismd"; \
+				if test '$(ALLOW_HIDDEN_PREFIX)' = yes; then \
+					echo "make install: warning: $$why; installing anyway" \
+						"(ALLOW_HIDDEN_PREFIX=yes)." >&2; \
+					exit 0; \
+				fi; \
+				echo "make install: $$why. Choose another PREFIX (the default is" \
+					"/opt/prismd), or set ALLOW_HIDDEN_PREFIX=yes for a staged install" \
+					"that will not run from there." >&2; \
+				exit 1;; \
+			esac; \
+		done; \
+	done
+
+install: check-prefix
 	$(PYTHON) -m venv $(PREFIX)
 	# Not editable: the install keeps working when this checkout moves or goes away.
 	# (setuptools' build/ would carry files deleted since the last build into the wheel.)

@@ -12,7 +12,7 @@ not silently ignored. Missing parts fall back to the driver's (libpq's) defaults
 ``PGHOST``/``PGPORT``/``PGUSER``/``PGDATABASE``, the local Unix socket, port 5432.
 
 A password may be in the URL, but :attr:`PostgresURL.display` never shows it; the daemon
-reads it from ``[store] password_file`` or ``password_env`` instead (README).
+reads it from ``[store] password_file`` or ``password_env`` instead (docs/postgresql.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ on (connection, ``update_id``) — and answers 2xx only once that row is committ
   are admitted here, behind the earlier ones, instead of racing them on another instance.
   Once the runtime lets the conversation go, the hold is released and any instance may take
   the next update. (After a crash, a message acknowledged but never started waits for a
-  restart — see the README — while later ones go on: order is kept while instances live.)
+  restart — see docs/operating.md — while later ones go on: order is kept while instances live.)
 * **Bounded retries.** A retryable admission (``capacity``, ``unavailable``) or a failure
   puts the row back with exponential backoff and jitter (1 s … 60 s); after
   :data:`MAX_ATTEMPTS` attempts (claims that expired with their worker count too) it is a

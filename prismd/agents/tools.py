@@ -12,7 +12,7 @@ resumes after the decision. Every call of an approved tool is journaled before i
 crash mid-call leaves the run interrupted (shown, settled by ``/cancel``) instead of calling
 the tool again.
 
-Example (the README's)::
+Example (docs/agents.md's)::
 
     from prismd.agents.tools import Tool
 

@@ -833,8 +833,8 @@ class ChannelJournal:
 
     @staticmethod
     def _stored_form(record: Any) -> Any:
-        # An operation record carries its inbound text only while ``accepted`` (README
-        # "Guarantees"): every other state is written without it.
+        # An operation record carries its inbound text only while ``accepted``
+        # (docs/architecture.md, "Guarantees"): every other state is written without it.
         if (
             isinstance(record, OperationRecord)
             and record.input is not None

@@ -246,7 +246,7 @@ async def recent_replies(
     """The conversation's last ``limit`` delivered replies (1..100), oldest first.
 
     Only replies created within ``retention_days`` and stored under the actor's current
-    ownership scope. Inbound text is not in the journal after its run (README
+    ownership scope. Inbound text is not in the journal after its run (docs/architecture.md,
     "Guarantees"), so this is the agent's side of the exchange only. Never raises: a store
     failure counts ``storage_failures`` and returns ``[]``.
     """

@@ -1,4 +1,4 @@
-"""The documented install, run as README.md writes it (into temporary PREFIX and DESTDIR),
+"""The documented install, run as docs/install.md writes it (into temporary PREFIX and DESTDIR),
 then checked as an operator would: systemd verifies the installed unit, the installed
 commands run from anywhere, the example config passes check-config with the environment it
 documents."""
@@ -31,11 +31,11 @@ SECRET = "123456:InstalledTokenValue-7f3a-abcdefghijklmnop"
 
 
 def documented_install_commands() -> list[list[str]]:
-    """The ``sudo make install…`` lines of README's install block, without ``sudo``."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    """The ``sudo make install…`` lines of docs/install.md's install block, without ``sudo``."""
+    page = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    section = page.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None, "README's Install section has no sh block"
+    assert block is not None, "the Install section of docs/install.md has no sh block"
     commands = []
     for line in block.group(1).splitlines():
         words = shlex.split(line, comments=True)
@@ -65,8 +65,16 @@ def clean_env() -> dict[str, str]:
 
 
 def make(args: list[str], installed: Installed) -> None:
+    """Runs ``args`` into the temporary PREFIX and DESTDIR. Both lie in the temporary
+    directory, which the unit's PrivateTmp=yes hides from the service: ALLOW_HIDDEN_PREFIX=yes
+    says this staged install is not started from there."""
     done = subprocess.run(
-        [*args, f"PREFIX={installed.prefix}", f"DESTDIR={installed.destdir}"],
+        [
+            *args,
+            f"PREFIX={installed.prefix}",
+            f"DESTDIR={installed.destdir}",
+            "ALLOW_HIDDEN_PREFIX=yes",
+        ],
         cwd=REPO,
         env=clean_env(),
         capture_output=True,
@@ -79,7 +87,7 @@ def make(args: list[str], installed: Installed) -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """``make install`` only (not the Telegram drop-in), as README says, once per module."""
+    """``make install`` only (not the Telegram drop-in), as docs/install.md says; once."""
     base = tmp_path_factory.mktemp("install")
     result = Installed(prefix=base / "opt" / "prismd", destdir=base / "root")
     commands = documented_install_commands()
@@ -98,7 +106,7 @@ def verify(unit: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_readme_documents_the_install_and_the_telegram_drop_in() -> None:
+def test_the_docs_document_the_install_and_the_telegram_drop_in() -> None:
     assert documented_install_commands() == [["make", "install"], ["make", "install-telegram"]]
 
 
@@ -288,3 +296,54 @@ def test_the_example_config_passes_check_config_with_the_env_it_documents(
     )
     assert refused.returncode == 1
     assert "[[connections]][1].token_file: secret file telegram-token not found" in refused.stderr
+
+
+HIDDEN = ("/tmp", "/var/tmp", "/home", "/root", "/run/user")
+"""What prismd.service's PrivateTmp=yes and ProtectHome=yes hide from the service."""
+
+
+def run_make(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_makefile_knows_what_the_unit_hides() -> None:
+    unit = (SYSTEMD / "prismd.service").read_text().splitlines()
+    assert "PrivateTmp=yes" in unit and "ProtectHome=yes" in unit
+    makefile = (REPO / "Makefile").read_text()
+    listed = re.search(r"^HIDDEN_BY_SANDBOX := (.*)$", makefile, re.M)
+    assert listed is not None
+    assert tuple(listed.group(1).split()) == HIDDEN
+
+
+@pytest.mark.parametrize(
+    "under", [*HIDDEN, "/opt/../tmp"], ids=["tmp", "var-tmp", "home", "root", "run-user", "dotdot"]
+)
+def test_make_install_refuses_a_prefix_the_sandbox_hides(under: str, tmp_path: Path) -> None:
+    prefix = f"{under}/prismd-install-test-{os.getpid()}-{tmp_path.name}/prismd"
+    destdir = tmp_path / "root"
+    done = run_make("install", f"PREFIX={prefix}", f"DESTDIR={destdir}")
+    assert done.returncode != 0
+    hidden = os.path.normpath(under)
+    assert f"PREFIX={prefix} is under {hidden}, which prismd.service" in done.stderr
+    assert "ALLOW_HIDDEN_PREFIX=yes" in done.stderr and "/opt/prismd" in done.stderr
+    # Refused before anything was made.
+    assert not os.path.exists(os.path.dirname(os.path.normpath(prefix)))
+    assert not destdir.exists()
+
+
+def test_a_prefix_the_sandbox_shows_passes_and_the_override_warns() -> None:
+    for prefix in ("/opt/prismd", "/srv/prismd", "/usr/local/lib/prismd", "/rooted/prismd"):
+        done = run_make("check-prefix", f"PREFIX={prefix}")
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), prefix
+    staged = run_make("check-prefix", "PREFIX=/var/tmp/stage/prismd", "ALLOW_HIDDEN_PREFIX=yes")
+    assert staged.returncode == 0
+    assert staged.stderr.startswith("make install: warning: PREFIX=/var/tmp/stage/prismd is")
+    assert "under /var/tmp" in staged.stderr and "installing anyway" in staged.stderr

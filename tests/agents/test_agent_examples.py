@@ -1,5 +1,5 @@
-"""README's "Writing your own agent": the example agent and tools, imported exactly as the
-README shows them, run behind the real runtime (the tools with the fake OpenAI server)."""
+"""docs/agents.md, "Writing your own agent": the example agent and tools, imported exactly as
+the page shows them, run behind the real runtime (the tools with the fake OpenAI server)."""
 
 from __future__ import annotations
 
@@ -24,25 +24,25 @@ from tests.support.builders import event
 from tests.support.clocks import ManualClock
 from tests.support.harness import open_harness
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGE = (REPO / "docs" / "agents.md").read_text(encoding="utf-8")
 
 
 def block(language: str, first_line: str) -> str:
-    """The README code block of ``language`` whose first line is ``first_line``."""
-    for match in re.finditer(rf"```{language}\n(.*?)```", README, re.S):
+    """The page's code block of ``language`` whose first line is ``first_line``."""
+    for match in re.finditer(rf"```{language}\n(.*?)```", PAGE, re.S):
         if match.group(1).startswith(first_line + "\n"):
             return match.group(1)
-    raise AssertionError(f"README has no {language} block starting with {first_line!r}")
+    raise AssertionError(f"docs/agents.md has no {language} block starting with {first_line!r}")
 
 
 def agent_table(marker: str) -> tuple[str, dict[str, Any]]:
     """The ``[agents.*]`` TOML block containing ``marker``: (alias, options)."""
-    for match in re.finditer(r"```toml\n(.*?)```", README, re.S):
+    for match in re.finditer(r"```toml\n(.*?)```", PAGE, re.S):
         if marker in match.group(1) and match.group(1).startswith("[agents."):
             data = tomllib.loads(match.group(1))["agents"]
             ((alias, table),) = data.items()
             return alias, table
-    raise AssertionError(f"README has no agent table with {marker!r}")
+    raise AssertionError(f"docs/agents.md has no agent table with {marker!r}")
 
 
 @pytest.fixture
