@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("path", nargs="?", metavar="PATH", help="the same as --config PATH")
     check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="check-config plus live checks (tokens, model servers, store, ports, clock);"
+        " changes nothing; exit 0/1",
+    )
+    doctor.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+
     migrate = sub.add_parser(
         "migrate",
         help="apply the store's schema migrations (run does too); --check only reports",
@@ -301,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_init_command(args)
     if args.command == "check-config":
         return _cmd_check_config(args)
+    if args.command == "doctor":
+        from ._doctor import run_doctor_command
+
+        return run_doctor_command(args)
     if args.command == "run":
         return _cmd_run(args)
     if args.command == "telegram":
