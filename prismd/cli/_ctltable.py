@@ -134,3 +134,36 @@ def print_events(
                 used[index] = max(used[index], len(cell(row.get(key))))
     print_table(rows, EVENT_COLUMNS, out, heading=heading, widths=used)
     return tuple(used)
+
+
+def duration(ms: int) -> str:
+    """``ms`` for people: ``45s``, ``5m 02s``, ``2h 03m 04s``, ``3d 04h 05m``."""
+    seconds = max(0, ms) // 1000
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02}h {minutes:02}m"
+    if hours:
+        return f"{hours}h {minutes:02}m {seconds:02}s"
+    if minutes:
+        return f"{minutes}m {seconds:02}s"
+    return f"{seconds}s"
+
+
+def print_health(health: Mapping[str, Any], out: TextIO) -> None:
+    """The daemon's status, version and uptime first, then every other field as dotted pairs (each
+    child's supervisor state and its adapter's: mode, last update seen, last error)."""
+    rest = dict(health)
+    version = rest.pop("version", None)
+    started = rest.pop("startedAt", None)
+    uptime = rest.pop("uptimeMs", None)
+    head: dict[str, Any] = {"status": rest.pop("status")} if "status" in rest else {}
+    if version is not None:
+        head["version"] = version
+    if isinstance(uptime, int) and not isinstance(uptime, bool):
+        since = ""
+        if isinstance(started, str) and len(started) >= 19:
+            since = f" (since {started[:10]} {started[11:19]} UTC)"
+        head["uptime"] = duration(uptime) + since
+    print_pairs({**head, **rest}, out)

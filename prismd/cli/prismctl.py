@@ -40,6 +40,7 @@ from ._ctltable import (
     UNRESOLVED_COLUMNS,
     cell,
     print_events,
+    print_health,
     print_pairs,
     print_table,
 )
@@ -426,6 +427,9 @@ def _render(command: str, result: Any, out: TextIO) -> int:
     if command == "settle-inbox":
         out.write(f"{result.get('status')}\n")
         return 0 if result.get("status") == "settled" else 1
+    if command == "health" and isinstance(result, Mapping):
+        print_health(result, out)
+        return 0
     if isinstance(result, Mapping):
         # The hint is printed as advice (stderr), in prismctl's own terms where it can.
         print_pairs({k: v for k, v in result.items() if k != "hint"}, out)
