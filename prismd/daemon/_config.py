@@ -665,8 +665,25 @@ def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -
                 name = match.group(1)
         if isinstance(name, str) and message.startswith(f"{name}: "):
             message = message[len(name) + 2 :]
+        if isinstance(name, str) and message.startswith("unknown option"):
+            close = difflib.get_close_matches(name, _agent_option_names(kind), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
         raise agent.error(name if isinstance(name, str) else None, message) from None
     return checked if isinstance(checked, Mapping) else options
+
+
+_AGENT_OPTION_RECORDS = {"openai": "OpenAIOptions", "mock": "MockOptions"}
+"""The record of each agent kind with fixed options: its fields are the option names."""
+
+
+def _agent_option_names(kind: str) -> list[str]:
+    record = _AGENT_OPTION_RECORDS.get(kind)
+    if record is None:
+        return []
+    return [
+        field.name
+        for field in attrs.fields(getattr(importlib.import_module("prismd.agents"), record))
+    ]
 
 
 def _registry_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:

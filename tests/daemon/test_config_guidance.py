@@ -129,6 +129,17 @@ def test_a_config_with_a_connection_is_runnable(tmp_path: Path) -> None:
         ),
         ("[limits]\nmax_route = 3\n", "[limits].max_route", "did you mean 'max_routes'?"),
         ("frobnicate = 1\n", "frobnicate", "unknown key"),
+        (
+            "[agents.a]\nkind = 'openai'\nbase_url = 'http://127.0.0.1:1/v1'\nmodel = 'm'\n"
+            "api_key_evn = 'X'\n",
+            "[agents.a].api_key_evn",
+            "unknown option for agent kind 'openai'; did you mean 'api_key_env'?",
+        ),
+        (
+            "[agents.a]\nkind = 'mock'\ndelay = 1\n",
+            "[agents.a].delay",
+            "unknown option for agent kind 'mock'; did you mean 'delay_ms'?",
+        ),
     ],
 )
 def test_unknown_keys_suggest_the_closest_known_one(
@@ -142,3 +153,4 @@ def test_unknown_keys_suggest_the_closest_known_one(
     assert info.value.message.endswith(message), info.value.message
     if "did you mean" not in message:
         assert info.value.message == "unknown key"
+    assert str(info.value) == f"{path}: {key}: {info.value.message}"
