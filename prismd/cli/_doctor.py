@@ -249,9 +249,39 @@ async def _telegram(ctx: Context, conn: Any) -> list[Finding]:
     return [ok(name, f"bot @{bot}, {conn.mode}"), *findings]
 
 
+async def _signal(ctx: Context, conn: Any) -> list[Finding]:
+    """signal-cli accepts a connection on its socket (nothing is sent)."""
+    where = conn.socket or conn.tcp
+    name = f"Signal {conn.id}"
+    with trio.move_on_after(CHECK_TIMEOUT_S):
+        try:
+            if conn.socket is not None:
+                stream = await trio.open_unix_socket(conn.socket)
+            else:
+                from adapters.toolkit import parse_host_port
+
+                host, port = parse_host_port(conn.tcp)
+                stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            reason = "nothing listens there" if _refused(exc) else type(exc).__name__
+            return [
+                failed(name, f"signal-cli not reachable at {where} ({reason}); start"
+                       f" signal-cli -a ACCOUNT daemon --receive-mode=manual there"),
+            ]  # fmt: skip
+        await stream.aclose()
+        return [ok(name, f"signal-cli answers at {where}")]
+    return [failed(name, f"signal-cli at {where} did not answer within {CHECK_TIMEOUT_S:g} s")]
+
+
+def _refused(exc: OSError) -> bool:
+    causes = [exc, *getattr(exc.__cause__, "exceptions", ())]
+    return any(isinstance(c, ConnectionRefusedError | FileNotFoundError) for c in causes)
+
+
 CONNECTION_CHECKS: Mapping[str, Callable[[Context, Any], Awaitable[list[Finding]]]] = {
     "webchat": _webchat,
     "telegram": _telegram,
+    "signal": _signal,
 }
 """The live checks of each connection kind (a kind without an entry: its listen port)."""
 

@@ -268,3 +268,44 @@ async def test_the_port_of_the_running_daemon_is_no_failure(tmp_path: Path) -> N
     out2 = done2.stdout.decode()
     assert f"web chat web 127.0.0.1:{layout.port}: FAILED — port {layout.port} is in use" in out2
     assert out2.splitlines()[-1].startswith("doctor: 1 problem(s) of ")
+
+
+async def test_signal_cli_is_reached_on_its_socket(tmp_path: Path) -> None:
+    listening = tmp_path / "signal-cli.sock"
+    missing = tmp_path / "not-started.sock"
+    path = tmp_path / "prismd.toml"
+    path.write_text(
+        f"""
+[daemon]
+state_dir = "{tmp_path / "state"}"
+[store]
+url = "sqlite:///{tmp_path / "journal.sqlite"}"
+[control]
+socket = "{tmp_path / "run" / "control.sock"}"
+[[connections]]
+id = "sig"
+kind = "signal"
+account = "+15550001111"
+socket = "{listening}"
+[[connections]]
+id = "sig2"
+kind = "signal"
+account = "+15550002222"
+socket = "{missing}"
+[agents.echo]
+kind = "echo"
+"""
+    )
+    server = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await server.bind(str(listening))
+    server.listen()
+    try:
+        with trio.fail_after(DEADLINE):
+            found = _by_component(await diagnose(str(path), {}))
+    finally:
+        server.close()
+    assert found["Signal sig"].line() == f"Signal sig: ok — signal-cli answers at {listening}"
+    assert found["Signal sig2"].failed
+    assert found["Signal sig2"].text.startswith(
+        f"signal-cli not reachable at {missing} (nothing listens there); start signal-cli"
+    )
