@@ -310,8 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_check_config(args)
     if args.command == "doctor":
         from ._doctor import run_doctor_command
+        from ._quiet import run_quietly
 
-        return run_doctor_command(args)
+        # `prismd doctor | head -3` and Ctrl-C end quietly (141, 130), as prismctl's do.
+        return run_quietly(lambda: run_doctor_command(args))
     if args.command == "run":
         return _cmd_run(args)
     if args.command == "telegram":
