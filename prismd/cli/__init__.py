@@ -1,4 +1,5 @@
-"""The command-line tools: ``prismd`` (run, check-config, soak, bench, telegram) and, in the
+"""The command-line tools: ``prismd`` (init, run, check-config, doctor, migrate, soak, bench,
+telegram) and, in the
 public module :mod:`prismd.cli.prismctl`, ``prismctl`` (the operator client of the control
 socket; ``python -m prismd.cli.prismctl``).
 

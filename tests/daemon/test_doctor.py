@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prismd.cli import _doctor as doctor
 from prismd.cli._doctor import _clock, diagnose
 from prismd.cli._finding import Finding
 from stores import migrate_store
@@ -309,3 +310,38 @@ kind = "echo"
     assert found["Signal sig2"].text.startswith(
         f"signal-cli not reachable at {missing} (nothing listens there); start signal-cli"
     )
+
+
+async def test_a_silent_server_is_named_within_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that accepts and never answers (Bot API, model server, PostgreSQL): each
+    check gives up at its timeout and says so; the whole run stays bounded."""
+    monkeypatch.setattr(doctor, "CHECK_TIMEOUT_S", 0.5)
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    silent = f"http://127.0.0.1:{port}"
+    path = _config(
+        tmp_path,
+        store=f"postgresql://prismd@127.0.0.1:{port}/prismd",
+        web_port=free_port(),
+        tg_origin=silent,
+        model_url=f"{silent}/v1",
+    )
+    try:
+        started = trio.current_time()
+        with trio.fail_after(DEADLINE):
+            found = _by_component(
+                await diagnose(str(path), {"TG_TOKEN": "123456:abc-def", "MODEL_KEY": "k"})
+            )
+        elapsed = trio.current_time() - started
+    finally:
+        listener.close()
+    assert found["Telegram tg-main"].text == f"{silent} did not answer within 0.5 s"
+    model = found[f"model server assistant ({silent}/v1)"]
+    assert model.text == "no answer within 0.5 s; is the server running?"
+    pg = found[f"PostgreSQL 127.0.0.1:{port}/prismd"]
+    assert pg.failed and "0.5 s" in pg.text, pg.line()
+    assert elapsed < 5, elapsed
