@@ -129,6 +129,7 @@ PINNED: dict[str, list[str]] = {
         "Operator",
         "TelegramConnectionConfig",
         "check_runnable",
+        "config_warnings",
         "configure_logging",
         "describe_exception",
         "install_early_signal_handlers",

@@ -211,7 +211,7 @@ class TelegramAdapter:
         self._drafts = DraftStreamer(connection_id=self.connection_id, api=self._api)
         self._updates = UpdateHandler(
             connection_id=self.connection_id,
-            admit=self.admit,
+            admit=self._status.seeing(self.admit),
             api=self._rx_api,
             media=self._media,
             allow_groups=self.allow_groups,
@@ -262,10 +262,12 @@ class TelegramAdapter:
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "mode": …}`` (``"receiver": "inbox"`` in inbox mode): state idle,
         starting, standby, polling, serving, backoff, rate_limited, conflict, unauthorized,
-        webhook_active, stopped."""
+        webhook_active, stopped; ``lastUpdateAt``, ``lastError`` and ``lastErrorAt`` once
+        known (:meth:`ReceiverStatus.health_fields`)."""
         health = {"state": self._status.state, "mode": self.mode}
         if self._inbox_worker is not None:
             health["receiver"] = "inbox"
+        health.update(self._status.health_fields())
         return health
 
     @property

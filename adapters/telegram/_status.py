@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import attrs
 
 from prismd.channel import AdapterFatalError
+from stores import ms_to_iso
 
 from ._api import TelegramApiError, TelegramCredentialError, TelegramError, describe_failure
 
 log = logging.getLogger("prismd.telegram")
+_E = TypeVar("_E")
+_R = TypeVar("_R")
 
 STATES = (
     "idle",
@@ -52,6 +58,34 @@ class ReceiverStatus:
     connection_id: str
     state: str = "idle"
     failed_calls: int = 0
+    last_update_ms: int | None = None
+    """When an update last reached the adapter (Unix ms; polled, posted or from the inbox)."""
+    last_error: str | None = None
+    """The last failed receiving call's cause class (never a URL, token or text)."""
+    last_error_ms: int | None = None
+
+    def health_fields(self) -> Mapping[str, str]:
+        """``lastUpdateAt``, ``lastError`` and ``lastErrorAt`` (ISO 8601), those known."""
+        fields: dict[str, str] = {}
+        if self.last_update_ms is not None:
+            fields["lastUpdateAt"] = ms_to_iso(self.last_update_ms)
+        if self.last_error is not None and self.last_error_ms is not None:
+            fields["lastError"] = self.last_error
+            fields["lastErrorAt"] = ms_to_iso(self.last_error_ms)
+        return fields
+
+    def seeing(self, admit: Callable[[_E], Awaitable[_R]]) -> Callable[[_E], Awaitable[_R]]:
+        """``admit``, noting the time of each update handed to it (``lastUpdateAt``)."""
+
+        async def noted(event: _E) -> _R:
+            self.last_update_ms = time.time_ns() // 1_000_000
+            return await admit(event)
+
+        return noted
+
+    def _note_error(self, cause: str) -> None:
+        self.last_error = cause
+        self.last_error_ms = time.time_ns() // 1_000_000
 
     def fatal(self, error: TelegramError) -> AdapterFatalError | None:
         """The fatal error for 401/403 or an unusable credential (state ``unauthorized``),
@@ -60,12 +94,14 @@ class ReceiverStatus:
             isinstance(error, TelegramApiError) and error.status in (401, 403)
         ):
             self.state = "unauthorized"
+            self._note_error("Telegram rejected the bot credentials")
             return AdapterFatalError("Telegram rejected the bot credentials")
         return None
 
     def log_retry(self, method: str, error: TelegramError, delay_s: float) -> None:
         """A retried receiving call (counts towards :meth:`log_reachable`)."""
         self.failed_calls += 1
+        self._note_error(describe_failure(error))
         log_retry(self.connection_id, method, error, delay_s, self.failed_calls)
 
     def log_reachable(self) -> None:

@@ -225,6 +225,16 @@ def load_tools(spec: str, ctx: AgentContext) -> dict[str, Tool]:
 # --------------------------------------------------------------------------- run records
 
 
+def _no_key_configured(alias: str, error: ProviderError) -> ProviderError:
+    """A 401/403 from a server this agent sends no key to: say that none is configured."""
+    status = str(error).rpartition("(")[2].rstrip(")") or "HTTP 401"
+    return ProviderError(
+        error.code,
+        f"the model server wants an API key ({status}) and none is configured;"
+        f" set api_key_env or api_key_file in [agents.{alias}]",
+    )
+
+
 def _run_key(alias: str, run_id: str) -> str:
     return f"r1:{alias}:{run_id}"
 
@@ -448,13 +458,19 @@ class OpenAIAgent:
             parts.append(delta)
             on_event(StreamEvent("message_delta", run_id, delta))
 
-        completion = await stream_completion(
-            self._http(),
-            f"{self.options.base_url}/chat/completions",
-            self._headers(),
-            body,
-            on_text,
-        )
+        try:
+            completion = await stream_completion(
+                self._http(),
+                f"{self.options.base_url}/chat/completions",
+                self._headers(),
+                body,
+                on_text,
+            )
+        except ProviderError as error:
+            if error.code == "provider_unauthorized" and not self._api_key:
+                # "Refused the API key" would send the reader looking for a wrong key.
+                raise _no_key_configured(self.alias, error) from None
+            raise
         if on_event is not None and started[0]:
             on_event(StreamEvent("message_finished", run_id, "".join(parts)))
         return completion

@@ -1,6 +1,6 @@
-"""The command-line tools: ``prismd`` (run, check-config, soak, bench, telegram) and, in the
-public module :mod:`prismd.cli.prismctl`, ``prismctl`` (the operator client of the control
-socket; ``python -m prismd.cli.prismctl``).
+"""The command-line tools: ``prismd`` (init, run, check-config, doctor, migrate, soak, bench,
+telegram) and, in the public module :mod:`prismd.cli.prismctl`, ``prismctl`` (the operator
+client of the control socket; ``python -m prismd.cli.prismctl``).
 
 This face imports nothing at import time: ``prismctl`` must start with the standard library
 alone (it runs as any operator, whose Python may not see the daemon's dependencies)."""

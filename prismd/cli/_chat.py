@@ -167,7 +167,17 @@ async def _open_socket(target: _Target, token: str | None, timeout_s: float) -> 
 
 
 def _os_reason(exc: OSError) -> str:
-    return exc.strerror or type(exc).__name__
+    """Why a connection failed, in words: trio's "all attempts failed" carries the
+    attempts' own errors in a group (its ``__cause__``)."""
+    causes: list[BaseException] = [exc]
+    if isinstance(exc.__cause__, BaseExceptionGroup):
+        causes = list(exc.__cause__.exceptions)
+    if causes and all(isinstance(c, ConnectionRefusedError) for c in causes):
+        return "connection refused — is prismd running?"
+    first = causes[0] if causes else exc
+    if isinstance(first, OSError) and first.strerror:
+        return first.strerror
+    return type(first).__name__
 
 
 def default_state_path(env: Mapping[str, str] | None = None) -> Path:
@@ -630,7 +640,7 @@ def run_chat_cli(
             reconnect_for_s=reconnect_for_s,
         )
 
-    try:
-        return trio.run(main)
-    except KeyboardInterrupt:
-        return 0
+    from ._quiet import run_quietly
+
+    # Ctrl-C (however Trio wraps it) is a quiet exit 130, as in every prismctl command.
+    return run_quietly(lambda: trio.run(main))

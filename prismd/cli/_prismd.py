@@ -1,5 +1,5 @@
-"""The ``prismd`` console script: ``run``, ``check-config``, ``migrate``, ``soak``, ``bench``
-and ``telegram``.
+"""The ``prismd`` console script: ``init``, ``run``, ``check-config``, ``doctor``, ``migrate``,
+``soak``, ``bench`` and ``telegram``.
 
 Exit codes: 0 success, 1 failure (bad config, startup error, failed soak, ``migrate --check``
 finding migrations to apply), 2 usage error (argparse). ``run`` returns 128 + signal number
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ._collector import tune_collector
+from ._suggest import SuggestingParser
 from ._version import version_text
 
 if TYPE_CHECKING:
@@ -33,12 +34,17 @@ log = logging.getLogger("prismd.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="prismd", description="Connect AI agents to chat platforms through a durable journal."
     )
     parser.add_argument("--version", action="version", version=version_text("prismd"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from ._init import add_init_arguments
+
+    add_init_arguments(
+        sub.add_parser("init", help="write a commented starter config (never over a file)")
+    )
     run = sub.add_parser("run", help="run the daemon in the foreground")
     run.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
     run.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
@@ -56,6 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path", nargs="?", metavar="PATH", help="the same as --config PATH")
     check.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check-config plus live checks (tokens, model servers, store, ports, clock);"
+        " changes nothing; exit 0/1",
+    )
+    doctor.add_argument("--config", metavar="PATH", help="TOML config (default: ./prismd.toml)")
 
     migrate = sub.add_parser(
         "migrate",
@@ -108,6 +121,14 @@ def summarize(config: Config) -> str:
     )
 
 
+def print_warnings(config: Config) -> None:
+    """What ``check-config`` and ``run`` accept but say (``prismd: warning: …`` on stderr)."""
+    from ..daemon import config_warnings
+
+    for warning in config_warnings(config):
+        print(f"prismd: warning: {warning}", file=sys.stderr)
+
+
 def _configure_logging(level: str, fmt: str) -> None:
     from ..daemon import configure_logging
 
@@ -122,6 +143,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.path or args.config)
+        print_warnings(config)
         check_runnable(config)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
@@ -204,6 +226,7 @@ def _run_with_early_signals(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"prismd: {exc}", file=sys.stderr)
         return 1
+    print_warnings(config)
 
     tune_collector()
     try:
@@ -279,8 +302,18 @@ def _cmd_telegram(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prismd`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
+    if args.command == "init":
+        from ._init import run_init_command
+
+        return run_init_command(args)
     if args.command == "check-config":
         return _cmd_check_config(args)
+    if args.command == "doctor":
+        from ._doctor import run_doctor_command
+        from ._quiet import run_quietly
+
+        # `prismd doctor | head -3` and Ctrl-C end quietly (141, 130), as prismctl's do.
+        return run_quietly(lambda: run_doctor_command(args))
     if args.command == "run":
         return _cmd_run(args)
     if args.command == "telegram":

@@ -9,8 +9,11 @@ stderr, by what to do: the exact ``reconcile`` command to retry with (``--versio
 ``--acknowledge-duplicate-risk``), or the daemon's hint (e.g. the ``[[grants]]`` entry a
 ``notify`` needs).
 
-The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else ``./var/run/control.sock``
-when it exists (the ``make run`` default), else ``/run/prismd/control.sock``.
+The socket is ``--socket``, else ``$PRISMD_CONTROL_SOCKET``, else (with ``--config FILE``)
+that config's ``[control].socket``, else ``./var/run/control.sock`` when it exists (the
+``make run`` default), else ``/run/prismd/control.sock`` (:mod:`._ctlsocket`); a failed
+search lists the paths tried. Ctrl-C ends any command quietly with exit 130, a closed
+stdout (``| head``) with 141 (:mod:`._quiet`).
 
 Plain blocking sockets on purpose: one request, one answer (or a stream of pages for
 ``events --follow``), nothing to schedule. The framing is :mod:`prismd.jsonrpc`'s, which,
@@ -27,17 +30,26 @@ import os
 import shlex
 import socket
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from ..jsonrpc import FrameBuffer, FrameError, Incoming, encode_request, parse_message
+from ._ctlsocket import LOCAL_SOCKET, SYSTEM_SOCKET, SocketSearchError, find_socket
+from ._ctltable import (
+    INBOX_COLUMNS,
+    UNRESOLVED_COLUMNS,
+    cell,
+    print_events,
+    print_health,
+    print_pairs,
+    print_table,
+)
+from ._quiet import EXIT_INTERRUPTED, run_quietly
+from ._suggest import SuggestingParser
 from ._version import version_text
 
 __all__ = ["ControlClient", "ControlClientError", "default_socket_path", "main"]
 
-LOCAL_SOCKET = "var/run/control.sock"
-SYSTEM_SOCKET = "/run/prismd/control.sock"
 CALL_TIMEOUT_S = 60.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """Far above any answer the daemon sends (an events page is at most 500 bounded records)."""
@@ -80,9 +92,15 @@ class ControlClient:
         self._next_id = 0
         try:
             self._sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError):
+        except FileNotFoundError:
             self._sock.close()
             raise ControlClientError(f"daemon not running (no socket at {path})") from None
+        except ConnectionRefusedError:
+            self._sock.close()
+            raise ControlClientError(
+                f"connection refused at {path} — is prismd running? (nothing listens on"
+                " that socket file)"
+            ) from None
         except PermissionError:
             self._sock.close()
             raise ControlClientError(f"permission denied: cannot open {path}") from None
@@ -145,120 +163,6 @@ class ControlClient:
             yield self.read()
 
 
-# --------------------------------------------------------------------------- output
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, Mapping):
-        return ",".join(f"{k}={_cell(v)}" for k, v in value.items() if v is not None) or "-"
-    if isinstance(value, list | tuple):
-        return ",".join(_cell(v) for v in value) or "-"
-    return str(value)
-
-
-def print_table(
-    rows: Sequence[Mapping[str, Any]],
-    columns: Sequence[tuple[str, str]],
-    out: TextIO,
-    *,
-    heading: bool = True,
-    widths: Sequence[int] | None = None,
-) -> None:
-    """Left-aligned columns; ``columns`` are (key, heading) pairs. Fixed ``widths`` (a
-    followed stream's pages line up) shorten longer cells in the middle."""
-    cells = [[_cell(row.get(key)) for key, _ in columns] for row in rows]
-    headings = [heading for _, heading in columns]
-    if widths is None:
-        widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headings)]
-    else:
-        cells = [[_shorten(c, w) for c, w in zip(r, widths, strict=True)] for r in cells]
-    for line in [headings, *cells] if heading else cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
-
-
-def _shorten(text: str, width: int) -> str:
-    """``text`` in at most ``width`` characters: both ends kept (ids differ at either)."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return f"{text[:head]}…{text[len(text) - (width - 1 - head) :]}"
-
-
-def print_pairs(pairs: Mapping[str, Any], out: TextIO, prefix: str = "") -> None:
-    """``key  value`` lines; nested mappings are flattened with dotted keys."""
-    flat: list[tuple[str, str]] = []
-
-    def walk(mapping: Mapping[str, Any], prefix: str) -> None:
-        for key, value in mapping.items():
-            if isinstance(value, Mapping) and value:
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat.append((f"{prefix}{key}", _cell(value)))
-
-    walk(pairs, prefix)
-    width = max((len(k) for k, _ in flat), default=0)
-    for key, value in flat:
-        out.write(f"{key.ljust(width)}  {value}\n")
-
-
-UNRESOLVED_COLUMNS = [
-    ("operationId", "OPERATION"),
-    ("connectionId", "CONNECTION"),
-    ("state", "STATE"),
-    ("replyState", "REPLY"),
-    ("version", "VERSION"),
-    ("updatedAt", "UPDATED"),
-]
-EVENT_COLUMNS = [
-    ("seq", "SEQ"),
-    ("time", "TIME (UTC)"),
-    ("action", "ACTION"),
-    ("kind", "KIND"),
-    ("state", "STATE"),
-    ("version", "VER"),
-    ("key", "KEY"),
-]
-EVENT_WIDTHS = (9, 19, 6, 9, 17, 4, 24)
-"""Fixed, so that the pages of ``events --follow`` line up; 100 columns with the gaps."""
-INBOX_COLUMNS = [
-    ("connectionId", "CONNECTION"),
-    ("updateId", "UPDATE"),
-    ("state", "STATE"),
-    ("attempts", "ATTEMPTS"),
-    ("error", "ERROR"),
-    ("updatedAt", "UPDATED"),
-]
-
-
-def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event as the table shows it: its time, and what the journal's metadata says it
-    is (the namespace when it says nothing)."""
-    metadata = event.get("metadata")
-    meta: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
-    at = event.get("atMs")
-    shown = None
-    if isinstance(at, int) and not isinstance(at, bool):
-        shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at // 1000))
-    return {
-        "seq": event.get("seq"),
-        "time": shown,
-        "action": event.get("action"),
-        "kind": meta.get("kind") or event.get("namespace"),
-        "state": meta.get("state"),
-        "version": event.get("version"),
-        "key": event.get("key"),
-    }
-
-
-def print_events(events: Sequence[Mapping[str, Any]], out: TextIO, *, heading: bool) -> None:
-    rows = [event_row(e) for e in events]
-    print_table(rows, EVENT_COLUMNS, out, heading=heading, widths=EVENT_WIDTHS)
-
-
 # --------------------------------------------------------------------------- commands
 
 
@@ -285,18 +189,27 @@ def _socket_help(env: Mapping[str, str]) -> str:
 
 
 def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="prismctl", description="Operate a running prismd through its control socket."
     )
     parser.add_argument("--socket", metavar="PATH", help=_socket_help(env))
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="use this prismd config's [control].socket (when --socket and"
+        " $PRISMD_CONTROL_SOCKET are not given)",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
     parser.add_argument("--version", action="version", version=version_text("prismctl"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The global options are accepted after the command too (`prismctl events --json`);
     # SUPPRESS keeps the top-level value when the command does not repeat them.
-    common = argparse.ArgumentParser(add_help=False)
+    common = SuggestingParser(add_help=False)
     common.add_argument(
         "--socket", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    common.add_argument(
+        "--config", metavar="FILE", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
@@ -514,11 +427,14 @@ def _render(command: str, result: Any, out: TextIO) -> int:
     if command == "settle-inbox":
         out.write(f"{result.get('status')}\n")
         return 0 if result.get("status") == "settled" else 1
+    if command == "health" and isinstance(result, Mapping):
+        print_health(result, out)
+        return 0
     if isinstance(result, Mapping):
         # The hint is printed as advice (stderr), in prismctl's own terms where it can.
         print_pairs({k: v for k, v in result.items() if k != "hint"}, out)
     else:
-        out.write(f"{_cell(result)}\n")
+        out.write(f"{cell(result)}\n")
     return _exit_code_of(command, result)
 
 
@@ -582,17 +498,18 @@ def _exit_code_of(command: str, result: Any) -> int:
 def _follow(client: ControlClient, args: argparse.Namespace, out: TextIO) -> int:
     method, params = _request(args)
     header = True
-    try:
-        for page in client.stream(method, params):
-            if args.json:
-                out.write(json.dumps(page, separators=(",", ":")) + "\n")
-            elif page.get("events"):
-                print_events(page["events"], out, heading=header)
-                header = False
-            out.flush()
-    except KeyboardInterrupt:
-        return 0
-    return 0
+    widths = None
+    for page in client.stream(method, params):
+        if args.json:
+            out.write(json.dumps(page, separators=(",", ":")) + "\n")
+        elif page.get("events"):
+            if widths is None:
+                widths = print_events(page["events"], out, heading=header)
+            else:
+                widths = print_events(page["events"], out, heading=header, widths=widths)
+            header = False
+        out.flush()
+    return 0  # the daemon never ends the stream; Ctrl-C does (exit 130)
 
 
 def _dead_letters(client: ControlClient) -> int:
@@ -628,13 +545,22 @@ def _chat(args: argparse.Namespace, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``prismctl``; returns the exit code (argparse exits 2 on usage errors)."""
+    """Run ``prismctl``; returns the exit code (argparse exits 2 on usage errors, Ctrl-C
+    130, a closed stdout 141)."""
+    return run_quietly(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     out, err = sys.stdout, sys.stderr
     if args.command == "chat":
         return _chat(args, err)
-    path = args.socket or default_socket_path()
+    try:
+        path = find_socket(args.socket, args.config)
+    except SocketSearchError as exc:
+        err.write(f"prismctl: {exc}\n")
+        return 1
     try:
         with ControlClient(path) as client:
             if args.command == "events" and args.follow:
@@ -656,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             err.write(f"prismctl: error {exc.code}: {exc.message}\n")
         return 1
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     notes = _paging_notes(args, result)
     if dead:
         notes.append(f"and {dead} dead letter(s) in the webhook inbox: prismctl list-inbox")

@@ -44,6 +44,8 @@ events commit (polled every 200 ms) — until the client closes the connection. 
 input on a following connection is ignored. The store never shows an event N+1 before a
 committed N, so a follower that always asks after its last cursor skips nothing.
 
+``health`` is the daemon's snapshot (per child its state and the adapter's own: mode,
+last update seen, last error) plus ``version``, ``startedAt`` (ISO 8601) and ``uptimeMs``.
 The durable inbox (Telegram ``webhook_inbox``): ``health`` adds its depth (``inbox``:
 pending, claimed, dead) for the connections that use it; ``listInbox {connectionId?,
 state?, limit?, after?}`` pages its rows (default: the dead letters), never their content;
@@ -112,6 +114,7 @@ from ..jsonrpc import (
 )
 from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
+from ._uptime import daemon_version, process_started_ms
 
 __all__ = [
     "ControlHandler",
@@ -342,6 +345,8 @@ class ControlHandler:
     retention_ms: int | None = None
     """``retention_days`` in ms: ``prune`` deletes inbox rows settled before ``now`` minus
     this (``None``: the inbox is not pruned)."""
+    started_at_ms: int = attrs.field(factory=process_started_ms)
+    """When the daemon started (Unix ms): ``health``'s ``startedAt`` and ``uptimeMs``."""
 
     def methods(self) -> frozenset[str]:
         return frozenset(self._table())
@@ -429,6 +434,10 @@ class ControlHandler:
         _Params(raw, ())
         await trio.lowlevel.checkpoint()
         health: dict[str, Any] = to_wire(self.health())
+        now_ms = time.time_ns() // 1_000_000
+        health["version"] = daemon_version()
+        health["startedAt"] = ms_to_iso(self.started_at_ms)
+        health["uptimeMs"] = max(0, now_ms - self.started_at_ms)
         if self.inbox_sources:
             try:
                 depth = await self.store.inbox.depth(sources=self.inbox_sources)

@@ -8,6 +8,7 @@ from ._config import GrantConfig as GrantConfig
 from ._config import Operator as Operator
 from ._config import TelegramConnectionConfig as TelegramConnectionConfig
 from ._config import check_runnable as check_runnable
+from ._config import config_warnings as config_warnings
 from ._config import is_loopback_host as is_loopback_host
 from ._config import load_config as load_config
 from ._config import parse_host_port as parse_host_port

@@ -24,13 +24,14 @@ group existing), checked without opening a socket, the store or the network.
 
 from __future__ import annotations
 
+import difflib
 import grp
 import importlib
 import os
 import re
 import tomllib
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -69,6 +70,7 @@ __all__ = [
     "TelegramConnectionConfig",
     "WebchatConnectionConfig",
     "check_runnable",
+    "config_warnings",
     "default_config",
     "is_loopback_host",
     "load_config",
@@ -403,11 +405,18 @@ class _Table:
                 )
 
     def finish(self) -> None:
-        """Reject every key that was not read (and any inline secret, value unseen)."""
+        """Reject every key that was not read (and any inline secret, value unseen); the
+        error suggests the closest key this table knows (:func:`unknown_key`)."""
         self.reject_inline_secrets()
         for name in self.data:
             if name not in self.used:
-                raise self.error(name, "unknown key")
+                raise self.error(name, unknown_key(name, self.used))
+
+
+def unknown_key(name: str, known: Collection[str]) -> str:
+    """``"unknown key"``, with ``"; did you mean 'x'?"`` when one of ``known`` is close."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f"unknown key; did you mean {close[0]!r}?" if close else "unknown key"
 
 
 def _check_address(table: _Table, name: str, value: str) -> None:
@@ -497,6 +506,7 @@ def _parse_limits(root: _Table) -> Limits:
         except (TypeError, ValueError) as exc:
             raise table.error(name, str(exc).removeprefix(f"limit {name} ")) from None
         values[name] = value
+    table.used.update(LIMIT_TABLE)  # every limit is a known key ("did you mean")
     table.finish()
     return Limits(**values)
 
@@ -655,8 +665,25 @@ def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -
                 name = match.group(1)
         if isinstance(name, str) and message.startswith(f"{name}: "):
             message = message[len(name) + 2 :]
+        if isinstance(name, str) and message.startswith("unknown option"):
+            close = difflib.get_close_matches(name, _agent_option_names(kind), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
         raise agent.error(name if isinstance(name, str) else None, message) from None
     return checked if isinstance(checked, Mapping) else options
+
+
+_AGENT_OPTION_RECORDS = {"openai": "OpenAIOptions", "mock": "MockOptions"}
+"""The record of each agent kind with fixed options: its fields are the option names."""
+
+
+def _agent_option_names(kind: str) -> list[str]:
+    record = _AGENT_OPTION_RECORDS.get(kind)
+    if record is None:
+        return []
+    return [
+        field.name
+        for field in attrs.fields(getattr(importlib.import_module("prismd.agents"), record))
+    ]
 
 
 def _registry_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
@@ -776,7 +803,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
                     file=source,
                     key=name,
                 )
-            raise ConfigError("unknown key", file=source, key=name)
+            raise ConfigError(unknown_key(name, root.used), file=source, key=name)
     _check_connection_grants(source, connections, grants)
     return Config(
         source=source,
@@ -880,6 +907,9 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     def error(key: str, message: str) -> ConfigError:
         return ConfigError(message, file=source, key=key)
 
+    if not config.connections:
+        # A daemon without a connection starts, says ready and answers nobody.
+        raise error("[[connections]]", NO_CONNECTION)
     _check_store_runnable(config.store, env, error)
     for index, conn in enumerate(config.connections, start=1):
         where = f"[[connections]][{index}]"
@@ -912,6 +942,37 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
             grp.getgrnam(group)
         except KeyError:
             raise error("[control].group", f"no such group {group!r}") from None
+
+
+NO_CONNECTION = (
+    "no connection: nothing could reach an agent; add one, e.g. a [[connections]] block with"
+    ' id = "web" and kind = "webchat" (and a [[grants]] entry for it),'
+    " or write a starter config with prismd init"
+)
+
+ENV_CONNECTIONS: tuple[tuple[str, str], ...] = (
+    ("TELEGRAM_BOT_TOKEN", "telegram"),
+    ("SIGNAL_CLI_SOCKET", "signal"),
+)
+"""The variables that add a connection to the built-in defaults (:func:`default_config`),
+with the kind each adds: set beside a config file that has no such connection, they are
+ignored, which :func:`config_warnings` says."""
+
+
+def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list[str]:
+    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a variable of
+    :data:`ENV_CONNECTIONS` set while the config file has no connection of its kind."""
+    if config.source is None:
+        return []
+    present = {conn.kind for conn in config.connections}
+    return [
+        f"{variable} is set but {config.source} has no {kind} connection, so it is not used;"
+        f' add a [[connections]] block with kind = "{kind}"'
+        + (f' and token_env = "{variable}"' if kind == "telegram" else "")
+        + (" (prismd init --telegram writes one)" if kind == "telegram" else "")
+        for variable, kind in ENV_CONNECTIONS
+        if env.get(variable, "").strip() and kind not in present
+    ]
 
 
 def _check_store_runnable(

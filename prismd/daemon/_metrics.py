@@ -12,7 +12,8 @@ is read live from its owner at scrape time by a custom collector, so nothing is 
   sample per possible state, so a missing 1 is never ambiguous); ``child`` is
   ``control``, ``watchdog``, ``metrics`` or ``<kind>:<connection id>``;
 * ``prismd_child_health{child, key, value}`` — 1 per entry of an adapter's own bounded
-  ``health()`` (``adapterState="polling"``, ``listener="listening"``, ``mode``…);
+  ``health()`` (``adapterState="polling"``, ``listener="listening"``, ``mode``…; not the
+  times and causes of :data:`HEALTH_DETAILS`, which ``prismctl health`` shows);
 * ``prismd_child_restarts_total{child}``;
 * ``prismd_leases_held{kind}`` — ``binding`` leases of the runtime, ``receiver`` leases of
   the Telegram adapters;
@@ -108,6 +109,10 @@ _COUNTER_HELP = {
     "storage_failures": "Store calls that failed in the runtime.",
     "lease_losses": "Binding leases found lost at renewal.",
 }
+
+
+HEALTH_DETAILS = frozenset({"lastUpdateAt", "lastError", "lastErrorAt"})
+"""Adapter health entries that are no enum (a time, a cause with numbers): never labels."""
 
 
 # --------------------------------------------------------------------------- store timing
@@ -221,7 +226,7 @@ class _LiveCollector:
             for state in CHILD_STATES:
                 states.add_metric([child, state], 1.0 if entry.get("state") == state else 0.0)
             for key, value in sorted(entry.items()):
-                if key != "state":
+                if key != "state" and key not in HEALTH_DETAILS:
                     entries.add_metric([child, key, value], 1.0)
         yield states
         yield entries

@@ -275,6 +275,37 @@ async def test_a_wrong_key_fails_without_quoting_the_server_or_the_key(
     await agent.aclose()
 
 
+async def test_a_401_without_a_configured_key_says_none_is_configured(
+    fake: FakeOpenAI, store: MemoryStore, clock: ManualClock
+) -> None:
+    """No api_key_env/api_key_file: the server's 401 is not "refused the API key" (there
+    was none) but names the two keys that configure one."""
+
+    def no_secret(env_name: str | None, file_name: str | None, name: str) -> str:
+        raise AssertionError("no key is configured: nothing to read")
+
+    agent = build_agent(
+        "openai",
+        AgentContext(
+            alias="gpt",
+            options={"base_url": fake.base_url, "model": "m"},
+            checkpoints=store.checkpoints,
+            read_secret=no_secret,
+        ),
+    )
+    assert isinstance(agent, OpenAIAgent)
+    with trio.fail_after(10):
+        failed = await failure(agent)
+    assert len(fake.completions) == 1
+    assert "authorization" not in fake.completions[0].headers
+    assert failed.error is not None and failed.error.code == "provider_unauthorized"
+    assert failed.error.message == (
+        "the model server wants an API key (HTTP 401) and none is configured;"
+        " set api_key_env or api_key_file in [agents.gpt]"
+    )
+    await agent.aclose()
+
+
 async def test_a_stream_that_breaks_after_the_first_token_is_not_retried(
     fake: FakeOpenAI, store: MemoryStore, clock: ManualClock, autojump_clock: trio.testing.MockClock
 ) -> None:

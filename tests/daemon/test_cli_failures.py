@@ -93,6 +93,8 @@ def test_run_prints_the_stores_reason_once_and_leaves_the_file_alone(
         f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
         f'[store]\nurl = "sqlite:///{journal}"\n'
         f'[control]\nsocket = "{tmp_path / "run" / "c.sock"}"\n'
+        # (a connection: a config without one is refused before the store is opened)
+        '[[connections]]\nid = "web"\nkind = "webchat"\nlisten = "127.0.0.1:0"\n'
     )
     done = subprocess.run(
         [sys.executable, "-m", "prismd", "run", "--config", str(config)],

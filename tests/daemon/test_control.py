@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import grp
 import json
@@ -14,7 +15,9 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -383,7 +386,15 @@ async def test_methods_reach_the_runtime_with_the_operator_identity(tmp_path: Pa
             diagnostics = await client.result("diagnostics", {})
             assert diagnostics["admitted"] == 7
             assert diagnostics["deliveryFailures"] == 1
-            assert await client.result("health") == {
+            health = await client.result("health")
+            # The process's own: its version, since when it runs (ISO) and for how long.
+            assert health.pop("version") == version("prismd")
+            started = health.pop("startedAt")
+            uptime = health.pop("uptimeMs")
+            assert isinstance(uptime, int) and 0 <= uptime < 3_600_000
+            at = dt.datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+            assert abs(at * 1000 + uptime - time.time() * 1000) < 5_000
+            assert health == {
                 "status": "ok",
                 "children": {"web": "running"},
             }

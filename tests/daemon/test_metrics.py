@@ -103,7 +103,9 @@ def test_check_config_refuses_an_exposed_metrics_listener(
     assert main(["check-config", "--config", str(path)]) == 1
     err = capsys.readouterr().err
     assert f"{path}: [metrics].listen: a non-loopback address" in err
-    path.write_text('[metrics]\nlisten = "127.0.0.1:9464"\n')
+    # (a config needs a connection to pass check-config at all)
+    web = '[[connections]]\nid = "web"\nkind = "webchat"\n'
+    path.write_text(web + '[metrics]\nlisten = "127.0.0.1:9464"\n')
     assert main(["check-config", "--config", str(path)]) == 0
 
 

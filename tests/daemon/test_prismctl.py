@@ -12,6 +12,7 @@ import tempfile
 import time
 import types
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,11 @@ async def test_other_commands(tmp_path: Path) -> None:
 
             code, out, _ = await prismctl("health", env=env)
             assert code == 0
-            assert [line.split() for line in out.splitlines()] == [
+            lines = [line.split() for line in out.splitlines()]
+            # After the status, the process's own lines: its version and how long it runs.
+            assert lines[1] == ["version", version("prismd")]
+            assert lines[2][0] == "uptime" and lines[2][-1] == "UTC)", lines[2]
+            assert lines[:1] + lines[3:] == [
                 ["status", "ok"],
                 ["children.web", "running"],
             ]

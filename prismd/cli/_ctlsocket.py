@@ -1,0 +1,83 @@
+"""Where ``prismctl`` looks for the control socket, and what it says when none is there.
+
+In order: ``--socket PATH``; ``$PRISMD_CONTROL_SOCKET``; with ``--config FILE``, that
+file's ``[control].socket`` (relative to the working directory, as the daemon reads it);
+then the first that exists of ``./var/run/control.sock`` (``make run``'s) and
+``/run/prismd/control.sock`` (the systemd unit's). A path given one of the first three
+ways is used alone: a daemon named on purpose is never swapped for another one found.
+A failed search lists each path tried and how to name the right one. Standard library
+only.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+LOCAL_SOCKET = "var/run/control.sock"
+SYSTEM_SOCKET = "/run/prismd/control.sock"
+SOCKET_ENV = "PRISMD_CONTROL_SOCKET"
+
+
+class SocketSearchError(Exception):
+    """No socket to try; ``str(e)`` is the whole explanation (several lines)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: str
+    source: str
+    """Where the path came from, as the failure message says it."""
+
+
+def _config_socket(config: str) -> str:
+    try:
+        with open(config, "rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError:
+        raise SocketSearchError(f"--config {config}: file not found") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SocketSearchError(
+            f"--config {config}: cannot read it ({type(exc).__name__})"
+        ) from None
+    control = data.get("control", {})
+    socket = control.get("socket", LOCAL_SOCKET) if isinstance(control, dict) else None
+    if not isinstance(socket, str) or not socket:
+        raise SocketSearchError(f"--config {config}: [control].socket is not a path")
+    return socket
+
+
+def candidates(
+    socket: str | None, config: str | None, env: Mapping[str, str] = os.environ
+) -> list[Candidate]:
+    """The paths to try, in order: one when it was named, else the two defaults."""
+    if socket:
+        return [Candidate(socket, "--socket")]
+    named = env.get(SOCKET_ENV)
+    if named:
+        return [Candidate(named, f"${SOCKET_ENV}")]
+    if config:
+        return [Candidate(_config_socket(config), f"[control].socket of {config}")]
+    where = os.getcwd()
+    return [
+        Candidate(LOCAL_SOCKET, f"make run's, relative to {where}"),
+        Candidate(SYSTEM_SOCKET, "the systemd unit's"),
+    ]
+
+
+def find_socket(socket: str | None, config: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """The socket path to connect to; :class:`SocketSearchError` when the search found none."""
+    found = candidates(socket, config, env)
+    if len(found) == 1:
+        return found[0].path
+    for candidate in found:
+        if os.path.exists(candidate.path):
+            return candidate.path
+    tried = "\n".join(f"  {c.path}  ({c.source})" for c in found)
+    raise SocketSearchError(
+        f"no control socket found: is prismd running? Tried:\n{tried}\n"
+        f"Name it with --socket PATH or {SOCKET_ENV}=PATH"
+        " (or --config FILE for that config's [control].socket)."
+    )

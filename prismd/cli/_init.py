@@ -1,0 +1,207 @@
+"""``prismd init``: write a commented starter config that runs as written, and say what next.
+
+The web chat is always in it; each :data:`STARTER_CONNECTIONS` entry adds its flag
+(``--telegram``) and, when asked for, its ``[[connections]]`` block, its grant and the
+variables to export. ``--openai URL`` makes the agent an ``openai`` one (the echo agent
+otherwise). Secrets appear as the names of environment variables, never as values. An
+existing file is never overwritten (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import attrs
+
+DEFAULT_CONFIG_FILE = "prismd.toml"
+WEB_LISTEN = "127.0.0.1:8787"
+OPENAI_ALIAS = "assistant"
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_MODEL = "gpt-4o-mini"
+
+
+@attrs.frozen
+class StarterConnection:
+    """One connection kind ``prismd init`` can write. A kind adds itself here (its flag,
+    block and next steps) and nowhere else in this module."""
+
+    name: str
+    """The flag (``--<name>``) and the connection id."""
+    help: str
+    block: Callable[[str], str]
+    """``block(aliases)``: the commented ``[[connections]]`` and ``[[grants]]`` TOML, given
+    the grant's ``aliases = […]`` value."""
+    exports: tuple[tuple[str, str], ...] = ()
+    """``(variable, what to put in it)`` the connection reads at start."""
+    then: str = ""
+    """What to do once the daemon runs (one line)."""
+    always: bool = False
+    """Written whatever the flags (no flag of its own)."""
+
+
+def _webchat_block(aliases: str) -> str:
+    return f"""
+# The web chat: open http://{WEB_LISTEN}/ in a browser (or run `prismctl chat`).
+[[connections]]
+id = "web"
+kind = "webchat"
+listen = "{WEB_LISTEN}"   # loopback only; another address needs access_token_env
+
+[[grants]]
+connection = "web"
+actors = ["*"]             # anyone who reaches the loopback port may talk
+aliases = {aliases}
+"""
+
+
+def _telegram_block(aliases: str) -> str:
+    return f"""
+# Telegram: a bot made with @BotFather; its token is read from TELEGRAM_BOT_TOKEN.
+[[connections]]
+id = "telegram"
+kind = "telegram"
+token_env = "TELEGRAM_BOT_TOKEN"   # or token_file = "/path/to/token"
+# api_origin = "https://api.telegram.org"
+
+[[grants]]
+connection = "telegram"
+pairing = true             # who may talk: those who pair with `prismctl pair`
+aliases = {aliases}
+"""
+
+
+STARTER_CONNECTIONS: tuple[StarterConnection, ...] = (
+    StarterConnection(
+        name="web",
+        help="",
+        block=_webchat_block,
+        then=f"open http://{WEB_LISTEN}/ and say hello",
+        always=True,
+    ),
+    StarterConnection(
+        name="telegram",
+        help="add a Telegram bot connection (token from $TELEGRAM_BOT_TOKEN), paired users only",
+        block=_telegram_block,
+        exports=(("TELEGRAM_BOT_TOKEN", "the token @BotFather gave you"),),
+        then="prismctl pair --connection telegram, then send the bot '/pair TOKEN'",
+    ),
+)
+
+
+def add_init_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--path",
+        default=DEFAULT_CONFIG_FILE,
+        metavar="PATH",
+        help=f"where to write it (default: ./{DEFAULT_CONFIG_FILE}); never overwritten",
+    )
+    for part in STARTER_CONNECTIONS:
+        if not part.always:
+            parser.add_argument(f"--{part.name}", action="store_true", help=part.help)
+    parser.add_argument(
+        "--openai",
+        metavar="URL",
+        help="answer with an OpenAI-compatible model server at URL (e.g."
+        " https://api.openai.com/v1, or a local http://127.0.0.1:8080/v1); default: echo",
+    )
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"the model name for --openai ({DEFAULT_MODEL})"
+    )
+
+
+def _agent_block(url: str | None, model: str) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """The ``[agents]`` TOML, the alias it defines, the variables it reads."""
+    if url is None:
+        text = """
+# The agent that answers. "echo" repeats each message: it proves the whole path. For a
+# model, run `prismd init --openai URL` (docs/models.md).
+[agents.echo]
+kind = "echo"
+"""
+        return text, "echo", ()
+    from adapters.toolkit import is_loopback_host
+
+    from ..agents.openai import check_base_url
+
+    base_url = check_base_url(url)
+    host = base_url.partition("://")[2].split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    local = is_loopback_host(host)
+    key_line = (
+        f'# api_key_env = "{OPENAI_KEY_ENV}"   # a local server usually needs no key'
+        if local
+        else f'api_key_env = "{OPENAI_KEY_ENV}"   # the API key is read from this variable'
+    )
+    text = f"""
+# The agent that answers: an OpenAI-compatible chat completions server.
+[agents.{OPENAI_ALIAS}]
+kind = "openai"
+base_url = "{base_url}"
+model = {_toml_string(model)}   # a name the server serves (GET <base_url>/models lists them)
+{key_line}
+# system_prompt = "You are a helpful assistant."
+"""
+    exports = () if local else ((OPENAI_KEY_ENV, "your API key"),)
+    return text, OPENAI_ALIAS, exports
+
+
+def _toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def starter_config(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The config text, the variables to export and the lines of what to do once it runs.
+    Raises ``ValueError`` (its text says why) for a bad ``--openai`` URL."""
+    agents, alias, exports = _agent_block(args.openai, args.model)
+    chosen = [p for p in STARTER_CONNECTIONS if p.always or getattr(args, p.name, False)]
+    head = f"""# prismd config, written by `prismd init`. Check it: prismd check-config {args.path}
+# Every key, its default and limits: docs/configuration.md.
+# Secrets are never in this file: *_env keys name the environment variables holding them.
+
+[daemon]
+state_dir = "var"                   # instance id and lock (relative to where prismd runs)
+
+[store]
+url = "sqlite:///var/journal.sqlite"   # postgresql://… for several instances
+
+[control]
+socket = "var/run/control.sock"     # where prismctl reaches the daemon
+"""
+    blocks = "".join(part.block(f'["{alias}"]') for part in chosen)
+    variables = [*exports, *(pair for part in chosen for pair in part.exports)]
+    return head + agents + blocks, variables, [p.then for p in chosen if p.then]
+
+
+def run_init_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Write the starter config to ``args.path`` (never over a file): 0, or 1 saying why."""
+    try:
+        text, variables, then = starter_config(args)
+    except ValueError as exc:
+        print(f"prismd init: --openai: {exc}", file=sys.stderr)
+        return 1
+    path = args.path
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            file.write(text)
+    except FileExistsError:
+        print(
+            f"prismd init: {path} exists; it is not overwritten (move it away, or write"
+            " another file with --path PATH)",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as exc:
+        print(f"prismd init: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    config = os.fspath(path)
+    out.write(f"wrote {config}\nnext:\n")
+    for variable, what in variables:
+        out.write(f"  export {variable}=…   # {what}\n")
+    out.write(f"  prismd check-config {config}\n  prismd run --config {config}\n")
+    for line in then:
+        out.write(f"then: {line}\n")
+    return 0
