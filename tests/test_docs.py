@@ -300,7 +300,7 @@ def test_every_subcommand_is_documented() -> None:
 def complete_configs() -> Iterator[tuple[str, str]]:
     """(page and file name, TOML) of every block the guides present as a whole file: its
     first line is a comment naming the file (``# prismd.toml: …``)."""
-    for page in sorted(DOCS.glob("*.md")):
+    for page in (README, *sorted(DOCS.glob("*.md"))):
         blocks = re.findall(r"```toml\n(.*?)```", text(page), re.S)
         for number, block in enumerate(blocks, start=1):
             named = re.match(r"# (prismd[\w-]*\.toml):", block.splitlines()[0])
@@ -318,7 +318,13 @@ COMPLETE = dict(complete_configs())
 
 def test_the_guides_show_complete_configs() -> None:
     pages = {name.split()[0] for name in COMPLETE}
-    assert {"quickstart.md", "telegram.md", "models.md", "several-instances.md"} <= pages
+    assert {
+        "README.md",
+        "quickstart.md",
+        "telegram.md",
+        "models.md",
+        "several-instances.md",
+    } <= pages
     assert sum(name.startswith("models.md") for name in COMPLETE) == 4  # OpenAI + 3 local
 
 
