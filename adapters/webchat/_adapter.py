@@ -149,6 +149,7 @@ from ..toolkit import (
 )
 from ..toolkit import RequestHead as _Head
 from ._previews import LivePreviews
+from ._typing import TypingSignals
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
@@ -381,6 +382,8 @@ class WebchatStatistics:
     """Replies no open socket took (``SendResult.hold()``; re-driven on reconnect)."""
     hellos_refused: int
     """Hellos for an actor id owned by another browser (wrong or missing resume token)."""
+    typing_sent: int = 0
+    """``typing`` calls that went out as frames (to the open sockets of their actor)."""
 
 
 class _BadFrame(Exception):
@@ -532,10 +535,12 @@ class WebchatAdapter:
     _tokens: _ResumeTokens = attrs.field(init=False)
     _background: trio.Nursery | None = attrs.field(default=None, init=False)
     _previews: LivePreviews = attrs.field(init=False)
+    _typing: TypingSignals = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._page, self._csp = _load_page()
         self._previews = LivePreviews(self._send_preview)
+        self._typing = TypingSignals(self._send_preview, self._previews.busy)
         if not 1 <= self.resume_ttl_days <= 3650:
             raise ValueError("resume_ttl_days must be in 1..3650")
         if not 0 <= self.history_limit <= 100:
@@ -575,8 +580,8 @@ class WebchatAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        """Previews (the answer's live text); no typing or attachments."""
-        return AdapterFeatures(previews=True)
+        """Previews (the answer's live text) and typing (:mod:`._typing`); no attachments."""
+        return AdapterFeatures(previews=True, typing=True)
 
     def send_draft(self, preview: Preview) -> None:
         """Show a streaming answer's text in the actor's open tabs (a ``preview`` frame,
@@ -592,12 +597,17 @@ class WebchatAdapter:
         self._previews.offer(self._background, actor, preview.text)
 
     async def _send_preview(self, actor: str, frame: str) -> None:
+        """``frame`` (a preview or a typing frame) to every open socket of ``actor``."""
         sockets = list(self._sockets.get(actor, ()))
         await _to_each(sockets, functools.partial(self._send_frame, frame=frame))
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
-        """Not offered (see :attr:`features`)."""
-        await trio.lowlevel.checkpoint()
+        """A ``typing`` frame to the actor's open tabs (see :mod:`._typing`); never raises,
+        nothing when no tab of the actor is open."""
+        if not self._sockets.get(conversation_id):
+            await trio.lowlevel.checkpoint()
+            return
+        await self._typing.signal(conversation_id)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> None:
         """Not offered (see :attr:`features`): the page sends no files."""
@@ -617,6 +627,7 @@ class WebchatAdapter:
             replies_sent=self._replies_sent,
             replies_held=self._replies_held,
             hellos_refused=self._hellos_refused,
+            typing_sent=self._typing.sent,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,0 +1,92 @@
+"""The chat page shows work, in real headless Chromium: a typing indicator from the admission
+of a message until its answer, and a Stop button (``/cancel``) while a turn runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+import trio_websocket
+
+from ._stack import chat_stack
+from .test_browser import TRANSCRIPT, TYPE_AND_SEND, DevTools, launch_chromium, page_url
+
+pytestmark = pytest.mark.slow  # real subprocesses, servers or a browser
+
+ONLINE = "document.getElementById('status').dataset.state === 'online'"
+WORKING = (
+    "!!document.querySelector('#log li.typing')"
+    " && document.querySelector('#log').lastElementChild.matches('li.typing')"
+    " && !document.getElementById('stop').hidden"
+)
+IDLE = "!document.querySelector('#log li.typing') && document.getElementById('stop').hidden"
+
+
+async def test_typing_shows_from_the_admission_until_the_reply(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("mock", {"delay_ms": 2500}, typing=True) as (adapter, _runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            assert await browser.evaluate(IDLE) is True
+            started = trio.current_time()
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("think it over"))
+            # at once: from the admission, before any typing frame of the runtime
+            await browser.wait_for(WORKING, timeout_ms=2000)
+            assert trio.current_time() - started < 2.0
+            label = await browser.evaluate("document.querySelector('#log li.typing').textContent")
+            assert label == "The agent is typing…"
+            assert await browser.wait_for(TRANSCRIPT % 2) == [
+                ["me", "think it over"],
+                ["bot", "mock: think it over"],
+            ]
+            assert await browser.wait_for(IDLE) is True
+            # the server's typing frames reached the page meanwhile, and none came later
+            assert adapter.statistics().typing_sent >= 1
+            await trio.sleep(0.5)
+            assert await browser.evaluate(IDLE) is True
+            assert browser.page_errors() == []
+
+
+async def test_stop_cancels_the_running_turn(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("mock", {"delay_ms": 30_000}, typing=True) as (adapter, runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("a very long job"))
+            await browser.wait_for(WORKING)
+            await browser.evaluate("document.getElementById('stop').click(), true")
+            notices = await browser.wait_for(
+                "Array.from(document.querySelectorAll('#log .bot.notice .text'))"
+                ".map(n => n.textContent).join('|').includes('Cancelling the current request.')"
+                " && Array.from(document.querySelectorAll('#log .bot .text'))"
+                ".map(n => n.textContent)"
+            )
+            print(notices)
+            assert "Cancelling the current request." in notices
+            assert await browser.wait_for(IDLE) is True
+            # /cancel went as a message of its own, not shown as the user's
+            assert await browser.evaluate(
+                "Array.from(document.querySelectorAll('#log li.me .text')).map(n => n.textContent)"
+            ) == ["a very long job"]
+            await runtime.drain(deadline_ms=5000)
+            diagnostics = runtime.diagnostics()
+            assert diagnostics.cancelled == 1 and diagnostics.completed == 0
+            assert browser.page_errors() == []
