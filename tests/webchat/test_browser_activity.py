@@ -90,3 +90,56 @@ async def test_stop_cancels_the_running_turn(tmp_path: Path) -> None:
             diagnostics = runtime.diagnostics()
             assert diagnostics.cancelled == 1 and diagnostics.completed == 0
             assert browser.page_errors() == []
+
+
+HINT = "document.getElementById('hint')"
+
+
+async def test_whitespace_only_input_is_refused_visibly(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack() as (adapter, runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            assert await browser.evaluate(f"{HINT}.hidden") is True
+            # the Send button, with spaces and a line break in the box
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("   \n\t  "))
+            assert await browser.evaluate(
+                f"[{HINT}.hidden, {HINT}.textContent, document.activeElement.id,"
+                " document.getElementById('text').value,"
+                " document.getElementById('text').getAttribute('aria-invalid')]"
+            ) == [False, "Type a message first: spaces alone are not sent.", "text", "", "true"]
+            # typing clears the hint; Enter on spaces (the keyboard path) refuses again
+            await browser.evaluate("document.getElementById('text').focus(), true")
+            await browser.call("Input.insertText", {"text": "  "})
+            assert await browser.evaluate(f"{HINT}.hidden") is True
+            await browser.call(
+                "Input.dispatchKeyEvent",
+                {"type": "keyDown", "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13},
+            )
+            assert await browser.evaluate(f"!{HINT}.hidden && document.activeElement.id") == (
+                "text"
+            )
+            # an empty box too (no browser validation bubble: the same hint)
+            await browser.evaluate(TYPE_AND_SEND % json.dumps(""))
+            assert await browser.evaluate(f"!{HINT}.hidden") is True
+            # nothing was shown as sent, nothing reached the server
+            assert await browser.evaluate("document.querySelectorAll('#log li').length") == 0
+            stats = adapter.statistics()
+            assert (stats.admissions, stats.rejected_frames) == (0, 0)
+            assert runtime.diagnostics().admitted == 0
+            # a real message goes, and the hint is gone
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("now with words"))
+            assert await browser.wait_for(TRANSCRIPT % 2) == [
+                ["me", "now with words"],
+                ["bot", "now with words"],
+            ]
+            assert await browser.evaluate(f"{HINT}.hidden") is True
+            assert browser.page_errors() == []
