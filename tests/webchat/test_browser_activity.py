@@ -143,3 +143,41 @@ async def test_whitespace_only_input_is_refused_visibly(tmp_path: Path) -> None:
             ]
             assert await browser.evaluate(f"{HINT}.hidden") is True
             assert browser.page_errors() == []
+
+
+OWN_STATES = (
+    "Array.from(document.querySelectorAll('#log li.me')).map(li => ["
+    "li.querySelector('.text').textContent, li.querySelector('.meta')?.textContent ?? null])"
+)
+
+
+async def test_the_sent_state_survives_a_reload(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack() as (adapter, runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("keep me"))
+            await browser.wait_for(TRANSCRIPT % 2)
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("/bogus"))
+            refused = "not accepted: Unknown command. Send /help for the list of commands."
+            expected = [["keep me", "sent"], ["/bogus", refused]]
+            assert await browser.wait_for(f"({OWN_STATES}).length === 2 && {OWN_STATES}") == (
+                expected
+            )
+            await browser.wait_for(f"({OWN_STATES})[1][1] === {json.dumps(refused)}")
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            await browser.wait_for(TRANSCRIPT % 2)
+            assert await browser.evaluate(OWN_STATES) == expected
+            # shown from the page's own record: nothing was sent again
+            assert adapter.statistics().admissions == 2
+            assert runtime.diagnostics().admitted == 1
+            assert browser.page_errors() == []
