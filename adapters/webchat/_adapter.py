@@ -109,7 +109,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import attrs
@@ -148,6 +148,7 @@ from ..toolkit import (
     server_connection,
 )
 from ..toolkit import RequestHead as _Head
+from ._past import Conversations, conversation_past
 from ._previews import LivePreviews
 from ._typing import TypingSignals
 
@@ -233,24 +234,6 @@ def _host_header_is_loopback(value: str) -> bool:
     except ValueError:
         return False
     return host is not None and is_loopback_host(host)
-
-
-class Conversations(Protocol):
-    """What the adapter asks of the runtime when an actor's socket (re)connects
-    (:class:`prismd.runtime.Runtime` satisfies it)."""
-
-    async def redeliver_pending(
-        self, *, connection_id: str, external_conversation_id: str, external_actor_id: str
-    ) -> int: ...
-
-    async def recent_replies(
-        self,
-        *,
-        connection_id: str,
-        external_conversation_id: str,
-        external_actor_id: str,
-        limit: int,
-    ) -> Sequence[PastReply]: ...
 
 
 @attrs.frozen
@@ -580,8 +563,9 @@ class WebchatAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        """Previews (the answer's live text) and typing (:mod:`._typing`); no attachments."""
-        return AdapterFeatures(previews=True, typing=True)
+        """Previews (the answer's live text), typing (:mod:`._typing`) and notices for
+        messages settled unanswered (:mod:`._past`); no attachments."""
+        return AdapterFeatures(previews=True, typing=True, unanswered_notices=True)
 
     def send_draft(self, preview: Preview) -> None:
         """Show a streaming answer's text in the actor's open tabs (a ``preview`` frame,
@@ -1004,16 +988,13 @@ class WebchatAdapter:
         socket did not take it."""
         past: Sequence[PastReply] = ()
         if self.history_limit:
-            try:
-                with trio.fail_after(RESUME_CHECK_TIMEOUT_S):
-                    past = await conversations.recent_replies(
-                        connection_id=self._connection_id,
-                        external_conversation_id=actor,
-                        external_actor_id=actor,
-                        limit=self.history_limit,
-                    )
-            except Exception as exc:
-                log.warning("web chat history failed: %s", type(exc).__name__)
+            past = await conversation_past(
+                conversations,
+                self._connection_id,
+                actor,
+                self.history_limit,
+                RESUME_CHECK_TIMEOUT_S,
+            )
         return await self._send_frame(sock, _history_frame(actor, past))
 
     async def _redeliver(self, actor: str, conversations: Conversations) -> None:

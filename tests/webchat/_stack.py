@@ -101,6 +101,11 @@ async def chat_stack(
             if adapter is not None:
                 adapter.send_draft(preview)
 
+        def tells_unanswered(connection_id: str) -> bool:
+            # as the daemon's host answers: as the connection's adapter declares
+            adapter = adapters.get(connection_id)
+            return adapter is not None and adapter.features.unanswered_notices
+
         async def on_typing(connection_id: str, conversation_id: str, thread: str | None) -> None:
             # as the daemon's host routes typing: to the adapter of the connection
             adapter = adapters.get(connection_id)
@@ -113,6 +118,7 @@ async def chat_stack(
             deliver=deliver,
             on_preview=preview if previews else None,
             on_typing=on_typing if typing else None,
+            tells_unanswered=tells_unanswered,
             store=store,
             clock=clock,
             limits=limits or Limits(),

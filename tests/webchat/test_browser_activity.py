@@ -4,11 +4,15 @@ of a message until its answer, and a Stop button (``/cancel``) while a turn runs
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 import trio
 import trio_websocket
+
+from prismd.runtime._unanswered import UNANSWERED_TEXT
+from tests.daemon.helpers import prismctl, running_daemon, write_config
 
 from ._stack import chat_stack
 from .test_browser import TRANSCRIPT, TYPE_AND_SEND, DevTools, launch_chromium, page_url
@@ -179,3 +183,71 @@ async def test_the_sent_state_survives_a_reload(tmp_path: Path) -> None:
             assert adapter.statistics().admissions == 2
             assert runtime.diagnostics().admitted == 1
             assert browser.page_errors() == []
+
+
+async def test_a_message_lost_to_a_crash_is_shown_unanswered_once_reconciled(
+    tmp_path: Path,
+) -> None:
+    """A real ``prismd run`` is SIGKILLed while the agent works on the page's message; after
+    the restart the page reconnects by itself, and once the operator files the message the
+    page says it could not be answered, also after a reload."""
+    (tmp_path / "daemon").mkdir()
+    layout = write_config(tmp_path / "daemon", delay_ms=60_000)
+    url = f"http://127.0.0.1:{layout.port}/"
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            async with running_daemon(layout, tag="first") as first:
+                await first.wait_state("READY=1")
+                await browser.navigate(url)
+                await browser.wait_for(ONLINE)
+                await browser.evaluate(TYPE_AND_SEND % json.dumps("a question lost"))
+                await browser.wait_for(f"({OWN_STATES})[0]?.[1] === 'sent'")
+                await browser.wait_for(WORKING)
+                for _ in range(200):
+                    code, entries, _err = await prismctl(layout, "list-unresolved")
+                    if [e["state"] for e in entries] == ["executing"]:
+                        break
+                    await trio.sleep(0.1)
+                first.send(signal.SIGKILL)
+                assert await first.wait_exit() == -signal.SIGKILL
+            await browser.wait_for("document.getElementById('status').dataset.state === 'offline'")
+            async with running_daemon(layout, tag="second") as second:
+                await second.wait_state("READY=1")
+                await browser.wait_for(ONLINE, timeout_ms=20_000)
+                code, entries, err = await prismctl(layout, "list-unresolved")
+                assert code == 0, err
+                [entry] = entries
+                assert entry["state"] == "executing"
+                code, _result, err = await prismctl(
+                    layout,
+                    "reconcile",
+                    entry["operationId"],
+                    "--connection",
+                    "web",
+                    "--version",
+                    str(entry["version"]),
+                    "--acknowledge-duplicate-risk",
+                )
+                assert code == 0, err
+                shown = [["me", "a question lost"], ["bot", UNANSWERED_TEXT]]
+                assert await browser.wait_for(TRANSCRIPT % 2) == shown
+                await browser.wait_for(f"({OWN_STATES})[0][1] === 'not answered'")
+                assert await browser.evaluate(IDLE) is True
+                # a reload shows the same, from the page's record and the server's history
+                await browser.navigate(url)
+                await browser.wait_for(ONLINE)
+                assert await browser.wait_for(TRANSCRIPT % 2) == shown
+                assert await browser.evaluate(OWN_STATES) == [["a question lost", "not answered"]]
+                second.send(signal.SIGTERM)
+                assert await second.wait_exit() == 0
+            assert "a question lost" not in first.stderr() + second.stderr()
+            # only the reconnection attempts while the daemon was down
+            errors = browser.page_errors()
+            assert all("ERR_CONNECTION_REFUSED" in e for e in errors), errors
