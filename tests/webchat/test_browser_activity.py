@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import trio_websocket
 
 from prismd.runtime._unanswered import UNANSWERED_TEXT
 from tests.daemon.helpers import prismctl, running_daemon, write_config
+from tests.fakes.openai_api import Answer, FakeOpenAI, start_fake_openai
 
 from ._stack import chat_stack
 from .test_browser import TRANSCRIPT, TYPE_AND_SEND, DevTools, launch_chromium, page_url
@@ -251,3 +253,48 @@ async def test_a_message_lost_to_a_crash_is_shown_unanswered_once_reconciled(
             # only the reconnection attempts while the daemon was down
             errors = browser.page_errors()
             assert all("ERR_CONNECTION_REFUSED" in e for e in errors), errors
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with trio.open_nursery() as nursery:
+        yield await start_fake_openai(nursery, api_key=None)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_first_preview_replaces_the_typing_indicator(
+    tmp_path: Path, fake: FakeOpenAI
+) -> None:
+    # two pieces, each after 1.5 s: the indicator, then the live text, then the answer
+    fake.push(Answer("The first half, then the second.", chunk_chars=16, delay_s=1.5))
+    options = {"base_url": fake.base_url, "model": "gpt-4o-mini"}
+    live = "document.querySelector('#log li.bot.live')"
+    with trio.fail_after(60):
+        async with (
+            launch_chromium(tmp_path) as devtools_url,
+            trio_websocket.open_websocket_url(
+                devtools_url, max_message_size=16 * 1024 * 1024
+            ) as ws,
+            chat_stack("openai", options, previews=True, typing=True) as (adapter, _runtime),
+        ):
+            browser = DevTools(ws)
+            await browser.open_page()
+            await browser.navigate(page_url(adapter))
+            await browser.wait_for(ONLINE)
+            await browser.evaluate(TYPE_AND_SEND % json.dumps("take your time"))
+            await browser.wait_for(WORKING, timeout_ms=1000)
+            assert await browser.evaluate(f"!{live}") is True
+            shown = await browser.wait_for(
+                f"{live} && !document.querySelector('#log li.typing')"
+                " && !document.getElementById('stop').hidden"
+                f" && {live}.querySelector('.text').textContent"
+            )
+            assert shown == "The first half, "
+            await browser.wait_for("document.querySelector('#log .bot.final')")
+            assert await browser.evaluate(TRANSCRIPT % 2) == [
+                ["me", "take your time"],
+                ["bot", "The first half, then the second."],
+            ]
+            assert await browser.wait_for(IDLE) is True
+            assert await browser.evaluate(f"!{live}") is True
+            assert browser.page_errors() == []
