@@ -55,9 +55,19 @@ def _told(core: Core, record: OperationRecord) -> bool:
 
 async def tell(core: Core, record: OperationRecord) -> None:
     """``record`` was just settled into :data:`UNANSWERED_STATES` by an operator: send its
-    conversation the notice, in the background (never raises, never journaled)."""
+    conversation the notice, in the background (never raises, never journaled), while its
+    actor is still granted."""
     if not _told(core, record):
         return
+    owner = await owner_of(
+        core,
+        record.connection_id,
+        record.external_conversation_id,
+        record.external_actor_id,
+        record.thread_id,
+    )
+    if owner is None:
+        return  # the actor is no longer granted: nothing is sent to them
     draft = Draft(
         identity=None,
         operation_id=notice_id(record.operation_id),

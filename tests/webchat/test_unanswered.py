@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.channel import AuthorizeInput, Grant, InboundEvent, Reply, SendResult
 from prismd.runtime import open_messaging_runtime
 from prismd.runtime._ids import operation_id_for
 from prismd.runtime._unanswered import UNANSWERED_TEXT, notice_id
@@ -92,9 +93,22 @@ async def test_settled_messages_are_told_live_and_on_the_next_visit(tmp_path: Pa
             assert runtime.diagnostics().deliveries == 2
 
 
-async def test_a_connection_that_does_not_declare_it_is_not_told(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("declared", "granted", "told"),
+    [(False, True, False), (True, False, False), (True, True, True)],
+    ids=["not-declared", "revoked", "told"],
+)
+async def test_only_a_declaring_connection_and_a_granted_actor_are_told(
+    tmp_path: Path, declared: bool, granted: bool, told: bool
+) -> None:
     sent: list[Reply] = []
     done = trio.Event()
+    revoked = trio.Event()
+
+    async def authorize(request: AuthorizeInput) -> Grant:
+        if revoked.is_set():
+            raise PermissionError("revoked")
+        return await authorize_everyone(request)
 
     async def deliver(reply: Reply) -> SendResult:
         sent.append(reply)
@@ -102,31 +116,31 @@ async def test_a_connection_that_does_not_declare_it_is_not_told(tmp_path: Path)
         return SendResult(True, message_id="x")
 
     async def resolve_agent(_request: Any) -> Any:
-        await done.wait()  # runs until the test ends
+        await done.wait()  # holds the message accepted until the test ends
         raise AssertionError("never answers")
 
     with trio.fail_after(30):
         async with (
             open_store(sqlite_url(tmp_path)) as store,
             open_messaging_runtime(
-                authorize=authorize_everyone,
+                authorize=authorize,
                 resolve_agent=resolve_agent,
                 deliver=deliver,
                 store=store,
-                tells_unanswered=lambda connection_id: connection_id == "web",
+                tells_unanswered=lambda connection_id: declared and connection_id == "tg",
             ) as runtime,
         ):
-            admission = await runtime.admit(
-                InboundEvent(
-                    connection_id="tg",
-                    external_conversation_id="chat-1",
-                    external_actor_id="u1",
-                    event_id="e1",
-                    text="hello",
-                )
+            event = InboundEvent(
+                connection_id="tg",
+                external_conversation_id="chat-1",
+                external_actor_id="u1",
+                event_id="e1",
+                text="hello",
             )
-            assert admission.status == "accepted"
+            assert (await runtime.admit(event)).status == "accepted"
             [entry] = await wait_states(runtime, ["accepted"])
+            if not granted:
+                revoked.set()
             result = await runtime.reconcile(
                 identity=OPERATOR,
                 connection_id="tg",
@@ -135,11 +149,21 @@ async def test_a_connection_that_does_not_declare_it_is_not_told(tmp_path: Path)
             )
             assert (result.status, result.outcome) == ("resolved", "abandoned")
             await runtime.drain(deadline_ms=2000)
-            assert sent == []
-            assert (
-                await runtime.unanswered_notices(
-                    connection_id="tg", external_conversation_id="chat-1", external_actor_id="u1"
-                )
-                == []
+            notices = await runtime.unanswered_notices(
+                connection_id="tg", external_conversation_id="chat-1", external_actor_id="u1"
             )
-            done.set()
+            before_the_end = list(sent)
+            done.set()  # (the held run then fails: its own failure notice is not ours)
+    if told:
+        [reply] = before_the_end
+        assert (reply.operation_id, reply.kind, reply.text, reply.in_reply_to) == (
+            notice_id(entry.operation_id),
+            "notice",
+            UNANSWERED_TEXT,
+            "e1",
+        )
+        assert [(n.operation_id, n.in_reply_to) for n in notices] == [
+            (notice_id(entry.operation_id), "e1")
+        ]
+    else:
+        assert before_the_end == [] and notices == []
