@@ -209,6 +209,11 @@ class AdapterFeatures:
 
     previews: bool = False
     """:meth:`ChannelAdapter.send_draft` shows streaming previews (Telegram drafts)."""
+    unanswered_notices: bool = False
+    """Its users are told, by a notice through :meth:`ChannelAdapter.send`, when an operator
+    settles one of their messages unanswered after a crash (``execution_unknown``,
+    ``abandoned``); the runtime reads such notices back for its history
+    (``unanswered_notices``). See :mod:`prismd.runtime._unanswered`."""
     typing: bool = False
     """:meth:`ChannelAdapter.send_typing` shows a typing indicator."""
     attachments: bool = False

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import attrs
@@ -54,7 +54,9 @@ from ..toolkit import (
     server_connection,
 )
 from ..toolkit import RequestHead as _Head
+from ._past import Conversations, conversation_past
 from ._previews import LivePreviews
+from ._typing import TypingSignals
 
 __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen"]
 
@@ -138,24 +140,6 @@ def _host_header_is_loopback(value: str) -> bool:
     except ValueError:
         return False
     return host is not None and is_loopback_host(host)
-
-
-class Conversations(Protocol):
-    """What the adapter asks of the runtime when an actor's socket (re)connects
-    (:class:`prismd.runtime.Runtime` satisfies it)."""
-
-    async def redeliver_pending(
-        self, *, connection_id: str, external_conversation_id: str, external_actor_id: str
-    ) -> int: ...
-
-    async def recent_replies(
-        self,
-        *,
-        connection_id: str,
-        external_conversation_id: str,
-        external_actor_id: str,
-        limit: int,
-    ) -> Sequence[PastReply]: ...
 
 
 @attrs.frozen
@@ -287,6 +271,8 @@ class WebchatStatistics:
     """Replies no open socket took (``SendResult.hold()``; re-driven on reconnect)."""
     hellos_refused: int
     """Hellos for an actor id owned by another browser (wrong or missing resume token)."""
+    typing_sent: int = 0
+    """``typing`` calls that went out as frames (to the open sockets of their actor)."""
 
 
 class _BadFrame(Exception):
@@ -438,10 +424,12 @@ class WebchatAdapter:
     _tokens: _ResumeTokens = attrs.field(init=False)
     _background: trio.Nursery | None = attrs.field(default=None, init=False)
     _previews: LivePreviews = attrs.field(init=False)
+    _typing: TypingSignals = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._page, self._csp = _load_page()
         self._previews = LivePreviews(self._send_preview)
+        self._typing = TypingSignals(self._send_preview, self._previews.busy)
         if not 1 <= self.resume_ttl_days <= 3650:
             raise ValueError("resume_ttl_days must be in 1..3650")
         if not 0 <= self.history_limit <= 100:
@@ -481,8 +469,9 @@ class WebchatAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        """Previews (the answer's live text); no typing or attachments."""
-        return AdapterFeatures(previews=True)
+        """Previews (the answer's live text), typing (:mod:`._typing`) and notices for
+        messages settled unanswered (:mod:`._past`); no attachments."""
+        return AdapterFeatures(previews=True, typing=True, unanswered_notices=True)
 
     def send_draft(self, preview: Preview) -> None:
         """Show a streaming answer's text in the actor's open tabs (a ``preview`` frame,
@@ -498,12 +487,17 @@ class WebchatAdapter:
         self._previews.offer(self._background, actor, preview.text)
 
     async def _send_preview(self, actor: str, frame: str) -> None:
+        """``frame`` (a preview or a typing frame) to every open socket of ``actor``."""
         sockets = list(self._sockets.get(actor, ()))
         await _to_each(sockets, functools.partial(self._send_frame, frame=frame))
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
-        """Not offered (see :attr:`features`)."""
-        await trio.lowlevel.checkpoint()
+        """A ``typing`` frame to the actor's open tabs (see :mod:`._typing`); never raises,
+        nothing when no tab of the actor is open."""
+        if not self._sockets.get(conversation_id):
+            await trio.lowlevel.checkpoint()
+            return
+        await self._typing.signal(conversation_id)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> None:
         """Not offered (see :attr:`features`): the page sends no files."""
@@ -523,6 +517,7 @@ class WebchatAdapter:
             replies_sent=self._replies_sent,
             replies_held=self._replies_held,
             hellos_refused=self._hellos_refused,
+            typing_sent=self._typing.sent,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -899,16 +894,13 @@ class WebchatAdapter:
         socket did not take it."""
         past: Sequence[PastReply] = ()
         if self.history_limit:
-            try:
-                with trio.fail_after(RESUME_CHECK_TIMEOUT_S):
-                    past = await conversations.recent_replies(
-                        connection_id=self._connection_id,
-                        external_conversation_id=actor,
-                        external_actor_id=actor,
-                        limit=self.history_limit,
-                    )
-            except Exception as exc:
-                log.warning("web chat history failed: %s", type(exc).__name__)
+            past = await conversation_past(
+                conversations,
+                self._connection_id,
+                actor,
+                self.history_limit,
+                RESUME_CHECK_TIMEOUT_S,
+            )
         return await self._send_frame(sock, _history_frame(actor, past))
 
     async def _redeliver(self, actor: str, conversations: Conversations) -> None:

@@ -116,6 +116,11 @@ class LivePreviews:
             self._streaming.discard(actor)
             self._forget(actor, lock)
 
+    def busy(self, actor: str) -> bool:
+        """A reply or a preview is being written to ``actor`` now."""
+        lock = self._locks.get(actor)
+        return lock is not None and lock.locked()
+
     @asynccontextmanager
     async def replying(self, actor: str) -> AsyncIterator[None]:
         """Hold while a reply goes to ``actor``: its pending preview is dropped and no

@@ -767,6 +767,7 @@ class Daemon:
                 limits=config.limits,
                 owner_id=state.owner_id("runtime"),
                 reclaim_own_leases=True,
+                tells_unanswered=host.tells_unanswered,
                 resume_accepted=True,
                 pairing_scope=authorizer.pairing_scope,
                 on_paired=authorizer.on_paired,

@@ -347,3 +347,28 @@ class Host:
         if adapter is None:
             return SendResult(delivered=False, reason=UNKNOWN_CONNECTION)
         return await adapter.send(reply)
+
+    def tells_unanswered(self, connection_id: str) -> bool:
+        """The runtime's ``tells_unanswered``: as the connection's adapter declares."""
+        adapter = self.adapters.get(connection_id)
+        return adapter is not None and adapter.features.unanswered_notices
+
+    async def unanswered_notices(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        limit: int,
+    ) -> list[PastReply]:
+        """The web chat's notices for messages settled unanswered (late-bound like
+        :meth:`recent_replies`)."""
+        runtime = self._runtime
+        if runtime is None:
+            return []
+        return await runtime.unanswered_notices(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=external_actor_id,
+            limit=limit,
+        )

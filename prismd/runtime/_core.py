@@ -117,6 +117,9 @@ class Core:
     reclaim_own_leases: bool = False
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
     fetch_attachment: FetchAttachment | None = None
+    tells_unanswered: Callable[[str], bool] | None = None
+    """Whether a connection id's users are told when an operator settles one of their
+    messages unanswered (:mod:`._unanswered`); ``None``: no connection's."""
     on_preview: Callable[[Preview], None] | None = None
     resolve_binding: ResolveBinding | None = None
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None

@@ -42,6 +42,7 @@ from ..journal import (
 from ._core import Core
 from ._delivery import resend
 from ._replies import is_held
+from ._unanswered import tell
 from .api import PruneResult, ReconcileResult, UnresolvedEntry, UnresolvedPage
 
 MAX_PAGES = 20
@@ -304,7 +305,11 @@ async def _mark_handled(
 async def _transition(
     core: Core, scope: OwnershipScope, loaded: Loaded[OperationRecord], state: str
 ) -> ReconcileResult:
-    return await _resolve(core, scope, loaded, state, None, state)
+    result = await _resolve(core, scope, loaded, state, None, state)
+    if result.status == "resolved":
+        # The message will never be answered: its user may be told (issue 38).
+        await tell(core, loaded.record)
+    return result
 
 
 async def _resolve(

@@ -16,7 +16,7 @@ from ..identity import AgentIdentity
 from ..journal import GrantRecord
 from ..limits import Limits
 from ..redact import Redactor
-from . import _admit, _delivery, _notify, _recovery, _resume
+from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
 from ._core import Core, FetchAttachment
 from ._ids import operation_id_for
 from ._leaselog import LoggedLeases
@@ -177,6 +177,27 @@ class Runtime:
             limit=limit,
         )
 
+    async def unanswered_notices(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        thread_id: str | None = None,
+        limit: int = 20,
+    ) -> list[PastReply]:
+        """Notices for the conversation's messages an operator settled unanswered within
+        retention, oldest first, as past replies (see :mod:`prismd.runtime._unanswered`);
+        ``[]`` for a connection without ``tells_unanswered``. Never raises."""
+        return await _unanswered.unanswered_notices(
+            self._core,
+            connection_id=connection_id,
+            conversation_id=external_conversation_id,
+            actor_id=external_actor_id,
+            thread_id=thread_id,
+            limit=limit,
+        )
+
     async def create_pairing(
         self,
         *,
@@ -313,6 +334,7 @@ async def open_messaging_runtime(
     owner_id: str | None = None,
     reclaim_own_leases: bool = False,
     fetch_attachment: FetchAttachment | None = None,
+    tells_unanswered: Callable[[str], bool] | None = None,
     on_preview: Callable[[Preview], None] | None = None,
     resolve_binding: ResolveBinding | None = None,
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None,
@@ -329,6 +351,11 @@ async def open_messaging_runtime(
     thread_id)`` is awaited when a turn's agent run starts and every 4 s while it runs
     (a child task cancelled when the run ends; its failures are logged by type and
     swallowed, and a hung call is abandoned after 4 s).
+
+    ``tells_unanswered(connection_id)``: that connection's users are told, by a notice,
+    when an operator's ``reconcile`` settles one of their messages unanswered
+    (``execution_unknown``, ``abandoned``), and :meth:`Runtime.unanswered_notices` reads those
+    notices back (see :mod:`prismd.runtime._unanswered`). Default: no connection's.
 
     ``resume_accepted=True`` (with a store): right after start, every ``accepted`` message
     record carrying its journaled input (acknowledged by a previous process that died
@@ -355,6 +382,7 @@ async def open_messaging_runtime(
             reclaim_own_leases=reclaim_own_leases,
             lease_idle_ms=lease_idle_ms,
             fetch_attachment=fetch_attachment,
+            tells_unanswered=tells_unanswered,
             on_preview=on_preview,
             resolve_binding=resolve_binding,
             pairing_scope=pairing_scope,

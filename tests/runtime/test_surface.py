@@ -20,6 +20,7 @@ PINNED_PARAMETERS = [
     "owner_id",
     "reclaim_own_leases",
     "fetch_attachment",
+    "tells_unanswered",
     "on_preview",
     "resolve_binding",
     "pairing_scope",

@@ -62,6 +62,7 @@ async def chat_stack(
     clock: Clock = SYSTEM_CLOCK,
     limits: Limits | None = None,
     previews: bool = False,
+    typing: bool = False,
     **adapter_kwargs: Any,
 ) -> AsyncIterator[tuple[WebchatAdapter, Runtime]]:
     """Everyone who reaches the socket is granted the ``primary`` agent (the default
@@ -72,7 +73,8 @@ async def chat_stack(
     The adapter is wired as the daemon wires it: resume tokens in the store's checkpoints,
     the runtime as its ``conversations``. ``store_url="sqlite:///…"`` makes everything
     survive the block, so a second ``chat_stack`` on the same file is a restarted daemon.
-    ``previews=True`` streams previews to the adapter as the daemon does (``preview`` frames).
+    ``previews=True`` streams previews to the adapter as the daemon does (``preview`` frames);
+    ``typing=True`` hands it the runtime's typing calls as the daemon does (``typing`` frames).
     """
     async with open_store(store_url, clock=clock) as store:
         agent = build_agent(
@@ -99,11 +101,24 @@ async def chat_stack(
             if adapter is not None:
                 adapter.send_draft(preview)
 
+        def tells_unanswered(connection_id: str) -> bool:
+            # as the daemon's host answers: as the connection's adapter declares
+            adapter = adapters.get(connection_id)
+            return adapter is not None and adapter.features.unanswered_notices
+
+        async def on_typing(connection_id: str, conversation_id: str, thread: str | None) -> None:
+            # as the daemon's host routes typing: to the adapter of the connection
+            adapter = adapters.get(connection_id)
+            if adapter is not None and adapter.features.typing:
+                await adapter.send_typing(conversation_id, thread)
+
         async with open_messaging_runtime(
             authorize=authorize_everyone,
             resolve_agent=resolve_agent,
             deliver=deliver,
             on_preview=preview if previews else None,
+            on_typing=on_typing if typing else None,
+            tells_unanswered=tells_unanswered,
             store=store,
             clock=clock,
             limits=limits or Limits(),

@@ -18,6 +18,7 @@ import trio
 import trio_websocket
 
 from prismd.runtime._ids import operation_id_for
+from prismd.runtime._unanswered import UNANSWERED_TEXT
 from tests.daemon.helpers import child_env, prismctl, running_daemon, write_config
 
 from ._support import connect_to
@@ -231,3 +232,75 @@ async def _chat_across_a_restart(
             second.send(signal.SIGTERM)
             assert await second.wait_exit() == 0
     return actor
+
+
+async def test_a_message_lost_to_a_sigkill_is_told_unanswered_once_reconciled(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while the agent runs leaves the message ``executing``, listed; once the
+    operator files it, the open tab is told at once and a later visit sees it in its
+    history; nothing stays listed and the message's text is never logged."""
+    layout = write_config(tmp_path, delay_ms=60_000)
+    actor = "daemon-actor-00002"
+    op = operation_id_for("web", f"{actor}:m1")
+    with trio.fail_after(90):
+        async with running_daemon(layout, tag="first") as first:
+            await first.wait_state("READY=1")
+            async with connect_to("127.0.0.1", layout.port) as ws:
+                await ws.send_message(json.dumps({"type": "hello", "actor": actor}))
+                resume = (await frames_until(ws, "ready"))["resume"]
+                await ws.send_message(
+                    json.dumps({"type": "message", "id": "m1", "text": "a question lost"})
+                )
+                assert (await frames_until(ws, "admission"))["status"] == "accepted"
+                with trio.fail_after(20):
+                    for _ in range(200):
+                        if [e["state"] for e in await unresolved(layout)] == ["executing"]:
+                            break
+                        await trio.sleep(0.1)
+            first.send(signal.SIGKILL)
+            assert await first.wait_exit() == -signal.SIGKILL
+        hello = json.dumps({"type": "hello", "actor": actor, "resume": resume})
+        async with running_daemon(layout, tag="second") as second:
+            await second.wait_state("READY=1")
+            [entry] = await unresolved(layout)
+            assert (entry["operationId"], entry["state"]) == (op, "executing")
+            async with connect_to("127.0.0.1", layout.port) as ws:
+                await ws.send_message(hello)
+                assert await frames_until(ws, "history") == {"type": "history", "replies": []}
+                code, result, err = await prismctl(
+                    layout,
+                    "reconcile",
+                    op,
+                    "--connection",
+                    "web",
+                    "--version",
+                    str(entry["version"]),
+                    "--acknowledge-duplicate-risk",
+                )
+                assert code == 0, err
+                assert result["outcome"] == "execution_unknown"
+                told = await frames_until(ws, "reply")
+            assert told == {
+                "type": "reply",
+                "replyId": f"unanswered-{op}",
+                "kind": "notice",
+                "text": UNANSWERED_TEXT,
+                "controls": [],
+                "inReplyTo": "m1",
+            }
+            assert await unresolved(layout) == []
+            # the next visit (the page reloaded) shows it with its history
+            async with connect_to("127.0.0.1", layout.port) as ws:
+                await ws.send_message(hello)
+                history = await frames_until(ws, "history")
+            [past] = history["replies"]
+            assert (past["replyId"], past["text"], past["inReplyTo"]) == (
+                f"unanswered-{op}",
+                UNANSWERED_TEXT,
+                "m1",
+            )
+            second.send(signal.SIGTERM)
+            assert await second.wait_exit() == 0
+            log = first.stderr() + second.stderr()
+    assert "a question lost" not in log and resume not in log
