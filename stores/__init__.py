@@ -12,14 +12,6 @@ from __future__ import annotations
 from ._common import compact_json as compact_json
 from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
-from ._pg_url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
-from ._pg_url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
-from ._pg_url import MAX_POOL_SIZE as MAX_POOL_SIZE
-from ._pg_url import PostgresOptions as PostgresOptions
-from ._pg_url import PostgresURL as PostgresURL
-from ._pg_url import default_pool_size as default_pool_size
-from ._pg_url import is_postgres_url as is_postgres_url
-from ._pg_url import parse_postgres_url as parse_postgres_url
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
 )
@@ -140,3 +132,11 @@ from ._types import (
 from ._types import (
     ms_to_iso as ms_to_iso,
 )
+from .postgres._url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
+from .postgres._url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
+from .postgres._url import MAX_POOL_SIZE as MAX_POOL_SIZE
+from .postgres._url import PostgresOptions as PostgresOptions
+from .postgres._url import PostgresURL as PostgresURL
+from .postgres._url import default_pool_size as default_pool_size
+from .postgres._url import is_postgres_url as is_postgres_url
+from .postgres._url import parse_postgres_url as parse_postgres_url

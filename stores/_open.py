@@ -7,7 +7,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
-from ._pg_url import PostgresOptions, is_postgres_url
 from ._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,
@@ -16,6 +15,7 @@ from ._types import (
     SchemaStatus,
     Store,
 )
+from .postgres._url import PostgresOptions, is_postgres_url
 
 CLOSE_BUDGET_S = 10.0
 """How long leaving the block waits for the store to close, even when cancelled."""
@@ -65,7 +65,7 @@ async def _open(
 ) -> AsyncIterator[Store]:
     scheme = _scheme(url)
     if is_postgres_url(url):
-        from .postgres import open_postgres_store
+        from .postgres._writer import open_postgres_store
 
         async with open_postgres_store(
             url, clock=clock, max_value_bytes=max_value_bytes, options=postgres
@@ -105,7 +105,7 @@ async def migrate_store(
     """
     scheme = _scheme(url)
     if is_postgres_url(url):
-        from .postgres import schema_status
+        from .postgres._writer import schema_status
 
         return await schema_status(url, options=postgres, apply=apply)
     if scheme == "sqlite":

@@ -52,18 +52,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from . import _common
-from . import _pg_schema as _schema
-from ._pg_driver import (
-    Driver,
-    RetryTransaction,
-    Session,
-    WriteRefused,
-    open_driver,
-    plain_asyncio_timings,
-)
-from ._pg_url import PostgresOptions, PostgresURL, parse_postgres_url
-from ._types import (
+from .. import _common
+from .._types import (
     ANY_SCOPE,
     DEFAULT_MAX_VALUE_BYTES,
     LIST_LIMIT_DEFAULT,
@@ -93,6 +83,16 @@ from ._types import (
     WriteResult,
     WriteStatus,
 )
+from . import _schema
+from ._driver import (
+    Driver,
+    RetryTransaction,
+    Session,
+    WriteRefused,
+    open_driver,
+    plain_asyncio_timings,
+)
+from ._url import PostgresOptions, PostgresURL, parse_postgres_url
 
 log = logging.getLogger("stores.postgres")
 

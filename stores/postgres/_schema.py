@@ -44,8 +44,8 @@ import hashlib
 
 import attrs
 
-from ._pg_driver import Session
-from ._types import SchemaStatus, StoreUnavailableError
+from .._types import SchemaStatus, StoreUnavailableError
+from ._driver import Session
 
 
 @attrs.frozen

@@ -50,8 +50,8 @@ import apsw
 import attrs
 import trio
 
-from . import _common
-from ._types import (
+from .. import _common
+from .._types import (
     ANY_SCOPE,
     DEFAULT_MAX_VALUE_BYTES,
     LIST_LIMIT_DEFAULT,
