@@ -132,7 +132,7 @@ BOUNDED_ELSEWHERE = {
     ("stores/sqlite/_engine.py", "aclose"),
     # Driver.aclose bounds itself (CLOSE_BUDGET_S, then terminates the connections).
     ("stores/postgres/_driver.py", "open_driver"),
-    ("stores/postgres/_writer.py", "aclose"),
+    ("stores/postgres/_store.py", "aclose"),
 }
 
 
