@@ -283,3 +283,70 @@ def test_retired_words_stay_retired() -> None:
     assert found == []
     assert _retired_words_in("see :class:`prismd.config.Operator`") == [r"\bprismd\.config\b"]
     assert _retired_words_in("prismd.configuration, prismd.daemon._config") == []
+
+
+# Read-modify-write loops written by hand, to go (issue 36): the Telegram offset's, which
+# moves onto the journal's cursor. The list may only shrink.
+OWN_CAS_LOOPS = {"adapters/telegram/_poller.py"}
+CAS_LOOP_HOMES = {"prismd/journal/_protocol.py", "stores/_update.py"}
+_READS = {"load_checkpoint", "_load", "_load_offset"}
+_WRITES = {
+    "save_checkpoint",
+    "save_encoded",
+    "write_checkpoints",
+    "_save",
+    "SaveCheckpoint",
+    "EncodedSave",
+}
+
+
+def _cas_loops(tree: ast.AST) -> list[int]:
+    """Lines of the outermost loops that both read a checkpoint and write one by
+    compare-and-swap (an ``expected_version=`` or a save): a retry loop of their own."""
+    found: list[int] = []
+
+    def called(node: ast.AST) -> set[str]:
+        names: set[str] = set()
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call):
+                func = call.func
+                names.add(func.attr if isinstance(func, ast.Attribute) else ast.unparse(func))
+                if any(k.arg == "expected_version" for k in call.keywords):
+                    names.add("expected_version")
+        return names
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
+                names = called(child)
+                if names & _READS and (names & _WRITES or "expected_version" in names):
+                    found.append(child.lineno)
+                    continue
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def test_records_are_updated_through_the_one_compare_and_swap_helper() -> None:
+    """Every read-modify-write goes through ``stores.update_checkpoint`` (or
+    ``retry_compare_and_swap``) or the journal's protocol: no retry loop of its own."""
+    owners = set()
+    for path, _is_package in MODULES.values():
+        relative = path.relative_to(REPO).as_posix()
+        if relative not in CAS_LOOP_HOMES and _cas_loops(ast.parse(path.read_text())):
+            owners.add(relative)
+    assert owners - OWN_CAS_LOOPS == set(), "use stores.update_checkpoint"
+    assert OWN_CAS_LOOPS - owners == set(), "gone: take them off OWN_CAS_LOOPS"
+    sample = """
+async def bump(cps):
+    for _ in range(3):
+        stored = await cps.load_checkpoint(namespace="n", key="k", scope=S)
+        try:
+            await cps.save_checkpoint(namespace="n", key="k", scope=S, version=2,
+                                      expected_version=1, value={})
+        except CheckpointConflictError:
+            continue
+        return
+"""
+    assert _cas_loops(ast.parse(sample)) == [3]

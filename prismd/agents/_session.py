@@ -20,14 +20,16 @@ import attrs
 import trio
 
 from stores import (
-    CheckpointConflictError,
+    LOST,
     CheckpointRecord,
     CheckpointStore,
     DeleteCheckpoint,
     EncodedSave,
+    Lost,
     OwnershipScope,
     SaveCheckpoint,
     compact_json,
+    retry_compare_and_swap,
 )
 
 from ..redact import replace_surrogates
@@ -319,7 +321,8 @@ class SessionLog:
         key = session_key(self.alias, session_id, ownership)
         at = (key, ownership)
         limit = min(self.max_entries, MAX_SESSION_ENTRIES)
-        for _attempt in range(_CAS_ATTEMPTS):
+
+        async def attempt() -> str | Lost:
             # Taken out while the save is in flight: a concurrent append of this process
             # loads from the store instead and meets the compare-and-swap.
             current = self._take(at)
@@ -368,7 +371,10 @@ class SessionLog:
                 (updated_at,) = await self.checkpoints.save_encoded((encoded,))
                 ok = updated_at is not None
             if not ok:
-                continue
+                return LOST
             self._remember(at, written)
             return added[-1].id
-        raise CheckpointConflictError("session transcript append kept losing its CAS")
+
+        return await retry_compare_and_swap(
+            attempt, what="the session transcript append", attempts=_CAS_ATTEMPTS
+        )

@@ -21,7 +21,15 @@ from typing import Any
 
 import attrs
 
-from stores import CheckpointRecord, OwnershipScope, SaveCheckpoint
+from stores import (
+    CheckpointConflictError,
+    CheckpointRecord,
+    InvalidCheckpointError,
+    Keep,
+    OwnershipScope,
+    Replace,
+    update_checkpoint,
+)
 
 from ._journal import (
     CATEGORY,
@@ -84,25 +92,30 @@ async def ensure_format(journal: ChannelJournal) -> JournalInfo:
     if journal_id is not None and version >= FORMAT:
         return JournalInfo(journal_id, created=False)
     refiled = 0 if version >= FORMAT else await _refile(journal)
-    for _attempt in range(3):
+
+    def change(stored: CheckpointRecord | None) -> Replace[JournalInfo] | Keep[JournalInfo]:
+        journal_id, version = _id_of(stored)
+        if journal_id is not None and version >= FORMAT:
+            return Keep(JournalInfo(journal_id, created=False, refiled=refiled))
+        # Written first by another process meanwhile: its id is taken (Keep above).
         new_id = journal_id or os.urandom(16).hex()
-        write = SaveCheckpoint(
+        info = JournalInfo(new_id, created=journal_id is None, refiled=refiled)
+        return Replace({"journalId": new_id, "format": FORMAT}, info)
+
+    try:
+        return await update_checkpoint(
+            journal.checkpoints,
             namespace=NS_META,
             key=META_KEY,
             scope=META_SCOPE,
-            version=1 if stored is None else stored.version + 1,
-            value={"journalId": new_id, "format": FORMAT},
-            expected_version=0 if stored is None else stored.version,
+            change=change,
+            what="the journal's identity record",
             category=META_CATEGORY,
         )
-        (result,) = await journal.checkpoints.write_checkpoints([write])
-        if result.ok:
-            return JournalInfo(new_id, created=journal_id is None, refiled=refiled)
-        stored = await _load(journal)  # another process wrote it first: take its id
-        journal_id, version = _id_of(stored)
-        if journal_id is not None and version >= FORMAT:
-            return JournalInfo(journal_id, created=False, refiled=refiled)
-    raise RuntimeError("the journal's identity record kept changing")
+    except InvalidCheckpointError:
+        raise
+    except CheckpointConflictError:
+        raise RuntimeError("the journal's identity record kept changing") from None
 
 
 async def _refile(journal: ChannelJournal) -> int:
