@@ -16,16 +16,17 @@ Contract §12.3–12.4, with the differences that keep every message signal-cli 
   subscription id; one naming another account pauses the receiver for good (health
   ``account: mismatch``, an :class:`~prismd.channel.AdapterFatalError`: the operator
   fixes the config or the daemon, reconnecting cannot).
-* **Journal on receipt.** signal-cli forgets a message once it has written it, so the
-  first thing done with what was read is to write it to the durable inbox
-  (:mod:`adapters.signal._inbox`): every notification available at that moment, in one
-  transaction. A second task admits the journaled events one at a time, in order, and
-  removes their inbox records in batches. The loss window a SIGKILL can hit is therefore
-  the read plus one inbox transaction (measured in ``tests/signal/test_killloop_signal.py``),
-  not the admissions; it holds at most the notifications already read (``max_pending_events``
-  in the client's queue, one batch of :data:`MAX_BATCH` being written) plus what sat in the
-  socket buffers. While :data:`MAX_HELD` journaled events wait for admission, reading
-  pauses (signal-cli's writes then block).
+* **Journal on receipt.** signal-cli forgets a message once it has written it, so the first
+  thing done with what was read is to write it to the durable inbox
+  (:mod:`adapters.signal._inbox`, the store's inbox): every notification available at that
+  moment, together (one transaction on SQLite). A second task admits the journaled events
+  one at a time, in order, and completes their inbox items in batches. The loss window a
+  SIGKILL can hit is therefore the read plus one inbox transaction (measured in
+  ``tests/signal/test_killloop_signal.py``), not the admissions; it holds at most the
+  notifications already read (``max_pending_events`` in the client's queue, one batch of
+  :data:`MAX_BATCH` being written) plus what sat in the socket buffers. While
+  :data:`MAX_HELD` journaled events wait for admission, reading pauses (signal-cli's writes
+  then block).
 * **Pause, never drop.** On a retryable admission, a lost lease, writer loss (the store
   refused an inbox write), a connection that ended, or a stop: stop taking notifications,
   ``unsubscribeReceive`` (a request, so its answer says that everything sent before it has
