@@ -264,6 +264,16 @@ RETIRED = {
     r"\bprismd\.sdnotify\b": "prismd.daemon._sdnotify",
     r"\bstores\._pg_(url|driver|schema)\b": "stores.postgres._url, _driver, _schema",
     r"\bstores/(sqlite|postgres)\.py\b": "the packages stores/sqlite/, stores/postgres/",
+    r"\bprismd\.agents\.v1\b": "prismd.v1.agent-session, prismd.v1.agent-run",
+}
+# Where a retired word is still named on purpose: the forward migration that moves what
+# was kept under it, and its test.
+RETIRED_KEPT_IN = {
+    r"\bprismd\.agents\.v1\b": {
+        "prismd/agents/_session.py",
+        "prismd/journal/_format.py",
+        "tests/runtime/test_namespace_move.py",
+    },
 }
 
 
@@ -278,8 +288,10 @@ def test_retired_words_stay_retired() -> None:
         for path in sorted(root.rglob("*.py")):
             if path == Path(__file__):
                 continue
+            relative = path.relative_to(REPO).as_posix()
             for word in _retired_words_in(path.read_text(encoding="utf-8")):
-                found.append(f"{path.relative_to(REPO).as_posix()}: {word} -> {RETIRED[word]}")
+                if relative not in RETIRED_KEPT_IN.get(word, set()):
+                    found.append(f"{relative}: {word} -> {RETIRED[word]}")
     assert found == []
     assert _retired_words_in("see :class:`prismd.config.Operator`") == [r"\bprismd\.config\b"]
     assert _retired_words_in("prismd.configuration, prismd.daemon._config") == []

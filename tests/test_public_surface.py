@@ -89,6 +89,7 @@ PINNED: dict[str, list[str]] = {
         "EchoAgent",
         "EventSink",
         "ImageBlock",
+        "MOVED_NAMESPACES",
         "MockAgent",
         "MockOptions",
         "NS_RUN",

@@ -1,7 +1,7 @@
 """Shared pieces of the built-in agents: durable session transcripts, option errors, helpers.
 
 A transcript is the agent's own memory of a conversation (not the channel journal): one
-checkpoint per (owner, agent alias, session id) in ``prismd.agents.v1.session``, scoped by
+checkpoint per (owner, agent alias, session id) in ``prismd.v1.agent-session``, scoped by
 the run's ownership, holding the most recent user/assistant entries within fixed bounds.
 """
 
@@ -35,8 +35,14 @@ from stores import (
 from ..redact import replace_surrogates
 from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
 
-NS_SESSION = "prismd.agents.v1.session"
-NS_RUN = "prismd.agents.v1.run"
+NS_SESSION = "prismd.v1.agent-session"
+NS_RUN = "prismd.v1.agent-run"
+MOVED_NAMESPACES = {
+    "prismd.agents.v1.session": NS_SESSION,
+    "prismd.agents.v1.run": NS_RUN,
+}
+"""Where these records were kept before prismd's namespaces took one scheme
+(``prismd.v1.<name>``): the journal's format 3 moves them (:func:`prismd.journal.ensure_format`)."""
 CATEGORY_SESSION = "agent-session"
 CATEGORY_RUN = "agent-run"
 MAX_SESSION_ENTRIES = 200

@@ -6,7 +6,7 @@ Options (``[agents.<alias>] kind = "mock"``):
   work and cancellation aborts the wait;
 * ``fail`` (bool): every run fails with error code ``mock_failure``;
 * ``suspend_for_tool`` (str): every run suspends asking to approve that tool; the run state
-  is durable (``prismd.agents.v1.run``), so ``status``/``resume`` work from another process
+  is durable (``prismd.v1.agent-run``), so ``status``/``resume`` work from another process
   on the same store; an allowed resume "runs" the tool exactly once (recorded durably) and
   answers, a rejected one ends ``denied``;
 * ``reply_prefix`` (str, default ``"mock: "``); ``vision`` (bool): accept image input.

@@ -15,11 +15,11 @@ Options (``[agents.<alias>] kind = "openai"``), checked by :func:`validate_opena
 
 Durable state, all in the journal's checkpoint store, scoped by the run's ownership:
 
-* the conversation history per session (``prismd.agents.v1.session``, the same transcript
+* the conversation history per session (``prismd.v1.agent-session``, the same transcript
   records as ``echo``/``mock``): the last ``max_history_messages`` user/assistant texts,
   bounded in bytes, pruned with the journal. ``/new`` starts a new session id, so the
   model no longer sees the old one;
-* a run record (``prismd.agents.v1.run``) only once a run calls a tool: the in-run
+* a run record (``prismd.v1.agent-run``) only once a run calls a tool: the in-run
   messages, the tool calls still to do, the pending approval. Its ``status`` walks
   ``suspended → dispatching → running → … → succeeded | denied | failed``; ``dispatching``
   is written (CAS) *before* a tool is called, so a crash mid-call leaves a run that
@@ -231,7 +231,7 @@ def _run_key(alias: str, run_id: str) -> str:
 
 @attrs.frozen
 class _Run:
-    """The durable state of a run that called a tool (JSON in ``prismd.agents.v1.run``)."""
+    """The durable state of a run that called a tool (JSON in ``prismd.v1.agent-run``)."""
 
     status: str
     session_id: str

@@ -717,6 +717,8 @@ class Daemon:
             self._give_up(f"cannot read the journal's identity: {describe_exception(exc)}")
         if journal.refiled:
             log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
+        if journal.moved:
+            log.info("journal upgraded: %d agent record(s) moved to prismd.v1.*", journal.moved)
         if not self._same_journal(state, journal.journal_id):
             raise _EarlyExit(EXIT_FAILURE)
 
