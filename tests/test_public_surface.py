@@ -272,6 +272,12 @@ PINNED: dict[str, list[str]] = {
         "retry_compare_and_swap",
         "update_checkpoint",
     ],
+    "stores.memory": [
+        "MemoryCheckpointStore",
+        "MemoryInboxStore",
+        "MemoryLeaseStore",
+        "MemoryStore",
+    ],
     "stores.postgres": [
         "BridgeSamples",
         "CLOSE_BUDGET_S",

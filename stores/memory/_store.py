@@ -19,8 +19,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from . import _common
-from ._types import (
+from .. import _common
+from .._types import (
     ANY_SCOPE,
     DEFAULT_MAX_VALUE_BYTES,
     LIST_LIMIT_DEFAULT,
