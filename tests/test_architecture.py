@@ -217,7 +217,6 @@ LONG_MODULES = {
     "prismd/daemon/_daemon.py",
     "prismd/journal/_journal.py",
     "stores/_common.py",
-    "stores/memory/_store.py",
 }
 LONG_CLASSES = {
     "stores/sqlite/_engine.py:_Database",  # the engine: one state machine, kept whole
