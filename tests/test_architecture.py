@@ -216,7 +216,6 @@ LONG_MODULES = {
     "prismd/daemon/_config.py",
     "prismd/daemon/_daemon.py",
     "prismd/journal/_journal.py",
-    "stores/_common.py",
 }
 LONG_CLASSES = {
     "stores/sqlite/_engine.py:_Database",  # the engine: one state machine, kept whole

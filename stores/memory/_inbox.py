@@ -7,7 +7,7 @@ from typing import Literal
 
 import attrs
 
-from .. import _common
+from .. import _common, _inbox_checks
 from .._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
@@ -55,7 +55,7 @@ class MemoryInboxStore:
     ) -> bool:
         """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
         await self._state.step()
-        put = _common.check_inbox_put(
+        put = _inbox_checks.check_inbox_put(
             source=source, key=key, partition=partition, order=order, payload=payload,
             max_value_bytes=self._state.max_value_bytes,
         )  # fmt: skip
@@ -98,7 +98,7 @@ class MemoryInboxStore:
     ) -> tuple[InboxClaim, ...]:
         """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
         await self._state.step()
-        owner, ttl, n, most, wanted = _common.check_inbox_claim_args(
+        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_claim_args(
             owner_id, ttl_ms, limit, max_attempts, sources
         )
         now = self._state.clock.now_ms()
@@ -123,7 +123,7 @@ class MemoryInboxStore:
                 self._store(_InboxRow(dead, row.payload_json))
                 continue
             taken.add(partition)
-            token = _common.new_claim_token()
+            token = _inbox_checks.new_claim_token()
             item = attrs.evolve(
                 row.item, state="claimed", attempts=row.item.attempts + 1, owner_id=owner,
                 claim_expires_at_ms=now + ttl, updated_at_ms=now,
@@ -138,7 +138,7 @@ class MemoryInboxStore:
     ) -> int:
         await self._state.step()
         owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         now = self._state.clock.now_ms()
         mine = [
             row
@@ -155,8 +155,8 @@ class MemoryInboxStore:
 
     async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
         await self._state.step()
-        _common.check_inbox_claim(claim)
-        ttl = _common.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
+        _inbox_checks.check_inbox_claim(claim)
+        ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
         row = self._current(claim)
         if row is None or row.item.state not in ("claimed", "done"):
             return None
@@ -167,8 +167,8 @@ class MemoryInboxStore:
 
     async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
         await self._state.step()
-        _common.check_inbox_claim(claim)
-        hold = _common.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
+        _inbox_checks.check_inbox_claim(claim)
+        hold = _inbox_checks.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
         row = self._current(claim)
         if row is None or row.item.state != "claimed":
             return False
@@ -181,7 +181,7 @@ class MemoryInboxStore:
 
     async def release(self, claim: InboxClaim) -> bool:
         await self._state.step()
-        _common.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_claim(claim)
         row = self._current(claim)
         if row is None or row.item.state != "done":
             return False
@@ -195,10 +195,10 @@ class MemoryInboxStore:
         self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
         await self._state.step()
-        _common.check_inbox_claim(claim)
-        delay = _common.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
-        code = _common.bound_inbox_error(error)
-        most = _common.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
+        _inbox_checks.check_inbox_claim(claim)
+        delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
+        code = _inbox_checks.bound_inbox_error(error)
+        most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
         row = self._current(claim)
         if row is None or row.item.state != "claimed":
             return None
@@ -229,9 +229,9 @@ class MemoryInboxStore:
         await self._state.step()
         if source is not None:
             _common.check_name(source, "source", InvalidInboxError)
-        wanted = _common.check_inbox_state(state)
-        position = _common.decode_inbox_cursor(cursor)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        wanted = _inbox_checks.check_inbox_state(state)
+        position = _inbox_checks.decode_inbox_cursor(cursor)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         rows = sorted(
             (
                 r.item
@@ -244,7 +244,7 @@ class MemoryInboxStore:
         )
         items = tuple(rows[:n])
         more = len(rows) > n
-        return InboxPage(items, _common.encode_inbox_cursor(items[-1]) if more else None)
+        return InboxPage(items, _inbox_checks.encode_inbox_cursor(items[-1]) if more else None)
 
     async def settle(
         self, *, source: str, key: str, action: Literal["retry", "discard"]
@@ -270,8 +270,8 @@ class MemoryInboxStore:
 
     async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
         await self._state.step()
-        before = _common.check_inbox_ms(before_ms, "before_ms", minimum=0)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        before = _inbox_checks.check_inbox_ms(before_ms, "before_ms", minimum=0)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         now = self._state.clock.now_ms()
         doomed = [
             address
@@ -286,7 +286,7 @@ class MemoryInboxStore:
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
         await self._state.step()
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         counts = {"pending": 0, "claimed": 0, "dead": 0}
         for row in self._state.inbox.values():
             if (wanted is None or row.item.source in wanted) and row.item.state in counts:

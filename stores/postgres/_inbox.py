@@ -8,7 +8,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from .. import _common
+from .. import _common, _inbox_checks
 from .._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
@@ -69,7 +69,7 @@ class PostgresInboxStore:
         self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
     ) -> bool:
         """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
-        put = _common.check_inbox_put(
+        put = _inbox_checks.check_inbox_put(
             source=source, key=key, partition=partition, order=order, payload=payload,
             max_value_bytes=self._max_value_bytes,
         )  # fmt: skip
@@ -93,14 +93,14 @@ class PostgresInboxStore:
         sources: Sequence[str] | None = None,
     ) -> tuple[InboxClaim, ...]:
         """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
-        owner, ttl, n, most, wanted = _common.check_inbox_claim_args(
+        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_claim_args(
             owner_id, ttl_ms, limit, max_attempts, sources
         )
         if wanted == ():
             await trio.lowlevel.checkpoint()
             return ()
         now = self._clock.now_ms()
-        token = _common.new_claim_token()
+        token = _inbox_checks.new_claim_token()
         t = self._t
         rows = await self._rows(
             f"WITH ready AS (SELECT r.source, r.key FROM {t} AS r"
@@ -141,7 +141,7 @@ class PostgresInboxStore:
     ) -> InboxItem | None:
         """``UPDATE … SET assignments`` (parameters from ``$4``) the claim's item when its
         token and state still match; the item as stored, or ``None``."""
-        _common.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_claim(claim)
         rows = await self._rows(
             f"UPDATE {self._t} SET {assignments}"
             f" WHERE source = $1 AND key = $2 AND token = $3"
@@ -151,7 +151,7 @@ class PostgresInboxStore:
         return _inbox_item(rows[0]) if rows else None
 
     async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
-        ttl = _common.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
+        ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
         now = self._clock.now_ms()
         item = await self._update(
             claim, ("claimed", "done"), "claim_expires_at = $4, updated_at = $5", now + ttl, now
@@ -159,7 +159,7 @@ class PostgresInboxStore:
         return None if item is None else attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
 
     async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
-        hold = _common.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
+        hold = _inbox_checks.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
         now = self._clock.now_ms()
         done = await self._update(
             claim,
@@ -174,7 +174,7 @@ class PostgresInboxStore:
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
         owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         if wanted == ():
             await trio.lowlevel.checkpoint()
             return 0
@@ -200,9 +200,9 @@ class PostgresInboxStore:
     async def retry(
         self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
-        delay = _common.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
-        code = _common.bound_inbox_error(error)
-        most = _common.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
+        delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
+        code = _inbox_checks.bound_inbox_error(error)
+        most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
         now = self._clock.now_ms()
         return await self._update(
             claim,
@@ -233,9 +233,9 @@ class PostgresInboxStore:
     ) -> InboxPage:
         if source is not None:
             _common.check_name(source, "source", InvalidInboxError)
-        wanted = _common.check_inbox_state(state)
-        position = _common.decode_inbox_cursor(cursor)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        wanted = _inbox_checks.check_inbox_state(state)
+        position = _inbox_checks.decode_inbox_cursor(cursor)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         where: list[str] = []
         args: list[Any] = []
         if source is not None:
@@ -255,7 +255,7 @@ class PostgresInboxStore:
         rows = [_inbox_item(row, with_payload=False) for row in await self._rows(sql, *args)]
         items = tuple(rows[:n])
         more = len(rows) > n
-        return InboxPage(items, _common.encode_inbox_cursor(items[-1]) if more else None)
+        return InboxPage(items, _inbox_checks.encode_inbox_cursor(items[-1]) if more else None)
 
     async def settle(
         self, *, source: str, key: str, action: Literal["retry", "discard"]
@@ -276,8 +276,8 @@ class PostgresInboxStore:
         return _inbox_item(rows[0]) if rows else None
 
     async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
-        before = _common.check_inbox_ms(before_ms, "before_ms", minimum=0)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        before = _inbox_checks.check_inbox_ms(before_ms, "before_ms", minimum=0)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         rows = await self._rows(
             f"DELETE FROM {self._t} WHERE (source, key) IN (SELECT source, key FROM {self._t}"
             " WHERE state IN ('done', 'discarded') AND updated_at < $1"
@@ -287,7 +287,7 @@ class PostgresInboxStore:
         return len(rows)
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         if wanted == ():
             await trio.lowlevel.checkpoint()
             return InboxDepth()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import apsw
 import attrs
 
-from .. import _common
+from .. import _common, _inbox_checks
 from .._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
@@ -73,7 +73,7 @@ class SQLiteInboxStore:
         self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
     ) -> bool:
         """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
-        put = _common.check_inbox_put(
+        put = _inbox_checks.check_inbox_put(
             source=source, key=key, partition=partition, order=order, payload=payload,
             max_value_bytes=self._max_value_bytes,
         )  # fmt: skip
@@ -101,7 +101,7 @@ class SQLiteInboxStore:
         sources: Sequence[str] | None = None,
     ) -> tuple[InboxClaim, ...]:
         """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
-        owner, ttl, n, most, wanted = _common.check_inbox_claim_args(
+        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_claim_args(
             owner_id, ttl_ms, limit, max_attempts, sources
         )
         if wanted == ():
@@ -126,7 +126,7 @@ class SQLiteInboxStore:
                         (now, source, key),
                     )
                     continue
-                token = _common.new_claim_token()
+                token = _inbox_checks.new_claim_token()
                 row = _one(
                     conn,
                     "UPDATE prism_inbox SET state = 'claimed', attempts = attempts + 1,"
@@ -145,7 +145,7 @@ class SQLiteInboxStore:
     ) -> InboxItem | None:
         """``UPDATE … SET assignments`` the claim's item when its token and state still
         match; the item as stored, or ``None``."""
-        _common.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_claim(claim)
         sql = (
             f"UPDATE prism_inbox SET {assignments}"
             f" WHERE source = ? AND key = ? AND token = ?"
@@ -160,7 +160,7 @@ class SQLiteInboxStore:
         return await self._db.write(txn)
 
     async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
-        ttl = _common.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
+        ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
         now = self._db.clock.now_ms()
         item = await self._update(
             claim,
@@ -171,7 +171,7 @@ class SQLiteInboxStore:
         return None if item is None else attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
 
     async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
-        hold = _common.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
+        hold = _inbox_checks.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
         now = self._db.clock.now_ms()
         done = await self._update(
             claim,
@@ -185,7 +185,7 @@ class SQLiteInboxStore:
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
         owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         if wanted == ():
             return 0
         now = self._db.clock.now_ms()
@@ -215,9 +215,9 @@ class SQLiteInboxStore:
     async def retry(
         self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
-        delay = _common.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
-        code = _common.bound_inbox_error(error)
-        most = _common.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
+        delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
+        code = _inbox_checks.bound_inbox_error(error)
+        most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
         now = self._db.clock.now_ms()
         return await self._update(
             claim,
@@ -251,9 +251,9 @@ class SQLiteInboxStore:
     ) -> InboxPage:
         if source is not None:
             _common.check_name(source, "source", InvalidInboxError)
-        wanted = _common.check_inbox_state(state)
-        position = _common.decode_inbox_cursor(cursor)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        wanted = _inbox_checks.check_inbox_state(state)
+        position = _inbox_checks.decode_inbox_cursor(cursor)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         where: list[str] = []
         args: list[Any] = []
         if source is not None:
@@ -278,7 +278,7 @@ class SQLiteInboxStore:
         rows = await self._db.run(read)
         items = tuple(rows[:n])
         more = len(rows) > n
-        return InboxPage(items, _common.encode_inbox_cursor(items[-1]) if more else None)
+        return InboxPage(items, _inbox_checks.encode_inbox_cursor(items[-1]) if more else None)
 
     async def settle(
         self, *, source: str, key: str, action: Literal["retry", "discard"]
@@ -305,8 +305,8 @@ class SQLiteInboxStore:
         return await self._db.write(txn)
 
     async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
-        before = _common.check_inbox_ms(before_ms, "before_ms", minimum=0)
-        n = _common.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        before = _inbox_checks.check_inbox_ms(before_ms, "before_ms", minimum=0)
+        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
         now = self._db.clock.now_ms()
 
         def txn(conn: apsw.Connection) -> int:
@@ -322,7 +322,7 @@ class SQLiteInboxStore:
         return await self._db.write(txn, weight=n)
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
-        wanted = _common.check_inbox_sources(sources)
+        wanted = _inbox_checks.check_inbox_sources(sources)
         if wanted == ():
             return InboxDepth()
         sql = (
