@@ -75,6 +75,9 @@ class Inbox:
     _seq: int = attrs.field(default=0, init=False)
     """Orders events received in the same millisecond (as they were read)."""
     _last_order: int = attrs.field(default=0, init=False)
+    _orders: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The order given to each event put and not yet removed: a put tried again (the store
+    failed the first) keeps its place among the events read after it."""
     _claims: dict[str, InboxClaim] = attrs.field(factory=dict, init=False)
     """This receiver's claims, by event id."""
 
@@ -87,15 +90,18 @@ class Inbox:
         self._last_order = max(self._last_order + 1, (received_at_ms or 0) * 1000)
         return self._last_order
 
+    def _order_of(self, event: InboundEvent) -> int:
+        order = self._orders.get(event.event_id)
+        if order is None:
+            order = self._orders[event.event_id] = self._order(event.received_at_ms)
+        return order
+
     async def put(self, events: Sequence[InboundEvent]) -> list[bool]:
         """Write each event (once), together; per event whether it is now durable (False
         for an event the store did not take: logged)."""
         if not events:
             return []
-        items = [
-            (event.event_id, self._order(event.received_at_ms), self._value(event))
-            for event in events
-        ]
+        items = [(event.event_id, self._order_of(event), self._value(event)) for event in events]
         durable = [False] * len(items)
         failed: list[str] = []
 
@@ -147,6 +153,8 @@ class Inbox:
         if not events:
             return
         keys = {event.event_id for event in events}
+        for key in keys:
+            self._orders.pop(key, None)
         try:
             await self._claim(keys - self._claims.keys())
             done = [self._claims.pop(key) for key in keys if key in self._claims]
@@ -188,6 +196,7 @@ class Inbox:
         await self._move_checkpoint_records()
         await self.store.expire_own_claims(owner_id=self.owner, sources=(self.connection_id,))
         self._claims.clear()
+        self._orders.clear()
         claimed: list[InboxClaim] = []
         while len(claimed) < MAX_REPLAY:
             claims = await self.store.claim(

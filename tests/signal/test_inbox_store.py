@@ -16,7 +16,10 @@ from typing import Any
 import trio
 
 from adapters.signal import INBOX_NAMESPACE, SignalAdapter
-from stores import OwnershipScope, Store, open_store
+from adapters.signal._inbox import Inbox
+from prismd.channel import InboundEvent
+from stores import OwnershipScope, Store, StoreUnavailableError, open_store
+from stores.memory import MemoryStore
 from tests.fakes.signal_cli import FakeSignalCli, text_envelope
 from tests.support.recorder import Recorder
 from tests.support.waiting import wait_until
@@ -150,3 +153,32 @@ async def test_a_new_holder_takes_over_the_claims_of_the_last(
             depth = await store.inbox.depth(sources=[CONN])
             assert (depth.pending, depth.claimed) == (0, 0)
     assert taken.texts == ["waits", "waits too"]
+
+
+async def test_a_put_tried_again_keeps_its_place() -> None:
+    """An event the store did not take at first is written again later (before its
+    admission); it keeps its place before the events read after it."""
+    store = MemoryStore()
+    failing = {"a"}
+
+    class Flaky:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store.inbox, name)
+
+        async def put(self, **kw: Any) -> bool:
+            if kw["key"] in failing:
+                raise StoreUnavailableError("store down")
+            return await store.inbox.put(**kw)
+
+    def event(event_id: str) -> InboundEvent:
+        return InboundEvent(CONN, "dm:alice", "alice-uuid", event_id, "hi", received_at_ms=5)
+
+    inbox = Inbox(connection_id=CONN, store=Flaky(), checkpoints=store.checkpoints, scope=SERVICE)
+    assert await inbox.put([event("a"), event("b")]) == [False, True]
+    assert await inbox.put([event("c")]) == [True]
+    failing.clear()
+    assert await inbox.put([event("a")]) == [True]
+    again = Inbox(
+        connection_id=CONN, store=store.inbox, checkpoints=store.checkpoints, scope=SERVICE
+    )
+    assert [e.event_id for e in await again.load()] == ["a", "b", "c"]
