@@ -88,7 +88,7 @@ class GrantEntry(Protocol):
 
 
 class OperatorEntry(Protocol):
-    """The fields of ``prismd.config.Operator`` the authorizer reads."""
+    """The fields of ``prismd.control.Operator`` the authorizer reads."""
 
     @property
     def uid(self) -> int: ...

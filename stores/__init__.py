@@ -3,7 +3,9 @@
 ``async with open_store(url) as store:`` understands ``memory://``, ``sqlite:///path`` and
 ``postgresql://…`` (also ``postgres://``); every store has three facets: ``checkpoints``,
 ``leases`` and the durable ``inbox``. ``migrate_store(url)`` applies or reports a
-durable store's schema. The PostgreSQL URL parser and pool settings are here too: they import
+durable store's schema. ``update_checkpoint`` is the one read-modify-write of a record by
+compare-and-swap (read, decide, conditional write, retried a bounded number of times). The
+PostgreSQL URL parser and pool settings are here too: they import
 no driver (``check-config`` uses them), while :mod:`stores.postgres` (the store) does.
 """
 
@@ -12,14 +14,6 @@ from __future__ import annotations
 from ._common import compact_json as compact_json
 from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
-from ._pg_url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
-from ._pg_url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
-from ._pg_url import MAX_POOL_SIZE as MAX_POOL_SIZE
-from ._pg_url import PostgresOptions as PostgresOptions
-from ._pg_url import PostgresURL as PostgresURL
-from ._pg_url import default_pool_size as default_pool_size
-from ._pg_url import is_postgres_url as is_postgres_url
-from ._pg_url import parse_postgres_url as parse_postgres_url
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
 )
@@ -140,3 +134,17 @@ from ._types import (
 from ._types import (
     ms_to_iso as ms_to_iso,
 )
+from ._update import LOST as LOST
+from ._update import Keep as Keep
+from ._update import Lost as Lost
+from ._update import Replace as Replace
+from ._update import retry_compare_and_swap as retry_compare_and_swap
+from ._update import update_checkpoint as update_checkpoint
+from .postgres._url import DEFAULT_CONNECT_TIMEOUT_MS as DEFAULT_CONNECT_TIMEOUT_MS
+from .postgres._url import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
+from .postgres._url import MAX_POOL_SIZE as MAX_POOL_SIZE
+from .postgres._url import PostgresOptions as PostgresOptions
+from .postgres._url import PostgresURL as PostgresURL
+from .postgres._url import default_pool_size as default_pool_size
+from .postgres._url import is_postgres_url as is_postgres_url
+from .postgres._url import parse_postgres_url as parse_postgres_url

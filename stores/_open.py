@@ -7,7 +7,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
-from ._pg_url import PostgresOptions, is_postgres_url
 from ._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,
@@ -16,6 +15,7 @@ from ._types import (
     SchemaStatus,
     Store,
 )
+from .postgres._url import PostgresOptions, is_postgres_url
 
 CLOSE_BUDGET_S = 10.0
 """How long leaving the block waits for the store to close, even when cancelled."""
@@ -65,7 +65,7 @@ async def _open(
 ) -> AsyncIterator[Store]:
     scheme = _scheme(url)
     if is_postgres_url(url):
-        from .postgres import open_postgres_store
+        from .postgres._store import open_postgres_store
 
         async with open_postgres_store(
             url, clock=clock, max_value_bytes=max_value_bytes, options=postgres
@@ -80,7 +80,7 @@ async def _open(
 
         store = MemoryStore(clock=clock, max_value_bytes=max_value_bytes)
     elif scheme == "sqlite":
-        from .sqlite import open_sqlite_store
+        from .sqlite._store import open_sqlite_store
 
         store = await open_sqlite_store(url, clock=clock, max_value_bytes=max_value_bytes)
     else:
@@ -105,11 +105,11 @@ async def migrate_store(
     """
     scheme = _scheme(url)
     if is_postgres_url(url):
-        from .postgres import schema_status
+        from .postgres._store import schema_status
 
         return await schema_status(url, options=postgres, apply=apply)
     if scheme == "sqlite":
-        from .sqlite import sqlite_schema_status
+        from .sqlite._store import sqlite_schema_status
 
         return await sqlite_schema_status(url, apply=apply)
     if scheme == "memory":

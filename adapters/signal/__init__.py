@@ -2,7 +2,9 @@
 
 :class:`SignalAdapter` is the adapter (:mod:`._adapter`), wiring parts of one job each:
 :mod:`._client` (the Unix socket / TCP transport), :mod:`._receive` (the receiver lease,
-subscription, journal-then-admit intake, pausing and reconnecting), :mod:`._readiness`
+pausing and reconnecting), :mod:`._subscription` (one subscription: the journal-then-admit
+intake and its wind-down), :mod:`._held` (the events read and not yet admitted),
+:mod:`._readiness`
 (the probe before each subscription), :mod:`._inbox` (every received message, durably,
 until admitted), :mod:`._filter` and :mod:`._parse` (notification → event, the group and
 attachment policy), :mod:`._send` (chunks, approval lines, results), :mod:`._status`

@@ -158,6 +158,7 @@ class SignalAdapter:
             service_scope=self.service_scope,
             inbox=Inbox(
                 connection_id=self.connection_id,
+                store=self.store.inbox,
                 checkpoints=self.store.checkpoints,
                 scope=self.service_scope,
             ),

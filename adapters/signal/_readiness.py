@@ -10,7 +10,7 @@ still journal; a newer holder's fence refuses it.
 
 from __future__ import annotations
 
-from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope, ms_to_iso
+from stores import CheckpointStore, Clock, OwnershipScope, Replace, ms_to_iso, update_checkpoint
 
 __all__ = ["READINESS_CATEGORY", "RECEIVER_NAMESPACE", "write_readiness"]
 
@@ -28,24 +28,15 @@ async def write_readiness(
 ) -> None:
     """Rewrite the record once. Raises :class:`~stores.CheckpointConflictError` when it was
     rewritten by someone else twice in a row (a newer fence), and the store's errors."""
-    key = f"r1:{connection_id}"
-    for _attempt in range(2):
-        record = await checkpoints.load_checkpoint(
-            namespace=RECEIVER_NAMESPACE, key=key, scope=scope
-        )
-        version = 0 if record is None else record.version
-        try:
-            await checkpoints.save_checkpoint(
-                namespace=RECEIVER_NAMESPACE,
-                key=key,
-                scope=scope,
-                version=version + 1,
-                expected_version=version,
-                fencing_token=fencing_token,
-                value={"schema": 1, "updatedAt": ms_to_iso(clock.now_ms())},
-                category=READINESS_CATEGORY,
-            )
-        except CheckpointConflictError:
-            continue  # rewritten meanwhile: look again (a newer fence refuses twice)
-        return
-    raise CheckpointConflictError("readiness record held by a newer writer")
+    await update_checkpoint(
+        checkpoints,
+        namespace=RECEIVER_NAMESPACE,
+        key=f"r1:{connection_id}",
+        scope=scope,
+        # Rewritten meanwhile: look again (a newer fence refuses twice).
+        change=lambda _stored: Replace({"schema": 1, "updatedAt": ms_to_iso(clock.now_ms())}, None),
+        what="the readiness record",
+        category=READINESS_CATEGORY,
+        fencing_token=fencing_token,
+        attempts=2,
+    )

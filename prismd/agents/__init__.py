@@ -29,6 +29,7 @@ from ._base import StreamEvent as StreamEvent
 from ._base import TextBlock as TextBlock
 from ._retention import AGENT_NAMESPACES as AGENT_NAMESPACES
 from ._retention import agent_record_kept as agent_record_kept
+from ._session import MOVED_NAMESPACES as MOVED_NAMESPACES
 from ._session import NS_RUN as NS_RUN
 from ._session import NS_SESSION as NS_SESSION
 from ._session import AgentOptionError as AgentOptionError

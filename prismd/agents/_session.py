@@ -1,7 +1,7 @@
 """Shared pieces of the built-in agents: durable session transcripts, option errors, helpers.
 
 A transcript is the agent's own memory of a conversation (not the channel journal): one
-checkpoint per (owner, agent alias, session id) in ``prismd.agents.v1.session``, scoped by
+checkpoint per (owner, agent alias, session id) in ``prismd.v1.agent-session``, scoped by
 the run's ownership, holding the most recent user/assistant entries within fixed bounds.
 """
 
@@ -20,21 +20,29 @@ import attrs
 import trio
 
 from stores import (
-    CheckpointConflictError,
+    LOST,
     CheckpointRecord,
     CheckpointStore,
     DeleteCheckpoint,
     EncodedSave,
+    Lost,
     OwnershipScope,
     SaveCheckpoint,
     compact_json,
+    retry_compare_and_swap,
 )
 
 from ..redact import replace_surrogates
 from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
 
-NS_SESSION = "prismd.agents.v1.session"
-NS_RUN = "prismd.agents.v1.run"
+NS_SESSION = "prismd.v1.agent-session"
+NS_RUN = "prismd.v1.agent-run"
+MOVED_NAMESPACES = {
+    "prismd.agents.v1.session": NS_SESSION,
+    "prismd.agents.v1.run": NS_RUN,
+}
+"""Where these records were kept before prismd's namespaces took one scheme
+(``prismd.v1.<name>``): the journal's format 3 moves them (:func:`prismd.journal.ensure_format`)."""
 CATEGORY_SESSION = "agent-session"
 CATEGORY_RUN = "agent-run"
 MAX_SESSION_ENTRIES = 200
@@ -319,7 +327,8 @@ class SessionLog:
         key = session_key(self.alias, session_id, ownership)
         at = (key, ownership)
         limit = min(self.max_entries, MAX_SESSION_ENTRIES)
-        for _attempt in range(_CAS_ATTEMPTS):
+
+        async def attempt() -> str | Lost:
             # Taken out while the save is in flight: a concurrent append of this process
             # loads from the store instead and meets the compare-and-swap.
             current = self._take(at)
@@ -368,7 +377,10 @@ class SessionLog:
                 (updated_at,) = await self.checkpoints.save_encoded((encoded,))
                 ok = updated_at is not None
             if not ok:
-                continue
+                return LOST
             self._remember(at, written)
             return added[-1].id
-        raise CheckpointConflictError("session transcript append kept losing its CAS")
+
+        return await retry_compare_and_swap(
+            attempt, what="the session transcript append", attempts=_CAS_ATTEMPTS
+        )

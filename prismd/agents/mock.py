@@ -6,7 +6,7 @@ Options (``[agents.<alias>] kind = "mock"``):
   work and cancellation aborts the wait;
 * ``fail`` (bool): every run fails with error code ``mock_failure``;
 * ``suspend_for_tool`` (str): every run suspends asking to approve that tool; the run state
-  is durable (``prismd.agents.v1.run``), so ``status``/``resume`` work from another process
+  is durable (``prismd.v1.agent-run``), so ``status``/``resume`` work from another process
   on the same store; an allowed resume "runs" the tool exactly once (recorded durably) and
   answers, a rejected one ends ``denied``;
 * ``reply_prefix`` (str, default ``"mock: "``); ``vision`` (bool): accept image input.
@@ -15,13 +15,22 @@ Options (``[agents.<alias>] kind = "mock"``):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import trio
 
-from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
+from stores import (
+    CheckpointConflictError,
+    CheckpointRecord,
+    CheckpointStore,
+    Clock,
+    Keep,
+    OwnershipScope,
+    Replace,
+    update_checkpoint,
+)
 
 from ..identity import AgentIdentity, ownership_from_identity
 from ._base import (
@@ -49,6 +58,7 @@ from ._session import (
 )
 
 _CAS_ATTEMPTS = 8
+R = TypeVar("R")
 MAX_DELAY_MS = 24 * 3600 * 1000
 
 
@@ -83,6 +93,26 @@ def validate_mock_options(options: Mapping[str, Any]) -> MockOptions:
             raise AgentOptionError(key, "unknown option for agent kind 'mock'")
         values[key] = value
     return MockOptions(**values)
+
+
+class _Finish:
+    """A resume's answer when the tool has run and only the answer is left to write."""
+
+
+FINISH = _Finish()
+
+
+def _parsed(stored: CheckpointRecord | None) -> tuple[int, _RunRecord] | None:
+    if stored is None:
+        return None
+    try:
+        return stored.version, _RunRecord.from_json(stored.value)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _replace(record: _RunRecord, result: R) -> Replace[R]:
+    return Replace(record.to_json(), result, metadata={"status": record.status})
 
 
 def _run_key(alias: str, run_id: str) -> str:
@@ -217,12 +247,32 @@ class MockAgent:
         stored = await self.checkpoints.load_checkpoint(
             namespace=NS_RUN, key=_run_key(self.alias, run_id), scope=ownership
         )
-        if stored is None:
-            return None
+        return _parsed(stored)
+
+    async def _update(
+        self,
+        run_id: str,
+        session_id: str,
+        ownership: OwnershipScope,
+        change: Callable[[tuple[int, _RunRecord] | None], Replace[R] | Keep[R]],
+    ) -> R:
+        """Read-modify-write of the run's record (see :func:`stores.update_checkpoint`);
+        ``run_state_conflict`` when it kept changing under us."""
         try:
-            return stored.version, _RunRecord.from_json(stored.value)
-        except (ValueError, KeyError, TypeError):
-            return None
+            return await update_checkpoint(
+                self.checkpoints,
+                namespace=NS_RUN,
+                key=_run_key(self.alias, run_id),
+                scope=ownership,
+                change=lambda stored: change(_parsed(stored)),
+                what="the mock run's record",
+                category=CATEGORY_RUN,
+                attempts=_CAS_ATTEMPTS,
+            )
+        except CheckpointConflictError:
+            raise _failed(
+                run_id, session_id, "run_state_conflict", "run state kept changing"
+            ) from None
 
     async def _save(
         self, run_id: str, ownership: OwnershipScope, record: _RunRecord, expected: int
@@ -306,36 +356,40 @@ class MockAgent:
         ``missing_decision``) when the run cannot be resumed as asked.
         """
         self.resume_calls += 1
-        for _attempt in range(_CAS_ATTEMPTS):
-            loaded = await self._load(run_id, ownership)
+
+        def change(
+            loaded: tuple[int, _RunRecord] | None,
+        ) -> Replace[RunResult | _Finish] | Keep[RunResult | _Finish]:
             if loaded is None or loaded[1].session_id != session_id:
                 raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
             version, record = loaded
             if record.status == "succeeded":
-                return record.succeeded(run_id)
+                return Keep(record.succeeded(run_id))
             if record.status == "denied":
-                return RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
+                return Keep(RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id))
             if record.status == "running":
                 # The tool already ran under an earlier resume; only the answer is missing.
-                return await self._finish(run_id, ownership, on_event)
+                return Keep(FINISH)
             if version != expected_version:
                 raise _failed(run_id, session_id, "version_conflict", "run state changed")
             approval_id = record.pending[0].approval_id if record.pending else None
             outcomes = {d.approval_id: d.outcome for d in decisions}
             if deny or outcomes.get(approval_id or "") == "reject_once":
                 denied = attrs.evolve(record, status="denied", pending=())
-                if await self._save(run_id, ownership, denied, version):
-                    return RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
-                continue
+                result = RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
+                return _replace(denied, result)
             if approval_id is None or outcomes.get(approval_id) != "allow_once":
                 raise _failed(run_id, session_id, "missing_decision", "no decision for the tool")
             # The tool "runs" in the same CAS that leaves `suspended`: exactly one winner.
             running = attrs.evolve(
                 record, status="running", pending=(), tool_runs=record.tool_runs + 1
             )
-            if await self._save(run_id, ownership, running, version):
-                return await self._finish(run_id, ownership, on_event)
-        raise _failed(run_id, session_id, "run_state_conflict", "run state kept changing")
+            return _replace(running, FINISH)
+
+        outcome = await self._update(run_id, session_id, ownership, change)
+        if isinstance(outcome, _Finish):
+            return await self._finish(run_id, ownership, on_event)
+        return outcome
 
     async def _finish(
         self, run_id: str, ownership: OwnershipScope, on_event: EventSink | None
@@ -344,21 +398,24 @@ class MockAgent:
         loaded = await self._load(run_id, ownership)
         if loaded is None:
             raise _failed(run_id, "", "run_not_found", "run state vanished")
-        version, record = loaded
+        record = loaded[1]
         if record.status == "succeeded":
             return record.succeeded(run_id)
         answer = self._answer(record.text)
         await stream_text(run_id, answer, on_event)
         leaf = await self._log.append(record.session_id, ownership, (("assistant", answer),))
-        for _attempt in range(_CAS_ATTEMPTS):
-            done = attrs.evolve(record, status="succeeded", answer=answer, leaf_id=leaf)
-            if await self._save(run_id, ownership, done, version):
-                return RunResult("succeeded", answer, run_id, record.session_id, leaf_id=leaf)
-            loaded = await self._load(run_id, ownership)
+
+        def change(loaded: tuple[int, _RunRecord] | None) -> Replace[RunResult] | Keep[RunResult]:
             if loaded is None:
-                break
-            version, record = loaded
-            if record.status == "succeeded":
+                raise _failed(
+                    run_id, record.session_id, "run_state_conflict", "run state kept changing"
+                )
+            current = loaded[1]
+            if current.status == "succeeded":
                 # A concurrent resume finished first; its answer is the run's answer.
-                return record.succeeded(run_id)
-        raise _failed(run_id, record.session_id, "run_state_conflict", "run state kept changing")
+                return Keep(current.succeeded(run_id))
+            done = attrs.evolve(current, status="succeeded", answer=answer, leaf_id=leaf)
+            result = RunResult("succeeded", answer, run_id, current.session_id, leaf_id=leaf)
+            return _replace(done, result)
+
+        return await self._update(run_id, record.session_id, ownership, change)

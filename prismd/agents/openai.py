@@ -15,11 +15,11 @@ Options (``[agents.<alias>] kind = "openai"``), checked by :func:`validate_opena
 
 Durable state, all in the journal's checkpoint store, scoped by the run's ownership:
 
-* the conversation history per session (``prismd.agents.v1.session``, the same transcript
+* the conversation history per session (``prismd.v1.agent-session``, the same transcript
   records as ``echo``/``mock``): the last ``max_history_messages`` user/assistant texts,
   bounded in bytes, pruned with the journal. ``/new`` starts a new session id, so the
   model no longer sees the old one;
-* a run record (``prismd.agents.v1.run``) only once a run calls a tool: the in-run
+* a run record (``prismd.v1.agent-run``) only once a run calls a tool: the in-run
   messages, the tool calls still to do, the pending approval. Its ``status`` walks
   ``suspended → dispatching → running → … → succeeded | denied | failed``; ``dispatching``
   is written (CAS) *before* a tool is called, so a crash mid-call leaves a run that
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +39,6 @@ import attrs
 import httpx
 import trio
 
-from adapters.toolkit import is_loopback_host
 from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 
 from ..identity import AgentIdentity, ownership_from_identity
@@ -57,6 +55,10 @@ from ._base import (
     StreamEvent,
 )
 from ._chat import Completion, ProviderError, ToolCall, stream_completion
+from ._openai_options import OpenAIOptions as OpenAIOptions
+from ._openai_options import check_base_url as check_base_url
+from ._openai_options import load_tools
+from ._openai_options import validate_openai_options as validate_openai_options
 from ._session import (
     CATEGORY_RUN,
     NS_RUN,
@@ -67,159 +69,16 @@ from ._session import (
     input_text,
     new_run_id,
 )
-from .python import FACTORY_RE, resolve_factory
-from .tools import Tool, check_tools
+from .tools import Tool
 
 log = logging.getLogger("prismd.agents.openai")
 
-DEFAULT_TIMEOUT_MS = 60_000
-MIN_TIMEOUT_MS = 1_000
-MAX_TIMEOUT_MS = 600_000
-DEFAULT_MAX_HISTORY = 40
-MAX_HISTORY = 200
-MAX_OUTPUT_TOKENS = 1_000_000
 MAX_TOOL_ROUNDS = 8
 """Model calls per run (a run, or a resume) before it ends ``tool_rounds_exceeded``."""
 MAX_TOOL_RESULT_CHARS = 16 * 1024
 MAX_RUN_RECORD_BYTES = 768 * 1024
-MAX_PROMPT_CHARS = 64 * 1024
-_CAS_ATTEMPTS = 8
-_KEYS = frozenset(
-    {
-        "base_url",
-        "model",
-        "api_key_env",
-        "api_key_file",
-        "system_prompt",
-        "timeout_ms",
-        "max_history_messages",
-        "max_output_tokens",
-        "temperature",
-        "tools",
-    }
-)
-_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 INTERRUPTED_KIND = "tool_interrupted"
 DENIED_TOOL_RESULT = "The user denied this tool call. Do not try it again; answer without it."
-
-
-@attrs.frozen
-class OpenAIOptions:
-    base_url: str
-    model: str
-    api_key_env: str | None = None
-    api_key_file: str | None = None
-    system_prompt: str | None = None
-    timeout_ms: int = DEFAULT_TIMEOUT_MS
-    max_history_messages: int = DEFAULT_MAX_HISTORY
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    tools: str | None = None
-
-
-def _int(key: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AgentOptionError(key, "must be an integer")
-    if not low <= value <= high:
-        raise AgentOptionError(key, f"must be between {low} and {high}")
-    return value
-
-
-def _text(key: str, value: Any, *, limit: int = 1024) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise AgentOptionError(key, "must be a non-empty string")
-    if len(value) > limit:
-        raise AgentOptionError(key, f"must be at most {limit} characters")
-    return value
-
-
-def check_base_url(value: Any) -> str:
-    """``value`` without a trailing slash, or ``AgentOptionError("base_url", …)``."""
-    raw = _text("base_url", value)
-    try:
-        url = httpx.URL(raw)
-    except Exception:
-        raise AgentOptionError("base_url", "is not a URL") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise AgentOptionError("base_url", "must be an http(s) URL like https://api.openai.com/v1")
-    if url.userinfo or url.query or url.fragment or "#" in raw:
-        raise AgentOptionError(
-            "base_url", "must not carry credentials, a query or a fragment (use api_key_env)"
-        )
-    if url.scheme == "http" and not is_loopback_host(url.host):
-        raise AgentOptionError(
-            "base_url", "http:// is accepted only for loopback hosts; use https://"
-        )
-    return raw.rstrip("/")
-
-
-def validate_openai_options(options: Mapping[str, Any]) -> OpenAIOptions:
-    """Parse ``openai`` options; raises :class:`AgentOptionError` naming the bad key."""
-    for key in options:
-        if key not in _KEYS:
-            raise AgentOptionError(key, "unknown option for agent kind 'openai'")
-    values: dict[str, Any] = {}
-    if "base_url" not in options:
-        raise AgentOptionError("base_url", "is required for agent kind 'openai'")
-    values["base_url"] = check_base_url(options["base_url"])
-    if "model" not in options:
-        raise AgentOptionError("model", "is required for agent kind 'openai'")
-    values["model"] = _text("model", options["model"], limit=256)
-    if "api_key_env" in options and "api_key_file" in options:
-        raise AgentOptionError("api_key_file", "give api_key_env or api_key_file, not both")
-    if "api_key_env" in options:
-        name = _text("api_key_env", options["api_key_env"], limit=256)
-        if not set(name) <= _ENV_NAME_CHARS or name[0].isdigit():
-            raise AgentOptionError("api_key_env", "must name an environment variable")
-        values["api_key_env"] = name
-    if "api_key_file" in options:
-        values["api_key_file"] = _text("api_key_file", options["api_key_file"], limit=4096)
-    if "system_prompt" in options:
-        prompt = options["system_prompt"]
-        if not isinstance(prompt, str):
-            raise AgentOptionError("system_prompt", "must be a string")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise AgentOptionError(
-                "system_prompt", f"must be at most {MAX_PROMPT_CHARS} characters"
-            )
-        values["system_prompt"] = prompt or None
-    if "timeout_ms" in options:
-        values["timeout_ms"] = _int(
-            "timeout_ms", options["timeout_ms"], MIN_TIMEOUT_MS, MAX_TIMEOUT_MS
-        )
-    if "max_history_messages" in options:
-        values["max_history_messages"] = _int(
-            "max_history_messages", options["max_history_messages"], 0, MAX_HISTORY
-        )
-    if "max_output_tokens" in options:
-        values["max_output_tokens"] = _int(
-            "max_output_tokens", options["max_output_tokens"], 1, MAX_OUTPUT_TOKENS
-        )
-    if "temperature" in options:
-        temperature = options["temperature"]
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise AgentOptionError("temperature", "must be a number")
-        if not math.isfinite(temperature) or not 0 <= temperature <= 2:
-            raise AgentOptionError("temperature", "must be between 0 and 2")
-        values["temperature"] = float(temperature)
-    if "tools" in options:
-        spec = options["tools"]
-        if not isinstance(spec, str) or not FACTORY_RE.match(spec):
-            raise AgentOptionError("tools", "must be 'module:callable'")
-        values["tools"] = spec
-    return OpenAIOptions(**values)
-
-
-def load_tools(spec: str, ctx: AgentContext) -> dict[str, Tool]:
-    """Import and call the ``tools`` factory; errors name the key, never the factory's text."""
-    factory = resolve_factory(spec, "tools")
-    try:
-        produced = factory(ctx)
-    except Exception as exc:
-        raise AgentOptionError(
-            "tools", f"the tools factory {spec!r} failed ({type(exc).__name__})"
-        ) from None
-    return check_tools(produced, f"the tools factory {spec!r}")
 
 
 # --------------------------------------------------------------------------- run records
@@ -241,7 +100,7 @@ def _run_key(alias: str, run_id: str) -> str:
 
 @attrs.frozen
 class _Run:
-    """The durable state of a run that called a tool (JSON in ``prismd.agents.v1.run``)."""
+    """The durable state of a run that called a tool (JSON in ``prismd.v1.agent-run``)."""
 
     status: str
     session_id: str

@@ -1,5 +1,7 @@
 """The control socket: a Unix socket speaking newline-delimited JSON-RPC 2.0 to operators."""
 
+from ._config import ControlConfig as ControlConfig
+from ._config import Operator as Operator
 from ._server import ControlHandler as ControlHandler
 from ._server import ControlSocketError as ControlSocketError
 from ._server import pairing_aliases_from_grants as pairing_aliases_from_grants

@@ -8,7 +8,7 @@ SPEC "Control socket" onto the runtime. Guarantees:
   moment where another user could connect. A stale socket file is replaced; a socket a
   live daemon still answers on is not (:class:`ControlSocketInUseError`). The file is
   removed when the server stops.
-* The peer's uid (``SO_PEERCRED``) must map to an :class:`~prismd.config.Operator`, checked
+* The peer's uid (``SO_PEERCRED``) must map to an :class:`~prismd.control.Operator`, checked
   at accept before anything else; anyone else gets one error (``-32001 permission
   denied``) and the connection is closed. Refused connections cost operators nothing: they
   have their own small budget (:data:`MAX_REFUSED_CONNECTIONS` being answered at once, for
@@ -70,7 +70,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
@@ -94,7 +94,7 @@ from stores import (
     ms_to_iso,
 )
 
-from ..grants import missing_grant
+from ..grants import GrantConfig, missing_grant
 from ..grants import operator_identity as _grant_identity
 from ..identity import AgentIdentity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
@@ -114,6 +114,7 @@ from ..jsonrpc import (
 )
 from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
+from ._config import ControlConfig, Operator
 from ._uptime import daemon_version, process_started_ms
 
 __all__ = [
@@ -128,10 +129,6 @@ __all__ = [
     "to_wire",
 ]
 
-if TYPE_CHECKING:
-    # Types only: the daemon serves this socket (it imports this package), and the
-    # config records are all the server needs of it, as values it is handed.
-    from ..daemon import ControlConfig, GrantConfig, Operator
 
 MAX_SAFE_INT = 2**53 - 1
 log = logging.getLogger("prismd.control")

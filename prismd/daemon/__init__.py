@@ -3,9 +3,7 @@ runtime, systemd notification, logs and metrics."""
 
 from ._config import Config as Config
 from ._config import ConfigError as ConfigError
-from ._config import ControlConfig as ControlConfig
 from ._config import GrantConfig as GrantConfig
-from ._config import Operator as Operator
 from ._config import TelegramConnectionConfig as TelegramConnectionConfig
 from ._config import check_runnable as check_runnable
 from ._config import config_warnings as config_warnings

@@ -52,6 +52,7 @@ from stores import (
 )
 
 from ..channel import ConnectionKind, ConnectionSettings
+from ..control import ControlConfig, Operator
 from ..grants import GrantConfig as GrantConfig
 from ..limits import LIMIT_TABLE, Limits
 
@@ -60,11 +61,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConnectionConfig",
-    "ControlConfig",
     "DaemonConfig",
     "GrantConfig",
     "MetricsConfig",
-    "Operator",
     "SignalConnectionConfig",
     "StoreConfig",
     "TelegramConnectionConfig",
@@ -159,38 +158,6 @@ class StoreConfig:
 class DaemonConfig:
     state_dir: str = "var"
     """Holds the instance id and the lock file that makes it exclusive."""
-
-
-@attrs.frozen
-class Operator:
-    """An operator identity for one local uid, scoped to a tenant (and optionally more)."""
-
-    uid: int
-    tenant: str = "default"
-    account: str | None = None
-    user: str | None = None
-
-
-@attrs.frozen
-class ControlConfig:
-    socket: str = "var/run/control.sock"
-    group: str | None = None
-    operators: tuple[Operator, ...] = ()
-    max_request_bytes: int = 65536
-    idle_timeout_ms: int = 30000
-
-    def operator_for(self, uid: int, *, daemon_uid: int | None = None) -> Operator | None:
-        """The operator for ``uid``, or ``None`` when that uid may not use the socket.
-
-        The uid running the daemon is always an operator for tenant ``"default"`` unless
-        it is listed explicitly (then its listed scope wins).
-        """
-        for operator in self.operators:
-            if operator.uid == uid:
-                return operator
-        if daemon_uid is not None and uid == daemon_uid:
-            return Operator(uid=uid)
-        return None
 
 
 ConnectionConfig: TypeAlias = ConnectionSettings

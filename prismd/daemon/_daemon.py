@@ -46,14 +46,14 @@ if TYPE_CHECKING:
 from adapters import kinds
 
 from ..channel import AdapterFatalError, ChannelAdapter
-from ..control import ControlSocketError
+from ..control import ControlSocketError, Operator
 from ..grants import GrantAuthorizer
 from ..journal import ChannelJournal, GrantStore, ensure_format
 from ..redact import Redactor
 from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
-from ._config import Config, ConfigError, ConnectionConfig, Operator, check_runnable
+from ._config import Config, ConfigError, ConnectionConfig, check_runnable
 from ._statedir import StateDir, StateDirError, open_state_dir
 from ._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
 
@@ -433,7 +433,7 @@ class Daemon:
     started within ``adapter_ready_within_s`` (its platform unreachable) is not waited for:
     it keeps retrying in state ``starting`` while the rest serves. A SIGTERM/SIGINT during the
     start stops it at the next safe point (exit 0, no ``READY=1``). The checks of
-    :func:`~prismd.config.check_runnable` (those of ``prismd check-config``) come before the
+    :func:`~prismd.daemon.check_runnable` (those of ``prismd check-config``) come before the
     lock; a fatal error is one ``prismd:`` line on ``out``, printed once.
 
     systemd's ``STATUS=`` says ``starting``, then ``ready: 2 connections, 0 unresolved``
@@ -458,7 +458,7 @@ class Daemon:
     """Exit the process at the stop deadline whatever holds it (``prismd run`` only: an
     in-process caller must not lose its interpreter)."""
     notify: Callable[[str], object] | None = None
-    """``sd_notify`` (default: :func:`prismd.sdnotify.notify` with ``env``)."""
+    """``sd_notify`` (default: :func:`prismd.daemon._sdnotify.notify` with ``env``)."""
     out: TextIO | None = None
     """Where the startup line and fatal messages go (default: stderr)."""
     policy: RestartPolicy = attrs.field(factory=RestartPolicy)
@@ -717,6 +717,8 @@ class Daemon:
             self._give_up(f"cannot read the journal's identity: {describe_exception(exc)}")
         if journal.refiled:
             log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
+        if journal.moved:
+            log.info("journal upgraded: %d agent record(s) moved to prismd.v1.*", journal.moved)
         if not self._same_journal(state, journal.journal_id):
             raise _EarlyExit(EXIT_FAILURE)
 

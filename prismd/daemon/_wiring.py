@@ -129,7 +129,7 @@ def build_adapter(
 
     Every secret read is appended to ``secrets`` (the daemon's outbound redactor removes
     them from any text an agent produces). Raises :class:`WiringError` or
-    :class:`~prismd.config.ConfigError` (missing secret).
+    :class:`~prismd.daemon.ConfigError` (missing secret).
     """
     found: list[str] = [] if secrets is None else secrets
     try:

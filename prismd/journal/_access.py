@@ -23,10 +23,14 @@ import attrs
 from stores import (
     SYSTEM_CLOCK,
     CheckpointConflictError,
+    CheckpointRecord,
     CheckpointStore,
     Clock,
+    Keep,
     OwnershipScope,
+    Replace,
     compact_json,
+    update_checkpoint,
 )
 
 from ..channel import ApprovalOutcome, Control
@@ -591,12 +595,8 @@ class GrantStore:
             raise ValueError("aliases must be a non-empty tuple of strings")
         if default_alias is not None and default_alias not in aliases:
             raise ValueError("default_alias must be one of aliases")
-        key = grant_key(connection_id, actor_id)
-        # A concurrent upsert of the same row can win the CAS; re-read and retry a few times.
-        for _attempt in range(5):
-            stored = await self.checkpoints.load_checkpoint(
-                namespace=NS_GRANT, key=key, scope=scope
-            )
+
+        def change(stored: CheckpointRecord | None) -> Replace[GrantRecord] | Keep[GrantRecord]:
             created = self.clock.now_ms()
             if stored is not None:
                 try:
@@ -608,7 +608,7 @@ class GrantStore:
                     if existing.aliases == tuple(aliases) and existing.default_alias == (
                         default_alias
                     ):
-                        return existing
+                        return Keep(existing)
             grant = GrantRecord(
                 connection_id=connection_id,
                 actor_id=actor_id,
@@ -616,21 +616,19 @@ class GrantStore:
                 default_alias=default_alias,
                 created_at_ms=created,
             )
-            version = 0 if stored is None else stored.version
-            try:
-                await self.checkpoints.save_checkpoint(
-                    namespace=NS_GRANT,
-                    key=key,
-                    scope=scope,
-                    version=version + 1,
-                    value=grant.to_json(),
-                    expected_version=version,
-                    category=CATEGORY_GRANT,
-                )
-            except CheckpointConflictError:
-                continue
-            return grant
-        raise CheckpointConflictError("grant upsert kept losing its compare-and-swap")
+            return Replace(grant.to_json(), grant)
+
+        # A concurrent upsert of the same row can win the CAS: read again and retry.
+        return await update_checkpoint(
+            self.checkpoints,
+            namespace=NS_GRANT,
+            key=grant_key(connection_id, actor_id),
+            scope=scope,
+            change=change,
+            what="the grant upsert",
+            category=CATEGORY_GRANT,
+            attempts=5,
+        )
 
     async def load(
         self, scope: OwnershipScope, connection_id: str, actor_id: str

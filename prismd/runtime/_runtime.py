@@ -52,7 +52,7 @@ def _log_admission(event: InboundEvent, admission: Admission) -> None:
 
 @attrs.define(eq=False)
 class Runtime:
-    """Satisfies :class:`prismd.api.MessagingRuntime`. Build it with
+    """Satisfies :class:`prismd.runtime.api.MessagingRuntime`. Build it with
     :func:`open_messaging_runtime`; every method is safe to call from any task."""
 
     _core: Core

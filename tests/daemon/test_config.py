@@ -1,4 +1,4 @@
-"""prismd.config: the TOML loader, its errors, defaults and secrets."""
+"""prismd.daemon._config: the TOML loader, its errors, defaults and secrets."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from prismd.control import ControlConfig, Operator
 from prismd.daemon._config import (
     AgentConfig,
     ConfigError,
-    ControlConfig,
     GrantConfig,
-    Operator,
     SignalConnectionConfig,
     TelegramConnectionConfig,
     WebchatConnectionConfig,

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from prismd.control import ControlConfig, Operator
 from prismd.control._server import (
     ControlHandler,
     ControlSocketError,
@@ -31,7 +32,7 @@ from prismd.control._server import (
     serve_control,
     to_wire,
 )
-from prismd.daemon._config import ControlConfig, GrantConfig, Operator
+from prismd.daemon._config import GrantConfig
 from prismd.runtime.api import UnresolvedEntry
 from stores import OwnershipScope
 from stores.memory import MemoryStore

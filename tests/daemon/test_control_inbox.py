@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from prismd.daemon._config import ControlConfig, Operator
+from prismd.control import ControlConfig, Operator
 from stores import OwnershipScope
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from prismd.control import ControlConfig, Operator
 from prismd.control._server import MAX_OPERATOR_CONNECTIONS
-from prismd.daemon._config import ControlConfig, Operator
 from tests.support.flood import drip
 from tests.support.privileges import needs_root
 

@@ -18,8 +18,9 @@ import trio
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.control import ControlConfig, Operator
 from prismd.control._server import ControlHandler, pairing_aliases_from_grants, serve_control
-from prismd.daemon._config import ControlConfig, GrantConfig, Operator
+from prismd.daemon._config import GrantConfig
 from prismd.grants import GrantAuthorizer
 from prismd.journal._access import GrantStore
 from prismd.journal._journal import NS_CONTROL, ChannelJournal, OperationRecord

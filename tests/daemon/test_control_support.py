@@ -16,8 +16,8 @@ import attrs
 import trio
 
 from prismd.channel import Admission, InboundEvent
+from prismd.control import ControlConfig
 from prismd.control._server import ControlHandler, serve_control
-from prismd.daemon._config import ControlConfig
 from prismd.identity import AgentIdentity
 from prismd.runtime.api import (
     Diagnostics,

@@ -21,7 +21,7 @@ import trio
 
 from prismd.channel import Admission
 from prismd.cli import prismctl as ctl
-from prismd.daemon._config import ControlConfig
+from prismd.control import ControlConfig
 from prismd.journal import _access as controls
 from prismd.runtime.api import ReconcileResult
 from stores import OwnershipScope

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import trio
 
-from adapters.signal import INBOX_NAMESPACE, event_id_for
+from adapters.signal import event_id_for
 from prismd.runtime._ids import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, run_keys, running_daemon
 from tests.fakes.signal_cli import ACCOUNT, FakeSignalCli, text_envelope
@@ -311,8 +311,9 @@ def _op_states(layout: Layout) -> dict[str, str]:
 
 
 def _inbox_rows(layout: Layout) -> int:
+    """The Signal items of the store's inbox still waiting for a final admission."""
     with sqlite3.connect(layout.db) as db:
         (count,) = db.execute(
-            "SELECT count(*) FROM prism_checkpoints WHERE namespace = ?", (INBOX_NAMESPACE,)
+            "SELECT count(*) FROM prism_inbox WHERE state IN ('pending', 'claimed')"
         ).fetchone()
     return int(count)

@@ -14,9 +14,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.signal import INBOX_NAMESPACE, KIND, RECEIVER_NAMESPACE, SignalAdapter
+from adapters.signal import KIND, RECEIVER_NAMESPACE, SignalAdapter
 from prismd.channel import AdapterFatalError, Admission, BuildContext, InboundEvent
-from stores import StoreUnavailableError
+from stores import InboxItem, Store, StoreUnavailableError
 from stores.memory import MemoryStore
 from tests.fakes.signal_cli import (
     ACCOUNT,
@@ -41,6 +41,15 @@ async def running(adapter: SignalAdapter) -> AsyncIterator[trio.Nursery]:
         await nursery.start(adapter.run)
         yield nursery
         nursery.cancel_scope.cancel()
+
+
+async def waiting(store: Store) -> list[InboxItem]:
+    """The connection's items in the store's inbox that wait for a final admission."""
+    items: list[InboxItem] = []
+    for state in ("pending", "claimed"):
+        page = await store.inbox.list_items(source=CONN, state=state, limit=500)
+        items.extend(page.items)
+    return items
 
 
 def current_subscription(fake: FakeSignalCli) -> int:
@@ -272,15 +281,14 @@ async def test_162_a_retryable_admission_pauses_and_resumes_without_loss(
             await recorder.wait_for(1)
             await fake.wait_until(lambda: not fake.subscriptions)  # unsubscribed, socket dropped
             assert adapter.health()["subscription"] == "paused"
-            page = await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)
-            inbox_seen.append(len(page.items))
+            inbox_seen.append(len(await waiting(store)))
             fake.push(text_envelope("while paused", timestamp=2))  # waits on the server
             await recorder.wait_for(3)
             await wait_until(lambda: adapter.health()["subscription"] == "active")
     assert recorder.texts == ["first", "first", "while paused"]
     assert recorder.events[0].event_id == recorder.events[1].event_id
     assert inbox_seen == [1]
-    assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
+    assert await waiting(store) == []
     subscribers = [conn for _t, conn, _s in fake.subscribe_log]
     assert len(subscribers) == 2 and subscribers[0] != subscribers[1]  # a second socket
     assert adapter.statistics().retried == 1
@@ -305,9 +313,28 @@ class FlakyCheckpoints:
 
 
 @attrs.define
+class FlakyInbox:
+    """The store's inbox, failing with ``outage`` (the same store down)."""
+
+    inner: Any
+    outage: FlakyCheckpoints
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.inner, name)
+
+        async def calling(*args: Any, **kwargs: Any) -> Any:
+            if self.outage.failing:
+                raise StoreUnavailableError("store down")
+            return await call(*args, **kwargs)
+
+        return calling
+
+
+@attrs.define
 class WrappedStore:
     checkpoints: Any
     leases: Any
+    inbox: Any
     url: str = "memory://"
 
     async def aclose(self) -> None:
@@ -325,7 +352,7 @@ async def test_163_no_subscription_while_the_readiness_probe_fails(
     """163 adapted: a probe that cannot be written is writer loss — nothing is asked of
     signal-cli (no connection at all) until the store takes the write; then it subscribes."""
     flaky = FlakyCheckpoints(store.checkpoints)
-    adapter = make_adapter(store=WrappedStore(flaky, store.leases))
+    adapter = make_adapter(store=WrappedStore(flaky, store.leases, store.inbox))
     with trio.fail_after(300):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(adapter.run)
@@ -363,7 +390,7 @@ async def test_writer_loss_while_receiving_pauses_until_the_store_takes_writes(
             return await self.inner.write_checkpoints(writes, **kwargs)
 
     flaky = Outage(store.checkpoints, failing=False)
-    adapter = make_adapter(store=WrappedStore(flaky, store.leases))
+    adapter = make_adapter(store=WrappedStore(flaky, store.leases, FlakyInbox(store.inbox, flaky)))
     with trio.fail_after(600):
         async with running(adapter):
             flaky.failing = True
@@ -377,7 +404,7 @@ async def test_writer_loss_while_receiving_pauses_until_the_store_takes_writes(
             await recorder.wait_for(2)
     assert recorder.texts == ["read during the outage", "waits on the server"]
     assert "the journal does not take writes" in caplog.text
-    assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
+    assert await waiting(store) == []
 
 
 async def test_a_subscribe_answer_that_never_comes_still_loses_nothing(
@@ -561,7 +588,7 @@ async def test_the_readiness_probe_precedes_every_subscription(
             return await self.inner.save_checkpoint(**kwargs)
 
     adapter = make_adapter(
-        store=WrappedStore(Watching(store.checkpoints, failing=False), store.leases)
+        store=WrappedStore(Watching(store.checkpoints, failing=False), store.leases, store.inbox)
     )
     with trio.fail_after(120):
         async with running(adapter):
@@ -713,10 +740,10 @@ async def test_a_stop_keeps_what_signal_cli_already_sent_and_a_restart_admits_it
             await trio.sleep(1)
             gate.set()
     handed = [d.envelope["dataMessage"]["message"] for d in fake.deliveries]
-    kept = await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)
-    assert first == ["m0"] and len(kept.items) == len(handed) - 1, (
+    kept = await waiting(store)
+    assert first == ["m0"] and len(kept) == len(handed) - 1, (
         handed,
-        [r.value["text"] for r in kept.items],
+        [item.key for item in kept],
         fake.requests,
     )
     assert not fake.lost_in_write
@@ -733,7 +760,7 @@ async def test_a_stop_keeps_what_signal_cli_already_sent_and_a_restart_admits_it
         async with running(restarted):
             await again.wait_for(5)
     assert first + again.texts == [f"m{n}" for n in range(6)]
-    assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
+    assert await waiting(store) == []
     assert restarted.statistics().replayed == len(handed) - 1
 
 
@@ -747,15 +774,17 @@ async def test_a_held_message_survives_a_stop_in_the_inbox(
             fake.push(text_envelope("during the stop"))
             await stopping.wait_for(1)
             await fake.wait_until(lambda: not fake.subscriptions)
-    rows = (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items
-    assert len(rows) == 1 and rows[0].scope == SERVICE
-    assert rows[0].key == f"i1:{CONN}:{stopping.events[0].event_id}"
+    rows = await waiting(store)
+    assert len(rows) == 1 and rows[0].source == CONN
+    assert rows[0].key == stopping.events[0].event_id
+    kept = await store.inbox.get(source=CONN, key=rows[0].key)
+    assert kept is not None and kept.payload["text"] == "during the stop"
     accepted = Recorder()
     with trio.fail_after(60):
         async with running(make_adapter(admit=accepted)):
             await accepted.wait_for(1)
     assert accepted.events[0] == attrs.evolve(stopping.events[0])
-    assert (await store.checkpoints.list_checkpoints(namespace=INBOX_NAMESPACE)).items == ()
+    assert await waiting(store) == []
 
 
 async def test_health_moves_through_its_states(

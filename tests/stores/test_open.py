@@ -167,7 +167,7 @@ async def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 async def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     """A journal written before the inbox (schema 1) keeps its rows and gains the inbox."""
-    from stores.sqlite import _SCHEMA
+    from stores.sqlite._schema import _SCHEMA
 
     path = tmp_path / "j.sqlite"
     old = apsw.Connection(str(path))
@@ -194,7 +194,7 @@ async def test_a_version_2_file_loses_the_index_no_listing_uses(tmp_path: Path) 
     """Schema 3 drops ``prism_checkpoints_recent`` (updated on every save, used by no
     listing prismd makes); the rows stay, and a listing of every namespace at once is
     still newest first."""
-    from stores.sqlite import _SCHEMA, _SCHEMA_2
+    from stores.sqlite._schema import _SCHEMA, _SCHEMA_2
 
     path = tmp_path / "j.sqlite"
     old = apsw.Connection(str(path))

@@ -27,8 +27,8 @@ from stores import (
     open_store,
     parse_postgres_url,
 )
-from stores._pg_schema import LATEST, MIGRATIONS
 from stores.postgres import PostgresStore
+from stores.postgres._schema import LATEST, MIGRATIONS
 from tests.support import pgserver
 from tests.support.clocks import ManualClock
 
@@ -214,7 +214,7 @@ async def test_check_changes_nothing_then_migrate_applies_once(url: str) -> None
 async def test_a_version_1_schema_is_upgraded_with_its_rows_kept(url: str) -> None:
     """A schema migrated by the build before the inbox (version 1) gets migration 2 at the
     next start; its journal is untouched."""
-    from stores._pg_schema import render
+    from stores.postgres._schema import render
 
     schema = pgserver.schema_of(url)
     async with pgserver.admin(url) as admin:
@@ -606,7 +606,7 @@ def test_connect_failures_say_whether_trying_again_can_help() -> None:
     would appear is removed); only what may pass (a server starting, full) is retried."""
     import asyncpg
 
-    from stores._pg_driver import Driver
+    from stores.postgres._driver import Driver
 
     driver = Driver(
         url=parse_postgres_url("postgresql://prismd:pw-7f3a@db:5433/journal"),

@@ -43,8 +43,8 @@ import attrs
 import trio
 import trio_asyncio
 
-from ._pg_url import PostgresOptions, PostgresURL, default_pool_size
-from ._types import StoreUnavailableError, StoreUnreachableError
+from .._types import StoreUnavailableError, StoreUnreachableError
+from ._url import PostgresOptions, PostgresURL, default_pool_size
 
 T = TypeVar("T")
 log = logging.getLogger("stores.postgres")

@@ -22,7 +22,7 @@ import urllib.parse
 
 import attrs
 
-from ._types import InvalidStoreURLError
+from .._types import InvalidStoreURLError
 
 SCHEMES = ("postgresql", "postgres")
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")

@@ -27,7 +27,7 @@ Tables (the contract's ``prism_checkpoints``/``prism_leases``, the event stream,
   primary key (the dedup).
 * ``prism_schema_migrations`` — what was applied, when, with which checksum.
 
-Functions (so a group commit or a lease call is one round trip, see :mod:`stores.postgres`):
+Functions (so a group commit or a lease call is one round trip, see :mod:`stores.postgres._writer`):
 
 * ``prism_apply_write`` — one save or delete with every check in its writing statement.
 * ``prism_write_checkpoints`` — a batch of jobs; an atomic job of several writes runs in a
@@ -44,8 +44,8 @@ import hashlib
 
 import attrs
 
-from ._pg_driver import Session
-from ._types import SchemaStatus, StoreUnavailableError
+from .._types import SchemaStatus, StoreUnavailableError
+from ._driver import Session
 
 
 @attrs.frozen
@@ -327,7 +327,7 @@ $fn$;
 """.replace("@SCOPE@", _SCOPE_EQ)
 
 # Migration 2: the durable inbox (InboxStore). Claims are one UPDATE over a
-# ``FOR UPDATE SKIP LOCKED`` selection (see stores.postgres); the indexes serve the
+# ``FOR UPDATE SKIP LOCKED`` selection (see stores.postgres._inbox); the indexes serve the
 # readiness rules: due items by state, a partition's unfinished head, its holds, pruning.
 _V2 = """
 CREATE TABLE @S@.prism_inbox (
