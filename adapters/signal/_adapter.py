@@ -29,7 +29,8 @@ import attrs
 import trio
 
 from prismd.channel import (
-    NO_FEATURES,
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
@@ -107,6 +108,12 @@ class SignalAdapter:
     max_reconnect_delay_s: float = attrs.field(
         default=30.0, validator=_bounded(0.001, 60.0, "max_reconnect_delay_s", integer=False)
     )
+    typing_delay_ms: int = attrs.field(
+        default=DEFAULT_TYPING_DELAY_MS,
+        validator=_bounded(0, MAX_TYPING_DELAY_MS, "typing_delay_ms"),
+    )
+    """How long a turn runs before a typing indicator would start (declared in
+    :attr:`features`; the runtime keeps the time, the same rule as Telegram's)."""
     clock: Clock = SYSTEM_CLOCK
     random: _random.Random | None = None
 
@@ -209,7 +216,7 @@ class SignalAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return NO_FEATURES
+        return AdapterFeatures(typing_delay_ms=self.typing_delay_ms)
 
     @property
     def receiver_lease_held(self) -> bool:

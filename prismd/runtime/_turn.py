@@ -37,6 +37,7 @@ from ..agents import (
     RunResult,
     TextBlock,
 )
+from ..channel import DEFAULT_TYPING_DELAY_MS, MAX_TYPING_DELAY_MS
 from ..identity import AgentIdentity
 from ..journal import OperationRecord, OperationRef, SuspendedRun, transition
 from ._approvals import issue_controls
@@ -48,7 +49,8 @@ from ._types import ActiveTurn, Route, Turn, acquire_promptly
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
-TYPING_INTERVAL_S = 4.0
+TYPING_INTERVAL_S = 4.5
+"""Renewal of a running turn's typing indicator (Telegram shows a chat action for 5 s)."""
 MAX_CLAIM_RETRIES = 8
 log = logging.getLogger("prismd.runtime")
 
@@ -536,18 +538,36 @@ async def _typing_task(core: Core, route: Route, scope: trio.CancelScope) -> Non
         await typing_loop(core, route)
 
 
-async def typing_loop(core: Core, route: Route) -> None:
-    """Call ``on_typing`` now and every :data:`TYPING_INTERVAL_S` until cancelled.
+def typing_delay_s(core: Core, connection_id: str) -> float:
+    """How long a turn on ``connection_id`` runs before its typing indicator starts: the
+    host's ``typing_delay_ms`` for the connection (bounded), else the default."""
+    delay_ms = DEFAULT_TYPING_DELAY_MS
+    if core.typing_delay_ms is not None:
+        try:
+            asked = core.typing_delay_ms(connection_id)
+        except Exception as exc:
+            log.warning("typing delay lookup failed: %s", type(exc).__name__)
+        else:
+            if isinstance(asked, int) and not isinstance(asked, bool):
+                delay_ms = min(max(asked, 0), MAX_TYPING_DELAY_MS)
+    return delay_ms / 1000
 
-    Runs in a child task of the turn, cancelled when the run ends. A failing
-    callback is logged by exception type only (never its text, which may carry
-    ids or tokens) and swallowed; each call is bounded by the interval so a hung
-    callback cannot pile up or outlive the run's cancellation check.
+
+async def typing_loop(core: Core, route: Route) -> None:
+    """Call ``on_typing`` once the run has lasted the connection's typing delay (see
+    :func:`typing_delay_s`), then every :data:`TYPING_INTERVAL_S` until cancelled.
+
+    Runs in a child task of the turn, cancelled when the run ends: an answer ready
+    before the delay sends no indicator at all. A failing callback is logged by exception
+    type only (never its text, which may carry ids or tokens) and swallowed; each call is
+    bounded by the interval so a hung callback cannot pile up or outlive the run's
+    cancellation check.
     """
     on_typing = core.on_typing
     if on_typing is None:
         return
-    next_at = trio.current_time()
+    next_at = trio.current_time() + typing_delay_s(core, route.connection_id)
+    await trio.sleep_until(next_at)
     while True:
         next_at += TYPING_INTERVAL_S
         with trio.move_on_at(next_at):
