@@ -489,7 +489,7 @@ aliases = ["bench"]
                         if chat not in api.offered_at and time.perf_counter() < end:
                             api.offer(chat, "ping")
                     await api.sent.wait()
-            result = figures(api.latencies, time.perf_counter() - start)
+            result: dict[str, Any] = figures(api.latencies, time.perf_counter() - start)
             cpu1 = process_cpu_s(daemon.process.pid)
             requests = dict(sorted(api.requests.items()))
             if api.answered:
