@@ -190,3 +190,34 @@ async def test_typing_task_is_cancelled_when_the_run_is_cancelled(
         await trio.sleep(20)
         assert calls == before == 1
         assert "Request cancelled." in host.texts
+
+
+async def test_turns_of_several_connections_each_at_their_delay(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """One timer serves every running turn: a turn due sooner than the one it sleeps for
+    (another connection's shorter delay) is started at its own time, a turn answered
+    before its delay never is, and the runtime closes at once when the runs are done."""
+    gate = trio.Event()
+    agent = ScriptedAgent(gate=gate)
+    host = Host(agent=agent)
+    calls: list[tuple[str, float]] = []
+    delays = {"tg-1": 3000, "tg-2": 500, "tg-3": 60_000}
+
+    async def on_typing(conn: str, chat: str, thread: str | None) -> None:
+        calls.append((conn, trio.current_time()))
+
+    async with runtime(host, on_typing=on_typing, typing_delay_ms=lambda conn: delays[conn]) as rt:
+        started = trio.current_time()
+        for conn in ("tg-1", "tg-3", "tg-2"):
+            await rt.admit(event("1", conn=conn))
+        await agent.wait_started(3)
+        await trio.sleep(4)
+        gate.set()
+        await rt.drain()
+        closing = trio.current_time()
+    assert trio.current_time() - closing < 0.1  # no timer left sleeping for tg-3's 60 s
+    assert [(conn, round(at - started, 1)) for conn, at in calls] == [
+        ("tg-2", 0.5),
+        ("tg-1", 3.0),
+    ]
