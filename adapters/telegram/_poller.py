@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from prismd.channel import AdapterFatalError
-from prismd.journal import ChannelJournal, CursorRecord, Loaded
+from prismd.journal import NS_CURSOR, ChannelJournal, CursorRecord, Loaded, cursor_key
 from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import Backoff, LeaseLostError, ReceiverLease
@@ -271,7 +271,21 @@ class Poller:
     # ------------------------------------------------------------------ cursor
 
     async def _load_offset(self) -> int | None:
-        self._cursor = await self._journal.load_cursor(self.service_scope, self.connection_id)
+        """The offset after the stored cursor (``None``: from whatever Telegram holds). A
+        cursor that does not parse is logged and written over by the next advance, as an
+        offset says nothing the journal needs: its records deduplicate a re-polled update."""
+        try:
+            self._cursor = await self._journal.load_cursor(self.service_scope, self.connection_id)
+        except ValueError:  # CorruptRecordError
+            log.warning("telegram %s: the stored offset is unreadable", self.connection_id)
+            stored = await self.checkpoints.load_checkpoint(
+                namespace=NS_CURSOR,
+                key=cursor_key(self.connection_id, self.service_scope),
+                scope=self.service_scope,
+            )
+            self._cursor = None
+            if stored is not None:
+                self._cursor = Loaded(stored.version, CursorRecord(), stored.fencing_token)
         self._cursor_loaded = True
         last = None if self._cursor is None else self._cursor.record.last_event_id
         if isinstance(last, str) and last.isdigit() and int(last) < 2**53 - 1:

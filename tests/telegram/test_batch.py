@@ -182,3 +182,36 @@ async def _journal_cursor_is(journal: ChannelJournal, last: str) -> bool:
 
 def _ms(iso: str) -> int:
     return round(datetime.datetime.fromisoformat(iso).timestamp() * 1000)
+
+
+async def test_an_unreadable_stored_offset_is_written_over(
+    autojump_clock: MockClock, fake: FakeBotApi, make_adapter: Any, store: Any
+) -> None:
+    """A cursor record that does not parse (the old poller tolerated one) neither stops the
+    poller nor stays: polling starts from what Telegram holds and the next advance writes a
+    good cursor over it at its version."""
+    await store.checkpoints.save_checkpoint(
+        namespace="prism.channels.v1.cursor",
+        key=f"c1:{CONN}:prismd-service:{CONN}:-",
+        scope=SERVICE,
+        version=3,
+        expected_version=0,
+        value={"admitted": -5, "lastEventId": 7, "updatedAt": "yesterday"},
+        category="channel-cursor",
+    )
+    fake.push_update(private_message("hello"), update_id=9)
+    admitted: list[str] = []
+
+    async def admit(event: InboundEvent) -> Admission:
+        admitted.append(event.text)
+        return Admission("accepted")
+
+    adapter = make_adapter(admit=admit)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(adapter.run)
+        await wait_until_async(lambda: _cursor_is(store, "9"))
+        nursery.cancel_scope.cancel()
+    assert admitted == ["hello"]
+    assert "offset" not in fake.calls_to("getUpdates")[0].params
+    cursor = await cursor_value(store)
+    assert cursor is not None and cursor["admitted"] == 1
