@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -226,6 +227,7 @@ async def run_one(
             elif process.returncode is None:
                 process.kill()
         nursery.cancel_scope.cancel()
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the run failed (its logs)
     by_method: dict[str, int] = {}
     for call in calls:
         by_method[call.method] = by_method.get(call.method, 0) + 1
