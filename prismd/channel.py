@@ -29,6 +29,10 @@ ReplyKind: TypeAlias = Literal["final", "notice"]
 AdmissionStatus: TypeAlias = Literal["accepted", "denied", "unsupported"]
 
 RETRYABLE_DENIALS = frozenset({"capacity", "unavailable", "stopped"})
+DEFAULT_TYPING_DELAY_MS = 1000
+"""How long a turn runs before its typing indicator starts: an answer ready sooner
+needs none (one request less per message), a longer turn shows it."""
+MAX_TYPING_DELAY_MS = 60_000
 
 
 @attrs.frozen
@@ -216,11 +220,24 @@ class AdapterFeatures:
     (``unanswered_notices``). See :mod:`prismd.runtime._unanswered`."""
     typing: bool = False
     """:meth:`ChannelAdapter.send_typing` shows a typing indicator."""
+    typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS)
+    """With ``typing``: the runtime starts the indicator only once a turn's agent run has
+    lasted this long (then renews it while the run lasts); ``0`` starts it at once (a
+    channel where showing it costs nothing, such as the web chat)."""
     attachments: bool = False
     """:meth:`ChannelAdapter.fetch_attachment` fetches the files its refs name."""
     inbox: bool = False
     """Its updates go through the store's durable inbox (``store.inbox``, source = the
     connection id): the control socket shows their depth and dead letters."""
+
+    @typing_delay_ms.validator
+    def _check_typing_delay(self, _a: object, value: int) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 <= value <= MAX_TYPING_DELAY_MS
+        ):
+            raise ValueError(f"typing_delay_ms must be an integer in 0..{MAX_TYPING_DELAY_MS}")
 
 
 NO_FEATURES = AdapterFeatures()

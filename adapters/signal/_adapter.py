@@ -12,7 +12,8 @@ job each:
 * notification → event — :mod:`._filter` (only our subscription's, only our account's) and
   :mod:`._parse` (which messages count, and the policy for groups and attachments);
 * sending — :class:`~adapters.signal._send.SignalSender` (chunks, approval lines, results
-  by JSON-RPC error code and per-recipient result type);
+  by JSON-RPC error code and per-recipient result type); the typing indicator
+  (``sendTyping``, which the runtime starts once a turn has run ``typing_delay_ms``);
 * health and counters — :mod:`._status`.
 
 Construction is inert: nothing is connected, read or written until ``run`` or ``send``.
@@ -29,7 +30,8 @@ import attrs
 import trio
 
 from prismd.channel import (
-    NO_FEATURES,
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
@@ -40,13 +42,19 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..toolkit import ReceiverLease
-from ._client import Endpoint
+from ..toolkit import (
+    JsonRpcClient,
+    JsonRpcConnectionError,
+    JsonRpcTimeoutError,
+    ReceiverLease,
+    RpcError,
+)
+from ._client import Endpoint, SignalUnreachableError, open_signal_client
 from ._filter import NotificationFilter
 from ._inbox import Inbox
 from ._readiness import RECEIVER_NAMESPACE
 from ._receive import Receiver
-from ._send import MAX_CHUNK_UNITS, SignalSender
+from ._send import MAX_CHUNK_UNITS, SignalSender, _destination, _discard_notifications
 from ._status import SignalStatistics, SignalStatus, log
 
 __all__ = ["ACCOUNT_RE", "SignalAdapter"]
@@ -107,6 +115,12 @@ class SignalAdapter:
     max_reconnect_delay_s: float = attrs.field(
         default=30.0, validator=_bounded(0.001, 60.0, "max_reconnect_delay_s", integer=False)
     )
+    typing_delay_ms: int = attrs.field(
+        default=DEFAULT_TYPING_DELAY_MS,
+        validator=_bounded(0, MAX_TYPING_DELAY_MS, "typing_delay_ms"),
+    )
+    """How long a turn runs before its typing indicator starts (declared in
+    :attr:`features`; the runtime keeps the time, the same rule as Telegram's)."""
     clock: Clock = SYSTEM_CLOCK
     random: _random.Random | None = None
 
@@ -210,7 +224,7 @@ class SignalAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return NO_FEATURES
+        return AdapterFeatures(typing=True, typing_delay_ms=self.typing_delay_ms)
 
     @property
     def receiver_lease_held(self) -> bool:
@@ -227,7 +241,39 @@ class SignalAdapter:
         return await self._sender.send(reply)
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
-        return None
+        """signal-cli's ``sendTyping`` to the conversation, on a short connection of its own
+        (as a send: it never shares fate with the receiving one). Failures are ignored:
+        an indicator is a courtesy, logged at DEBUG by class only."""
+        target = _destination(conversation_id)
+        if target is None:
+            return
+        failure: str | None = None
+
+        async def typing(client: JsonRpcClient) -> None:
+            nonlocal failure
+            try:
+                await client.call("sendTyping", target)
+            except (RpcError, JsonRpcTimeoutError, JsonRpcConnectionError) as exc:
+                failure = type(exc).__name__
+
+        try:
+            async with (
+                open_signal_client(
+                    self.endpoint,
+                    timeout_s=self.request_timeout_s,
+                    max_pending=1,
+                    max_frame_bytes=self.max_frame_bytes,
+                    max_notifications=16,
+                ) as client,
+                trio.open_nursery() as nursery,
+            ):
+                nursery.start_soon(_discard_notifications, client)
+                await typing(client)
+                nursery.cancel_scope.cancel()
+        except SignalUnreachableError:
+            failure = "SignalUnreachableError"
+        if failure is not None:
+            log.debug("signal %s: typing indicator failed (%s)", self.connection_id, failure)
 
     def send_draft(self, preview: Preview) -> None:
         return None

@@ -5,7 +5,8 @@ Keys: ``account`` (the phone number signal-cli runs with, ``+…``), exactly one
 TCP socket has neither authentication nor encryption), ``allow_groups`` (default false:
 group messages are refused and counted) and ``receiver_lease_ttl_ms`` (the receiver
 lease's TTL, 5 s..5 min, default 90 s; a standby daemon takes over within a third of it
-once the holder released it).
+once the holder released it), ``typing_delay_ms`` (0..60,000, default 1,000: how long a
+turn runs before its typing indicator starts; the runtime's rule, shared with Telegram).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Literal
 
 import attrs
 
-from prismd.channel import BuildContext, ConfigTable, ConnectionKind
+from prismd.channel import (
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
+    BuildContext,
+    ConfigTable,
+    ConnectionKind,
+)
 
 from ..toolkit import is_loopback_host, parse_host_port
 from ._adapter import ACCOUNT_RE, SignalAdapter
@@ -30,6 +37,7 @@ class SignalConnectionConfig:
     """Exactly one of ``socket`` (a Unix socket path) and ``tcp`` (``host:port``) is set."""
     allow_groups: bool = False
     receiver_lease_ttl_ms: int = 90_000
+    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
     kind: Literal["signal"] = "signal"
 
 
@@ -63,6 +71,9 @@ def _parse(table: ConfigTable, conn_id: str) -> SignalConnectionConfig:
         receiver_lease_ttl_ms=table.get_int(
             "receiver_lease_ttl_ms", 90_000, low=5_000, high=300_000
         ),
+        typing_delay_ms=table.get_int(
+            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
+        ),
     )
 
 
@@ -77,6 +88,7 @@ def _build(conn: SignalConnectionConfig, context: BuildContext) -> SignalAdapter
         tcp=conn.tcp,
         allow_groups=conn.allow_groups,
         lease_ttl_ms=conn.receiver_lease_ttl_ms,
+        typing_delay_ms=conn.typing_delay_ms,
         reclaim=True,
     )
 

@@ -39,7 +39,15 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from prismd.channel import AdapterFeatures, Admit, AttachmentRef, Preview, Reply, SendResult
+from prismd.channel import (
+    DEFAULT_TYPING_DELAY_MS,
+    AdapterFeatures,
+    Admit,
+    AttachmentRef,
+    Preview,
+    Reply,
+    SendResult,
+)
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import ReceiverLease
@@ -96,6 +104,9 @@ class TelegramAdapter:
     send_drafts: bool = False
     poll_timeout_s: int = attrs.field(default=30)
     poll_limit: int = attrs.field(default=100)
+    typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS)
+    """How long a turn runs before ``sendChatAction`` starts (declared in :attr:`features`;
+    the runtime keeps the time)."""
     lease_ttl_ms: int = 90_000
     max_attachment_bytes: int = attrs.field(default=1024 * 1024)
     max_request_bytes: int = 128 * 1024
@@ -135,6 +146,10 @@ class TelegramAdapter:
     def _check_poll_timeout(self, _a: object, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 50:
             raise ValueError("poll_timeout_s must be an integer in 1..50")
+
+    @typing_delay_ms.validator
+    def _check_typing_delay(self, _a: object, value: int) -> None:
+        AdapterFeatures(typing=True, typing_delay_ms=value)  # one rule: the record's
 
     @poll_limit.validator
     def _check_poll_limit(self, _a: object, value: int) -> None:
@@ -283,7 +298,11 @@ class TelegramAdapter:
     def features(self) -> AdapterFeatures:
         """Declared for the host (:class:`prismd.channel.AdapterFeatures`)."""
         return AdapterFeatures(
-            previews=self.send_drafts, typing=True, attachments=True, inbox=self.uses_inbox
+            previews=self.send_drafts,
+            typing=True,
+            typing_delay_ms=self.typing_delay_ms,
+            attachments=True,
+            inbox=self.uses_inbox,
         )
 
     @property

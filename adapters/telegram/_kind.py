@@ -7,7 +7,14 @@ from typing import Literal
 
 import attrs
 
-from prismd.channel import BuildContext, ConfigTable, ConnectionKind, SecretSource
+from prismd.channel import (
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
+    BuildContext,
+    ConfigTable,
+    ConnectionKind,
+    SecretSource,
+)
 
 from ..toolkit import is_loopback_host
 from ._adapter import TelegramAdapter
@@ -28,6 +35,8 @@ class TelegramConnectionConfig:
     webhook_inbox: bool = False
     allow_groups: bool = False
     poll_timeout_s: int = 30
+    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
+    """A turn shows ``typing`` only once it has run this long (0..60,000; 0 = at once)."""
     kind: Literal["telegram"] = "telegram"
 
     @property
@@ -66,6 +75,9 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
         webhook_inbox=webhook_inbox,
         allow_groups=table.get_bool("allow_groups"),
         poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
+        typing_delay_ms=table.get_int(
+            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
+        ),
     )
 
 
@@ -122,6 +134,7 @@ def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAda
         busy_conversations=getattr(context.conversations, "busy_conversations", None),
         allow_groups=conn.allow_groups,
         poll_timeout_s=conn.poll_timeout_s,
+        typing_delay_ms=conn.typing_delay_ms,
         lease_ttl_ms=lease_ttl_ms,
         max_attachment_bytes=context.max_attachment_bytes,
     )

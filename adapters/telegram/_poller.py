@@ -5,10 +5,20 @@
   does not get it stands by (``standby``) and takes over when it frees. A lost lease cuts
   a long poll or a backoff short and raises :class:`~adapters.toolkit.LeaseLostError`; an
   update being admitted is finished first, and the loss is noticed before the cursor moves.
-* **Nothing acknowledged is lost.** The durable offset (the §5.3 cursor record under the
-  service scope, written with the lease's fencing token) advances past an update only after
-  ``admit`` returned a final disposition; a retryable admission (or any failure) re-polls
-  the same offset after a backoff.
+* **Nothing acknowledged is lost.** The durable offset (the journal's §5.3 cursor under the
+  service scope, :meth:`~prismd.journal.ChannelJournal.advance_cursor`, fenced by the
+  lease's token) advances past an update only after ``admit`` returned a final disposition
+  for it and for every update before it; a retryable admission (or any failure) re-polls
+  from the first update not acknowledged, after a backoff.
+* **One batch, admitted together.** The updates of one ``getUpdates`` answer are admitted
+  concurrently across chats — one lane per chat, in update order within it — so their
+  journal writes share the store's group commits instead of each waiting for its own. The
+  offset is the contiguous watermark of admitted updates: never past one still being
+  admitted or refused. A chat whose update was refused admits nothing after it in the
+  batch (its order is kept); other chats go on, and what they admitted beyond the
+  watermark is polled again and answered ``duplicate`` by the journal. The cursor writes
+  of the lanes coalesce: one in flight at a time, the next one carries the latest
+  watermark.
 * **Never a hot loop.** 429 sleeps ``retry_after`` (body or ``Retry-After`` header); 409,
   5xx, network and store failures back off exponentially with jitter up to 30 s; an empty
   answer is a long poll that lasted ``poll_timeout_s``.
@@ -27,19 +37,17 @@ import attrs
 import trio
 
 from prismd.channel import AdapterFatalError
-from prismd.journal import cursor_key
-from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope, ms_to_iso
+from prismd.journal import NS_CURSOR, ChannelJournal, CursorRecord, Loaded, cursor_key
+from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import Backoff, LeaseLostError, ReceiverLease
 from ._api import TelegramApi, TelegramApiError, TelegramError
-from ._parse import ALLOWED_UPDATES, update_id_of
+from ._parse import ALLOWED_UPDATES, conversation_of, update_id_of
 from ._status import ReceiverStatus
 from ._updates import UpdateHandler
 
 log = logging.getLogger("prismd.telegram")
 
-CURSOR_NAMESPACE = "prism.channels.v1.cursor"
-CURSOR_CATEGORY = "channel-cursor"
 MAX_BACKOFF_S = 30.0
 UPDATES_RESPONSE_BYTES = 8 * 1024 * 1024
 """Cap of a ``getUpdates`` answer: Telegram caps its body at about 4 MB, and a backlog of long
@@ -61,8 +69,12 @@ class Poller:
     poll_timeout_s: int
     poll_limit: int
     random: _random.Random
-    _cursor_version: int | None = attrs.field(default=None, init=False)
-    _admitted: int = attrs.field(default=0, init=False)
+    _journal: ChannelJournal = attrs.field(init=False)
+    _cursor: Loaded[CursorRecord] | None = attrs.field(default=None, init=False)
+    _cursor_loaded: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._journal = ChannelJournal(self.checkpoints)
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
         """Poll until cancelled (see the module docstring); ``task_status.started()`` once
@@ -125,14 +137,12 @@ class Poller:
                     # once (a proxy, a misbehaving server) must not turn into a hot loop.
                     await self.lease.sleep(1.0)
                 continue
-            updates = sorted(
-                (
-                    u
-                    for u in result
-                    if (uid := update_id_of(u)) is not None and (offset is None or uid >= offset)
-                ),
-                key=lambda u: update_id_of(u) or 0,
-            )
+            fresh: dict[int, Mapping[str, Any]] = {}
+            for u in result:
+                uid = update_id_of(u)
+                if uid is not None and (offset is None or uid >= offset):
+                    fresh.setdefault(uid, u)  # an id answered twice is admitted once
+            updates = [fresh[uid] for uid in sorted(fresh)]
             if not updates:
                 # Only junk (no usable update_id) or updates already acknowledged: the next
                 # poll would get the same answer at once, so wait instead of spinning.
@@ -140,40 +150,84 @@ class Poller:
                 await self.lease.sleep(backoff.next_delay())
                 continue
             backoff.reset()
-            for update in updates:
-                update_id = update_id_of(update)
-                assert update_id is not None
-                if offset is not None and update_id < offset:
-                    continue
-                self.lease.check()
-                try:
-                    final = await self.updates.process(update, strict=False)
-                    if final:
-                        # A lease lost while admitting: the next holder re-polls the update
-                        # (the journal deduplicates), so the cursor must not move.
-                        self.lease.check()
-                        await self._advance_cursor(update_id)
-                except (LeaseLostError, AdapterFatalError):
-                    raise
-                except Exception as exc:
-                    log.warning(
-                        "telegram %s: processing an update failed (%s)",
-                        self.connection_id,
-                        type(exc).__name__,
-                    )
-                    final = False
-                if not final:
-                    self.status.state = "backoff"
-                    delay = admit_backoff.next_delay()
-                    log.debug(
-                        "telegram %s: update not acknowledged; polling it again in %.1f s",
-                        self.connection_id,
-                        delay,
-                    )
-                    await self.lease.sleep(delay)
-                    break
+            batch = _Batch(sorted(fresh))
+            await self._admit_batch(updates, batch)
+            if batch.stored is not None:
+                offset = batch.stored + 1
+            if batch.refused:
+                self.status.state = "backoff"
+                delay = admit_backoff.next_delay()
+                log.debug(
+                    "telegram %s: update not acknowledged; polling it again in %.1f s",
+                    self.connection_id,
+                    delay,
+                )
+                await self.lease.sleep(delay)
+            else:
                 admit_backoff.reset()
-                offset = update_id + 1
+
+    # ------------------------------------------------------------------ the batch
+
+    async def _admit_batch(self, updates: list[Mapping[str, Any]], batch: _Batch) -> None:
+        """Admit ``updates`` (sorted, one ``getUpdates`` answer): one lane per chat, run
+        concurrently; returns once every lane stopped. A lost lease or a fatal answer
+        stops every lane before its next update and is raised here."""
+        lanes: dict[str | None, list[Mapping[str, Any]]] = {}
+        for update in updates:
+            lanes.setdefault(conversation_of(update), []).append(update)
+        if len(lanes) == 1:
+            await self._lane(updates, batch)
+        else:
+            async with trio.open_nursery() as nursery:
+                for lane in lanes.values():
+                    nursery.start_soon(self._lane, lane, batch)
+        if batch.fatal is not None:
+            raise batch.fatal
+
+    async def _lane(self, updates: list[Mapping[str, Any]], batch: _Batch) -> None:
+        """One chat's updates in order; stops at the first one not acknowledged."""
+        for update in updates:
+            if batch.fatal is not None:
+                return
+            update_id = update_id_of(update)
+            assert update_id is not None
+            try:
+                self.lease.check()
+                final = await self.updates.process(update, strict=False)
+                if final and batch.admitted(update_id):
+                    await self._store_watermark(batch)
+            except (LeaseLostError, AdapterFatalError) as exc:
+                # A lease lost while admitting: the next holder re-polls the update (the
+                # journal deduplicates), so the cursor must not move.
+                batch.fatal = batch.fatal or exc
+                return
+            except Exception as exc:
+                log.warning(
+                    "telegram %s: processing an update failed (%s)",
+                    self.connection_id,
+                    type(exc).__name__,
+                )
+                final = False
+            if not final:
+                batch.refused = True
+                return
+
+    async def _store_watermark(self, batch: _Batch) -> None:
+        """Write the batch's watermark to the cursor unless a write is in flight (that one
+        writes it next, coalescing): each write is fenced by the receiver lease."""
+        if batch.writing:
+            return
+        batch.writing = True
+        try:
+            while batch.watermark is not None and batch.watermark != batch.stored:
+                target, count = batch.watermark, batch.unstored
+                # The loss is noticed before the cursor moves.
+                self.lease.check()
+                await self._advance_cursor(target, count)
+                batch.stored = target
+                batch.unstored -= count
+        finally:
+            batch.writing = False
 
     async def _check_start(self, backoff: Backoff) -> None:
         me = await self._call_retrying("getMe", backoff)
@@ -216,51 +270,75 @@ class Poller:
 
     # ------------------------------------------------------------------ cursor
 
-    def _cursor_key(self) -> str:
-        return cursor_key(self.connection_id, self.service_scope)
-
     async def _load_offset(self) -> int | None:
-        record = await self.checkpoints.load_checkpoint(
-            namespace=CURSOR_NAMESPACE, key=self._cursor_key(), scope=self.service_scope
-        )
-        if record is None:
-            self._cursor_version, self._admitted = 0, 0
-            return None
-        self._cursor_version = record.version
-        value = record.value if isinstance(record.value, Mapping) else {}
-        admitted = value.get("admitted")
-        self._admitted = admitted if isinstance(admitted, int) and admitted >= 0 else 0
-        last = value.get("lastEventId")
+        """The offset after the stored cursor (``None``: from whatever Telegram holds). A
+        cursor that does not parse is logged and written over by the next advance, as an
+        offset says nothing the journal needs: its records deduplicate a re-polled update."""
+        try:
+            self._cursor = await self._journal.load_cursor(self.service_scope, self.connection_id)
+        except ValueError:  # CorruptRecordError
+            log.warning("telegram %s: the stored offset is unreadable", self.connection_id)
+            stored = await self.checkpoints.load_checkpoint(
+                namespace=NS_CURSOR,
+                key=cursor_key(self.connection_id, self.service_scope),
+                scope=self.service_scope,
+            )
+            self._cursor = None
+            if stored is not None:
+                self._cursor = Loaded(stored.version, CursorRecord(), stored.fencing_token)
+        self._cursor_loaded = True
+        last = None if self._cursor is None else self._cursor.record.last_event_id
         if isinstance(last, str) and last.isdigit() and int(last) < 2**53 - 1:
             return int(last) + 1
         return None
 
-    async def _advance_cursor(self, update_id: int) -> None:
-        """Durably move the offset past ``update_id`` (fenced by the receiver lease)."""
+    async def _advance_cursor(self, update_id: int, count: int) -> None:
+        """Durably move the offset past ``update_id`` (``count`` updates admitted since the
+        last write), fenced by the receiver lease: a CAS from the cursor as last stored,
+        re-read once when another writer moved it; lost twice, the lease is taken as lost."""
         for _attempt in range(2):
-            if self._cursor_version is None:
+            if not self._cursor_loaded:
                 await self._load_offset()
-            current = self._cursor_version or 0
-            value = {
-                "admitted": self._admitted + 1,
-                "lastEventId": str(update_id),
-                "updatedAt": ms_to_iso(self.clock.now_ms()),
-            }
-            try:
-                await self.checkpoints.save_checkpoint(
-                    namespace=CURSOR_NAMESPACE,
-                    key=self._cursor_key(),
-                    scope=self.service_scope,
-                    version=current + 1,
-                    expected_version=current,
-                    fencing_token=self.lease.fencing_token,
-                    value=value,
-                    category=CURSOR_CATEGORY,
-                )
-            except CheckpointConflictError:
-                self._cursor_version = None
-                continue
-            self._cursor_version = current + 1
-            self._admitted += 1
-            return
+            stored = await self._journal.advance_cursor(
+                self.service_scope,
+                self.connection_id,
+                str(update_id),
+                self.clock.now_ms(),
+                known=self._cursor,
+                fence=self.lease.fencing_token,
+                count=count,
+            )
+            if stored is not None:
+                self._cursor = stored
+                return
+            self._cursor_loaded = False
         raise LeaseLostError()
+
+
+@attrs.define(eq=False)
+class _Batch:
+    """The admission state of one ``getUpdates`` answer (see :meth:`Poller._admit_batch`)."""
+
+    ids: list[int]
+    """Its update ids, ascending."""
+    done: set[int] = attrs.field(factory=set)
+    next_index: int = 0
+    """``ids[:next_index]`` are all acknowledged: the contiguous watermark."""
+    watermark: int | None = None
+    stored: int | None = None
+    """The watermark the cursor holds (``None``: nothing of this batch written yet)."""
+    unstored: int = 0
+    writing: bool = False
+    refused: bool = False
+    fatal: BaseException | None = None
+
+    def admitted(self, update_id: int) -> bool:
+        """Mark ``update_id`` acknowledged; True when the watermark moved."""
+        self.done.add(update_id)
+        moved = False
+        while self.next_index < len(self.ids) and self.ids[self.next_index] in self.done:
+            self.watermark = self.ids[self.next_index]
+            self.next_index += 1
+            self.unstored += 1
+            moved = True
+        return moved

@@ -355,6 +355,8 @@ class BotApi:
     latencies: list[float] = attrs.Factory(list)
     answered: int = 0
     sent: trio.Event = attrs.Factory(trio.Event)
+    requests: dict[str, int] = attrs.Factory(dict)
+    """Bot API requests served, by method."""
 
     def offer(self, chat: int, text: str) -> None:
         update_id = self.next_id
@@ -376,6 +378,7 @@ class BotApi:
         self.changed = trio.Event()
 
     async def method(self, name: str, params: dict[str, Any]) -> Any:
+        self.requests[name] = self.requests.get(name, 0) + 1
         if name == "getMe":
             return {"id": 1, "is_bot": True, "first_name": "bench", "username": "bench_bot"}
         if name == "getWebhookInfo":
@@ -446,7 +449,9 @@ class BotApi:
 async def telegram(workdir: Path, duration_s: float) -> dict[str, Any]:
     """A real ``prismd run`` polling the loopback Bot API, the echo agent, 20 chats each
     sending its next message when the answer came: updates/s and latency from an update
-    becoming available to its ``sendMessage``."""
+    becoming available to its ``sendMessage``; the daemon's CPU per update
+    (``cpu_ms_per_update``) and its Bot API requests per update, ``getUpdates`` and
+    ``sendChatAction`` included (``requests_per_update``; by method in ``requests``)."""
     api = BotApi()
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
@@ -473,6 +478,8 @@ aliases = ["bench"]
             await daemon.ready(port)
             end = time.perf_counter() + duration_s
             start = time.perf_counter()
+            cpu0 = process_cpu_s(daemon.process.pid)
+            api.requests.clear()
             chats = list(range(1000, 1000 + CLIENTS))
             for chat in chats:
                 api.offer(chat, "ping")
@@ -482,7 +489,14 @@ aliases = ["bench"]
                         if chat not in api.offered_at and time.perf_counter() < end:
                             api.offer(chat, "ping")
                     await api.sent.wait()
-            result = figures(api.latencies, time.perf_counter() - start)
+            result: dict[str, Any] = figures(api.latencies, time.perf_counter() - start)
+            cpu1 = process_cpu_s(daemon.process.pid)
+            requests = dict(sorted(api.requests.items()))
+            if api.answered:
+                if cpu0 is not None and cpu1 is not None:
+                    result["cpu_ms_per_update"] = round((cpu1 - cpu0) * 1000 / api.answered, 3)
+                result["requests_per_update"] = round(sum(requests.values()) / api.answered, 3)
+            result["requests"] = requests
             code, _took = await daemon.stop()
             if code != 0:
                 raise RuntimeError(f"prismd exited {code}: {daemon.log_tail()}")

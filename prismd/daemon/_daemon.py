@@ -777,6 +777,7 @@ class Daemon:
                 fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
                 on_preview=host.preview if host.has_previews() else None,
                 on_typing=host.typing if host.has_typing() else None,
+                typing_delay_ms=host.typing_delay_ms,
             )
         )
         self.runtime = runtime

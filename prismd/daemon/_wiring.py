@@ -21,6 +21,7 @@ from stores import Store
 
 from ..agents import Agent, AgentContext, AgentOptionError, build_agent
 from ..channel import (
+    DEFAULT_TYPING_DELAY_MS,
     Admission,
     AttachmentRef,
     BuildContext,
@@ -293,6 +294,13 @@ class Host:
 
     def has_typing(self) -> bool:
         return any(a.features.typing for a in self.adapters.values())
+
+    def typing_delay_ms(self, connection_id: str) -> int:
+        """The runtime's ``typing_delay_ms``: as the connection's adapter declares it."""
+        adapter = self.adapters.get(connection_id)
+        if adapter is None:
+            return DEFAULT_TYPING_DELAY_MS
+        return adapter.features.typing_delay_ms
 
     async def typing(self, connection_id: str, conversation_id: str, thread_id: str | None) -> None:
         """The runtime's ``on_typing``: a typing indicator on the turn's connection."""

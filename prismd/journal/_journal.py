@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import datetime
 import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -199,6 +200,19 @@ def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise CorruptRecordError(key)
     return value
+
+
+def _iso_ms(value: object) -> int:
+    """Milliseconds of an ISO-8601 UTC time (``ms_to_iso``'s form); 0 when it is not one."""
+    if not isinstance(value, str):
+        return 0
+    try:
+        stamp = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return 0
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return max(0, min(round(stamp.timestamp() * 1000), MAX_SAFE_INTEGER))
 
 
 def _req_int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -545,6 +559,10 @@ class CursorRecord:
     @classmethod
     def from_json(cls, value: object) -> CursorRecord:
         raw = _mapping(value)
+        if "updatedAtMs" not in raw:
+            # Forward migration: the Telegram poller wrote its offset under this namespace
+            # in its own JSON before issue 40, with the time only as ``updatedAt``.
+            raw = {**raw, "updatedAtMs": _iso_ms(raw.get("updatedAt"))}
         return cls(
             admitted=_req_int(raw, "admitted", 0),
             last_event_id=_opt_str(raw, "lastEventId"),
@@ -1012,19 +1030,32 @@ class ChannelJournal:
         return await self.load(NS_CURSOR, scope, cursor_key(connection_id, scope))
 
     async def advance_cursor(
-        self, scope: OwnershipScope, connection_id: str, last_event_id: str | None, now_ms: int
+        self,
+        scope: OwnershipScope,
+        connection_id: str,
+        last_event_id: str | None,
+        now_ms: int,
+        *,
+        known: Loaded[CursorRecord] | None = None,
+        fence: int | None = None,
+        count: int = 1,
     ) -> Loaded[CursorRecord] | None:
-        """Load, +1, save at the loaded version; a lost CAS is swallowed as ``None``."""
-        current = await self.load_cursor(scope, connection_id)
+        """Move the cursor to ``last_event_id``, ``admitted`` + ``count``: a CAS from
+        ``known`` (the cursor as the caller last stored or loaded it; read here when not
+        given). A lost CAS is swallowed as ``None``. ``fence`` is the writer's lease
+        fencing token (a receiver's); without it, the stored record's."""
+        current = known if known is not None else await self.load_cursor(scope, connection_id)
         admitted = 0 if current is None else current.record.admitted
-        record = CursorRecord(admitted + 1, last_event_id, now_ms)
+        record = CursorRecord(admitted + count, last_event_id, now_ms)
+        if fence is None and current is not None:
+            fence = current.fencing_token
         return await self.save(
             NS_CURSOR,
             scope,
             cursor_key(connection_id, scope),
             record,
             expected_version=0 if current is None else current.version,
-            fence=None if current is None else current.fencing_token,
+            fence=fence,
         )
 
     async def load_reply(

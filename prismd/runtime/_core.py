@@ -125,6 +125,10 @@ class Core:
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None
     on_typing: OnTyping | None = None
+    typing_delay_ms: Callable[[str], int] | None = None
+    """The typing delay of a connection id (``None``: ``DEFAULT_TYPING_DELAY_MS`` for all)."""
+    typing_timer: Any = attrs.field(init=False, default=None)
+    """The turns' typing indicators (``_turn.TypingTimer``), made at the first run."""
 
     journal: ChannelJournal | None = attrs.field(init=False, default=None)
     routes: Routes = attrs.field(init=False)

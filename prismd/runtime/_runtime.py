@@ -340,6 +340,7 @@ async def open_messaging_runtime(
     pairing_scope: Callable[[str], OwnershipScope | None] | None = None,
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
     on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
+    typing_delay_ms: Callable[[str], int] | None = None,
     resume_accepted: bool = False,
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS,
 ) -> AsyncIterator[Runtime]:
@@ -348,9 +349,11 @@ async def open_messaging_runtime(
     The runtime owns its nursery (route pumps, lease renewers, notices, resumes).
     Constructing it calls none of the callbacks. ``store=None`` runs without a journal
     (in-memory dedup, restart-unsafe). ``on_typing(connection_id, conversation_id,
-    thread_id)`` is awaited when a turn's agent run starts and every 4 s while it runs
-    (a child task cancelled when the run ends; its failures are logged by type and
-    swallowed, and a hung call is abandoned after 4 s).
+    thread_id)`` is awaited once a turn's agent run has lasted ``typing_delay_ms(connection_id)``
+    (default :data:`~prismd.channel.DEFAULT_TYPING_DELAY_MS` for every connection; an answer
+    ready sooner sends none) and every 4.5 s after that while the run lasts (a child task
+    cancelled when the run ends; its failures are logged by type and swallowed, and a hung
+    call is abandoned after 4.5 s).
 
     ``tells_unanswered(connection_id)``: that connection's users are told, by a notice,
     when an operator's ``reconcile`` settles one of their messages unanswered
@@ -388,6 +391,7 @@ async def open_messaging_runtime(
             pairing_scope=pairing_scope,
             on_paired=on_paired,
             on_typing=on_typing,
+            typing_delay_ms=typing_delay_ms,
             **extra,
         )
         if core.leases.store is not None:

@@ -188,6 +188,14 @@ def test_live_scenarios_drive_a_real_daemon(tmp_path: Path) -> None:
         assert set(scenarios[name]) >= SERIES_KEYS and scenarios[name]["count"] > 0, name
     # The daemon's own CPU per message (from /proc: this suite runs on Linux).
     assert scenarios["webchat"]["cpu_ms_per_message"] > 0
+    # The Telegram row: the daemon's CPU and its Bot API requests per update (issue 40): the
+    # echo answers at once, so no sendChatAction. In this closed loop (20 chats, each sends
+    # its next message when answered) a getUpdates answer holds a few updates, not 100.
+    telegram = scenarios["telegram"]
+    assert telegram["cpu_ms_per_update"] > 0
+    assert telegram["requests"].get("sendMessage", 0) >= telegram["count"]
+    assert "sendChatAction" not in telegram["requests"]
+    assert 1 <= telegram["requests_per_update"] <= 1.5, telegram
     stop = scenarios["stop"]
     assert stop["exit_code"] == 0 and stop["left_executing"] == 0
     assert stop["seconds_to_exit"] < stop["deadline_s"] + 5

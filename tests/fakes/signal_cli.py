@@ -31,6 +31,9 @@ to ``reference/protocols-telegram-signal.md`` §2 and signal-cli's JSON-RPC sour
   Empty message → -1; no recipient → -1. Outcomes are scripted with
   :meth:`FakeSignalCli.script_send` (per-recipient types, an error, no answer, a connection
   dropped before or after the message went out).
+* **sendTyping** (signal-cli's ``sendTyping``: ``recipient`` or ``groupId``, optional
+  ``stop``) answers ``{"timestamp": ms, "results": [...]}`` like a send, and is recorded in
+  :attr:`FakeSignalCli.typing`; no recipient → -1.
 * **A process.** :meth:`FakeSignalCli.kill` ends it like SIGKILL: every connection reset,
   the listeners gone, a Unix socket file left behind; :meth:`FakeSignalCli.start` again is a
   new process on the same path and port (the stale socket file replaced, the counter at 0,
@@ -215,6 +218,8 @@ class FakeSignalCli:
     """``(connection id, parsed request)`` for every request object read."""
     sends: list[dict[str, Any]] = attrs.field(factory=list)
     """Params of every ``send`` whose message went out, in order."""
+    typing: list[tuple[float, dict[str, Any]]] = attrs.field(factory=list)
+    """``(time, params)`` of every ``sendTyping``."""
     subscribe_log: list[tuple[float, int, int]] = attrs.field(factory=list)
     """``(time, connection id, subscription id)`` for every ``subscribeReceive``."""
     max_concurrent_subscriptions: int = 0
@@ -508,6 +513,13 @@ class FakeSignalCli:
             return next(self._counter)
         if method == "send":
             return await self._send(conn, params)
+        if method == "sendTyping":
+            params = params if isinstance(params, dict) else {}
+            recipients = params.get("recipient")
+            if not recipients and not isinstance(params.get("groupId"), str):
+                raise _RpcError(USER_ERROR, "No recipients given")
+            self.typing.append((trio.current_time(), dict(params)))
+            return {"timestamp": next(self._timestamps), "results": []}
         if method == "version":
             return {"version": VERSION}
         raise _RpcError(METHOD_NOT_FOUND, "Method not implemented")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,6 +133,9 @@ class FakeBotApi:
     allowed_updates: list[str] | None = None
     conflicts: int = 0
     port: int = 0
+    nodelay: bool = True
+    """Trio's default for its sockets; ``False`` turns Nagle's algorithm back on for each
+    accepted connection (the default socket behaviour of most HTTP servers; benchmarks)."""
     _failures: dict[str, list[Failure | None]] = attrs.field(factory=dict)
     _next_update_id: int = 1
     _next_message_id: int = 1
@@ -240,6 +244,8 @@ class FakeBotApi:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        if not self.nodelay:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, False)
         try:
             while True:
                 event = await self._next(conn, stream)

@@ -26,6 +26,7 @@ PINNED_PARAMETERS = [
     "pairing_scope",
     "on_paired",
     "on_typing",
+    "typing_delay_ms",
     "resume_accepted",
     "lease_idle_ms",
 ]

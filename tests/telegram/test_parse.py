@@ -127,12 +127,13 @@ async def test_all_update_fixtures_through_the_fake(
         await recorder.wait_for(4)
         await trio.sleep(35)
         nursery.cancel_scope.cancel()
-    assert [e.text for e in recorder.events] == [
-        "hello there",
-        "4",
-        "doc description",
-        "www.example.com",
-    ]
+    # One getUpdates answer is admitted concurrently across chats (issue 40): the update
+    # order holds within each chat, not across chats.
+    expected = ["hello there", "4", "doc description", "www.example.com"]
+    assert sorted(e.text for e in recorder.events) == sorted(expected)
+    for chat in {e.external_conversation_id for e in recorder.events}:
+        mine = [e.text for e in recorder.events if e.external_conversation_id == chat]
+        assert mine == [t for t in expected if t in mine], chat
     assert len(fake.calls_to("answerCallbackQuery")) == 1
     assert fake.updates == []  # everything confirmed
 
