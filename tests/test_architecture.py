@@ -292,8 +292,7 @@ def test_retired_words_stay_retired() -> None:
     assert _retired_words_in("prismd.configuration, prismd.daemon._config") == []
 
 
-# Read-modify-write loops written by hand, to go (issue 36): the Telegram offset's, which
-# moves onto the journal's cursor. The list may only shrink.
+# Read-modify-write loops written by hand (issue 36): none is left; the list may only shrink.
 OWN_CAS_LOOPS: set[str] = set()
 CAS_LOOP_HOMES = {"prismd/journal/_protocol.py", "stores/_update.py"}
 _READS = {"load_checkpoint", "_load", "_load_offset"}
