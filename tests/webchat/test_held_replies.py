@@ -13,7 +13,7 @@ import trio
 import trio.testing
 import trio_websocket
 
-from adapters.webchat import _adapter as webchat
+from adapters.webchat import _frames as webchat
 from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent

@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio_websocket
 
-from adapters.webchat import _adapter as webchat
-from adapters.webchat._adapter import RESUME_NAMESPACE
+from adapters.webchat import _tokens as webchat
+from adapters.webchat._tokens import RESUME_NAMESPACE
 from stores import CheckpointStore, OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock
