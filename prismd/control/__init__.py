@@ -2,7 +2,7 @@
 
 from ._config import ControlConfig as ControlConfig
 from ._config import Operator as Operator
-from ._server import ControlHandler as ControlHandler
+from ._methods import ControlHandler as ControlHandler
+from ._methods import pairing_aliases_from_grants as pairing_aliases_from_grants
 from ._server import ControlSocketError as ControlSocketError
-from ._server import pairing_aliases_from_grants as pairing_aliases_from_grants
 from ._server import serve_control as serve_control

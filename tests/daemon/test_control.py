@@ -24,14 +24,8 @@ import pytest
 import trio
 
 from prismd.control import ControlConfig, Operator
-from prismd.control._server import (
-    ControlHandler,
-    ControlSocketError,
-    ControlSocketInUseError,
-    pairing_aliases_from_grants,
-    serve_control,
-    to_wire,
-)
+from prismd.control._methods import ControlHandler, pairing_aliases_from_grants, to_wire
+from prismd.control._server import ControlSocketError, ControlSocketInUseError, serve_control
 from prismd.daemon._config import GrantConfig
 from prismd.runtime.api import UnresolvedEntry
 from stores import OwnershipScope

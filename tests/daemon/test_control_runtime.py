@@ -19,7 +19,8 @@ from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
 from prismd.control import ControlConfig, Operator
-from prismd.control._server import ControlHandler, pairing_aliases_from_grants, serve_control
+from prismd.control._methods import ControlHandler, pairing_aliases_from_grants
+from prismd.control._server import serve_control
 from prismd.daemon._config import GrantConfig
 from prismd.grants import GrantAuthorizer
 from prismd.journal._access import GrantStore

@@ -17,7 +17,8 @@ import trio
 
 from prismd.channel import Admission, InboundEvent
 from prismd.control import ControlConfig
-from prismd.control._server import ControlHandler, serve_control
+from prismd.control._methods import ControlHandler
+from prismd.control._server import serve_control
 from prismd.identity import AgentIdentity
 from prismd.runtime.api import (
     Diagnostics,
