@@ -210,7 +210,6 @@ MAX_CLASS_LINES = 300
 LONG_MODULES = {
     "prismd/daemon/_config.py",
     "prismd/daemon/_daemon.py",
-    "prismd/journal/_journal.py",
 }
 LONG_CLASSES = {
     "stores/sqlite/_engine.py:_Database",  # the engine: one state machine, kept whole

@@ -48,12 +48,10 @@ from ._journal import (
     NS_OPERATION,
     NS_REPLY,
     ChannelJournal,
-    CorruptRecordError,
-    OperationRecord,
-    ReplyRecord,
     Write,
     category_of,
 )
+from ._records import CorruptRecordError, OperationRecord, ReplyRecord
 
 NS_META = "prism.channels.v1.meta"
 META_KEY = "journal"

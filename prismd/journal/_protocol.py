@@ -39,14 +39,11 @@ from ._journal import (
     NS_OPERATION,
     NS_REPLY,
     ChannelJournal,
-    CursorRecord,
-    JournalRecordTooLargeError,
     Loaded,
-    OperationRecord,
-    ReplyRecord,
     Write,
     cursor_key,
 )
+from ._records import CursorRecord, JournalRecordTooLargeError, OperationRecord, ReplyRecord
 
 # --------------------------------------------------------------------------- the states
 

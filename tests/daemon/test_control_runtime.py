@@ -24,7 +24,8 @@ from prismd.control._server import serve_control
 from prismd.daemon._config import GrantConfig
 from prismd.grants import GrantAuthorizer
 from prismd.journal._access import GrantStore
-from prismd.journal._journal import NS_CONTROL, ChannelJournal, OperationRecord
+from prismd.journal._journal import NS_CONTROL, ChannelJournal
+from prismd.journal._records import OperationRecord
 from prismd.runtime import open_messaging_runtime
 from stores import OwnershipScope
 from stores.memory import MemoryStore

@@ -113,7 +113,8 @@ async def _datagrams_until(sock: trio.socket.SocketType, last: str, into: list[s
 
 async def _leave_executing(url: str, operation_id: str) -> None:
     """An operation a crash left ``executing`` (what ``list-unresolved`` shows)."""
-    from prismd.journal._journal import ChannelJournal, OperationRecord
+    from prismd.journal._journal import ChannelJournal
+    from prismd.journal._records import OperationRecord
     from stores import OwnershipScope, open_store
 
     async with open_store(url) as store:

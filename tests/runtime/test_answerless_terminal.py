@@ -9,7 +9,8 @@ fix nothing listed it — the message was lost silently. Now it is listed (state
 from __future__ import annotations
 
 from prismd.identity import ownership_from_identity
-from prismd.journal._journal import ChannelJournal, OperationRecord
+from prismd.journal._journal import ChannelJournal
+from prismd.journal._records import OperationRecord
 from tests.support.builders import identity
 from tests.support.harness import Host, StoreFactory, runtime
 

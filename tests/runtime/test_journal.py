@@ -10,16 +10,18 @@ import pytest
 from prismd.journal._journal import (
     NS_BINDING,
     NS_OPERATION,
-    BindingRecord,
     ChannelJournal,
-    JournalRecordTooLargeError,
-    OperationRecord,
-    ReplyRecord,
-    StoredControl,
     binding_key,
     cursor_key,
     operation_key,
     reply_key,
+)
+from prismd.journal._records import (
+    BindingRecord,
+    JournalRecordTooLargeError,
+    OperationRecord,
+    ReplyRecord,
+    StoredControl,
 )
 from stores import OwnershipScope
 from tests.support.harness import StoreFactory

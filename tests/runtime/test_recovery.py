@@ -13,13 +13,8 @@ import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
-from prismd.journal._journal import (
-    NS_OPERATION,
-    NS_REPLY,
-    ChannelJournal,
-    OperationRecord,
-    ReplyRecord,
-)
+from prismd.journal._journal import NS_OPERATION, NS_REPLY, ChannelJournal
+from prismd.journal._records import OperationRecord, ReplyRecord
 from prismd.redact import Redactor
 from stores import OwnershipScope, ms_to_iso
 from tests.support.builders import event, grant, identity

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from prismd.journal import Loaded
-from prismd.journal._journal import OperationInput, ReplyRecord
+from prismd.journal._records import OperationInput, ReplyRecord
 from prismd.runtime._core import stamp_us
 from prismd.runtime._delivery import _oldest_first
 
