@@ -213,7 +213,6 @@ LONG_MODULES = {
 }
 LONG_CLASSES = {
     "stores/sqlite/_engine.py:_Database",  # the engine: one state machine, kept whole
-    "prismd/agents/openai.py:OpenAIAgent",
     "prismd/daemon/_daemon.py:Daemon",
 }
 

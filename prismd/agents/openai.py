@@ -29,39 +29,33 @@ Durable state, all in the journal's checkpoint store, scoped by the run's owners
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import httpx
-import trio
 
-from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
+from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..identity import AgentIdentity, ownership_from_identity
 from ._base import (
     AgentContext,
     Decision,
     EventSink,
-    PendingDecision,
     RunError,
-    RunFailedError,
     RunRequest,
     RunResult,
     RunState,
     StreamEvent,
 )
-from ._chat import Completion, ProviderError, ToolCall, stream_completion
+from ._chat import Completion, ProviderError, stream_completion
 from ._openai_options import OpenAIOptions as OpenAIOptions
 from ._openai_options import check_base_url as check_base_url
 from ._openai_options import load_tools
 from ._openai_options import validate_openai_options as validate_openai_options
+from ._openai_run import INTERRUPTED_KIND, HeldRun, RunBook, RunLoop, RunRecord, failed, interrupted
 from ._session import (
-    CATEGORY_RUN,
-    NS_RUN,
     AgentOptionError,
     SessionEntry,
     SessionLog,
@@ -73,16 +67,6 @@ from .tools import Tool
 
 log = logging.getLogger("prismd.agents.openai")
 
-MAX_TOOL_ROUNDS = 8
-"""Model calls per run (a run, or a resume) before it ends ``tool_rounds_exceeded``."""
-MAX_TOOL_RESULT_CHARS = 16 * 1024
-MAX_RUN_RECORD_BYTES = 768 * 1024
-INTERRUPTED_KIND = "tool_interrupted"
-DENIED_TOOL_RESULT = "The user denied this tool call. Do not try it again; answer without it."
-
-
-# --------------------------------------------------------------------------- run records
-
 
 def _no_key_configured(alias: str, error: ProviderError) -> ProviderError:
     """A 401/403 from a server this agent sends no key to: say that none is configured."""
@@ -92,107 +76,6 @@ def _no_key_configured(alias: str, error: ProviderError) -> ProviderError:
         f"the model server wants an API key ({status}) and none is configured;"
         f" set api_key_env or api_key_file in [agents.{alias}]",
     )
-
-
-def _run_key(alias: str, run_id: str) -> str:
-    return f"r1:{alias}:{run_id}"
-
-
-@attrs.frozen
-class _Run:
-    """The durable state of a run that called a tool (JSON in ``prismd.v1.agent-run``)."""
-
-    status: str
-    session_id: str
-    user_text: str
-    messages: tuple[Mapping[str, Any], ...]
-    """Everything after the user message: assistant tool-call messages and tool results."""
-    queue: tuple[ToolCall, ...] = ()
-    """Tool calls of the last assistant message still to answer, in order."""
-    pending: PendingDecision | None = None
-    dispatch: ToolCall | None = None
-    created_at_ms: int = 0
-    answer: str | None = None
-    leaf_id: str | None = None
-    error_code: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "sessionId": self.session_id,
-            "userText": self.user_text,
-            "messages": [dict(m) for m in self.messages],
-            "queue": [attrs.asdict(c) for c in self.queue],
-            "pending": None if self.pending is None else attrs.asdict(self.pending),
-            "dispatch": None if self.dispatch is None else attrs.asdict(self.dispatch),
-            "createdAt": self.created_at_ms,
-            "answer": self.answer,
-            "leafId": self.leaf_id,
-            "errorCode": self.error_code,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> _Run:
-        if not isinstance(raw, Mapping):
-            raise ValueError("run record")
-        pending = raw.get("pending")
-        dispatch = raw.get("dispatch")
-        return cls(
-            status=str(raw["status"]),
-            session_id=str(raw["sessionId"]),
-            user_text=str(raw["userText"]),
-            messages=tuple(dict(m) for m in raw["messages"]),
-            queue=tuple(ToolCall(**c) for c in raw.get("queue", [])),
-            pending=None if pending is None else PendingDecision(**pending),
-            dispatch=None if dispatch is None else ToolCall(**dispatch),
-            created_at_ms=int(raw.get("createdAt", 0)),
-            answer=raw.get("answer"),
-            leaf_id=raw.get("leafId"),
-            error_code=raw.get("errorCode"),
-        )
-
-
-@attrs.define
-class _Stored:
-    """A run record and the version it was loaded or saved at (0: not stored yet)."""
-
-    run: _Run
-    version: int = 0
-
-
-def _failed(run_id: str, session_id: str, code: str, message: str) -> RunFailedError:
-    return RunFailedError(
-        RunResult("failed", "", run_id, session_id, error=RunError(code, message))
-    )
-
-
-def _tool_message(call: ToolCall, content: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call.id, "content": content}
-
-
-def _assistant_message(completion: Completion) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": completion.text or None,
-        "tool_calls": [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in completion.tool_calls
-        ],
-    }
-
-
-def _clip_result(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
-    if len(text) > MAX_TOOL_RESULT_CHARS:
-        text = text[:MAX_TOOL_RESULT_CHARS] + " …[truncated]"
-    return text
-
-
-# --------------------------------------------------------------------------- the agent
 
 
 @attrs.define(eq=False)
@@ -209,6 +92,7 @@ class OpenAIAgent:
     _revision: str
     _transport: httpx.AsyncBaseTransport | None = None
     _client: httpx.AsyncClient | None = None
+    _book: RunBook = attrs.field(init=False)
     _live: set[str] = attrs.field(factory=set)
     """Runs this process is resuming now: their in-flight statuses are not interrupted."""
     tool_calls: int = 0
@@ -238,6 +122,28 @@ class OpenAIAgent:
             revision=definition_revision("openai", ctx.options),
             transport=transport,
         )
+
+    def __attrs_post_init__(self) -> None:
+        self._book = RunBook(self.checkpoints, self.alias)
+
+    def _loop(
+        self, run_id: str, ownership: OwnershipScope, held: HeldRun, on_event: EventSink | None
+    ) -> RunLoop:
+        return RunLoop(
+            self._book,
+            self._complete,
+            self.options,
+            self.tools,
+            self._log,
+            self._count_tool_call,
+            run_id,
+            ownership,
+            held,
+            on_event,
+        )
+
+    def _count_tool_call(self) -> None:
+        self.tool_calls += 1
 
     @property
     def agent_id(self) -> str:
@@ -285,13 +191,6 @@ class OpenAIAgent:
             headers["authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def _history(self, session_id: str, ownership: OwnershipScope) -> list[dict[str, Any]]:
-        limit = self.options.max_history_messages
-        if limit == 0:
-            return []
-        entries = (await self._log.entries(session_id, ownership))[-limit:]
-        return [{"role": e.role, "content": e.text} for e in entries]
-
     async def _complete(
         self,
         run_id: str,
@@ -334,57 +233,14 @@ class OpenAIAgent:
             on_event(StreamEvent("message_finished", run_id, "".join(parts)))
         return completion
 
-    # ------------------------------------------------------------------ durable run state
-
-    async def _load(self, run_id: str, ownership: OwnershipScope) -> _Stored | None:
-        stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=_run_key(self.alias, run_id), scope=ownership
-        )
-        if stored is None:
-            return None
-        try:
-            return _Stored(_Run.from_json(stored.value), stored.version)
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    async def _save(self, run_id: str, ownership: OwnershipScope, held: _Stored, run: _Run) -> bool:
-        """CAS ``run`` over ``held`` (create when ``held.version`` is 0); False on a lost CAS."""
-        value = run.to_json()
-        if len(json.dumps(value)) > MAX_RUN_RECORD_BYTES:
-            raise _failed(
-                run_id, run.session_id, "run_state_too_large", "the tool results are too large"
-            )
-        try:
-            saved = await self.checkpoints.save_checkpoint(
-                namespace=NS_RUN,
-                key=_run_key(self.alias, run_id),
-                scope=ownership,
-                version=held.version + 1,
-                value=value,
-                expected_version=held.version,
-                category=CATEGORY_RUN,
-                metadata={"status": run.status},
-            )
-        except CheckpointConflictError:
-            return False
-        held.run, held.version = run, saved.version
-        return True
-
-    async def _advance(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored, run: _Run
-    ) -> None:
-        """Save or fail the run: losing a CAS here means another resume took the run over."""
-        if not await self._save(run_id, ownership, held, run):
-            raise _failed(run_id, run.session_id, "run_state_conflict", "run state changed")
-
     # ------------------------------------------------------------------ protocol
 
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
         run_id = new_run_id()
         ownership = ownership_from_identity(request.identity)
         text = input_text(request.input)
-        held = _Stored(
-            _Run(
+        held = HeldRun(
+            RunRecord(
                 status="running",
                 session_id=request.session_id,
                 user_text=text,
@@ -392,193 +248,19 @@ class OpenAIAgent:
                 created_at_ms=self.clock.now_ms(),
             )
         )
-        return await self._guarded(run_id, ownership, held, on_event)
-
-    async def _guarded(
-        self,
-        run_id: str,
-        ownership: OwnershipScope,
-        held: _Stored,
-        on_event: EventSink | None,
-        *,
-        decided: bool | None = None,
-    ) -> RunResult:
-        """``_drive`` (after answering the suspended call when ``decided`` is given: True
-        allows it, False tells the model it was denied); a stored run left by cancellation
-        or an error ends ``cancelled`` (a crash, which runs no code, leaves it in flight:
-        reported interrupted)."""
-        try:
-            if decided is not None:
-                call = held.run.queue[0]
-                tool = self.tools.get(call.name)
-                if not decided:
-                    await self._answer_call(run_id, ownership, held, DENIED_TOOL_RESULT)
-                elif tool is None:
-                    await self._answer_call(run_id, ownership, held, "error: the tool is gone")
-                else:
-                    await self._dispatch(run_id, ownership, held, tool, call)
-            return await self._drive(run_id, ownership, held, on_event)
-        except BaseException:
-            if held.version and held.run.status in ("running", "dispatching"):
-                await self._end(run_id, ownership, held, "cancelled", error_code="run_cancelled")
-            raise
-
-    async def _drive(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored, on_event: EventSink | None
-    ) -> RunResult:
-        """Answer the queued tool calls, then call the model until it answers in text."""
-        session_id = held.run.session_id
-        history = await self._history(session_id, ownership)
-        for _round in range(MAX_TOOL_ROUNDS):
-            while held.run.queue:
-                suspended = await self._next_call(run_id, ownership, held)
-                if suspended is not None:
-                    return suspended
-            messages: list[Mapping[str, Any]] = []
-            if self.options.system_prompt:
-                messages.append({"role": "system", "content": self.options.system_prompt})
-            messages.extend(history)
-            messages.append({"role": "user", "content": held.run.user_text})
-            messages.extend(held.run.messages)
-            try:
-                completion = await self._complete(run_id, messages, on_event)
-            except ProviderError as error:
-                log.warning("model call failed: %s", error.code)
-                await self._end(run_id, ownership, held, "failed", error_code=error.code)
-                raise _failed(run_id, session_id, error.code, str(error)) from None
-            if not completion.tool_calls:
-                return await self._succeed(run_id, ownership, held, completion.text)
-            run = attrs.evolve(
-                held.run,
-                status="running",
-                messages=(*held.run.messages, _assistant_message(completion)),
-                queue=completion.tool_calls,
-            )
-            if held.version:
-                await self._advance(run_id, ownership, held, run)
-            else:
-                held.run = run
-        await self._end(run_id, ownership, held, "failed", error_code="tool_rounds_exceeded")
-        raise _failed(
-            run_id,
-            session_id,
-            "tool_rounds_exceeded",
-            "the model kept calling tools without answering",
-        )
-
-    async def _next_call(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored
-    ) -> RunResult | None:
-        """Answer the first queued tool call; a ``suspended`` result when it needs approval."""
-        call = held.run.queue[0]
-        tool = self.tools.get(call.name)
-        if tool is None:
-            await self._answer_call(
-                run_id, ownership, held, f"error: there is no tool named {call.name!r}"
-            )
-            return None
-        if tool.requires_approval:
-            pending = PendingDecision(
-                approval_id=f"approval-{uuid.uuid4().hex}",
-                kind="tool_approval",
-                reason=_approval_reason(call),
-                tool_name=call.name,
-            )
-            await self._advance(
-                run_id, ownership, held, attrs.evolve(held.run, status="suspended", pending=pending)
-            )
-            return RunResult("suspended", "", run_id, held.run.session_id)
-        await self._dispatch(run_id, ownership, held, tool, call)
-        return None
-
-    async def _dispatch(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored, tool: Tool, call: ToolCall
-    ) -> None:
-        """Journal the dispatch, call the tool once, journal its result."""
-        await self._advance(
-            run_id,
-            ownership,
-            held,
-            attrs.evolve(held.run, status="dispatching", dispatch=call, pending=None),
-        )
-        try:
-            arguments = json.loads(call.arguments or "{}")
-            if not isinstance(arguments, dict):
-                raise ValueError("arguments")
-        except ValueError:
-            result = "error: the arguments were not a JSON object"
-        else:
-            self.tool_calls += 1
-            try:
-                result = _clip_result(await tool.call(arguments))
-            except Exception as exc:
-                # The tool's own text may carry anything: the model is told the type only.
-                log.warning("tool %s failed: %s", call.name, type(exc).__name__)
-                result = f"error: the tool failed ({type(exc).__name__})"
-        await self._answer_call(run_id, ownership, held, result)
-
-    async def _answer_call(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored, result: str
-    ) -> None:
-        call = held.run.queue[0]
-        run = attrs.evolve(
-            held.run,
-            status="running",
-            messages=(*held.run.messages, _tool_message(call, result)),
-            queue=held.run.queue[1:],
-            dispatch=None,
-            pending=None,
-        )
-        if held.version:
-            # Shielded: the tool ran; losing its result to a cancel would leave it
-            # "dispatching" (interrupted) although it finished.
-            with trio.CancelScope(shield=True, relative_deadline=10):
-                await self._advance(run_id, ownership, held, run)
-        else:
-            held.run = run
-
-    async def _succeed(
-        self, run_id: str, ownership: OwnershipScope, held: _Stored, answer: str
-    ) -> RunResult:
-        session_id = held.run.session_id
-        leaf: str | None = None
-        if self.options.max_history_messages > 0:
-            leaf = await self._log.append(
-                session_id, ownership, (("user", held.run.user_text), ("assistant", answer))
-            )
-        if held.version:
-            done = attrs.evolve(held.run, status="succeeded", answer=answer, leaf_id=leaf)
-            await self._advance(run_id, ownership, held, done)
-        return RunResult("succeeded", answer, run_id, session_id, leaf_id=leaf)
-
-    async def _end(
-        self,
-        run_id: str,
-        ownership: OwnershipScope,
-        held: _Stored,
-        status: str,
-        *,
-        error_code: str | None = None,
-    ) -> None:
-        if not held.version:
-            return
-        ended = attrs.evolve(
-            held.run, status=status, queue=(), pending=None, dispatch=None, error_code=error_code
-        )
-        with trio.CancelScope(shield=True, relative_deadline=10):
-            await self._save(run_id, ownership, held, ended)
+        return await self._loop(run_id, ownership, held, on_event).guarded()
 
     async def status(
         self, *, run_id: str, session_id: str, ownership: OwnershipScope
     ) -> RunState | None:
-        loaded = await self._load(run_id, ownership)
+        loaded = await self._book.load(run_id, ownership)
         if loaded is None or loaded.run.session_id != session_id:
             return None
         run = loaded.run
         if run.status == "suspended" and run.pending is not None:
             return RunState("suspended", loaded.version, (run.pending,))
         if run.status in ("dispatching", "running") and run_id not in self._live:
-            return RunState("suspended", loaded.version, (_interrupted(run),))
+            return RunState("suspended", loaded.version, (interrupted(run),))
         return RunState(run.status, loaded.version)
 
     async def resume(
@@ -601,21 +283,21 @@ class OpenAIAgent:
         ``deny`` answers ``failed``/``tool_interrupted``. Raises :class:`RunFailedError`
         (``run_not_found``, ``version_conflict``, ``missing_decision``, …).
         """
-        loaded = await self._load(run_id, ownership)
+        loaded = await self._book.load(run_id, ownership)
         if loaded is None or loaded.run.session_id != session_id:
-            raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
+            raise failed(run_id, session_id, "run_not_found", "no such suspended run")
         run = loaded.run
         if run.status == "succeeded":
             return RunResult("succeeded", run.answer or "", run_id, session_id, run.leaf_id)
         if run.status == "denied":
             return RunResult("denied", "", run_id, session_id)
         if loaded.version != expected_version:
-            raise _failed(run_id, session_id, "version_conflict", "run state changed")
+            raise failed(run_id, session_id, "version_conflict", "run state changed")
         interrupted = run.status in ("dispatching", "running") and run_id not in self._live
         if interrupted:
             if not deny:
-                raise _failed(run_id, session_id, "missing_decision", "the run was interrupted")
-            await self._advance(
+                raise failed(run_id, session_id, "missing_decision", "the run was interrupted")
+            await self._book.advance(
                 run_id,
                 ownership,
                 loaded,
@@ -635,9 +317,9 @@ class OpenAIAgent:
                 ),
             )
         if run.status != "suspended" or run.pending is None:
-            raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
+            raise failed(run_id, session_id, "run_not_found", "no such suspended run")
         if deny:
-            await self._advance(
+            await self._book.advance(
                 run_id,
                 ownership,
                 loaded,
@@ -646,32 +328,13 @@ class OpenAIAgent:
             return RunResult("denied", "", run_id, session_id)
         outcome = {d.approval_id: d.outcome for d in decisions}.get(run.pending.approval_id)
         if outcome is None:
-            raise _failed(run_id, session_id, "missing_decision", "no decision for the tool")
+            raise failed(run_id, session_id, "missing_decision", "no decision for the tool")
         self._live.add(run_id)
         try:
-            return await self._guarded(
-                run_id, ownership, loaded, on_event, decided=outcome == "allow_once"
-            )
+            loop = self._loop(run_id, ownership, loaded, on_event)
+            return await loop.guarded(decided=outcome == "allow_once")
         finally:
             self._live.discard(run_id)
-
-
-def _approval_reason(call: ToolCall) -> str:
-    arguments = " ".join(call.arguments.split())
-    if len(arguments) > 300:
-        arguments = arguments[:300] + "…"
-    return f"the model wants to call {call.name} with {arguments or '{}'}"
-
-
-def _interrupted(run: _Run) -> PendingDecision:
-    name = run.dispatch.name if run.dispatch is not None else None
-    what = f"the call of {name}" if name else "the request"
-    return PendingDecision(
-        approval_id=f"interrupted-{run.created_at_ms}",
-        kind=INTERRUPTED_KIND,
-        reason=f"{what} was interrupted by a restart and is not repeated; /cancel ends it",
-        tool_name=name,
-    )
 
 
 def build_openai_agent(ctx: AgentContext) -> OpenAIAgent:
