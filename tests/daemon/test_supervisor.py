@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from prismd.channel import AdapterFatalError
-from prismd.daemon._daemon import (
+from prismd.daemon._supervisor import (
     ChildStartupError,
     RestartPolicy,
     Supervisor,

@@ -18,7 +18,8 @@ import prismd.daemon._logs as daemon_logs
 from adapters.webchat import WebchatConnectionConfig
 from prismd.channel import Reply, SendResult
 from prismd.daemon._config import default_config
-from prismd.daemon._daemon import Daemon, RestartPolicy
+from prismd.daemon._daemon import Daemon
+from prismd.daemon._supervisor import RestartPolicy
 from prismd.daemon._wiring import build_adapter
 
 from .helpers import chat

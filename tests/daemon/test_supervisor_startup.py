@@ -20,7 +20,8 @@ import trio
 
 import prismd.daemon._daemon as daemon_module
 from prismd.daemon._config import Config, parse_config
-from prismd.daemon._daemon import Daemon, RestartPolicy
+from prismd.daemon._daemon import Daemon
+from prismd.daemon._supervisor import RestartPolicy
 from prismd.daemon._wiring import build_adapter
 
 from .helpers import Layout, chat, child_env, free_port, running_daemon, wait_runs, write_config
