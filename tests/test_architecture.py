@@ -208,7 +208,6 @@ MAX_CLASS_LINES = 300
 # Today's offenders, to be split (issue 36): the list may only shrink. A module that falls to
 # the ceiling must leave it (the test says so), and none may join it.
 LONG_MODULES = {
-    "prismd/daemon/_config.py",
     "prismd/daemon/_daemon.py",
 }
 LONG_CLASSES = {

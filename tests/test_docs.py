@@ -165,7 +165,7 @@ def _string(node: ast.AST) -> str | None:
 def table_keys(path: Path) -> tuple[set[str], set[str]]:
     """(keys, sections) a parser module reads through its config table: the string argument
     of every ``table.get_*("key", …)`` / ``choice`` / ``str_list`` call, and of every
-    ``table("section")``, ``_get("section", …)`` and ``_array_of_tables(root, "section")``."""
+    ``table("section")``, ``_get("section", …)`` and ``array_of_tables(root, "section")``."""
     keys: set[str] = set()
     sections: set[str] = set()
     for node in ast.walk(ast.parse(text(path))):
@@ -179,7 +179,7 @@ def table_keys(path: Path) -> tuple[set[str], set[str]]:
                 sections.add(name)
         elif (
             isinstance(func, ast.Name)
-            and func.id == "_array_of_tables"
+            and func.id == "array_of_tables"
             and len(node.args) > 1
             and (name := _string(node.args[1])) is not None
         ):

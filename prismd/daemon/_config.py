@@ -16,24 +16,21 @@ Guarantees of :func:`load_config`:
 * cross references hold: connection ids are unique, grants name existing connections and
   aliases from ``[agents]``, ``default_alias`` is one of the grant's ``aliases``.
 
-:func:`check_runnable` is the second half, shared by ``prismd check-config`` and ``prismd
-run``: what a valid file still needs from this machine and this build (secrets present,
-``python`` factories importable, connection kinds and store schemes built, the control
-group existing), checked without opening a socket, the store or the network.
+The TOML is read by :mod:`._toml`; :mod:`._runnable` (``check_runnable``) is the second
+half, shared by ``prismd check-config`` and ``prismd run``.
 """
 
 from __future__ import annotations
 
 import difflib
-import grp
 import importlib
 import os
 import re
 import tomllib
 import types
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeAlias
 
 import attrs
 
@@ -51,10 +48,21 @@ from stores import (
     is_postgres_url,
 )
 
+from ..agents.registry import validate_agent_options
 from ..channel import ConnectionKind, ConnectionSettings
 from ..control import ControlConfig, Operator
 from ..grants import GrantConfig as GrantConfig
 from ..limits import LIMIT_TABLE, Limits
+from ._toml import (
+    INLINE_SECRET_KEYS,
+    ConfigError,
+    Table,
+    array_of_tables,
+    check_address,
+    default_of,
+    type_name,
+    unknown_key,
+)
 
 __all__ = [
     "AgentConfig",
@@ -68,8 +76,6 @@ __all__ = [
     "StoreConfig",
     "TelegramConnectionConfig",
     "WebchatConnectionConfig",
-    "check_runnable",
-    "config_warnings",
     "default_config",
     "is_loopback_host",
     "load_config",
@@ -79,18 +85,6 @@ __all__ = [
 
 DEFAULT_CONFIG_FILE = "prismd.toml"
 AGENT_KINDS = ("echo", "mock", "openai", "python")
-# Keys that would hold a secret inline. Their values never appear in an error message.
-_INLINE_SECRET_KEYS = frozenset(
-    {
-        "token",
-        "bot_token",
-        "access_token",
-        "webhook_secret",
-        "secret",
-        "password",
-        "api_key",
-    }
-)
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # What this build can run: every store scheme the config format knows, and whether it is
@@ -99,21 +93,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 STORE_SCHEMES: Mapping[str, bool] = types.MappingProxyType(
     {"memory": True, "sqlite": True, "postgresql": True, "postgres": True}
 )
-
-
-class ConfigError(Exception):
-    """A configuration problem; ``str(e)`` is ``"<file>: <key>: <message>"``.
-
-    ``file`` is the path as given (``None`` for the built-in defaults or secrets read at
-    start-up), ``key`` the TOML location such as ``[[connections]][2].kind`` or
-    ``[limits].max_routes`` (``None`` when the whole file is at fault).
-    """
-
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
-        self.file = file
-        self.key = key
-        self.message = message
-        super().__init__(": ".join(part for part in (file, key, message) if part))
 
 
 # --------------------------------------------------------------------------- records
@@ -259,148 +238,11 @@ def read_secret(
 
 
 # --------------------------------------------------------------------------- parsing
-
-_T = TypeVar("_T")
-
-
-def _default(cls: type, name: str) -> Any:
-    return getattr(attrs.fields(cls), name).default
-
-
-def _type_name(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
-
-
-@attrs.define(eq=False)
-class _Table:
-    """One TOML table being read: remembers which keys were used, names its location."""
-
-    file: str | None
-    where: str
-    """``[control]``, ``[[connections]][2]`` …"""
-    data: Mapping[str, Any]
-    used: set[str] = attrs.field(factory=set)
-
-    def key(self, name: str) -> str:
-        return f"{self.where}.{name}" if self.where else name
-
-    def error(self, name: str | None, message: str) -> ConfigError:
-        return ConfigError(message, file=self.file, key=self.key(name) if name else self.where)
-
-    def _get(self, name: str, kind: type[_T], what: str, default: Any) -> Any:
-        self.used.add(name)
-        if name not in self.data:
-            return default
-        value = self.data[name]
-        if isinstance(value, bool) and kind is not bool:
-            raise self.error(name, f"must be {what}, got boolean")
-        if not isinstance(value, kind):
-            raise self.error(name, f"must be {what}, got {_type_name(value)}")
-        return value
-
-    def get_str(self, name: str, default: Any = None, *, required: bool = False) -> Any:
-        if required and name not in self.data:
-            raise self.error(name, "is required")
-        value = self._get(name, str, "a string", default)
-        if isinstance(value, str) and not value:
-            raise self.error(name, "must not be empty")
-        return value
-
-    def get_int(self, name: str, default: Any = None, *, low: int = 0, high: int = 2**53) -> Any:
-        value = self._get(name, int, "an integer", default)
-        if isinstance(value, int) and not low <= value <= high:
-            raise self.error(name, f"must be between {low} and {high}, got {value}")
-        return value
-
-    def get_bool(self, name: str, default: bool = False) -> bool:
-        value: bool = self._get(name, bool, "true or false", default)
-        return value
-
-    def str_list(self, name: str) -> tuple[str, ...] | None:
-        value = self._get(name, list, "an array of strings", None)
-        if value is None:
-            return None
-        for item in value:
-            if not isinstance(item, str) or not item:
-                raise self.error(name, "must be an array of non-empty strings")
-        return tuple(value)
-
-    def table(self, name: str) -> _Table:
-        value = self._get(name, dict, "a table", {})
-        return _Table(self.file, f"[{name}]" if self.where == "" else self.key(name), value)
-
-    def choice(self, name: str, choices: tuple[str, ...], default: str | None) -> Any:
-        value = self.get_str(name, default, required=default is None)
-        if value not in choices:
-            allowed = " or ".join(repr(c) for c in choices)
-            if len(choices) > 2:
-                allowed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
-            raise self.error(name, f"must be {allowed}")
-        return value
-
-    def get_address(self, name: str, default: str | None = None) -> Any:
-        value = self.get_str(name, default)
-        if value is not None:
-            _check_address(self, name, value)
-        return value
-
-    def get_env_name(self, name: str) -> str | None:
-        value: str | None = self.get_str(name)
-        _check_env_name(self, name, value)
-        return value
-
-    def reject_inline_secrets(self) -> None:
-        """An inline secret is named as such (its value is never shown)."""
-        for name in self.data:
-            if name in _INLINE_SECRET_KEYS:
-                raise self.error(
-                    name,
-                    "secrets are never inline in the config; use token_env or token_file "
-                    "(or an *_env key naming an environment variable)",
-                )
-
-    def finish(self) -> None:
-        """Reject every key that was not read (and any inline secret, value unseen); the
-        error suggests the closest key this table knows (:func:`unknown_key`)."""
-        self.reject_inline_secrets()
-        for name in self.data:
-            if name not in self.used:
-                raise self.error(name, unknown_key(name, self.used))
-
-
-def unknown_key(name: str, known: Collection[str]) -> str:
-    """``"unknown key"``, with ``"; did you mean 'x'?"`` when one of ``known`` is close."""
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    return f"unknown key; did you mean {close[0]!r}?" if close else "unknown key"
-
-
-def _check_address(table: _Table, name: str, value: str) -> None:
-    try:
-        parse_host_port(value)
-    except ValueError as exc:
-        raise table.error(name, str(exc)) from None
-
-
-def _check_env_name(table: _Table, name: str, value: str | None) -> None:
-    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-        raise table.error(name, "must be an environment variable name")
-
-
-def _parse_daemon(root: _Table) -> DaemonConfig:
+def _parse_daemon(root: Table) -> DaemonConfig:
     table = root.table("daemon")
-    result = DaemonConfig(state_dir=table.get_str("state_dir", _default(DaemonConfig, "state_dir")))
+    result = DaemonConfig(
+        state_dir=table.get_str("state_dir", default_of(DaemonConfig, "state_dir"))
+    )
     table.finish()
     return result
 
@@ -414,9 +256,9 @@ _POSTGRES_STORE_KEYS = (
 )
 
 
-def _parse_store(root: _Table) -> StoreConfig:
+def _parse_store(root: Table) -> StoreConfig:
     table = root.table("store")
-    url: str = table.get_str("url", _default(StoreConfig, "url"))
+    url: str = table.get_str("url", default_of(StoreConfig, "url"))
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in STORE_SCHEMES:
         raise table.error("url", "must be sqlite:///PATH, postgresql://… or memory://")
@@ -460,7 +302,7 @@ def _url_has_password(url: str) -> bool:
     return bool(at) and ":" in userinfo
 
 
-def _parse_limits(root: _Table) -> Limits:
+def _parse_limits(root: Table) -> Limits:
     table = root.table("limits")
     values: dict[str, int] = {}
     for name in table.data:
@@ -482,22 +324,22 @@ _MAX_UNIX_SOCKET_PATH = 107
 """``sun_path`` holds 108 bytes including the terminating NUL on Linux."""
 
 
-def _parse_control(root: _Table) -> ControlConfig:
+def _parse_control(root: Table) -> ControlConfig:
     table = root.table("control")
-    socket: str = table.get_str("socket", _default(ControlConfig, "socket"))
+    socket: str = table.get_str("socket", default_of(ControlConfig, "socket"))
     if len(os.fsencode(socket)) > _MAX_UNIX_SOCKET_PATH:
         # bind() refuses it ("AF_UNIX path too long"): say so here, not at start-up.
         raise table.error("socket", f"must be at most {_MAX_UNIX_SOCKET_PATH} bytes long")
     group = table.get_str("group")
     max_request_bytes = table.get_int(
         "max_request_bytes",
-        _default(ControlConfig, "max_request_bytes"),
+        default_of(ControlConfig, "max_request_bytes"),
         low=1024,
         high=16 * 1024 * 1024,
     )
     idle_timeout_ms = table.get_int(
         "idle_timeout_ms",
-        _default(ControlConfig, "idle_timeout_ms"),
+        default_of(ControlConfig, "idle_timeout_ms"),
         low=100,
         high=24 * 3600 * 1000,
     )
@@ -507,8 +349,8 @@ def _parse_control(root: _Table) -> ControlConfig:
     for index, raw in enumerate(raw_operators, start=1):
         where = f"{table.where}.operators[{index}]"
         if not isinstance(raw, dict):
-            raise ConfigError(f"must be a table, got {_type_name(raw)}", file=root.file, key=where)
-        op = _Table(root.file, where, raw)
+            raise ConfigError(f"must be a table, got {type_name(raw)}", file=root.file, key=where)
+        op = Table(root.file, where, raw)
         if "uid" not in raw:
             raise op.error("uid", "is required")
         uid: int = op.get_int("uid", low=0, high=2**32 - 1)
@@ -534,13 +376,13 @@ def _parse_control(root: _Table) -> ControlConfig:
     )
 
 
-def _parse_metrics(root: _Table) -> MetricsConfig | None:
+def _parse_metrics(root: Table) -> MetricsConfig | None:
     present = "metrics" in root.data
     table = root.table("metrics")
     if not present:
         return None
-    listen: str = table.get_str("listen", _default(MetricsConfig, "listen"))
-    _check_address(table, "listen", listen)
+    listen: str = table.get_str("listen", default_of(MetricsConfig, "listen"))
+    check_address(table, "listen", listen)
     allow_non_loopback = table.get_bool("allow_non_loopback")
     host, _port = parse_host_port(listen)
     if not is_loopback_host(host) and not allow_non_loopback:
@@ -555,21 +397,10 @@ def _parse_metrics(root: _Table) -> MetricsConfig | None:
     return MetricsConfig(listen=listen, allow_non_loopback=allow_non_loopback)
 
 
-def _array_of_tables(root: _Table, name: str) -> list[_Table]:
-    raw = root._get(name, list, "an array of tables ([[" + name + "]])", [])
-    tables = []
-    for index, item in enumerate(raw, start=1):
-        where = f"[[{name}]][{index}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"must be a table, got {_type_name(item)}", file=root.file, key=where)
-        tables.append(_Table(root.file, where, item))
-    return tables
-
-
-def _parse_connections(root: _Table) -> tuple[ConnectionConfig, ...]:
+def _parse_connections(root: Table) -> tuple[ConnectionConfig, ...]:
     result: list[ConnectionConfig] = []
     seen: set[str] = set()
-    for table in _array_of_tables(root, "connections"):
+    for table in array_of_tables(root, "connections"):
         table.reject_inline_secrets()
         conn_id: str = table.get_str("id", required=True)
         if not _ID_RE.match(conn_id):
@@ -585,7 +416,7 @@ def _parse_connections(root: _Table) -> tuple[ConnectionConfig, ...]:
     return tuple(result)
 
 
-def _parse_agents(root: _Table) -> dict[str, AgentConfig]:
+def _parse_agents(root: Table) -> dict[str, AgentConfig]:
     table = root.table("agents")
     agents: dict[str, AgentConfig] = {}
     for alias, raw in table.data.items():
@@ -598,12 +429,12 @@ def _parse_agents(root: _Table) -> dict[str, AgentConfig]:
                 key=where,
             )
         if not isinstance(raw, dict):
-            raise ConfigError(f"must be a table, got {_type_name(raw)}", file=root.file, key=where)
-        agent = _Table(root.file, where, raw)
+            raise ConfigError(f"must be a table, got {type_name(raw)}", file=root.file, key=where)
+        agent = Table(root.file, where, raw)
         kind = agent.choice("kind", AGENT_KINDS, None)
         options = {k: v for k, v in raw.items() if k != "kind"}
         for name in options:
-            if name in _INLINE_SECRET_KEYS:
+            if name in INLINE_SECRET_KEYS:
                 raise agent.error(
                     name, "secrets are never inline in the config; name an environment variable"
                 )
@@ -615,14 +446,10 @@ def _parse_agents(root: _Table) -> dict[str, AgentConfig]:
     return agents
 
 
-def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -> Mapping[str, Any]:
+def _validate_agent_options(agent: Table, kind: str, options: dict[str, Any]) -> Mapping[str, Any]:
     """Options are the agent registry's to judge; its error becomes a ConfigError here."""
-    validator = _registry_validator()
-    if validator is None:
-        _fallback_agent_options(agent, kind, options)
-        return options
     try:
-        checked = validator(kind, options)
+        validate_agent_options(kind, options)
     except (ValueError, TypeError, KeyError) as exc:
         name = getattr(exc, "key", None)
         message = str(exc.args[0]) if exc.args else type(exc).__name__
@@ -636,7 +463,7 @@ def _validate_agent_options(agent: _Table, kind: str, options: dict[str, Any]) -
             close = difflib.get_close_matches(name, _agent_option_names(kind), n=1)
             message += f"; did you mean {close[0]!r}?" if close else ""
         raise agent.error(name if isinstance(name, str) else None, message) from None
-    return checked if isinstance(checked, Mapping) else options
+    return options
 
 
 _AGENT_OPTION_RECORDS = {"openai": "OpenAIOptions", "mock": "MockOptions"}
@@ -653,48 +480,14 @@ def _agent_option_names(kind: str) -> list[str]:
     ]
 
 
-def _registry_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
-    try:
-        registry = importlib.import_module("prismd.agents.registry")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("prismd.agents.registry", "prismd.agents"):
-            raise
-        return None
-    validator = getattr(registry, "validate_agent_options", None)
-    return validator if callable(validator) else None
-
-
-def _fallback_agent_options(agent: _Table, kind: str, options: Mapping[str, Any]) -> None:
-    # Used only until prismd.agents.registry exists: the kinds pinned in SPEC.
-    agent.used.update(options)
-    if kind == "echo":
-        for name in options:
-            raise agent.error(name, "unknown key")
-    elif kind == "mock":
-        for name, value in options.items():
-            if name == "delay_ms":
-                agent.get_int("delay_ms", low=0, high=24 * 3600 * 1000)
-            elif name == "fail":
-                agent.get_bool("fail")
-            elif name == "suspend_for_tool":
-                agent.get_str("suspend_for_tool")
-            else:
-                raise agent.error(name, "unknown key")
-            del value
-    elif kind == "python":
-        factory = agent.get_str("factory", required=True)
-        if not re.fullmatch(r"[\w.]+:[\w.]+", factory):
-            raise agent.error("factory", "must be 'module:callable'")
-
-
 def _parse_grants(
-    root: _Table,
+    root: Table,
     connections: tuple[ConnectionConfig, ...],
     agents: Mapping[str, AgentConfig],
 ) -> tuple[GrantConfig, ...]:
     conn_ids = {c.id for c in connections}
     grants: list[GrantConfig] = []
-    for table in _array_of_tables(root, "grants"):
+    for table in array_of_tables(root, "grants"):
         connection: str = table.get_str("connection", required=True)
         if connection not in conn_ids:
             raise table.error("connection", f"no [[connections]] entry has id {connection!r}")
@@ -753,7 +546,7 @@ def _kind_of(conn: ConnectionConfig) -> ConnectionKind:
 
 def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Config:
     """Validate an already-decoded TOML document; errors name ``source`` and the key."""
-    root = _Table(source, "", data)
+    root = Table(source, "", data)
     daemon = _parse_daemon(root)
     store = _parse_store(root)
     limits = _parse_limits(root)
@@ -764,7 +557,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
     metrics = _parse_metrics(root)
     for name in data:
         if name not in root.used:
-            if name in _INLINE_SECRET_KEYS:
+            if name in INLINE_SECRET_KEYS:
                 raise ConfigError(
                     "secrets are never inline in the config; use token_env or token_file",
                     file=source,
@@ -851,158 +644,3 @@ def default_config(env: Mapping[str, str] = os.environ) -> Config:
         grants=tuple(grants),
         agents=types.MappingProxyType({"echo": AgentConfig(alias="echo", kind="echo")}),
     )
-
-
-# --------------------------------------------------------------------------- runnable
-
-
-def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
-    """Raise :class:`ConfigError` (file and key named) for what ``config`` cannot run with here.
-
-    The checks ``prismd run`` needs before it opens anything, and all ``prismd check-config``
-    adds to :func:`load_config`, so the two cannot disagree: the store scheme and every
-    connection kind are built (:data:`STORE_SCHEMES`, :data:`adapters.kinds.CONNECTION_KINDS`),
-    a SQLite or PostgreSQL URL is one the store accepts (its shape only: no server is
-    contacted), every secret a connection or the store reads at start is present (values
-    read and dropped, never shown), every ``python`` agent's factory module imports and has
-    the attribute (it is not called), every ``openai`` agent's API key is present and its
-    ``tools`` factory imports, and ``[control].group`` exists. Nothing is opened,
-    bound or contacted.
-    """
-    source = config.source
-
-    def error(key: str, message: str) -> ConfigError:
-        return ConfigError(message, file=source, key=key)
-
-    if not config.connections:
-        # A daemon without a connection starts, says ready and answers nobody.
-        raise error("[[connections]]", NO_CONNECTION)
-    _check_store_runnable(config.store, env, error)
-    for index, conn in enumerate(config.connections, start=1):
-        where = f"[[connections]][{index}]"
-        kind = kinds.connection_kind(conn.kind)
-        if kind is None or not kind.available:
-            raise error(
-                f"{where}.kind",
-                f"connection kind {conn.kind!r} is not available in this build yet",
-            )
-        for source_ in kind.secrets(conn):
-            name = source_.key
-            try:
-                read_secret(
-                    env_name=source_.env_name,
-                    file_name=source_.file_name,
-                    env=env,
-                    key=f"{where}.{name}",
-                )
-            except ConfigError as exc:
-                raise error(exc.key or f"{where}.{name}", exc.message) from None
-    for alias, agent in config.agents.items():
-        where = f"[agents.{alias}]"
-        if agent.kind == "python":
-            _check_factory(str(agent.options.get("factory", "")), where, error)
-        elif agent.kind == "openai":
-            _check_openai_runnable(agent.options, where, env, error)
-    group = config.control.group
-    if group is not None:
-        try:
-            grp.getgrnam(group)
-        except KeyError:
-            raise error("[control].group", f"no such group {group!r}") from None
-
-
-NO_CONNECTION = (
-    "no connection: nothing could reach an agent; add one, e.g. a [[connections]] block with"
-    ' id = "web" and kind = "webchat" (and a [[grants]] entry for it),'
-    " or write a starter config with prismd init"
-)
-
-ENV_CONNECTIONS: tuple[tuple[str, str], ...] = (
-    ("TELEGRAM_BOT_TOKEN", "telegram"),
-    ("SIGNAL_CLI_SOCKET", "signal"),
-)
-"""The variables that add a connection to the built-in defaults (:func:`default_config`),
-with the kind each adds: set beside a config file that has no such connection, they are
-ignored, which :func:`config_warnings` says."""
-
-
-def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list[str]:
-    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a variable of
-    :data:`ENV_CONNECTIONS` set while the config file has no connection of its kind."""
-    if config.source is None:
-        return []
-    present = {conn.kind for conn in config.connections}
-    return [
-        f"{variable} is set but {config.source} has no {kind} connection, so it is not used;"
-        f' add a [[connections]] block with kind = "{kind}"'
-        + (f' and token_env = "{variable}"' if kind == "telegram" else "")
-        + (" (prismd init --telegram writes one)" if kind == "telegram" else "")
-        for variable, kind in ENV_CONNECTIONS
-        if env.get(variable, "").strip() and kind not in present
-    ]
-
-
-def _check_store_runnable(
-    store: StoreConfig, env: Mapping[str, str], error: Callable[[str, str], ConfigError]
-) -> None:
-    url = store.url
-    scheme = url.partition("://")[0]
-    if not STORE_SCHEMES.get(scheme, False):
-        raise error("[store].url", f"the {scheme}:// store is not available in this build yet")
-    if store.is_postgres:
-        # The URL's shape and the password's presence; nothing is contacted.
-        from stores import InvalidStoreURLError, parse_postgres_url
-
-        try:
-            parse_postgres_url(url)
-        except InvalidStoreURLError as exc:
-            raise error("[store].url", str(exc)) from None
-        try:
-            store.postgres_options(env)
-        except ConfigError as exc:
-            raise error(exc.key or "[store].password_file", exc.message) from None
-    if scheme == "sqlite":
-        # The store's own URL rules (relative vs absolute, a file name), without opening it.
-        from stores import InvalidStoreURLError
-        from stores.sqlite import sqlite_path_from_url
-
-        try:
-            sqlite_path_from_url(url)
-        except InvalidStoreURLError as exc:
-            raise error("[store].url", str(exc)) from None
-
-
-def _check_openai_runnable(
-    options: Mapping[str, Any],
-    where: str,
-    env: Mapping[str, str],
-    error: Callable[[str, str], ConfigError],
-) -> None:
-    """The API key is present (read and dropped) and the ``tools`` module imports."""
-    for key in ("api_key_env", "api_key_file"):
-        if key in options:
-            try:
-                read_secret(
-                    env_name=options[key] if key == "api_key_env" else None,
-                    file_name=options[key] if key == "api_key_file" else None,
-                    env=env,
-                    key=f"{where}.{key}",
-                )
-            except ConfigError as exc:
-                raise error(exc.key or f"{where}.{key}", exc.message) from None
-    if "tools" in options:
-        _check_factory(str(options["tools"]), where, error, key="tools")
-
-
-def _check_factory(
-    spec: str, where: str, error: Callable[[str, str], ConfigError], *, key: str = "factory"
-) -> None:
-    # The agent kind's own resolution (import + attribute), the step before the call.
-    from ..agents import AgentOptionError, resolve_factory
-
-    try:
-        resolve_factory(spec, key)
-    except AgentOptionError as exc:
-        message = str(exc)
-        named = exc.key or key
-        raise error(f"{where}.{named}", message.removeprefix(f"{named}: ")) from None

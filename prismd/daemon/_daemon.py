@@ -37,7 +37,8 @@ from ..redact import Redactor
 from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
-from ._config import Config, ConfigError, ConnectionConfig, check_runnable
+from ._config import Config, ConfigError, ConnectionConfig
+from ._runnable import check_runnable
 from ._statedir import StateDir, StateDirError, open_state_dir
 from ._supervisor import (
     DaemonError,

@@ -762,7 +762,8 @@ def test_check_config_names_the_bad_openai_key(
 
 
 def test_check_config_reads_the_key_and_imports_the_tools(tmp_path: Any) -> None:
-    from prismd.daemon._config import ConfigError, check_runnable
+    from prismd.daemon._config import ConfigError
+    from prismd.daemon._runnable import check_runnable
 
     base = 'base_url = "https://api.openai.com/v1"\nmodel = "gpt-4o-mini"\n'
     config = config_with(base + 'api_key_env = "PRISMD_TEST_NO_SUCH_KEY"', tmp_path)

@@ -14,7 +14,8 @@ import pytest
 
 import prismd.daemon._config as config_module
 from adapters import kinds
-from prismd.daemon._config import ConfigError, check_runnable, load_config
+from prismd.daemon._config import ConfigError, load_config
+from prismd.daemon._runnable import check_runnable
 
 from .helpers import REPO
 

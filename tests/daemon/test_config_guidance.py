@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from prismd.cli._prismd import main
-from prismd.daemon._config import ConfigError, check_runnable, config_warnings, load_config
+from prismd.daemon._config import ConfigError, load_config
+from prismd.daemon._runnable import check_runnable, config_warnings
 
 from .helpers import child_env
 

@@ -14,10 +14,10 @@ from prismd.channel import BuildContext, GrantView
 from prismd.daemon._config import (
     ConfigError,
     GrantConfig,
-    check_runnable,
     default_config,
     load_config,
 )
+from prismd.daemon._runnable import check_runnable
 from stores.memory import MemoryStore
 
 BASE = """
