@@ -82,11 +82,17 @@ async def test_ctrl_c_ends_chat_quietly(tmp_path: Path) -> None:
             finally:
                 os.close(read_end)
             try:
-                for _ in range(100_000):
-                    if adapter.statistics().open_sockets:
-                        break
-                    await trio.sleep(0.02)
-                code, err = await _interrupt(process)
+                # Interrupted once the chat said it is connected (the server counts the
+                # socket open before the client has read its ``ready`` and said so).
+                assert process.stderr is not None
+                said = b""
+                while b"Ctrl-D to quit\n" not in said:
+                    chunk = await process.stderr.receive_some(65536)
+                    assert chunk, f"prismctl chat exited early: {said!r}"
+                    said += chunk
+                assert adapter.statistics().open_sockets
+                code, rest = await _interrupt(process)
+                err = said.decode() + rest
             finally:
                 os.close(write_end)
                 if process.returncode is None:
