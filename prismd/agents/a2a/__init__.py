@@ -1,0 +1,24 @@
+"""The ``a2a`` agent kind: remote agents over the A2A protocol (``docs/a2a.md``).
+
+:mod:`._wire` holds both wire dialects (sans-IO), :mod:`._client` the JSON-RPC client over
+httpx; the agent kind and its durable following build on them.
+"""
+
+from ._client import A2AClient as A2AClient
+from ._client import A2AError as A2AError
+from ._client import CardError as CardError
+from ._client import OutcomeUnknown as OutcomeUnknown
+from ._client import Refused as Refused
+from ._client import RemoteError as RemoteError
+from ._client import check_url as check_url
+from ._client import retry_after_s as retry_after_s
+from ._wire import AgentCard as AgentCard
+from ._wire import Artifact as Artifact
+from ._wire import ArtifactUpdate as ArtifactUpdate
+from ._wire import Message as Message
+from ._wire import Observation as Observation
+from ._wire import PushConfig as PushConfig
+from ._wire import StatusUpdate as StatusUpdate
+from ._wire import Task as Task
+from ._wire import read_card as read_card
+from ._wire import read_observation as read_observation

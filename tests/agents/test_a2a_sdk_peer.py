@@ -1,0 +1,118 @@
+"""The A2A client against the official a2a-sdk 1.3.0 server, a real remote agent in a
+subprocess on loopback (tests/fakes/a2a_sdk_agent.py): both dialects, push included."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import h11
+import httpx
+import pytest
+import trio
+
+from prismd.agents.a2a import A2AClient, PushConfig, Task, read_observation
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def sdk_url(tmp_path: Path) -> AsyncIterator[str]:
+    port_file = tmp_path / "port"
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.fakes.a2a_sdk_agent", str(port_file), "0.3"], cwd=ROOT
+    )
+    try:
+        with trio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                if proc.poll() is not None:
+                    raise AssertionError("the a2a-sdk agent did not start")
+                await trio.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}/"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(5) as waited:
+            await proc.wait()
+        if waited.cancelled_caught:
+            proc.kill()
+            await proc.wait()
+
+
+async def _receiver(
+    got: list[tuple[dict[str, str], object]], *, task_status: trio.TaskStatus[int]
+) -> None:
+    """A minimal push webhook that records what the SDK's push sender POSTs."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        body = b""
+        head: h11.Request | None = None
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                return
+        assert head is not None
+        headers = {k.decode().lower(): v.decode() for k, v in head.headers}
+        got.append((headers, json.loads(body)))
+        out = conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+        out = (out or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        await stream.send_all(out)
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(port)
+
+
+@pytest.mark.parametrize("protocol", ["1.0", "0.3"])
+async def test_send_follow_and_push_against_the_sdk(sdk_url: str, protocol: str) -> None:
+    got: list[tuple[dict[str, str], object]] = []
+    with trio.fail_after(30):
+        async with httpx.AsyncClient() as http, trio.open_nursery() as nursery:
+            port = await nursery.start(_receiver, got)
+            client = await A2AClient.discover(http, url=sdk_url, protocol=protocol)
+            assert client.card.push and client.card.streaming
+            push = PushConfig(f"http://127.0.0.1:{port}/a2a/push/sdk", "tok-1", "cred-1")
+            sent = await client.send(message_id="prismd-1", text="hello", push=push)
+            assert isinstance(sent, Task) and not sent.terminal
+            task = sent
+            while not task.terminal:
+                await trio.sleep(0.1)
+                task = await client.get_task(sent.id)
+            assert task.state == "completed"
+            assert [a.texts for a in task.artifacts] == [("sdk[1]: hello",)]
+            # The same context continues: a second message in it is the agent's turn 2.
+            second = await client.send(
+                message_id="prismd-2", text="again", context_id=task.context_id
+            )
+            assert isinstance(second, Task) and second.context_id == task.context_id
+            seen = [item async for item in client.subscribe(second.id)]
+            assert seen and seen[-1].state == "completed"  # type: ignore[union-attr]
+            final = await client.get_task(second.id)
+            assert final.artifacts[0].texts == ("sdk[2]: again",)
+            await wait_until(
+                lambda: any(
+                    getattr(read_observation(body), "state", None) == "completed" for _, body in got
+                )
+            )
+            headers, _body = got[-1]
+            # The SDK's sender sends the token, and Authorization from the config.
+            assert headers.get("x-a2a-notification-token") == "tok-1"
+            assert headers.get("authorization") == "Bearer cred-1"
+            nursery.cancel_scope.cancel()
