@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_FILE = "prismd.toml"
-AGENT_KINDS = ("echo", "mock", "openai", "python")
+AGENT_KINDS = ("a2a", "echo", "mock", "openai", "python")
 # Keys that would hold a secret inline. Their values never appear in an error message.
 _INLINE_SECRET_KEYS = frozenset(
     {
@@ -207,7 +207,7 @@ class MetricsConfig:
 @attrs.frozen
 class AgentConfig:
     alias: str
-    kind: Literal["echo", "mock", "openai", "python"]
+    kind: Literal["a2a", "echo", "mock", "openai", "python"]
     options: Mapping[str, Any] = attrs.field(factory=lambda: types.MappingProxyType({}))
 
 

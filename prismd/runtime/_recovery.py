@@ -21,6 +21,7 @@ from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 from ..agents import AGENT_NAMESPACES, agent_record_kept
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
+    FOLLOWING_STATE,
     NS_BINDING,
     NS_CONTROL,
     NS_CURSOR,
@@ -374,7 +375,11 @@ def _kept(namespace: str, value: Any) -> bool:
         return namespace == NS_OPERATION
     if namespace == NS_OPERATION:
         state = value.get("state")
-        return not isinstance(state, str) or state in UNRESOLVED_OPERATION_STATES
+        return (
+            not isinstance(state, str)
+            or state in UNRESOLVED_OPERATION_STATES
+            or state == FOLLOWING_STATE
+        )
     if namespace == NS_REPLY:
         return value.get("state") in UNSETTLED_REPLY_STATES
     if namespace == NS_BINDING:

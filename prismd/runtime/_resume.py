@@ -33,7 +33,7 @@ from stores import OwnershipScope
 
 from ..channel import AttachmentRef, Grant, InboundEvent
 from ..identity import ownership_from_identity
-from ..journal import NS_OPERATION, Loaded, OperationRecord, OperationRef
+from ..journal import FOLLOWING_STATE, NS_OPERATION, Loaded, OperationRecord, OperationRef
 from ._admit import AWAITING_DECISION_TEXT
 from ._context import authorize_input, check_grant
 from ._core import Core
@@ -43,6 +43,7 @@ from ._turn import enqueue
 from ._types import Turn
 
 MAX_AUTHORIZE_FAILURES = 8
+_RESUMED_STATES = frozenset({"accepted", FOLLOWING_STATE})
 
 
 @attrs.define(eq=False)
@@ -53,7 +54,17 @@ class _Pending:
 
 def _event(record: OperationRecord) -> InboundEvent:
     inp = record.input
-    assert inp is not None
+    if inp is None:
+        # A followed operation (its text was dropped when it left ``accepted``): the agent
+        # follows the journaled remote task and never needs the text again.
+        return InboundEvent(
+            connection_id=record.connection_id,
+            external_conversation_id=record.external_conversation_id,
+            external_actor_id=record.external_actor_id,
+            event_id=record.event_id,
+            text="",
+            thread_id=record.thread_id,
+        )
     return InboundEvent(
         connection_id=record.connection_id,
         external_conversation_id=record.external_conversation_id,
@@ -86,7 +97,12 @@ def _admission_order(pending: _Pending) -> tuple[int, int, str]:
 
 
 def _resumable(record: OperationRecord) -> bool:
-    return record.state == "accepted" and record.kind == "message" and record.input is not None
+    """Never started (``accepted``), or following a remote task (SPEC difference 9)."""
+    if record.kind != "message":
+        return False
+    if record.state == FOLLOWING_STATE:
+        return True
+    return record.state == "accepted" and record.input is not None
 
 
 async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
@@ -102,7 +118,7 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
         )
         for row in rows:
             value = row.value
-            if not isinstance(value, dict) or value.get("state") != "accepted":
+            if not isinstance(value, dict) or value.get("state") not in _RESUMED_STATES:
                 continue
             try:
                 record = OperationRecord.from_json(value)

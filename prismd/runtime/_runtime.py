@@ -236,8 +236,16 @@ class Runtime:
         # must not leave queued work unsettled, and nothing may outlive the deadline.
         with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
+                held = route.active is not None and route.active.turn is not None
+                behind_following = held and route.active.turn.following  # type: ignore[union-attr]
                 for turn in route.queue.take_all():
                     if turn.cancelled:
+                        continue
+                    if behind_following:
+                        # Queued behind a followed remote task (SPEC difference 9): left
+                        # ``accepted``; the restart's recovery runs it after that task.
+                        turn.cancelled = True
+                        turn.settled = True
                         continue
                     turn.cancelled = True
                     turn.cancel_counted = True

@@ -38,9 +38,10 @@ from ..agents import (
     TextBlock,
 )
 from ..identity import AgentIdentity
-from ..journal import OperationRecord, OperationRef, SuspendedRun, transition
+from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, SuspendedRun, transition
 from ._approvals import issue_controls
 from ._core import Core
+from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
@@ -157,6 +158,10 @@ async def _refresh_binding(core: Core, route: Route) -> None:
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:
+    active = route.active
+    if active is not None and active.turn is not None and active.turn.following:
+        route.queue.take_all()  # left accepted behind a followed task (see stop())
+        return
     for turn in route.queue.take_all():
         if not turn.cancel_counted:
             turn.cancel_counted = True
@@ -283,13 +288,17 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         if not await acquire_promptly(core.slots, wait_within=active.cancel_scope):
             await _cancelled_waiting(core, route, turn, active)
             return
+        hooks = TurnHooks(core, turn, active, slot_held=True)
         try:
-            ran = await _run_with_slot(core, route, turn, active)
+            ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
             # The slot bounds concurrent agent runs; the journal writes and the send that
-            # end the turn do not hold it up for the next run.
-            core.slots.release()
+            # end the turn do not hold it up for the next run. A followed remote task gave
+            # it back already (:mod:`._following`).
+            hooks.release_slot()
         if ran is not None:
+            if left_for_restart(core, turn, active.stopping):
+                return
             await finish_run(core, route, turn, *ran)
     finally:
         route.active = None
@@ -332,7 +341,7 @@ async def _cancelled_before_claim(
 
 
 async def _run_with_slot(
-    core: Core, route: Route, turn: Turn, active: ActiveTurn
+    core: Core, route: Route, turn: Turn, active: ActiveTurn, hooks: TurnHooks
 ) -> tuple[Agent, RunResult, int | None] | None:
     """Claim and run; the run's agent, result and fence for :func:`finish_run`, or
     ``None`` when the turn ended here (settled, put back on the queue, or lost)."""
@@ -383,7 +392,16 @@ async def _run_with_slot(
                 route.queue.push_front(turn)
                 return None
             fence = lease.fencing_token
-        claimed = await claim(core, route, turn, fence)
+        if turn.op is not None and turn.op.record.state == FOLLOWING_STATE:
+            # Recovered after a restart: follow the remote task again, never re-run.
+            try:
+                followed = await claim_following(core, turn, fence)
+            except Exception:
+                core.count("storage_failures")
+                followed = False
+            claimed = "claimed" if followed else "lost"
+        else:
+            claimed = await claim(core, route, turn, fence)
         if claimed in ("unavailable", "retry") and not core.stopped:
             if claimed == "unavailable" or turn.claim_failures < MAX_CLAIM_RETRIES:
                 # Not a lost CAS: the acknowledged record is still ours to run. Back to the
@@ -399,19 +417,21 @@ async def _run_with_slot(
             )
         if claimed != "claimed":
             return None
+        hooks.fence = fence
         request = RunRequest(
             session_id=route.session_id,
             input=agent_input,
             identity=identity,
             idempotency_key=turn.operation_id,
             leaf_id=route.leaf_id,
+            hooks=hooks,
         )
         sink = preview_sink(core, route, active)
         result: RunResult | None = None
         in_agent = True
         with run_scope:
             try:
-                result = await _run_agent(core, route, agent, request, sink)
+                result = await _run_agent(core, route, agent, request, sink, hooks)
             except RunFailedError as exc:
                 result = exc.result
         if result is None:
@@ -513,7 +533,12 @@ class _Unsupported(Exception):
 
 
 async def _run_agent(
-    core: Core, route: Route, agent: Agent, request: RunRequest, sink: EventSink | None
+    core: Core,
+    route: Route,
+    agent: Agent,
+    request: RunRequest,
+    sink: EventSink | None,
+    hooks: TurnHooks,
 ) -> RunResult:
     """``agent.run``, with the host's typing indicator in a child task while it runs.
 
@@ -524,6 +549,7 @@ async def _run_agent(
     if core.on_typing is None:
         return await agent.run(request, on_event=sink)
     scope = trio.CancelScope()
+    hooks.typing = scope
     core.nursery.start_soon(_typing_task, core, route, scope)
     try:
         return await agent.run(request, on_event=sink)

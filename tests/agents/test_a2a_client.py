@@ -175,8 +175,7 @@ async def test_subscribe_streams_until_terminal(dialect: str, http: httpx.AsyncC
             seen: list[Any] = []
 
             async def follow() -> None:
-                async for item in client.subscribe(task.id):
-                    seen.append(item)
+                await client.subscribe(task.id, lambda item: _record(seen, item))
 
             nursery.start_soon(follow)
             await fake.wait_state(lambda: len(fake.requests) >= 2)
@@ -188,8 +187,7 @@ async def test_subscribe_streams_until_terminal(dialect: str, http: httpx.AsyncC
             final = await client.get_task(task.id)
             assert final.artifacts[0].texts == ("the answer",)
             with pytest.raises(RemoteError):
-                async for _ in client.subscribe(task.id):
-                    pass
+                await client.subscribe(task.id, lambda _item: False)
             nursery.cancel_scope.cancel()
 
 
@@ -209,3 +207,8 @@ def test_observations_of_both_dialects_and_unknown_fields() -> None:
     assert retry_after_s("7") == 7.0
     assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert retry_after_s("soon") is None
+
+
+def _record(seen: list[Any], item: Any) -> bool:
+    seen.append(item)
+    return False

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import h11
 import httpx
@@ -102,8 +103,9 @@ async def test_send_follow_and_push_against_the_sdk(sdk_url: str, protocol: str)
                 message_id="prismd-2", text="again", context_id=task.context_id
             )
             assert isinstance(second, Task) and second.context_id == task.context_id
-            seen = [item async for item in client.subscribe(second.id)]
-            assert seen and seen[-1].state == "completed"  # type: ignore[union-attr]
+            seen: list[Any] = []
+            await client.subscribe(second.id, lambda item: _record(seen, item))
+            assert seen and seen[-1].state == "completed"
             final = await client.get_task(second.id)
             assert final.artifacts[0].texts == ("sdk[2]: again",)
             await wait_until(
@@ -116,3 +118,8 @@ async def test_send_follow_and_push_against_the_sdk(sdk_url: str, protocol: str)
             assert headers.get("x-a2a-notification-token") == "tok-1"
             assert headers.get("authorization") == "Bearer cred-1"
             nursery.cancel_scope.cancel()
+
+
+def _record(seen: list[Any], item: Any) -> bool:
+    seen.append(item)
+    return False

@@ -453,7 +453,13 @@ class FakeA2A:
         if task.state in TERMINAL:
             await _send(conn, stream, 200, _error(rid, -32004 if self.dialect == "1.0" else -32602))
             return True
-        head = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+        # The stream ends with the connection (as uvicorn/starlette do for a finished SSE
+        # response that the server closes): said in the head, so no client pools it.
+        head = [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+            ("connection", "close"),
+        ]
         await stream.send_all(conn.send(h11.Response(status_code=200, headers=head)) or b"")
 
         async def event(result: Mapping[str, Any]) -> None:
@@ -463,10 +469,10 @@ class FakeA2A:
 
         snapshot = self._task_json(task)
         await event({"task": snapshot} if self.dialect == "1.0" else snapshot)
-        seen = task.state
+        seen = (task.state, task.status_text)
         while task.state not in TERMINAL and task.id in self.tasks:
-            if task.state != seen:
-                seen = task.state
+            if (task.state, task.status_text) != seen:
+                seen = (task.state, task.status_text)
                 await event(self._update(task))
                 if task.state == "input-required":
                     break

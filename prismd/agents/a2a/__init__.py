@@ -4,6 +4,16 @@
 httpx; the agent kind and its durable following build on them.
 """
 
+from ._agent import NOTICES as NOTICES
+from ._agent import A2AAgent as A2AAgent
+from ._agent import reply_text as reply_text
+from ._book import FOLLOWING_CATEGORY as FOLLOWING_CATEGORY
+from ._book import NS_CONTEXT as NS_CONTEXT
+from ._book import NS_INDEX as NS_INDEX
+from ._book import NS_TASK as NS_TASK
+from ._book import Book as Book
+from ._book import TaskRecord as TaskRecord
+from ._book import secret_matches as secret_matches
 from ._client import A2AClient as A2AClient
 from ._client import A2AError as A2AError
 from ._client import CardError as CardError
@@ -12,6 +22,8 @@ from ._client import Refused as Refused
 from ._client import RemoteError as RemoteError
 from ._client import check_url as check_url
 from ._client import retry_after_s as retry_after_s
+from ._options import A2AOptions as A2AOptions
+from ._options import validate_a2a_options as validate_a2a_options
 from ._wire import AgentCard as AgentCard
 from ._wire import Artifact as Artifact
 from ._wire import ArtifactUpdate as ArtifactUpdate

@@ -24,12 +24,13 @@ import itertools
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import httpx
 import httpx_sse
+import trio
 
 from adapters.toolkit import is_loopback_host
 
@@ -238,7 +239,19 @@ class A2AClient:
         raise Refused("redirect")
 
     async def _call(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
-        """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`)."""
+        """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`). A read (or the
+        idempotent cancel) cut at the transport — a pooled connection the peer had just
+        closed — is made once more at once; a send never is."""
+        if name == "send":
+            return await self._call_once(name, params)
+        try:
+            return await self._call_once(name, params)
+        except OutcomeUnknown as exc:
+            if exc.reason != "transport":
+                raise
+            return await self._call_once(name, params)
+
+    async def _call_once(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
         dialect = self.dialect
         for _attempt in range(2):
             method = METHODS[dialect].get(name)
@@ -348,61 +361,89 @@ class A2AClient:
         tasks = [read_task(t) for t in raw] if isinstance(raw, list) else []
         return tuple(t for t in tasks if t is not None)
 
-    async def subscribe(self, task_id: str, *, idle_s: float = 60.0) -> AsyncIterator[Observation]:
-        """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) until the
-        peer closes the stream; a silence of ``idle_s`` ends it too. Raises the client's
-        errors (an unsupported or finished stream: :class:`RemoteError`)."""
+    async def subscribe(
+        self,
+        task_id: str,
+        on_item: Callable[[Observation], bool],
+        *,
+        idle_s: float = 60.0,
+    ) -> None:
+        """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) into
+        ``on_item`` until the peer closes the stream, ``on_item`` answers ``True`` (enough),
+        or a silence of ``idle_s``. Raises the client's errors (an unsupported or finished
+        stream: :class:`RemoteError`).
+
+        A callback rather than an async iterator: the stream is ended by cancelling its own
+        scope, so httpx's and httpx-sse's generators always run to their end (an iterator
+        left half-read by its consumer would leave them to the garbage collector).
+        """
         dialect = self.dialect
         method = METHODS[dialect]["subscribe"]
         body = envelope(
             method, task_params(dialect, task_id, self.card.tenant), f"prismd-{next(self._ids)}"
         )
         timeout = httpx.Timeout(self.timeout_s, read=idle_s)
+        failure: A2AError | None = None
         try:
-            async with httpx_sse.aconnect_sse(
-                self.http,
-                "POST",
-                self.url,
-                content=json.dumps(body).encode(),
-                headers=self._headers(dialect, stream=True),
-                timeout=timeout,
-            ) as source:
-                response = source.response
-                if response.status_code in (429, 503):
-                    raise Refused(
-                        f"http_{response.status_code}",
-                        retry_after_s(response.headers.get("retry-after")),
-                    )
-                kind = response.headers.get("content-type", "")
-                if "text/event-stream" not in kind:
-                    await response.aread()
-                    try:
-                        answer = response.json()
-                    except ValueError:
-                        answer = None
-                    error = answer.get("error") if isinstance(answer, Mapping) else None
-                    code = error.get("code") if isinstance(error, Mapping) else None
-                    raise RemoteError(code if isinstance(code, int) else None, response.status_code)
-                async for event in source.aiter_sse():
-                    try:
-                        frame = json.loads(event.data)
-                    except ValueError:
-                        continue
-                    if not isinstance(frame, Mapping):
-                        continue
-                    error = frame.get("error")
-                    if isinstance(error, Mapping):
-                        code = error.get("code")
-                        raise RemoteError(code if isinstance(code, int) else None)
-                    observed = read_observation(frame.get("result"))
-                    if observed is not None:
-                        yield observed
+            with trio.CancelScope() as scope:
+                async with httpx_sse.aconnect_sse(
+                    self.http,
+                    "POST",
+                    self.url,
+                    content=json.dumps(body).encode(),
+                    headers=self._headers(dialect, stream=True),
+                    timeout=timeout,
+                ) as source:
+                    response = source.response
+                    if response.status_code in (429, 503):
+                        raise Refused(
+                            f"http_{response.status_code}",
+                            retry_after_s(response.headers.get("retry-after")),
+                        )
+                    kind = response.headers.get("content-type", "")
+                    if "text/event-stream" not in kind:
+                        await response.aread()
+                        raise RemoteError(_error_code(response), response.status_code)
+                    async for event in source.aiter_sse():
+                        if scope.cancel_called:
+                            continue
+                        failure, enough = _stream_item(event.data, on_item)
+                        if failure is not None or enough:
+                            scope.cancel()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise Refused("connect") from exc
         except httpx.TimeoutException as exc:
             raise OutcomeUnknown("timeout") from exc
         except httpx.TransportError as exc:
             raise OutcomeUnknown("transport") from exc
+        if failure is not None:
+            raise failure
+
+
+def _stream_item(data: str, on_item: Callable[[Observation], bool]) -> tuple[A2AError | None, bool]:
+    """One SSE frame: (an error the stream carried, whether the consumer has enough)."""
+    try:
+        frame = json.loads(data)
+    except ValueError:
+        return None, False
+    if not isinstance(frame, Mapping):
+        return None, False
+    error = frame.get("error")
+    if isinstance(error, Mapping):
+        code = error.get("code")
+        return RemoteError(code if isinstance(code, int) else None), False
+    observed = read_observation(frame.get("result"))
+    return None, observed is not None and on_item(observed)
+
+
+def _error_code(response: httpx.Response) -> int | None:
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    error = answer.get("error") if isinstance(answer, Mapping) else None
+    code = error.get("code") if isinstance(error, Mapping) else None
+    return code if isinstance(code, int) else None
 
 
 async def _get(
