@@ -4,9 +4,7 @@
 httpx; the agent kind and its durable following build on them.
 """
 
-from ._agent import NOTICES as NOTICES
 from ._agent import A2AAgent as A2AAgent
-from ._agent import reply_text as reply_text
 from ._book import FOLLOWING_CATEGORY as FOLLOWING_CATEGORY
 from ._book import NS_CONTEXT as NS_CONTEXT
 from ._book import NS_INDEX as NS_INDEX
@@ -24,6 +22,8 @@ from ._client import check_url as check_url
 from ._client import retry_after_s as retry_after_s
 from ._options import A2AOptions as A2AOptions
 from ._options import validate_a2a_options as validate_a2a_options
+from ._steps import NOTICES as NOTICES
+from ._steps import reply_text as reply_text
 from ._wire import AgentCard as AgentCard
 from ._wire import Artifact as Artifact
 from ._wire import ArtifactUpdate as ArtifactUpdate
