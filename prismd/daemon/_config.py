@@ -30,6 +30,7 @@ import os
 import re
 import tomllib
 import types
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
@@ -55,6 +56,7 @@ from ..grants import GrantConfig as GrantConfig
 from ..limits import LIMIT_TABLE, Limits
 
 __all__ = [
+    "A2AConfig",
     "AgentConfig",
     "Config",
     "ConfigError",
@@ -205,6 +207,19 @@ class MetricsConfig:
 
 
 @attrs.frozen
+class A2AConfig:
+    """``[a2a]``: the receiver of remote A2A agents' push notifications (one for every a2a
+    agent). ``push_base_url`` is what remote agents are told to POST to (behind a proxy);
+    default ``http://<push_listen>``. The path is ``/a2a/push/<alias>``."""
+
+    push_listen: str
+    push_base_url: str
+
+    def push_url(self, alias: str) -> str:
+        return f"{self.push_base_url.rstrip('/')}/a2a/push/{alias}"
+
+
+@attrs.frozen
 class AgentConfig:
     alias: str
     kind: Literal["a2a", "echo", "mock", "openai", "python"]
@@ -223,6 +238,8 @@ class Config:
     agents: Mapping[str, AgentConfig]
     metrics: MetricsConfig | None = None
     """``None`` when the file has no ``[metrics]`` table (no endpoint)."""
+    a2a: A2AConfig | None = None
+    """``None`` when the file has no ``[a2a]`` table: a2a tasks are followed without push."""
 
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         for conn in self.connections:
@@ -578,6 +595,38 @@ def _parse_metrics(root: _Table) -> MetricsConfig | None:
     return MetricsConfig(listen=listen, allow_non_loopback=allow_non_loopback)
 
 
+def _parse_a2a(root: _Table) -> A2AConfig | None:
+    present = "a2a" in root.data
+    table = root.table("a2a")
+    if not present:
+        return None
+    listen: str = table.get_str("push_listen", required=True)
+    _check_address(table, "push_listen", listen)
+    host, _port = parse_host_port(listen)
+    base: str | None = table.get_str("push_base_url")
+    if base is None:
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            raise table.error(
+                "push_listen",
+                "a wildcard address needs push_base_url (what remote agents POST to)",
+            )
+        base = f"http://{listen}"
+    else:
+        try:
+            url = urllib.parse.urlsplit(base)
+            url_host = url.hostname
+        except ValueError:
+            raise table.error("push_base_url", "is not a URL") from None
+        if url.scheme not in ("http", "https") or not url_host:
+            raise table.error("push_base_url", "must be an http(s) URL")
+        if url.scheme == "http" and not is_loopback_host(url_host):
+            raise table.error("push_base_url", "http:// is accepted only for loopback hosts")
+        if "@" in url.netloc or url.query or url.fragment:
+            raise table.error("push_base_url", "must not carry credentials, a query or a fragment")
+    table.finish()
+    return A2AConfig(push_listen=listen, push_base_url=base.rstrip("/"))
+
+
 def _array_of_tables(root: _Table, name: str) -> list[_Table]:
     raw = root._get(name, list, "an array of tables ([[" + name + "]])", [])
     tables = []
@@ -768,6 +817,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
     agents = _parse_agents(root)
     grants = _parse_grants(root, connections, agents)
     metrics = _parse_metrics(root)
+    a2a = _parse_a2a(root)
     for name in data:
         if name not in root.used:
             if name in _INLINE_SECRET_KEYS:
@@ -788,6 +838,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
         grants=grants,
         agents=types.MappingProxyType(agents),
         metrics=metrics,
+        a2a=a2a,
     )
 
 
