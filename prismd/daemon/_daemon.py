@@ -919,6 +919,7 @@ class Daemon:
                 self.endpoints["control"] = config.control.socket
                 if self.metrics is not None:
                     await self._start_metrics(children)
+                await self._start_a2a_push(children, store, host)
                 for connection in config.connections:
                     adapter = host.adapters[connection.id]
                     await self.supervisor.start(
@@ -983,6 +984,26 @@ class Daemon:
             children, "metrics", server.run, health=server.health, where=server.listen
         )
         self.endpoints["metrics"] = server.url
+
+    async def _start_a2a_push(self, children: trio.Nursery, store: Store, host: Host) -> None:
+        """``[a2a] push_listen``: the receiver of remote agents' pushes and its inbox worker,
+        when the config has ``[a2a]`` and at least one a2a agent."""
+        if self.config.a2a is None:
+            return
+        from ..agents.a2a import A2AAgent, PushReceiver
+
+        agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
+        if not agents:
+            return
+        receiver = PushReceiver(self.config.a2a.push_listen, agents, store.inbox)
+        await self.supervisor.start(
+            children,
+            "a2a-push",
+            functools.partial(receiver.run, f"prismd-{self.instance_id}:a2a-push"),
+            health=receiver.health,
+            where=self.config.a2a.push_listen,
+        )
+        self.endpoints["a2a-push"] = self.config.a2a.push_listen
 
     def _ready_status(self) -> str:
         """``ready: 2 connections, 0 unresolved`` (``(1 starting)`` for adapters not up yet)."""

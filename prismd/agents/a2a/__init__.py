@@ -22,6 +22,10 @@ from ._client import check_url as check_url
 from ._client import retry_after_s as retry_after_s
 from ._options import A2AOptions as A2AOptions
 from ._options import validate_a2a_options as validate_a2a_options
+from ._push import MAX_PUSH_BYTES as MAX_PUSH_BYTES
+from ._push import PUSH_SOURCE as PUSH_SOURCE
+from ._push import PushReceiver as PushReceiver
+from ._push import moves_forward as moves_forward
 from ._steps import NOTICES as NOTICES
 from ._steps import reply_text as reply_text
 from ._wire import AgentCard as AgentCard

@@ -1,0 +1,137 @@
+"""The ``a2a`` agent through a real ``prismd run`` (SQLite, the web chat, real signals)
+against the loopback fake A2A agent in this process: a task followed while the daemon is
+SIGKILLed or SIGTERMed is followed again after the restart and answered once, the fake saw
+one send per messageId, and a push through ``[a2a] push_listen`` answers a task whose poll
+is a minute away."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.daemon.helpers import Layout, chat, free_port, running_daemon
+from tests.fakes.a2a_agent import FakeA2A, Plan
+
+pytestmark = pytest.mark.slow
+ACTOR = "a2a-actor-0001"
+
+
+def layout_for(root: Path, fake: FakeA2A, *, poll_ms: int = 100, push_port: int = 0) -> Layout:
+    layout = Layout(root=root, port=free_port())
+    push = f'[a2a]\npush_listen = "127.0.0.1:{push_port}"\n' if push_port else ""
+    layout.config.write_text(
+        f"""
+[daemon]
+state_dir = "{layout.state_dir}"
+
+[store]
+url = "sqlite:///{layout.db}"
+
+[limits]
+stop_deadline_ms = 3000
+
+[control]
+socket = "{layout.control}"
+{push}
+[[connections]]
+id = "web"
+kind = "webchat"
+listen = "127.0.0.1:{layout.port}"
+
+[agents.remote]
+kind = "a2a"
+url = "{fake.base_url}"
+stream = false
+poll_interval_ms = {poll_ms}
+max_poll_interval_ms = {max(poll_ms, 500)}
+
+[[grants]]
+connection = "web"
+actors = ["*"]
+aliases = ["remote"]
+"""
+    )
+    return layout
+
+
+async def _polled(fake: FakeA2A) -> None:
+    """Until the daemon follows the task (its first GetTask)."""
+    await fake.wait_state(
+        lambda: any(r["method"] in ("GetTask", "tasks/get") for r in fake.requests)
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
+    tmp_path: Path, signum: int
+) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"), Plan("complete", "the second answer"))
+            layout = layout_for(tmp_path, fake)
+            async with running_daemon(layout, tag="first") as d:
+                await d.wait_state("READY=1")
+                async with chat(layout.port, ACTOR) as client:
+                    admission = await client.send_message("m1", "a long research job")
+                    assert admission["status"] == "accepted"
+                    await _polled(fake)
+                    queued = await client.send_message("m2", "and then this")
+                    assert queued["status"] == "accepted"
+                d.send(signum)
+                code = await d.wait_exit()
+                assert code == (0 if signum == signal.SIGTERM else -signal.SIGKILL)
+            (task_id,) = fake.tasks
+            # Neither a stop nor a kill cancels the remote task.
+            assert fake.tasks[task_id].state == "working"
+            assert not any(r["method"] == "CancelTask" for r in fake.requests)
+            await fake.move(task_id, "completed", "the first answer", push=False)
+            async with running_daemon(layout, tag="second") as second:
+                await second.wait_state("READY=1")
+                async with chat(layout.port, ACTOR) as client:
+                    first = await client.next_frame("reply")
+                    then = await client.next_frame("reply")
+                    assert [first["text"], then["text"]] == [
+                        "the first answer",
+                        "the second answer",
+                    ]
+                    with trio.move_on_after(1.0):
+                        extra = await client.next_frame("reply", limit_s=1.0)
+                        raise AssertionError(f"a reply twice: {extra}")
+                second.send(signal.SIGTERM)
+                assert await second.wait_exit() == 0
+            sends = fake.sends()
+            assert len(sends) == 2
+            for sent in sends:
+                assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_push_through_the_daemon_answers_before_any_poll(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="0.3", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            push_port = free_port()
+            layout = layout_for(tmp_path, fake, poll_ms=60_000, push_port=push_port)
+            async with running_daemon(layout) as d:
+                await d.wait_state("READY=1")
+                async with chat(layout.port, ACTOR) as client:
+                    await client.send_message("m1", "go")
+                    await _polled(fake)
+                    (task_id,) = fake.tasks
+                    push = fake.tasks[task_id].push
+                    assert push is not None
+                    assert push["url"] == f"http://127.0.0.1:{push_port}/a2a/push/remote"
+                    await fake.move(task_id, "completed", "pushed")
+                    reply = await client.next_frame("reply", limit_s=10)
+                    assert reply["text"] == "pushed"
+                d.send(signal.SIGTERM)
+                assert await d.wait_exit() == 0
+            assert "pushed" not in d.stderr()
+            nursery.cancel_scope.cancel()
