@@ -123,3 +123,50 @@ async def test_send_follow_and_push_against_the_sdk(sdk_url: str, protocol: str)
 def _record(seen: list[Any], item: Any) -> bool:
     seen.append(item)
     return False
+
+
+async def test_a_conversation_through_prismd_to_the_sdk_with_push(
+    sdk_url: str, tmp_path: Path
+) -> None:
+    """Two messages of one conversation through the real runtime (SQLite journal) to the
+    official SDK agent: the second continues the context (the agent counts turn 2), the
+    SDK's push reaches the receiver and is committed to the inbox."""
+    from prismd.agents import AgentContext, build_agent
+    from prismd.agents.a2a import PUSH_SOURCE, A2AAgent, PushReceiver
+    from stores import SYSTEM_CLOCK, open_store
+    from tests.support.builders import event
+    from tests.support.harness import open_harness
+
+    with trio.fail_after(40):
+        async with (
+            open_store(f"sqlite:///{tmp_path / 'j.sqlite'}") as store,
+            trio.open_nursery() as nursery,
+        ):
+            agents: dict[str, A2AAgent] = {}
+            receiver = PushReceiver("127.0.0.1:0", agents, store.inbox)
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            agent = build_agent(
+                "a2a",
+                AgentContext(
+                    alias="primary",
+                    options={"url": sdk_url, "poll_interval_ms": 100, "stream": False},
+                    checkpoints=store.checkpoints,
+                    push_base_url=f"http://127.0.0.1:{receiver.address[1]}",
+                ),
+            )
+            assert isinstance(agent, A2AAgent)
+            agents["primary"] = agent
+            async with open_harness(store, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "hello"))
+                await h.settle()
+                await h.runtime.admit(event("2", "again"))
+                await h.settle()
+                assert h.texts == ["sdk[1]: hello", "sdk[2]: again"]
+            await wait_until(lambda: receiver.counters.get("pushes_accepted", 0) >= 2)
+            page = await store.inbox.list_items(source=PUSH_SOURCE)
+            assert page.items
+            assert receiver.counters.get("pushes_refused", 0) == 0
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

@@ -194,6 +194,8 @@ class A2AAgent:
             )
             stored = await self.book.save(scope, key, record, 0)
             fresh = stored is not None
+            if stored is not None:
+                await self.book.index_secrets(stored)
             if stored is None:
                 stored = await self.book.load(scope, key)
                 if stored is None:

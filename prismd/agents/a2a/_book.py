@@ -173,11 +173,10 @@ class Book:
             current = again
         raise CheckpointConflictError("a2a task record kept changing")
 
-    async def index(self, stored: Stored) -> None:
+    async def index(self, stored: Stored, task_id: str) -> None:
         """Point ``<alias>/<task id>`` back at the task record (create or refresh)."""
         record = stored.record
-        assert record.task_id is not None
-        key = f"{record.alias}/{record.task_id}"
+        key = f"{record.alias}/{task_id}"
         value = {
             "taskKey": stored.key,
             "tokenHash": record.token_hash,
@@ -198,14 +197,46 @@ class Book:
         except CheckpointConflictError:
             pass  # written meanwhile by the same run's retry: the same value
 
+    async def index_secrets(self, stored: Stored) -> None:
+        """Point each push secret's hash (``secret/<alias>/<hash>``) at the task record,
+        written with the send intent: a push that arrives before the task id is journaled
+        (or after a crash in between) is still recognised by the credential it carries."""
+        record = stored.record
+        value = {
+            "taskKey": stored.key,
+            "tokenHash": record.token_hash,
+            "credentialsHash": record.credentials_hash,
+        }
+        for digest in (record.token_hash, record.credentials_hash):
+            if digest is None:
+                continue
+            try:
+                await self.checkpoints.save_checkpoint(
+                    namespace=NS_INDEX,
+                    key=f"secret/{record.alias}/{digest}",
+                    scope=stored.scope,
+                    version=1,
+                    value=value,
+                    expected_version=0,
+                )
+            except CheckpointConflictError:
+                pass  # written before by this send intent
+
     async def find_task(self, alias: str, task_id: str) -> tuple[Stored, dict[str, Any]] | None:
         """The task record a push for ``alias``'s ``task_id`` belongs to, with its index
         value (the secrets' hashes); ``None`` for a task we do not follow."""
+        return await self._find(f"{alias}/{task_id}")
+
+    async def find_by_secret(self, alias: str, digest: str) -> tuple[Stored, dict[str, Any]] | None:
+        """The task record whose push secret hashes to ``digest`` (see :meth:`index_secrets`)."""
+        return await self._find(f"secret/{alias}/{digest}")
+
+    async def _find(self, key: str) -> tuple[Stored, dict[str, Any]] | None:
         page = await self.checkpoints.list_checkpoints(
-            namespace=NS_INDEX, key_prefix=f"{alias}/{task_id}", scope=ANY_SCOPE, limit=2
+            namespace=NS_INDEX, key_prefix=key, scope=ANY_SCOPE, limit=2
         )
         for row in page.items:
-            if row.key != f"{alias}/{task_id}" or not isinstance(row.value, dict):
+            if row.key != key or not isinstance(row.value, dict):
                 continue
             stored = await self.load(row.scope, str(row.value.get("taskKey")))
             if stored is not None:

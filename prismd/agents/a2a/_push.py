@@ -56,7 +56,7 @@ from adapters.toolkit import (
 from stores import InboxStore
 
 from ._agent import A2AAgent
-from ._book import secret_matches
+from ._book import secret_hash, secret_matches
 from ._wire import observed_state, observed_task_id, read_observation
 
 log = logging.getLogger("prismd.agents.a2a")
@@ -89,6 +89,18 @@ def moves_forward(old: str | None, new: str | None) -> bool:
     if new is None:
         return False
     return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)
+
+
+def _presented(headers: Mapping[str, str]) -> list[str]:
+    """The hashes of the secrets a push presents (token, then credentials)."""
+    out = []
+    token = headers.get("x-a2a-notification-token")
+    if token:
+        out.append(secret_hash(token))
+    auth = headers.get("authorization")
+    if auth:
+        out.append(secret_hash(auth.partition(" ")[2].strip()))
+    return out
 
 
 def _credential_ok(headers: Mapping[str, str], index: Mapping[str, object]) -> bool:
@@ -202,6 +214,17 @@ class PushReceiver:
             self.count("pushes_refused")
             return 400, False
         found = await agent.book.find_task(alias, task_id)
+        secret: str | None = None
+        if found is None:
+            # Not journaled yet (the send's answer is on its way, or was lost in a crash):
+            # the credential journaled with the send intent identifies the task.
+            for digest in _presented(head.headers):
+                by_secret = await agent.book.find_by_secret(alias, digest)
+                # Only while the task id is unknown: a credential of another known task is
+                # wrong for this one.
+                if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
+                    found, secret = by_secret, digest
+                    break
         if found is None:
             self.count("pushes_refused")
             return 404, False
@@ -210,7 +233,12 @@ class PushReceiver:
             self.count("pushes_refused")
             return 401, False
         key = hashlib.sha256(f"{alias}\0{task_id}\0".encode() + body).hexdigest()[:40]
-        payload = {"alias": alias, "taskId": task_id, "state": observed_state(observation)}
+        payload = {
+            "alias": alias,
+            "taskId": task_id,
+            "state": observed_state(observation),
+            "secret": secret,
+        }
         try:
             await self.inbox.put(
                 source=PUSH_SOURCE,
@@ -272,10 +300,17 @@ class PushReceiver:
         if agent is None:
             return
         found = await agent.book.find_task(alias, task_id)
+        digest = payload.get("secret")
+        if found is None and isinstance(digest, str):
+            found = await agent.book.find_by_secret(alias, digest)
         if found is None:
             return
         stored, _index = found
         record = stored.record
-        if record.phase == "following" and moves_forward(record.state, state):
+        if record.task_id is None and record.phase in ("sending", "unknown"):
+            # The push names the task the send created: journaled, so a send whose
+            # answer was lost finds it again (never sent twice).
+            await agent.book.update(stored, task_id=task_id)
+        elif record.phase == "following" and moves_forward(record.state, state):
             await agent.book.update(stored, state=state)
         agent.observe(task_id)

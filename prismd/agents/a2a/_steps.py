@@ -125,7 +125,9 @@ async def send(
 
 
 async def accepted(agent: A2AAgent, stored: Stored, task: Task) -> Stored:
-    """Journal the task id and contextId at once, and the way back from a push."""
+    """Journal the task id and contextId at once, and the way back from a push (first, so
+    a push racing this write already finds its task)."""
+    await agent.book.index(stored, task.id)
     stored = await agent.book.update(
         stored,
         phase="following",
@@ -134,7 +136,6 @@ async def accepted(agent: A2AAgent, stored: Stored, task: Task) -> Stored:
         state=task.state,
         observed_ms=agent.clock.now_ms(),
     )
-    await agent.book.index(stored)
     agent.count("sent")
     return stored
 
@@ -143,7 +144,9 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
     """After an unknown outcome: find the task by its ``messageId`` (v1.0 ``ListTasks``
     in the context); ``None`` when it cannot be found (the operator decides)."""
     record = stored.record
-    if record.continues_task and record.task_id is not None:
+    if record.task_id is not None:
+        # A continuation (the task is known already), or a task id a push told us (its
+        # credential was journaled with the intent): its history says if the message arrived.
         # A continuation: the task is known already; its history says if it arrived.
         try:
             task = await client.get_task(record.task_id)
