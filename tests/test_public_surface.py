@@ -143,6 +143,7 @@ PINNED: dict[str, list[str]] = {
         "Task",
         "TaskRecord",
         "check_url",
+        "list_remote_tasks",
         "moves_forward",
         "read_card",
         "read_observation",

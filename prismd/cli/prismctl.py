@@ -224,6 +224,16 @@ EVENT_COLUMNS = [
 ]
 EVENT_WIDTHS = (9, 19, 6, 9, 17, 4, 24)
 """Fixed, so that the pages of ``events --follow`` line up; 100 columns with the gaps."""
+REMOTE_TASK_COLUMNS = [
+    ("alias", "ALIAS"),
+    ("remoteTaskId", "REMOTE TASK"),
+    ("phase", "PHASE"),
+    ("state", "STATE"),
+    ("lastObservation", "LAST OBSERVATION"),
+    ("nextPoll", "NEXT POLL"),
+    ("owner", "OWNER"),
+    ("operationId", "OPERATION"),
+]
 INBOX_COLUMNS = [
     ("connectionId", "CONNECTION"),
     ("updateId", "UPDATE"),
@@ -371,6 +381,10 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     settle.add_argument("--retry", action="store_true", help="hand it to the workers again")
     settle.add_argument("--discard", action="store_true", help="never admit it")
 
+    cmd = add("list-remote-tasks", help="remote A2A tasks being followed")
+    cmd.add_argument("--limit", type=int, help="entries per page (1..500)")
+    cmd.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+
     cmd = add("chat", help="chat with an agent through the web chat channel")
     cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
     cmd.add_argument(
@@ -436,6 +450,13 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if args.after is not None:
             params["after"] = args.after
         return "listInbox", params
+    if command == "list-remote-tasks":
+        params = {}
+        if args.limit is not None:
+            params["limit"] = args.limit
+        if args.after is not None:
+            params["after"] = args.after
+        return "listRemoteTasks", params
     if command == "settle-inbox":
         action = "retry" if args.retry else "discard"
         return "settleInbox", {
@@ -510,6 +531,14 @@ def _render(command: str, result: Any, out: TextIO) -> int:
             out.write("no inbox rows in that state\n")
         else:
             print_table(result["items"], INBOX_COLUMNS, out)
+        return 0
+    if command == "list-remote-tasks":
+        if not result.get("tasks"):
+            out.write("no remote tasks being followed\n")
+        else:
+            print_table(result["tasks"], REMOTE_TASK_COLUMNS, out)
+        if result.get("nextCursor"):
+            out.write(f"more: prismctl list-remote-tasks --after {result['nextCursor']}\n")
         return 0
     if command == "settle-inbox":
         out.write(f"{result.get('status')}\n")

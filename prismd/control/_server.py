@@ -86,6 +86,7 @@ from stores import (
     INBOX_STATES,
     InboxItem,
     InboxState,
+    InvalidCheckpointError,
     InvalidInboxError,
     OwnershipScope,
     Store,
@@ -94,7 +95,7 @@ from stores import (
 
 from ..grants import missing_grant
 from ..grants import operator_identity as _grant_identity
-from ..identity import AgentIdentity
+from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
 from ..jsonrpc import (
     INTERNAL_ERROR,
@@ -358,6 +359,7 @@ class ControlHandler:
             "events": self._events,
             "listInbox": self._list_inbox,
             "settleInbox": self._settle_inbox,
+            "listRemoteTasks": self._list_remote_tasks,
         }
 
     async def call(self, operator: Operator, method: str, params: Mapping[str, Any]) -> Any:
@@ -527,6 +529,25 @@ class ControlHandler:
                 yield page
             if len(page["events"]) < limit:
                 await trio.sleep(self.follow_poll_s)
+
+    # ------------------------------------------------------------------ remote tasks
+
+    async def _list_remote_tasks(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        """The remote A2A tasks being followed in the operator's scope (a page): alias,
+        operation, remote task id, phase, state, last observation, next poll, owner."""
+        from ..agents.a2a import list_remote_tasks
+
+        params = _Params(raw, ("limit", "after"))
+        limit = params.integer("limit", low=1, high=500) or 100
+        after = params.text("after", required=False)
+        scope = ownership_from_identity(self.identity_for(operator))
+        try:
+            entries, cursor = await list_remote_tasks(
+                self.store.checkpoints, scope, limit=limit, after=after
+            )
+        except InvalidCheckpointError:
+            raise ParamsError("param 'after' must be a nextCursor of listRemoteTasks") from None
+        return {"tasks": entries, "nextCursor": cursor}
 
     # ------------------------------------------------------------------ the inbox
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.daemon.helpers import Layout, chat, free_port, running_daemon
+from tests.daemon.helpers import Layout, chat, free_port, prismctl, running_daemon
 from tests.fakes.a2a_agent import FakeA2A, Plan
 
 pytestmark = pytest.mark.slow
@@ -82,10 +82,24 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                     await _polled(fake)
                     queued = await client.send_message("m2", "and then this")
                     assert queued["status"] == "accepted"
+                (task_id,) = fake.tasks
+                code, listed, _ = await prismctl(layout, "list-remote-tasks")
+                assert code == 0
+                (entry,) = listed["tasks"]
+                assert (entry["alias"], entry["remoteTaskId"], entry["phase"]) == (
+                    "remote",
+                    task_id,
+                    "following",
+                )
+                # Followed work needs no decision: only the message queued behind it is
+                # listed (accepted, as every acknowledged message waiting for its turn).
+                code, unresolved, _ = await prismctl(layout, "list-unresolved")
+                assert code == 0
+                assert [e["state"] for e in unresolved] == ["accepted"]
+                assert entry["operationId"] not in [e["operationId"] for e in unresolved]
                 d.send(signum)
                 code = await d.wait_exit()
                 assert code == (0 if signum == signal.SIGTERM else -signal.SIGKILL)
-            (task_id,) = fake.tasks
             # Neither a stop nor a kill cancels the remote task.
             assert fake.tasks[task_id].state == "working"
             assert not any(r["method"] == "CancelTask" for r in fake.requests)
@@ -102,6 +116,8 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                     with trio.move_on_after(1.0):
                         extra = await client.next_frame("reply", limit_s=1.0)
                         raise AssertionError(f"a reply twice: {extra}")
+                code, listed, _ = await prismctl(layout, "list-remote-tasks")
+                assert code == 0 and listed["tasks"] == []
                 second.send(signal.SIGTERM)
                 assert await second.wait_exit() == 0
             sends = fake.sends()

@@ -11,6 +11,7 @@ from ._book import NS_INDEX as NS_INDEX
 from ._book import NS_TASK as NS_TASK
 from ._book import Book as Book
 from ._book import TaskRecord as TaskRecord
+from ._book import list_remote_tasks as list_remote_tasks
 from ._book import secret_matches as secret_matches
 from ._client import A2AClient as A2AClient
 from ._client import A2AError as A2AError

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import attrs
 
-from stores import ANY_SCOPE, CheckpointConflictError, CheckpointStore, OwnershipScope
+from stores import ANY_SCOPE, CheckpointConflictError, CheckpointStore, OwnershipScope, ms_to_iso
 
 from .. import NS_A2A_INDEX, NS_A2A_TASK
 
@@ -292,3 +292,33 @@ class Book:
                 return
             except CheckpointConflictError:
                 continue
+
+
+def remote_task_entry(stored: Stored) -> dict[str, Any]:
+    """One ``listRemoteTasks`` entry (camelCase on the wire); no text, no secret."""
+    record = stored.record
+    return {
+        "alias": record.alias,
+        "operationId": stored.key,
+        "remoteTaskId": record.task_id,
+        "contextId": record.context_id,
+        "phase": record.phase,
+        "state": record.state,
+        "createdAt": ms_to_iso(record.created_ms),
+        "lastObservation": None if record.observed_ms is None else ms_to_iso(record.observed_ms),
+        "nextPoll": None if record.next_poll_ms is None else ms_to_iso(record.next_poll_ms),
+        "owner": record.owner,
+    }
+
+
+async def list_remote_tasks(
+    checkpoints: CheckpointStore,
+    scope: OwnershipScope,
+    *,
+    limit: int = 100,
+    after: str | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The remote tasks being followed (or whose send is unresolved) inside ``scope``, a
+    page at a time: the entries and the cursor of the next page (``None`` on the last)."""
+    found, cursor = await Book(checkpoints).following(scope=scope, limit=limit, cursor=after)
+    return [remote_task_entry(s) for s in found], cursor
