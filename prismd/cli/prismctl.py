@@ -330,6 +330,11 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
         action="store_true",
         help="settle a possibly executed turn as execution_unknown",
     )
+    cmd.add_argument(
+        "--cancel-remote",
+        action="store_true",
+        help="cancel the remote A2A task the operation follows (its follower then settles it)",
+    )
 
     cmd = add("prune", help="delete settled records past retention")
     cmd.add_argument("--now", metavar="ISO", help="prune as if it were this time (ISO 8601)")
@@ -415,6 +420,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         }
         if args.acknowledge_duplicate_risk:
             params["acknowledgeDuplicateRisk"] = True
+        if args.cancel_remote:
+            params["cancelRemote"] = True
         return "reconcile", params
     if command == "prune":
         return "prune", {} if args.now is None else {"now": args.now}

@@ -66,7 +66,7 @@ import socket as _socket
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -343,6 +343,8 @@ class ControlHandler:
     retention_ms: int | None = None
     """``retention_days`` in ms: ``prune`` deletes inbox rows settled before ``now`` minus
     this (``None``: the inbox is not pruned)."""
+    cancel_remote: Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None = None
+    """``reconcile … cancelRemote`` (the daemon's a2a agents); ``None``: none configured."""
 
     def methods(self) -> frozenset[str]:
         return frozenset(self._table())
@@ -390,8 +392,17 @@ class ControlHandler:
 
     async def _reconcile(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(
-            raw, ("connectionId", "operationId", "expectedVersion", "acknowledgeDuplicateRisk")
+            raw,
+            (
+                "connectionId",
+                "operationId",
+                "expectedVersion",
+                "acknowledgeDuplicateRisk",
+                "cancelRemote",
+            ),
         )
+        if params.flag("cancelRemote"):
+            return await self._cancel_remote(operator, params)
         result = await self.runtime.reconcile(
             identity=self.identity_for(operator),
             connection_id=params.text("connectionId"),
@@ -531,6 +542,17 @@ class ControlHandler:
                 await trio.sleep(self.follow_poll_s)
 
     # ------------------------------------------------------------------ remote tasks
+
+    async def _cancel_remote(self, operator: Operator, params: _Params) -> Any:
+        """``reconcile … cancelRemote``: CancelTask for the remote task the operation
+        follows; its follower then settles the operation and tells the user."""
+        operation_id = params.text("operationId")
+        params.text("connectionId")
+        params.integer("expectedVersion", low=0, high=2**53 - 1, required=True)
+        if self.cancel_remote is None:
+            raise ParamsError("cancelRemote: this daemon follows no remote (a2a) tasks")
+        scope = ownership_from_identity(self.identity_for(operator))
+        return await self.cancel_remote(scope, operation_id)
 
     async def _list_remote_tasks(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         """The remote A2A tasks being followed in the operator's scope (a page): alias,

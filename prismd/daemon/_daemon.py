@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TextIO, Type
 import attrs
 import trio
 
-from stores import Store, StoreError
+from stores import OwnershipScope, Store, StoreError
 
 if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
@@ -908,6 +908,7 @@ class Daemon:
                     pair_aliases=pairing_aliases_from_grants(config.grants),
                     inbox_sources=tuple(c for c, a in host.adapters.items() if a.features.inbox),
                     retention_ms=config.limits.retention_days * 86_400_000,
+                    cancel_remote=_a2a_cancel(host),
                 )
                 await self.supervisor.start(
                     children,
@@ -1089,3 +1090,17 @@ async def run_daemon(config: Config, **kwargs: Any) -> int:
     """``prismd run`` on a loaded config; returns the exit code."""
     kwargs.setdefault("hard_exit", True)
     return await Daemon(config, **kwargs).run()
+
+
+def _a2a_cancel(
+    host: Host,
+) -> Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None:
+    """``reconcile … --cancel-remote`` over this daemon's a2a agents (``None``: none)."""
+    if not any(
+        type(agent).__module__.startswith("prismd.agents.a2a.") for agent in host.agents.values()
+    ):
+        return None  # the a2a package is imported only when an a2a agent exists
+    from ..agents.a2a import A2AAgent, cancel_remote
+
+    agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
+    return functools.partial(cancel_remote, agents)

@@ -151,3 +151,45 @@ async def test_a_push_through_the_daemon_answers_before_any_poll(tmp_path: Path)
                 assert await d.wait_exit() == 0
             assert "pushed" not in d.stderr()
             nursery.cancel_scope.cancel()
+
+
+async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            layout = layout_for(tmp_path, fake)
+            async with running_daemon(layout) as d:
+                await d.wait_state("READY=1")
+                async with chat(layout.port, ACTOR) as client:
+                    await client.send_message("m1", "go")
+                    await _polled(fake)
+                    code, listed, _ = await prismctl(layout, "list-remote-tasks")
+                    (entry,) = listed["tasks"]
+                    code, result, _ = await prismctl(
+                        layout,
+                        "reconcile",
+                        entry["operationId"],
+                        "--connection",
+                        "web",
+                        "--version",
+                        "0",
+                        "--cancel-remote",
+                    )
+                    assert code == 0, result
+                    assert result["status"] == "resolved"
+                    reply = await client.next_frame("reply", limit_s=10)
+                    assert reply["text"] == "Request failed: the remote agent cancelled it."
+                (task,) = fake.tasks.values()
+                assert task.state == "canceled"
+                code, listed, _ = await prismctl(layout, "list-remote-tasks")
+                assert listed["tasks"] == []
+                code, result, _ = await prismctl(
+                    layout, "reconcile", entry["operationId"], "--connection", "web",
+                    "--version", "0", "--cancel-remote",
+                )  # fmt: skip
+                assert result["status"] == "conflict"
+                d.send(signal.SIGTERM)
+                assert await d.wait_exit() == 0
+            nursery.cancel_scope.cancel()

@@ -103,6 +103,10 @@ async def test_push_answers_a_long_task_and_bad_pushes_change_nothing(
                 page = await mem.inbox.list_items(source=PUSH_SOURCE)
                 assert len(page.items) == 2  # the push and the late one; the duplicate deduped
                 assert receiver.counters["pushes_accepted"] == 3
+                health = receiver.health()
+                assert health["pushes_accepted"] == "3"
+                assert int(health["pushes_refused"]) >= 7
+                assert health["sent"] == "1" and health["following"] == "0"
             await agent.aclose()
             nursery.cancel_scope.cancel()
 

@@ -237,3 +237,40 @@ async def test_stop_leaves_the_task_followed_and_a_restart_answers_once(
             await agent.aclose()
             await again.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_message_beyond_the_tenant_limit_is_refused_before_any_send(
+    mem: MemoryStore,
+) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"), Plan("complete", "after the first"))
+            agent = build_agent(
+                "a2a",
+                AgentContext(
+                    alias="primary",
+                    options={"url": fake.base_url, "poll_interval_ms": 20},
+                    checkpoints=mem.checkpoints,
+                    max_remote_tasks_per_tenant=1,
+                ),
+            )
+            assert isinstance(agent, A2AAgent)
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "long", chat="chat-1"))
+                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                await h.runtime.admit(event("2", "another", chat="chat-2"))
+                await wait_until(lambda: bool(h.replies))
+                assert h.texts == [f"Request failed: {NOTICES['limit']}"]
+                assert len(fake.sends()) == 1
+                (task_id,) = fake.tasks
+                await fake.move(task_id, "completed", "done")
+                await wait_until(lambda: len(h.replies) == 2)
+                # Below the limit again: the next message is sent.
+                await h.runtime.admit(event("3", "now", chat="chat-2"))
+                await h.settle()
+                assert h.texts[-1] == "after the first"
+                assert len(fake.sends()) == 2
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

@@ -5,6 +5,7 @@ httpx; the agent kind and its durable following build on them.
 """
 
 from ._agent import A2AAgent as A2AAgent
+from ._agent import cancel_remote as cancel_remote
 from ._book import FOLLOWING_CATEGORY as FOLLOWING_CATEGORY
 from ._book import NS_CONTEXT as NS_CONTEXT
 from ._book import NS_INDEX as NS_INDEX

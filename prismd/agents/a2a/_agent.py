@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -175,7 +176,7 @@ class A2AAgent:
             if await self._at_limit(scope):
                 self.count("refused_limit")
                 return failed("limit", session)
-            client = await self._connect()
+            client = await self.connect()
             if client is None:
                 return failed("unreachable", session)
             context = await self.book.context(scope, self.alias, session)
@@ -202,7 +203,7 @@ class A2AAgent:
                     raise StoreUnavailableError("a2a task record vanished")
         else:
             fresh = False
-        client = await self._connect()
+        client = await self.connect()
         if client is None:
             return failed("unreachable", session)
         try:
@@ -279,7 +280,7 @@ class A2AAgent:
             return None
         return PushConfig(url, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
-    async def _connect(self) -> A2AClient | None:
+    async def connect(self) -> A2AClient | None:
         """The client, discovering the card first; retried while the peer refuses or does
         not answer (the run's cancellation ends it). ``None`` when the card is unusable."""
         if self.client is not None:
@@ -313,3 +314,31 @@ class A2AAgent:
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}
+
+
+async def cancel_remote(
+    agents: Mapping[str, A2AAgent], scope: OwnershipScope, operation_id: str
+) -> dict[str, Any]:
+    """``reconcile … --cancel-remote``: ``CancelTask`` for the remote task an operation
+    follows (inside ``scope``, which may be partial), then wake its follower, which reads
+    the task (``canceled``) and settles the operation with its notice. The answer is the
+    control method's result."""
+    for agent in agents.values():
+        found = await agent.book.find_operation(scope, operation_id)
+        if found is None:
+            continue
+        record = found.record
+        if found.record.alias != agent.alias:
+            agent = agents.get(record.alias, agent)
+        if record.task_id is None or record.phase == "done":
+            return {"status": "conflict", "detail": "not_following", "phase": record.phase}
+        client = await agent.connect()
+        if client is None:
+            return {"status": "conflict", "detail": "remote_unreachable"}
+        try:
+            await client.cancel_task(record.task_id)
+        except A2AError as exc:
+            return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
+        agent.observe(record.task_id)
+        return {"status": "resolved", "outcome": "remote_cancel_requested"}
+    return {"status": "conflict", "detail": "no_remote_task"}

@@ -197,6 +197,17 @@ class Book:
         except CheckpointConflictError:
             pass  # written meanwhile by the same run's retry: the same value
 
+    async def find_operation(self, scope: OwnershipScope, operation_id: str) -> Stored | None:
+        """The task record of ``operation_id`` inside ``scope`` (a partial scope: an
+        operator's), or ``None``."""
+        page = await self.checkpoints.list_checkpoints(
+            namespace=NS_TASK, key_prefix=operation_id, scope=scope, limit=2
+        )
+        for row in page.items:
+            if row.key == operation_id:
+                return Stored(TaskRecord.from_json(row.value), row.version, row.scope, row.key)
+        return None
+
     async def index_secrets(self, stored: Stored) -> None:
         """Point each push secret's hash (``secret/<alias>/<hash>``) at the task record,
         written with the send intent: a push that arrives before the task id is journaled

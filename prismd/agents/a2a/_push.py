@@ -165,7 +165,13 @@ class PushReceiver:
             task_status.started()
 
     def health(self) -> Mapping[str, str]:
-        return {name: str(value) for name, value in sorted(self.counters.items())}
+        """Counters only: pushes accepted / refused / unavailable, and over every a2a agent
+        the tasks followed now, polls, sends, refused sends and unknown outcomes."""
+        totals = dict(self.counters)
+        for agent in self.agents.values():
+            for name, value in agent.statistics().items():
+                totals[name] = totals.get(name, 0) + int(value)
+        return {name: str(value) for name, value in sorted(totals.items())}
 
     async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
         try:
