@@ -5,6 +5,7 @@ with fixed notices for what went wrong, and a stop that leaves followed work for
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,11 +14,11 @@ import trio
 from prismd.agents import AgentContext, build_agent
 from prismd.agents.a2a import NOTICES, A2AAgent
 from prismd.journal import NS_OPERATION
-from stores import SYSTEM_CLOCK
+from stores import SYSTEM_CLOCK, Store
 from stores.memory import MemoryStore
 from tests.fakes.a2a_agent import FakeA2A, Plan
 from tests.support.builders import IDENTITY, event
-from tests.support.harness import open_harness
+from tests.support.harness import open_harness, store_factory
 from tests.support.waiting import wait_until, wait_until_async
 
 
@@ -27,7 +28,7 @@ async def mem() -> AsyncIterator[MemoryStore]:
         yield s
 
 
-def a2a_agent(fake: FakeA2A, store: MemoryStore, **extra: Any) -> A2AAgent:
+def a2a_agent(fake: FakeA2A, store: Store, **extra: Any) -> A2AAgent:
     options = {"url": fake.base_url, "poll_interval_ms": 20, "max_poll_interval_ms": 200}
     options.update(extra)
     agent = build_agent(
@@ -273,4 +274,37 @@ async def test_a_message_beyond_the_tenant_limit_is_refused_before_any_send(
                 assert h.texts[-1] == "after the first"
                 assert len(fake.sends()) == 2
             await agent.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_following_survives_a_reopened_durable_store(backend: str, tmp_path: Path) -> None:
+    """The stop/restart of a followed task on a durable backend: the second runtime opens
+    the journal anew (a new process would), follows the task and answers it once."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery, store_factory(backend, tmp_path) as stores:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            first_store = await stores()
+            agent = a2a_agent(fake, first_store)
+            async with open_harness(first_store, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "long job"))
+                await wait_until(lambda: any(r["method"] == "GetTask" for r in fake.requests))
+                await h.runtime.stop()
+            await agent.aclose()
+            (task_id,) = fake.tasks
+            await fake.move(task_id, "completed", "answered after the restart", push=False)
+            second_store = await stores()
+            again = a2a_agent(fake, second_store)
+            async with open_harness(
+                second_store, SYSTEM_CLOCK, {"primary": again}, resume_accepted=True
+            ) as h2:
+                await wait_until(lambda: bool(h2.replies))
+                await h2.settle()
+                assert h2.texts == ["answered after the restart"]
+                assert await h2.runtime.list_unresolved(identity=IDENTITY) == []
+            (sent,) = fake.sends()
+            assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
+            await again.aclose()
             nursery.cancel_scope.cancel()
