@@ -105,8 +105,10 @@ def _resumable(record: OperationRecord) -> bool:
     return record.state == "accepted" and record.input is not None
 
 
-async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
-    """Every resumable record (any scope) created before ``cutoff_ms``, oldest
+async def collect(
+    core: Core, cutoff_ms: int, states: frozenset[str] = _RESUMED_STATES
+) -> list[_Pending]:
+    """Every resumable record (any scope) in ``states`` created before ``cutoff_ms``, oldest
     first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
     assert core.journal is not None
     found: list[_Pending] = []
@@ -118,7 +120,7 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
         )
         for row in rows:
             value = row.value
-            if not isinstance(value, dict) or value.get("state") not in _RESUMED_STATES:
+            if not isinstance(value, dict) or value.get("state") not in states:
                 continue
             try:
                 record = OperationRecord.from_json(value)
@@ -306,3 +308,34 @@ async def resume_accepted(core: Core, cutoff_ms: int) -> None:
     finally:
         if gate is not None:
             gate.set()
+
+
+_FOLLOWING_ONLY = frozenset({FOLLOWING_STATE})
+
+
+async def follow_orphans(core: Core, every_s: float) -> None:
+    """Several instances on one store (SPEC difference 9): every ``every_s`` (the lease
+    TTL), queue here each ``following`` operation that is neither queued nor running here.
+
+    Its turn waits for the conversation's binding lease like any other: while the instance
+    that follows the task is alive it holds that lease, and its turn ends the operation (the
+    claim here then finds it settled: nothing runs). Once that instance died and its lease
+    expired, this one takes the lease over (a new fencing token: the old owner's late writes
+    are refused) and its claim keeps the operation ``following`` — the remote task is
+    followed here, never sent again. Runs until the runtime stops; store errors are counted
+    and the next round tries again.
+    """
+    if core.resume_gate is not None:
+        await core.resume_gate.wait()
+    while not core.stopped:
+        await trio.sleep(every_s)
+        try:
+            pending = await collect(core, 2**53, _FOLLOWING_ONLY)
+        except Exception:
+            core.count("storage_failures")
+            continue
+        for item in pending:
+            if core.stopped:
+                return
+            if not _known(core, item.loaded.record.operation_id):
+                await _try_enqueue(core, item)

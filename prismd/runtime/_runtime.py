@@ -377,6 +377,10 @@ async def open_messaging_runtime(
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()
             core.spawn(_resume.resume_accepted, core, core.now_ms())
+            if use_leases:
+                # Not tracked by drain(): it never ends while the runtime runs.
+                every_s = max(1.0, limits.lease_ttl_ms / 1000)
+                nursery.start_soon(_resume.follow_orphans, core, every_s)
         try:
             yield runtime
         finally:

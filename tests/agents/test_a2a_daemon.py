@@ -19,8 +19,16 @@ pytestmark = pytest.mark.slow
 ACTOR = "a2a-actor-0001"
 
 
-def layout_for(root: Path, fake: FakeA2A, *, poll_ms: int = 100, push_port: int = 0) -> Layout:
-    layout = Layout(root=root, port=free_port())
+def layout_for(
+    root: Path,
+    fake: FakeA2A,
+    *,
+    poll_ms: int = 100,
+    push_port: int = 0,
+    store_url: str | None = None,
+    lease_ttl_ms: int = 30_000,
+) -> Layout:
+    layout = Layout(root=root, port=free_port(), store_url=store_url)
     push = f'[a2a]\npush_listen = "127.0.0.1:{push_port}"\n' if push_port else ""
     layout.config.write_text(
         f"""
@@ -28,10 +36,11 @@ def layout_for(root: Path, fake: FakeA2A, *, poll_ms: int = 100, push_port: int 
 state_dir = "{layout.state_dir}"
 
 [store]
-url = "sqlite:///{layout.db}"
+url = "{layout.url}"
 
 [limits]
 stop_deadline_ms = 3000
+lease_ttl_ms = {lease_ttl_ms}
 
 [control]
 socket = "{layout.control}"
@@ -193,3 +202,51 @@ async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> No
                 d.send(signal.SIGTERM)
                 assert await d.wait_exit() == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
+    tmp_path: Path,
+) -> None:
+    """Two instances on one PostgreSQL database: the one following a task is SIGKILLed and
+    never restarted; once its binding lease expired the other follows the task (the same
+    remote task, no second send) and answers it once."""
+    from tests.daemon.helpers import _RESUME_TOKENS
+    from tests.support import pgserver
+
+    url = pgserver.fresh_url("a2a")
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                fake = FakeA2A(dialect="1.0", streaming=False)
+                await nursery.start(fake.serve)
+                fake.plan(Plan("work"))
+                (tmp_path / "a").mkdir()
+                (tmp_path / "b").mkdir()
+                a = layout_for(tmp_path / "a", fake, store_url=url, lease_ttl_ms=1500)
+                b = layout_for(tmp_path / "b", fake, store_url=url, lease_ttl_ms=1500)
+                async with running_daemon(a, tag="a") as da, running_daemon(b, tag="b") as db:
+                    await da.wait_state("READY=1")
+                    await db.wait_state("READY=1")
+                    async with chat(a.port, ACTOR) as client:
+                        await client.send_message("m1", "long job")
+                        await _polled(fake)
+                    da.send(signal.SIGKILL)
+                    assert await da.wait_exit() == -signal.SIGKILL
+                    (task_id,) = fake.tasks
+                    await fake.move(task_id, "completed", "taken over", push=False)
+                    token = _RESUME_TOKENS.get((a.port, ACTOR))
+                    if token is not None:
+                        _RESUME_TOKENS[(b.port, ACTOR)] = token
+                    async with chat(b.port, ACTOR) as client:
+                        reply = await client.next_frame("reply", limit_s=30)
+                        assert reply["text"] == "taken over"
+                        with trio.move_on_after(1.0):
+                            extra = await client.next_frame("reply", limit_s=1.0)
+                            raise AssertionError(f"a reply twice: {extra}")
+                    db.send(signal.SIGTERM)
+                    assert await db.wait_exit() == 0
+                (sent,) = fake.sends()
+                assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
+                nursery.cancel_scope.cancel()
+    finally:
+        pgserver.drop_schema(url)
