@@ -189,3 +189,43 @@ def test_states_only_move_forward() -> None:
     assert not moves_forward("working", "working")
     assert not moves_forward("working", None)
     assert moves_forward(None, "submitted")
+
+
+async def test_a_push_finds_the_task_of_a_cut_v03_send(mem: MemoryStore) -> None:
+    """v0.3 has no ListTasks: after a send cut once the request went out, the push that
+    carries the task's credential (journaled with the send intent) names the task, which is
+    then followed and answered — never sent again."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="0.3", streaming=False)
+            await nursery.start(fake.serve)
+            agents: dict[str, A2AAgent] = {}
+            receiver = PushReceiver("127.0.0.1:0", agents, mem.inbox)
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            agent = build_agent(
+                "a2a",
+                AgentContext(
+                    alias="primary",
+                    options={"url": fake.base_url, "poll_interval_ms": 50},
+                    checkpoints=mem.checkpoints,
+                    push_base_url=f"http://127.0.0.1:{receiver.address[1]}",
+                ),
+            )
+            assert isinstance(agent, A2AAgent)
+            agents["primary"] = agent
+            fake.plan(Plan("work"))
+            fake.friction("cut")
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "go"))
+                await wait_until(lambda: len(fake.tasks) == 1)
+                (task_id,) = fake.tasks
+                await trio.sleep(0.2)  # the cut answer arrives; the agent waits for news
+                await fake.move(task_id, "completed", "found by its push")
+                await h.settle()
+                assert h.texts == ["found by its push"]
+            (sent,) = fake.sends()
+            assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

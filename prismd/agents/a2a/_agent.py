@@ -235,6 +235,8 @@ class A2AAgent:
                 stored = sent
         if stored.record.phase == "unknown":
             found = await recover(self, client, stored)
+            if found is None and stored.record.token_hash is not None:
+                found = await self._await_push(client, stored)
             if found is None:
                 self.count("send_unknown")
                 return failed("unknown", session)
@@ -249,6 +251,20 @@ class A2AAgent:
             return await follow(self, client, stored, on_event, session)
         finally:
             self.following_now -= 1
+
+    async def _await_push(self, client: A2AClient, stored: Stored) -> Stored | None:
+        """After an unknown send outcome that nothing found (a v0.3 peer has no
+        ``ListTasks``): wait a while for a push carrying this task's credential — the
+        receiver journals the task id it names — then look again. Bounded by
+        ``max_poll_interval_ms`` (at most 30 s)."""
+        step = self.options.poll_interval_ms / 1000
+        end = trio.current_time() + min(self.options.max_poll_interval_ms / 1000, 30.0)
+        while trio.current_time() < end:
+            await trio.sleep(min(step, max(0.0, end - trio.current_time())))
+            again = await self.book.load(stored.scope, stored.key)
+            if again is not None and again.record.task_id is not None:
+                return await recover(self, client, again)
+        return None
 
     async def _cancel_remote(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
         """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
