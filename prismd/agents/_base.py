@@ -55,6 +55,11 @@ class RunHooks(Protocol):
         running, it is followed again after the restart), not ``/cancel``."""
         ...
 
+    def waiting(self) -> None:
+        """The run waits on a remote peer that refused for now (a backoff): its concurrency
+        slot is given back (the turn keeps its route)."""
+        ...
+
 
 @attrs.frozen
 class RunRequest:

@@ -66,6 +66,9 @@ class TurnHooks:
     def stopping(self) -> bool:
         return self.core.stopped or self.active.stopping
 
+    def waiting(self) -> None:
+        self.release_slot()
+
     def release_slot(self) -> None:
         if self.slot_held:
             self.slot_held = False

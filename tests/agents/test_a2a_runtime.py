@@ -14,6 +14,7 @@ import trio
 from prismd.agents import AgentContext, build_agent
 from prismd.agents.a2a import NOTICES, A2AAgent
 from prismd.journal import NS_OPERATION
+from prismd.limits import Limits
 from stores import SYSTEM_CLOCK, Store
 from stores.memory import MemoryStore
 from tests.fakes.a2a_agent import FakeA2A, Plan
@@ -307,4 +308,27 @@ async def test_following_survives_a_reopened_durable_store(backend: str, tmp_pat
             (sent,) = fake.sends()
             assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
             await again.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_refusing_peer_holds_no_concurrency_slot(mem: MemoryStore) -> None:
+    """One slot in all: the first message's send is refused (429, Retry-After 1 s); while
+    it waits, the second conversation's message takes the slot and is answered first."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("complete", "second"), Plan("complete", "first"))
+            agent = a2a_agent(fake, mem)
+            async with open_harness(
+                mem, SYSTEM_CLOCK, {"primary": agent}, limits=Limits(max_active_sessions=1)
+            ) as h:
+                fake.friction("429")
+                await h.runtime.admit(event("1", "first", chat="chat-1"))
+                await wait_until(lambda: fake.friction_left == 0)  # the 429 was answered
+                await h.runtime.admit(event("2", "second", chat="chat-2"))
+                await h.settle()
+                assert h.texts == ["second", "first"]
+                assert [r.external_conversation_id for r in h.replies] == ["chat-2", "chat-1"]
+            await agent.aclose()
             nursery.cancel_scope.cancel()

@@ -112,6 +112,11 @@ class FakeA2A:
     def friction(self, *kinds: str) -> None:
         self._friction.extend(kinds)
 
+    @property
+    def friction_left(self) -> int:
+        """Frictions not yet applied to a request."""
+        return len(self._friction)
+
     def sends_of(self, message_id: str) -> int:
         """Sends of ``message_id`` the agent processed (not those refused before it)."""
         return sum(

@@ -176,7 +176,7 @@ class A2AAgent:
             if await self._at_limit(scope):
                 self.count("refused_limit")
                 return failed("limit", session)
-            client = await self.connect()
+            client = await self.connect(request.hooks)
             if client is None:
                 return failed("unreachable", session)
             context = await self.book.context(scope, self.alias, session)
@@ -203,7 +203,7 @@ class A2AAgent:
                     raise StoreUnavailableError("a2a task record vanished")
         else:
             fresh = False
-        client = await self.connect()
+        client = await self.connect(request.hooks)
         if client is None:
             return failed("unreachable", session)
         try:
@@ -229,7 +229,8 @@ class A2AAgent:
                 # Written by an earlier process that may or may not have sent it.
                 stored = await self.book.update(stored, phase="unknown")
             else:
-                sent = await send(self, client, stored, _text_of(request.input), push)
+                text = _text_of(request.input)
+                sent = await send(self, client, stored, text, push, request.hooks)
                 if isinstance(sent, RunResult):
                     return sent
                 stored = sent
@@ -239,6 +240,8 @@ class A2AAgent:
                 found = await self._await_push(client, stored)
             if found is None:
                 self.count("send_unknown")
+                # Settled (the user is told); no longer counted as followed.
+                await self.book.update(stored, phase="done", state="unknown")
                 return failed("unknown", session)
             stored = found
         if stored.record.task_id is None:
@@ -271,9 +274,12 @@ class A2AAgent:
         with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
             try:
                 stored = await self.book.load(scope, key)
-                if stored is None or stored.record.task_id is None:
+                if stored is None or stored.record.phase == "done":
                     return
-                if stored.record.phase == "done":
+                if stored.record.task_id is None or stored.record.phase != "following":
+                    # Cancelled before the task was known: settled, no longer counted as
+                    # followed (a send that was on its way may still create a task).
+                    await self.book.update(stored, phase="done", state="canceled")
                     return
                 try:
                     await client.cancel_task(stored.record.task_id)
@@ -296,7 +302,7 @@ class A2AAgent:
             return None
         return PushConfig(url, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
-    async def connect(self) -> A2AClient | None:
+    async def connect(self, hooks: RunHooks | None = None) -> A2AClient | None:
         """The client, discovering the card first; retried while the peer refuses or does
         not answer (the run's cancellation ends it). ``None`` when the card is unusable."""
         if self.client is not None:
@@ -316,8 +322,12 @@ class A2AAgent:
                 log.warning("agent %s: %s", self.alias, exc)
                 return None
             except Refused as exc:
+                if hooks is not None:
+                    hooks.waiting()
                 await trio.sleep(self.backoff(exc.retry_after, delay))
             except OutcomeUnknown:
+                if hooks is not None:
+                    hooks.waiting()
                 await trio.sleep(self.backoff(None, delay))
             delay = min(delay * 2, self.options.max_poll_interval_ms / 1000)
 

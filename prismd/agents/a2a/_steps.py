@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .. import EventSink, RunError, RunResult, StreamEvent
+from .. import EventSink, RunError, RunHooks, RunResult, StreamEvent
 from ._book import ContextRecord, Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
 from ._wire import (
@@ -70,7 +70,12 @@ def reply_text(task: Task) -> str:
 
 
 async def send(
-    agent: A2AAgent, client: A2AClient, stored: Stored, text: str, push: PushConfig | None
+    agent: A2AAgent,
+    client: A2AClient,
+    stored: Stored,
+    text: str,
+    push: PushConfig | None,
+    hooks: RunHooks | None = None,
 ) -> Stored | RunResult:
     record = stored.record
     delay = agent.options.poll_interval_ms / 1000
@@ -87,6 +92,8 @@ async def send(
             )
         except Refused as exc:
             agent.count("send_refused")
+            if hooks is not None:
+                hooks.waiting()  # a refusing peer holds no concurrency slot
             await trio.sleep(agent.backoff(exc.retry_after, delay))
             delay = min(delay * 2, cap)
             continue
@@ -96,6 +103,8 @@ async def send(
             agent.count("send_refused")
             if exc.code in (METHOD_NOT_FOUND, VERSION_NOT_SUPPORTED):
                 refused_rpc += 1
+                if hooks is not None:
+                    hooks.waiting()
                 if refused_rpc < MAX_REFUSED_RPC:
                     await trio.sleep(agent.backoff(None, delay))
                     delay = min(delay * 2, cap)
