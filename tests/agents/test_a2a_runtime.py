@@ -283,7 +283,7 @@ async def test_following_survives_a_reopened_durable_store(backend: str, tmp_pat
     """The stop/restart of a followed task on a durable backend: the second runtime opens
     the journal anew (a new process would), follows the task and answers it once."""
     with trio.fail_after(40):
-        async with store_factory(backend, tmp_path) as stores, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery, store_factory(backend, tmp_path) as stores:
             fake = FakeA2A(dialect="1.0", streaming=False)
             await nursery.start(fake.serve)
             fake.plan(Plan("work"))
