@@ -142,6 +142,7 @@ PINNED: dict[str, list[str]] = {
         "StatusUpdate",
         "Task",
         "TaskRecord",
+        "a2a_statistics",
         "cancel_remote",
         "check_url",
         "list_remote_tasks",

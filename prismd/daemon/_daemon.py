@@ -480,6 +480,9 @@ class Daemon:
     _unresolved: str = attrs.field(default="unresolved unknown", init=False)
     """How many operations wait for reconcile, as the ``STATUS=ready`` line says it."""
     instance_id: str | None = attrs.field(default=None, init=False)
+    _agents: Mapping[str, Any] = attrs.field(factory=dict, init=False)
+    _a2a_pushes: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The push receiver's counters (``[a2a]``), read by ``health`` and ``/metrics``."""
     """The state directory's stable instance id (every lease this daemon holds names it)."""
     _leases_held: Callable[[], Mapping[str, Any]] | None = attrs.field(default=None, init=False)
 
@@ -529,7 +532,24 @@ class Daemon:
         }
         if self._leases_held is not None:
             health["leases"] = self._leases_held()
+        a2a = self._a2a_statistics()
+        if a2a is not None:
+            health["a2a"] = a2a
         return health
+
+    def _a2a_statistics(self) -> dict[str, int] | None:
+        """The a2a counters (``None`` without a2a agents): followed now, polls, sends…, and
+        the push receiver's when ``[a2a]`` is set."""
+        agents = [
+            agent
+            for agent in self._agents.values()
+            if type(agent).__module__.startswith("prismd.agents.a2a.")
+        ]
+        if not agents:
+            return None
+        from ..agents.a2a import a2a_statistics
+
+        return a2a_statistics(agents, self._a2a_pushes)
 
     async def run(self) -> int:
         """Run until stopped; returns the process exit code (0 clean stop, 1 failure).
@@ -674,6 +694,7 @@ class Daemon:
         try:
             secrets: list[str] = []
             agents = build_agents(config, store, env=self.env, secrets=secrets)
+            self._agents = agents
             authorizer = GrantAuthorizer(
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
@@ -970,6 +991,9 @@ class Daemon:
                 "binding": runtime.leases_held(),
                 "receiver": sum(1 for a in adapters.values() if a.receiver_lease_held),
             },
+            a2a=(lambda: self._a2a_statistics() or {})
+            if self._a2a_statistics() is not None
+            else None,
         )
 
     async def _start_metrics(self, children: trio.Nursery) -> None:
@@ -997,6 +1021,7 @@ class Daemon:
         if not agents:
             return
         receiver = PushReceiver(self.config.a2a.push_listen, agents, store.inbox)
+        self._a2a_pushes = receiver.counters
         await self.supervisor.start(
             children,
             "a2a-push",

@@ -127,6 +127,8 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                         raise AssertionError(f"a reply twice: {extra}")
                 code, listed, _ = await prismctl(layout, "list-remote-tasks")
                 assert code == 0 and listed["tasks"] == []
+                code, health, _ = await prismctl(layout, "health")
+                assert health["a2a"]["following"] == 0 and health["a2a"]["polls"] >= 1
                 second.send(signal.SIGTERM)
                 assert await second.wait_exit() == 0
             sends = fake.sends()

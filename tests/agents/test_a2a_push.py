@@ -103,10 +103,11 @@ async def test_push_answers_a_long_task_and_bad_pushes_change_nothing(
                 page = await mem.inbox.list_items(source=PUSH_SOURCE)
                 assert len(page.items) == 2  # the push and the late one; the duplicate deduped
                 assert receiver.counters["pushes_accepted"] == 3
-                health = receiver.health()
-                assert health["pushes_accepted"] == "3"
-                assert int(health["pushes_refused"]) >= 7
-                assert health["sent"] == "1" and health["following"] == "0"
+                figures = receiver.statistics()
+                assert figures["pushes_accepted"] == 3
+                assert figures["pushes_refused"] >= 7
+                assert figures["sent"] == 1 and figures["following"] == 0
+                assert receiver.health() == {"listener": "listening"}
             await agent.aclose()
             nursery.cancel_scope.cancel()
 
@@ -229,3 +230,21 @@ async def test_a_push_finds_the_task_of_a_cut_v03_send(mem: MemoryStore) -> None
             assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+def test_metrics_expose_the_a2a_counters() -> None:
+    from prismd.daemon._metrics import DaemonMetrics
+    from prismd.runtime import Diagnostics
+
+    metrics = DaemonMetrics()
+    metrics.watch(
+        diagnostics=Diagnostics,
+        health=dict,
+        restarts=dict,
+        leases=dict,
+        a2a=lambda: {"following": 3, "polls": 7, "pushes_accepted": 2},
+    )
+    body, _ = metrics.exposition()
+    assert b"prismd_a2a_following 3.0" in body
+    assert b"prismd_a2a_polls_total 7.0" in body
+    assert b"prismd_a2a_pushes_accepted_total 2.0" in body

@@ -27,6 +27,7 @@ from ._options import validate_a2a_options as validate_a2a_options
 from ._push import MAX_PUSH_BYTES as MAX_PUSH_BYTES
 from ._push import PUSH_SOURCE as PUSH_SOURCE
 from ._push import PushReceiver as PushReceiver
+from ._push import a2a_statistics as a2a_statistics
 from ._push import moves_forward as moves_forward
 from ._steps import NOTICES as NOTICES
 from ._steps import reply_text as reply_text

@@ -33,7 +33,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 import h11
@@ -89,6 +89,15 @@ def moves_forward(old: str | None, new: str | None) -> bool:
     if new is None:
         return False
     return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)
+
+
+def a2a_statistics(agents: Iterable[A2AAgent], pushes: Mapping[str, int]) -> dict[str, int]:
+    """The a2a counters of ``health`` and ``/metrics``: ``pushes`` plus every agent's."""
+    totals = {"following": 0, **pushes}
+    for agent in agents:
+        for name, value in agent.statistics().items():
+            totals[name] = totals.get(name, 0) + int(value)
+    return totals
 
 
 def _presented(headers: Mapping[str, str]) -> list[str]:
@@ -165,13 +174,13 @@ class PushReceiver:
             task_status.started()
 
     def health(self) -> Mapping[str, str]:
-        """Counters only: pushes accepted / refused / unavailable, and over every a2a agent
-        the tasks followed now, polls, sends, refused sends and unknown outcomes."""
-        totals = dict(self.counters)
-        for agent in self.agents.values():
-            for name, value in agent.statistics().items():
-                totals[name] = totals.get(name, 0) + int(value)
-        return {name: str(value) for name, value in sorted(totals.items())}
+        """Bounded entries only (a child's health): the listener's state."""
+        return {"listener": "listening" if self.address is not None else "starting"}
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: pushes accepted / refused / unavailable, and over every a2a agent the
+        tasks followed now, polls, sends, refused sends and unknown outcomes."""
+        return a2a_statistics(self.agents.values(), self.counters)
 
     async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
         try:
