@@ -272,6 +272,12 @@ async def reconcile(
         return await _transition(core, scope, loaded, "execution_unknown")
     if record.state == "accepted":
         return await _transition(core, scope, loaded, "abandoned")
+    if record.state == FOLLOWING_STATE:
+        # A remote task is followed (nothing to decide); cancelling it is its own act
+        # (``reconcile … --cancel-remote``), settled by its follower.
+        return ReconcileResult(
+            "conflict", state=record.state, detail="following", current_version=loaded.version
+        )
     try:
         reply = await core.journal.load_reply(scope, connection_id, operation_id)
     except Exception:

@@ -56,8 +56,18 @@ async def test_long_task_is_followed_then_answered_once(dialect: str, mem: Memor
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 assert (await h.runtime.admit(event("1", "research this"))).status == "accepted"
                 await wait_until_async(lambda: _states_are(mem, ["following"]))
-                # Nothing to decide while it is followed.
+                # Nothing to decide while it is followed, and a plain reconcile refuses.
                 assert await h.runtime.list_unresolved(identity=IDENTITY) == []
+                page = await mem.checkpoints.list_checkpoints(namespace=NS_OPERATION)
+                (row,) = page.items
+                refused = await h.runtime.reconcile(
+                    identity=IDENTITY,
+                    connection_id="tg-1",
+                    operation_id=str(row.value["operationId"]),
+                    expected_version=row.version,
+                    acknowledge_duplicate_risk=True,
+                )
+                assert (refused.status, refused.detail) == ("conflict", "following")
                 (task_id,) = fake.tasks
                 await fake.move(task_id, "completed", "first\n\nsecond")
                 await wait_until(lambda: bool(h.replies))
