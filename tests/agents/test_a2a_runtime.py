@@ -342,3 +342,30 @@ async def test_a_refusing_peer_holds_no_concurrency_slot(mem: MemoryStore) -> No
                 assert [r.external_conversation_id for r in h.replies] == ["chat-2", "chat-1"]
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("dialect", ["1.0", "0.3"])
+async def test_a_cut_stream_falls_back_and_chunks_never_make_the_reply(
+    dialect: str, mem: MemoryStore
+) -> None:
+    """The first stream is cut after its snapshot; the follower polls and subscribes again;
+    the answer streams in 5 chunks, and the reply is the task's artifact read by GetTask,
+    once, not the chunks put together."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect=dialect, streaming=True)  # type: ignore[arg-type]
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            agent = a2a_agent(fake, mem)
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "go"))
+                await wait_until(lambda: len(fake.tasks) == 1)
+                fake.friction("cut")  # for the first subscribe
+                subscribe = "SubscribeToTask" if dialect == "1.0" else "tasks/resubscribe"
+                await wait_until(lambda: sum(r["method"] == subscribe for r in fake.requests) >= 2)
+                (task_id,) = fake.tasks
+                await fake.move(task_id, "completed", "a fairly long streamed answer", chunks=5)
+                await h.settle()
+                assert h.texts == ["a fairly long streamed answer"]
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

@@ -25,7 +25,7 @@ Follows ``reference/a2a-protocol.md`` (copied facts: §1–§6):
 * Friction, one per request in order (:meth:`FakeA2A.friction`): ``"429"`` (bare, empty
   body, ``Retry-After: 1``), ``"503"``, ``"-32601"``, ``"-32009"``, ``"cut"`` (the
   request is processed, then the connection is closed without an answer: the client
-  cannot know), ``"drop"`` (closed unread).
+  cannot know; on a stream, it is cut after its first event), ``"drop"`` (closed unread).
 * Every JSON-RPC request is recorded (:attr:`FakeA2A.requests`); :meth:`sends_of` counts
   the sends of one ``messageId``.
 """
@@ -79,6 +79,7 @@ class FakeTask:
     status_text: str | None = None
     push: dict[str, Any] | None = None
     timestamp: str = "2026-12-05T10:00:00.000Z"
+    chunks: int = 1
 
 
 @attrs.define(eq=False)
@@ -145,8 +146,11 @@ class FakeA2A:
         push: bool = True,
     ) -> None:
         """Move a task to ``state`` (``completed`` with ``text`` as its artifact, else
-        ``text`` as the status message) and push once when it has a push config."""
+        ``text`` as the status message) and push once when it has a push config. A stream
+        sends the artifact in ``chunks`` artifact-update events (``append`` after the
+        first, ``lastChunk`` on the last); ``GetTask`` shows it whole."""
         task = self.tasks[task_id]
+        task.chunks = chunks
         task.state = state
         if state == "completed" and text is not None:
             task.artifacts = [_artifact(text, self.dialect)]
@@ -372,7 +376,7 @@ class FakeA2A:
             await _send(conn, stream, 401, None)
             return True
         if op == "subscribe":
-            return await self._subscribe(conn, stream, rid, params)
+            return await self._subscribe(conn, stream, rid, params, cut=friction == "cut")
         record["processed"] = True
         answer = self._handle(op, rid, params)
         if friction == "cut":
@@ -449,7 +453,13 @@ class FakeA2A:
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 
     async def _subscribe(
-        self, conn: h11.Connection, stream: trio.SocketStream, rid: Any, params: Mapping[str, Any]
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        rid: Any,
+        params: Mapping[str, Any],
+        *,
+        cut: bool = False,
     ) -> bool:
         task = self.tasks.get(str(params.get("id")))
         if task is None or not self.streaming:
@@ -474,6 +484,8 @@ class FakeA2A:
 
         snapshot = self._task_json(task)
         await event({"task": snapshot} if self.dialect == "1.0" else snapshot)
+        if cut:
+            return False  # the stream is cut after its first event (no end of message)
         seen = (task.state, task.status_text)
         while task.state not in TERMINAL and task.id in self.tasks:
             if (task.state, task.status_text) != seen:
@@ -486,7 +498,8 @@ class FakeA2A:
             return False  # a lost task: the stream is cut
         if task.state in TERMINAL:
             for art in task.artifacts:
-                await event(self._artifact_event(task, art))
+                for chunk in _chunks(art, task.chunks):
+                    await event(self._artifact_event(task, chunk))
             await event(self._update(task))
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
         return False
@@ -503,17 +516,38 @@ class FakeA2A:
             return body
         return {"statusUpdate": body}
 
-    def _artifact_event(self, task: FakeTask, artifact: Mapping[str, Any]) -> dict[str, Any]:
+    def _artifact_event(
+        self, task: FakeTask, chunk: tuple[Mapping[str, Any], bool, bool]
+    ) -> dict[str, Any]:
+        artifact, append, last = chunk
         body: dict[str, Any] = {
             "taskId": task.id,
             "contextId": task.context_id,
             "artifact": dict(artifact),
-            "lastChunk": True,
+            "append": append,
+            "lastChunk": last,
         }
         if self.dialect == "0.3":
             body["kind"] = "artifact-update"
             return body
         return {"artifactUpdate": body}
+
+
+def _chunks(artifact: Mapping[str, Any], count: int) -> list[tuple[Mapping[str, Any], bool, bool]]:
+    """The artifact's text split into ``count`` artifact-update pieces: (piece, append, last)."""
+    text = "".join(str(p.get("text", "")) for p in artifact.get("parts", []))
+    size = max(1, -(-len(text) // max(1, count)))
+    pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+    out: list[tuple[Mapping[str, Any], bool, bool]] = []
+    for n, piece in enumerate(pieces):
+        part = (
+            {"text": piece}
+            if "kind" not in artifact["parts"][0]
+            else {"kind": "text", "text": piece}
+        )
+        piece_artifact = {"artifactId": artifact["artifactId"], "parts": [part]}
+        out.append((piece_artifact, n > 0, n == len(pieces) - 1))
+    return out
 
 
 def _v1_state(state: str) -> str:
