@@ -55,6 +55,11 @@ class RunHooks(Protocol):
         running, it is followed again after the restart), not ``/cancel``."""
         ...
 
+    @property
+    def owner(self) -> str | None:
+        """Who follows the task (the runtime's lease owner id: its instance), for operators."""
+        ...
+
     def waiting(self) -> None:
         """The run waits on a remote peer that refused for now (a backoff): its concurrency
         slot is given back (the turn keeps its route)."""

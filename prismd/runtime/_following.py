@@ -66,6 +66,10 @@ class TurnHooks:
     def stopping(self) -> bool:
         return self.core.stopped or self.active.stopping
 
+    @property
+    def owner(self) -> str | None:
+        return self.core.owner_id
+
     def waiting(self) -> None:
         self.release_slot()
 

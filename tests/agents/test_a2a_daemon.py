@@ -100,6 +100,7 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                     task_id,
                     "following",
                 )
+                assert entry["owner"].startswith("prismd-") and entry["lastObservation"]
                 # Followed work needs no decision: only the message queued behind it is
                 # listed (accepted, as every acknowledged message waiting for its turn).
                 code, unresolved, _ = await prismctl(layout, "list-unresolved")

@@ -249,6 +249,9 @@ class A2AAgent:
         hooks: RunHooks | None = request.hooks
         if hooks is not None and not await hooks.following():
             return failed("refused", session)
+        if hooks is not None and stored.record.owner != hooks.owner:
+            # Who follows it now (listRemoteTasks): written when the follower changes.
+            stored = await self.book.update(stored, owner=hooks.owner)
         self.following_now += 1
         try:
             return await follow(self, client, stored, on_event, session)
