@@ -334,8 +334,20 @@ async def follow_orphans(core: Core, every_s: float) -> None:
         except Exception:
             core.count("storage_failures")
             continue
+        here = _known_ids(core)  # one pass over the routes, not one per operation
         for item in pending:
             if core.stopped:
                 return
-            if not _known(core, item.loaded.record.operation_id):
+            if item.loaded.record.operation_id not in here:
                 await _try_enqueue(core, item)
+
+
+def _known_ids(core: Core) -> set[str]:
+    """The operations queued or running in this process."""
+    ids: set[str] = set()
+    for route in core.routes.values():
+        active = route.active
+        if active is not None and active.turn is not None:
+            ids.add(active.turn.operation_id)
+        ids.update(t.operation_id for t in route.queue)
+    return ids
