@@ -27,9 +27,12 @@ def layout_for(
     push_port: int = 0,
     store_url: str | None = None,
     lease_ttl_ms: int = 30_000,
+    push_base_url: str | None = None,
 ) -> Layout:
     layout = Layout(root=root, port=free_port(), store_url=store_url)
     push = f'[a2a]\npush_listen = "127.0.0.1:{push_port}"\n' if push_port else ""
+    if push and push_base_url:
+        push += f'push_base_url = "{push_base_url}"\n'
     layout.config.write_text(
         f"""
 [daemon]
@@ -210,11 +213,14 @@ async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> No
 async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
     tmp_path: Path,
 ) -> None:
-    """Two instances on one PostgreSQL database: the one following a task is SIGKILLed and
-    never restarted; once its binding lease expired the other follows the task (the same
-    remote task, no second send) and answers it once."""
+    """Two instances on one PostgreSQL database behind one push URL (a balancer): the one
+    following a task is SIGKILLed and never restarted; once its binding lease expired the
+    other follows the same task (no second send), and the push that completes it — refused
+    by the dead instance, taken by the live one — answers it once, a minute before any
+    poll would."""
     from tests.daemon.helpers import _RESUME_TOKENS
     from tests.support import pgserver
+    from tests.support.push_proxy import PushProxy
 
     url = pgserver.fresh_url("a2a")
     try:
@@ -223,10 +229,18 @@ async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
                 fake = FakeA2A(dialect="1.0", streaming=False)
                 await nursery.start(fake.serve)
                 fake.plan(Plan("work"))
+                push_ports = [free_port(), free_port()]
+                proxy = PushProxy(push_ports)
+                await nursery.start(proxy.serve)
                 (tmp_path / "a").mkdir()
                 (tmp_path / "b").mkdir()
-                a = layout_for(tmp_path / "a", fake, store_url=url, lease_ttl_ms=1500)
-                b = layout_for(tmp_path / "b", fake, store_url=url, lease_ttl_ms=1500)
+                a, b = (
+                    layout_for(
+                        tmp_path / name, fake, store_url=url, lease_ttl_ms=1500,
+                        poll_ms=60_000, push_port=port, push_base_url=proxy.url,
+                    )
+                    for name, port in zip("ab", push_ports, strict=True)
+                )  # fmt: skip
                 async with running_daemon(a, tag="a") as da, running_daemon(b, tag="b") as db:
                     await da.wait_state("READY=1")
                     await db.wait_state("READY=1")
@@ -236,16 +250,24 @@ async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
                     da.send(signal.SIGKILL)
                     assert await da.wait_exit() == -signal.SIGKILL
                     (task_id,) = fake.tasks
-                    await fake.move(task_id, "completed", "taken over", push=False)
+                    push = fake.tasks[task_id].push
+                    assert push is not None and push["url"] == f"{proxy.url}/a2a/push/remote"
+                    polls = len(fake.requests)
+                    # The other instance takes the task over: its first poll.
+                    await fake.wait_state(lambda: len(fake.requests) > polls)
+                    await fake.move(task_id, "completed", "taken over")
+                    assert proxy.served == [1]
                     token = _RESUME_TOKENS.get((a.port, ACTOR))
                     if token is not None:
                         _RESUME_TOKENS[(b.port, ACTOR)] = token
                     async with chat(b.port, ACTOR) as client:
-                        reply = await client.next_frame("reply", limit_s=30)
+                        reply = await client.next_frame("reply", limit_s=20)
                         assert reply["text"] == "taken over"
                         with trio.move_on_after(1.0):
                             extra = await client.next_frame("reply", limit_s=1.0)
                             raise AssertionError(f"a reply twice: {extra}")
+                    _code, health, _ = await prismctl(b, "health")
+                    assert health["a2a"]["pushes_accepted"] == 1
                     db.send(signal.SIGTERM)
                     assert await db.wait_exit() == 0
                 (sent,) = fake.sends()
