@@ -135,6 +135,9 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                 assert health["a2a"]["following"] == 0 and health["a2a"]["polls"] >= 1
                 second.send(signal.SIGTERM)
                 assert await second.wait_exit() == 0
+            # Nothing but counters in the logs: no message text, no answer.
+            for log in (d.stderr(), second.stderr()):
+                assert "research job" not in log and "first answer" not in log
             sends = fake.sends()
             assert len(sends) == 2
             for sent in sends:
@@ -143,6 +146,7 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
 
 
 async def test_a_push_through_the_daemon_answers_before_any_poll(tmp_path: Path) -> None:
+    """At debug level too, no push secret and no text reaches the log."""
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             fake = FakeA2A(dialect="0.3", streaming=False)
@@ -150,7 +154,7 @@ async def test_a_push_through_the_daemon_answers_before_any_poll(tmp_path: Path)
             fake.plan(Plan("work"))
             push_port = free_port()
             layout = layout_for(tmp_path, fake, poll_ms=60_000, push_port=push_port)
-            async with running_daemon(layout) as d:
+            async with running_daemon(layout, args=("--log-level", "debug")) as d:
                 await d.wait_state("READY=1")
                 async with chat(layout.port, ACTOR) as client:
                     await client.send_message("m1", "go")
@@ -165,6 +169,8 @@ async def test_a_push_through_the_daemon_answers_before_any_poll(tmp_path: Path)
                 d.send(signal.SIGTERM)
                 assert await d.wait_exit() == 0
             assert "pushed" not in d.stderr()
+            assert push["token"] not in d.stderr()
+            assert push["authentication"]["credentials"] not in d.stderr()
             nursery.cancel_scope.cancel()
 
 

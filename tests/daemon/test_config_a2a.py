@@ -99,3 +99,15 @@ def test_bad_a2a_configs_name_the_key(tmp_path: Path, body: str, key: str, fragm
     error = error_of(tmp_path, body)
     assert error.key == key, str(error)
     assert fragment in error.message
+
+
+def test_check_runnable_needs_the_bearer_token(tmp_path: Path) -> None:
+    from prismd.daemon import check_runnable
+    from prismd.daemon._config import ConfigError
+
+    config = load_config(write(tmp_path, GOOD), env={})
+    with pytest.raises(ConfigError) as missing:
+        check_runnable(config, env={})
+    assert missing.value.key == "[agents.researcher].bearer_token_env"
+    assert "SECRET-TOKEN" not in str(missing.value)
+    check_runnable(config, env={"RESEARCHER_TOKEN": "SECRET-TOKEN"})
