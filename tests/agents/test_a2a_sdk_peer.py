@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 async def sdk_url(tmp_path: Path) -> AsyncIterator[str]:
+    """The SDK agent, answering each message after 1 s: long enough for a subscribe made
+    right after the send to find the task still working, even on a loaded machine."""
     port_file = tmp_path / "port"
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.fakes.a2a_sdk_agent", str(port_file), "0.3"], cwd=ROOT
+        [sys.executable, "-m", "tests.fakes.a2a_sdk_agent", str(port_file), "1.0"], cwd=ROOT
     )
     try:
         with trio.fail_after(30):
