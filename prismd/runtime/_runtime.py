@@ -236,8 +236,8 @@ class Runtime:
         # must not leave queued work unsettled, and nothing may outlive the deadline.
         with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
-                held = route.active is not None and route.active.turn is not None
-                behind_following = held and route.active.turn.following  # type: ignore[union-attr]
+                current = route.active.turn if route.active is not None else None
+                behind_following = current is not None and current.following
                 for turn in route.queue.take_all():
                     if turn.cancelled:
                         continue

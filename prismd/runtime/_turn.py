@@ -158,10 +158,6 @@ async def _refresh_binding(core: Core, route: Route) -> None:
 
 
 async def _settle_queue_at_stop(core: Core, route: Route) -> None:
-    active = route.active
-    if active is not None and active.turn is not None and active.turn.following:
-        route.queue.take_all()  # left accepted behind a followed task (see stop())
-        return
     for turn in route.queue.take_all():
         if not turn.cancel_counted:
             turn.cancel_counted = True
