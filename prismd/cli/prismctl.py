@@ -233,6 +233,8 @@ REMOTE_TASK_COLUMNS = [
     ("nextPoll", "NEXT POLL"),
     ("owner", "OWNER"),
     ("operationId", "OPERATION"),
+    ("connectionId", "CONNECTION"),
+    ("version", "VERSION"),
 ]
 INBOX_COLUMNS = [
     ("connectionId", "CONNECTION"),

@@ -318,6 +318,9 @@ def _parse_iso_ms(name: str, value: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+REMOTE_SCAN_PAGES = 20
+"""``listRemoteTasks`` reads at most this many pages of open operations for their versions."""
+
 # --------------------------------------------------------------------------- handler
 
 
@@ -546,12 +549,30 @@ class ControlHandler:
     async def _cancel_remote(self, operator: Operator, params: _Params) -> Any:
         """``reconcile … cancelRemote``: CancelTask for the remote task the operation
         follows; its follower then settles the operation and tells the user."""
+        from ..agents.a2a import Book
+        from ..journal import ChannelJournal
+
         operation_id = params.text("operationId")
-        params.text("connectionId")
-        params.integer("expectedVersion", low=0, high=2**53 - 1, required=True)
+        connection_id = params.text("connectionId")
+        expected = params.integer("expectedVersion", low=0, high=2**53 - 1, required=True)
         if self.cancel_remote is None:
             raise ParamsError("cancelRemote: this daemon follows no remote (a2a) tasks")
         scope = ownership_from_identity(self.identity_for(operator))
+        task = await Book(self.store.checkpoints).find_operation(scope, operation_id)
+        if task is None:
+            return {"status": "not_found"}
+        # The operator decided on the version listed: a CAS-like check before acting.
+        loaded = await ChannelJournal(self.store.checkpoints).load_operation(
+            task.scope, connection_id, operation_id
+        )
+        if loaded is None:
+            return {"status": "not_found"}
+        if loaded.version != expected:
+            return {
+                "status": "conflict",
+                "state": loaded.record.state,
+                "currentVersion": loaded.version,
+            }
         return await self.cancel_remote(scope, operation_id)
 
     async def _list_remote_tasks(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
@@ -569,7 +590,33 @@ class ControlHandler:
             )
         except InvalidCheckpointError:
             raise ParamsError("param 'after' must be a nextCursor of listRemoteTasks") from None
+        if entries:
+            # What `reconcile … --cancel-remote` needs: the operation's connection and version.
+            operations = await self._open_operations(scope)
+            for entry in entries:
+                found = operations.get(entry["operationId"])
+                entry["connectionId"], entry["version"] = found or (None, None)
         return {"tasks": entries, "nextCursor": cursor}
+
+    async def _open_operations(self, scope: OwnershipScope) -> dict[str, tuple[str, int]]:
+        """The open operations in ``scope`` (following ones among them): id → (connection,
+        version), bounded to :data:`REMOTE_SCAN_PAGES` pages."""
+        from ..journal import NS_OPERATION, ChannelJournal
+
+        journal = ChannelJournal(self.store.checkpoints)
+        out: dict[str, tuple[str, int]] = {}
+        cursor: str | None = None
+        for _page in range(REMOTE_SCAN_PAGES):
+            rows, cursor = await journal.list(
+                scope, NS_OPERATION, 500, cursor=cursor, open_only=True
+            )
+            for row in rows:
+                value = row.value
+                if isinstance(value, dict) and isinstance(value.get("operationId"), str):
+                    out[value["operationId"]] = (str(value.get("connectionId")), row.version)
+            if cursor is None:
+                break
+        return out
 
     # ------------------------------------------------------------------ the inbox
 

@@ -188,15 +188,16 @@ async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> No
                     await _polled(fake)
                     code, listed, _ = await prismctl(layout, "list-remote-tasks")
                     (entry,) = listed["tasks"]
+                    assert entry["connectionId"] == "web"
+                    stale = str(entry["version"] - 1)
+                    cancel = ("reconcile", entry["operationId"], "--connection", "web")
                     code, result, _ = await prismctl(
-                        layout,
-                        "reconcile",
-                        entry["operationId"],
-                        "--connection",
-                        "web",
-                        "--version",
-                        "0",
-                        "--cancel-remote",
+                        layout, *cancel, "--version", stale, "--cancel-remote"
+                    )
+                    assert result["status"] == "conflict"  # not the version listed
+                    assert not any(r["method"] == "CancelTask" for r in fake.requests)
+                    code, result, _ = await prismctl(
+                        layout, *cancel, "--version", str(entry["version"]), "--cancel-remote"
                     )
                     assert code == 0, result
                     assert result["status"] == "resolved"
@@ -207,10 +208,9 @@ async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> No
                 code, listed, _ = await prismctl(layout, "list-remote-tasks")
                 assert listed["tasks"] == []
                 code, result, _ = await prismctl(
-                    layout, "reconcile", entry["operationId"], "--connection", "web",
-                    "--version", "0", "--cancel-remote",
-                )  # fmt: skip
-                assert result["status"] == "conflict"
+                    layout, *cancel, "--version", str(entry["version"]), "--cancel-remote"
+                )
+                assert result["status"] == "conflict"  # settled since: another version
                 d.send(signal.SIGTERM)
                 assert await d.wait_exit() == 0
             nursery.cancel_scope.cancel()
