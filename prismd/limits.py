@@ -29,6 +29,7 @@ LIMIT_TABLE: dict[str, tuple[int, int]] = {
     "lease_ttl_ms": (30_000, 300_000),
     "approval_ttl_ms": (300_000, 300_000),
     "max_attachment_bytes": (1 * MIB, 4 * MIB),
+    "max_remote_tasks_per_tenant": (100, 100_000),
 }
 
 
@@ -66,3 +67,6 @@ class Limits:
     lease_ttl_ms: int = _field("lease_ttl_ms")
     approval_ttl_ms: int = _field("approval_ttl_ms")
     max_attachment_bytes: int = _field("max_attachment_bytes")
+    max_remote_tasks_per_tenant: int = _field("max_remote_tasks_per_tenant")
+    """Remote A2A tasks followed at once per tenant; a message beyond it is refused before
+    any send."""

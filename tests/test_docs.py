@@ -241,7 +241,7 @@ def accepted_config_keys() -> tuple[set[str], set[str]]:
         found_keys, found_sections = table_keys(path)
         keys |= found_keys
         sections |= found_sections
-    for path in sorted((REPO / "prismd" / "agents").glob("*.py")):
+    for path in sorted((REPO / "prismd" / "agents").rglob("*.py")):
         keys |= agent_option_keys(path)
     return keys, sections
 
@@ -265,7 +265,7 @@ def test_every_config_key_is_in_the_configuration_reference() -> None:
             first_cell = line.split("|")[1]
             rows.update(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", first_cell))
     in_headings = {
-        word for heading in headings(reference) for word in re.findall(r"[a-z_]+", heading)
+        word for heading in headings(reference) for word in re.findall(r"[a-z_][a-z0-9_]*", heading)
     }
     keys, sections = accepted_config_keys()
     assert sorted(keys - rows) == [], "keys without a row in docs/configuration.md"

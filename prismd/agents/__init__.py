@@ -20,6 +20,7 @@ from ._base import ImageBlock as ImageBlock
 from ._base import PendingDecision as PendingDecision
 from ._base import RunError as RunError
 from ._base import RunFailedError as RunFailedError
+from ._base import RunHooks as RunHooks
 from ._base import RunRequest as RunRequest
 from ._base import RunResult as RunResult
 from ._base import RunState as RunState
@@ -28,6 +29,8 @@ from ._base import SecretReader as SecretReader
 from ._base import StreamEvent as StreamEvent
 from ._base import TextBlock as TextBlock
 from ._retention import AGENT_NAMESPACES as AGENT_NAMESPACES
+from ._retention import NS_A2A_INDEX as NS_A2A_INDEX
+from ._retention import NS_A2A_TASK as NS_A2A_TASK
 from ._retention import agent_record_kept as agent_record_kept
 from ._session import MOVED_NAMESPACES as MOVED_NAMESPACES
 from ._session import NS_RUN as NS_RUN

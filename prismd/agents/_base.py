@@ -40,6 +40,32 @@ AgentInput: TypeAlias = str | tuple[TextBlock | ImageBlock, ...]
 RunStatusName: TypeAlias = Literal["succeeded", "aborted", "suspended", "failed", "denied"]
 
 
+class RunHooks(Protocol):
+    """What a run that hands its work to a remote peer (``a2a``) tells the runtime, and asks."""
+
+    async def following(self) -> bool:
+        """The remote task is known and journaled by the agent: the operation is now
+        *followed* (not interrupted work: a restart follows it again, SPEC difference 9),
+        the typing indicator stops and the run's concurrency slot is given back. ``False``
+        when the operation is no longer the run's (an operator settled it meanwhile)."""
+        ...
+
+    def stopping(self) -> bool:
+        """The cancellation under way is the runtime stopping (leave the remote task
+        running, it is followed again after the restart), not ``/cancel``."""
+        ...
+
+    @property
+    def owner(self) -> str | None:
+        """Who follows the task (the runtime's lease owner id: its instance), for operators."""
+        ...
+
+    def waiting(self) -> None:
+        """The run waits on a remote peer that refused for now (a backoff): its concurrency
+        slot is given back (the turn keeps its route)."""
+        ...
+
+
 @attrs.frozen
 class RunRequest:
     session_id: str
@@ -47,6 +73,7 @@ class RunRequest:
     identity: AgentIdentity
     idempotency_key: str
     leaf_id: str | None = None
+    hooks: RunHooks | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -165,6 +192,11 @@ class AgentContext:
     checkpoints: CheckpointStore
     clock: Clock = SYSTEM_CLOCK
     read_secret: SecretReader | None = None
+    push_base_url: str | None = None
+    """Where this daemon receives A2A push notifications (``[a2a]``), without the path;
+    ``None`` when it receives none. Only the ``a2a`` kind reads it."""
+    max_remote_tasks_per_tenant: int = 100
+    """``[limits] max_remote_tasks_per_tenant``: remote tasks followed at once per tenant."""
 
 
 AgentFactory: TypeAlias = Callable[[AgentContext], Agent]

@@ -14,9 +14,14 @@ from ._base import Agent, AgentContext
 from ._session import AgentOptionError
 from .echo import EchoAgent, validate_echo_options
 from .mock import MockAgent, validate_mock_options
-from .python import build_python_agent, validate_python_options
+from .python import build_python_agent, resolve_factory, validate_python_options
 
-AGENT_KINDS = ("echo", "mock", "openai", "python")
+AGENT_KINDS = ("a2a", "echo", "mock", "openai", "python")
+
+# The a2a kind is a package built on the agent seam (it imports this package's face), so
+# it is found by name on first use, as a ``python`` factory is: no import cycle.
+A2A_FACTORY = "prismd.agents.a2a:A2AAgent.from_context"
+A2A_VALIDATOR = "prismd.agents.a2a:validate_a2a_options"
 
 
 def _unavailable(kind: str) -> AgentOptionError:
@@ -27,7 +32,9 @@ def _unavailable(kind: str) -> AgentOptionError:
 
 def validate_agent_options(kind: str, options: Mapping[str, Any]) -> None:
     """Raise ``AgentOptionError`` naming the first bad option (or ``kind``); else ``None``."""
-    if kind == "echo":
+    if kind == "a2a":
+        resolve_factory(A2A_VALIDATOR)(options)
+    elif kind == "echo":
         validate_echo_options(options)
     elif kind == "mock":
         validate_mock_options(options)
@@ -44,6 +51,9 @@ def validate_agent_options(kind: str, options: Mapping[str, Any]) -> None:
 def build_agent(kind: str, ctx: AgentContext) -> Agent:
     """Build the agent for one alias. Raises ``AgentOptionError`` for bad kinds/options and
     ``TypeError`` when a python factory returns something that is not an agent."""
+    if kind == "a2a":
+        agent: Agent = resolve_factory(A2A_FACTORY)(ctx)
+        return agent
     if kind == "echo":
         return EchoAgent.from_context(ctx)
     if kind == "mock":

@@ -84,8 +84,10 @@ SCENARIOS = (
     "stop",
     "postgres-bridge",
     "scale",
+    "a2a",
 )
-DEFAULT_SCENARIOS = SCENARIOS[:-2]
+DEFAULT_SCENARIOS = SCENARIOS[:-3]
+"""``a2a`` (remote tasks followed, pushes ingested) runs only when asked for."""
 POSTGRES_SCENARIOS = ("postgres-bridge", "scale")
 """Only with ``--store postgresql://…`` (and then in the default set)."""
 SCALE_PROCESSES = (1, 2, 3)
@@ -191,6 +193,8 @@ class BenchOptions:
     """Run ``memory`` here instead of in a fresh child process (the child's own flag)."""
     memory_routes: int = MEMORY_ROUTES
     """Routes of ``memory`` (hidden flag: the tests use fewer)."""
+    a2a_tasks: int = 1_000
+    """Remote tasks followed at once in ``a2a``."""
 
 
 def _progress(options: BenchOptions, text: str) -> None:
@@ -244,6 +248,10 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
             results.update(await postgres_bridge(fresh_url(), options.duration_s))
         elif name == "scale":
             results.update(await scale(fresh_url(), options.duration_s, options.routes, workdir))
+        elif name == "a2a":
+            from ._bench_a2a import a2a
+
+            results.update(await a2a(fresh_url(), options.a2a_tasks, options.duration_s))
     baseline()
     fsync = figures(fsync_samples, fsync_elapsed)
     return {
@@ -308,6 +316,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory-routes", type=int, default=MEMORY_ROUTES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--a2a-tasks", type=int, default=1_000, help="remote tasks followed at once in a2a"
+    )
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -316,6 +327,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 2
     if not 1 <= args.memory_routes <= 100_000:
         print("prismd bench: --memory-routes must be between 1 and 100000", file=sys.stderr)
+        return 2
+    if not 1 <= args.a2a_tasks <= 10_000:
+        print("prismd bench: --a2a-tasks must be between 1 and 10000", file=sys.stderr)
         return 2
     if not 0.1 <= args.duration_s <= 3600:
         print("prismd bench: --duration-s must be between 0.1 and 3600", file=sys.stderr)
@@ -336,6 +350,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         json=args.json,
         in_process=args.in_process,
         memory_routes=args.memory_routes,
+        a2a_tasks=args.a2a_tasks,
     )
     # Not the system's temporary directory by default: often a tmpfs, where an fsync
     # costs nothing and the figures would say nothing about the disk.

@@ -87,6 +87,18 @@ EVENT_WIDTHS = (9, 19, 6, 9, 17, 4, 24)
 cells fit; a longer cell widens its column (never cut), except the key, which is shortened
 in the middle to its width."""
 EVENT_KEY_COLUMN = len(EVENT_COLUMNS) - 1
+REMOTE_TASK_COLUMNS = [
+    ("alias", "ALIAS"),
+    ("remoteTaskId", "REMOTE TASK"),
+    ("phase", "PHASE"),
+    ("state", "STATE"),
+    ("lastObservation", "LAST OBSERVATION"),
+    ("nextPoll", "NEXT POLL"),
+    ("owner", "OWNER"),
+    ("operationId", "OPERATION"),
+    ("connectionId", "CONNECTION"),
+    ("version", "VERSION"),
+]
 INBOX_COLUMNS = [
     ("connectionId", "CONNECTION"),
     ("updateId", "UPDATE"),

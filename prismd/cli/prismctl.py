@@ -37,6 +37,7 @@ from ..jsonrpc import FrameBuffer, FrameError, Incoming, encode_request, parse_m
 from ._ctlsocket import LOCAL_SOCKET, SYSTEM_SOCKET, SocketSearchError, find_socket
 from ._ctltable import (
     INBOX_COLUMNS,
+    REMOTE_TASK_COLUMNS,
     UNRESOLVED_COLUMNS,
     cell,
     print_events,
@@ -233,6 +234,11 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
         action="store_true",
         help="settle a possibly executed turn as execution_unknown",
     )
+    cmd.add_argument(
+        "--cancel-remote",
+        action="store_true",
+        help="cancel the remote A2A task the operation follows (its follower then settles it)",
+    )
 
     cmd = add("prune", help="delete settled records past retention")
     cmd.add_argument("--now", metavar="ISO", help="prune as if it were this time (ISO 8601)")
@@ -284,6 +290,10 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     settle.add_argument("--retry", action="store_true", help="hand it to the workers again")
     settle.add_argument("--discard", action="store_true", help="never admit it")
 
+    cmd = add("list-remote-tasks", help="remote A2A tasks being followed")
+    cmd.add_argument("--limit", type=int, help="entries per page (1..500)")
+    cmd.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+
     cmd = add("chat", help="chat with an agent through the web chat channel")
     cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
     cmd.add_argument(
@@ -314,6 +324,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         }
         if args.acknowledge_duplicate_risk:
             params["acknowledgeDuplicateRisk"] = True
+        if args.cancel_remote:
+            params["cancelRemote"] = True
         return "reconcile", params
     if command == "prune":
         return "prune", {} if args.now is None else {"now": args.now}
@@ -349,6 +361,13 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if args.after is not None:
             params["after"] = args.after
         return "listInbox", params
+    if command == "list-remote-tasks":
+        params = {}
+        if args.limit is not None:
+            params["limit"] = args.limit
+        if args.after is not None:
+            params["after"] = args.after
+        return "listRemoteTasks", params
     if command == "settle-inbox":
         action = "retry" if args.retry else "discard"
         return "settleInbox", {
@@ -423,6 +442,14 @@ def _render(command: str, result: Any, out: TextIO) -> int:
             out.write("no inbox rows in that state\n")
         else:
             print_table(result["items"], INBOX_COLUMNS, out)
+        return 0
+    if command == "list-remote-tasks":
+        if not result.get("tasks"):
+            out.write("no remote tasks being followed\n")
+        else:
+            print_table(result["tasks"], REMOTE_TASK_COLUMNS, out)
+        if result.get("nextCursor"):
+            out.write(f"more: prismctl list-remote-tasks --after {result['nextCursor']}\n")
         return 0
     if command == "settle-inbox":
         out.write(f"{result.get('status')}\n")

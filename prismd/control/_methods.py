@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -45,6 +45,7 @@ from stores import (
     INBOX_STATES,
     InboxItem,
     InboxState,
+    InvalidCheckpointError,
     InvalidInboxError,
     OwnershipScope,
     Store,
@@ -53,7 +54,7 @@ from stores import (
 
 from ..grants import GrantConfig, missing_grant
 from ..grants import operator_identity as _grant_identity
-from ..identity import AgentIdentity
+from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
 from ..jsonrpc import (
     INVALID_PARAMS,
@@ -63,6 +64,7 @@ from ..jsonrpc import (
 from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
 from ._config import Operator
+from ._remote import cancel_remote, list_remote_tasks
 from ._uptime import daemon_version, process_started_ms
 
 __all__ = [
@@ -270,6 +272,8 @@ class ControlHandler:
     retention_ms: int | None = None
     """``retention_days`` in ms: ``prune`` deletes inbox rows settled before ``now`` minus
     this (``None``: the inbox is not pruned)."""
+    cancel_remote: Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None = None
+    """``reconcile … cancelRemote`` (the daemon's a2a agents); ``None``: none configured."""
     started_at_ms: int = attrs.field(factory=process_started_ms)
     """When the daemon started (Unix ms): ``health``'s ``startedAt`` and ``uptimeMs``."""
 
@@ -288,6 +292,7 @@ class ControlHandler:
             "events": self._events,
             "listInbox": self._list_inbox,
             "settleInbox": self._settle_inbox,
+            "listRemoteTasks": self._list_remote_tasks,
         }
 
     async def call(self, operator: Operator, method: str, params: Mapping[str, Any]) -> Any:
@@ -318,8 +323,17 @@ class ControlHandler:
 
     async def _reconcile(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(
-            raw, ("connectionId", "operationId", "expectedVersion", "acknowledgeDuplicateRisk")
+            raw,
+            (
+                "connectionId",
+                "operationId",
+                "expectedVersion",
+                "acknowledgeDuplicateRisk",
+                "cancelRemote",
+            ),
         )
+        if params.flag("cancelRemote"):
+            return await self._cancel_remote(operator, params)
         result = await self.runtime.reconcile(
             identity=self.identity_for(operator),
             connection_id=params.text("connectionId"),
@@ -462,12 +476,32 @@ class ControlHandler:
             if len(page["events"]) < limit:
                 await trio.sleep(self.follow_poll_s)
 
-    # ------------------------------------------------------------------ the inbox
+    # ------------------------------------------------------------------ remote tasks
 
-    def _may_see_inbox(self, operator: Operator, connection_id: str) -> bool:
-        # Inbox rows are the connection's own (no user is known before admission): an
-        # operator scoped to a user, or to another account, does not see them.
-        return operator.user is None and operator.account in (None, connection_id)
+    async def _cancel_remote(self, operator: Operator, params: _Params) -> Any:
+        """``reconcile … cancelRemote`` (see :func:`._remote.cancel_remote`)."""
+        operation_id = params.text("operationId")
+        connection_id = params.text("connectionId")
+        expected = params.integer("expectedVersion", low=0, high=2**53 - 1, required=True)
+        if self.cancel_remote is None:
+            raise ParamsError("cancelRemote: this daemon follows no remote (a2a) tasks")
+        scope = ownership_from_identity(self.identity_for(operator))
+        return await cancel_remote(
+            self.store, self.cancel_remote, scope, connection_id, operation_id, expected
+        )
+
+    async def _list_remote_tasks(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
+        """A page of the remote A2A tasks followed in the operator's scope."""
+        params = _Params(raw, ("limit", "after"))
+        limit = params.integer("limit", low=1, high=500) or 100
+        after = params.text("after", required=False)
+        scope = ownership_from_identity(self.identity_for(operator))
+        try:
+            return await list_remote_tasks(self.store, scope, limit=limit, after=after)
+        except InvalidCheckpointError:
+            raise ParamsError("param 'after' must be a nextCursor of listRemoteTasks") from None
+
+    # ------------------------------------------------------------------ the inbox
 
     async def _list_inbox(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
         params = _Params(raw, ("connectionId", "state", "limit", "after"))
@@ -479,7 +513,7 @@ class ControlHandler:
         limit: int = params.integer("limit", low=1, high=500) or EVENTS_PAGE
         after = params.text("after", required=False)
         sources = [connection_id] if connection_id is not None else list(self.inbox_sources)
-        sources = [c for c in sources if self._may_see_inbox(operator, c)]
+        sources = [c for c in sources if _may_see_inbox(operator, c)]
         if len(sources) != 1 and after is not None:
             # Several connections would need a cursor each: they are listed up to ``limit``
             # each, and paging is per connection.
@@ -507,12 +541,18 @@ class ControlHandler:
         action = params.text("action")
         if action not in ("retry", "discard"):
             raise ParamsError("param 'action' must be 'retry' or 'discard'")
-        if not self._may_see_inbox(operator, connection_id):
+        if not _may_see_inbox(operator, connection_id):
             return {"status": "not_found", "hint": _INBOX_NOT_FOUND}
         item = await self.store.inbox.settle(source=connection_id, key=update_id, action=action)
         if item is None:
             return {"status": "not_found", "hint": _INBOX_NOT_FOUND}
         return {"status": "settled", "item": _inbox_wire(item)}
+
+
+def _may_see_inbox(operator: Operator, connection_id: str) -> bool:
+    # Inbox rows are the connection's own (no user is known before admission): an
+    # operator scoped to a user, or to another account, does not see them.
+    return operator.user is None and operator.account in (None, connection_id)
 
 
 _INBOX_NOT_FOUND = (

@@ -28,6 +28,7 @@ import os
 import re
 import tomllib
 import types
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -65,6 +66,7 @@ from ._toml import (
 )
 
 __all__ = [
+    "A2AConfig",
     "AgentConfig",
     "Config",
     "ConfigError",
@@ -84,7 +86,7 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG_FILE = "prismd.toml"
-AGENT_KINDS = ("echo", "mock", "openai", "python")
+AGENT_KINDS = ("a2a", "echo", "mock", "openai", "python")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # What this build can run: every store scheme the config format knows, and whether it is
@@ -153,9 +155,22 @@ class MetricsConfig:
 
 
 @attrs.frozen
+class A2AConfig:
+    """``[a2a]``: the receiver of remote A2A agents' push notifications (one for every a2a
+    agent). ``push_base_url`` is what remote agents are told to POST to (behind a proxy);
+    default ``http://<push_listen>``. The path is ``/a2a/push/<alias>``."""
+
+    push_listen: str
+    push_base_url: str
+
+    def push_url(self, alias: str) -> str:
+        return f"{self.push_base_url.rstrip('/')}/a2a/push/{alias}"
+
+
+@attrs.frozen
 class AgentConfig:
     alias: str
-    kind: Literal["echo", "mock", "openai", "python"]
+    kind: Literal["a2a", "echo", "mock", "openai", "python"]
     options: Mapping[str, Any] = attrs.field(factory=lambda: types.MappingProxyType({}))
 
 
@@ -171,6 +186,8 @@ class Config:
     agents: Mapping[str, AgentConfig]
     metrics: MetricsConfig | None = None
     """``None`` when the file has no ``[metrics]`` table (no endpoint)."""
+    a2a: A2AConfig | None = None
+    """``None`` when the file has no ``[a2a]`` table: a2a tasks are followed without push."""
 
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         for conn in self.connections:
@@ -397,6 +414,38 @@ def _parse_metrics(root: Table) -> MetricsConfig | None:
     return MetricsConfig(listen=listen, allow_non_loopback=allow_non_loopback)
 
 
+def _parse_a2a(root: Table) -> A2AConfig | None:
+    present = "a2a" in root.data
+    table = root.table("a2a")
+    if not present:
+        return None
+    listen: str = table.get_str("push_listen", required=True)
+    check_address(table, "push_listen", listen)
+    host, _port = parse_host_port(listen)
+    base: str | None = table.get_str("push_base_url")
+    if base is None:
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            raise table.error(
+                "push_listen",
+                "a wildcard address needs push_base_url (what remote agents POST to)",
+            )
+        base = f"http://{listen}"
+    else:
+        try:
+            url = urllib.parse.urlsplit(base)
+            url_host = url.hostname
+        except ValueError:
+            raise table.error("push_base_url", "is not a URL") from None
+        if url.scheme not in ("http", "https") or not url_host:
+            raise table.error("push_base_url", "must be an http(s) URL")
+        if url.scheme == "http" and not is_loopback_host(url_host):
+            raise table.error("push_base_url", "http:// is accepted only for loopback hosts")
+        if "@" in url.netloc or url.query or url.fragment:
+            raise table.error("push_base_url", "must not carry credentials, a query or a fragment")
+    table.finish()
+    return A2AConfig(push_listen=listen, push_base_url=base.rstrip("/"))
+
+
 def _parse_connections(root: Table) -> tuple[ConnectionConfig, ...]:
     result: list[ConnectionConfig] = []
     seen: set[str] = set()
@@ -555,6 +604,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
     agents = _parse_agents(root)
     grants = _parse_grants(root, connections, agents)
     metrics = _parse_metrics(root)
+    a2a = _parse_a2a(root)
     for name in data:
         if name not in root.used:
             if name in INLINE_SECRET_KEYS:
@@ -575,6 +625,7 @@ def parse_config(data: Mapping[str, Any], *, source: str | None = None) -> Confi
         grants=grants,
         agents=types.MappingProxyType(agents),
         metrics=metrics,
+        a2a=a2a,
     )
 
 

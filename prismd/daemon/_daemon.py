@@ -16,13 +16,13 @@ import signal
 import sys
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, TypeAlias
 
 import attrs
 import trio
 
-from stores import Store, StoreError
+from stores import OwnershipScope, Store, StoreError
 
 if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
@@ -206,6 +206,9 @@ class Daemon:
     _unresolved: str = attrs.field(default="unresolved unknown", init=False)
     """How many operations wait for reconcile, as the ``STATUS=ready`` line says it."""
     instance_id: str | None = attrs.field(default=None, init=False)
+    _agents: Mapping[str, Any] = attrs.field(factory=dict, init=False)
+    _a2a_pushes: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The push receiver's counters (``[a2a]``), read by ``health`` and ``/metrics``."""
     """The state directory's stable instance id (every lease this daemon holds names it)."""
     _leases_held: Callable[[], Mapping[str, Any]] | None = attrs.field(default=None, init=False)
 
@@ -255,7 +258,24 @@ class Daemon:
         }
         if self._leases_held is not None:
             health["leases"] = self._leases_held()
+        a2a = self._a2a_statistics()
+        if a2a is not None:
+            health["a2a"] = a2a
         return health
+
+    def _a2a_statistics(self) -> dict[str, int] | None:
+        """The a2a counters (``None`` without a2a agents): followed now, polls, sends…, and
+        the push receiver's when ``[a2a]`` is set."""
+        agents = [
+            agent
+            for agent in self._agents.values()
+            if type(agent).__module__.startswith("prismd.agents.a2a.")
+        ]
+        if not agents:
+            return None
+        from ..agents.a2a import a2a_statistics
+
+        return a2a_statistics(agents, self._a2a_pushes)
 
     async def run(self) -> int:
         """Run until stopped; returns the process exit code (0 clean stop, 1 failure).
@@ -400,6 +420,7 @@ class Daemon:
         try:
             secrets: list[str] = []
             agents = build_agents(config, store, env=self.env, secrets=secrets)
+            self._agents = agents
             authorizer = GrantAuthorizer(
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
@@ -638,6 +659,7 @@ class Daemon:
                     pair_aliases=pairing_aliases_from_grants(config.grants),
                     inbox_sources=tuple(c for c, a in host.adapters.items() if a.features.inbox),
                     retention_ms=config.limits.retention_days * 86_400_000,
+                    cancel_remote=_a2a_cancel(host),
                 )
                 await self.supervisor.start(
                     children,
@@ -649,6 +671,7 @@ class Daemon:
                 self.endpoints["control"] = config.control.socket
                 if self.metrics is not None:
                     await self._start_metrics(children)
+                await self._start_a2a_push(children, store, host)
                 for connection in config.connections:
                     adapter = host.adapters[connection.id]
                     await self.supervisor.start(
@@ -698,6 +721,9 @@ class Daemon:
                 "binding": runtime.leases_held(),
                 "receiver": sum(1 for a in adapters.values() if a.receiver_lease_held),
             },
+            a2a=(lambda: self._a2a_statistics() or {})
+            if self._a2a_statistics() is not None
+            else None,
         )
 
     async def _start_metrics(self, children: trio.Nursery) -> None:
@@ -713,6 +739,27 @@ class Daemon:
             children, "metrics", server.run, health=server.health, where=server.listen
         )
         self.endpoints["metrics"] = server.url
+
+    async def _start_a2a_push(self, children: trio.Nursery, store: Store, host: Host) -> None:
+        """``[a2a] push_listen``: the receiver of remote agents' pushes and its inbox worker,
+        when the config has ``[a2a]`` and at least one a2a agent."""
+        if self.config.a2a is None:
+            return
+        from ..agents.a2a import A2AAgent, PushReceiver
+
+        agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
+        if not agents:
+            return
+        receiver = PushReceiver(self.config.a2a.push_listen, agents, store.inbox)
+        self._a2a_pushes = receiver.counters
+        await self.supervisor.start(
+            children,
+            "a2a-push",
+            functools.partial(receiver.run, f"prismd-{self.instance_id}:a2a-push"),
+            health=receiver.health,
+            where=self.config.a2a.push_listen,
+        )
+        self.endpoints["a2a-push"] = self.config.a2a.push_listen
 
     def _ready_status(self) -> str:
         """``ready: 2 connections, 0 unresolved`` (``(1 starting)`` for adapters not up yet)."""
@@ -798,3 +845,17 @@ async def run_daemon(config: Config, **kwargs: Any) -> int:
     """``prismd run`` on a loaded config; returns the exit code."""
     kwargs.setdefault("hard_exit", True)
     return await Daemon(config, **kwargs).run()
+
+
+def _a2a_cancel(
+    host: Host,
+) -> Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None:
+    """``reconcile … --cancel-remote`` over this daemon's a2a agents (``None``: none)."""
+    if not any(
+        type(agent).__module__.startswith("prismd.agents.a2a.") for agent in host.agents.values()
+    ):
+        return None  # the a2a package is imported only when an a2a agent exists
+    from ..agents.a2a import A2AAgent, cancel_remote
+
+    agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
+    return functools.partial(cancel_remote, agents)

@@ -193,6 +193,7 @@ class _Sources:
     health: Callable[[], Mapping[str, Mapping[str, str]]]
     restarts: Callable[[], Mapping[str, int]]
     leases: Callable[[], Mapping[str, int]]
+    a2a: Callable[[], Mapping[str, int]] | None = None
 
 
 @attrs.define(eq=False)
@@ -246,6 +247,18 @@ class _LiveCollector:
         for kind, count in sorted(self.sources.leases().items()):
             leases.add_metric([kind], count)
         yield leases
+        if self.sources.a2a is not None:
+            figures = self.sources.a2a()
+            yield GaugeMetricFamily(
+                "prismd_a2a_following",
+                "Remote A2A tasks followed by this instance now.",
+                value=figures.get("following", 0),
+            )
+            for name, value in sorted(figures.items()):
+                if name != "following":
+                    yield CounterMetricFamily(
+                        f"prismd_a2a_{name}", f"A2A counter {name}.", value=value
+                    )
 
 
 @attrs.define(eq=False)
@@ -276,13 +289,16 @@ class DaemonMetrics:
         health: Callable[[], Mapping[str, Mapping[str, str]]],
         restarts: Callable[[], Mapping[str, int]],
         leases: Callable[[], Mapping[str, int]],
+        a2a: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Expose these live sources (called once, when the runtime and children exist).
 
         ``health`` is the supervisor's per-child health (``state`` plus the adapter's own
         entries), ``restarts`` per-child restart counts, ``leases`` counts by kind.
         """
-        sources = _Sources(diagnostics=diagnostics, health=health, restarts=restarts, leases=leases)
+        sources = _Sources(
+            diagnostics=diagnostics, health=health, restarts=restarts, leases=leases, a2a=a2a
+        )
         self.registry.register(_LiveCollector(sources))
 
     def exposition(self, accept: str = "") -> tuple[bytes, str]:

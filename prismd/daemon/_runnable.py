@@ -31,7 +31,8 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
     contacted), every secret a connection or the store reads at start is present (values
     read and dropped, never shown), every ``python`` agent's factory module imports and has
     the attribute (it is not called), every ``openai`` agent's API key is present and its
-    ``tools`` factory imports, and ``[control].group`` exists. Nothing is opened,
+    ``tools`` factory imports, every ``a2a`` agent's bearer token is present, and
+    ``[control].group`` exists. Nothing is opened,
     bound or contacted.
     """
     source = config.source
@@ -68,6 +69,10 @@ def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
             _check_factory(str(agent.options.get("factory", "")), where, error)
         elif agent.kind == "openai":
             _check_openai_runnable(agent.options, where, env, error)
+        elif agent.kind == "a2a":
+            _check_secret_keys(
+                agent.options, ("bearer_token_env", "bearer_token_file"), where, env, error
+            )
     group = config.control.group
     if group is not None:
         try:
@@ -158,6 +163,28 @@ def _check_openai_runnable(
                 raise error(exc.key or f"{where}.{key}", exc.message) from None
     if "tools" in options:
         _check_factory(str(options["tools"]), where, error, key="tools")
+
+
+def _check_secret_keys(
+    options: Mapping[str, Any],
+    keys: tuple[str, str],
+    where: str,
+    env: Mapping[str, str],
+    error: Callable[[str, str], ConfigError],
+) -> None:
+    """The secret ``keys`` (``*_env``, ``*_file``) name is present (read and dropped)."""
+    env_key, file_key = keys
+    for key in keys:
+        if key in options:
+            try:
+                read_secret(
+                    env_name=options[key] if key == env_key else None,
+                    file_name=options[key] if key == file_key else None,
+                    env=env,
+                    key=f"{where}.{key}",
+                )
+            except ConfigError as exc:
+                raise error(exc.key or f"{where}.{key}", exc.message) from None
 
 
 def _check_factory(

@@ -83,6 +83,8 @@ def build_agents(
             read_secret=secret_reader(
                 os.environ if env is None else env, found, f"[agents.{alias}]"
             ),
+            push_base_url=None if config.a2a is None else config.a2a.push_base_url,
+            max_remote_tasks_per_tenant=config.limits.max_remote_tasks_per_tenant,
         )
         try:
             agents[alias] = build_agent(agent.kind, context)

@@ -16,6 +16,7 @@ from ._access import token_hash as token_hash
 from ._format import FORMAT as FORMAT
 from ._format import NS_META as NS_META
 from ._format import ensure_format as ensure_format
+from ._journal import FOLLOWING_STATE as FOLLOWING_STATE
 from ._journal import NS_BINDING as NS_BINDING
 from ._journal import NS_CURSOR as NS_CURSOR
 from ._journal import NS_OPERATION as NS_OPERATION

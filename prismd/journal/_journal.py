@@ -75,6 +75,9 @@ its category index in the same transaction as the record, so listing what is unr
 reads the unresolved set only, however long the journal is."""
 
 UNRESOLVED_OPERATION_STATES = frozenset({"accepted", "executing"})
+FOLLOWING_STATE = "following"
+"""An operation whose remote task is known and followed: open (restart recovery finds it,
+prune keeps it), but not unresolved — nothing in it needs an operator's decision."""
 UNSETTLED_REPLY_STATES = frozenset({"pending", "delivery_unknown"})
 UNRESOLVED_REPLY_STATES = frozenset({"pending", "delivery_unknown", "delivery_failed"})
 ANSWERED_STATES = frozenset({"succeeded", "failed"})
@@ -98,7 +101,9 @@ def maybe_answerless(record: OperationRecord) -> bool:
 def category_of(namespace: str, record: object) -> str:
     """The category a record is stored under: open while an operator may have to act."""
     if isinstance(record, OperationRecord) and (
-        record.state in UNRESOLVED_OPERATION_STATES or maybe_answerless(record)
+        record.state in UNRESOLVED_OPERATION_STATES
+        or record.state == FOLLOWING_STATE
+        or maybe_answerless(record)
     ):
         return OPEN_CATEGORY[NS_OPERATION]
     if isinstance(record, ReplyRecord) and record.state in UNRESOLVED_REPLY_STATES:

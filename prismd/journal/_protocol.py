@@ -51,8 +51,15 @@ OPERATION_FLOW: Mapping[str, frozenset[str]] = {
     # Journaled, never started: claimed, answered at once (commands, approvals), settled
     # without a run (cancelled, revoked, denied at resume), or abandoned by an operator.
     "accepted": frozenset({"executing", "succeeded", "failed", "cancelled", "abandoned"}),
-    # The agent may have run: it ends, suspends for a decision, or an operator files it.
-    "executing": frozenset({"succeeded", "failed", "cancelled", "suspended", "execution_unknown"}),
+    # The agent may have run: it ends, suspends for a decision, or an operator files it;
+    # or its remote task (a2a) is known and journaled: the operation is followed.
+    "executing": frozenset(
+        {"succeeded", "failed", "cancelled", "suspended", "execution_unknown", "following"}
+    ),
+    # A remote task is followed (SPEC difference 9): not interrupted work. A restart
+    # follows it again (a claim keeps the state, fenced); it ends like a run, or an operator
+    # settles it (``reconcile --cancel-remote``).
+    "following": frozenset({"succeeded", "failed", "cancelled"}),
     # Waiting for a decision; the resume claims it (executing) while the agent continues
     # (a tool may run: a crash then leaves it listed), or settles it.
     "suspended": frozenset({"executing", "succeeded", "failed", "cancelled"}),

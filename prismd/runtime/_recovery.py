@@ -21,6 +21,7 @@ from stores import CheckpointRecord, OwnershipScope, ms_to_iso
 from ..agents import AGENT_NAMESPACES, agent_record_kept
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
+    FOLLOWING_STATE,
     NS_BINDING,
     NS_CONTROL,
     NS_CURSOR,
@@ -272,6 +273,12 @@ async def reconcile(
         return await _transition(core, scope, loaded, "execution_unknown")
     if record.state == "accepted":
         return await _transition(core, scope, loaded, "abandoned")
+    if record.state == FOLLOWING_STATE:
+        # A remote task is followed (nothing to decide); cancelling it is its own act
+        # (``reconcile … --cancel-remote``), settled by its follower.
+        return ReconcileResult(
+            "conflict", state=record.state, detail="following", current_version=loaded.version
+        )
     try:
         reply = await core.journal.load_reply(scope, connection_id, operation_id)
     except Exception:
@@ -379,7 +386,11 @@ def _kept(namespace: str, value: Any) -> bool:
         return namespace == NS_OPERATION
     if namespace == NS_OPERATION:
         state = value.get("state")
-        return not isinstance(state, str) or state in UNRESOLVED_OPERATION_STATES
+        return (
+            not isinstance(state, str)
+            or state in UNRESOLVED_OPERATION_STATES
+            or state == FOLLOWING_STATE
+        )
     if namespace == NS_REPLY:
         return value.get("state") in UNSETTLED_REPLY_STATES
     if namespace == NS_BINDING:

@@ -33,7 +33,7 @@ from stores import OwnershipScope
 
 from ..channel import AttachmentRef, Grant, InboundEvent
 from ..identity import ownership_from_identity
-from ..journal import NS_OPERATION, Loaded, OperationRecord, OperationRef
+from ..journal import FOLLOWING_STATE, NS_OPERATION, Loaded, OperationRecord, OperationRef
 from ._admit import AWAITING_DECISION_TEXT
 from ._context import authorize_input, check_grant
 from ._core import Core
@@ -43,6 +43,7 @@ from ._turn import enqueue
 from ._types import Turn
 
 MAX_AUTHORIZE_FAILURES = 8
+_RESUMED_STATES = frozenset({"accepted", FOLLOWING_STATE})
 
 
 @attrs.define(eq=False)
@@ -53,7 +54,17 @@ class _Pending:
 
 def _event(record: OperationRecord) -> InboundEvent:
     inp = record.input
-    assert inp is not None
+    if inp is None:
+        # A followed operation (its text was dropped when it left ``accepted``): the agent
+        # follows the journaled remote task and never needs the text again.
+        return InboundEvent(
+            connection_id=record.connection_id,
+            external_conversation_id=record.external_conversation_id,
+            external_actor_id=record.external_actor_id,
+            event_id=record.event_id,
+            text="",
+            thread_id=record.thread_id,
+        )
     return InboundEvent(
         connection_id=record.connection_id,
         external_conversation_id=record.external_conversation_id,
@@ -86,11 +97,18 @@ def _admission_order(pending: _Pending) -> tuple[int, int, str]:
 
 
 def _resumable(record: OperationRecord) -> bool:
-    return record.state == "accepted" and record.kind == "message" and record.input is not None
+    """Never started (``accepted``), or following a remote task (SPEC difference 9)."""
+    if record.kind != "message":
+        return False
+    if record.state == FOLLOWING_STATE:
+        return True
+    return record.state == "accepted" and record.input is not None
 
 
-async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
-    """Every resumable record (any scope) created before ``cutoff_ms``, oldest
+async def collect(
+    core: Core, cutoff_ms: int, states: frozenset[str] = _RESUMED_STATES
+) -> list[_Pending]:
+    """Every resumable record (any scope) in ``states`` created before ``cutoff_ms``, oldest
     first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
     assert core.journal is not None
     found: list[_Pending] = []
@@ -102,7 +120,7 @@ async def collect(core: Core, cutoff_ms: int) -> list[_Pending]:
         )
         for row in rows:
             value = row.value
-            if not isinstance(value, dict) or value.get("state") != "accepted":
+            if not isinstance(value, dict) or value.get("state") not in states:
                 continue
             try:
                 record = OperationRecord.from_json(value)
@@ -290,3 +308,46 @@ async def resume_accepted(core: Core, cutoff_ms: int) -> None:
     finally:
         if gate is not None:
             gate.set()
+
+
+_FOLLOWING_ONLY = frozenset({FOLLOWING_STATE})
+
+
+async def follow_orphans(core: Core, every_s: float) -> None:
+    """Several instances on one store (SPEC difference 9): every ``every_s`` (the lease
+    TTL), queue here each ``following`` operation that is neither queued nor running here.
+
+    Its turn waits for the conversation's binding lease like any other: while the instance
+    that follows the task is alive it holds that lease, and its turn ends the operation (the
+    claim here then finds it settled: nothing runs). Once that instance died and its lease
+    expired, this one takes the lease over (a new fencing token: the old owner's late writes
+    are refused) and its claim keeps the operation ``following`` — the remote task is
+    followed here, never sent again. Runs until the runtime stops; store errors are counted
+    and the next round tries again.
+    """
+    if core.resume_gate is not None:
+        await core.resume_gate.wait()
+    while not core.stopped:
+        await trio.sleep(every_s)
+        try:
+            pending = await collect(core, 2**53, _FOLLOWING_ONLY)
+        except Exception:
+            core.count("storage_failures")
+            continue
+        here = _known_ids(core)  # one pass over the routes, not one per operation
+        for item in pending:
+            if core.stopped:
+                return
+            if item.loaded.record.operation_id not in here:
+                await _try_enqueue(core, item)
+
+
+def _known_ids(core: Core) -> set[str]:
+    """The operations queued or running in this process."""
+    ids: set[str] = set()
+    for route in core.routes.values():
+        active = route.active
+        if active is not None and active.turn is not None:
+            ids.add(active.turn.operation_id)
+        ids.update(t.operation_id for t in route.queue)
+    return ids

@@ -257,8 +257,16 @@ class Runtime:
         # must not leave queued work unsettled, and nothing may outlive the deadline.
         with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
+                current = route.active.turn if route.active is not None else None
+                behind_following = current is not None and current.following
                 for turn in route.queue.take_all():
                     if turn.cancelled:
+                        continue
+                    if behind_following:
+                        # Queued behind a followed remote task (SPEC difference 9): left
+                        # ``accepted``; the restart's recovery runs it after that task.
+                        turn.cancelled = True
+                        turn.settled = True
                         continue
                     turn.cancelled = True
                     turn.cancel_counted = True
@@ -401,6 +409,10 @@ async def open_messaging_runtime(
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()
             core.spawn(_resume.resume_accepted, core, core.now_ms())
+            if use_leases:
+                # Not tracked by drain(): it never ends while the runtime runs.
+                every_s = max(1.0, limits.lease_ttl_ms / 1000)
+                nursery.start_soon(_resume.follow_orphans, core, every_s)
         try:
             yield runtime
         finally:

@@ -19,13 +19,11 @@ What happens to a message after ``admit`` returns, top to bottom:
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from stores import StoreUnavailableError
@@ -40,19 +38,19 @@ from ..agents import (
     RunResult,
     TextBlock,
 )
-from ..channel import DEFAULT_TYPING_DELAY_MS, MAX_TYPING_DELAY_MS
 from ..identity import AgentIdentity
-from ..journal import OperationRecord, OperationRef, SuspendedRun, transition
+from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, SuspendedRun, transition
 from ._approvals import issue_controls
 from ._core import Core
+from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
 from ._types import ActiveTurn, Route, Turn, acquire_promptly
+from ._typing import TypingTimer
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
-TYPING_INTERVAL_S = 4.5
 """Renewal of a running turn's typing indicator (Telegram shows a chat action for 5 s)."""
 MAX_CLAIM_RETRIES = 8
 log = logging.getLogger("prismd.runtime")
@@ -288,13 +286,17 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         if not await acquire_promptly(core.slots, wait_within=active.cancel_scope):
             await _cancelled_waiting(core, route, turn, active)
             return
+        hooks = TurnHooks(core, turn, active, slot_held=True)
         try:
-            ran = await _run_with_slot(core, route, turn, active)
+            ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
             # The slot bounds concurrent agent runs; the journal writes and the send that
-            # end the turn do not hold it up for the next run.
-            core.slots.release()
+            # end the turn do not hold it up for the next run. A followed remote task gave
+            # it back already (:mod:`._following`).
+            hooks.release_slot()
         if ran is not None:
+            if left_for_restart(core, turn, active.stopping):
+                return
             await finish_run(core, route, turn, *ran)
     finally:
         route.active = None
@@ -337,7 +339,7 @@ async def _cancelled_before_claim(
 
 
 async def _run_with_slot(
-    core: Core, route: Route, turn: Turn, active: ActiveTurn
+    core: Core, route: Route, turn: Turn, active: ActiveTurn, hooks: TurnHooks
 ) -> tuple[Agent, RunResult, int | None] | None:
     """Claim and run; the run's agent, result and fence for :func:`finish_run`, or
     ``None`` when the turn ended here (settled, put back on the queue, or lost)."""
@@ -388,7 +390,16 @@ async def _run_with_slot(
                 route.queue.push_front(turn)
                 return None
             fence = lease.fencing_token
-        claimed = await claim(core, route, turn, fence)
+        if turn.op is not None and turn.op.record.state == FOLLOWING_STATE:
+            # Recovered after a restart: follow the remote task again, never re-run.
+            try:
+                followed = await claim_following(core, turn, fence)
+            except Exception:
+                core.count("storage_failures")
+                followed = False
+            claimed = "claimed" if followed else "lost"
+        else:
+            claimed = await claim(core, route, turn, fence)
         if claimed in ("unavailable", "retry") and not core.stopped:
             if claimed == "unavailable" or turn.claim_failures < MAX_CLAIM_RETRIES:
                 # Not a lost CAS: the acknowledged record is still ours to run. Back to the
@@ -404,19 +415,21 @@ async def _run_with_slot(
             )
         if claimed != "claimed":
             return None
+        hooks.fence = fence
         request = RunRequest(
             session_id=route.session_id,
             input=agent_input,
             identity=identity,
             idempotency_key=turn.operation_id,
             leaf_id=route.leaf_id,
+            hooks=hooks,
         )
         sink = preview_sink(core, route, active)
         result: RunResult | None = None
         in_agent = True
         with run_scope:
             try:
-                result = await _run_agent(core, route, agent, request, sink)
+                result = await _run_agent(core, route, agent, request, sink, hooks)
             except RunFailedError as exc:
                 result = exc.result
         if result is None:
@@ -518,7 +531,12 @@ class _Unsupported(Exception):
 
 
 async def _run_agent(
-    core: Core, route: Route, agent: Agent, request: RunRequest, sink: EventSink | None
+    core: Core,
+    route: Route,
+    agent: Agent,
+    request: RunRequest,
+    sink: EventSink | None,
+    hooks: TurnHooks,
 ) -> RunResult:
     """``agent.run``, with the host's typing indicator once the run outlasts the
     connection's typing delay (see :class:`TypingTimer`); it ends however the run ends."""
@@ -528,124 +546,11 @@ async def _run_agent(
     if timer is None:
         timer = core.typing_timer = TypingTimer(core)
     watch = timer.watch(route)
+    hooks.stop_typing = functools.partial(timer.end, watch)
     try:
         return await agent.run(request, on_event=sink)
     finally:
         timer.end(watch)
-
-
-@attrs.define(eq=False)
-class _Watch:
-    route: Route
-    due: float
-    ended: bool = False
-    scope: trio.CancelScope | None = None
-    """The indicator's task, once started (cancelled when the run ends)."""
-
-
-@attrs.define(eq=False)
-class TypingTimer:
-    """When each running turn's typing indicator is due, for all turns at once.
-
-    One task of the runtime nursery sleeps until the earliest due time and starts the
-    indicator (:func:`typing_loop`, in a child task under its own cancel scope: not a
-    nested nursery, which would wrap the run's exceptions in an ExceptionGroup) of the
-    turns still running then. A turn answered sooner — most — costs a heap entry, not a
-    task of its own; the timer's task ends whenever no turn is waiting.
-    """
-
-    core: Core
-    _due: list[tuple[float, int, _Watch]] = attrs.field(factory=list)
-    _order: itertools.count[int] = attrs.field(factory=itertools.count)
-    _changed: trio.Event = attrs.field(factory=trio.Event)
-    _serving: bool = False
-
-    def watch(self, route: Route) -> _Watch:
-        """A run on ``route`` starts now; :meth:`end` it however it ends."""
-        watch = _Watch(route, trio.current_time() + typing_delay_s(self.core, route.connection_id))
-        heapq.heappush(self._due, (watch.due, next(self._order), watch))
-        if not self._serving:
-            self._serving = True
-            self.core.nursery.start_soon(self._serve)
-        elif self._due[0][2] is watch:
-            self._changed.set()  # due before what the task sleeps for
-        return watch
-
-    def end(self, watch: _Watch) -> None:
-        watch.ended = True
-        if watch.scope is not None:
-            watch.scope.cancel()
-        elif self._due and self._due[0][2] is watch:
-            self._changed.set()  # the task need not sleep for it (nor hold up a shutdown)
-
-    async def _serve(self) -> None:
-        due = self._due
-        try:
-            while True:
-                while due and due[0][2].ended:
-                    heapq.heappop(due)
-                if not due:
-                    return
-                self._changed = trio.Event()
-                with trio.move_on_at(due[0][0]):
-                    await self._changed.wait()
-                now = trio.current_time()
-                while due and due[0][0] <= now:
-                    watch = heapq.heappop(due)[2]
-                    if not watch.ended:
-                        watch.scope = trio.CancelScope()
-                        self.core.nursery.start_soon(_typing_task, self.core, watch)
-        finally:
-            self._serving = False
-
-
-async def _typing_task(core: Core, watch: _Watch) -> None:
-    assert watch.scope is not None
-    with watch.scope:
-        await typing_loop(core, watch.route, delay_s=0.0)
-
-
-def typing_delay_s(core: Core, connection_id: str) -> float:
-    """How long a turn on ``connection_id`` runs before its typing indicator starts: the
-    host's ``typing_delay_ms`` for the connection (bounded), else the default."""
-    delay_ms = DEFAULT_TYPING_DELAY_MS
-    if core.typing_delay_ms is not None:
-        try:
-            asked = core.typing_delay_ms(connection_id)
-        except Exception as exc:
-            log.warning("typing delay lookup failed: %s", type(exc).__name__)
-        else:
-            if isinstance(asked, int) and not isinstance(asked, bool):
-                delay_ms = min(max(asked, 0), MAX_TYPING_DELAY_MS)
-    return delay_ms / 1000
-
-
-async def typing_loop(core: Core, route: Route, *, delay_s: float | None = None) -> None:
-    """Call ``on_typing`` once ``delay_s`` passed (default: the connection's typing delay,
-    see :func:`typing_delay_s`), then every :data:`TYPING_INTERVAL_S` until cancelled.
-
-    Runs in a child task of the turn, cancelled when the run ends: an answer ready
-    before the delay sends no indicator at all. A failing callback is logged by exception
-    type only (never its text, which may carry ids or tokens) and swallowed; each call is
-    bounded by the interval so a hung callback cannot pile up or outlive the run's
-    cancellation check.
-    """
-    on_typing = core.on_typing
-    if on_typing is None:
-        return
-    if delay_s is None:
-        delay_s = typing_delay_s(core, route.connection_id)
-    next_at = trio.current_time() + delay_s
-    if delay_s > 0:
-        await trio.sleep_until(next_at)
-    while True:
-        next_at += TYPING_INTERVAL_S
-        with trio.move_on_at(next_at):
-            try:
-                await on_typing(route.connection_id, route.conversation_id, route.thread_id)
-            except Exception as exc:
-                log.warning("typing callback failed: %s", type(exc).__name__)
-        await trio.sleep_until(next_at)
 
 
 async def build_input(core: Core, agent: Agent, turn: Turn) -> AgentInput:

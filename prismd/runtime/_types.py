@@ -78,6 +78,9 @@ class Turn:
     settled_by_stop: bool = False
     """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
     ran: a late result is discarded (no second terminal write, no reply)."""
+    following: bool = False
+    """Its operation is ``following`` a remote task (SPEC difference 9): a stop leaves it
+    (and the turns queued behind it) as they are, to be followed again after a restart."""
 
 
 ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]

@@ -455,7 +455,7 @@ def test_public_surface() -> None:
 
     for name in ("Agent", "AgentContext", "EchoAgent", "MockAgent", "build_agent"):
         assert hasattr(agents, name)
-    assert agents.AGENT_KINDS == ("echo", "mock", "openai", "python")
+    assert agents.AGENT_KINDS == ("a2a", "echo", "mock", "openai", "python")
     for name in ("OpenAIAgent", "Tool", "AGENT_NAMESPACES", "agent_record_kept"):
         assert hasattr(agents, name)
 

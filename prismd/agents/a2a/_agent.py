@@ -1,0 +1,373 @@
+"""The ``a2a`` agent: one chat message → one remote A2A task, sent once, followed durably.
+
+A run (one operation, ``idempotency_key`` = its id) goes through these steps, each
+journaled in the task record (:mod:`._book`) before the next one acts:
+
+1. **intent** — ``phase = "sending"`` with the deterministic ``messageId``
+   (``prismd-<operation id>``) and the hashes of this task's random push secrets, written
+   create-only *before* the request;
+2. **send** — with immediate acceptance. A definite refusal (connection refused, 429/503,
+   -32601/-32009 before any task exists) is retried with backoff (``Retry-After``
+   honoured); an unknown outcome is never sent again: the record says ``"unknown"`` and the
+   task is looked for with ``ListTasks`` (v1.0) by its ``messageId``;
+3. **following** — the task id and ``contextId`` journaled at once, then
+   :meth:`~prismd.agents.RunHooks.following` moves the operation to ``following``: a
+   restart (or another run of the same operation) finds the record and follows the task
+   again instead of sending;
+4. **answer** — when the task is terminal or needs input, a final ``GetTask`` and the reply
+   from its artifacts (a single text part exactly, several joined by a blank line; the
+   status message, else a fixed notice). Failures are fixed words; the peer's own text never
+   reaches the chat or the logs.
+
+Following is by streaming when the card and ``stream`` allow (a broken stream falls back
+to polling), by polling with exponential backoff and jitter (slowed while push is
+registered), and woken at once by a push (:meth:`A2AAgent.observe`). ``/cancel`` sends
+``CancelTask``; a runtime stopping does not (the task is followed after the restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from stores import Clock, OwnershipScope, StoreUnavailableError
+
+from ...identity import AgentIdentity, ownership_from_identity
+from .. import (
+    AgentContext,
+    Decision,
+    EventSink,
+    RunHooks,
+    RunRequest,
+    RunResult,
+    RunState,
+    TextBlock,
+)
+from ._book import Book, Stored, TaskRecord, secret_hash
+from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
+from ._options import A2AOptions, validate_a2a_options
+from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
+from ._wire import (
+    PushConfig,
+)
+
+log = logging.getLogger("prismd.agents.a2a")
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, tuple):
+        return "\n\n".join(b.text for b in value if isinstance(b, TextBlock))
+    return ""
+
+
+@attrs.define(eq=False)
+class A2AAgent:
+    alias: str
+    options: A2AOptions
+    book: Book
+    clock: Clock
+    bearer: str | None = attrs.field(default=None, repr=False)
+    push_base_url: str | None = None
+    max_remote_tasks: int = 100
+    http: httpx.AsyncClient = attrs.field(factory=httpx.AsyncClient)
+    client: A2AClient | None = None
+    following_now: int = 0
+    counters: dict[str, int] = attrs.field(factory=dict)
+    wakers: dict[str, trio.Event] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_context(cls, ctx: AgentContext) -> A2AAgent:
+        options = validate_a2a_options(ctx.options)
+        bearer = None
+        if options.bearer_token_env or options.bearer_token_file:
+            if ctx.read_secret is None:
+                raise ValueError("bearer_token_env: no secret reader in this host")
+            bearer = ctx.read_secret(
+                options.bearer_token_env, options.bearer_token_file, "bearer_token_env"
+            )
+        return cls(
+            alias=ctx.alias,
+            options=options,
+            book=Book(ctx.checkpoints),
+            clock=ctx.clock,
+            bearer=bearer,
+            push_base_url=ctx.push_base_url,
+            max_remote_tasks=ctx.max_remote_tasks_per_tenant,
+        )
+
+    # ------------------------------------------------------------------ the seam
+
+    @property
+    def agent_id(self) -> str:
+        return f"a2a:{self.alias}"
+
+    @property
+    def definition_revision(self) -> str:
+        return "a2a-1"
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        return frozenset({"text"})
+
+    @property
+    def supports_approvals(self) -> bool:
+        return False
+
+    async def status(
+        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+    ) -> RunState | None:
+        return None
+
+    async def resume(
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        ownership: OwnershipScope,
+        identity: AgentIdentity,
+        expected_version: int,
+        decisions: tuple[Decision, ...] = (),
+        deny: bool = False,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        return failed("refused", session_id, run_id)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    # ------------------------------------------------------------------ pushes
+
+    def observe(self, task_id: str) -> bool:
+        """A push said something about ``task_id``: wake its follower in this process to
+        read the task now. ``False`` when no follower of it waits here."""
+        event = self.wakers.get(task_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    @property
+    def push_url(self) -> str | None:
+        if not self.options.push or self.push_base_url is None:
+            return None
+        return f"{self.push_base_url.rstrip('/')}/a2a/push/{self.alias}"
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
+        scope = ownership_from_identity(request.identity)
+        key = request.idempotency_key
+        session = request.session_id
+        stored = await self.book.load(scope, key)
+        push: PushConfig | None = None
+        if stored is None:
+            if await self._at_limit(scope):
+                self.count("refused_limit")
+                return failed("limit", session)
+            client = await self.connect(request.hooks)
+            if client is None:
+                return failed("unreachable", session)
+            context = await self.book.context(scope, self.alias, session)
+            push = self._new_push(client)
+            record = TaskRecord(
+                alias=self.alias,
+                message_id=f"prismd-{key}",
+                phase="sending",
+                session_id=session,
+                created_ms=self.clock.now_ms(),
+                task_id=context.task_id,
+                context_id=context.context_id,
+                continues_task=context.task_id is not None,
+                token_hash=None if push is None else secret_hash(push.token),
+                credentials_hash=None if push is None else secret_hash(push.credentials),
+            )
+            stored = await self.book.save(scope, key, record, 0)
+            fresh = stored is not None
+            if stored is not None:
+                await self.book.index_secrets(stored)
+            if stored is None:
+                stored = await self.book.load(scope, key)
+                if stored is None:
+                    raise StoreUnavailableError("a2a task record vanished")
+        else:
+            fresh = False
+        client = await self.connect(request.hooks)
+        if client is None:
+            return failed("unreachable", session)
+        try:
+            return await self._drive(client, stored, fresh, push, request, on_event)
+        except trio.Cancelled:
+            hooks = request.hooks
+            if hooks is None or not hooks.stopping():
+                await self._cancel_remote(client, scope, key)
+            raise
+
+    async def _drive(
+        self,
+        client: A2AClient,
+        stored: Stored,
+        fresh: bool,
+        push: PushConfig | None,
+        request: RunRequest,
+        on_event: EventSink | None,
+    ) -> RunResult:
+        session = request.session_id
+        if stored.record.phase == "sending":
+            if not fresh:
+                # Written by an earlier process that may or may not have sent it.
+                stored = await self.book.update(stored, phase="unknown")
+            else:
+                text = _text_of(request.input)
+                sent = await send(self, client, stored, text, push, request.hooks)
+                if isinstance(sent, RunResult):
+                    return sent
+                stored = sent
+        if stored.record.phase == "unknown":
+            found = await recover(self, client, stored)
+            if found is None and stored.record.token_hash is not None:
+                found = await self._await_push(client, stored)
+            if found is None:
+                self.count("send_unknown")
+                # Settled (the user is told); no longer counted as followed.
+                await self.book.update(stored, phase="done", state="unknown")
+                return failed("unknown", session)
+            stored = found
+        if stored.record.task_id is None:
+            return failed("unknown", session)
+        hooks: RunHooks | None = request.hooks
+        if hooks is not None and not await hooks.following():
+            return failed("refused", session)
+        if hooks is not None and stored.record.owner != hooks.owner:
+            # Who follows it now (listRemoteTasks): written when the follower changes.
+            stored = await self.book.update(stored, owner=hooks.owner)
+        self.following_now += 1
+        try:
+            return await follow(self, client, stored, on_event, session)
+        finally:
+            self.following_now -= 1
+
+    async def _await_push(self, client: A2AClient, stored: Stored) -> Stored | None:
+        """After an unknown send outcome that nothing found (a v0.3 peer has no
+        ``ListTasks``): wait a while for a push carrying this task's credential — the
+        receiver journals the task id it names — then look again. Bounded by
+        ``max_poll_interval_ms`` (at most 30 s)."""
+        step = self.options.poll_interval_ms / 1000
+        end = trio.current_time() + min(self.options.max_poll_interval_ms / 1000, 30.0)
+        while trio.current_time() < end:
+            await trio.sleep(min(step, max(0.0, end - trio.current_time())))
+            again = await self.book.load(stored.scope, stored.key)
+            if again is not None and again.record.task_id is not None:
+                return await recover(self, client, again)
+        return None
+
+    async def _cancel_remote(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
+        """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
+        with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
+            try:
+                stored = await self.book.load(scope, key)
+                if stored is None or stored.record.phase == "done":
+                    return
+                if stored.record.task_id is None or stored.record.phase != "following":
+                    # Cancelled before the task was known: settled, no longer counted as
+                    # followed (a send that was on its way may still create a task).
+                    await self.book.update(stored, phase="done", state="canceled")
+                    return
+                try:
+                    await client.cancel_task(stored.record.task_id)
+                except A2AError:
+                    pass
+                await self.book.update(stored, phase="done", state="canceled")
+            except Exception as exc:
+                log.warning("cancelling a remote task failed: %s", type(exc).__name__)
+
+    async def _at_limit(self, scope: OwnershipScope) -> bool:
+        tenant = OwnershipScope(tenant_id=scope.tenant_id)
+        open_tasks, _ = await self.book.following(
+            scope=tenant, limit=min(500, self.max_remote_tasks + 1)
+        )
+        return len(open_tasks) >= self.max_remote_tasks
+
+    def _new_push(self, client: A2AClient) -> PushConfig | None:
+        url = self.push_url
+        if url is None or not client.card.push:
+            return None
+        return PushConfig(url, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
+
+    async def connect(self, hooks: RunHooks | None = None) -> A2AClient | None:
+        """The client, discovering the card first; retried while the peer refuses or does
+        not answer (the run's cancellation ends it). ``None`` when the card is unusable."""
+        if self.client is not None:
+            return self.client
+        delay = self.options.poll_interval_ms / 1000
+        while True:
+            try:
+                self.client = await A2AClient.discover(
+                    self.http,
+                    url=self.options.url,
+                    card_url=self.options.card_url,
+                    bearer=self.bearer,
+                    protocol=self.options.protocol,
+                )
+                return self.client
+            except CardError as exc:
+                log.warning("agent %s: %s", self.alias, exc)
+                return None
+            except Refused as exc:
+                if hooks is not None:
+                    hooks.waiting()
+                await trio.sleep(self.backoff(exc.retry_after, delay))
+            except OutcomeUnknown:
+                if hooks is not None:
+                    hooks.waiting()
+                await trio.sleep(self.backoff(None, delay))
+            delay = min(delay * 2, self.options.max_poll_interval_ms / 1000)
+
+    def backoff(self, retry_after: float | None, delay: float) -> float:
+        """The backoff pause: ``Retry-After`` when the peer said it, else ``delay`` with
+        ±20 % jitter."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), 3600.0)
+        return delay * random.uniform(0.8, 1.2)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"following": self.following_now, **self.counters}
+
+
+async def cancel_remote(
+    agents: Mapping[str, A2AAgent], scope: OwnershipScope, operation_id: str
+) -> dict[str, Any]:
+    """``reconcile … --cancel-remote``: ``CancelTask`` for the remote task an operation
+    follows (inside ``scope``, which may be partial), then wake its follower, which reads
+    the task (``canceled``) and settles the operation with its notice. The answer is the
+    control method's result."""
+    for agent in agents.values():
+        found = await agent.book.find_operation(scope, operation_id)
+        if found is None:
+            continue
+        record = found.record
+        if found.record.alias != agent.alias:
+            agent = agents.get(record.alias, agent)
+        if record.task_id is None or record.phase == "done":
+            return {"status": "conflict", "detail": "not_following", "phase": record.phase}
+        client = await agent.connect()
+        if client is None:
+            return {"status": "conflict", "detail": "remote_unreachable"}
+        try:
+            await client.cancel_task(record.task_id)
+        except A2AError as exc:
+            return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
+        agent.observe(record.task_id)
+        return {"status": "resolved", "outcome": "remote_cancel_requested"}
+    return {"status": "conflict", "detail": "no_remote_task"}

@@ -1,0 +1,462 @@
+"""A small A2A client over httpx and httpx-sse: dicts in, :mod:`._wire` records out.
+
+It speaks JSON-RPC in both dialects and tells the three ways a call can go wrong apart,
+because a send must never be repeated when it may have landed:
+
+* :class:`Refused` — definitely not processed: the connection was refused or timed out
+  before it was made, a 429/503 (``retry_after`` from ``Retry-After`` when given), or a
+  307/308 to another origin. Safe to make again later.
+* :class:`OutcomeUnknown` — the request went out and no answer came (a timeout, a cut
+  connection, a 5xx from a proxy). A send that ends so is never made again.
+* :class:`RemoteError` — the peer answered with an error (a JSON-RPC ``code``, or an HTTP
+  status). Definite too; whether it is worth retrying depends on the code.
+
+A v1.0 call answered -32601 (method not found) is made again once as a whole v0.3
+request, and the client speaks v0.3 from then on (:attr:`A2AClient.dialect`). A 307/308 to
+the same origin (a missing trailing slash) is followed once and remembered. Nothing the
+peer sends reaches an exception message or a log: only codes and statuses.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import httpx
+import httpx_sse
+import trio
+
+from adapters.toolkit import is_loopback_host
+
+from ._wire import (
+    METHOD_NOT_FOUND,
+    METHODS,
+    AgentCard,
+    Dialect,
+    Message,
+    Observation,
+    PushConfig,
+    Task,
+    envelope,
+    read_card,
+    read_observation,
+    read_task,
+    send_params,
+    task_params,
+)
+
+CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+
+
+class A2AError(Exception):
+    """Base of the client's errors; the message is a fixed phrase, never the peer's text."""
+
+
+class Refused(A2AError):
+    """Not processed by the peer: safe to make again (after ``retry_after`` seconds)."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"A2A request refused ({reason})")
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class OutcomeUnknown(A2AError):
+    """The request went out and no answer came back: it may have been processed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"A2A request outcome unknown ({reason})")
+        self.reason = reason
+
+
+class RemoteError(A2AError):
+    """The peer answered an error: a JSON-RPC ``code`` or, outside JSON-RPC, ``status``."""
+
+    def __init__(self, code: int | None, status: int | None = None) -> None:
+        what = f"code {code}" if code is not None else f"HTTP {status}"
+        super().__init__(f"A2A peer answered an error ({what})")
+        self.code = code
+        self.status = status
+
+
+class CardError(A2AError):
+    """No usable agent card (absent, unreadable, no JSON-RPC interface, insecure URL)."""
+
+
+def check_url(url: str, what: str) -> httpx.URL:
+    """``https://``, or ``http://`` for a loopback host only; raises :class:`CardError`."""
+    try:
+        parsed = httpx.URL(url)
+    except Exception as exc:
+        raise CardError(f"{what} is not a URL") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise CardError(f"{what} must be an http(s) URL")
+    if parsed.scheme == "http" and not is_loopback_host(parsed.host):
+        raise CardError(f"{what}: http:// is accepted only for loopback hosts")
+    if parsed.userinfo:
+        raise CardError(f"{what} must not carry credentials")
+    return parsed
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta seconds or an HTTP date), or ``None``."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    delta = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, delta) if math.isfinite(delta) else None
+
+
+def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
+    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+
+
+@attrs.define(eq=False)
+class A2AClient:
+    """One remote agent's JSON-RPC interface. ``http`` is shared and never mutated."""
+
+    http: httpx.AsyncClient
+    card: AgentCard
+    bearer: str | None = attrs.field(default=None, repr=False)
+    timeout_s: float = 30.0
+    dialect: Dialect = attrs.field(default=None)
+    url: str = attrs.field(default=None)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.dialect is None:
+            self.dialect = self.card.dialect
+        if self.url is None:
+            self.url = self.card.url
+        check_url(self.url, "the card's interface URL")
+
+    # ------------------------------------------------------------------ discovery
+
+    @classmethod
+    async def discover(
+        cls,
+        http: httpx.AsyncClient,
+        *,
+        url: str | None = None,
+        card_url: str | None = None,
+        bearer: str | None = None,
+        protocol: str = "auto",
+        timeout_s: float = 30.0,
+    ) -> A2AClient:
+        """Fetch the card (``card_url``, else ``<url>/.well-known/agent-card.json`` and then
+        ``agent.json``) and build a client for its JSON-RPC interface. ``protocol`` other
+        than ``"auto"`` overrides the card's dialect. Raises :class:`CardError`,
+        :class:`Refused` (the peer is down) or :class:`OutcomeUnknown`."""
+        if card_url is not None:
+            candidates = [card_url]
+        elif url is not None:
+            base = url.rstrip("/")
+            candidates = [base + path for path in CARD_PATHS]
+        else:
+            raise CardError("neither url nor card_url")
+        for candidate in candidates:
+            check_url(candidate, "the card URL")
+        raw: object = None
+        for candidate in candidates:
+            response = await _get(http, candidate, bearer, timeout_s)
+            if response.status_code == 404 and candidate is not candidates[-1]:
+                continue
+            if response.status_code in (429, 503):
+                raise Refused(
+                    f"http_{response.status_code}",
+                    retry_after_s(response.headers.get("retry-after")),
+                )
+            if response.status_code != 200:
+                raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
+            try:
+                raw = response.json()
+            except ValueError as exc:
+                raise CardError("the card is not JSON") from exc
+            break
+        card = read_card(raw)
+        if card is None:
+            raise CardError("the card offers no JSON-RPC interface")
+        if protocol == "1.0":
+            card = attrs.evolve(card, dialect="1.0")
+        elif protocol == "0.3":
+            card = attrs.evolve(card, dialect="0.3")
+        return cls(http, card, bearer, timeout_s)
+
+    # ------------------------------------------------------------------ calls
+
+    def _headers(self, dialect: Dialect, *, stream: bool = False) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        headers["Accept"] = "text/event-stream" if stream else "application/json"
+        if dialect == "1.0":
+            headers["A2A-Version"] = "1.0"
+        if self.bearer:
+            headers["Authorization"] = f"Bearer {self.bearer}"
+        return headers
+
+    async def _post(self, body: Mapping[str, Any], dialect: Dialect) -> httpx.Response:
+        """One POST, following a same-origin 307/308 once; errors classified."""
+        target = self.url
+        for _hop in range(2):
+            try:
+                response = await self.http.post(
+                    target,
+                    content=json.dumps(body).encode(),
+                    headers=self._headers(dialect),
+                    timeout=self.timeout_s,
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                raise Refused("connect") from exc
+            except httpx.TimeoutException as exc:
+                raise OutcomeUnknown("timeout") from exc
+            except httpx.TransportError as exc:
+                raise OutcomeUnknown("transport") from exc
+            if response.status_code in (307, 308):
+                location = response.headers.get("location")
+                if location is None:
+                    raise Refused("redirect")
+                moved = httpx.URL(target).join(location)
+                if not _same_origin(moved, httpx.URL(target)):
+                    raise Refused("redirect")
+                target = str(moved)
+                continue
+            if target != self.url:
+                self.url = target
+            return response
+        raise Refused("redirect")
+
+    async def _call(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+        """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`). A read (or the
+        idempotent cancel) cut at the transport — a pooled connection the peer had just
+        closed — is made once more at once; a send never is."""
+        if name == "send":
+            return await self._call_once(name, params)
+        try:
+            return await self._call_once(name, params)
+        except OutcomeUnknown as exc:
+            if exc.reason != "transport":
+                raise
+            return await self._call_once(name, params)
+
+    async def _call_once(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+        dialect = self.dialect
+        for _attempt in range(2):
+            method = METHODS[dialect].get(name)
+            if method is None:
+                raise RemoteError(METHOD_NOT_FOUND)
+            body = envelope(method, params(dialect), f"prismd-{next(self._ids)}")
+            response = await self._post(body, dialect)
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if response.status_code in (429, 503):
+                raise Refused(
+                    f"http_{response.status_code}",
+                    retry_after_s(response.headers.get("retry-after")),
+                )
+            error = answer.get("error") if isinstance(answer, Mapping) else None
+            if isinstance(error, Mapping):
+                code = error.get("code")
+                code = code if isinstance(code, int) else None
+                if code == METHOD_NOT_FOUND and dialect == "1.0":
+                    dialect = "0.3"
+                    continue
+                raise RemoteError(code, response.status_code)
+            if response.status_code >= 500:
+                raise OutcomeUnknown(f"http_{response.status_code}")
+            if response.status_code >= 300 or not isinstance(answer, Mapping):
+                raise RemoteError(None, response.status_code)
+            if "result" not in answer:
+                raise OutcomeUnknown("no_result")
+            if dialect != self.dialect:
+                self.dialect = dialect
+            return answer["result"]
+        raise RemoteError(METHOD_NOT_FOUND)
+
+    async def send(
+        self,
+        *,
+        message_id: str,
+        text: str,
+        context_id: str | None = None,
+        task_id: str | None = None,
+        push: PushConfig | None = None,
+    ) -> Task | Message:
+        """Send one user message asking for immediate acceptance; the task or the answer.
+
+        Raises :class:`Refused` (make it again later), :class:`OutcomeUnknown` (never make
+        it again for this ``message_id``) or :class:`RemoteError`.
+        """
+        tenant = self.card.tenant
+        result = await self._call(
+            "send",
+            lambda d: send_params(
+                d,
+                message_id=message_id,
+                text=text,
+                context_id=context_id,
+                task_id=task_id,
+                push=push,
+                tenant=tenant,
+            ),
+        )
+        observed = read_observation(result)
+        if not isinstance(observed, Task | Message):
+            raise OutcomeUnknown("unreadable")
+        return observed
+
+    async def get_task(self, task_id: str) -> Task:
+        """``GetTask`` / ``tasks/get``. -32001 (task lost) arrives as :class:`RemoteError`."""
+        tenant = self.card.tenant
+        result = await self._call("get", lambda d: task_params(d, task_id, tenant))
+        task = read_task(result)
+        if task is None:
+            raise OutcomeUnknown("unreadable")
+        return task
+
+    async def cancel_task(self, task_id: str) -> Task | None:
+        """``CancelTask`` / ``tasks/cancel`` (idempotent); the task as the peer answered."""
+        tenant = self.card.tenant
+        result = await self._call("cancel", lambda d: task_params(d, task_id, tenant))
+        return read_task(result)
+
+    async def list_tasks(
+        self,
+        *,
+        context_id: str | None = None,
+        status_timestamp_after: str | None = None,
+        page_size: int = 50,
+        history_length: int = 10,
+    ) -> tuple[Task, ...]:
+        """v1.0 ``ListTasks`` (one page, newest first); v0.3 has none: RemoteError -32601."""
+        if self.dialect != "1.0":
+            raise RemoteError(METHOD_NOT_FOUND)
+
+        def params(_d: Dialect) -> dict[str, Any]:
+            out: dict[str, Any] = {"pageSize": page_size, "historyLength": history_length}
+            if context_id is not None:
+                out["contextId"] = context_id
+            if status_timestamp_after is not None:
+                out["statusTimestampAfter"] = status_timestamp_after
+            if self.card.tenant is not None:
+                out["tenant"] = self.card.tenant
+            return out
+
+        result = await self._call("list", params)
+        raw = result.get("tasks") if isinstance(result, Mapping) else None
+        tasks = [read_task(t) for t in raw] if isinstance(raw, list) else []
+        return tuple(t for t in tasks if t is not None)
+
+    async def subscribe(
+        self,
+        task_id: str,
+        on_item: Callable[[Observation], bool],
+        *,
+        idle_s: float = 60.0,
+    ) -> None:
+        """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) into
+        ``on_item`` until the peer closes the stream, ``on_item`` answers ``True`` (enough),
+        or a silence of ``idle_s``. Raises the client's errors (an unsupported or finished
+        stream: :class:`RemoteError`).
+
+        A callback rather than an async iterator: the stream is ended by cancelling its own
+        scope, so httpx's and httpx-sse's generators always run to their end (an iterator
+        left half-read by its consumer would leave them to the garbage collector).
+        """
+        dialect = self.dialect
+        method = METHODS[dialect]["subscribe"]
+        body = envelope(
+            method, task_params(dialect, task_id, self.card.tenant), f"prismd-{next(self._ids)}"
+        )
+        timeout = httpx.Timeout(self.timeout_s, read=idle_s)
+        failure: A2AError | None = None
+        try:
+            with trio.CancelScope() as scope:
+                async with httpx_sse.aconnect_sse(
+                    self.http,
+                    "POST",
+                    self.url,
+                    content=json.dumps(body).encode(),
+                    headers=self._headers(dialect, stream=True),
+                    timeout=timeout,
+                ) as source:
+                    response = source.response
+                    if response.status_code in (429, 503):
+                        raise Refused(
+                            f"http_{response.status_code}",
+                            retry_after_s(response.headers.get("retry-after")),
+                        )
+                    kind = response.headers.get("content-type", "")
+                    if "text/event-stream" not in kind:
+                        await response.aread()
+                        raise RemoteError(_error_code(response), response.status_code)
+                    async for event in source.aiter_sse():
+                        if scope.cancel_called:
+                            continue
+                        failure, enough = _stream_item(event.data, on_item)
+                        if failure is not None or enough:
+                            scope.cancel()
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise Refused("connect") from exc
+        except httpx.TimeoutException as exc:
+            raise OutcomeUnknown("timeout") from exc
+        except httpx.TransportError as exc:
+            raise OutcomeUnknown("transport") from exc
+        if failure is not None:
+            raise failure
+
+
+def _stream_item(data: str, on_item: Callable[[Observation], bool]) -> tuple[A2AError | None, bool]:
+    """One SSE frame: (an error the stream carried, whether the consumer has enough)."""
+    try:
+        frame = json.loads(data)
+    except ValueError:
+        return None, False
+    if not isinstance(frame, Mapping):
+        return None, False
+    error = frame.get("error")
+    if isinstance(error, Mapping):
+        code = error.get("code")
+        return RemoteError(code if isinstance(code, int) else None), False
+    observed = read_observation(frame.get("result"))
+    return None, observed is not None and on_item(observed)
+
+
+def _error_code(response: httpx.Response) -> int | None:
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    error = answer.get("error") if isinstance(answer, Mapping) else None
+    code = error.get("code") if isinstance(error, Mapping) else None
+    return code if isinstance(code, int) else None
+
+
+async def _get(
+    http: httpx.AsyncClient, url: str, bearer: str | None, timeout_s: float
+) -> httpx.Response:
+    headers = {"Accept": "application/json"}
+    if bearer:
+        headers["Authorization"] = f"Bearer {bearer}"
+    try:
+        return await http.get(url, headers=headers, timeout=timeout_s)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise Refused("connect") from exc
+    except httpx.TimeoutException as exc:
+        raise OutcomeUnknown("timeout") from exc
+    except httpx.TransportError as exc:
+        raise OutcomeUnknown("transport") from exc

@@ -1,0 +1,331 @@
+"""The push receiver ``[a2a] push_listen``: remote agents' notifications, committed to the
+durable inbox before the answer, then applied by a worker.
+
+Per request (``POST /a2a/push/<alias>``), in this order:
+
+1. path other than ``/a2a/push/<alias of an a2a agent>`` → 404; a method other than POST →
+   405; a declared ``Content-Length`` over :data:`MAX_PUSH_BYTES` (1 MiB) → 413, before the
+   body is read (a body that turns out larger: 413 too);
+2. a body that is not JSON, or neither a v0.3 Task nor a v1.0 StreamResponse naming a task
+   → 400;
+3. the task must be one this alias follows (its index record) → else 404; the sender's
+   credential is checked in constant time against the hashes journaled with the send:
+   ``Authorization: <scheme> <credentials>`` against the credentials,
+   ``X-A2A-Notification-Token`` against the token, either one suffices (the SDKs disagree
+   on which they send) → else 401. A credential of another task is wrong for this one;
+4. the observation is committed to the store's inbox (source :data:`PUSH_SOURCE`, partition
+   ``<alias>/<task id>``, deduplicated on a key derived from the alias, the task and the
+   body, so a duplicate push is acknowledged without a second row) → 200; a store that
+   cannot commit → 503 (the sender may retry; most never do, polling covers it).
+
+Nothing of the body is logged or kept beyond the task id and the state it reports.
+
+The worker (:func:`apply_pushes`) claims the inbox's items, applies each to its task record
+(the state only moves forward: a late ``working`` after ``completed`` changes nothing),
+wakes the task's follower in this process, and acknowledges the item only after that write
+committed. The reply itself is built by the follower from a final ``GetTask``, never from a
+push, so duplicates and reordering cannot answer twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+
+import attrs
+import h11
+import trio
+
+from adapters.toolkit import (
+    Budget,
+    ConnectionLimiter,
+    HttpError,
+    RequestHead,
+    Slot,
+    close_gracefully,
+    parse_host_port,
+    read_body,
+    read_request_head,
+    respond,
+    serve_limited,
+    server_connection,
+)
+from stores import InboxStore
+
+from ._agent import A2AAgent
+from ._book import secret_hash, secret_matches
+from ._wire import observed_state, observed_task_id, read_observation
+
+log = logging.getLogger("prismd.agents.a2a")
+
+PUSH_SOURCE = "a2a-push"
+PATH_PREFIX = "/a2a/push/"
+MAX_PUSH_BYTES = 1024 * 1024
+MAX_PENDING = 256
+MAX_SERVING = 128
+PENDING, SERVING = "pending", "serving"
+HEAD_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 75.0
+CLAIM_TTL_MS = 60_000
+MAX_ATTEMPTS = 8
+STATE_RANK = {
+    "unknown": 0,
+    "submitted": 1,
+    "working": 2,
+    "auth-required": 3,
+    "input-required": 3,
+    "completed": 4,
+    "canceled": 4,
+    "failed": 4,
+    "rejected": 4,
+}
+
+
+def moves_forward(old: str | None, new: str | None) -> bool:
+    """``new`` is a later state than ``old`` (an out-of-order push never moves back)."""
+    if new is None:
+        return False
+    return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)
+
+
+def a2a_statistics(agents: Iterable[A2AAgent], pushes: Mapping[str, int]) -> dict[str, int]:
+    """The a2a counters of ``health`` and ``/metrics``: ``pushes`` plus every agent's."""
+    totals = {"following": 0, **pushes}
+    for agent in agents:
+        for name, value in agent.statistics().items():
+            totals[name] = totals.get(name, 0) + int(value)
+    return totals
+
+
+def _presented(headers: Mapping[str, str]) -> list[str]:
+    """The hashes of the secrets a push presents (token, then credentials)."""
+    out = []
+    token = headers.get("x-a2a-notification-token")
+    if token:
+        out.append(secret_hash(token))
+    auth = headers.get("authorization")
+    if auth:
+        out.append(secret_hash(auth.partition(" ")[2].strip()))
+    return out
+
+
+def _credential_ok(headers: Mapping[str, str], index: Mapping[str, object]) -> bool:
+    token = headers.get("x-a2a-notification-token")
+    token_hash = index.get("tokenHash")
+    token_ok = token is not None and secret_matches(
+        token, token_hash if isinstance(token_hash, str) else None
+    )
+    auth = headers.get("authorization")
+    cred_hash = index.get("credentialsHash")
+    auth_ok = False
+    if auth is not None:
+        _scheme, _, credentials = auth.partition(" ")
+        auth_ok = secret_matches(
+            credentials.strip(), cred_hash if isinstance(cred_hash, str) else None
+        )
+    return token_ok or auth_ok
+
+
+@attrs.define(eq=False)
+class PushReceiver:
+    """The receiver and its worker; ``agents`` maps each a2a alias to its agent."""
+
+    listen: str
+    agents: Mapping[str, A2AAgent]
+    inbox: InboxStore
+    counters: dict[str, int] = attrs.field(factory=dict)
+    address: tuple[str, int] | None = None
+    wake: trio.Event = attrs.field(factory=trio.Event)
+    limiter: ConnectionLimiter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.limiter = ConnectionLimiter(
+            "a2a push",
+            {
+                PENDING: Budget(MAX_PENDING, "evict", "connections in a request head"),
+                SERVING: Budget(MAX_SERVING, "refuse", "push requests"),
+            },
+            logger=log,
+        )
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        host, port = parse_host_port(self.listen)
+        listeners = await trio.open_tcp_listeners(port, host=host.strip("[]"))
+        self.address = (host, int(listeners[0].socket.getsockname()[1]))
+        async with trio.open_nursery() as nursery:
+            serve = functools.partial(serve_limited, budget=PENDING)
+            await nursery.start(serve, self._handle, listeners, self.limiter)
+            log.info("a2a push receiver listening on %s port %d", *self.address)
+            task_status.started()
+
+    async def run(
+        self, owner_id: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The receiver and its worker, until cancelled (a daemon child)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve)
+            nursery.start_soon(self.apply_pushes, owner_id)
+            task_status.started()
+
+    def health(self) -> Mapping[str, str]:
+        """Bounded entries only (a child's health): the listener's state."""
+        return {"listener": "listening" if self.address is not None else "starting"}
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: pushes accepted / refused / unavailable, and over every a2a agent the
+        tasks followed now, polls, sends, refused sends and unknown outcomes."""
+        return a2a_statistics(self.agents.values(), self.counters)
+
+    async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
+        try:
+            conn = server_connection()
+            timeout = HEAD_TIMEOUT_S
+            while True:
+                head = await read_request_head(stream, conn, timeout_s=timeout)
+                if head is None:
+                    return
+                status, close = await self._answer(stream, conn, head, slot)
+                await respond(stream, conn, head.method, status, close=close, allow="POST")
+                if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+                slot.move(PENDING)
+                timeout = IDLE_TIMEOUT_S
+        except Exception:
+            pass  # one broken connection never takes the receiver down; nothing is logged
+        finally:
+            await close_gracefully(stream)
+
+    async def _answer(
+        self, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead, slot: Slot
+    ) -> tuple[int, bool]:
+        alias = head.path[len(PATH_PREFIX) :] if head.path.startswith(PATH_PREFIX) else None
+        agent = self.agents.get(alias) if alias else None
+        if agent is None or alias is None:
+            self.count("pushes_refused")
+            return 404, True
+        if head.method != "POST":
+            self.count("pushes_refused")
+            return 405, True
+        if not slot.move(SERVING):
+            return 503, True
+        try:
+            body = await read_body(stream, conn, head, max_bytes=MAX_PUSH_BYTES)
+        except HttpError as refused:
+            self.count("pushes_refused")
+            return refused.status, True
+        try:
+            observation = read_observation(json.loads(body))
+        except (ValueError, RecursionError):
+            observation = None
+        task_id = None if observation is None else observed_task_id(observation)
+        if observation is None or task_id is None:
+            self.count("pushes_refused")
+            return 400, False
+        found = await agent.book.find_task(alias, task_id)
+        secret: str | None = None
+        if found is None:
+            # Not journaled yet (the send's answer is on its way, or was lost in a crash):
+            # the credential journaled with the send intent identifies the task.
+            for digest in _presented(head.headers):
+                by_secret = await agent.book.find_by_secret(alias, digest)
+                # Only while the task id is unknown: a credential of another known task is
+                # wrong for this one.
+                if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
+                    found, secret = by_secret, digest
+                    break
+        if found is None:
+            self.count("pushes_refused")
+            return 404, False
+        _stored, index = found
+        if not _credential_ok(head.headers, index):
+            self.count("pushes_refused")
+            return 401, False
+        key = hashlib.sha256(f"{alias}\0{task_id}\0".encode() + body).hexdigest()[:40]
+        payload = {
+            "alias": alias,
+            "taskId": task_id,
+            "state": observed_state(observation),
+            "secret": secret,
+        }
+        try:
+            await self.inbox.put(
+                source=PUSH_SOURCE,
+                key=key,
+                partition=f"{alias}/{task_id}",
+                order=0,
+                payload=payload,
+            )
+        except Exception as exc:
+            log.warning("a2a push: committing to the inbox failed (%s)", type(exc).__name__)
+            self.count("pushes_unavailable")
+            return 503, False
+        self.count("pushes_accepted")
+        self.wake.set()
+        return 200, False
+
+    async def apply_pushes(self, owner_id: str, *, idle_s: float = 1.0) -> None:
+        """The worker: claim, apply, acknowledge — until cancelled."""
+        while True:
+            try:
+                claims = await self.inbox.claim(
+                    owner_id=owner_id,
+                    ttl_ms=CLAIM_TTL_MS,
+                    limit=64,
+                    max_attempts=MAX_ATTEMPTS,
+                    sources=(PUSH_SOURCE,),
+                )
+            except Exception as exc:
+                log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
+                claims = ()
+            for claim in claims:
+                try:
+                    await self._apply(claim.item.payload)
+                except Exception as exc:
+                    log.warning("a2a push: applying failed (%s)", type(exc).__name__)
+                    try:
+                        await self.inbox.retry(
+                            claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
+                        )
+                    except Exception:
+                        pass
+                    continue
+                try:
+                    await self.inbox.complete(claim)
+                except Exception as exc:
+                    log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
+            if not claims:
+                with trio.move_on_after(idle_s):
+                    await self.wake.wait()
+                self.wake = trio.Event()
+
+    async def _apply(self, payload: object) -> None:
+        if not isinstance(payload, dict):
+            return
+        alias, task_id, state = payload.get("alias"), payload.get("taskId"), payload.get("state")
+        if not isinstance(alias, str) or not isinstance(task_id, str):
+            return
+        agent = self.agents.get(alias)
+        if agent is None:
+            return
+        found = await agent.book.find_task(alias, task_id)
+        digest = payload.get("secret")
+        if found is None and isinstance(digest, str):
+            found = await agent.book.find_by_secret(alias, digest)
+        if found is None:
+            return
+        stored, _index = found
+        record = stored.record
+        if record.task_id is None and record.phase in ("sending", "unknown"):
+            # The push names the task the send created: journaled, so a send whose
+            # answer was lost finds it again (never sent twice).
+            await agent.book.update(stored, task_id=task_id)
+        elif record.phase == "following" and moves_forward(record.state, state):
+            await agent.book.update(stored, state=state)
+        agent.observe(task_id)

@@ -1,0 +1,332 @@
+"""The ``a2a`` agent's steps once its client is known: the send (:func:`send`, then
+:func:`recover` after an unknown outcome), the following (:func:`follow`: stream, poll,
+push wake-ups) and the answer (:func:`answer`). See :mod:`._agent` for the whole story."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import trio
+
+from stores import Clock
+
+from .. import EventSink, RunError, RunHooks, RunResult, StreamEvent
+from ._book import Book, ContextRecord, Stored
+from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
+from ._options import A2AOptions
+from ._wire import (
+    METHOD_NOT_FOUND,
+    TASK_NOT_FOUND,
+    UNSUPPORTED_OPERATION,
+    VERSION_NOT_SUPPORTED,
+    Message,
+    Observation,
+    PushConfig,
+    Task,
+    observed_state,
+)
+
+
+class A2AAgent(Protocol):
+    """What the steps use of the agent (:class:`._agent.A2AAgent`)."""
+
+    alias: str
+    book: Book
+    clock: Clock
+    wakers: dict[str, trio.Event]
+
+    @property
+    def options(self) -> A2AOptions: ...
+
+    def count(self, name: str) -> None: ...
+
+    def backoff(self, retry_after: float | None, delay: float) -> float: ...
+
+
+NOTICES: Mapping[str, str] = {
+    "failed": "the remote agent could not complete it.",
+    "canceled": "the remote agent cancelled it.",
+    "rejected": "the remote agent declined it.",
+    "lost": "the remote agent no longer knows this task.",
+    "timeout": "the remote agent did not finish in time; it was cancelled.",
+    "unknown": "the remote agent may have received it; it was not sent again.",
+    "refused": "the remote agent refused it.",
+    "unreachable": "the remote agent could not be reached.",
+    "limit": "too many requests are waiting on remote agents; try again later.",
+}
+NO_TEXT = "The remote agent finished without a text answer."
+NEEDS_INPUT = "The remote agent needs more input."
+MAX_REFUSED_RPC = 8
+CANCEL_BUDGET_S = 5.0
+PUSH_SLOWDOWN = 4
+
+
+def failed(code: str, session_id: str, run_id: str = "") -> RunResult:
+    return RunResult(
+        status="failed",
+        text="",
+        run_id=run_id,
+        session_id=session_id,
+        error=RunError(code=f"a2a_{code}", message=NOTICES[code]),
+    )
+
+
+def reply_text(task: Task) -> str:
+    """The chat reply of a completed task: its artifacts' text parts (one exactly, several
+    joined by a blank line), else the final status message, else a fixed notice."""
+    texts = [t for artifact in task.artifacts for t in artifact.texts if t.strip()]
+    if len(texts) == 1:
+        return texts[0]
+    if texts:
+        return "\n\n".join(texts)
+    return task.status_text or NO_TEXT
+
+
+# ------------------------------------------------------------------ send
+
+
+async def send(
+    agent: A2AAgent,
+    client: A2AClient,
+    stored: Stored,
+    text: str,
+    push: PushConfig | None,
+    hooks: RunHooks | None = None,
+) -> Stored | RunResult:
+    record = stored.record
+    delay = agent.options.poll_interval_ms / 1000
+    cap = agent.options.max_poll_interval_ms / 1000
+    refused_rpc = 0
+    while True:
+        try:
+            answer = await client.send(
+                message_id=record.message_id,
+                text=text,
+                context_id=record.context_id,
+                task_id=record.task_id if record.continues_task else None,
+                push=push,
+            )
+        except Refused as exc:
+            agent.count("send_refused")
+            if hooks is not None:
+                hooks.waiting()  # a refusing peer holds no concurrency slot
+            await trio.sleep(agent.backoff(exc.retry_after, delay))
+            delay = min(delay * 2, cap)
+            continue
+        except OutcomeUnknown:
+            return await agent.book.update(stored, phase="unknown")
+        except RemoteError as exc:
+            agent.count("send_refused")
+            if exc.code in (METHOD_NOT_FOUND, VERSION_NOT_SUPPORTED):
+                refused_rpc += 1
+                if hooks is not None:
+                    hooks.waiting()
+                if refused_rpc < MAX_REFUSED_RPC:
+                    await trio.sleep(agent.backoff(None, delay))
+                    delay = min(delay * 2, cap)
+                    continue
+            elif record.continues_task and exc.code in (TASK_NOT_FOUND, UNSUPPORTED_OPERATION):
+                # The task that asked for input is gone or over: a new task, same context.
+                stored = await agent.book.update(stored, task_id=None, continues_task=False)
+                record = stored.record
+                continue
+            await agent.book.update(stored, phase="done", state="rejected")
+            return failed("refused", record.session_id)
+        break
+    if isinstance(answer, Message):
+        context_id = answer.context_id or record.context_id
+        await agent.book.update(stored, phase="done", context_id=context_id, state="message")
+        await agent.book.set_context(
+            stored.scope, agent.alias, record.session_id, ContextRecord(context_id, None)
+        )
+        texts = [t for t in answer.texts if t.strip()]
+        return RunResult(
+            status="succeeded",
+            text="\n\n".join(texts) or NO_TEXT,
+            run_id=f"a2a:{answer.message_id}",
+            session_id=record.session_id,
+        )
+    return await accepted(agent, stored, answer)
+
+
+async def accepted(agent: A2AAgent, stored: Stored, task: Task) -> Stored:
+    """Journal the task id and contextId at once, and the way back from a push (first, so
+    a push racing this write already finds its task)."""
+    await agent.book.index(stored, task.id)
+    stored = await agent.book.update(
+        stored,
+        phase="following",
+        task_id=task.id,
+        context_id=task.context_id or stored.record.context_id,
+        state=task.state,
+        observed_ms=agent.clock.now_ms(),
+    )
+    agent.count("sent")
+    return stored
+
+
+async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored | None:
+    """After an unknown outcome: find the task by its ``messageId`` (v1.0 ``ListTasks``
+    in the context); ``None`` when it cannot be found (the operator decides)."""
+    record = stored.record
+    if record.task_id is not None:
+        # A continuation (the task is known already), or a task id a push told us (its
+        # credential was journaled with the intent): its history says if the message arrived.
+        # A continuation: the task is known already; its history says if it arrived.
+        try:
+            task = await client.get_task(record.task_id)
+        except A2AError:
+            return None
+        if record.message_id in task.message_ids:
+            return await accepted(agent, stored, task)
+        return None
+    delay = agent.options.poll_interval_ms / 1000
+    for _attempt in range(4):
+        try:
+            tasks = await client.list_tasks(context_id=record.context_id)
+        except RemoteError:
+            return None
+        except (Refused, OutcomeUnknown) as exc:
+            await trio.sleep(agent.backoff(getattr(exc, "retry_after", None), delay))
+            delay *= 2
+            continue
+        for task in tasks:
+            if record.message_id in task.message_ids:
+                return await accepted(agent, stored, task)
+        return None
+    return None
+
+
+# ------------------------------------------------------------------ follow
+
+
+async def follow(
+    agent: A2AAgent, client: A2AClient, stored: Stored, on_event: EventSink | None, session: str
+) -> RunResult:
+    record = stored.record
+    task_id = record.task_id
+    assert task_id is not None
+    deadline_ms = record.created_ms + agent.options.task_timeout_ms
+    first = agent.options.poll_interval_ms / 1000
+    cap = agent.options.max_poll_interval_ms / 1000
+    slowed = PUSH_SLOWDOWN if record.token_hash is not None else 1
+    delay = first
+    streaming = agent.options.stream and client.card.streaming
+    shown: list[str | None] = [None]
+    while True:
+        if streaming:
+            streaming = await stream(agent, client, task_id, on_event, shown, deadline_ms)
+        try:
+            task: Task | None = await client.get_task(task_id)
+            agent.count("polls")
+        except RemoteError as exc:
+            if exc.code == TASK_NOT_FOUND:
+                await agent.book.update(stored, phase="done", state="lost")
+                return failed("lost", session, f"a2a:{task_id}")
+            task = None
+        except Refused as exc:
+            task = None
+            if exc.retry_after is not None:
+                delay = max(delay, min(exc.retry_after, 3600.0))
+        except OutcomeUnknown:
+            task = None
+        if task is not None:
+            if task.state != stored.record.state:
+                stored = await agent.book.update(
+                    stored, state=task.state, observed_ms=agent.clock.now_ms()
+                )
+                delay = first
+            if task.terminal or task.state == "input-required":
+                return await answer(agent, stored, task, session)
+            preview(on_event, task_id, task.status_text, shown)
+        if agent.clock.now_ms() >= deadline_ms:
+            with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
+                try:
+                    await client.cancel_task(task_id)
+                except A2AError:
+                    pass
+            await agent.book.update(stored, phase="done", state="timeout")
+            return failed("timeout", session, f"a2a:{task_id}")
+        pause = min(agent.backoff(None, delay) * slowed, cap)
+        pause = min(pause, max(0.0, (deadline_ms - agent.clock.now_ms()) / 1000))
+        await sleep_or_push(agent, task_id, pause)
+        delay = min(delay * 2, cap)
+
+
+async def sleep_or_push(agent: A2AAgent, task_id: str, seconds: float) -> None:
+    event = trio.Event()
+    agent.wakers[task_id] = event
+    try:
+        with trio.move_on_after(seconds):
+            await event.wait()
+    finally:
+        if agent.wakers.get(task_id) is event:
+            del agent.wakers[task_id]
+
+
+async def stream(
+    agent: A2AAgent,
+    client: A2AClient,
+    task_id: str,
+    on_event: EventSink | None,
+    shown: list[str | None],
+    deadline_ms: int,
+) -> bool:
+    """Follow the task's stream until it ends; whether streaming is worth trying again
+    (not after the peer refused it)."""
+    left_s = max(0.0, (deadline_ms - agent.clock.now_ms()) / 1000)
+
+    def on_item(item: Observation) -> bool:
+        state = observed_state(item)
+        if state in ("working", "submitted", "auth-required"):
+            preview(on_event, task_id, getattr(item, "status_text", None), shown)
+        return state in ("input-required", "completed", "canceled", "failed", "rejected")
+
+    with trio.move_on_after(left_s):
+        try:
+            await client.subscribe(
+                task_id, on_item, idle_s=agent.options.max_poll_interval_ms / 1000
+            )
+        except RemoteError:
+            return False
+        except A2AError:
+            return True
+    return True
+    return True
+    return True
+
+
+def preview(
+    on_event: EventSink | None,
+    task_id: str,
+    text: str | None,
+    shown: list[str | None],
+) -> None:
+    """A working task's status message as a preview (never journaled)."""
+    if on_event is None or not text or text == shown[0]:
+        return
+    shown[0] = text
+    run_id = f"a2a:{task_id}"
+    on_event(StreamEvent("message_started", run_id))
+    on_event(StreamEvent("message_delta", run_id, text))
+
+
+async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> RunResult:
+    record = stored.record
+    run_id = f"a2a:{task.id}"
+    context_id = task.context_id or record.context_id
+    waiting = task.state == "input-required"
+    await agent.book.set_context(
+        stored.scope,
+        agent.alias,
+        record.session_id,
+        ContextRecord(context_id, task.id if waiting else None),
+    )
+    await agent.book.update(stored, phase="done", state=task.state, context_id=context_id)
+    agent.count(f"tasks_{task.state.replace('-', '_')}")
+    if waiting:
+        return RunResult("succeeded", task.status_text or NEEDS_INPUT, run_id, session)
+    if task.state == "completed":
+        return RunResult("succeeded", reply_text(task), run_id, session)
+    return failed(task.state, session, run_id)

@@ -1,0 +1,269 @@
+"""``prismd bench --scenario a2a``: remote A2A tasks followed at once, and pushes ingested.
+
+A minimal A2A peer runs in this process on loopback (v1.0 JSON-RPC: ``SendMessage`` answers
+``working``, ``GetTask`` the task as it stands; a completed task is pushed once, as the
+SDKs do). The real ``a2a`` agent, runtime, store and push receiver do the rest:
+
+1. ``tasks`` messages on as many conversations are admitted and sent; once every task is
+   followed: resident memory per followed task (RSS after minus before, after a collection),
+   then, for ``duration_s``, the CPU per poll (every task polled every ``max(1 s, tasks /
+   100 s)``: about 100 polls a second in all);
+2. every task is completed and pushed (64 pushes in flight): pushes ingested per second
+   (POST → inbox commit → 2xx, seen by the peer) and completions per second (push → inbox
+   → observation applied → ``GetTask`` → reply delivered), and the CPU a push costs end to
+   end beside a poll.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+import attrs
+import h11
+import httpx
+import trio
+
+from stores import open_store
+
+from ..agents import AgentContext, build_agent
+from ..channel import InboundEvent, Reply, SendResult
+from ..grants import GrantAuthorizer, GrantConfig
+from ..limits import Limits
+from ..runtime import open_messaging_runtime
+
+CONNECTION = "bench"
+ALIAS = "remote"
+GRANT = GrantConfig(
+    CONNECTION, ("*",), tenant="bench-tenant", aliases=(ALIAS,), default_alias=ALIAS
+)
+PUSHES_IN_FLIGHT = 64
+MAX_QUEUED = 400
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@attrs.define(eq=False)
+class BenchPeer:
+    """The loopback A2A peer (v1.0 JSON-RPC, push once per completion)."""
+
+    port: int = 0
+    tasks: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    gets: int = 0
+    _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._connection, listeners)
+            task_status.started()
+
+    def _card(self) -> dict[str, Any]:
+        return {
+            "name": "bench",
+            "supportedInterfaces": [
+                {"url": self.url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            ],
+            "capabilities": {"streaming": False, "pushNotifications": True},
+        }
+
+    def _task(self, task: dict[str, Any]) -> dict[str, Any]:
+        out = {"id": task["id"], "contextId": task["ctx"], "status": {"state": task["state"]}}
+        if task["state"] == "TASK_STATE_COMPLETED":
+            out["artifacts"] = [{"artifactId": "a", "parts": [{"text": "done"}]}]
+        return out
+
+    def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        method, params, rid = body.get("method"), body.get("params") or {}, body.get("id")
+        if method == "SendMessage":
+            n = next(self._ids)
+            push = (params.get("configuration") or {}).get("taskPushNotificationConfig")
+            task_id = f"t{n}"
+            task: dict[str, Any] = {
+                "id": task_id, "ctx": f"c{n}", "state": "TASK_STATE_WORKING", "push": push,
+            }  # fmt: skip
+            self.tasks[task_id] = task
+            return {"jsonrpc": "2.0", "id": rid, "result": {"task": self._task(task)}}
+        found = self.tasks.get(str(params.get("id")))
+        if found is None:
+            return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32001, "message": "gone"}}
+        if method == "CancelTask":
+            found["state"] = "TASK_STATE_CANCELED"
+        self.gets += 1
+        return {"jsonrpc": "2.0", "id": rid, "result": self._task(found)}
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = None, b""
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(65536))
+                    elif isinstance(event, h11.Request):
+                        request = event
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    else:
+                        return
+                assert request is not None
+                if request.method == b"GET":
+                    payload = self._card()
+                else:
+                    payload = self._answer(json.loads(body))
+                data = json.dumps(payload).encode()
+                head = [("content-type", "application/json"), ("content-length", str(len(data)))]
+                out = conn.send(h11.Response(status_code=200, headers=head)) or b""
+                out += conn.send(h11.Data(data=data)) or b""
+                out += conn.send(h11.EndOfMessage()) or b""
+                await stream.send_all(out)
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+
+    async def complete_all(self, accepted: list[float]) -> None:
+        """Complete every task and push it once; ``accepted`` gets each 2xx's time."""
+        limiter = trio.CapacityLimiter(PUSHES_IN_FLIGHT)
+        async with httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=PUSHES_IN_FLIGHT)
+        ) as client:
+
+            async def push(task: dict[str, Any]) -> None:
+                async with limiter:
+                    task["state"] = "TASK_STATE_COMPLETED"
+                    config = task["push"]
+                    body = {"statusUpdate": {"taskId": task["id"], "contextId": task["ctx"],
+                                             "status": {"state": task["state"]}}}  # fmt: skip
+                    response = await client.post(
+                        config["url"], json=body,
+                        headers={"X-A2A-Notification-Token": config["token"]},
+                    )  # fmt: skip
+                    if response.status_code == 200:
+                        accepted.append(time.perf_counter())
+
+            async with trio.open_nursery() as nursery:
+                for task in list(self.tasks.values()):
+                    nursery.start_soon(push, task)
+
+
+async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
+    """The scenario (see the module docstring); figures as in the other scenarios."""
+    from ..agents.a2a import A2AAgent, PushReceiver
+
+    delivered = 0
+    all_done = trio.Event()
+    # About 100 polls a second in all, whatever the number of tasks (at least 1 s apart).
+    poll_ms = max(1000, tasks * 10)
+
+    async def deliver(_reply: Reply) -> SendResult:
+        nonlocal delivered
+        delivered += 1
+        if delivered >= tasks:
+            all_done.set()
+        return SendResult(delivered=True, message_id=str(delivered))
+
+    async with open_store(url) as store, trio.open_nursery() as nursery:
+        peer = BenchPeer()
+        await nursery.start(peer.serve)
+        agents: dict[str, A2AAgent] = {}
+        receiver = PushReceiver("127.0.0.1:0", agents, store.inbox)
+        await nursery.start(receiver.serve)
+        nursery.start_soon(receiver.apply_pushes, f"bench-{os.getpid()}")
+        assert receiver.address is not None
+        agent = build_agent(
+            "a2a",
+            AgentContext(
+                alias=ALIAS,
+                options={
+                    "url": peer.url,
+                    "poll_interval_ms": poll_ms,
+                    "max_poll_interval_ms": poll_ms,
+                    "stream": False,
+                },
+                checkpoints=store.checkpoints,
+                push_base_url=f"http://127.0.0.1:{receiver.address[1]}",
+                max_remote_tasks_per_tenant=100_000,
+            ),
+        )
+        assert isinstance(agent, A2AAgent)
+        agents[ALIAS] = agent
+        authorizer = GrantAuthorizer([GRANT])
+        limits = Limits(max_routes=10_000, max_pending_per_process=500, max_active_sessions=16)
+
+        async def resolve(_request: Any) -> Any:
+            return agent
+
+        gc.collect()
+        rss0 = _rss_bytes()
+        nonce = f"{os.getpid()}-{time.time_ns()}"
+        async with open_messaging_runtime(
+            authorize=authorizer.authorize,
+            resolve_agent=resolve,
+            deliver=deliver,
+            store=store,
+            limits=limits,
+            owner_id=f"prismd-bench-a2a-{nonce}",
+        ) as runtime:
+            start = time.perf_counter()
+            for n in range(tasks):
+                while runtime.diagnostics().queued >= MAX_QUEUED:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # (back-pressure on admission: a counter)
+                event = InboundEvent(
+                    connection_id=CONNECTION,
+                    external_conversation_id=f"chat-{nonce}-{n}",
+                    external_actor_id=f"user-{nonce}-{n}",
+                    event_id=f"ev-{nonce}-{n}",
+                    text=f"task {n}",
+                )
+                admission = await runtime.admit(event)
+                if admission.status != "accepted":
+                    raise RuntimeError(f"bench admission refused: {admission.reason}")
+            while agent.following_now < tasks:  # noqa: ASYNC110 (a counter, no event)
+                await trio.sleep(0.05)
+            sent_s = time.perf_counter() - start
+            gc.collect()
+            rss_per_task = (_rss_bytes() - rss0) / tasks
+            cpu0, gets0 = time.process_time(), peer.gets
+            await trio.sleep(duration_s)
+            polls = peer.gets - gets0
+            cpu_per_poll_ms = (time.process_time() - cpu0) * 1000 / max(1, polls)
+            accepted: list[float] = []
+            cpu1 = time.process_time()
+            push_start = time.perf_counter()
+            await peer.complete_all(accepted)
+            await all_done.wait()
+            done_s = time.perf_counter() - push_start
+            cpu_push_ms = (time.process_time() - cpu1) * 1000 / tasks
+            push_s = (max(accepted) - push_start) if accepted else float("nan")
+        await agent.aclose()
+        nursery.cancel_scope.cancel()
+    return {
+        "a2a_followed": {
+            "count": tasks,
+            "per_s": round(tasks / sent_s, 1),
+            "rss_bytes_per_task": round(rss_per_task),
+            "cpu_ms_per_poll": round(cpu_per_poll_ms, 3),
+            "polls": polls,
+        },
+        "a2a_push_ingest": {"count": len(accepted), "per_s": round(len(accepted) / push_s, 1)},
+        "a2a_completions": {
+            "count": tasks,
+            "per_s": round(tasks / done_s, 1),
+            "cpu_ms_per_push_end_to_end": round(cpu_push_ms, 3),
+        },
+    }
