@@ -159,6 +159,27 @@ BOUNDED_ELSEWHERE = {
 }
 
 
+RUNTIME_STORE_IMPORTERS = {
+    "prismd.runtime._core",  # the state every entry point shares: the store and its leases
+    "prismd.runtime._leases",  # binding leases over the store's LeaseStore
+    "prismd.runtime._runtime",  # opens the runtime over a store
+    "prismd.runtime._types",  # a route holds its LeaseRecord
+}
+
+
+def test_the_runtime_reaches_the_store_through_the_journal() -> None:
+    """Issue 36: ``prismd/runtime/`` imports ``stores`` in at most these 4 modules (every
+    import statement counts); the others read and write through ``prismd.journal``."""
+    importers = {
+        module
+        for module in MODULES
+        if module.startswith("prismd.runtime.")
+        and any(t == "stores" or t.startswith("stores.") for t in _imports(module))
+    }
+    assert importers <= RUNTIME_STORE_IMPORTERS, "import it from prismd.journal"
+    assert len(RUNTIME_STORE_IMPORTERS) <= 4
+
+
 def _unbounded_shields(path: Path) -> list[tuple[str, int]]:
     """``with trio.CancelScope(shield=True)`` with no ``deadline=`` and no
     ``move_on_after``/``fail_after`` in the same ``with``, by enclosing function."""

@@ -1,6 +1,15 @@
 """The channel journal: namespaces, keys and records of contract §5 over a CheckpointStore,
 and the access records kept beside them (approval controls, pairing tokens, paired grants)."""
 
+# What a journal caller needs of the store beneath, named once here so the runtime reads and
+# writes through the journal: the scope every record is kept under, a row as listed, the
+# store's refusal to answer, and the record's JSON and time formats.
+from stores import CheckpointRecord as CheckpointRecord
+from stores import OwnershipScope as OwnershipScope
+from stores import StoreUnavailableError as StoreUnavailableError
+from stores import compact_json as compact_json
+from stores import ms_to_iso as ms_to_iso
+
 from ._access import NS_CONTROL as NS_CONTROL
 from ._access import PAIRING_TTL_MAX_MS as PAIRING_TTL_MAX_MS
 from ._access import PAIRING_TTL_MIN_MS as PAIRING_TTL_MIN_MS

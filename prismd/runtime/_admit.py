@@ -12,8 +12,6 @@ from collections.abc import Mapping
 
 import trio
 
-from stores import OwnershipScope
-
 from ..channel import (
     Action,
     Admission,
@@ -29,6 +27,7 @@ from ..journal import (
     OperationInput,
     OperationRecord,
     OperationRef,
+    OwnershipScope,
     bounded_claims,
     operation_key,
 )

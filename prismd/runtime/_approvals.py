@@ -13,12 +13,10 @@ from typing import Any
 import attrs
 import trio
 
-from stores import OwnershipScope
-
 from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
 from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef
+from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef, OwnershipScope
 from ..redact import bound_detail
 from ._context import AdmitContext, authorize_input, check_grant
 from ._core import Core

@@ -8,10 +8,8 @@ from collections import OrderedDict
 
 import attrs
 
-from stores import OwnershipScope
-
 from ..channel import Action, Admission, AuthorizeInput, Grant, InboundEvent
-from ..journal import NS_BINDING, BindingRecord, binding_actor_prefix
+from ..journal import NS_BINDING, BindingRecord, OwnershipScope, binding_actor_prefix
 from ._core import MEMO_LIMIT, Core
 from ._types import ActorKey
 

@@ -37,11 +37,9 @@ from typing import Any
 
 import trio
 
-from stores import OwnershipScope
-
 from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_REPLY, Loaded, ReplyRecord, reclaim, reply_key
+from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reclaim, reply_key
 from ._approvals import reissue_controls
 from ._context import check_grant
 from ._core import Core

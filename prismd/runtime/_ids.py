@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from stores import OwnershipScope
+from ..journal import OwnershipScope
 
 
 def _j(parts: tuple[str | None, ...]) -> str:

@@ -7,12 +7,18 @@ creates a route's binding, runs no agent and takes no queue slot.
 
 from __future__ import annotations
 
-from stores import OwnershipScope, ms_to_iso
-
 from ..channel import Admission, AuthorizeInput, Grant
 from ..grants import missing_grant
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_BINDING, BindingRecord, OperationRecord, OperationRef, binding_actor_prefix
+from ..journal import (
+    NS_BINDING,
+    BindingRecord,
+    OperationRecord,
+    OperationRef,
+    OwnershipScope,
+    binding_actor_prefix,
+    ms_to_iso,
+)
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
 from ._context import check_grant, denied, duplicate, seen_before

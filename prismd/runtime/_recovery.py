@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from stores import CheckpointRecord, OwnershipScope, ms_to_iso
-
 from ..agents import AGENT_NAMESPACES, agent_record_kept
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
@@ -31,11 +29,14 @@ from ..journal import (
     UNRESOLVED_REPLY_STATES,
     UNSETTLED_REPLY_STATES,
     Change,
+    CheckpointRecord,
     Loaded,
     OperationRecord,
     OperationRef,
+    OwnershipScope,
     ReplyRecord,
     maybe_answerless,
+    ms_to_iso,
     operation_key,
     reply_key,
     transition,

@@ -15,8 +15,6 @@ from typing import Any
 import attrs
 import trio
 
-from stores import OwnershipScope, compact_json
-
 from ..channel import Control, Reply
 from ..identity import AgentIdentity
 from ..journal import Change as Change
@@ -24,9 +22,11 @@ from ..journal import (
     Loaded,
     OperationRecord,
     OperationRef,
+    OwnershipScope,
     ReplyRecord,
     StoredControl,
     Write,
+    compact_json,
     finish,
     mark,
 )

@@ -29,11 +29,16 @@ from __future__ import annotations
 import attrs
 import trio
 
-from stores import OwnershipScope
-
 from ..channel import AttachmentRef, Grant, InboundEvent
 from ..identity import ownership_from_identity
-from ..journal import FOLLOWING_STATE, NS_OPERATION, Loaded, OperationRecord, OperationRef
+from ..journal import (
+    FOLLOWING_STATE,
+    NS_OPERATION,
+    Loaded,
+    OperationRecord,
+    OperationRef,
+    OwnershipScope,
+)
 from ._admit import AWAITING_DECISION_TEXT
 from ._context import authorize_input, check_grant
 from ._core import Core

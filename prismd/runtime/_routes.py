@@ -14,8 +14,6 @@ from typing import Any
 
 import attrs
 
-from stores import OwnershipScope
-
 from ..identity import AgentIdentity
 from ..journal import (
     NS_BINDING,
@@ -23,6 +21,7 @@ from ..journal import (
     ChannelJournal,
     Loaded,
     OperationRef,
+    OwnershipScope,
     Write,
     finish,
 )

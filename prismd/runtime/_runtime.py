@@ -19,8 +19,7 @@ from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
 from ._core import Core, FetchAttachment
 from ._ids import operation_id_for
-from ._leaselog import LoggedLeases
-from ._leases import DEFAULT_LEASE_IDLE_MS
+from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from ._types import Authorize, ResolveAgent, ResolveBinding
 from .api import (
     Diagnostics,

@@ -26,8 +26,6 @@ from typing import Any
 
 import trio
 
-from stores import StoreUnavailableError
-
 from ..agents import (
     Agent,
     AgentInput,
@@ -39,7 +37,14 @@ from ..agents import (
     TextBlock,
 )
 from ..identity import AgentIdentity
-from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, SuspendedRun, transition
+from ..journal import (
+    FOLLOWING_STATE,
+    OperationRecord,
+    OperationRef,
+    StoreUnavailableError,
+    SuspendedRun,
+    transition,
+)
 from ._approvals import issue_controls
 from ._core import Core
 from ._following import TurnHooks, claim_following, left_for_restart

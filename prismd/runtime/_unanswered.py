@@ -23,10 +23,8 @@ read or logged: the operation record holds none once it ran.
 
 from __future__ import annotations
 
-from stores import OwnershipScope
-
 from ..channel import PastReply
-from ..journal import NS_OPERATION, OperationRecord
+from ..journal import NS_OPERATION, OperationRecord, OwnershipScope
 from ._core import Core
 from ._delivery import _owner as owner_of
 from ._replies import Draft, answer
