@@ -24,8 +24,8 @@ class DiscordConnectionConfig:
     intents: int = default_intents("mentions")
     allow_guilds: bool = False
     respond_to: Literal["mentions", "all"] = "mentions"
-    shards: int | None = 1
-    """A count, or ``None`` for ``"auto"``."""
+    shards: int | None = None
+    """A count, or ``None`` for ``"auto"`` (the default: what ``GET /gateway/bot`` says)."""
     kind: Literal["discord"] = "discord"
 
 
