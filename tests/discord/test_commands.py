@@ -26,9 +26,11 @@ async def test_commands_in_dms_and_mentions_each_answered_once(
             await wait_until(lambda: adapter.health()["state"] == "connected")
             for n, command in enumerate(COMMANDS):
                 fake.user_message(DM, USER, command)
-                await wait_until(lambda n=n: len(fake.bot_messages(DM)) == n + 1)
+                await wait_until(lambda: len(fake.bot_messages(DM)) == n + 1)  # noqa: B023
                 fake.user_message(GUILD_CHANNEL, USER, command, guild_id=GUILD, mention_bot=True)
-                await wait_until(lambda n=n: len(fake.bot_messages(GUILD_CHANNEL)) == n + 1)
+                await wait_until(
+                    lambda: len(fake.bot_messages(GUILD_CHANNEL)) == n + 1  # noqa: B023
+                )
             await trio.sleep(0.3)
     assert agent.calls == []
     for channel in (DM, GUILD_CHANNEL):
