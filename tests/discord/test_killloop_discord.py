@@ -32,6 +32,7 @@ import trio
 from prismd.runtime._ids import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, run_keys, running_daemon
 from tests.fakes.discord_api import FakeDiscord
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -105,8 +106,7 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
         for round_ in range(KILLS):
             async with running_daemon(layout, tag=f"k{round_}", extra_env=env) as daemon:
                 if round_ == 0:  # Discord delivers nothing to a bot that never connected
-                    while not fake.gateway.sessions:
-                        await trio.sleep(0.05)
+                    await wait_until(lambda: bool(fake.gateway.sessions))
                     nursery.start_soon(_feed, fake, random.Random(f"{seed}:feed"), sent)
                 await trio.sleep(rng.uniform(1.0, 3.0))
                 if round_ % 3 == 2:
@@ -121,8 +121,7 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
                 assert code in (0, -signal.SIGKILL) or early_term, f"{tag} exit {code}: {logs[-1]}"
         async with running_daemon(layout, tag="final", extra_env=env) as daemon:
             await daemon.wait_state("READY=1")
-            while len(sent) < MESSAGES:
-                await trio.sleep(0.2)
+            await wait_until(lambda: len(sent) == MESSAGES)
             entries = await _settle(fake, layout, tag)
             daemon.send(signal.SIGTERM)
             assert await daemon.wait_exit() == 0, f"{tag}: {daemon.stderr()}"
@@ -187,6 +186,4 @@ def _op_states(layout: Layout) -> dict[str, str]:
         rows = db.execute(
             "SELECT value FROM prism_checkpoints WHERE namespace = 'prism.channels.v1.operation'"
         ).fetchall()
-    return {
-        str(json.loads(v).get("operationId")): str(json.loads(v).get("state")) for (v,) in rows
-    }
+    return {str(json.loads(v).get("operationId")): str(json.loads(v).get("state")) for (v,) in rows}
