@@ -53,6 +53,7 @@ from ._status import ShardStatus, log
 QUEUE_SIZE = 256
 SAVE_EVERY_S = 1.0
 CLOSE_BUDGET_S = 3.0
+CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 MAX_BACKOFF_S = 60.0
 
@@ -274,7 +275,7 @@ class Shard:
         end: _End | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._handle_dispatches, receive, nursery.cancel_scope)
+                nursery.start_soon(self._handle_dispatches, receive)
                 try:
                     await self._read(ws, send, session, backoff, nursery)
                 finally:
@@ -287,8 +288,11 @@ class Shard:
                 raise first from None
             end = first
         finally:
-            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+            # The close frame goes out at once; its answer may never be read (a cancelled
+            # stop has cancelled the socket's reader), so wait for it only briefly.
+            with trio.move_on_after(CLOSE_HANDSHAKE_S, shield=True):
                 await ws.aclose(proto.RESUMABLE_CLOSE)  # never 1000: keep the session
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                 if self.lease.held:
                     try:
                         await self.cursor.save(self.lease.fencing_token)
@@ -331,10 +335,10 @@ class Shard:
             elif frame.op == proto.HEARTBEAT_ACK:
                 if self._heartbeater is not None:
                     self._heartbeater.ack()
-            elif frame.op == proto.HEARTBEAT:
-                if self._heartbeater is not None:
-                    self._heartbeater.requested(trio.current_time())
+            elif frame.op == proto.HEARTBEAT:  # Discord asks for a beat now
                 await ws.send_message(proto.heartbeat(self._received_seq))
+                if self._heartbeater is not None:
+                    self._heartbeater.sent(trio.current_time())
             elif frame.op == proto.RECONNECT:
                 raise _End("resume", "reconnect requested")
             elif frame.op == proto.INVALID_SESSION:
@@ -363,9 +367,7 @@ class Shard:
             await ws.send_message(proto.heartbeat(self._received_seq))
             beat.sent(trio.current_time())
 
-    async def _handle_dispatches(
-        self, queue: trio.MemoryReceiveChannel[proto.Frame], scope: trio.CancelScope
-    ) -> None:
+    async def _handle_dispatches(self, queue: trio.MemoryReceiveChannel[proto.Frame]) -> None:
         last_save = trio.current_time()
         dirty = False
         async for frame in queue:

@@ -164,10 +164,6 @@ class Heartbeater:
     def ack(self) -> None:
         self.acked = True
 
-    def requested(self, now: float) -> None:
-        """Discord sent op 1: beat now (the ACK state is unchanged)."""
-        self.next_at = now
-
 
 @attrs.frozen
 class StartLimit:

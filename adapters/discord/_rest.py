@@ -83,6 +83,8 @@ class DiscordRest:
     api_origin: str = DEFAULT_API_ORIGIN
     timeout_s: float = 15.0
     transport: Any = None
+    invalid_guard: int = INVALID_GUARD
+    ban_cooldown_s: float = BAN_COOLDOWN_S
     _client: httpx.AsyncClient | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
@@ -166,7 +168,7 @@ class DiscordRest:
         now = trio.current_time()
         while self._invalid and now - self._invalid[0] > INVALID_WINDOW_S:
             self._invalid.popleft()
-        if len(self._invalid) >= INVALID_GUARD:
+        if len(self._invalid) >= self.invalid_guard:
             raise DiscordGuardError("invalid-request guard: too many 401/403/429 answers")
 
     def _count_invalid(self) -> None:
@@ -208,9 +210,11 @@ class DiscordRest:
         if not isinstance(body, Mapping) or not has_headers:
             # Cloudflare's ban (HTML, code 0 or 40333 without headers): back off hard.
             self._count_invalid()
-            self._global_until = trio.current_time() + BAN_COOLDOWN_S
-            log.warning("discord: blocked by Cloudflare; pausing requests %.0f s", BAN_COOLDOWN_S)
-            return BAN_COOLDOWN_S
+            self._global_until = trio.current_time() + self.ban_cooldown_s
+            log.warning(
+                "discord: blocked by Cloudflare; pausing requests %.0f s", self.ban_cooldown_s
+            )
+            return self.ban_cooldown_s
         if scope != "shared":
             self._count_invalid()
         retry = _number(body.get("retry_after"))

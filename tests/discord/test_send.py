@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from adapters.discord import chunk_markdown
+from adapters.discord._rest import DiscordApiError, DiscordGuardError, DiscordRest
 from adapters.discord._send import NONCE_WINDOW_MS, chunk_nonce, nonce_base
 from prismd.channel import DeliveryOutcomeUnknownError, Reply
 from stores import Store
@@ -159,15 +160,15 @@ async def test_global_limit_429_blocks_and_retries(
     adapter = make_adapter()
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
-            for n in range(6):
+            for n in range(4):
                 nursery.start_soon(adapter.send, reply_to(inbound["id"], f"a{n}", f"op-{n}"))
     await adapter.aclose()
-    assert len(fake.bot_messages(DM)) == 6
-    # Each of the six concurrent senders meets at most one global 429: the first one blocks
-    # every request until its retry_after has passed.
+    assert len(fake.bot_messages(DM)) == 4
+    # Each of the four concurrent senders meets at most one global 429: the first one
+    # blocks every request until its retry_after has passed.
     global_429 = [r for r in fake.requests if r.status == 429]
-    assert 1 <= len(global_429) <= 6
-    assert len(fake.requests) <= 6 + 6 + len(global_429)  # /users/@me, the POSTs, retries
+    assert 1 <= len(global_429) <= 4
+    assert len(fake.requests) <= 4 + 4 + len(global_429)  # /users/@me, the POSTs, retries
 
 
 async def test_long_reply_in_chunks_each_with_its_own_nonce(
@@ -208,3 +209,28 @@ def test_nonce_is_stable_and_short() -> None:
     base = nonce_base("conn", "op-123")
     assert base == nonce_base("conn", "op-123") != nonce_base("conn", "op-124")
     assert len(chunk_nonce(base, 999)) <= 25
+
+
+async def test_invalid_request_guard_and_cloudflare_ban(fake: FakeDiscord) -> None:
+    """401/403/429 answers are counted; past the guard every call is refused locally (never
+    reaching the 10,000 per 10 minutes that bans an IP). A headerless HTML 429 is the ban:
+    every request pauses for the cooldown instead of hammering."""
+    rest = DiscordRest(token=lambda: "wrong", api_origin=fake.origin, invalid_guard=5)
+    with trio.fail_after(DEADLINE_S):
+        for _ in range(5):
+            with pytest.raises(DiscordApiError):
+                await rest.request("GET", "/users/@me")
+        with pytest.raises(DiscordGuardError):
+            await rest.request("GET", "/users/@me")
+    assert len(fake.requests) == 5
+    await rest.aclose()
+    fake.ban_after_invalid = 5
+    banned = DiscordRest(token=lambda: fake.token, api_origin=fake.origin, ban_cooldown_s=0.5)
+    with trio.fail_after(DEADLINE_S):
+        started = trio.current_time()
+        with pytest.raises(DiscordApiError):
+            await banned.request("GET", "/users/@me")
+        waited = trio.current_time() - started
+    await banned.aclose()
+    assert waited >= 4 * 0.5  # four 429s, each followed by the whole cooldown
+    assert [r.status for r in fake.requests[5:]] == [429] * 4
