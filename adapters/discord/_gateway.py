@@ -156,6 +156,7 @@ class Shard:
     _received_seq: int | None = attrs.field(default=None, init=False)
     _gateway: str | None = attrs.field(default=None, init=False)
     _backfill_due: bool = attrs.field(default=False, init=False)
+    _staggered: bool = attrs.field(default=False, init=False)
 
     @property
     def label(self) -> str:
@@ -434,13 +435,19 @@ class Shard:
                 raise proto.ProtocolError("gateway URL refused (wss://, or ws:// on loopback)")
             self._gateway = url
             now = self.clock.now_ms()
+            limit = proto.StartLimit.from_json(info.get("session_start_limit"))
             wait_ms = proto.identify_wait_ms(
                 now_ms=now,
                 history=self.cursor.state.identifies,
-                limit=proto.StartLimit.from_json(info.get("session_start_limit")),
+                limit=limit,
                 own_daily_cap=self.identifies_per_day,
                 spacing_ms=self.identify_spacing_ms,
             )
+            if not self._staggered:
+                # Shards start in buckets of max_concurrency, one bucket per 5 s window.
+                self._staggered = True
+                bucket = self.shard[0] // (limit.max_concurrency if limit else 1)
+                wait_ms = max(wait_ms, bucket * self.identify_spacing_ms)
             if wait_ms <= 0:
                 break
             self.status.state = "identify_wait"

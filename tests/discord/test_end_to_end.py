@@ -63,3 +63,27 @@ async def test_guild_messages_ignored_unless_allowed(
             await wait_until(lambda: len(fake.bot_messages()) == 1)
             await trio.sleep(0.3)
     assert [m["content"] for m in fake.bot_messages()] == ["echo: dm"]
+
+
+async def test_two_shards_each_under_its_own_lease_and_session(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """``shards = "auto"`` with Discord recommending 2: two sessions, identified one bucket
+    after the other; a guild of shard 1 and a DM (always shard 0) are each answered once."""
+    fake.recommended_shards = 2
+    fake.max_concurrency, fake.identify_window_s = 1, 0.25
+    guild_1 = str(4000000000000000001 + (1 << 22))  # (guild_id >> 22) % 2 == 1
+    adapter = make_adapter(allow_guilds=True, shards=None, identify_spacing_ms=300)
+    with trio.fail_after(20):
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            assert [s.shard for s in adapter._shards] == [(0, 2), (1, 2)]
+            fake.user_message(DM, USER, "dm")
+            fake.user_message("5000000000000000009", USER, "g1", guild_id=guild_1, mention_bot=True)
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(0.3)
+    assert sorted(m["content"] for m in fake.bot_messages()) == ["echo: dm", "echo: g1"]
+    identifies = fake.gateway.identifies()
+    assert sorted(tuple(i.d["shard"]) for i in identifies) == [(0, 2), (1, 2)]
+    assert identifies[1].at - identifies[0].at >= 0.3  # the second bucket waited
+    assert adapter.health()["gateway"] == "resumable"

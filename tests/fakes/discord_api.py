@@ -91,6 +91,8 @@ class FakeDiscord:
         self.identify_remaining = 1000
         self.reset_after_ms = 14_400_000
         self.max_concurrency = 1
+        self.identify_window_s = 5.0
+        """``max_concurrency`` identifies per this window (Discord: 5 s)."""
         self.token_reset = False
         self.route_limit = 5
         self.route_window_s = 5.0

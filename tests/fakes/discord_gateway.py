@@ -322,7 +322,7 @@ class Gateway:
         ):
             return 4010
         now = trio.current_time()
-        recent = [t for t in self.identify_times if now - t < 5.0]
+        recent = [t for t in self.identify_times if now - t < owner.identify_window_s]
         if len(recent) >= owner.max_concurrency:
             self._send(connection, {"op": 9, "d": False})
             return None
