@@ -37,6 +37,7 @@ from . import _protocol as proto
 from ._cursor import ShardCursor
 from ._gateway import Shard
 from ._parse import RespondTo, parse_message
+from ._previews import PreviewEditor
 from ._rest import DEFAULT_API_ORIGIN, DiscordApiError, DiscordError, DiscordRest
 from ._send import DiscordSender
 from ._status import ShardStatus, log
@@ -81,6 +82,8 @@ class DiscordAdapter:
     intents: int | None = None
     """``None``: :func:`default_intents`."""
     allow_guilds: bool = False
+    previews: bool = False
+    """Show streamed answers by editing one message (at most once a second)."""
     shards: int | None = 1
     """A shard count, or ``None`` for ``"auto"``."""
     lease_ttl_ms: int = 30_000
@@ -96,6 +99,7 @@ class DiscordAdapter:
     """An ``httpx.AsyncBaseTransport`` (tests); ``None`` for the network."""
     _rest: DiscordRest = attrs.field(init=False)
     _sender: DiscordSender = attrs.field(init=False)
+    _previews: PreviewEditor = attrs.field(init=False)
     _shards: list[Shard] = attrs.field(factory=list, init=False)
     _status: ShardStatus = attrs.field(factory=ShardStatus, init=False)
     """The state before the shards exist (and when asking for the shard count fails)."""
@@ -120,6 +124,7 @@ class DiscordAdapter:
             clock=self.clock,
             bot_user_id=self._bot_id,
         )
+        self._previews = PreviewEditor(connection_id=self.connection_id, rest=self._rest)
 
     @property
     def service_scope(self) -> OwnershipScope:
@@ -129,7 +134,7 @@ class DiscordAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return AdapterFeatures(typing=True)
+        return AdapterFeatures(typing=True, previews=self.previews)
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of
@@ -160,6 +165,8 @@ class DiscordAdapter:
             self._shards = [self._shard(i, count) for i in range(count)]
         try:
             async with trio.open_nursery() as nursery:
+                if self.previews:
+                    nursery.start_soon(self._previews.run)
                 for shard in self._shards:
                     await nursery.start(shard.run)
                 task_status.started()
@@ -283,10 +290,13 @@ class DiscordAdapter:
                     self._bot_user_id = me["id"]
             except DiscordError:
                 pass
+        if self.previews:
+            await self._previews.finish(reply.external_conversation_id)
         return await self._sender.send(reply)
 
     def send_draft(self, preview: Preview) -> None:
-        return None
+        if self.previews:
+            self._previews.offer(preview)
 
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
         await self._sender.typing(conversation_id)

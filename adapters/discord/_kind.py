@@ -23,6 +23,7 @@ class DiscordConnectionConfig:
     api_origin: str = DEFAULT_API_ORIGIN
     intents: int = default_intents("mentions")
     allow_guilds: bool = False
+    previews: bool = False
     respond_to: Literal["mentions", "all"] = "mentions"
     shards: int | None = None
     """A count, or ``None`` for ``"auto"`` (the default: what ``GET /gateway/bot`` says)."""
@@ -45,6 +46,7 @@ def _parse(table: ConfigTable, conn_id: str) -> DiscordConnectionConfig:
         api_origin=api_origin.rstrip("/"),
         intents=intents,
         allow_guilds=table.get_bool("allow_guilds"),
+        previews=table.get_bool("previews"),
         respond_to=respond_to,
         shards=_shards(table),
     )
@@ -118,6 +120,7 @@ def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapt
         respond_to=conn.respond_to,
         intents=conn.intents,
         allow_guilds=conn.allow_guilds,
+        previews=conn.previews,
         shards=conn.shards,
         lease_ttl_ms=min(max(context.lease_ttl_ms, 5_000), 300_000),
     )

@@ -61,9 +61,10 @@ def test_keys(tmp_path: Path) -> None:
     )
     config = load(
         tmp_path,
-        'token_env = "DISCORD_TOKEN"\nshards = 3\nintents = ["direct_messages"]\n',
+        'token_env = "DISCORD_TOKEN"\nshards = 3\nintents = ["direct_messages"]\npreviews = true\n',
     )
-    assert (config.connections[0].shards, config.connections[0].intents) == (3, 4096)
+    conn = config.connections[0]
+    assert (conn.shards, conn.intents, conn.previews) == (3, 4096, True)
 
 
 @pytest.mark.parametrize(

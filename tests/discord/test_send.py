@@ -3,6 +3,7 @@ proof by the bot's reply outside it, definite failures, rate limits, chunks."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -11,7 +12,7 @@ import trio
 from adapters.discord import chunk_markdown
 from adapters.discord._rest import DiscordApiError, DiscordGuardError, DiscordRest
 from adapters.discord._send import NONCE_WINDOW_MS, chunk_nonce, nonce_base
-from prismd.channel import DeliveryOutcomeUnknownError, Reply
+from prismd.channel import DeliveryOutcomeUnknownError, Preview, Reply
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.clocks import ManualClock
@@ -234,3 +235,34 @@ async def test_invalid_request_guard_and_cloudflare_ban(fake: FakeDiscord) -> No
     await banned.aclose()
     assert waited >= 4 * 0.5  # four 429s, each followed by the whole cooldown
     assert [r.status for r in fake.requests[5:]] == [429] * 4
+
+
+async def test_previews_edit_one_message_at_most_once_a_second_then_the_reply_replaces_it(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    inbound = fake.user_message(DM, USER, "question")
+    adapter = make_adapter(previews=True)
+    assert adapter.features.previews
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            text = ""
+            for n in range(25):  # 2.5 s of streamed deltas, ten a second
+                text += f"w{n} "
+                adapter.send_draft(Preview(CONN, DM, text))
+                await trio.sleep(0.1)
+            await trio.sleep(1.1)
+            result = await adapter.send(reply_to(inbound["id"], text.strip()))
+            nursery.cancel_scope.cancel()
+    await adapter.aclose()
+    assert result.delivered
+    previews = [r for r in fake.calls("POST", "/messages") if "message_reference" not in r.body]
+    edits = fake.calls("PATCH", "/messages/")
+    assert len(previews) == 1
+    assert 1 <= len(edits) <= 3
+    times = [r.at for r in [*previews, *edits]]
+    assert all(b - a >= 0.9 for a, b in itertools.pairwise(times)), times  # ~1 s apart
+    assert edits[-1].body["content"] == text  # the last edit shows everything streamed
+    [deleted] = fake.deleted
+    assert deleted["id"] not in {m["id"] for m in fake.bot_messages(DM)}
+    assert [m["content"] for m in fake.bot_messages(DM)] == [text.strip()]

@@ -14,6 +14,7 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   Channel faults: ``blocked`` → 403 50007, ``no_permission`` → 403 50013, unknown → 404
   10003.
 * ``PATCH /channels/{id}/messages/{mid}`` (the author only, else 50005) → MESSAGE_UPDATE;
+  ``DELETE`` of the bot's own message → 204 and MESSAGE_DELETE;
   ``POST /channels/{id}/typing`` → 204; ``GET /channels/{id}/messages?after=&limit=`` →
   newest first, without ``nonce``.
 * Rate limits: a bucket per (method, route, channel) of ``route_limit`` requests per
@@ -101,6 +102,8 @@ class FakeDiscord:
         self.invalid_requests = 0
         self.channels: dict[str, Channel] = {}
         self.requests: list[Request] = []
+        self.deleted: list[dict[str, Any]] = []
+        """Messages removed by DELETE, as they were last."""
         self.gateway = Gateway(self)
         self.rest_port = 0
         self.gateway_port = 0
@@ -404,6 +407,8 @@ class FakeDiscord:
             return self._post(channel, body)
         if method == "PATCH" and len(parts) == 4:
             return self._patch(channel, parts[3], body)
+        if method == "DELETE" and len(parts) == 4:
+            return self._delete(channel, parts[3])
         return 405, _error(0, "405: Method Not Allowed")
 
     def _history(self, channel: Channel, query: Mapping[str, list[str]]) -> list[Any]:
@@ -456,6 +461,18 @@ class FakeDiscord:
         if nonce is not None:
             self._nonces[(self.bot_user_id, str(nonce))] = (created["id"], now)
         return 200, created
+
+    def _delete(self, channel: Channel, message_id: str) -> tuple[int, Any]:
+        message = next((m for m in channel.messages if m["id"] == message_id), None)
+        if message is None:
+            return 404, _error(10008, "Unknown Message")
+        if message["author"]["id"] != self.bot_user_id:
+            return 403, _error(50013, "Missing Permissions")
+        self.delete_message(message_id)
+        self.deleted.append(dict(message))
+        event = {"id": message_id, "channel_id": channel.id}
+        self.gateway.dispatch("MESSAGE_DELETE", event, channel.guild_id)
+        return 204, None
 
     def _patch(self, channel: Channel, message_id: str, body: Any) -> tuple[int, Any]:
         message = next((m for m in channel.messages if m["id"] == message_id), None)
