@@ -89,7 +89,19 @@ async def test_seq_stored_only_after_the_admission_committed(
     assert len(fake.gateway.identifies()) == 1
 
 
-@pytest.mark.parametrize("fault", ["reconnect", "zombie", "invalid_true", "drop_tcp", "close_4000"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "reconnect",
+        "zombie",
+        "stalled",
+        "invalid_true",
+        "drop_tcp",
+        "close_4000",
+        "close_1000_by_discord",
+        "op7_before_hello",
+    ],
+)
 async def test_connection_faults_resume_without_loss(
     fault: str, fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
@@ -105,8 +117,15 @@ async def test_connection_faults_resume_without_loss(
                 fake.gateway.withhold_acks = 1
             elif fault == "invalid_true":
                 fake.gateway.invalidate(resumable=True)
+            elif fault == "stalled":
+                fake.gateway.mute()  # silent, TCP open: no ACK comes, so a zombie
             elif fault == "drop_tcp":
                 fake.gateway.close_all(None)
+            elif fault == "close_1000_by_discord":
+                fake.gateway.close_all(1000)
+            elif fault == "op7_before_hello":
+                fake.gateway.reconnect_before_hello = True
+                fake.gateway.close_all(4000)
             else:
                 fake.gateway.close_all(4000)
             await wait_until(lambda: len(fake.gateway.resumes) == 1)

@@ -266,3 +266,20 @@ async def test_previews_edit_one_message_at_most_once_a_second_then_the_reply_re
     [deleted] = fake.deleted
     assert deleted["id"] not in {m["id"] for m in fake.bot_messages(DM)}
     assert [m["content"] for m in fake.bot_messages(DM)] == [text.strip()]
+
+
+async def test_typing_indicator_and_its_failures_ignored(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    fake.channel(DM)
+    adapter = make_adapter()
+    assert adapter.features.typing
+    with trio.fail_after(DEADLINE_S):
+        await adapter.send_typing(DM)
+        await adapter.send_typing("4040404040404040404")  # unknown channel: 404, ignored
+        await adapter.send_typing("not-a-channel")  # never sent
+    await adapter.aclose()
+    assert [(r.path, r.status) for r in fake.calls("POST", "/typing")] == [
+        (f"/api/v10/channels/{DM}/typing", 204),
+        ("/api/v10/channels/4040404040404040404/typing", 404),
+    ]

@@ -64,6 +64,8 @@ class GatewayConnection:
     identified: bool = False
     outbox: trio.MemorySendChannel[dict[str, Any] | None] = attrs.field(default=None)
     closed: bool = False
+    muted: bool = False
+    """Sends nothing more (no ACK, no event) while the TCP connection stays open."""
 
 
 @attrs.frozen
@@ -150,7 +152,7 @@ class Gateway:
             self._send(connection, payload)
 
     def _send(self, connection: GatewayConnection, payload: dict[str, Any] | None) -> None:
-        if connection.closed:
+        if connection.closed or connection.muted:
             return
         try:
             connection.outbox.send_nowait(payload)
@@ -179,6 +181,11 @@ class Gateway:
         """Close every live connection with ``code`` (``None``: drop TCP, no frame)."""
         for connection in self.live():
             self.owner.nursery.start_soon(self._close_later, connection, 0, code)
+
+    def mute(self) -> None:
+        """Every live connection goes silent but stays open (a stalled, "zombied" one)."""
+        for connection in self.live():
+            connection.muted = True
 
     def request_heartbeat(self) -> None:
         for connection in self.live():
