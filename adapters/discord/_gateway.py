@@ -56,6 +56,7 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 MAX_BACKOFF_S = 60.0
+RECONNECT_BASE_S = 0.25
 
 HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[None]]
 """Admit one message; returns once the admission is final (the watermark may pass it)."""
@@ -196,7 +197,7 @@ class Shard:
                 await self.cursor.save(self.lease.fencing_token)
         if task_status is not None:
             task_status.started()
-        backoff = Backoff(self.random, cap_s=MAX_BACKOFF_S)
+        backoff = Backoff(self.random, base_s=RECONNECT_BASE_S, cap_s=MAX_BACKOFF_S)
         while True:
             self.lease.check()
             try:
@@ -250,7 +251,9 @@ class Shard:
             # "a random amount of time between 1 and 5 seconds" before a fresh Identify
             await self.lease.sleep(self.reidentify_delay_s * (1.0 + 4.0 * self.random.random()))
         else:
-            await self.lease.sleep(backoff.next_delay() if backoff.failures else 0.0)
+            # Soon (a fraction of a second), but never a hot loop: a connection that keeps
+            # ending before READY/RESUMED (which reset it) waits longer each time.
+            await self.lease.sleep(backoff.next_delay())
 
     # ------------------------------------------------------------------ one connection
 

@@ -124,7 +124,7 @@ async def test_connection_faults_resume_without_loss(
             elif fault == "close_1000_by_discord":
                 fake.gateway.close_all(1000)
             elif fault == "op7_before_hello":
-                fake.gateway.reconnect_before_hello = True
+                fake.gateway.reconnect_before_hello = 1
                 fake.gateway.close_all(4000)
             else:
                 fake.gateway.close_all(4000)
@@ -137,6 +137,25 @@ async def test_connection_faults_resume_without_loss(
     assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
     assert 1000 not in fake.gateway.client_close_codes
     assert 1001 not in fake.gateway.client_close_codes
+
+
+async def test_a_gateway_that_keeps_saying_reconnect_is_not_a_hot_loop(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            before = fake.gateway.connection_count
+            fake.gateway.reconnect_before_hello = 1000
+            fake.gateway.close_all(4000)
+            await trio.sleep(3.0)
+            attempts = fake.gateway.connection_count - before
+            fake.gateway.reconnect_before_hello = 0
+            fake.user_message(DM, USER, "still there")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+    assert 3 <= attempts <= 8  # 0.125-0.25 s, doubling: about five in three seconds
+    assert len(fake.gateway.identifies()) == 1
 
 
 async def test_duplicate_and_replayed_dispatches_answered_once(

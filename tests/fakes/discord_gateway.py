@@ -95,7 +95,8 @@ class Gateway:
         self.duplicate_next = 0
         self.drop_next = 0
         self.kick_on_resume = False
-        self.reconnect_before_hello = False
+        self.reconnect_before_hello = 0
+        """How many next connections get op 7 instead of Hello (then a 4000 close)."""
         self.connection_count = 0
 
     # ------------------------------------------------------------------ dispatching
@@ -231,7 +232,7 @@ class Gateway:
             nursery.start_soon(self._writer, connection, receive)
             try:
                 if self.reconnect_before_hello:
-                    self.reconnect_before_hello = False
+                    self.reconnect_before_hello -= 1
                     self._send(connection, {"op": 7, "d": None})
                     await trio.sleep(0.05)
                     await self._close(connection, 4000)
