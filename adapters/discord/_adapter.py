@@ -259,7 +259,8 @@ class DiscordAdapter:
         )
         if event is None:
             return
-        backoff = Backoff(self.random, cap_s=30.0)
+        # A full queue frees as turns end (milliseconds): try again soon, then less often.
+        backoff = Backoff(self.random, base_s=0.1, cap_s=10.0)
         while True:
             shard.lease.check()
             admission = await self.admit(event)

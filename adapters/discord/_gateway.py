@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random as _random
 import ssl
 import urllib.parse
@@ -372,36 +373,56 @@ class Shard:
             beat.sent(trio.current_time())
 
     async def _handle_dispatches(self, queue: trio.MemoryReceiveChannel[proto.Frame]) -> None:
+        """Handle dispatches in order; the watermark (``session.seq``) passes each once it is
+        handled, and is saved at most every :data:`SAVE_EVERY_S` (and when the connection
+        ends): a watermark saved late only means a longer replay, which the journal
+        deduplicates by message id."""
         last_save = trio.current_time()
         dirty = False
-        async for frame in queue:
-            assert frame.s is not None
-            state = self.cursor.state
-            if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
-                continue  # a duplicate (or the replay of what we handled)
-            if frame.t == "READY":
-                self._ready(frame)
-                await self.cursor.save(self.lease.fencing_token)
-                last_save, dirty = trio.current_time(), False
-                if self._backfill_due:
-                    self._backfill_due = False
-                    self.status.state = "backfilling"
-                    await backfill(self, self.backfill_pages)
-                self.status.state = "connected"
-                continue
-            if frame.t == "RESUMED":
-                self.status.state = "connected"
-                self.status.resumes += 1
-            elif frame.t == "MESSAGE_CREATE" and isinstance(frame.d, Mapping):
-                await self.handle_message(frame.d, self)
-            if state.session is not None:
-                state.session.seq = frame.s
-                dirty = True
-            now = trio.current_time()
-            if dirty and (queue.statistics().current_buffer_used == 0 or now - last_save > 1):
+        while True:
+            frame: proto.Frame | None = None
+            wait = last_save + SAVE_EVERY_S - trio.current_time() if dirty else math.inf
+            with trio.move_on_after(max(wait, 0.0)):
+                try:
+                    frame = await queue.receive()
+                except trio.EndOfChannel:
+                    return
+            if frame is not None:
+                dirty = await self._dispatch(frame) or dirty
+                if frame.t == "READY":
+                    last_save, dirty = trio.current_time(), False  # saved at READY
+            if dirty and trio.current_time() - last_save >= SAVE_EVERY_S:
                 self.lease.check()
                 await self.cursor.save(self.lease.fencing_token)
-                last_save, dirty = now, False
+                last_save, dirty = trio.current_time(), False
+
+    async def _dispatch(self, frame: proto.Frame) -> bool:
+        """Handle one dispatch; whether the watermark moved."""
+        assert frame.s is not None
+        state = self.cursor.state
+        if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
+            return False  # a duplicate (or the replay of what we handled)
+        if frame.t == "READY":
+            self._ready(frame)
+            await self.cursor.save(self.lease.fencing_token)
+            if self._backfill_due:
+                self._backfill_due = False
+                self.status.state = "backfilling"
+                await backfill(self, self.backfill_pages)
+            self.status.state = "connected"
+            return False
+        if frame.t == "RESUMED":
+            self.status.state = "connected"
+            self.status.resumes += 1
+        elif frame.t == "MESSAGE_CREATE" and isinstance(frame.d, Mapping):
+            author = frame.d.get("author")
+            own = isinstance(author, Mapping) and author.get("id") == state.bot_user_id
+            if not own:  # our own replies come back too: nothing to admit
+                await self.handle_message(frame.d, self)
+        if state.session is None:
+            return False
+        state.session.seq = frame.s
+        return True
 
     def _ready(self, frame: proto.Frame) -> None:
         d = frame.d if isinstance(frame.d, Mapping) else {}

@@ -5,7 +5,8 @@
 REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
 
 * ``GET /gateway/bot`` — ``{url, shards, session_start_limit:{total, remaining,
-  reset_after, max_concurrency}}``; ``GET /users/@me``.
+  reset_after, max_concurrency}}``; ``GET /users/@me``; ``GET /oauth2/applications/@me``
+  (what discord.py reads at login, for the peer bench).
 * ``POST /channels/{id}/messages`` — content 1..2000 characters (else 50006 / 50035), a
   ``message_reference`` to an unknown message is 50035 unless ``fail_if_not_exists`` is
   false; ``nonce`` ≤ 25 characters; with ``enforce_nonce`` a (author, nonce) seen within
@@ -148,6 +149,17 @@ class FakeDiscord:
         self._last_snowflake = value
         return str(value)
 
+    def bot_user(self) -> dict[str, Any]:
+        """The bot's user object (as READY, ``/users/@me`` and its messages carry it)."""
+        return {
+            "id": self.bot_user_id,
+            "username": self.bot_username,
+            "global_name": None,
+            "discriminator": "0",
+            "avatar": None,
+            "bot": True,
+        }
+
     def channel(self, channel_id: str, guild_id: str | None = None) -> Channel:
         if channel_id not in self.channels:
             self.channels[channel_id] = Channel(channel_id, guild_id, 0 if guild_id else 1)
@@ -167,12 +179,18 @@ class FakeDiscord:
         channel = self.channel(channel_id, guild_id)
         if mention_bot:
             content = f"<@{self.bot_user_id}> {content}"
-        author: dict[str, Any] = {"id": author_id, "username": f"user{author_id[-4:]}"}
+        author: dict[str, Any] = {
+            "id": author_id,
+            "username": f"user{author_id[-4:]}",
+            "global_name": None,
+            "discriminator": "0",
+            "avatar": None,
+        }
         if bot:
             author["bot"] = True
         mentions: list[Mapping[str, Any]] = []
         if mention_bot:
-            mentions.append({"id": self.bot_user_id, "username": self.bot_username, "bot": True})
+            mentions.append(self.bot_user())
         return self._create(channel, author, content, mentions=mentions)
 
     def _create(
@@ -391,7 +409,22 @@ class FakeDiscord:
         if method == "GET" and parts == ["gateway"]:
             return 200, {"url": self.gateway_url}
         if method == "GET" and parts == ["users", "@me"]:
-            return 200, {"id": self.bot_user_id, "username": self.bot_username, "bot": True}
+            return 200, self.bot_user()
+        if method == "GET" and parts == ["oauth2", "applications", "@me"]:
+            owner = {**self.bot_user(), "id": "1000000000000000003", "bot": False}
+            return 200, {
+                "id": self.application_id,
+                "name": self.bot_username,
+                "icon": None,
+                "description": "",
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "owner": owner,
+                "team": None,
+                "verify_key": "0" * 64,
+                "flags": 0,
+                "summary": "",
+            }
         if parts[0] != "channels" or len(parts) < 3:
             return 404, _error(0, "404: Not Found")
         channel = self.channels.get(parts[1])
@@ -451,7 +484,7 @@ class FakeDiscord:
                     m for c in self.channels.values() for m in c.messages if m["id"] == seen[0]
                 )
                 return 200, {**original, "nonce": str(nonce)}
-        author = {"id": self.bot_user_id, "username": self.bot_username, "bot": True}
+        author = self.bot_user()
         ref = None
         if isinstance(reference, Mapping):
             ref = {"message_id": str(reference["message_id"]), "channel_id": channel.id}

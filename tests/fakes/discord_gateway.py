@@ -349,7 +349,7 @@ class Gateway:
             "READY",
             {
                 "v": 10,
-                "user": {"id": owner.bot_user_id, "username": owner.bot_username, "bot": True},
+                "user": owner.bot_user(),
                 "guilds": [],
                 "session_id": session.session_id,
                 "resume_gateway_url": owner.resume_gateway_url,
