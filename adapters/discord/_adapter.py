@@ -89,6 +89,8 @@ class DiscordAdapter:
     lease_ttl_ms: int = 30_000
     identifies_per_day: int = 50
     backfill_pages: int = 5
+    retention_days: int = 7
+    """How long a send's first attempt is kept (the journal's ``retention_days``)."""
     identify_spacing_ms: int = 5_000
     """At least this long between two identifies of a shard (Discord: 5 s)."""
     reidentify_delay_s: float = 1.0
@@ -167,12 +169,26 @@ class DiscordAdapter:
             async with trio.open_nursery() as nursery:
                 if self.previews:
                     nursery.start_soon(self._previews.run)
+                nursery.start_soon(self._prune_sends)
                 for shard in self._shards:
                     await nursery.start(shard.run)
                 task_status.started()
         finally:
             for shard in self._shards:
                 shard.status.stopped()
+
+    async def _prune_sends(self) -> None:
+        """Hourly: forget first-attempt records older than the journal's retention."""
+        while True:
+            try:
+                await self._sender.prune(keep_ms=self.retention_days * 86_400_000)
+            except Exception as exc:
+                log.debug(
+                    "discord %s: pruning send records failed (%s)",
+                    self.connection_id,
+                    type(exc).__name__,
+                )
+            await trio.sleep(3600 * (0.9 + 0.2 * self.random.random()))
 
     async def _recommended_shards(self) -> int:
         backoff = Backoff(self.random, cap_s=60.0)

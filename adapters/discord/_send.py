@@ -245,6 +245,30 @@ class DiscordSender:
             raise DeliveryOutcomeUnknownError("stored send attempt unreadable")
         return first, True
 
+    async def prune(self, *, keep_ms: int, pages: int = 4) -> int:
+        """Delete stored first attempts older than ``keep_ms`` (the journal's retention:
+        a reply older than that can no longer be resent); bounded to ``pages`` pages of
+        500 a call. How many were deleted."""
+        cutoff = self.clock.now_ms() - keep_ms
+        deleted = 0
+        cursor: str | None = None
+        for _page in range(pages):
+            page = await self.checkpoints.list_checkpoints(
+                namespace=SEND_NAMESPACE, scope=self.scope, cursor=cursor, limit=500
+            )
+            for record in page.items:
+                value = record.value
+                first = value.get("firstAttemptMs") if isinstance(value, Mapping) else None
+                if record.scope == self.scope and isinstance(first, int) and first < cutoff:
+                    removed = await self.checkpoints.delete_checkpoint(
+                        namespace=SEND_NAMESPACE, key=record.key, scope=self.scope
+                    )
+                    deleted += int(removed)
+            cursor = page.next_cursor
+            if cursor is None or not page.items:
+                break
+        return deleted
+
     async def _find_replies(self, channel: str, target: str | None) -> list[str]:
         """The ids of the bot's replies to ``target`` in ``channel``, oldest first."""
         bot = self.bot_user_id()

@@ -11,7 +11,7 @@ import trio
 
 from adapters.discord import chunk_markdown
 from adapters.discord._rest import DiscordApiError, DiscordGuardError, DiscordRest
-from adapters.discord._send import NONCE_WINDOW_MS, chunk_nonce, nonce_base
+from adapters.discord._send import NONCE_WINDOW_MS, SEND_NAMESPACE, chunk_nonce, nonce_base
 from prismd.channel import DeliveryOutcomeUnknownError, Preview, Reply
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
@@ -283,3 +283,21 @@ async def test_typing_indicator_and_its_failures_ignored(
         (f"/api/v10/channels/{DM}/typing", 204),
         ("/api/v10/channels/4040404040404040404/typing", 404),
     ]
+
+
+async def test_first_attempt_records_pruned_after_the_retention(
+    fake: FakeDiscord, make_adapter: AdapterFactory, store: Store
+) -> None:
+    inbound = fake.user_message(DM, USER, "question")
+    clock = ManualClock()
+    adapter = make_adapter(clock=clock)
+    with trio.fail_after(DEADLINE_S):
+        for n in range(3):
+            assert (await adapter.send(reply_to(inbound["id"], f"a{n}", f"op-{n}"))).delivered
+            clock.advance(3 * 86_400_000)
+        deleted = await adapter._sender.prune(keep_ms=7 * 86_400_000)
+    await adapter.aclose()
+    assert deleted == 1  # only the first is older than 7 days (9 days); 6 and 3 are kept
+    page = await store.checkpoints.list_checkpoints(namespace=SEND_NAMESPACE)
+    assert len(page.items) == 2
+    assert all("a0" not in str(r.value) for r in page.items)  # no text is stored
