@@ -44,12 +44,14 @@ from trio_websocket import (
 from prismd.channel import AdapterFatalError
 from stores import Clock
 
-from ..toolkit import Backoff, LeaseLostError, ReceiverLease, is_loopback_host
+from ..toolkit import Backoff, LeaseLostError, ReceiverLease
 from . import _protocol as proto
 from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
+from ._identify import gateway_url, prepare_identify
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
+from ._urls import checked_gateway_url
 
 QUEUE_SIZE = 256
 SAVE_EVERY_S = 1.0
@@ -118,23 +120,6 @@ async def _websocket(url: str) -> AsyncIterator[WebSocketConnection]:
         await trio.aclose_forcefully(stream)
 
 
-def checked_gateway_url(url: object) -> str | None:
-    """A gateway URL we may connect to: ``wss://``, or ``ws://`` on loopback."""
-    if not isinstance(url, str):
-        return None
-    scheme, sep, rest = url.partition("://")
-    host = rest.split("/", 1)[0].split("?", 1)[0]
-    if host.startswith("["):
-        host = host.split("]", 1)[0] + "]"
-    elif ":" in host:
-        host = host.rsplit(":", 1)[0]
-    if not sep or not host:
-        return None
-    if scheme == "wss" or (scheme == "ws" and is_loopback_host(host)):
-        return url
-    return None
-
-
 @attrs.define(eq=False, kw_only=True)
 class Shard:
     connection_id: str
@@ -156,9 +141,11 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
-    _gateway: str | None = attrs.field(default=None, init=False)
+    gateway: str | None = attrs.field(default=None, init=False)
+    """The gateway URL last given by ``GET /gateway[/bot]``."""
     _backfill_due: bool = attrs.field(default=False, init=False)
-    _staggered: bool = attrs.field(default=False, init=False)
+    staggered: bool = attrs.field(default=False, init=False)
+    """The first Identify waited for its shard bucket."""
 
     @property
     def label(self) -> str:
@@ -262,10 +249,10 @@ class Shard:
         state = self.cursor.state
         session = state.session
         if session is None:
-            url = await self._prepare_identify()
+            url = await prepare_identify(self)
             self.status.state = "connecting"
         else:
-            url = checked_gateway_url(session.resume_url) or await self._gateway_url()
+            url = checked_gateway_url(session.resume_url) or await gateway_url(self)
             self.status.state = "resuming"
         self._received_seq = None if session is None else session.seq
         try:
@@ -403,7 +390,7 @@ class Shard:
         if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
             return False  # a duplicate (or the replay of what we handled)
         if frame.t == "READY":
-            self._ready(frame)
+            _ready(self, frame)
             await self.cursor.save(self.lease.fencing_token)
             if self._backfill_due:
                 self._backfill_due = False
@@ -424,60 +411,18 @@ class Shard:
         state.session.seq = frame.s
         return True
 
-    def _ready(self, frame: proto.Frame) -> None:
-        d = frame.d if isinstance(frame.d, Mapping) else {}
-        user = d.get("user")
-        session_id = d.get("session_id")
-        if not isinstance(session_id, str) or not isinstance(user, Mapping):
-            raise proto.ProtocolError("READY without a session")
-        if isinstance(user.get("id"), str):
-            self.cursor.state.bot_user_id = user["id"]
-        resume_url = checked_gateway_url(d.get("resume_gateway_url")) or self._gateway or ""
-        assert frame.s is not None
-        self.cursor.state.session = SessionState(session_id, resume_url, frame.s)
-        self.status.session_started_at = trio.current_time()
-        log.info("%s: session started (identified)", self.label)
 
-    # ------------------------------------------------------------------ identify budget
-
-    async def _gateway_url(self) -> str:
-        if self._gateway is None:
-            info = await self.rest.request("GET", "/gateway")
-            url = checked_gateway_url(info.get("url") if isinstance(info, Mapping) else None)
-            if url is None:
-                raise proto.ProtocolError("gateway URL refused (wss://, or ws:// on loopback)")
-            self._gateway = url
-        return self._gateway
-
-    async def _prepare_identify(self) -> str:
-        """Wait for the identify budget, record the identify durably; the gateway URL."""
-        while True:
-            info = await self.rest.request("GET", "/gateway/bot")
-            info = info if isinstance(info, Mapping) else {}
-            url = checked_gateway_url(info.get("url"))
-            if url is None:
-                raise proto.ProtocolError("gateway URL refused (wss://, or ws:// on loopback)")
-            self._gateway = url
-            now = self.clock.now_ms()
-            limit = proto.StartLimit.from_json(info.get("session_start_limit"))
-            wait_ms = proto.identify_wait_ms(
-                now_ms=now,
-                history=self.cursor.state.identifies,
-                limit=limit,
-                own_daily_cap=self.identifies_per_day,
-                spacing_ms=self.identify_spacing_ms,
-            )
-            if not self._staggered:
-                # Shards start in buckets of max_concurrency, one bucket per 5 s window.
-                self._staggered = True
-                bucket = self.shard[0] // (limit.max_concurrency if limit else 1)
-                wait_ms = max(wait_ms, bucket * self.identify_spacing_ms)
-            if wait_ms <= 0:
-                break
-            self.status.state = "identify_wait"
-            log.warning("%s: identify budget: waiting %.1f s", self.label, wait_ms / 1000)
-            await self.lease.sleep(min(wait_ms / 1000, 600.0))
-        self.cursor.state.identifies.append(self.clock.now_ms())
-        self.lease.check()
-        await self.cursor.save(self.lease.fencing_token)
-        return self._gateway
+def _ready(shard: Shard, frame: proto.Frame) -> None:
+    """READY: the new session (the caller stores it) and the bot's own user id."""
+    d = frame.d if isinstance(frame.d, Mapping) else {}
+    user = d.get("user")
+    session_id = d.get("session_id")
+    if not isinstance(session_id, str) or not isinstance(user, Mapping):
+        raise proto.ProtocolError("READY without a session")
+    if isinstance(user.get("id"), str):
+        shard.cursor.state.bot_user_id = user["id"]
+    resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
+    assert frame.s is not None
+    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s)
+    shard.status.session_started_at = trio.current_time()
+    log.info("%s: session started (identified)", shard.label)

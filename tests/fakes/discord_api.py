@@ -45,6 +45,8 @@ from trio_websocket import serve_websocket
 from adapters.toolkit import HttpError, read_body, read_request_head, respond, server_connection
 
 from .discord_gateway import Gateway
+from .discord_rest import bucket as rest_bucket
+from .discord_rest import route as rest_route
 
 DISCORD_EPOCH_MS = 1420070400000
 BAN_HTML = b"<html><body>error code: 1015</body></html>"
@@ -109,10 +111,10 @@ class FakeDiscord:
         self.rest_port = 0
         self.gateway_port = 0
         self.nursery: trio.Nursery = None  # type: ignore[assignment]
-        self._nonces: dict[tuple[str, str], tuple[str, float]] = {}
-        self._deleted: set[str] = set()
+        self.nonces: dict[tuple[str, str], tuple[str, float]] = {}
+        self.deleted_ids: set[str] = set()
         self._last_snowflake = 0
-        self._buckets: dict[tuple[str, str, str], list[float]] = {}
+        self.buckets: dict[tuple[str, str, str], list[float]] = {}
         self._global: list[float] = []
         self._faults: dict[str, list[str]] = {}
         self._offset_ms = int(time.time() * 1000)
@@ -242,7 +244,7 @@ class FakeDiscord:
     def delete_message(self, message_id: str) -> None:
         for channel in self.channels.values():
             channel.messages = [m for m in channel.messages if m["id"] != message_id]
-        self._deleted.add(message_id)
+        self.deleted_ids.add(message_id)
 
     def fail_next(self, route: str, *faults: str) -> None:
         """The next requests whose ``METHOD /path`` contains ``route`` meet ``faults``."""
@@ -292,13 +294,13 @@ class FakeDiscord:
             try:
                 body = json.loads(raw)
             except ValueError:
-                return self._record(method, path, None, 400, _error(50035, "Invalid Form Body"))
+                return self._record(method, path, None, 400, error(50035, "Invalid Form Body"))
         if self.invalid_requests >= self.ban_after_invalid:
             self.requests.append(Request(method, path, body, now, 429))
             return 429, BAN_HTML, []
         if head.headers.get("authorization") != f"Bot {self.token}" or self.token_reset:
             self.invalid_requests += 1
-            return self._record(method, path, body, 401, _error(0, "401: Unauthorized"))
+            return self._record(method, path, body, 401, error(0, "401: Unauthorized"))
         self._global = [t for t in self._global if now - t < 1.0]
         if len(self._global) >= self.global_limit:
             self.invalid_requests += 1
@@ -314,19 +316,19 @@ class FakeDiscord:
         self._global.append(now)
         fault = self._fault(f"{method} {path}")
         if not path.startswith("/api/v10/"):
-            return self._record(method, path, body, 404, _error(0, "404: Not Found"))
+            return self._record(method, path, body, 404, error(0, "404: Not Found"))
         route = path[len("/api/v10") :]
         parts = route.strip("/").split("/")
         bucket_headers: list[tuple[str, str]] = []
         if parts[0] == "channels" and len(parts) >= 2:
             key = (method, parts[2] if len(parts) > 2 else "", parts[1])
-            limited = self._bucket(key, now, bucket_headers, fault == "429")
+            limited = rest_bucket(self, key, now, bucket_headers, fault == "429")
             if limited is not None:
                 self.invalid_requests += 1
                 return self._record(method, path, body, 429, limited, bucket_headers)
         if fault == "502":
-            return self._record(method, path, body, 502, _error(0, "502: Bad Gateway"))
-        answer = self._route(method, parts, query, body)
+            return self._record(method, path, body, 502, error(0, "502: Bad Gateway"))
+        answer = rest_route(self, method, parts, query, body)
         status, payload = answer
         if status in (401, 403):
             self.invalid_requests += 1
@@ -336,45 +338,13 @@ class FakeDiscord:
                 await trio.sleep_forever()
             return None
         if fault == "commit_500" and status < 300:
-            return self._record(method, path, body, 500, _error(0, "500: Internal Server Error"))
+            return self._record(method, path, body, 500, error(0, "500: Internal Server Error"))
         return self._record(method, path, body, status, payload, bucket_headers)
 
     def _fault(self, target: str) -> str | None:
         for route, queue in self._faults.items():
             if route in target and queue:
                 return queue.pop(0)
-        return None
-
-    def _bucket(
-        self,
-        key: tuple[str, str, str],
-        now: float,
-        headers: list[tuple[str, str]],
-        force: bool,
-    ) -> dict[str, Any] | None:
-        hits = [t for t in self._buckets.get(key, []) if now - t < self.route_window_s]
-        self._buckets[key] = hits
-        reset_after = self.route_window_s - (now - hits[0]) if hits else self.route_window_s
-        bucket = f"{key[0]}-{key[1]}".encode().hex()[:16]
-        if len(hits) >= self.route_limit or force:
-            retry = round(max(reset_after, 0.05), 3)
-            headers += [
-                ("X-RateLimit-Limit", str(self.route_limit)),
-                ("X-RateLimit-Remaining", "0"),
-                ("X-RateLimit-Reset-After", f"{retry:.3f}"),
-                ("X-RateLimit-Bucket", bucket),
-                ("X-RateLimit-Scope", "user"),
-                ("Retry-After", str(math.ceil(retry))),
-            ]
-            return {"message": "You are being rate limited.", "retry_after": retry, "global": False}
-        hits.append(now)
-        headers += [
-            ("X-RateLimit-Limit", str(self.route_limit)),
-            ("X-RateLimit-Remaining", str(self.route_limit - len(hits))),
-            ("X-RateLimit-Reset", f"{time.time() + reset_after:.3f}"),
-            ("X-RateLimit-Reset-After", f"{reset_after:.3f}"),
-            ("X-RateLimit-Bucket", bucket),
-        ]
         return None
 
     def _record(
@@ -390,138 +360,6 @@ class FakeDiscord:
         data = None if payload is None else json.dumps(payload).encode()
         return status, data, list(headers or ())
 
-    # ------------------------------------------------------------------ routes
 
-    def _route(
-        self, method: str, parts: list[str], query: Mapping[str, list[str]], body: Any
-    ) -> tuple[int, Any]:
-        if method == "GET" and parts == ["gateway", "bot"]:
-            return 200, {
-                "url": self.gateway_url,
-                "shards": self.recommended_shards,
-                "session_start_limit": {
-                    "total": self.identify_total,
-                    "remaining": self.identify_remaining,
-                    "reset_after": self.reset_after_ms,
-                    "max_concurrency": self.max_concurrency,
-                },
-            }
-        if method == "GET" and parts == ["gateway"]:
-            return 200, {"url": self.gateway_url}
-        if method == "GET" and parts == ["users", "@me"]:
-            return 200, self.bot_user()
-        if method == "GET" and parts == ["oauth2", "applications", "@me"]:
-            owner = {**self.bot_user(), "id": "1000000000000000003", "bot": False}
-            return 200, {
-                "id": self.application_id,
-                "name": self.bot_username,
-                "icon": None,
-                "description": "",
-                "bot_public": True,
-                "bot_require_code_grant": False,
-                "owner": owner,
-                "team": None,
-                "verify_key": "0" * 64,
-                "flags": 0,
-                "summary": "",
-            }
-        if parts[0] != "channels" or len(parts) < 3:
-            return 404, _error(0, "404: Not Found")
-        channel = self.channels.get(parts[1])
-        if channel is None:
-            return 404, _error(10003, "Unknown Channel")
-        if parts[2] == "typing" and method == "POST":
-            return 204, None
-        if parts[2] != "messages":
-            return 404, _error(0, "404: Not Found")
-        if method == "GET" and len(parts) == 3:
-            return 200, self._history(channel, query)
-        if method == "POST" and len(parts) == 3:
-            return self._post(channel, body)
-        if method == "PATCH" and len(parts) == 4:
-            return self._patch(channel, parts[3], body)
-        if method == "DELETE" and len(parts) == 4:
-            return self._delete(channel, parts[3])
-        return 405, _error(0, "405: Method Not Allowed")
-
-    def _history(self, channel: Channel, query: Mapping[str, list[str]]) -> list[Any]:
-        after = int(query.get("after", ["0"])[0] or 0)
-        limit = max(1, min(100, int(query.get("limit", ["50"])[0] or 50)))
-        found = [m for m in channel.messages if int(m["id"]) > after]
-        found = found[:limit]  # the oldest ``limit`` after ``after``
-        return list(reversed(found))  # newest first
-
-    def _post(self, channel: Channel, body: Any) -> tuple[int, Any]:
-        if not isinstance(body, Mapping):
-            return 400, _error(50035, "Invalid Form Body")
-        if channel.blocked:
-            return 403, _error(50007, "Cannot send messages to this user")
-        if channel.no_permission:
-            return 403, _error(50013, "Missing Permissions")
-        content = body.get("content")
-        if not isinstance(content, str) or not content:
-            return 400, _error(50006, "Cannot send an empty message")
-        if len(content) > 2000:
-            return 400, _error(50035, "Invalid Form Body")
-        nonce = body.get("nonce")
-        if nonce is not None and (not isinstance(nonce, (str, int)) or len(str(nonce)) > 25):
-            return 400, _error(50035, "Invalid Form Body")
-        reference = body.get("message_reference")
-        if isinstance(reference, Mapping):
-            target = str(reference.get("message_id"))
-            exists = any(m["id"] == target for m in channel.messages)
-            if not exists and reference.get("fail_if_not_exists", True) is not False:
-                return 400, _error(50035, "Invalid Form Body")
-            if not exists:
-                reference = None
-        now = trio.current_time()
-        if nonce is not None and body.get("enforce_nonce") is True:
-            seen = self._nonces.get((self.bot_user_id, str(nonce)))
-            if seen is not None and now - seen[1] <= self.nonce_window_s:
-                if seen[0] in self._deleted:
-                    return 404, _error(10008, "Unknown Message")
-                original = next((m for m in channel.messages if m["id"] == seen[0]), None) or next(
-                    m for c in self.channels.values() for m in c.messages if m["id"] == seen[0]
-                )
-                return 200, {**original, "nonce": str(nonce)}
-        author = self.bot_user()
-        ref = None
-        if isinstance(reference, Mapping):
-            ref = {"message_id": str(reference["message_id"]), "channel_id": channel.id}
-        created = self._create(
-            channel, author, content, nonce=None if nonce is None else str(nonce), reference=ref
-        )
-        if nonce is not None:
-            self._nonces[(self.bot_user_id, str(nonce))] = (created["id"], now)
-        return 200, created
-
-    def _delete(self, channel: Channel, message_id: str) -> tuple[int, Any]:
-        message = next((m for m in channel.messages if m["id"] == message_id), None)
-        if message is None:
-            return 404, _error(10008, "Unknown Message")
-        if message["author"]["id"] != self.bot_user_id:
-            return 403, _error(50013, "Missing Permissions")
-        self.delete_message(message_id)
-        self.deleted.append(dict(message))
-        event = {"id": message_id, "channel_id": channel.id}
-        self.gateway.dispatch("MESSAGE_DELETE", event, channel.guild_id)
-        return 204, None
-
-    def _patch(self, channel: Channel, message_id: str, body: Any) -> tuple[int, Any]:
-        message = next((m for m in channel.messages if m["id"] == message_id), None)
-        if message is None:
-            return 404, _error(10008, "Unknown Message")
-        if message["author"]["id"] != self.bot_user_id:
-            return 403, _error(50005, "Cannot edit a message authored by another user")
-        if not isinstance(body, Mapping) or not isinstance(body.get("content"), str):
-            return 400, _error(50035, "Invalid Form Body")
-        if not body["content"] or len(body["content"]) > 2000:
-            return 400, _error(50035, "Invalid Form Body")
-        message["content"] = body["content"]
-        message["edited_timestamp"] = "2026-12-05T12:00:01.000000+00:00"
-        self.gateway.dispatch("MESSAGE_UPDATE", dict(message), channel.guild_id)
-        return 200, dict(message)
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
+def error(code: int, message: str) -> dict[str, Any]:
     return {"code": code, "message": message}

@@ -122,7 +122,7 @@ class Gateway:
             if payload is None:
                 continue
             for _ in range(copies):
-                self._push(session, name, payload)
+                self.push(session, name, payload)
             count += 1
         return count
 
@@ -143,16 +143,16 @@ class Gateway:
                 out["attachments"] = []
         return out
 
-    def _push(self, session: Session, name: str, data: Mapping[str, Any]) -> None:
+    def push(self, session: Session, name: str, data: Mapping[str, Any]) -> None:
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
         if len(session.events) > self.owner.replay_limit:
             del session.events[0]
         for connection in session.connections:
-            self._send(connection, payload)
+            self.send(connection, payload)
 
-    def _send(self, connection: GatewayConnection, payload: dict[str, Any] | None) -> None:
+    def send(self, connection: GatewayConnection, payload: dict[str, Any] | None) -> None:
         if connection.closed or connection.muted:
             return
         try:
@@ -168,20 +168,20 @@ class Gateway:
     def reconnect(self, close_after_s: float = 0.05) -> None:
         """Op 7 to every live connection, then a close (4000) after ``close_after_s``."""
         for connection in self.live():
-            self._send(connection, {"op": 7, "d": None})
-            self.owner.nursery.start_soon(self._close_later, connection, close_after_s, 4000)
+            self.send(connection, {"op": 7, "d": None})
+            self.owner.nursery.start_soon(self.close_later, connection, close_after_s, 4000)
 
     def invalidate(self, resumable: bool) -> None:
         """Op 9 ``d=resumable`` to every live connection (``false`` ends the sessions)."""
         for connection in self.live():
             if not resumable and connection.session is not None:
                 connection.session.invalid = True
-            self._send(connection, {"op": 9, "d": resumable})
+            self.send(connection, {"op": 9, "d": resumable})
 
     def close_all(self, code: int | None) -> None:
         """Close every live connection with ``code`` (``None``: drop TCP, no frame)."""
         for connection in self.live():
-            self.owner.nursery.start_soon(self._close_later, connection, 0, code)
+            self.owner.nursery.start_soon(self.close_later, connection, 0, code)
 
     def mute(self) -> None:
         """Every live connection goes silent but stays open (a stalled, "zombied" one)."""
@@ -190,14 +190,14 @@ class Gateway:
 
     def request_heartbeat(self) -> None:
         for connection in self.live():
-            self._send(connection, {"op": 1, "d": None})
+            self.send(connection, {"op": 1, "d": None})
 
     def expire_sessions(self) -> None:
         """Every session forgets it may be resumed (as if the resume window had passed)."""
         for session in self.sessions.values():
             session.invalid = True
 
-    async def _close_later(self, connection: GatewayConnection, delay: float, code: Any) -> None:
+    async def close_later(self, connection: GatewayConnection, delay: float, code: Any) -> None:
         await trio.sleep(delay)
         await self._close(connection, code)
 
@@ -233,12 +233,12 @@ class Gateway:
             try:
                 if self.reconnect_before_hello:
                     self.reconnect_before_hello -= 1
-                    self._send(connection, {"op": 7, "d": None})
+                    self.send(connection, {"op": 7, "d": None})
                     await trio.sleep(0.05)
                     await self._close(connection, 4000)
                     return
                 interval = self.owner.heartbeat_interval_ms
-                self._send(connection, {"op": 10, "d": {"heartbeat_interval": interval}})
+                self.send(connection, {"op": 10, "d": {"heartbeat_interval": interval}})
                 await self._reader(connection, number)
             finally:
                 if not connection.closed:
@@ -295,14 +295,14 @@ class Gateway:
                 if self.withhold_acks:
                     self.withhold_acks -= 1
                 else:
-                    self._send(connection, {"op": 11})
+                    self.send(connection, {"op": 11})
             elif op == 2:
-                code = self._identify(connection, payload.get("d"))
+                code = identify(self, connection, payload.get("d"))
                 if code is not None:
                     await self._close(connection, code)
                     return
             elif op == 6:
-                code = self._resume(connection, payload.get("d"))
+                code = resume(self, connection, payload.get("d"))
                 if code is not None:
                     await self._close(connection, code)
                     return
@@ -310,96 +310,13 @@ class Gateway:
                 await self._close(connection, 4001)
                 return
 
-    def _identify(self, connection: GatewayConnection, d: Any) -> int | None:
-        owner = self.owner
-        if connection.identified:
-            return 4005
-        if not isinstance(d, Mapping) or d.get("token") != owner.token or owner.token_reset:
-            return 4004
-        intents = d.get("intents")
-        if not isinstance(intents, int) or intents & ~KNOWN_INTENTS:
-            return 4013
-        if intents & PRIVILEGED & ~owner.enabled_privileged:
-            return 4014
-        shard = d.get("shard", [0, 1])
-        if (
-            not isinstance(shard, list)
-            or len(shard) != 2
-            or not all(isinstance(x, int) for x in shard)
-            or not 0 <= shard[0] < shard[1]
-        ):
-            return 4010
-        now = trio.current_time()
-        recent = [t for t in self.identify_times if now - t < owner.identify_window_s]
-        if len(recent) >= owner.max_concurrency:
-            self._send(connection, {"op": 9, "d": False})
-            return None
-        if owner.identify_remaining <= 0:
-            owner.token_reset = True  # "the bot token will be reset"
-            return 4004
-        owner.identify_remaining -= 1
-        self.identify_times.append(now)
-        connection.identified = True
-        session = Session(secrets.token_hex(16), (shard[0], shard[1]), intents)
-        self.sessions[session.session_id] = session
-        session.connections.append(connection)
-        connection.session = session
-        self._push(
-            session,
-            "READY",
-            {
-                "v": 10,
-                "user": owner.bot_user(),
-                "guilds": [],
-                "session_id": session.session_id,
-                "resume_gateway_url": owner.resume_gateway_url,
-                "shard": list(session.shard),
-                "application": {"id": owner.application_id, "flags": 0},
-            },
-        )
-        return None
-
-    def _resume(self, connection: GatewayConnection, d: Any) -> int | None:
-        owner = self.owner
-        if not isinstance(d, Mapping) or d.get("token") != owner.token or owner.token_reset:
-            return 4004
-        session = self.sessions.get(str(d.get("session_id")))
-        seq = d.get("seq")
-        now = trio.current_time()
-        if session is None or not session.resumable(now, owner.resume_ttl_s):
-            self.resumes.append((str(d.get("session_id")), -1, "invalid"))
-            self._send(connection, {"op": 9, "d": False})
-            return None
-        if not isinstance(seq, int) or seq > session.seq:
-            self.resumes.append((session.session_id, -1, "4007"))
-            return 4007
-        oldest = session.events[0]["s"] if session.events else session.seq + 1
-        if seq < oldest - 1:
-            self.resumes.append((session.session_id, seq, "invalid"))
-            session.invalid = True
-            self._send(connection, {"op": 9, "d": False})
-            return None
-        self.resumes.append((session.session_id, seq, "replayed"))
-        if self.kick_on_resume:
-            for old in list(session.connections):
-                self.owner.nursery.start_soon(self._close_later, old, 0, 4000)
-        connection.identified = True
-        connection.session = session
-        for payload in session.events:
-            if payload["s"] > seq:
-                self._send(connection, payload)
-        session.connections.append(connection)
-        session.left_at = None
-        self._push_one(session, connection, "RESUMED", {})
-        return None
-
-    def _push_one(
+    def push_one(
         self, session: Session, connection: GatewayConnection, name: str, data: Mapping[str, Any]
     ) -> None:
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
-        self._send(connection, payload)
+        self.send(connection, payload)
 
     # ------------------------------------------------------------------ queries
 
@@ -411,3 +328,90 @@ class Gateway:
 
     def count(self, predicate: Callable[[Received], bool]) -> int:
         return sum(1 for r in self.received if predicate(r))
+
+
+def identify(self: Gateway, connection: GatewayConnection, d: Any) -> int | None:
+    """Op 2 on ``connection``: a close code, or ``None`` (READY or op 9 sent)."""
+    owner = self.owner
+    if connection.identified:
+        return 4005
+    if not isinstance(d, Mapping) or d.get("token") != owner.token or owner.token_reset:
+        return 4004
+    intents = d.get("intents")
+    if not isinstance(intents, int) or intents & ~KNOWN_INTENTS:
+        return 4013
+    if intents & PRIVILEGED & ~owner.enabled_privileged:
+        return 4014
+    shard = d.get("shard", [0, 1])
+    if (
+        not isinstance(shard, list)
+        or len(shard) != 2
+        or not all(isinstance(x, int) for x in shard)
+        or not 0 <= shard[0] < shard[1]
+    ):
+        return 4010
+    now = trio.current_time()
+    recent = [t for t in self.identify_times if now - t < owner.identify_window_s]
+    if len(recent) >= owner.max_concurrency:
+        self.send(connection, {"op": 9, "d": False})
+        return None
+    if owner.identify_remaining <= 0:
+        owner.token_reset = True  # "the bot token will be reset"
+        return 4004
+    owner.identify_remaining -= 1
+    self.identify_times.append(now)
+    connection.identified = True
+    session = Session(secrets.token_hex(16), (shard[0], shard[1]), intents)
+    self.sessions[session.session_id] = session
+    session.connections.append(connection)
+    connection.session = session
+    self.push(
+        session,
+        "READY",
+        {
+            "v": 10,
+            "user": owner.bot_user(),
+            "guilds": [],
+            "session_id": session.session_id,
+            "resume_gateway_url": owner.resume_gateway_url,
+            "shard": list(session.shard),
+            "application": {"id": owner.application_id, "flags": 0},
+        },
+    )
+    return None
+
+
+def resume(self: Gateway, connection: GatewayConnection, d: Any) -> int | None:
+    """Op 6 on ``connection``: a close code, or ``None`` (replayed, or op 9 sent)."""
+    owner = self.owner
+    if not isinstance(d, Mapping) or d.get("token") != owner.token or owner.token_reset:
+        return 4004
+    session = self.sessions.get(str(d.get("session_id")))
+    seq = d.get("seq")
+    now = trio.current_time()
+    if session is None or not session.resumable(now, owner.resume_ttl_s):
+        self.resumes.append((str(d.get("session_id")), -1, "invalid"))
+        self.send(connection, {"op": 9, "d": False})
+        return None
+    if not isinstance(seq, int) or seq > session.seq:
+        self.resumes.append((session.session_id, -1, "4007"))
+        return 4007
+    oldest = session.events[0]["s"] if session.events else session.seq + 1
+    if seq < oldest - 1:
+        self.resumes.append((session.session_id, seq, "invalid"))
+        session.invalid = True
+        self.send(connection, {"op": 9, "d": False})
+        return None
+    self.resumes.append((session.session_id, seq, "replayed"))
+    if self.kick_on_resume:
+        for old in list(session.connections):
+            self.owner.nursery.start_soon(self.close_later, old, 0, 4000)
+    connection.identified = True
+    connection.session = session
+    for payload in session.events:
+        if payload["s"] > seq:
+            self.send(connection, payload)
+    session.connections.append(connection)
+    session.left_at = None
+    self.push_one(session, connection, "RESUMED", {})
+    return None
