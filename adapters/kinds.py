@@ -14,12 +14,12 @@ from collections.abc import Mapping
 
 from prismd.channel import ConnectionKind
 
-from . import signal, telegram, webchat
+from . import discord, signal, telegram, webchat
 
 __all__ = ["CONNECTION_KINDS", "connection_kind"]
 
 CONNECTION_KINDS: Mapping[str, ConnectionKind] = types.MappingProxyType(
-    {kind.name: kind for kind in (telegram.KIND, signal.KIND, webchat.KIND)}
+    {kind.name: kind for kind in (telegram.KIND, signal.KIND, webchat.KIND, discord.KIND)}
 )
 """By name, in the order the config's error messages list them."""
 

@@ -12,6 +12,13 @@ from tests.conftest import REPO
 
 PINNED: dict[str, list[str]] = {
     "adapters": [],
+    "adapters.discord": [
+        "DiscordAdapter",
+        "DiscordConnectionConfig",
+        "KIND",
+        "chunk_markdown",
+        "default_intents",
+    ],
     "adapters.signal": [
         "ACCOUNT_RE",
         "Endpoint",

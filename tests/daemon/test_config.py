@@ -264,7 +264,11 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str, fragment:
 
 
 CONNECTION_ERRORS = [
-    ("id = 'a'\nkind = 'irc'", "[[connections]][2].kind", "'telegram', 'signal' or 'webchat'"),
+    (
+        "id = 'a'\nkind = 'irc'",
+        "[[connections]][2].kind",
+        "'telegram', 'signal', 'webchat' or 'discord'",
+    ),
     ("kind = 'webchat'", "[[connections]][2].id", "required"),
     ("id = 'web'\nkind = 'webchat'", "[[connections]][2].id", "duplicate connection id 'web'"),
     ("id = 'a b'\nkind = 'webchat'", "[[connections]][2].id", "letters"),

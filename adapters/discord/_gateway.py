@@ -1,0 +1,428 @@
+"""One shard's gateway connection loop, under the shard's fenced receiver lease.
+
+* **One session per shard across instances.** Nothing is opened before the shard's
+  :class:`~adapters.toolkit.ReceiverLease` is ours; a standby opens no socket and takes
+  over when the lease frees or expires. Losing it cuts the connection (closed 4000, so
+  the next holder can resume) and raises :class:`~adapters.toolkit.LeaseLostError`.
+* **Resume, not identify.** The session stored at READY (:mod:`._cursor`) is resumed —
+  after a reconnect, a restart, or by the instance that took the lease over — from the
+  watermark of committed admissions, so Discord replays what was missed. The watermark
+  moves only past dispatches handled in order (admitted with a final answer, or nothing
+  to admit); it is saved when the queue drains or every second, with the fencing token.
+* **Closed with 4000 on every path** (a reconnect, a zombie, lease loss, a graceful stop):
+  never 1000/1001, which would end the session.
+* **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
+  is a zombie connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
+  op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s).
+* **Fatal closes** (4004, 4010-4014) store ``failed`` and raise
+  :class:`~prismd.channel.AdapterFatalError`: the connection shows failed, the daemon
+  runs on; a standby reading the stored failure does not connect.
+* **Identify is budgeted** (:func:`~._protocol.identify_wait_ms`): each one is stored
+  before it is sent. After a session that could not be resumed, the known channels are
+  backfilled over REST (:mod:`._backfill`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random as _random
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
+
+from prismd.channel import AdapterFatalError
+from stores import Clock
+
+from ..toolkit import Backoff, LeaseLostError, ReceiverLease
+from . import _protocol as proto
+from ._backfill import backfill
+from ._cursor import SessionState, ShardCursor
+from ._identify import gateway_url, prepare_identify
+from ._rest import DiscordApiError, DiscordError, DiscordRest
+from ._status import ShardStatus, log
+from ._urls import checked_gateway_url
+
+QUEUE_SIZE = 256
+SAVE_EVERY_S = 1.0
+CLOSE_BUDGET_S = 3.0
+CLOSE_HANDSHAKE_S = 0.25
+CONNECT_TIMEOUT_S = 15.0
+MAX_BACKOFF_S = 60.0
+RECONNECT_BASE_S = 0.25
+
+HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[None]]
+"""Admit one message; returns once the admission is final (the watermark may pass it)."""
+
+
+class _End(Exception):
+    """How one connection ended: ``action`` is what to do next."""
+
+    def __init__(self, action: proto.CloseAction, why: str, code: int | None = None) -> None:
+        super().__init__(why)
+        self.action = action
+        self.why = why
+        self.code = code
+
+
+_PRIORITY = (AdapterFatalError, LeaseLostError, _End)
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The exception that explains a connection's end (fatal, lease, an end, the rest)."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+    for kind in _PRIORITY:
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return leaves[0] if leaves else group
+
+
+@contextlib.asynccontextmanager
+async def _websocket(url: str) -> AsyncIterator[WebSocketConnection]:
+    """A client WebSocket whose TCP stream is ours: closed on every path (trio-websocket's
+    own context closes with 1000, and a cancelled handshake could leave its socket open)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    with trio.fail_after(CONNECT_TIMEOUT_S):
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    try:
+        if secure:
+            stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(CONNECT_TIMEOUT_S):
+                ws = await wrap_client_stream(nursery, stream, host, resource)  # type: ignore[arg-type]
+            try:
+                yield ws
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+@attrs.define(eq=False, kw_only=True)
+class Shard:
+    connection_id: str
+    shard: tuple[int, int]
+    token: Callable[[], str] = attrs.field(repr=False)
+    intents: int
+    rest: DiscordRest
+    lease: ReceiverLease
+    cursor: ShardCursor
+    handle_message: HandleMessage
+    status: ShardStatus
+    clock: Clock
+    random: _random.Random
+    started_at_ms: int
+    """When this daemon started: a stored failure newer than it was a peer's (standby)."""
+    identifies_per_day: int = 50
+    backfill_pages: int = 5
+    identify_spacing_ms: int = proto.MIN_IDENTIFY_SPACING_MS
+    reidentify_delay_s: float = 1.0
+    _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
+    _received_seq: int | None = attrs.field(default=None, init=False)
+    gateway: str | None = attrs.field(default=None, init=False)
+    """The gateway URL last given by ``GET /gateway[/bot]``."""
+    _backfill_due: bool = attrs.field(default=False, init=False)
+    staggered: bool = attrs.field(default=False, init=False)
+    """The first Identify waited for its shard bucket."""
+
+    @property
+    def label(self) -> str:
+        return f"discord {self.connection_id} shard {self.shard[0]}/{self.shard[1]}"
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, task_status: trio.TaskStatus[None]) -> None:
+        self.status.state = "starting"
+
+        def standby() -> None:
+            self.status.state = "standby"
+            task_status.started()
+
+        stood_by = await self.lease.acquire(on_standby=standby)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.lease.keep)
+                await self._serve(None if stood_by else task_status)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                await self.lease.release()
+
+    async def _serve(self, task_status: trio.TaskStatus[None] | None) -> None:
+        state = await self.cursor.load()
+        failed = state.failed
+        if failed is not None:
+            at = failed.get("atMs")
+            if isinstance(at, int) and at >= self.started_at_ms:
+                # A peer failed after we started: same token, same config; do not retry.
+                self.status.state = "failed"
+                self.status.reason = str(failed.get("reason", "failed"))
+                raise AdapterFatalError(f"Discord {self.label}: {self.status.reason}")
+            state.failed = None
+            with self.lease.guard():
+                await self.cursor.save(self.lease.fencing_token)
+        if task_status is not None:
+            task_status.started()
+        backoff = Backoff(self.random, base_s=RECONNECT_BASE_S, cap_s=MAX_BACKOFF_S)
+        while True:
+            self.lease.check()
+            try:
+                with self.lease.guard():
+                    await self._connect_once(backoff)
+            except _End as end:
+                await self._after(end, backoff)
+            except (
+                DiscordError,
+                HandshakeError,
+                OSError,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+                proto.ProtocolError,
+            ) as error:
+                if isinstance(error, DiscordApiError) and error.status == 401:
+                    await self._after(_End("fatal", "token refused (HTTP 401)", 4004), backoff)
+                delay = backoff.next_delay()
+                self.status.state = "backoff"
+                log.warning(
+                    "%s: gateway unavailable (%s); retry in %.1f s",
+                    self.label,
+                    type(error).__name__,
+                    delay,
+                )
+                await self.lease.sleep(delay)
+
+    async def _after(self, end: _End, backoff: Backoff) -> None:
+        """What a connection's end means: stop, or wait before the next attempt."""
+        if end.action == "fatal":
+            reason = proto.FATAL_CLOSE_CODES.get(end.code or 0, end.why)
+            self.status.state = "failed"
+            self.status.reason = reason
+            log.error("%s: gateway closed %s: %s; not reconnecting", self.label, end.code, reason)
+            self.cursor.state.failed = {"code": end.code, "reason": reason}
+            self.cursor.state.failed["atMs"] = self.clock.now_ms()
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                try:
+                    await self.cursor.save(self.lease.fencing_token)
+                except Exception as exc:
+                    log.warning(
+                        "%s: storing the failure failed (%s)", self.label, type(exc).__name__
+                    )
+            raise AdapterFatalError(f"Discord {self.label}: {reason}")
+        log.info("%s: gateway connection ended (%s); %s", self.label, end.why, end.action)
+        if end.action == "identify":
+            if self.cursor.state.session is not None:
+                self._backfill_due = True
+                self.cursor.state.session = None
+                await self.cursor.save(self.lease.fencing_token)
+            # "a random amount of time between 1 and 5 seconds" before a fresh Identify
+            await self.lease.sleep(self.reidentify_delay_s * (1.0 + 4.0 * self.random.random()))
+        else:
+            # Soon (a fraction of a second), but never a hot loop: a connection that keeps
+            # ending before READY/RESUMED (which reset it) waits longer each time.
+            await self.lease.sleep(backoff.next_delay())
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _connect_once(self, backoff: Backoff) -> None:
+        state = self.cursor.state
+        session = state.session
+        if session is None:
+            url = await prepare_identify(self)
+            self.status.state = "connecting"
+        else:
+            url = checked_gateway_url(session.resume_url) or await gateway_url(self)
+            self.status.state = "resuming"
+        self._received_seq = None if session is None else session.seq
+        try:
+            async with _websocket(proto.gateway_url(url)) as ws:
+                await self._session(ws, session, backoff)
+        except BaseExceptionGroup as group:
+            raise _first(group) from None
+
+    async def _session(self, ws: Any, session: SessionState | None, backoff: Backoff) -> None:
+        """One connected socket: read, heartbeat and admit until it ends (:class:`_End`)."""
+        send, receive = trio.open_memory_channel[proto.Frame](QUEUE_SIZE)
+        end: _End | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._handle_dispatches, receive)
+                try:
+                    await self._read(ws, send, session, backoff, nursery)
+                finally:
+                    send.close()
+        except _End as caught:
+            end = caught
+        except BaseExceptionGroup as group:
+            first = _first(group)
+            if not isinstance(first, _End):
+                raise first from None
+            end = first
+        finally:
+            # The close frame goes out at once; its answer may never be read (a cancelled
+            # stop has cancelled the socket's reader), so wait for it only briefly.
+            with trio.move_on_after(CLOSE_HANDSHAKE_S, shield=True):
+                await ws.aclose(proto.RESUMABLE_CLOSE)  # never 1000: keep the session
+            with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
+                if self.lease.held:
+                    try:
+                        await self.cursor.save(self.lease.fencing_token)
+                    except LeaseLostError:
+                        pass
+        if end is not None:
+            raise end
+
+    async def _read(
+        self,
+        ws: Any,
+        queue: trio.MemorySendChannel[proto.Frame],
+        session: SessionState | None,
+        backoff: Backoff,
+        nursery: trio.Nursery,
+    ) -> None:
+        while True:
+            try:
+                raw = await ws.get_message()
+            except ConnectionClosed as closed:
+                code = None if closed.reason is None else closed.reason.code
+                code = None if code in (1005, 1006) else code
+                raise _End(proto.close_action(code), f"closed {code}", code) from None
+            frame = proto.parse_frame(raw)
+            self.status.last_event_at = trio.current_time()
+            if frame.op == proto.HELLO:
+                interval = frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
+                if not isinstance(interval, int) or interval <= 0:
+                    raise proto.ProtocolError("hello without a heartbeat interval")
+                self._heartbeater = proto.Heartbeater(interval / 1000, self.random)
+                self._heartbeater.start(trio.current_time())
+                nursery.start_soon(self._heartbeat, ws)
+                if session is None:
+                    await ws.send_message(proto.identify(self.token(), self.intents, self.shard))
+                    self.status.identifies += 1
+                else:
+                    await ws.send_message(
+                        proto.resume(self.token(), session.session_id, session.seq)
+                    )
+            elif frame.op == proto.HEARTBEAT_ACK:
+                if self._heartbeater is not None:
+                    self._heartbeater.ack()
+            elif frame.op == proto.HEARTBEAT:  # Discord asks for a beat now
+                await ws.send_message(proto.heartbeat(self._received_seq))
+                if self._heartbeater is not None:
+                    self._heartbeater.sent(trio.current_time())
+            elif frame.op == proto.RECONNECT:
+                raise _End("resume", "reconnect requested")
+            elif frame.op == proto.INVALID_SESSION:
+                if frame.d is True and self.cursor.state.session is not None:
+                    raise _End("resume", "session invalidated (resumable)")
+                raise _End("identify", "session invalidated")
+            elif frame.op == proto.DISPATCH and frame.s is not None:
+                if self._received_seq is None or frame.s > self._received_seq:
+                    self._received_seq = frame.s
+                if frame.t in ("READY", "RESUMED"):
+                    backoff.reset()
+                await queue.send(frame)
+
+    async def _heartbeat(self, ws: Any) -> None:
+        beat = self._heartbeater
+        assert beat is not None
+        while True:
+            now = trio.current_time()
+            due = beat.due(now)
+            if due == "wait":
+                await trio.sleep(min(beat.next_at - now, 1.0))
+                continue
+            if due == "zombie":
+                log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)
+                raise _End("resume", "zombie connection")
+            await ws.send_message(proto.heartbeat(self._received_seq))
+            beat.sent(trio.current_time())
+
+    async def _handle_dispatches(self, queue: trio.MemoryReceiveChannel[proto.Frame]) -> None:
+        """Handle dispatches in order; the watermark (``session.seq``) passes each once it is
+        handled, and is saved at most every :data:`SAVE_EVERY_S` (and when the connection
+        ends): a watermark saved late only means a longer replay, which the journal
+        deduplicates by message id."""
+        last_save = trio.current_time()
+        dirty = False
+        while True:
+            frame: proto.Frame | None = None
+            wait = last_save + SAVE_EVERY_S - trio.current_time() if dirty else math.inf
+            with trio.move_on_after(max(wait, 0.0)):
+                try:
+                    frame = await queue.receive()
+                except trio.EndOfChannel:
+                    return
+            if frame is not None:
+                dirty = await self._dispatch(frame) or dirty
+                if frame.t == "READY":
+                    last_save, dirty = trio.current_time(), False  # saved at READY
+            if dirty and trio.current_time() - last_save >= SAVE_EVERY_S:
+                self.lease.check()
+                await self.cursor.save(self.lease.fencing_token)
+                last_save, dirty = trio.current_time(), False
+
+    async def _dispatch(self, frame: proto.Frame) -> bool:
+        """Handle one dispatch; whether the watermark moved."""
+        assert frame.s is not None
+        state = self.cursor.state
+        if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
+            return False  # a duplicate (or the replay of what we handled)
+        if frame.t == "READY":
+            _ready(self, frame)
+            await self.cursor.save(self.lease.fencing_token)
+            if self._backfill_due:
+                self._backfill_due = False
+                self.status.state = "backfilling"
+                await backfill(self, self.backfill_pages)
+            self.status.state = "connected"
+            return False
+        if frame.t == "RESUMED":
+            self.status.state = "connected"
+            self.status.resumes += 1
+        elif frame.t == "MESSAGE_CREATE" and isinstance(frame.d, Mapping):
+            author = frame.d.get("author")
+            own = isinstance(author, Mapping) and author.get("id") == state.bot_user_id
+            if not own:  # our own replies come back too: nothing to admit
+                await self.handle_message(frame.d, self)
+        if state.session is None:
+            return False
+        state.session.seq = frame.s
+        return True
+
+
+def _ready(shard: Shard, frame: proto.Frame) -> None:
+    """READY: the new session (the caller stores it) and the bot's own user id."""
+    d = frame.d if isinstance(frame.d, Mapping) else {}
+    user = d.get("user")
+    session_id = d.get("session_id")
+    if not isinstance(session_id, str) or not isinstance(user, Mapping):
+        raise proto.ProtocolError("READY without a session")
+    if isinstance(user.get("id"), str):
+        shard.cursor.state.bot_user_id = user["id"]
+    resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
+    assert frame.s is not None
+    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s)
+    shard.status.session_started_at = trio.current_time()
+    log.info("%s: session started (identified)", shard.label)

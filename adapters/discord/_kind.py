@@ -1,0 +1,138 @@
+"""The ``discord`` connection kind: its config keys, secrets and builder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+from prismd.channel import BuildContext, ConfigTable, ConnectionKind, SecretSource
+
+from ..toolkit import is_loopback_host
+from . import _protocol as proto
+from ._adapter import MAX_SHARDS, DiscordAdapter, default_intents
+from ._rest import DEFAULT_API_ORIGIN
+
+
+@attrs.frozen
+class DiscordConnectionConfig:
+    id: str
+    token_env: str | None = None
+    token_file: str | None = None
+    api_origin: str = DEFAULT_API_ORIGIN
+    intents: int = default_intents("mentions")
+    allow_guilds: bool = False
+    previews: bool = False
+    respond_to: Literal["mentions", "all"] = "mentions"
+    shards: int | None = None
+    """A count, or ``None`` for ``"auto"`` (the default: what ``GET /gateway/bot`` says)."""
+    kind: Literal["discord"] = "discord"
+
+
+def _parse(table: ConfigTable, conn_id: str) -> DiscordConnectionConfig:
+    token_env = table.get_env_name("token_env")
+    token_file = table.get_str("token_file")
+    if (token_env is None) == (token_file is None):
+        raise table.error("token_env", "set exactly one of token_env and token_file")
+    api_origin: str = table.get_str("api_origin", DEFAULT_API_ORIGIN)
+    check_origin(table, "api_origin", api_origin)
+    respond_to = table.choice("respond_to", ("mentions", "all"), "mentions")
+    intents = _intents(table, respond_to)
+    return DiscordConnectionConfig(
+        id=conn_id,
+        token_env=token_env,
+        token_file=token_file,
+        api_origin=api_origin.rstrip("/"),
+        intents=intents,
+        allow_guilds=table.get_bool("allow_guilds"),
+        previews=table.get_bool("previews"),
+        respond_to=respond_to,
+        shards=_shards(table),
+    )
+
+
+def _shards(table: ConfigTable) -> int | None:
+    try:
+        value: Any = table.get_str("shards", "auto")
+    except Exception:
+        value = table.get_int("shards", low=1, high=MAX_SHARDS)
+    if value == "auto":
+        return None
+    if isinstance(value, int):
+        return value
+    raise table.error("shards", f'must be "auto" or a shard count (1..{MAX_SHARDS})')
+
+
+def _intents(table: ConfigTable, respond_to: str) -> int:
+    str_list = getattr(table, "str_list", None)
+    names = str_list("intents") if callable(str_list) else None
+    if names is None:
+        return default_intents("all" if respond_to == "all" else "mentions")
+    intents = 0
+    for name in names:
+        bit = proto.INTENT_NAMES.get(name)
+        if bit is None:
+            known = ", ".join(proto.INTENT_NAMES)
+            raise table.error("intents", f"unknown intent {name!r} (known: {known})")
+        intents |= bit
+    if not intents & (proto.GUILD_MESSAGES | proto.DIRECT_MESSAGES):
+        raise table.error("intents", "needs guild_messages or direct_messages")
+    if respond_to == "all" and not intents & proto.MESSAGE_CONTENT:
+        raise table.error("intents", 'respond_to = "all" needs "message_content"')
+    return intents
+
+
+def check_origin(table: ConfigTable, name: str, origin: str) -> None:
+    """A bare origin: ``https://host[:port]``, or ``http://`` for a loopback host."""
+    scheme, sep, rest = origin.partition("://")
+    hostport = rest.rstrip("/")
+    if not sep or not hostport or "@" in hostport or "/" in hostport or "?" in hostport:
+        raise table.error(name, "must be an origin like https://discord.com (no path)")
+    host = hostport
+    if hostport.startswith("["):
+        host = hostport.split("]", 1)[0] + "]"
+    elif ":" in hostport:
+        host = hostport.rsplit(":", 1)[0]
+    if scheme == "https":
+        return
+    if scheme == "http":
+        if is_loopback_host(host):
+            return
+        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
+    raise table.error(name, "must start with https://")
+
+
+def _secrets(conn: DiscordConnectionConfig) -> Sequence[SecretSource]:
+    key = "token_env" if conn.token_env is not None else "token_file"
+    return [SecretSource(key, conn.token_env, conn.token_file)]
+
+
+def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapter:
+    token = context.secret("token", conn.token_env, conn.token_file)
+    return DiscordAdapter(
+        connection_id=conn.id,
+        token=lambda: token,
+        admit=context.admit,
+        store=context.store,
+        owner_id=context.owner_id,
+        api_origin=conn.api_origin,
+        respond_to=conn.respond_to,
+        intents=conn.intents,
+        allow_guilds=conn.allow_guilds,
+        previews=conn.previews,
+        shards=conn.shards,
+        lease_ttl_ms=min(max(context.lease_ttl_ms, 5_000), 300_000),
+        retention_days=context.retention_days,
+    )
+
+
+KIND = ConnectionKind(
+    name="discord",
+    label="discord",
+    parse=_parse,
+    build=_build,
+    secrets=_secrets,
+    where=lambda conn, _adapter: f"(gateway, {conn.respond_to})",
+)
+"""The ``discord`` connection kind (collected by :mod:`adapters.kinds`)."""

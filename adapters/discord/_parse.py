@@ -1,0 +1,89 @@
+"""A ``MESSAGE_CREATE`` (gateway or fetched for a backfill) → :class:`InboundEvent`.
+
+* The event id is the message id (snowflake): the journal's dedup key, never the gateway
+  sequence (which restarts every session).
+* Ignored: the bot's own messages (``author.id`` = the bot's user id), other bots and
+  webhooks, system messages (types other than 0 DEFAULT and 19 REPLY), guild messages
+  unless ``allow_guilds``, and in guild channels with ``respond_to = "mentions"`` a
+  message that does not mention the bot.
+* The bot's own ``<@id>`` is stripped before the agent sees the text, so ``@bot /new`` is
+  the command ``/new``. Conversation = the channel id (a thread is its own channel); actor
+  = the author's user id (grants and ``/pair`` by Discord user id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from prismd.channel import InboundEvent
+
+from ._protocol import strip_mention
+
+USER_MESSAGE_TYPES = frozenset({0, 19})
+RespondTo = Literal["mentions", "all"]
+
+
+def snowflake_ms(snowflake: str) -> int | None:
+    """The creation time of a snowflake (ms since the Unix epoch)."""
+    if not snowflake.isdigit() or len(snowflake) > 20:
+        return None
+    return (int(snowflake) >> 22) + 1420070400000
+
+
+def _id(value: object) -> str | None:
+    return value if isinstance(value, str) and value.isdigit() and len(value) <= 20 else None
+
+
+def parse_message(
+    message: Mapping[str, Any],
+    *,
+    connection_id: str,
+    bot_user_id: str | None,
+    allow_guilds: bool,
+    respond_to: RespondTo,
+    guild_id: str | None = None,
+) -> InboundEvent | None:
+    """The event to admit, or ``None`` (ignored; see the module docstring).
+
+    ``guild_id`` is given for fetched messages (history carries none); a gateway event
+    has its own.
+    """
+    message_id = _id(message.get("id"))
+    channel_id = _id(message.get("channel_id"))
+    author = message.get("author")
+    if message_id is None or channel_id is None or not isinstance(author, Mapping):
+        return None
+    author_id = _id(author.get("id"))
+    if author_id is None or author_id == bot_user_id:
+        return None
+    if author.get("bot") is True or author.get("system") is True or "webhook_id" in message:
+        return None
+    if message.get("type", 0) not in USER_MESSAGE_TYPES:
+        return None
+    guild = _id(message.get("guild_id")) or guild_id
+    content = message.get("content")
+    text = content if isinstance(content, str) else ""
+    if guild is not None:
+        if not allow_guilds:
+            return None
+        mentioned = bot_user_id is not None and any(
+            isinstance(m, Mapping) and m.get("id") == bot_user_id
+            for m in message.get("mentions") or ()
+        )
+        if respond_to == "mentions" and not mentioned:
+            return None
+    if bot_user_id is not None:
+        text, _found = strip_mention(text, bot_user_id)
+    if not text.strip():
+        return None
+    claims: dict[str, Any] = {"platform": "discord", "chatType": "guild" if guild else "dm"}
+    return InboundEvent(
+        connection_id=connection_id,
+        external_conversation_id=channel_id,
+        external_actor_id=author_id,
+        event_id=message_id,
+        text=text,
+        received_at_ms=snowflake_ms(message_id),
+        claims=claims,
+    )

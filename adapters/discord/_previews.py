@@ -1,0 +1,128 @@
+"""Streaming previews: one message per conversation, edited at most once a second with
+the latest text, deleted when the final reply goes out (never journaled).
+
+Latest wins: :meth:`PreviewEditor.offer` never blocks and only keeps the newest text of
+each conversation; :meth:`PreviewEditor.run` posts the preview message once and then edits
+it (``PATCH``) no more often than :data:`MIN_INTERVAL_S`. :meth:`PreviewEditor.finish`
+(called before a final reply is sent) forgets the conversation's preview and deletes its
+message, so the reply — sent with its nonce as always — replaces it. Every failure is
+ignored: a preview is a courtesy, the reply is what counts.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import attrs
+import trio
+
+from prismd.channel import Preview
+
+from ._rest import DiscordError, DiscordRest
+
+MIN_INTERVAL_S = 1.0
+MAX_PREVIEW = 1990
+MAX_CONVERSATIONS = 256
+
+
+@attrs.define(eq=False)
+class _Shown:
+    message_id: str | None = None
+    text: str = ""
+    sent_at: float = -1e9
+    pending: str | None = None
+
+
+@attrs.define(eq=False, kw_only=True)
+class PreviewEditor:
+    connection_id: str
+    rest: DiscordRest
+    _shown: dict[str, _Shown] = attrs.field(factory=dict, init=False)
+    _wakeup: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _running: bool = attrs.field(default=False, init=False)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+
+    def offer(self, preview: Preview) -> None:
+        conversation = preview.external_conversation_id
+        if not self._running or preview.connection_id != self.connection_id:
+            return
+        if not conversation.isdigit() or not preview.text.strip():
+            return
+        shown = self._shown.get(conversation)
+        if shown is None:
+            if len(self._shown) >= MAX_CONVERSATIONS:
+                return
+            shown = self._shown[conversation] = _Shown()
+        text = preview.text
+        shown.pending = text if len(text) <= MAX_PREVIEW else text[:MAX_PREVIEW] + "…"
+        self._wakeup.set()
+
+    async def finish(self, conversation: str) -> None:
+        """The final reply is about to go out: delete the preview message, if any."""
+        shown = self._shown.pop(conversation, None)
+        async with self._lock:  # an edit in flight ends first
+            if shown is None or shown.message_id is None:
+                return
+            try:
+                await self.rest.request(
+                    "DELETE", f"/channels/{conversation}/messages/{shown.message_id}"
+                )
+            except DiscordError:
+                return
+
+    async def run(self) -> None:
+        self._running = True
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                while True:
+                    now = trio.current_time()
+                    due = [
+                        (c, s)
+                        for c, s in list(self._shown.items())
+                        if s.pending is not None and s.pending != s.text
+                    ]
+                    if not due:
+                        break
+                    ready = [(c, s) for c, s in due if now - s.sent_at >= MIN_INTERVAL_S]
+                    if not ready:
+                        wait = min(s.sent_at + MIN_INTERVAL_S - now for _c, s in due)
+                        await trio.sleep(max(wait, 0.01))
+                        continue
+                    for conversation, shown in ready:
+                        await self._show(conversation, shown)
+        finally:
+            self._running = False
+            self._shown.clear()
+
+    async def _show(self, conversation: str, shown: _Shown) -> None:
+        text, shown.pending = shown.pending, None
+        if text is None:
+            return
+        async with self._lock:
+            if self._shown.get(conversation) is not shown:
+                return  # finished meanwhile
+            shown.sent_at = trio.current_time()
+            try:
+                if shown.message_id is None:
+                    body = {
+                        "content": text,
+                        "nonce": secrets.token_hex(8),
+                        "enforce_nonce": True,
+                        "allowed_mentions": {"parse": []},
+                    }
+                    message = await self.rest.request(
+                        "POST", f"/channels/{conversation}/messages", json_body=body
+                    )
+                    if isinstance(message, dict) and isinstance(message.get("id"), str):
+                        shown.message_id = message["id"]
+                else:
+                    await self.rest.request(
+                        "PATCH",
+                        f"/channels/{conversation}/messages/{shown.message_id}",
+                        json_body={"content": text},
+                    )
+                shown.text = text
+            except DiscordError:
+                return

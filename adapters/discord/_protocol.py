@@ -1,0 +1,237 @@
+"""The Discord gateway protocol without I/O (reference/discord-protocol.md §1, §2, §5).
+
+Frames in and out, the close-code table, the heartbeat rule and the identify budget: what
+the connection loop (:mod:`._gateway`) decides, as functions and small state objects it
+drives with its own clock, so each rule is tested without a socket.
+"""
+
+from __future__ import annotations
+
+import json
+import random as _random
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+GATEWAY_VERSION = 10
+MAX_PAYLOAD_BYTES = 4096
+"""A client payload over this closes the connection with 4002."""
+
+# Opcodes (OPS "Gateway Opcodes").
+DISPATCH = 0
+HEARTBEAT = 1
+IDENTIFY = 2
+RESUME = 6
+RECONNECT = 7
+INVALID_SESSION = 9
+HELLO = 10
+HEARTBEAT_ACK = 11
+
+# Intents (GW "List of Intents").
+GUILDS = 1 << 0
+GUILD_MESSAGES = 1 << 9
+DIRECT_MESSAGES = 1 << 12
+MESSAGE_CONTENT = 1 << 15
+INTENT_NAMES: Mapping[str, int] = {
+    "guilds": GUILDS,
+    "guild_messages": GUILD_MESSAGES,
+    "direct_messages": DIRECT_MESSAGES,
+    "message_content": MESSAGE_CONTENT,
+}
+
+RESUMABLE_CLOSE = 4000
+"""What we close with, on every path: never 1000/1001, which end the session (GW
+"Initiating a Disconnect"); 4000 is what discord.py uses."""
+
+FATAL_CLOSE_CODES: Mapping[int, str] = {
+    4004: "authentication failed (the bot token is wrong or was reset)",
+    4010: "invalid shard",
+    4011: 'sharding required (set shards = "auto" or a larger count)',
+    4012: "invalid API version",
+    4013: "invalid intents",
+    4014: "disallowed intents (enable the privileged intent in the developer portal, "
+    'or use respond_to = "mentions")',
+}
+"""Close codes whose "Reconnect" column is false: the connection stops with this text."""
+
+NEW_SESSION_CLOSE_CODES = frozenset({4003, 4005, 4007, 4008})
+"""Reconnectable, but the session is gone (discord.js re-identifies after these)."""
+
+CloseAction = Literal["fatal", "identify", "resume"]
+
+
+def close_action(code: int | None) -> CloseAction:
+    """What a close means: ``fatal`` (stop), ``identify`` (a new session) or ``resume``.
+
+    A close without a code (TCP dropped), 1000/1001 from Discord (an "improper" close, as
+    discord.py counts it), 4000-4002 and 4009 resume; if the session is in fact gone, the
+    Resume is answered with op 9 and we identify then.
+    """
+    if code in FATAL_CLOSE_CODES:
+        return "fatal"
+    if code in NEW_SESSION_CLOSE_CODES:
+        return "identify"
+    return "resume"
+
+
+@attrs.frozen
+class Frame:
+    op: int
+    d: Any
+    s: int | None = None
+    t: str | None = None
+
+
+class ProtocolError(Exception):
+    """A frame that is not a gateway payload (fixed text, never the frame)."""
+
+
+def parse_frame(raw: str | bytes) -> Frame:
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        raise ProtocolError("gateway frame is not JSON") from None
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("op"), int):
+        raise ProtocolError("gateway frame has no opcode")
+    s = payload.get("s")
+    t = payload.get("t")
+    return Frame(
+        payload["op"],
+        payload.get("d"),
+        s if isinstance(s, int) and not isinstance(s, bool) else None,
+        t if isinstance(t, str) else None,
+    )
+
+
+def encode(op: int, d: Any) -> str:
+    text = json.dumps({"op": op, "d": d}, separators=(",", ":"))
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError("gateway payload over 4096 bytes")
+    return text
+
+
+def identify(token: str, intents: int, shard: tuple[int, int]) -> str:
+    return encode(
+        IDENTIFY,
+        {
+            "token": token,
+            "properties": {"os": "linux", "browser": "prismd", "device": "prismd"},
+            "compress": False,
+            "intents": intents,
+            "shard": list(shard),
+        },
+    )
+
+
+def resume(token: str, session_id: str, seq: int) -> str:
+    return encode(RESUME, {"token": token, "session_id": session_id, "seq": seq})
+
+
+def heartbeat(seq: int | None) -> str:
+    return encode(HEARTBEAT, seq)
+
+
+def gateway_url(base: str) -> str:
+    """``base`` with the version and encoding query (GW "Gateway URL Query String Params")."""
+    return base.split("?", 1)[0].rstrip("/") + f"/?v={GATEWAY_VERSION}&encoding=json"
+
+
+@attrs.define(eq=False)
+class Heartbeater:
+    """The heartbeat rule (GW "Heartbeat Interval"): the first beat after ``interval ×
+    jitter``, then one per interval; a beat due while the previous one is unacknowledged
+    means the connection is a zombie (close it, resume)."""
+
+    interval_s: float
+    random: _random.Random
+    acked: bool = True
+    next_at: float = 0.0
+
+    def start(self, now: float) -> None:
+        self.acked = True
+        self.next_at = now + self.interval_s * self.random.random()
+
+    def due(self, now: float) -> Literal["wait", "beat", "zombie"]:
+        if now < self.next_at:
+            return "wait"
+        return "beat" if self.acked else "zombie"
+
+    def sent(self, now: float) -> None:
+        self.acked = False
+        self.next_at = now + self.interval_s
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+@attrs.frozen
+class StartLimit:
+    """``session_start_limit`` of ``GET /gateway/bot``."""
+
+    total: int
+    remaining: int
+    reset_after_ms: int
+    max_concurrency: int
+
+    @classmethod
+    def from_json(cls, value: object) -> StartLimit | None:
+        if not isinstance(value, Mapping):
+            return None
+        fields: list[int] = []
+        for name in ("total", "remaining", "reset_after", "max_concurrency"):
+            field = value.get(name)
+            if not isinstance(field, int) or isinstance(field, bool) or field < 0:
+                return None
+            fields.append(field)
+        total, remaining, reset_after, concurrency = fields
+        return cls(total, remaining, reset_after, max(1, concurrency))
+
+
+MIN_IDENTIFY_SPACING_MS = 5_000
+"""One identify per 5 s per shard bucket (max_concurrency per 5 s)."""
+DAILY_WINDOW_MS = 24 * 3600 * 1000
+
+
+def identify_wait_ms(
+    *,
+    now_ms: int,
+    history: Sequence[int],
+    limit: StartLimit | None,
+    own_daily_cap: int,
+    spacing_ms: int = MIN_IDENTIFY_SPACING_MS,
+) -> int:
+    """How long to wait before the next Identify may be sent (0: now).
+
+    ``history`` is the stored times of this shard's recent identifies (durable, so a crash
+    loop sees every earlier one). Three rules, the strictest wins:
+
+    * at least 5 s since the last one (the ``max_concurrency`` window), doubling with each
+      identify of the last hour (5, 10, 20 … capped at 15 min) so a loop that keeps losing
+      its session slows down;
+    * at most ``own_daily_cap`` in 24 h for this shard;
+    * Discord's ``remaining`` kept above a tenth of its ``total``: below that, wait for
+      ``reset_after`` (the 1,000-a-day limit resets the token when it runs out).
+    """
+    recent = sorted(t for t in history if now_ms - t < DAILY_WINDOW_MS)
+    wait = 0
+    if recent:
+        last_hour = sum(1 for t in recent if now_ms - t < 3_600_000)
+        spacing = min(spacing_ms * 2 ** max(0, last_hour - 1), 900_000)
+        wait = max(wait, recent[-1] + spacing - now_ms)
+    if len(recent) >= own_daily_cap:
+        wait = max(wait, recent[len(recent) - own_daily_cap] + DAILY_WINDOW_MS - now_ms)
+    if limit is not None and limit.remaining <= max(1, limit.total // 10):
+        wait = max(wait, limit.reset_after_ms)
+    return max(0, wait)
+
+
+def strip_mention(content: str, bot_user_id: str) -> tuple[str, bool]:
+    """``content`` without the bot's own ``<@id>`` / ``<@!id>`` mentions, and whether there
+    was one."""
+    found = False
+    for form in (f"<@{bot_user_id}>", f"<@!{bot_user_id}>"):
+        if form in content:
+            found = True
+            content = content.replace(form, " ")
+    return " ".join(content.split(" ")).strip() if found else content, found

@@ -1,0 +1,165 @@
+"""prismd beside discord.py on the same fake Discord: CPU per message, and a duplicated
+dispatch. Not a test (it needs discord.py, which prismd does not depend on); run it by
+hand with an interpreter that has discord.py installed::
+
+    python -m venv /tmp/dpy && /tmp/dpy/bin/pip install discord.py
+    .venv/bin/python -m tests.discord.peer_bench --discordpy /tmp/dpy/bin/python [--messages 300]
+
+Each bot (``prismd run`` with the ``echo`` agent and its SQLite journal; a discord.py echo
+bot that replies to every DM) gets the same DMs from the fake, sent in bursts of 10; the
+bot process's CPU time (utime + stime from /proc) is read before the first message and
+after the last answer. Then one MESSAGE_CREATE is delivered twice (Discord's "up to N
+times"): the answers to it are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import trio
+
+from tests.daemon.helpers import Layout, child_env, free_port
+from tests.fakes.discord_api import FakeDiscord
+from tests.support.waiting import wait_until
+
+TOKEN = "discord-bot-token-secret"
+USER = "2000000000000000001"
+DM = "3000000000000000001"
+USERS = 30
+
+DPY_BOT = """
+import sys, discord, yarl
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+Route.BASE = sys.argv[1] + "/api/v10"
+DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(sys.argv[3])
+client = discord.Client(intents=discord.Intents.default())
+
+@client.event
+async def on_message(message):
+    if message.author.id != client.user.id:
+        await message.channel.send(message.content)
+
+client.run(sys.argv[2], log_handler=None)
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(fake: FakeDiscord, process: trio.Process, messages: int) -> tuple[float, float]:
+    with trio.fail_after(60):
+        await wait_until(lambda: bool(fake.gateway.sessions))
+        await trio.sleep(1.0)
+    start_cpu, started = cpu_seconds(process.pid), trio.current_time()
+    answered_before = len(fake.bot_messages())
+    for n in range(messages):
+        user = str(int(USER) + n % USERS)  # 30 conversations, as many DMs each
+        fake.user_message(str(int(DM) + n % USERS), user, f"m{n}")
+        if n % 10 == 9:
+            await trio.sleep(0.01)
+    with trio.move_on_after(60):
+        await wait_until(lambda: len(fake.bot_messages()) - answered_before >= messages, 0.02)
+    answered = len(fake.bot_messages()) - answered_before
+    if answered < messages:
+        statuses = sorted({r.status for r in fake.requests})
+        raise SystemExit(f"only {answered} of {messages} answered; REST statuses {statuses}")
+    return cpu_seconds(process.pid) - start_cpu, trio.current_time() - started
+
+
+async def duplicate_answers(fake: FakeDiscord) -> int:
+    fake.gateway.duplicate_next = 1
+    sent = fake.user_message(DM, USER, "twice?")
+    await trio.sleep(3.0)
+    return sum(
+        1
+        for m in fake.bot_messages()
+        if m["content"] == "twice?"
+        or m.get("message_reference", {}).get("message_id") == sent["id"]
+    )
+
+
+async def run_prismd(messages: int) -> tuple[float, float, int]:
+    fake = FakeDiscord(token=TOKEN)
+    fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fake.serve)
+        with tempfile.TemporaryDirectory() as tmp:
+            layout = Layout(root=Path(tmp), port=free_port())
+            layout.config.write_text(
+                f"""
+[daemon]
+state_dir = "{layout.state_dir}"
+[store]
+url = "sqlite:///{layout.db}"
+[control]
+socket = "{layout.control}"
+[[connections]]
+id = "dc"
+kind = "discord"
+token_env = "PRISM_BENCH_DISCORD_TOKEN"
+api_origin = "{fake.origin}"
+shards = 1
+[agents.echo]
+kind = "echo"
+[[grants]]
+connection = "dc"
+actors = ["*"]
+aliases = ["echo"]
+"""
+            )
+            env = child_env(PRISM_BENCH_DISCORD_TOKEN=TOKEN)
+            command = [sys.executable, "-m", "prismd", "run", "--config", str(layout.config)]
+            process = await trio.lowlevel.open_process(command, env=env)
+            try:
+                cpu, wall = await measure(fake, process, messages)
+                twice = await duplicate_answers(fake)
+            finally:
+                process.terminate()
+                await process.wait()
+        nursery.cancel_scope.cancel()
+    return cpu, wall, twice
+
+
+async def run_discordpy(python: str, messages: int) -> tuple[float, float, int]:
+    fake = FakeDiscord(token=TOKEN)
+    fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fake.serve)
+        command = [python, "-c", DPY_BOT, fake.origin, TOKEN, fake.gateway_url]
+        process = await trio.lowlevel.open_process(command)
+        try:
+            cpu, wall = await measure(fake, process, messages)
+            twice = await duplicate_answers(fake)
+        finally:
+            process.terminate()
+            await process.wait()
+        nursery.cancel_scope.cancel()
+    return cpu, wall, twice
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--discordpy", required=True, help="a python with discord.py installed")
+    parser.add_argument("--messages", type=int, default=300)
+    args = parser.parse_args()
+    for name, result in (
+        ("prismd", await run_prismd(args.messages)),
+        ("discord.py", await run_discordpy(args.discordpy, args.messages)),
+    ):
+        cpu, wall, twice = result
+        print(
+            f"{name}: {args.messages} DMs answered in {wall:.2f} s, "
+            f"CPU {cpu * 1000 / args.messages:.2f} ms/message, "
+            f"a duplicated dispatch answered {twice} time(s)"
+        )
+
+
+if __name__ == "__main__":
+    trio.run(main)

@@ -1,0 +1,160 @@
+"""The ``discord`` connection kind in the daemon's config: keys, defaults, errors naming
+the key; and the message → event mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.discord import DiscordConnectionConfig, default_intents
+from adapters.discord._parse import parse_message
+from adapters.discord._protocol import StartLimit, close_action, identify_wait_ms
+from prismd.daemon._config import ConfigError, check_runnable, load_config
+
+BASE = """
+[agents.echo]
+kind = "echo"
+
+[[connections]]
+id = "dc"
+kind = "discord"
+"""
+BOT = "1000000000000000001"
+
+
+def load(tmp_path: Path, body: str) -> Any:
+    path = tmp_path / "prismd.toml"
+    path.write_text(BASE + body)
+    return load_config(path, env={"DISCORD_TOKEN": "t"})
+
+
+def error(tmp_path: Path, body: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, body)
+    return info.value
+
+
+def test_defaults(tmp_path: Path) -> None:
+    config = load(tmp_path, 'token_env = "DISCORD_TOKEN"\n')
+    [conn] = config.connections
+    assert conn == DiscordConnectionConfig(id="dc", token_env="DISCORD_TOKEN")
+    assert conn.intents == 1 | 512 | 4096  # no privileged message content: no 4014
+    assert (conn.allow_guilds, conn.respond_to, conn.shards) == (False, "mentions", None)
+    assert conn.api_origin == "https://discord.com"
+    check_runnable(config, env={"DISCORD_TOKEN": "t"})
+
+
+def test_keys(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        'token_file = "/run/credentials/prismd/discord"\nrespond_to = "all"\n'
+        'allow_guilds = true\nshards = "auto"\napi_origin = "http://127.0.0.1:8080/"\n',
+    )
+    [conn] = config.connections
+    assert conn.intents == default_intents("all") == 1 | 512 | 4096 | 32768
+    assert (conn.allow_guilds, conn.shards, conn.api_origin) == (
+        True,
+        None,
+        "http://127.0.0.1:8080",
+    )
+    config = load(
+        tmp_path,
+        'token_env = "DISCORD_TOKEN"\nshards = 3\nintents = ["direct_messages"]\npreviews = true\n',
+    )
+    conn = config.connections[0]
+    assert (conn.shards, conn.intents, conn.previews) == (3, 4096, True)
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "text"),
+    [
+        ("", "token_env", "exactly one"),
+        ('token_env = "A"\ntoken_file = "/x"\n', "token_env", "exactly one"),
+        ('token_env = "A"\napi_origin = "http://discord.com"\n', "api_origin", "loopback"),
+        ('token_env = "A"\napi_origin = "https://discord.com/api"\n', "api_origin", "origin"),
+        ('token_env = "A"\napi_origin = "ftp://x"\n', "api_origin", "https://"),
+        ('token_env = "A"\nrespond_to = "everyone"\n', "respond_to", "'mentions' or 'all'"),
+        ('token_env = "A"\nshards = "many"\n', "shards", '"auto"'),
+        ('token_env = "A"\nshards = 0\n', "shards", "between 1 and 64"),
+        ('token_env = "A"\nintents = ["presence"]\n', "intents", "unknown intent 'presence'"),
+        ('token_env = "A"\nintents = ["guilds"]\n', "intents", "guild_messages"),
+        (
+            'token_env = "A"\nrespond_to = "all"\nintents = ["direct_messages"]\n',
+            "intents",
+            "message_content",
+        ),
+        ('token_env = "A"\nallow_groups = true\n', "allow_groups", "unknown key"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, body: str, key: str, text: str) -> None:
+    failure = error(tmp_path, body)
+    assert failure.key is not None and failure.key.endswith(f".{key}"), failure
+    assert text in failure.message
+
+
+def test_missing_token_refused_before_start(tmp_path: Path) -> None:
+    config = load(tmp_path, 'token_env = "MISSING_TOKEN"\n')
+    with pytest.raises(ConfigError) as info:
+        check_runnable(config, env={})
+    assert "token_env" in str(info.value)
+
+
+def message(**extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "id": "1100000000000000001",
+        "channel_id": "1200000000000000001",
+        "author": {"id": "1300000000000000001", "username": "u"},
+        "content": "hello",
+        "type": 0,
+        "mentions": [],
+    }
+    base.update(extra)
+    return base
+
+
+def parse(raw: dict[str, Any], **options: Any) -> Any:
+    options.setdefault("allow_guilds", True)
+    options.setdefault("respond_to", "mentions")
+    return parse_message(raw, connection_id="dc", bot_user_id=BOT, **options)
+
+
+def test_parse_dm_guild_mentions_and_ignored() -> None:
+    event = parse(message())
+    assert (event.event_id, event.external_conversation_id, event.text) == (
+        "1100000000000000001",
+        "1200000000000000001",
+        "hello",
+    )
+    assert event.claims["chatType"] == "dm"
+    assert parse(message(guild_id="9")) is None  # not mentioned
+    mentioned = message(guild_id="9", content=f"<@{BOT}> /new", mentions=[{"id": BOT}])
+    assert parse(mentioned).text == "/new"
+    assert parse(mentioned, allow_guilds=False) is None
+    assert parse(message(guild_id="9", content="hi"), respond_to="all").text == "hi"
+    assert parse(message(author={"id": BOT})) is None  # our own reply
+    assert parse(message(author={"id": "5", "bot": True})) is None
+    assert parse(message(webhook_id="7")) is None
+    assert parse(message(type=7)) is None  # a system message
+    assert parse(message(content="")) is None
+    assert parse(message(id="not-a-snowflake")) is None
+    assert (
+        parse(message(content=f"<@!{BOT}>  /help", guild_id="9", mentions=[{"id": BOT}])).text
+        == "/help"
+    )
+
+
+def test_close_codes_and_identify_budget() -> None:
+    assert [close_action(c) for c in (4004, 4013, 4014, 4010)] == ["fatal"] * 4
+    assert [close_action(c) for c in (4007, 4003, 4005, 4008)] == ["identify"] * 4
+    assert [close_action(c) for c in (None, 1000, 1006, 4000, 4009)] == ["resume"] * 5
+    now = 10 * 86_400_000
+    assert identify_wait_ms(now_ms=now, history=[], limit=None, own_daily_cap=50) == 0
+    assert identify_wait_ms(now_ms=now, history=[now - 1000], limit=None, own_daily_cap=50) == 4000
+    three = [now - 30_000, now - 20_000, now - 1_000]  # 5 s doubling: 20 s after the third
+    assert identify_wait_ms(now_ms=now, history=three, limit=None, own_daily_cap=50) == 19_000
+    full = [now - 86_000_000 + i for i in range(50)]
+    assert identify_wait_ms(now_ms=now, history=full, limit=None, own_daily_cap=50) > 0
+    low = StartLimit(total=1000, remaining=100, reset_after_ms=7_000_000, max_concurrency=1)
+    assert identify_wait_ms(now_ms=now, history=[], limit=low, own_daily_cap=50) == 7_000_000
