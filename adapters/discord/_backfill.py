@@ -10,20 +10,18 @@ a message was journaled from are known (reference §3, §8).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ._rest import DiscordApiError, DiscordError
+from ._shardparts import ShardParts
 from ._status import log
-
-if TYPE_CHECKING:
-    from ._gateway import Shard
 
 PAGE = 100
 
 
-async def backfill(shard: Shard, pages: int) -> int:
+async def backfill(shard: ShardParts, pages: int) -> int:
     """Admit what each known channel holds after its watermark; how many were handled."""
     handled = 0
     short = 0

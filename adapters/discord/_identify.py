@@ -6,17 +6,14 @@ Identify is stored before it is sent — so a crash loop counts every one."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from . import _protocol as proto
+from ._shardparts import ShardParts
 from ._status import log
 from ._urls import checked_gateway_url
 
-if TYPE_CHECKING:
-    from ._gateway import Shard
 
-
-async def gateway_url(shard: Shard) -> str:
+async def gateway_url(shard: ShardParts) -> str:
     """The cached gateway URL (``GET /gateway`` once): where a lost resume URL reconnects."""
     if shard.gateway is None:
         info = await shard.rest.request("GET", "/gateway")
@@ -27,7 +24,7 @@ async def gateway_url(shard: Shard) -> str:
     return shard.gateway
 
 
-async def prepare_identify(shard: Shard) -> str:
+async def prepare_identify(shard: ShardParts) -> str:
     """Wait for the identify budget, record the identify durably; the gateway URL."""
     while True:
         info = await shard.rest.request("GET", "/gateway/bot")

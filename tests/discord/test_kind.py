@@ -11,7 +11,8 @@ import pytest
 from adapters.discord import DiscordConnectionConfig, default_intents
 from adapters.discord._parse import parse_message
 from adapters.discord._protocol import StartLimit, close_action, identify_wait_ms
-from prismd.daemon._config import ConfigError, check_runnable, load_config
+from prismd.daemon._config import ConfigError, load_config
+from prismd.daemon._runnable import check_runnable
 
 BASE = """
 [agents.echo]
