@@ -249,6 +249,12 @@ async def _telegram(ctx: Context, conn: Any) -> list[Finding]:
     return [ok(name, f"bot @{bot}, {conn.mode}"), *findings]
 
 
+async def _discord(ctx: Context, conn: Any) -> list[Finding]:
+    from ._doctor_remote import check_discord
+
+    return [await check_discord(conn, ctx.env, CHECK_TIMEOUT_S)]
+
+
 async def _signal(ctx: Context, conn: Any) -> list[Finding]:
     """signal-cli accepts a connection on its socket (nothing is sent)."""
     where = conn.socket or conn.tcp
@@ -282,6 +288,7 @@ CONNECTION_CHECKS: Mapping[str, Callable[[Context, Any], Awaitable[list[Finding]
     "webchat": _webchat,
     "telegram": _telegram,
     "signal": _signal,
+    "discord": _discord,
 }
 """The live checks of each connection kind (a kind without an entry: its listen port)."""
 
@@ -302,6 +309,7 @@ async def _connections(ctx: Context) -> list[Finding]:
 
 async def _model_servers(ctx: Context) -> list[Finding]:
     from ._doctor_model import check_model_server
+    from ._doctor_remote import check_a2a_agent
 
     findings = []
     for alias, agent in ctx.config.agents.items():
@@ -309,6 +317,11 @@ async def _model_servers(ctx: Context) -> list[Finding]:
             findings.append(
                 await check_model_server(alias, agent.options, ctx.env, CHECK_TIMEOUT_S)
             )
+        elif agent.kind == "a2a":
+            findings.append(await check_a2a_agent(alias, agent.options, ctx.env, CHECK_TIMEOUT_S))
+    a2a = ctx.config.a2a
+    if a2a is not None:
+        findings.append(_port_finding(ctx, f"A2A push receiver {a2a.push_listen}", a2a.push_listen))
     return findings
 
 

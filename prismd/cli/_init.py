@@ -74,6 +74,24 @@ aliases = {aliases}
 """
 
 
+def _discord_block(aliases: str) -> str:
+    return f"""
+# Discord: a bot of the developer portal (docs/discord.md); its token is read from
+# DISCORD_BOT_TOKEN. Direct messages only until allow_guilds = true.
+[[connections]]
+id = "discord"
+kind = "discord"
+token_env = "DISCORD_BOT_TOKEN"    # or token_file = "/path/to/token"
+# allow_guilds = false             # true: answer in servers too (when mentioned)
+# respond_to = "mentions"          # "all": every message there (needs the message content intent)
+
+[[grants]]
+connection = "discord"
+pairing = true             # who may talk: those who pair with `prismctl pair`
+aliases = {aliases}
+"""
+
+
 STARTER_CONNECTIONS: tuple[StarterConnection, ...] = (
     StarterConnection(
         name="web",
@@ -88,6 +106,13 @@ STARTER_CONNECTIONS: tuple[StarterConnection, ...] = (
         block=_telegram_block,
         exports=(("TELEGRAM_BOT_TOKEN", "the token @BotFather gave you"),),
         then="prismctl pair --connection telegram, then send the bot '/pair TOKEN'",
+    ),
+    StarterConnection(
+        name="discord",
+        help="add a Discord bot connection (token from $DISCORD_BOT_TOKEN), paired users only",
+        block=_discord_block,
+        exports=(("DISCORD_BOT_TOKEN", "the bot token of the developer portal"),),
+        then="prismctl pair --connection discord, then DM the bot '/pair TOKEN'",
     ),
 )
 

@@ -18,7 +18,11 @@ from tests.fakes.telegram_api import start_fake
 
 from .helpers import Layout, chat, child_env, free_port, running_daemon
 
-TOKEN_ENV = {"TELEGRAM_BOT_TOKEN": "123456:secret-token", "OPENAI_API_KEY": "sk-FAKE-VALUE-42"}
+TOKEN_ENV = {
+    "TELEGRAM_BOT_TOKEN": "123456:secret-token",
+    "OPENAI_API_KEY": "sk-FAKE-VALUE-42",
+    "DISCORD_BOT_TOKEN": "discord-secret-token",
+}
 
 
 def _prismd(
@@ -45,6 +49,7 @@ def _prismd(
             "webchat web, telegram telegram",
             ["TELEGRAM_BOT_TOKEN"],
         ),
+        (("--discord",), "webchat web, discord discord", ["DISCORD_BOT_TOKEN"]),
     ],
 )
 def test_each_starter_config_passes_check_config(
@@ -62,6 +67,7 @@ def test_each_starter_config_passes_check_config(
     assert "  prismd run --config prismd.toml" in lines
     assert "then: open http://127.0.0.1:8787/ and say hello" in lines
     assert ("--telegram" in flags) == any("prismctl pair --connection telegram" in x for x in lines)
+    assert ("--discord" in flags) == any("prismctl pair --connection discord" in x for x in lines)
     env = {name: TOKEN_ENV[name] for name in exports}
     checked = _prismd(tmp_path, "check-config", "prismd.toml", env=env)
     assert checked.returncode == 0, checked.stderr

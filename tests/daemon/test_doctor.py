@@ -345,3 +345,72 @@ async def test_a_silent_server_is_named_within_the_timeout(
     pg = found[f"PostgreSQL 127.0.0.1:{port}/prismd"]
     assert pg.failed and "0.5 s" in pg.text, pg.line()
     assert elapsed < 5, elapsed
+
+
+async def test_discord_tokens_and_a2a_cards_are_checked_live(tmp_path: Path) -> None:
+    """A Discord token answers ``GET /users/@me``; a refused one is named (never shown).
+    Each a2a agent's card is fetched (dialect, push, streaming); a silent agent is named,
+    and the push receiver's port is checked like every listener."""
+    from tests.fakes.a2a_agent import FakeA2A
+    from tests.fakes.discord_api import FakeDiscord
+
+    url = pgserver.fresh_url("doc")
+    await migrate_store(url)
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            tg = await start_fake(nursery)
+            model = await start_fake_openai(nursery, api_key=KEY)
+            discord = FakeDiscord(token="discord-bot-token-secret")
+            await nursery.start(discord.serve)
+            agent = FakeA2A(dialect="0.3", bearer="a2a-bearer-secret")
+            await nursery.start(agent.serve)
+            push_port, down_port = free_port(), free_port()
+            extra = f"""
+[[connections]]
+id = "dc"
+kind = "discord"
+token_env = "DC_TOKEN"
+api_origin = "{discord.origin}"
+
+[a2a]
+push_listen = "127.0.0.1:{push_port}"
+
+[agents.remote]
+kind = "a2a"
+url = "{agent.base_url}"
+bearer_token_env = "A2A_TOKEN"
+
+[agents.gone]
+kind = "a2a"
+url = "http://127.0.0.1:{down_port}/a2a/"
+"""
+            path = _config(
+                tmp_path,
+                store=url,
+                web_port=free_port(),
+                tg_origin=tg.origin,
+                model_url=model.base_url,
+                extra=extra,
+            )
+            env = {
+                "TG_TOKEN": tg.token,
+                "MODEL_KEY": KEY,
+                "DC_TOKEN": "discord-bot-token-secret",
+                "A2A_TOKEN": "a2a-bearer-secret",
+            }
+            good = _by_component(await diagnose(str(path), env))
+            refused = await diagnose(str(path), {**env, "DC_TOKEN": "a-wrong-discord-token"})
+            nursery.cancel_scope.cancel()
+    assert good["Discord dc"].verdict == "ok", good["Discord dc"].line()
+    assert good["Discord dc"].text == "bot prism, direct messages"
+    remote = good[f"A2A agent remote ({agent.base_url})"]
+    assert remote.verdict == "ok", remote.line()
+    assert remote.text.startswith("card of ")
+    assert remote.text.endswith(": A2A 0.3, push yes, streaming yes")
+    gone = good[f"A2A agent gone (http://127.0.0.1:{down_port}/a2a/)"]
+    assert gone.failed and "check url" in gone.text
+    assert good[f"A2A push receiver 127.0.0.1:{push_port}"].text == "free"
+    wrong = _by_component(refused)["Discord dc"]
+    assert wrong.failed and "refused the token" in wrong.text
+    _assert_no_secret(refused, "a-wrong-discord-token", "a2a-bearer-secret")
+    _assert_no_secret(list(good.values()), "discord-bot-token-secret", "a2a-bearer-secret")
