@@ -6,48 +6,34 @@ server, every adapter, the watchdog: :mod:`._supervisor`), signals, sd_notify.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import functools
 import logging
 import os
-import re
 import signal
 import sys
 import threading
-import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TextIO, TypeAlias
 
 import attrs
 import trio
 
-from stores import OwnershipScope, Store, StoreError
-
 if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
 
-from adapters import kinds
 
-from ..channel import ChannelAdapter
-from ..control import Operator
-from ..grants import GrantAuthorizer
-from ..journal import ChannelJournal, GrantStore, ensure_format
-from ..redact import Redactor
-from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
+from ..runtime import MessagingRuntime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
-from ._config import Config, ConfigError, ConnectionConfig
-from ._runnable import check_runnable
-from ._statedir import StateDir, StateDirError, open_state_dir
+from ._config import Config
+from ._serving import DaemonServing
+from ._startup import EXIT_FAILURE, EXIT_OK, DaemonStartup, EarlyExit
 from ._supervisor import (
-    DaemonError,
     RestartPolicy,
     Supervisor,
     describe_exception,
-    watchdog,
 )
-from ._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from ._wiring import Host
 
 log = logging.getLogger("prismd.daemon")
 
@@ -57,32 +43,10 @@ ChildState: TypeAlias = Literal["starting", "running", "restarting", "failed", "
 # --------------------------------------------------------------------------- the daemon
 
 
-class _EarlyExit(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-async def _close_host(host: Host) -> None:
-    with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-        await host.aclose()
-
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-STOP_MARGIN_S = 5.0
 """Extra time on top of ``stop_deadline_ms`` for ``runtime.stop()`` to release leases."""
 EXIT_MARGIN_S = 1.5
 """``prismd run`` exits at most this long after ``stop_deadline_ms`` from the first
 SIGTERM/SIGINT, even when an agent ignores cancellation (see :meth:`Daemon.request_stop`)."""
-CLOSE_BUDGET_S = 10.0
-STORE_RETRY_FIRST_S = 1.0
-STORE_RETRY_MAX_S = 30.0
-"""An unreachable store server is tried again after 1 s, 2 s, 4 s … at most 30 s apart."""
-MAX_COUNTED_UNRESOLVED = 100_000
-"""Counting stops here (``at least N unresolved``): a bound on the startup listing."""
-STATUS_REFRESH_S = 10.0
-"""How often the serving daemon looks whether its ``STATUS=`` line changed."""
 
 
 _early_signal: int | None = None
@@ -145,7 +109,7 @@ def _forced_exit(signum: int) -> NoReturn:
 
 
 @attrs.define(eq=False)
-class Daemon:
+class Daemon(DaemonStartup, DaemonServing):
     """``prismd run``: owns the state directory lock, the store, the runtime and the children.
 
     Start order: state directory lock → store (a server that cannot be reached is tried
@@ -314,7 +278,7 @@ class Daemon:
         """The startup, one step after the other, each thing it opens closed in reverse
         order on the way out: state directory lock → store → agents, grants and adapters →
         journal identity → runtime → serve. A step that cannot go on (a failure, or a stop
-        requested meanwhile) ends the startup with its exit code (:class:`_EarlyExit`)."""
+        requested meanwhile) ends the startup with its exit code (:class:`EarlyExit`)."""
         try:
             async with contextlib.AsyncExitStack() as stack:
                 self._startup_point("before opening the state directory")
@@ -329,33 +293,19 @@ class Daemon:
                 if self._stopped_during_startup("before starting the children"):
                     return EXIT_OK
                 return await self._serve(runtime, store, authorizer, host)
-        except _EarlyExit as early:
+        except EarlyExit as early:
             return early.code
 
     def _startup_point(self, step: str) -> None:
-        """A safe point of the startup: raises :class:`_EarlyExit` (exit 0) when a stop was
+        """A safe point of the startup: raises :class:`EarlyExit` (exit 0) when a stop was
         requested (logged)."""
         if self._stopped_during_startup(step):
-            raise _EarlyExit(EXIT_OK)
+            raise EarlyExit(EXIT_OK)
 
     def _give_up(self, message: str) -> NoReturn:
         """A fatal startup error: printed once, exit 1."""
         self._fail(message)
-        raise _EarlyExit(EXIT_FAILURE)
-
-    def _open_state_dir(self, stack: contextlib.AsyncExitStack) -> StateDir:
-        try:
-            # What `prismd check-config` checks, before anything is opened.
-            check_runnable(self.config, self.env)
-        except ConfigError as exc:
-            self._give_up(str(exc))
-        try:
-            state = open_state_dir(self.config.daemon.state_dir)
-        except StateDirError as exc:
-            self._give_up(str(exc))
-        stack.callback(state.close)
-        self.instance_id = state.instance_id
-        return state
+        raise EarlyExit(EXIT_FAILURE)
 
     def _fail(self, message: str) -> None:
         """A fatal error: one ``prismd:`` line (not also a log record: it would say it twice)."""
@@ -375,418 +325,6 @@ class Daemon:
         except (OSError, ValueError):
             pass
 
-    async def _open_store(self, stack: contextlib.AsyncExitStack) -> Store:
-        """The store, entered on ``stack`` (leaving it closes the store, bounded). A server
-        that is down or still starting is waited for with backoff; a refused login, a
-        missing database, a newer schema or a broken file end the startup."""
-        from stores import StoreUnreachableError, open_store
-
-        self._startup_point("before opening the store")
-        url = self.config.store.url
-        try:
-            postgres = self.config.store.postgres_options(self.env)
-        except ConfigError as exc:
-            self._give_up(str(exc))
-        if postgres is not None and postgres.password:
-            logs.register_secret(postgres.password)
-        delay = STORE_RETRY_FIRST_S
-        while True:
-            try:
-                store: Store = await stack.enter_async_context(open_store(url, postgres=postgres))
-            except StoreUnreachableError as exc:
-                reason = _without_password(str(exc), url)
-                log.warning("cannot open the store: %s; trying again in %g s", reason, delay)
-                self._status(f"starting: waiting for the store: {reason}")
-                with trio.move_on_after(delay):
-                    await self._stop_event.wait()
-                self._startup_point("while waiting for the store")
-                delay = min(delay * 2, STORE_RETRY_MAX_S)
-                continue
-            except StoreError as exc:
-                # The store's own reason ("integrity check failed", "path is a directory"…);
-                # a URL's password, should a backend ever quote one, is removed.
-                self._give_up(f"cannot open the store: {_without_password(str(exc), url)}")
-            except Exception as exc:
-                self._give_up(f"cannot open the store: {describe_exception(exc)}")
-            if self.metrics is not None:
-                store = self.metrics.timed_store(store)
-            return store
-
-    async def _wire(
-        self, stack: contextlib.AsyncExitStack, state: StateDir, store: Store
-    ) -> tuple[GrantAuthorizer, Host, list[str]]:
-        """Agents, grants and adapters, built (inertly) from the config."""
-        config = self.config
-        try:
-            secrets: list[str] = []
-            agents = build_agents(config, store, env=self.env, secrets=secrets)
-            self._agents = agents
-            authorizer = GrantAuthorizer(
-                config.grants, load_paired=GrantStore(store.checkpoints).load
-            )
-            host = Host(agents=agents)
-            for connection in config.connections:
-                host.adapters[connection.id] = build_adapter(
-                    connection,
-                    admit=host.admit,
-                    store=store,
-                    state=state,
-                    config=config,
-                    env=self.env,
-                    secrets=secrets,
-                    conversations=host,
-                )
-        except WiringError as exc:
-            # Name the file like check-config does (ConfigError messages already do).
-            where = f"{config.source}: " if config.source else ""
-            self._give_up(f"{where}{exc}")
-        except ConfigError as exc:
-            self._give_up(str(exc))
-        except Exception as exc:
-            # Anything else from wiring: one line, the type only (its text may carry a value).
-            self._give_up(f"cannot start: {describe_exception(exc)}")
-        self.host = host
-        stack.push_async_callback(_close_host, host)
-        for secret in secrets:
-            logs.register_secret(secret)
-        # A checkpoint first: a signal that arrived while a blocking factory ran is
-        # delivered to the receiver task here.
-        await trio.lowlevel.checkpoint()
-        self._startup_point("before opening the runtime")
-        return authorizer, host, secrets
-
-    async def _check_journal(self, state: StateDir, store: Store) -> None:
-        """The journal's identity (and format): the one this state directory ran on."""
-        try:
-            # Before the runtime: its resume of acknowledged messages reads the open index.
-            journal = await ensure_format(ChannelJournal(store.checkpoints))
-        except Exception as exc:
-            self._give_up(f"cannot read the journal's identity: {describe_exception(exc)}")
-        if journal.refiled:
-            log.info("journal upgraded: %d unresolved record(s) indexed", journal.refiled)
-        if journal.moved:
-            log.info("journal upgraded: %d agent record(s) moved to prismd.v1.*", journal.moved)
-        if not self._same_journal(state, journal.journal_id):
-            raise _EarlyExit(EXIT_FAILURE)
-
-    def _same_journal(self, state: StateDir, journal_id: str) -> bool:
-        """The journal is the one this state directory ran on (or it never ran); otherwise
-        refuse, unless ``accept_new_journal``. Remembers the id it starts with."""
-        try:
-            remembered = state.remembered_journal()
-            if remembered is not None and remembered != journal_id:
-                if not self.accept_new_journal:
-                    url = self.config.store.url
-                    self._fail(
-                        f"the journal ({_without_password(url, url)}) is not the one this"
-                        f" daemon ran on before (state directory {state.path}): a new, emptied"
-                        " or replaced journal has lost every dedup record, so messages could be"
-                        " answered twice. Restore the journal, or start once with"
-                        " `prismd run --accept-new-journal` to adopt it"
-                    )
-                    return False
-                log.warning(
-                    "adopting a new journal (--accept-new-journal): messages redelivered"
-                    " from before it may run again"
-                )
-            if remembered != journal_id:
-                state.remember_journal(journal_id)
-        except StateDirError as exc:
-            self._fail(str(exc))
-            return False
-        return True
-
-    async def _open_runtime(
-        self,
-        stack: contextlib.AsyncExitStack,
-        state: StateDir,
-        store: Store,
-        authorizer: GrantAuthorizer,
-        host: Host,
-        secrets: list[str],
-    ) -> Runtime:
-        config = self.config
-        runtime = await stack.enter_async_context(
-            open_messaging_runtime(
-                authorize=authorizer.authorize,
-                resolve_agent=host.resolve_agent,
-                deliver=host.deliver,
-                store=store,
-                use_leases=True,
-                limits=config.limits,
-                owner_id=state.owner_id("runtime"),
-                reclaim_own_leases=True,
-                tells_unanswered=host.tells_unanswered,
-                resume_accepted=True,
-                pairing_scope=authorizer.pairing_scope,
-                on_paired=authorizer.on_paired,
-                redactor=Redactor.of(secrets) if secrets else None,
-                fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
-                on_preview=host.preview if host.has_previews() else None,
-                on_typing=host.typing if host.has_typing() else None,
-                typing_delay_ms=host.typing_delay_ms,
-            )
-        )
-        self.runtime = runtime
-        adapters = host.adapters
-
-        def leases_held() -> Mapping[str, Any]:
-            receivers = [c for c, a in adapters.items() if a.receiver_lease_held]
-            return {"binding": runtime.leases_held(), "receiver": sorted(receivers)}
-
-        self._leases_held = leases_held
-        if self.metrics is not None:
-            self._watch_metrics(runtime, host)
-        host.bind(runtime.admit, runtime)
-        stack.callback(host.bind, None)
-        return runtime
-
-    async def _report_unresolved(
-        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
-    ) -> None:
-        """Log how many operations wait for ``reconcile``; never re-run anything."""
-        counted = await self._count_unresolved(runtime, authorizer, failure_level=logging.WARNING)
-        if counted is None:
-            return
-        total, capped = counted
-        if total:
-            log.warning(
-                "%s%d unresolved operation(s) in the journal; nothing is re-run: "
-                "review them with `prismctl list-unresolved` and settle with `prismctl reconcile`",
-                "at least " if capped else "",
-                total,
-            )
-        else:
-            log.info("no unresolved operations in the journal")
-
-    async def _count_unresolved(
-        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer, *, failure_level: int
-    ) -> tuple[int, bool] | None:
-        """``(count, capped)`` over every configured tenant, also kept for ``STATUS=``;
-        ``None`` (logged at ``failure_level``) when the journal cannot be listed."""
-        tenants = {"default"} | {g.tenant for g in self.config.grants}
-        tenants |= {op.tenant for op in self.config.control.operators}
-        limit = self.config.limits.max_journal_page
-        total = 0
-        capped = False
-        for tenant in sorted(tenants):
-            identity = authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
-            after: str | None = None
-            try:
-                # Every page: the listing reads the unresolved set only (an index), so
-                # counting it costs what is unresolved, not the journal's length.
-                while True:
-                    page = await runtime.list_unresolved_page(
-                        identity=identity, limit=limit, after=after
-                    )
-                    total += len(page.entries)
-                    after = page.next_cursor
-                    if after is None:
-                        break
-                    if total >= MAX_COUNTED_UNRESOLVED:
-                        capped = True
-                        break
-            except Exception as exc:
-                log.log(
-                    failure_level,
-                    "listing unresolved operations failed: %s",
-                    describe_exception(exc),
-                )
-                self._unresolved = "unresolved unknown"
-                return None
-        self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
-        return total, capped
-
-    async def _keep_status_current(
-        self, runtime: MessagingRuntime, authorizer: GrantAuthorizer
-    ) -> NoReturn:
-        """While serving: re-send ``STATUS=`` when it changed (an adapter came up or went
-        down, an operation became unresolved or was reconciled). Never raises."""
-        shown = self._ready_status()
-        while True:
-            await trio.sleep(STATUS_REFRESH_S)
-            await self._count_unresolved(runtime, authorizer, failure_level=logging.DEBUG)
-            current = self._ready_status()
-            if current != shown:
-                self._status(current)
-                shown = current
-
-    async def _serve(
-        self,
-        runtime: MessagingRuntime,
-        store: Store,
-        authorizer: GrantAuthorizer,
-        host: Host,
-    ) -> int:
-        failures: list[BaseException] = []
-        code = EXIT_FAILURE
-        try:
-            code = await self._supervise_children(runtime, store, authorizer, host)
-        except* DaemonError as group:
-            failures.extend(_leaves(group))
-        if not failures:
-            return code
-        for exc in failures:
-            self._fail(str(exc))
-        assert self.notify is not None
-        self.notify("STOPPING=1")
-        with trio.move_on_after(self._stop_budget_s(), shield=True):
-            await runtime.stop()
-        return EXIT_FAILURE
-
-    def _stop_budget_s(self) -> float:
-        return self.config.limits.stop_deadline_ms / 1000 + STOP_MARGIN_S
-
-    async def _supervise_children(
-        self,
-        runtime: MessagingRuntime,
-        store: Store,
-        authorizer: GrantAuthorizer,
-        host: Host,
-    ) -> int:
-        from ..control import ControlHandler, pairing_aliases_from_grants, serve_control
-
-        assert self.notify is not None
-        notify = self.notify
-        config = self.config
-        async with trio.open_nursery() as children:
-            with self._serve_scope:
-                handler = ControlHandler(
-                    runtime=runtime,
-                    store=store,
-                    health=self.health,
-                    identity_for=authorizer.identity_for,
-                    pair_aliases=pairing_aliases_from_grants(config.grants),
-                    inbox_sources=tuple(c for c, a in host.adapters.items() if a.features.inbox),
-                    retention_ms=config.limits.retention_days * 86_400_000,
-                    cancel_remote=_a2a_cancel(host),
-                )
-                await self.supervisor.start(
-                    children,
-                    "control",
-                    functools.partial(
-                        serve_control, config.control, handler=handler, daemon_uid=os.getuid()
-                    ),
-                )
-                self.endpoints["control"] = config.control.socket
-                if self.metrics is not None:
-                    await self._start_metrics(children)
-                await self._start_a2a_push(children, store, host)
-                for connection in config.connections:
-                    adapter = host.adapters[connection.id]
-                    await self.supervisor.start(
-                        children,
-                        adapter_child_name(connection),
-                        adapter.run,
-                        health=adapter.health,
-                        ready_within_s=self.adapter_ready_within_s,
-                        where=_listen_address(connection),
-                    )
-                    self.endpoints[adapter_child_name(connection)] = _where(connection, adapter)
-                await self.supervisor.start(
-                    children,
-                    "watchdog",
-                    functools.partial(
-                        watchdog, sdnotify.watchdog_interval(self.env), lambda: notify("WATCHDOG=1")
-                    ),
-                )
-                # The "where to connect" line first, so it is there once READY=1 is seen.
-                self._announce()
-                self.ready.set()
-                self._status(self._ready_status())
-                notify("READY=1")
-                await self._keep_status_current(runtime, authorizer)
-            if not self._stop_requested:
-                return EXIT_OK  # pragma: no cover - the scope is only cancelled by a stop
-            self._status("stopping")
-            notify("STOPPING=1")
-            log.info("stopping: settling queued and claimed work (runtime.stop)")
-            with trio.move_on_after(self._stop_budget_s()) as budget:
-                await runtime.stop()
-            if budget.cancelled_caught:
-                log.warning("runtime.stop() did not finish within the stop deadline")
-            children.cancel_scope.cancel()
-        log.info("stopped")
-        return EXIT_OK
-
-    def _watch_metrics(self, runtime: Runtime, host: Host) -> None:
-        """Point the metrics' live collector at this runtime, the children and adapters."""
-        assert self.metrics is not None
-        supervisor, adapters = self.supervisor, host.adapters
-        self.metrics.watch(
-            diagnostics=runtime.diagnostics,
-            health=supervisor.health,
-            restarts=lambda: {name: c.restarts for name, c in supervisor.children.items()},
-            leases=lambda: {
-                "binding": runtime.leases_held(),
-                "receiver": sum(1 for a in adapters.values() if a.receiver_lease_held),
-            },
-            a2a=(lambda: self._a2a_statistics() or {})
-            if self._a2a_statistics() is not None
-            else None,
-        )
-
-    async def _start_metrics(self, children: trio.Nursery) -> None:
-        from ._metrics import MetricsServer
-
-        assert self.metrics is not None and self.config.metrics is not None
-        server = MetricsServer(
-            listen=self.config.metrics.listen,
-            metrics=self.metrics,
-            allow_non_loopback=self.config.metrics.allow_non_loopback,
-        )
-        await self.supervisor.start(
-            children, "metrics", server.run, health=server.health, where=server.listen
-        )
-        self.endpoints["metrics"] = server.url
-
-    async def _start_a2a_push(self, children: trio.Nursery, store: Store, host: Host) -> None:
-        """``[a2a] push_listen``: the receiver of remote agents' pushes and its inbox worker,
-        when the config has ``[a2a]`` and at least one a2a agent."""
-        if self.config.a2a is None:
-            return
-        from ..agents.a2a import A2AAgent, PushReceiver
-
-        agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
-        if not agents:
-            return
-        receiver = PushReceiver(self.config.a2a.push_listen, agents, store.inbox)
-        self._a2a_pushes = receiver.counters
-        await self.supervisor.start(
-            children,
-            "a2a-push",
-            functools.partial(receiver.run, f"prismd-{self.instance_id}:a2a-push"),
-            health=receiver.health,
-            where=self.config.a2a.push_listen,
-        )
-        self.endpoints["a2a-push"] = self.config.a2a.push_listen
-
-    def _ready_status(self) -> str:
-        """``ready: 2 connections, 0 unresolved`` (``(1 starting)`` for adapters not up yet)."""
-        count = len(self.config.connections)
-        text = f"ready: {count} connection{'' if count == 1 else 's'}"
-        states = collections.Counter(
-            self.supervisor.children[adapter_child_name(c)].state for c in self.config.connections
-        )
-        others = [f"{n} {state}" for state, n in sorted(states.items()) if state != "running"]
-        if others:
-            text += f" ({', '.join(others)})"
-        return f"{text}, {self._unresolved}"
-
-    def _announce(self) -> None:
-        """One stderr line saying where to connect (what `make run` users look for)."""
-        parts: list[str] = []
-        for connection in self.config.connections:
-            where = self.endpoints.get(adapter_child_name(connection), "")
-            state = self.supervisor.children[adapter_child_name(connection)].state
-            kind = kinds.connection_kind(connection.kind)
-            label = kind.label if kind is not None else connection.kind
-            suffix = "" if state == "running" else f" [{state}]"
-            parts.append(f"{label} {connection.id}: {where}{suffix}")
-        parts.append(f"control socket: {self.endpoints['control']}")
-        self._print("prismd: ready — " + "; ".join(parts))
-        log.info("ready")
-
     async def _signals(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -802,38 +340,6 @@ class Daemon:
                 self.request_stop()
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _listen_address(connection: ConnectionConfig) -> str | None:
-    """The configured address a connection listens on, if any (for startup errors)."""
-    kind = kinds.connection_kind(connection.kind)
-    return kind.listen_address(connection) if kind is not None else None
-
-
-def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
-    """A human hint for the startup line: a URL for the web chat, the mode otherwise."""
-    kind = kinds.connection_kind(connection.kind)
-    return kind.where(connection, adapter) if kind is not None else "(connected)"
-
-
-_PASSWORD_IN_URL_RE = re.compile(r"(://[^/@:\s]*):[^/@\s]*@")
-
-
-def _without_password(text: str, url: str) -> str:
-    """``text`` without the password of ``url``, nor the password of any URL it quotes."""
-    try:
-        password = urllib.parse.urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        text = text.replace(password, logs.REDACTED)
-    return _PASSWORD_IN_URL_RE.sub(rf"\1:{logs.REDACTED}@", text)
-
-
 def _reopen_logs() -> None:
     try:
         logs.reopen()
@@ -845,17 +351,3 @@ async def run_daemon(config: Config, **kwargs: Any) -> int:
     """``prismd run`` on a loaded config; returns the exit code."""
     kwargs.setdefault("hard_exit", True)
     return await Daemon(config, **kwargs).run()
-
-
-def _a2a_cancel(
-    host: Host,
-) -> Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None:
-    """``reconcile … --cancel-remote`` over this daemon's a2a agents (``None``: none)."""
-    if not any(
-        type(agent).__module__.startswith("prismd.agents.a2a.") for agent in host.agents.values()
-    ):
-        return None  # the a2a package is imported only when an a2a agent exists
-    from ..agents.a2a import A2AAgent, cancel_remote
-
-    agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
-    return functools.partial(cancel_remote, agents)

@@ -141,7 +141,7 @@ async def test_daemon_tells_systemd_its_status_through_a_real_notify_socket(
     """What ``systemctl status`` shows: starting → ready with counts → stopping, each
     line a datagram on $NOTIFY_SOCKET. An unresolved operation left by an earlier run is
     counted, and one that appears while serving updates the line."""
-    import prismd.daemon._daemon as daemon_module
+    import prismd.daemon._serving as daemon_module
     from prismd.daemon._daemon import Daemon
 
     from .helpers import inprocess_config

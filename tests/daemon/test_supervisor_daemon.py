@@ -13,8 +13,8 @@ import attrs
 import pytest
 import trio
 
-import prismd.daemon._daemon as daemon_module
 import prismd.daemon._logs as daemon_logs
+import prismd.daemon._startup as daemon_module
 from adapters.webchat import WebchatConnectionConfig
 from prismd.channel import Reply, SendResult
 from prismd.daemon._config import default_config

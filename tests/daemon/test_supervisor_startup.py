@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-import prismd.daemon._daemon as daemon_module
+import prismd.daemon._startup as daemon_module
 from prismd.daemon._config import Config, parse_config
 from prismd.daemon._daemon import Daemon
 from prismd.daemon._supervisor import RestartPolicy

@@ -298,7 +298,7 @@ def test_startup_hint_for_an_unbound_ipv6_web_chat() -> None:
     """Before the listener is bound the hint comes from config: `[::1]:8787` must read
     `http://[::1]:8787/`, not `http://[[::1]]:8787/`."""
     from prismd.daemon._config import WebchatConnectionConfig
-    from prismd.daemon._daemon import _where
+    from prismd.daemon._serving import _where
 
     class Unbound:
         bound = None
