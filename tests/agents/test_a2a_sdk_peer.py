@@ -71,7 +71,13 @@ async def _receiver(
         assert head is not None
         headers = {k.decode().lower(): v.decode() for k, v in head.headers}
         got.append((headers, json.loads(body)))
-        out = conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+        # Connection: close, or the SDK's client may send its next push on this connection
+        # just as it closes (it sends each push once, with no retry: that push is lost).
+        out = conn.send(
+            h11.Response(
+                status_code=200, headers=[("content-length", "0"), ("connection", "close")]
+            )
+        )
         out = (out or b"") + (conn.send(h11.EndOfMessage()) or b"")
         await stream.send_all(out)
         await stream.aclose()

@@ -294,4 +294,4 @@ def test_availability_is_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="not available in this build yet"):
         check_runnable(config, env={})
     # Every kind the config format knows is in the table (a new kind cannot skip it).
-    assert set(kinds.CONNECTION_KINDS) == {"telegram", "signal", "webchat"}
+    assert set(kinds.CONNECTION_KINDS) == {"telegram", "signal", "webchat", "discord"}
