@@ -45,6 +45,8 @@ PINNED: dict[str, list[str]] = {
         "chunk_text",
     ],
     "adapters.toolkit": [
+        "ACTIVITY_FIELDS",
+        "Activity",
         "Backoff",
         "Budget",
         "BudgetStatistics",

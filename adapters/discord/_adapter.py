@@ -32,7 +32,7 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..toolkit import Backoff, ReceiverLease
+from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
 from ._cursor import ShardCursor
 from ._gateway import Shard
@@ -107,6 +107,8 @@ class DiscordAdapter:
     """The state before the shards exist (and when asking for the shard count fails)."""
     _started_at_ms: int = attrs.field(default=0, init=False)
     _bot_user_id: str | None = attrs.field(default=None, init=False)
+    _activity: Activity = attrs.field(factory=Activity, init=False)
+    """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.respond_to not in ("mentions", "all"):
@@ -140,13 +142,15 @@ class DiscordAdapter:
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of
-        :data:`~._status.STATES`) and ``resumable`` / ``no_session``."""
+        :data:`~._status.STATES`) and ``resumable`` / ``no_session``; ``lastUpdateAt`` once
+        a message reached the adapter."""
         states = [s.status.state for s in self._shards] or [self._status.state]
         state = min(states, key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0)
         sessions = [s.cursor.state.session is not None for s in self._shards]
         return {
             "state": state,
             "gateway": "resumable" if sessions and all(sessions) else "no_session",
+            **self._activity.health_fields(),
         }
 
     @property
@@ -279,6 +283,7 @@ class DiscordAdapter:
         backoff = Backoff(self.random, base_s=0.1, cap_s=10.0)
         while True:
             shard.lease.check()
+            self._activity.last_update_ms = self.clock.now_ms()
             admission = await self.admit(event)
             if not admission.retryable:
                 break

@@ -43,6 +43,7 @@ from prismd.channel import (
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import (
+    Activity,
     JsonRpcClient,
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
@@ -126,6 +127,8 @@ class SignalAdapter:
 
     endpoint: Endpoint = attrs.field(init=False)
     _status: SignalStatus = attrs.field(init=False)
+    _activity: Activity = attrs.field(factory=Activity, init=False)
+    """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
     _lease: ReceiverLease = attrs.field(init=False, repr=False)
     _receiver: Receiver = attrs.field(init=False)
     _sender: SignalSender = attrs.field(init=False)
@@ -166,7 +169,7 @@ class SignalAdapter:
         self._receiver = Receiver(
             connection_id=self.connection_id,
             endpoint=self.endpoint,
-            admit=self.admit,
+            admit=self._activity.seeing(self.admit),
             lease=self._lease,
             checkpoints=self.store.checkpoints,
             service_scope=self.service_scope,
@@ -206,8 +209,8 @@ class SignalAdapter:
     def health(self) -> Mapping[str, str]:
         """``state`` (:data:`~adapters.signal._status.STATES`), ``bridge`` (unavailable |
         connected), ``subscription`` (inactive | active | paused), ``account`` (unverified |
-        ready | mismatch | identity_changed)."""
-        return self._status.health()
+        ready | mismatch | identity_changed); ``lastUpdateAt`` once a message reached it."""
+        return {**self._status.health(), **self._activity.health_fields()}
 
     def statistics(self) -> SignalStatistics:
         """What became of the notifications so far (counters only)."""

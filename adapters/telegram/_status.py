@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import attrs
 
 from prismd.channel import AdapterFatalError
-from stores import ms_to_iso
 
+from ..toolkit import Activity
 from ._api import TelegramApiError, TelegramCredentialError, TelegramError, describe_failure
 
 log = logging.getLogger("prismd.telegram")
@@ -58,34 +57,18 @@ class ReceiverStatus:
     connection_id: str
     state: str = "idle"
     failed_calls: int = 0
-    last_update_ms: int | None = None
-    """When an update last reached the adapter (Unix ms; polled, posted or from the inbox)."""
-    last_error: str | None = None
-    """The last failed receiving call's cause class (never a URL, token or text)."""
-    last_error_ms: int | None = None
+    activity: Activity = attrs.field(factory=Activity)
+    """When an update last reached the adapter (polled, posted or from the inbox), and the
+    last failed receiving call's cause class."""
 
     def health_fields(self) -> Mapping[str, str]:
-        """``lastUpdateAt``, ``lastError`` and ``lastErrorAt`` (ISO 8601), those known."""
-        fields: dict[str, str] = {}
-        if self.last_update_ms is not None:
-            fields["lastUpdateAt"] = ms_to_iso(self.last_update_ms)
-        if self.last_error is not None and self.last_error_ms is not None:
-            fields["lastError"] = self.last_error
-            fields["lastErrorAt"] = ms_to_iso(self.last_error_ms)
-        return fields
+        return self.activity.health_fields()
 
     def seeing(self, admit: Callable[[_E], Awaitable[_R]]) -> Callable[[_E], Awaitable[_R]]:
-        """``admit``, noting the time of each update handed to it (``lastUpdateAt``)."""
-
-        async def noted(event: _E) -> _R:
-            self.last_update_ms = time.time_ns() // 1_000_000
-            return await admit(event)
-
-        return noted
+        return self.activity.seeing(admit)
 
     def _note_error(self, cause: str) -> None:
-        self.last_error = cause
-        self.last_error_ms = time.time_ns() // 1_000_000
+        self.activity.note_error(cause)
 
     def fatal(self, error: TelegramError) -> AdapterFatalError | None:
         """The fatal error for 401/403 or an unusable credential (state ``unauthorized``),

@@ -14,13 +14,16 @@
   another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
-* :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units.
+* :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units;
+* :class:`Activity` — what a receiving adapter last saw, for ``health()``.
 """
 
 from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
 from prismd.jsonrpc import Incoming as Incoming
 from prismd.jsonrpc import RpcError as RpcError
 
+from ._activity import ACTIVITY_FIELDS as ACTIVITY_FIELDS
+from ._activity import Activity as Activity
 from ._backoff import Backoff as Backoff
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead

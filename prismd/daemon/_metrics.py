@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 
 from adapters.toolkit import (
+    ACTIVITY_FIELDS,
     Budget,
     ConnectionLimiter,
     Slot,
@@ -111,7 +112,7 @@ _COUNTER_HELP = {
 }
 
 
-HEALTH_DETAILS = frozenset({"lastUpdateAt", "lastError", "lastErrorAt"})
+HEALTH_DETAILS = ACTIVITY_FIELDS
 """Adapter health entries that are no enum (a time, a cause with numbers): never labels."""
 
 

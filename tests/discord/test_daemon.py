@@ -77,6 +77,9 @@ async def test_health_shows_the_gateway_and_a_bad_token_fails_only_the_connectio
                 fake.user_message("3000000000000000001", "2000000000000000001", "hi")
                 await wait_until(lambda: bool(fake.bot_messages()))
                 assert fake.bot_messages()[0]["content"] == "hi"
+                assert "lastUpdateAt" not in entry  # none had come when it was read
+                after = await _connection(layout, "connected")
+                assert after["lastUpdateAt"].endswith("Z")
             else:
                 entry = await _connection(layout, "failed")
                 assert entry["state"] == "failed"

@@ -115,6 +115,8 @@ async def test_direct_messages_are_answered_exactly_once(
         await daemon.wait_state("READY=1")
         await _wait(fake, lambda: len(fake.sends) >= 3, 30, "three answers")
         health = await _signal_health(layout)
+        # When the last message reached it: an ISO time, as Telegram's health says it.
+        assert health.pop("lastUpdateAt").endswith("Z")
         assert health == {
             "adapterState": "receiving",
             "bridge": "connected",
