@@ -72,6 +72,7 @@ UNRESOLVED_COLUMNS = [
     ("replyState", "REPLY"),
     ("version", "VERSION"),
     ("updatedAt", "UPDATED"),
+    ("reason", "REASON"),
 ]
 EVENT_COLUMNS = [
     ("seq", "SEQ"),

@@ -311,7 +311,11 @@ class ControlHandler:
         page = await self.runtime.list_unresolved_page(
             identity=self.identity_for(operator), limit=limit, after=after
         )
-        entries = to_wire(list(page.entries))
+        # An entry's ``reason`` (a failed reply's, outside the contract's shape) only when set.
+        entries = [
+            {key: value for key, value in entry.items() if key != "reason" or value is not None}
+            for entry in to_wire(list(page.entries))
+        ]
         if not params.flag("paged"):
             return entries
         return {

@@ -173,6 +173,7 @@ async def _unresolved_entry(
         op.version,
         ms_to_iso(op.updated_at_ms),
         reply_state=reply.state,
+        reason=reply.reason,
     )
 
 

@@ -26,6 +26,9 @@ class UnresolvedEntry:
     updated_at: str
     """ISO 8601 UTC."""
     reply_state: str | None = None
+    reason: str | None = None
+    """Why a reply failed or is unknown, in the channel's short words (``50007`` → "the user
+    blocks direct messages"); sent only when set."""
 
 
 @attrs.frozen

@@ -601,6 +601,7 @@ def test_to_wire_converts_attrs_field_names_only() -> None:
                 "version": 1,
                 "updatedAt": "2026-01-01T00:00:00.000Z",
                 "replyState": None,
+                "reason": None,
             }
         ]
     }

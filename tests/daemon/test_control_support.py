@@ -61,6 +61,7 @@ class RecordingRuntime:
                 version=5,
                 updated_at="2026-01-01T00:00:01.000Z",
                 reply_state="unknown",
+                reason="the user blocks direct messages",
             ),
         ]
     )

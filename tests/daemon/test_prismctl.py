@@ -69,6 +69,7 @@ async def test_list_unresolved_table_and_json(tmp_path: Path) -> None:
                 "REPLY",
                 "VERSION",
                 "UPDATED",
+                "REASON",
             ]
             assert lines[1].split() == [
                 "op-1",
@@ -77,8 +78,10 @@ async def test_list_unresolved_table_and_json(tmp_path: Path) -> None:
                 "-",
                 "3",
                 "2026-01-01T00:00:00.000Z",
+                "-",
             ]
             assert lines[2].split()[:4] == ["op-2", "web", "completed", "unknown"]
+            assert lines[2].endswith("the user blocks direct messages")
             code, out, _ = await prismctl(
                 "--socket", config.socket, "--json", "list-unresolved", "--limit", "1"
             )

@@ -122,6 +122,8 @@ async def test_failed_delivery_is_counted_and_listed(stores: StoreFactory) -> No
     )
     assert reply is not None and reply.record.reason is not None
     assert utf8_len(reply.record.reason) <= 512 and reply.record.attempts == 1
+    # The operator's listing says why (prismctl list-unresolved's REASON column).
+    assert entry.reason == reply.record.reason
 
 
 async def test_stop_settles_queued_and_claimed_durably(stores: StoreFactory) -> None:
