@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from prismd.channel import (
+    DEFAULT_TYPING_DELAY_MS,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
@@ -83,6 +84,8 @@ class DiscordAdapter:
     """``None``: :func:`default_intents`."""
     allow_guilds: bool = False
     previews: bool = False
+    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
+    """The runtime starts the typing indicator once a turn has run this long."""
     """Show streamed answers by editing one message (at most once a second)."""
     shards: int | None = 1
     """A shard count, or ``None`` for ``"auto"``."""
@@ -138,7 +141,9 @@ class DiscordAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return AdapterFeatures(typing=True, previews=self.previews)
+        return AdapterFeatures(
+            typing=True, previews=self.previews, typing_delay_ms=self.typing_delay_ms
+        )
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of

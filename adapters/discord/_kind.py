@@ -7,7 +7,14 @@ from typing import Any, Literal
 
 import attrs
 
-from prismd.channel import BuildContext, ConfigTable, ConnectionKind, SecretSource
+from prismd.channel import (
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
+    BuildContext,
+    ConfigTable,
+    ConnectionKind,
+    SecretSource,
+)
 
 from ..toolkit import is_loopback_host
 from . import _protocol as proto
@@ -27,6 +34,8 @@ class DiscordConnectionConfig:
     respond_to: Literal["mentions", "all"] = "mentions"
     shards: int | None = None
     """A count, or ``None`` for ``"auto"`` (the default: what ``GET /gateway/bot`` says)."""
+    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
+    """"typing…" only for a turn whose agent has run this long (the runtime's one rule)."""
     kind: Literal["discord"] = "discord"
 
 
@@ -49,6 +58,9 @@ def _parse(table: ConfigTable, conn_id: str) -> DiscordConnectionConfig:
         previews=table.get_bool("previews"),
         respond_to=respond_to,
         shards=_shards(table),
+        typing_delay_ms=table.get_int(
+            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
+        ),
     )
 
 
@@ -121,6 +133,7 @@ def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapt
         intents=conn.intents,
         allow_guilds=conn.allow_guilds,
         previews=conn.previews,
+        typing_delay_ms=conn.typing_delay_ms,
         shards=conn.shards,
         lease_ttl_ms=min(max(context.lease_ttl_ms, 5_000), 300_000),
         retention_days=context.retention_days,

@@ -66,6 +66,10 @@ def test_keys(tmp_path: Path) -> None:
     )
     conn = config.connections[0]
     assert (conn.shards, conn.intents, conn.previews) == (3, 4096, True)
+    assert conn.typing_delay_ms == 1000  # the runtime's rule: typing only for a longer turn
+    config = load(tmp_path, 'token_env = "DISCORD_TOKEN"\ntyping_delay_ms = 0\n')
+    conn = config.connections[0]
+    assert conn.typing_delay_ms == 0
 
 
 @pytest.mark.parametrize(
@@ -87,6 +91,7 @@ def test_keys(tmp_path: Path) -> None:
             "message_content",
         ),
         ('token_env = "A"\nallow_groups = true\n', "allow_groups", "unknown key"),
+        ('token_env = "A"\ntyping_delay_ms = 60001\n', "typing_delay_ms", "60000"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, body: str, key: str, text: str) -> None:

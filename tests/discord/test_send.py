@@ -301,3 +301,12 @@ async def test_first_attempt_records_pruned_after_the_retention(
     page = await store.checkpoints.list_checkpoints(namespace=SEND_NAMESPACE)
     assert len(page.items) == 2
     assert all("a0" not in str(r.value) for r in page.items)  # no text is stored
+
+
+async def test_the_typing_delay_reaches_the_runtime(make_adapter: AdapterFactory) -> None:
+    """The adapter declares its connection's ``typing_delay_ms``, which the runtime's one
+    typing rule applies (issue 40; tests/runtime/test_typing.py)."""
+    assert make_adapter().features.typing_delay_ms == 1000
+    assert make_adapter(typing_delay_ms=0).features.typing_delay_ms == 0
+    assert make_adapter(typing_delay_ms=2500).features.typing
+    await trio.lowlevel.checkpoint()
