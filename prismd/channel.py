@@ -326,6 +326,10 @@ class ConfigTable(Protocol):
         """The name of an environment variable (checked), or ``None``."""
         ...
 
+    def str_list(self, name: str) -> tuple[str, ...] | None:
+        """An array of non-empty strings (checked), or ``None`` when absent."""
+        ...
+
     def error(self, name: str | None, message: str) -> Exception: ...
 
 

@@ -14,7 +14,10 @@ PINNED: dict[str, list[str]] = {
     "adapters": [],
     "adapters.discord": [
         "DiscordAdapter",
+        "DiscordApiError",
         "DiscordConnectionConfig",
+        "DiscordError",
+        "DiscordRest",
         "KIND",
         "chunk_markdown",
         "default_intents",
@@ -68,6 +71,7 @@ PINNED: dict[str, list[str]] = {
         "close_gracefully",
         "is_loopback_host",
         "open_jsonrpc_client",
+        "origin_problem",
         "parse_host_port",
         "quiet_note",
         "read_body",

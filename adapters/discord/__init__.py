@@ -12,6 +12,9 @@ from ._adapter import DiscordAdapter as DiscordAdapter
 from ._adapter import default_intents as default_intents
 from ._kind import KIND as KIND
 from ._kind import DiscordConnectionConfig as DiscordConnectionConfig
+from ._rest import DiscordApiError as DiscordApiError
+from ._rest import DiscordError as DiscordError
+from ._rest import DiscordRest as DiscordRest
 from ._send import chunk_markdown as chunk_markdown
 
 __all__ = ["KIND", "DiscordAdapter", "DiscordConnectionConfig", "chunk_markdown", "default_intents"]

@@ -16,7 +16,7 @@ from prismd.channel import (
     SecretSource,
 )
 
-from ..toolkit import is_loopback_host
+from ..toolkit import origin_problem
 from . import _protocol as proto
 from ._adapter import MAX_SHARDS, DiscordAdapter, default_intents
 from ._rest import DEFAULT_API_ORIGIN
@@ -77,8 +77,7 @@ def _shards(table: ConfigTable) -> int | None:
 
 
 def _intents(table: ConfigTable, respond_to: str) -> int:
-    str_list = getattr(table, "str_list", None)
-    names = str_list("intents") if callable(str_list) else None
+    names = table.str_list("intents")
     if names is None:
         return default_intents("all" if respond_to == "all" else "mentions")
     intents = 0
@@ -96,23 +95,9 @@ def _intents(table: ConfigTable, respond_to: str) -> int:
 
 
 def check_origin(table: ConfigTable, name: str, origin: str) -> None:
-    """A bare origin: ``https://host[:port]``, or ``http://`` for a loopback host."""
-    scheme, sep, rest = origin.partition("://")
-    hostport = rest.rstrip("/")
-    if not sep or not hostport or "@" in hostport or "/" in hostport or "?" in hostport:
-        raise table.error(name, "must be an origin like https://discord.com (no path)")
-    host = hostport
-    if hostport.startswith("["):
-        host = hostport.split("]", 1)[0] + "]"
-    elif ":" in hostport:
-        host = hostport.rsplit(":", 1)[0]
-    if scheme == "https":
-        return
-    if scheme == "http":
-        if is_loopback_host(host):
-            return
-        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
-    raise table.error(name, "must start with https://")
+    problem = origin_problem(origin, DEFAULT_API_ORIGIN)
+    if problem is not None:
+        raise table.error(name, problem)
 
 
 def _secrets(conn: DiscordConnectionConfig) -> Sequence[SecretSource]:

@@ -16,7 +16,7 @@ from prismd.channel import (
     SecretSource,
 )
 
-from ..toolkit import is_loopback_host
+from ..toolkit import origin_problem
 from ._adapter import TelegramAdapter
 from ._api import DEFAULT_API_ORIGIN
 
@@ -82,22 +82,9 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
 
 
 def _check_origin(table: ConfigTable, name: str, origin: str) -> None:
-    scheme, sep, rest = origin.partition("://")
-    hostport = rest.split("/", 1)[0]
-    if not sep or not hostport or "@" in hostport or rest.rstrip("/") != hostport:
-        raise table.error(name, "must be an origin like https://api.telegram.org")
-    host = hostport
-    if hostport.startswith("["):
-        host = hostport.split("]", 1)[0] + "]"
-    elif ":" in hostport:
-        host = hostport.rsplit(":", 1)[0]
-    if scheme == "https":
-        return
-    if scheme == "http":
-        if is_loopback_host(host):
-            return
-        raise table.error(name, "http:// is accepted only for loopback hosts; use https://")
-    raise table.error(name, "must start with https://")
+    problem = origin_problem(origin, DEFAULT_API_ORIGIN)
+    if problem is not None:
+        raise table.error(name, problem)
 
 
 def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:

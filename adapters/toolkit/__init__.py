@@ -43,6 +43,7 @@ from ._limits import ConnectionLimiter as ConnectionLimiter
 from ._limits import Slot as Slot
 from ._limits import serve_limited as serve_limited
 from ._net import is_loopback_host as is_loopback_host
+from ._net import origin_problem as origin_problem
 from ._net import parse_host_port as parse_host_port
 from ._streams import close_gracefully as close_gracefully
 from ._text import chunk_text as chunk_text

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["is_loopback_host", "parse_host_port"]
+__all__ = ["is_loopback_host", "origin_problem", "parse_host_port"]
 
 
 def is_loopback_host(host: str) -> bool:
@@ -37,3 +37,25 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError("port must be between 0 and 65535")
     return host, port
+
+
+def origin_problem(origin: str, example: str) -> str | None:
+    """What is wrong with ``origin`` as a bare origin (``https://host[:port]``, or
+    ``http://`` for a loopback host: tests and local servers), else ``None``. ``example``
+    is the platform's own origin, named in the message."""
+    scheme, sep, rest = origin.partition("://")
+    hostport = rest.rstrip("/")
+    if not sep or not hostport or any(c in hostport for c in "@/?#"):
+        return f"must be an origin like {example} (no path)"
+    host = hostport
+    if hostport.startswith("["):
+        host = hostport.split("]", 1)[0] + "]"
+    elif ":" in hostport:
+        host = hostport.rsplit(":", 1)[0]
+    if scheme == "https":
+        return None
+    if scheme == "http":
+        if is_loopback_host(host):
+            return None
+        return "http:// is accepted only for loopback hosts; use https://"
+    return "must start with https://"

@@ -24,35 +24,31 @@ async def check_discord(conn: Any, env: Mapping[str, str], timeout_s: float) -> 
         token = read_secret(env_name=conn.token_env, file_name=conn.token_file, env=env)
     except ConfigError as exc:
         return failed(name, f"{exc.message}: put the bot token from the developer portal there")
-    url = f"{conn.api_origin}/api/v10/users/@me"
-    with trio.move_on_after(timeout_s):
-        try:
-            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
-                response = await http.get(url, headers={"Authorization": f"Bot {token}"})
-        except httpx.HTTPError as exc:
-            return failed(
-                name,
-                f"{conn.api_origin} not reachable ({type(exc).__name__}); check the network,"
-                " a proxy or api_origin",
-            )
-        if response.status_code == 401:
-            return failed(
-                name,
-                f"Discord refused the token (HTTP 401); reset it in the portal, check {variable}",
-            )
-        if response.status_code != 200:
-            return failed(name, f"Discord answered HTTP {response.status_code}; try again later")
-        try:
-            me = response.json()
-        except ValueError:
-            me = None
-        bot = me.get("username") if isinstance(me, Mapping) else None
-        return ok(
-            name,
-            f"bot {bot or '(no name)'}, {conn.respond_to} in servers"
-            if conn.allow_guilds
-            else f"bot {bot or '(no name)'}, direct messages",
-        )
+    from adapters.discord import DiscordApiError, DiscordError, DiscordRest
+
+    rest = DiscordRest(token=lambda: token, api_origin=conn.api_origin, timeout_s=timeout_s)
+    try:
+        with trio.move_on_after(timeout_s):
+            try:
+                me = await rest.request("GET", "/users/@me")
+            except DiscordApiError as exc:
+                if exc.status == 401:
+                    return failed(
+                        name,
+                        f"Discord refused the token (HTTP 401); reset it in the portal,"
+                        f" check {variable}",
+                    )
+                return failed(name, f"Discord answered HTTP {exc.status}; try again later")
+            except DiscordError as exc:
+                return failed(
+                    name, f"{exc}; check the network, a proxy or api_origin ({conn.api_origin})"
+                )
+            bot = me.get("username") if isinstance(me, Mapping) else None
+            where = f"{conn.respond_to} in servers" if conn.allow_guilds else "direct messages"
+            return ok(name, f"bot {bot or '(no name)'}, {where}")
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await rest.aclose()
     return failed(name, f"{conn.api_origin} did not answer within {timeout_s:g} s")
 
 

@@ -154,6 +154,10 @@ class _Table:
         value: str | None = self.data.get(name)
         return value
 
+    def str_list(self, name: str) -> tuple[str, ...] | None:
+        value = self.data.get(name)
+        return None if value is None else tuple(value)
+
     def error(self, name: str | None, message: str) -> Exception:
         return ValueError(f"{name}: {message}")
 

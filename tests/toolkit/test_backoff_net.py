@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from adapters.toolkit import Backoff, is_loopback_host, parse_host_port
+from adapters.toolkit import Backoff, is_loopback_host, origin_problem, parse_host_port
 from prismd.daemon import is_loopback_host as config_is_loopback_host
 from prismd.daemon import parse_host_port as config_parse_host_port
 
@@ -60,3 +60,26 @@ def test_host_port_and_loopback() -> None:
     # the config reads addresses with the very same functions
     assert config_parse_host_port is parse_host_port
     assert config_is_loopback_host is is_loopback_host
+
+
+@pytest.mark.parametrize(
+    ("origin", "problem"),
+    [
+        ("https://api.telegram.org", None),
+        ("https://discord.com/", None),
+        ("http://127.0.0.1:8081", None),
+        ("http://[::1]:8081", None),
+        ("http://api.telegram.org", "loopback"),
+        ("ftp://example.org", "https://"),
+        ("https://example.org/api", "no path"),
+        ("https://example.org?x=1", "no path"),
+        ("https://user@example.org", "no path"),
+        ("example.org", "no path"),
+    ],
+)
+def test_one_origin_rule_for_every_platform(origin: str, problem: str | None) -> None:
+    """The Telegram and Discord kinds read ``api_origin`` by this one rule."""
+    found = origin_problem(origin, "https://example.org")
+    assert (found is None) == (problem is None), found
+    if problem is not None:
+        assert found is not None and problem in found
