@@ -41,8 +41,7 @@ from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reclaim, reply_key
 from ._approvals import reissue_controls
-from ._context import check_grant
-from ._core import Core
+from ._core import Core, check_grant
 from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome
 
 MAX_SCAN_PAGES = 5

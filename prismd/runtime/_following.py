@@ -21,7 +21,7 @@ import attrs
 
 from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
 from ._core import Core
-from ._types import ActiveTurn, Turn
+from ._routes import ActiveTurn, Turn
 
 
 def _ref(turn: Turn) -> OperationRef:

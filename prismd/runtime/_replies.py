@@ -1,5 +1,7 @@
 """The reply path (contract §9.2): bound the text, journal it ``pending`` — in the same
-transaction as the operation's settlement and the binding — deliver, mark the outcome.
+transaction as the operation's settlement and the binding — deliver, mark the outcome; and
+what an agent run's result means for the journal and the user (:func:`outcome_of`, the one
+table, shared by turns and resumes) with the previews while it runs.
 
 :func:`answer` is the one way a reply leaves the runtime. Persist before send: nothing is
 delivered unless its record is staged (or, without a journal, nothing is staged at all).
@@ -15,7 +17,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..channel import Control, Reply
+from ..agents import EventSink, RunResult, StreamEvent
+from ..channel import Control, Preview, Reply
 from ..identity import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
@@ -32,7 +35,7 @@ from ..journal import (
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
 from ._core import Core, stamp_us
-from ._ids import control_kind
+from ._routes import ActiveTurn, Route
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be
@@ -368,3 +371,91 @@ async def mark_outcome(
     if saved is None:
         core.count("storage_failures")
     return saved
+
+
+def control_kind(value: str) -> str:
+    if value.startswith("p:a:"):
+        return "allow_once"
+    if value.startswith("p:d:"):
+        return "reject_once"
+    return "other"
+
+
+# --------------------------------------------------------------------------- what a run means
+
+CANCELLED_TEXT = "Request cancelled."
+EMPTY_ANSWER_TEXT = "The request completed without a text answer."
+DENIED_TEXT = "Approval denied. The request will not continue."
+
+
+@attrs.frozen
+class Outcome:
+    """A run's result as the journal settles it and the user is answered."""
+
+    state: str
+    """The operation's new state."""
+    error_code: str | None
+    counter: str | None
+    """The diagnostics counter it moves (``None``: none)."""
+    kind: str
+    """The reply's kind: ``final`` (the agent's answer) or ``notice``."""
+    text: str | None
+    """The reply's text, already redacted; ``None`` for ``suspended``, whose notice (with
+    its approval controls) is built by the approvals module."""
+
+
+def outcome_of(core: Core, result: RunResult) -> Outcome:
+    """The table from a run's result to terminal state, counter and reply (§9.1, §10.4)."""
+    status = result.status
+    if status == "succeeded":
+        text = core.redact(result.text)
+        if text.strip():
+            return Outcome("succeeded", None, "completed", "final", text)
+        return Outcome("succeeded", None, "completed", "notice", EMPTY_ANSWER_TEXT)
+    if status == "aborted":
+        return Outcome("cancelled", None, "cancelled", "notice", CANCELLED_TEXT)
+    if status == "suspended":
+        return Outcome("suspended", None, "suspended", "notice", None)
+    if status == "denied":
+        return Outcome("failed", "denied", None, "notice", DENIED_TEXT)
+    error = result.error
+    code = str(error.code) if error is not None and error.code else "run_failed"
+    message = error.message if error is not None else None
+    return Outcome("failed", code, "failed", "notice", core.failure_text(message))
+
+
+def preview_sink(core: Core, route: Route, active: ActiveTurn) -> EventSink | None:
+    """Previews (§9.3): cumulative redacted text of the current assistant message."""
+    on_preview = core.on_preview
+    if on_preview is None:
+        return None
+    acc: list[str] = []
+    current: list[str] = [""]
+
+    def sink(event: StreamEvent) -> None:
+        if event.kind == "message_started":
+            acc.clear()
+            current[0] = event.run_id
+            return
+        if event.kind != "message_delta":
+            return
+        if current[0] and event.run_id and event.run_id != current[0]:
+            return
+        acc.append(event.text)
+        text = core.redact("".join(acc))
+        if not text.strip() or active.cancelled or core.stopped:
+            return
+        try:
+            on_preview(
+                Preview(
+                    connection_id=route.connection_id,
+                    external_conversation_id=route.conversation_id,
+                    text=text,
+                    thread_id=route.thread_id,
+                )
+            )
+        except Exception:
+            # The host's preview callback must never break a turn.
+            pass
+
+    return sink
