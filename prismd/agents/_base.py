@@ -65,6 +65,13 @@ class RunHooks(Protocol):
         slot is given back (the turn keeps its route)."""
         ...
 
+    async def relay(self, key: str, text: str) -> bool:
+        """Tell the chat ``text`` now, while the run goes on (an ``auth-required`` remote
+        task's status message): journaled and sent once per ``key`` for this operation —
+        never again for the same key, across restarts and instances — and only while the
+        operation is followed. Whether it was sent now."""
+        ...
+
 
 @attrs.frozen
 class RunRequest:

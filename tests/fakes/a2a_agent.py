@@ -152,6 +152,9 @@ class FakeA2A:
         task = self.tasks[task_id]
         task.chunks = chunks
         task.state = state
+        # Each status change gets its own time, as a server stamps each (a new status).
+        tick = next(self._ids)
+        task.timestamp = f"2026-12-05T10:{tick // 60 % 60:02d}:{tick % 60:02d}.000Z"
         if state == "completed" and text is not None:
             task.artifacts = [_artifact(text, self.dialect)]
         else:

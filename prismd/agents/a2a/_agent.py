@@ -254,7 +254,7 @@ class A2AAgent:
             stored = await self.book.update(stored, owner=hooks.owner)
         self.following_now += 1
         try:
-            return await follow(self, client, stored, on_event, session)
+            return await follow(self, client, stored, on_event, session, hooks)
         finally:
             self.following_now -= 1
 
