@@ -14,6 +14,7 @@ from stores import Clock
 from .. import EventSink, RunError, RunHooks, RunResult, StreamEvent
 from ._book import Book, ContextRecord, Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
+from ._files import completed
 from ._options import A2AOptions
 from ._relay import relay_interrupt
 from ._wire import (
@@ -339,5 +340,5 @@ async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> R
     if waiting:
         return RunResult("succeeded", task.status_text or NEEDS_INPUT, run_id, session)
     if task.state == "completed":
-        return RunResult("succeeded", reply_text(task), run_id, session)
+        return completed(agent.alias, task, reply_text(task), run_id, session)
     return failed(task.state, session, run_id)
