@@ -6,12 +6,15 @@ file through :meth:`~prismd.channel.ChannelAdapter.send_file`.
 * **The bytes are never journaled**: the reply record names each file by reference, and
   every delivery — the first, a re-drive of a held reply, an operator's resend — fetches
   them again. Nothing is fetched for a channel that sends no files.
-* **What is not sent is said, in fixed words** naming the file and its size when known: the
-  channel sends no files, the file is over the channel's cap, it could not be fetched — in
-  the reply's text (after the agent's), or in one notice after it when the channel refused
-  a file. Nothing of a file (name, type, bytes) reaches a log.
-* The reply's outcome is its text's: a held or refused text sends no file; a file whose
-  send ends unknown is counted in the log by class, never retried.
+* **The text first**: files are fetched only once the reply's text was delivered (a held
+  reply — the web chat with no tab open — fetches nothing until it is shown), then sent one
+  by one after it.
+* **What is not sent is said, in fixed words** naming the file and its size when known: in
+  the reply's text when it is known before fetching (the channel sends no files, a size
+  over the channel's cap), else in one notice after the files (over the cap, not fetchable,
+  refused by the channel). Nothing of a file (name, type, bytes) reaches a log.
+* The reply's outcome is its text's; a file whose send ends unknown is logged by class,
+  never retried.
 """
 
 from __future__ import annotations
@@ -86,34 +89,36 @@ async def deliver_with_files(
     """Deliver ``reply``'s text, then its files (see the module). Raises as
     :meth:`~prismd.channel.ChannelAdapter.send` does for the text."""
     cap = adapter.features.max_file_bytes
-    ready: list[tuple[ReplyFile, OutboundFile]] = []
     notes: list[str] = []
+    wanted: list[ReplyFile] = []
     for file in reply.files:
         if cap <= 0:
             notes.append(note("channel", file, cap))
-            continue
-        opened = await fetch(agents, file, cap)
-        if isinstance(opened, OutboundFile):
-            ready.append((file, opened))
+        elif file.size is not None and file.size > cap:
+            notes.append(note("too_large", file, cap))
         else:
-            notes.append(note(opened, file, cap))
+            wanted.append(file)
     text = "\n\n".join([reply.text, "\n".join(notes)]) if notes else reply.text
     result = await adapter.send(attrs.evolve(reply, text=text, files=()))
     if not result.delivered:
-        return result
-    refused: list[str] = []
-    for file, opened in ready:
+        return result  # held or refused: nothing fetched, nothing more sent
+    late: list[str] = []
+    for file in wanted:
+        opened = await fetch(agents, file, cap)
+        if not isinstance(opened, OutboundFile):
+            late.append(note(opened, file, cap))
+            continue
         try:
             sent = await adapter.send_file(reply, opened)
         except Exception as exc:
             log.warning("a reply's file: delivery outcome unknown (%s)", type(exc).__name__)
             continue
         if not sent.delivered:
-            refused.append(note("refused", file, cap, len(opened.data)))
-    if refused:
+            late.append(note("refused", file, cap, len(opened.data)))
+    if late:
         notice = attrs.evolve(
             reply,
-            text="\n".join(refused),
+            text="\n".join(late),
             kind="notice",
             controls=(),
             files=(),

@@ -198,12 +198,14 @@ async def test_telegram_sends_the_text_then_uploads_each_file(mem: MemoryStore) 
             )
             result = await deliver_with_files(adapter, reply, {"primary": agent})
             assert result.delivered
-            text, photo, document = bot.sent
+            text, photo, document, notice = bot.sent
             assert text["text"] == (
-                "Here it is.\n\n"
-                'The file "big.bin" was not sent: it is larger than this chat\'s limit of 7 KB.\n'
-                'The file "huge.bin" (9 KB) was not sent: it is larger than this chat\'s limit'
-                " of 7 KB."
+                'Here it is.\n\nThe file "huge.bin" (9 KB) was not sent: it is larger than'
+                " this chat's limit of 7 KB."
+            )
+            # Known only once fetched (its Content-Length): told after the files.
+            assert notice["text"] == (
+                'The file "big.bin" was not sent: it is larger than this chat\'s limit of 7 KB.'
             )
             assert photo["photo"] == {
                 "filename": "chart.png",
@@ -212,10 +214,15 @@ async def test_telegram_sends_the_text_then_uploads_each_file(mem: MemoryStore) 
             }
             assert document["document"]["filename"] == "q3.pdf"
             assert document["document"]["data"] == PDF
-            assert [c.method for c in bot.calls] == ["sendMessage", "sendPhoto", "sendDocument"]
+            assert [c.method for c in bot.calls] == [
+                "sendMessage",
+                "sendPhoto",
+                "sendDocument",
+                "sendMessage",
+            ]
             # Every delivery fetches again (a resend, a re-drive after a restart).
             again = await deliver_with_files(adapter, reply, {"primary": agent})
-            assert again.delivered and len(bot.sent) == 6
+            assert again.delivered and len(bot.sent) == 8
             assert fake.fetched.count("/files/q3.pdf") == 2
             await adapter.aclose()
             await agent.aclose()

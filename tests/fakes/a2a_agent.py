@@ -26,6 +26,10 @@ Follows ``reference/a2a-protocol.md`` (copied facts: §1–§6):
   body, ``Retry-After: 1``), ``"503"``, ``"-32601"``, ``"-32009"``, ``"cut"`` (the
   request is processed, then the connection is closed without an answer: the client
   cannot know; on a stream, it is cut after its first event), ``"drop"`` (closed unread).
+* A completed task may carry file parts (:class:`FakeFile`: inline base64, v1.0 ``raw`` /
+  v0.3 ``file.bytes``, or a URL, v1.0 ``url`` / v0.3 ``file.uri``) in an artifact of their
+  own; :meth:`FakeA2A.offer_download` serves a URL's bytes (``GET``, recorded in
+  :attr:`FakeA2A.fetched`). Each status change gets its own ``timestamp``.
 * Every JSON-RPC request is recorded (:attr:`FakeA2A.requests`); :meth:`sends_of` counts
   the sends of one ``messageId``.
 """
