@@ -19,6 +19,8 @@ so the same observation gives the same key in any process. Guarantees:
 
 from __future__ import annotations
 
+import weakref
+
 import trio
 
 from ..channel import Reply
@@ -35,6 +37,9 @@ from ._core import Core
 from ._replies import JOURNAL_BUDGET_S, Draft, _record, deliver_and_mark
 from ._types import Turn
 
+_SENT_WITHOUT_JOURNAL: weakref.WeakKeyDictionary[Turn, set[str]] = weakref.WeakKeyDictionary()
+"""Without a journal (nothing durable): the keys relayed per turn, so each is sent once
+while the turn lives."""
 RELAY_SEPARATOR = "~"
 """Between the operation id and the relay's key in the relay's reply record id."""
 
@@ -98,6 +103,11 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
             return False
         turn.op = committed.items[0]
         staged = committed.items[1]
+    else:
+        sent = _SENT_WITHOUT_JOURNAL.setdefault(turn, set())
+        if key in sent:
+            return False
+        sent.add(key)
     reply = Reply(
         connection_id=draft.connection_id,
         external_conversation_id=draft.conversation_id,

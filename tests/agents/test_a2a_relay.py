@@ -164,3 +164,27 @@ async def test_an_auth_required_status_without_a_message_gets_fixed_words(
 
 async def _states_are(store: MemoryStore, states: list[str]) -> bool:
     return await op_states(store) == sorted(states)
+
+
+async def test_without_a_journal_a_status_is_relayed_once_while_the_turn_lives(
+    mem: MemoryStore,
+) -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            agent = a2a_agent(fake, mem)
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}, use_journal=False) as h:
+                await h.runtime.admit(event("1", "go"))
+                await wait_until(lambda: polls(fake) >= 1)
+                (task_id,) = fake.tasks
+                await fake.move(task_id, "auth-required", SIGN_IN)
+                await wait_until(lambda: len(h.replies) == 1)
+                seen = polls(fake)
+                await wait_until(lambda: polls(fake) >= seen + 3)
+                await fake.move(task_id, "completed", "fine")
+                await wait_until(lambda: len(h.replies) == 2)
+                assert h.texts == [SIGN_IN, "fine"]
+            await agent.aclose()
+            nursery.cancel_scope.cancel()
