@@ -28,6 +28,7 @@ from ..journal import (
     FOLLOWING_STATE,
     NS_OPERATION,
     NS_REPLY,
+    Committed,
     Loaded,
     OperationRecord,
     ReplyRecord,
@@ -51,7 +52,6 @@ def relay_id(operation_id: str, key: str) -> str:
 async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) -> bool:
     """Stage and send one relay of ``turn`` (see the module's guarantees); whether it was
     staged here and handed to the channel."""
-
     journal = core.journal
     if turn.settled or core.stopped or not turn.following:
         return False
@@ -71,6 +71,7 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
     record, bounded = _record(core, draft)
     staged: Loaded[ReplyRecord] | None = None
     if journal is not None:
+        committed: Committed | None = None
         with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
             try:
                 current: Loaded[OperationRecord] | None = turn.op
@@ -97,6 +98,9 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
             except Exception:
                 core.count("storage_failures")
                 return False
+        if committed is None:  # the store did not answer in time: maybe staged, not sent
+            core.count("storage_failures")
+            return False
         if not committed.ok:
             if committed.lost(0):
                 turn.op = None  # someone wrote the operation: re-read next time
