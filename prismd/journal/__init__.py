@@ -70,5 +70,6 @@ from ._records import OperationInput as OperationInput
 from ._records import OperationRecord as OperationRecord
 from ._records import ReplyRecord as ReplyRecord
 from ._records import StoredControl as StoredControl
+from ._records import StoredFile as StoredFile
 from ._records import SuspendedRun as SuspendedRun
 from ._records import bounded_claims as bounded_claims

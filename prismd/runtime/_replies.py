@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ..agents import EventSink, RunResult, StreamEvent
-from ..channel import Control, Preview, Reply
+from ..channel import Control, Preview, Reply, ReplyFile
 from ..identity import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
@@ -28,6 +28,7 @@ from ..journal import (
     OwnershipScope,
     ReplyRecord,
     StoredControl,
+    StoredFile,
     Write,
     compact_json,
     finish,
@@ -70,7 +71,7 @@ def fits_unmeasured(record: ReplyRecord, budget: int) -> bool:
     """``record``'s JSON certainly fits ``budget`` by a bound on its strings alone, so it
     need not be encoded to be measured (and is encoded once, when journaled). Only for a
     record without controls or an approval target: those are measured."""
-    if record.controls or record.approval is not None:
+    if record.controls or record.approval is not None or record.files:
         return False
     chars = len(record.text) + len(record.operation_id) + len(record.connection_id)
     chars += len(record.external_conversation_id) + len(record.kind) + len(record.state)
@@ -132,6 +133,16 @@ class Draft:
     controls: tuple[Control, ...] = ()
     approval: Mapping[str, Any] | None = None
     """The non-secret target of an approval notice, so a resend can issue fresh controls."""
+    files: tuple[ReplyFile, ...] = ()
+    """Files that go with the reply, by reference (journaled so; fetched at delivery)."""
+
+
+def stored_files(files: tuple[ReplyFile, ...]) -> tuple[StoredFile, ...]:
+    return tuple(StoredFile(f.source, f.ref, f.name, f.media_type, f.size) for f in files)
+
+
+def reply_files(files: tuple[StoredFile, ...]) -> tuple[ReplyFile, ...]:
+    return tuple(ReplyFile(f.source, f.ref, f.name, f.media_type, f.size) for f in files)
 
 
 @attrs.frozen
@@ -183,6 +194,7 @@ def _record(core: Core, draft: Draft) -> tuple[ReplyRecord, str]:
         controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in draft.controls),
         approval=None if draft.approval is None else dict(draft.approval),
         created_us=stamp_us(),
+        files=stored_files(draft.files),
     )
     fitted = fit_record(record, core.limits.max_journal_record_bytes)
     if cut or fitted is not record:
@@ -278,6 +290,7 @@ async def answer(
         thread_id=draft.thread_id,
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
+        files=draft.files,
     )
     journaled = journal is not None and ownership is not None
     staged = staged if journaled else None

@@ -36,6 +36,7 @@ from ..agents import (
     RunResult,
     TextBlock,
 )
+from ..channel import MAX_REPLY_FILES, ReplyFile
 from ..identity import AgentIdentity
 from ..journal import (
     FOLLOWING_STATE,
@@ -215,6 +216,7 @@ async def end_turn(
     controls: tuple[Any, ...] = (),
     approval: dict[str, Any] | None = None,
     with_binding: bool = False,
+    files: tuple[ReplyFile, ...] = (),
     **extra: Any,
 ) -> None:
     """Settle the turn's operation in ``state`` and, when ``text`` is given, answer it —
@@ -245,6 +247,7 @@ async def end_turn(
             in_reply_to=turn.event.event_id,
             controls=controls,
             approval=approval,
+            files=files,
         )
     answered = await answer(
         core,
@@ -525,6 +528,7 @@ async def finish_run(
         controls=controls,
         approval=approval,
         with_binding=True,
+        files=result.files[:MAX_REPLY_FILES] if outcome.kind == "final" else (),
         run_id=result.run_id or None,
         session_id=result.session_id or None,
     )
