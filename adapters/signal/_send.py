@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
-import trio
 
 from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from prismd.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
@@ -52,7 +51,7 @@ from ..toolkit import (
     chunk_text,
     utf16_units,
 )
-from ._client import Endpoint, SignalUnreachableError, open_signal_client
+from ._client import Endpoint, SignalUnreachableError, open_request_client
 from ._parse import GROUP_PREFIX
 from ._status import SignalStatus, log
 
@@ -107,13 +106,6 @@ def render(text: str, controls: Sequence[Control]) -> list[str] | None:
         else:
             chunks.extend(chunk_text(block, MAX_CHUNK_UNITS))
     return chunks
-
-
-async def _discard_notifications(client: JsonRpcClient) -> None:
-    """A send connection subscribes to nothing; a signal-cli not in manual mode still sends
-    it messages, which must not fill the queue and stall the answer to ``send``."""
-    async for _note in client.notifications:
-        pass
 
 
 def _destination(conversation: object) -> dict[str, Any] | None:
@@ -213,19 +205,10 @@ class SignalSender:
         if not chunks:
             return SendResult(delivered=False, reason="empty_reply")
         try:
-            async with (
-                open_signal_client(
-                    self.endpoint,
-                    timeout_s=self.timeout_s,
-                    max_pending=1,
-                    max_frame_bytes=self.max_frame_bytes,
-                    max_notifications=16,
-                ) as client,
-                trio.open_nursery() as nursery,
-            ):
-                nursery.start_soon(_discard_notifications, client)
+            async with open_request_client(
+                self.endpoint, timeout_s=self.timeout_s, max_frame_bytes=self.max_frame_bytes
+            ) as client:
                 outcome, message_id = await self._send_chunks(client, target, chunks)
-                nursery.cancel_scope.cancel()
         except SignalUnreachableError as exc:
             log.warning("signal %s: send failed: %s", self.connection_id, exc)
             return SendResult(delivered=False, reason="signal_unavailable")
