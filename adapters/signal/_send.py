@@ -49,6 +49,7 @@ from ..toolkit import (
     JsonRpcTimeoutError,
     RpcError,
     chunk_text,
+    control_lines,
     utf16_units,
 )
 from ._client import Endpoint, SignalUnreachableError, open_request_client
@@ -69,7 +70,6 @@ UNKNOWN = "unknown"
 """A :func:`result_outcome` meaning the message may or may not be out."""
 UNKNOWN_TEXT = "Signal delivery outcome unknown"
 
-_CONTROL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}$")
 _NUMBER_RE = re.compile(r"^\+[0-9]{3,20}$")
 _GROUP_ID_RE = re.compile(r"^[A-Za-z0-9+/=_-]{1,128}$")
@@ -84,20 +84,9 @@ def render(text: str, controls: Sequence[Control]) -> list[str] | None:
     >>> render("Approval required.", [Control("Allow", "p:a:" + "t" * 32)])
     ['Approval required.\\n\\nReply /approve tttttttttttttttttttttttttttttttt to allow once.']
     """
-    lines: list[str] = []
-    if controls:
-        if len(controls) > 2:
-            return None
-        for control in controls:
-            match = _CONTROL_RE.match(control.value) if isinstance(control.value, str) else None
-            if match is None:
-                return None
-            verb, token = match.groups()
-            lines.append(
-                f"Reply /approve {token} to allow once."
-                if verb == "a"
-                else f"Reply /deny {token} to deny."
-            )
+    lines = control_lines(controls)
+    if lines is None:
+        return None
     chunks = chunk_text(replace_surrogates(text), MAX_CHUNK_UNITS) if text.strip() else []
     if lines:
         block = "\n".join(lines)
