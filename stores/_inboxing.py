@@ -63,6 +63,10 @@ class InboxStoreBase:
     def _now(self) -> int:
         raise NotImplementedError
 
+    def _payload_limit(self) -> int:
+        """The largest payload, in bytes of its JSON."""
+        raise NotImplementedError
+
     async def _insert(self, put: InboxPut, now: int) -> bool:
         raise NotImplementedError
 
@@ -111,10 +115,6 @@ class InboxStoreBase:
             max_value_bytes=self._payload_limit(),
         )  # fmt: skip
         return await self._insert(put, self._now())
-
-    def _payload_limit(self) -> int:
-        """The largest payload, in bytes of its JSON."""
-        raise NotImplementedError
 
     async def claim(
         self,
