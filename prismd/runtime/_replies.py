@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ..agents import EventSink, RunResult, StreamEvent
-from ..channel import Control, Preview, Reply
+from ..channel import Control, InboundEvent, Preview, Reply
 from ..identity import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
@@ -35,7 +35,7 @@ from ..journal import (
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
 from ._core import Core, stamp_us
-from ._routes import ActiveTurn, Route
+from ._routes import ActiveTurn, Route, Turn
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be
@@ -132,6 +132,53 @@ class Draft:
     controls: tuple[Control, ...] = ()
     approval: Mapping[str, Any] | None = None
     """The non-secret target of an approval notice, so a resend can issue fresh controls."""
+
+    @classmethod
+    def for_event(
+        cls,
+        identity: AgentIdentity | None,
+        operation_id: str,
+        event: InboundEvent,
+        text: str,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+    ) -> Draft:
+        """The answer to ``event``, in its conversation and thread."""
+        return cls(
+            identity,
+            operation_id,
+            event.connection_id,
+            event.external_conversation_id,
+            event.thread_id,
+            text,
+            kind,
+            event.event_id,
+            controls,
+            approval,
+        )
+
+    @classmethod
+    def for_turn(
+        cls,
+        turn: Turn,
+        text: str,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+    ) -> Draft:
+        """The answer to a turn's message, to the turn's owner."""
+        return cls.for_event(
+            turn.grant.identity,
+            turn.operation_id,
+            turn.event,
+            text,
+            kind=kind,
+            controls=controls,
+            approval=approval,
+        )
 
 
 @attrs.frozen

@@ -234,18 +234,7 @@ async def end_turn(
         changes["error_code"] = error_code
     draft = None
     if text is not None:
-        draft = Draft(
-            identity=turn.grant.identity,
-            operation_id=turn.operation_id,
-            connection_id=route.connection_id,
-            conversation_id=route.conversation_id,
-            thread_id=route.thread_id,
-            text=text,
-            kind=kind,
-            in_reply_to=turn.event.event_id,
-            controls=controls,
-            approval=approval,
-        )
+        draft = Draft.for_turn(turn, text, kind=kind, controls=controls, approval=approval)
     answered = await answer(
         core,
         draft,
@@ -309,17 +298,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
 
 async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:
     """A notice for a turn whose operation is already settled."""
-    draft = Draft(
-        identity=turn.grant.identity,
-        operation_id=turn.operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        text=text,
-        kind="notice",
-        in_reply_to=turn.event.event_id,
-    )
-    await answer(core, draft, ownership=turn.ownership, fence=fence)
+    await answer(core, Draft.for_turn(turn, text), ownership=turn.ownership, fence=fence)
 
 
 async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
