@@ -647,4 +647,3 @@ class ChannelJournal:
         self, scope: OwnershipScope, connection_id: str, operation_id: str
     ) -> Loaded[ReplyRecord] | None:
         return await self.load(NS_REPLY, scope, reply_key(connection_id, scope, operation_id))
-

@@ -217,7 +217,7 @@ class Core:
     typing_delay_ms: Callable[[str], int] | None = None
     """The typing delay of a connection id (``None``: ``DEFAULT_TYPING_DELAY_MS`` for all)."""
     typing_timer: Any = attrs.field(init=False, default=None)
-    """The turns' typing indicators (``_typing.TypingTimer``), made at the first run."""
+    """The turns' typing indicators (``_replies.TypingTimer``), made at the first run."""
 
     journal: ChannelJournal | None = attrs.field(init=False, default=None)
     routes: Routes = attrs.field(init=False)

@@ -49,9 +49,16 @@ from ._approvals import issue_controls
 from ._core import Core
 from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
-from ._replies import CANCELLED_TEXT, Draft, Settle, answer, outcome_of, preview_sink
+from ._replies import (
+    CANCELLED_TEXT,
+    Draft,
+    Settle,
+    TypingTimer,
+    answer,
+    outcome_of,
+    preview_sink,
+)
 from ._routes import ActiveTurn, Route, Turn, acquire_promptly
-from ._typing import TypingTimer
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -284,11 +291,15 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
             # The slot bounds concurrent agent runs; the journal writes and the send that
-            # end the turn do not hold it up for the next run. A followed remote task gave
-            # it back already (:mod:`._following`).
-            hooks.release_slot()
+            # end the turn do not hold it up for the next run. The turn took it and gives
+            # it back, unless a followed remote task gave it back already (the hooks then
+            # no longer hold it: :mod:`._following`).
+            if hooks.slot_held:
+                hooks.slot_held = False
+                core.slots.release()
         if ran is not None:
-            if left_for_restart(core, turn, active.stopping):
+            # Only a followed turn may be left for the restart (:mod:`._following`).
+            if turn.following and left_for_restart(core, turn, active.stopping):
                 return
             await finish_run(core, route, turn, *ran)
     finally:
