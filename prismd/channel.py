@@ -2,9 +2,10 @@
 
 Adapters build :class:`InboundEvent` from a platform update, await
 ``runtime.admit(event)`` and acknowledge the transport only when the returned
-:class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the host's
-``deliver(reply) -> SendResult`` (normally the adapter's ``send``); a ``deliver`` that
-raises means the outcome is *ambiguous*. A ``SendResult`` with ``held=True`` means "not
+:class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the adapter of
+their connection (:class:`AdapterRegistry`, which the runtime is opened with: its ``send``),
+or a host's own ``deliver(reply) -> SendResult``; a send that raises means the outcome is
+*ambiguous*. A ``SendResult`` with ``held=True`` means "not
 sent, and not failed": the channel has no live connection to the conversation and asks
 for the reply again when one opens (the web chat; see ``Runtime.redeliver_pending``).
 
@@ -209,9 +210,9 @@ class DeliveryOutcomeUnknownError(Exception):
 
 @attrs.frozen
 class AdapterFeatures:
-    """What an adapter offers beyond receiving and sending, declared (never probed): the
-    daemon hands the runtime its optional seams (``on_preview``, ``on_typing``,
-    ``fetch_attachment``) only when some adapter declares the matching feature, and routes
+    """What an adapter offers beyond receiving and sending, declared (never probed): a
+    runtime opened with an :class:`AdapterRegistry` uses a seam (previews, typing, file
+    fetches) only when some adapter declares the matching feature, and the registry routes
     each call to the adapter of the connection concerned."""
 
     previews: bool = False
