@@ -173,6 +173,34 @@ class Draft:
         )
 
     @classmethod
+    def for_route(
+        cls,
+        route: Route,
+        identity: AgentIdentity | None,
+        operation_id: str,
+        text: str,
+        in_reply_to: str | None,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+    ) -> Draft:
+        """An answer in a route's conversation and thread (a decision about its suspended
+        run, whichever event carried it)."""
+        return cls(
+            identity,
+            operation_id,
+            route.connection_id,
+            route.conversation_id,
+            route.thread_id,
+            text,
+            kind,
+            in_reply_to,
+            controls,
+            approval,
+        )
+
+    @classmethod
     def for_turn(
         cls,
         turn: Turn,
