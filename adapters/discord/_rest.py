@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +41,16 @@ INVALID_WINDOW_S = 600.0
 INVALID_GUARD = 1_000
 BAN_COOLDOWN_S = 60.0
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+MAX_CONNECTIONS = 4
+"""Requests in flight, and the keep-alive connections kept: httpcore looks at every idle
+connection before each request, so a pool as large as the conversations answered at once
+costs a check each (Telegram's client found the same)."""
+REQUEST_GRACE_S = 30.0
+"""Added to the timeout: the deadline of a whole exchange (connect, send, body)."""
+_JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_USER_AGENT = (b"User-Agent", USER_AGENT.encode())
+_JSON_TYPE = (b"Content-Type", b"application/json")
+_NO_BODY = (b"Content-Length", b"0")
 
 
 class DiscordError(Exception):
@@ -56,6 +67,13 @@ class DiscordApiError(DiscordError):
         self.status = status
         self.code = code
         self.retry_after = retry_after
+
+
+class DiscordResponseTooLarge(DiscordApiError):
+    """An answer over the byte cap (nothing past it was read)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status, None)
 
 
 class DiscordGuardError(DiscordError):
@@ -79,35 +97,67 @@ class _Bucket:
 
 @attrs.define(eq=False, kw_only=True)
 class DiscordRest:
+    """One long-lived connection pool; requests go to httpx's transport directly (as
+    :class:`adapters.telegram.TelegramApi` does): the :class:`httpx.AsyncClient` layers
+    (URL merging, cookies, auth, redirects, hooks) do nothing a Discord call wants. Built
+    once: the base URL, the headers (the ``Authorization`` one per token value), the
+    timeouts. A body is read under :data:`MAX_RESPONSE_BYTES` and decoded once."""
+
     token: Callable[[], str] = attrs.field(repr=False)
     api_origin: str = DEFAULT_API_ORIGIN
     timeout_s: float = 15.0
     transport: Any = None
     invalid_guard: int = INVALID_GUARD
     ban_cooldown_s: float = BAN_COOLDOWN_S
-    _client: httpx.AsyncClient | None = attrs.field(default=None, init=False)
+    _pool: httpx.AsyncBaseTransport | None = attrs.field(default=None, init=False)
+    _base: str = attrs.field(init=False)
+    _host: tuple[bytes, bytes] = attrs.field(init=False)
+    _auth: tuple[str, tuple[bytes, bytes]] | None = attrs.field(default=None, init=False)
+    _extensions: dict[str, Any] = attrs.field(init=False)
+    _slots: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_CONNECTIONS))
     _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
+    _global_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _global_until: float = attrs.field(default=0.0, init=False)
     _invalid: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
     invalid_requests: int = attrs.field(default=0, init=False)
     """Counted 401/403/429 answers (all time; the guard counts the last ten minutes)."""
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                base_url=self.api_origin.rstrip("/") + API_PATH,
-                timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                transport=self.transport,
-                follow_redirects=False,
-                headers={"User-Agent": USER_AGENT},
+    def __attrs_post_init__(self) -> None:
+        self._base = self.api_origin.rstrip("/") + API_PATH
+        try:
+            self._host = (b"Host", httpx.URL(self._base).netloc)
+        except (httpx.InvalidURL, TypeError):
+            self._host = (b"Host", b"")  # every request then fails as unreachable
+        timeout = httpx.Timeout(self.timeout_s, connect=10.0).as_dict()
+        self._extensions = {"timeout": timeout}
+
+    def _transport(self) -> httpx.AsyncBaseTransport:
+        if self._pool is None:
+            self._pool = (
+                self.transport
+                if self.transport is not None
+                else httpx.AsyncHTTPTransport(
+                    trust_env=False,
+                    retries=0,
+                    limits=httpx.Limits(
+                        max_connections=MAX_CONNECTIONS,
+                        max_keepalive_connections=MAX_CONNECTIONS,
+                    ),
+                )
             )
-        return self._client
+        return self._pool
+
+    def _authorization(self) -> tuple[bytes, bytes]:
+        token = self.token()
+        if self._auth is None or self._auth[0] is not token:
+            self._auth = (token, (b"Authorization", f"Bot {token}".encode()))
+        return self._auth[1]
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
 
     async def request(
         self,
@@ -119,27 +169,29 @@ class DiscordRest:
     ) -> Any:
         """One call, rate limits kept; the decoded JSON (``None`` for 204)."""
         key = route_key(method, path)
-        bucket = self._buckets.setdefault(key, _Bucket())
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
         for _attempt in range(MAX_429_RETRIES + 1):
             self._check_guard()
             async with bucket.lock:
                 await self._wait_bucket(bucket)
                 await self._wait_global()
-                response = await self._send(method, path, json_body, params)
-                self._update_bucket(bucket, response)
-            if response.status_code == 429:
-                delay = self._on_429(response)
+                status, headers, body = await self._send(method, path, json_body, params)
+                self._update_bucket(bucket, headers)
+            if status == 429:
+                delay = self._on_429(headers, body)
                 await trio.sleep(delay)
                 continue
-            if response.status_code in (401, 403):
+            if status in (401, 403):
                 self._count_invalid()
-            if response.status_code == 204:
+            if status == 204:
                 return None
-            body = _json(response)
-            if 200 <= response.status_code < 300:
-                return body
-            code = body.get("code") if isinstance(body, Mapping) else None
-            raise DiscordApiError(response.status_code, code if isinstance(code, int) else None)
+            decoded = _json(body)
+            if 200 <= status < 300:
+                return decoded
+            code = decoded.get("code") if isinstance(decoded, Mapping) else None
+            raise DiscordApiError(status, code if isinstance(code, int) else None)
         raise DiscordApiError(429, None)
 
     async def _send(
@@ -148,21 +200,67 @@ class DiscordRest:
         path: str,
         json_body: Mapping[str, Any] | None,
         params: Mapping[str, Any] | None,
-    ) -> httpx.Response:
-        headers = {"Authorization": f"Bot {self.token()}"}
-        content = None
+    ) -> tuple[int, httpx.Headers, bytes]:
+        headers = [self._host, _USER_AGENT, self._authorization()]
+        url = self._base + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
         if json_body is not None:
-            headers["Content-Type"] = "application/json"
-            content = json.dumps(json_body, separators=(",", ":")).encode()
+            content = _JSON_DUMPS(json_body).encode()
+            headers += [_JSON_TYPE, (b"Content-Length", str(len(content)).encode())]
+            stream = httpx.ByteStream(content)
+        else:
+            if method in ("POST", "PUT", "PATCH"):
+                headers.append(_NO_BODY)
+            stream = httpx.ByteStream(b"")
         try:
-            response = await self._http().request(
-                method, path, content=content, params=params, headers=headers
+            request = httpx.Request(
+                method, url, headers=headers, stream=stream, extensions=self._extensions
             )
-        except (httpx.TransportError, httpx.InvalidURL) as error:
-            raise DiscordTransportError(f"Discord unreachable ({type(error).__name__})") from None
-        if len(response.content) > MAX_RESPONSE_BYTES:
-            raise DiscordApiError(response.status_code, None)
-        return response
+        except (httpx.InvalidURL, ValueError):
+            raise DiscordTransportError("Discord unreachable (InvalidURL)") from None
+        return await self._exchange(request, MAX_RESPONSE_BYTES)
+
+    async def _exchange(self, request: httpx.Request, cap: int) -> tuple[int, httpx.Headers, bytes]:
+        """Status, headers and the body (at most ``cap`` bytes, else
+        :class:`DiscordResponseTooLarge`); a transport failure, or the whole exchange over
+        its deadline (httpx bounds each read, not the whole), is
+        :class:`DiscordTransportError`."""
+        cause = "deadline"
+        async with self._slots:
+            with trio.move_on_after(self.timeout_s + REQUEST_GRACE_S):
+                try:
+                    response = await self._transport().handle_async_request(request)
+                    try:
+                        length = _number(response.headers.get("content-length"))
+                        if length is not None and length > cap:
+                            raise DiscordResponseTooLarge(response.status_code)
+                        body = await _read_capped(response, cap)
+                    finally:
+                        await response.aclose()
+                    return response.status_code, response.headers, body
+                except (httpx.HTTPError, OSError) as error:
+                    cause = type(error).__name__
+        raise DiscordTransportError(f"Discord unreachable ({cause})")
+
+    async def download(self, url: str, max_bytes: int) -> bytes | None:
+        """GET ``url`` (an attachment on the CDN) without the bot token; ``None`` unless
+        2xx within ``max_bytes`` (checked against ``Content-Length``, then while
+        reading). Raises :class:`DiscordTransportError`."""
+        try:
+            request = httpx.Request(
+                "GET",
+                url,
+                headers=[(b"Host", httpx.URL(url).netloc), _USER_AGENT],
+                extensions=self._extensions,
+            )
+        except (httpx.InvalidURL, ValueError):
+            return None
+        try:
+            status, _headers, body = await self._exchange(request, max_bytes)
+        except DiscordResponseTooLarge:
+            return None
+        return body if 200 <= status < 300 else None
 
     def _check_guard(self) -> None:
         now = trio.current_time()
@@ -182,31 +280,43 @@ class DiscordRest:
             bucket.remaining = None
 
     async def _wait_global(self) -> None:
-        while True:
-            now = trio.current_time()
-            if self._global_until > now:
-                await trio.sleep(self._global_until - now)
-                continue
-            while self._global and now - self._global[0] >= 1.0:
-                self._global.popleft()
-            if len(self._global) < GLOBAL_PER_SECOND:
-                self._global.append(now)
-                return
-            await trio.sleep(1.0 - (now - self._global[0]))
+        """Take a place in the global 50 a second: at once while the window has room (no
+        lock, no sleep); else callers queue on a fair lock and only the first one sleeps,
+        until the window slides (no herd woken to find it still full)."""
+        now = trio.current_time()
+        if not self._global_lock.locked() and self._global_until <= now and self._room(now):
+            self._global.append(now)
+            return
+        async with self._global_lock:
+            while True:
+                now = trio.current_time()
+                if self._global_until > now:
+                    await trio.sleep(self._global_until - now)
+                elif self._room(now):
+                    self._global.append(now)
+                    return
+                else:
+                    await trio.sleep(1.0 - (now - self._global[0]))
 
-    def _update_bucket(self, bucket: _Bucket, response: httpx.Response) -> None:
-        remaining = _number(response.headers.get("x-ratelimit-remaining"))
-        reset_after = _number(response.headers.get("x-ratelimit-reset-after"))
+    def _room(self, now: float) -> bool:
+        window = self._global
+        while window and now - window[0] >= 1.0:
+            window.popleft()
+        return len(window) < GLOBAL_PER_SECOND
+
+    def _update_bucket(self, bucket: _Bucket, headers: httpx.Headers) -> None:
+        remaining = _number(headers.get("x-ratelimit-remaining"))
+        reset_after = _number(headers.get("x-ratelimit-reset-after"))
         if remaining is not None:
             bucket.remaining = int(remaining)
         if reset_after is not None:
             bucket.reset_at = trio.current_time() + reset_after
 
-    def _on_429(self, response: httpx.Response) -> float:
+    def _on_429(self, headers: httpx.Headers, raw: bytes) -> float:
         """The wait a 429 asks for (and its bookkeeping)."""
-        body = _json(response)
-        scope = response.headers.get("x-ratelimit-scope")
-        has_headers = "x-ratelimit-scope" in response.headers or "retry-after" in response.headers
+        body = _json(raw)
+        scope = headers.get("x-ratelimit-scope")
+        has_headers = "x-ratelimit-scope" in headers or "retry-after" in headers
         if not isinstance(body, Mapping) or not has_headers:
             # Cloudflare's ban (HTML, code 0 or 40333 without headers): back off hard.
             self._count_invalid()
@@ -219,19 +329,31 @@ class DiscordRest:
             self._count_invalid()
         retry = _number(body.get("retry_after"))
         if retry is None:
-            retry = _number(response.headers.get("retry-after"))
+            retry = _number(headers.get("retry-after"))
         delay = min(max(retry if retry is not None else 1.0, 0.0), 3600.0) + 0.05
-        if body.get("global") is True or response.headers.get("x-ratelimit-global"):
+        if body.get("global") is True or headers.get("x-ratelimit-global"):
             self._global_until = trio.current_time() + delay
         log.info("discord: rate limited (%s); retry in %.2f s", scope or "unknown", delay)
         return delay
 
 
-def _json(response: httpx.Response) -> Any:
+def _json(body: bytes) -> Any:
     try:
-        return response.json()
-    except ValueError:
+        return json.loads(body)
+    except (ValueError, RecursionError):
         return None
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> bytes:
+    """The whole body, or :class:`DiscordResponseTooLarge` once it exceeds ``cap`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.stream:  # type: ignore[union-attr]
+        size += len(chunk)
+        if size > cap:
+            raise DiscordResponseTooLarge(response.status_code)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _number(value: object) -> float | None:

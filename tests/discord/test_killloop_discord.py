@@ -122,6 +122,9 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
         async with running_daemon(layout, tag="final", extra_env=env) as daemon:
             await daemon.wait_state("READY=1")
             await wait_until(lambda: len(sent) == MESSAGES)
+            # Not before the final daemon holds the gateway: right after a SIGKILL it
+            # stands by until the dead one's lease expires, and nothing moves meanwhile.
+            await _connected(layout, tag)
             entries = await _settle(fake, layout, tag)
             daemon.send(signal.SIGTERM)
             assert await daemon.wait_exit() == 0, f"{tag}: {daemon.stderr()}"
@@ -160,6 +163,17 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
     assert not {1000, 1001} & set(fake.gateway.client_close_codes), summary
     for log in logs:
         assert TOKEN not in log and "km1" not in log, tag
+
+
+async def _connected(layout: Layout, tag: str) -> None:
+    """Until ``prismctl health`` shows the connection's gateway connected (resumed)."""
+    while True:
+        code, health, err = await prismctl(layout, "health")
+        assert code == 0, f"{tag}: {err}"
+        entry = next(v for k, v in health["children"].items() if "dc" in k)
+        if entry.get("adapterState") == "connected":
+            return
+        await trio.sleep(0.2)
 
 
 async def _settle(fake: FakeDiscord, layout: Layout, tag: str) -> list[dict[str, Any]]:
