@@ -104,6 +104,10 @@ class Reply:
     operation_id: str | None = None
     """The journaled operation this reply answers (one reply per operation): a stable id a
     channel may show its client, so a reply seen twice (history and live) is shown once."""
+    staged_at_ms: int | None = None
+    """When the journal staged it (wall clock, ms): before any attempt to send it, so a
+    channel that deduplicates resends for a while (Discord's nonce) may count from here
+    instead of storing its own first attempt. ``None``: not known."""
 
 
 def _held_is_not_delivered(instance: SendResult, _attribute: object, held: bool) -> None:
