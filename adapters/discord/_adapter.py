@@ -31,7 +31,7 @@ from prismd.channel import (
     Reply,
     SendResult,
 )
-from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
+from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
 from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
@@ -147,16 +147,29 @@ class DiscordAdapter:
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of
-        :data:`~._status.STATES`) and ``resumable`` / ``no_session``; ``lastUpdateAt`` once
-        a message reached the adapter."""
-        states = [s.status.state for s in self._shards] or [self._status.state]
-        state = min(states, key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0)
+        :data:`~._status.STATES`: ``connected``, ``resuming``, ``failed`` …) and
+        ``resumable`` / ``no_session``; the times (ISO 8601) once known: ``lastEventAt``
+        (the gateway last sent anything; the stalest shard's), ``sessionStartedAt`` (the
+        youngest shard session's READY: its age) and ``lastUpdateAt`` (a message reached
+        the adapter)."""
+        statuses = [s.status for s in self._shards] or [self._status]
+        state = min(
+            (s.state for s in statuses),
+            key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0,
+        )
         sessions = [s.cursor.state.session is not None for s in self._shards]
-        return {
+        health = {
             "state": state,
             "gateway": "resumable" if sessions and all(sessions) else "no_session",
             **self._activity.health_fields(),
         }
+        events = [s.last_event_ms for s in statuses]
+        if events and None not in events:
+            health["lastEventAt"] = ms_to_iso(min(e for e in events if e is not None))
+        started = [s.session_started_ms for s in statuses if s.session_started_ms is not None]
+        if started and state not in ("failed", "stopped", "standby"):
+            health["sessionStartedAt"] = ms_to_iso(max(started))
+        return health
 
     @property
     def receiver_lease_held(self) -> bool:
