@@ -37,6 +37,7 @@ from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
 from ._cursor import ShardCursor
 from ._gateway import Shard
+from ._media import DiscordMedia, FetchedAttachment
 from ._parse import RespondTo, parse_message
 from ._previews import PreviewEditor
 from ._rest import DEFAULT_API_ORIGIN, DiscordApiError, DiscordError, DiscordRest
@@ -92,6 +93,9 @@ class DiscordAdapter:
     lease_ttl_ms: int = 30_000
     identifies_per_day: int = 50
     backfill_pages: int = 5
+    max_attachment_bytes: int = 1024 * 1024
+    """Images larger than this are not downloaded (the runtime refuses them at admission,
+    and the adapter posts its notice)."""
     retention_days: int = 7
     """How long a send's first attempt is kept (the journal's ``retention_days``)."""
     identify_spacing_ms: int = 5_000
@@ -105,6 +109,7 @@ class DiscordAdapter:
     _rest: DiscordRest = attrs.field(init=False)
     _sender: DiscordSender = attrs.field(init=False)
     _previews: PreviewEditor = attrs.field(init=False)
+    _media: DiscordMedia = attrs.field(init=False)
     _shards: list[Shard] = attrs.field(factory=list, init=False)
     _status: ShardStatus = attrs.field(factory=ShardStatus, init=False)
     """The state before the shards exist (and when asking for the shard count fails)."""
@@ -132,6 +137,11 @@ class DiscordAdapter:
             bot_user_id=self._bot_id,
         )
         self._previews = PreviewEditor(connection_id=self.connection_id, rest=self._rest)
+        self._media = DiscordMedia(
+            connection_id=self.connection_id,
+            rest=self._rest,
+            max_attachment_bytes=self.max_attachment_bytes,
+        )
 
     @property
     def service_scope(self) -> OwnershipScope:
@@ -142,7 +152,10 @@ class DiscordAdapter:
     @property
     def features(self) -> AdapterFeatures:
         return AdapterFeatures(
-            typing=True, previews=self.previews, typing_delay_ms=self.typing_delay_ms
+            typing=True,
+            previews=self.previews,
+            typing_delay_ms=self.typing_delay_ms,
+            attachments=True,
         )
 
     def health(self) -> Mapping[str, str]:
@@ -306,6 +319,10 @@ class DiscordAdapter:
             if not admission.retryable:
                 break
             await shard.lease.sleep(backoff.next_delay())
+        if admission.reason == "oversized" and admission.hint is not None:
+            # Too long, or images over the cap: say so (the runtime's fixed text).
+            channel = event.external_conversation_id
+            await self._sender.notice(channel, event.event_id, admission.hint)
         guild = message.get("guild_id")
         state.note_message(
             event.external_conversation_id,
@@ -341,8 +358,8 @@ class DiscordAdapter:
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
         await self._sender.typing(conversation_id)
 
-    async def fetch_attachment(self, ref: AttachmentRef) -> Any:
-        return None
+    async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
+        return await self._media.fetch(ref)
 
     async def aclose(self) -> None:
         await self._rest.aclose()

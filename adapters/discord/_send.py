@@ -48,6 +48,7 @@ NONCE_WINDOW_MS = 120_000
 UNRECORDED_MS = NONCE_WINDOW_MS // 2
 """A reply first sent within this of being staged stores no first attempt (see
 :meth:`DiscordSender._window_start`): one durable write less per reply."""
+NOTICE_DEADLINE_S = 10.0
 SEND_NAMESPACE = "prism.channels.v1.discord.send"
 SEND_CATEGORY = "discord-send"
 FAILURE_REASONS: Mapping[int, str] = {
@@ -328,6 +329,23 @@ class DiscordSender:
             if len(batch) < 100:
                 break
         return [i for _n, i in sorted(found)]
+
+    async def notice(self, channel: str, message_id: str, text: str) -> None:
+        """Answer ``message_id`` with a fixed notice (a refusal's hint), outside the journal:
+        its nonce is derived from the message, so a dispatch seen twice within the window
+        posts it once. Failures are logged and dropped."""
+        body = {
+            "content": text[:MAX_CHUNK],
+            "nonce": chunk_nonce(nonce_base(self.connection_id, f"notice:{message_id}"), 0),
+            "enforce_nonce": True,
+            "allowed_mentions": {"parse": []},
+            "message_reference": {"message_id": message_id, "fail_if_not_exists": False},
+        }
+        with trio.move_on_after(NOTICE_DEADLINE_S):
+            try:
+                await self.rest.request("POST", f"/channels/{channel}/messages", json_body=body)
+            except DiscordError as error:
+                log.info("discord %s: notice not sent (%s)", self.connection_id, error)
 
     async def typing(self, channel: str) -> None:
         if not channel.isdigit():
