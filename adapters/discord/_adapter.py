@@ -104,8 +104,6 @@ class DiscordAdapter:
     """A fresh Identify after op 9 waits this long, up to five times it (Discord: 1-5 s)."""
     clock: Clock = SYSTEM_CLOCK
     random: _random.Random = attrs.field(factory=_random.Random)
-    transport: Any = None
-    """An ``httpx.AsyncBaseTransport`` (tests); ``None`` for the network."""
     _rest: DiscordRest = attrs.field(init=False)
     _sender: DiscordSender = attrs.field(init=False)
     _previews: PreviewEditor = attrs.field(init=False)
@@ -125,9 +123,7 @@ class DiscordAdapter:
             raise ValueError(f"shards must be in 1..{MAX_SHARDS}")
         if self.intents is None:
             self.intents = default_intents(self.respond_to)
-        self._rest = DiscordRest(
-            token=self.token, api_origin=self.api_origin, transport=self.transport
-        )
+        self._rest = DiscordRest(token=self.token, api_origin=self.api_origin)
         self._sender = DiscordSender(
             connection_id=self.connection_id,
             rest=self._rest,

@@ -3,8 +3,8 @@
 
 * **Per-route buckets** from the ``X-RateLimit-*`` headers, keyed by (method, route,
   top-level resource id): a bucket with nothing ``Remaining`` waits for its reset.
-* **Global 50/s**: a sliding one-second window; a global 429 blocks every request for its
-  ``retry_after``.
+* **Global 50/s**: a sliding window (one second and 50 ms) of the requests written, each
+  counted right before it is; a global 429 blocks every request for its ``retry_after``.
 * **429** sleeps ``retry_after`` (float seconds, body or ``Retry-After``) and tries again,
   at most :data:`MAX_429_RETRIES` times per call.
 * **Invalid-request guard**: 401, 403 and non-``shared`` 429 answers are counted over ten
@@ -23,12 +23,13 @@ import collections
 import json
 import logging
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
-import httpx
 import trio
+
+from ._http import Header, Http11, HttpTransportError, Origin, ResponseTooLarge
 
 log = logging.getLogger("prismd.discord")
 
@@ -36,21 +37,19 @@ DEFAULT_API_ORIGIN = "https://discord.com"
 API_PATH = "/api/v10"
 USER_AGENT = "DiscordBot (https://github.com/prismd/prismd, 0.1)"
 GLOBAL_PER_SECOND = 50
+GLOBAL_WINDOW_S = 1.05
+"""The global limit's window, with 50 ms to spare (discord.js's offset): requests counted
+when they are written may reach Discord a little apart from how they left."""
 MAX_429_RETRIES = 3
 INVALID_WINDOW_S = 600.0
 INVALID_GUARD = 1_000
 BAN_COOLDOWN_S = 60.0
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 MAX_CONNECTIONS = 4
-"""Requests in flight, and the keep-alive connections kept: httpcore looks at every idle
-connection before each request, so a pool as large as the conversations answered at once
-costs a check each (Telegram's client found the same)."""
-REQUEST_GRACE_S = 30.0
-"""Added to the timeout: the deadline of a whole exchange (connect, send, body)."""
+"""Requests in flight, and the keep-alive connections kept (per origin)."""
 _JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _USER_AGENT = (b"User-Agent", USER_AGENT.encode())
 _JSON_TYPE = (b"Content-Type", b"application/json")
-_NO_BODY = (b"Content-Length", b"0")
 
 
 class DiscordError(Exception):
@@ -97,24 +96,19 @@ class _Bucket:
 
 @attrs.define(eq=False, kw_only=True)
 class DiscordRest:
-    """One long-lived connection pool; requests go to httpx's transport directly (as
-    :class:`adapters.telegram.TelegramApi` does): the :class:`httpx.AsyncClient` layers
-    (URL merging, cookies, auth, redirects, hooks) do nothing a Discord call wants. Built
-    once: the base URL, the headers (the ``Authorization`` one per token value), the
-    timeouts. A body is read under :data:`MAX_RESPONSE_BYTES` and decoded once."""
+    """Requests go through :class:`~._http.Http11` (keep-alive, one ``send`` per request,
+    bounded bodies). Built once: the origin and base path, the headers (the
+    ``Authorization`` one per token value)."""
 
     token: Callable[[], str] = attrs.field(repr=False)
     api_origin: str = DEFAULT_API_ORIGIN
     timeout_s: float = 15.0
-    transport: Any = None
     invalid_guard: int = INVALID_GUARD
     ban_cooldown_s: float = BAN_COOLDOWN_S
-    _pool: httpx.AsyncBaseTransport | None = attrs.field(default=None, init=False)
+    _http: Http11 = attrs.field(factory=lambda: Http11(max_connections=MAX_CONNECTIONS))
+    _origin: Origin | None = attrs.field(init=False)
     _base: str = attrs.field(init=False)
-    _host: tuple[bytes, bytes] = attrs.field(init=False)
-    _auth: tuple[str, tuple[bytes, bytes]] | None = attrs.field(default=None, init=False)
-    _extensions: dict[str, Any] = attrs.field(init=False)
-    _slots: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_CONNECTIONS))
+    _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
     _global_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
@@ -124,40 +118,17 @@ class DiscordRest:
     """Counted 401/403/429 answers (all time; the guard counts the last ten minutes)."""
 
     def __attrs_post_init__(self) -> None:
-        self._base = self.api_origin.rstrip("/") + API_PATH
-        try:
-            self._host = (b"Host", httpx.URL(self._base).netloc)
-        except (httpx.InvalidURL, TypeError):
-            self._host = (b"Host", b"")  # every request then fails as unreachable
-        timeout = httpx.Timeout(self.timeout_s, connect=10.0).as_dict()
-        self._extensions = {"timeout": timeout}
+        self._origin = _origin(self.api_origin)
+        self._base = urllib.parse.urlsplit(self.api_origin).path.rstrip("/") + API_PATH
 
-    def _transport(self) -> httpx.AsyncBaseTransport:
-        if self._pool is None:
-            self._pool = (
-                self.transport
-                if self.transport is not None
-                else httpx.AsyncHTTPTransport(
-                    trust_env=False,
-                    retries=0,
-                    limits=httpx.Limits(
-                        max_connections=MAX_CONNECTIONS,
-                        max_keepalive_connections=MAX_CONNECTIONS,
-                    ),
-                )
-            )
-        return self._pool
-
-    def _authorization(self) -> tuple[bytes, bytes]:
+    def _authorization(self) -> Header:
         token = self.token()
         if self._auth is None or self._auth[0] is not token:
             self._auth = (token, (b"Authorization", f"Bot {token}".encode()))
         return self._auth[1]
 
     async def aclose(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.aclose()
+        await self._http.aclose()
 
     async def request(
         self,
@@ -176,7 +147,6 @@ class DiscordRest:
             self._check_guard()
             async with bucket.lock:
                 await self._wait_bucket(bucket)
-                await self._wait_global()
                 status, headers, body = await self._send(method, path, json_body, params)
                 self._update_bucket(bucket, headers)
             if status == 429:
@@ -200,64 +170,74 @@ class DiscordRest:
         path: str,
         json_body: Mapping[str, Any] | None,
         params: Mapping[str, Any] | None,
-    ) -> tuple[int, httpx.Headers, bytes]:
-        headers = [self._host, _USER_AGENT, self._authorization()]
-        url = self._base + path
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        if self._origin is None:
+            raise DiscordTransportError("Discord unreachable (InvalidURL)")
+        target = self._base + path
         if params:
-            url += "?" + urllib.parse.urlencode(params)
+            target += "?" + urllib.parse.urlencode(params)
+        headers = [_USER_AGENT, self._authorization()]
+        content = b""
         if json_body is not None:
             content = _JSON_DUMPS(json_body).encode()
-            headers += [_JSON_TYPE, (b"Content-Length", str(len(content)).encode())]
-            stream = httpx.ByteStream(content)
-        else:
-            if method in ("POST", "PUT", "PATCH"):
-                headers.append(_NO_BODY)
-            stream = httpx.ByteStream(b"")
-        try:
-            request = httpx.Request(
-                method, url, headers=headers, stream=stream, extensions=self._extensions
-            )
-        except (httpx.InvalidURL, ValueError):
-            raise DiscordTransportError("Discord unreachable (InvalidURL)") from None
-        return await self._exchange(request, MAX_RESPONSE_BYTES)
+            headers.append(_JSON_TYPE)
+        return await self._exchange(
+            self._origin,
+            method.encode(),
+            target.encode(),
+            headers,
+            content,
+            MAX_RESPONSE_BYTES,
+            self._wait_global,
+        )
 
-    async def _exchange(self, request: httpx.Request, cap: int) -> tuple[int, httpx.Headers, bytes]:
-        """Status, headers and the body (at most ``cap`` bytes, else
-        :class:`DiscordResponseTooLarge`); a transport failure, or the whole exchange over
-        its deadline (httpx bounds each read, not the whole), is
-        :class:`DiscordTransportError`."""
+    async def _exchange(
+        self,
+        origin: Origin,
+        method: bytes,
+        target: bytes,
+        headers: list[Header],
+        body: bytes,
+        cap: int,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One exchange within ``timeout_s`` in all (connect, send, answer; not the wait
+        for the global limit, ``ready``): a transport failure or the deadline is
+        :class:`DiscordTransportError`; an answer over ``cap``
+        :class:`DiscordResponseTooLarge`."""
         cause = "deadline"
-        async with self._slots:
-            with trio.move_on_after(self.timeout_s + REQUEST_GRACE_S):
-                try:
-                    response = await self._transport().handle_async_request(request)
-                    try:
-                        length = _number(response.headers.get("content-length"))
-                        if length is not None and length > cap:
-                            raise DiscordResponseTooLarge(response.status_code)
-                        body = await _read_capped(response, cap)
-                    finally:
-                        await response.aclose()
-                    return response.status_code, response.headers, body
-                except (httpx.HTTPError, OSError) as error:
-                    cause = type(error).__name__
+        scope = trio.CancelScope()
+        paced = ready
+
+        async def start_clock() -> None:
+            if paced is not None:
+                await paced()
+            scope.deadline = trio.current_time() + self.timeout_s
+
+        with scope:
+            try:
+                return await self._http.request(
+                    origin, method, target, headers, body, cap, start_clock
+                )
+            except ResponseTooLarge as error:
+                raise DiscordResponseTooLarge(error.status) from None
+            except HttpTransportError as error:
+                cause = str(error)
         raise DiscordTransportError(f"Discord unreachable ({cause})")
 
     async def download(self, url: str, max_bytes: int) -> bytes | None:
         """GET ``url`` (an attachment on the CDN) without the bot token; ``None`` unless
         2xx within ``max_bytes`` (checked against ``Content-Length``, then while
         reading). Raises :class:`DiscordTransportError`."""
-        try:
-            request = httpx.Request(
-                "GET",
-                url,
-                headers=[(b"Host", httpx.URL(url).netloc), _USER_AGENT],
-                extensions=self._extensions,
-            )
-        except (httpx.InvalidURL, ValueError):
+        origin = _origin(url)
+        if origin is None:
             return None
+        parts = urllib.parse.urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
-            status, _headers, body = await self._exchange(request, max_bytes)
+            status, _headers, body = await self._exchange(
+                origin, b"GET", target.encode(), [_USER_AGENT], b"", max_bytes
+            )
         except DiscordResponseTooLarge:
             return None
         return body if 200 <= status < 300 else None
@@ -296,15 +276,15 @@ class DiscordRest:
                     self._global.append(now)
                     return
                 else:
-                    await trio.sleep(1.0 - (now - self._global[0]))
+                    await trio.sleep(GLOBAL_WINDOW_S - (now - self._global[0]))
 
     def _room(self, now: float) -> bool:
         window = self._global
-        while window and now - window[0] >= 1.0:
+        while window and now - window[0] >= GLOBAL_WINDOW_S:
             window.popleft()
         return len(window) < GLOBAL_PER_SECOND
 
-    def _update_bucket(self, bucket: _Bucket, headers: httpx.Headers) -> None:
+    def _update_bucket(self, bucket: _Bucket, headers: Mapping[str, str]) -> None:
         remaining = _number(headers.get("x-ratelimit-remaining"))
         reset_after = _number(headers.get("x-ratelimit-reset-after"))
         if remaining is not None:
@@ -312,7 +292,7 @@ class DiscordRest:
         if reset_after is not None:
             bucket.reset_at = trio.current_time() + reset_after
 
-    def _on_429(self, headers: httpx.Headers, raw: bytes) -> float:
+    def _on_429(self, headers: Mapping[str, str], raw: bytes) -> float:
         """The wait a 429 asks for (and its bookkeeping)."""
         body = _json(raw)
         scope = headers.get("x-ratelimit-scope")
@@ -344,16 +324,16 @@ def _json(body: bytes) -> Any:
         return None
 
 
-async def _read_capped(response: httpx.Response, cap: int) -> bytes:
-    """The whole body, or :class:`DiscordResponseTooLarge` once it exceeds ``cap`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.stream:  # type: ignore[union-attr]
-        size += len(chunk)
-        if size > cap:
-            raise DiscordResponseTooLarge(response.status_code)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+def _origin(url: str) -> Origin | None:
+    """The scheme, host and port of an ``http(s)`` URL (``None``: not one)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return Origin(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
 
 
 def _number(value: object) -> float | None:

@@ -12,7 +12,8 @@ own (the global 50 requests a second among them, so at most 50 answers a second)
 Measured, as for ``telegram``: DMs per second from 20 users, each sending the next when
 its answer came (closed loop); latency from a dispatch to its answer's POST; the daemon's
 CPU per message (``cpu_ms_per_message``, from ``/proc``); REST requests per message
-(``requests_per_message``; by route in ``requests``) and gateway frames the daemon sent
+(``requests_per_message``; by route in ``requests``), the most in any one second
+(``peak_requests_per_s``: at most Discord's 50) and gateway frames the daemon sent
 (``gateway_frames_sent``: heartbeats, Identify).
 """
 
@@ -60,6 +61,7 @@ class BenchDiscord:
     sent: trio.Event = attrs.Factory(trio.Event)
     ready: trio.Event = attrs.Factory(trio.Event)
     requests: dict[str, int] = attrs.Factory(dict)
+    request_times: list[float] = attrs.Factory(list)
     frames_in: int = 0
 
     def snowflake(self) -> str:
@@ -140,6 +142,7 @@ class BenchDiscord:
                 body = await read_body(stream, connection, head, max_bytes=1 << 20)
                 status, payload, route = self._answer(head.method, head.path, body)
                 self.requests[route] = self.requests.get(route, 0) + 1
+                self.request_times.append(time.monotonic())
                 if route == POST_MESSAGE:
                     await self.dispatch("MESSAGE_CREATE", payload)  # Discord echoes our own
                 headers = [
@@ -263,6 +266,7 @@ aliases = ["bench"]
 async def _closed_loop(fake: BenchDiscord, daemon: Daemon, duration_s: float) -> dict[str, Any]:
     channels = [(str(FIRST_DM + i), str(FIRST_USER + i)) for i in range(CLIENTS)]
     fake.requests.clear()
+    fake.request_times.clear()
     frames0 = fake.frames_in
     start = time.perf_counter()
     end = start + duration_s
@@ -286,5 +290,16 @@ async def _closed_loop(fake: BenchDiscord, daemon: Daemon, duration_s: float) ->
             result["cpu_ms_per_message"] = round((cpu1 - cpu0) * 1000 / fake.answered, 3)
         result["requests_per_message"] = round(sum(requests.values()) / fake.answered, 3)
     result["requests"] = requests
+    result["peak_requests_per_s"] = _peak_per_second(fake.request_times)
     result["gateway_frames_sent"] = fake.frames_in - frames0
     return result
+
+
+def _peak_per_second(times: list[float]) -> int:
+    """The most requests in any one second (Discord's global limit is 50)."""
+    peak = start = 0
+    for end, at in enumerate(times):
+        while at - times[start] >= 1.0:
+            start += 1
+        peak = max(peak, end - start + 1)
+    return peak
