@@ -53,7 +53,8 @@ class Origin:
     @property
     def host_header(self) -> Header:
         default = 443 if self.scheme == "https" else 80
-        netloc = self.host if self.port == default else f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        netloc = host if self.port == default else f"{host}:{self.port}"
         return (b"Host", netloc.encode("idna"))
 
 

@@ -114,3 +114,9 @@ async def test_failures_name_a_class_only(nursery: trio.Nursery) -> None:
     await client.aclose()
     for error in (dropped.value, refused.value):
         assert "secret" not in str(error) and "127.0.0.1" not in str(error)
+
+
+def test_the_host_header_of_an_origin() -> None:
+    assert Origin("https", "discord.com", 443).host_header == (b"Host", b"discord.com")
+    assert Origin("http", "127.0.0.1", 8080).host_header == (b"Host", b"127.0.0.1:8080")
+    assert Origin("http", "::1", 8080).host_header == (b"Host", b"[::1]:8080")
