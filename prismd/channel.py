@@ -144,6 +144,10 @@ class Reply:
     files: tuple[ReplyFile, ...] = ()
     """Files that go with the reply (by reference; the host fetches them and hands the
     adapter their bytes through :meth:`ChannelAdapter.send_file`)."""
+    staged_at_ms: int | None = None
+    """When the journal staged it (wall clock, ms): before any attempt to send it, so a
+    channel that deduplicates resends for a while (Discord's nonce) may count from here
+    instead of storing its own first attempt. ``None``: not known."""
 
 
 def _held_is_not_delivered(instance: SendResult, _attribute: object, held: bool) -> None:

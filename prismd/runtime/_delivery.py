@@ -96,6 +96,7 @@ async def resend(
             in_reply_to=in_reply_to,
             operation_id=stored.operation_id,
             files=reply_files(stored.files),
+            staged_at_ms=None if stored.created_us is None else stored.created_us // 1000,
         ),
     )
     marked = await mark_outcome(core, scope, claimed, state, message_id, reason, None)

@@ -384,6 +384,7 @@ async def answer(
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
         files=draft.files,
+        staged_at_ms=None if record is None else _ms(record.created_us),
     )
     journaled = journal is not None and ownership is not None
     staged = staged if journaled else None
@@ -395,6 +396,10 @@ async def answer(
         return answered
     state = await deliver_and_mark(core, reply, staged, ownership, fence)
     return Answered(answered.operation, answered.binding, state)
+
+
+def _ms(us: int | None) -> int | None:
+    return None if us is None else us // 1000
 
 
 async def _send(
