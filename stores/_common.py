@@ -540,31 +540,51 @@ def sort_key(record: _Positioned) -> SortKey:
     return (-record.updated_at_ms, record.key, record.namespace)
 
 
-def encode_cursor(record: CheckpointRecord) -> str:
-    raw = json.dumps([record.updated_at_ms, record.key, record.namespace], ensure_ascii=False)
+_CURSOR_ERROR = "cursor must be a next_cursor from a previous page"
+
+
+def encode_position(values: Sequence[int | str]) -> str:
+    """A page cursor: the last row's position (its sort key's values) as unpadded
+    base64url JSON, read back by :func:`decode_position`."""
+    raw = json.dumps(list(values), ensure_ascii=False)
     return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: object) -> tuple[int, str, str] | None:
-    """``(updated_at_ms, key, namespace)`` of the last row seen, or ``None`` for no cursor."""
+def decode_position(
+    cursor: object, kinds: tuple[type[int] | type[str], ...], error: type[ValueError]
+) -> tuple[Any, ...] | None:
+    """The values of a cursor :func:`encode_position` wrote, one of each of ``kinds`` (an
+    ``int`` never a bool), or ``None`` for no cursor. Anything else raises ``error``, with
+    one message whatever is wrong."""
     if cursor is None:
         return None
     if not isinstance(cursor, str) or not cursor:
-        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page")
+        raise error(_CURSOR_ERROR)
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8"))
     except (ValueError, UnicodeError, binascii.Error) as exc:
-        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page") from exc
+        raise error(_CURSOR_ERROR) from exc
     if (
         not isinstance(decoded, list)
-        or len(decoded) != 3
-        or not _is_int(decoded[0])
-        or not isinstance(decoded[1], str)
-        or not isinstance(decoded[2], str)
+        or len(decoded) != len(kinds)
+        or not all(
+            _is_int(value) if kind is int else isinstance(value, kind)
+            for value, kind in zip(decoded, kinds, strict=True)
+        )
     ):
-        raise InvalidCheckpointError("cursor must be a next_cursor from a previous page")
-    return (decoded[0], decoded[1], decoded[2])
+        raise error(_CURSOR_ERROR)
+    return tuple(decoded)
+
+
+def encode_cursor(record: CheckpointRecord) -> str:
+    return encode_position([record.updated_at_ms, record.key, record.namespace])
+
+
+def decode_cursor(cursor: object) -> tuple[int, str, str] | None:
+    """``(updated_at_ms, key, namespace)`` of the last row seen, or ``None`` for no cursor."""
+    position = decode_position(cursor, (int, str, str), InvalidCheckpointError)
+    return None if position is None else (position[0], position[1], position[2])
 
 
 def after_cursor(record: _Positioned, cursor: tuple[int, str, str]) -> bool:

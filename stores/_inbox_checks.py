@@ -4,15 +4,19 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 from collections.abc import Sequence
 
 import attrs
 
-from ._common import _is_int, _is_safe_int, check_name, encode_json
+from ._common import (
+    _is_int,
+    _is_safe_int,
+    check_name,
+    decode_position,
+    encode_json,
+    encode_position,
+)
 from ._types import (
     INBOX_STATES,
     LIST_LIMIT_MAX,
@@ -112,31 +116,13 @@ def check_inbox_state(state: object) -> InboxState | None:
 
 
 def encode_inbox_cursor(item: InboxItem) -> str:
-    raw = json.dumps([item.source, item.order, item.key], ensure_ascii=False)
-    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+    return encode_position([item.source, item.order, item.key])
 
 
 def decode_inbox_cursor(cursor: object) -> tuple[str, int, str] | None:
     """``(source, order, key)`` of the last item seen, or ``None`` for no cursor."""
-    if cursor is None:
-        return None
-    bad = InvalidInboxError("cursor must be a next_cursor from a previous page")
-    if not isinstance(cursor, str) or not cursor:
-        raise bad
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8"))
-    except (ValueError, UnicodeError, binascii.Error):
-        raise bad from None
-    if (
-        not isinstance(decoded, list)
-        or len(decoded) != 3
-        or not isinstance(decoded[0], str)
-        or not _is_int(decoded[1])
-        or not isinstance(decoded[2], str)
-    ):
-        raise bad
-    return (decoded[0], decoded[1], decoded[2])
+    position = decode_position(cursor, (str, int, str), InvalidInboxError)
+    return None if position is None else (position[0], position[1], position[2])
 
 
 def new_claim_token() -> str:

@@ -57,6 +57,7 @@ PINNED: dict[str, list[str]] = {
         "FrameTooLargeError",
         "HttpError",
         "Incoming",
+        "Interrupts",
         "JsonRpcClient",
         "JsonRpcConnectionError",
         "JsonRpcTimeoutError",

@@ -66,14 +66,19 @@ ACCOUNT_RE = re.compile(r"^\+[0-9]{1,20}$")
 """The account as signal-cli's ``-a`` takes it: the phone number in international format."""
 
 
-def _bounded(low: float, high: float, what: str, *, integer: bool = True) -> Any:
-    def check(_instance: object, _attribute: object, value: object) -> None:
+def _bounded(default: float, low: float, high: float) -> Any:
+    """A field of ``default`` that must stay in ``low..high``: a whole number when the
+    default is one, else any number; the error names the field."""
+    integer = isinstance(default, int)
+
+    def check(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        what = attribute.name
         if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
             raise ValueError(f"{what} must be {'an integer' if integer else 'a number'}")
         if not low <= value <= high:
             raise ValueError(f"{what} must be in {low:g}..{high:g}")
 
-    return check
+    return attrs.field(default=default, validator=check)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -94,34 +99,15 @@ class SignalAdapter:
     allow_groups: bool = False
     service_scope: OwnershipScope = attrs.field(default=None)
     reclaim: bool = True
-    lease_ttl_ms: int = attrs.field(
-        default=90_000, validator=_bounded(5_000, 300_000, "lease_ttl_ms")
-    )
-    request_timeout_s: float = attrs.field(
-        default=10.0, validator=_bounded(0.1, 60.0, "request_timeout_s", integer=False)
-    )
-    send_timeout_s: float = attrs.field(
-        default=60.0, validator=_bounded(0.1, 300.0, "send_timeout_s", integer=False)
-    )
-    max_frame_bytes: int = attrs.field(
-        default=128 * 1024, validator=_bounded(1024, 512 * 1024, "max_frame_bytes")
-    )
-    max_pending_requests: int = attrs.field(
-        default=16, validator=_bounded(1, 64, "max_pending_requests")
-    )
-    max_pending_events: int = attrs.field(
-        default=32, validator=_bounded(1, 128, "max_pending_events")
-    )
-    reconnect_delay_s: float = attrs.field(
-        default=1.0, validator=_bounded(0.001, 60.0, "reconnect_delay_s", integer=False)
-    )
-    max_reconnect_delay_s: float = attrs.field(
-        default=30.0, validator=_bounded(0.001, 60.0, "max_reconnect_delay_s", integer=False)
-    )
-    typing_delay_ms: int = attrs.field(
-        default=DEFAULT_TYPING_DELAY_MS,
-        validator=_bounded(0, MAX_TYPING_DELAY_MS, "typing_delay_ms"),
-    )
+    lease_ttl_ms: int = _bounded(90_000, 5_000, 300_000)
+    request_timeout_s: float = _bounded(10.0, 0.1, 60.0)
+    send_timeout_s: float = _bounded(60.0, 0.1, 300.0)
+    max_frame_bytes: int = _bounded(128 * 1024, 1024, 512 * 1024)
+    max_pending_requests: int = _bounded(16, 1, 64)
+    max_pending_events: int = _bounded(32, 1, 128)
+    reconnect_delay_s: float = _bounded(1.0, 0.001, 60.0)
+    max_reconnect_delay_s: float = _bounded(30.0, 0.001, 60.0)
+    typing_delay_ms: int = _bounded(DEFAULT_TYPING_DELAY_MS, 0, MAX_TYPING_DELAY_MS)
     """How long a turn runs before its typing indicator starts (declared in
     :attr:`features`; the runtime keeps the time, the same rule as Telegram's)."""
     clock: Clock = SYSTEM_CLOCK

@@ -6,50 +6,22 @@ batches once its admission is final. Also the receiver's stop, which every wait 
 from __future__ import annotations
 
 import collections
-import contextlib
 import random as _random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import attrs
 import trio
 
 from prismd.channel import Admit, InboundEvent
 
-from ..toolkit import Backoff
+from ..toolkit import Backoff, Interrupts
 from ._inbox import Inbox
 from ._status import SignalStatus, log
 
-__all__ = ["PERSIST_S", "HeldEvents", "Stopping"]
+__all__ = ["PERSIST_S", "HeldEvents"]
 
 PERSIST_S = 2.0
 """Bound on writing held events to the inbox during a stop."""
-
-
-@attrs.define(eq=False)
-class Stopping:
-    """The receiver's stop: once :meth:`stop` ran, every wait made through
-    :meth:`interruptible` ends (check ``cancelled_caught`` or :attr:`stopping`)."""
-
-    stopping: bool = False
-    _scopes: set[trio.CancelScope] = attrs.field(factory=set)
-
-    def stop(self) -> None:
-        self.stopping = True
-        for scope in self._scopes:
-            scope.cancel()
-
-    @contextlib.contextmanager
-    def interruptible(self) -> Iterator[trio.CancelScope]:
-        """A wait that a stop ends."""
-        scope = trio.CancelScope()
-        if self.stopping:
-            scope.cancel()
-        self._scopes.add(scope)
-        try:
-            with scope:
-                yield scope
-        finally:
-            self._scopes.discard(scope)
 
 
 @attrs.define(eq=False)
@@ -64,7 +36,7 @@ class HeldEvents:
     admit: Admit
     inbox: Inbox
     status: SignalStatus
-    stop: Stopping
+    stop: Interrupts
     random: _random.Random
     reconnect_delay_s: float
     max_reconnect_delay_s: float
@@ -132,7 +104,7 @@ class HeldEvents:
             self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
         )
         while self._items:
-            if self.stop.stopping:
+            if self.stop.stopped:
                 await self.persist()
                 return
             await self.persist()

@@ -57,10 +57,10 @@ import trio
 from prismd.channel import Admit
 from stores import CheckpointStore, Clock, OwnershipScope
 
-from ..toolkit import Backoff, LeaseLostError, ReceiverLease
+from ..toolkit import Backoff, Interrupts, LeaseLostError, ReceiverLease
 from ._client import Endpoint, SignalUnreachableError
 from ._filter import NotificationFilter
-from ._held import HeldEvents, Stopping
+from ._held import HeldEvents
 from ._inbox import Inbox
 from ._readiness import write_readiness
 from ._status import SignalStatus, log
@@ -114,7 +114,7 @@ class Receiver:
     max_pending_events: int
     reconnect_delay_s: float
     max_reconnect_delay_s: float
-    _stop: Stopping = attrs.field(factory=Stopping, init=False)
+    _stop: Interrupts = attrs.field(factory=Interrupts, init=False)
     _held: HeldEvents = attrs.field(init=False)
     _subscription: Subscription = attrs.field(init=False)
     _failures: int = attrs.field(default=0, init=False)
@@ -152,7 +152,7 @@ class Receiver:
         :data:`STOP_BUDGET_S`.
         """
         started = _Started(task_status)
-        self._stop.stopping = False
+        self._stop.stopped = False
         hard = trio.CancelScope(shield=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_stop, hard)
@@ -173,7 +173,7 @@ class Receiver:
     async def _run(self, started: _Started) -> None:
         self.status.state = "starting"
         try:
-            while not self._stop.stopping and not self.filter.mismatched:
+            while not self._stop.stopped and not self.filter.mismatched:
                 if not await self._acquire(started):
                     return
                 await self._hold_and_receive(started)
@@ -223,9 +223,9 @@ class Receiver:
             self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
         )
         await self._held.replay()
-        while not self._stop.stopping:
+        while not self._stop.stopped:
             await self._held.settle()
-            if self._stop.stopping or self.filter.mismatched:
+            if self._stop.stopped or self.filter.mismatched:
                 return
             self.lease.check()
             if not await self._probe_or_wait(backoff):
@@ -317,7 +317,7 @@ class Receiver:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
             raise
-        if stream is not None and self._stop.stopping:
+        if stream is not None and self._stop.stopped:
             await trio.aclose_forcefully(stream)
             return None
         return stream
@@ -326,7 +326,7 @@ class Receiver:
         """Connect and run one subscription: why it ended, and whether it was stable."""
         stream = await self._connect()
         if stream is None:
-            return ("stopped" if self._stop.stopping else "unreachable"), False
+            return ("stopped" if self._stop.stopped else "unreachable"), False
         return await self._subscription.run(stream, lambda: self._subscribed(started))
 
     def _subscribed(self, started: _Started) -> None:

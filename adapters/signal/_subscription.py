@@ -4,7 +4,7 @@ on receipt, then admit in order), wind down. See :mod:`._receive` for the whole 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal, TypeAlias
 
 import attrs
@@ -14,6 +14,7 @@ from prismd.channel import InboundEvent
 from prismd.jsonrpc import Incoming
 
 from ..toolkit import (
+    Interrupts,
     JsonRpcClient,
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
@@ -23,7 +24,7 @@ from ..toolkit import (
     open_jsonrpc_client,
 )
 from ._filter import NotificationFilter
-from ._held import PERSIST_S, HeldEvents, Stopping
+from ._held import PERSIST_S, HeldEvents
 from ._parse import read_notification
 from ._status import SignalStatus, log
 
@@ -64,28 +65,18 @@ class _Intake:
     admitted: trio.Event = attrs.field(factory=trio.Event)
     """Set (and replaced) whenever an event was admitted, or when the intake ends."""
     _work: trio.Event = attrs.field(factory=trio.Event)
-    _reading: set[trio.CancelScope] = attrs.field(factory=set)
+    _reading: Interrupts = attrs.field(factory=Interrupts)
 
     def end(self, reason: Ended) -> None:
         if self.ended is None:
             self.ended = reason
-        for scope in self._reading:
-            scope.cancel()
+        self._reading.stop()
         self._work.set()
         self.admitted.set()
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
-        """A wait for signal-cli that :meth:`end` cuts short."""
-        scope = trio.CancelScope()
-        if self.ended is not None:
-            scope.cancel()
-        self._reading.add(scope)
-        try:
-            with scope:
-                yield
-        finally:
-            self._reading.discard(scope)
+    def reading(self) -> contextlib.AbstractContextManager[trio.CancelScope]:
+        """A wait for signal-cli that :meth:`end` cuts short (at once once it ended)."""
+        return self._reading.interruptible()
 
     def work(self) -> None:
         self._work.set()
@@ -108,7 +99,7 @@ class Subscription:
     filter: NotificationFilter
     held: HeldEvents
     status: SignalStatus
-    stop: Stopping
+    stop: Interrupts
     timeout_s: float
     max_frame_bytes: int
     max_pending_requests: int
@@ -235,7 +226,7 @@ class Subscription:
 
     async def _admit_loop(self, intake: _Intake) -> None:
         while intake.ended is None:
-            if self.stop.stopping:
+            if self.stop.stopped:
                 intake.end("stopped")
                 return
             if not self.held:

@@ -5,7 +5,8 @@
   answer reaches a client that is still sending;
 * :class:`ReceiverLease` — the receiver lease: acquire (taking over our own predecessor's
   at once), renew at half the TTL, fail closed, report loss; :class:`Backoff`, the one
-  bounded exponential backoff with jitter;
+  bounded exponential backoff with jitter; :class:`Interrupts`, waits that one call cuts
+  short (a lost lease, a stop);
 * JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
   bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
   (re-exported here);
@@ -32,6 +33,7 @@ from ._http import read_body as read_body
 from ._http import read_request_head as read_request_head
 from ._http import respond as respond
 from ._http import server_connection as server_connection
+from ._interrupts import Interrupts as Interrupts
 from ._jsonrpc import JsonRpcClient as JsonRpcClient
 from ._jsonrpc import JsonRpcConnectionError as JsonRpcConnectionError
 from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError

@@ -53,6 +53,7 @@ import trio
 from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope
 
 from ._backoff import Backoff
+from ._interrupts import Interrupts
 
 __all__ = ["LeaseLostError", "ReceiverLease"]
 
@@ -91,7 +92,7 @@ class ReceiverLease:
     """Local (Trio clock) moment by which the lease surely expired, if not renewed."""
     _renew_at: float = attrs.field(default=0.0, init=False)
     _lost: bool = attrs.field(default=False, init=False)
-    _guards: set[trio.CancelScope] = attrs.field(factory=set, init=False, repr=False)
+    _guards: Interrupts = attrs.field(factory=Interrupts, init=False, repr=False)
 
     @ttl_ms.validator
     def _check_ttl(self, _a: object, value: int) -> None:
@@ -236,13 +237,8 @@ class ReceiverLease:
         """A region that may be cut short when the lease is lost (waiting for the
         transport, a backoff sleep); raises :class:`LeaseLostError` then."""
         self.check()
-        scope = trio.CancelScope()
-        self._guards.add(scope)
-        try:
-            with scope:
-                yield
-        finally:
-            self._guards.discard(scope)
+        with self._guards.interruptible():
+            yield
         self.check()
 
     async def sleep(self, seconds: float) -> None:
@@ -288,5 +284,4 @@ class ReceiverLease:
         self._record = None
         self._lost = True
         self.log.warning("%s: receiver lease lost (expired or taken over)", self.label)
-        for scope in self._guards:
-            scope.cancel()
+        self._guards.interrupt()

@@ -20,6 +20,20 @@ from prismd.channel import PastReply
 log = logging.getLogger("prismd.webchat")
 
 
+class PastReader(Protocol):
+    """A read of one conversation's past as the actor's current grant allows it: the
+    runtime's ``recent_replies`` and ``unanswered_notices``."""
+
+    async def __call__(
+        self,
+        *,
+        connection_id: str,
+        external_conversation_id: str,
+        external_actor_id: str,
+        limit: int,
+    ) -> Sequence[PastReply]: ...
+
+
 class Conversations(Protocol):
     """What the adapter asks of the runtime when an actor's socket (re)connects
     (:class:`prismd.runtime.Runtime` satisfies it)."""
@@ -28,23 +42,11 @@ class Conversations(Protocol):
         self, *, connection_id: str, external_conversation_id: str, external_actor_id: str
     ) -> int: ...
 
-    async def recent_replies(
-        self,
-        *,
-        connection_id: str,
-        external_conversation_id: str,
-        external_actor_id: str,
-        limit: int,
-    ) -> Sequence[PastReply]: ...
+    @property
+    def recent_replies(self) -> PastReader: ...
 
-    async def unanswered_notices(
-        self,
-        *,
-        connection_id: str,
-        external_conversation_id: str,
-        external_actor_id: str,
-        limit: int,
-    ) -> Sequence[PastReply]: ...
+    @property
+    def unanswered_notices(self) -> PastReader: ...
 
 
 async def conversation_past(

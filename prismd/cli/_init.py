@@ -58,38 +58,37 @@ aliases = {aliases}
 """
 
 
-def _telegram_block(aliases: str) -> str:
-    return f"""
-# Telegram: a bot made with @BotFather; its token is read from TELEGRAM_BOT_TOKEN.
+def _paired_bot(
+    name: str, label: str, token_what: str, about: str, options: str, send: str
+) -> StarterConnection:
+    """A bot connection whose users pair: its token read from ``<NAME>_BOT_TOKEN``
+    (``token_what`` says what to put there), ``about`` (comment lines) above its block, its
+    commented ``options`` lines in it, and how a user sends the bot its pairing code."""
+    token_env = f"{name.upper()}_BOT_TOKEN"
+
+    def block(aliases: str) -> str:
+        token = f'token_env = "{token_env}"'.ljust(35)
+        return f"""
+{about}
 [[connections]]
-id = "telegram"
-kind = "telegram"
-token_env = "TELEGRAM_BOT_TOKEN"   # or token_file = "/path/to/token"
-# api_origin = "https://api.telegram.org"
+id = "{name}"
+kind = "{name}"
+{token}# or token_file = "/path/to/token"
+{options}
 
 [[grants]]
-connection = "telegram"
+connection = "{name}"
 pairing = true             # who may talk: those who pair with `prismctl pair`
 aliases = {aliases}
 """
 
-
-def _discord_block(aliases: str) -> str:
-    return f"""
-# Discord: a bot of the developer portal (docs/discord.md); its token is read from
-# DISCORD_BOT_TOKEN. Direct messages only until allow_guilds = true.
-[[connections]]
-id = "discord"
-kind = "discord"
-token_env = "DISCORD_BOT_TOKEN"    # or token_file = "/path/to/token"
-# allow_guilds = false             # true: answer in servers too (when mentioned)
-# respond_to = "mentions"          # "all": every message there (needs the message content intent)
-
-[[grants]]
-connection = "discord"
-pairing = true             # who may talk: those who pair with `prismctl pair`
-aliases = {aliases}
-"""
+    return StarterConnection(
+        name=name,
+        help=f"add a {label} bot connection (token from ${token_env}), paired users only",
+        block=block,
+        exports=((token_env, token_what),),
+        then=f"prismctl pair --connection {name}, then {send} the bot '/pair TOKEN'",
+    )
 
 
 STARTER_CONNECTIONS: tuple[StarterConnection, ...] = (
@@ -100,19 +99,24 @@ STARTER_CONNECTIONS: tuple[StarterConnection, ...] = (
         then=f"open http://{WEB_LISTEN}/ and say hello",
         always=True,
     ),
-    StarterConnection(
-        name="telegram",
-        help="add a Telegram bot connection (token from $TELEGRAM_BOT_TOKEN), paired users only",
-        block=_telegram_block,
-        exports=(("TELEGRAM_BOT_TOKEN", "the token @BotFather gave you"),),
-        then="prismctl pair --connection telegram, then send the bot '/pair TOKEN'",
+    _paired_bot(
+        "telegram",
+        "Telegram",
+        "the token @BotFather gave you",
+        "# Telegram: a bot made with @BotFather; its token is read from TELEGRAM_BOT_TOKEN.",
+        '# api_origin = "https://api.telegram.org"',
+        send="send",
     ),
-    StarterConnection(
-        name="discord",
-        help="add a Discord bot connection (token from $DISCORD_BOT_TOKEN), paired users only",
-        block=_discord_block,
-        exports=(("DISCORD_BOT_TOKEN", "the bot token of the developer portal"),),
-        then="prismctl pair --connection discord, then DM the bot '/pair TOKEN'",
+    _paired_bot(
+        "discord",
+        "Discord",
+        "the bot token of the developer portal",
+        "# Discord: a bot of the developer portal (docs/discord.md); its token is read from\n"
+        "# DISCORD_BOT_TOKEN. Direct messages only until allow_guilds = true.",
+        "# allow_guilds = false             # true: answer in servers too (when mentioned)\n"
+        '# respond_to = "mentions"          # "all": every message there (needs the message'
+        " content intent)",
+        send="DM",
     ),
 )
 

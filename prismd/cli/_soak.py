@@ -64,28 +64,33 @@ def _bounded_int(name: str, low: int, high: int) -> Any:
     return parse
 
 
-def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+_COUNTS: tuple[tuple[str, int, int, int, str], ...] = (
+    # flag, lowest, highest, default, help
+    (
         "--duration-ms",
-        type=_bounded_int("--duration-ms", 100, MAX_DURATION_MS),
-        default=30_000,
-        help="how long to loop (100 ms … 7 days; default 30000)",
-    )
-    parser.add_argument(
+        100,
+        MAX_DURATION_MS,
+        30_000,
+        "how long to loop (100 ms … 7 days; default 30000)",
+    ),
+    (
         "--iterations",
-        type=_bounded_int("--iterations", 0, 10_000_000),
-        default=0,
-        help="stop after this many iterations (0 = only the duration bounds it)",
-    )
-    parser.add_argument(
-        "--lanes", type=_bounded_int("--lanes", 1, 64), default=4, help="conversations (1…64)"
-    )
-    parser.add_argument(
-        "--prune-every",
-        type=_bounded_int("--prune-every", 1, 10_000),
-        default=25,
-        help="repeat/reconcile/prune every K iterations (default 25)",
-    )
+        0,
+        10_000_000,
+        0,
+        "stop after this many iterations (0 = only the duration bounds it)",
+    ),
+    ("--lanes", 1, 64, 4, "conversations (1…64)"),
+    ("--prune-every", 1, 10_000, 25, "repeat/reconcile/prune every K iterations (default 25)"),
+)
+"""The soak's whole-number options, each checked within its bounds as it is parsed."""
+
+
+def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, low, high, default, help_text in _COUNTS:
+        parser.add_argument(
+            flag, type=_bounded_int(flag, low, high), default=default, help=help_text
+        )
     parser.add_argument(
         "--store",
         metavar="URL",

@@ -406,14 +406,27 @@ def _paging_notes(args: argparse.Namespace, result: Any) -> list[str]:
     return notes
 
 
+_LISTINGS: dict[str, tuple[str, Sequence[tuple[str, str]], str]] = {
+    "list-unresolved": ("entries", UNRESOLVED_COLUMNS, "no unresolved operations"),
+    "list-inbox": ("items", INBOX_COLUMNS, "no inbox rows in that state"),
+    "list-remote-tasks": ("tasks", REMOTE_TASK_COLUMNS, "no remote tasks being followed"),
+}
+"""The commands that print a table: the result's key of the rows, the columns, and what is
+said when there are none."""
+
+
 def _render(command: str, result: Any, out: TextIO) -> int:
     """Print ``result`` for people; the exit code for it."""
-    if command == "list-unresolved":
-        entries = result.get("entries") if isinstance(result, Mapping) else result
-        if not entries:
-            out.write("no unresolved operations\n")
+    listing = _LISTINGS.get(command)
+    if listing is not None:
+        key, columns, none = listing
+        rows = result.get(key) if isinstance(result, Mapping) else result
+        if not rows:
+            out.write(f"{none}\n")
         else:
-            print_table(entries, UNRESOLVED_COLUMNS, out)
+            print_table(rows, columns, out)
+        if command == "list-remote-tasks" and result.get("nextCursor"):
+            out.write(f"more: prismctl list-remote-tasks --after {result['nextCursor']}\n")
         return 0
     if command == "pair":
         out.write(f"token       {result.get('token')}\n")
@@ -425,20 +438,6 @@ def _render(command: str, result: Any, out: TextIO) -> int:
         if result.get("events"):
             print_events(result["events"], out, heading=True)
         out.write(f"cursor {result.get('cursor')}\n")
-        return 0
-    if command == "list-inbox":
-        if not result.get("items"):
-            out.write("no inbox rows in that state\n")
-        else:
-            print_table(result["items"], INBOX_COLUMNS, out)
-        return 0
-    if command == "list-remote-tasks":
-        if not result.get("tasks"):
-            out.write("no remote tasks being followed\n")
-        else:
-            print_table(result["tasks"], REMOTE_TASK_COLUMNS, out)
-        if result.get("nextCursor"):
-            out.write(f"more: prismctl list-remote-tasks --after {result['nextCursor']}\n")
         return 0
     if command == "settle-inbox":
         out.write(f"{result.get('status')}\n")

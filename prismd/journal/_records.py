@@ -83,6 +83,23 @@ def _mapping(raw: object) -> Mapping[str, Any]:
     return raw
 
 
+def _list(raw: Mapping[str, Any], key: str) -> list[Any]:
+    """The list under ``key`` (empty when absent or null)."""
+    value = raw.get(key) or []
+    if not isinstance(value, list):
+        raise CorruptRecordError(key)
+    return value
+
+
+def _put_times(out: dict[str, Any], created_at_ms: int, updated_at_ms: int) -> None:
+    """A turn record's times, in the contract's order: ISO-8601 for readers, then the
+    milliseconds the records are read back from."""
+    out["createdAt"] = ms_to_iso(created_at_ms)
+    out["updatedAt"] = ms_to_iso(updated_at_ms)
+    out["createdAtMs"] = created_at_ms
+    out["updatedAtMs"] = updated_at_ms
+
+
 def _compact(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
 
@@ -274,11 +291,8 @@ class OperationInput:
     @classmethod
     def from_json(cls, value: object) -> OperationInput:
         raw = _mapping(value)
-        atts_raw = raw.get("attachments") or []
-        if not isinstance(atts_raw, list):
-            raise CorruptRecordError("attachments")
         atts = []
-        for a in atts_raw:
+        for a in _list(raw, "attachments"):
             am = _mapping(a)
             atts.append(
                 InputAttachment(
@@ -345,10 +359,7 @@ class OperationRecord(Replaceable):
         out["state"] = self.state
         out["replyStaged"] = self.reply_staged
         out["attempts"] = self.attempts
-        out["createdAt"] = ms_to_iso(self.created_at_ms)
-        out["updatedAt"] = ms_to_iso(self.updated_at_ms)
-        out["createdAtMs"] = self.created_at_ms
-        out["updatedAtMs"] = self.updated_at_ms
+        _put_times(out, self.created_at_ms, self.updated_at_ms)
         if self.error_code is not None:
             out["errorCode"] = self.error_code
         if self.input is not None:
@@ -501,10 +512,7 @@ class ReplyRecord(Replaceable):
             out["reason"] = self.reason
         if self.approval is not None:
             out["approval"] = dict(self.approval)
-        out["createdAt"] = ms_to_iso(self.created_at_ms)
-        out["updatedAt"] = ms_to_iso(self.updated_at_ms)
-        out["createdAtMs"] = self.created_at_ms
-        out["updatedAtMs"] = self.updated_at_ms
+        _put_times(out, self.created_at_ms, self.updated_at_ms)
         if self.created_us is not None:
             out["createdUs"] = self.created_us
         if self.files:
@@ -514,17 +522,12 @@ class ReplyRecord(Replaceable):
     @classmethod
     def from_json(cls, value: object) -> ReplyRecord:
         raw = _mapping(value)
-        controls_raw = raw.get("controls") or []
-        if not isinstance(controls_raw, list):
-            raise CorruptRecordError("controls")
         controls = []
-        for c in controls_raw:
+        for c in _list(raw, "controls"):
             cm = _mapping(c)
             controls.append(StoredControl(_req_str(cm, "label"), _req_str(cm, "kind")))
         approval = raw.get("approval")
-        files_raw = raw.get("files") or []
-        if not isinstance(files_raw, list):
-            raise CorruptRecordError("files")
+        files_raw = _list(raw, "files")
         return cls(
             operation_id=_req_str(raw, "operationId"),
             connection_id=_req_str(raw, "connectionId"),

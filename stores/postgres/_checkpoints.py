@@ -20,7 +20,6 @@ from .._types import (
     StoreUnavailableError,
     WriteResult,
 )
-from . import _schema
 from ._driver import Driver, Session
 from ._writer import _Job, _Writer
 
@@ -51,11 +50,8 @@ class PostgresCheckpointStore(CheckpointStoreBase):
     _writer: _Writer
     _clock: Clock
     _max_value_bytes: int
-    _schema_name: str
-
-    @property
-    def _t(self) -> str:
-        return _schema.quote_ident(self._schema_name)
+    _t: str
+    """The quoted schema name (``quote_ident``, once for the store)."""
 
     async def write_checkpoints(
         self, writes: Sequence[CheckpointWrite], *, atomic: bool = False

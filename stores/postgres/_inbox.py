@@ -11,7 +11,6 @@ import attrs
 from .. import _inbox_checks
 from .._inboxing import ClaimAsk, SQLInboxStore, inbox_item
 from .._types import Clock, InboxClaim
-from . import _schema
 from ._driver import Driver, Session
 
 _PARAM = re.compile(r"\?")
@@ -42,11 +41,8 @@ class PostgresInboxStore(SQLInboxStore):
     _driver: Driver
     _clock: Clock
     _max_value_bytes: int
-    _schema_name: str
-
-    @property
-    def _t(self) -> str:
-        return f"{_schema.quote_ident(self._schema_name)}.prism_inbox"
+    _t: str
+    """``prism_inbox`` in the quoted schema."""
 
     def _now(self) -> int:
         return self._clock.now_ms()

@@ -12,7 +12,6 @@ import attrs
 from .. import _common
 from .._leasing import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import Clock, LeaseConflictError, LeaseRecord, OwnershipScope
-from . import _schema
 from ._driver import Driver, Session
 
 
@@ -23,11 +22,8 @@ class PostgresLeaseStore(LeaseStoreBase):
 
     _driver: Driver
     _clock: Clock
-    _schema_name: str
-
-    @property
-    def _t(self) -> str:
-        return _schema.quote_ident(self._schema_name)
+    _t: str
+    """The quoted schema name (``quote_ident``, once for the store)."""
 
     def _now(self) -> int:
         return self._clock.now_ms()

@@ -41,6 +41,8 @@ Functions (so a group commit or a lease call is one round trip, see :mod:`stores
 from __future__ import annotations
 
 import hashlib
+import re
+import textwrap
 
 import attrs
 
@@ -64,6 +66,54 @@ _SCOPE_EQ = (
     "c.tenant_id IS NOT DISTINCT FROM p_tenant AND c.account_id IS NOT DISTINCT FROM p_account"
     " AND c.user_id IS NOT DISTINCT FROM p_user"
 )
+
+# Part of migration 1's text too: the writes of one job, each through prism_apply_write, the
+# written ones noted for their events. Written once, it stands in both branches of
+# prism_write_checkpoints (in a subtransaction for an atomic job, bare otherwise).
+_APPLY_JOB = """\
+FOR j IN i..last_write LOOP
+    SELECT * INTO r FROM @S@.prism_apply_write(
+        p_now[j], p_delete[j], p_namespace[j], p_key[j], p_tenant[j],
+        p_account[j], p_user[j], p_version[j], p_expected[j], p_fence[j],
+        p_category[j], p_value[j], p_metadata[j]);
+    st[j] := r.o_status;
+    ca[j] := r.o_created;
+    ua[j] := r.o_updated;
+    IF r.o_status = 'ok' THEN
+        ev_write := ev_write || j;
+        ev_version := ev_version || r.o_version;
+        ev_category := ev_category || r.o_category;
+    END IF;
+END LOOP;
+"""
+
+# And this: how a lease function ends, given the word for "held by another" ('busy' for an
+# acquire, 'lost' for a renew or release): 'ok' when its row was written, else 'scope' when
+# the lease is another scope's, else that word.
+_LEASE_OUTCOME = """\
+RETURNING c.fencing_token, c.acquired_at, c.expires_at INTO o_fence, o_acquired, o_expires;
+IF FOUND THEN
+    o_status := 'ok';
+    RETURN;
+END IF;
+SELECT CASE WHEN @SCOPE@ THEN '@MISS@' ELSE 'scope' END INTO o_status
+  FROM @S@.prism_leases AS c WHERE c.namespace = p_namespace AND c.key = p_key;
+o_status := coalesce(o_status, '@MISS@');
+"""
+
+
+def _fill(sql: str) -> str:
+    """Migration 1's text: each line ``@APPLY_JOB@`` or ``@LEASE_OUTCOME:<word>@`` replaced
+    by its piece at that line's indent, then ``@SCOPE@`` by :data:`_SCOPE_EQ`."""
+
+    def piece(line: re.Match[str]) -> str:
+        indent, name, word = line.groups()
+        text = _APPLY_JOB if name == "APPLY_JOB" else _LEASE_OUTCOME.replace("@MISS@", word)
+        return textwrap.indent(text, indent)
+
+    sql = re.sub(r"^( *)@(APPLY_JOB|LEASE_OUTCOME):?(\w*)@\n", piece, sql, flags=re.MULTILINE)
+    return sql.replace("@SCOPE@", _SCOPE_EQ)
+
 
 _V1 = """
 CREATE TABLE @S@.prism_checkpoints (
@@ -211,20 +261,7 @@ BEGIN
             -- All or nothing: the job runs in a subtransaction, undone when a write loses.
             mark := cardinality(ev_write);
             BEGIN
-                FOR j IN i..last_write LOOP
-                    SELECT * INTO r FROM @S@.prism_apply_write(
-                        p_now[j], p_delete[j], p_namespace[j], p_key[j], p_tenant[j],
-                        p_account[j], p_user[j], p_version[j], p_expected[j], p_fence[j],
-                        p_category[j], p_value[j], p_metadata[j]);
-                    st[j] := r.o_status;
-                    ca[j] := r.o_created;
-                    ua[j] := r.o_updated;
-                    IF r.o_status = 'ok' THEN
-                        ev_write := ev_write || j;
-                        ev_version := ev_version || r.o_version;
-                        ev_category := ev_category || r.o_category;
-                    END IF;
-                END LOOP;
+                @APPLY_JOB@
                 IF EXISTS (SELECT 1 FROM unnest(st[i:last_write]) AS x(s) WHERE x.s <> 'ok') THEN
                     RAISE EXCEPTION USING ERRCODE = 'PR001';
                 END IF;
@@ -242,20 +279,7 @@ BEGIN
             END;
         ELSE
             -- No subtransaction: a lost check writes nothing by itself.
-            FOR j IN i..last_write LOOP
-                SELECT * INTO r FROM @S@.prism_apply_write(
-                    p_now[j], p_delete[j], p_namespace[j], p_key[j], p_tenant[j],
-                    p_account[j], p_user[j], p_version[j], p_expected[j], p_fence[j],
-                    p_category[j], p_value[j], p_metadata[j]);
-                st[j] := r.o_status;
-                ca[j] := r.o_created;
-                ua[j] := r.o_updated;
-                IF r.o_status = 'ok' THEN
-                    ev_write := ev_write || j;
-                    ev_version := ev_version || r.o_version;
-                    ev_category := ev_category || r.o_category;
-                END IF;
-            END LOOP;
+            @APPLY_JOB@
         END IF;
         i := last_write + 1;
     END LOOP;
@@ -294,14 +318,7 @@ BEGIN
         fencing_token = c.fencing_token + 1, acquired_at = excluded.acquired_at,
         expires_at = excluded.expires_at, updated_at = excluded.updated_at
     WHERE @SCOPE@ AND (c.expires_at <= p_now OR (p_reclaim AND c.owner_id = p_owner))
-    RETURNING c.fencing_token, c.acquired_at, c.expires_at INTO o_fence, o_acquired, o_expires;
-    IF FOUND THEN
-        o_status := 'ok';
-        RETURN;
-    END IF;
-    SELECT CASE WHEN @SCOPE@ THEN 'busy' ELSE 'scope' END INTO o_status
-      FROM @S@.prism_leases AS c WHERE c.namespace = p_namespace AND c.key = p_key;
-    o_status := coalesce(o_status, 'busy');
+    @LEASE_OUTCOME:busy@
 END
 $fn$;
 
@@ -314,17 +331,11 @@ BEGIN
     UPDATE @S@.prism_leases AS c SET expires_at = p_expires, updated_at = p_now
      WHERE c.namespace = p_namespace AND c.key = p_key AND @SCOPE@
        AND c.owner_id = p_owner AND c.token = p_token AND c.expires_at > p_now
-    RETURNING c.fencing_token, c.acquired_at, c.expires_at INTO o_fence, o_acquired, o_expires;
-    IF FOUND THEN
-        o_status := 'ok';
-        RETURN;
-    END IF;
-    SELECT CASE WHEN @SCOPE@ THEN 'lost' ELSE 'scope' END INTO o_status
-      FROM @S@.prism_leases AS c WHERE c.namespace = p_namespace AND c.key = p_key;
-    o_status := coalesce(o_status, 'lost');
+    @LEASE_OUTCOME:lost@
 END
 $fn$;
-""".replace("@SCOPE@", _SCOPE_EQ)
+"""
+_V1 = _fill(_V1)
 
 # Migration 2: the durable inbox (InboxStore). Claims are one UPDATE over a
 # ``FOR UPDATE SKIP LOCKED`` selection (see stores.postgres._inbox); the indexes serve the

@@ -138,11 +138,9 @@ async def open_postgres_store(
             url=parsed,
             driver=driver,
             writer=writer,
-            checkpoints=PostgresCheckpointStore(
-                driver, writer, clock, max_value_bytes, parsed.schema
-            ),
-            leases=PostgresLeaseStore(driver, clock, parsed.schema),
-            inbox=PostgresInboxStore(driver, clock, max_value_bytes, parsed.schema),
+            checkpoints=PostgresCheckpointStore(driver, writer, clock, max_value_bytes, table),
+            leases=PostgresLeaseStore(driver, clock, table),
+            inbox=PostgresInboxStore(driver, clock, max_value_bytes, f"{table}.prism_inbox"),
             schema_status=status,
         )
         async with trio.open_nursery() as nursery:
