@@ -19,12 +19,13 @@ peer sends reaches an exception message or a log: only codes and statuses.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -121,6 +122,47 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, delta) if math.isfinite(delta) else None
 
 
+class _Body(httpx.AsyncByteStream):
+    """A request body sent without an async generator. httpx's own ``ByteStream`` yields its
+    bytes from one, and a request cancelled while it is being sent (a poll cut by
+    ``/cancel`` or a stop) leaves that generator to the garbage collector, which Trio
+    reports as a ``ResourceWarning``."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+class _Once:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+def json_request(
+    http: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    timeout: float | httpx.Timeout,
+) -> httpx.Request:
+    """A JSON-RPC POST whose body is a :class:`_Body` (its ``Content-Length`` set)."""
+    data = json.dumps(body).encode()
+    request = http.build_request("POST", url, content=data, headers=headers, timeout=timeout)
+    request.stream = _Body(data)
+    return request
+
+
 def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
     return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
 
@@ -212,11 +254,8 @@ class A2AClient:
         target = self.url
         for _hop in range(2):
             try:
-                response = await self.http.post(
-                    target,
-                    content=json.dumps(body).encode(),
-                    headers=self._headers(dialect),
-                    timeout=self.timeout_s,
+                response = await self.http.send(
+                    json_request(self.http, target, body, self._headers(dialect), self.timeout_s)
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 raise Refused("connect") from exc
@@ -386,15 +425,13 @@ class A2AClient:
         failure: A2AError | None = None
         try:
             with trio.CancelScope() as scope:
-                async with httpx_sse.aconnect_sse(
-                    self.http,
-                    "POST",
-                    self.url,
-                    content=json.dumps(body).encode(),
-                    headers=self._headers(dialect, stream=True),
-                    timeout=timeout,
-                ) as source:
-                    response = source.response
+                request = json_request(
+                    self.http, self.url, body, self._headers(dialect, stream=True), timeout
+                )
+                request.headers["Cache-Control"] = "no-store"
+                response = await self.http.send(request, stream=True)
+                async with contextlib.aclosing(response):
+                    source = httpx_sse.EventSource(response)
                     if response.status_code in (429, 503):
                         raise Refused(
                             f"http_{response.status_code}",
