@@ -108,7 +108,7 @@ async def stream_text(
 
     Checkpoints between deltas so a cancelled run stops streaming promptly. With no sink
     there is nothing to stream: a cancelled run still stops here, but the others do not
-    yield (every agent writes its transcript next, which does).
+    yield (an agent that keeps a transcript writes it next, which does).
     """
     if on_event is None:
         await trio.lowlevel.checkpoint_if_cancelled()
