@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prismd.journal._journal import (
     NS_BINDING,
@@ -19,11 +21,12 @@ from prismd.journal._journal import (
 from prismd.journal._records import (
     BindingRecord,
     JournalRecordTooLargeError,
+    OperationInput,
     OperationRecord,
     ReplyRecord,
     StoredControl,
 )
-from stores import OwnershipScope
+from stores import OwnershipScope, compact_json
 from tests.support.harness import StoreFactory
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
@@ -236,3 +239,44 @@ def test_stored_json_leaves_out_absent_fields_and_keeps_its_key_order() -> None:
     assert OperationRecord.from_json(json.loads(json.dumps(full))) == op("failed").replace(
         thread_id="t", session_id="s", run_id="r", error_code="run_failed"
     )
+
+
+_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["", "é", 'a"b\\c', "\n\t\x00\x1f\x7f", "\u2028", "\ud800", "😀"]),
+)
+_OPT = st.none() | _TEXT
+_INT = st.integers(min_value=0, max_value=2**53 - 1)
+_MS = st.integers(min_value=0, max_value=253_402_300_799_999)  # the ISO form ends at 9999
+_INPUTS = st.none() | st.builds(
+    OperationInput,
+    text=_TEXT,
+    thread_id=_OPT,
+    received_at_ms=st.none() | _INT,
+    claims=st.dictionaries(st.sampled_from(["platform", "chatType", "isForum"]), _TEXT),
+    admitted_us=st.none() | _INT,
+)
+_OPERATIONS = st.builds(
+    OperationRecord,
+    _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _MS, _MS,
+    thread_id=_OPT, session_id=_OPT, run_id=_OPT, reply_staged=st.booleans(),
+    attempts=_INT, error_code=_OPT, input=_INPUTS,
+)  # fmt: skip
+_REPLIES = st.builds(
+    ReplyRecord,
+    _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _TEXT, _MS, _MS,
+    thread_id=_OPT,
+    controls=st.lists(st.builds(StoredControl, _TEXT, _TEXT), max_size=2).map(tuple),
+    attempts=_INT, message_id=_OPT, reason=_OPT,
+    approval=st.none() | st.dictionaries(_TEXT, _TEXT | _INT, max_size=3),
+    created_us=st.none() | _INT,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(record=_OPERATIONS | _REPLIES)
+def test_written_out_json_is_the_encoders(record: OperationRecord | ReplyRecord) -> None:
+    """``to_json_text`` (what the journal stores for operations and replies) is exactly
+    ``compact_json(to_json())``: the same keys, order, escaping and numbers, for any text
+    (quotes, control characters, U+2028, lone surrogates, astral characters)."""
+    assert record.to_json_text() == compact_json(record.to_json())
