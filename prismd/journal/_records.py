@@ -88,11 +88,6 @@ def _compact(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
 
 
-def _int_json(value: int) -> str:
-    # ``int.__repr__`` is what the JSON encoder writes for an int (never a bool here).
-    return int.__repr__(value)
-
-
 def _bool_json(value: bool) -> str:
     return "true" if value else "false"
 
@@ -396,15 +391,15 @@ class OperationRecord(Replaceable):
             ',"replyStaged":',
             _bool_json(self.reply_staged),
             ',"attempts":',
-            _int_json(self.attempts),
+            str(self.attempts),
             ',"createdAt":"',
             ms_to_iso(self.created_at_ms),
             '","updatedAt":"',
             ms_to_iso(self.updated_at_ms),
             '","createdAtMs":',
-            _int_json(self.created_at_ms),
+            str(self.created_at_ms),
             ',"updatedAtMs":',
-            _int_json(self.updated_at_ms),
+            str(self.updated_at_ms),
         )
         if self.error_code is not None:
             parts += (',"errorCode":', _json_str(self.error_code))
@@ -555,7 +550,7 @@ class ReplyRecord(Replaceable):
             ',"state":',
             _json_str(self.state),
             ',"attempts":',
-            _int_json(self.attempts),
+            str(self.attempts),
         )
         if self.message_id is not None:
             parts += (',"messageId":', _json_str(self.message_id))
@@ -569,12 +564,12 @@ class ReplyRecord(Replaceable):
             '","updatedAt":"',
             ms_to_iso(self.updated_at_ms),
             '","createdAtMs":',
-            _int_json(self.created_at_ms),
+            str(self.created_at_ms),
             ',"updatedAtMs":',
-            _int_json(self.updated_at_ms),
+            str(self.updated_at_ms),
         )
         if self.created_us is not None:
-            parts += (',"createdUs":', _int_json(self.created_us))
+            parts += (',"createdUs":', str(self.created_us))
         parts.append("}")
         return "".join(parts)
 
