@@ -92,6 +92,39 @@ class Control:
     value: str
 
 
+MAX_REPLY_FILES = 10
+"""Files one reply may carry (more are named in its text, not sent)."""
+MAX_FILE_NAME_CHARS = 255
+
+
+@attrs.frozen
+class ReplyFile:
+    """A file that goes with a reply, by reference: its bytes are fetched from ``source``
+    when the reply is delivered (again at every resend), never journaled.
+
+    ``name`` (and ``media_type``) come from the agent — peer text: shown in the chat,
+    never logged."""
+
+    source: str
+    """Who fetches it: the alias of the agent that answered (see ``FileSource``)."""
+    ref: str
+    """The source's own reference (an ``a2a`` agent: which part of which artifact of which
+    remote task); no bytes, no secret."""
+    name: str
+    media_type: str | None = None
+    size: int | None = None
+    """In bytes, when known before fetching (a file sent inline)."""
+
+
+@attrs.frozen
+class OutboundFile:
+    """A reply's file as fetched, handed to :meth:`ChannelAdapter.send_file`."""
+
+    name: str
+    media_type: str | None
+    data: bytes = attrs.field(repr=False)
+
+
 @attrs.frozen
 class Reply:
     connection_id: str
@@ -104,6 +137,9 @@ class Reply:
     operation_id: str | None = None
     """The journaled operation this reply answers (one reply per operation): a stable id a
     channel may show its client, so a reply seen twice (history and live) is shown once."""
+    files: tuple[ReplyFile, ...] = ()
+    """Files that go with the reply (by reference; the host fetches them and hands the
+    adapter their bytes through :meth:`ChannelAdapter.send_file`)."""
 
 
 def _held_is_not_delivered(instance: SendResult, _attribute: object, held: bool) -> None:
@@ -130,6 +166,10 @@ class SendResult:
     def hold(cls, reason: str | None = None) -> SendResult:
         """Not sent, not failed: re-drive it when the conversation reconnects."""
         return cls(False, reason=reason, held=True)
+
+
+FILES_UNSUPPORTED = SendResult(False, reason="files_unsupported")
+""":meth:`ChannelAdapter.send_file` of a channel that sends no files."""
 
 
 @attrs.frozen
@@ -229,6 +269,10 @@ class AdapterFeatures:
     inbox: bool = False
     """Its updates go through the store's durable inbox (``store.inbox``, source = the
     connection id): the control socket shows their depth and dead letters."""
+    max_file_bytes: int = 0
+    """:meth:`ChannelAdapter.send_file` sends files of up to this many bytes to its
+    conversations (an agent's files that go with a reply); ``0``: it sends none, and a
+    reply names its files instead."""
 
     @typing_delay_ms.validator
     def _check_typing_delay(self, _a: object, value: int) -> None:
@@ -272,6 +316,13 @@ class ChannelAdapter(Protocol):
     async def fetch_attachment(self, ref: AttachmentRef) -> Any:
         """The bytes of a file this connection's platform issued (an object with ``data``),
         or ``None``; always ``None`` unless ``features.attachments``."""
+        ...
+
+    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
+        """Send ``file`` (at most ``features.max_file_bytes``) to ``reply``'s conversation,
+        after the reply's text: delivered, refused, or held as :meth:`send` answers; raises
+        when the outcome is unknown. Refused (``files_unsupported``) when
+        ``features.max_file_bytes`` is 0."""
         ...
 
     async def aclose(self) -> None:

@@ -163,7 +163,7 @@ RUNTIME_STORE_IMPORTERS = {
     "prismd.runtime._core",  # the state every entry point shares: the store and its leases
     "prismd.runtime._leases",  # binding leases over the store's LeaseStore
     "prismd.runtime._runtime",  # opens the runtime over a store
-    "prismd.runtime._types",  # a route holds its LeaseRecord
+    "prismd.runtime._routes",  # a route holds its LeaseRecord
 }
 
 

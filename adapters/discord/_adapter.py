@@ -23,10 +23,12 @@ import trio
 
 from prismd.channel import (
     DEFAULT_TYPING_DELAY_MS,
+    FILES_UNSUPPORTED,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
     AttachmentRef,
+    OutboundFile,
     Preview,
     Reply,
     SendResult,
@@ -330,6 +332,10 @@ class DiscordAdapter:
 
     async def fetch_attachment(self, ref: AttachmentRef) -> Any:
         return None
+
+    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
+        """No files for now (``features.max_file_bytes`` is 0)."""
+        return FILES_UNSUPPORTED
 
     async def aclose(self) -> None:
         await self._rest.aclose()

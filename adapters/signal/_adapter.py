@@ -31,11 +31,13 @@ import trio
 
 from prismd.channel import (
     DEFAULT_TYPING_DELAY_MS,
+    FILES_UNSUPPORTED,
     MAX_TYPING_DELAY_MS,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
     AttachmentRef,
+    OutboundFile,
     Preview,
     Reply,
     SendResult,
@@ -283,6 +285,10 @@ class SignalAdapter:
 
     async def fetch_attachment(self, ref: AttachmentRef) -> None:
         return None
+
+    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
+        """No files for now (``features.max_file_bytes`` is 0)."""
+        return FILES_UNSUPPORTED
 
     async def aclose(self) -> None:
         return None

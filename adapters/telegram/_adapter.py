@@ -44,6 +44,7 @@ from prismd.channel import (
     AdapterFeatures,
     Admit,
     AttachmentRef,
+    OutboundFile,
     Preview,
     Reply,
     SendResult,
@@ -53,6 +54,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 from ..toolkit import ReceiverLease
 from ._api import DEFAULT_API_ORIGIN, TelegramApi, validate_api_origin
 from ._drafts import DraftStreamer
+from ._files import send_file
 from ._inbox import BusyConversations, InboxWorker
 from ._media import (
     MAX_ATTACHMENT_BYTES_CAP,
@@ -303,6 +305,7 @@ class TelegramAdapter:
             typing_delay_ms=self.typing_delay_ms,
             attachments=True,
             inbox=self.uses_inbox,
+            max_file_bytes=self.max_attachment_bytes,
         )
 
     @property
@@ -371,3 +374,6 @@ class TelegramAdapter:
     async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
         """The file's bytes, or ``None`` (:meth:`adapters.telegram._media.TelegramMedia.fetch`)."""
         return await self._media.fetch(ref)
+
+    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:  # see _files
+        return await send_file(self._api, self.connection_id, reply, file)

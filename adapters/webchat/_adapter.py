@@ -20,6 +20,7 @@ from prismd.channel import (
     AdapterFeatures,
     Admit,
     AttachmentRef,
+    OutboundFile,
     Preview,
     Reply,
     SendResult,
@@ -37,7 +38,7 @@ from ..toolkit import (
     serve_limited,
     server_connection,
 )
-from ._frames import reply_frame
+from ._frames import file_frame, reply_frame
 from ._front import HttpFront, parse_listen
 from ._past import Conversations
 from ._previews import LivePreviews
@@ -62,6 +63,9 @@ NOT_CONNECTED = "webchat_not_connected"
 HISTORY_LIMIT = 20
 """Delivered replies shown to a reconnecting page (the journal holds no inbound text)."""
 SWEEP_INTERVAL_S = 3600.0
+MAX_FILE_BYTES = 512 * 1024
+"""The largest file sent in a ``file`` frame: its base64 text stays well under the 1 MiB
+frame size browsers' and clients' WebSocket libraries accept by default."""
 
 
 @attrs.frozen
@@ -122,6 +126,8 @@ class WebchatAdapter:
     resume_ttl_days: int = 7
     """An actor id unused this long is free again (the daemon passes ``retention_days``)."""
     history_limit: int = HISTORY_LIMIT
+    max_file_bytes: int = MAX_FILE_BYTES
+    """Files that go with replies, up to this size (at most :data:`MAX_FILE_BYTES`)."""
     bound: tuple[str, int] | None = attrs.field(default=None, init=False)
     _listening: bool = attrs.field(default=False, init=False)
     limiter: ConnectionLimiter = attrs.field(init=False)
@@ -138,6 +144,8 @@ class WebchatAdapter:
             raise ValueError("resume_ttl_days must be in 1..3650")
         if not 0 <= self.history_limit <= 100:
             raise ValueError("history_limit must be in 0..100")
+        if not 0 <= self.max_file_bytes <= MAX_FILE_BYTES:
+            raise ValueError(f"max_file_bytes must be in 0..{MAX_FILE_BYTES}")
         checkpoints = self.checkpoints
         if checkpoints is None:
             checkpoints = MemoryStore(clock=self.clock).checkpoints
@@ -186,9 +194,15 @@ class WebchatAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        """Previews (the answer's live text), typing (:mod:`._typing`) and notices for
-        messages settled unanswered (:mod:`._past`); no attachments."""
-        return AdapterFeatures(previews=True, typing=True, unanswered_notices=True)
+        """Previews (the answer's live text), typing (:mod:`._typing`), notices for
+        messages settled unanswered (:mod:`._past`) and the files that go with replies
+        (``file`` frames); the page sends no attachments."""
+        return AdapterFeatures(
+            previews=True,
+            typing=True,
+            unanswered_notices=True,
+            max_file_bytes=self.max_file_bytes,
+        )
 
     def send_draft(self, preview: Preview) -> None:
         """Show a streaming answer's text in the actor's open tabs (a ``preview`` frame,
@@ -289,6 +303,25 @@ class WebchatAdapter:
             self._replies_held += 1
             return SendResult.hold(NOT_CONNECTED)
         self._replies_sent += 1
+        return SendResult(True, message_id="webchat-" + uuid.uuid4().hex)
+
+    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
+        """A ``file`` frame to the conversation's open sockets, after its reply: delivered
+        when one took it, else held (the reply is sent again, files and all, on the next
+        connection). A file over :attr:`max_file_bytes` is refused."""
+        if len(file.data) > self.max_file_bytes:
+            return SendResult(False, reason="file_too_large")
+        frame = file_frame(reply, file)
+        taken: list[Socket] = []
+
+        async def deliver(sock: Socket) -> None:
+            if await send_frame(sock, frame):
+                sock.slot.touch()
+                taken.append(sock)
+
+        await to_each(self._sessions.sockets(reply.external_conversation_id), deliver)
+        if not taken:
+            return SendResult.hold(NOT_CONNECTED)
         return SendResult(True, message_id="webchat-" + uuid.uuid4().hex)
 
     async def _sweep_resume_tokens(self) -> None:

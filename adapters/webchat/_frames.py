@@ -6,13 +6,21 @@ The frames and their fields: docs/webchat-protocol.md.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from prismd.channel import Admission, ApprovalInput, InboundEvent, PastReply, Reply
+from prismd.channel import (
+    Admission,
+    ApprovalInput,
+    InboundEvent,
+    OutboundFile,
+    PastReply,
+    Reply,
+)
 from prismd.redact import replace_surrogates, utf8_len
 
 __all__ = [
@@ -22,6 +30,7 @@ __all__ = [
     "decode_frame",
     "error_frame",
     "event_from",
+    "file_frame",
     "hello_from",
     "history_frame",
     "reply_frame",
@@ -139,6 +148,21 @@ def reply_frame(reply: Reply) -> str:
         },
         # ASCII escapes: a lone surrogate in a reply must not make the WebSocket layer's
         # UTF-8 encoding raise (a raising send reads as an ambiguous delivery).
+        ensure_ascii=True,
+    )
+
+
+def file_frame(reply: Reply, file: OutboundFile) -> str:
+    """A ``file`` frame: one file that goes with the reply ``replyId`` (base64 ``data``)."""
+    return json.dumps(
+        {
+            "type": "file",
+            "replyId": reply.operation_id,
+            "name": file.name,
+            "mediaType": file.media_type,
+            "size": len(file.data),
+            "data": base64.b64encode(file.data).decode("ascii"),
+        },
         ensure_ascii=True,
     )
 

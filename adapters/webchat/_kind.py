@@ -10,7 +10,7 @@ import attrs
 from prismd.channel import BuildContext, ConfigTable, ConnectionKind, GrantView, SecretSource
 
 from ..toolkit import is_loopback_host, parse_host_port
-from ._adapter import WebchatAdapter
+from ._adapter import MAX_FILE_BYTES, WebchatAdapter
 
 
 @attrs.frozen
@@ -73,6 +73,7 @@ def _build(conn: WebchatConnectionConfig, context: BuildContext) -> WebchatAdapt
         checkpoints=context.store.checkpoints,
         conversations=context.conversations,
         resume_ttl_days=context.retention_days,
+        max_file_bytes=min(context.max_attachment_bytes, MAX_FILE_BYTES),
     )
 
 

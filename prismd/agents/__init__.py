@@ -16,6 +16,8 @@ from ._base import AgentFactory as AgentFactory
 from ._base import AgentInput as AgentInput
 from ._base import Decision as Decision
 from ._base import EventSink as EventSink
+from ._base import FileProblem as FileProblem
+from ._base import FileSource as FileSource
 from ._base import ImageBlock as ImageBlock
 from ._base import PendingDecision as PendingDecision
 from ._base import RunError as RunError

@@ -14,13 +14,13 @@ restart.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
 from stores import SYSTEM_CLOCK, CheckpointStore, Clock, OwnershipScope
 
-from ..channel import ApprovalOutcome
+from ..channel import ApprovalOutcome, OutboundFile, ReplyFile
 from ..identity import AgentIdentity
 
 
@@ -65,6 +65,13 @@ class RunHooks(Protocol):
         slot is given back (the turn keeps its route)."""
         ...
 
+    async def relay(self, key: str, text: str) -> bool:
+        """Tell the chat ``text`` now, while the run goes on (an ``auth-required`` remote
+        task's status message): journaled and sent once per ``key`` for this operation —
+        never again for the same key, across restarts and instances — and only while the
+        operation is followed. Whether it was sent now."""
+        ...
+
 
 @attrs.frozen
 class RunRequest:
@@ -90,6 +97,24 @@ class RunResult:
     session_id: str
     leaf_id: str | None = None
     error: RunError | None = None
+    files: tuple[ReplyFile, ...] = ()
+    """Files that go with a ``succeeded`` answer, by reference (journaled with the reply,
+    fetched from the agent — a :class:`FileSource` — when the reply is delivered)."""
+
+
+FileProblem: TypeAlias = Literal["too_large", "unavailable"]
+"""Why a reply's file could not be fetched: over the channel's cap (known from its size
+before or while reading), or not fetchable (gone, refused, not an allowed URL)."""
+
+
+@runtime_checkable
+class FileSource(Protocol):
+    """An agent whose answers carry files by reference (:attr:`RunResult.files`)."""
+
+    async def open_file(self, file: ReplyFile, max_bytes: int) -> OutboundFile | FileProblem:
+        """The bytes of ``file`` — at most ``max_bytes``, else ``"too_large"`` (read no
+        further) — or ``"unavailable"``. Never raises for the peer's failures."""
+        ...
 
 
 class RunFailedError(Exception):

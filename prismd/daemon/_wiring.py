@@ -34,6 +34,7 @@ from ..channel import (
 )
 from ..runtime import ResolveAgentInput, Runtime
 from ._config import Config, ConfigError, ConnectionConfig, read_secret
+from ._files import deliver_with_files
 from ._statedir import StateDir
 
 log = logging.getLogger("prismd.wiring")
@@ -356,6 +357,8 @@ class Host:
         adapter = self.adapters.get(reply.connection_id)
         if adapter is None:
             return SendResult(delivered=False, reason=UNKNOWN_CONNECTION)
+        if reply.files:
+            return await deliver_with_files(adapter, reply, self.agents)
         return await adapter.send(reply)
 
     def tells_unanswered(self, connection_id: str) -> bool:

@@ -43,7 +43,10 @@ from ._journal import binding_key as binding_key
 from ._journal import categories as categories
 from ._journal import category_of as category_of
 from ._journal import cursor_key as cursor_key
+from ._journal import default_session_id as default_session_id
 from ._journal import maybe_answerless as maybe_answerless
+from ._journal import notify_operation_id as notify_operation_id
+from ._journal import operation_id_for as operation_id_for
 from ._journal import operation_key as operation_key
 from ._journal import reply_key as reply_key
 from ._protocol import OPERATION_FLOW as OPERATION_FLOW
@@ -67,5 +70,6 @@ from ._records import OperationInput as OperationInput
 from ._records import OperationRecord as OperationRecord
 from ._records import ReplyRecord as ReplyRecord
 from ._records import StoredControl as StoredControl
+from ._records import StoredFile as StoredFile
 from ._records import SuspendedRun as SuspendedRun
 from ._records import bounded_claims as bounded_claims

@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -179,6 +180,65 @@ def cursor_key(connection_id: str, scope: OwnershipScope) -> str:
 
 def reply_key(connection_id: str, scope: OwnershipScope, operation_id: str) -> str:
     return f"r1:{connection_id or '-'}:{_scope_parts(scope)}:{operation_id}"
+
+
+# --------------------------------------------------------------------------- identifiers
+# The contract's identifier derivations (§4), exactly as the reference computes them:
+# ``J(parts)`` joins the parts with NUL (an absent part is the empty string) and hashes the
+# UTF-8 bytes with SHA-256, rendered as lowercase hex.
+
+
+def _joined(parts: tuple[str | None, ...]) -> str:
+    return "\u0000".join("" if p is None else p for p in parts)
+
+
+def _sha(parts: tuple[str | None, ...]) -> str:
+    return hashlib.sha256(_joined(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def operation_id_for(connection_id: str, event_id: str) -> str:
+    """``chan-op-`` + 32 hex of SHA-256(J([conn, eventId])) (§4)."""
+    return "chan-op-" + _sha((connection_id, event_id))[:32]
+
+
+def notify_operation_id(
+    connection_id: str, ownership: OwnershipScope, actor_id: str, alias: str, notify_id: str
+) -> str:
+    parts = (
+        "notify",
+        connection_id,
+        ownership.tenant_id,
+        ownership.account_id,
+        ownership.user_id,
+        actor_id,
+        alias,
+        notify_id,
+    )
+    return "chan-op-" + _sha(parts)[:32]
+
+
+def default_session_id(
+    connection_id: str,
+    conversation_id: str,
+    thread_id: str | None,
+    actor_id: str,
+    ownership: OwnershipScope,
+    alias: str,
+    generation: int,
+) -> str:
+    """``chan-`` + 40 hex of SHA-256(J([conn, conv, thread, actor, T, A, U, alias, gen]))."""
+    parts = (
+        connection_id,
+        conversation_id,
+        thread_id,
+        actor_id,
+        ownership.tenant_id,
+        ownership.account_id,
+        ownership.user_id,
+        alias,
+        str(generation),
+    )
+    return "chan-" + _sha(parts)[:40]
 
 
 R = TypeVar("R")

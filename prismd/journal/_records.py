@@ -466,6 +466,37 @@ class CursorRecord:
 
 
 @attrs.frozen
+class StoredFile:
+    """A file that goes with a reply, as journaled: the reference its source fetches it by
+    (never its bytes), its name, media type and size when known."""
+
+    source: str
+    ref: str
+    name: str
+    media_type: str | None = None
+    size: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "ref": self.ref, "name": self.name}
+        if self.media_type is not None:
+            out["mediaType"] = self.media_type
+        if self.size is not None:
+            out["size"] = self.size
+        return out
+
+    @classmethod
+    def from_json(cls, value: object) -> StoredFile:
+        raw = _mapping(value)
+        return cls(
+            _req_str(raw, "source"),
+            _req_str(raw, "ref"),
+            _req_str(raw, "name"),
+            _opt_str(raw, "mediaType"),
+            _opt_int(raw, "size"),
+        )
+
+
+@attrs.frozen
 class StoredControl:
     """A control as journaled: label and kind only, never the token (SPEC difference 4)."""
 
@@ -499,6 +530,8 @@ class ReplyRecord(Replaceable):
     created_us: int | None = None
     """When it was staged, in microseconds, strictly increasing within the process: what
     orders a conversation's replies of one millisecond when they are sent again."""
+    files: tuple[StoredFile, ...] = ()
+    """Files that go with the reply, by reference (fetched at every delivery)."""
 
     def to_json(self) -> dict[str, Any]:
         # Written out as OperationRecord.to_json is (two of these for every message).
@@ -527,6 +560,8 @@ class ReplyRecord(Replaceable):
         out["updatedAtMs"] = self.updated_at_ms
         if self.created_us is not None:
             out["createdUs"] = self.created_us
+        if self.files:
+            out["files"] = [f.to_json() for f in self.files]
         return out
 
     def to_json_text(self) -> str:
@@ -584,6 +619,9 @@ class ReplyRecord(Replaceable):
             cm = _mapping(c)
             controls.append(StoredControl(_req_str(cm, "label"), _req_str(cm, "kind")))
         approval = raw.get("approval")
+        files_raw = raw.get("files") or []
+        if not isinstance(files_raw, list):
+            raise CorruptRecordError("files")
         return cls(
             operation_id=_req_str(raw, "operationId"),
             connection_id=_req_str(raw, "connectionId"),
@@ -600,4 +638,5 @@ class ReplyRecord(Replaceable):
             reason=_opt_str(raw, "reason"),
             approval=None if approval is None else dict(_mapping(approval)),
             created_us=_opt_int(raw, "createdUs"),
+            files=tuple(StoredFile.from_json(f) for f in files_raw),
         )

@@ -29,28 +29,26 @@ from ..journal import (
     OperationRef,
     OwnershipScope,
     bounded_claims,
+    operation_id_for,
     operation_key,
 )
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
 from ._approvals import admit_approval
 from ._commands import admit_command
-from ._context import (
+from ._core import (
     AdmitContext,
+    Core,
     authorize_input,
     check_grant,
-    choose_alias,
-    current_selection,
     denied,
     duplicate,
     seen_before,
+    stamp_us,
 )
-from ._core import MEMO_LIMIT, Core, stamp_us
-from ._ids import operation_id_for
 from ._replies import Draft, Settle, answer
-from ._routes import MAX_ID_BYTES
+from ._routes import MAX_ID_BYTES, MEMO_LIMIT, Route, Turn
 from ._turn import enqueue
-from ._types import Route, Turn
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
@@ -152,6 +150,14 @@ def classify(event: InboundEvent) -> tuple[Action, ApprovalInput | None]:
     return "message", None
 
 
+def choose_alias(grant: Grant, selection: str | None) -> str | None:
+    """The actor's ``/agent`` choice when the grant allows it, else the grant's default."""
+    if selection is not None and selection in grant.agent_aliases:
+        return selection
+    alias = grant.default_agent_alias or grant.agent_aliases[0]
+    return alias if alias in grant.agent_aliases else None
+
+
 async def admit(core: Core, event: InboundEvent) -> Admission:
     if core.stopped:
         return denied(core, "stopped")
@@ -183,7 +189,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     if action == "approval":
         alias = grant.agent_aliases[0]
     else:
-        alias_choice = choose_alias(grant, await current_selection(core, event, ownership))
+        alias_choice = choose_alias(grant, await core.selections.current(event, ownership))
         if alias_choice is None:
             return denied(core, "rejected")
         alias = alias_choice

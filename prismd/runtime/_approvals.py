@@ -18,11 +18,10 @@ from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef, OwnershipScope
 from ..redact import bound_detail
-from ._context import AdmitContext, authorize_input, check_grant
-from ._core import Core
-from ._replies import Draft, Settle, answer
-from ._runs import outcome_of, preview_sink
-from ._types import ActiveTurn, LeaseHeldElsewhereError, Route
+from ._core import AdmitContext, Core, authorize_input, check_grant
+from ._leases import LeaseHeldElsewhereError
+from ._replies import Draft, Settle, answer, outcome_of, preview_sink
+from ._routes import ActiveTurn, Route
 
 FINISHING_WAIT_S = 10.0
 """How long an approval waits for the turn that asked for it to finish writing."""
@@ -445,7 +444,7 @@ async def _finish_resume(
     result: RunResult,
     fence: int | None,
 ) -> None:
-    """Settle the suspended run's own operation as :func:`~._runs.outcome_of` says, clear
+    """Settle the suspended run's own operation as :func:`~._replies.outcome_of` says, clear
     the suspension on the binding and answer under the approval's (or ``/cancel``'s)
     operation — one transaction, then the send."""
     outcome = outcome_of(core, result)

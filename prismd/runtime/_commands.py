@@ -12,9 +12,9 @@ import re
 
 from ..channel import Admission
 from ._approvals import cancel_suspended
-from ._context import AdmitContext, actor_key, remember_selection
-from ._core import Core
-from ._types import LeaseHeldElsewhereError, Route
+from ._core import AdmitContext, Core
+from ._leases import LeaseHeldElsewhereError
+from ._routes import Route, actor_key
 
 COMMAND_RE = re.compile(r"^/([A-Za-z0-9_]+)(?:\s+(.*))?$", re.DOTALL)
 KNOWN = frozenset({"help", "status", "new", "agent", "cancel"})
@@ -99,7 +99,7 @@ async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
         notice(core, ctx, UNKNOWN_ALIAS)
         return Admission("unsupported", "unknown_alias")
     key = actor_key(ctx.event, ctx.ownership)
-    if not remember_selection(core, key, arg):
+    if not core.selections.remember(key, arg):
         return Admission("denied", "capacity")
     if core.journal is not None:
         # SPEC difference 3: the selection is stamped on the alias's binding, durably.

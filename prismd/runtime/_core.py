@@ -1,4 +1,6 @@
-"""Shared runtime state: counters, routes, hydration, binding leases, journal writes, replies.
+"""Shared runtime state: counters, routes, binding leases, the operations known to exist, one
+send at a time per conversation, journal writes; and what every entry point decides about an
+event before it touches a route (the grant check, the denied and duplicate answers).
 
 Everything that more than one entry point needs lives here; the entry points (admit, turns,
 commands, approvals, notify, recovery, resume) are plain functions over :class:`Core`.
@@ -11,26 +13,26 @@ route lease is re-acquired (:meth:`Core.route_fence`) for writes outside a queue
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
 
-from stores import (
-    SYSTEM_CLOCK,
-    Clock,
-    LeaseStore,
-    OwnershipScope,
-    Store,
-)
+from stores import SYSTEM_CLOCK, Clock, LeaseStore, OwnershipScope, Store
 
 from ..agents import Agent
 from ..channel import (
+    Action,
+    Admission,
     AttachmentRef,
+    AuthorizeInput,
+    Grant,
+    InboundEvent,
     Preview,
     Reply,
     SendResult,
@@ -51,22 +53,9 @@ from ..journal import (
 from ..limits import Limits
 from ..redact import Redactor, bound_detail
 from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases
-from ._routes import Routes
-from ._types import (
-    ActorKey,
-    Authorize,
-    DeliveryTurns,
-    KnownOperations,
-    ResolveAgent,
-    ResolveAgentInput,
-    ResolveBinding,
-    Route,
-)
-from .api import Diagnostics
+from ._routes import Route, Routes, Selections, acquire_promptly
+from .api import Authorize, Diagnostics, ResolveAgent, ResolveAgentInput, ResolveBinding
 
-MEMO_LIMIT = 1024
-"""Per-actor selections and per-scope cursors remembered to save a store read each: the
-most recently used this many (with a journal, which holds the truth)."""
 COUNTER_NAMES = (
     "admitted",
     "denied",
@@ -98,6 +87,104 @@ def stamp_us() -> int:
     global _last_stamp_us
     _last_stamp_us = max(time.time_ns() // 1000, _last_stamp_us + 1)
     return _last_stamp_us
+
+
+@attrs.define(eq=False)
+class _Turn:
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    users: int = 0
+
+
+class _Holding:
+    __slots__ = ("_key", "_turn", "_turns")
+
+    def __init__(self, turns: dict[tuple[str, str], _Turn], key: tuple[str, str]) -> None:
+        self._turns = turns
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        turn = self._turns.get(self._key)
+        if turn is None:
+            turn = self._turns[self._key] = _Turn()
+        turn.users += 1
+        self._turn = turn
+        try:
+            await acquire_promptly(self._turn.lock)
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._turn.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._turn.users -= 1
+        if self._turn.users == 0:
+            del self._turns[self._key]
+
+
+@attrs.define(eq=False)
+class DeliveryTurns:
+    """One send (deliver + mark) at a time per conversation, within this process.
+
+    A channel may hold a reply (no live connection) and ask for its held replies when the
+    conversation reconnects. Without this a reconnect's re-drive could read the journal
+    after ``deliver`` said "hold" but before that mark was written, and the reply would
+    wait for the next reconnect. Sends hold the turn across deliver and mark, and the
+    re-drive takes it too, so it sees every hold. Entries are dropped when unused: the
+    table is bounded by the sends in flight.
+    """
+
+    _turns: dict[tuple[str, str], _Turn] = attrs.field(factory=dict)
+
+    def hold(self, connection_id: str, conversation_id: str) -> _Holding:
+        """``async with turns.hold(connection_id, conversation_id):`` the conversation's turn
+        for the block (an object, not a generator: every send takes one)."""
+        return _Holding(self._turns, (connection_id, conversation_id))
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+@attrs.define(eq=False)
+class KnownOperations:
+    """Operation record keys (id and owner) this runtime knows exist in the journal (it
+    created them, or its create-only write found them): a redelivery of such an event is a
+    duplicate without a store round trip. Bounded (oldest forgotten first); a miss asks the
+    store as before, so another runtime's records are still deduplicated by the create-only
+    write."""
+
+    limit: int = 20_000
+    _ids: set[bytes] = attrs.field(factory=set)
+    """128-bit digests of the record keys (49 bytes instead of ~150): a false "known" would
+    answer a new event as a duplicate, and at 2**-128 per pair it does not."""
+    _order: deque[bytes] = attrs.field(factory=deque)
+    """Insertion order, oldest first (a set and a deque: half an OrderedDict's memory)."""
+
+    @staticmethod
+    def _digest(key: str) -> bytes:
+        return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def has(self, key: str) -> bool:
+        return self._digest(key) in self._ids
+
+    def add(self, key: str) -> None:
+        digest = self._digest(key)
+        if digest in self._ids:
+            return
+        self._ids.add(digest)
+        self._order.append(digest)
+        while len(self._order) > self.limit:
+            # A discarded key re-added is in the order twice: forgetting it at the first is
+            # early, which only costs a store read.
+            self._ids.discard(self._order.popleft())
+
+    def discard(self, key: str) -> None:
+        self._ids.discard(self._digest(key))
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 @attrs.define(eq=False)
@@ -139,7 +226,7 @@ class Core:
     counters: dict[str, int] = attrs.field(
         init=False, factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
     )
-    selections: OrderedDict[ActorKey, str | None] = attrs.field(init=False, factory=OrderedDict)
+    selections: Selections = attrs.field(init=False)
     seen: dict[str, OrderedDict[str, None]] = attrs.field(init=False, factory=dict)
     cursors: OrderedDict[tuple[str, OwnershipScope], Loaded[CursorRecord]] = attrs.field(
         init=False, factory=OrderedDict
@@ -156,6 +243,7 @@ class Core:
         self.slots = trio.Semaphore(self.limits.max_active_sessions)
         self.idle.set()
         lease_store = self._open_stores()
+        self.selections = Selections(self.journal, self.limits, self.count)
         self.routes = Routes(
             self.journal, self.limits, self.now_ms, self.count, self.resolve_binding
         )
@@ -306,3 +394,81 @@ class Core:
         if not detail:
             return "The request failed before it produced an answer."
         return f"Request failed: {detail}"
+
+
+# ------------------------------------------------------------------ admission answers
+
+
+@attrs.frozen
+class AdmitContext:
+    """An authorized event on its way through admission."""
+
+    event: InboundEvent
+    action: Action
+    grant: Grant
+    ownership: OwnershipScope
+    alias: str
+    operation_id: str
+    notices: list[str] = attrs.field(factory=list, eq=False)
+    """What a command answers: committed with its ``succeeded`` state, then sent."""
+
+
+def authorize_input(event: InboundEvent, action: Action, received_at_ms: int) -> AuthorizeInput:
+    """What ``authorize`` is asked about an inbound event (admission, re-checks, resume)."""
+    return AuthorizeInput(
+        connection_id=event.connection_id,
+        external_conversation_id=event.external_conversation_id,
+        external_actor_id=event.external_actor_id,
+        event_id=event.event_id,
+        text=event.text,
+        action=action,
+        received_at_ms=received_at_ms,
+        thread_id=event.thread_id,
+        claims=event.claims,
+    )
+
+
+def check_grant(core: Core, grant: object) -> str | None:
+    """The denial reason for a grant, or None when usable (§2.2 order)."""
+    if not isinstance(grant, Grant) or grant.identity is None:
+        return "rejected"
+    if not core.active(grant.identity):
+        return "revoked"
+    aliases = grant.agent_aliases
+    if (
+        not isinstance(aliases, tuple)
+        or not aliases
+        or not all(isinstance(a, str) and a for a in aliases)
+    ):
+        return "rejected"
+    if not isinstance(grant.grant_revision, str) or not grant.grant_revision:
+        return "rejected"
+    return None
+
+
+def denied(core: Core, reason: str, hint: str | None = None) -> Admission:
+    core.count("denied")
+    return Admission("denied", reason, hint=hint)
+
+
+def duplicate(core: Core, operation_id: str) -> Admission:
+    """An event already admitted: acknowledged again, never run twice."""
+    core.count("duplicates")
+    core.count("admitted")
+    return Admission("accepted", operation_id=operation_id, duplicate=True)
+
+
+def seen_before(core: Core, connection_id: str, event_key: str) -> bool:
+    """No-journal dedup (§7 step 7): a bounded per-connection FIFO of event ids."""
+    seen = core.seen.get(connection_id)
+    if seen is None:
+        if len(core.seen) >= core.limits.max_routes:
+            return False
+        seen = OrderedDict()
+        core.seen[connection_id] = seen
+    if event_key in seen:
+        return True
+    seen[event_key] = None
+    while len(seen) > core.limits.max_seen_events_per_connection:
+        seen.popitem(last=False)
+    return False

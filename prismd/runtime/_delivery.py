@@ -41,9 +41,8 @@ from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reclaim, reply_key
 from ._approvals import reissue_controls
-from ._context import check_grant
-from ._core import Core
-from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome
+from ._core import Core, check_grant
+from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome, reply_files
 
 MAX_SCAN_PAGES = 5
 """Pages of ``max_journal_page`` reply rows read per call (newest first)."""
@@ -96,6 +95,7 @@ async def resend(
             thread_id=stored.thread_id,
             in_reply_to=in_reply_to,
             operation_id=stored.operation_id,
+            files=reply_files(stored.files),
         ),
     )
     marked = await mark_outcome(core, scope, claimed, state, message_id, reason, None)

@@ -21,7 +21,8 @@ import attrs
 
 from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
 from ._core import Core
-from ._types import ActiveTurn, Turn
+from ._relay import relay
+from ._routes import ActiveTurn, Turn
 
 
 def _ref(turn: Turn) -> OperationRef:
@@ -74,6 +75,9 @@ class TurnHooks:
 
     def waiting(self) -> None:
         self.release_slot()
+
+    async def relay(self, key: str, text: str) -> bool:
+        return await relay(self.core, self.turn, self.fence, key, text)
 
     def release_slot(self) -> None:
         if self.slot_held:

@@ -29,13 +29,17 @@ from stores import LeaseRecord, LeaseStore, OwnershipScope
 
 from ..journal import NS_BINDING
 from ..limits import Limits
-from ._types import LeaseHeldElsewhereError, Route, acquire_promptly
+from ._routes import Route, acquire_promptly
 
 log = logging.getLogger("prismd.runtime")
 
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
 DEFAULT_LEASE_IDLE_MS = 1_000
+
+
+class LeaseHeldElsewhereError(Exception):
+    """The route's binding lease is held by another owner right now."""
 
 
 @attrs.define(eq=False)
@@ -196,7 +200,7 @@ class RouteLeases:
 
         Without leases yields ``None``. When the lease is held elsewhere it retries with
         bounded backoff for up to ``wait_s`` seconds, then raises
-        :class:`~._types.LeaseHeldElsewhereError`.
+        :class:`LeaseHeldElsewhereError`.
         """
         if self.store is None:
             yield None

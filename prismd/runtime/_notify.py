@@ -18,12 +18,11 @@ from ..journal import (
     OwnershipScope,
     binding_actor_prefix,
     ms_to_iso,
+    notify_operation_id,
 )
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
-from ._context import check_grant, denied, duplicate, seen_before
-from ._core import Core
-from ._ids import notify_operation_id
+from ._core import Core, check_grant, denied, duplicate, seen_before
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
 from .api import PairingTicket

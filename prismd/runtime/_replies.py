@@ -1,5 +1,7 @@
 """The reply path (contract §9.2): bound the text, journal it ``pending`` — in the same
-transaction as the operation's settlement and the binding — deliver, mark the outcome.
+transaction as the operation's settlement and the binding — deliver, mark the outcome; and
+what an agent run's result means for the journal and the user (:func:`outcome_of`, the one
+table, shared by turns and resumes) with the previews while it runs.
 
 :func:`answer` is the one way a reply leaves the runtime. Persist before send: nothing is
 delivered unless its record is staged (or, without a journal, nothing is staged at all).
@@ -15,7 +17,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..channel import Control, Reply
+from ..agents import EventSink, RunResult, StreamEvent
+from ..channel import Control, Preview, Reply, ReplyFile
 from ..identity import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
@@ -25,6 +28,7 @@ from ..journal import (
     OwnershipScope,
     ReplyRecord,
     StoredControl,
+    StoredFile,
     Write,
     compact_json,
     finish,
@@ -32,7 +36,7 @@ from ..journal import (
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
 from ._core import Core, stamp_us
-from ._ids import control_kind
+from ._routes import ActiveTurn, Route
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be
@@ -67,7 +71,7 @@ def fits_unmeasured(record: ReplyRecord, budget: int) -> bool:
     """``record``'s JSON certainly fits ``budget`` by a bound on its strings alone, so it
     need not be encoded to be measured (and is encoded once, when journaled). Only for a
     record without controls or an approval target: those are measured."""
-    if record.controls or record.approval is not None:
+    if record.controls or record.approval is not None or record.files:
         return False
     chars = len(record.text) + len(record.operation_id) + len(record.connection_id)
     chars += len(record.external_conversation_id) + len(record.kind) + len(record.state)
@@ -129,6 +133,16 @@ class Draft:
     controls: tuple[Control, ...] = ()
     approval: Mapping[str, Any] | None = None
     """The non-secret target of an approval notice, so a resend can issue fresh controls."""
+    files: tuple[ReplyFile, ...] = ()
+    """Files that go with the reply, by reference (journaled so; fetched at delivery)."""
+
+
+def stored_files(files: tuple[ReplyFile, ...]) -> tuple[StoredFile, ...]:
+    return tuple(StoredFile(f.source, f.ref, f.name, f.media_type, f.size) for f in files)
+
+
+def reply_files(files: tuple[StoredFile, ...]) -> tuple[ReplyFile, ...]:
+    return tuple(ReplyFile(f.source, f.ref, f.name, f.media_type, f.size) for f in files)
 
 
 @attrs.frozen
@@ -180,6 +194,7 @@ def _record(core: Core, draft: Draft) -> tuple[ReplyRecord, str]:
         controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in draft.controls),
         approval=None if draft.approval is None else dict(draft.approval),
         created_us=stamp_us(),
+        files=stored_files(draft.files),
     )
     fitted = fit_record(record, core.limits.max_journal_record_bytes)
     if cut or fitted is not record:
@@ -275,6 +290,7 @@ async def answer(
         thread_id=draft.thread_id,
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
+        files=draft.files,
     )
     journaled = journal is not None and ownership is not None
     staged = staged if journaled else None
@@ -368,3 +384,91 @@ async def mark_outcome(
     if saved is None:
         core.count("storage_failures")
     return saved
+
+
+def control_kind(value: str) -> str:
+    if value.startswith("p:a:"):
+        return "allow_once"
+    if value.startswith("p:d:"):
+        return "reject_once"
+    return "other"
+
+
+# --------------------------------------------------------------------------- what a run means
+
+CANCELLED_TEXT = "Request cancelled."
+EMPTY_ANSWER_TEXT = "The request completed without a text answer."
+DENIED_TEXT = "Approval denied. The request will not continue."
+
+
+@attrs.frozen
+class Outcome:
+    """A run's result as the journal settles it and the user is answered."""
+
+    state: str
+    """The operation's new state."""
+    error_code: str | None
+    counter: str | None
+    """The diagnostics counter it moves (``None``: none)."""
+    kind: str
+    """The reply's kind: ``final`` (the agent's answer) or ``notice``."""
+    text: str | None
+    """The reply's text, already redacted; ``None`` for ``suspended``, whose notice (with
+    its approval controls) is built by the approvals module."""
+
+
+def outcome_of(core: Core, result: RunResult) -> Outcome:
+    """The table from a run's result to terminal state, counter and reply (§9.1, §10.4)."""
+    status = result.status
+    if status == "succeeded":
+        text = core.redact(result.text)
+        if text.strip():
+            return Outcome("succeeded", None, "completed", "final", text)
+        return Outcome("succeeded", None, "completed", "notice", EMPTY_ANSWER_TEXT)
+    if status == "aborted":
+        return Outcome("cancelled", None, "cancelled", "notice", CANCELLED_TEXT)
+    if status == "suspended":
+        return Outcome("suspended", None, "suspended", "notice", None)
+    if status == "denied":
+        return Outcome("failed", "denied", None, "notice", DENIED_TEXT)
+    error = result.error
+    code = str(error.code) if error is not None and error.code else "run_failed"
+    message = error.message if error is not None else None
+    return Outcome("failed", code, "failed", "notice", core.failure_text(message))
+
+
+def preview_sink(core: Core, route: Route, active: ActiveTurn) -> EventSink | None:
+    """Previews (§9.3): cumulative redacted text of the current assistant message."""
+    on_preview = core.on_preview
+    if on_preview is None:
+        return None
+    acc: list[str] = []
+    current: list[str] = [""]
+
+    def sink(event: StreamEvent) -> None:
+        if event.kind == "message_started":
+            acc.clear()
+            current[0] = event.run_id
+            return
+        if event.kind != "message_delta":
+            return
+        if current[0] and event.run_id and event.run_id != current[0]:
+            return
+        acc.append(event.text)
+        text = core.redact("".join(acc))
+        if not text.strip() or active.cancelled or core.stopped:
+            return
+        try:
+            on_preview(
+                Preview(
+                    connection_id=route.connection_id,
+                    external_conversation_id=route.conversation_id,
+                    text=text,
+                    thread_id=route.thread_id,
+                )
+            )
+        except Exception:
+            # The host's preview callback must never break a turn.
+            pass
+
+    return sink

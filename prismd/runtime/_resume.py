@@ -40,12 +40,11 @@ from ..journal import (
     OwnershipScope,
 )
 from ._admit import AWAITING_DECISION_TEXT
-from ._context import authorize_input, check_grant
-from ._core import Core
+from ._core import Core, authorize_input, check_grant
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
+from ._routes import Turn
 from ._turn import enqueue
-from ._types import Turn
 
 MAX_AUTHORIZE_FAILURES = 8
 _RESUMED_STATES = frozenset({"accepted", FOLLOWING_STATE})

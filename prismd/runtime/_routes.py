@@ -1,35 +1,285 @@
-"""The route table: one in-memory route per binding, hydrated once from the durable binding.
+"""The route table: one in-memory route per binding, hydrated once from the durable binding,
+with the turns queued on it and the actor's ``/agent`` choice.
 
 A route is created on the first event of a (connection, conversation, thread, actor,
 alias, scope); an idle, unleased route is evicted when the table is full (the journal
 keeps everything it held). Its binding is read once per process and written back only
-when it changed (:meth:`Routes.binding_write`).
+when it changed (:meth:`Routes.binding_write`). An actor's ``/agent`` choice is the
+binding with the newest selection stamp (:meth:`Routes.current_selection`).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import attrs
+import trio
 
+from stores import LeaseRecord
+
+from ..channel import Action, Grant, InboundEvent
 from ..identity import AgentIdentity
 from ..journal import (
     NS_BINDING,
     BindingRecord,
     ChannelJournal,
     Loaded,
+    OperationRecord,
     OperationRef,
     OwnershipScope,
+    SuspendedRun,
     Write,
+    binding_actor_prefix,
+    binding_key,
+    default_session_id,
     finish,
 )
 from ..limits import Limits
-from ._ids import default_session_id
-from ._types import BindingInput, QueueTally, ResolveBinding, Route, RouteKey, TurnQueue
+from .api import BindingInput, ResolveBinding
 
 MAX_ID_BYTES = 256
+MEMO_LIMIT = 1024
+"""Per-actor selections and per-scope cursors remembered to save a store read each: the
+most recently used this many (with a journal, which holds the truth)."""
+
+RouteKey: TypeAlias = tuple[str, str, str | None, str, str, str | None, str | None, str | None]
+ActorKey: TypeAlias = tuple[str, str, str | None, str, str | None, str | None, str | None]
+
+
+@attrs.define(eq=False)
+class Turn:
+    """One admitted event waiting in (or popped from) a route queue."""
+
+    operation_id: str
+    event: InboundEvent
+    action: Action
+    grant: Grant
+    ownership: OwnershipScope
+    alias: str
+    op: Loaded[OperationRecord] | None = None
+    """The operation record as last written by this runtime (saves a load per CAS)."""
+    cancelled: bool = False
+    cancel_counted: bool = False
+    settled: bool = False
+    claim_failures: int = 0
+    finishing: bool = False
+    """The turn is writing its own end (settlement + answer): ``stop()`` leaves it alone."""
+    settled_by_stop: bool = False
+    """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
+    ran: a late result is discarded (no second terminal write, no reply)."""
+    following: bool = False
+    """Its operation is ``following`` a remote task (SPEC difference 9): a stop leaves it
+    (and the turns queued behind it) as they are, to be followed again after a restart."""
+
+
+ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]
+
+
+@attrs.define(eq=False)
+class ActiveTurn:
+    """The route's current work: a turn waiting for a slot or running, or a resume."""
+
+    state: ActiveState
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    turn: Turn | None = None
+    cancelled: bool = False
+    stopping: bool = False
+    ended: trio.Event = attrs.field(factory=trio.Event)
+    """Set once the route is free again (the turn's last journal write and send are done)."""
+
+    def cancel(self, *, stopping: bool = False) -> None:
+        self.cancelled = True
+        self.stopping = self.stopping or stopping
+        self.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class QueueTally:
+    """The turns queued on all the routes of one runtime, kept as they are queued and
+    taken: the process-wide capacity check reads it instead of walking the routes."""
+
+    queued: int = 0
+
+
+class TurnQueue:
+    """A route's FIFO of turns (at most ``max_pending_per_binding``), counted into the
+    runtime's :class:`QueueTally` by every change. A list rather than a deque (56 bytes
+    empty against ~600), which ten thousand idle routes would pay for nothing."""
+
+    __slots__ = ("_tally", "_turns")
+
+    def __init__(self, tally: QueueTally) -> None:
+        self._tally = tally
+        self._turns: list[Turn] = []
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def __bool__(self) -> bool:
+        return bool(self._turns)
+
+    def __iter__(self) -> Iterator[Turn]:
+        return iter(self._turns)
+
+    @property
+    def head(self) -> Turn | None:
+        return self._turns[0] if self._turns else None
+
+    def append(self, turn: Turn) -> None:
+        self._turns.append(turn)
+        self._tally.queued += 1
+
+    def push_front(self, turn: Turn) -> None:
+        """Put a popped turn back at the head (its claim must wait)."""
+        self._turns.insert(0, turn)
+        self._tally.queued += 1
+
+    def pop_head(self) -> Turn:
+        turn = self._turns.pop(0)
+        self._tally.queued -= 1
+        return turn
+
+    def take_all(self) -> list[Turn]:
+        """Empty the queue; returns what it held, oldest first."""
+        turns, self._turns = self._turns, []
+        self._tally.queued -= len(turns)
+        return turns
+
+
+def _unused(lock: trio.Lock | None) -> bool:
+    return lock is not None and not lock.locked() and not lock.statistics().tasks_waiting
+
+
+@attrs.define(eq=False)
+class Route:
+    """In-memory state of one binding (connection, conversation, thread, actor, alias, scope).
+
+    Hydrated once per process from the durable binding; afterwards authoritative.
+    """
+
+    key: RouteKey
+    connection_id: str
+    conversation_id: str
+    thread_id: str | None
+    actor_id: str
+    alias: str
+    ownership: OwnershipScope
+    queue: TurnQueue
+    hydrated: bool = False
+    binding_version: int = 0
+    binding_stored: BindingRecord | None = None
+    """The binding as last read or written: a turn writes it again only when it changed."""
+    session_id: str | None = None
+    leaf_id: str | None = None
+    generation: int = 0
+    suspended: bool = False
+    suspended_run: SuspendedRun | None = None
+    selected_at_ms: int | None = None
+    active: ActiveTurn | None = None
+    pumping: bool = False
+    lease: LeaseRecord | None = None
+    lease_users: int = 0
+    renewer: trio.CancelScope | None = None
+    """The scope of the task keeping the lease alive while the route works; cancelled
+    when the lease is released, so an idle route leaves no sleeping task behind."""
+    release_at: float | None = None
+    """When the idle route's lease is due for release (Trio time); ``None``: no release is
+    scheduled. Back-to-back turns keep the lease instead of releasing and re-acquiring it."""
+    lease_fresh: bool = False
+    """The lease was newly acquired (not renewed): another runtime may have written the
+    binding since this process hydrated it; the pump re-reads it before the next turn."""
+    pins: int = 0
+    """Entry points holding this route object across an await (admit, commands): the
+    route must not be evicted meanwhile, or a second route object for the same binding
+    could be created and both would pump it."""
+    _lease_lock: trio.Lock | None = None
+    _hydrate_lock: trio.Lock | None = None
+
+    @property
+    def binding_key(self) -> str:
+        """The binding's journal key (also its lease key), built when needed rather than
+        kept: ~180 bytes per route, for a few f-string joins per turn."""
+        return binding_key(
+            self.connection_id,
+            self.ownership,
+            self.conversation_id,
+            self.thread_id,
+            self.actor_id,
+            self.alias,
+        )
+
+    # The locks are created on first use: an idle route that never needed one does not
+    # carry two locks and their parking lots (~700 bytes).
+    @property
+    def lease_lock(self) -> trio.Lock:
+        if self._lease_lock is None:
+            self._lease_lock = trio.Lock()
+        return self._lease_lock
+
+    @property
+    def hydrate_lock(self) -> trio.Lock:
+        if self._hydrate_lock is None:
+            self._hydrate_lock = trio.Lock()
+        return self._hydrate_lock
+
+    def hydrating(self) -> bool:
+        return self._hydrate_lock is not None and self._hydrate_lock.locked()
+
+    def shed_locks(self) -> None:
+        """Forget the locks nobody holds or waits for (they are made again on next use).
+
+        Safe because ``async with route.lease_lock`` takes a free lock without yielding:
+        no task can hold a reference to a lock it has not yet acquired or queued on.
+        """
+        if _unused(self._lease_lock):
+            self._lease_lock = None
+        if _unused(self._hydrate_lock):
+            self._hydrate_lock = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.active is not None or self.pumping
+
+    def status_text(self) -> str:
+        if self.active is not None and self.active.state == "resuming":
+            return "resuming"
+        if self.active is not None:
+            return "running"
+        if self.suspended:
+            return "awaiting decision"
+        if self.queue:
+            return f"queued ({len(self.queue)})"
+        return "idle"
+
+
+async def acquire_promptly(
+    lock: trio.Lock | trio.Semaphore, *, wait_within: trio.CancelScope | None = None
+) -> bool:
+    """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
+    free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
+    reply each such yield waits for every other runnable task to take its step. A
+    cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
+    still goes to them first (``acquire_nowait`` refuses it).
+
+    ``wait_within``: a wait for the lock, if there is one, runs inside that scope (entered
+    only then: a free lock costs no scope); False when the scope was cancelled before the
+    lock was taken. True when it is held."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        lock.acquire_nowait()
+        return True
+    except trio.WouldBlock:
+        pass
+    if wait_within is None:
+        await lock.acquire()
+        return True
+    with wait_within:
+        await lock.acquire()
+        return True
+    return False
 
 
 @attrs.define(eq=False)
@@ -258,6 +508,100 @@ class Routes:
             self.count("storage_failures")
             return False
         self.binding_written(route, finished.binding)
+        return True
+
+
+def actor_key(event: InboundEvent, ownership: OwnershipScope) -> ActorKey:
+    return (
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        ownership.tenant_id,
+        ownership.account_id,
+        ownership.user_id,
+    )
+
+
+@attrs.define(eq=False)
+class Selections:
+    """The actors' ``/agent`` choices: a memory of the actors in use over the journal's
+    bindings (SPEC difference 3, durable across restarts), or the only record of them
+    without a journal."""
+
+    journal: ChannelJournal | None
+    limits: Limits
+    count: Callable[[str], None]
+    _memo: OrderedDict[ActorKey, str | None] = attrs.field(init=False, factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    async def current(self, event: InboundEvent, ownership: OwnershipScope) -> str | None:
+        """The actor's ``/agent`` choice: memory first, else the binding with the newest
+        selection stamp."""
+        key = actor_key(event, ownership)
+        memo = self._memo
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+        selected: str | None = None
+        if self.journal is not None:
+            prefix = binding_actor_prefix(
+                event.connection_id,
+                ownership,
+                event.external_conversation_id,
+                event.thread_id,
+                event.external_actor_id,
+            )
+            try:
+                rows, _cursor = await self.journal.list(
+                    ownership, NS_BINDING, 500, key_prefix=prefix
+                )
+            except Exception:
+                self.count("storage_failures")
+                return None
+            best = -1
+            for row in rows:
+                if row.scope != ownership:
+                    continue
+                try:
+                    record = BindingRecord.from_json(row.value)
+                except ValueError:
+                    continue
+                if (
+                    record.external_actor_id == event.external_actor_id
+                    and record.external_conversation_id == event.external_conversation_id
+                    and record.thread_id == event.thread_id
+                    and record.selected_at_ms is not None
+                    and record.selected_at_ms > best
+                ):
+                    best = record.selected_at_ms
+                    selected = record.agent_alias
+        self.remember(key, selected)
+        return selected
+
+    def remember(self, key: ActorKey, alias: str | None) -> bool:
+        """False when the table is full and ``key`` is new (``/agent`` answers ``capacity``)."""
+        memo = self._memo
+        if key in memo:
+            memo[key] = alias
+            memo.move_to_end(key)
+            return True
+        if self.journal is not None:
+            # The journal has the truth: this is a memory of the actors in use (the least
+            # recently used forgotten first, and read again when they come back).
+            if len(memo) >= min(self.limits.max_routes, MEMO_LIMIT):
+                memo.popitem(last=False)
+        elif len(memo) >= self.limits.max_routes:
+            # Without a journal the table is the truth: only "no selection" entries can go.
+            for old_key, old_alias in memo.items():
+                if old_alias is None:
+                    del memo[old_key]
+                    break
+            else:
+                return False
+        memo[key] = alias
         return True
 
 

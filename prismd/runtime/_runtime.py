@@ -13,20 +13,21 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..channel import Admission, InboundEvent, PastReply, Preview, Reply, SendResult
 from ..identity import AgentIdentity
-from ..journal import GrantRecord
+from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
 from ._core import Core, FetchAttachment
-from ._ids import operation_id_for
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
-from ._types import Authorize, ResolveAgent, ResolveBinding
 from .api import (
+    Authorize,
     Diagnostics,
     DrainResult,
     PairingTicket,
     PruneResult,
     ReconcileResult,
+    ResolveAgent,
+    ResolveBinding,
     UnresolvedEntry,
     UnresolvedPage,
 )

@@ -36,6 +36,7 @@ from ..agents import (
     RunResult,
     TextBlock,
 )
+from ..channel import MAX_REPLY_FILES, ReplyFile
 from ..identity import AgentIdentity
 from ..journal import (
     FOLLOWING_STATE,
@@ -49,9 +50,8 @@ from ._approvals import issue_controls
 from ._core import Core
 from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
-from ._replies import Draft, Settle, answer
-from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
-from ._types import ActiveTurn, Route, Turn, acquire_promptly
+from ._replies import CANCELLED_TEXT, Draft, Settle, answer, outcome_of, preview_sink
+from ._routes import ActiveTurn, Route, Turn, acquire_promptly
 from ._typing import TypingTimer
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
@@ -216,6 +216,7 @@ async def end_turn(
     controls: tuple[Any, ...] = (),
     approval: dict[str, Any] | None = None,
     with_binding: bool = False,
+    files: tuple[ReplyFile, ...] = (),
     **extra: Any,
 ) -> None:
     """Settle the turn's operation in ``state`` and, when ``text`` is given, answer it —
@@ -246,6 +247,7 @@ async def end_turn(
             in_reply_to=turn.event.event_id,
             controls=controls,
             approval=approval,
+            files=files,
         )
     answered = await answer(
         core,
@@ -494,7 +496,7 @@ async def claim(core: Core, route: Route, turn: Turn, fence: int | None) -> str:
 async def finish_run(
     core: Core, route: Route, turn: Turn, agent: Agent, result: RunResult, fence: int | None
 ) -> None:
-    """Settle the operation as :func:`~._runs.outcome_of` says, with the binding and the
+    """Settle the operation as :func:`~._replies.outcome_of` says, with the binding and the
     answer in the same transaction, then send the answer (§9.1 steps 9–11)."""
     if turn.settled_by_stop:
         # stop() already settled this operation ``cancelled`` after its deadline.
@@ -526,6 +528,7 @@ async def finish_run(
         controls=controls,
         approval=approval,
         with_binding=True,
+        files=result.files[:MAX_REPLY_FILES] if outcome.kind == "final" else (),
         run_id=result.run_id or None,
         session_id=result.session_id or None,
     )

@@ -14,7 +14,7 @@ import trio
 
 from ..channel import DEFAULT_TYPING_DELAY_MS, MAX_TYPING_DELAY_MS
 from ._core import Core
-from ._types import Route
+from ._routes import Route
 
 __all__ = ["TYPING_INTERVAL_S", "TypingTimer", "typing_delay_s", "typing_loop"]
 

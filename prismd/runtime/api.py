@@ -1,18 +1,59 @@
 """The messaging runtime's public surface, as the daemon, control socket and adapters use it.
 
 ``prismd.runtime.open_messaging_runtime(...)`` yields an object satisfying
-:class:`MessagingRuntime`. Result records are frozen attrs classes; the control socket
-renders them in camelCase (``attrs.asdict`` + a key conversion).
+:class:`MessagingRuntime`; the host's callbacks get ``ResolveAgentInput`` and
+``BindingInput``. Result records are frozen attrs classes; the control socket renders them
+in camelCase (``attrs.asdict`` + a key conversion).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TypeAlias
 
 import attrs
 
-from ..channel import Admission, InboundEvent
+from ..agents import Agent
+from ..channel import Admission, AuthorizeInput, Grant, InboundEvent
 from ..identity import AgentIdentity
+from ..journal import OwnershipScope
+
+
+@attrs.frozen
+class ResolveAgentInput:
+    """What ``resolve_agent`` is called with on every turn (and status/resume)."""
+
+    agent_alias: str
+    identity: AgentIdentity
+    ownership: OwnershipScope
+    connection_id: str
+    external_conversation_id: str
+
+
+@attrs.frozen
+class BindingInput:
+    """What an optional host ``resolve_binding`` gets to map a route to a session (§2.4)."""
+
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    identity: AgentIdentity
+    ownership: OwnershipScope
+    agent_alias: str
+    generation: int
+    thread_id: str | None = None
+
+
+@attrs.frozen
+class BindingResolution:
+    session_id: str
+    leaf_id: str | None = None
+
+
+Authorize: TypeAlias = Callable[[AuthorizeInput], Awaitable[Grant | None]]
+ResolveAgent: TypeAlias = Callable[[ResolveAgentInput], Awaitable[Agent]]
+ResolveBinding: TypeAlias = Callable[[BindingInput], Awaitable[BindingResolution]]
+
 
 ReconcileStatus: TypeAlias = Literal["resolved", "not_found", "conflict", "denied", "unavailable"]
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio_websocket
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from tests.daemon.helpers import (
     ChatClient,
     Layout,

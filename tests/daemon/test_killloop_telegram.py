@@ -29,7 +29,7 @@ import httpx
 import pytest
 import trio
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from tests.conftest import FIXTURES as REPO_FIXTURES
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 

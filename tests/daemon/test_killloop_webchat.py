@@ -29,7 +29,7 @@ import pytest
 import trio
 import trio_websocket
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 
 from .helpers import Layout, free_port, prismctl, run_keys, running_daemon
 

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 from tests.support import pgserver
 from tests.support.spreader import Spreader

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, run_keys, running_daemon
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until

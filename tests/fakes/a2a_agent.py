@@ -26,12 +26,17 @@ Follows ``reference/a2a-protocol.md`` (copied facts: §1–§6):
   body, ``Retry-After: 1``), ``"503"``, ``"-32601"``, ``"-32009"``, ``"cut"`` (the
   request is processed, then the connection is closed without an answer: the client
   cannot know; on a stream, it is cut after its first event), ``"drop"`` (closed unread).
+* A completed task may carry file parts (:class:`FakeFile`: inline base64, v1.0 ``raw`` /
+  v0.3 ``file.bytes``, or a URL, v1.0 ``url`` / v0.3 ``file.uri``) in an artifact of their
+  own; :meth:`FakeA2A.offer_download` serves a URL's bytes (``GET``, recorded in
+  :attr:`FakeA2A.fetched`). Each status change gets its own ``timestamp``.
 * Every JSON-RPC request is recorded (:attr:`FakeA2A.requests`); :meth:`sends_of` counts
   the sends of one ``messageId``.
 """
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from collections.abc import Mapping
@@ -69,6 +74,17 @@ class Plan:
     text: str = "done"
 
 
+@attrs.frozen
+class FakeFile:
+    """A file part of a completed task's answer: inline (``data``, base64 on the wire) or
+    by ``url`` (serve its bytes with :meth:`FakeA2A.offer_download`)."""
+
+    name: str | None
+    media_type: str | None = None
+    data: bytes | None = None
+    url: str | None = None
+
+
 @attrs.define
 class FakeTask:
     id: str
@@ -94,6 +110,10 @@ class FakeA2A:
     tasks: dict[str, FakeTask] = attrs.Factory(dict)
     requests: list[dict[str, Any]] = attrs.Factory(list)
     pushes_sent: list[tuple[str, dict[str, Any]]] = attrs.Factory(list)
+    downloads: dict[str, tuple[bytes, str]] = attrs.Factory(dict)
+    """``GET <path>`` → (body, content type): what file URLs point at."""
+    fetched: list[str] = attrs.Factory(list)
+    """The download paths requested, in order."""
     _plans: list[Plan] = attrs.Factory(list)
     _friction: list[str] = attrs.Factory(list)
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
@@ -144,6 +164,7 @@ class FakeA2A:
         *,
         chunks: int = 1,
         push: bool = True,
+        files: tuple[FakeFile, ...] = (),
     ) -> None:
         """Move a task to ``state`` (``completed`` with ``text`` as its artifact, else
         ``text`` as the status message) and push once when it has a push config. A stream
@@ -152,13 +173,23 @@ class FakeA2A:
         task = self.tasks[task_id]
         task.chunks = chunks
         task.state = state
-        if state == "completed" and text is not None:
-            task.artifacts = [_artifact(text, self.dialect)]
+        # Each status change gets its own time, as a server stamps each (a new status).
+        tick = next(self._ids)
+        task.timestamp = f"2026-12-05T10:{tick // 60 % 60:02d}:{tick % 60:02d}.000Z"
+        if state == "completed" and (text is not None or files):
+            task.artifacts = [] if text is None else [_artifact(text, self.dialect)]
+            if files:
+                task.artifacts.append(_file_artifact(files, self.dialect))
         else:
             task.status_text = text
         self._wake()
         if push and task.push is not None:
             await self.send_push(task.push, self._push_body(task))
+
+    def offer_download(self, path: str, data: bytes, content_type: str) -> str:
+        """Serve ``data`` at ``GET <path>``; the URL."""
+        self.downloads[path] = (data, content_type)
+        return f"http://127.0.0.1:{self.port}{path}"
 
     async def send_push(self, config: Mapping[str, Any], body: Mapping[str, Any]) -> int:
         """POST ``body`` to a task's push URL once, as the SDKs do; the status or 0."""
@@ -331,6 +362,14 @@ class FakeA2A:
             )
             if target == self.path.rstrip("/") + wanted or target == wanted:
                 await _send(conn, stream, 200, self.card())
+            elif target in self.downloads:
+                self.fetched.append(target)
+                data, kind = self.downloads[target]
+                head = [("content-length", str(len(data))), ("content-type", kind)]
+                out = conn.send(h11.Response(status_code=200, headers=head)) or b""
+                out += conn.send(h11.Data(data=data)) or b""
+                out += conn.send(h11.EndOfMessage()) or b""
+                await stream.send_all(out)
             else:
                 await _send(conn, stream, 404, {"error": "not found"})
             return True
@@ -561,6 +600,21 @@ def _text_part(text: str, dialect: Dialect) -> dict[str, Any]:
 def _artifact(text: str, dialect: Dialect) -> dict[str, Any]:
     parts = [_text_part(p, dialect) for p in text.split("\n\n")]
     return {"artifactId": "answer", "parts": parts}
+
+
+def _file_artifact(files: tuple[FakeFile, ...], dialect: Dialect) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for f in files:
+        raw = None if f.data is None else base64.b64encode(f.data).decode("ascii")
+        if dialect == "0.3":
+            inner: dict[str, Any] = {"name": f.name, "mimeType": f.media_type}
+            inner.update({"bytes": raw} if raw is not None else {"uri": f.url})
+            parts.append({"kind": "file", "file": inner})
+        else:
+            part: dict[str, Any] = {"filename": f.name, "mediaType": f.media_type}
+            part.update({"raw": raw} if raw is not None else {"url": f.url})
+            parts.append(part)
+    return {"artifactId": "files", "parts": parts}
 
 
 def _error(rid: Any, code: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@
   nested properly, escaped ``<``/``&``; else ``400 can't parse entities``, see
   :func:`parse_html`); migrated chats answer 400 with ``migrate_to_chat_id``. getFile +
   ``/file/bot<token>/<path>``, setWebhook/deleteWebhook/getWebhookInfo, answerCallbackQuery,
-  sendChatAction, sendVoice (multipart), getMe.
+  sendChatAction, sendVoice, sendDocument and sendPhoto (multipart uploads), getMe.
 * Every request is recorded in :attr:`FakeBotApi.calls` (method, params, virtual time).
 * Failure injection: :meth:`FakeBotApi.fail_next`. :meth:`FakeBotApi.wait_until` with
   :attr:`FakeBotApi.pending_poll_at` lets a test send its competing getUpdates exactly while
@@ -376,7 +376,10 @@ class FakeBotApi:
             for part in body.split(b"--" + boundary.group(1).encode())[1:]:
                 if part.startswith(b"--"):
                     break
-                head, _, content = part.strip(b"\r\n").partition(b"\r\n\r\n")
+                # Exactly the CRLF after the boundary line and the one before the next:
+                # a file's own bytes may begin or end with CR or LF.
+                part = part.removeprefix(b"\r\n").removesuffix(b"\r\n")
+                head, _, content = part.partition(b"\r\n\r\n")
                 head_text = head.decode()
                 name = re.search(r'name="([^"]*)"', head_text)
                 if name is None:
@@ -531,6 +534,32 @@ class FakeBotApi:
             raise ApiError(400, "Bad Request: there is no voice in the request")
         self.sent.append(dict(params))
         return self._message(chat_id, voice={"file_id": "voice-out", "duration": 1})
+
+    async def _m_sendDocument(self, params: Mapping[str, Any]) -> Any:
+        return self._upload(params, "document", 50 << 20)
+
+    async def _m_sendPhoto(self, params: Mapping[str, Any]) -> Any:
+        return self._upload(params, "photo", 10 << 20)
+
+    def _upload(self, params: Mapping[str, Any], field: str, limit: int) -> Any:
+        """sendDocument / sendPhoto with an uploaded file (multipart/form-data); a string
+        (a file_id or an HTTP URL to fetch) is not something this fake serves."""
+        chat_id = self._known_chat(params)
+        upload = params.get(field)
+        if not isinstance(upload, Mapping):
+            raise ApiError(400, f"Bad Request: there is no {field} in the request")
+        data = upload.get("data", b"")
+        if not data:
+            raise ApiError(400, "Bad Request: file must be non-empty")
+        if len(data) > limit:
+            raise ApiError(413, "Request Entity Too Large")
+        self.sent.append(dict(params))
+        name = upload.get("filename") or "file"
+        if field == "photo":
+            size = {"file_id": f"photo-{len(self.sent)}", "width": 1, "height": 1}
+            return self._message(chat_id, photo=[{**size, "file_size": len(data)}])
+        document = {"file_id": f"doc-{len(self.sent)}", "file_name": name, "file_size": len(data)}
+        return self._message(chat_id, document=document)
 
     async def _m_sendChatAction(self, params: Mapping[str, Any]) -> Any:
         self._known_chat(params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from prismd.runtime._types import DeliveryTurns
+from prismd.runtime._core import DeliveryTurns
 
 
 async def test_one_holder_per_conversation_others_in_parallel(

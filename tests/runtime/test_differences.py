@@ -11,9 +11,9 @@ import trio
 import trio.testing
 
 from prismd.identity import ownership_from_identity
+from prismd.journal import operation_id_for
 from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, operation_key
 from prismd.limits import Limits
-from prismd.runtime._ids import operation_id_for
 from stores.memory import MemoryStore
 from tests.support.builders import event, grant, identity
 from tests.support.clocks import TrioClock

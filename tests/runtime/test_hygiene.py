@@ -10,11 +10,10 @@ import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import ReplyRecord, StoredControl
+from prismd.journal import ReplyRecord, StoredControl, operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
-from prismd.runtime._ids import operation_id_for
 from prismd.runtime._replies import fit_record, fits_unmeasured
 from stores import compact_json
 from tests.support.builders import event, grant, identity

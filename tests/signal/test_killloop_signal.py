@@ -36,7 +36,7 @@ import pytest
 import trio
 
 from adapters.signal import event_id_for
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, run_keys, running_daemon
 from tests.fakes.signal_cli import ACCOUNT, FakeSignalCli, text_envelope
 

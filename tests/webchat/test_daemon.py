@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio_websocket
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 from prismd.runtime._unanswered import UNANSWERED_TEXT
 from tests.daemon.helpers import child_env, prismctl, running_daemon, write_config
 

@@ -18,10 +18,10 @@ from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.journal import operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.journal._records import ReplyRecord
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
-from prismd.runtime._ids import operation_id_for
 from stores import OwnershipScope, open_store
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from prismd.runtime._ids import operation_id_for
+from prismd.journal import operation_id_for
 
 from ._stack import chat_stack
 from ._support import connect, hello, recv, send

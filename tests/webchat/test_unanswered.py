@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from prismd.channel import AuthorizeInput, Grant, InboundEvent, Reply, SendResult
+from prismd.journal import operation_id_for
 from prismd.runtime import open_messaging_runtime
-from prismd.runtime._ids import operation_id_for
 from prismd.runtime._unanswered import UNANSWERED_TEXT, notice_id
 from stores import open_store
 from tests.daemon.helpers import chat

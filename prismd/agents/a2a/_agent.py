@@ -39,11 +39,13 @@ import trio
 
 from stores import Clock, OwnershipScope, StoreUnavailableError
 
+from ...channel import OutboundFile, ReplyFile
 from ...identity import AgentIdentity, ownership_from_identity
 from .. import (
     AgentContext,
     Decision,
     EventSink,
+    FileProblem,
     RunHooks,
     RunRequest,
     RunResult,
@@ -52,6 +54,7 @@ from .. import (
 )
 from ._book import Book, Stored, TaskRecord, secret_hash
 from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
+from ._files import open_file
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._wire import (
@@ -146,6 +149,10 @@ class A2AAgent:
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
+
+    async def open_file(self, file: ReplyFile, max_bytes: int) -> OutboundFile | FileProblem:
+        """A file of an answer, fetched now (:mod:`._files`; the host's ``FileSource``)."""
+        return await open_file(self, file, max_bytes)
 
     # ------------------------------------------------------------------ pushes
 
@@ -254,7 +261,7 @@ class A2AAgent:
             stored = await self.book.update(stored, owner=hooks.owner)
         self.following_now += 1
         try:
-            return await follow(self, client, stored, on_event, session)
+            return await follow(self, client, stored, on_event, session, hooks)
         finally:
             self.following_now -= 1
 

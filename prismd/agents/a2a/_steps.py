@@ -14,10 +14,14 @@ from stores import Clock
 from .. import EventSink, RunError, RunHooks, RunResult, StreamEvent
 from ._book import Book, ContextRecord, Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
+from ._files import completed
 from ._options import A2AOptions
+from ._relay import relay_interrupt
 from ._wire import (
+    INTERRUPTED_STATES,
     METHOD_NOT_FOUND,
     TASK_NOT_FOUND,
+    TERMINAL_STATES,
     UNSUPPORTED_OPERATION,
     VERSION_NOT_SUPPORTED,
     Message,
@@ -202,7 +206,12 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
 
 
 async def follow(
-    agent: A2AAgent, client: A2AClient, stored: Stored, on_event: EventSink | None, session: str
+    agent: A2AAgent,
+    client: A2AClient,
+    stored: Stored,
+    on_event: EventSink | None,
+    session: str,
+    hooks: RunHooks | None = None,
 ) -> RunResult:
     record = stored.record
     task_id = record.task_id
@@ -239,6 +248,8 @@ async def follow(
                 delay = first
             if task.terminal or task.state == "input-required":
                 return await answer(agent, stored, task, session)
+            if await relay_interrupt(hooks, task, shown):
+                agent.count("relays")
             preview(on_event, task_id, task.status_text, shown)
         if agent.clock.now_ms() >= deadline_ms:
             with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
@@ -281,7 +292,8 @@ async def stream(
         state = observed_state(item)
         if state in ("working", "submitted", "auth-required"):
             preview(on_event, task_id, getattr(item, "status_text", None), shown)
-        return state in ("input-required", "completed", "canceled", "failed", "rejected")
+        # auth-required ends the stream too: the next GetTask reads it and relays it.
+        return state in INTERRUPTED_STATES or state in TERMINAL_STATES
 
     with trio.move_on_after(left_s):
         try:
@@ -328,5 +340,5 @@ async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> R
     if waiting:
         return RunResult("succeeded", task.status_text or NEEDS_INPUT, run_id, session)
     if task.state == "completed":
-        return RunResult("succeeded", reply_text(task), run_id, session)
+        return completed(agent.alias, task, reply_text(task), run_id, session)
     return failed(task.state, session, run_id)

@@ -1,0 +1,39 @@
+"""``auth-required``: the remote task waits for a credential given out of band, and may go
+on by itself afterwards (``reference/a2a-protocol.md`` §3). Its status message is relayed
+to the chat — through :meth:`~prismd.agents.RunHooks.relay`, journaled and sent once — and
+the task is followed on.
+
+The relay's key is derived from the observation itself (the state, the status timestamp
+and the message's text), so the same remote status seen again — by the next poll, after a
+restart, by another instance — is never relayed twice, while a new ``auth-required``
+episode (a new timestamp or message) is relayed once more. A peer that gives neither a
+timestamp nor a message gets one relay per operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from .. import RunHooks
+from ._wire import Task
+
+AUTH_REQUIRED = "The remote agent needs an authorization to go on; it continues once it has it."
+"""Relayed when the task gives no status message of its own."""
+
+
+def relay_key(task: Task) -> str:
+    """The relay key of one observed ``auth-required`` status (no text in it: a digest)."""
+    seen = f"{task.state}\0{task.timestamp or ''}\0{task.status_text or ''}"
+    return "auth-" + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+async def relay_interrupt(hooks: RunHooks | None, task: Task, shown: list[str | None]) -> bool:
+    """Relay an ``auth-required`` task's status message (once per observation; see the
+    module); ``shown`` (the previews' last text) then holds it, so no preview repeats it.
+    Whether a relay was sent now."""
+    if hooks is None or task.state != "auth-required":
+        return False
+    text = task.status_text or AUTH_REQUIRED
+    sent = await hooks.relay(relay_key(task), text)
+    shown[0] = task.status_text
+    return sent
