@@ -605,6 +605,8 @@ class ReplyRecord(Replaceable):
         )
         if self.created_us is not None:
             parts += (',"createdUs":', str(self.created_us))
+        if self.files:
+            parts += (',"files":', compact_json([f.to_json() for f in self.files]))
         parts.append("}")
         return "".join(parts)
 
