@@ -2,9 +2,10 @@
 
 Adapters build :class:`InboundEvent` from a platform update, await
 ``runtime.admit(event)`` and acknowledge the transport only when the returned
-:class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the host's
-``deliver(reply) -> SendResult`` (normally the adapter's ``send``); a ``deliver`` that
-raises means the outcome is *ambiguous*. A ``SendResult`` with ``held=True`` means "not
+:class:`Admission` is not :attr:`Admission.retryable`. Replies leave through the adapter of
+their connection (:class:`AdapterRegistry`, which the runtime is opened with: its ``send``),
+or a host's own ``deliver(reply) -> SendResult``; a send that raises means the outcome is
+*ambiguous*. A ``SendResult`` with ``held=True`` means "not
 sent, and not failed": the channel has no live connection to the conversation and asks
 for the reply again when one opens (the web chat; see ``Runtime.redeliver_pending``).
 
@@ -14,6 +15,7 @@ These records have no validators on purpose: ``admit`` validates and answers
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias
 
@@ -21,6 +23,8 @@ import attrs
 import trio
 
 from .identity import AgentIdentity
+
+_log = logging.getLogger("prismd.channel")
 
 AttachmentKind: TypeAlias = Literal["image", "document", "voice"]
 ApprovalOutcome: TypeAlias = Literal["allow_once", "reject_once"]
@@ -140,6 +144,10 @@ class Reply:
     files: tuple[ReplyFile, ...] = ()
     """Files that go with the reply (by reference; the host fetches them and hands the
     adapter their bytes through :meth:`ChannelAdapter.send_file`)."""
+    staged_at_ms: int | None = None
+    """When the journal staged it (wall clock, ms): before any attempt to send it, so a
+    channel that deduplicates resends for a while (Discord's nonce) may count from here
+    instead of storing its own first attempt. ``None``: not known."""
 
 
 def _held_is_not_delivered(instance: SendResult, _attribute: object, held: bool) -> None:
@@ -246,9 +254,9 @@ class DeliveryOutcomeUnknownError(Exception):
 
 @attrs.frozen
 class AdapterFeatures:
-    """What an adapter offers beyond receiving and sending, declared (never probed): the
-    daemon hands the runtime its optional seams (``on_preview``, ``on_typing``,
-    ``fetch_attachment``) only when some adapter declares the matching feature, and routes
+    """What an adapter offers beyond receiving and sending, declared (never probed): a
+    runtime opened with an :class:`AdapterRegistry` uses a seam (previews, typing, file
+    fetches) only when some adapter declares the matching feature, and the registry routes
     each call to the adapter of the connection concerned."""
 
     previews: bool = False
@@ -334,6 +342,118 @@ class ChannelAdapter(Protocol):
         """It holds its platform's receiver lease now (metrics); False for a channel that
         has none (the web chat)."""
         ...
+
+
+UNKNOWN_CONNECTION = "unknown_connection"
+"""``SendResult.reason`` of a reply whose connection has no adapter."""
+
+
+SendWithFiles: TypeAlias = Callable[[ChannelAdapter, Reply], Awaitable[SendResult]]
+"""How a reply that carries files is sent (the host fetches them from the agent that
+answered: :func:`prismd.daemon._files.deliver_with_files`); without it, only the text."""
+
+
+class AdapterRegistry:
+    """The adapters of the connections, by connection id: the way out of the runtime
+    (``open_messaging_runtime(adapters=…)``). A reply, preview, typing indicator or file
+    fetch goes to the adapter of its connection, and only when that adapter's features
+    offer it."""
+
+    def __init__(
+        self,
+        adapters: Sequence[ChannelAdapter] = (),
+        *,
+        send_with_files: SendWithFiles | None = None,
+    ) -> None:
+        self._by_id: dict[str, ChannelAdapter] = {}
+        self._send_with_files = send_with_files
+        for adapter in adapters:
+            self.add(adapter)
+
+    def add(self, adapter: ChannelAdapter) -> None:
+        self._by_id[adapter.connection_id] = adapter
+
+    def __getitem__(self, connection_id: str) -> ChannelAdapter:
+        return self._by_id[connection_id]
+
+    def get(self, connection_id: str) -> ChannelAdapter | None:
+        return self._by_id.get(connection_id)
+
+    def items(self) -> list[tuple[str, ChannelAdapter]]:
+        return list(self._by_id.items())
+
+    def values(self) -> list[ChannelAdapter]:
+        return list(self._by_id.values())
+
+    def any_offers(self, feature: str) -> bool:
+        """Some adapter offers ``feature`` (``previews``, ``typing``, ``attachments``)."""
+        return any(getattr(a.features, feature) for a in self._by_id.values())
+
+    async def send(self, reply: Reply) -> SendResult:
+        """The reply, sent by its connection's adapter; an unknown connection is not
+        delivered. An adapter's exception propagates on purpose: the message may have gone
+        out, and the runtime records a raising send as ambiguous (``delivery_unknown``)."""
+        adapter = self._by_id.get(reply.connection_id)
+        if adapter is None:
+            return SendResult(delivered=False, reason=UNKNOWN_CONNECTION)
+        if reply.files and self._send_with_files is not None:
+            return await self._send_with_files(adapter, reply)
+        return await adapter.send(reply)
+
+    def send_draft(self, preview: Preview) -> None:
+        """A streaming preview to its connection's adapter (Telegram drafts; adapters
+        without previews are not asked). Never raises."""
+        adapter = self._by_id.get(preview.connection_id)
+        if adapter is None or not adapter.features.previews:
+            return
+        try:
+            adapter.send_draft(preview)
+        except Exception as exc:
+            _log.warning("preview failed: %s", type(exc).__name__)
+
+    async def send_typing(
+        self, connection_id: str, conversation_id: str, thread_id: str | None
+    ) -> None:
+        """A typing indicator on the connection (when its adapter shows one)."""
+        adapter = self._by_id.get(connection_id)
+        if adapter is not None and adapter.features.typing:
+            await adapter.send_typing(conversation_id, thread_id)
+
+    def typing_delay_ms(self, connection_id: str) -> int:
+        """The connection's typing delay, as its adapter declares it."""
+        adapter = self._by_id.get(connection_id)
+        return DEFAULT_TYPING_DELAY_MS if adapter is None else adapter.features.typing_delay_ms
+
+    def tells_unanswered(self, connection_id: str) -> bool:
+        """The connection's users are told when a message of theirs is settled unanswered."""
+        adapter = self._by_id.get(connection_id)
+        return adapter is not None and adapter.features.unanswered_notices
+
+    async def fetch_attachment(self, ref: AttachmentRef) -> Any:
+        """The file of ``ref``, asked of the adapter of its connection (a file id is only
+        valid for the bot that saw it). A ref without a connection id (rebuilt from an
+        older record) is asked of each adapter that fetches files; the others answer
+        ``None`` for ids they did not issue, and the first answer wins."""
+        if ref.connection_id is not None:
+            adapter = self._by_id.get(ref.connection_id)
+            if adapter is None or not adapter.features.attachments:
+                return None
+            return await adapter.fetch_attachment(ref)
+        for adapter in self._by_id.values():
+            if not adapter.features.attachments:
+                continue
+            fetched = await adapter.fetch_attachment(ref)
+            if fetched is not None:
+                return fetched
+        return None
+
+    async def aclose(self) -> None:
+        """Close every adapter's resources outside ``run`` (HTTP clients); never raises."""
+        for adapter in self._by_id.values():
+            try:
+                await adapter.aclose()
+            except Exception as exc:
+                _log.warning("closing %s failed: %s", adapter.connection_id, type(exc).__name__)
 
 
 # --------------------------------------------------------------------------- connection kinds
@@ -423,8 +543,9 @@ class BuildContext:
     lease_ttl_ms: int = 30_000
     """``[limits] lease_ttl_ms``: how long a receiver's lease or claim outlives its holder."""
     conversations: Any = None
-    """The runtime's history and re-drive of held replies, late-bound (the web chat), and
-    the conversations it still works on (``busy_conversations``, the Telegram inbox)."""
+    """The runtime (built before it is opened: it answers nothing until then): its history
+    and re-drive of held replies (the web chat), and the conversations it still works on
+    (``busy_conversations``, the Telegram inbox)."""
 
 
 @attrs.frozen

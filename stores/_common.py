@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeGuard
 
 import attrs
@@ -20,9 +20,7 @@ import attrs
 from ._types import (
     LIST_LIMIT_MAX,
     MAX_SAFE_INTEGER,
-    CheckpointConflictError,
     CheckpointRecord,
-    CheckpointWrite,
     DeleteCheckpoint,
     EncodedSave,
     InvalidCheckpointError,
@@ -32,50 +30,7 @@ from ._types import (
     OwnershipScope,
     RecordTooLargeError,
     SaveCheckpoint,
-    WriteResult,
 )
-
-
-class SavesAsABatchOfOne:
-    """``save_checkpoint`` for every backend: a batch of one through the backend's own
-    ``write_checkpoints`` (the same checks, transaction and event), its lost check raised
-    as :class:`CheckpointConflictError` — so nothing is written when it raises."""
-
-    __slots__ = ()
-
-    # The backend's own; declared for the type checker.
-    write_checkpoints: Callable[..., Awaitable[tuple[WriteResult, ...]]]
-
-    async def save_checkpoint(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        version: int,
-        value: JSONValue,
-        expected_version: int | None = None,
-        fencing_token: int | None = None,
-        category: str | None = None,
-        metadata: Mapping[str, JSONValue] | None = None,
-    ) -> CheckpointRecord:
-        """Store ``value`` under the CAS and fencing rules in one transaction with its
-        event; a lost check raises :class:`CheckpointConflictError` and writes nothing."""
-        write: CheckpointWrite = SaveCheckpoint(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            version=version,
-            value=value,
-            expected_version=expected_version,
-            fencing_token=fencing_token,
-            category=category,
-            metadata=metadata,
-        )
-        (result,) = await self.write_checkpoints((write,))
-        if result.record is None:
-            raise CheckpointConflictError("checkpoint version conflict")
-        return result.record
 
 
 def _is_int(value: object) -> bool:

@@ -69,6 +69,7 @@ PINNED: dict[str, list[str]] = {
         "Slot",
         "chunk_text",
         "close_gracefully",
+        "control_lines",
         "is_loopback_host",
         "open_jsonrpc_client",
         "origin_problem",

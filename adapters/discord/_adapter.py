@@ -33,12 +33,13 @@ from prismd.channel import (
     Reply,
     SendResult,
 )
-from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
+from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
 from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
 from ._cursor import ShardCursor
 from ._gateway import Shard
+from ._media import DiscordMedia, FetchedAttachment
 from ._parse import RespondTo, parse_message
 from ._previews import PreviewEditor
 from ._rest import DEFAULT_API_ORIGIN, DiscordApiError, DiscordError, DiscordRest
@@ -94,6 +95,9 @@ class DiscordAdapter:
     lease_ttl_ms: int = 30_000
     identifies_per_day: int = 50
     backfill_pages: int = 5
+    max_attachment_bytes: int = 1024 * 1024
+    """Images larger than this are not downloaded (the runtime refuses them at admission,
+    and the adapter posts its notice)."""
     retention_days: int = 7
     """How long a send's first attempt is kept (the journal's ``retention_days``)."""
     identify_spacing_ms: int = 5_000
@@ -102,11 +106,10 @@ class DiscordAdapter:
     """A fresh Identify after op 9 waits this long, up to five times it (Discord: 1-5 s)."""
     clock: Clock = SYSTEM_CLOCK
     random: _random.Random = attrs.field(factory=_random.Random)
-    transport: Any = None
-    """An ``httpx.AsyncBaseTransport`` (tests); ``None`` for the network."""
     _rest: DiscordRest = attrs.field(init=False)
     _sender: DiscordSender = attrs.field(init=False)
     _previews: PreviewEditor = attrs.field(init=False)
+    _media: DiscordMedia = attrs.field(init=False)
     _shards: list[Shard] = attrs.field(factory=list, init=False)
     _status: ShardStatus = attrs.field(factory=ShardStatus, init=False)
     """The state before the shards exist (and when asking for the shard count fails)."""
@@ -122,9 +125,7 @@ class DiscordAdapter:
             raise ValueError(f"shards must be in 1..{MAX_SHARDS}")
         if self.intents is None:
             self.intents = default_intents(self.respond_to)
-        self._rest = DiscordRest(
-            token=self.token, api_origin=self.api_origin, transport=self.transport
-        )
+        self._rest = DiscordRest(token=self.token, api_origin=self.api_origin)
         self._sender = DiscordSender(
             connection_id=self.connection_id,
             rest=self._rest,
@@ -134,6 +135,11 @@ class DiscordAdapter:
             bot_user_id=self._bot_id,
         )
         self._previews = PreviewEditor(connection_id=self.connection_id, rest=self._rest)
+        self._media = DiscordMedia(
+            connection_id=self.connection_id,
+            rest=self._rest,
+            max_attachment_bytes=self.max_attachment_bytes,
+        )
 
     @property
     def service_scope(self) -> OwnershipScope:
@@ -144,21 +150,37 @@ class DiscordAdapter:
     @property
     def features(self) -> AdapterFeatures:
         return AdapterFeatures(
-            typing=True, previews=self.previews, typing_delay_ms=self.typing_delay_ms
+            typing=True,
+            previews=self.previews,
+            typing_delay_ms=self.typing_delay_ms,
+            attachments=True,
         )
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of
-        :data:`~._status.STATES`) and ``resumable`` / ``no_session``; ``lastUpdateAt`` once
-        a message reached the adapter."""
-        states = [s.status.state for s in self._shards] or [self._status.state]
-        state = min(states, key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0)
+        :data:`~._status.STATES`: ``connected``, ``resuming``, ``failed`` …) and
+        ``resumable`` / ``no_session``; the times (ISO 8601) once known: ``lastEventAt``
+        (the gateway last sent anything; the stalest shard's), ``sessionStartedAt`` (the
+        youngest shard session's READY: its age) and ``lastUpdateAt`` (a message reached
+        the adapter)."""
+        statuses = [s.status for s in self._shards] or [self._status]
+        state = min(
+            (s.state for s in statuses),
+            key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0,
+        )
         sessions = [s.cursor.state.session is not None for s in self._shards]
-        return {
+        health = {
             "state": state,
             "gateway": "resumable" if sessions and all(sessions) else "no_session",
             **self._activity.health_fields(),
         }
+        events = [s.last_event_ms for s in statuses]
+        if events and None not in events:
+            health["lastEventAt"] = ms_to_iso(min(e for e in events if e is not None))
+        started = [s.session_started_ms for s in statuses if s.session_started_ms is not None]
+        if started and state not in ("failed", "stopped", "standby"):
+            health["sessionStartedAt"] = ms_to_iso(max(started))
+        return health
 
     @property
     def receiver_lease_held(self) -> bool:
@@ -295,6 +317,10 @@ class DiscordAdapter:
             if not admission.retryable:
                 break
             await shard.lease.sleep(backoff.next_delay())
+        if admission.reason == "oversized" and admission.hint is not None:
+            # Too long, or images over the cap: say so (the runtime's fixed text).
+            channel = event.external_conversation_id
+            await self._sender.notice(channel, event.event_id, admission.hint)
         guild = message.get("guild_id")
         state.note_message(
             event.external_conversation_id,
@@ -330,8 +356,8 @@ class DiscordAdapter:
     async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
         await self._sender.typing(conversation_id)
 
-    async def fetch_attachment(self, ref: AttachmentRef) -> Any:
-        return None
+    async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
+        return await self._media.fetch(ref)
 
     async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
         """No files for now (``features.max_file_bytes`` is 0)."""

@@ -5,7 +5,8 @@ only with the shard's receiver-lease fencing token — as the Telegram offset is
 Beside the cursor's own fields (``admitted``, ``lastEventId``, ``updatedAt``) it holds,
 under ``discord``:
 
-* ``session`` — ``sessionId``, ``resumeUrl`` (stored at READY) and ``seq``, the contiguous
+* ``session`` — ``sessionId``, ``resumeUrl``, ``startedAtMs`` (stored at READY) and
+  ``seq``, the contiguous
   watermark of dispatches whose admissions the journal committed (never past one still
   being admitted): the next holder — a restarted daemon or another instance — resumes
   from it and Discord replays the rest;
@@ -44,6 +45,8 @@ class SessionState:
     session_id: str
     resume_url: str
     seq: int
+    started_ms: int | None = None
+    """When READY began it (Unix ms): its age in ``prismctl health``."""
 
 
 @attrs.define(eq=False)
@@ -76,6 +79,8 @@ class ShardState:
                 "resumeUrl": self.session.resume_url,
                 "seq": self.session.seq,
             }
+            if self.session.started_ms is not None:
+                discord["session"]["startedAtMs"] = self.session.started_ms
         if self.bot_user_id is not None:
             discord["botUserId"] = self.bot_user_id
         if self.failed is not None:
@@ -104,7 +109,9 @@ class ShardState:
         if isinstance(session, Mapping):
             sid, url, seq = session.get("sessionId"), session.get("resumeUrl"), session.get("seq")
             if isinstance(sid, str) and isinstance(url, str) and isinstance(seq, int):
-                state.session = SessionState(sid, url, max(0, seq))
+                started = session.get("startedAtMs")
+                started = started if isinstance(started, int) and started > 0 else None
+                state.session = SessionState(sid, url, max(0, seq), started)
         bot = discord.get("botUserId")
         state.bot_user_id = bot if isinstance(bot, str) and bot.isdigit() else None
         channels = discord.get("channels")

@@ -232,6 +232,7 @@ class Shard:
             raise AdapterFatalError(f"Discord {self.label}: {reason}")
         log.info("%s: gateway connection ended (%s); %s", self.label, end.why, end.action)
         if end.action == "identify":
+            self.status.session_started_ms = None
             if self.cursor.state.session is not None:
                 self._backfill_due = True
                 self.cursor.state.session = None
@@ -254,6 +255,7 @@ class Shard:
         else:
             url = checked_gateway_url(session.resume_url) or await gateway_url(self)
             self.status.state = "resuming"
+            self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
         try:
             async with _websocket(proto.gateway_url(url)) as ws:
@@ -309,7 +311,7 @@ class Shard:
                 code = None if code in (1005, 1006) else code
                 raise _End(proto.close_action(code), f"closed {code}", code) from None
             frame = proto.parse_frame(raw)
-            self.status.last_event_at = trio.current_time()
+            self.status.last_event_ms = self.clock.now_ms()
             if frame.op == proto.HELLO:
                 interval = frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
                 if not isinstance(interval, int) or interval <= 0:
@@ -423,6 +425,7 @@ def _ready(shard: Shard, frame: proto.Frame) -> None:
         shard.cursor.state.bot_user_id = user["id"]
     resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
     assert frame.s is not None
-    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s)
-    shard.status.session_started_at = trio.current_time()
+    started = shard.clock.now_ms()
+    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s, started)
+    shard.status.session_started_ms = started
     log.info("%s: session started (identified)", shard.label)

@@ -122,6 +122,7 @@ def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapt
         shards=conn.shards,
         lease_ttl_ms=min(max(context.lease_ttl_ms, 5_000), 300_000),
         retention_days=context.retention_days,
+        max_attachment_bytes=context.max_attachment_bytes,
     )
 
 

@@ -6,6 +6,8 @@
   webhooks, system messages (types other than 0 DEFAULT and 19 REPLY), guild messages
   unless ``allow_guilds``, and in guild channels with ``respond_to = "mentions"`` a
   message that does not mention the bot.
+* Images attached (``content_type`` ``image/…``) become attachment refs (:mod:`._media`);
+  a message of images alone is admitted with empty text.
 * The bot's own ``<@id>`` is stripped before the agent sees the text, so ``@bot /new`` is
   the command ``/new``. Conversation = the channel id (a thread is its own channel); actor
   = the author's user id (grants and ``/pair`` by Discord user id).
@@ -18,6 +20,7 @@ from typing import Any, Literal
 
 from prismd.channel import InboundEvent
 
+from ._media import image_refs
 from ._protocol import strip_mention
 
 USER_MESSAGE_TYPES = frozenset({0, 19})
@@ -75,7 +78,8 @@ def parse_message(
             return None
     if bot_user_id is not None:
         text, _found = strip_mention(text, bot_user_id)
-    if not text.strip():
+    images = image_refs(message, connection_id)
+    if not text.strip() and not images:
         return None
     claims: dict[str, Any] = {"platform": "discord", "chatType": "guild" if guild else "dm"}
     return InboundEvent(
@@ -84,6 +88,7 @@ def parse_message(
         external_actor_id=author_id,
         event_id=message_id,
         text=text,
+        attachments=images,
         received_at_ms=snowflake_ms(message_id),
         claims=claims,
     )

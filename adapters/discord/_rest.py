@@ -3,8 +3,8 @@
 
 * **Per-route buckets** from the ``X-RateLimit-*`` headers, keyed by (method, route,
   top-level resource id): a bucket with nothing ``Remaining`` waits for its reset.
-* **Global 50/s**: a sliding one-second window; a global 429 blocks every request for its
-  ``retry_after``.
+* **Global 50/s**: a sliding window (one second and 50 ms) of the requests written, each
+  counted right before it is; a global 429 blocks every request for its ``retry_after``.
 * **429** sleeps ``retry_after`` (float seconds, body or ``Retry-After``) and tries again,
   at most :data:`MAX_429_RETRIES` times per call.
 * **Invalid-request guard**: 401, 403 and non-``shared`` 429 answers are counted over ten
@@ -22,12 +22,14 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
-import httpx
 import trio
+
+from ._http import Header, Http11, HttpTransportError, Origin, ResponseTooLarge
 
 log = logging.getLogger("prismd.discord")
 
@@ -35,11 +37,19 @@ DEFAULT_API_ORIGIN = "https://discord.com"
 API_PATH = "/api/v10"
 USER_AGENT = "DiscordBot (https://github.com/prismd/prismd, 0.1)"
 GLOBAL_PER_SECOND = 50
+GLOBAL_WINDOW_S = 1.05
+"""The global limit's window, with 50 ms to spare (discord.js's offset): requests counted
+when they are written may reach Discord a little apart from how they left."""
 MAX_429_RETRIES = 3
 INVALID_WINDOW_S = 600.0
 INVALID_GUARD = 1_000
 BAN_COOLDOWN_S = 60.0
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+MAX_CONNECTIONS = 4
+"""Requests in flight, and the keep-alive connections kept (per origin)."""
+_JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_USER_AGENT = (b"User-Agent", USER_AGENT.encode())
+_JSON_TYPE = (b"Content-Type", b"application/json")
 
 
 class DiscordError(Exception):
@@ -56,6 +66,13 @@ class DiscordApiError(DiscordError):
         self.status = status
         self.code = code
         self.retry_after = retry_after
+
+
+class DiscordResponseTooLarge(DiscordApiError):
+    """An answer over the byte cap (nothing past it was read)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status, None)
 
 
 class DiscordGuardError(DiscordError):
@@ -79,35 +96,39 @@ class _Bucket:
 
 @attrs.define(eq=False, kw_only=True)
 class DiscordRest:
+    """Requests go through :class:`~._http.Http11` (keep-alive, one ``send`` per request,
+    bounded bodies). Built once: the origin and base path, the headers (the
+    ``Authorization`` one per token value)."""
+
     token: Callable[[], str] = attrs.field(repr=False)
     api_origin: str = DEFAULT_API_ORIGIN
     timeout_s: float = 15.0
-    transport: Any = None
     invalid_guard: int = INVALID_GUARD
     ban_cooldown_s: float = BAN_COOLDOWN_S
-    _client: httpx.AsyncClient | None = attrs.field(default=None, init=False)
+    _http: Http11 = attrs.field(factory=lambda: Http11(max_connections=MAX_CONNECTIONS))
+    _origin: Origin | None = attrs.field(init=False)
+    _base: str = attrs.field(init=False)
+    _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
+    _global_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _global_until: float = attrs.field(default=0.0, init=False)
     _invalid: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
     invalid_requests: int = attrs.field(default=0, init=False)
     """Counted 401/403/429 answers (all time; the guard counts the last ten minutes)."""
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                base_url=self.api_origin.rstrip("/") + API_PATH,
-                timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                transport=self.transport,
-                follow_redirects=False,
-                headers={"User-Agent": USER_AGENT},
-            )
-        return self._client
+    def __attrs_post_init__(self) -> None:
+        self._origin = _origin(self.api_origin)
+        self._base = urllib.parse.urlsplit(self.api_origin).path.rstrip("/") + API_PATH
+
+    def _authorization(self) -> Header:
+        token = self.token()
+        if self._auth is None or self._auth[0] is not token:
+            self._auth = (token, (b"Authorization", f"Bot {token}".encode()))
+        return self._auth[1]
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        await self._http.aclose()
 
     async def request(
         self,
@@ -119,27 +140,28 @@ class DiscordRest:
     ) -> Any:
         """One call, rate limits kept; the decoded JSON (``None`` for 204)."""
         key = route_key(method, path)
-        bucket = self._buckets.setdefault(key, _Bucket())
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket()
         for _attempt in range(MAX_429_RETRIES + 1):
             self._check_guard()
             async with bucket.lock:
                 await self._wait_bucket(bucket)
-                await self._wait_global()
-                response = await self._send(method, path, json_body, params)
-                self._update_bucket(bucket, response)
-            if response.status_code == 429:
-                delay = self._on_429(response)
+                status, headers, body = await self._send(method, path, json_body, params)
+                self._update_bucket(bucket, headers)
+            if status == 429:
+                delay = self._on_429(headers, body)
                 await trio.sleep(delay)
                 continue
-            if response.status_code in (401, 403):
+            if status in (401, 403):
                 self._count_invalid()
-            if response.status_code == 204:
+            if status == 204:
                 return None
-            body = _json(response)
-            if 200 <= response.status_code < 300:
-                return body
-            code = body.get("code") if isinstance(body, Mapping) else None
-            raise DiscordApiError(response.status_code, code if isinstance(code, int) else None)
+            decoded = _json(body)
+            if 200 <= status < 300:
+                return decoded
+            code = decoded.get("code") if isinstance(decoded, Mapping) else None
+            raise DiscordApiError(status, code if isinstance(code, int) else None)
         raise DiscordApiError(429, None)
 
     async def _send(
@@ -148,21 +170,77 @@ class DiscordRest:
         path: str,
         json_body: Mapping[str, Any] | None,
         params: Mapping[str, Any] | None,
-    ) -> httpx.Response:
-        headers = {"Authorization": f"Bot {self.token()}"}
-        content = None
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        if self._origin is None:
+            raise DiscordTransportError("Discord unreachable (InvalidURL)")
+        target = self._base + path
+        if params:
+            target += "?" + urllib.parse.urlencode(params)
+        headers = [_USER_AGENT, self._authorization()]
+        content = b""
         if json_body is not None:
-            headers["Content-Type"] = "application/json"
-            content = json.dumps(json_body, separators=(",", ":")).encode()
+            content = _JSON_DUMPS(json_body).encode()
+            headers.append(_JSON_TYPE)
+        return await self._exchange(
+            self._origin,
+            method.encode(),
+            target.encode(),
+            headers,
+            content,
+            MAX_RESPONSE_BYTES,
+            self._wait_global,
+        )
+
+    async def _exchange(
+        self,
+        origin: Origin,
+        method: bytes,
+        target: bytes,
+        headers: list[Header],
+        body: bytes,
+        cap: int,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One exchange within ``timeout_s`` in all (connect, send, answer; not the wait
+        for the global limit, ``ready``): a transport failure or the deadline is
+        :class:`DiscordTransportError`; an answer over ``cap``
+        :class:`DiscordResponseTooLarge`."""
+        cause = "deadline"
+        scope = trio.CancelScope()
+        paced = ready
+
+        async def start_clock() -> None:
+            if paced is not None:
+                await paced()
+            scope.deadline = trio.current_time() + self.timeout_s
+
+        with scope:
+            try:
+                return await self._http.request(
+                    origin, method, target, headers, body, cap, start_clock
+                )
+            except ResponseTooLarge as error:
+                raise DiscordResponseTooLarge(error.status) from None
+            except HttpTransportError as error:
+                cause = str(error)
+        raise DiscordTransportError(f"Discord unreachable ({cause})")
+
+    async def download(self, url: str, max_bytes: int) -> bytes | None:
+        """GET ``url`` (an attachment on the CDN) without the bot token; ``None`` unless
+        2xx within ``max_bytes`` (checked against ``Content-Length``, then while
+        reading). Raises :class:`DiscordTransportError`."""
+        origin = _origin(url)
+        if origin is None:
+            return None
+        parts = urllib.parse.urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
-            response = await self._http().request(
-                method, path, content=content, params=params, headers=headers
+            status, _headers, body = await self._exchange(
+                origin, b"GET", target.encode(), [_USER_AGENT], b"", max_bytes
             )
-        except (httpx.TransportError, httpx.InvalidURL) as error:
-            raise DiscordTransportError(f"Discord unreachable ({type(error).__name__})") from None
-        if len(response.content) > MAX_RESPONSE_BYTES:
-            raise DiscordApiError(response.status_code, None)
-        return response
+        except DiscordResponseTooLarge:
+            return None
+        return body if 200 <= status < 300 else None
 
     def _check_guard(self) -> None:
         now = trio.current_time()
@@ -182,31 +260,43 @@ class DiscordRest:
             bucket.remaining = None
 
     async def _wait_global(self) -> None:
-        while True:
-            now = trio.current_time()
-            if self._global_until > now:
-                await trio.sleep(self._global_until - now)
-                continue
-            while self._global and now - self._global[0] >= 1.0:
-                self._global.popleft()
-            if len(self._global) < GLOBAL_PER_SECOND:
-                self._global.append(now)
-                return
-            await trio.sleep(1.0 - (now - self._global[0]))
+        """Take a place in the global 50 a second: at once while the window has room (no
+        lock, no sleep); else callers queue on a fair lock and only the first one sleeps,
+        until the window slides (no herd woken to find it still full)."""
+        now = trio.current_time()
+        if not self._global_lock.locked() and self._global_until <= now and self._room(now):
+            self._global.append(now)
+            return
+        async with self._global_lock:
+            while True:
+                now = trio.current_time()
+                if self._global_until > now:
+                    await trio.sleep(self._global_until - now)
+                elif self._room(now):
+                    self._global.append(now)
+                    return
+                else:
+                    await trio.sleep(GLOBAL_WINDOW_S - (now - self._global[0]))
 
-    def _update_bucket(self, bucket: _Bucket, response: httpx.Response) -> None:
-        remaining = _number(response.headers.get("x-ratelimit-remaining"))
-        reset_after = _number(response.headers.get("x-ratelimit-reset-after"))
+    def _room(self, now: float) -> bool:
+        window = self._global
+        while window and now - window[0] >= GLOBAL_WINDOW_S:
+            window.popleft()
+        return len(window) < GLOBAL_PER_SECOND
+
+    def _update_bucket(self, bucket: _Bucket, headers: Mapping[str, str]) -> None:
+        remaining = _number(headers.get("x-ratelimit-remaining"))
+        reset_after = _number(headers.get("x-ratelimit-reset-after"))
         if remaining is not None:
             bucket.remaining = int(remaining)
         if reset_after is not None:
             bucket.reset_at = trio.current_time() + reset_after
 
-    def _on_429(self, response: httpx.Response) -> float:
+    def _on_429(self, headers: Mapping[str, str], raw: bytes) -> float:
         """The wait a 429 asks for (and its bookkeeping)."""
-        body = _json(response)
-        scope = response.headers.get("x-ratelimit-scope")
-        has_headers = "x-ratelimit-scope" in response.headers or "retry-after" in response.headers
+        body = _json(raw)
+        scope = headers.get("x-ratelimit-scope")
+        has_headers = "x-ratelimit-scope" in headers or "retry-after" in headers
         if not isinstance(body, Mapping) or not has_headers:
             # Cloudflare's ban (HTML, code 0 or 40333 without headers): back off hard.
             self._count_invalid()
@@ -219,19 +309,31 @@ class DiscordRest:
             self._count_invalid()
         retry = _number(body.get("retry_after"))
         if retry is None:
-            retry = _number(response.headers.get("retry-after"))
+            retry = _number(headers.get("retry-after"))
         delay = min(max(retry if retry is not None else 1.0, 0.0), 3600.0) + 0.05
-        if body.get("global") is True or response.headers.get("x-ratelimit-global"):
+        if body.get("global") is True or headers.get("x-ratelimit-global"):
             self._global_until = trio.current_time() + delay
         log.info("discord: rate limited (%s); retry in %.2f s", scope or "unknown", delay)
         return delay
 
 
-def _json(response: httpx.Response) -> Any:
+def _json(body: bytes) -> Any:
     try:
-        return response.json()
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _origin(url: str) -> Origin | None:
+    """The scheme, host and port of an ``http(s)`` URL (``None``: not one)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
     except ValueError:
         return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return Origin(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80))
 
 
 def _number(value: object) -> float | None:

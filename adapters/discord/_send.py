@@ -8,14 +8,17 @@
   and the chunk index (≤ 25 characters: the same on every instance and after a restart),
   always with ``enforce_nonce: true``, as a reply to the inbound message
   (``message_reference`` with ``fail_if_not_exists: false``; no pings).
-* **The first attempt is stored before the first POST** (``prism.channels.v1.discord.send``,
-  create-only under the service scope; no text). A timeout, transport error or 5xx is
-  posted again with the same nonce while inside :data:`NONCE_WINDOW_MS` of that first
-  attempt — Discord deduplicates and answers with the original (a 10008 then means it was
-  delivered and deleted). Outside the window nothing is posted blindly: the bot's replies
-  to the inbound message are looked for (``GET …/messages?after=<inbound id>``); found, the
-  chunk is delivered; not found, :class:`~prismd.channel.DeliveryOutcomeUnknownError`
-  (``delivery_unknown`` for the operator).
+* **The window counts from the reply's staging** (``Reply.staged_at_ms``, journaled before
+  any attempt) when it is first sent within :data:`UNRECORDED_MS` of it — no write of its
+  own; otherwise **the first attempt is stored before the first POST**
+  (``prism.channels.v1.discord.send``, create-only under the service scope; no text). A
+  timeout, transport error or 5xx is posted again with the same nonce while inside
+  :data:`NONCE_WINDOW_MS` of that start — Discord deduplicates and answers with the
+  original (a 10008 then means it was delivered and deleted). Outside the window nothing is
+  posted blindly: the bot's replies to the inbound message are looked for (``GET
+  …/messages?after=<inbound id>``); found, the chunk is delivered; not found,
+  :class:`~prismd.channel.DeliveryOutcomeUnknownError` (``delivery_unknown`` for the
+  operator).
 * 50007 (blocked, DMs closed), 50013 (missing permissions), 10003 (unknown channel) and
   other 4xx answers are ``delivery_failed`` with a short reason.
 """
@@ -42,6 +45,10 @@ from ._status import log
 MAX_CHUNK = 2000
 NONCE_WINDOW_MS = 120_000
 """Discord dedups a nonce for "a few minutes"; we assume at most two."""
+UNRECORDED_MS = NONCE_WINDOW_MS // 2
+"""A reply first sent within this of being staged stores no first attempt (see
+:meth:`DiscordSender._window_start`): one durable write less per reply."""
+NOTICE_DEADLINE_S = 10.0
 SEND_NAMESPACE = "prism.channels.v1.discord.send"
 SEND_CATEGORY = "discord-send"
 FAILURE_REASONS: Mapping[int, str] = {
@@ -148,7 +155,7 @@ class DiscordSender:
         target = reply.in_reply_to if reply.in_reply_to and reply.in_reply_to.isdigit() else None
         operation = reply.operation_id or secrets.token_hex(16)
         base = nonce_base(self.connection_id, operation)
-        first_ms, resumed = await self._first_attempt(base, len(chunks))
+        first_ms, resumed = await self._window_start(reply.staged_at_ms, base, len(chunks))
         found: list[str] = []
         if resumed and self.clock.now_ms() - first_ms >= NONCE_WINDOW_MS:
             found = await self._find_replies(channel, target)
@@ -219,6 +226,27 @@ class DiscordSender:
             )
             await trio.sleep(delay)
             delay = min(delay * 2, 15.0)
+
+    async def _window_start(
+        self, staged_ms: int | None, base: str, chunks: int
+    ) -> tuple[int, bool]:
+        """Whence the nonce window counts, and whether an earlier attempt may exist.
+
+        A reply staged less than :data:`UNRECORDED_MS` ago needs no record: every attempt
+        at it, ours or a dead process's, came after it was staged, so counted from then the
+        window still holds and the nonce deduplicates. Otherwise the first attempt is
+        stored (:meth:`_first_attempt`), and with the staging time known an attempt that
+        left no record may have been made since: the window counts from the earlier of
+        the two, and past it, with no record found, the reply is looked for as after a
+        restart (never posted blindly).
+        """
+        now = self.clock.now_ms()
+        if isinstance(staged_ms, int) and 0 <= now - staged_ms < UNRECORDED_MS:
+            return staged_ms, False
+        first_ms, resumed = await self._first_attempt(base, chunks)
+        if not isinstance(staged_ms, int) or staged_ms > first_ms:
+            return first_ms, resumed
+        return staged_ms, resumed or now - staged_ms >= NONCE_WINDOW_MS
 
     async def _first_attempt(self, base: str, chunks: int) -> tuple[int, bool]:
         """The stored first attempt (ms) and whether it was stored before this call."""
@@ -301,6 +329,23 @@ class DiscordSender:
             if len(batch) < 100:
                 break
         return [i for _n, i in sorted(found)]
+
+    async def notice(self, channel: str, message_id: str, text: str) -> None:
+        """Answer ``message_id`` with a fixed notice (a refusal's hint), outside the journal:
+        its nonce is derived from the message, so a dispatch seen twice within the window
+        posts it once. Failures are logged and dropped."""
+        body = {
+            "content": text[:MAX_CHUNK],
+            "nonce": chunk_nonce(nonce_base(self.connection_id, f"notice:{message_id}"), 0),
+            "enforce_nonce": True,
+            "allowed_mentions": {"parse": []},
+            "message_reference": {"message_id": message_id, "fail_if_not_exists": False},
+        }
+        with trio.move_on_after(NOTICE_DEADLINE_S):
+            try:
+                await self.rest.request("POST", f"/channels/{channel}/messages", json_body=body)
+            except DiscordError as error:
+                log.info("discord %s: notice not sent (%s)", self.connection_id, error)
 
     async def typing(self, channel: str) -> None:
         if not channel.isdigit():

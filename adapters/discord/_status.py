@@ -29,9 +29,11 @@ class ShardStatus:
     state: str = "idle"
     reason: str | None = None
     """Why it failed (fixed text from the close-code table)."""
-    session_started_at: float | None = None
-    """``trio.current_time()`` of the READY of the session in use."""
-    last_event_at: float | None = None
+    session_started_ms: int | None = None
+    """When the session in use began (its READY; Unix ms, kept across restarts and
+    takeovers with the session)."""
+    last_event_ms: int | None = None
+    """When the gateway last sent anything (Unix ms): a frame, a heartbeat ACK."""
     resumes: int = 0
     identifies: int = 0
     backfilled: int = 0

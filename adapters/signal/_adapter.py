@@ -52,12 +52,12 @@ from ..toolkit import (
     ReceiverLease,
     RpcError,
 )
-from ._client import Endpoint, SignalUnreachableError, open_signal_client
+from ._client import Endpoint, SignalUnreachableError, open_request_client
 from ._filter import NotificationFilter
 from ._inbox import Inbox
 from ._readiness import RECEIVER_NAMESPACE
 from ._receive import Receiver
-from ._send import MAX_CHUNK_UNITS, SignalSender, _destination, _discard_notifications
+from ._send import MAX_CHUNK_UNITS, SignalSender, _destination
 from ._status import SignalStatistics, SignalStatus, log
 
 __all__ = ["ACCOUNT_RE", "SignalAdapter"]
@@ -262,19 +262,12 @@ class SignalAdapter:
                 failure = type(exc).__name__
 
         try:
-            async with (
-                open_signal_client(
-                    self.endpoint,
-                    timeout_s=self.request_timeout_s,
-                    max_pending=1,
-                    max_frame_bytes=self.max_frame_bytes,
-                    max_notifications=16,
-                ) as client,
-                trio.open_nursery() as nursery,
-            ):
-                nursery.start_soon(_discard_notifications, client)
+            async with open_request_client(
+                self.endpoint,
+                timeout_s=self.request_timeout_s,
+                max_frame_bytes=self.max_frame_bytes,
+            ) as client:
                 await typing(client)
-                nursery.cancel_scope.cancel()
         except SignalUnreachableError:
             failure = "SignalUnreachableError"
         if failure is not None:

@@ -22,7 +22,7 @@ import trio
 
 from ..toolkit import JsonRpcClient, open_jsonrpc_client, parse_host_port
 
-__all__ = ["Endpoint", "SignalUnreachableError", "open_signal_client"]
+__all__ = ["Endpoint", "SignalUnreachableError", "open_request_client", "open_signal_client"]
 
 MAX_UNIX_PATH_BYTES = 107
 """``sun_path`` holds 108 bytes including the terminating NUL."""
@@ -98,3 +98,34 @@ async def open_signal_client(
         close_on_bad_frame=True,
     ) as client:
         yield client
+
+
+async def _discard_notifications(client: JsonRpcClient) -> None:
+    """A request connection subscribes to nothing; a signal-cli not in manual mode still
+    sends it messages, which must not fill the queue and stall the answer to a request."""
+    async for _note in client.notifications:
+        pass
+
+
+@asynccontextmanager
+async def open_request_client(
+    endpoint: Endpoint, *, timeout_s: float, max_frame_bytes: int
+) -> AsyncIterator[JsonRpcClient]:
+    """A connection for one request at a time (a send, a typing indicator): one request in
+    flight, the notifications signal-cli pushes anyway read and dropped meanwhile.
+
+    Raises :class:`SignalUnreachableError` before yielding when it cannot connect.
+    """
+    async with (
+        open_signal_client(
+            endpoint,
+            timeout_s=timeout_s,
+            max_pending=1,
+            max_frame_bytes=max_frame_bytes,
+            max_notifications=16,
+        ) as client,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_discard_notifications, client)
+        yield client
+        nursery.cancel_scope.cancel()

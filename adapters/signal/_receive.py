@@ -197,15 +197,9 @@ class Receiver:
                     await self.lease.acquire(on_standby=standby)
                     return True
                 except Exception as exc:
-                    delay = backoff.next_delay()
-                    self.status.state = "backoff"
-                    log.warning(
-                        "signal %s: acquiring the receiver lease failed (%s); retry in %.1f s",
-                        self.connection_id,
-                        type(exc).__name__,
-                        delay,
+                    await trio.sleep(
+                        self._back_off(backoff, "acquiring the receiver lease failed", exc)
                     )
-                    await trio.sleep(delay)
             if scope.cancelled_caught:
                 return False
 
@@ -271,6 +265,21 @@ class Receiver:
 
     # ------------------------------------------------------------------ readiness
 
+    def _back_off(self, backoff: Backoff, what: str, exc: Exception, then: str = "") -> float:
+        """Wait ``backoff``'s next delay after ``what`` failed with ``exc`` (its type named
+        in the log, never its text): the state is ``backoff``; the delay."""
+        delay = backoff.next_delay()
+        self.status.state = "backoff"
+        log.warning(
+            "signal %s: %s (%s); %sretry in %.1f s",
+            self.connection_id,
+            what,
+            type(exc).__name__,
+            then,
+            delay,
+        )
+        return delay
+
     async def _probe_or_wait(self, backoff: Backoff) -> bool:
         """True once the probe was written; False after a failure (waited) or a stop."""
         try:
@@ -288,14 +297,7 @@ class Receiver:
         except LeaseLostError:
             raise
         except Exception as exc:
-            delay = backoff.next_delay()
-            self.status.state = "backoff"
-            log.warning(
-                "signal %s: readiness probe failed (%s); not subscribing; retry in %.1f s",
-                self.connection_id,
-                type(exc).__name__,
-                delay,
-            )
+            delay = self._back_off(backoff, "readiness probe failed", exc, "not subscribing; ")
             with self._stop.interruptible():
                 await self.lease.sleep(delay)
             return False

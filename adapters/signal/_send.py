@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
-import trio
 
 from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
 from prismd.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
@@ -50,9 +49,10 @@ from ..toolkit import (
     JsonRpcTimeoutError,
     RpcError,
     chunk_text,
+    control_lines,
     utf16_units,
 )
-from ._client import Endpoint, SignalUnreachableError, open_signal_client
+from ._client import Endpoint, SignalUnreachableError, open_request_client
 from ._parse import GROUP_PREFIX
 from ._status import SignalStatus, log
 
@@ -70,7 +70,6 @@ UNKNOWN = "unknown"
 """A :func:`result_outcome` meaning the message may or may not be out."""
 UNKNOWN_TEXT = "Signal delivery outcome unknown"
 
-_CONTROL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}$")
 _NUMBER_RE = re.compile(r"^\+[0-9]{3,20}$")
 _GROUP_ID_RE = re.compile(r"^[A-Za-z0-9+/=_-]{1,128}$")
@@ -85,20 +84,9 @@ def render(text: str, controls: Sequence[Control]) -> list[str] | None:
     >>> render("Approval required.", [Control("Allow", "p:a:" + "t" * 32)])
     ['Approval required.\\n\\nReply /approve tttttttttttttttttttttttttttttttt to allow once.']
     """
-    lines: list[str] = []
-    if controls:
-        if len(controls) > 2:
-            return None
-        for control in controls:
-            match = _CONTROL_RE.match(control.value) if isinstance(control.value, str) else None
-            if match is None:
-                return None
-            verb, token = match.groups()
-            lines.append(
-                f"Reply /approve {token} to allow once."
-                if verb == "a"
-                else f"Reply /deny {token} to deny."
-            )
+    lines = control_lines(controls)
+    if lines is None:
+        return None
     chunks = chunk_text(replace_surrogates(text), MAX_CHUNK_UNITS) if text.strip() else []
     if lines:
         block = "\n".join(lines)
@@ -107,13 +95,6 @@ def render(text: str, controls: Sequence[Control]) -> list[str] | None:
         else:
             chunks.extend(chunk_text(block, MAX_CHUNK_UNITS))
     return chunks
-
-
-async def _discard_notifications(client: JsonRpcClient) -> None:
-    """A send connection subscribes to nothing; a signal-cli not in manual mode still sends
-    it messages, which must not fill the queue and stall the answer to ``send``."""
-    async for _note in client.notifications:
-        pass
 
 
 def _destination(conversation: object) -> dict[str, Any] | None:
@@ -213,19 +194,10 @@ class SignalSender:
         if not chunks:
             return SendResult(delivered=False, reason="empty_reply")
         try:
-            async with (
-                open_signal_client(
-                    self.endpoint,
-                    timeout_s=self.timeout_s,
-                    max_pending=1,
-                    max_frame_bytes=self.max_frame_bytes,
-                    max_notifications=16,
-                ) as client,
-                trio.open_nursery() as nursery,
-            ):
-                nursery.start_soon(_discard_notifications, client)
+            async with open_request_client(
+                self.endpoint, timeout_s=self.timeout_s, max_frame_bytes=self.max_frame_bytes
+            ) as client:
                 outcome, message_id = await self._send_chunks(client, target, chunks)
-                nursery.cancel_scope.cancel()
         except SignalUnreachableError as exc:
             log.warning("signal %s: send failed: %s", self.connection_id, exc)
             return SendResult(delivered=False, reason="signal_unavailable")

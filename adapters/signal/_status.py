@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Mapping
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 import attrs
 
@@ -33,18 +33,7 @@ State: TypeAlias = Literal[
     "stopped",
 ]
 
-STATES: tuple[State, ...] = (
-    "idle",
-    "starting",
-    "standby",
-    "probing",
-    "connecting",
-    "receiving",
-    "paused",
-    "backoff",
-    "account_mismatch",
-    "stopped",
-)
+STATES: tuple[State, ...] = get_args(State)
 """``state``: what the receiver does now. ``standby`` — another daemon holds the receiver
 lease; ``probing`` — rewriting the readiness record; ``paused`` — not subscribed while
 messages already received are admitted; ``backoff`` — waiting to reconnect;

@@ -1,4 +1,5 @@
-"""Text measured the way chat platforms count it: UTF-16 code units.
+"""Text measured the way chat platforms count it: UTF-16 code units; approval controls as
+text lines for a channel that shows no buttons.
 
 Telegram and Signal both limit a message by UTF-16 code units, in which a character outside
 the Basic Multilingual Plane (most emoji) counts twice. Python strings hold code points, so
@@ -7,7 +8,38 @@ a split between two of them never cuts a surrogate pair in half.
 
 from __future__ import annotations
 
-__all__ = ["chunk_text", "utf16_units"]
+import re
+from collections.abc import Sequence
+
+from prismd.channel import Control
+
+__all__ = ["chunk_text", "control_lines", "utf16_units"]
+
+_CONTROL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+
+
+def control_lines(controls: Sequence[Control]) -> list[str] | None:
+    """The approval controls (at most two: allow, deny) as lines the user answers with a
+    command: ``Reply /approve TOKEN to allow once.``, ``Reply /deny TOKEN to deny.``;
+    ``None`` when there are more, or one is not an approval control.
+
+    >>> control_lines([Control("Deny", "p:d:" + "t" * 32)])
+    ['Reply /deny tttttttttttttttttttttttttttttttt to deny.']
+    """
+    if len(controls) > 2:
+        return None
+    lines: list[str] = []
+    for control in controls:
+        match = _CONTROL_RE.match(control.value) if isinstance(control.value, str) else None
+        if match is None:
+            return None
+        verb, token = match.groups()
+        lines.append(
+            f"Reply /approve {token} to allow once."
+            if verb == "a"
+            else f"Reply /deny {token} to deny."
+        )
+    return lines
 
 
 def utf16_units(text: str) -> int:

@@ -125,6 +125,13 @@ class RunFailedError(Exception):
         self.result = result
 
 
+def run_failed(run_id: str, session_id: str, code: str, message: str) -> RunFailedError:
+    """The error of a run that failed with ``code``: no text, ``RunError(code, message)``."""
+    return RunFailedError(
+        RunResult("failed", "", run_id, session_id, error=RunError(code, message))
+    )
+
+
 @attrs.frozen
 class StreamEvent:
     """Run events for previews: a new assistant message, a text delta, its end."""
@@ -158,6 +165,21 @@ class RunState:
 class Decision:
     approval_id: str
     outcome: ApprovalOutcome
+
+
+@attrs.frozen
+class ResumeRequest:
+    """The arguments of one :meth:`Agent.resume` call, as a built-in kind's ``_resume``
+    takes them."""
+
+    run_id: str
+    session_id: str
+    ownership: OwnershipScope
+    identity: AgentIdentity
+    expected_version: int
+    decisions: tuple[Decision, ...] = ()
+    deny: bool = False
+    on_event: EventSink | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class Agent(Protocol):

@@ -21,13 +21,13 @@ import trio
 
 from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
 
-from ._base import EventSink, PendingDecision, RunError, RunFailedError, RunResult
+from ._base import EventSink, PendingDecision, RunResult, run_failed
 from ._chat import Completion, ProviderError, ToolCall
 from ._openai_options import OpenAIOptions
-from ._session import CATEGORY_RUN, NS_RUN, SessionLog
+from ._session import CATEGORY_RUN, NS_RUN, SessionLog, run_key
 from .tools import Tool
 
-__all__ = ["HeldRun", "RunBook", "RunLoop", "RunRecord", "failed", "interrupted"]
+__all__ = ["HeldRun", "RunBook", "RunLoop", "RunRecord", "interrupted"]
 
 log = logging.getLogger("prismd.agents.openai")
 
@@ -40,10 +40,6 @@ DENIED_TOOL_RESULT = "The user denied this tool call. Do not try it again; answe
 
 Complete = Callable[[str, list[Mapping[str, Any]], EventSink | None], Awaitable[Completion]]
 """``complete(run_id, messages, on_event)``: one streamed model call."""
-
-
-def _run_key(alias: str, run_id: str) -> str:
-    return f"r1:{alias}:{run_id}"
 
 
 @attrs.frozen
@@ -108,12 +104,6 @@ class HeldRun:
     version: int = 0
 
 
-def failed(run_id: str, session_id: str, code: str, message: str) -> RunFailedError:
-    return RunFailedError(
-        RunResult("failed", "", run_id, session_id, error=RunError(code, message))
-    )
-
-
 def _tool_message(call: ToolCall, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.id, "content": content}
 
@@ -149,7 +139,7 @@ class RunBook:
 
     async def load(self, run_id: str, ownership: OwnershipScope) -> HeldRun | None:
         stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=_run_key(self.alias, run_id), scope=ownership
+            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=ownership
         )
         if stored is None:
             return None
@@ -164,13 +154,13 @@ class RunBook:
         """CAS ``run`` over ``held`` (create when ``held.version`` is 0); False on a lost CAS."""
         value = run.to_json()
         if len(json.dumps(value)) > MAX_RUN_RECORD_BYTES:
-            raise failed(
+            raise run_failed(
                 run_id, run.session_id, "run_state_too_large", "the tool results are too large"
             )
         try:
             saved = await self.checkpoints.save_checkpoint(
                 namespace=NS_RUN,
-                key=_run_key(self.alias, run_id),
+                key=run_key(self.alias, run_id),
                 scope=ownership,
                 version=held.version + 1,
                 value=value,
@@ -188,7 +178,7 @@ class RunBook:
     ) -> None:
         """Save or fail the run: losing a CAS here means another resume took the run over."""
         if not await self.save(run_id, ownership, held, run):
-            raise failed(run_id, run.session_id, "run_state_conflict", "run state changed")
+            raise run_failed(run_id, run.session_id, "run_state_conflict", "run state changed")
 
 
 @attrs.define(eq=False)
@@ -250,7 +240,7 @@ class RunLoop:
             except ProviderError as error:
                 log.warning("model call failed: %s", error.code)
                 await self._end("failed", error_code=error.code)
-                raise failed(run_id, session_id, error.code, str(error)) from None
+                raise run_failed(run_id, session_id, error.code, str(error)) from None
             if not completion.tool_calls:
                 return await self._succeed(completion.text)
             run = attrs.evolve(
@@ -264,7 +254,7 @@ class RunLoop:
             else:
                 held.run = run
         await self._end("failed", error_code="tool_rounds_exceeded")
-        raise failed(
+        raise run_failed(
             run_id,
             session_id,
             "tool_rounds_exceeded",

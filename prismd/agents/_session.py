@@ -32,8 +32,18 @@ from stores import (
     retry_compare_and_swap,
 )
 
+from ..identity import AgentIdentity
 from ..redact import replace_surrogates
-from ._base import AgentInput, EventSink, ImageBlock, StreamEvent, TextBlock
+from ._base import (
+    AgentInput,
+    Decision,
+    EventSink,
+    ImageBlock,
+    ResumeRequest,
+    RunResult,
+    StreamEvent,
+    TextBlock,
+)
 
 NS_SESSION = "prismd.v1.agent-session"
 NS_RUN = "prismd.v1.agent-run"
@@ -124,6 +134,11 @@ async def stream_text(
         if text:
             on_event(StreamEvent("message_delta", run_id, text))
     on_event(StreamEvent("message_finished", run_id, text))
+
+
+def run_key(alias: str, run_id: str) -> str:
+    """A run record's row key in :data:`NS_RUN` (the ``mock`` and ``openai`` kinds')."""
+    return f"r1:{alias}:{run_id}"
 
 
 def session_key(alias: str, session_id: str, ownership: OwnershipScope) -> str:
@@ -390,3 +405,57 @@ class SessionLog:
         return await retry_compare_and_swap(
             attempt, what="the session transcript append", attempts=_CAS_ATTEMPTS
         )
+
+
+class SessionAgent:
+    """What the built-in kinds with a transcript share: the alias as the agent id, the
+    definition revision, :meth:`session_entries`, and :meth:`resume`'s keywords gathered
+    into one :class:`ResumeRequest` for the kind's ``_resume``."""
+
+    alias: str
+    _log: SessionLog
+    _revision: str
+
+    @property
+    def agent_id(self) -> str:
+        return self.alias
+
+    @property
+    def definition_revision(self) -> str:
+        return self._revision
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        """Text only, unless the kind says otherwise."""
+        return frozenset({"text"})
+
+    @property
+    def supports_approvals(self) -> bool:
+        """A kind that can suspend a run says so."""
+        return False
+
+    async def session_entries(
+        self, session_id: str, ownership: OwnershipScope
+    ) -> tuple[SessionEntry, ...]:
+        return await self._log.entries(session_id, ownership)
+
+    async def resume(
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        ownership: OwnershipScope,
+        identity: AgentIdentity,
+        expected_version: int,
+        decisions: tuple[Decision, ...] = (),
+        deny: bool = False,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        """Continue a suspended run (see ``Agent.resume``); the kind's ``_resume`` decides."""
+        request = ResumeRequest(
+            run_id, session_id, ownership, identity, expected_version, decisions, deny, on_event
+        )
+        return await self._resume(request)
+
+    async def _resume(self, request: ResumeRequest) -> RunResult:
+        raise NotImplementedError

@@ -15,20 +15,19 @@ import attrs
 
 from stores import OwnershipScope
 
-from ..identity import AgentIdentity, ownership_from_identity
+from ..identity import ownership_from_identity
 from ._base import (
     AgentContext,
-    Decision,
     EventSink,
-    RunError,
-    RunFailedError,
+    ResumeRequest,
     RunRequest,
     RunResult,
     RunState,
+    run_failed,
 )
 from ._session import (
     AgentOptionError,
-    SessionEntry,
+    SessionAgent,
     SessionLog,
     definition_revision,
     input_text,
@@ -48,7 +47,7 @@ def validate_echo_options(options: Mapping[str, Any]) -> None:
 
 
 @attrs.define(eq=False)
-class EchoAgent:
+class EchoAgent(SessionAgent):
     """Answers with the input text (text blocks joined by newlines), streamed as one delta.
 
     With ``history`` it keeps a durable transcript per session (see :meth:`session_entries`)
@@ -72,27 +71,6 @@ class EchoAgent:
             history=bool(ctx.options.get("history", False)),
         )
 
-    @property
-    def agent_id(self) -> str:
-        return self.alias
-
-    @property
-    def definition_revision(self) -> str:
-        return self._revision
-
-    @property
-    def input_capabilities(self) -> frozenset[str]:
-        return frozenset({"text"})
-
-    @property
-    def supports_approvals(self) -> bool:
-        return False
-
-    async def session_entries(
-        self, session_id: str, ownership: OwnershipScope
-    ) -> tuple[SessionEntry, ...]:
-        return await self._log.entries(session_id, ownership)
-
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
         run_id = new_run_id()
         text = input_text(request.input)
@@ -111,24 +89,7 @@ class EchoAgent:
     ) -> RunState | None:
         return None
 
-    async def resume(
-        self,
-        *,
-        run_id: str,
-        session_id: str,
-        ownership: OwnershipScope,
-        identity: AgentIdentity,
-        expected_version: int,
-        decisions: tuple[Decision, ...] = (),
-        deny: bool = False,
-        on_event: EventSink | None = None,
-    ) -> RunResult:
-        raise RunFailedError(
-            RunResult(
-                "failed",
-                "",
-                run_id,
-                session_id,
-                error=RunError("not_resumable", "echo runs never suspend"),
-            )
+    async def _resume(self, request: ResumeRequest) -> RunResult:
+        raise run_failed(
+            request.run_id, request.session_id, "not_resumable", "echo runs never suspend"
         )

@@ -32,28 +32,28 @@ from stores import (
     update_checkpoint,
 )
 
-from ..identity import AgentIdentity, ownership_from_identity
+from ..identity import ownership_from_identity
 from ._base import (
     AgentContext,
-    Decision,
     EventSink,
     PendingDecision,
-    RunError,
-    RunFailedError,
+    ResumeRequest,
     RunRequest,
     RunResult,
     RunState,
+    run_failed,
 )
 from ._session import (
     CATEGORY_RUN,
     NS_RUN,
     AgentOptionError,
-    SessionEntry,
+    SessionAgent,
     SessionLog,
     definition_revision,
     image_count,
     input_text,
     new_run_id,
+    run_key,
     stream_text,
 )
 
@@ -113,10 +113,6 @@ def _parsed(stored: CheckpointRecord | None) -> tuple[int, _RunRecord] | None:
 
 def _replace(record: _RunRecord, result: R) -> Replace[R]:
     return Replace(record.to_json(), result, metadata={"status": record.status})
-
-
-def _run_key(alias: str, run_id: str) -> str:
-    return f"r1:{alias}:{run_id}"
 
 
 @attrs.frozen
@@ -179,14 +175,8 @@ class _RunRecord:
         )
 
 
-def _failed(run_id: str, session_id: str, code: str, message: str) -> RunFailedError:
-    return RunFailedError(
-        RunResult("failed", "", run_id, session_id, error=RunError(code, message))
-    )
-
-
 @attrs.define(eq=False)
-class MockAgent:
+class MockAgent(SessionAgent):
     """See the module docstring. ``run_calls``/``resume_calls`` count calls in this process."""
 
     alias: str
@@ -210,25 +200,12 @@ class MockAgent:
         )
 
     @property
-    def agent_id(self) -> str:
-        return self.alias
-
-    @property
-    def definition_revision(self) -> str:
-        return self._revision
-
-    @property
     def input_capabilities(self) -> frozenset[str]:
         return frozenset({"text", "image"}) if self.options.vision else frozenset({"text"})
 
     @property
     def supports_approvals(self) -> bool:
         return True
-
-    async def session_entries(
-        self, session_id: str, ownership: OwnershipScope
-    ) -> tuple[SessionEntry, ...]:
-        return await self._log.entries(session_id, ownership)
 
     async def tool_runs(self, run_id: str, ownership: OwnershipScope) -> int:
         """How many times the suspended tool of ``run_id`` ran (durable; 0 or 1)."""
@@ -245,7 +222,7 @@ class MockAgent:
 
     async def _load(self, run_id: str, ownership: OwnershipScope) -> tuple[int, _RunRecord] | None:
         stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=_run_key(self.alias, run_id), scope=ownership
+            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=ownership
         )
         return _parsed(stored)
 
@@ -262,7 +239,7 @@ class MockAgent:
             return await update_checkpoint(
                 self.checkpoints,
                 namespace=NS_RUN,
-                key=_run_key(self.alias, run_id),
+                key=run_key(self.alias, run_id),
                 scope=ownership,
                 change=lambda stored: change(_parsed(stored)),
                 what="the mock run's record",
@@ -270,7 +247,7 @@ class MockAgent:
                 attempts=_CAS_ATTEMPTS,
             )
         except CheckpointConflictError:
-            raise _failed(
+            raise run_failed(
                 run_id, session_id, "run_state_conflict", "run state kept changing"
             ) from None
 
@@ -280,7 +257,7 @@ class MockAgent:
         try:
             await self.checkpoints.save_checkpoint(
                 namespace=NS_RUN,
-                key=_run_key(self.alias, run_id),
+                key=run_key(self.alias, run_id),
                 scope=ownership,
                 version=expected + 1,
                 value=record.to_json(),
@@ -299,7 +276,7 @@ class MockAgent:
         text = input_text(request.input)
         await self._delay()
         if self.options.fail:
-            raise _failed(run_id, request.session_id, "mock_failure", "mock agent failure")
+            raise run_failed(run_id, request.session_id, "mock_failure", "mock agent failure")
         tool = self.options.suspend_for_tool
         if tool is not None:
             pending = PendingDecision(
@@ -317,7 +294,7 @@ class MockAgent:
                 pending=(pending,),
             )
             if not await self._save(run_id, ownership, record, 0):
-                raise _failed(run_id, request.session_id, "run_state_conflict", "run id reused")
+                raise run_failed(run_id, request.session_id, "run_state_conflict", "run id reused")
             leaf = await self._log.append(request.session_id, ownership, (("user", text),))
             return RunResult("suspended", "", run_id, request.session_id, leaf_id=leaf)
         answer = self._answer(text, image_count(request.input))
@@ -337,31 +314,21 @@ class MockAgent:
         pending = record.pending if record.status == "suspended" else ()
         return RunState(status=record.status, version=version, pending=pending)
 
-    async def resume(
-        self,
-        *,
-        run_id: str,
-        session_id: str,
-        ownership: OwnershipScope,
-        identity: AgentIdentity,
-        expected_version: int,
-        decisions: tuple[Decision, ...] = (),
-        deny: bool = False,
-        on_event: EventSink | None = None,
-    ) -> RunResult:
+    async def _resume(self, request: ResumeRequest) -> RunResult:
         """Continue a suspended run. Idempotent on the run: a retried or concurrent resume
         never runs the tool twice; once the run has ended it returns the stored result.
 
         Raises :class:`RunFailedError` (``run_not_found``, ``version_conflict``,
         ``missing_decision``) when the run cannot be resumed as asked.
         """
+        run_id, session_id, ownership = request.run_id, request.session_id, request.ownership
         self.resume_calls += 1
 
         def change(
             loaded: tuple[int, _RunRecord] | None,
         ) -> Replace[RunResult | _Finish] | Keep[RunResult | _Finish]:
             if loaded is None or loaded[1].session_id != session_id:
-                raise _failed(run_id, session_id, "run_not_found", "no such suspended run")
+                raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
             version, record = loaded
             if record.status == "succeeded":
                 return Keep(record.succeeded(run_id))
@@ -370,16 +337,16 @@ class MockAgent:
             if record.status == "running":
                 # The tool already ran under an earlier resume; only the answer is missing.
                 return Keep(FINISH)
-            if version != expected_version:
-                raise _failed(run_id, session_id, "version_conflict", "run state changed")
+            if version != request.expected_version:
+                raise run_failed(run_id, session_id, "version_conflict", "run state changed")
             approval_id = record.pending[0].approval_id if record.pending else None
-            outcomes = {d.approval_id: d.outcome for d in decisions}
-            if deny or outcomes.get(approval_id or "") == "reject_once":
+            outcomes = {d.approval_id: d.outcome for d in request.decisions}
+            if request.deny or outcomes.get(approval_id or "") == "reject_once":
                 denied = attrs.evolve(record, status="denied", pending=())
                 result = RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
                 return _replace(denied, result)
             if approval_id is None or outcomes.get(approval_id) != "allow_once":
-                raise _failed(run_id, session_id, "missing_decision", "no decision for the tool")
+                raise run_failed(run_id, session_id, "missing_decision", "no decision for the tool")
             # The tool "runs" in the same CAS that leaves `suspended`: exactly one winner.
             running = attrs.evolve(
                 record, status="running", pending=(), tool_runs=record.tool_runs + 1
@@ -388,7 +355,7 @@ class MockAgent:
 
         outcome = await self._update(run_id, session_id, ownership, change)
         if isinstance(outcome, _Finish):
-            return await self._finish(run_id, ownership, on_event)
+            return await self._finish(run_id, ownership, request.on_event)
         return outcome
 
     async def _finish(
@@ -397,7 +364,7 @@ class MockAgent:
         await self._delay()
         loaded = await self._load(run_id, ownership)
         if loaded is None:
-            raise _failed(run_id, "", "run_not_found", "run state vanished")
+            raise run_failed(run_id, "", "run_not_found", "run state vanished")
         record = loaded[1]
         if record.status == "succeeded":
             return record.succeeded(run_id)
@@ -407,7 +374,7 @@ class MockAgent:
 
         def change(loaded: tuple[int, _RunRecord] | None) -> Replace[RunResult] | Keep[RunResult]:
             if loaded is None:
-                raise _failed(
+                raise run_failed(
                     run_id, record.session_id, "run_state_conflict", "run state kept changing"
                 )
             current = loaded[1]

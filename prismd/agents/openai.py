@@ -38,26 +38,27 @@ import httpx
 
 from stores import CheckpointStore, Clock, OwnershipScope
 
-from ..identity import AgentIdentity, ownership_from_identity
+from ..identity import ownership_from_identity
 from ._base import (
     AgentContext,
-    Decision,
     EventSink,
+    ResumeRequest,
     RunError,
     RunRequest,
     RunResult,
     RunState,
     StreamEvent,
+    run_failed,
 )
 from ._chat import Completion, ProviderError, stream_completion
 from ._openai_options import OpenAIOptions as OpenAIOptions
 from ._openai_options import check_base_url as check_base_url
 from ._openai_options import load_tools
 from ._openai_options import validate_openai_options as validate_openai_options
-from ._openai_run import INTERRUPTED_KIND, HeldRun, RunBook, RunLoop, RunRecord, failed, interrupted
+from ._openai_run import INTERRUPTED_KIND, HeldRun, RunBook, RunLoop, RunRecord, interrupted
 from ._session import (
     AgentOptionError,
-    SessionEntry,
+    SessionAgent,
     SessionLog,
     definition_revision,
     input_text,
@@ -79,7 +80,7 @@ def _no_key_configured(alias: str, error: ProviderError) -> ProviderError:
 
 
 @attrs.define(eq=False)
-class OpenAIAgent:
+class OpenAIAgent(SessionAgent):
     """See the module docstring. ``tool_calls`` counts tool calls made in this process."""
 
     alias: str
@@ -146,18 +147,6 @@ class OpenAIAgent:
         self.tool_calls += 1
 
     @property
-    def agent_id(self) -> str:
-        return self.alias
-
-    @property
-    def definition_revision(self) -> str:
-        return self._revision
-
-    @property
-    def input_capabilities(self) -> frozenset[str]:
-        return frozenset({"text"})
-
-    @property
     def supports_approvals(self) -> bool:
         return True
 
@@ -166,11 +155,6 @@ class OpenAIAgent:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-    async def session_entries(
-        self, session_id: str, ownership: OwnershipScope
-    ) -> tuple[SessionEntry, ...]:
-        return await self._log.entries(session_id, ownership)
 
     # ------------------------------------------------------------------ model calls
 
@@ -263,18 +247,7 @@ class OpenAIAgent:
             return RunState("suspended", loaded.version, (interrupted(run),))
         return RunState(run.status, loaded.version)
 
-    async def resume(
-        self,
-        *,
-        run_id: str,
-        session_id: str,
-        ownership: OwnershipScope,
-        identity: AgentIdentity,
-        expected_version: int,
-        decisions: tuple[Decision, ...] = (),
-        deny: bool = False,
-        on_event: EventSink | None = None,
-    ) -> RunResult:
+    async def _resume(self, request: ResumeRequest) -> RunResult:
         """Continue a suspended run with its decision, or end it (``deny``).
 
         Allowed: the tool is called once (its dispatch journaled first) and the model goes
@@ -283,20 +256,21 @@ class OpenAIAgent:
         ``deny`` answers ``failed``/``tool_interrupted``. Raises :class:`RunFailedError`
         (``run_not_found``, ``version_conflict``, ``missing_decision``, …).
         """
+        run_id, session_id, ownership = request.run_id, request.session_id, request.ownership
         loaded = await self._book.load(run_id, ownership)
         if loaded is None or loaded.run.session_id != session_id:
-            raise failed(run_id, session_id, "run_not_found", "no such suspended run")
+            raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
         run = loaded.run
         if run.status == "succeeded":
             return RunResult("succeeded", run.answer or "", run_id, session_id, run.leaf_id)
         if run.status == "denied":
             return RunResult("denied", "", run_id, session_id)
-        if loaded.version != expected_version:
-            raise failed(run_id, session_id, "version_conflict", "run state changed")
+        if loaded.version != request.expected_version:
+            raise run_failed(run_id, session_id, "version_conflict", "run state changed")
         interrupted = run.status in ("dispatching", "running") and run_id not in self._live
         if interrupted:
-            if not deny:
-                raise failed(run_id, session_id, "missing_decision", "the run was interrupted")
+            if not request.deny:
+                raise run_failed(run_id, session_id, "missing_decision", "the run was interrupted")
             await self._book.advance(
                 run_id,
                 ownership,
@@ -317,8 +291,8 @@ class OpenAIAgent:
                 ),
             )
         if run.status != "suspended" or run.pending is None:
-            raise failed(run_id, session_id, "run_not_found", "no such suspended run")
-        if deny:
+            raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
+        if request.deny:
             await self._book.advance(
                 run_id,
                 ownership,
@@ -326,12 +300,12 @@ class OpenAIAgent:
                 attrs.evolve(run, status="denied", queue=(), pending=None),
             )
             return RunResult("denied", "", run_id, session_id)
-        outcome = {d.approval_id: d.outcome for d in decisions}.get(run.pending.approval_id)
+        outcome = {d.approval_id: d.outcome for d in request.decisions}.get(run.pending.approval_id)
         if outcome is None:
-            raise failed(run_id, session_id, "missing_decision", "no decision for the tool")
+            raise run_failed(run_id, session_id, "missing_decision", "no decision for the tool")
         self._live.add(run_id)
         try:
-            loop = self._loop(run_id, ownership, loaded, on_event)
+            loop = self._loop(run_id, ownership, loaded, request.on_event)
             return await loop.guarded(decided=outcome == "allow_once")
         finally:
             self._live.discard(run_id)

@@ -26,10 +26,11 @@ Scenarios (``--scenario``, repeatable; default all in-process ones):
   (``pipeline_latency``);
 * ``memory``: resident set size with 10,000 idle routes and their bindings, measured in a
   fresh ``prismd bench`` process (``rss_before_mb``: the same process before the routes);
-* ``webchat``, ``telegram``, ``stop``: a real ``prismd run`` process (see
-  :mod:`prismd.cli._bench_live`): 20 web chat sockets, 20 Telegram chats against a loopback
-  Bot API, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on
-  its own SQLite journal);
+* ``webchat``, ``telegram``, ``discord``, ``stop``: a real ``prismd run`` process (see
+  :mod:`prismd.cli._bench_live`, :mod:`prismd.cli._bench_discord`): 20 web chat sockets, 20
+  Telegram chats against a loopback Bot API, 20 Discord DMs against a loopback gateway and
+  REST, and SIGTERM with 100 turns in flight (``--store`` does not apply: each runs on its
+  own SQLite journal);
 * ``scale`` (with ``--store postgresql://…``; in the default set then): the ``pipeline``
   run by 1, 2 and 3 ``prismd bench`` processes at once on the one database, each its own
   runtime and routes; ``scale_N`` sums their throughput and takes the worst p95;
@@ -81,6 +82,7 @@ SCENARIOS = (
     "memory",
     "webchat",
     "telegram",
+    "discord",
     "stop",
     "postgres-bridge",
     "scale",
@@ -240,6 +242,12 @@ async def run_bench(options: BenchOptions, workdir: str) -> dict[str, Any]:
                 if options.in_process
                 else await _memory_process(url, options.memory_routes, workdir)
             )
+        elif name == "discord":
+            from ._bench_discord import discord
+
+            live_dir = Path(workdir) / name
+            live_dir.mkdir()
+            results.update(await discord(live_dir, options.duration_s))
         elif name in LIVE:
             live_dir = Path(workdir) / name
             live_dir.mkdir()

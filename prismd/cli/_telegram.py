@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import trio
@@ -54,6 +54,35 @@ def _describe(error: TelegramError) -> str:
     return "Telegram could not be reached"
 
 
+class _Usage(Exception):
+    """A usage or config problem of the command line: printed, exit code 2."""
+
+
+_Request = tuple[str, str, dict[str, Any], str]
+"""The token, the Bot API method, its params and what to say once it is done."""
+
+
+async def _run(
+    config: Config | TelegramConnectionConfig,
+    connection_id: str | None,
+    transport: Any,
+    out: TextIO | None,
+    request: Callable[[TelegramConnectionConfig], _Request],
+) -> int:
+    """Call the method ``request`` makes for the one telegram connection named; a usage or
+    config problem (``request`` raises it) is printed and answers 2."""
+    out = out or sys.stderr
+    try:
+        connection = _connection(config, connection_id)
+        if connection is None:
+            raise _Usage("name exactly one telegram connection")
+        token, method, params, done = request(connection)
+    except (_Usage, ConfigError) as error:
+        print(f"prismd telegram: {error}", file=out)
+        return 2
+    return await _call(connection, token, method, params, transport, out, done)
+
+
 async def aset_webhook(
     config: Config | TelegramConnectionConfig,
     env: Mapping[str, str],
@@ -65,16 +94,11 @@ async def aset_webhook(
     out: TextIO | None = None,
 ) -> int:
     """Register the webhook; see the module docstring for exit codes."""
-    out = out or sys.stderr
-    connection = _connection(config, connection_id)
-    if connection is None:
-        print("prismd telegram: name exactly one telegram connection", file=out)
-        return 2
-    url = url or env.get(URL_ENV, "")
-    if not url.startswith("https://"):
-        print(f"prismd telegram: set {URL_ENV} (or --url) to the public https:// URL", file=out)
-        return 2
-    try:
+
+    def request(connection: TelegramConnectionConfig) -> _Request:
+        target = url or env.get(URL_ENV, "")
+        if not target.startswith("https://"):
+            raise _Usage(f"set {URL_ENV} (or --url) to the public https:// URL")
         token = _token(connection, env)
         secret = None
         if connection.webhook_secret_env:
@@ -84,19 +108,17 @@ async def aset_webhook(
                 env=env,
                 key=f"connections.{connection.id}.webhook_secret_env",
             )
-    except ConfigError as error:
-        print(f"prismd telegram: {error}", file=out)
-        return 2
-    if secret is None:
-        print("prismd telegram: webhook_secret_env is required for a webhook", file=out)
-        return 2
-    params: dict[str, Any] = {
-        "url": url,
-        "secret_token": secret,
-        "allowed_updates": list(ALLOWED_UPDATES),
-        "drop_pending_updates": drop_pending_updates,
-    }
-    return await _call(connection, token, "setWebhook", params, transport, out, "webhook set")
+        if secret is None:
+            raise _Usage("webhook_secret_env is required for a webhook")
+        params: dict[str, Any] = {
+            "url": target,
+            "secret_token": secret,
+            "allowed_updates": list(ALLOWED_UPDATES),
+            "drop_pending_updates": drop_pending_updates,
+        }
+        return token, "setWebhook", params, "webhook set"
+
+    return await _run(config, connection_id, transport, out, request)
 
 
 async def adelete_webhook(
@@ -109,20 +131,12 @@ async def adelete_webhook(
     out: TextIO | None = None,
 ) -> int:
     """Remove the webhook so polling can run; see the module docstring for exit codes."""
-    out = out or sys.stderr
-    connection = _connection(config, connection_id)
-    if connection is None:
-        print("prismd telegram: name exactly one telegram connection", file=out)
-        return 2
-    try:
-        token = _token(connection, env)
-    except ConfigError as error:
-        print(f"prismd telegram: {error}", file=out)
-        return 2
-    params = {"drop_pending_updates": drop_pending_updates}
-    return await _call(
-        connection, token, "deleteWebhook", params, transport, out, "webhook deleted"
-    )
+
+    def request(connection: TelegramConnectionConfig) -> _Request:
+        params: dict[str, Any] = {"drop_pending_updates": drop_pending_updates}
+        return _token(connection, env), "deleteWebhook", params, "webhook deleted"
+
+    return await _run(config, connection_id, transport, out, request)
 
 
 def _token(connection: TelegramConnectionConfig, env: Mapping[str, str]) -> str:

@@ -307,15 +307,16 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     return parser
 
 
+def _given(params: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """``params`` with those of ``optional`` that were given (not ``None``), in order."""
+    params.update((name, value) for name, value in optional.items() if value is not None)
+    return params
+
+
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     command = args.command
     if command == "list-unresolved":
-        listing: dict[str, Any] = {"paged": True}
-        if args.limit is not None:
-            listing["limit"] = args.limit
-        if args.after is not None:
-            listing["after"] = args.after
-        return "listUnresolved", listing
+        return "listUnresolved", _given({"paged": True}, limit=args.limit, after=args.after)
     if command == "reconcile":
         params: dict[str, Any] = {
             "connectionId": args.connection,
@@ -338,16 +339,12 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             "notifyId": args.notify_id,
             "text": args.text,
         }
-        if args.thread is not None:
-            params["threadId"] = args.thread
-        return "notify", params
+        return "notify", _given(params, threadId=args.thread)
     if command == "pair":
         params = {"connectionId": args.connection}
         if args.aliases:
             params["aliases"] = args.aliases
-        if args.ttl_ms is not None:
-            params["ttlMs"] = args.ttl_ms
-        return "pair", params
+        return "pair", _given(params, ttlMs=args.ttl_ms)
     if command == "events":
         params = {"fromNow": True} if args.from_now else {"after": args.after or 0}
         if args.follow:
@@ -355,19 +352,11 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return "events", params
     if command == "list-inbox":
         params = {"state": args.state}
-        for name, value in (("connectionId", args.connection), ("limit", args.limit)):
-            if value is not None:
-                params[name] = value
-        if args.after is not None:
-            params["after"] = args.after
-        return "listInbox", params
+        return "listInbox", _given(
+            params, connectionId=args.connection, limit=args.limit, after=args.after
+        )
     if command == "list-remote-tasks":
-        params = {}
-        if args.limit is not None:
-            params["limit"] = args.limit
-        if args.after is not None:
-            params["after"] = args.after
-        return "listRemoteTasks", params
+        return "listRemoteTasks", _given({}, limit=args.limit, after=args.after)
     if command == "settle-inbox":
         action = "retry" if args.retry else "discard"
         return "settleInbox", {

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
 
 
+from ..channel import AdapterRegistry
 from ..runtime import MessagingRuntime
 from . import _logs as logs
 from . import _sdnotify as sdnotify
@@ -33,7 +34,6 @@ from ._supervisor import (
     Supervisor,
     describe_exception,
 )
-from ._wiring import Host
 
 log = logging.getLogger("prismd.daemon")
 
@@ -158,7 +158,7 @@ class Daemon(DaemonStartup, DaemonServing):
     supervisor: Supervisor = attrs.field(init=False)
     ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
-    host: Host | None = attrs.field(default=None, init=False)
+    adapters: AdapterRegistry | None = attrs.field(default=None, init=False)
     runtime: MessagingRuntime | None = attrs.field(default=None, init=False)
     endpoints: dict[str, str] = attrs.field(factory=dict, init=False)
     metrics: DaemonMetrics | None = attrs.field(default=None, init=False)
@@ -284,15 +284,17 @@ class Daemon(DaemonStartup, DaemonServing):
                 self._startup_point("before opening the state directory")
                 state = self._open_state_dir(stack)
                 store = await self._open_store(stack)
-                authorizer, host, secrets = await self._wire(stack, state, store)
+                authorizer, unopened, secrets = await self._wire(stack, state, store)
                 await self._check_journal(state, store)
-                runtime = await self._open_runtime(stack, state, store, authorizer, host, secrets)
+                runtime = await self._open_runtime(
+                    stack, state, store, authorizer, unopened, secrets
+                )
                 await self._report_unresolved(runtime, authorizer)
                 # Not _startup_point: an exception would leave the runtime's nursery
                 # wrapped in a group. Leaving the block stops the runtime (bounded).
                 if self._stopped_during_startup("before starting the children"):
                     return EXIT_OK
-                return await self._serve(runtime, store, authorizer, host)
+                return await self._serve(runtime, store, authorizer)
         except EarlyExit as early:
             return early.code
 

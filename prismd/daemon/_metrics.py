@@ -14,6 +14,9 @@ is read live from its owner at scrape time by a custom collector, so nothing is 
 * ``prismd_child_health{child, key, value}`` — 1 per entry of an adapter's own bounded
   ``health()`` (``adapterState="polling"``, ``listener="listening"``, ``mode``…; not the
   times and causes of :data:`HEALTH_DETAILS`, which ``prismctl health`` shows);
+* ``prismd_child_health_time_seconds{child, key}`` — the times of :data:`HEALTH_TIMES` an
+  adapter's ``health()`` gives (a gateway's ``lastEventAt`` and ``sessionStartedAt``), as
+  Unix seconds: ``time() - …`` is the age;
 * ``prismd_child_restarts_total{child}``;
 * ``prismd_leases_held{kind}`` — ``binding`` leases of the runtime, ``receiver`` leases of
   the Telegram adapters;
@@ -33,6 +36,7 @@ of file descriptors, accept backs off and logs once a minute), the whole head wi
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import logging
@@ -112,8 +116,21 @@ _COUNTER_HELP = {
 }
 
 
-HEALTH_DETAILS = ACTIVITY_FIELDS
+HEALTH_TIMES = frozenset({"lastEventAt", "sessionStartedAt"})
+"""Health times exported as values: when a gateway (Discord) last sent anything, when its
+session began."""
+HEALTH_DETAILS = ACTIVITY_FIELDS | HEALTH_TIMES
 """Adapter health entries that are no enum (a time, a cause with numbers): never labels."""
+
+
+def _health_time(key: str, value: str) -> float | None:
+    """Unix seconds of a health entry of :data:`HEALTH_TIMES`, else ``None``."""
+    if key not in HEALTH_TIMES:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- store timing
@@ -224,14 +241,24 @@ class _LiveCollector:
             "1 per bounded entry of a child's own health (adapter state, listener, mode).",
             labels=["child", "key", "value"],
         )
+        times = GaugeMetricFamily(
+            "prismd_child_health_time_seconds",
+            "The times a child's health gives (last update, last gateway event, session"
+            " start), as Unix seconds.",
+            labels=["child", "key"],
+        )
         for child, entry in sorted(health.items()):
             for state in CHILD_STATES:
                 states.add_metric([child, state], 1.0 if entry.get("state") == state else 0.0)
             for key, value in sorted(entry.items()):
-                if key != "state" and key not in HEALTH_DETAILS:
+                when = _health_time(key, value)
+                if when is not None:
+                    times.add_metric([child, key], when)
+                elif key != "state" and key not in HEALTH_DETAILS:
                     entries.add_metric([child, key, value], 1.0)
         yield states
         yield entries
+        yield times
         restarts = CounterMetricFamily(
             "prismd_child_restarts",
             "Restarts of a supervised child after a crash.",

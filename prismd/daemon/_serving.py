@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from adapters import kinds
 
-from ..channel import ChannelAdapter
+from ..channel import AdapterRegistry, ChannelAdapter
 from ..grants import GrantAuthorizer
 from ..runtime import MessagingRuntime, Runtime
 from . import _sdnotify as sdnotify
@@ -31,7 +31,7 @@ from ._supervisor import (
     Supervisor,
     watchdog,
 )
-from ._wiring import Host, adapter_child_name
+from ._wiring import adapter_child_name
 
 log = logging.getLogger("prismd.daemon")
 
@@ -57,6 +57,8 @@ class DaemonServing:
     _stop_requested: bool
     _serve_scope: trio.CancelScope
     _a2a_pushes: dict[str, int]
+    _agents: Mapping[str, Any]
+    adapters: AdapterRegistry | None
 
     if TYPE_CHECKING:
 
@@ -93,12 +95,11 @@ class DaemonServing:
         runtime: MessagingRuntime,
         store: Store,
         authorizer: GrantAuthorizer,
-        host: Host,
     ) -> int:
         failures: list[BaseException] = []
         code = EXIT_FAILURE
         try:
-            code = await self._supervise_children(runtime, store, authorizer, host)
+            code = await self._supervise_children(runtime, store, authorizer)
         except* DaemonError as group:
             failures.extend(_leaves(group))
         if not failures:
@@ -119,13 +120,14 @@ class DaemonServing:
         runtime: MessagingRuntime,
         store: Store,
         authorizer: GrantAuthorizer,
-        host: Host,
     ) -> int:
         from ..control import ControlHandler, pairing_aliases_from_grants, serve_control
 
         assert self.notify is not None
         notify = self.notify
         config = self.config
+        adapters = self.adapters
+        assert adapters is not None
         async with trio.open_nursery() as children:
             with self._serve_scope:
                 handler = ControlHandler(
@@ -134,9 +136,9 @@ class DaemonServing:
                     health=self.health,
                     identity_for=authorizer.identity_for,
                     pair_aliases=pairing_aliases_from_grants(config.grants),
-                    inbox_sources=tuple(c for c, a in host.adapters.items() if a.features.inbox),
+                    inbox_sources=tuple(c for c, a in adapters.items() if a.features.inbox),
                     retention_ms=config.limits.retention_days * 86_400_000,
-                    cancel_remote=_a2a_cancel(host),
+                    cancel_remote=_a2a_cancel(self._agents),
                 )
                 await self.supervisor.start(
                     children,
@@ -148,9 +150,9 @@ class DaemonServing:
                 self.endpoints["control"] = config.control.socket
                 if self.metrics is not None:
                     await self._start_metrics(children)
-                await self._start_a2a_push(children, store, host)
+                await self._start_a2a_push(children, store)
                 for connection in config.connections:
-                    adapter = host.adapters[connection.id]
+                    adapter = adapters[connection.id]
                     await self.supervisor.start(
                         children,
                         adapter_child_name(connection),
@@ -186,10 +188,10 @@ class DaemonServing:
         log.info("stopped")
         return EXIT_OK
 
-    def _watch_metrics(self, runtime: Runtime, host: Host) -> None:
+    def _watch_metrics(self, runtime: Runtime, adapters: AdapterRegistry) -> None:
         """Point the metrics' live collector at this runtime, the children and adapters."""
         assert self.metrics is not None
-        supervisor, adapters = self.supervisor, host.adapters
+        supervisor = self.supervisor
         self.metrics.watch(
             diagnostics=runtime.diagnostics,
             health=supervisor.health,
@@ -217,14 +219,14 @@ class DaemonServing:
         )
         self.endpoints["metrics"] = server.url
 
-    async def _start_a2a_push(self, children: trio.Nursery, store: Store, host: Host) -> None:
+    async def _start_a2a_push(self, children: trio.Nursery, store: Store) -> None:
         """``[a2a] push_listen``: the receiver of remote agents' pushes and its inbox worker,
         when the config has ``[a2a]`` and at least one a2a agent."""
         if self.config.a2a is None:
             return
         from ..agents.a2a import A2AAgent, PushReceiver
 
-        agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
+        agents = {a: x for a, x in self._agents.items() if isinstance(x, A2AAgent)}
         if not agents:
             return
         receiver = PushReceiver(self.config.a2a.push_listen, agents, store.inbox)
@@ -284,14 +286,14 @@ def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
 
 
 def _a2a_cancel(
-    host: Host,
+    agents: Mapping[str, Any],
 ) -> Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None:
     """``reconcile … --cancel-remote`` over this daemon's a2a agents (``None``: none)."""
     if not any(
-        type(agent).__module__.startswith("prismd.agents.a2a.") for agent in host.agents.values()
+        type(agent).__module__.startswith("prismd.agents.a2a.") for agent in agents.values()
     ):
         return None  # the a2a package is imported only when an a2a agent exists
     from ..agents.a2a import A2AAgent, cancel_remote
 
-    agents = {a: x for a, x in host.agents.items() if isinstance(x, A2AAgent)}
-    return functools.partial(cancel_remote, agents)
+    followed = {a: x for a, x in agents.items() if isinstance(x, A2AAgent)}
+    return functools.partial(cancel_remote, followed)

@@ -6,6 +6,7 @@ identity, the runtime, and the count of what waits for an operator. Mixed into
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
 
 
+from ..channel import AdapterRegistry
 from ..control import Operator
 from ..grants import GrantAuthorizer
 from ..journal import ChannelJournal, GrantStore, ensure_format
@@ -28,12 +30,13 @@ from ..redact import Redactor
 from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
 from . import _logs as logs
 from ._config import Config, ConfigError
+from ._files import deliver_with_files
 from ._runnable import check_runnable
 from ._statedir import StateDir, StateDirError, open_state_dir
 from ._supervisor import (
     describe_exception,
 )
-from ._wiring import Host, WiringError, build_adapter, build_agents
+from ._wiring import WiringError, build_adapter, build_agents, close_parts
 
 log = logging.getLogger("prismd.daemon")
 
@@ -57,9 +60,9 @@ class EarlyExit(Exception):
         self.code = code
 
 
-async def close_host(host: Host) -> None:
+async def close_wired(agents: Mapping[str, Any], adapters: AdapterRegistry) -> None:
     with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-        await host.aclose()
+        await close_parts(agents, adapters)
 
 
 class DaemonStartup:
@@ -70,7 +73,7 @@ class DaemonStartup:
     accept_new_journal: bool
     metrics: DaemonMetrics | None
     runtime: MessagingRuntime | None
-    host: Host | None
+    adapters: AdapterRegistry | None
     instance_id: str | None
     _unresolved: str
     _stop_event: trio.Event
@@ -87,7 +90,7 @@ class DaemonStartup:
 
         def _startup_point(self, step: str) -> None: ...
 
-        def _watch_metrics(self, runtime: Runtime, host: Host) -> None: ...
+        def _watch_metrics(self, runtime: Runtime, adapters: AdapterRegistry) -> None: ...
 
     def _open_state_dir(self, stack: contextlib.AsyncExitStack) -> StateDir:
         try:
@@ -142,8 +145,9 @@ class DaemonStartup:
 
     async def _wire(
         self, stack: contextlib.AsyncExitStack, state: StateDir, store: Store
-    ) -> tuple[GrantAuthorizer, Host, list[str]]:
-        """Agents, grants and adapters, built (inertly) from the config."""
+    ) -> tuple[GrantAuthorizer, Runtime, list[str]]:
+        """Agents, grants and adapters, built (inertly) from the config, and the runtime
+        (not opened yet) the adapters admit their events to."""
         config = self.config
         try:
             secrets: list[str] = []
@@ -152,17 +156,21 @@ class DaemonStartup:
             authorizer = GrantAuthorizer(
                 config.grants, load_paired=GrantStore(store.checkpoints).load
             )
-            host = Host(agents=agents)
+            runtime = Runtime()
+            adapters = AdapterRegistry(
+                send_with_files=functools.partial(deliver_with_files, agents=agents)
+            )
             for connection in config.connections:
-                host.adapters[connection.id] = build_adapter(
-                    connection,
-                    admit=host.admit,
-                    store=store,
-                    state=state,
-                    config=config,
-                    env=self.env,
-                    secrets=secrets,
-                    conversations=host,
+                adapters.add(
+                    build_adapter(
+                        connection,
+                        runtime=runtime,
+                        store=store,
+                        state=state,
+                        config=config,
+                        env=self.env,
+                        secrets=secrets,
+                    )
                 )
         except WiringError as exc:
             # Name the file like check-config does (ConfigError messages already do).
@@ -173,15 +181,15 @@ class DaemonStartup:
         except Exception as exc:
             # Anything else from wiring: one line, the type only (its text may carry a value).
             self._give_up(f"cannot start: {describe_exception(exc)}")
-        self.host = host
-        stack.push_async_callback(close_host, host)
+        self.adapters = adapters
+        stack.push_async_callback(close_wired, agents, adapters)
         for secret in secrets:
             logs.register_secret(secret)
         # A checkpoint first: a signal that arrived while a blocking factory ran is
         # delivered to the receiver task here.
         await trio.lowlevel.checkpoint()
         self._startup_point("before opening the runtime")
-        return authorizer, host, secrets
+        return authorizer, runtime, secrets
 
     async def _check_journal(self, state: StateDir, store: Store) -> None:
         """The journal's identity (and format): the one this state directory ran on."""
@@ -230,33 +238,30 @@ class DaemonStartup:
         state: StateDir,
         store: Store,
         authorizer: GrantAuthorizer,
-        host: Host,
+        runtime: Runtime,
         secrets: list[str],
     ) -> Runtime:
         config = self.config
-        runtime = await stack.enter_async_context(
+        adapters = self.adapters
+        assert adapters is not None
+        await stack.enter_async_context(
             open_messaging_runtime(
                 authorize=authorizer.authorize,
-                resolve_agent=host.resolve_agent,
-                deliver=host.deliver,
+                agents=self._agents,
+                adapters=adapters,
+                runtime=runtime,
                 store=store,
                 use_leases=True,
                 limits=config.limits,
                 owner_id=state.owner_id("runtime"),
                 reclaim_own_leases=True,
-                tells_unanswered=host.tells_unanswered,
                 resume_accepted=True,
                 pairing_scope=authorizer.pairing_scope,
                 on_paired=authorizer.on_paired,
                 redactor=Redactor.of(secrets) if secrets else None,
-                fetch_attachment=host.fetch_attachment if host.has_attachments() else None,
-                on_preview=host.preview if host.has_previews() else None,
-                on_typing=host.typing if host.has_typing() else None,
-                typing_delay_ms=host.typing_delay_ms,
             )
         )
         self.runtime = runtime
-        adapters = host.adapters
 
         def leases_held() -> Mapping[str, Any]:
             receivers = [c for c, a in adapters.items() if a.receiver_lease_held]
@@ -264,9 +269,7 @@ class DaemonStartup:
 
         self._leases_held = leases_held
         if self.metrics is not None:
-            self._watch_metrics(runtime, host)
-        host.bind(runtime.admit, runtime)
-        stack.callback(host.bind, None)
+            self._watch_metrics(runtime, adapters)
         return runtime
 
     async def _report_unresolved(

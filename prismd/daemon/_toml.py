@@ -62,20 +62,19 @@ def default_of(cls: type, name: str) -> Any:
     return getattr(attrs.fields(cls), name).default
 
 
+_TOML_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"),  # before int: a bool is an int
+    (int, "integer"),
+    (float, "float"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "table"),
+)
+
+
 def type_name(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
+    """The TOML name of ``value``'s type (a Python name for anything else)."""
+    return next((name for t, name in _TOML_TYPES if isinstance(value, t)), type(value).__name__)
 
 
 @attrs.define(eq=False)

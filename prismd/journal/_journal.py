@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -544,6 +545,52 @@ class ChannelJournal:
         self.health.answered()
         return list(page.items), page.next_cursor
 
+    async def records(
+        self,
+        scope: OwnershipScope,
+        namespace: str,
+        *,
+        key_prefix: str | None = None,
+        page_size: int = 500,
+        max_pages: int | None = None,
+        open_only: bool = False,
+        within: Callable[[OwnershipScope], bool] | None = None,
+    ) -> builtins.list[Loaded[Any]]:
+        """The records of ``namespace`` (newest first), decoded, each with the scope it is
+        stored under: only those stored under exactly ``scope``, or, with ``within``, those
+        whose stored scope it accepts (an operator's partial scope: the store lists every
+        row ``scope`` filters to). A row that does not decode is skipped.
+
+        Read a page of ``page_size`` rows at a time, following the cursor to the end or
+        for at most ``max_pages`` pages; ``key_prefix`` and ``open_only`` as for
+        :meth:`list`. Keys are not escaped: a prefix is only a candidate set, and callers
+        compare the records' own fields.
+        """
+        decode = _DECODERS[namespace]
+        found: builtins.list[Loaded[Any]] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            rows, cursor = await self.list(
+                scope,
+                namespace,
+                page_size,
+                key_prefix=key_prefix,
+                cursor=cursor,
+                open_only=open_only,
+            )
+            pages += 1
+            for row in rows:
+                if not (row.scope == scope if within is None else within(row.scope)):
+                    continue
+                try:
+                    record = decode(row.value)
+                except ValueError:
+                    continue
+                found.append(self._loaded(row, record))
+            if cursor is None or not rows or (max_pages is not None and pages >= max_pages):
+                return found
+
     # ---------------------------------------------------------------- typed helpers
 
     async def load_binding(self, scope: OwnershipScope, key: str) -> Loaded[BindingRecord] | None:
@@ -554,50 +601,11 @@ class ChannelJournal:
     ) -> Loaded[BindingRecord] | None:
         return await self.create(NS_BINDING, scope, key, record)
 
-    async def save_binding(
-        self,
-        scope: OwnershipScope,
-        key: str,
-        record: BindingRecord,
-        expected_version: int,
-        fence: int | None = None,
-    ) -> Loaded[BindingRecord] | None:
-        return await self.save(
-            NS_BINDING, scope, key, record, expected_version=expected_version, fence=fence
-        )
-
     async def load_operation(
         self, scope: OwnershipScope, connection_id: str, operation_id: str
     ) -> Loaded[OperationRecord] | None:
         return await self.load(
             NS_OPERATION, scope, operation_key(connection_id, scope, operation_id)
-        )
-
-    async def create_operation(
-        self, scope: OwnershipScope, record: OperationRecord
-    ) -> Loaded[OperationRecord] | None:
-        """Create-only. A record whose ``input`` would exceed ``max_journal_record_bytes``
-        is written without it (it then cannot be resumed after a restart: listed and
-        reconcilable as before); nothing else changes and nothing is counted."""
-        key = operation_key(record.connection_id, scope, record.operation_id)
-        try:
-            return await self.create(NS_OPERATION, scope, key, record)
-        except JournalRecordTooLargeError:
-            # Raised by ``_encode`` before anything is written.
-            if record.input is None:
-                raise
-        return await self.create(NS_OPERATION, scope, key, record.replace(input=None))
-
-    async def save_operation(
-        self,
-        scope: OwnershipScope,
-        record: OperationRecord,
-        expected_version: int,
-        fence: int | None = None,
-    ) -> Loaded[OperationRecord] | None:
-        key = operation_key(record.connection_id, scope, record.operation_id)
-        return await self.save(
-            NS_OPERATION, scope, key, record, expected_version=expected_version, fence=fence
         )
 
     async def remove_operation(
@@ -645,20 +653,3 @@ class ChannelJournal:
         self, scope: OwnershipScope, connection_id: str, operation_id: str
     ) -> Loaded[ReplyRecord] | None:
         return await self.load(NS_REPLY, scope, reply_key(connection_id, scope, operation_id))
-
-    async def stage(self, scope: OwnershipScope, record: ReplyRecord) -> Loaded[ReplyRecord] | None:
-        """Create the reply record ``pending`` (create-only): persist before send."""
-        key = reply_key(record.connection_id, scope, record.operation_id)
-        return await self.create(NS_REPLY, scope, key, record)
-
-    async def mark(
-        self,
-        scope: OwnershipScope,
-        record: ReplyRecord,
-        expected_version: int,
-        fence: int | None = None,
-    ) -> Loaded[ReplyRecord] | None:
-        key = reply_key(record.connection_id, scope, record.operation_id)
-        return await self.save(
-            NS_REPLY, scope, key, record, expected_version=expected_version, fence=fence
-        )

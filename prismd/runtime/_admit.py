@@ -305,16 +305,8 @@ async def _settle_or_remove(core: Core, ctx: AdmitContext, result: Admission) ->
     event = ctx.event
     draft = None
     if ctx.notices:
-        draft = Draft(
-            identity=ctx.grant.identity,
-            operation_id=ctx.operation_id,
-            connection_id=event.connection_id,
-            conversation_id=event.external_conversation_id,
-            thread_id=event.thread_id,
-            text=core.redact(ctx.notices[-1]),
-            kind="notice",
-            in_reply_to=event.event_id,
-        )
+        text = core.redact(ctx.notices[-1])
+        draft = Draft.for_event(ctx.grant.identity, ctx.operation_id, event, text)
     if result.status == "accepted":
         settle = Settle(
             OperationRef(ctx.ownership, event.connection_id, ctx.operation_id),
@@ -377,16 +369,7 @@ async def _admit_to_route(
     if queued == "queued":
         return Admission("accepted", operation_id=ctx.operation_id)
     if queued == "suspended":
-        draft = Draft(
-            identity=ctx.grant.identity,
-            operation_id=ctx.operation_id,
-            connection_id=conn,
-            conversation_id=event.external_conversation_id,
-            thread_id=event.thread_id,
-            text=AWAITING_DECISION_TEXT,
-            kind="notice",
-            in_reply_to=event.event_id,
-        )
+        draft = Draft.for_event(ctx.grant.identity, ctx.operation_id, event, AWAITING_DECISION_TEXT)
         core.spawn(_answer_in_background, core, draft, ctx.ownership)
     await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
     reason = {"suspended": "awaiting_decision", "gone": "stopped"}.get(queued, queued)
@@ -441,14 +424,6 @@ async def handle_pairing(
 
 async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:
     # No owner yet: the answer to a pairing attempt is sent, not journaled.
-    draft = Draft(
-        identity=None,
-        operation_id=operation_id_for(event.connection_id, event.event_id),
-        connection_id=event.connection_id,
-        conversation_id=event.external_conversation_id,
-        thread_id=event.thread_id,
-        text=text,
-        kind="notice",
-        in_reply_to=event.event_id,
-    )
+    operation_id = operation_id_for(event.connection_id, event.event_id)
+    draft = Draft.for_event(None, operation_id, event, text)
     await answer(core, draft, ownership=None)

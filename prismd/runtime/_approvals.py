@@ -102,17 +102,8 @@ async def send_approval_notice(
     """Issue fresh controls for the suspended run and send the approval notice (with the
     route's binding in the same transaction when ``with_binding``)."""
     text, controls, meta = await issue_controls(core, route, agent, grant, run_id, session_id)
-    draft = Draft(
-        identity=grant.identity,
-        operation_id=operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        text=text,
-        kind="notice",
-        in_reply_to=in_reply_to,
-        controls=controls,
-        approval=meta,
+    draft = Draft.for_route(
+        route, grant.identity, operation_id, text, in_reply_to, controls=controls, approval=meta
     )
     answered = await answer(
         core,
@@ -462,15 +453,8 @@ async def _finish_resume(
         change["run_id"] = result.run_id
 
     assert outcome.text is not None
-    draft = Draft(
-        identity=identity,
-        operation_id=ctx.operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        text=outcome.text,
-        kind=outcome.kind,
-        in_reply_to=ctx.event.event_id,
+    draft = Draft.for_route(
+        route, identity, ctx.operation_id, outcome.text, ctx.event.event_id, kind=outcome.kind
     )
     answered = await answer(
         core,

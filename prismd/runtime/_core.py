@@ -17,7 +17,7 @@ import hashlib
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -192,7 +192,9 @@ class Core:
     """The runtime's state and the primitives every entry point shares."""
 
     authorize: Authorize
-    resolve_agent_cb: ResolveAgent
+    resolve_agent_cb: ResolveAgent | None
+    agents: Mapping[str, Agent] | None
+    """The agents by alias (a host without them resolves each with ``resolve_agent_cb``)."""
     deliver: Callable[[Reply], Awaitable[SendResult]]
     nursery: trio.Nursery
     store: Store | None = None
@@ -215,7 +217,7 @@ class Core:
     typing_delay_ms: Callable[[str], int] | None = None
     """The typing delay of a connection id (``None``: ``DEFAULT_TYPING_DELAY_MS`` for all)."""
     typing_timer: Any = attrs.field(init=False, default=None)
-    """The turns' typing indicators (``_typing.TypingTimer``), made at the first run."""
+    """The turns' typing indicators (``_replies.TypingTimer``), made at the first run."""
 
     journal: ChannelJournal | None = attrs.field(init=False, default=None)
     routes: Routes = attrs.field(init=False)
@@ -296,6 +298,11 @@ class Core:
         return self.routes.tally.queued
 
     async def resolve_agent(self, route: Route, identity: AgentIdentity) -> Agent:
+        if self.resolve_agent_cb is None:
+            agent = None if self.agents is None else self.agents.get(route.alias)
+            if agent is None:
+                raise LookupError(f"no agent is configured for alias {route.alias!r}")
+            return agent
         return await self.resolve_agent_cb(
             ResolveAgentInput(
                 agent_alias=route.alias,

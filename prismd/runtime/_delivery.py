@@ -96,6 +96,7 @@ async def resend(
             in_reply_to=in_reply_to,
             operation_id=stored.operation_id,
             files=reply_files(stored.files),
+            staged_at_ms=None if stored.created_us is None else stored.created_us // 1000,
         ),
     )
     marked = await mark_outcome(core, scope, claimed, state, message_id, reason, None)
@@ -143,37 +144,21 @@ async def _conversation_replies(
     # reply_key with an empty operation id is the key prefix of every reply of this
     # connection and scope; keys are not escaped, so the record's own fields decide.
     prefix = reply_key(connection_id, scope, "")
-    out: list[Loaded[ReplyRecord]] = []
-    cursor: str | None = None
-    for _page in range(MAX_SCAN_PAGES):
-        rows, cursor = await core.journal.list(
-            scope, NS_REPLY, core.limits.max_journal_page, key_prefix=prefix, cursor=cursor
-        )
-        for row in rows:
-            if row.scope != scope:
-                continue
-            try:
-                record = ReplyRecord.from_json(row.value)
-            except ValueError:
-                continue
-            if (
-                record.connection_id == connection_id
-                and record.external_conversation_id == conversation_id
-                and record.thread_id == thread_id
-                and record.created_at_ms >= cutoff
-            ):
-                out.append(
-                    Loaded(
-                        version=row.version,
-                        record=record,
-                        fencing_token=row.fencing_token,
-                        scope=row.scope,
-                        updated_at_ms=row.updated_at_ms,
-                    )
-                )
-        if cursor is None or not rows:
-            break
-    return out
+    replies: list[Loaded[ReplyRecord]] = await core.journal.records(
+        scope,
+        NS_REPLY,
+        key_prefix=prefix,
+        page_size=core.limits.max_journal_page,
+        max_pages=MAX_SCAN_PAGES,
+    )
+    return [
+        loaded
+        for loaded in replies
+        if loaded.record.connection_id == connection_id
+        and loaded.record.external_conversation_id == conversation_id
+        and loaded.record.thread_id == thread_id
+        and loaded.record.created_at_ms >= cutoff
+    ]
 
 
 async def _event_id(core: Core, scope: OwnershipScope, record: ReplyRecord) -> str | None:

@@ -85,30 +85,25 @@ async def _candidates(
             prefix = f"b1:{connection_id or '-'}:"
         else:
             prefix = binding_actor_prefix(connection_id, ownership, conversation_id, thread_id)
-        cursor: str | None = None
-        for _page in range(_MAX_BINDING_PAGES):
-            rows, cursor = await core.journal.list(
-                ownership, NS_BINDING, 500, key_prefix=prefix, cursor=cursor
-            )
-            for row in rows:
-                if not visible(row.scope):
-                    continue
-                try:
-                    record = BindingRecord.from_json(row.value)
-                except ValueError:
-                    continue
-                if (
-                    record.connection_id == connection_id
-                    and record.external_conversation_id == conversation_id
-                    and record.thread_id == thread_id
-                    and record.external_actor_id is not None
-                ):
-                    found.setdefault(
-                        (record.external_actor_id, record.agent_alias, row.scope),
-                        (row.scope, record),
-                    )
-            if cursor is None:
-                break
+        bindings = await core.journal.records(
+            ownership,
+            NS_BINDING,
+            key_prefix=prefix,
+            max_pages=_MAX_BINDING_PAGES,
+            within=visible,
+        )
+        for loaded in bindings:
+            record: BindingRecord = loaded.record
+            if (
+                record.connection_id == connection_id
+                and record.external_conversation_id == conversation_id
+                and record.thread_id == thread_id
+                and record.external_actor_id is not None
+            ):
+                found.setdefault(
+                    (record.external_actor_id, record.agent_alias, loaded.scope),
+                    (loaded.scope, record),
+                )
     return list(found.values())
 
 

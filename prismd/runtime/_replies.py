@@ -1,7 +1,8 @@
 """The reply path (contract §9.2): bound the text, journal it ``pending`` — in the same
 transaction as the operation's settlement and the binding — deliver, mark the outcome; and
 what an agent run's result means for the journal and the user (:func:`outcome_of`, the one
-table, shared by turns and resumes) with the previews while it runs.
+table, shared by turns and resumes) with what the user sees while it runs: previews, and
+the typing indicator (:class:`TypingTimer`).
 
 :func:`answer` is the one way a reply leaves the runtime. Persist before send: nothing is
 delivered unless its record is staged (or, without a journal, nothing is staged at all).
@@ -11,6 +12,9 @@ reply while the conversation has no live connection (:mod:`prismd.runtime._deliv
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +22,15 @@ import attrs
 import trio
 
 from ..agents import EventSink, RunResult, StreamEvent
-from ..channel import Control, Preview, Reply, ReplyFile
+from ..channel import (
+    DEFAULT_TYPING_DELAY_MS,
+    MAX_TYPING_DELAY_MS,
+    Control,
+    InboundEvent,
+    Preview,
+    Reply,
+    ReplyFile,
+)
 from ..identity import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
@@ -36,7 +48,9 @@ from ..journal import (
 )
 from ..redact import bound_detail, truncate_utf8, utf8_len
 from ._core import Core, stamp_us
-from ._routes import ActiveTurn, Route
+from ._routes import ActiveTurn, Route, Turn
+
+log = logging.getLogger("prismd.runtime")
 
 JOURNAL_BUDGET_S = 10.0
 """Bound of the shielded journal writes of the reply path: the operation may already be
@@ -135,6 +149,85 @@ class Draft:
     """The non-secret target of an approval notice, so a resend can issue fresh controls."""
     files: tuple[ReplyFile, ...] = ()
     """Files that go with the reply, by reference (journaled so; fetched at delivery)."""
+
+    @classmethod
+    def for_event(
+        cls,
+        identity: AgentIdentity | None,
+        operation_id: str,
+        event: InboundEvent,
+        text: str,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+        files: tuple[ReplyFile, ...] = (),
+    ) -> Draft:
+        """The answer to ``event``, in its conversation and thread."""
+        return cls(
+            identity,
+            operation_id,
+            event.connection_id,
+            event.external_conversation_id,
+            event.thread_id,
+            text,
+            kind,
+            event.event_id,
+            controls,
+            approval,
+            files,
+        )
+
+    @classmethod
+    def for_route(
+        cls,
+        route: Route,
+        identity: AgentIdentity | None,
+        operation_id: str,
+        text: str,
+        in_reply_to: str | None,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+    ) -> Draft:
+        """An answer in a route's conversation and thread (a decision about its suspended
+        run, whichever event carried it)."""
+        return cls(
+            identity,
+            operation_id,
+            route.connection_id,
+            route.conversation_id,
+            route.thread_id,
+            text,
+            kind,
+            in_reply_to,
+            controls,
+            approval,
+        )
+
+    @classmethod
+    def for_turn(
+        cls,
+        turn: Turn,
+        text: str,
+        *,
+        kind: str = "notice",
+        controls: tuple[Control, ...] = (),
+        approval: Mapping[str, Any] | None = None,
+        files: tuple[ReplyFile, ...] = (),
+    ) -> Draft:
+        """The answer to a turn's message, to the turn's owner."""
+        return cls.for_event(
+            turn.grant.identity,
+            turn.operation_id,
+            turn.event,
+            text,
+            kind=kind,
+            controls=controls,
+            approval=approval,
+            files=files,
+        )
 
 
 def stored_files(files: tuple[ReplyFile, ...]) -> tuple[StoredFile, ...]:
@@ -291,6 +384,7 @@ async def answer(
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
         files=draft.files,
+        staged_at_ms=None if record is None else _ms(record.created_us),
     )
     journaled = journal is not None and ownership is not None
     staged = staged if journaled else None
@@ -302,6 +396,10 @@ async def answer(
         return answered
     state = await deliver_and_mark(core, reply, staged, ownership, fence)
     return Answered(answered.operation, answered.binding, state)
+
+
+def _ms(us: int | None) -> int | None:
+    return None if us is None else us // 1000
 
 
 async def _send(
@@ -472,3 +570,125 @@ def preview_sink(core: Core, route: Route, active: ActiveTurn) -> EventSink | No
             pass
 
     return sink
+
+
+# --------------------------------------------------------------------------- typing
+# The typing indicator of running turns: started only once a turn's agent run has lasted
+# its connection's ``typing_delay_ms`` (an instant answer shows none), then renewed every
+# :data:`TYPING_INTERVAL_S` until the run ends — one timer task for every running turn.
+
+TYPING_INTERVAL_S = 4.5
+
+
+@attrs.define(eq=False)
+class _Watch:
+    route: Route
+    due: float
+    ended: bool = False
+    scope: trio.CancelScope | None = None
+    """The indicator's task, once started (cancelled when the run ends)."""
+
+
+@attrs.define(eq=False)
+class TypingTimer:
+    """When each running turn's typing indicator is due, for all turns at once.
+
+    One task of the runtime nursery sleeps until the earliest due time and starts the
+    indicator (:func:`typing_loop`, in a child task under its own cancel scope: not a
+    nested nursery, which would wrap the run's exceptions in an ExceptionGroup) of the
+    turns still running then. A turn answered sooner — most — costs a heap entry, not a
+    task of its own; the timer's task ends whenever no turn is waiting.
+    """
+
+    core: Core
+    _due: list[tuple[float, int, _Watch]] = attrs.field(factory=list)
+    _order: itertools.count[int] = attrs.field(factory=itertools.count)
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+    _serving: bool = False
+
+    def watch(self, route: Route) -> _Watch:
+        """A run on ``route`` starts now; :meth:`end` it however it ends."""
+        watch = _Watch(route, trio.current_time() + typing_delay_s(self.core, route.connection_id))
+        heapq.heappush(self._due, (watch.due, next(self._order), watch))
+        if not self._serving:
+            self._serving = True
+            self.core.nursery.start_soon(self._serve)
+        elif self._due[0][2] is watch:
+            self._changed.set()  # due before what the task sleeps for
+        return watch
+
+    def end(self, watch: _Watch) -> None:
+        watch.ended = True
+        if watch.scope is not None:
+            watch.scope.cancel()
+        elif self._due and self._due[0][2] is watch:
+            self._changed.set()  # the task need not sleep for it (nor hold up a shutdown)
+
+    async def _serve(self) -> None:
+        due = self._due
+        try:
+            while True:
+                while due and due[0][2].ended:
+                    heapq.heappop(due)
+                if not due:
+                    return
+                self._changed = trio.Event()
+                with trio.move_on_at(due[0][0]):
+                    await self._changed.wait()
+                now = trio.current_time()
+                while due and due[0][0] <= now:
+                    watch = heapq.heappop(due)[2]
+                    if not watch.ended:
+                        watch.scope = trio.CancelScope()
+                        self.core.nursery.start_soon(_typing_task, self.core, watch)
+        finally:
+            self._serving = False
+
+
+async def _typing_task(core: Core, watch: _Watch) -> None:
+    assert watch.scope is not None
+    with watch.scope:
+        await typing_loop(core, watch.route, delay_s=0.0)
+
+
+def typing_delay_s(core: Core, connection_id: str) -> float:
+    """How long a turn on ``connection_id`` runs before its typing indicator starts: the
+    host's ``typing_delay_ms`` for the connection (bounded), else the default."""
+    delay_ms = DEFAULT_TYPING_DELAY_MS
+    if core.typing_delay_ms is not None:
+        try:
+            asked = core.typing_delay_ms(connection_id)
+        except Exception as exc:
+            log.warning("typing delay lookup failed: %s", type(exc).__name__)
+        else:
+            if isinstance(asked, int) and not isinstance(asked, bool):
+                delay_ms = min(max(asked, 0), MAX_TYPING_DELAY_MS)
+    return delay_ms / 1000
+
+
+async def typing_loop(core: Core, route: Route, *, delay_s: float | None = None) -> None:
+    """Call ``on_typing`` once ``delay_s`` passed (default: the connection's typing delay,
+    see :func:`typing_delay_s`), then every :data:`TYPING_INTERVAL_S` until cancelled.
+
+    Runs in a child task of the turn, cancelled when the run ends: an answer ready
+    before the delay sends no indicator at all. A failing callback is logged by exception
+    type only (never its text, which may carry ids or tokens) and swallowed; each call is
+    bounded by the interval so a hung callback cannot pile up or outlive the run's
+    cancellation check.
+    """
+    on_typing = core.on_typing
+    if on_typing is None:
+        return
+    if delay_s is None:
+        delay_s = typing_delay_s(core, route.connection_id)
+    next_at = trio.current_time() + delay_s
+    if delay_s > 0:
+        await trio.sleep_until(next_at)
+    while True:
+        next_at += TYPING_INTERVAL_S
+        with trio.move_on_at(next_at):
+            try:
+                await on_typing(route.connection_id, route.conversation_id, route.thread_id)
+            except Exception as exc:
+                log.warning("typing callback failed: %s", type(exc).__name__)
+        await trio.sleep_until(next_at)

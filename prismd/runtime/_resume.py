@@ -109,42 +109,30 @@ def _resumable(record: OperationRecord) -> bool:
     return record.state == "accepted" and record.input is not None
 
 
+def _any_scope(_scope: OwnershipScope) -> bool:
+    return True
+
+
 async def collect(
     core: Core, cutoff_ms: int, states: frozenset[str] = _RESUMED_STATES
 ) -> list[_Pending]:
     """Every resumable record (any scope) in ``states`` created before ``cutoff_ms``, oldest
     first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
     assert core.journal is not None
-    found: list[_Pending] = []
-    cursor: str | None = None
-    page = max(1, core.limits.max_journal_page)
-    while True:
-        rows, cursor = await core.journal.list(
-            OwnershipScope(), NS_OPERATION, page, cursor=cursor, open_only=True
-        )
-        for row in rows:
-            value = row.value
-            if not isinstance(value, dict) or value.get("state") not in states:
-                continue
-            try:
-                record = OperationRecord.from_json(value)
-            except ValueError:
-                continue
-            if not _resumable(record) or record.created_at_ms >= cutoff_ms:
-                continue
-            found.append(
-                _Pending(
-                    Loaded(
-                        version=row.version,
-                        record=record,
-                        fencing_token=row.fencing_token,
-                        scope=row.scope,
-                        updated_at_ms=row.updated_at_ms,
-                    )
-                )
-            )
-        if cursor is None:
-            break
+    operations: list[Loaded[OperationRecord]] = await core.journal.records(
+        OwnershipScope(),
+        NS_OPERATION,
+        page_size=max(1, core.limits.max_journal_page),
+        open_only=True,
+        within=_any_scope,
+    )
+    found = [
+        _Pending(loaded)
+        for loaded in operations
+        if loaded.record.state in states
+        and _resumable(loaded.record)
+        and loaded.record.created_at_ms < cutoff_ms
+    ]
     found.sort(key=_admission_order)
     return found
 
@@ -233,16 +221,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         # The conversation awaits a decision: this message cannot run before it; it is
         # settled with the notice that says so, in one transaction.
         core.count("denied")
-        draft = Draft(
-            identity=grant.identity,
-            operation_id=record.operation_id,
-            connection_id=event.connection_id,
-            conversation_id=event.external_conversation_id,
-            thread_id=event.thread_id,
-            text=AWAITING_DECISION_TEXT,
-            kind="notice",
-            in_reply_to=event.event_id,
-        )
+        draft = Draft.for_event(grant.identity, record.operation_id, event, AWAITING_DECISION_TEXT)
         settle = Settle(
             OperationRef(ownership, record.connection_id, record.operation_id),
             "failed",

@@ -555,20 +555,15 @@ class Selections:
                 event.external_actor_id,
             )
             try:
-                rows, _cursor = await self.journal.list(
-                    ownership, NS_BINDING, 500, key_prefix=prefix
+                bindings = await self.journal.records(
+                    ownership, NS_BINDING, key_prefix=prefix, max_pages=1
                 )
             except Exception:
                 self.count("storage_failures")
                 return None
             best = -1
-            for row in rows:
-                if row.scope != ownership:
-                    continue
-                try:
-                    record = BindingRecord.from_json(row.value)
-                except ValueError:
-                    continue
+            for loaded in bindings:
+                record: BindingRecord = loaded.record
                 if (
                     record.external_actor_id == event.external_actor_id
                     and record.external_conversation_id == event.external_conversation_id

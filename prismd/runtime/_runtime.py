@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -11,7 +11,16 @@ import trio
 
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..channel import Admission, InboundEvent, PastReply, Preview, Reply, SendResult
+from ..agents import Agent
+from ..channel import (
+    AdapterRegistry,
+    Admission,
+    InboundEvent,
+    PastReply,
+    Preview,
+    Reply,
+    SendResult,
+)
 from ..identity import AgentIdentity
 from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
@@ -50,18 +59,39 @@ def _log_admission(event: InboundEvent, admission: Admission) -> None:
     log.debug("admission %s%s: %s", outcome, reason, where)
 
 
+NOT_OPEN = Admission(status="denied", reason="unavailable")
+"""What a runtime not opened yet answers (retryable: the transport is not acknowledged)."""
+
+
 @attrs.define(eq=False)
 class Runtime:
-    """Satisfies :class:`prismd.runtime.api.MessagingRuntime`. Build it with
-    :func:`open_messaging_runtime`; every method is safe to call from any task."""
+    """Satisfies :class:`prismd.runtime.api.MessagingRuntime`; every method is safe to call
+    from any task.
 
-    _core: Core
+    :func:`open_messaging_runtime` opens one and runs it for the duration of its block.
+    ``Runtime()`` is one not opened yet, which the adapters can be built with (their
+    ``admit`` and history) before ``open_messaging_runtime(runtime=…, adapters=…)`` opens
+    it: until then it admits nothing (``denied/unavailable``, retryable) and knows no
+    history; the operator's methods need it open."""
+
+    _open: Core | None = None
+    """The running runtime's state; ``None`` until it is opened."""
     _stop_done: bool = False
+
+    @property
+    def _core(self) -> Core:
+        core = self._open
+        if core is None:
+            raise RuntimeError("the runtime is not open")
+        return core
 
     async def admit(self, event: InboundEvent) -> Admission:
         """Admit an inbound event (§7). Acknowledge the transport unless the result is
         :attr:`~prismd.channel.Admission.retryable`."""
-        admission = await _admit.admit(self._core, event)
+        core = self._open
+        if core is None:
+            return NOT_OPEN
+        admission = await _admit.admit(core, event)
         if log.isEnabledFor(logging.DEBUG):
             _log_admission(event, admission)
         return admission
@@ -74,10 +104,13 @@ class Runtime:
         """The conversations of ``connection_id`` this runtime still works on: a turn queued,
         running or ending, or their route lease still held. A durable inbox keeps such a
         conversation's next messages for this instance, so they run after the earlier ones
-        (one pass over the route table, no store call)."""
+        (one pass over the route table, no store call); none before it is opened."""
+        core = self._open
+        if core is None:
+            return frozenset()
         return frozenset(
             route.conversation_id
-            for route in self._core.routes.values()
+            for route in core.routes.values()
             if route.connection_id == connection_id
             and (route.busy or route.lease is not None or route.lease_users > 0)
         )
@@ -149,6 +182,8 @@ class Runtime:
         held (``SendResult.hold()``), oldest first, each claimed by CAS so none is sent
         twice. Returns how many were delivered; never raises. See
         :mod:`prismd.runtime._delivery`."""
+        if self._open is None:
+            return 0
         return await _delivery.redeliver_pending(
             self._core,
             connection_id=connection_id,
@@ -168,6 +203,8 @@ class Runtime:
     ) -> list[PastReply]:
         """The conversation's last ``limit`` delivered replies within retention, oldest
         first (the agent's side only: inbound text is not kept). Never raises."""
+        if self._open is None:
+            return []
         return await _delivery.recent_replies(
             self._core,
             connection_id=connection_id,
@@ -189,6 +226,8 @@ class Runtime:
         """Notices for the conversation's messages an operator settled unanswered within
         retention, oldest first, as past replies (see :mod:`prismd.runtime._unanswered`);
         ``[]`` for a connection without ``tells_unanswered``. Never raises."""
+        if self._open is None:
+            return []
         return await _unanswered.unanswered_notices(
             self._core,
             connection_id=connection_id,
@@ -245,7 +284,9 @@ class Runtime:
         until shortly before the deadline; their operations are then settled ``cancelled``
         / ``cancelled_at_shutdown`` by ``stop`` itself, and their late results discarded.
         """
-        core = self._core
+        core = self._open
+        if core is None:
+            return
         core.stopped = True
         if self._stop_done:
             return
@@ -290,50 +331,53 @@ class Runtime:
                     active.cancel(stopping=True)
         await core.wait_idle(max(0.0, end - reserve - trio.current_time()))
         with trio.CancelScope(shield=True, deadline=end):
-            await self._settle_stragglers()
+            await _settle_stragglers(core)
         for route in list(core.routes.values()):
             route.lease_users = 0
             # Also a route whose run ignores cancellation: its record is settled by now and
             # its late writes are discarded, so nothing of this runtime needs the lease.
             await core.leases.release_if_idle(route, force=True)
 
-    async def _settle_stragglers(self) -> None:
-        """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
-        core = self._core
-        for route in list(core.routes.values()):
-            active = route.active
-            turn = None if active is None else active.turn
-            if turn is None or turn.settled or turn.settled_by_stop or turn.finishing:
-                # A turn writing its own end already settles it (shielded, bounded).
-                continue
-            turn.settled_by_stop = True
-            log.warning(
-                "the run of %s did not end by the stop deadline; settled"
-                " cancelled_at_shutdown (a late result is discarded)",
-                turn.operation_id,
-            )
-            ok = await core.settle_operation(
-                turn.ownership,
-                turn.event.connection_id,
-                turn.operation_id,
-                "cancelled",
-                fence=core.leases.fence_now(route),
-                error_code="cancelled_at_shutdown",
-                only_from=frozenset({"accepted", "executing"}),
-            )
-            if ok:
-                turn.settled = True
-                if not turn.cancel_counted:
-                    turn.cancel_counted = True
-                    core.count("cancelled")
+
+async def _settle_stragglers(core: Core) -> None:
+    """Settle turns whose run outlived cancellation: ``cancelled_at_shutdown``."""
+    for route in list(core.routes.values()):
+        active = route.active
+        turn = None if active is None else active.turn
+        if turn is None or turn.settled or turn.settled_by_stop or turn.finishing:
+            # A turn writing its own end already settles it (shielded, bounded).
+            continue
+        turn.settled_by_stop = True
+        log.warning(
+            "the run of %s did not end by the stop deadline; settled"
+            " cancelled_at_shutdown (a late result is discarded)",
+            turn.operation_id,
+        )
+        ok = await core.settle_operation(
+            turn.ownership,
+            turn.event.connection_id,
+            turn.operation_id,
+            "cancelled",
+            fence=core.leases.fence_now(route),
+            error_code="cancelled_at_shutdown",
+            only_from=frozenset({"accepted", "executing"}),
+        )
+        if ok:
+            turn.settled = True
+            if not turn.cancel_counted:
+                turn.cancel_counted = True
+                core.count("cancelled")
 
 
 @asynccontextmanager
 async def open_messaging_runtime(
     *,
     authorize: Authorize,
-    resolve_agent: ResolveAgent,
-    deliver: Callable[[Reply], Awaitable[SendResult]],
+    resolve_agent: ResolveAgent | None = None,
+    deliver: Callable[[Reply], Awaitable[SendResult]] | None = None,
+    adapters: AdapterRegistry | None = None,
+    agents: Mapping[str, Agent] | None = None,
+    runtime: Runtime | None = None,
     store: Store | None = None,
     use_leases: bool = True,
     limits: Limits = DEFAULT_LIMITS,
@@ -353,6 +397,14 @@ async def open_messaging_runtime(
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS,
 ) -> AsyncIterator[Runtime]:
     """Run a messaging runtime for the duration of the block; leaving it calls ``stop()``.
+
+    The runtime is opened with its adapters and agents: ``adapters`` (the connections'
+    adapters, by connection id) carry its replies out — ``deliver``, previews, typing
+    indicators, file fetches and ``tells_unanswered`` are theirs, each as the adapter's
+    features declare — and ``agents`` (by alias) run its turns. A host without adapters
+    passes those seams as callbacks instead (``deliver``, ``resolve_agent``, ``on_preview``
+    …); a callback given explicitly wins. ``runtime``: a :class:`Runtime` built unopened
+    (the adapters were built with it), opened here.
 
     The runtime owns its nursery (route pumps, lease renewers, notices, resumes).
     Constructing it calls none of the callbacks. ``store=None`` runs without a journal
@@ -378,11 +430,30 @@ async def open_messaging_runtime(
     most a third of ``lease_ttl_ms``), so a conversation's next message reuses it instead
     of acquiring a new one; ``0`` releases as soon as the queue is empty.
     """
+    if adapters is not None:
+        deliver = deliver or adapters.send
+        tells_unanswered = tells_unanswered or adapters.tells_unanswered
+        typing_delay_ms = typing_delay_ms or adapters.typing_delay_ms
+        if on_preview is None and adapters.any_offers("previews"):
+            on_preview = adapters.send_draft
+        if on_typing is None and adapters.any_offers("typing"):
+            on_typing = adapters.send_typing
+        if fetch_attachment is None and adapters.any_offers("attachments"):
+            fetch_attachment = adapters.fetch_attachment
+    if deliver is None:
+        raise TypeError("open_messaging_runtime needs adapters or deliver")
+    if resolve_agent is None and agents is None:
+        raise TypeError("open_messaging_runtime needs agents or resolve_agent")
+    if runtime is None:
+        runtime = Runtime()
+    elif runtime._open is not None:
+        raise RuntimeError("the runtime was opened already")
     async with trio.open_nursery() as nursery:
         extra = {} if owner_id is None else {"owner_id": owner_id}
         core = Core(
             authorize=authorize,
             resolve_agent_cb=resolve_agent,
+            agents=agents,
             deliver=deliver,
             nursery=nursery,
             store=store,
@@ -405,7 +476,7 @@ async def open_messaging_runtime(
         if core.leases.store is not None:
             # Every binding lease decision at DEBUG.
             core.leases.store = LoggedLeases(core.leases.store)
-        runtime = Runtime(core)
+        runtime._open = core
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()
             core.spawn(_resume.resume_accepted, core, core.now_ms())

@@ -50,9 +50,16 @@ from ._approvals import issue_controls
 from ._core import Core
 from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
-from ._replies import CANCELLED_TEXT, Draft, Settle, answer, outcome_of, preview_sink
+from ._replies import (
+    CANCELLED_TEXT,
+    Draft,
+    Settle,
+    TypingTimer,
+    answer,
+    outcome_of,
+    preview_sink,
+)
 from ._routes import ActiveTurn, Route, Turn, acquire_promptly
-from ._typing import TypingTimer
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -236,18 +243,8 @@ async def end_turn(
         changes["error_code"] = error_code
     draft = None
     if text is not None:
-        draft = Draft(
-            identity=turn.grant.identity,
-            operation_id=turn.operation_id,
-            connection_id=route.connection_id,
-            conversation_id=route.conversation_id,
-            thread_id=route.thread_id,
-            text=text,
-            kind=kind,
-            in_reply_to=turn.event.event_id,
-            controls=controls,
-            approval=approval,
-            files=files,
+        draft = Draft.for_turn(
+            turn, text, kind=kind, controls=controls, approval=approval, files=files
         )
     answered = await answer(
         core,
@@ -298,11 +295,15 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
             # The slot bounds concurrent agent runs; the journal writes and the send that
-            # end the turn do not hold it up for the next run. A followed remote task gave
-            # it back already (:mod:`._following`).
-            hooks.release_slot()
+            # end the turn do not hold it up for the next run. The turn took it and gives
+            # it back, unless a followed remote task gave it back already (the hooks then
+            # no longer hold it: :mod:`._following`).
+            if hooks.slot_held:
+                hooks.slot_held = False
+                core.slots.release()
         if ran is not None:
-            if left_for_restart(core, turn, active.stopping):
+            # Only a followed turn may be left for the restart (:mod:`._following`).
+            if turn.following and left_for_restart(core, turn, active.stopping):
                 return
             await finish_run(core, route, turn, *ran)
     finally:
@@ -312,17 +313,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
 
 async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:
     """A notice for a turn whose operation is already settled."""
-    draft = Draft(
-        identity=turn.grant.identity,
-        operation_id=turn.operation_id,
-        connection_id=route.connection_id,
-        conversation_id=route.conversation_id,
-        thread_id=route.thread_id,
-        text=text,
-        kind="notice",
-        in_reply_to=turn.event.event_id,
-    )
-    await answer(core, draft, ownership=turn.ownership, fence=fence)
+    await answer(core, Draft.for_turn(turn, text), ownership=turn.ownership, fence=fence)
 
 
 async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:

@@ -8,16 +8,12 @@ import attrs
 import trio
 
 from .. import _common
+from .._checkpointing import CheckpointQuery, CheckpointStoreBase
 from .._types import (
-    ANY_SCOPE,
-    LIST_LIMIT_DEFAULT,
-    CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
-    DeleteCheckpoint,
     EncodedSave,
     EventAction,
-    EventPage,
     JournalEvent,
     OwnershipScope,
     WriteResult,
@@ -27,7 +23,7 @@ from ._state import _Request, _Row, _saved, _State
 
 
 @attrs.define(eq=False)
-class MemoryCheckpointStore(_common.SavesAsABatchOfOne):
+class MemoryCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` over a dict; see the module docstring."""
 
     _state: _State
@@ -102,74 +98,47 @@ class MemoryCheckpointStore(_common.SavesAsABatchOfOne):
             state.append_event(action, stored, now, metadata_json)
         return results
 
-    async def load_checkpoint(
-        self, *, namespace: str, key: str, scope: OwnershipScope
+    async def _enter(self) -> None:
+        await self._state.step()
+
+    async def _load(
+        self, namespace: str, key: str, scope: OwnershipScope
     ) -> CheckpointRecord | None:
-        """The row, or ``None`` when absent or stored under another exact scope."""
-        await trio.lowlevel.checkpoint()
-        self._state.check_open()
-        _common.check_checkpoint_address(namespace, key, scope)
         row = self._state.checkpoints.get((namespace, key))
         if row is None or row.scope != scope:
             return None
         return row.record()
 
-    async def list_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:
-        """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
-        await trio.lowlevel.checkpoint()
-        self._state.check_open()
-        _common.check_list_filters(namespace, key_prefix, scope)
-        categories = _common.check_category_filter(category)
-        position = _common.decode_cursor(cursor)
-        n = _common.clamp_limit(limit)
+    async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
         # Sort and page the stored rows; only the rows of this page are decoded.
         matching = sorted(
             (
                 row
                 for row in self._state.checkpoints.values()
-                if (namespace is None or row.namespace == namespace)
-                and (key_prefix is None or row.key.startswith(key_prefix))
-                and (categories is None or row.category in categories)
-                and scope.matches_filter(row.scope)
+                if (query.namespace is None or row.namespace == query.namespace)
+                and (query.key_prefix is None or row.key.startswith(query.key_prefix))
+                and (query.categories is None or row.category in query.categories)
+                and query.scope.matches_filter(row.scope)
             ),
             key=_common.sort_key,
         )
-        if position is not None:
-            matching = [r for r in matching if _common.after_cursor(r, position)]
-        items = tuple(row.record() for row in matching[:n])
-        next_cursor = _common.encode_cursor(items[-1]) if len(matching) > n else None
-        return CheckpointPage(items=items, next_cursor=next_cursor)
+        if query.after is not None:
+            after = query.after
+            matching = [r for r in matching if _common.after_cursor(r, after)]
+        return [row.record() for row in matching[: query.limit]]
 
-    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
-        """True when a row was removed; a foreign scope is a miss (``False``)."""
-        (result,) = await self.write_checkpoints((DeleteCheckpoint(namespace, key, scope),))
-        return result.ok
-
-    async def list_events(
-        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
-    ) -> EventPage:
-        """Events with ``seq > after`` in commit order, filtered by partial ``scope``."""
-        await trio.lowlevel.checkpoint()
-        self._state.check_open()
-        after, n = _common.check_event_args(after, limit, scope)
+    async def _events(
+        self, after: int, limit: int, scope: OwnershipScope
+    ) -> Sequence[JournalEvent]:
         items: list[JournalEvent] = []
         for event, metadata_json in self._state.events:
             if event.seq <= after or not scope.matches_filter(event.scope):
                 continue
             metadata = None if metadata_json is None else _common.decode_json(metadata_json)
             items.append(attrs.evolve(event, metadata=metadata))
-            if len(items) >= n:
+            if len(items) >= limit:
                 break
-        return EventPage(items=tuple(items), last_seq=items[-1].seq if items else after)
+        return items
 
     async def last_event_seq(self) -> int:
         """The highest event sequence number (0: none yet)."""

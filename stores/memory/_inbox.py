@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import attrs
 
-from .. import _common, _inbox_checks
-from .._types import (
-    LIST_LIMIT_DEFAULT,
-    LIST_LIMIT_MAX,
-    InboxClaim,
-    InboxDepth,
-    InboxItem,
-    InboxPage,
-    InboxState,
-    InvalidInboxError,
-    JSONValue,
-)
+from .. import _inbox_checks
+from .._inbox_checks import InboxPut
+from .._inboxing import ClaimAsk, InboxStoreBase, ListAsk, Settle
+from .._types import InboxClaim, InboxDepth, InboxItem, InboxState
 from ._state import _InboxRow, _State
 
 
@@ -32,11 +23,20 @@ def _held_by_other(row: _InboxRow, owner_id: str, now: int) -> bool:
 
 
 @attrs.define(eq=False)
-class MemoryInboxStore:
+class MemoryInboxStore(InboxStoreBase):
     """:class:`~stores.InboxStore` over a dict; every call is one synchronous step (no two
     claimers can interleave), with the rules of the contract checked in Python."""
 
     _state: _State
+
+    async def _enter(self) -> None:
+        await self._state.step()
+
+    def _now(self) -> int:
+        return self._state.clock.now_ms()
+
+    def _payload_limit(self) -> int:
+        return self._state.max_value_bytes
 
     def _row(self, source: str, key: str) -> _InboxRow | None:
         return self._state.inbox.get((source, key))
@@ -44,24 +44,16 @@ class MemoryInboxStore:
     def _store(self, row: _InboxRow) -> None:
         self._state.inbox[(row.item.source, row.item.key)] = row
 
-    def _current(self, claim: InboxClaim) -> _InboxRow | None:
+    def _current(self, claim: InboxClaim, *states: InboxState) -> _InboxRow | None:
+        """The claim's item while its token holds it in one of ``states``."""
         row = self._row(claim.source, claim.key)
-        if row is None or row.token != claim.token:
+        if row is None or row.token != claim.token or row.item.state not in states:
             return None
         return row
 
-    async def put(
-        self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
-    ) -> bool:
-        """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
-        await self._state.step()
-        put = _inbox_checks.check_inbox_put(
-            source=source, key=key, partition=partition, order=order, payload=payload,
-            max_value_bytes=self._state.max_value_bytes,
-        )  # fmt: skip
+    async def _insert(self, put: InboxPut, now: int) -> bool:
         if self._row(put.source, put.key) is not None:
             return False
-        now = self._state.clock.now_ms()
         item = InboxItem(
             source=put.source, key=put.key, partition=put.partition, order=put.order,
             state="pending", attempts=0, available_at_ms=now, created_at_ms=now,
@@ -87,38 +79,26 @@ class MemoryInboxStore:
                 return False
         return True
 
-    async def claim(
-        self,
-        *,
-        owner_id: str,
-        ttl_ms: int,
-        limit: int = 1,
-        max_attempts: int,
-        sources: Sequence[str] | None = None,
-    ) -> tuple[InboxClaim, ...]:
-        """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
-        await self._state.step()
-        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_claim_args(
-            owner_id, ttl_ms, limit, max_attempts, sources
-        )
-        now = self._state.clock.now_ms()
+    async def _claim(self, ask: ClaimAsk) -> tuple[InboxClaim, ...]:
+        now, owner, expires_at = ask.now, ask.owner_id, ask.now + ask.ttl_ms
         candidates = sorted(
             (
                 row
                 for row in self._state.inbox.values()
-                if (wanted is None or row.item.source in wanted) and self._ready(row, owner, now)
+                if (ask.sources is None or row.item.source in ask.sources)
+                and self._ready(row, owner, now)
             ),
             key=lambda r: (r.item.available_at_ms, r.item.order, r.item.source, r.item.key),
         )
         claims: list[InboxClaim] = []
         taken: set[tuple[str, str]] = set()
         for row in candidates:
-            if len(claims) >= n:
+            if len(claims) >= ask.limit:
                 break
             partition = (row.item.source, row.item.partition)
             if partition in taken:  # one item per partition (its head) per claim
                 continue
-            if row.item.attempts >= most:
+            if row.item.attempts >= ask.max_attempts:
                 dead = attrs.evolve(row.item, state="dead", updated_at_ms=now)
                 self._store(_InboxRow(dead, row.payload_json))
                 continue
@@ -126,138 +106,88 @@ class MemoryInboxStore:
             token = _inbox_checks.new_claim_token()
             item = attrs.evolve(
                 row.item, state="claimed", attempts=row.item.attempts + 1, owner_id=owner,
-                claim_expires_at_ms=now + ttl, updated_at_ms=now,
+                claim_expires_at_ms=expires_at, updated_at_ms=now,
             )  # fmt: skip
             stored = _InboxRow(item, row.payload_json, token)
             self._store(stored)
-            claims.append(InboxClaim(stored.public(with_payload=True), token, now + ttl))
+            claims.append(InboxClaim(stored.public(with_payload=True), token, expires_at))
         return tuple(claims)
 
-    async def expire_own_claims(
-        self, *, owner_id: str, sources: Sequence[str] | None = None
-    ) -> int:
-        await self._state.step()
-        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
-        wanted = _inbox_checks.check_inbox_sources(sources)
-        now = self._state.clock.now_ms()
+    async def _expire_own(self, owner_id: str, sources: tuple[str, ...] | None, now: int) -> int:
         mine = [
             row
             for row in self._state.inbox.values()
             if row.item.state == "claimed"
-            and row.item.owner_id == owner
+            and row.item.owner_id == owner_id
             and row.item.claim_expires_at_ms > now
-            and (wanted is None or row.item.source in wanted)
+            and (sources is None or row.item.source in sources)
         ]
         for row in mine:
             item = attrs.evolve(row.item, claim_expires_at_ms=now, updated_at_ms=now)
             self._store(attrs.evolve(row, item=item))
         return len(mine)
 
-    async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
-        await self._state.step()
-        _inbox_checks.check_inbox_claim(claim)
-        ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
-        row = self._current(claim)
-        if row is None or row.item.state not in ("claimed", "done"):
+    async def _extend(self, claim: InboxClaim, expires_at: int, now: int) -> InboxItem | None:
+        row = self._current(claim, "claimed", "done")
+        if row is None:
             return None
-        now = self._state.clock.now_ms()
-        item = attrs.evolve(row.item, claim_expires_at_ms=now + ttl, updated_at_ms=now)
+        item = attrs.evolve(row.item, claim_expires_at_ms=expires_at, updated_at_ms=now)
         self._store(attrs.evolve(row, item=item))
-        return attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
+        return item
 
-    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
-        await self._state.step()
-        _inbox_checks.check_inbox_claim(claim)
-        hold = _inbox_checks.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
-        row = self._current(claim)
-        if row is None or row.item.state != "claimed":
+    async def _complete(self, claim: InboxClaim, expires_at: int, now: int) -> bool:
+        row = self._current(claim, "claimed")
+        if row is None:
             return False
-        now = self._state.clock.now_ms()
         item = attrs.evolve(
-            row.item, state="done", claim_expires_at_ms=now + hold, updated_at_ms=now
+            row.item, state="done", claim_expires_at_ms=expires_at, updated_at_ms=now
         )
         self._store(_InboxRow(item, None, row.token))
         return True
 
-    async def release(self, claim: InboxClaim) -> bool:
-        await self._state.step()
-        _inbox_checks.check_inbox_claim(claim)
-        row = self._current(claim)
-        if row is None or row.item.state != "done":
+    async def _release(self, claim: InboxClaim, now: int) -> bool:
+        row = self._current(claim, "done")
+        if row is None:
             return False
-        now = self._state.clock.now_ms()
         if row.item.claim_expires_at_ms > now:
             item = attrs.evolve(row.item, claim_expires_at_ms=now, updated_at_ms=now)
             self._store(attrs.evolve(row, item=item))
         return True
 
-    async def retry(
-        self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
+    async def _retry(
+        self, claim: InboxClaim, max_attempts: int, error: str, available_at: int, now: int
     ) -> InboxItem | None:
-        await self._state.step()
-        _inbox_checks.check_inbox_claim(claim)
-        delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
-        code = _inbox_checks.bound_inbox_error(error)
-        most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
-        row = self._current(claim)
-        if row is None or row.item.state != "claimed":
+        row = self._current(claim, "claimed")
+        if row is None:
             return None
-        now = self._state.clock.now_ms()
-        state: InboxState = "dead" if row.item.attempts >= most else "pending"
+        state: InboxState = "dead" if row.item.attempts >= max_attempts else "pending"
         item = attrs.evolve(
-            row.item, state=state, error=code, available_at_ms=now + delay,
+            row.item, state=state, error=error, available_at_ms=available_at,
             claim_expires_at_ms=now, updated_at_ms=now,
         )  # fmt: skip
         self._store(_InboxRow(item, row.payload_json, None))
         return item
 
-    async def get(self, *, source: str, key: str) -> InboxItem | None:
-        await self._state.step()
-        _common.check_name(source, "source", InvalidInboxError)
-        _common.check_name(key, "key", InvalidInboxError)
+    async def _get(self, source: str, key: str) -> InboxItem | None:
         row = self._row(source, key)
         return None if row is None else row.public(with_payload=True)
 
-    async def list_items(
-        self,
-        *,
-        source: str | None = None,
-        state: InboxState | None = None,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> InboxPage:
-        await self._state.step()
-        if source is not None:
-            _common.check_name(source, "source", InvalidInboxError)
-        wanted = _inbox_checks.check_inbox_state(state)
-        position = _inbox_checks.decode_inbox_cursor(cursor)
-        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
-        rows = sorted(
+    async def _list(self, ask: ListAsk) -> Sequence[InboxItem]:
+        return sorted(
             (
                 r.item
                 for r in self._state.inbox.values()
-                if (source is None or r.item.source == source)
-                and (wanted is None or r.item.state == wanted)
-                and (position is None or (r.item.source, r.item.order, r.item.key) > position)
+                if (ask.source is None or r.item.source == ask.source)
+                and (ask.state is None or r.item.state == ask.state)
+                and (ask.after is None or (r.item.source, r.item.order, r.item.key) > ask.after)
             ),
             key=lambda i: (i.source, i.order, i.key),
-        )
-        items = tuple(rows[:n])
-        more = len(rows) > n
-        return InboxPage(items, _inbox_checks.encode_inbox_cursor(items[-1]) if more else None)
+        )[: ask.limit]
 
-    async def settle(
-        self, *, source: str, key: str, action: Literal["retry", "discard"]
-    ) -> InboxItem | None:
-        await self._state.step()
-        _common.check_name(source, "source", InvalidInboxError)
-        _common.check_name(key, "key", InvalidInboxError)
-        if action not in ("retry", "discard"):
-            raise InvalidInboxError("action must be 'retry' or 'discard'")
+    async def _settle(self, source: str, key: str, action: Settle, now: int) -> InboxItem | None:
         row = self._row(source, key)
         if row is None or row.item.state != "dead":
             return None
-        now = self._state.clock.now_ms()
         if action == "retry":
             item = attrs.evolve(
                 row.item, state="pending", attempts=0, available_at_ms=now, updated_at_ms=now
@@ -268,27 +198,21 @@ class MemoryInboxStore:
             self._store(_InboxRow(item, None))
         return item
 
-    async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
-        await self._state.step()
-        before = _inbox_checks.check_inbox_ms(before_ms, "before_ms", minimum=0)
-        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
-        now = self._state.clock.now_ms()
+    async def _prune(self, before: int, limit: int, now: int) -> int:
         doomed = [
             address
             for address, row in self._state.inbox.items()
             if row.item.state in ("done", "discarded")
             and row.item.updated_at_ms < before
             and row.item.claim_expires_at_ms <= now
-        ][:n]
+        ][:limit]
         for address in doomed:
             del self._state.inbox[address]
         return len(doomed)
 
-    async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
-        await self._state.step()
-        wanted = _inbox_checks.check_inbox_sources(sources)
+    async def _depth(self, sources: tuple[str, ...] | None) -> InboxDepth:
         counts = {"pending": 0, "claimed": 0, "dead": 0}
         for row in self._state.inbox.values():
-            if (wanted is None or row.item.source in wanted) and row.item.state in counts:
+            if (sources is None or row.item.source in sources) and row.item.state in counts:
                 counts[row.item.state] += 1
         return InboxDepth(**counts)

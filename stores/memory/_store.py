@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-
 import attrs
 import trio
 
 from .. import _common
+from .._closing import ClosesOnExit
 from .._types import DEFAULT_MAX_VALUE_BYTES, SYSTEM_CLOCK, Clock
 from ._checkpoints import MemoryCheckpointStore
 from ._inbox import MemoryInboxStore
@@ -16,7 +15,7 @@ from ._state import _State
 
 
 @attrs.define(eq=False)
-class MemoryStore:
+class MemoryStore(ClosesOnExit):
     """A process-local :class:`~stores.Store`: ``.checkpoints``, ``.leases``, ``aclose()``.
 
     Usable as ``async with MemoryStore() as store:``. After ``aclose()`` every call raises
@@ -30,44 +29,21 @@ class MemoryStore:
         validator=lambda _i, _a, v: _common.check_max_value_bytes(v),
     )
     _state: _State = attrs.field(init=False)
-    _checkpoints: MemoryCheckpointStore = attrs.field(init=False)
-    _leases: MemoryLeaseStore = attrs.field(init=False)
-    _inbox: MemoryInboxStore = attrs.field(init=False)
+    checkpoints: MemoryCheckpointStore = attrs.field(init=False)
+    leases: MemoryLeaseStore = attrs.field(init=False)
+    inbox: MemoryInboxStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._state = _State(clock=self.clock, max_value_bytes=self.max_value_bytes)
-        self._checkpoints = MemoryCheckpointStore(self._state)
-        self._leases = MemoryLeaseStore(self._state)
-        self._inbox = MemoryInboxStore(self._state)
+        self.checkpoints = MemoryCheckpointStore(self._state)
+        self.leases = MemoryLeaseStore(self._state)
+        self.inbox = MemoryInboxStore(self._state)
 
     @property
     def url(self) -> str:
         return "memory://"
 
-    @property
-    def checkpoints(self) -> MemoryCheckpointStore:
-        return self._checkpoints
-
-    @property
-    def leases(self) -> MemoryLeaseStore:
-        return self._leases
-
-    @property
-    def inbox(self) -> MemoryInboxStore:
-        return self._inbox
-
     async def aclose(self) -> None:
         """Close the store; idempotent."""
         self._state.closed = True
         await trio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> MemoryStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

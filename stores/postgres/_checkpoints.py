@@ -9,16 +9,13 @@ import attrs
 import trio
 
 from .. import _common
+from .._checkpointing import CheckpointQuery, CheckpointStoreBase
 from .._types import (
-    ANY_SCOPE,
-    LIST_LIMIT_DEFAULT,
-    CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
     Clock,
-    DeleteCheckpoint,
     EncodedSave,
-    EventPage,
+    JournalEvent,
     OwnershipScope,
     StoreUnavailableError,
     WriteResult,
@@ -47,7 +44,7 @@ def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> N
 
 
 @attrs.define(eq=False)
-class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
+class PostgresCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
 
     _driver: Driver
@@ -86,16 +83,9 @@ class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
             return ()
         return await self._writer.submit(job)
 
-    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
-        """True when a row was removed (with its delete event); a foreign scope is a miss."""
-        (result,) = await self.write_checkpoints((DeleteCheckpoint(namespace, key, scope),))
-        return result.ok
-
-    async def load_checkpoint(
-        self, *, namespace: str, key: str, scope: OwnershipScope
+    async def _load(
+        self, namespace: str, key: str, scope: OwnershipScope
     ) -> CheckpointRecord | None:
-        """The row, or ``None`` when absent or stored under another exact scope."""
-        _common.check_checkpoint_address(namespace, key, scope)
         sql = (
             f"SELECT {_CHECKPOINT_COLUMNS} FROM {self._t}.prism_checkpoints"
             " WHERE namespace = $1 AND key = $2 AND tenant_id IS NOT DISTINCT FROM $3"
@@ -108,48 +98,36 @@ class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
         row = await self._driver.call(read)
         return None if row is None else _common.checkpoint_from_row(row)
 
-    async def list_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:
-        """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
-        _common.check_list_filters(namespace, key_prefix, scope)
-        categories = _common.check_category_filter(category)
-        position = _common.decode_cursor(cursor)
-        n = _common.clamp_limit(limit)
-        if categories == ():
-            await trio.lowlevel.checkpoint()
-            return CheckpointPage(items=())
+    async def _fetch(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
+        async def read(session: Session) -> Sequence[Sequence[Any]]:
+            return await session.fetch(sql, *args)
+
+        return await self._driver.call(read)
+
+    async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
         where: list[str] = []
         args: list[Any] = []
-        if namespace is not None:
-            args.append(namespace)
+        if query.namespace is not None:
+            args.append(query.namespace)
             where.append(f"namespace = ${len(args)}")
-        if key_prefix:
+        if query.key_prefix:
             # The planner derives the range from starts_with only for a constant: a prepared
             # statement's generic plan read the whole table (10,000 rows: 1.9 ms, 0.03 ms
             # with the range).
-            low, high = _common.prefix_bounds(key_prefix)
+            low, high = _common.prefix_bounds(query.key_prefix)
             args.append(low)
             where.append(f"key >= ${len(args)}")
             if high is not None:
                 args.append(high)
                 where.append(f"key < ${len(args)}")
-            args.append(key_prefix)
+            args.append(query.key_prefix)
             where.append(f"starts_with(key, ${len(args)})")
-        if categories is not None:
-            args.append(list(categories))
+        if query.categories is not None:
+            args.append(list(query.categories))
             where.append(f"category = ANY(${len(args)}::text[])")
-        _scope_filter(scope, where, args)
-        if position is not None:
-            at, last_key, last_ns = position
-            args += [at, last_key, last_ns]
+        _scope_filter(query.scope, where, args)
+        if query.after is not None:
+            args += list(query.after)
             a, k, s = (f"${len(args) - 2}", f"${len(args) - 1}", f"${len(args)}")
             where.append(
                 f"(updated_at < {a} OR (updated_at = {a} AND (key > {k}"
@@ -158,37 +136,23 @@ class PostgresCheckpointStore(_common.SavesAsABatchOfOne):
         sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM {self._t}.prism_checkpoints"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        args.append(n + 1)
+        args.append(query.limit)
         sql += f" ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ${len(args)}"
+        return [_common.checkpoint_from_row(row) for row in await self._fetch(sql, args)]
 
-        async def read(session: Session) -> Sequence[Sequence[Any]]:
-            return await session.fetch(sql, *args)
-
-        rows = [_common.checkpoint_from_row(row) for row in await self._driver.call(read)]
-        items = tuple(rows[:n])
-        next_cursor = _common.encode_cursor(items[-1]) if len(rows) > n else None
-        return CheckpointPage(items=items, next_cursor=next_cursor)
-
-    async def list_events(
-        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
-    ) -> EventPage:
-        """Committed events with ``seq > after`` in ``seq`` order (which is commit order: see
-        the module docstring), filtered by partial scope."""
-        after, n = _common.check_event_args(after, limit, scope)
+    async def _events(
+        self, after: int, limit: int, scope: OwnershipScope
+    ) -> Sequence[JournalEvent]:
+        """In ``seq`` order, which is commit order (see the module docstring)."""
         where = ["seq > $1"]
         args: list[Any] = [after]
         _scope_filter(scope, where, args)
-        args.append(n)
+        args.append(limit)
         sql = (
             f"SELECT {_EVENT_COLUMNS} FROM {self._t}.prism_events WHERE {' AND '.join(where)}"
             f" ORDER BY seq LIMIT ${len(args)}"
         )
-
-        async def read(session: Session) -> Sequence[Sequence[Any]]:
-            return await session.fetch(sql, *args)
-
-        items = tuple(_common.event_from_row(row) for row in await self._driver.call(read))
-        return EventPage(items=items, last_seq=items[-1].seq if items else after)
+        return [_common.event_from_row(row) for row in await self._fetch(sql, args)]
 
     async def last_event_seq(self) -> int:
         """The counter row as committed: commits are visible in ``seq`` order, so it is the

@@ -9,16 +9,12 @@ import apsw
 import attrs
 
 from .. import _common
+from .._checkpointing import CheckpointQuery, CheckpointStoreBase
 from .._types import (
-    ANY_SCOPE,
-    LIST_LIMIT_DEFAULT,
-    CheckpointPage,
     CheckpointRecord,
     CheckpointWrite,
-    DeleteCheckpoint,
     EncodedSave,
     EventAction,
-    EventPage,
     JournalEvent,
     OwnershipScope,
     WriteResult,
@@ -206,7 +202,7 @@ def _time_aborted(updated_at: int | None) -> int | None:
 
 
 @attrs.define(eq=False)
-class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
+class SQLiteCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
 
     _db: _Database
@@ -253,12 +249,9 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
 
         return await self._db.write(txn, savepoint=undo, weight=len(writes))
 
-    async def load_checkpoint(
-        self, *, namespace: str, key: str, scope: OwnershipScope
+    async def _load(
+        self, namespace: str, key: str, scope: OwnershipScope
     ) -> CheckpointRecord | None:
-        """The row, or ``None`` when absent or stored under another exact scope."""
-        _common.check_checkpoint_address(namespace, key, scope)
-
         def read(conn: apsw.Connection) -> CheckpointRecord | None:
             row = _one(
                 conn,
@@ -270,43 +263,27 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
 
         return await self._db.run(read)
 
-    async def list_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:
-        """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
-        _common.check_list_filters(namespace, key_prefix, scope)
-        categories = _common.check_category_filter(category)
-        position = _common.decode_cursor(cursor)
-        n = _common.clamp_limit(limit)
-        if categories == ():
-            return CheckpointPage(items=())
+    async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
         where: list[str] = []
         args: list[Any] = []
-        if namespace is not None:
+        if query.namespace is not None:
             where.append("namespace = ?")
-            args.append(namespace)
-        if key_prefix:
-            low, high = _common.prefix_bounds(key_prefix)
+            args.append(query.namespace)
+        if query.key_prefix:
+            low, high = _common.prefix_bounds(query.key_prefix)
             where.append("key >= ?")
             args.append(low)
             if high is not None:
                 where.append("key < ?")
                 args.append(high)
             where.append("substr(key, 1, ?) = ?")
-            args += [len(key_prefix), key_prefix]
-        if categories is not None:
-            where.append(f"category IN ({', '.join('?' for _ in categories)})")
-            args += categories
-        _add_scope_filter(scope, where, args)
-        if position is not None:
-            at, last_key, last_ns = position
+            args += [len(query.key_prefix), query.key_prefix]
+        if query.categories is not None:
+            where.append(f"category IN ({', '.join('?' for _ in query.categories)})")
+            args += query.categories
+        _add_scope_filter(query.scope, where, args)
+        if query.after is not None:
+            at, last_key, last_ns = query.after
             where.append(
                 "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
             )
@@ -315,27 +292,16 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
-        args.append(n + 1)
+        args.append(query.limit)
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
             return [_common.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
 
-        rows = await self._db.run(read)
-        items = tuple(rows[:n])
-        next_cursor = _common.encode_cursor(items[-1]) if len(rows) > n else None
-        return CheckpointPage(items=items, next_cursor=next_cursor)
+        return await self._db.run(read)
 
-    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
-        """True when a row was removed (its delete event committed with it); a foreign
-        scope is a miss."""
-        (result,) = await self.write_checkpoints((DeleteCheckpoint(namespace, key, scope),))
-        return result.ok
-
-    async def list_events(
-        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
-    ) -> EventPage:
-        """Committed events with ``seq > after`` in commit order, filtered by partial scope."""
-        after, n = _common.check_event_args(after, limit, scope)
+    async def _events(
+        self, after: int, limit: int, scope: OwnershipScope
+    ) -> Sequence[JournalEvent]:
         where = ["seq > ?"]
         args: list[Any] = [after]
         _add_scope_filter(scope, where, args)
@@ -344,14 +310,13 @@ class SQLiteCheckpointStore(_common.SavesAsABatchOfOne):
             f" category, metadata FROM prism_events WHERE {' AND '.join(where)}"
             " ORDER BY seq LIMIT ?"
         )
-        args.append(n)
+        args.append(limit)
 
         def read(conn: apsw.Connection) -> list[JournalEvent]:
             rows: list[Any] = conn.execute(sql, args).fetchall()
             return [_common.event_from_row(row) for row in rows]
 
-        items = tuple(await self._db.run(read))
-        return EventPage(items=items, last_seq=items[-1].seq if items else after)
+        return await self._db.run(read)
 
     async def last_event_seq(self) -> int:
         """The highest committed event sequence number (0: none yet)."""

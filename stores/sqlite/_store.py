@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-
 import attrs
 import trio
 
 from .. import _common
+from .._closing import ClosesOnExit
 from .._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,
@@ -95,7 +94,7 @@ class SQLiteStatistics:
 
 
 @attrs.define(eq=False)
-class SQLiteStore:
+class SQLiteStore(ClosesOnExit):
     """An open SQLite :class:`~stores.Store`; use :func:`open_sqlite_store` to make one.
 
     Usable as ``async with``; after :meth:`aclose` every call raises
@@ -105,30 +104,18 @@ class SQLiteStore:
     _url: str = attrs.field(alias="url")
     _db: _Database = attrs.field(alias="db")
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
-    _checkpoints: SQLiteCheckpointStore = attrs.field(init=False)
-    _leases: SQLiteLeaseStore = attrs.field(init=False)
-    _inbox: SQLiteInboxStore = attrs.field(init=False)
+    checkpoints: SQLiteCheckpointStore = attrs.field(init=False)
+    leases: SQLiteLeaseStore = attrs.field(init=False)
+    inbox: SQLiteInboxStore = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._checkpoints = SQLiteCheckpointStore(self._db, self.max_value_bytes)
-        self._leases = SQLiteLeaseStore(self._db)
-        self._inbox = SQLiteInboxStore(self._db, self.max_value_bytes)
+        self.checkpoints = SQLiteCheckpointStore(self._db, self.max_value_bytes)
+        self.leases = SQLiteLeaseStore(self._db)
+        self.inbox = SQLiteInboxStore(self._db, self.max_value_bytes)
 
     @property
     def url(self) -> str:
         return self._url
-
-    @property
-    def checkpoints(self) -> SQLiteCheckpointStore:
-        return self._checkpoints
-
-    @property
-    def leases(self) -> SQLiteLeaseStore:
-        return self._leases
-
-    @property
-    def inbox(self) -> SQLiteInboxStore:
-        return self._inbox
 
     def statistics(self) -> SQLiteStatistics:
         """Counters of the write path since open (for the bench and the tests)."""
@@ -143,14 +130,3 @@ class SQLiteStore:
     async def aclose(self) -> None:
         """Close the connections (after any call in flight); idempotent."""
         await self._db.aclose()
-
-    async def __aenter__(self) -> SQLiteStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -23,12 +23,14 @@ from prismd.control._methods import ControlHandler, pairing_aliases_from_grants
 from prismd.control._server import serve_control
 from prismd.daemon._config import GrantConfig
 from prismd.grants import GrantAuthorizer
+from prismd.journal import NS_OPERATION
 from prismd.journal._access import GrantStore
 from prismd.journal._journal import NS_CONTROL, ChannelJournal
 from prismd.journal._records import OperationRecord
 from prismd.runtime import open_messaging_runtime
 from stores import OwnershipScope
 from stores.memory import MemoryStore
+from tests.support.builders import write
 
 from .test_control_support import connect
 
@@ -365,10 +367,10 @@ async def crashed_turn(store: MemoryStore) -> str:
         created_at_ms=1,
         updated_at_ms=1,
     )
-    created = await journal.create_operation(scope, record)
+    created = await write(journal, NS_OPERATION, scope, record)
     assert created is not None and created.version == 1
     running = attrs.evolve(record, state="executing", run_id="run-1", updated_at_ms=2)
-    saved = await journal.save_operation(scope, running, 1)
+    saved = await write(journal, NS_OPERATION, scope, running, 1)
     assert saved is not None and saved.version == 2
     return record.operation_id
 

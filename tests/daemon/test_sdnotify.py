@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from prismd.daemon import _sdnotify as sdnotify
+from prismd.journal import NS_OPERATION
+from tests.support.builders import write
 
 
 def _receiver(path: str) -> socket.socket:
@@ -118,7 +120,9 @@ async def _leave_executing(url: str, operation_id: str) -> None:
     from stores import OwnershipScope, open_store
 
     async with open_store(url) as store:
-        await ChannelJournal(store.checkpoints).create_operation(
+        await write(
+            ChannelJournal(store.checkpoints),
+            NS_OPERATION,
             OwnershipScope(tenant_id="default", account_id="web", user_id="actor-1"),
             OperationRecord(
                 operation_id=operation_id,

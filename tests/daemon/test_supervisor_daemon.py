@@ -184,8 +184,8 @@ async def test_crashing_adapter_is_restarted_and_the_daemon_stays_up(
         assert crashes == [1]
         child = daemon.supervisor.children["webchat:web"]
         assert child.restarts == 1 and child.state == "running"
-        assert daemon.host is not None
-        web = daemon.host.adapters["web"]
+        assert daemon.adapters is not None
+        web = daemon.adapters["web"]
         assert isinstance(web, CrashOnce)
         async with chat(web.bound[1], actor="inproc-actor-2") as client:
             assert (await client.send_message("m1", "still up"))["status"] == "accepted"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -14,7 +15,10 @@ from adapters.webchat._adapter import WebchatAdapter
 from prismd.channel import (
     NO_FEATURES,
     AdapterFeatures,
+    AdapterRegistry,
     AttachmentRef,
+    AuthorizeInput,
+    Grant,
     InboundEvent,
     Preview,
     Reply,
@@ -23,9 +27,9 @@ from prismd.channel import (
 from prismd.daemon._config import ConfigError, parse_config
 from prismd.daemon._daemon import Daemon
 from prismd.daemon._statedir import locked_state_dir
-from prismd.daemon._wiring import Host, WiringError, adapter_child_name, build_adapter, build_agents
+from prismd.daemon._wiring import WiringError, adapter_child_name, build_adapter, build_agents
 from prismd.identity import ownership_from_identity
-from prismd.runtime import ResolveAgentInput
+from prismd.runtime import Runtime, open_messaging_runtime
 from stores import open_store
 from tests.support.builders import IDENTITY
 
@@ -73,49 +77,60 @@ async def test_agents_are_built_per_alias_with_the_store() -> None:
         config = parse_config(BASE)
         agents = build_agents(config, store)
         assert set(agents) == {"echo", "slow"}
-        host = Host(agents=agents)
+        # The runtime is opened with them and resolves a route's alias to its agent.
+        async with open_messaging_runtime(
+            authorize=_no_grant, agents=agents, adapters=AdapterRegistry()
+        ) as runtime:
+            core = runtime._core
 
-        def request(alias: str) -> ResolveAgentInput:
-            return ResolveAgentInput(
-                agent_alias=alias,
-                identity=IDENTITY,
-                ownership=ownership_from_identity(IDENTITY),
-                connection_id="web",
-                external_conversation_id="chat-1",
-            )
+            def route(alias: str) -> Any:
+                scope = ownership_from_identity(IDENTITY)
+                return core.routes.route("web", "chat-1", None, "actor", alias, scope)
 
-        assert await host.resolve_agent(request("slow")) is agents["slow"]
-        with pytest.raises(LookupError):
-            await host.resolve_agent(request("missing"))
+            assert await core.resolve_agent(route("slow"), IDENTITY) is agents["slow"]
+            with pytest.raises(LookupError):
+                await core.resolve_agent(route("missing"), IDENTITY)
+
+
+async def _no_grant(_request: AuthorizeInput) -> Grant | None:
+    return None
 
 
 async def test_deliver_routes_by_connection_and_unknown_is_not_delivered() -> None:
-    host = Host(agents={})
     fake = FakeAdapter()
-    host.adapters["web"] = fake  # type: ignore[assignment]
-    assert await host.deliver(_reply("web")) == SendResult(delivered=True, message_id="1")
+    adapters = AdapterRegistry([fake])  # type: ignore[list-item]
+    assert await adapters.send(_reply("web")) == SendResult(delivered=True, message_id="1")
     assert fake.sent == [_reply("web")]
-    assert await host.deliver(_reply("tg")) == SendResult(
+    assert await adapters.send(_reply("tg")) == SendResult(
         delivered=False, reason="unknown_connection"
     )
 
 
-async def test_admit_before_the_runtime_is_bound_is_retryable() -> None:
-    host = Host(agents={})
+async def test_admit_before_the_runtime_is_opened_is_retryable() -> None:
+    runtime = Runtime()  # what the adapters are built with, opened later
     event = InboundEvent(
         connection_id="web", external_conversation_id="c", external_actor_id="a", event_id="1"
     )
-    first = await host.admit(event)
+    first = await runtime.admit(event)
     assert first.status == "denied" and first.reason == "unavailable" and first.retryable
-    seen: list[InboundEvent] = []
+    assert (
+        await runtime.recent_replies(
+            connection_id="web", external_conversation_id="c", external_actor_id="a"
+        )
+        == []
+    )
+    assert runtime.busy_conversations("web") == frozenset()
+    seen: list[str] = []
 
-    async def admit(e: InboundEvent) -> object:
-        seen.append(e)
-        return first
+    async def authorize(request: AuthorizeInput) -> Grant | None:
+        seen.append(request.event_id)
+        return None
 
-    host.bind(admit)  # type: ignore[arg-type]
-    await host.admit(event)
-    assert seen == [event]
+    async with open_messaging_runtime(
+        authorize=authorize, agents={}, adapters=AdapterRegistry(), runtime=runtime
+    ):
+        await runtime.admit(event)
+    assert seen == [event.event_id]
 
 
 async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> None:
@@ -124,7 +139,7 @@ async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> 
             config = parse_config(BASE)
             (web,) = config.connections
             adapter = build_adapter(
-                web, admit=Host(agents={}).admit, store=store, state=state, config=config, env={}
+                web, runtime=Runtime(), store=store, state=state, config=config, env={}
             )
             assert isinstance(adapter, WebchatAdapter)
             assert adapter.connection_id == "web"
@@ -141,7 +156,7 @@ async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> 
             with pytest.raises(ConfigError, match="WEB_TOKEN"):
                 build_adapter(
                     guarded.connections[0],
-                    admit=Host(agents={}).admit,
+                    runtime=Runtime(),
                     store=store,
                     state=state,
                     config=guarded,
@@ -159,7 +174,7 @@ async def test_build_adapter_for_webchat_and_missing_secrets(tmp_path: Path) -> 
             with pytest.raises(ConfigError, match="TG_TOKEN") as info:
                 build_adapter(
                     telegram.connections[1],
-                    admit=Host(agents={}).admit,
+                    runtime=Runtime(),
                     store=store,
                     state=state,
                     config=telegram,
@@ -234,34 +249,35 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
         async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
             self.typing.append((conversation_id, thread_id))
 
-    host = Host(agents={})
-    assert not host.has_previews() and not host.has_attachments() and not host.has_typing()
+    adapters = AdapterRegistry()
+    assert not any(adapters.any_offers(f) for f in ("previews", "attachments", "typing"))
     drafting = Drafting()
-    host.adapters["tg"] = drafting  # type: ignore[assignment]
-    host.adapters["web"] = FakeAdapter()  # type: ignore[assignment]
-    assert host.has_previews() and host.has_attachments()
+    drafting.connection_id = "tg"
+    adapters.add(drafting)  # type: ignore[arg-type]
+    adapters.add(FakeAdapter())  # type: ignore[arg-type]
+    assert adapters.any_offers("previews") and adapters.any_offers("attachments")
     preview = Preview(connection_id="tg", external_conversation_id="101", text="partial")
-    host.preview(preview)
-    host.preview(Preview(connection_id="tg", external_conversation_id="101", text="boom"))
-    host.preview(Preview(connection_id="web", external_conversation_id="c", text="x"))
-    host.preview(Preview(connection_id="nope", external_conversation_id="c", text="x"))
+    adapters.send_draft(preview)
+    adapters.send_draft(Preview(connection_id="tg", external_conversation_id="101", text="boom"))
+    adapters.send_draft(Preview(connection_id="web", external_conversation_id="c", text="x"))
+    adapters.send_draft(Preview(connection_id="nope", external_conversation_id="c", text="x"))
     assert [p.text for p in drafting.drafts] == ["partial", "boom"]
-    assert await host.fetch_attachment(AttachmentRef("image", "mine")) == b"bytes"
-    assert await host.fetch_attachment(AttachmentRef("image", "other")) is None
+    assert await adapters.fetch_attachment(AttachmentRef("image", "mine")) == b"bytes"
+    assert await adapters.fetch_attachment(AttachmentRef("image", "other")) is None
     # A ref names its connection: only that adapter is asked, and only if it fetches files.
-    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="tg")) == (
-        b"bytes"
-    )
-    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="web")) is None
-    assert await host.fetch_attachment(AttachmentRef("image", "mine", connection_id="x")) is None
-    assert host.has_typing()
-    await host.typing("tg", "101", "7")
-    await host.typing("web", "c", None)
-    await host.typing("nope", "c", None)
+    mine = AttachmentRef("image", "mine", connection_id="tg")
+    assert await adapters.fetch_attachment(mine) == b"bytes"
+    for elsewhere in ("web", "x"):
+        ref = AttachmentRef("image", "mine", connection_id=elsewhere)
+        assert await adapters.fetch_attachment(ref) is None
+    assert adapters.any_offers("typing")
+    await adapters.send_typing("tg", "101", "7")
+    await adapters.send_typing("web", "c", None)
+    await adapters.send_typing("nope", "c", None)
     assert drafting.typing == [("101", "7")]
     # The adapter without features was never asked for one (declared, not probed).
-    assert host.adapters["web"].asked == []  # type: ignore[attr-defined]
-    await host.aclose()
+    assert adapters["web"].asked == []  # type: ignore[attr-defined]
+    await adapters.aclose()
     assert drafting.asked == ["aclose"]
 
 
@@ -279,13 +295,13 @@ async def test_exposed_webchat_with_only_pairing_grants_is_pairing_only(tmp_path
             )
             (web,) = config.connections
             adapter = build_adapter(
-                web, admit=Host(agents={}).admit, store=store, state=state, config=config, env={}
+                web, runtime=Runtime(), store=store, state=state, config=config, env={}
             )
             assert isinstance(adapter, WebchatAdapter) and adapter.pairing_only is True
             loopback = parse_config(BASE)
             plain = build_adapter(
                 loopback.connections[0],
-                admit=Host(agents={}).admit,
+                runtime=Runtime(),
                 store=store,
                 state=state,
                 config=loopback,

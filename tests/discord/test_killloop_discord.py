@@ -37,6 +37,8 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 KILLS = 5
+SETTLED_S = 6.0
+"""Nothing moved for this long: longer than the fake's per-channel window (5 s)."""
 MESSAGES = 60
 USERS = ("2000000000000000001", "2000000000000000002", "2000000000000000003")
 CHANNELS = {u: f"3{u[1:]}" for u in USERS}
@@ -102,7 +104,7 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
     sent: list[dict[str, Any]] = []
     logs: list[str] = []
     kills = 0
-    with trio.fail_after(58):
+    with trio.fail_after(59):
         for round_ in range(KILLS):
             async with running_daemon(layout, tag=f"k{round_}", extra_env=env) as daemon:
                 if round_ == 0:  # Discord delivers nothing to a bot that never connected
@@ -122,7 +124,10 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
         async with running_daemon(layout, tag="final", extra_env=env) as daemon:
             await daemon.wait_state("READY=1")
             await wait_until(lambda: len(sent) == MESSAGES)
-            entries = await _settle(fake, layout, tag)
+            # Not before the final daemon holds the gateway: right after a SIGKILL it
+            # stands by until the dead one's lease expires, and nothing moves meanwhile.
+            await _connected(layout, tag)
+            entries = await _settle(fake, layout, tag, sent)
             daemon.send(signal.SIGTERM)
             assert await daemon.wait_exit() == 0, f"{tag}: {daemon.stderr()}"
             logs.append(daemon.stderr())
@@ -162,22 +167,43 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
         assert TOKEN not in log and "km1" not in log, tag
 
 
-async def _settle(fake: FakeDiscord, layout: Layout, tag: str) -> list[dict[str, Any]]:
-    """Wait until the answers and the unresolved list are stable."""
+async def _connected(layout: Layout, tag: str) -> None:
+    """Until ``prismctl health`` shows the connection's gateway connected (resumed)."""
+    while True:
+        code, health, err = await prismctl(layout, "health")
+        assert code == 0, f"{tag}: {err}"
+        entry = next(v for k, v in health["children"].items() if "dc" in k)
+        if entry.get("adapterState") == "connected":
+            return
+        await trio.sleep(0.2)
+
+
+async def _settle(
+    fake: FakeDiscord, layout: Layout, tag: str, sent: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Wait until every message sent has reached the journal and the answers, the
+    unresolved list and the operations' states have not moved for longer than a
+    per-channel rate-limit window (the fake's, as Discord's: 5 sends per 5 s), so a
+    backlog answered in bursts is not taken for a settled one."""
+    ops = {operation_id_for("dc", m["id"]) for m in sent}
     last: tuple[Any, ...] | None = None
+    stable_since = trio.current_time()
     entries: list[dict[str, Any]] = []
-    with trio.move_on_after(20):
+    with trio.move_on_after(30):
         while True:
             await trio.sleep(1.0)
             code, entries, err = await prismctl(layout, "list-unresolved")
             assert code == 0, f"{tag}: {err}"
+            states = _op_states(layout)
             snapshot = (
                 len(fake.bot_messages()),
                 tuple(sorted((e["operationId"], e["state"], e["version"]) for e in entries)),
+                tuple(sorted(states.items())),
             )
-            if snapshot == last:
+            if snapshot != last:
+                last, stable_since = snapshot, trio.current_time()
+            elif ops <= states.keys() and trio.current_time() - stable_since >= SETTLED_S:
                 return list(entries)
-            last = snapshot
     raise AssertionError(f"{tag}: never settled; unresolved={entries}")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 
+import attrs
 import pytest
 import trio
 
@@ -310,3 +311,57 @@ async def test_the_typing_delay_reaches_the_runtime(make_adapter: AdapterFactory
     assert make_adapter(typing_delay_ms=0).features.typing_delay_ms == 0
     assert make_adapter(typing_delay_ms=2500).features.typing
     await trio.lowlevel.checkpoint()
+
+
+async def test_a_reply_sent_soon_after_staging_stores_no_first_attempt(
+    fake: FakeDiscord, make_adapter: AdapterFactory, store: Store
+) -> None:
+    """Staged moments ago (``staged_at_ms``): every attempt came after that, so the window
+    counts from it and nothing of the send is written; a lost answer is still resent
+    with the same nonce, and Discord deduplicates."""
+    inbound = fake.user_message(DM, USER, "question")
+    clock = ManualClock()
+    fake.fail_next(POST, "commit_drop")
+    adapter = make_adapter(clock=clock)
+    reply = attrs.evolve(reply_to(inbound["id"]), staged_at_ms=clock.now_ms() - 1_000)
+    with trio.fail_after(DEADLINE_S):
+        result = await adapter.send(reply)
+    await adapter.aclose()
+    assert result.delivered and len(fake.bot_messages(DM)) == 1 and len(posts(fake)) == 2
+    page = await store.checkpoints.list_checkpoints(namespace=SEND_NAMESPACE)
+    assert not page.items
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_staged_long_ago_without_a_record_is_looked_for_not_posted(
+    committed: bool, fake: FakeDiscord, make_adapter: AdapterFactory, store: Store
+) -> None:
+    """A process that sent soon after staging stored nothing, then died; past the window
+    the next one cannot tell whether it posted: it looks for the bot's reply (found:
+    delivered) and otherwise leaves the reply to the operator — never a blind post."""
+    inbound = fake.user_message(DM, USER, "question")
+    clock = ManualClock()
+    staged = clock.now_ms()
+    fake.fail_next(POST, "commit_hang" if committed else "502")
+    fake.fail_next(POST, *["502"] * 8)
+    first = make_adapter(clock=clock)
+    reply = attrs.evolve(reply_to(inbound["id"]), staged_at_ms=staged)
+    with trio.move_on_after(1.0):
+        await first.send(reply)
+    await first.aclose()
+    fake._faults.clear()
+    assert not (await store.checkpoints.list_checkpoints(namespace=SEND_NAMESPACE)).items
+    clock.advance(NONCE_WINDOW_MS + 1)
+    second = make_adapter(clock=clock)
+    posted = len(posts(fake))
+    with trio.fail_after(DEADLINE_S):
+        if committed:
+            result = await second.send(reply)
+            assert result.delivered
+            assert result.message_id == fake.bot_messages(DM)[0]["id"]
+        else:
+            with pytest.raises(DeliveryOutcomeUnknownError):
+                await second.send(reply)
+    await second.aclose()
+    assert len(posts(fake)) == posted  # nothing posted outside the window
+    assert len(fake.bot_messages(DM)) == (1 if committed else 0)

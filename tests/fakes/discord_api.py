@@ -118,6 +118,10 @@ class FakeDiscord:
         self._global: list[float] = []
         self._faults: dict[str, list[str]] = {}
         self._offset_ms = int(time.time() * 1000)
+        self.files: dict[str, bytes] = {}
+        """CDN path → the attachment's bytes."""
+        self.cdn_requests: list[tuple[str, bool]] = []
+        """``(path, whether an Authorization header came)`` per CDN request."""
 
     # ------------------------------------------------------------------ addresses
 
@@ -176,8 +180,10 @@ class FakeDiscord:
         guild_id: str | None = None,
         mention_bot: bool = False,
         bot: bool = False,
+        attachments: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """A user posts ``content``; stored and dispatched (MESSAGE_CREATE)."""
+        """A user posts ``content`` (and ``attachments``, from :meth:`attachment`); stored
+        and dispatched (MESSAGE_CREATE)."""
         channel = self.channel(channel_id, guild_id)
         if mention_bot:
             content = f"<@{self.bot_user_id}> {content}"
@@ -193,7 +199,34 @@ class FakeDiscord:
         mentions: list[Mapping[str, Any]] = []
         if mention_bot:
             mentions.append(self.bot_user())
-        return self._create(channel, author, content, mentions=mentions)
+        return self._create(channel, author, content, mentions=mentions, attachments=attachments)
+
+    def attachment(
+        self,
+        channel_id: str,
+        filename: str,
+        data: bytes,
+        content_type: str,
+        size: int | None = None,
+    ) -> dict[str, Any]:
+        """An attachment object (MSG "Attachment Structure") whose ``url`` serves ``data``
+        on the CDN path, signed as Discord's are (``ex``/``is``/``hm``); ``size`` is what
+        it declares (default: the true length)."""
+        attachment_id = self.snowflake()
+        path = f"/attachments/{channel_id}/{attachment_id}/{filename}"
+        self.files[path] = data
+        issued = int(time.time())
+        query = f"ex={issued + 86_400:x}&is={issued:x}&hm={'0' * 64}&"
+        return {
+            "id": attachment_id,
+            "filename": filename,
+            "size": len(data) if size is None else size,
+            "url": f"{self.origin}{path}?{query}",
+            "proxy_url": f"{self.origin}{path}?{query}",
+            "content_type": content_type,
+            "width": 64,
+            "height": 64,
+        }
 
     def _create(
         self,
@@ -204,6 +237,7 @@ class FakeDiscord:
         mentions: list[Mapping[str, Any]] | None = None,
         nonce: str | None = None,
         reference: Mapping[str, Any] | None = None,
+        attachments: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         message: dict[str, Any] = {
             "id": self.snowflake(),
@@ -216,7 +250,7 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": list(mentions or ()),
             "mention_roles": [],
-            "attachments": [],
+            "attachments": list(attachments or ()),
             "embeds": [],
             "pinned": False,
             "type": 19 if reference else 0,
@@ -273,6 +307,8 @@ class FakeDiscord:
                 status, payload, headers = answer
                 data = b"" if payload is None else payload
                 content_type = "text/html" if data == BAN_HTML else "application/json"
+                if head.path.startswith("/attachments/") and status == 200:
+                    content_type = "application/octet-stream"
                 await respond(
                     stream, conn, head.method, status, data, content_type, headers, close=False
                 )
@@ -295,6 +331,11 @@ class FakeDiscord:
                 body = json.loads(raw)
             except ValueError:
                 return self._record(method, path, None, 400, error(50035, "Invalid Form Body"))
+        if path.startswith("/attachments/"):  # the CDN: no token wanted, none checked
+            self.cdn_requests.append((path, "authorization" in head.headers))
+            data = self.files.get(path)
+            self.requests.append(Request(method, path, None, now, 200 if data else 404))
+            return (200, data, []) if data is not None else (404, b"", [])
         if self.invalid_requests >= self.ban_after_invalid:
             self.requests.append(Request(method, path, body, now, 429))
             return 429, BAN_HTML, []

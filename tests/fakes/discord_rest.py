@@ -61,6 +61,9 @@ def route(
         return 404, error(0, "404: Not Found")
     if method == "GET" and len(parts) == 3:
         return 200, _history(fake, channel, query)
+    if method == "GET" and len(parts) == 4:
+        message = next((m for m in channel.messages if m["id"] == parts[3]), None)
+        return (200, dict(message)) if message is not None else (404, error(10008, "Unknown"))
     if method == "POST" and len(parts) == 3:
         return _post(fake, channel, body)
     if method == "PATCH" and len(parts) == 4:

@@ -9,9 +9,10 @@ fix nothing listed it — the message was lost silently. Now it is listed (state
 from __future__ import annotations
 
 from prismd.identity import ownership_from_identity
+from prismd.journal import NS_OPERATION
 from prismd.journal._journal import ChannelJournal
 from prismd.journal._records import OperationRecord
-from tests.support.builders import identity
+from tests.support.builders import identity, write
 from tests.support.harness import Host, StoreFactory, runtime
 
 IDENT = identity()
@@ -38,12 +39,16 @@ def _op(op_id: str, state: str, *, run_id: str | None, staged: bool) -> Operatio
 async def test_answerless_terminal_op_is_listed_then_reconciled(stores: StoreFactory) -> None:
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
-    await journal.create_operation(SCOPE, _op("lost", "succeeded", run_id="run-1", staged=False))
-    await journal.create_operation(SCOPE, _op("fail", "failed", run_id="run-2", staged=False))
+    await write(
+        journal, NS_OPERATION, SCOPE, _op("lost", "succeeded", run_id="run-1", staged=False)
+    )
+    await write(journal, NS_OPERATION, SCOPE, _op("fail", "failed", run_id="run-2", staged=False))
     # Not listed: answered (flag set), cancelled by stop (no answer by design), no run.
-    await journal.create_operation(SCOPE, _op("done", "succeeded", run_id="run-3", staged=True))
-    await journal.create_operation(SCOPE, _op("stop", "cancelled", run_id="run-4", staged=False))
-    await journal.create_operation(SCOPE, _op("norun", "failed", run_id=None, staged=False))
+    await write(journal, NS_OPERATION, SCOPE, _op("done", "succeeded", run_id="run-3", staged=True))
+    await write(
+        journal, NS_OPERATION, SCOPE, _op("stop", "cancelled", run_id="run-4", staged=False)
+    )
+    await write(journal, NS_OPERATION, SCOPE, _op("norun", "failed", run_id=None, staged=False))
     host = Host()
     async with runtime(host, store) as rt:
         listed = await rt.list_unresolved(identity=IDENT)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prismd.journal import NS_REPLY
 from prismd.journal._journal import (
     NS_BINDING,
     NS_OPERATION,
@@ -29,6 +30,7 @@ from prismd.journal._records import (
     StoredFile,
 )
 from stores import OwnershipScope, compact_json
+from tests.support.builders import write
 from tests.support.harness import StoreFactory
 
 SCOPE = OwnershipScope("tenant-1", "acct-1", "user-1")
@@ -82,8 +84,8 @@ async def test_binding_create_save_reload_scope_b95_b96_b97_b98_b99(stores: Stor
     assert created is not None and created.version == 1
     assert await journal.create_binding(SCOPE, key, BindingRecord("s-2", "primary")) is None
     updated = BindingRecord("s-1", "primary", leaf_id="leaf-2", generation=1)
-    assert await journal.save_binding(SCOPE, key, updated, 0) is None
-    saved = await journal.save_binding(SCOPE, key, updated, 1)
+    assert await journal.save(NS_BINDING, SCOPE, key, updated, expected_version=0) is None
+    saved = await journal.save(NS_BINDING, SCOPE, key, updated, expected_version=1)
     assert saved is not None and saved.version == 2
     again = await ChannelJournal(store.checkpoints).load_binding(SCOPE, key)
     assert again is not None and again.version == 2
@@ -103,27 +105,27 @@ async def test_operation_dedup_cas_remove_b100_b101_b102(stores: StoreFactory) -
     """Behaviours 100–102: create-only dedup, CAS with stale version, remove + recreate."""
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
-    assert (await journal.create_operation(SCOPE, op())) is not None
-    assert await journal.create_operation(SCOPE, op()) is None
-    executing = await journal.save_operation(SCOPE, op("executing"), 1)
+    assert (await write(journal, NS_OPERATION, SCOPE, op())) is not None
+    assert await write(journal, NS_OPERATION, SCOPE, op()) is None
+    executing = await write(journal, NS_OPERATION, SCOPE, op("executing"), 1)
     assert executing is not None and executing.version == 2
     loaded = await journal.load_operation(SCOPE, "tg-1", "chan-op-1")
     assert loaded is not None and loaded.record.state == "executing"
-    assert await journal.save_operation(SCOPE, op("succeeded"), 1) is None
+    assert await write(journal, NS_OPERATION, SCOPE, op("succeeded"), 1) is None
     assert await journal.remove_operation(SCOPE, "tg-1", "chan-op-1") is True
     assert await journal.load_operation(SCOPE, "tg-1", "chan-op-1") is None
-    assert await journal.create_operation(SCOPE, op()) is not None
+    assert await write(journal, NS_OPERATION, SCOPE, op()) is not None
 
 
 async def test_fenced_record_refuses_unfenced_write(stores: StoreFactory) -> None:
     """A record written with a fence refuses a later write without one (None, not raise)."""
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
-    await journal.create_operation(SCOPE, op())
-    assert await journal.save_operation(SCOPE, op("executing"), 1, fence=3) is not None
-    assert await journal.save_operation(SCOPE, op("succeeded"), 2) is None
-    assert await journal.save_operation(SCOPE, op("succeeded"), 2, fence=2) is None
-    assert await journal.save_operation(SCOPE, op("succeeded"), 2, fence=3) is not None
+    await write(journal, NS_OPERATION, SCOPE, op())
+    assert await write(journal, NS_OPERATION, SCOPE, op("executing"), 1, fence=3) is not None
+    assert await write(journal, NS_OPERATION, SCOPE, op("succeeded"), 2) is None
+    assert await write(journal, NS_OPERATION, SCOPE, op("succeeded"), 2, fence=2) is None
+    assert await write(journal, NS_OPERATION, SCOPE, op("succeeded"), 2, fence=3) is not None
 
 
 async def test_cursor_advances_b103(stores: StoreFactory) -> None:
@@ -151,10 +153,10 @@ async def test_reply_stage_and_mark_b105_b106(stores: StoreFactory) -> None:
     """Behaviours 105, 106: stage is create-only; mark keeps the text; no raw tokens."""
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
-    staged = await journal.stage(SCOPE, reply())
+    staged = await write(journal, NS_REPLY, SCOPE, reply())
     assert staged is not None and staged.version == 1
-    assert await journal.stage(SCOPE, reply()) is None
-    marked = await journal.mark(SCOPE, reply("delivered"), staged.version)
+    assert await write(journal, NS_REPLY, SCOPE, reply()) is None
+    marked = await write(journal, NS_REPLY, SCOPE, reply("delivered"), staged.version)
     assert marked is not None
     loaded = await journal.load_reply(SCOPE, "tg-1", "chan-op-1")
     assert loaded is not None
@@ -166,9 +168,9 @@ async def test_saves_carry_state_metadata_without_text(stores: StoreFactory) -> 
     """The store's event stream shows kind/state transitions and never the reply text."""
     store = await stores()
     journal = ChannelJournal(store.checkpoints)
-    await journal.create_operation(SCOPE, op())
-    await journal.save_operation(SCOPE, op("executing"), 1)
-    await journal.stage(SCOPE, reply())
+    await write(journal, NS_OPERATION, SCOPE, op())
+    await write(journal, NS_OPERATION, SCOPE, op("executing"), 1)
+    await write(journal, NS_REPLY, SCOPE, reply())
     page = await store.checkpoints.list_events(after=0, limit=100)
     metas = [(e.namespace, dict(e.metadata or {})) for e in page.items]
     assert (NS_OPERATION, {"kind": "message", "state": "accepted"}) in metas

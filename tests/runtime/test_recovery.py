@@ -17,7 +17,7 @@ from prismd.journal._journal import NS_OPERATION, NS_REPLY, ChannelJournal
 from prismd.journal._records import OperationRecord, ReplyRecord
 from prismd.redact import Redactor
 from stores import OwnershipScope, ms_to_iso
-from tests.support.builders import event, grant, identity
+from tests.support.builders import event, grant, identity, write
 from tests.support.harness import Host, StoreFactory, runtime
 from tests.support.scripted import ScriptedAgent
 
@@ -193,7 +193,9 @@ async def test_ambiguous_delivery_reconciled_once_b83_to_b87(stores: StoreFactor
 async def _write_direct(
     store_journal: ChannelJournal, state: str, reply_state: str, updated_ms: int, op_id: str
 ) -> None:
-    await store_journal.create_operation(
+    await write(
+        store_journal,
+        NS_OPERATION,
         SCOPE,
         OperationRecord(
             operation_id=op_id,
@@ -208,7 +210,9 @@ async def _write_direct(
             updated_at_ms=updated_ms,
         ),
     )
-    await store_journal.stage(
+    await write(
+        store_journal,
+        NS_REPLY,
         SCOPE,
         ReplyRecord(
             operation_id=op_id,

@@ -8,6 +8,7 @@ from typing import Any
 
 from prismd.channel import ApprovalInput, AttachmentRef, Grant, InboundEvent
 from prismd.identity import AgentIdentity, Principal
+from prismd.journal import ChannelJournal, Loaded, OwnershipScope, Write
 
 
 def identity(
@@ -72,3 +73,18 @@ def event(
         claims=claims or {},
         approval=approval,
     )
+
+
+async def write(
+    journal: ChannelJournal,
+    namespace: str,
+    scope: OwnershipScope,
+    record: Any,
+    expected_version: int = 0,
+    fence: int | None = None,
+) -> Loaded[Any] | None:
+    """One record written through the journal's write path (:meth:`ChannelJournal.commit`):
+    create-only at version 0, else a compare-and-swap from ``expected_version``; ``None``
+    when it lost. Operations and replies derive their key from the record."""
+    committed = await journal.commit((Write(namespace, scope, record, expected_version, fence),))
+    return committed.items[0]

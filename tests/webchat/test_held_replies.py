@@ -18,12 +18,13 @@ from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
 from prismd.channel import InboundEvent, Reply, SendResult
-from prismd.journal import operation_id_for
+from prismd.journal import NS_REPLY, operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.journal._records import ReplyRecord
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from stores import OwnershipScope, open_store
 from stores.memory import MemoryStore
+from tests.support.builders import write
 from tests.support.clocks import ManualClock
 
 from ._stack import OPERATOR, authorize_everyone, chat_stack, sqlite_url
@@ -357,7 +358,9 @@ async def test_a_reply_claimed_but_never_marked_is_left_to_the_operator() -> Non
             loaded = await journal.load_reply(scope(), "web", OP1)
             assert loaded is not None
             claimed = attrs.evolve(loaded.record, reason=None)  # what the claim writes
-            assert await journal.mark(scope(), claimed, loaded.version, loaded.fencing_token)
+            assert await write(
+                journal, NS_REPLY, scope(), claimed, loaded.version, loaded.fencing_token
+            )
             async with connect(adapter) as ws:
                 await hello(ws, ACTOR, resume, history=True)
                 assert (

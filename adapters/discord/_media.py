@@ -1,0 +1,148 @@
+"""Attachments (images) as model input, size-capped before download
+(reference/discord-protocol.md §3 "Attachment fields", "Signed Attachment CDN URLs").
+
+* **Refs.** A ``MESSAGE_CREATE``'s image attachments (``content_type`` ``image/…``) become
+  :class:`~prismd.channel.AttachmentRef` s named ``<channel>/<message>/<attachment>`` (ids
+  only: the signed CDN URL expires, and is never journaled), with the declared ``size``:
+  the runtime refuses a message whose attachments are over its cap at admission, and the
+  adapter then posts that refusal's fixed notice (``Attachments too large: …``).
+* **Fetch.** The message is read again (``GET /channels/{c}/messages/{m}``: fresh signed
+  URLs), the attachment's declared ``size`` checked against the cap, its URL checked (https
+  on Discord's CDN hosts; on a loopback ``api_origin``, that same origin), then downloaded
+  without the bot token, the cap checked against ``Content-Length`` and while reading, all
+  within :data:`FETCH_DEADLINE_S`. Anything else — another connection's ref, a bad id, too
+  large, a failure — is ``None`` (the runtime answers "That attachment cannot be
+  processed").
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from prismd.channel import AttachmentRef
+
+from ._rest import DiscordError, DiscordRest
+
+MAX_IMAGES = 8
+"""At most this many refs per message (the runtime's limit)."""
+FETCH_DEADLINE_S = 60.0
+CDN_HOSTS = frozenset({"cdn.discordapp.com", "media.discordapp.net"})
+_MAX_NAME = 200
+
+
+@attrs.frozen
+class FetchedAttachment:
+    data: bytes = attrs.field(repr=False)
+    mime_type: str | None = None
+    file_name: str | None = None
+
+
+def _id(value: object) -> str | None:
+    return value if isinstance(value, str) and value.isdigit() and len(value) <= 20 else None
+
+
+def _text(value: object, limit: int) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= limit else None
+
+
+def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[AttachmentRef, ...]:
+    """The message's image attachments as refs (see the module docstring)."""
+    attachments = message.get("attachments")
+    channel, message_id = _id(message.get("channel_id")), _id(message.get("id"))
+    if not isinstance(attachments, list) or channel is None or message_id is None:
+        return ()
+    refs: list[AttachmentRef] = []
+    for item in attachments:
+        if not isinstance(item, Mapping):
+            continue
+        attachment_id = _id(item.get("id"))
+        mime = _text(item.get("content_type"), 100)
+        size = item.get("size")
+        if attachment_id is None or mime is None or not mime.startswith("image/"):
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            continue
+        refs.append(
+            AttachmentRef(
+                kind="image",
+                transport_file_id=f"{channel}/{message_id}/{attachment_id}",
+                byte_length=size,
+                mime_type=mime,
+                file_name=_text(item.get("filename"), _MAX_NAME),
+                connection_id=connection_id,
+            )
+        )
+        if len(refs) == MAX_IMAGES:
+            break
+    return tuple(refs)
+
+
+def allowed_url(url: object, api_origin: str) -> str | None:
+    """``url`` if it may be fetched: https on Discord's CDN, or (a loopback ``api_origin``,
+    tests and proxies) on that same origin."""
+    if not isinstance(url, str) or len(url) > 2048:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https" and parts.hostname in CDN_HOSTS and parts.port is None:
+        return url
+    origin = urllib.parse.urlsplit(api_origin)
+    if origin.scheme == "http" and (parts.scheme, parts.netloc) == ("http", origin.netloc):
+        return url
+    return None
+
+
+@attrs.define(eq=False, kw_only=True)
+class DiscordMedia:
+    connection_id: str
+    rest: DiscordRest
+    max_attachment_bytes: int
+
+    async def fetch(self, ref: AttachmentRef) -> FetchedAttachment | None:
+        if not isinstance(ref, AttachmentRef) or ref.kind != "image":
+            return None
+        if ref.connection_id is not None and ref.connection_id != self.connection_id:
+            return None  # another bot's attachment
+        ids = ref.transport_file_id.split("/")
+        if len(ids) != 3 or any(_id(part) is None for part in ids):
+            return None
+        if ref.byte_length > self.max_attachment_bytes:
+            return None
+        channel, message_id, attachment_id = ids
+        with trio.move_on_after(FETCH_DEADLINE_S):
+            try:
+                message = await self.rest.request(
+                    "GET", f"/channels/{channel}/messages/{message_id}"
+                )
+                item = _attachment(message, attachment_id)
+                if item is None:
+                    return None
+                size = item.get("size")
+                if isinstance(size, bool) or not isinstance(size, int):
+                    return None
+                if size > self.max_attachment_bytes:
+                    return None
+                url = allowed_url(item.get("url"), self.rest.api_origin)
+                if url is None:
+                    return None
+                data = await self.rest.download(url, self.max_attachment_bytes)
+            except DiscordError:
+                return None
+            if data is None:
+                return None
+            return FetchedAttachment(data=data, mime_type=ref.mime_type, file_name=ref.file_name)
+        return None
+
+
+def _attachment(message: object, attachment_id: str) -> Mapping[str, Any] | None:
+    items = message.get("attachments") if isinstance(message, Mapping) else None
+    if not isinstance(items, list):
+        return None
+    for item in items:
+        if isinstance(item, Mapping) and item.get("id") == attachment_id:
+            return item
+    return None

@@ -1,0 +1,122 @@
+"""The REST client's HTTP/1.1 (adapters/discord/_http.py) against raw loopback servers:
+keep-alive reuse, an idle connection the server closed never written into, body caps (by
+Content-Length and while reading a chunked body), and failures that name a class only."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+
+from adapters.discord._http import Http11, HttpTransportError, Origin, ResponseTooLarge
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def _serve(
+    nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
+) -> Origin:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return Origin("http", "127.0.0.1", listeners[0].socket.getsockname()[1])
+
+
+async def _read_request(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+async def test_keep_alive_reuses_one_connection_in_one_write(nursery: trio.Nursery) -> None:
+    connections: list[int] = []
+    sizes: list[int] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        connections.append(1)
+        while True:
+            request = await _read_request(stream)
+            if not request:
+                return
+            sizes.append(len(request))
+            await stream.send_all(OK)
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10):
+        for _ in range(3):
+            body = b'{"content":"hi"}'
+            status, headers, data = await client.request(
+                origin, b"POST", b"/api/v10/x", [(b"Content-Type", b"application/json")], body, 100
+            )
+            assert (status, headers["content-length"], data) == (200, "2", b"ok")
+    await client.aclose()
+    assert len(connections) == 1
+    # Head and body left in one send: the server read them together.
+    assert all(size > 16 for size in sizes) and len(sizes) == 3
+
+
+async def test_an_idle_connection_the_server_closed_is_not_written_into(
+    nursery: trio.Nursery,
+) -> None:
+    requests: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        requests.append(await _read_request(stream))
+        await stream.send_all(OK)  # keep-alive announced, then closed at once
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10):
+        await client.request(origin, b"GET", b"/a", [], b"", 100)
+        await trio.sleep(0.1)  # the close reaches us
+        status, _headers, data = await client.request(origin, b"POST", b"/b", [], b"x", 100)
+    await client.aclose()
+    assert (status, data) == (200, b"ok") and len(requests) == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"40\r\n" + b"x" * 64 + b"\r\n" for _ in range(20))
+        + b"0\r\n\r\n",
+    ],
+)
+async def test_a_body_over_the_cap_is_refused(answer: bytes, nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        await stream.send_all(answer)
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10), pytest.raises(ResponseTooLarge):
+        await client.request(origin, b"GET", b"/big", [], b"", 256)
+    await client.aclose()
+
+
+async def test_failures_name_a_class_only(nursery: trio.Nursery) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        await _read_request(stream)  # and close without an answer
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10):
+        with pytest.raises(HttpTransportError) as dropped:
+            await client.request(origin, b"POST", b"/secret-path?token=abc", [], b"x", 100)
+        with pytest.raises(HttpTransportError) as refused:
+            await client.request(Origin("http", "127.0.0.1", 1), b"GET", b"/secret", [], b"", 1)
+    await client.aclose()
+    for error in (dropped.value, refused.value):
+        assert "secret" not in str(error) and "127.0.0.1" not in str(error)
+
+
+def test_the_host_header_of_an_origin() -> None:
+    assert Origin("https", "discord.com", 443).host_header == (b"Host", b"discord.com")
+    assert Origin("http", "127.0.0.1", 8080).host_header == (b"Host", b"127.0.0.1:8080")
+    assert Origin("http", "::1", 8080).host_header == (b"Host", b"[::1]:8080")
