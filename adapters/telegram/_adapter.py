@@ -76,6 +76,9 @@ CLOSE_BUDGET_S = 5.0
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
 
+_MadeOf = tuple[bool, int, bool, int]
+
+
 @attrs.define(eq=False, kw_only=True)
 class TelegramAdapter:
     """The Telegram channel adapter (implements :class:`prismd.channel.ChannelAdapter`).
@@ -134,6 +137,7 @@ class TelegramAdapter:
     _poller: Poller | None = attrs.field(default=None, init=False)
     _webhook: WebhookServer | None = attrs.field(default=None, init=False)
     _inbox_worker: InboxWorker | None = attrs.field(default=None, init=False)
+    _features: tuple[_MadeOf, AdapterFeatures] | None = attrs.field(default=None, init=False)
 
     @connection_id.validator
     def _check_connection(self, _a: object, value: str) -> None:
@@ -299,14 +303,8 @@ class TelegramAdapter:
     @property
     def features(self) -> AdapterFeatures:
         """Declared for the host (:class:`prismd.channel.AdapterFeatures`)."""
-        return AdapterFeatures(
-            previews=self.send_drafts,
-            typing=True,
-            typing_delay_ms=self.typing_delay_ms,
-            attachments=True,
-            inbox=self.uses_inbox,
-            max_file_bytes=self.max_attachment_bytes,
-        )
+        self._features = _features(self, self._features)
+        return self._features[1]
 
     @property
     def bot_username(self) -> str | None:
@@ -377,3 +375,27 @@ class TelegramAdapter:
 
     async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:  # see _files
         return await send_file(self._api, self.connection_id, reply, file)
+
+
+def _features(
+    adapter: TelegramAdapter, known: tuple[_MadeOf, AdapterFeatures] | None
+) -> tuple[_MadeOf, AdapterFeatures]:
+    """The adapter's features, built again only when what they are made of changed (the
+    host asks for them on every turn: the typing delay, previews)."""
+    made_of = (
+        adapter.send_drafts,
+        adapter.typing_delay_ms,
+        adapter.uses_inbox,
+        adapter.max_attachment_bytes,
+    )
+    if known is not None and known[0] == made_of:
+        return known
+    features = AdapterFeatures(
+        previews=adapter.send_drafts,
+        typing=True,
+        typing_delay_ms=adapter.typing_delay_ms,
+        attachments=True,
+        inbox=adapter.uses_inbox,
+        max_file_bytes=adapter.max_attachment_bytes,
+    )
+    return made_of, features

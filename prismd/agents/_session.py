@@ -116,17 +116,23 @@ async def stream_text(
 
     ``by_word`` streams one delta per word (with its leading space), else one delta.
 
-    Checkpoints between deltas so a cancelled run stops streaming promptly. With no sink
-    there is nothing to stream: a cancelled run still stops here, but the others do not
-    yield (every agent writes its transcript next, which does).
+    Checkpoints between words so a cancelled run stops streaming promptly and other tasks
+    run meanwhile. A single delta, or no sink, has nothing to interleave: a cancelled run
+    still stops here, but the others do not yield (an agent that keeps a transcript writes
+    it next, which does; the runtime's next journal write does anyway).
     """
     if on_event is None:
         await trio.lowlevel.checkpoint_if_cancelled()
         return
     on_event(StreamEvent("message_started", run_id))
-    for piece in _WORD.findall(text) if by_word else ([text] if text else []):
-        await trio.lowlevel.checkpoint()
-        on_event(StreamEvent("message_delta", run_id, piece))
+    if by_word:
+        for piece in _WORD.findall(text):
+            await trio.lowlevel.checkpoint()
+            on_event(StreamEvent("message_delta", run_id, piece))
+    else:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if text:
+            on_event(StreamEvent("message_delta", run_id, text))
     on_event(StreamEvent("message_finished", run_id, text))
 
 

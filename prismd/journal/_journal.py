@@ -393,11 +393,17 @@ class ChannelJournal:
     max_record_bytes: int = 128 * 1024
     health: StoreHealth = attrs.field(factory=StoreHealth)
 
-    def _encoded(self, value: dict[str, Any]) -> str:
-        """``value``'s compact JSON, which the store keeps as given (encoded once), when it
-        fits ``max_journal_record_bytes``; raises before anything is written."""
+    def _encoded(self, record: Any) -> str:
+        """``record``'s compact JSON, which the store keeps as given (encoded once), when
+        it fits ``max_journal_record_bytes``; raises before anything is written. Operations
+        and replies write their own text (``to_json_text``: the same JSON, built without a
+        dict); the other records go through their ``to_json``."""
         limit = max(1024, self.max_record_bytes)
-        text = compact_json(value)
+        text = (
+            record.to_json_text()
+            if type(record) is OperationRecord or type(record) is ReplyRecord
+            else compact_json(record.to_json())
+        )
         if len(text) > limit // 4 and utf8_len(text) > limit:
             raise JournalRecordTooLargeError(
                 f"journal record exceeds max_journal_record_bytes ({limit} bytes)"
@@ -456,7 +462,7 @@ class ChannelJournal:
                 w.expected_version,
                 w.fence,
                 category_of(w.namespace, record),
-                self._encoded(record.to_json()),
+                self._encoded(record),
                 _meta_json(record),
             )
             for w, record in zip(writes, records, strict=True)

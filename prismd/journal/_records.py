@@ -8,11 +8,12 @@ from __future__ import annotations
 import datetime
 import operator
 from collections.abc import Callable, Mapping
+from json.encoder import encode_basestring as _json_str
 from typing import Any, Self
 
 import attrs
 
-from stores import ms_to_iso
+from stores import compact_json, ms_to_iso
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -102,6 +103,10 @@ def _put_times(out: dict[str, Any], created_at_ms: int, updated_at_ms: int) -> N
 
 def _compact(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
+
+
+def _bool_json(value: bool) -> str:
+    return "true" if value else "false"
 
 
 _FIELDS: dict[type, tuple[Callable[[Any], tuple[Any, ...]], dict[str, int]]] = {}
@@ -366,6 +371,54 @@ class OperationRecord(Replaceable):
             out["input"] = self.input.to_json()
         return out
 
+    def to_json_text(self) -> str:
+        """``compact_json(self.to_json())``, written out field by field: the same text
+        (keys, order, escaping), built without the dict and the encoder's walk over it —
+        the journal encodes three of these for every message."""
+        parts = [
+            '{"operationId":',
+            _json_str(self.operation_id),
+            ',"eventId":',
+            _json_str(self.event_id),
+            ',"kind":',
+            _json_str(self.kind),
+            ',"connectionId":',
+            _json_str(self.connection_id),
+            ',"externalConversationId":',
+            _json_str(self.external_conversation_id),
+            ',"externalActorId":',
+            _json_str(self.external_actor_id),
+        ]
+        if self.thread_id is not None:
+            parts += (',"threadId":', _json_str(self.thread_id))
+        parts += (',"agentAlias":', _json_str(self.agent_alias))
+        if self.session_id is not None:
+            parts += (',"sessionId":', _json_str(self.session_id))
+        if self.run_id is not None:
+            parts += (',"runId":', _json_str(self.run_id))
+        parts += (
+            ',"state":',
+            _json_str(self.state),
+            ',"replyStaged":',
+            _bool_json(self.reply_staged),
+            ',"attempts":',
+            str(self.attempts),
+            ',"createdAt":"',
+            ms_to_iso(self.created_at_ms),
+            '","updatedAt":"',
+            ms_to_iso(self.updated_at_ms),
+            '","createdAtMs":',
+            str(self.created_at_ms),
+            ',"updatedAtMs":',
+            str(self.updated_at_ms),
+        )
+        if self.error_code is not None:
+            parts += (',"errorCode":', _json_str(self.error_code))
+        if self.input is not None:
+            parts += (',"input":', compact_json(self.input.to_json()))
+        parts.append("}")
+        return "".join(parts)
+
     @classmethod
     def from_json(cls, value: object) -> OperationRecord:
         raw = _mapping(value)
@@ -518,6 +571,52 @@ class ReplyRecord(Replaceable):
         if self.files:
             out["files"] = [f.to_json() for f in self.files]
         return out
+
+    def to_json_text(self) -> str:
+        """``compact_json(self.to_json())``, written out as
+        :meth:`OperationRecord.to_json_text` is."""
+        parts = [
+            '{"operationId":',
+            _json_str(self.operation_id),
+            ',"connectionId":',
+            _json_str(self.connection_id),
+            ',"externalConversationId":',
+            _json_str(self.external_conversation_id),
+        ]
+        if self.thread_id is not None:
+            parts += (',"threadId":', _json_str(self.thread_id))
+        parts += (',"kind":', _json_str(self.kind), ',"text":', _json_str(self.text))
+        if self.controls:
+            controls = [{"label": c.label, "kind": c.kind} for c in self.controls]
+            parts += (',"controls":', compact_json(controls))
+        parts += (
+            ',"state":',
+            _json_str(self.state),
+            ',"attempts":',
+            str(self.attempts),
+        )
+        if self.message_id is not None:
+            parts += (',"messageId":', _json_str(self.message_id))
+        if self.reason is not None:
+            parts += (',"reason":', _json_str(self.reason))
+        if self.approval is not None:
+            parts += (',"approval":', compact_json(dict(self.approval)))
+        parts += (
+            ',"createdAt":"',
+            ms_to_iso(self.created_at_ms),
+            '","updatedAt":"',
+            ms_to_iso(self.updated_at_ms),
+            '","createdAtMs":',
+            str(self.created_at_ms),
+            ',"updatedAtMs":',
+            str(self.updated_at_ms),
+        )
+        if self.created_us is not None:
+            parts += (',"createdUs":', str(self.created_us))
+        if self.files:
+            parts += (',"files":', compact_json([f.to_json() for f in self.files]))
+        parts.append("}")
+        return "".join(parts)
 
     @classmethod
     def from_json(cls, value: object) -> ReplyRecord:

@@ -58,7 +58,7 @@ def mock(store: MemoryStore, clock: ManualClock, **options: Any) -> MockAgent:
 async def test_echo_answers_with_the_input_and_streams_one_delta(
     store: MemoryStore, clock: ManualClock
 ) -> None:
-    agent = build_agent("echo", ctx(store, clock))
+    agent = build_agent("echo", ctx(store, clock, history=True))
     assert isinstance(agent, EchoAgent)
     assert agent.agent_id == "primary" and agent.input_capabilities == {"text"}
     assert agent.supports_approvals is False and agent.definition_revision
@@ -79,7 +79,7 @@ async def test_echo_answers_with_the_input_and_streams_one_delta(
 async def test_echo_joins_text_blocks_and_run_ids_are_unique(
     store: MemoryStore, clock: ManualClock
 ) -> None:
-    agent = build_agent("echo", ctx(store, clock))
+    agent = build_agent("echo", ctx(store, clock, history=True))
     blocks = (TextBlock("a"), ImageBlock(b"\x89PNG"), TextBlock("b"))
     first = await agent.run(request(blocks))
     second = await agent.run(request("again"))
@@ -100,7 +100,7 @@ async def test_echo_joins_text_blocks_and_run_ids_are_unique(
 async def test_transcripts_are_per_session_scoped_and_bounded(
     store: MemoryStore, clock: ManualClock
 ) -> None:
-    agent = build_agent("echo", ctx(store, clock))
+    agent = build_agent("echo", ctx(store, clock, history=True))
     assert isinstance(agent, EchoAgent)
     for i in range(MAX_SESSION_ENTRIES // 2 + 5):
         last = await agent.run(request(f"m{i}"))
@@ -112,9 +112,25 @@ async def test_transcripts_are_per_session_scoped_and_bounded(
     other = ownership_from_identity(IDENTITY).__class__("tenant-2", None, "user-1")
     assert await agent.session_entries("sess-1", other) == ()
     # Another alias on the same store keeps its own transcripts.
-    echo2 = build_agent("echo", ctx(store, clock, alias="secondary"))
+    echo2 = build_agent("echo", ctx(store, clock, alias="secondary", history=True))
     assert isinstance(echo2, EchoAgent)
     assert await echo2.session_entries("sess-1", OWNER) == ()
+
+
+async def test_echo_without_history_writes_nothing(store: MemoryStore, clock: ManualClock) -> None:
+    """By default echo keeps no transcript: a run writes no record and answers no leaf, so
+    the route's binding is not rewritten after each turn (issue 40)."""
+    agent = build_agent("echo", ctx(store, clock))
+    assert isinstance(agent, EchoAgent) and agent.history is False
+    first = await agent.run(request("hi there"))
+    second = await agent.run(request("again"))
+    assert (first.status, first.text, first.leaf_id) == ("succeeded", "hi there", None)
+    assert (second.text, second.leaf_id) == ("again", None)
+    assert await agent.session_entries("sess-1", OWNER) == ()
+    assert (await store.checkpoints.list_checkpoints()).items == ()
+    # The option is part of the definition: the two configurations are told apart.
+    keeping = build_agent("echo", ctx(store, clock, history=True))
+    assert keeping.definition_revision != agent.definition_revision
 
 
 # --------------------------------------------------------------------------- mock
@@ -406,6 +422,7 @@ async def test_python_factory_errors_are_clear(
     ("kind", "options", "key"),
     [
         ("echo", {"delay_ms": 1}, "delay_ms"),
+        ("echo", {"history": "yes"}, "history"),
         ("mock", {"delay_ms": -1}, "delay_ms"),
         ("mock", {"delay_ms": True}, "delay_ms"),
         ("mock", {"delay_ms": 1.5}, "delay_ms"),
@@ -432,6 +449,7 @@ def test_validate_agent_options_names_the_bad_key(
 
 def test_validate_agent_options_accepts_good_options() -> None:
     validate_agent_options("echo", {})
+    validate_agent_options("echo", {"history": True})
     validate_agent_options(
         "mock",
         {"delay_ms": 0, "fail": False, "suspend_for_tool": "write", "vision": True},
@@ -492,7 +510,7 @@ async def test_transcripts_stay_within_byte_bounds(store: MemoryStore, clock: Ma
     """Large inputs never push a transcript past the store's value limit."""
     from prismd.agents._session import MAX_ENTRY_BYTES, MAX_SESSION_BYTES, NS_SESSION
 
-    agent = build_agent("echo", ctx(store, clock))
+    agent = build_agent("echo", ctx(store, clock, history=True))
     assert isinstance(agent, EchoAgent)
     big = "é" * 40_000  # 80,000 UTF-8 bytes, above the per-entry clip
     for _ in range(30):

@@ -31,7 +31,9 @@ async def test_lone_surrogate_input_does_not_fail_the_run(
     """The runtime admits such text (a channel may hand it over); storing it in the transcript
     used to raise InvalidCheckpointError and fail the run. It is kept with U+FFFD instead."""
     for kind in ("echo", "mock"):
-        agent = build_agent(kind, _ctx(store, clock))
+        # echo keeps a transcript only with ``history``.
+        options = {"history": True} if kind == "echo" else {}
+        agent = build_agent(kind, _ctx(store, clock, **options))
         request = RunRequest(
             session_id=f"s-{kind}", input="a\ud800b", identity=IDENTITY, idempotency_key="op-1"
         )

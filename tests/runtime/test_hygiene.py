@@ -256,7 +256,8 @@ async def test_two_owners_given_one_session_id_by_the_host_each_keep_their_trans
 
     store = await stores()
     echo = build_agent(
-        "echo", AgentContext(alias="primary", options={}, checkpoints=store.checkpoints)
+        "echo",
+        AgentContext(alias="primary", options={"history": True}, checkpoints=store.checkpoints),
     )
     assert isinstance(echo, EchoAgent)
     a, b = identity(tenant="tenant-a"), identity(tenant="tenant-b")

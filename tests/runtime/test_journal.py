@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prismd.journal import NS_REPLY
 from prismd.journal._journal import (
@@ -19,12 +21,15 @@ from prismd.journal._journal import (
 )
 from prismd.journal._records import (
     BindingRecord,
+    InputAttachment,
     JournalRecordTooLargeError,
+    OperationInput,
     OperationRecord,
     ReplyRecord,
     StoredControl,
+    StoredFile,
 )
-from stores import OwnershipScope
+from stores import OwnershipScope, compact_json
 from tests.support.builders import write
 from tests.support.harness import StoreFactory
 
@@ -238,3 +243,65 @@ def test_stored_json_leaves_out_absent_fields_and_keeps_its_key_order() -> None:
     assert OperationRecord.from_json(json.loads(json.dumps(full))) == op("failed").replace(
         thread_id="t", session_id="s", run_id="r", error_code="run_failed"
     )
+
+
+_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["", "é", 'a"b\\c', "\n\t\x00\x1f\x7f", "\u2028", "\ud800", "😀"]),
+)
+_OPT = st.none() | _TEXT
+_INT = st.integers(min_value=0, max_value=2**53 - 1)
+_MS = st.integers(min_value=0, max_value=253_402_300_799_999)  # the ISO form ends at 9999
+_INPUTS = st.none() | st.builds(
+    OperationInput,
+    text=_TEXT,
+    attachments=st.lists(
+        st.builds(InputAttachment, _TEXT, _TEXT, _INT, _OPT, _OPT), max_size=2
+    ).map(tuple),
+    thread_id=_OPT,
+    received_at_ms=st.none() | _INT,
+    claims=st.dictionaries(st.sampled_from(["platform", "chatType", "isForum"]), _TEXT),
+    admitted_us=st.none() | _INT,
+)
+_FIELDS: dict[type, dict[str, Any]] = {
+    OperationRecord: {
+        "operation_id": _TEXT, "event_id": _TEXT, "kind": _TEXT, "connection_id": _TEXT,
+        "external_conversation_id": _TEXT, "external_actor_id": _TEXT, "agent_alias": _TEXT,
+        "state": _TEXT, "created_at_ms": _MS, "updated_at_ms": _MS, "thread_id": _OPT,
+        "session_id": _OPT, "run_id": _OPT, "reply_staged": st.booleans(), "attempts": _INT,
+        "error_code": _OPT, "input": _INPUTS,
+    },
+    ReplyRecord: {
+        "operation_id": _TEXT, "connection_id": _TEXT, "external_conversation_id": _TEXT,
+        "kind": _TEXT, "text": _TEXT, "state": _TEXT, "created_at_ms": _MS,
+        "updated_at_ms": _MS, "thread_id": _OPT,
+        "controls": st.lists(st.builds(StoredControl, _TEXT, _TEXT), max_size=2).map(tuple),
+        "attempts": _INT, "message_id": _OPT, "reason": _OPT,
+        "approval": st.none() | st.dictionaries(_TEXT, _TEXT | _INT, max_size=3),
+        "created_us": st.none() | _INT,
+        "files": st.lists(
+            st.builds(StoredFile, _TEXT, _TEXT, _TEXT, _OPT, st.none() | _INT), max_size=2
+        ).map(tuple),
+    },
+}  # fmt: skip
+"""Every field of the two records that write their own JSON: a field added to a record
+must be added here too (see the test below), so its text is checked."""
+
+
+def test_every_field_of_the_written_out_records_is_generated() -> None:
+    import attrs
+
+    for cls, fields in _FIELDS.items():
+        assert set(fields) == {f.name for f in attrs.fields(cls)}, cls.__name__
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    record=st.builds(OperationRecord, **_FIELDS[OperationRecord])
+    | st.builds(ReplyRecord, **_FIELDS[ReplyRecord])
+)
+def test_written_out_json_is_the_encoders(record: OperationRecord | ReplyRecord) -> None:
+    """``to_json_text`` (what the journal stores for operations and replies) is exactly
+    ``compact_json(to_json())``: the same keys, order, escaping and numbers, for any text
+    (quotes, control characters, U+2028, lone surrogates, astral characters)."""
+    assert record.to_json_text() == compact_json(record.to_json())

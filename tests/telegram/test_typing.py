@@ -200,3 +200,14 @@ async def _never(_event: object) -> Admission:
 
 def _no_secret(_key: str, _env: str | None, _file: str | None) -> str:
     raise AssertionError("no secret is read")
+
+
+async def test_features_are_built_once_and_follow_a_change(make_adapter: Any) -> None:
+    """The host reads the adapter's features on every turn: the same object while nothing
+    they are made of changed, a new one (with the new value) once something did."""
+    adapter = make_adapter(typing_delay_ms=0)
+    first = adapter.features
+    assert adapter.features is first and first.typing_delay_ms == 0
+    adapter.typing_delay_ms = 2500
+    assert adapter.features is not first and adapter.features.typing_delay_ms == 2500
+    assert adapter.features.max_file_bytes == first.max_file_bytes
