@@ -47,7 +47,7 @@ from ..journal import (
 )
 from ._approvals import issue_controls
 from ._core import Core
-from ._following import TurnHooks, claim_following, left_for_restart
+from ._following import TurnHooks, claim_following, left_for_restart, park
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._runs import CANCELLED_TEXT, outcome_of, preview_sink
@@ -115,7 +115,7 @@ async def pump(core: Core, route: Route) -> None:
     torn down."""
     torn_down = False
     try:
-        while route.queue:
+        while route.queue and route.parked is None:
             if core.stopped:
                 # stop() settles what it saw queued; a turn put back afterwards (lease
                 # lost before its claim) must not run after stop either.
@@ -291,7 +291,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         if not await acquire_promptly(core.slots, wait_within=active.cancel_scope):
             await _cancelled_waiting(core, route, turn, active)
             return
-        hooks = TurnHooks(core, turn, active, slot_held=True)
+        hooks = TurnHooks(core, route, turn, active, slot_held=True, start_pump=start_pump)
         try:
             ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
@@ -301,6 +301,9 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             hooks.release_slot()
         if ran is not None:
             if left_for_restart(core, turn, active.stopping):
+                return
+            if ran[1].status == "following":
+                park(core, route, turn, start_pump)
                 return
             await finish_run(core, route, turn, *ran)
     finally:
@@ -395,7 +398,7 @@ async def _run_with_slot(
                 route.queue.push_front(turn)
                 return None
             fence = lease.fencing_token
-        if turn.op is not None and turn.op.record.state == FOLLOWING_STATE:
+        if turn.following or (turn.op is not None and turn.op.record.state == FOLLOWING_STATE):
             # Recovered after a restart: follow the remote task again, never re-run.
             try:
                 followed = await claim_following(core, turn, fence)

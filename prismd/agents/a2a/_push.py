@@ -57,7 +57,7 @@ from stores import InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
-from ._wire import observed_state, observed_task_id, read_observation
+from ._wire import moves_forward, observed_state, observed_task_id, read_observation
 
 log = logging.getLogger("prismd.agents.a2a")
 
@@ -71,24 +71,6 @@ HEAD_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 75.0
 CLAIM_TTL_MS = 60_000
 MAX_ATTEMPTS = 8
-STATE_RANK = {
-    "unknown": 0,
-    "submitted": 1,
-    "working": 2,
-    "auth-required": 3,
-    "input-required": 3,
-    "completed": 4,
-    "canceled": 4,
-    "failed": 4,
-    "rejected": 4,
-}
-
-
-def moves_forward(old: str | None, new: str | None) -> bool:
-    """``new`` is a later state than ``old`` (an out-of-order push never moves back)."""
-    if new is None:
-        return False
-    return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)
 
 
 def a2a_statistics(agents: Iterable[A2AAgent], pushes: Mapping[str, int]) -> dict[str, int]:
