@@ -58,6 +58,9 @@ from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._wire import PushConfig
 
 log = logging.getLogger("prismd.agents.a2a")
+HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
+"""Connections kept open to the peer: the follower's polls in flight, its streams and the
+runs' calls together, so that polling does not open a connection per request."""
 
 
 def _text_of(value: object) -> str:
@@ -77,7 +80,7 @@ class A2AAgent:
     bearer: str | None = attrs.field(default=None, repr=False)
     push_base_url: str | None = None
     max_remote_tasks: int = 100
-    http: httpx.AsyncClient = attrs.field(factory=httpx.AsyncClient)
+    http: httpx.AsyncClient = attrs.field(factory=lambda: httpx.AsyncClient(limits=HTTP_LIMITS))
     client: A2AClient | None = None
     blocking: int = 0
     """Runs following their task in the run itself (no runtime hooks to park with)."""

@@ -53,7 +53,7 @@ from adapters.toolkit import (
     serve_limited,
     server_connection,
 )
-from stores import InboxStore
+from stores import InboxClaim, InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
@@ -266,26 +266,33 @@ class PushReceiver:
             except Exception as exc:
                 log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
                 claims = ()
-            for claim in claims:
-                try:
-                    await self._apply(claim.item.payload)
-                except Exception as exc:
-                    log.warning("a2a push: applying failed (%s)", type(exc).__name__)
-                    try:
-                        await self.inbox.retry(
-                            claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
-                        )
-                    except Exception:
-                        pass
-                    continue
-                try:
-                    await self.inbox.complete(claim)
-                except Exception as exc:
-                    log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
-            if not claims:
+            if claims:
+                # The items of one claim concern distinct tasks (one partition each, handed
+                # out one at a time): applied side by side, their writes share commits.
+                async with trio.open_nursery() as nursery:
+                    for claim in claims:
+                        nursery.start_soon(self._apply_one, claim)
+            else:
                 with trio.move_on_after(idle_s):
                     await self.wake.wait()
                 self.wake = trio.Event()
+
+    async def _apply_one(self, claim: InboxClaim) -> None:
+        try:
+            await self._apply(claim.item.payload)
+        except Exception as exc:
+            log.warning("a2a push: applying failed (%s)", type(exc).__name__)
+            try:
+                await self.inbox.retry(
+                    claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
+                )
+            except Exception:
+                pass
+            return
+        try:
+            await self.inbox.complete(claim)
+        except Exception as exc:
+            log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
 
     async def _apply(self, payload: object) -> None:
         if not isinstance(payload, dict):
