@@ -22,6 +22,7 @@ from ._client import Refused as Refused
 from ._client import RemoteError as RemoteError
 from ._client import check_url as check_url
 from ._client import retry_after_s as retry_after_s
+from ._follower import next_poll as next_poll
 from ._options import A2AOptions as A2AOptions
 from ._options import validate_a2a_options as validate_a2a_options
 from ._push import MAX_PUSH_BYTES as MAX_PUSH_BYTES

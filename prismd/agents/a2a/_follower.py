@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 import trio
@@ -172,8 +172,10 @@ class Follower:
     def next_poll_ms(self, task_id: str) -> int | None:
         """When ``task_id`` is read next (the agent's clock), for ``listRemoteTasks``."""
         record = self.records.get(task_id)
-        if record is None or record.due == math.inf:
+        if record is None:
             return None
+        if record.due == math.inf:  # being read or streamed now
+            return self.agent.clock.now_ms()
         left = max(0.0, record.due - trio.current_time())
         return self.agent.clock.now_ms() + int(left * 1000)
 
@@ -411,8 +413,12 @@ def _follower(agent: A2AAgent, hooks: RunHooks, client: A2AClient) -> Follower:
     return follower
 
 
-def next_poll_ms(agent: A2AAgent, task_id: str) -> int | None:
-    """When ``task_id`` is read next here (``None``: not followed here)."""
+def next_poll(agents: Mapping[str, A2AAgent], alias: str, task_id: str) -> int | None:
+    """When ``alias``'s ``task_id`` is read next in this process (Unix ms; ``None``: not
+    followed here): ``listRemoteTasks``' next poll."""
+    agent = agents.get(alias)
+    if agent is None:
+        return None
     for follower in agent.followers.values():
         due = follower.next_poll_ms(task_id)
         if due is not None:
