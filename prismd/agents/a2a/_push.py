@@ -210,9 +210,9 @@ class PushReceiver:
         if observation is None or task_id is None:
             self.count("pushes_refused")
             return 400, False
-        found = await agent.book.find_task(alias, task_id)
+        index = await agent.book.find_index(alias, task_id)
         secret: str | None = None
-        if found is None:
+        if index is None:
             # Not journaled yet (the send's answer is on its way, or was lost in a crash):
             # the credential journaled with the send intent identifies the task.
             for digest in _presented(head.headers):
@@ -220,12 +220,11 @@ class PushReceiver:
                 # Only while the task id is unknown: a credential of another known task is
                 # wrong for this one.
                 if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
-                    found, secret = by_secret, digest
+                    index, secret = by_secret[1], digest
                     break
-        if found is None:
+        if index is None:
             self.count("pushes_refused")
             return 404, False
-        _stored, index = found
         if not _credential_ok(head.headers, index):
             self.count("pushes_refused")
             return 401, False
