@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from prismd.agents.a2a import A2AAgent, next_poll
+from prismd.agents.a2a import NOTICES, A2AAgent, next_poll
 from prismd.journal import NS_OPERATION
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
@@ -105,5 +105,33 @@ async def test_parked_tasks_hold_no_task_each_and_are_answered_once(mem: MemoryS
                 assert {str(r.value["state"]) for r in page.items if isinstance(r.value, dict)} == {
                     "succeeded"
                 }
+            await agent.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_parked_task_past_its_timeout_is_cancelled_and_told(mem: MemoryStore) -> None:
+    """``task_timeout_ms``: the follower wakes the parked turn at the deadline (polls a
+    minute apart would not); the run cancels the task remotely and says so, once."""
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            agent = a2a_agent(
+                fake, mem, poll_interval_ms=60_000, max_poll_interval_ms=60_000,
+                task_timeout_ms=1000,
+            )  # fmt: skip
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "slow job"))
+                await wait_until(lambda: agent.following_now == 1)
+                await wait_until(lambda: bool(h.replies))
+                await h.settle()
+                (reply,) = h.replies
+                assert reply.text == f"Request failed: {NOTICES['timeout']}"
+                (task,) = fake.tasks.values()
+                assert task.state == "canceled"
+                assert [r["method"] for r in fake.requests].count("CancelTask") == 1
+                assert await op_states(mem) == ["failed"]
+                assert agent.following_now == 0
             await agent.aclose()
             nursery.cancel_scope.cancel()
