@@ -13,7 +13,7 @@ restart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -37,7 +37,10 @@ class ImageBlock:
 
 AgentInput: TypeAlias = str | tuple[TextBlock | ImageBlock, ...]
 
-RunStatusName: TypeAlias = Literal["succeeded", "aborted", "suspended", "failed", "denied"]
+RunStatusName: TypeAlias = Literal[
+    "succeeded", "aborted", "suspended", "failed", "denied", "following"
+]
+"""``following``: the run parked its turn (:meth:`RunHooks.park`) and will be run again."""
 
 
 class RunHooks(Protocol):
@@ -70,6 +73,28 @@ class RunHooks(Protocol):
         task's status message): journaled and sent once per ``key`` for this operation —
         never again for the same key, across restarts and instances — and only while the
         operation is followed. Whether it was sent now."""
+        ...
+
+    def park(self) -> Callable[[], None]:
+        """The run returns ``status="following"`` next: its turn is *parked* — the
+        operation stays ``following``, the route stays held (later messages wait), but
+        nothing runs for it. Returns the *wake*: called (from any task of the runtime, at
+        most once) when the turn should run again — the agent is then run for the same
+        operation, and answers or parks again."""
+        ...
+
+    @property
+    def cancelling(self) -> bool:
+        """``/cancel`` woke this parked turn: cancel the remote task and end the run."""
+        ...
+
+    @property
+    def runtime(self) -> object:
+        """The runtime running this turn (a key: one follower of parked turns per runtime)."""
+        ...
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fn`` as a background task of the runtime, cancelled when it closes."""
         ...
 
 

@@ -1,13 +1,14 @@
 """``prismd bench --scenario a2a``: remote A2A tasks followed at once, and pushes ingested.
 
-A minimal A2A peer runs in this process on loopback (v1.0 JSON-RPC: ``SendMessage`` answers
-``working``, ``GetTask`` the task as it stands; a completed task is pushed once, as the
-SDKs do). The real ``a2a`` agent, runtime, store and push receiver do the rest:
+A minimal A2A peer runs beside prismd in a process of its own on loopback (v1.0 JSON-RPC:
+``SendMessage`` answers ``working``, ``GetTask`` the task as it stands; a completed task is
+pushed once, as the SDKs do), so its memory and CPU are not prismd's. The real ``a2a``
+agent, runtime, store and push receiver do the rest:
 
 1. ``tasks`` messages on as many conversations are admitted and sent; once every task is
-   followed: resident memory per followed task (RSS after minus before, after a collection),
-   then, for ``duration_s``, the CPU per poll (every task polled every ``max(1 s, tasks /
-   100 s)``: about 100 polls a second in all);
+   followed (parked): resident memory per followed task (RSS after minus before, after a
+   collection), then, for ``duration_s``, the CPU per poll (every task polled every
+   ``max(1 s, tasks / 100 s)``: about 100 polls a second in all);
 2. every task is completed and pushed (64 pushes in flight): pushes ingested per second
    (POST → inbox commit → 2xx, seen by the peer) and completions per second (push → inbox
    → observation applied → ``GetTask`` → reply delivered), and the CPU a push costs end to
@@ -20,7 +21,11 @@ import gc
 import itertools
 import json
 import os
+import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -122,7 +127,14 @@ class BenchPeer:
                     else:
                         return
                 assert request is not None
-                if request.method == b"GET":
+                if request.target == b"/bench/stats":
+                    payload: dict[str, Any] = {"gets": self.gets}
+                elif request.target == b"/bench/complete":
+                    start = time.perf_counter()
+                    accepted: list[float] = []
+                    await self.complete_all(accepted)
+                    payload = {"accepted": [t - start for t in accepted]}
+                elif request.method == b"GET":
                     payload = self._card()
                 else:
                     payload = self._answer(json.loads(body))
@@ -140,7 +152,7 @@ class BenchPeer:
         """Complete every task and push it once; ``accepted`` gets each 2xx's time."""
         limiter = trio.CapacityLimiter(PUSHES_IN_FLIGHT)
         async with httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=PUSHES_IN_FLIGHT)
+            limits=httpx.Limits(max_connections=PUSHES_IN_FLIGHT), timeout=60
         ) as client:
 
             async def push(task: dict[str, Any]) -> None:
@@ -149,16 +161,49 @@ class BenchPeer:
                     config = task["push"]
                     body = {"statusUpdate": {"taskId": task["id"], "contextId": task["ctx"],
                                              "status": {"state": task["state"]}}}  # fmt: skip
-                    response = await client.post(
-                        config["url"], json=body,
-                        headers={"X-A2A-Notification-Token": config["token"]},
-                    )  # fmt: skip
+                    try:
+                        response = await client.post(
+                            config["url"], json=body,
+                            headers={"X-A2A-Notification-Token": config["token"]},
+                        )  # fmt: skip
+                    except httpx.HTTPError:
+                        return  # sent once, as the SDKs do: polling finds the task
                     if response.status_code == 200:
                         accepted.append(time.perf_counter())
 
             async with trio.open_nursery() as nursery:
                 for task in list(self.tasks.values()):
                     nursery.start_soon(push, task)
+
+
+async def _peer_main() -> None:
+    """The peer's process: serve, say the port on stdout, until killed."""
+    peer = BenchPeer()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peer.serve)
+        print(peer.port, flush=True)
+
+
+@asynccontextmanager
+async def _peer_process() -> AsyncIterator[str]:
+    """The peer in a process of its own; yields its base URL."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "prismd.cli._bench_a2a"], stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(64)
+                if not chunk:
+                    raise RuntimeError("the bench peer did not start")
+                line += chunk
+        yield f"http://127.0.0.1:{int(line)}/"
+    finally:
+        process.kill()
+        with trio.move_on_after(10, shield=True):
+            await process.wait()
 
 
 async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
@@ -177,9 +222,16 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
             all_done.set()
         return SendResult(delivered=True, message_id=str(delivered))
 
-    async with open_store(url) as store, trio.open_nursery() as nursery:
-        peer = BenchPeer()
-        await nursery.start(peer.serve)
+    async with (
+        open_store(url) as store,
+        _peer_process() as peer_url,
+        httpx.AsyncClient(base_url=peer_url, timeout=600) as control,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def gets() -> int:
+            return int((await control.get("bench/stats")).json()["gets"])
+
         agents: dict[str, A2AAgent] = {}
         receiver = PushReceiver("127.0.0.1:0", agents, store.inbox)
         await nursery.start(receiver.serve)
@@ -190,7 +242,7 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
             AgentContext(
                 alias=ALIAS,
                 options={
-                    "url": peer.url,
+                    "url": peer_url,
                     "poll_interval_ms": poll_ms,
                     "max_poll_interval_ms": poll_ms,
                     "stream": False,
@@ -233,23 +285,25 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
                 admission = await runtime.admit(event)
                 if admission.status != "accepted":
                     raise RuntimeError(f"bench admission refused: {admission.reason}")
-            while agent.following_now < tasks:  # noqa: ASYNC110 (a counter, no event)
+            # Every task followed, or answered already (a send that failed is told).
+            while agent.following_now + delivered < tasks:  # noqa: ASYNC110 (counters)
                 await trio.sleep(0.05)
             sent_s = time.perf_counter() - start
             gc.collect()
             rss_per_task = (_rss_bytes() - rss0) / tasks
-            cpu0, gets0 = time.process_time(), peer.gets
+            gets0 = await gets()
+            cpu0 = time.process_time()
             await trio.sleep(duration_s)
-            polls = peer.gets - gets0
-            cpu_per_poll_ms = (time.process_time() - cpu0) * 1000 / max(1, polls)
-            accepted: list[float] = []
+            cpu_s = time.process_time() - cpu0
+            polls = await gets() - gets0
+            cpu_per_poll_ms = cpu_s * 1000 / max(1, polls)
             cpu1 = time.process_time()
             push_start = time.perf_counter()
-            await peer.complete_all(accepted)
+            accepted: list[float] = (await control.post("bench/complete")).json()["accepted"]
             await all_done.wait()
             done_s = time.perf_counter() - push_start
             cpu_push_ms = (time.process_time() - cpu1) * 1000 / tasks
-            push_s = (max(accepted) - push_start) if accepted else float("nan")
+            push_s = max(accepted) if accepted else float("nan")
         await agent.aclose()
         nursery.cancel_scope.cancel()
     return {
@@ -267,3 +321,7 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
             "cpu_ms_per_push_end_to_end": round(cpu_push_ms, 3),
         },
     }
+
+
+if __name__ == "__main__":
+    trio.run(_peer_main)

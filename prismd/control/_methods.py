@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -64,7 +64,7 @@ from ..jsonrpc import (
 from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
 from ._config import Operator
-from ._remote import cancel_remote, list_remote_tasks
+from ._remote import RemoteTasks, cancel_remote, list_remote_tasks
 from ._uptime import daemon_version, process_started_ms
 
 __all__ = [
@@ -272,8 +272,8 @@ class ControlHandler:
     retention_ms: int | None = None
     """``retention_days`` in ms: ``prune`` deletes inbox rows settled before ``now`` minus
     this (``None``: the inbox is not pruned)."""
-    cancel_remote: Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None = None
-    """``reconcile … cancelRemote`` (the daemon's a2a agents); ``None``: none configured."""
+    remote: RemoteTasks | None = None
+    """The daemon's a2a agents (``reconcile … cancelRemote``, next polls); ``None``: none."""
     started_at_ms: int = attrs.field(factory=process_started_ms)
     """When the daemon started (Unix ms): ``health``'s ``startedAt`` and ``uptimeMs``."""
 
@@ -487,11 +487,11 @@ class ControlHandler:
         operation_id = params.text("operationId")
         connection_id = params.text("connectionId")
         expected = params.integer("expectedVersion", low=0, high=2**53 - 1, required=True)
-        if self.cancel_remote is None:
+        if self.remote is None:
             raise ParamsError("cancelRemote: this daemon follows no remote (a2a) tasks")
         scope = ownership_from_identity(self.identity_for(operator))
         return await cancel_remote(
-            self.store, self.cancel_remote, scope, connection_id, operation_id, expected
+            self.store, self.remote.cancel, scope, connection_id, operation_id, expected
         )
 
     async def _list_remote_tasks(self, operator: Operator, raw: Mapping[str, Any]) -> Any:
@@ -501,7 +501,7 @@ class ControlHandler:
         after = params.text("after", required=False)
         scope = ownership_from_identity(self.identity_for(operator))
         try:
-            return await list_remote_tasks(self.store, scope, limit=limit, after=after)
+            return await list_remote_tasks(self.store, scope, self.remote, limit=limit, after=after)
         except InvalidCheckpointError:
             raise ParamsError("param 'after' must be a nextCursor of listRemoteTasks") from None
 

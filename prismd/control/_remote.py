@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from stores import OwnershipScope, Store
+import attrs
 
-__all__ = ["cancel_remote", "list_remote_tasks"]
+from stores import OwnershipScope, Store, ms_to_iso
+
+__all__ = ["NextPoll", "RemoteTasks", "cancel_remote", "list_remote_tasks"]
 
 REMOTE_SCAN_PAGES = 20
 """``listRemoteTasks`` reads at most this many pages of open operations for their versions."""
@@ -47,16 +49,41 @@ async def cancel_remote(
     return await cancel(scope, operation_id)
 
 
+NextPoll = Callable[[str, str], int | None]
+"""(alias, remote task id) → when this daemon's follower reads the task next (Unix ms), or
+``None`` when it does not follow it."""
+
+
+@attrs.frozen
+class RemoteTasks:
+    """What the control methods of remote tasks ask of the daemon's a2a agents."""
+
+    cancel: CancelRemote
+    next_poll: NextPoll
+
+
 async def list_remote_tasks(
-    store: Store, scope: OwnershipScope, *, limit: int, after: str | None
+    store: Store,
+    scope: OwnershipScope,
+    remote: RemoteTasks | None = None,
+    *,
+    limit: int,
+    after: str | None,
 ) -> dict[str, Any]:
     """The remote A2A tasks being followed in ``scope`` (a page): alias, operation, remote
-    task id, phase, state, last observation, next poll, owner, and what ``reconcile …
-    --cancel-remote`` needs (the operation's connection and version). Raises
-    :class:`~stores.InvalidCheckpointError` for a bad ``after``."""
+    task id, phase, state, last observation, next poll (known to the instance following
+    the task: this daemon's own, from its follower's schedule; never journaled), owner, and
+    what ``reconcile … --cancel-remote`` needs (the operation's connection and version).
+    Raises :class:`~stores.InvalidCheckpointError` for a bad ``after``."""
     from ..agents.a2a import list_remote_tasks as listed
 
     entries, cursor = await listed(store.checkpoints, scope, limit=limit, after=after)
+    if remote is not None:
+        for entry in entries:
+            task_id = entry.get("remoteTaskId")
+            if entry.get("nextPoll") is None and isinstance(task_id, str):
+                due = remote.next_poll(str(entry["alias"]), task_id)
+                entry["nextPoll"] = None if due is None else ms_to_iso(due)
     if entries:
         operations = await _open_operations(store, scope)
         for entry in entries:

@@ -8,14 +8,15 @@ import collections
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
-from stores import OwnershipScope, Store
+from stores import Store
 
 if TYPE_CHECKING:
+    from ..control import RemoteTasks
     from ._metrics import DaemonMetrics
 
 from adapters import kinds
@@ -138,7 +139,7 @@ class DaemonServing:
                     pair_aliases=pairing_aliases_from_grants(config.grants),
                     inbox_sources=tuple(c for c, a in adapters.items() if a.features.inbox),
                     retention_ms=config.limits.retention_days * 86_400_000,
-                    cancel_remote=_a2a_cancel(self._agents),
+                    remote=_a2a_remote(self._agents),
                 )
                 await self.supervisor.start(
                     children,
@@ -285,15 +286,15 @@ def _where(connection: ConnectionConfig, adapter: ChannelAdapter) -> str:
     return kind.where(connection, adapter) if kind is not None else "(connected)"
 
 
-def _a2a_cancel(
-    agents: Mapping[str, Any],
-) -> Callable[[OwnershipScope, str], Awaitable[Mapping[str, Any]]] | None:
-    """``reconcile … --cancel-remote`` over this daemon's a2a agents (``None``: none)."""
+def _a2a_remote(agents: Mapping[str, Any]) -> RemoteTasks | None:
+    """The control methods' view of this daemon's a2a agents (``None``: none)."""
     if not any(
         type(agent).__module__.startswith("prismd.agents.a2a.") for agent in agents.values()
     ):
         return None  # the a2a package is imported only when an a2a agent exists
-    from ..agents.a2a import A2AAgent, cancel_remote
+    from ..agents.a2a import A2AAgent, cancel_remote, next_poll
+    from ..control import RemoteTasks
 
     followed = {a: x for a, x in agents.items() if isinstance(x, A2AAgent)}
-    return functools.partial(cancel_remote, followed)
+    cancel = functools.partial(cancel_remote, followed)
+    return RemoteTasks(cancel=cancel, next_poll=functools.partial(next_poll, followed))

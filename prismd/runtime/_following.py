@@ -11,18 +11,32 @@ operation ``executing → following`` under the turn's lease fence. From then on
   turns queued behind it stay ``accepted``; the restart's recovery queues both again, oldest
   first, and the agent follows the same task instead of sending again;
 * ``list-unresolved`` does not list it (nothing needs a decision) and prune keeps it.
+
+Once the remote task is known and not yet answered, the run *parks* its turn
+(:meth:`TurnHooks.park`) and returns ``following``: :func:`park` keeps the turn in
+``route.parked`` — the route stays held, later turns wait behind it in order — but no
+coroutine waits for it, no slot and no binding lease are held (the pump ends and the lease
+is released once the route is idle): the agent's follower polls the task with a handful of
+tasks for all of them. Its *wake* (:func:`wake`) puts the turn back at the head of its
+route's queue: the pump takes the lease again, claims the operation (still ``following``,
+under the new fence) and runs the agent, which answers — reply staged with the terminal
+state, delivered, the next queued turn started — or parks again. ``/cancel`` wakes it with
+:attr:`~._types.Turn.cancel_remote` (:func:`cancel_parked`); ``stop()`` forgets it
+(:func:`unpark_at_stop`): the operation stays ``following`` for the next runtime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 
 import attrs
+import trio
 
 from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
 from ._core import Core
 from ._relay import relay
-from ._routes import ActiveTurn, Turn
+from ._routes import ActiveTurn, Route, Turn
 
 
 def _ref(turn: Turn) -> OperationRef:
@@ -32,12 +46,15 @@ def _ref(turn: Turn) -> OperationRef:
 @attrs.define(eq=False)
 class TurnHooks:
     core: Core
+    route: Route
     turn: Turn
     active: ActiveTurn
     fence: int | None = None
     stop_typing: Callable[[], None] | None = None
     """Ends the turn's typing indicator (set while the agent runs)."""
     slot_held: bool = False
+    start_pump: Callable[[Core, Route], None] | None = None
+    """The pump starter (:func:`._turn.start_pump`), for the wake of a parked turn."""
 
     async def following(self) -> bool:
         core, turn = self.core, self.turn
@@ -83,6 +100,94 @@ class TurnHooks:
         if self.slot_held:
             self.slot_held = False
             self.core.slots.release()
+
+    def park(self) -> Callable[[], None]:
+        assert self.start_pump is not None
+        self.turn.woken = False
+        return functools.partial(wake, self.core, self.route, self.turn, self.start_pump)
+
+    @property
+    def cancelling(self) -> bool:
+        return self.turn.cancel_remote
+
+    @property
+    def runtime(self) -> object:
+        return self.core
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self.core.nursery.start_soon(_background, self.core, fn)
+
+
+async def _background(core: Core, fn: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await fn()
+    except Exception:
+        core.count("storage_failures")
+
+
+# --------------------------------------------------------------------------- parking
+
+
+def _hold(core: Core) -> None:
+    """A parked turn counts as in-flight work (``drain`` waits for it, as for a run)."""
+    core.inflight += 1
+    if core.idle.is_set():
+        core.idle = trio.Event()
+
+
+def _unhold(core: Core) -> None:
+    core.inflight -= 1
+    if core.inflight == 0:
+        core.idle.set()
+
+
+def park(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]) -> None:
+    """The run returned ``following``: keep ``turn`` parked on ``route`` (see above)."""
+    if core.stopped:
+        return  # left ``following`` for the next runtime
+    # Kept small while it waits: the record is loaded again when it runs, and the text
+    # was sent (a recovered turn never has it).
+    turn.op = None
+    if turn.event.text or turn.event.attachments:
+        turn.event = attrs.evolve(turn.event, text="", attachments=())
+    route.parked = turn
+    _hold(core)
+    if turn.woken:
+        wake(core, route, turn, start_pump)
+
+
+def wake(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]) -> None:
+    """The agent's follower wakes a parked turn: back to the head of its route's queue."""
+    if route.parked is not turn:
+        if not turn.settled:
+            turn.woken = True  # its run has not returned yet: woken as it parks
+        return
+    route.parked = None
+    _unhold(core)
+    if core.stopped:
+        return
+    route.queue.push_front(turn)
+    start_pump(core, route)
+
+
+def cancel_parked(core: Core, route: Route, start_pump: Callable[[Core, Route], None]) -> bool:
+    """``/cancel`` on a route whose turn is parked: run it to cancel the remote task."""
+    turn = route.parked
+    if turn is None:
+        return False
+    turn.cancel_remote = True
+    wake(core, route, turn, start_pump)
+    return True
+
+
+def unpark_at_stop(core: Core, route: Route) -> bool:
+    """``stop()``: forget the parked turn (its operation stays ``following``); whether
+    there was one."""
+    if route.parked is None:
+        return False
+    route.parked = None
+    _unhold(core)
+    return True
 
 
 async def claim_following(core: Core, turn: Turn, fence: int | None) -> bool:

@@ -118,11 +118,11 @@ class RouteLeases:
                 route.renewer = None
 
     async def _renew(self, route: Route, ttl: int) -> None:
-        while route.lease is not None and (route.busy or route.lease_users > 0):
+        while route.lease is not None and (route.working or route.lease_users > 0):
             lease = route.lease
             wait_ms = lease.expires_at_ms - self.now_ms() - ttl / 3
             await trio.sleep(max(0.01, wait_ms / 1000))
-            if route.lease is not lease or not (route.busy or route.lease_users > 0):
+            if route.lease is not lease or not (route.working or route.lease_users > 0):
                 continue
             try:
                 await self.ensure(route)
@@ -169,7 +169,7 @@ class RouteLeases:
         with trio.CancelScope(shield=True, relative_deadline=5):
             async with route.lease_lock:
                 lease = route.lease
-                if lease is None or (not force and (route.busy or route.lease_users > 0)):
+                if lease is None or (not force and (route.working or route.lease_users > 0)):
                     return
                 try:
                     await self.store.release_lease(

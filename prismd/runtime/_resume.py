@@ -332,5 +332,7 @@ def _known_ids(core: Core) -> set[str]:
         active = route.active
         if active is not None and active.turn is not None:
             ids.add(active.turn.operation_id)
+        if route.parked is not None:
+            ids.add(route.parked.operation_id)
         ids.update(t.operation_id for t in route.queue)
     return ids

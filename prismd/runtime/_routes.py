@@ -73,6 +73,10 @@ class Turn:
     following: bool = False
     """Its operation is ``following`` a remote task (SPEC difference 9): a stop leaves it
     (and the turns queued behind it) as they are, to be followed again after a restart."""
+    woken: bool = False
+    """Its wake came before its run returned ``following`` (:mod:`._following`)."""
+    cancel_remote: bool = False
+    """``/cancel`` woke it while parked: its run cancels the remote task."""
 
 
 ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]
@@ -191,6 +195,9 @@ class Route:
     lease_fresh: bool = False
     """The lease was newly acquired (not renewed): another runtime may have written the
     binding since this process hydrated it; the pump re-reads it before the next turn."""
+    parked: Turn | None = None
+    """The turn parked while its remote task is followed (:mod:`._following`): the route
+    is held (later turns wait) but nothing runs, and no lease is kept for it."""
     pins: int = 0
     """Entry points holding this route object across an await (admit, commands): the
     route must not be evicted meanwhile, or a second route object for the same binding
@@ -241,13 +248,21 @@ class Route:
 
     @property
     def busy(self) -> bool:
-        return bool(self.queue) or self.active is not None or self.pumping
+        return self.working or bool(self.queue) or self.parked is not None
+
+    @property
+    def working(self) -> bool:
+        """Busy with something that needs the binding lease now (not a parked turn and the
+        turns waiting behind it)."""
+        return self.active is not None or self.pumping or (bool(self.queue) and self.parked is None)
 
     def status_text(self) -> str:
         if self.active is not None and self.active.state == "resuming":
             return "resuming"
         if self.active is not None:
             return "running"
+        if self.parked is not None:
+            return "following a remote task"
         if self.suspended:
             return "awaiting decision"
         if self.queue:

@@ -27,6 +27,7 @@ from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
 from ._core import Core, FetchAttachment
+from ._following import unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from .api import (
     Authorize,
@@ -299,7 +300,9 @@ class Runtime:
         with trio.CancelScope(shield=True, deadline=end):
             for route in list(core.routes.values()):
                 current = route.active.turn if route.active is not None else None
-                behind_following = current is not None and current.following
+                behind_following = unpark_at_stop(core, route) or (
+                    current is not None and current.following
+                )
                 for turn in route.queue.take_all():
                     if turn.cancelled:
                         continue

@@ -48,7 +48,7 @@ from ..journal import (
 )
 from ._approvals import issue_controls
 from ._core import Core
-from ._following import TurnHooks, claim_following, left_for_restart
+from ._following import TurnHooks, claim_following, left_for_restart, park
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import (
     CANCELLED_TEXT,
@@ -122,7 +122,7 @@ async def pump(core: Core, route: Route) -> None:
     torn down."""
     torn_down = False
     try:
-        while route.queue:
+        while route.queue and route.parked is None:
             if core.stopped:
                 # stop() settles what it saw queued; a turn put back afterwards (lease
                 # lost before its claim) must not run after stop either.
@@ -290,7 +290,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         if not await acquire_promptly(core.slots, wait_within=active.cancel_scope):
             await _cancelled_waiting(core, route, turn, active)
             return
-        hooks = TurnHooks(core, turn, active, slot_held=True)
+        hooks = TurnHooks(core, route, turn, active, slot_held=True, start_pump=start_pump)
         try:
             ran = await _run_with_slot(core, route, turn, active, hooks)
         finally:
@@ -304,6 +304,9 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
         if ran is not None:
             # Only a followed turn may be left for the restart (:mod:`._following`).
             if turn.following and left_for_restart(core, turn, active.stopping):
+                return
+            if ran[1].status == "following":
+                park(core, route, turn, start_pump)
                 return
             await finish_run(core, route, turn, *ran)
     finally:
@@ -388,7 +391,7 @@ async def _run_with_slot(
                 route.queue.push_front(turn)
                 return None
             fence = lease.fencing_token
-        if turn.op is not None and turn.op.record.state == FOLLOWING_STATE:
+        if turn.following or (turn.op is not None and turn.op.record.state == FOLLOWING_STATE):
             # Recovered after a restart: follow the remote task again, never re-run.
             try:
                 followed = await claim_following(core, turn, fence)

@@ -104,6 +104,8 @@ async def test_a_followed_task_survives_the_daemon_and_is_answered_once(
                     "following",
                 )
                 assert entry["owner"].startswith("prismd-") and entry["lastObservation"]
+                # The next poll, from the follower's schedule (this daemon follows it).
+                assert entry["nextPoll"] and entry["nextPoll"].endswith("Z")
                 # Followed work needs no decision: only the message queued behind it is
                 # listed (accepted, as every acknowledged message waiting for its turn).
                 code, unresolved, _ = await prismctl(layout, "list-unresolved")

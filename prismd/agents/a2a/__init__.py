@@ -22,13 +22,13 @@ from ._client import Refused as Refused
 from ._client import RemoteError as RemoteError
 from ._client import check_url as check_url
 from ._client import retry_after_s as retry_after_s
+from ._follower import next_poll as next_poll
 from ._options import A2AOptions as A2AOptions
 from ._options import validate_a2a_options as validate_a2a_options
 from ._push import MAX_PUSH_BYTES as MAX_PUSH_BYTES
 from ._push import PUSH_SOURCE as PUSH_SOURCE
 from ._push import PushReceiver as PushReceiver
 from ._push import a2a_statistics as a2a_statistics
-from ._push import moves_forward as moves_forward
 from ._steps import NOTICES as NOTICES
 from ._steps import reply_text as reply_text
 from ._wire import AgentCard as AgentCard
@@ -39,5 +39,6 @@ from ._wire import Observation as Observation
 from ._wire import PushConfig as PushConfig
 from ._wire import StatusUpdate as StatusUpdate
 from ._wire import Task as Task
+from ._wire import moves_forward as moves_forward
 from ._wire import read_card as read_card
 from ._wire import read_observation as read_observation

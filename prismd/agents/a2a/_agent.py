@@ -55,13 +55,15 @@ from .. import (
 from ._book import Book, Stored, TaskRecord, secret_hash
 from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
 from ._files import open_file
+from ._follower import Follower, park_or_answer
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
-from ._wire import (
-    PushConfig,
-)
+from ._wire import PushConfig
 
 log = logging.getLogger("prismd.agents.a2a")
+HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
+"""Connections kept open to the peer: the follower's polls in flight, its streams and the
+runs' calls together, so that polling does not open a connection per request."""
 
 
 def _text_of(value: object) -> str:
@@ -81,11 +83,14 @@ class A2AAgent:
     bearer: str | None = attrs.field(default=None, repr=False)
     push_base_url: str | None = None
     max_remote_tasks: int = 100
-    http: httpx.AsyncClient = attrs.field(factory=httpx.AsyncClient)
+    http: httpx.AsyncClient = attrs.field(factory=lambda: httpx.AsyncClient(limits=HTTP_LIMITS))
     client: A2AClient | None = None
-    following_now: int = 0
+    blocking: int = 0
+    """Runs following their task in the run itself (no runtime hooks to park with)."""
     counters: dict[str, int] = attrs.field(factory=dict)
     wakers: dict[str, trio.Event] = attrs.field(factory=dict)
+    followers: dict[object, Follower] = attrs.field(factory=dict)
+    """The followers of parked tasks, one per runtime (:attr:`RunHooks.runtime`)."""
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> A2AAgent:
@@ -159,11 +164,19 @@ class A2AAgent:
     def observe(self, task_id: str) -> bool:
         """A push said something about ``task_id``: wake its follower in this process to
         read the task now. ``False`` when no follower of it waits here."""
+        for follower in self.followers.values():
+            if follower.wake_task(task_id):
+                return True
         event = self.wakers.get(task_id)
         if event is None:
             return False
         event.set()
         return True
+
+    @property
+    def following_now(self) -> int:
+        """Remote tasks followed now by this agent in this process."""
+        return self.blocking + sum(len(f) for f in self.followers.values())
 
     @property
     def push_url(self) -> str | None:
@@ -218,7 +231,7 @@ class A2AAgent:
         except trio.Cancelled:
             hooks = request.hooks
             if hooks is None or not hooks.stopping():
-                await self._cancel_remote(client, scope, key)
+                await self.cancel_followed(client, scope, key)
             raise
 
     async def _drive(
@@ -259,11 +272,13 @@ class A2AAgent:
         if hooks is not None and stored.record.owner != hooks.owner:
             # Who follows it now (listRemoteTasks): written when the follower changes.
             stored = await self.book.update(stored, owner=hooks.owner)
-        self.following_now += 1
-        try:
-            return await follow(self, client, stored, on_event, session, hooks)
-        finally:
-            self.following_now -= 1
+        if hooks is None:
+            self.blocking += 1
+            try:
+                return await follow(self, client, stored, on_event, session)
+            finally:
+                self.blocking -= 1
+        return await park_or_answer(self, client, stored, fresh, hooks, on_event, session)
 
     async def _await_push(self, client: A2AClient, stored: Stored) -> Stored | None:
         """After an unknown send outcome that nothing found (a v0.3 peer has no
@@ -279,7 +294,7 @@ class A2AAgent:
                 return await recover(self, client, again)
         return None
 
-    async def _cancel_remote(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
+    async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
         """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
         with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
             try:

@@ -251,6 +251,18 @@ class Book:
         value (the secrets' hashes); ``None`` for a task we do not follow."""
         return await self._find(f"{alias}/{task_id}")
 
+    async def find_index(self, alias: str, task_id: str) -> dict[str, Any] | None:
+        """The index value of ``alias``'s ``task_id`` (the secrets' hashes, the task record's
+        key) without loading the task record: one read, what a push needs to be checked."""
+        key = f"{alias}/{task_id}"
+        page = await self.checkpoints.list_checkpoints(
+            namespace=NS_INDEX, key_prefix=key, scope=ANY_SCOPE, limit=2
+        )
+        for row in page.items:
+            if row.key == key and isinstance(row.value, dict):
+                return row.value
+        return None
+
     async def find_by_secret(self, alias: str, digest: str) -> tuple[Stored, dict[str, Any]] | None:
         """The task record whose push secret hashes to ``digest`` (see :meth:`index_secrets`)."""
         return await self._find(f"secret/{alias}/{digest}")

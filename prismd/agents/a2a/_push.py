@@ -53,11 +53,11 @@ from adapters.toolkit import (
     serve_limited,
     server_connection,
 )
-from stores import InboxStore
+from stores import InboxClaim, InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
-from ._wire import observed_state, observed_task_id, read_observation
+from ._wire import moves_forward, observed_state, observed_task_id, read_observation
 
 log = logging.getLogger("prismd.agents.a2a")
 
@@ -71,24 +71,6 @@ HEAD_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 75.0
 CLAIM_TTL_MS = 60_000
 MAX_ATTEMPTS = 8
-STATE_RANK = {
-    "unknown": 0,
-    "submitted": 1,
-    "working": 2,
-    "auth-required": 3,
-    "input-required": 3,
-    "completed": 4,
-    "canceled": 4,
-    "failed": 4,
-    "rejected": 4,
-}
-
-
-def moves_forward(old: str | None, new: str | None) -> bool:
-    """``new`` is a later state than ``old`` (an out-of-order push never moves back)."""
-    if new is None:
-        return False
-    return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)
 
 
 def a2a_statistics(agents: Iterable[A2AAgent], pushes: Mapping[str, int]) -> dict[str, int]:
@@ -228,9 +210,9 @@ class PushReceiver:
         if observation is None or task_id is None:
             self.count("pushes_refused")
             return 400, False
-        found = await agent.book.find_task(alias, task_id)
+        index = await agent.book.find_index(alias, task_id)
         secret: str | None = None
-        if found is None:
+        if index is None:
             # Not journaled yet (the send's answer is on its way, or was lost in a crash):
             # the credential journaled with the send intent identifies the task.
             for digest in _presented(head.headers):
@@ -238,12 +220,11 @@ class PushReceiver:
                 # Only while the task id is unknown: a credential of another known task is
                 # wrong for this one.
                 if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
-                    found, secret = by_secret, digest
+                    index, secret = by_secret[1], digest
                     break
-        if found is None:
+        if index is None:
             self.count("pushes_refused")
             return 404, False
-        _stored, index = found
         if not _credential_ok(head.headers, index):
             self.count("pushes_refused")
             return 401, False
@@ -284,26 +265,33 @@ class PushReceiver:
             except Exception as exc:
                 log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
                 claims = ()
-            for claim in claims:
-                try:
-                    await self._apply(claim.item.payload)
-                except Exception as exc:
-                    log.warning("a2a push: applying failed (%s)", type(exc).__name__)
-                    try:
-                        await self.inbox.retry(
-                            claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
-                        )
-                    except Exception:
-                        pass
-                    continue
-                try:
-                    await self.inbox.complete(claim)
-                except Exception as exc:
-                    log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
-            if not claims:
+            if claims:
+                # The items of one claim concern distinct tasks (one partition each, handed
+                # out one at a time): applied side by side, their writes share commits.
+                async with trio.open_nursery() as nursery:
+                    for claim in claims:
+                        nursery.start_soon(self._apply_one, claim)
+            else:
                 with trio.move_on_after(idle_s):
                     await self.wake.wait()
                 self.wake = trio.Event()
+
+    async def _apply_one(self, claim: InboxClaim) -> None:
+        try:
+            await self._apply(claim.item.payload)
+        except Exception as exc:
+            log.warning("a2a push: applying failed (%s)", type(exc).__name__)
+            try:
+                await self.inbox.retry(
+                    claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
+                )
+            except Exception:
+                pass
+            return
+        try:
+            await self.inbox.complete(claim)
+        except Exception as exc:
+            log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
 
     async def _apply(self, payload: object) -> None:
         if not isinstance(payload, dict):

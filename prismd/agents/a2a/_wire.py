@@ -435,3 +435,23 @@ def read_card(raw: object) -> AgentCard | None:
         if isinstance(url_value, str) and url_value and str(transport).upper() == "JSONRPC":
             return AgentCard(url_value, _dialect_of(version), streaming, push, None, name)
     return None
+
+
+STATE_RANK = {
+    "unknown": 0,
+    "submitted": 1,
+    "working": 2,
+    "auth-required": 3,
+    "input-required": 3,
+    "completed": 4,
+    "canceled": 4,
+    "failed": 4,
+    "rejected": 4,
+}
+
+
+def moves_forward(old: str | None, new: str | None) -> bool:
+    """``new`` is a later state than ``old`` (an out-of-order push never moves back)."""
+    if new is None:
+        return False
+    return STATE_RANK.get(new, 0) > STATE_RANK.get(old or "unknown", 0)

@@ -1,0 +1,448 @@
+"""Following parked remote tasks: one :class:`Follower` per agent and runtime, no task per
+followed task while it waits.
+
+When a run knows its remote task and the task is not answered yet, the run *parks* its turn
+(:meth:`~prismd.agents.RunHooks.park`) and returns: the operation stays ``following``, the
+route stays held by the runtime, and no coroutine waits for the task. What is left of it in
+memory is one :class:`Followed` record (``__slots__``: the task id, the operation's key and
+scope, when it is due, its backoff, its deadline and the runtime's wake) in a heap ordered
+by the next poll.
+
+The follower's loop pops the due records and hands them to a fixed number of workers
+(:data:`POLLERS`: the polls in flight are bounded, whatever the number of tasks); a worker
+reads the task (``GetTask``) and either schedules the next poll (exponential backoff with
+±20 % jitter up to ``max_poll_interval_ms``, ``Retry-After`` honoured, slowed by
+:data:`PUSH_SLOWDOWN` while push is registered) or, when the task is terminal, needs input,
+is lost or ran out of ``task_timeout_ms``, keeps what it read for the run and *wakes* the
+turn: the runtime runs the agent again for the same operation, which answers from the task
+read here (:meth:`Follower.take`) — or, after a restart, reads it once itself.
+
+A push (:meth:`Follower.wake_task`) makes its record due at once. Streaming (previews) is
+kept for at most :data:`MAX_STREAMS` tasks at once; the others are polled. When the follower
+ends (its runtime stops) its records are dropped: the operations are ``following`` in the
+journal and the next runtime follows them again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
+
+import trio
+
+from stores import OwnershipScope
+
+from .. import EventSink, RunHooks, RunResult
+from ._book import Stored
+from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
+from ._relay import relay_interrupt, relay_key
+from ._steps import CANCEL_BUDGET_S, PUSH_SLOWDOWN, answer, failed, preview, stream
+from ._steps import A2AAgent as StepsAgent
+from ._wire import TASK_NOT_FOUND, Task, moves_forward
+
+
+class A2AAgent(StepsAgent, Protocol):
+    """What the follower uses of the agent (:class:`._agent.A2AAgent`)."""
+
+    followers: dict[object, Follower]
+
+    async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None: ...
+
+
+POLLERS: Final = 32
+"""Polls in flight at once, per follower."""
+MAX_STREAMS: Final = 64
+"""Tasks followed by their stream at once, per follower; the others are polled."""
+
+LOST: Final = "lost"
+TIMEOUT: Final = "timeout"
+Finding = Task | str
+"""What the follower read for a woken run: the task, :data:`LOST` or :data:`TIMEOUT`."""
+
+
+class Followed:
+    """One parked task: what the follower needs between polls (nothing else is kept)."""
+
+    __slots__ = (
+        "deadline_ms",
+        "delay",
+        "due",
+        "key",
+        "may_stream",
+        "on_event",
+        "pushed",
+        "relayed",
+        "restream",
+        "scope",
+        "shown",
+        "state",
+        "streaming",
+        "task_id",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        scope: OwnershipScope,
+        task_id: str,
+        state: str | None,
+        deadline_ms: int,
+        delay: float,
+        pushed: bool,
+        wake: Callable[[], None],
+        on_event: EventSink | None,
+    ) -> None:
+        self.key = key
+        self.scope = scope
+        self.task_id = task_id
+        self.state = state
+        self.deadline_ms = deadline_ms
+        self.delay = delay
+        self.pushed = pushed
+        self.wake: Callable[[], None] | None = wake
+        self.on_event = on_event
+        self.shown: str | None = None
+        self.relayed: str | None = None
+        """The relay key of the last ``auth-required`` status relayed (:mod:`._relay`)."""
+        self.due = math.inf
+        self.streaming = False
+        self.may_stream = False
+        """Followed by its stream (previews) while the peer lets it."""
+        self.restream = False
+        """Its next due time subscribes again instead of polling (a stream that ended
+        while the task works: read once, then streamed again after the pause)."""
+
+
+class Follower:
+    """The parked tasks of one agent in one runtime (see the module docstring)."""
+
+    def __init__(self, agent: A2AAgent, client: A2AClient) -> None:
+        self.agent = agent
+        self.client = client
+        self.records: dict[str, Followed] = {}
+        """By task id."""
+        self.found: dict[str, Finding] = {}
+        """What was read for a woken run, by task id (taken once by the run)."""
+        self._heap: list[tuple[float, int, Followed]] = []
+        self._seq = itertools.count()
+        self._kick = trio.Event()
+        self._streams = 0
+        self._to_stream: list[Followed] = []
+        self._nursery: trio.Nursery | None = None
+        self._send, self._receive = trio.open_memory_channel[Followed](0)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # ------------------------------------------------------------------ the run's side
+
+    def add(self, record: Followed) -> None:
+        """Follow ``record`` (a parked turn): by its stream when the card and ``stream``
+        allow (and :data:`MAX_STREAMS` is not reached), else read at once (the task may be
+        over already), then polled."""
+        old = self.records.get(record.task_id)
+        if old is not None:
+            old.wake = None
+        self.records[record.task_id] = record
+        if self.agent.options.stream and self.client.card.streaming and self._streams < MAX_STREAMS:
+            self._streams += 1
+            record.streaming = True
+            record.may_stream = True
+            if self._nursery is None:
+                self._to_stream.append(record)  # started with the loop
+            else:
+                self._nursery.start_soon(self._stream, record)
+            return
+        self._schedule(record, 0.0)
+
+    def take(self, task_id: str) -> Finding | None:
+        return self.found.pop(task_id, None)
+
+    def wake_task(self, task_id: str) -> bool:
+        """A push said something about ``task_id``: read it now. ``False`` when it is not
+        followed here."""
+        record = self.records.get(task_id)
+        if record is None:
+            return False
+        if not record.streaming:
+            self._schedule(record, 0.0)
+        return True
+
+    def next_poll_ms(self, task_id: str) -> int | None:
+        """When ``task_id`` is read next (the agent's clock), for ``listRemoteTasks``."""
+        record = self.records.get(task_id)
+        if record is None:
+            return None
+        if record.due == math.inf:  # being read or streamed now
+            return self.agent.clock.now_ms()
+        left = max(0.0, record.due - trio.current_time())
+        return self.agent.clock.now_ms() + int(left * 1000)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Until cancelled (the runtime stops): the records are dropped then."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for _ in range(POLLERS):
+                    nursery.start_soon(self._poller)
+                for record in self._to_stream:
+                    nursery.start_soon(self._stream, record)
+                self._to_stream.clear()
+                await self._dispatch()
+        finally:
+            self._nursery = None
+            self.records.clear()
+            self._heap.clear()
+            self.found.clear()
+
+    async def _dispatch(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                due, _seq, record = heapq.heappop(heap)
+                if record.due != due or self.records.get(record.task_id) is not record:
+                    continue  # rescheduled or gone: a stale entry
+                record.due = math.inf
+                await self._send.send(record)
+            self._kick = trio.Event()
+            with trio.move_on_at(heap[0][0] if heap else math.inf):
+                await self._kick.wait()
+
+    def _schedule(self, record: Followed, seconds: float) -> None:
+        due = trio.current_time() + seconds
+        if due >= record.due:
+            return  # already due sooner
+        record.due = due
+        heap = self._heap
+        first = not heap or due < heap[0][0]
+        heapq.heappush(heap, (due, next(self._seq), record))
+        if first:
+            self._kick.set()
+
+    def _pause(self, record: Followed) -> float:
+        options = self.agent.options
+        cap = options.max_poll_interval_ms / 1000
+        pause = self.agent.backoff(None, record.delay) * (PUSH_SLOWDOWN if record.pushed else 1)
+        left = max(0.0, (record.deadline_ms - self.agent.clock.now_ms()) / 1000)
+        return min(pause, cap, left)
+
+    async def _poller(self) -> None:
+        async for record in self._receive:
+            if self.records.get(record.task_id) is not record:
+                continue
+            if record.restream and self._nursery is not None and self._streams < MAX_STREAMS:
+                record.restream = False
+                self._streams += 1
+                record.streaming = True
+                self._nursery.start_soon(self._stream, record)
+                continue
+            try:
+                await self._poll(record)
+            except Exception as exc:
+                # Never lose a record to an unexpected error: poll it again later.
+                self.agent.count("poll_errors")
+                del exc
+                if self.records.get(record.task_id) is record:
+                    self._schedule(record, self._pause(record))
+
+    async def _poll(self, record: Followed) -> None:
+        agent = self.agent
+        options = agent.options
+        if agent.clock.now_ms() >= record.deadline_ms:
+            self._finish(record, TIMEOUT)
+            return
+        retry_after: float | None = None
+        try:
+            task: Task | None = await self.client.get_task(record.task_id)
+            agent.count("polls")
+        except RemoteError as exc:
+            if exc.code == TASK_NOT_FOUND:
+                self._finish(record, LOST)
+                return
+            task = None
+        except Refused as exc:
+            task, retry_after = None, exc.retry_after
+        except OutcomeUnknown:
+            task = None
+        if self.records.get(record.task_id) is not record:
+            return  # woken or dropped meanwhile
+        first = options.poll_interval_ms / 1000
+        cap = options.max_poll_interval_ms / 1000
+        if task is not None:
+            if task.terminal or task.state == "input-required":
+                self._finish(record, task)
+                return
+            if task.state == "auth-required" and relay_key(task) != record.relayed:
+                self._finish(record, task)  # the run relays it, then parks again
+                return
+            if task.state != record.state:
+                record.state = task.state
+                record.delay = first
+                await note_state(agent, record.scope, record.key, task.state)
+            if record.on_event is not None:
+                shown = [record.shown]
+                preview(record.on_event, record.task_id, task.status_text, shown)
+                record.shown = shown[0]
+        record.restream = record.may_stream
+        pause = self._pause(record)
+        if retry_after is not None:
+            pause = max(pause, min(retry_after, 3600.0))
+        record.delay = min(record.delay * 2, cap)
+        self._schedule(record, pause)
+
+    def _finish(self, record: Followed, finding: Finding) -> None:
+        """Keep what was read for the run and wake the parked turn."""
+        if self.records.get(record.task_id) is not record:
+            return
+        del self.records[record.task_id]
+        self.found[record.task_id] = finding
+        wake, record.wake = record.wake, None
+        if wake is not None:
+            wake()
+
+    async def _stream(self, record: Followed) -> None:
+        """Follow ``record`` by its stream (previews), then read it at once."""
+        try:
+            shown = [record.shown]
+            again = await stream(
+                self.agent,
+                self.client,
+                record.task_id,
+                record.on_event,
+                shown,
+                record.deadline_ms,
+            )
+            record.shown = shown[0]
+            record.may_stream = record.may_stream and again  # not after the peer refused
+        finally:
+            self._streams -= 1
+            record.streaming = False
+            if self.records.get(record.task_id) is record:
+                self._schedule(record, 0.0)
+
+
+# ---------------------------------------------------------------------- the run's steps
+
+
+async def park_or_answer(
+    agent: A2AAgent,
+    client: A2AClient,
+    stored: Stored,
+    just_sent: bool,
+    hooks: RunHooks,
+    on_event: EventSink | None,
+    session: str,
+) -> RunResult:
+    """A run whose task is known: answer when the task is over (read by the follower that
+    woke this run, or once here after a restart), else park the turn with the follower and
+    return ``following``. ``/cancel`` (a parked turn woken to cancel): ``CancelTask``."""
+    record = stored.record
+    task_id = record.task_id
+    assert task_id is not None
+    run_id = f"a2a:{task_id}"
+    if hooks.cancelling:
+        await agent.cancel_followed(client, stored.scope, stored.key)
+        return RunResult("aborted", "", run_id, session)
+    follower = _follower(agent, hooks, client)
+    finding = follower.take(task_id)
+    if finding is None and not just_sent:
+        finding = await _read(agent, client, task_id)
+    relayed: str | None = None
+    if isinstance(finding, Task):
+        if finding.terminal or finding.state == "input-required":
+            return await answer(agent, stored, finding, session)
+        if finding.state == "auth-required":
+            if await relay_interrupt(hooks, finding, [None]):
+                agent.count("relays")
+            relayed = relay_key(finding)
+        if moves_forward(record.state, finding.state):
+            stored = await agent.book.update(
+                stored, state=finding.state, observed_ms=agent.clock.now_ms()
+            )
+    elif finding == LOST:
+        await agent.book.update(stored, phase="done", state="lost")
+        return failed("lost", session, run_id)
+    deadline_ms = record.created_ms + agent.options.task_timeout_ms
+    if finding == TIMEOUT or agent.clock.now_ms() >= deadline_ms:
+        with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
+            try:
+                await client.cancel_task(task_id)
+            except A2AError:
+                pass
+        await agent.book.update(stored, phase="done", state="timeout")
+        return failed("timeout", session, run_id)
+    parked = Followed(
+        key=stored.key,
+        scope=stored.scope,
+        task_id=task_id,
+        state=stored.record.state,
+        deadline_ms=deadline_ms,
+        delay=agent.options.poll_interval_ms / 1000,
+        pushed=record.token_hash is not None,
+        wake=hooks.park(),
+        on_event=on_event,
+    )
+    parked.relayed = relayed
+    follower.add(parked)
+    return RunResult("following", "", run_id, session)
+
+
+async def _read(agent: A2AAgent, client: A2AClient, task_id: str) -> Finding | None:
+    """The task once (a resumed run that nothing read for): ``None`` when the peer could
+    not answer now (the follower tries again)."""
+    try:
+        task = await client.get_task(task_id)
+    except RemoteError as exc:
+        return LOST if exc.code == TASK_NOT_FOUND else None
+    except A2AError:
+        return None
+    agent.count("polls")
+    return task
+
+
+def _follower(agent: A2AAgent, hooks: RunHooks, client: A2AClient) -> Follower:
+    """The agent's follower in the hooks' runtime, started with its first parked turn."""
+    key = hooks.runtime
+    follower = agent.followers.get(key)
+    if follower is None:
+        follower = agent.followers[key] = Follower(agent, client)
+
+        async def follow_parked() -> None:
+            try:
+                await follower.run()
+            finally:
+                if agent.followers.get(key) is follower:
+                    del agent.followers[key]
+
+        hooks.spawn(follow_parked)
+    return follower
+
+
+def next_poll(agents: Mapping[str, A2AAgent], alias: str, task_id: str) -> int | None:
+    """When ``alias``'s ``task_id`` is read next in this process (Unix ms; ``None``: not
+    followed here): ``listRemoteTasks``' next poll."""
+    agent = agents.get(alias)
+    if agent is None:
+        return None
+    for follower in agent.followers.values():
+        due = follower.next_poll_ms(task_id)
+        if due is not None:
+            return due
+    return None
+
+
+async def note_state(agent: A2AAgent, scope: OwnershipScope, key: str, state: str) -> None:
+    """A followed task's new (not final) state, journaled for operators."""
+    stored = await agent.book.load(scope, key)
+    if stored is None or stored.record.phase != "following":
+        return
+    if moves_forward(stored.record.state, state):
+        await agent.book.update(stored, state=state, observed_ms=agent.clock.now_ms())
