@@ -27,6 +27,11 @@ from prismd.jsonrpc import RpcError as RpcError
 from ._activity import ACTIVITY_FIELDS as ACTIVITY_FIELDS
 from ._activity import Activity as Activity
 from ._backoff import Backoff as Backoff
+from ._budgets import Budget as Budget
+from ._budgets import BudgetStatistics as BudgetStatistics
+from ._budgets import ConnectionLimiter as ConnectionLimiter
+from ._budgets import Slot as Slot
+from ._budgets import serve_limited as serve_limited
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body
@@ -40,11 +45,6 @@ from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError
 from ._jsonrpc import open_jsonrpc_client as open_jsonrpc_client
 from ._lease import LeaseLostError as LeaseLostError
 from ._lease import ReceiverLease as ReceiverLease
-from ._limits import Budget as Budget
-from ._limits import BudgetStatistics as BudgetStatistics
-from ._limits import ConnectionLimiter as ConnectionLimiter
-from ._limits import Slot as Slot
-from ._limits import serve_limited as serve_limited
 from ._net import is_loopback_host as is_loopback_host
 from ._net import origin_problem as origin_problem
 from ._net import parse_host_port as parse_host_port

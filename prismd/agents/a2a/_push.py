@@ -53,7 +53,7 @@ from adapters.toolkit import (
     serve_limited,
     server_connection,
 )
-from stores import InboxClaim, InboxStore
+from stores import InboxReservation, InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
@@ -69,7 +69,7 @@ MAX_SERVING = 128
 PENDING, SERVING = "pending", "serving"
 HEAD_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 75.0
-CLAIM_TTL_MS = 60_000
+RESERVATION_TTL_MS = 60_000
 MAX_ATTEMPTS = 8
 
 
@@ -255,41 +255,41 @@ class PushReceiver:
         """The worker: claim, apply, acknowledge — until cancelled."""
         while True:
             try:
-                claims = await self.inbox.claim(
+                reservations = await self.inbox.reserve(
                     owner_id=owner_id,
-                    ttl_ms=CLAIM_TTL_MS,
+                    ttl_ms=RESERVATION_TTL_MS,
                     limit=64,
                     max_attempts=MAX_ATTEMPTS,
                     sources=(PUSH_SOURCE,),
                 )
             except Exception as exc:
                 log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
-                claims = ()
-            if claims:
+                reservations = ()
+            if reservations:
                 # The items of one claim concern distinct tasks (one partition each, handed
                 # out one at a time): applied side by side, their writes share commits.
                 async with trio.open_nursery() as nursery:
-                    for claim in claims:
-                        nursery.start_soon(self._apply_one, claim)
+                    for reservation in reservations:
+                        nursery.start_soon(self._apply_one, reservation)
             else:
                 with trio.move_on_after(idle_s):
                     await self.wake.wait()
                 self.wake = trio.Event()
 
-    async def _apply_one(self, claim: InboxClaim) -> None:
+    async def _apply_one(self, reservation: InboxReservation) -> None:
         try:
-            await self._apply(claim.item.payload)
+            await self._apply(reservation.item.payload)
         except Exception as exc:
             log.warning("a2a push: applying failed (%s)", type(exc).__name__)
             try:
                 await self.inbox.retry(
-                    claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
+                    reservation, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
                 )
             except Exception:
                 pass
             return
         try:
-            await self.inbox.complete(claim)
+            await self.inbox.complete(reservation)
         except Exception as exc:
             log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
 
