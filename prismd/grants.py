@@ -101,7 +101,7 @@ class OperatorEntry(Protocol):
 
 
 class PairedRecord(Protocol):
-    """The fields of ``prismd.controls.GrantRecord`` (a grant recorded by pairing)."""
+    """The fields of ``prismd.journal.GrantRecord`` (a grant recorded by pairing)."""
 
     @property
     def connection_id(self) -> str: ...

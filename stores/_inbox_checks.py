@@ -75,7 +75,7 @@ def check_inbox_ms(value: object, what: str, *, minimum: int) -> int:
 
 def check_inbox_reservation(reservation: object) -> InboxReservation:
     if not isinstance(reservation, InboxReservation):
-        raise InvalidInboxError("claim must be an InboxClaim from claim()")
+        raise InvalidInboxError("reservation must be an InboxReservation from reserve()")
     return reservation
 
 

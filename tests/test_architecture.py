@@ -8,6 +8,7 @@ the named ones, a list that only shrinks; and the words the code retired stay re
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -262,24 +263,74 @@ def test_no_class_over_the_ceiling_but_the_named_ones() -> None:
     assert LONG_CLASSES - over == set(), "these are short now: take them off LONG_CLASSES"
 
 
+# One word for each thing (issue 36 item 4). The contract's words — operation, binding,
+# route, turn, claim, lease, fence, cursor, inbox, reply, reconcile, prune — name what the
+# contract means by them; what else the code once called by one of them has its own word, and
+# the old spelling is retired here. Wire, journal and SQL spellings are strings and stay as the
+# contract (or the stored data) has them: externalConversationId, the reply record's
+# "controls", the inbox state "claimed", its column claim_expires_at, the reason
+# "invalid_controls". Each entry: (the retired spelling, what it is called now).
+VOCABULARY = (
+    # one Python name for externalConversationId
+    (r"(?<!external_)\bconversation_id\b", "external_conversation_id"),
+    # one keyword (and field) for an OwnershipScope: scope, as the stores have it
+    (r"\bownership\s*=(?!=)", "scope= (an OwnershipScope argument)"),
+    (r"\bownership: OwnershipScope\b", "scope: OwnershipScope"),
+    (r"\.ownership\b", ".scope (an OwnershipScope field)"),
+    # claim is the contract's accepted -> executing; the inbox reserves
+    (r"\bInboxClaim\b", "InboxReservation"),
+    (r"\b(inbox|store)\.claim\(", "InboxStore.reserve"),
+    (r"\bexpire_own_claims\b", "InboxStore.expire_own_reservations"),
+    (r"\bcheck_inbox_claim", "check_inbox_reservation"),
+    (r"\bnew_claim_token\b", "new_reservation_token"),
+    (r"\b(claim_ttl_ms|CLAIM_TTL_MS)\b", "reservation_ttl_ms / RESERVATION_TTL_MS"),
+    # a resend reopens a reply; a restarted daemon adopts its predecessor's leases; the web
+    # chat redeems a resume token
+    (r"\breclaim", "reopen_reply (a reply) or adopt / adopt_own_leases (a lease)"),
+    (r"\btokens\.claim\(", "ResumeTokens.redeem"),
+    # hold is a channel holding a reply (SendResult.hold); a send takes a lock; the inbox
+    # keeps a partition; Signal's read events are unadmitted
+    (r"\b(DeliveryTurns|delivery_turns)\b", "DeliveryLocks / delivery_locks"),
+    (r"\.hold\((connection_id|reply\.connection_id)\b", "DeliveryLocks.lock"),
+    (r"\bhold_ms\b", "keep_partition_ms"),
+    (r"\b(HeldEvents|HeldRun|_holds|_Hold)\b", "UnadmittedEvents, VersionedRun, kept partitions"),
+    # control is the control socket and the contract's control records; a reply has buttons
+    (r"(?<![\w-])Control\((?!\w+ socket)", "Button (prismd.channel)"),
+    (
+        r"\b(StoredControl|IssuedControls|issue_controls|reissue_controls|control_kind)\b",
+        "StoredButton, IssuedButtons, issue_buttons, reissue_buttons, button_kind",
+    ),
+    (r"\.controls\b", '.buttons (the JSON key stays "controls")'),
+    (r"\b(MAX_CONTROLS|_CONTROL_RE|controls_raw)\b", "MAX_BUTTONS, _BUTTON_RE, buttons_raw"),
+    # limits are the contract's limits (prismd.limits); a listener has budgets
+    (
+        r"(?<![\w.])\._limits\b|\badapters\.toolkit\._limits\b|toolkit/_limits\.py",
+        "adapters.toolkit._budgets",
+    ),
+)
+
 # Words the code no longer uses, each with the one it uses instead. A retired word found
 # again is a second name for one thing (or a reference to what has moved).
 RETIRED = {
     r"\bprismd\.config\b": "prismd.daemon (the config) or prismd.control (Operator)",
     r"\bprismd\.api\b": "prismd.runtime.api",
     r"\bprismd\.sdnotify\b": "prismd.daemon._sdnotify",
+    r"\bprismd\.controls\b": "prismd.journal (approval controls, pairing tokens, grants)",
+    r"\badapters\._http\b": "adapters.toolkit._http",
     r"\bstores\._pg_(url|driver|schema)\b": "stores.postgres._url, _driver, _schema",
     r"\bstores/(sqlite|postgres)\.py\b": "the packages stores/sqlite/, stores/postgres/",
     r"\bprismd\.agents\.v1\b": "prismd.v1.agent-session, prismd.v1.agent-run",
+    **{word: f"{meaning} (issue 36: one word for each thing)" for word, meaning in VOCABULARY},
 }
 # Where a retired word is still named on purpose: the forward migration that moves what
-# was kept under it, and its test.
+# was kept under it, and its test; the SQL columns of the outbox example's own tables.
 RETIRED_KEPT_IN = {
     r"\bprismd\.agents\.v1\b": {
         "prismd/agents/_session.py",
         "prismd/journal/_format.py",
         "tests/runtime/test_namespace_move.py",
     },
+    VOCABULARY[0][0]: {"examples/messaging_outbox.py", "tests/examples/test_messaging_outbox.py"},
 }
 
 
@@ -287,20 +338,114 @@ def _retired_words_in(text: str) -> list[str]:
     return [word for word in RETIRED if re.search(word, text)]
 
 
+def _texts() -> list[Path]:
+    """Every Python file of the project, its examples and tests, and every page of the docs."""
+    paths = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    for root in (*PACKAGES, "examples", "tests"):
+        paths.extend(p for p in sorted((REPO / root).rglob("*.py")) if "fixtures" not in p.parts)
+    return [p for p in paths if p != Path(__file__)]
+
+
 def test_retired_words_stay_retired() -> None:
     found = []
-    roots = [REPO / package for package in (*PACKAGES, "examples", "tests")]
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            if path == Path(__file__):
-                continue
-            relative = path.relative_to(REPO).as_posix()
-            for word in _retired_words_in(path.read_text(encoding="utf-8")):
-                if relative not in RETIRED_KEPT_IN.get(word, set()):
-                    found.append(f"{relative}: {word} -> {RETIRED[word]}")
+    for path in _texts():
+        relative = path.relative_to(REPO).as_posix()
+        for word in _retired_words_in(path.read_text(encoding="utf-8")):
+            if relative not in RETIRED_KEPT_IN.get(word, set()):
+                found.append(f"{relative}: {word} -> {RETIRED[word]}")
     assert found == []
     assert _retired_words_in("see :class:`prismd.config.Operator`") == [r"\bprismd\.config\b"]
     assert _retired_words_in("prismd.configuration, prismd.daemon._config") == []
+
+
+def test_a_second_meaning_of_a_word_fails() -> None:
+    """The vocabulary catches each retired spelling, and none of the words that stay: the
+    contract's own (its claim, an event's claims, a reply's hold, the control socket) and
+    the wire's (externalConversationId, the reply record's "controls")."""
+    retired = [
+        "route.conversation_id",
+        "answer(core, draft, ownership=None)",
+        "def f(ownership: OwnershipScope) -> None: ...",
+        "turn.ownership",
+        "from stores import InboxClaim",
+        "await store.inbox.claim(owner_id='w', ttl_ms=1, max_attempts=3)",
+        "await inbox.expire_own_claims(owner_id='w')",
+        "await reclaim(journal, scope, stored, now_ms=0)",
+        "try_acquire_lease(..., reclaim=True)",
+        "await self.tokens.claim(actor, presented)",
+        "async with core.delivery_turns.hold(connection_id, conversation):",
+        "await inbox.complete(reservation, hold_ms=0)",
+        "Reply(text='x', controls=(Control('Allow', value),))",
+        "reply.controls",
+        "from ._limits import Budget",
+        "HeldRun(RunRecord.from_json(value), version)",
+        "token = _inbox_checks.new_claim_token()",
+    ]
+    for text in retired:
+        assert _retired_words_in(text), text
+    kept = [
+        "external_conversation_id",
+        '{"externalConversationId": record.external_conversation_id}',
+        "scope=scope",
+        "the actor's ownership scope",
+        "ownership_from_identity(identity)",
+        "transition(...)  # the claim: accepted -> executing",
+        "InboundEvent(claims=dict(raw_claims))",
+        "SendResult.hold('webchat_not_connected')",
+        'out["controls"] = [{"label": b.label} for b in self.buttons]',
+        "Button('Allow once', value)",
+        "the control socket, ControlConfig, NS_CONTROL",
+        "Cache-Control: no-store",
+        "await self.inbox.reserve(owner_id='w', ttl_ms=1, max_attempts=3)",
+        "prism_acquire_lease(..., p_reclaim boolean)",
+        "from ..limits import Limits",
+    ]
+    assert [text for text in kept if _retired_words_in(text)] == []
+
+
+_ROLE = re.compile(r":(?:mod|class|func|meth|data|attr|exc|obj):`~?(\.*[A-Za-z_][\w.]*)`")
+
+
+def _resolves(name: str) -> bool:
+    """``name`` (dotted) is a module, or an attribute path inside one."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_docstring_references_name_what_exists() -> None:
+    """Every Sphinx role in a docstring or comment of the project (``:class:`~._types.X```,
+    ``:func:`prismd.runtime._typing.typing_loop```) names a module or an attribute that
+    exists: a module that moves, or a name that is renamed, takes its references along.
+    Relative names resolve from the module's package; a bare name (``:meth:`reserve```)
+    is not checked."""
+    stale = []
+    for module, (path, is_package) in sorted(MODULES.items()):
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        for match in _ROLE.finditer(path.read_text(encoding="utf-8")):
+            ref = match.group(1)
+            dots = len(ref) - len(ref.lstrip("."))
+            if dots:
+                base = package[: len(package) - (dots - 1)]
+                name = ".".join([*base, ref[dots:]])
+            elif ref.split(".")[0] in PACKAGES:
+                name = ref
+            else:
+                continue
+            if not _resolves(name):
+                stale.append(f"{path.relative_to(REPO).as_posix()}: {ref}")
+    assert stale == []
+    assert _resolves("prismd.runtime._typing.typing_loop")
+    assert not _resolves("prismd.runtime._turn.typing_loop")
 
 
 # Read-modify-write loops written by hand (issue 36): none is left; the list may only shrink.

@@ -81,7 +81,7 @@ Outcome: TypeAlias = str
 def render(text: str, buttons: Sequence[Button]) -> list[str] | None:
     """The chunks to send, in order; ``None`` for a control set that cannot be rendered.
 
-    >>> render("Approval required.", [Control("Allow", "p:a:" + "t" * 32)])
+    >>> render("Approval required.", [Button("Allow", "p:a:" + "t" * 32)])
     ['Approval required.\\n\\nReply /approve tttttttttttttttttttttttttttttttt to allow once.']
     """
     lines = control_lines(buttons)

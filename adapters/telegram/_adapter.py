@@ -10,7 +10,7 @@ job each:
   of instances serve one bot). Otherwise both run under the bot's
   receiver lease (:class:`~adapters.toolkit.ReceiverLease`,
   ``prism.channels.v1.telegram.receiver`` / ``r1:<connection>``); a daemon that does not
-  get it waits in ``standby`` (health) and retries; a restarted daemon reclaims its
+  get it waits in ``standby`` (health) and retries; a restarted daemon adopts its
   predecessor's lease at once (``adopt=True`` with the daemon's stable owner id, SPEC
   difference 8). Losing the lease raises :class:`~adapters.toolkit.LeaseLostError`
   (``ReceiverLeaseLostError``) so the supervisor restarts ``run``;

@@ -56,7 +56,7 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """Far above any answer the daemon sends (an events page is at most 500 bounded records)."""
 PERMISSION_DENIED = -32001
 PAIRING_UNAVAILABLE = -32002
-# prismd.controls' pairing TTL bounds (contract: at most 5 minutes), repeated because
+# prismd.journal's pairing TTL bounds (contract: at most 5 minutes), repeated because
 # prismctl imports only the standard library; a test keeps the two equal.
 PAIRING_TTL_MIN_MS = 1000
 PAIRING_TTL_MAX_MS = 5 * 60 * 1000

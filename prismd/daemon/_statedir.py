@@ -4,7 +4,7 @@
 ``instance-id`` (a uuid4, written once and stable across restarts) and holds ``lock`` with
 ``flock(LOCK_EX | LOCK_NB)`` until :meth:`StateDir.close`. Because at most one live process
 holds the lock, lease owner ids derived from the instance id are unique per live daemon,
-which is what lets a restarted daemon reclaim its own predecessor's leases at once
+which is what lets a restarted daemon adopt its own predecessor's leases at once
 (deliberate difference 8).
 """
 

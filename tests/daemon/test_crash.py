@@ -92,7 +92,7 @@ async def test_sigterm_while_a_turn_is_claimed_cancels_it_and_exits_0(
 async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(
     tmp_path: Path, store_url: str | None
 ) -> None:
-    # A long lease TTL: the restarted daemon must reclaim its predecessor's binding lease
+    # A long lease TTL: the restarted daemon must adopt its predecessor's binding lease
     # at once (deliberate difference 8), not wait it out.
     layout = write_config(tmp_path, delay_ms=60_000, lease_ttl_ms=120_000, store_url=store_url)
     async with running_daemon(layout, tag="first") as first:
@@ -138,7 +138,7 @@ async def test_sigkill_while_claimed_then_restart_reconcile_and_no_rerun(
         assert code == 0 and entries == []
 
         # A new message in the same conversation runs at once: the binding lease of the
-        # killed predecessor (same instance id) was reclaimed, not waited out (120 s TTL).
+        # killed predecessor (same instance id) was adopted, not waited out (120 s TTL).
         async with chat(layout.port) as client:
             fresh = await client.send_message("m2", "next")
             assert fresh["status"] == "accepted" and fresh["duplicate"] is False

@@ -1,4 +1,4 @@
-"""Telegram through the daemon: a SIGKILL + restart reclaims the receiver lease at once.
+"""Telegram through the daemon: a SIGKILL + restart adopts the receiver lease at once.
 
 Deliberate difference 8: the restarted daemon has the same instance id (state directory),
 so it takes over its predecessor's receiver lease immediately instead of waiting out the
@@ -88,7 +88,7 @@ async def test_sigkill_and_restart_resume_polling_at_once(
         ) as second:
             await second.wait_state("READY=1")
             fake.push_update(_private("hello two", 2))
-            # Far below the 90 s receiver lease TTL: the lease was reclaimed, not waited out.
+            # Far below the 90 s receiver lease TTL: the lease was adopted, not waited out.
             await _wait_sent(fake, "mock: hello two", 15)
             second.send(signal.SIGTERM)
             assert await second.wait_exit() == 0

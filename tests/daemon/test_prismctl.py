@@ -444,7 +444,7 @@ async def test_global_options_after_the_command(tmp_path: Path) -> None:
 
 async def test_pair_ttl_outside_the_bounds_is_a_usage_error(tmp_path: Path) -> None:
     """``--ttl-ms 3600000`` was clamped to 5 minutes without a word; now it is refused
-    before anything is sent, stating the bounds. The bounds are prismd.controls' own."""
+    before anything is sent, stating the bounds. The bounds are prismd.journal's own."""
     assert (ctl.PAIRING_TTL_MIN_MS, ctl.PAIRING_TTL_MAX_MS) == (
         buttons.PAIRING_TTL_MIN_MS,
         buttons.PAIRING_TTL_MAX_MS,

@@ -179,7 +179,7 @@ async def test_d8_lease_held_elsewhere_keeps_record_and_runs_later_b90_b91_b92(
     assert host_a.texts == ["from A"] and host_b.texts == ["from B"]
 
 
-async def test_d8_restart_reclaims_own_lease_at_once(autojump_clock: trio.abc.Clock) -> None:
+async def test_d8_restart_adopts_own_lease_at_once(autojump_clock: trio.abc.Clock) -> None:
     """Difference 8: a restarted daemon with the same instance id takes over its dead
     predecessor's binding lease at once (new fencing token) instead of waiting the TTL."""
     clock = TrioClock()

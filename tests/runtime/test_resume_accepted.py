@@ -7,7 +7,7 @@ is removed at the claim and at every other exit from ``accepted``.
 
 "Kill" in process: runtime A's ``resolve_agent`` never returns (no claim is ever written),
 its ``stop()`` is disabled and its nursery cancelled — nothing is settled, route 1's lease
-stays held by A. The restarted runtime B is A's successor (same owner, reclaiming its
+stays held by A. The restarted runtime B is A's successor (same owner, adopting its
 leases at once, as the daemon does); one memory test lets a foreign owner wait for the
 dead owner's lease TTL (virtual time). Real time otherwise: SQLite runs in threads, which
 ``autojump_clock`` would race. The SQLite variant with a real SIGKILL is at the end.
@@ -396,7 +396,7 @@ E2E = AgentIdentity(
 @pytest.mark.slow
 async def test_sigkill_then_resume_sqlite(tmp_path: Path) -> None:
     """A real process admits m1–m3 (chat-1) and m4 (chat-2), is SIGKILLed before any
-    claim; the restarted runtime (same owner, reclaiming its lease) runs each once."""
+    claim; the restarted runtime (same owner, adopting its lease) runs each once."""
     filename = tmp_path / "resume.sqlite"
     env = dict(os.environ)
     env["PRISMD_WORKER_INPUT"] = json.dumps({"filename": str(filename)})

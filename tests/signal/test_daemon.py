@@ -4,7 +4,7 @@ a real SQLite journal, real signals.
 * direct messages are answered exactly once, every other kind is ignored, ``prismctl
   health`` shows the adapter's enums;
 * signal-cli killed and restarted: the daemon reconnects and answers what came meanwhile;
-* a SIGKILL + restart resumes receiving at once (the predecessor's lease is reclaimed,
+* a SIGKILL + restart resumes receiving at once (the predecessor's lease is adopted,
   SPEC difference 8), and a SIGTERM loses nothing;
 * two daemons on one SQLite file: only one subscribes at a time; SIGTERM the holder and
   the other takes over.
@@ -188,7 +188,7 @@ async def test_sigkill_and_restart_resumes_receiving_at_once(
         took = trio.current_time() - started
         daemon.send(signal.SIGTERM)
         assert await daemon.wait_exit() == 0
-    assert took < 20, f"took {took:.1f} s: the lease was waited out, not reclaimed"
+    assert took < 20, f"took {took:.1f} s: the lease was waited out, not adopted"
     assert [s["message"] for s in fake.sends] == ["after the kill"]
 
 

@@ -639,7 +639,7 @@ async def test_standby_while_another_daemon_holds_the_lease(
     assert took <= 3.5, f"took {took:.1f} s (at most a third of the TTL)"
 
 
-async def test_a_restarted_daemon_reclaims_its_predecessors_lease_at_once(
+async def test_a_restarted_daemon_adopts_its_predecessors_lease_at_once(
     autojump_clock: MockClock, fake: FakeSignalCli, make_adapter: Any, store: MemoryStore
 ) -> None:
     stale = await store.leases.try_acquire_lease(

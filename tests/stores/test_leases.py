@@ -1,4 +1,4 @@
-"""Conformance: LeaseStore rules (contract §1.3; behaviour 177; SPEC §8 reclaim)."""
+"""Conformance: LeaseStore rules (contract §1.3; behaviour 177; SPEC §8 adopt)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ async def test_first_acquire_excludes_others(store: Store, autojump_clock: Any) 
     assert lease.expires_at_ms == now + 30_000
     assert len(lease.token) >= 16
     assert await acquire(store, "worker-b") is None
-    assert await acquire(store, "worker-a") is None  # the same owner without reclaim too
+    assert await acquire(store, "worker-a") is None  # the same owner without adopt too
     assert await get(store) == lease
 
 
@@ -144,7 +144,7 @@ async def test_release_needs_owner_and_token(store: Store) -> None:
     assert await release(store, lease)
 
 
-async def test_reclaim_takes_over_own_unexpired_lease(store: Store) -> None:
+async def test_adopt_takes_over_own_unexpired_lease(store: Store) -> None:
     lease = await acquire(store, owner="instance-1")
     assert lease is not None
     assert await acquire(store, owner="instance-2", adopt=True) is None

@@ -316,7 +316,7 @@ async def test_webhook_malformed_http_gets_400_not_silence(
 async def test_webhook_oversized_head_is_431_and_wrong_method_names_post(
     fake: FakeBotApi, make_adapter: Any, recorder: Recorder
 ) -> None:
-    """The shared head reader (adapters._http): a head over 16 KiB gets 431 whether it
+    """The shared head reader (adapters.toolkit._http): a head over 16 KiB gets 431 whether it
     arrives in one piece or trickles; a GET gets 405 with ``Allow: POST``."""
     adapter = webhook_adapter(make_adapter)
     big = b"POST /telegram/telegram-main HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 17_000

@@ -581,7 +581,7 @@ async def test_two_adapters_one_store_one_poller(
     assert fake.conflicts == 0
 
 
-async def test_restarted_daemon_reclaims_its_own_lease(
+async def test_restarted_daemon_adopts_its_own_lease(
     autojump_clock: MockClock, fake: FakeBotApi, store: Any, make_adapter: Any, recorder: Recorder
 ) -> None:
     """SPEC difference 8: a lease left by our own predecessor is taken over at once."""
