@@ -543,7 +543,8 @@ class BuildContext:
     retention_days: int = 7
     max_attachment_bytes: int = 1024 * 1024
     lease_ttl_ms: int = 30_000
-    """``[limits] lease_ttl_ms``: how long a receiver's lease or claim outlives its holder."""
+    """``[limits] lease_ttl_ms``: how long a receiver's lease or inbox reservation outlives
+    its holder."""
     conversations: Any = None
     """The runtime (built before it is opened: it answers nothing until then): its history
     and re-drive of held replies (the web chat), and the conversations it still works on

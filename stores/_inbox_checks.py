@@ -126,5 +126,5 @@ def decode_inbox_cursor(cursor: object) -> tuple[str, int, str] | None:
 
 
 def new_reservation_token() -> str:
-    """A claim's token: unguessable and unique (a fencing identity, never logged)."""
+    """A reservation's token: unguessable and unique (a fencing identity, never logged)."""
     return os.urandom(16).hex()

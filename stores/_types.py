@@ -29,7 +29,7 @@ Rules every backend follows (the conformance suite in ``tests/stores`` checks th
   one transaction (group commit); nobody is answered before that transaction is durable,
   and a failed commit fails every write in it.
 * :class:`InboxStore` (``store.inbox``) is a durable inbox of items a transport handed over
-  (a Telegram webhook update), deduplicated on ``(source, key)``, claimed by leased workers on
+  (a Telegram webhook update), deduplicated on ``(source, key)``, reserved by leased workers on
   every instance. Its rules are in :class:`InboxStore`'s docstring.
 """
 
@@ -364,9 +364,9 @@ class InboxItem:
     order: int
     state: InboxState
     attempts: int
-    """Claims so far (each claim counts one attempt)."""
+    """Reservations so far (each counts one attempt)."""
     available_at_ms: int
-    """A ``pending`` item is not claimed before this (retry backoff)."""
+    """A ``pending`` item is not reserved before this (retry backoff)."""
     created_at_ms: int
     updated_at_ms: int
     payload: JSONValue = None
@@ -375,9 +375,10 @@ class InboxItem:
     error: str | None = None
     """The code the last failed attempt gave (a short fixed text, never payload text)."""
     owner_id: str | None = None
-    """The owner of the current or last claim."""
+    """The owner of the current or last reservation."""
     claim_expires_at_ms: int = 0
-    """Until when that claim holds the item (and, for a ``done`` item, its partition)."""
+    """Until when that reservation holds the item (and, for a ``done`` item, its partition).
+    (The state ``claimed`` and this field keep the names they have on disk and on the wire.)"""
 
 
 @attrs.frozen
@@ -560,18 +561,18 @@ class InboxStore(Protocol):
       redelivery is acknowledged without a second row), whatever state the item is in.
     * :meth:`reserve` hands out items *ready* for the caller ``owner_id`` at the store clock's
       now, oldest first, each under a fresh token, ``attempts`` + 1, until ``now + ttl_ms``.
-      An item is ready when (a) it is ``pending`` and due, or ``claimed`` and its claim
+      An item is ready when (a) it is ``pending`` and due, or ``claimed`` and its reservation
       expired (its worker died); (b) no item of its ``(source, partition)`` with a smaller
       ``(order, key)`` is ``pending`` or ``claimed`` — so a partition is handed out in
       order, one item at a time; and (c) no *other* owner holds the partition: no item of it
-      is ``claimed`` or ``done`` by another owner with an unexpired claim (see
-      :meth:`complete`'s ``keep_partition_ms``). Concurrent claimers never get the same item
+      is ``claimed`` or ``done`` by another owner with an unexpired reservation (see
+      :meth:`complete`'s ``keep_partition_ms``). Concurrent reservers never get the same item
       (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``; memory: one
-      synchronous step). An item whose claim expired with ``attempts >= max_attempts``
-      becomes ``dead`` instead of being claimed again (it kept killing its worker).
-    * Every later call on a claim is fenced by its token: once another claim took the item
-      it answers ``None``/``False`` and changes nothing. A claim that expired but was not
-      taken over still works (nobody else acted on the item).
+      synchronous step). An item whose reservation expired with ``attempts >= max_attempts``
+      becomes ``dead`` instead of being reserved again (it kept killing its worker).
+    * Every later call on a reservation is fenced by its token: once another reservation took
+      the item it answers ``None``/``False`` and changes nothing. A reservation that expired
+      but was not taken over still works (nobody else acted on the item).
     * :meth:`complete` settles the item ``done`` (payload dropped) and may keep its
       partition for the same owner for ``keep_partition_ms`` (extended by :meth:`extend`, ended by
       :meth:`release`): while the owner still works on what the item started, the next
@@ -604,24 +605,24 @@ class InboxStore(Protocol):
         max_attempts: int,
         sources: Sequence[str] | None = None,
     ) -> tuple[InboxReservation, ...]:
-        """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), claimed."""
+        """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), reserved."""
         ...
 
     async def expire_own_reservations(
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
-        """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be claimed
-        now, as if their claims had expired; how many. For an owner starting again whose
+        """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be reserved
+        now, as if their reservations had expired; how many. For an owner starting again whose
         previous process is known to be gone (its state directory's lock), so that what it
-        held is taken up at once instead of after the claims' time. Each item's attempt
-        still counts; the old claims are fenced once the items are claimed again."""
+        held is taken up at once instead of after the reservations' time. Each item's attempt
+        still counts; the old reservations are fenced once the items are reserved again."""
         ...
 
     async def extend(
         self, reservation: InboxReservation, *, ttl_ms: int
     ) -> InboxReservation | None:
-        """Move the claim's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
-        a ``done`` item's partition hold); ``None`` when the claim is no longer the item's."""
+        """Move the reservation's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
+        a ``done`` item's kept partition); ``None`` when the reservation is no longer the item's."""
         ...
 
     async def complete(self, reservation: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
@@ -629,14 +630,14 @@ class InboxStore(Protocol):
         ...
 
     async def release(self, reservation: InboxReservation) -> bool:
-        """End a ``done`` item's partition hold now."""
+        """Release a ``done`` item's kept partition now."""
         ...
 
     async def retry(
         self, reservation: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
         """Back to ``pending``, due after ``delay_ms``, with ``error`` (a short code); ``dead``
-        when ``attempts >= max_attempts``. The item as stored, or ``None`` (claim lost)."""
+        when ``attempts >= max_attempts``. The item as stored, or ``None`` (reservation lost)."""
         ...
 
     async def get(self, *, source: str, key: str) -> InboxItem | None: ...
@@ -660,7 +661,7 @@ class InboxStore(Protocol):
 
     async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
         """Delete up to ``limit`` ``done``/``discarded`` items updated before ``before_ms``
-        whose partition hold is over; how many were deleted."""
+        whose kept partition is released; how many were deleted."""
         ...
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth: ...

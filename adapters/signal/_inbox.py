@@ -13,19 +13,19 @@ It is the store's inbox (:class:`stores.InboxStore`, the one the Telegram webhoo
 one item per event, source = the connection id, key = the event id, a partition of its own
 (the receiver admits in order itself), ``order`` the order it was read in. The events read
 together are put at once (one transaction on SQLite: its writes are group-committed). An
-item is claimed by the connection's receiver (owner ``signal-receiver:<connection>``, the
+item is reserved by the connection's receiver (owner ``signal-receiver:<connection>``, the
 same for every daemon: the receiver lease makes one of them the holder) and completed
 (``done``, its text dropped) once the event got a final admission, in batches; ``prune``
-deletes it later. A receiver that takes the lease first lets its owner's claims go
-(:meth:`~stores.InboxStore.expire_own_reservations`) and claims every waiting item again: an item
-whose claim a former holder still has is fenced from it. An admission answered as a
+deletes it later. A receiver that takes the lease first lets its owner's reservations
+go (:meth:`~stores.InboxStore.expire_own_reservations`) and reserves every waiting item again:
+an item a former holder still has reserved is fenced from it. An admission answered as a
 duplicate is final, so an event written twice, or replayed by two daemons, is still
-admitted once. The claims never make a dead letter (:data:`MAX_ATTEMPTS`): an event waits
+admitted once. The reservations never make a dead letter (:data:`MAX_ATTEMPTS`): an event waits
 until it is admitted, as before.
 
 Before the store had an inbox, these were checkpoints (namespace
 :data:`INBOX_NAMESPACE`, key ``i1:<connection>:<event id>``, the service scope): a
-receiver moves any it finds into the inbox (and deletes them) before it claims, so a
+receiver moves any it finds into the inbox (and deletes them) before it reserves, so a
 journal written then keeps its waiting messages, each admitted once.
 """
 
@@ -56,11 +56,11 @@ INBOX_NAMESPACE = "prism.channels.v1.signal.inbox"
 MAX_REPLAY = 10_000
 """At most this many items are taken back at one start (the rest at the next)."""
 MAX_ATTEMPTS = 2**31
-"""Claims before the store would call an item dead: never reached (an event is retried
+"""Reservations before the store would call an item dead: never reached (an event is retried
 until its admission is final, however many times the receiver restarts)."""
 RESERVATION_TTL_MS = 24 * 3600 * 1000
-"""A claim's time: while the receiver holds the lease its claims are its own anyway (a
-new holder lets them go at once); an expired one is claimed again when needed."""
+"""A reservation's time: while the receiver holds the lease its reservations are its own
+anyway (a new holder lets them go at once); an expired one is reserved again when needed."""
 _PAGE = 500
 
 
@@ -79,7 +79,7 @@ class Inbox:
     """The order given to each event put and not yet removed: a put tried again (the store
     failed the first) keeps its place among the events read after it."""
     _reservations: dict[str, InboxReservation] = attrs.field(factory=dict, init=False)
-    """This receiver's claims, by event id."""
+    """This receiver's reservations, by event id."""
 
     @property
     def owner(self) -> str:
@@ -173,8 +173,8 @@ class Inbox:
         await self.store.complete(reservation)
 
     async def _reserve(self, wanted: set[str]) -> None:
-        """Claim ready items (oldest first) until ``wanted`` are among this receiver's
-        claims or none is ready; what else it claims is kept for later."""
+        """Reserve ready items (oldest first) until ``wanted`` are among this receiver's
+        reservations or none is ready; what else it reserves is kept for later."""
         missing = set(wanted)
         while missing:
             reservations = await self.store.reserve(
@@ -191,7 +191,7 @@ class Inbox:
                 missing.discard(reservation.key)
 
     async def load(self) -> list[InboundEvent]:
-        """Every waiting event, oldest first, now claimed by this receiver (store errors
+        """Every waiting event, oldest first, now reserved by this receiver (store errors
         propagate). Moves the records written before the store's inbox into it first."""
         await self._move_checkpoint_records()
         await self.store.expire_own_reservations(owner_id=self.owner, sources=(self.connection_id,))

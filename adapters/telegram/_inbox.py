@@ -3,10 +3,11 @@
 With ``webhook_inbox`` on, every instance serving a bot's webhook hands each valid update to
 :func:`put_update` — one row in the store's inbox (:class:`stores.InboxStore`), deduplicated
 on (connection, ``update_id``) — and answers 2xx only once that row is committed. An
-:class:`InboxWorker` on every instance then claims rows and admits them through the runtime:
+:class:`InboxWorker` on every instance then reserves rows and admits them through the runtime:
 
-* **Claims are leases.** A claim holds its row for ``reservation_ttl_ms`` and is renewed at a third
-  of that while the update is processed; a worker that dies lets its claims expire and
+* **Reservations are leases.** A reservation holds its row for ``reservation_ttl_ms`` and is
+  renewed at a third of that while the update is processed; a worker that dies lets its
+  reservations expire and
   another instance's worker takes them over — or the same instance restarted (``adopt``:
   its owner id is its state directory's), which takes them up at once. Concurrent workers
   never get the same row (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
@@ -17,14 +18,14 @@ on (connection, ``update_id``) — and answers 2xx only once that row is committ
 * **Per-conversation order.** The rows of one chat form one partition, handed out in
   ``update_id`` order, one at a time. While this instance's runtime still works on the chat
   (a turn queued or running, or its route lease held — :meth:`Runtime.busy_conversations`),
-  the settled row keeps holding the partition for this worker, so the chat's next updates
+  the settled row keeps the partition for this worker, so the chat's next updates
   are admitted here, behind the earlier ones, instead of racing them on another instance.
-  Once the runtime lets the conversation go, the hold is released and any instance may take
+  Once the runtime lets the conversation go, the partition is released and any instance may take
   the next update. (After a crash, a message acknowledged but never started waits for a
   restart — see docs/operating.md — while later ones go on: order is kept while instances live.)
 * **Bounded retries.** A retryable admission (``capacity``, ``unavailable``) or a failure
   puts the row back with exponential backoff and jitter (1 s … 60 s); after
-  :data:`MAX_ATTEMPTS` attempts (claims that expired with their worker count too) it is a
+  :data:`MAX_ATTEMPTS` attempts (reservations that expired with their worker count too) it is a
   dead letter, kept with its update and listed by ``prismctl list-inbox`` until an operator
   retries or discards it. Never retried forever, never dropped.
 
@@ -52,7 +53,7 @@ from ._updates import UpdateHandler
 log = logging.getLogger("prismd.telegram")
 
 MAX_ATTEMPTS = 10
-"""Attempts before a row becomes a dead letter (claims count, so a row that keeps killing
+"""Attempts before a row becomes a dead letter (reservations count, so a row that keeps killing
 its worker ends there too)."""
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 60.0
@@ -109,7 +110,7 @@ class InboxStatistics:
 
 @attrs.define(eq=False, kw_only=True)
 class InboxWorker:
-    """Claims this connection's inbox rows and admits them (see the module docstring)."""
+    """Reserves this connection's inbox rows and admits them (see the module docstring)."""
 
     connection_id: str
     inbox: InboxStore
@@ -117,11 +118,11 @@ class InboxWorker:
     owner_id: str = attrs.field(repr=False)
     reservation_ttl_ms: int
     busy_conversations: BusyConversations | None = None
-    """This instance's runtime: the conversations it still works on (``None``: no holds)."""
+    """This instance's runtime: the conversations it still works on (``None``: none kept)."""
     adopt: bool = False
     """``owner_id`` is this instance's alone (its state directory's lock): rows it still has
-    claimed when ``run`` starts were claimed by a process (or a ``run``) that is gone, and
-    are taken up at once instead of after their claims' time."""
+    reserved when ``run`` starts were reserved by a process (or a ``run``) that is gone, and
+    are taken up at once instead of after their reservations' time."""
     random: _random.Random = attrs.field(factory=_random.Random, repr=False)
     concurrency: int = CONCURRENCY
     max_attempts: int = MAX_ATTEMPTS
@@ -150,7 +151,7 @@ class InboxWorker:
         return len(self._kept)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim and process rows until cancelled; on the way out, hand back what is held."""
+        """Reserve and process rows until cancelled; on the way out, hand back what is held."""
         self._stopping = False
         slots = trio.Semaphore(self.concurrency)
         if self.adopt:
@@ -170,12 +171,12 @@ class InboxWorker:
                 owner_id=self.owner_id, sources=[self.connection_id]
             )
         except Exception as exc:
-            # Not needed for correctness: those claims run out by themselves.
-            self._store_failure("taking up this instance's earlier claims", exc)
+            # Not needed for correctness: those reservations run out by themselves.
+            self._store_failure("taking up this instance's earlier reservations", exc)
             return
         if expired:
             log.info(
-                "telegram %s: %d inbox row(s) claimed before a restart taken up again",
+                "telegram %s: %d inbox row(s) reserved before a restart taken up again",
                 self.connection_id,
                 expired,
             )
@@ -200,7 +201,7 @@ class InboxWorker:
                     sources=[self.connection_id],
                 )
             except Exception as exc:
-                self._store_failure("claiming inbox rows", exc)
+                self._store_failure("reserving inbox rows", exc)
                 await trio.sleep(failures.next_delay())
                 continue
             failures.reset()
@@ -234,7 +235,7 @@ class InboxWorker:
             except trio.Cancelled:
                 # The worker is stopping: hand the row back at once (an admission that
                 # committed meanwhile makes the next one a duplicate) rather than leave it
-                # claimed until its claim expires.
+                # reserved until its reservation expires.
                 with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                     await self._retry(reservation, "stopped", delay_s=0.0)
                 raise
@@ -250,14 +251,14 @@ class InboxWorker:
             slots.release()
 
     async def _keep_reservation(self, reservation: InboxReservation) -> None:
-        """Renew the claim at a third of its TTL while its update is being admitted."""
+        """Renew the reservation at a third of its TTL while its update is being admitted."""
         period = self.reservation_ttl_ms / 3000
         while True:
             await trio.sleep(period)
             try:
                 renewed = await self.inbox.extend(reservation, ttl_ms=self.reservation_ttl_ms)
             except Exception as exc:
-                self._store_failure("renewing an inbox claim", exc)
+                self._store_failure("renewing an inbox reservation", exc)
                 continue
             if renewed is None:
                 return  # taken over: the admission is a duplicate for the new holder anyway
@@ -278,7 +279,7 @@ class InboxWorker:
                 reservation, keep_partition_ms=self.reservation_ttl_ms if kept else 0
             )
         except Exception as exc:
-            # Still claimed: it expires and is admitted again, as a duplicate.
+            # Still reserved: it expires and is admitted again, as a duplicate.
             self._store_failure("settling an inbox row", exc)
             return
         if not done:
@@ -336,7 +337,7 @@ class InboxWorker:
             delay_s,
         )
 
-    # ------------------------------------------------------------------ holds
+    # ------------------------------------------------------------------ kept partitions
 
     async def _renew_kept(self) -> None:
         """Release a held conversation once the runtime let it go; renew the others."""
@@ -357,7 +358,7 @@ class InboxWorker:
         try:
             renewed = await self.inbox.extend(kept.reservation, ttl_ms=self.reservation_ttl_ms)
         except Exception as exc:
-            self._store_failure("renewing a conversation hold", exc)
+            self._store_failure("renewing a kept partition", exc)
             kept.renew_at = trio.current_time() + 1.0
             return
         if renewed is None:
@@ -370,8 +371,8 @@ class InboxWorker:
         try:
             await self.inbox.release(reservation)
         except Exception as exc:
-            # The hold expires on its own after reservation_ttl_ms.
-            self._store_failure("releasing a conversation hold", exc)
+            # The kept partition is released on its own after reservation_ttl_ms.
+            self._store_failure("releasing a kept partition", exc)
 
     async def _release_all(self) -> None:
         kept_now, self._kept = self._kept, {}

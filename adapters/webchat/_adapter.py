@@ -101,7 +101,7 @@ class WebchatAdapter:
       ``SendResult(True, message_id=…)`` when at least one open socket of the conversation took
       the reply, else ``SendResult.hold("webchat_not_connected")`` (not sent, not failed).
     * A socket joins its actor's conversation only after its hello proved the actor's
-      resume token (or claimed a fresh actor); then, with ``conversations``, it gets the
+      resume token (or took a fresh actor); then, with ``conversations``, it gets the
       ``history`` frame and the runtime re-drives the conversation's held replies.
     * A misbehaving client never takes the listener down.
     """

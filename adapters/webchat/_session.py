@@ -1,6 +1,6 @@
 """The web chat's sessions: one per proved WebSocket, joined to its actor's conversation.
 
-A socket joins its actor only after its hello proved the actor's resume token (or claimed a
+A socket joins its actor only after its hello proved the actor's resume token (or took a
 fresh actor); then it gets the ``history`` frame, the runtime re-drives the actor's held
 replies, and every valid frame becomes one ``admit`` call answered by one ``admission``
 frame. Frames: docs/webchat-protocol.md.
@@ -142,7 +142,7 @@ class Sessions:
                 return
             if self.background is not None:
                 # In the listener's nursery, not this socket's: a re-drive cut short by the
-                # tab closing again would leave a claimed reply for the operator.
+                # tab closing again would leave a reopened reply for the operator.
                 self.background.start_soon(self._redeliver, actor, conversations)
         while True:
             message = await self._next_message(sock)

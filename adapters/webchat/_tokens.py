@@ -36,7 +36,7 @@ class ResumeTokens:
     """Which browser owns an actor id: one record per (connection, actor) holding only the
     SHA-256 prefix of a random token issued at the actor's first hello.
 
-    Records are written create-only or by CAS, so of two browsers claiming a fresh actor at
+    Records are written create-only or by CAS, so of two browsers taking a fresh actor at
     once exactly one gets the token. ``last_seen`` is refreshed at most daily; a record
     unused for ``ttl_ms`` no longer protects its actor and is deleted by :meth:`sweep`.
     """
@@ -75,7 +75,7 @@ class ResumeTokens:
         if not await self._write(
             key, scope, token_hash(token), now, 0 if row is None else row.version
         ):
-            return None  # another browser claimed it a moment ago
+            return None  # another browser took it a moment ago
         return Resumed(issued=token)
 
     async def _write(

@@ -73,7 +73,7 @@ UNRESOLVED = frozenset({"accepted", "executing"})
 REPLY_FLOW: Mapping[str, frozenset[str]] = {
     # Staged before the send; a held reply (no live connection took it) stays pending.
     "pending": frozenset({"delivered", "delivery_failed", "delivery_unknown", "pending"}),
-    # Settled ambiguously or refused: only a resend (claimed back to pending) moves it.
+    # Settled ambiguously or refused: only a resend (reopened: back to pending) moves it.
     "delivery_unknown": frozenset({"pending"}),
     "delivery_failed": frozenset({"pending"}),
 }
@@ -369,7 +369,7 @@ async def mark(
 async def reopen_reply(
     journal: ChannelJournal, scope: OwnershipScope, stored: Loaded[ReplyRecord], *, now_ms: int
 ) -> Loaded[ReplyRecord] | None:
-    """Claim a stored reply for a resend: back to ``pending`` (its held mark or last failure
+    """Reopen a stored reply for a resend: back to ``pending`` (its held mark or last failure
     cleared) by compare-and-swap at the version read, under the record's own fence. Of two
     concurrent resends exactly one wins; ``None`` for the loser (or a ``delivered`` reply)."""
     if "pending" not in REPLY_FLOW.get(stored.record.state, frozenset()):

@@ -13,13 +13,13 @@ runtime loads that conversation's held replies from the journal and delivers the
 Guarantees:
 
 * **Never twice.** Every resend (this re-drive and an operator's ``reconcile``) goes through
-  :func:`resend`: a compare-and-swap on the reply record *claims* it (reason cleared, still
-  ``pending``) before ``deliver`` is called, then the outcome is marked on the claimed
+  :func:`resend`: a compare-and-swap on the reply record *reopens* it (reason cleared, still
+  ``pending``) before ``deliver`` is called, then the outcome is marked on the reopened
   version. Of two concurrent re-drives (two tabs reconnecting, two processes, a re-drive
-  racing an operator) exactly one wins the claim and sends. A crash after the claim leaves
+  racing an operator) exactly one wins the reopen and sends. A crash after the reopen leaves
   a plain ``pending`` reply — it may have been sent — for the operator, never for a second
   automatic send. Within one process re-drives also queue behind
-  :class:`~._types.DeliveryLocks`, so a hold being marked is always seen.
+  :class:`~._types.DeliveryLocks`, so a held reply being marked is always seen.
 * **Only what was held.** A ``pending`` reply without the held mark (staged, then the daemon
   died mid-send) is not re-driven: it stays listed for ``reconcile``, as before.
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of the
@@ -59,17 +59,17 @@ async def resend(
     *,
     in_reply_to: str | None = None,
 ) -> str | None:
-    """Claim the stored reply by CAS, deliver its stored text, mark the outcome.
+    """Reopen the stored reply by CAS, deliver its stored text, mark the outcome.
 
     Returns the state marked (``delivered``, ``delivery_failed``, ``delivery_unknown``, or
     ``pending`` when the channel held it again), or ``None`` when nothing was sent because
-    the claim was lost (someone else resent or settled it) or the store failed. Approval
+    the reopen was lost (someone else resent or settled it) or the store failed. Approval
     notices get fresh controls (SPEC difference 4: the record keeps no tokens).
     """
     assert core.journal is not None
     stored = loaded.record
     reopened = None
-    # Shielded and bounded like the mark: a claim written but never followed by the send
+    # Shielded and bounded like the mark: a reopen written but never followed by the send
     # would needlessly leave the reply to the operator.
     with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
         try:

@@ -368,8 +368,8 @@ async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> 
 async def _resend(
     core: Core, scope: OwnershipScope, op: OperationRecord, reply: Loaded[ReplyRecord]
 ) -> ReconcileResult:
-    # Claim-then-send (see _delivery.resend): a concurrent re-drive or a second operator
-    # resending the same reply loses the claim and sends nothing.
+    # Reopen-then-send (see _delivery.resend): a concurrent re-drive or a second operator
+    # resending the same reply loses the reopen and sends nothing.
     state = await resend(core, scope, reply)
     if state is None:
         return ReconcileResult("conflict", state=op.state)

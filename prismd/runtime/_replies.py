@@ -442,7 +442,7 @@ async def deliver_and_mark(
 ) -> str:
     """Deliver a staged reply and mark its record (when journaled); returns the state.
 
-    Holds the conversation's delivery turn across both, so a re-drive started by a
+    Keeps the conversation's delivery lock across both, so a re-drive started by a
     reconnect meanwhile sees this reply's hold once it is marked.
     """
     async with core.delivery_locks.lock(reply.connection_id, reply.external_conversation_id):

@@ -180,7 +180,7 @@ class Runtime:
         thread_id: str | None = None,
     ) -> int:
         """The conversation has a live connection again: deliver the replies its channel
-        held (``SendResult.hold()``), oldest first, each claimed by CAS so none is sent
+        held (``SendResult.hold()``), oldest first, each reopened by CAS so none is sent
         twice. Returns how many were delivered; never raises. See
         :mod:`prismd.runtime._delivery`."""
         if self._open is None:

@@ -25,7 +25,7 @@ def _held_by_other(row: _InboxRow, owner_id: str, now: int) -> bool:
 @attrs.define(eq=False)
 class MemoryInboxStore(InboxStoreBase):
     """:class:`~stores.InboxStore` over a dict; every call is one synchronous step (no two
-    claimers can interleave), with the rules of the contract checked in Python."""
+    reservers can interleave), with the rules of the contract checked in Python."""
 
     _state: _State
 
@@ -96,7 +96,7 @@ class MemoryInboxStore(InboxStoreBase):
             if len(reservations) >= ask.limit:
                 break
             partition = (row.item.source, row.item.partition)
-            if partition in taken:  # one item per partition (its head) per claim
+            if partition in taken:  # one item per partition (its head) per reserve
                 continue
             if row.item.attempts >= ask.max_attempts:
                 dead = attrs.evolve(row.item, state="dead", updated_at_ms=now)

@@ -20,7 +20,7 @@ Per request (``POST /a2a/push/<alias>``), in this order:
 
 Nothing of the body is logged or kept beyond the task id and the state it reports.
 
-The worker (:func:`apply_pushes`) claims the inbox's items, applies each to its task record
+The worker (:func:`apply_pushes`) reserves the inbox's items, applies each to its task record
 (the state only moves forward: a late ``working`` after ``completed`` changes nothing),
 wakes the task's follower in this process, and acknowledges the item only after that write
 committed. The reply itself is built by the follower from a final ``GetTask``, never from a
@@ -252,7 +252,7 @@ class PushReceiver:
         return 200, False
 
     async def apply_pushes(self, owner_id: str, *, idle_s: float = 1.0) -> None:
-        """The worker: claim, apply, acknowledge — until cancelled."""
+        """The worker: reserve, apply, acknowledge — until cancelled."""
         while True:
             try:
                 reservations = await self.inbox.reserve(
@@ -263,7 +263,7 @@ class PushReceiver:
                     sources=(PUSH_SOURCE,),
                 )
             except Exception as exc:
-                log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
+                log.warning("a2a push: reserving failed (%s)", type(exc).__name__)
                 reservations = ()
             if reservations:
                 # The items of one claim concern distinct tasks (one partition each, handed
