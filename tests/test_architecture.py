@@ -302,6 +302,8 @@ VOCABULARY = (
     ),
     (r"\.controls\b", '.buttons (the JSON key stays "controls")'),
     (r"\b(MAX_CONTROLS|_CONTROL_RE|controls_raw)\b", "MAX_BUTTONS, _BUTTON_RE, buttons_raw"),
+    # a route is the contract's (actor, alias) queue; the web chat's front dispatches requests
+    (r"\b_front\.route\(", "the HTTP front's dispatch"),
     # limits are the contract's limits (prismd.limits); a listener has budgets
     (
         r"(?<![\w.])\._limits\b|\badapters\.toolkit\._limits\b|toolkit/_limits\.py",
@@ -378,6 +380,7 @@ def test_a_second_meaning_of_a_word_fails() -> None:
         "Reply(text='x', controls=(Control('Allow', value),))",
         "reply.controls",
         "from ._limits import Budget",
+        "if await self._front.route(stream, conn, head):",
         "HeldRun(RunRecord.from_json(value), version)",
         "token = _inbox_checks.new_claim_token()",
     ]
