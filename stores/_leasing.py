@@ -113,7 +113,7 @@ class LeaseStoreBase:
         """
         ask = self._ask(namespace, key, scope, owner_id, None, ttl_ms)
         if not isinstance(adopt, bool):
-            raise InvalidLeaseError("reclaim must be a bool")
+            raise InvalidLeaseError("adopt must be a bool")
         return await self._acquire(ask, adopt)
 
     async def renew_lease(

@@ -427,7 +427,7 @@ def _resolves(name: str) -> bool:
 
 def test_docstring_references_name_what_exists() -> None:
     """Every Sphinx role in a docstring or comment of the project (``:class:`~._types.X```,
-    ``:func:`prismd.runtime._typing.typing_loop```) names a module or an attribute that
+    ``:func:`prismd.runtime._replies.typing_loop```) names a module or an attribute that
     exists: a module that moves, or a name that is renamed, takes its references along.
     Relative names resolve from the module's package; a bare name (``:meth:`reserve```)
     is not checked."""
@@ -447,8 +447,8 @@ def test_docstring_references_name_what_exists() -> None:
             if not _resolves(name):
                 stale.append(f"{path.relative_to(REPO).as_posix()}: {ref}")
     assert stale == []
-    assert _resolves("prismd.runtime._typing.typing_loop")
-    assert not _resolves("prismd.runtime._turn.typing_loop")
+    assert _resolves("prismd.runtime._replies.typing_loop")
+    assert not _resolves("prismd.runtime._typing.typing_loop")
 
 
 # Read-modify-write loops written by hand (issue 36): none is left; the list may only shrink.

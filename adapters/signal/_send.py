@@ -48,8 +48,8 @@ from ..toolkit import (
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
     RpcError,
+    button_lines,
     chunk_text,
-    control_lines,
     utf16_units,
 )
 from ._client import Endpoint, SignalUnreachableError, open_request_client
@@ -84,7 +84,7 @@ def render(text: str, buttons: Sequence[Button]) -> list[str] | None:
     >>> render("Approval required.", [Button("Allow", "p:a:" + "t" * 32)])
     ['Approval required.\\n\\nReply /approve tttttttttttttttttttttttttttttttt to allow once.']
     """
-    lines = control_lines(buttons)
+    lines = button_lines(buttons)
     if lines is None:
         return None
     chunks = chunk_text(replace_surrogates(text), MAX_CHUNK_UNITS) if text.strip() else []

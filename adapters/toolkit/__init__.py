@@ -16,7 +16,7 @@
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
 * :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units;
-  :func:`control_lines`: approval controls as text for a channel without buttons;
+  :func:`button_lines`: approval controls as text for a channel without buttons;
 * :class:`Activity` — what a receiving adapter last saw, for ``health()``.
 """
 
@@ -49,8 +49,8 @@ from ._net import is_loopback_host as is_loopback_host
 from ._net import origin_problem as origin_problem
 from ._net import parse_host_port as parse_host_port
 from ._streams import close_gracefully as close_gracefully
+from ._text import button_lines as button_lines
 from ._text import chunk_text as chunk_text
-from ._text import control_lines as control_lines
 from ._text import utf16_units as utf16_units
 from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
 from ._throttle import LogThrottle as LogThrottle

@@ -13,17 +13,17 @@ from collections.abc import Sequence
 
 from prismd.channel import Button
 
-__all__ = ["chunk_text", "control_lines", "utf16_units"]
+__all__ = ["button_lines", "chunk_text", "utf16_units"]
 
 _BUTTON_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 
 
-def control_lines(buttons: Sequence[Button]) -> list[str] | None:
-    """The approval controls (at most two: allow, deny) as lines the user answers with a
+def button_lines(buttons: Sequence[Button]) -> list[str] | None:
+    """The approval buttons (at most two: allow, deny) as lines the user answers with a
     command: ``Reply /approve TOKEN to allow once.``, ``Reply /deny TOKEN to deny.``;
-    ``None`` when there are more, or one is not an approval control.
+    ``None`` when there are more, or one is not an approval button.
 
-    >>> control_lines([Control("Deny", "p:d:" + "t" * 32)])
+    >>> button_lines([Button("Deny", "p:d:" + "t" * 32)])
     ['Reply /deny tttttttttttttttttttttttttttttttt to deny.']
     """
     if len(buttons) > 2:

@@ -2,7 +2,7 @@
 
 The runtime calls :meth:`~adapters.webchat.WebchatAdapter.send_typing` while the agent of a
 turn runs, renewed every few seconds (``features.typing``; see
-:func:`prismd.runtime._typing.typing_loop`). Each call becomes one ``{"type": "typing"}``
+:func:`prismd.runtime._replies.typing_loop`). Each call becomes one ``{"type": "typing"}``
 frame to every open socket of the actor; nothing when none is open. The page shows an
 indicator (and its Stop button) for :data:`TYPING_TTL_MS` after the last frame, until a
 ``preview`` or a ``reply`` ends it; it also shows it itself from the ``admission`` of its own

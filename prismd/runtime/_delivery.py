@@ -19,7 +19,7 @@ Guarantees:
   racing an operator) exactly one wins the reopen and sends. A crash after the reopen leaves
   a plain ``pending`` reply — it may have been sent — for the operator, never for a second
   automatic send. Within one process re-drives also queue behind
-  :class:`~._types.DeliveryLocks`, so a held reply being marked is always seen.
+  :class:`~._core.DeliveryLocks`, so a held reply being marked is always seen.
 * **Only what was held.** A ``pending`` reply without the held mark (staged, then the daemon
   died mid-send) is not re-driven: it stays listed for ``reconcile``, as before.
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of the

@@ -21,7 +21,7 @@ tasks for all of them. Its *wake* (:func:`wake`) puts the turn back at the head 
 route's queue: the pump takes the lease again, claims the operation (still ``following``,
 under the new fence) and runs the agent, which answers — reply staged with the terminal
 state, delivered, the next queued turn started — or parks again. ``/cancel`` wakes it with
-:attr:`~._types.Turn.cancel_remote` (:func:`cancel_parked`); ``stop()`` forgets it
+:attr:`~._routes.Turn.cancel_remote` (:func:`cancel_parked`); ``stop()`` forgets it
 (:func:`unpark_at_stop`): the operation stays ``following`` for the next runtime.
 """
 
