@@ -91,7 +91,7 @@ class Admission:
 
 
 @attrs.frozen
-class Control:
+class Button:
     label: str
     value: str
 
@@ -135,7 +135,7 @@ class Reply:
     external_conversation_id: str
     text: str
     kind: ReplyKind
-    controls: tuple[Control, ...] = ()
+    buttons: tuple[Button, ...] = ()
     thread_id: str | None = None
     in_reply_to: str | None = None
     operation_id: str | None = None
@@ -317,7 +317,9 @@ class ChannelAdapter(Protocol):
         ``features.previews``."""
         ...
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         """A typing indicator (failures ignored); a no-op unless ``features.typing``."""
         ...
 
@@ -412,12 +414,12 @@ class AdapterRegistry:
             _log.warning("preview failed: %s", type(exc).__name__)
 
     async def send_typing(
-        self, connection_id: str, conversation_id: str, thread_id: str | None
+        self, connection_id: str, external_conversation_id: str, thread_id: str | None
     ) -> None:
         """A typing indicator on the connection (when its adapter shows one)."""
         adapter = self._by_id.get(connection_id)
         if adapter is not None and adapter.features.typing:
-            await adapter.send_typing(conversation_id, thread_id)
+            await adapter.send_typing(external_conversation_id, thread_id)
 
     def typing_delay_ms(self, connection_id: str) -> int:
         """The connection's typing delay, as its adapter declares it."""

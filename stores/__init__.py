@@ -54,9 +54,6 @@ from ._types import (
     EventPage as EventPage,
 )
 from ._types import (
-    InboxClaim as InboxClaim,
-)
-from ._types import (
     InboxDepth as InboxDepth,
 )
 from ._types import (
@@ -64,6 +61,9 @@ from ._types import (
 )
 from ._types import (
     InboxPage as InboxPage,
+)
+from ._types import (
+    InboxReservation as InboxReservation,
 )
 from ._types import (
     InboxState as InboxState,

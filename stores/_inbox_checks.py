@@ -21,8 +21,8 @@ from ._types import (
     INBOX_STATES,
     LIST_LIMIT_MAX,
     MAX_INBOX_ERROR_CHARS,
-    InboxClaim,
     InboxItem,
+    InboxReservation,
     InboxState,
     InvalidCheckpointError,
     InvalidInboxError,
@@ -73,10 +73,10 @@ def check_inbox_ms(value: object, what: str, *, minimum: int) -> int:
     return value  # type: ignore[return-value]
 
 
-def check_inbox_claim(claim: object) -> InboxClaim:
-    if not isinstance(claim, InboxClaim):
+def check_inbox_reservation(reservation: object) -> InboxReservation:
+    if not isinstance(reservation, InboxReservation):
         raise InvalidInboxError("claim must be an InboxClaim from claim()")
-    return claim
+    return reservation
 
 
 def check_inbox_sources(sources: object) -> tuple[str, ...] | None:
@@ -88,7 +88,7 @@ def check_inbox_sources(sources: object) -> tuple[str, ...] | None:
     return tuple(check_name(s, "sources", InvalidInboxError) for s in sources)
 
 
-def check_inbox_claim_args(
+def check_inbox_reserve_args(
     owner_id: object, ttl_ms: object, limit: object, max_attempts: object, sources: object
 ) -> tuple[str, int, int, int, tuple[str, ...] | None]:
     owner = check_name(owner_id, "owner_id", InvalidInboxError)
@@ -125,6 +125,6 @@ def decode_inbox_cursor(cursor: object) -> tuple[str, int, str] | None:
     return None if position is None else (position[0], position[1], position[2])
 
 
-def new_claim_token() -> str:
+def new_reservation_token() -> str:
     """A claim's token: unguessable and unique (a fencing identity, never logged)."""
     return os.urandom(16).hex()

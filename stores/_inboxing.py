@@ -16,10 +16,10 @@ from ._inbox_checks import InboxPut
 from ._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
-    InboxClaim,
     InboxDepth,
     InboxItem,
     InboxPage,
+    InboxReservation,
     InboxState,
     InvalidInboxError,
     JSONValue,
@@ -30,7 +30,7 @@ Settle = Literal["retry", "discard"]
 
 @attrs.frozen
 class ClaimAsk:
-    """A checked :meth:`~stores.InboxStore.claim` at ``now``: at most ``limit`` items of
+    """A checked :meth:`~stores.InboxStore.reserve` at ``now``: at most ``limit`` items of
     ``sources`` (``None``: any; never empty here) for ``owner_id`` until ``now + ttl_ms``."""
 
     owner_id: str
@@ -70,23 +70,23 @@ class InboxStoreBase:
     async def _insert(self, put: InboxPut, now: int) -> bool:
         raise NotImplementedError
 
-    async def _claim(self, ask: ClaimAsk) -> tuple[InboxClaim, ...]:
+    async def _claim(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
         raise NotImplementedError
 
     async def _expire_own(self, owner_id: str, sources: tuple[str, ...] | None, now: int) -> int:
         raise NotImplementedError
 
-    async def _extend(self, claim: InboxClaim, expires_at: int, now: int) -> InboxItem | None:
+    async def _extend(self, claim: InboxReservation, expires_at: int, now: int) -> InboxItem | None:
         raise NotImplementedError
 
-    async def _complete(self, claim: InboxClaim, expires_at: int, now: int) -> bool:
+    async def _complete(self, claim: InboxReservation, expires_at: int, now: int) -> bool:
         raise NotImplementedError
 
-    async def _release(self, claim: InboxClaim, now: int) -> bool:
+    async def _release(self, claim: InboxReservation, now: int) -> bool:
         raise NotImplementedError
 
     async def _retry(
-        self, claim: InboxClaim, max_attempts: int, error: str, available_at: int, now: int
+        self, claim: InboxReservation, max_attempts: int, error: str, available_at: int, now: int
     ) -> InboxItem | None:
         raise NotImplementedError
 
@@ -116,7 +116,7 @@ class InboxStoreBase:
         )  # fmt: skip
         return await self._insert(put, self._now())
 
-    async def claim(
+    async def reserve(
         self,
         *,
         owner_id: str,
@@ -124,10 +124,10 @@ class InboxStoreBase:
         limit: int = 1,
         max_attempts: int,
         sources: Sequence[str] | None = None,
-    ) -> tuple[InboxClaim, ...]:
+    ) -> tuple[InboxReservation, ...]:
         """Ready items, oldest first (see :class:`~stores.InboxStore`)."""
         await self._enter()
-        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_claim_args(
+        owner, ttl, n, most, wanted = _inbox_checks.check_inbox_reserve_args(
             owner_id, ttl_ms, limit, max_attempts, sources
         )
         if wanted == ():
@@ -135,7 +135,7 @@ class InboxStoreBase:
             return ()
         return await self._claim(ClaimAsk(owner, ttl, n, most, wanted, self._now()))
 
-    async def expire_own_claims(
+    async def expire_own_reservations(
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
         await self._enter()
@@ -146,31 +146,31 @@ class InboxStoreBase:
             return 0
         return await self._expire_own(owner, wanted, self._now())
 
-    async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
+    async def extend(self, claim: InboxReservation, *, ttl_ms: int) -> InboxReservation | None:
         await self._enter()
-        _inbox_checks.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_reservation(claim)
         ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
         now = self._now()
         item = await self._extend(claim, now + ttl, now)
         return None if item is None else attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
 
-    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
+    async def complete(self, claim: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
         await self._enter()
-        _inbox_checks.check_inbox_claim(claim)
-        hold = _inbox_checks.check_inbox_ms(hold_ms, "hold_ms", minimum=0)
+        _inbox_checks.check_inbox_reservation(claim)
+        hold = _inbox_checks.check_inbox_ms(keep_partition_ms, "keep_partition_ms", minimum=0)
         now = self._now()
         return await self._complete(claim, now + hold, now)
 
-    async def release(self, claim: InboxClaim) -> bool:
+    async def release(self, claim: InboxReservation) -> bool:
         await self._enter()
-        _inbox_checks.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_reservation(claim)
         return await self._release(claim, self._now())
 
     async def retry(
-        self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
+        self, claim: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
         await self._enter()
-        _inbox_checks.check_inbox_claim(claim)
+        _inbox_checks.check_inbox_reservation(claim)
         delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
         code = _inbox_checks.bound_inbox_error(error)
         most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
@@ -196,7 +196,7 @@ class InboxStoreBase:
             _common.check_name(source, "source", InvalidInboxError)
         wanted = _inbox_checks.check_inbox_state(state)
         position = _inbox_checks.decode_inbox_cursor(cursor)
-        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        n = _inbox_checks.check_inbox_reserve_args("-", 1, limit, 1, None)[2]
         rows = await self._list(ListAsk(source, wanted, position, n + 1))
         items = tuple(rows[:n])
         more = len(rows) > n
@@ -215,7 +215,7 @@ class InboxStoreBase:
     async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
         await self._enter()
         before = _inbox_checks.check_inbox_ms(before_ms, "before_ms", minimum=0)
-        n = _inbox_checks.check_inbox_claim_args("-", 1, limit, 1, None)[2]
+        n = _inbox_checks.check_inbox_reserve_args("-", 1, limit, 1, None)[2]
         return await self._prune(before, n, self._now())
 
     async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth:
@@ -286,7 +286,11 @@ class SQLInboxStore(InboxStoreBase):
         return len(rows)
 
     async def _update(
-        self, claim: InboxClaim, states: tuple[str, ...], assignments: str, args: Sequence[Any]
+        self,
+        claim: InboxReservation,
+        states: tuple[str, ...],
+        assignments: str,
+        args: Sequence[Any],
     ) -> InboxItem | None:
         """``UPDATE … SET assignments`` the claim's item when its token and state still
         match; the item as stored, or ``None``."""
@@ -298,12 +302,12 @@ class SQLInboxStore(InboxStoreBase):
         )
         return inbox_item(rows[0]) if rows else None
 
-    async def _extend(self, claim: InboxClaim, expires_at: int, now: int) -> InboxItem | None:
+    async def _extend(self, claim: InboxReservation, expires_at: int, now: int) -> InboxItem | None:
         return await self._update(
             claim, ("claimed", "done"), "claim_expires_at = ?, updated_at = ?", (expires_at, now)
         )
 
-    async def _complete(self, claim: InboxClaim, expires_at: int, now: int) -> bool:
+    async def _complete(self, claim: InboxReservation, expires_at: int, now: int) -> bool:
         done = await self._update(
             claim,
             ("claimed",),
@@ -312,7 +316,7 @@ class SQLInboxStore(InboxStoreBase):
         )
         return done is not None
 
-    async def _release(self, claim: InboxClaim, now: int) -> bool:
+    async def _release(self, claim: InboxReservation, now: int) -> bool:
         released = await self._update(
             claim,
             ("done",),
@@ -322,7 +326,7 @@ class SQLInboxStore(InboxStoreBase):
         return released is not None
 
     async def _retry(
-        self, claim: InboxClaim, max_attempts: int, error: str, available_at: int, now: int
+        self, claim: InboxReservation, max_attempts: int, error: str, available_at: int, now: int
     ) -> InboxItem | None:
         return await self._update(
             claim,

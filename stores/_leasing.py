@@ -63,9 +63,9 @@ class LeaseStoreBase:
     def _now(self) -> int:
         raise NotImplementedError
 
-    async def _acquire(self, ask: LeaseAsk, reclaim: bool) -> LeaseRecord | None:
+    async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
         """A fresh lease (fencing token + 1) unless another unexpired holder has it (with
-        ``reclaim``, one held by the same owner is taken over)."""
+        ``adopt``, one held by the same owner is taken over)."""
         raise NotImplementedError
 
     async def _move(self, ask: LeaseAsk) -> LeaseRecord | None:
@@ -104,17 +104,17 @@ class LeaseStoreBase:
         scope: OwnershipScope,
         owner_id: str,
         ttl_ms: int,
-        reclaim: bool = False,
+        adopt: bool = False,
     ) -> LeaseRecord | None:
         """A fresh lease (new token, fencing token + 1), or ``None`` while someone else holds it.
 
-        With ``reclaim=True`` an unexpired lease held by the same ``owner_id`` is taken over.
+        With ``adopt=True`` an unexpired lease held by the same ``owner_id`` is taken over.
         Raises :class:`~stores.LeaseConflictError` for a foreign scope or bad input.
         """
         ask = self._ask(namespace, key, scope, owner_id, None, ttl_ms)
-        if not isinstance(reclaim, bool):
+        if not isinstance(adopt, bool):
             raise InvalidLeaseError("reclaim must be a bool")
-        return await self._acquire(ask, reclaim)
+        return await self._acquire(ask, adopt)
 
     async def renew_lease(
         self,

@@ -15,7 +15,7 @@ Rules every backend follows (the conformance suite in ``tests/stores`` checks th
 * A row stored with a fencing token refuses a write with a lower or a missing token.
 * Lease fencing tokens start at 1 and grow by one on every acquisition of the row (after
   expiry or release too); renewal keeps token and fencing token.
-* ``reclaim=True`` on :meth:`LeaseStore.try_acquire_lease` takes over an *unexpired*
+* ``adopt=True`` on :meth:`LeaseStore.try_acquire_lease` takes over an *unexpired*
   lease whose holder has the same ``owner_id`` (a restarted process taking over its own
   predecessor's lease). It still issues a new token and bumps the fencing token. Owner
   ids must therefore be unique per live process (the daemon guarantees it with a
@@ -381,7 +381,7 @@ class InboxItem:
 
 
 @attrs.frozen
-class InboxClaim:
+class InboxReservation:
     """An item handed to one worker: valid while its ``token`` is the item's."""
 
     item: InboxItem
@@ -522,7 +522,7 @@ class LeaseStore(Protocol):
         scope: OwnershipScope,
         owner_id: str,
         ttl_ms: int,
-        reclaim: bool = False,
+        adopt: bool = False,
     ) -> LeaseRecord | None:
         """A fresh lease, or ``None`` while another unexpired holder has it."""
         ...
@@ -558,14 +558,14 @@ class InboxStore(Protocol):
     * :meth:`put` is the acknowledgment point: once it returned, the item is durable. A
       second put of the same ``(source, key)`` changes nothing and answers ``False`` (a
       redelivery is acknowledged without a second row), whatever state the item is in.
-    * :meth:`claim` hands out items *ready* for the caller ``owner_id`` at the store clock's
+    * :meth:`reserve` hands out items *ready* for the caller ``owner_id`` at the store clock's
       now, oldest first, each under a fresh token, ``attempts`` + 1, until ``now + ttl_ms``.
       An item is ready when (a) it is ``pending`` and due, or ``claimed`` and its claim
       expired (its worker died); (b) no item of its ``(source, partition)`` with a smaller
       ``(order, key)`` is ``pending`` or ``claimed`` — so a partition is handed out in
       order, one item at a time; and (c) no *other* owner holds the partition: no item of it
       is ``claimed`` or ``done`` by another owner with an unexpired claim (see
-      :meth:`complete`'s ``hold_ms``). Concurrent claimers never get the same item
+      :meth:`complete`'s ``keep_partition_ms``). Concurrent claimers never get the same item
       (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``; memory: one
       synchronous step). An item whose claim expired with ``attempts >= max_attempts``
       becomes ``dead`` instead of being claimed again (it kept killing its worker).
@@ -573,7 +573,7 @@ class InboxStore(Protocol):
       it answers ``None``/``False`` and changes nothing. A claim that expired but was not
       taken over still works (nobody else acted on the item).
     * :meth:`complete` settles the item ``done`` (payload dropped) and may keep its
-      partition for the same owner for ``hold_ms`` (extended by :meth:`extend`, ended by
+      partition for the same owner for ``keep_partition_ms`` (extended by :meth:`extend`, ended by
       :meth:`release`): while the owner still works on what the item started, the next
       items of the partition go to that owner only, so their order is kept across instances.
     * :meth:`retry` puts it back ``pending`` after ``delay_ms``, or ``dead`` once
@@ -595,7 +595,7 @@ class InboxStore(Protocol):
         :class:`StoreUnavailableError`."""
         ...
 
-    async def claim(
+    async def reserve(
         self,
         *,
         owner_id: str,
@@ -603,11 +603,11 @@ class InboxStore(Protocol):
         limit: int = 1,
         max_attempts: int,
         sources: Sequence[str] | None = None,
-    ) -> tuple[InboxClaim, ...]:
+    ) -> tuple[InboxReservation, ...]:
         """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), claimed."""
         ...
 
-    async def expire_own_claims(
+    async def expire_own_reservations(
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
         """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be claimed
@@ -617,21 +617,23 @@ class InboxStore(Protocol):
         still counts; the old claims are fenced once the items are claimed again."""
         ...
 
-    async def extend(self, claim: InboxClaim, *, ttl_ms: int) -> InboxClaim | None:
+    async def extend(
+        self, reservation: InboxReservation, *, ttl_ms: int
+    ) -> InboxReservation | None:
         """Move the claim's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
         a ``done`` item's partition hold); ``None`` when the claim is no longer the item's."""
         ...
 
-    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
-        """``done``, payload dropped; the partition stays the owner's for ``hold_ms``."""
+    async def complete(self, reservation: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
+        """``done``, payload dropped; the partition stays the owner's for ``keep_partition_ms``."""
         ...
 
-    async def release(self, claim: InboxClaim) -> bool:
+    async def release(self, reservation: InboxReservation) -> bool:
         """End a ``done`` item's partition hold now."""
         ...
 
     async def retry(
-        self, claim: InboxClaim, *, delay_ms: int, error: str, max_attempts: int
+        self, reservation: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
         """Back to ``pending``, due after ``delay_ms``, with ``error`` (a short code); ``dead``
         when ``attempts >= max_attempts``. The item as stored, or ``None`` (claim lost)."""

@@ -260,7 +260,7 @@ class DiscordAdapter:
             scope=self.service_scope,
             owner_id=self.owner_id,
             ttl_ms=self.lease_ttl_ms,
-            reclaim=True,
+            adopt=True,
             label=label,
             log=log,
             random=self.random,
@@ -353,8 +353,10 @@ class DiscordAdapter:
         if self.previews:
             self._previews.offer(preview)
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
-        await self._sender.typing(conversation_id)
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
+        await self._sender.typing(external_conversation_id)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
         return await self._media.fetch(ref)

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import trio
 
-from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
 from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import utf16_units
@@ -59,7 +59,7 @@ FAILURE_REASONS: Mapping[int, str] = {
     50083: "thread is archived",
     160005: "thread is locked",
 }
-_CONTROL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_BUTTON_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 _FENCE_RE = re.compile(r"^```([^\s`]{0,16})", re.MULTILINE)
 _FENCE_RESERVE = 24
 
@@ -113,12 +113,12 @@ def chunk_markdown(text: str, limit: int = MAX_CHUNK) -> list[str]:
     return [c for c in chunks if c.strip()]
 
 
-def render(text: str, controls: Sequence[Control]) -> list[str] | None:
+def render(text: str, buttons: Sequence[Button]) -> list[str] | None:
     """The chunks to send; ``None`` for controls that cannot be rendered."""
     lines: list[str] = []
-    for control in controls:
-        match = _CONTROL_RE.match(control.value) if isinstance(control.value, str) else None
-        if match is None or len(controls) > 2:
+    for button in buttons:
+        match = _BUTTON_RE.match(button.value) if isinstance(button.value, str) else None
+        if match is None or len(buttons) > 2:
             return None
         verb, token = match.groups()
         lines.append(
@@ -147,7 +147,7 @@ class DiscordSender:
         channel = reply.external_conversation_id
         if not channel.isdigit() or len(channel) > 20:
             return SendResult(False, reason="invalid_destination")
-        chunks = render(reply.text, reply.controls)
+        chunks = render(reply.text, reply.buttons)
         if chunks is None:
             return SendResult(False, reason="invalid_controls")
         if not chunks:

@@ -98,7 +98,7 @@ class SignalAdapter:
     tcp: str | None = None
     allow_groups: bool = False
     service_scope: OwnershipScope = attrs.field(default=None)
-    reclaim: bool = True
+    adopt: bool = True
     lease_ttl_ms: int = _bounded(90_000, 5_000, 300_000)
     request_timeout_s: float = _bounded(10.0, 0.1, 60.0)
     send_timeout_s: float = _bounded(60.0, 0.1, 300.0)
@@ -148,7 +148,7 @@ class SignalAdapter:
             scope=self.service_scope,
             owner_id=self.owner_id,
             ttl_ms=self.lease_ttl_ms,
-            reclaim=self.reclaim,
+            adopt=self.adopt,
             label=f"signal {self.connection_id}",
             log=log,
             random=rng,
@@ -231,11 +231,13 @@ class SignalAdapter:
         """See :meth:`adapters.signal._send.SignalSender.send`."""
         return await self._sender.send(reply)
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         """signal-cli's ``sendTyping`` to the conversation, on a short connection of its own
         (as a send: it never shares fate with the receiving one). Failures are ignored:
         an indicator is a courtesy, logged at DEBUG by class only."""
-        target = _destination(conversation_id)
+        target = _destination(external_conversation_id)
         if target is None:
             return
         failure: str | None = None

@@ -18,20 +18,20 @@ from ..toolkit import Backoff, Interrupts
 from ._inbox import Inbox
 from ._status import SignalStatus, log
 
-__all__ = ["PERSIST_S", "HeldEvents"]
+__all__ = ["PERSIST_S", "UnadmittedEvents"]
 
 PERSIST_S = 2.0
 """Bound on writing held events to the inbox during a stop."""
 
 
 @attrs.define(eq=False)
-class Held:
+class Unadmitted:
     event: InboundEvent
     durable: bool = False
 
 
 @attrs.define(eq=False, kw_only=True)
-class HeldEvents:
+class UnadmittedEvents:
     connection_id: str
     admit: Admit
     inbox: Inbox
@@ -40,7 +40,7 @@ class HeldEvents:
     random: _random.Random
     reconnect_delay_s: float
     max_reconnect_delay_s: float
-    _items: collections.deque[Held] = attrs.field(factory=collections.deque, init=False)
+    _items: collections.deque[Unadmitted] = attrs.field(factory=collections.deque, init=False)
     _to_remove: list[InboundEvent] = attrs.field(factory=list, init=False)
     """Admitted events whose inbox items are still to be completed (in one batch)."""
 
@@ -48,7 +48,7 @@ class HeldEvents:
         return len(self._items)
 
     @property
-    def head(self) -> Held:
+    def head(self) -> Unadmitted:
         return self._items[0]
 
     @property
@@ -60,7 +60,7 @@ class HeldEvents:
         them all (those are held in memory, and written again before they are admitted)."""
         durable = await self.inbox.put(events)
         for event, ok in zip(events, durable, strict=True):
-            self._items.append(Held(event, durable=ok))
+            self._items.append(Unadmitted(event, durable=ok))
         self.status.held = len(self._items)
         return all(durable)
 
@@ -87,7 +87,7 @@ class HeldEvents:
         self.status.admitted += 1
         return True
 
-    def admitted(self, item: Held) -> None:
+    def admitted(self, item: Unadmitted) -> None:
         self._items.popleft()
         self.status.held = len(self._items)
         if item.durable:
@@ -150,7 +150,7 @@ class HeldEvents:
         known = {item.event.event_id for item in self._items}
         for event in events:
             if event.event_id not in known:
-                self._items.append(Held(event, durable=True))
+                self._items.append(Unadmitted(event, durable=True))
                 self.status.replayed += 1
         self.status.held = len(self._items)
         if events:

@@ -17,7 +17,7 @@ item is claimed by the connection's receiver (owner ``signal-receiver:<connectio
 same for every daemon: the receiver lease makes one of them the holder) and completed
 (``done``, its text dropped) once the event got a final admission, in batches; ``prune``
 deletes it later. A receiver that takes the lease first lets its owner's claims go
-(:meth:`~stores.InboxStore.expire_own_claims`) and claims every waiting item again: an item
+(:meth:`~stores.InboxStore.expire_own_reservations`) and claims every waiting item again: an item
 whose claim a former holder still has is fenced from it. An admission answered as a
 duplicate is final, so an event written twice, or replayed by two daemons, is still
 admitted once. The claims never make a dead letter (:data:`MAX_ATTEMPTS`): an event waits
@@ -42,7 +42,7 @@ from stores import (
     CheckpointRecord,
     CheckpointStore,
     DeleteCheckpoint,
-    InboxClaim,
+    InboxReservation,
     InboxStore,
     OwnershipScope,
 )
@@ -58,7 +58,7 @@ MAX_REPLAY = 10_000
 MAX_ATTEMPTS = 2**31
 """Claims before the store would call an item dead: never reached (an event is retried
 until its admission is final, however many times the receiver restarts)."""
-CLAIM_TTL_MS = 24 * 3600 * 1000
+RESERVATION_TTL_MS = 24 * 3600 * 1000
 """A claim's time: while the receiver holds the lease its claims are its own anyway (a
 new holder lets them go at once); an expired one is claimed again when needed."""
 _PAGE = 500
@@ -78,7 +78,7 @@ class Inbox:
     _orders: dict[str, int] = attrs.field(factory=dict, init=False)
     """The order given to each event put and not yet removed: a put tried again (the store
     failed the first) keeps its place among the events read after it."""
-    _claims: dict[str, InboxClaim] = attrs.field(factory=dict, init=False)
+    _reservations: dict[str, InboxReservation] = attrs.field(factory=dict, init=False)
     """This receiver's claims, by event id."""
 
     @property
@@ -156,11 +156,11 @@ class Inbox:
         for key in keys:
             self._orders.pop(key, None)
         try:
-            await self._claim(keys - self._claims.keys())
-            done = [self._claims.pop(key) for key in keys if key in self._claims]
+            await self._reserve(keys - self._reservations.keys())
+            done = [self._reservations.pop(key) for key in keys if key in self._reservations]
             async with trio.open_nursery() as nursery:
-                for claim in done:
-                    nursery.start_soon(self._complete, claim)
+                for reservation in done:
+                    nursery.start_soon(self._complete, reservation)
         except Exception as exc:
             log.warning(
                 "signal %s: removing %d admitted message(s) from the inbox failed (%s)",
@@ -169,51 +169,51 @@ class Inbox:
                 type(exc).__name__,
             )
 
-    async def _complete(self, claim: InboxClaim) -> None:
-        await self.store.complete(claim)
+    async def _complete(self, reservation: InboxReservation) -> None:
+        await self.store.complete(reservation)
 
-    async def _claim(self, wanted: set[str]) -> None:
+    async def _reserve(self, wanted: set[str]) -> None:
         """Claim ready items (oldest first) until ``wanted`` are among this receiver's
         claims or none is ready; what else it claims is kept for later."""
         missing = set(wanted)
         while missing:
-            claims = await self.store.claim(
+            reservations = await self.store.reserve(
                 owner_id=self.owner,
-                ttl_ms=CLAIM_TTL_MS,
+                ttl_ms=RESERVATION_TTL_MS,
                 limit=min(_PAGE, max(len(missing), 1)),
                 max_attempts=MAX_ATTEMPTS,
                 sources=(self.connection_id,),
             )
-            if not claims:
+            if not reservations:
                 break
-            for claim in claims:
-                self._claims[claim.key] = claim
-                missing.discard(claim.key)
+            for reservation in reservations:
+                self._reservations[reservation.key] = reservation
+                missing.discard(reservation.key)
 
     async def load(self) -> list[InboundEvent]:
         """Every waiting event, oldest first, now claimed by this receiver (store errors
         propagate). Moves the records written before the store's inbox into it first."""
         await self._move_checkpoint_records()
-        await self.store.expire_own_claims(owner_id=self.owner, sources=(self.connection_id,))
-        self._claims.clear()
+        await self.store.expire_own_reservations(owner_id=self.owner, sources=(self.connection_id,))
+        self._reservations.clear()
         self._orders.clear()
-        claimed: list[InboxClaim] = []
-        while len(claimed) < MAX_REPLAY:
-            claims = await self.store.claim(
+        reserved: list[InboxReservation] = []
+        while len(reserved) < MAX_REPLAY:
+            reservations = await self.store.reserve(
                 owner_id=self.owner,
-                ttl_ms=CLAIM_TTL_MS,
-                limit=min(_PAGE, MAX_REPLAY - len(claimed)),
+                ttl_ms=RESERVATION_TTL_MS,
+                limit=min(_PAGE, MAX_REPLAY - len(reserved)),
                 max_attempts=MAX_ATTEMPTS,
                 sources=(self.connection_id,),
             )
-            if not claims:
+            if not reservations:
                 break
-            claimed.extend(claims)
+            reserved.extend(reservations)
         events: list[InboundEvent] = []
-        for claim in sorted(claimed, key=lambda c: (c.item.order, c.key)):
-            self._claims[claim.key] = claim
-            self._last_order = max(self._last_order, claim.item.order)
-            event = self._event(claim.item.payload)
+        for reservation in sorted(reserved, key=lambda c: (c.item.order, c.key)):
+            self._reservations[reservation.key] = reservation
+            self._last_order = max(self._last_order, reservation.item.order)
+            event = self._event(reservation.item.payload)
             if event is not None:
                 events.append(event)
         return events
@@ -270,7 +270,7 @@ class Inbox:
         if not all(isinstance(part, str) for part in parts):
             return None
         received = value.get("receivedAt")
-        claims = value.get("claims")
+        raw_claims = value.get("claims")
         return InboundEvent(
             connection_id=self.connection_id,
             external_conversation_id=value["conversationId"],
@@ -278,5 +278,5 @@ class Inbox:
             event_id=value["eventId"],
             text=value["text"],
             received_at_ms=received if isinstance(received, int) else None,
-            claims=dict(claims) if isinstance(claims, Mapping) else {},
+            claims=dict(raw_claims) if isinstance(raw_claims, Mapping) else {},
         )

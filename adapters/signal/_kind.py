@@ -89,7 +89,7 @@ def _build(conn: SignalConnectionConfig, context: BuildContext) -> SignalAdapter
         allow_groups=conn.allow_groups,
         lease_ttl_ms=conn.receiver_lease_ttl_ms,
         typing_delay_ms=conn.typing_delay_ms,
-        reclaim=True,
+        adopt=True,
     )
 
 

@@ -25,7 +25,7 @@ Contract §12.3–12.4, with the differences that keep every message signal-cli 
   ``tests/signal/test_killloop_signal.py``), not the admissions; it holds at most the
   notifications already read (``max_pending_events`` in the client's queue, one batch of
   :data:`MAX_BATCH` being written) plus what sat in the socket buffers. While
-  :data:`MAX_HELD` journaled events wait for admission, reading pauses (signal-cli's writes
+  :data:`MAX_UNADMITTED` journaled events wait for admission, reading pauses (signal-cli's writes
   then block).
 * **Pause, never drop.** On a retryable admission, a lost lease, writer loss (the store
   refused an inbox write), a connection that ended, or a stop: stop taking notifications,
@@ -60,7 +60,7 @@ from stores import CheckpointStore, Clock, OwnershipScope
 from ..toolkit import Backoff, Interrupts, LeaseLostError, ReceiverLease
 from ._client import Endpoint, SignalUnreachableError
 from ._filter import NotificationFilter
-from ._held import HeldEvents
+from ._held import UnadmittedEvents
 from ._inbox import Inbox
 from ._readiness import write_readiness
 from ._status import SignalStatus, log
@@ -115,12 +115,12 @@ class Receiver:
     reconnect_delay_s: float
     max_reconnect_delay_s: float
     _stop: Interrupts = attrs.field(factory=Interrupts, init=False)
-    _held: HeldEvents = attrs.field(init=False)
+    _unadmitted: UnadmittedEvents = attrs.field(init=False)
     _subscription: Subscription = attrs.field(init=False)
     _failures: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._held = HeldEvents(
+        self._unadmitted = UnadmittedEvents(
             connection_id=self.connection_id,
             admit=self.admit,
             inbox=self.inbox,
@@ -134,7 +134,7 @@ class Receiver:
             connection_id=self.connection_id,
             lease=self.lease,
             filter=self.filter,
-            held=self._held,
+            unadmitted=self._unadmitted,
             status=self.status,
             stop=self._stop,
             timeout_s=self.timeout_s,
@@ -222,9 +222,9 @@ class Receiver:
         backoff = Backoff(
             self.random, base_s=self.reconnect_delay_s, cap_s=self.max_reconnect_delay_s
         )
-        await self._held.replay()
+        await self._unadmitted.replay()
         while not self._stop.stopped:
-            await self._held.settle()
+            await self._unadmitted.settle()
             if self._stop.stopped or self.filter.mismatched:
                 return
             self.lease.check()
@@ -233,14 +233,14 @@ class Receiver:
             ended, stable = await self._session(started)
             if ended == "account_mismatch" or self.filter.mismatched:
                 self.filter.mismatched = True
-                await self._held.settle()
+                await self._unadmitted.settle()
                 return
             if ended == "stopped":
                 return
             if stable:
                 backoff.reset()
             if ended == "admission":
-                continue  # HeldEvents.settle paces the retries
+                continue  # UnadmittedEvents.settle paces the retries
             self._failures += 1
             delay = backoff.next_delay()
             self.status.state = "backoff"
@@ -256,8 +256,8 @@ class Receiver:
 
     async def _finish(self) -> None:
         with trio.move_on_after(STOP_BUDGET_S, shield=True):
-            await self._held.persist()
-            await self._held.flush_removals()
+            await self._unadmitted.persist()
+            await self._unadmitted.flush_removals()
             await self.lease.release()
         self.status.bridge = "unavailable"
         self.status.subscription = "inactive"

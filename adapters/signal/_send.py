@@ -39,7 +39,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
 from prismd.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from prismd.redact import replace_surrogates
 
@@ -48,8 +48,8 @@ from ..toolkit import (
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
     RpcError,
+    button_lines,
     chunk_text,
-    control_lines,
     utf16_units,
 )
 from ._client import Endpoint, SignalUnreachableError, open_request_client
@@ -78,13 +78,13 @@ Outcome: TypeAlias = str
 """``"delivered"``, a failure reason (``signal_…``), or :data:`UNKNOWN`."""
 
 
-def render(text: str, controls: Sequence[Control]) -> list[str] | None:
+def render(text: str, buttons: Sequence[Button]) -> list[str] | None:
     """The chunks to send, in order; ``None`` for a control set that cannot be rendered.
 
     >>> render("Approval required.", [Control("Allow", "p:a:" + "t" * 32)])
     ['Approval required.\\n\\nReply /approve tttttttttttttttttttttttttttttttt to allow once.']
     """
-    lines = control_lines(controls)
+    lines = button_lines(buttons)
     if lines is None:
         return None
     chunks = chunk_text(replace_surrogates(text), MAX_CHUNK_UNITS) if text.strip() else []
@@ -188,7 +188,7 @@ class SignalSender:
         target = _destination(reply.external_conversation_id)
         if reply.connection_id != self.connection_id or target is None:
             return SendResult(delivered=False, reason="invalid_destination")
-        chunks = render(reply.text, reply.controls)
+        chunks = render(reply.text, reply.buttons)
         if chunks is None:
             return SendResult(delivered=False, reason="invalid_controls")
         if not chunks:

@@ -24,11 +24,11 @@ from ..toolkit import (
     open_jsonrpc_client,
 )
 from ._filter import NotificationFilter
-from ._held import PERSIST_S, HeldEvents
+from ._held import PERSIST_S, UnadmittedEvents
 from ._parse import read_notification
 from ._status import SignalStatus, log
 
-__all__ = ["MAX_BATCH", "MAX_HELD", "Ended", "Subscription"]
+__all__ = ["MAX_BATCH", "MAX_UNADMITTED", "Ended", "Subscription"]
 
 WIND_DOWN_S = 2.0
 """Bound on unsubscribing and taking what was already sent."""
@@ -36,7 +36,7 @@ STABLE_S = 30.0
 """A subscription that lasted this long resets the reconnect backoff."""
 MAX_BATCH = 64
 """At most this many notifications are journaled together (and removed together)."""
-MAX_HELD = 256
+MAX_UNADMITTED = 256
 """Journaled events waiting for admission beyond which reading pauses."""
 
 Ended: TypeAlias = Literal[
@@ -97,7 +97,7 @@ class Subscription:
     connection_id: str
     lease: ReceiverLease
     filter: NotificationFilter
-    held: HeldEvents
+    unadmitted: UnadmittedEvents
     status: SignalStatus
     stop: Interrupts
     timeout_s: float
@@ -218,7 +218,7 @@ class Subscription:
                 intake.end("account_mismatch")
                 return
             intake.work()
-            while len(self.held) >= MAX_HELD and intake.ended is None:
+            while len(self.unadmitted) >= MAX_UNADMITTED and intake.ended is None:
                 # Admission is behind: stop reading (signal-cli's writes then block) rather
                 # than hold without bound.
                 with self.stop.interruptible(), intake.reading():
@@ -229,19 +229,19 @@ class Subscription:
             if self.stop.stopped:
                 intake.end("stopped")
                 return
-            if not self.held:
-                await self.held.flush_removals()
+            if not self.unadmitted:
+                await self.unadmitted.flush_removals()
                 with self.stop.interruptible():
                     await intake.wait_for_work()
                 continue
-            item = self.held.head
-            if not await self.held.admit_once(item.event):
+            item = self.unadmitted.head
+            if not await self.unadmitted.admit_once(item.event):
                 intake.end("admission")
                 return
-            self.held.admitted(item)
+            self.unadmitted.admitted(item)
             intake.progress()
-            if self.held.removals >= MAX_BATCH:
-                await self.held.flush_removals()
+            if self.unadmitted.removals >= MAX_BATCH:
+                await self.unadmitted.flush_removals()
             try:
                 self.lease.check()
             except LeaseLostError:
@@ -259,7 +259,7 @@ class Subscription:
         ]
         if not events:
             return True
-        return await self.held.keep(events)
+        return await self.unadmitted.keep(events)
 
     async def _wind_down(self, client: JsonRpcClient, subscription: int | None) -> None:
         """Unsubscribe, take every notification sent before that was answered, and journal
@@ -305,7 +305,7 @@ class Subscription:
                 return
         with trio.move_on_after(PERSIST_S, shield=True):
             await self._journal(notes, subscription)
-        await self.held.persist()
+        await self.unadmitted.persist()
 
 
 def _first_subscription(notes: list[Incoming]) -> int | None:

@@ -11,7 +11,7 @@ job each:
   receiver lease (:class:`~adapters.toolkit.ReceiverLease`,
   ``prism.channels.v1.telegram.receiver`` / ``r1:<connection>``); a daemon that does not
   get it waits in ``standby`` (health) and retries; a restarted daemon reclaims its
-  predecessor's lease at once (``reclaim=True`` with the daemon's stable owner id, SPEC
+  predecessor's lease at once (``adopt=True`` with the daemon's stable owner id, SPEC
   difference 8). Losing the lease raises :class:`~adapters.toolkit.LeaseLostError`
   (``ReceiverLeaseLostError``) so the supervisor restarts ``run``;
 * one update → ``admit``: :class:`~adapters.telegram._updates.UpdateHandler`;
@@ -94,7 +94,7 @@ class TelegramAdapter:
     store: Store
     owner_id: str
     service_scope: OwnershipScope = attrs.field(default=None)
-    reclaim: bool = True
+    adopt: bool = True
     api_origin: str = attrs.field(default=DEFAULT_API_ORIGIN)
     mode: Literal["polling", "webhook"] = "polling"
     webhook_listen: str = "127.0.0.1:8443"
@@ -213,7 +213,7 @@ class TelegramAdapter:
             scope=self.service_scope,
             owner_id=self.owner_id,
             ttl_ms=self.lease_ttl_ms,
-            reclaim=self.reclaim,
+            adopt=self.adopt,
             label=f"telegram {self.connection_id}",
             log=log,
             random=rng,
@@ -245,9 +245,9 @@ class TelegramAdapter:
                     inbox=self.store.inbox,
                     updates=self._updates,
                     owner_id=self.owner_id,
-                    claim_ttl_ms=self.lease_ttl_ms,
+                    reservation_ttl_ms=self.lease_ttl_ms,
                     busy_conversations=self.busy_conversations,
-                    reclaim=self.reclaim,
+                    adopt=self.adopt,
                     random=rng,
                 )
             self._webhook = WebhookServer(
@@ -358,9 +358,11 @@ class TelegramAdapter:
         """See :meth:`adapters.telegram._send.TelegramSender.send`."""
         return await self._sender.send(reply)
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         """``sendChatAction typing`` (lasts ≤5 s on the client); failures are ignored."""
-        await self._sender.send_typing(conversation_id, thread_id)
+        await self._sender.send_typing(external_conversation_id, thread_id)
 
     def send_draft(self, preview: Preview) -> None:
         """Stream a preview as ``sendMessageDraft`` (fire-and-forget; the runtime's

@@ -5,9 +5,9 @@ With ``webhook_inbox`` on, every instance serving a bot's webhook hands each val
 on (connection, ``update_id``) — and answers 2xx only once that row is committed. An
 :class:`InboxWorker` on every instance then claims rows and admits them through the runtime:
 
-* **Claims are leases.** A claim holds its row for ``claim_ttl_ms`` and is renewed at a third
+* **Claims are leases.** A claim holds its row for ``reservation_ttl_ms`` and is renewed at a third
   of that while the update is processed; a worker that dies lets its claims expire and
-  another instance's worker takes them over — or the same instance restarted (``reclaim``:
+  another instance's worker takes them over — or the same instance restarted (``adopt``:
   its owner id is its state directory's), which takes them up at once. Concurrent workers
   never get the same row (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 * **Acknowledged only after the journal.** A row is settled ``done`` only after ``admit``
@@ -43,7 +43,7 @@ import attrs
 import trio
 
 from prismd.channel import AdapterFatalError
-from stores import InboxClaim, InboxStore
+from stores import InboxReservation, InboxStore
 
 from ..toolkit import Backoff
 from ._parse import conversation_of, update_id_of
@@ -59,7 +59,7 @@ RETRY_CAP_S = 60.0
 IDLE_POLL_S = 0.25
 """How often an idle worker looks for ready rows (an update this instance received wakes
 it at once; another instance's wakes it within this)."""
-HOLD_POLL_S = 0.1
+KEPT_POLL_S = 0.1
 """How often held conversations are checked for being let go."""
 CONCURRENCY = 16
 """Rows one worker processes at once (different chats; one chat is one at a time)."""
@@ -93,8 +93,8 @@ async def put_update(inbox: InboxStore, connection_id: str, update: Mapping[str,
 
 
 @attrs.define(eq=False)
-class _Hold:
-    claim: InboxClaim
+class _KeptPartition:
+    reservation: InboxReservation
     conversation: str
     renew_at: float
 
@@ -115,10 +115,10 @@ class InboxWorker:
     inbox: InboxStore
     updates: UpdateHandler
     owner_id: str = attrs.field(repr=False)
-    claim_ttl_ms: int
+    reservation_ttl_ms: int
     busy_conversations: BusyConversations | None = None
     """This instance's runtime: the conversations it still works on (``None``: no holds)."""
-    reclaim: bool = False
+    adopt: bool = False
     """``owner_id`` is this instance's alone (its state directory's lock): rows it still has
     claimed when ``run`` starts were claimed by a process (or a ``run``) that is gone, and
     are taken up at once instead of after their claims' time."""
@@ -129,7 +129,7 @@ class InboxWorker:
     retry_cap_s: float = RETRY_CAP_S
     idle_poll_s: float = IDLE_POLL_S
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _holds: dict[str, _Hold] = attrs.field(factory=dict, init=False)
+    _kept: dict[str, _KeptPartition] = attrs.field(factory=dict, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
     _admitted: int = attrs.field(default=0, init=False)
     _retried: int = attrs.field(default=0, init=False)
@@ -147,26 +147,26 @@ class InboxWorker:
     @property
     def held(self) -> int:
         """Conversations whose next updates are kept for this worker now."""
-        return len(self._holds)
+        return len(self._kept)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and process rows until cancelled; on the way out, hand back what is held."""
         self._stopping = False
         slots = trio.Semaphore(self.concurrency)
-        if self.reclaim:
-            await self._expire_own_claims()
+        if self.adopt:
+            await self._expire_own_reservations()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keep_holds)
+                nursery.start_soon(self._renew_kept)
                 task_status.started()
-                await self._claim_loop(nursery, slots)
+                await self._reserve_loop(nursery, slots)
         finally:
             with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
                 await self._release_all()
 
-    async def _expire_own_claims(self) -> None:
+    async def _expire_own_reservations(self) -> None:
         try:
-            expired = await self.inbox.expire_own_claims(
+            expired = await self.inbox.expire_own_reservations(
                 owner_id=self.owner_id, sources=[self.connection_id]
             )
         except Exception as exc:
@@ -180,7 +180,7 @@ class InboxWorker:
                 expired,
             )
 
-    async def _claim_loop(self, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
+    async def _reserve_loop(self, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         failures = Backoff(self.random, base_s=0.2, cap_s=STORE_BACKOFF_CAP_S)
         while True:
             if self._stopping:
@@ -192,9 +192,9 @@ class InboxWorker:
                 continue
             self._wake = trio.Event()
             try:
-                claims = await self.inbox.claim(
+                reservations = await self.inbox.reserve(
                     owner_id=self.owner_id,
-                    ttl_ms=self.claim_ttl_ms,
+                    ttl_ms=self.reservation_ttl_ms,
                     limit=free,
                     max_attempts=self.max_attempts,
                     sources=[self.connection_id],
@@ -204,26 +204,26 @@ class InboxWorker:
                 await trio.sleep(failures.next_delay())
                 continue
             failures.reset()
-            for claim in claims:
+            for reservation in reservations:
                 await slots.acquire()
-                nursery.start_soon(self._process, claim, slots)
-            if not claims:
+                nursery.start_soon(self._process, reservation, slots)
+            if not reservations:
                 with trio.move_on_after(self.idle_poll_s):
                     await self._wake.wait()
 
     # ------------------------------------------------------------------ one row
 
-    async def _process(self, claim: InboxClaim, slots: trio.Semaphore) -> None:
+    async def _process(self, reservation: InboxReservation, slots: trio.Semaphore) -> None:
         try:
-            update = claim.item.payload
+            update = reservation.item.payload
             if not isinstance(update, Mapping) or update_id_of(update) is None:
                 # Never admissible: straight to the dead letters (kept for the operator).
-                await self._retry(claim, "malformed", dead=True)
+                await self._retry(reservation, "malformed", dead=True)
                 return
             reason: str | None = "stopped"
             try:
                 async with trio.open_nursery() as keeper:
-                    keeper.start_soon(self._keep_claim, claim)
+                    keeper.start_soon(self._keep_reservation, reservation)
                     try:
                         reason = await self.updates.admit_update(update, strict=True)
                     except AdapterFatalError:
@@ -236,26 +236,26 @@ class InboxWorker:
                 # committed meanwhile makes the next one a duplicate) rather than leave it
                 # claimed until its claim expires.
                 with trio.move_on_after(CLOSE_BUDGET_S, shield=True):
-                    await self._retry(claim, "stopped", delay_s=0.0)
+                    await self._retry(reservation, "stopped", delay_s=0.0)
                 raise
             if reason is None:
-                await self._complete(claim, update)
+                await self._complete(reservation, update)
             elif reason == "stopped":
                 # The runtime is stopping: hand the row back for whoever runs next.
                 self._stopping = True
-                await self._retry(claim, reason, delay_s=0.0)
+                await self._retry(reservation, reason, delay_s=0.0)
             else:
-                await self._retry(claim, reason)
+                await self._retry(reservation, reason)
         finally:
             slots.release()
 
-    async def _keep_claim(self, claim: InboxClaim) -> None:
+    async def _keep_reservation(self, reservation: InboxReservation) -> None:
         """Renew the claim at a third of its TTL while its update is being admitted."""
-        period = self.claim_ttl_ms / 3000
+        period = self.reservation_ttl_ms / 3000
         while True:
             await trio.sleep(period)
             try:
-                renewed = await self.inbox.extend(claim, ttl_ms=self.claim_ttl_ms)
+                renewed = await self.inbox.extend(reservation, ttl_ms=self.reservation_ttl_ms)
             except Exception as exc:
                 self._store_failure("renewing an inbox claim", exc)
                 continue
@@ -270,11 +270,13 @@ class InboxWorker:
             and conversation in busy(self.connection_id)
         )
 
-    async def _complete(self, claim: InboxClaim, update: Mapping[str, Any]) -> None:
+    async def _complete(self, reservation: InboxReservation, update: Mapping[str, Any]) -> None:
         conversation = conversation_of(update)
-        hold = self._still_busy(conversation)
+        kept = self._still_busy(conversation)
         try:
-            done = await self.inbox.complete(claim, hold_ms=self.claim_ttl_ms if hold else 0)
+            done = await self.inbox.complete(
+                reservation, keep_partition_ms=self.reservation_ttl_ms if kept else 0
+            )
         except Exception as exc:
             # Still claimed: it expires and is admitted again, as a duplicate.
             self._store_failure("settling an inbox row", exc)
@@ -282,27 +284,32 @@ class InboxWorker:
         if not done:
             return  # taken over meanwhile; the new holder settles it
         self._admitted += 1
-        if hold:
+        if kept:
             assert conversation is not None
-            partition = claim.item.partition
-            previous = self._holds.get(partition)
-            self._holds[partition] = _Hold(
-                claim, conversation, trio.current_time() + self.claim_ttl_ms / 3000
+            partition = reservation.item.partition
+            previous = self._kept.get(partition)
+            self._kept[partition] = _KeptPartition(
+                reservation, conversation, trio.current_time() + self.reservation_ttl_ms / 3000
             )
             if previous is not None:
-                await self._release(previous.claim)
+                await self._release(previous.reservation)
 
     async def _retry(
-        self, claim: InboxClaim, reason: str, *, delay_s: float | None = None, dead: bool = False
+        self,
+        reservation: InboxReservation,
+        reason: str,
+        *,
+        delay_s: float | None = None,
+        dead: bool = False,
     ) -> None:
         if delay_s is None:
-            exponent = min(max(claim.item.attempts - 1, 0), 16)
+            exponent = min(max(reservation.item.attempts - 1, 0), 16)
             delay_s = min(self.retry_cap_s, self.retry_base_s * 2.0**exponent)
             delay_s *= 0.5 + self.random.random() / 2
-        most = claim.item.attempts if dead else self.max_attempts
+        most = reservation.item.attempts if dead else self.max_attempts
         try:
             item = await self.inbox.retry(
-                claim, delay_ms=int(delay_s * 1000), error=reason, max_attempts=most
+                reservation, delay_ms=int(delay_s * 1000), error=reason, max_attempts=most
             )
         except Exception as exc:
             self._store_failure("retrying an inbox row", exc)
@@ -331,45 +338,45 @@ class InboxWorker:
 
     # ------------------------------------------------------------------ holds
 
-    async def _keep_holds(self) -> None:
+    async def _renew_kept(self) -> None:
         """Release a held conversation once the runtime let it go; renew the others."""
         while True:
-            await trio.sleep(HOLD_POLL_S)
-            if not self._holds or self.busy_conversations is None:
+            await trio.sleep(KEPT_POLL_S)
+            if not self._kept or self.busy_conversations is None:
                 continue
             busy = self.busy_conversations(self.connection_id)
-            for partition, hold in list(self._holds.items()):
-                if hold.conversation not in busy:
-                    if self._holds.get(partition) is hold:
-                        del self._holds[partition]
-                    await self._release(hold.claim)
-                elif trio.current_time() >= hold.renew_at:
-                    await self._renew(partition, hold)
+            for partition, kept in list(self._kept.items()):
+                if kept.conversation not in busy:
+                    if self._kept.get(partition) is kept:
+                        del self._kept[partition]
+                    await self._release(kept.reservation)
+                elif trio.current_time() >= kept.renew_at:
+                    await self._renew(partition, kept)
 
-    async def _renew(self, partition: str, hold: _Hold) -> None:
+    async def _renew(self, partition: str, kept: _KeptPartition) -> None:
         try:
-            renewed = await self.inbox.extend(hold.claim, ttl_ms=self.claim_ttl_ms)
+            renewed = await self.inbox.extend(kept.reservation, ttl_ms=self.reservation_ttl_ms)
         except Exception as exc:
             self._store_failure("renewing a conversation hold", exc)
-            hold.renew_at = trio.current_time() + 1.0
+            kept.renew_at = trio.current_time() + 1.0
             return
         if renewed is None:
-            self._holds.pop(partition, None)
+            self._kept.pop(partition, None)
             return
-        hold.claim = renewed
-        hold.renew_at = trio.current_time() + self.claim_ttl_ms / 3000
+        kept.reservation = renewed
+        kept.renew_at = trio.current_time() + self.reservation_ttl_ms / 3000
 
-    async def _release(self, claim: InboxClaim) -> None:
+    async def _release(self, reservation: InboxReservation) -> None:
         try:
-            await self.inbox.release(claim)
+            await self.inbox.release(reservation)
         except Exception as exc:
-            # The hold expires on its own after claim_ttl_ms.
+            # The hold expires on its own after reservation_ttl_ms.
             self._store_failure("releasing a conversation hold", exc)
 
     async def _release_all(self) -> None:
-        holds, self._holds = self._holds, {}
-        for hold in holds.values():
-            await self._release(hold.claim)
+        kept_now, self._kept = self._kept, {}
+        for kept in kept_now.values():
+            await self._release(kept.reservation)
 
     def _store_failure(self, what: str, exc: BaseException) -> None:
         """Counted always, logged at most once per :data:`LOG_EVERY_S` (an outage fails every

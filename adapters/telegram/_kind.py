@@ -111,7 +111,7 @@ def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAda
         admit=context.admit,
         store=context.store,
         owner_id=context.owner_id,
-        reclaim=True,
+        adopt=True,
         api_origin=conn.api_origin,
         mode=conn.mode,
         webhook_listen=conn.webhook_listen,

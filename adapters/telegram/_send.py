@@ -24,7 +24,7 @@ from ._status import log_retry
 
 MAX_CHUNK_UNITS = 3_500
 MAX_SEND_ATTEMPTS = 5
-MAX_CONTROLS = 8
+MAX_BUTTONS = 8
 
 Synthesize = Callable[[str], Awaitable[tuple[bytes, str] | None]]
 """``synthesize(text) -> (audio, format)``; format like ``ogg``, ``audio/mpeg`` or ``.m4a``."""
@@ -68,9 +68,11 @@ class TelegramSender:
     api: TelegramApi
     synthesize: Synthesize | None = None
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         """``sendChatAction typing`` (lasts ≤5 s on the client); failures are ignored."""
-        params: dict[str, Any] = {"chat_id": conversation_id, "action": "typing"}
+        params: dict[str, Any] = {"chat_id": external_conversation_id, "action": "typing"}
         if thread_id is not None:
             params["message_thread_id"] = thread_id
         try:
@@ -102,15 +104,15 @@ class TelegramSender:
         if not chunks:
             return SendResult(delivered=False, reason="empty_reply")
         markup: dict[str, Any] | None = None
-        if reply.controls:
-            controls = reply.controls
-            if len(controls) > MAX_CONTROLS or any(
+        if reply.buttons:
+            buttons = reply.buttons
+            if len(buttons) > MAX_BUTTONS or any(
                 _bounded_str(c.label, 64) is None or _bounded_str(c.value, 64) is None
-                for c in controls
+                for c in buttons
             ):
                 return SendResult(delivered=False, reason="invalid_controls")
             markup = {
-                "inline_keyboard": [[{"text": c.label, "callback_data": c.value} for c in controls]]
+                "inline_keyboard": [[{"text": c.label, "callback_data": c.value} for c in buttons]]
             }
         message_id: str | None = None
         for index, chunk in enumerate(chunks):

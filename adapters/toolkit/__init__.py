@@ -18,7 +18,7 @@
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
 * :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units;
-  :func:`control_lines`: approval controls as text for a channel without buttons;
+  :func:`button_lines`: approval controls as text for a channel without buttons;
 * :class:`Activity` — what a receiving adapter last saw, for ``health()``.
 """
 
@@ -29,6 +29,11 @@ from prismd.jsonrpc import RpcError as RpcError
 from ._activity import ACTIVITY_FIELDS as ACTIVITY_FIELDS
 from ._activity import Activity as Activity
 from ._backoff import Backoff as Backoff
+from ._budgets import Budget as Budget
+from ._budgets import BudgetStatistics as BudgetStatistics
+from ._budgets import ConnectionLimiter as ConnectionLimiter
+from ._budgets import Slot as Slot
+from ._budgets import serve_limited as serve_limited
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body
@@ -47,17 +52,12 @@ from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError
 from ._jsonrpc import open_jsonrpc_client as open_jsonrpc_client
 from ._lease import LeaseLostError as LeaseLostError
 from ._lease import ReceiverLease as ReceiverLease
-from ._limits import Budget as Budget
-from ._limits import BudgetStatistics as BudgetStatistics
-from ._limits import ConnectionLimiter as ConnectionLimiter
-from ._limits import Slot as Slot
-from ._limits import serve_limited as serve_limited
 from ._net import is_loopback_host as is_loopback_host
 from ._net import origin_problem as origin_problem
 from ._net import parse_host_port as parse_host_port
 from ._streams import close_gracefully as close_gracefully
+from ._text import button_lines as button_lines
 from ._text import chunk_text as chunk_text
-from ._text import control_lines as control_lines
 from ._text import utf16_units as utf16_units
 from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
 from ._throttle import LogThrottle as LogThrottle

@@ -6,7 +6,7 @@ every receiver needs around that lease:
 
 * **acquire** — :meth:`~ReceiverLease.try_acquire` once, or :meth:`~ReceiverLease.acquire`
   until it is ours (standing by with bounded exponential backoff while another receiver
-  holds it). With ``reclaim=True`` a lease left by this daemon's own predecessor (same
+  holds it). With ``adopt=True`` a lease left by this daemon's own predecessor (same
   stable owner id) is taken over at once instead of after its TTL (SPEC difference 8);
   every acquisition bumps the fencing token all the same.
 * **renew at half the TTL** — :meth:`~ReceiverLease.keep` runs beside the receiver. A renewal
@@ -79,7 +79,7 @@ class ReceiverLease:
     scope: OwnershipScope
     owner_id: str = attrs.field(repr=False)
     ttl_ms: int = attrs.field()
-    reclaim: bool = True
+    adopt: bool = True
     label: str
     """Prefix of every log line, e.g. ``telegram tg-main`` (no secrets)."""
     log: logging.Logger = attrs.field(repr=False)
@@ -124,7 +124,7 @@ class ReceiverLease:
             scope=self.scope,
             owner_id=self.owner_id,
             ttl_ms=self.ttl_ms,
-            reclaim=self.reclaim,
+            adopt=self.adopt,
         )
         self.log.debug(
             "%s: receiver lease %s",

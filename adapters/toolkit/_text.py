@@ -11,26 +11,26 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from prismd.channel import Control
+from prismd.channel import Button
 
-__all__ = ["chunk_text", "control_lines", "utf16_units"]
+__all__ = ["button_lines", "chunk_text", "utf16_units"]
 
-_CONTROL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+_BUTTON_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 
 
-def control_lines(controls: Sequence[Control]) -> list[str] | None:
+def button_lines(buttons: Sequence[Button]) -> list[str] | None:
     """The approval controls (at most two: allow, deny) as lines the user answers with a
     command: ``Reply /approve TOKEN to allow once.``, ``Reply /deny TOKEN to deny.``;
     ``None`` when there are more, or one is not an approval control.
 
-    >>> control_lines([Control("Deny", "p:d:" + "t" * 32)])
+    >>> button_lines([Control("Deny", "p:d:" + "t" * 32)])
     ['Reply /deny tttttttttttttttttttttttttttttttt to deny.']
     """
-    if len(controls) > 2:
+    if len(buttons) > 2:
         return None
     lines: list[str] = []
-    for control in controls:
-        match = _CONTROL_RE.match(control.value) if isinstance(control.value, str) else None
+    for control in buttons:
+        match = _BUTTON_RE.match(control.value) if isinstance(control.value, str) else None
         if match is None:
             return None
         verb, token = match.groups()

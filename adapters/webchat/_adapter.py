@@ -218,13 +218,15 @@ class WebchatAdapter:
             return
         self._previews.offer(background, actor, preview.text)
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         """A ``typing`` frame to the actor's open tabs (see :mod:`._typing`); never raises,
         nothing when no tab of the actor is open."""
-        if not self._sessions.by_actor.get(conversation_id):
+        if not self._sessions.by_actor.get(external_conversation_id):
             await trio.lowlevel.checkpoint()
             return
-        await self._typing.signal(conversation_id)
+        await self._typing.signal(external_conversation_id)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> None:
         """Not offered (see :attr:`features`): the page sends no files."""
@@ -342,7 +344,7 @@ class WebchatAdapter:
             # web chat always did: a client then knows the server gave up, not that it
             # crashed.
             head = await read_request_head(stream, conn, answer_silence=True)
-            if head is not None and await self._front.route(stream, conn, head):
+            if head is not None and await self._front.dispatch(stream, conn, head):
                 await serve_websocket(
                     stream,
                     head.raw,

@@ -143,7 +143,7 @@ def reply_frame(reply: Reply) -> str:
             "replyId": reply.operation_id,
             "kind": reply.kind,
             "text": reply.text,
-            "controls": [{"label": c.label, "value": c.value} for c in reply.controls],
+            "controls": [{"label": c.label, "value": c.value} for c in reply.buttons],
             "inReplyTo": _client_id_of(reply.in_reply_to, reply.external_conversation_id),
         },
         # ASCII escapes: a lone surrogate in a reply must not make the WebSocket layer's

@@ -71,7 +71,7 @@ def _host_header_is_loopback(value: str) -> bool:
 
 @attrs.define(eq=False)
 class HttpFront:
-    """Answers every request but an accepted WebSocket upgrade, which :meth:`route` hands
+    """Answers every request but an accepted WebSocket upgrade, which :meth:`dispatch` hands
     back to the caller."""
 
     access_token: str | None
@@ -85,7 +85,7 @@ class HttpFront:
     def __attrs_post_init__(self) -> None:
         self._page, self._csp = load_page()
 
-    async def route(self, stream: trio.SocketStream, conn: h11.Connection, head: _Head) -> bool:
+    async def dispatch(self, stream: trio.SocketStream, conn: h11.Connection, head: _Head) -> bool:
         """Answer one request; True when it is a WebSocket upgrade that passed every check
         (unanswered: the caller accepts it)."""
         if not self._host_allowed(head):

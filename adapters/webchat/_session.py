@@ -77,7 +77,7 @@ class Sessions:
         actor, presented = hello
         try:
             with trio.fail_after(RESUME_CHECK_TIMEOUT_S):
-                resumed = await self.tokens.claim(actor, presented)
+                resumed = await self.tokens.redeem(actor, presented)
         except Exception as exc:
             log.warning("web chat resume check failed: %s", type(exc).__name__)
             await send_frame(

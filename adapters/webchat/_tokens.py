@@ -55,7 +55,7 @@ class ResumeTokens:
     def _key(self, actor: str) -> str:
         return f"w1:{self.connection_id}:{actor}"
 
-    async def claim(self, actor: str, presented: str | None) -> Resumed | None:
+    async def redeem(self, actor: str, presented: str | None) -> Resumed | None:
         """``Resumed`` when ``presented`` owns ``actor`` (or the actor was free and now
         belongs to a new token), ``None`` when another browser owns it. Store errors
         propagate."""

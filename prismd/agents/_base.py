@@ -174,7 +174,7 @@ class ResumeRequest:
 
     run_id: str
     session_id: str
-    ownership: OwnershipScope
+    scope: OwnershipScope
     identity: AgentIdentity
     expected_version: int
     decisions: tuple[Decision, ...] = ()
@@ -200,7 +200,7 @@ class Agent(Protocol):
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult: ...
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None: ...
 
     async def resume(
@@ -208,7 +208,7 @@ class Agent(Protocol):
         *,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         identity: AgentIdentity,
         expected_version: int,
         decisions: tuple[Decision, ...] = (),

@@ -27,7 +27,7 @@ from ._openai_options import OpenAIOptions
 from ._session import CATEGORY_RUN, NS_RUN, SessionLog, run_key
 from .tools import Tool
 
-__all__ = ["HeldRun", "RunBook", "RunLoop", "RunRecord", "interrupted"]
+__all__ = ["RunBook", "RunLoop", "RunRecord", "VersionedRun", "interrupted"]
 
 log = logging.getLogger("prismd.agents.openai")
 
@@ -97,7 +97,7 @@ class RunRecord:
 
 
 @attrs.define
-class HeldRun:
+class VersionedRun:
     """A run record and the version it was loaded or saved at (0: not stored yet)."""
 
     run: RunRecord
@@ -137,21 +137,21 @@ class RunBook:
     checkpoints: CheckpointStore
     alias: str
 
-    async def load(self, run_id: str, ownership: OwnershipScope) -> HeldRun | None:
+    async def load(self, run_id: str, scope: OwnershipScope) -> VersionedRun | None:
         stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=ownership
+            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=scope
         )
         if stored is None:
             return None
         try:
-            return HeldRun(RunRecord.from_json(stored.value), stored.version)
+            return VersionedRun(RunRecord.from_json(stored.value), stored.version)
         except (ValueError, KeyError, TypeError):
             return None
 
     async def save(
-        self, run_id: str, ownership: OwnershipScope, held: HeldRun, run: RunRecord
+        self, run_id: str, scope: OwnershipScope, versioned: VersionedRun, run: RunRecord
     ) -> bool:
-        """CAS ``run`` over ``held`` (create when ``held.version`` is 0); False on a lost CAS."""
+        """CAS ``run`` over ``versioned`` (a create when its version is 0); False on a lost CAS."""
         value = run.to_json()
         if len(json.dumps(value)) > MAX_RUN_RECORD_BYTES:
             raise run_failed(
@@ -161,30 +161,30 @@ class RunBook:
             saved = await self.checkpoints.save_checkpoint(
                 namespace=NS_RUN,
                 key=run_key(self.alias, run_id),
-                scope=ownership,
-                version=held.version + 1,
+                scope=scope,
+                version=versioned.version + 1,
                 value=value,
-                expected_version=held.version,
+                expected_version=versioned.version,
                 category=CATEGORY_RUN,
                 metadata={"status": run.status},
             )
         except CheckpointConflictError:
             return False
-        held.run, held.version = run, saved.version
+        versioned.run, versioned.version = run, saved.version
         return True
 
     async def advance(
-        self, run_id: str, ownership: OwnershipScope, held: HeldRun, run: RunRecord
+        self, run_id: str, scope: OwnershipScope, versioned: VersionedRun, run: RunRecord
     ) -> None:
         """Save or fail the run: losing a CAS here means another resume took the run over."""
-        if not await self.save(run_id, ownership, held, run):
+        if not await self.save(run_id, scope, versioned, run):
             raise run_failed(run_id, run.session_id, "run_state_conflict", "run state changed")
 
 
 @attrs.define(eq=False)
 class RunLoop:
     """One run (or resume) of the agent: answers its queued tool calls, then calls the
-    model until it answers in text, journaling each step in ``held``'s record."""
+    model until it answers in text, journaling each step in ``versioned``'s record."""
 
     book: RunBook
     complete: Complete
@@ -193,8 +193,8 @@ class RunLoop:
     session_log: SessionLog
     count_tool_call: Callable[[], None]
     run_id: str
-    ownership: OwnershipScope
-    held: HeldRun
+    scope: OwnershipScope
+    versioned: VersionedRun
     on_event: EventSink | None
 
     async def guarded(self, *, decided: bool | None = None) -> RunResult:
@@ -202,10 +202,10 @@ class RunLoop:
         allows it, False tells the model it was denied); a stored run left by cancellation
         or an error ends ``cancelled`` (a crash, which runs no code, leaves it in flight:
         reported interrupted)."""
-        held = self.held
+        versioned = self.versioned
         try:
             if decided is not None:
-                call = held.run.queue[0]
+                call = versioned.run.queue[0]
                 tool = self.tools.get(call.name)
                 if not decided:
                     await self._answer_call(DENIED_TOOL_RESULT)
@@ -215,17 +215,17 @@ class RunLoop:
                     await self._dispatch(tool, call)
             return await self.drive()
         except BaseException:
-            if held.version and held.run.status in ("running", "dispatching"):
+            if versioned.version and versioned.run.status in ("running", "dispatching"):
                 await self._end("cancelled", error_code="run_cancelled")
             raise
 
     async def drive(self) -> RunResult:
         """Answer the queued tool calls, then call the model until it answers in text."""
-        held, run_id = self.held, self.run_id
-        session_id = held.run.session_id
+        versioned, run_id = self.versioned, self.run_id
+        session_id = versioned.run.session_id
         history = await self._history(session_id)
         for _round in range(MAX_TOOL_ROUNDS):
-            while held.run.queue:
+            while versioned.run.queue:
                 suspended = await self._next_call()
                 if suspended is not None:
                     return suspended
@@ -233,8 +233,8 @@ class RunLoop:
             if self.options.system_prompt:
                 messages.append({"role": "system", "content": self.options.system_prompt})
             messages.extend(history)
-            messages.append({"role": "user", "content": held.run.user_text})
-            messages.extend(held.run.messages)
+            messages.append({"role": "user", "content": versioned.run.user_text})
+            messages.extend(versioned.run.messages)
             try:
                 completion = await self.complete(run_id, messages, self.on_event)
             except ProviderError as error:
@@ -244,15 +244,15 @@ class RunLoop:
             if not completion.tool_calls:
                 return await self._succeed(completion.text)
             run = attrs.evolve(
-                held.run,
+                versioned.run,
                 status="running",
-                messages=(*held.run.messages, _assistant_message(completion)),
+                messages=(*versioned.run.messages, _assistant_message(completion)),
                 queue=completion.tool_calls,
             )
-            if held.version:
+            if versioned.version:
                 await self._advance(run)
             else:
-                held.run = run
+                versioned.run = run
         await self._end("failed", error_code="tool_rounds_exceeded")
         raise run_failed(
             run_id,
@@ -265,16 +265,16 @@ class RunLoop:
         limit = self.options.max_history_messages
         if limit == 0:
             return []
-        entries = (await self.session_log.entries(session_id, self.ownership))[-limit:]
+        entries = (await self.session_log.entries(session_id, self.scope))[-limit:]
         return [{"role": e.role, "content": e.text} for e in entries]
 
     async def _advance(self, run: RunRecord) -> None:
-        await self.book.advance(self.run_id, self.ownership, self.held, run)
+        await self.book.advance(self.run_id, self.scope, self.versioned, run)
 
     async def _next_call(self) -> RunResult | None:
         """Answer the first queued tool call; a ``suspended`` result when it needs approval."""
-        held = self.held
-        call = held.run.queue[0]
+        versioned = self.versioned
+        call = versioned.run.queue[0]
         tool = self.tools.get(call.name)
         if tool is None:
             await self._answer_call(f"error: there is no tool named {call.name!r}")
@@ -286,15 +286,15 @@ class RunLoop:
                 reason=_approval_reason(call),
                 tool_name=call.name,
             )
-            await self._advance(attrs.evolve(held.run, status="suspended", pending=pending))
-            return RunResult("suspended", "", self.run_id, held.run.session_id)
+            await self._advance(attrs.evolve(versioned.run, status="suspended", pending=pending))
+            return RunResult("suspended", "", self.run_id, versioned.run.session_id)
         await self._dispatch(tool, call)
         return None
 
     async def _dispatch(self, tool: Tool, call: ToolCall) -> None:
         """Journal the dispatch, call the tool once, journal its result."""
         await self._advance(
-            attrs.evolve(self.held.run, status="dispatching", dispatch=call, pending=None)
+            attrs.evolve(self.versioned.run, status="dispatching", dispatch=call, pending=None)
         )
         try:
             arguments = json.loads(call.arguments or "{}")
@@ -313,46 +313,51 @@ class RunLoop:
         await self._answer_call(result)
 
     async def _answer_call(self, result: str) -> None:
-        held = self.held
-        call = held.run.queue[0]
+        versioned = self.versioned
+        call = versioned.run.queue[0]
         run = attrs.evolve(
-            held.run,
+            versioned.run,
             status="running",
-            messages=(*held.run.messages, _tool_message(call, result)),
-            queue=held.run.queue[1:],
+            messages=(*versioned.run.messages, _tool_message(call, result)),
+            queue=versioned.run.queue[1:],
             dispatch=None,
             pending=None,
         )
-        if held.version:
+        if versioned.version:
             # Shielded: the tool ran; losing its result to a cancel would leave it
             # "dispatching" (interrupted) although it finished.
             with trio.CancelScope(shield=True, relative_deadline=10):
                 await self._advance(run)
         else:
-            held.run = run
+            versioned.run = run
 
     async def _succeed(self, answer: str) -> RunResult:
-        held = self.held
-        session_id = held.run.session_id
+        versioned = self.versioned
+        session_id = versioned.run.session_id
         leaf: str | None = None
         if self.options.max_history_messages > 0:
             leaf = await self.session_log.append(
-                session_id, self.ownership, (("user", held.run.user_text), ("assistant", answer))
+                session_id, self.scope, (("user", versioned.run.user_text), ("assistant", answer))
             )
-        if held.version:
-            done = attrs.evolve(held.run, status="succeeded", answer=answer, leaf_id=leaf)
+        if versioned.version:
+            done = attrs.evolve(versioned.run, status="succeeded", answer=answer, leaf_id=leaf)
             await self._advance(done)
         return RunResult("succeeded", answer, self.run_id, session_id, leaf_id=leaf)
 
     async def _end(self, status: str, *, error_code: str | None = None) -> None:
-        held = self.held
-        if not held.version:
+        versioned = self.versioned
+        if not versioned.version:
             return
         ended = attrs.evolve(
-            held.run, status=status, queue=(), pending=None, dispatch=None, error_code=error_code
+            versioned.run,
+            status=status,
+            queue=(),
+            pending=None,
+            dispatch=None,
+            error_code=error_code,
         )
         with trio.CancelScope(shield=True, relative_deadline=10):
-            await self.book.save(self.run_id, self.ownership, held, ended)
+            await self.book.save(self.run_id, self.scope, versioned, ended)
 
 
 def _approval_reason(call: ToolCall) -> str:

@@ -141,7 +141,7 @@ def run_key(alias: str, run_id: str) -> str:
     return f"r1:{alias}:{run_id}"
 
 
-def session_key(alias: str, session_id: str, ownership: OwnershipScope) -> str:
+def session_key(alias: str, session_id: str, scope: OwnershipScope) -> str:
     """A transcript's row key: ``s2:`` and the JSON array ``[tenant, account, user, alias,
     session id]``.
 
@@ -151,7 +151,7 @@ def session_key(alias: str, session_id: str, ownership: OwnershipScope) -> str:
     its compare-and-swap.
     """
     return "s2:" + compact_json(
-        [ownership.tenant_id, ownership.account_id, ownership.user_id, alias, session_id]
+        [scope.tenant_id, scope.account_id, scope.user_id, alias, session_id]
     )
 
 
@@ -300,20 +300,20 @@ class SessionLog:
     )
     _cached_bytes: int = attrs.field(default=0, init=False)
 
-    async def entries(self, session_id: str, ownership: OwnershipScope) -> tuple[SessionEntry, ...]:
-        stored, _legacy = await self._load(session_id, ownership)
+    async def entries(self, session_id: str, scope: OwnershipScope) -> tuple[SessionEntry, ...]:
+        stored, _legacy = await self._load(session_id, scope)
         return () if stored is None else tuple(_parse_entries(stored.value))
 
     async def _load(
-        self, session_id: str, ownership: OwnershipScope
+        self, session_id: str, scope: OwnershipScope
     ) -> tuple[CheckpointRecord | None, bool]:
         """The stored transcript, and whether it is still under its legacy key."""
         for key, legacy in (
-            (session_key(self.alias, session_id, ownership), False),
+            (session_key(self.alias, session_id, scope), False),
             (legacy_session_key(self.alias, session_id), True),
         ):
             stored = await self.checkpoints.load_checkpoint(
-                namespace=NS_SESSION, key=key, scope=ownership
+                namespace=NS_SESSION, key=key, scope=scope
             )
             if stored is not None:
                 return stored, legacy
@@ -340,13 +340,13 @@ class SessionLog:
     async def append(
         self,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         new: tuple[tuple[Literal["user", "assistant"], str], ...],
     ) -> str:
         """Append entries (role, text) and return the id of the last one (the new leaf)."""
         added = [SessionEntry(new_entry_id(), role, _clip(text)) for role, text in new]
-        key = session_key(self.alias, session_id, ownership)
-        at = (key, ownership)
+        key = session_key(self.alias, session_id, scope)
+        at = (key, scope)
         limit = min(self.max_entries, MAX_SESSION_ENTRIES)
 
         async def attempt() -> str | Lost:
@@ -355,7 +355,7 @@ class SessionLog:
             current = self._take(at)
             legacy = False
             if current is None:
-                stored, legacy = await self._load(session_id, ownership)
+                stored, legacy = await self._load(session_id, scope)
                 current = (
                     _Transcript(0)
                     if stored is None
@@ -370,7 +370,7 @@ class SessionLog:
                 save = SaveCheckpoint(
                     namespace=NS_SESSION,
                     key=key,
-                    scope=ownership,
+                    scope=scope,
                     version=version + 1,
                     value={"entries": list(written.items)},
                     expected_version=version,
@@ -380,7 +380,7 @@ class SessionLog:
                 old = DeleteCheckpoint(
                     namespace=NS_SESSION,
                     key=legacy_session_key(self.alias, session_id),
-                    scope=ownership,
+                    scope=scope,
                 )
                 result, *_ = await self.checkpoints.write_checkpoints((save, old), atomic=True)
                 ok = result.ok
@@ -388,7 +388,7 @@ class SessionLog:
                 encoded = EncodedSave(
                     NS_SESSION,
                     key,
-                    ownership,
+                    scope,
                     version + 1,
                     version,
                     None,
@@ -435,16 +435,16 @@ class SessionAgent:
         return False
 
     async def session_entries(
-        self, session_id: str, ownership: OwnershipScope
+        self, session_id: str, scope: OwnershipScope
     ) -> tuple[SessionEntry, ...]:
-        return await self._log.entries(session_id, ownership)
+        return await self._log.entries(session_id, scope)
 
     async def resume(
         self,
         *,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         identity: AgentIdentity,
         expected_version: int,
         decisions: tuple[Decision, ...] = (),
@@ -453,7 +453,7 @@ class SessionAgent:
     ) -> RunResult:
         """Continue a suspended run (see ``Agent.resume``); the kind's ``_resume`` decides."""
         request = ResumeRequest(
-            run_id, session_id, ownership, identity, expected_version, decisions, deny, on_event
+            run_id, session_id, scope, identity, expected_version, decisions, deny, on_event
         )
         return await self._resume(request)
 

@@ -85,7 +85,7 @@ class EchoAgent(SessionAgent):
         return RunResult("succeeded", text, run_id, request.session_id, leaf_id=leaf)
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
         return None
 

@@ -207,9 +207,9 @@ class MockAgent(SessionAgent):
     def supports_approvals(self) -> bool:
         return True
 
-    async def tool_runs(self, run_id: str, ownership: OwnershipScope) -> int:
+    async def tool_runs(self, run_id: str, scope: OwnershipScope) -> int:
         """How many times the suspended tool of ``run_id`` ran (durable; 0 or 1)."""
-        stored = await self._load(run_id, ownership)
+        stored = await self._load(run_id, scope)
         return 0 if stored is None else stored[1].tool_runs
 
     def _answer(self, text: str, images: int = 0) -> str:
@@ -220,9 +220,9 @@ class MockAgent(SessionAgent):
         if self.options.delay_ms:
             await trio.sleep(self.options.delay_ms / 1000)
 
-    async def _load(self, run_id: str, ownership: OwnershipScope) -> tuple[int, _RunRecord] | None:
+    async def _load(self, run_id: str, scope: OwnershipScope) -> tuple[int, _RunRecord] | None:
         stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=ownership
+            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=scope
         )
         return _parsed(stored)
 
@@ -230,7 +230,7 @@ class MockAgent(SessionAgent):
         self,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         change: Callable[[tuple[int, _RunRecord] | None], Replace[R] | Keep[R]],
     ) -> R:
         """Read-modify-write of the run's record (see :func:`stores.update_checkpoint`);
@@ -240,7 +240,7 @@ class MockAgent(SessionAgent):
                 self.checkpoints,
                 namespace=NS_RUN,
                 key=run_key(self.alias, run_id),
-                scope=ownership,
+                scope=scope,
                 change=lambda stored: change(_parsed(stored)),
                 what="the mock run's record",
                 category=CATEGORY_RUN,
@@ -252,13 +252,13 @@ class MockAgent(SessionAgent):
             ) from None
 
     async def _save(
-        self, run_id: str, ownership: OwnershipScope, record: _RunRecord, expected: int
+        self, run_id: str, scope: OwnershipScope, record: _RunRecord, expected: int
     ) -> bool:
         try:
             await self.checkpoints.save_checkpoint(
                 namespace=NS_RUN,
                 key=run_key(self.alias, run_id),
-                scope=ownership,
+                scope=scope,
                 version=expected + 1,
                 value=record.to_json(),
                 expected_version=expected,
@@ -272,7 +272,7 @@ class MockAgent(SessionAgent):
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
         self.run_calls += 1
         run_id = new_run_id()
-        ownership = ownership_from_identity(request.identity)
+        scope = ownership_from_identity(request.identity)
         text = input_text(request.input)
         await self._delay()
         if self.options.fail:
@@ -293,21 +293,21 @@ class MockAgent(SessionAgent):
                 created_at_ms=self.clock.now_ms(),
                 pending=(pending,),
             )
-            if not await self._save(run_id, ownership, record, 0):
+            if not await self._save(run_id, scope, record, 0):
                 raise run_failed(run_id, request.session_id, "run_state_conflict", "run id reused")
-            leaf = await self._log.append(request.session_id, ownership, (("user", text),))
+            leaf = await self._log.append(request.session_id, scope, (("user", text),))
             return RunResult("suspended", "", run_id, request.session_id, leaf_id=leaf)
         answer = self._answer(text, image_count(request.input))
         await stream_text(run_id, answer, on_event)
         leaf = await self._log.append(
-            request.session_id, ownership, (("user", text), ("assistant", answer))
+            request.session_id, scope, (("user", text), ("assistant", answer))
         )
         return RunResult("succeeded", answer, run_id, request.session_id, leaf_id=leaf)
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
-        loaded = await self._load(run_id, ownership)
+        loaded = await self._load(run_id, scope)
         if loaded is None or loaded[1].session_id != session_id:
             return None
         version, record = loaded
@@ -321,7 +321,7 @@ class MockAgent(SessionAgent):
         Raises :class:`RunFailedError` (``run_not_found``, ``version_conflict``,
         ``missing_decision``) when the run cannot be resumed as asked.
         """
-        run_id, session_id, ownership = request.run_id, request.session_id, request.ownership
+        run_id, session_id, scope = request.run_id, request.session_id, request.scope
         self.resume_calls += 1
 
         def change(
@@ -353,16 +353,16 @@ class MockAgent(SessionAgent):
             )
             return _replace(running, FINISH)
 
-        outcome = await self._update(run_id, session_id, ownership, change)
+        outcome = await self._update(run_id, session_id, scope, change)
         if isinstance(outcome, _Finish):
-            return await self._finish(run_id, ownership, request.on_event)
+            return await self._finish(run_id, scope, request.on_event)
         return outcome
 
     async def _finish(
-        self, run_id: str, ownership: OwnershipScope, on_event: EventSink | None
+        self, run_id: str, scope: OwnershipScope, on_event: EventSink | None
     ) -> RunResult:
         await self._delay()
-        loaded = await self._load(run_id, ownership)
+        loaded = await self._load(run_id, scope)
         if loaded is None:
             raise run_failed(run_id, "", "run_not_found", "run state vanished")
         record = loaded[1]
@@ -370,7 +370,7 @@ class MockAgent(SessionAgent):
             return record.succeeded(run_id)
         answer = self._answer(record.text)
         await stream_text(run_id, answer, on_event)
-        leaf = await self._log.append(record.session_id, ownership, (("assistant", answer),))
+        leaf = await self._log.append(record.session_id, scope, (("assistant", answer),))
 
         def change(loaded: tuple[int, _RunRecord] | None) -> Replace[RunResult] | Keep[RunResult]:
             if loaded is None:
@@ -385,4 +385,4 @@ class MockAgent(SessionAgent):
             result = RunResult("succeeded", answer, run_id, current.session_id, leaf_id=leaf)
             return _replace(done, result)
 
-        return await self._update(run_id, record.session_id, ownership, change)
+        return await self._update(run_id, record.session_id, scope, change)

@@ -55,7 +55,7 @@ from ._openai_options import OpenAIOptions as OpenAIOptions
 from ._openai_options import check_base_url as check_base_url
 from ._openai_options import load_tools
 from ._openai_options import validate_openai_options as validate_openai_options
-from ._openai_run import INTERRUPTED_KIND, HeldRun, RunBook, RunLoop, RunRecord, interrupted
+from ._openai_run import INTERRUPTED_KIND, RunBook, RunLoop, RunRecord, VersionedRun, interrupted
 from ._session import (
     AgentOptionError,
     SessionAgent,
@@ -128,7 +128,11 @@ class OpenAIAgent(SessionAgent):
         self._book = RunBook(self.checkpoints, self.alias)
 
     def _loop(
-        self, run_id: str, ownership: OwnershipScope, held: HeldRun, on_event: EventSink | None
+        self,
+        run_id: str,
+        scope: OwnershipScope,
+        versioned: VersionedRun,
+        on_event: EventSink | None,
     ) -> RunLoop:
         return RunLoop(
             self._book,
@@ -138,8 +142,8 @@ class OpenAIAgent(SessionAgent):
             self._log,
             self._count_tool_call,
             run_id,
-            ownership,
-            held,
+            scope,
+            versioned,
             on_event,
         )
 
@@ -221,9 +225,9 @@ class OpenAIAgent(SessionAgent):
 
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
         run_id = new_run_id()
-        ownership = ownership_from_identity(request.identity)
+        scope = ownership_from_identity(request.identity)
         text = input_text(request.input)
-        held = HeldRun(
+        versioned = VersionedRun(
             RunRecord(
                 status="running",
                 session_id=request.session_id,
@@ -232,12 +236,12 @@ class OpenAIAgent(SessionAgent):
                 created_at_ms=self.clock.now_ms(),
             )
         )
-        return await self._loop(run_id, ownership, held, on_event).guarded()
+        return await self._loop(run_id, scope, versioned, on_event).guarded()
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
-        loaded = await self._book.load(run_id, ownership)
+        loaded = await self._book.load(run_id, scope)
         if loaded is None or loaded.run.session_id != session_id:
             return None
         run = loaded.run
@@ -256,8 +260,8 @@ class OpenAIAgent(SessionAgent):
         ``deny`` answers ``failed``/``tool_interrupted``. Raises :class:`RunFailedError`
         (``run_not_found``, ``version_conflict``, ``missing_decision``, …).
         """
-        run_id, session_id, ownership = request.run_id, request.session_id, request.ownership
-        loaded = await self._book.load(run_id, ownership)
+        run_id, session_id, scope = request.run_id, request.session_id, request.scope
+        loaded = await self._book.load(run_id, scope)
         if loaded is None or loaded.run.session_id != session_id:
             raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
         run = loaded.run
@@ -273,7 +277,7 @@ class OpenAIAgent(SessionAgent):
                 raise run_failed(run_id, session_id, "missing_decision", "the run was interrupted")
             await self._book.advance(
                 run_id,
-                ownership,
+                scope,
                 loaded,
                 attrs.evolve(
                     run, status="failed", queue=(), dispatch=None, error_code=INTERRUPTED_KIND
@@ -295,7 +299,7 @@ class OpenAIAgent(SessionAgent):
         if request.deny:
             await self._book.advance(
                 run_id,
-                ownership,
+                scope,
                 loaded,
                 attrs.evolve(run, status="denied", queue=(), pending=None),
             )
@@ -305,7 +309,7 @@ class OpenAIAgent(SessionAgent):
             raise run_failed(run_id, session_id, "missing_decision", "no decision for the tool")
         self._live.add(run_id)
         try:
-            loop = self._loop(run_id, ownership, loaded, request.on_event)
+            loop = self._loop(run_id, scope, loaded, request.on_event)
             return await loop.guarded(decided=outcome == "allow_once")
         finally:
             self._live.discard(run_id)

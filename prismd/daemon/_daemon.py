@@ -115,7 +115,7 @@ class Daemon(DaemonStartup, DaemonServing):
     Start order: state directory lock → store (a server that cannot be reached is tried
     again, 1 s, 2 s, 4 s … at most 30 s apart, each failure logged and in ``STATUS=``; any
     other store error is fatal) → agents, grants, adapters → runtime (with
-    ``reclaim_own_leases=True`` and owner ids from the instance id; messages acknowledged
+    ``adopt_own_leases=True`` and owner ids from the instance id; messages acknowledged
     but never started before a crash are queued for their first run, ``resume_accepted``) →
     a log line counting unresolved operations (nothing that started is re-run) → children
     (control server, every adapter, watchdog) each started with ``nursery.start`` →

@@ -120,7 +120,7 @@ async def deliver_with_files(
             reply,
             text="\n".join(late),
             kind="notice",
-            controls=(),
+            buttons=(),
             files=(),
             operation_id=None if reply.operation_id is None else reply.operation_id + FILES_SUFFIX,
         )

@@ -254,7 +254,7 @@ class DaemonStartup:
                 use_leases=True,
                 limits=config.limits,
                 owner_id=state.owner_id("runtime"),
-                reclaim_own_leases=True,
+                adopt_own_leases=True,
                 resume_accepted=True,
                 pairing_scope=authorizer.pairing_scope,
                 on_paired=authorizer.on_paired,

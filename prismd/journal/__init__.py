@@ -60,7 +60,7 @@ from ._protocol import admit as admit
 from ._protocol import finish as finish
 from ._protocol import mark as mark
 from ._protocol import may_move as may_move
-from ._protocol import reclaim as reclaim
+from ._protocol import reopen_reply as reopen_reply
 from ._protocol import transition as transition
 from ._records import BindingRecord as BindingRecord
 from ._records import CursorRecord as CursorRecord
@@ -69,7 +69,7 @@ from ._records import JournalRecordTooLargeError as JournalRecordTooLargeError
 from ._records import OperationInput as OperationInput
 from ._records import OperationRecord as OperationRecord
 from ._records import ReplyRecord as ReplyRecord
-from ._records import StoredControl as StoredControl
+from ._records import StoredButton as StoredButton
 from ._records import StoredFile as StoredFile
 from ._records import SuspendedRun as SuspendedRun
 from ._records import bounded_claims as bounded_claims

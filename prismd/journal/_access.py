@@ -33,7 +33,7 @@ from stores import (
     update_checkpoint,
 )
 
-from ..channel import ApprovalOutcome, Control
+from ..channel import ApprovalOutcome, Button
 from ..redact import utf8_len
 from ._journal import _part, _scope_parts
 
@@ -236,10 +236,10 @@ class ApprovalRecord:
 
 
 @attrs.frozen
-class IssuedControls:
+class IssuedButtons:
     """The two controls shown on an approval notice. The tokens live only in ``controls``."""
 
-    controls: tuple[Control, Control]
+    buttons: tuple[Button, Button]
     expires_at_ms: int
 
 
@@ -265,7 +265,7 @@ class ApprovalStore:
 
     async def issue(
         self, scope: OwnershipScope, target: ApprovalTarget, ttl_ms: int
-    ) -> IssuedControls:
+    ) -> IssuedButtons:
         """Create an ``allow_once`` and a ``reject_once`` record, each under a fresh token.
 
         ``ttl_ms`` is clamped to [1 ms, 5 min]. Returns the controls
@@ -297,10 +297,10 @@ class ApprovalStore:
                 category=CATEGORY_CONTROL,
                 metadata={"kind": "approval", "state": "pending"},
             )
-        return IssuedControls(
-            controls=(
-                Control("Allow once", f"p:a:{allow_token}"),
-                Control("Deny", f"p:d:{deny_token}"),
+        return IssuedButtons(
+            buttons=(
+                Button("Allow once", f"p:a:{allow_token}"),
+                Button("Deny", f"p:d:{deny_token}"),
             ),
             expires_at_ms=expires_at,
         )
@@ -447,7 +447,7 @@ class PairingStore:
         aliases: tuple[str, ...],
         ttl_ms: int | None = None,
         grant_revision: str = "pairing",
-        conversation_id: str | None = None,
+        external_conversation_id: str | None = None,
         actor_id: str | None = None,
         thread_id: str | None = None,
         agent_alias: str | None = None,
@@ -465,7 +465,7 @@ class PairingStore:
             connection_id=connection_id,
             aliases=tuple(aliases),
             grant_revision=grant_revision,
-            external_conversation_id=conversation_id,
+            external_conversation_id=external_conversation_id,
             external_actor_id=actor_id,
             thread_id=thread_id,
             agent_alias=agent_alias,

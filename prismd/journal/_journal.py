@@ -140,14 +140,14 @@ def _part(value: str | None) -> str:
 def binding_key(
     connection_id: str,
     scope: OwnershipScope,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
     actor_id: str,
     alias: str,
 ) -> str:
     """``b1:<conn>:<T>:<A>:<U>:<conv>:<thread>:<actor>:<alias>`` (§5)."""
     return (
-        f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(conversation_id)}:"
+        f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(external_conversation_id)}:"
         f"{_part(thread_id)}:{_part(actor_id)}:{_part(alias)}"
     )
 
@@ -155,7 +155,7 @@ def binding_key(
 def binding_actor_prefix(
     connection_id: str,
     scope: OwnershipScope,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
     actor_id: str | None = None,
 ) -> str:
@@ -164,7 +164,7 @@ def binding_actor_prefix(
     Keys are not escaped, so a prefix match is only a candidate set: callers compare the
     record's own fields.
     """
-    prefix = f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(conversation_id)}:"
+    prefix = f"b1:{_part(connection_id)}:{_scope_parts(scope)}:{_part(external_conversation_id)}:"
     prefix += f"{_part(thread_id)}:"
     if actor_id is not None:
         prefix += f"{_part(actor_id)}:"
@@ -203,14 +203,14 @@ def operation_id_for(connection_id: str, event_id: str) -> str:
 
 
 def notify_operation_id(
-    connection_id: str, ownership: OwnershipScope, actor_id: str, alias: str, notify_id: str
+    connection_id: str, scope: OwnershipScope, actor_id: str, alias: str, notify_id: str
 ) -> str:
     parts = (
         "notify",
         connection_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
+        scope.tenant_id,
+        scope.account_id,
+        scope.user_id,
         actor_id,
         alias,
         notify_id,
@@ -220,22 +220,22 @@ def notify_operation_id(
 
 def default_session_id(
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
     actor_id: str,
-    ownership: OwnershipScope,
+    scope: OwnershipScope,
     alias: str,
     generation: int,
 ) -> str:
     """``chan-`` + 40 hex of SHA-256(J([conn, conv, thread, actor, T, A, U, alias, gen]))."""
     parts = (
         connection_id,
-        conversation_id,
+        external_conversation_id,
         thread_id,
         actor_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
+        scope.tenant_id,
+        scope.account_id,
+        scope.user_id,
         alias,
         str(generation),
     )

@@ -366,7 +366,7 @@ async def mark(
     return (await journal.commit((write,))).items[0]
 
 
-async def reclaim(
+async def reopen_reply(
     journal: ChannelJournal, scope: OwnershipScope, stored: Loaded[ReplyRecord], *, now_ms: int
 ) -> Loaded[ReplyRecord] | None:
     """Claim a stored reply for a resend: back to ``pending`` (its held mark or last failure
@@ -374,6 +374,6 @@ async def reclaim(
     concurrent resends exactly one wins; ``None`` for the loser (or a ``delivered`` reply)."""
     if "pending" not in REPLY_FLOW.get(stored.record.state, frozenset()):
         return None
-    claim = stored.record.replace(state="pending", reason=None, updated_at_ms=now_ms)
-    write = Write(NS_REPLY, scope, claim, stored.version, stored.fencing_token)
+    reopened = stored.record.replace(state="pending", reason=None, updated_at_ms=now_ms)
+    write = Write(NS_REPLY, scope, reopened, stored.version, stored.fencing_token)
     return (await journal.commit((write,))).items[0]

@@ -508,7 +508,7 @@ class StoredFile:
 
 
 @attrs.frozen
-class StoredControl:
+class StoredButton:
     """A control as journaled: label and kind only, never the token (SPEC difference 4)."""
 
     label: str
@@ -533,7 +533,7 @@ class ReplyRecord(Replaceable):
     created_at_ms: int
     updated_at_ms: int
     thread_id: str | None = None
-    controls: tuple[StoredControl, ...] = ()
+    buttons: tuple[StoredButton, ...] = ()
     attempts: int = 0
     message_id: str | None = None
     reason: str | None = None
@@ -555,8 +555,8 @@ class ReplyRecord(Replaceable):
             out["threadId"] = self.thread_id
         out["kind"] = self.kind
         out["text"] = self.text
-        if self.controls:
-            out["controls"] = [{"label": c.label, "kind": c.kind} for c in self.controls]
+        if self.buttons:
+            out["controls"] = [{"label": c.label, "kind": c.kind} for c in self.buttons]
         out["state"] = self.state
         out["attempts"] = self.attempts
         if self.message_id is not None:
@@ -586,9 +586,9 @@ class ReplyRecord(Replaceable):
         if self.thread_id is not None:
             parts += (',"threadId":', _json_str(self.thread_id))
         parts += (',"kind":', _json_str(self.kind), ',"text":', _json_str(self.text))
-        if self.controls:
-            controls = [{"label": c.label, "kind": c.kind} for c in self.controls]
-            parts += (',"controls":', compact_json(controls))
+        if self.buttons:
+            buttons = [{"label": c.label, "kind": c.kind} for c in self.buttons]
+            parts += (',"controls":', compact_json(buttons))
         parts += (
             ',"state":',
             _json_str(self.state),
@@ -621,10 +621,10 @@ class ReplyRecord(Replaceable):
     @classmethod
     def from_json(cls, value: object) -> ReplyRecord:
         raw = _mapping(value)
-        controls = []
+        buttons = []
         for c in _list(raw, "controls"):
             cm = _mapping(c)
-            controls.append(StoredControl(_req_str(cm, "label"), _req_str(cm, "kind")))
+            buttons.append(StoredButton(_req_str(cm, "label"), _req_str(cm, "kind")))
         approval = raw.get("approval")
         files_raw = _list(raw, "files")
         return cls(
@@ -637,7 +637,7 @@ class ReplyRecord(Replaceable):
             created_at_ms=_req_int(raw, "createdAtMs", 0),
             updated_at_ms=_req_int(raw, "updatedAtMs", 0),
             thread_id=_opt_str(raw, "threadId"),
-            controls=tuple(controls),
+            buttons=tuple(buttons),
             attempts=_req_int(raw, "attempts", 0),
             message_id=_opt_str(raw, "messageId"),
             reason=_opt_str(raw, "reason"),

@@ -171,9 +171,9 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
         return denied(core, "oversized", f"Attachments too large: at most {limit} bytes in all.")
     pair = PAIR_RE.match(event.text.strip()) if event.approval is None else None
     if pair is not None and core.pairing_scope is not None and core.pairings is not None:
-        scope = core.pairing_scope(event.connection_id)
-        if scope is not None:
-            return await handle_pairing(core, event, scope, pair.group(2))
+        pairing_scope = core.pairing_scope(event.connection_id)
+        if pairing_scope is not None:
+            return await handle_pairing(core, event, pairing_scope, pair.group(2))
     action, approval = classify(event)
     received = event.received_at_ms if event.received_at_ms is not None else core.now_ms()
     try:
@@ -184,16 +184,16 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     if reason is not None:
         return denied(core, reason)
     assert isinstance(grant, Grant)
-    ownership = ownership_from_identity(grant.identity)
+    scope = ownership_from_identity(grant.identity)
     operation_id = operation_id_for(event.connection_id, event.event_id)
     if action == "approval":
         alias = grant.agent_aliases[0]
     else:
-        alias_choice = choose_alias(grant, await core.selections.current(event, ownership))
+        alias_choice = choose_alias(grant, await core.selections.current(event, scope))
         if alias_choice is None:
             return denied(core, "rejected")
         alias = alias_choice
-    ctx = AdmitContext(event, action, grant, ownership, alias, operation_id)
+    ctx = AdmitContext(event, action, grant, scope, alias, operation_id)
     created: list[bool] = []
     # From the record on, admission is shielded (bounded): a caller cancelled after the
     # create would leave an ``accepted`` record in no queue, and the transport's
@@ -203,7 +203,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     # Only when the bound expired: undo our own record (never a duplicate's original),
     # so the transport's retry is admitted afresh.
     if created:
-        await core.remove_operation(ownership, event.connection_id, operation_id)
+        await core.remove_operation(scope, event.connection_id, operation_id)
     core.count("storage_failures")
     return denied(core, "unavailable")
 
@@ -211,7 +211,7 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
 async def _admit_authorized(
     core: Core, ctx: AdmitContext, approval: ApprovalInput | None, created_flag: list[bool]
 ) -> Admission:
-    event, action, ownership = ctx.event, ctx.action, ctx.ownership
+    event, action, scope = ctx.event, ctx.action, ctx.scope
     operation_id, alias = ctx.operation_id, ctx.alias
     op_loaded: Loaded[OperationRecord] | None = None
     if core.journal is not None:
@@ -233,15 +233,15 @@ async def _admit_authorized(
             # a restart; removed by the claim and by every other exit from ``accepted``.
             input=operation_input(event) if action == "message" else None,
         )
-        known_as = operation_key(event.connection_id, ownership, operation_id)
+        known_as = operation_key(event.connection_id, scope, operation_id)
         if core.known.has(known_as):
             # Created (or answered as a duplicate) by this runtime, and records leave only
             # through prune: the answer is the store's, without asking it.
             return duplicate(core, operation_id)
-        cursor_at = (event.connection_id, ownership)
+        cursor_at = (event.connection_id, scope)
         try:
             admitted = await journal_admit(
-                core.journal, ownership, record, cursor=core.cursors.get(cursor_at), now_ms=now
+                core.journal, scope, record, cursor=core.cursors.get(cursor_at), now_ms=now
             )
         except Exception:
             core.count("storage_failures")
@@ -266,7 +266,7 @@ async def _admit_authorized(
             return result
         return await admit_message(core, ctx, op_loaded)
     except Exception as exc:
-        await core.remove_operation(ownership, event.connection_id, operation_id)
+        await core.remove_operation(scope, event.connection_id, operation_id)
         core.count("failed")
         return denied(core, "malformed" if isinstance(exc, TypeError) else "unavailable")
 
@@ -309,16 +309,16 @@ async def _settle_or_remove(core: Core, ctx: AdmitContext, result: Admission) ->
         draft = Draft.for_event(ctx.grant.identity, ctx.operation_id, event, text)
     if result.status == "accepted":
         settle = Settle(
-            OperationRef(ctx.ownership, event.connection_id, ctx.operation_id),
+            OperationRef(ctx.scope, event.connection_id, ctx.operation_id),
             "succeeded",
             only_from=frozenset({"accepted"}),
         )
-        await answer(core, draft, ownership=ctx.ownership, settle=settle, send_later=True)
+        await answer(core, draft, scope=ctx.scope, settle=settle, send_later=True)
         core.count("admitted")
         return
     if draft is not None:
-        await answer(core, draft, ownership=ctx.ownership, send_later=True)
-    await core.remove_operation(ctx.ownership, event.connection_id, ctx.operation_id)
+        await answer(core, draft, scope=ctx.scope, send_later=True)
+    await core.remove_operation(ctx.scope, event.connection_id, ctx.operation_id)
     if result.status == "denied":
         core.count("denied")
     else:
@@ -336,10 +336,10 @@ async def admit_message(
         event.thread_id,
         event.external_actor_id,
         ctx.alias,
-        ctx.ownership,
+        ctx.scope,
     )
     if route is None:
-        await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        await core.remove_operation(ctx.scope, conn, ctx.operation_id)
         return denied(core, "capacity")
     with core.routes.pinned(route):
         return await _admit_to_route(core, ctx, op_loaded, route)
@@ -361,7 +361,7 @@ async def _admit_to_route(
         event=event,
         action=ctx.action,
         grant=ctx.grant,
-        ownership=ctx.ownership,
+        scope=ctx.scope,
         alias=ctx.alias,
         op=op_loaded,
     )
@@ -370,14 +370,14 @@ async def _admit_to_route(
         return Admission("accepted", operation_id=ctx.operation_id)
     if queued == "suspended":
         draft = Draft.for_event(ctx.grant.identity, ctx.operation_id, event, AWAITING_DECISION_TEXT)
-        core.spawn(_answer_in_background, core, draft, ctx.ownership)
-    await core.remove_operation(ctx.ownership, conn, ctx.operation_id)
+        core.spawn(_answer_in_background, core, draft, ctx.scope)
+    await core.remove_operation(ctx.scope, conn, ctx.operation_id)
     reason = {"suspended": "awaiting_decision", "gone": "stopped"}.get(queued, queued)
     return denied(core, reason)
 
 
-async def _answer_in_background(core: Core, draft: Draft, ownership: OwnershipScope) -> None:
-    await answer(core, draft, ownership=ownership)
+async def _answer_in_background(core: Core, draft: Draft, scope: OwnershipScope) -> None:
+    await answer(core, draft, scope=scope)
 
 
 async def handle_pairing(
@@ -426,4 +426,4 @@ async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:
     # No owner yet: the answer to a pairing attempt is sent, not journaled.
     operation_id = operation_id_for(event.connection_id, event.event_id)
     draft = Draft.for_event(None, operation_id, event, text)
-    await answer(core, draft, ownership=None)
+    await answer(core, draft, scope=None)

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
-from ..channel import Admission, ApprovalInput, Control, Grant, InboundEvent
+from ..channel import Admission, ApprovalInput, Button, Grant, InboundEvent
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef, OwnershipScope
 from ..redact import bound_detail
@@ -30,14 +30,14 @@ NOT_AWAITING_TEXT = "This request is no longer awaiting a decision."
 DENIED_TEXT = "Approval denied. The request will not continue."
 
 
-async def issue_controls(
+async def issue_buttons(
     core: Core,
     route: Route,
     agent: Agent,
     grant: Grant,
     run_id: str,
     session_id: str,
-) -> tuple[str, tuple[Control, ...], dict[str, Any] | None]:
+) -> tuple[str, tuple[Button, ...], dict[str, Any] | None]:
     """§10.2: the notice text, its controls and the non-secret target to journal."""
     if (
         core.approvals is None
@@ -47,7 +47,7 @@ async def issue_controls(
     ):
         return GENERIC_DECISION_TEXT, (), None
     try:
-        state = await agent.status(run_id=run_id, session_id=session_id, ownership=route.ownership)
+        state = await agent.status(run_id=run_id, session_id=session_id, scope=route.scope)
     except Exception:
         core.count("storage_failures")
         return GENERIC_DECISION_TEXT, (), None
@@ -59,7 +59,7 @@ async def issue_controls(
     identity = grant.identity
     target = ApprovalTarget(
         connection_id=route.connection_id,
-        external_conversation_id=route.conversation_id,
+        external_conversation_id=route.external_conversation_id,
         external_actor_id=route.actor_id,
         thread_id=route.thread_id,
         principal_kind=identity.principal.kind,
@@ -73,7 +73,7 @@ async def issue_controls(
         expected_version=state.version,
     )
     try:
-        issued = await core.approvals.issue(route.ownership, target, core.limits.approval_ttl_ms)
+        issued = await core.approvals.issue(route.scope, target, core.limits.approval_ttl_ms)
     except Exception:
         core.count("storage_failures")
         return GENERIC_DECISION_TEXT, (), None
@@ -83,7 +83,7 @@ async def issue_controls(
     # Every outbound text is redacted, the tool name included.
     text = core.redact(text)
     meta = attrs.asdict(target)
-    return text, issued.controls, meta
+    return text, issued.buttons, meta
 
 
 async def send_approval_notice(
@@ -101,14 +101,14 @@ async def send_approval_notice(
 ) -> None:
     """Issue fresh controls for the suspended run and send the approval notice (with the
     route's binding in the same transaction when ``with_binding``)."""
-    text, controls, meta = await issue_controls(core, route, agent, grant, run_id, session_id)
+    text, buttons, meta = await issue_buttons(core, route, agent, grant, run_id, session_id)
     draft = Draft.for_route(
-        route, grant.identity, operation_id, text, in_reply_to, controls=controls, approval=meta
+        route, grant.identity, operation_id, text, in_reply_to, buttons=buttons, approval=meta
     )
     answered = await answer(
         core,
         draft,
-        ownership=route.ownership,
+        scope=route.scope,
         fence=fence,
         binding=core.routes.binding_write(route, fence) if with_binding else None,
     )
@@ -116,9 +116,9 @@ async def send_approval_notice(
         core.routes.binding_written(route, answered.binding)
 
 
-async def reissue_controls(
+async def reissue_buttons(
     core: Core, scope: OwnershipScope, approval: dict[str, Any]
-) -> tuple[Control, ...]:
+) -> tuple[Button, ...]:
     """Fresh controls for a resent approval notice (the stored reply has no tokens)."""
     if core.approvals is None:
         return ()
@@ -128,7 +128,7 @@ async def reissue_controls(
     except Exception:
         core.count("storage_failures")
         return ()
-    return issued.controls
+    return issued.buttons
 
 
 def _record_matches(rec: ApprovalRecord, event: InboundEvent, grant: Grant, outcome: str) -> bool:
@@ -153,7 +153,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
         return Admission("denied", "unavailable")
     event = ctx.event
     try:
-        loaded = await core.approvals.load(ctx.ownership, event.connection_id, approval.token)
+        loaded = await core.approvals.load(ctx.scope, event.connection_id, approval.token)
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
@@ -170,7 +170,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
         event.thread_id,
         event.external_actor_id,
         rec.agent_alias,
-        ctx.ownership,
+        ctx.scope,
     )
     if route is None:
         return Admission("denied", "capacity")
@@ -212,16 +212,14 @@ async def _approve_on_route(
         agent = await core.resolve_agent(route, ctx.grant.identity)
         if agent.definition_revision != rec.definition_revision:
             return Admission("denied", "rejected")
-        state = await agent.status(
-            run_id=rec.run_id, session_id=rec.session_id, ownership=route.ownership
-        )
+        state = await agent.status(run_id=rec.run_id, session_id=rec.session_id, scope=route.scope)
         if not _still_pending(state, rec.expected_version, rec.approval_id):
             return Admission("denied", "rejected")
         if core.stopped:
             # stop() began while we awaited: keep the token unconsumed (retryable).
             return Admission("denied", "stopped")
         status = await core.approvals.consume(
-            ctx.ownership, event.connection_id, approval.token, loaded.version
+            ctx.scope, event.connection_id, approval.token, loaded.version
         )
     except Exception:
         core.count("storage_failures")
@@ -255,9 +253,7 @@ async def cancel_suspended(core: Core, ctx: AdmitContext, route: Route) -> Admis
         return Admission("denied", "rejected")
     try:
         agent = await core.resolve_agent(route, ctx.grant.identity)
-        state = await agent.status(
-            run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
-        )
+        state = await agent.status(run_id=run.run_id, session_id=run.session_id, scope=route.scope)
     except Exception:
         core.count("storage_failures")
         return Admission("denied", "unavailable")
@@ -278,7 +274,7 @@ async def _reauthorized(core: Core, ctx: AdmitContext, rec: ApprovalRecord | Non
         return None
     if check_grant(core, grant) is not None or not isinstance(grant, Grant):
         return None
-    if ownership_from_identity(grant.identity) != ctx.ownership:
+    if ownership_from_identity(grant.identity) != ctx.scope:
         return None
     if rec is not None and not (
         grant.grant_revision == rec.grant_revision
@@ -329,9 +325,7 @@ async def _resume(
         agent = await core.resolve_agent(route, identity)
         if rec is not None and agent.definition_revision != rec.definition_revision:
             return
-        state = await agent.status(
-            run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
-        )
+        state = await agent.status(run_id=run.run_id, session_id=run.session_id, scope=route.scope)
         if not _still_pending(state, expected_version, None):
             return
     except Exception:
@@ -343,7 +337,7 @@ async def _resume(
             # original operation is ``executing``, so a crash leaves it listed for
             # ``reconcile`` instead of a quiet ``suspended``.
             claimed = not deny and await core.settle_operation(
-                route.ownership,
+                route.scope,
                 route.connection_id,
                 run.operation_id,
                 "executing",
@@ -357,7 +351,7 @@ async def _resume(
                         result = await agent.resume(
                             run_id=run.run_id,
                             session_id=run.session_id,
-                            ownership=route.ownership,
+                            scope=route.scope,
                             identity=identity,
                             expected_version=expected_version,
                             decisions=decisions,
@@ -369,7 +363,7 @@ async def _resume(
                 if result is None:
                     result = RunResult("aborted", "", run.run_id, run.session_id)
                 after = await agent.status(
-                    run_id=run.run_id, session_id=run.session_id, ownership=route.ownership
+                    run_id=run.run_id, session_id=run.session_id, scope=route.scope
                 )
             except Exception:
                 core.count("failed")
@@ -417,7 +411,7 @@ async def _unclaim(
     if claimed:
         with trio.CancelScope(shield=True, relative_deadline=10):
             await core.settle_operation(
-                route.ownership,
+                route.scope,
                 route.connection_id,
                 operation_id,
                 "suspended",
@@ -459,10 +453,10 @@ async def _finish_resume(
     answered = await answer(
         core,
         draft,
-        ownership=route.ownership,
+        scope=route.scope,
         fence=fence,
         settle=Settle(
-            OperationRef(route.ownership, route.connection_id, original_operation_id),
+            OperationRef(route.scope, route.connection_id, original_operation_id),
             outcome.state,
             change=change,
         ),

@@ -56,7 +56,7 @@ def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | N
         event.thread_id,
         event.external_actor_id,
         alias or ctx.alias,
-        ctx.ownership,
+        ctx.scope,
     )
 
 
@@ -98,7 +98,7 @@ async def _agent(core: Core, ctx: AdmitContext, arg: str) -> Admission:
     if arg not in ctx.grant.agent_aliases:
         notice(core, ctx, UNKNOWN_ALIAS)
         return Admission("unsupported", "unknown_alias")
-    key = actor_key(ctx.event, ctx.ownership)
+    key = actor_key(ctx.event, ctx.scope)
     if not core.selections.remember(key, arg):
         return Admission("denied", "capacity")
     if core.journal is not None:
@@ -169,7 +169,7 @@ async def _cancel(core: Core, ctx: AdmitContext, route: Route) -> Admission:
         turn.cancelled = True
     for turn in queued:
         await core.settle_operation(
-            turn.ownership,
+            turn.scope,
             turn.event.connection_id,
             turn.operation_id,
             "cancelled",

@@ -90,42 +90,44 @@ def stamp_us() -> int:
 
 
 @attrs.define(eq=False)
-class _Turn:
+class _ConversationLock:
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     users: int = 0
 
 
-class _Holding:
-    __slots__ = ("_key", "_turn", "_turns")
+class _Locked:
+    __slots__ = ("_entry", "_key", "_locks")
 
-    def __init__(self, turns: dict[tuple[str, str], _Turn], key: tuple[str, str]) -> None:
-        self._turns = turns
+    def __init__(
+        self, locks: dict[tuple[str, str], _ConversationLock], key: tuple[str, str]
+    ) -> None:
+        self._locks = locks
         self._key = key
 
     async def __aenter__(self) -> None:
-        turn = self._turns.get(self._key)
-        if turn is None:
-            turn = self._turns[self._key] = _Turn()
-        turn.users += 1
-        self._turn = turn
+        entry = self._locks.get(self._key)
+        if entry is None:
+            entry = self._locks[self._key] = _ConversationLock()
+        entry.users += 1
+        self._entry = entry
         try:
-            await acquire_promptly(self._turn.lock)
+            await acquire_promptly(self._entry.lock)
         except BaseException:
             self._leave()
             raise
 
     async def __aexit__(self, *_exc: object) -> None:
-        self._turn.lock.release()
+        self._entry.lock.release()
         self._leave()
 
     def _leave(self) -> None:
-        self._turn.users -= 1
-        if self._turn.users == 0:
-            del self._turns[self._key]
+        self._entry.users -= 1
+        if self._entry.users == 0:
+            del self._locks[self._key]
 
 
 @attrs.define(eq=False)
-class DeliveryTurns:
+class DeliveryLocks:
     """One send (deliver + mark) at a time per conversation, within this process.
 
     A channel may hold a reply (no live connection) and ask for its held replies when the
@@ -136,15 +138,15 @@ class DeliveryTurns:
     table is bounded by the sends in flight.
     """
 
-    _turns: dict[tuple[str, str], _Turn] = attrs.field(factory=dict)
+    _locks: dict[tuple[str, str], _ConversationLock] = attrs.field(factory=dict)
 
-    def hold(self, connection_id: str, conversation_id: str) -> _Holding:
-        """``async with turns.hold(connection_id, conversation_id):`` the conversation's turn
-        for the block (an object, not a generator: every send takes one)."""
-        return _Holding(self._turns, (connection_id, conversation_id))
+    def lock(self, connection_id: str, external_conversation_id: str) -> _Locked:
+        """The conversation's lock for an ``async with`` block (an object, not a generator:
+        every send takes one)."""
+        return _Locked(self._locks, (connection_id, external_conversation_id))
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self._locks)
 
 
 @attrs.define(eq=False)
@@ -203,7 +205,7 @@ class Core:
     redactor: Redactor | None = None
     clock: Clock = SYSTEM_CLOCK
     owner_id: str = attrs.field(factory=lambda: f"channel-runtime-{uuid.uuid4()}")
-    reclaim_own_leases: bool = False
+    adopt_own_leases: bool = False
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
     fetch_attachment: FetchAttachment | None = None
     tells_unanswered: Callable[[str], bool] | None = None
@@ -238,7 +240,7 @@ class Core:
     inflight: int = attrs.field(init=False, default=0)
     idle: trio.Event = attrs.field(init=False, factory=trio.Event)
     resume_gate: trio.Event | None = attrs.field(init=False, default=None)
-    delivery_turns: DeliveryTurns = attrs.field(init=False, factory=DeliveryTurns)
+    delivery_locks: DeliveryLocks = attrs.field(init=False, factory=DeliveryLocks)
     known: KnownOperations = attrs.field(init=False, factory=KnownOperations)
 
     def __attrs_post_init__(self) -> None:
@@ -256,7 +258,7 @@ class Core:
             self.nursery,
             self.now_ms,
             self.count,
-            reclaim=self.reclaim_own_leases,
+            adopt=self.adopt_own_leases,
             lease_idle_ms=self.lease_idle_ms,
         )
 
@@ -307,9 +309,9 @@ class Core:
             ResolveAgentInput(
                 agent_alias=route.alias,
                 identity=identity,
-                ownership=route.ownership,
+                scope=route.scope,
                 connection_id=route.connection_id,
-                external_conversation_id=route.conversation_id,
+                external_conversation_id=route.external_conversation_id,
             )
         )
 
@@ -347,7 +349,7 @@ class Core:
 
     async def settle_operation(
         self,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         connection_id: str,
         operation_id: str,
         state: str,
@@ -372,7 +374,7 @@ class Core:
         try:
             saved = await transition(
                 self.journal,
-                OperationRef(ownership, connection_id, operation_id),
+                OperationRef(scope, connection_id, operation_id),
                 state,
                 now_ms=self.now_ms(),
                 fence=fence,
@@ -385,16 +387,16 @@ class Core:
         return saved is not None
 
     async def remove_operation(
-        self, ownership: OwnershipScope, connection_id: str, operation_id: str
+        self, scope: OwnershipScope, connection_id: str, operation_id: str
     ) -> None:
         if self.journal is None:
             return
         with trio.CancelScope(shield=True, relative_deadline=5):
             try:
-                await self.journal.remove_operation(ownership, connection_id, operation_id)
+                await self.journal.remove_operation(scope, connection_id, operation_id)
             except Exception:
                 self.count("storage_failures")
-        self.known.discard(operation_key(connection_id, ownership, operation_id))
+        self.known.discard(operation_key(connection_id, scope, operation_id))
 
     def failure_text(self, message: str | None) -> str:
         detail = bound_detail(self.redact(message or "").strip())
@@ -413,7 +415,7 @@ class AdmitContext:
     event: InboundEvent
     action: Action
     grant: Grant
-    ownership: OwnershipScope
+    scope: OwnershipScope
     alias: str
     operation_id: str
     notices: list[str] = attrs.field(factory=list, eq=False)

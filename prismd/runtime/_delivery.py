@@ -19,7 +19,7 @@ Guarantees:
   racing an operator) exactly one wins the claim and sends. A crash after the claim leaves
   a plain ``pending`` reply — it may have been sent — for the operator, never for a second
   automatic send. Within one process re-drives also queue behind
-  :class:`~._replies.DeliveryTurns`, so a hold being marked is always seen.
+  :class:`~._replies.DeliveryLocks`, so a hold being marked is always seen.
 * **Only what was held.** A ``pending`` reply without the held mark (staged, then the daemon
   died mid-send) is not re-driven: it stays listed for ``reconcile``, as before.
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of the
@@ -39,8 +39,8 @@ import trio
 
 from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reclaim, reply_key
-from ._approvals import reissue_controls
+from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reopen_reply, reply_key
+from ._approvals import reissue_buttons
 from ._core import Core, check_grant
 from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome, reply_files
 
@@ -68,22 +68,22 @@ async def resend(
     """
     assert core.journal is not None
     stored = loaded.record
-    claimed = None
+    reopened = None
     # Shielded and bounded like the mark: a claim written but never followed by the send
     # would needlessly leave the reply to the operator.
     with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
         try:
             # The stored fencing token, as reconcile does: the turn that wrote the reply
             # may be long gone, and no current lease holder writes this record.
-            claimed = await reclaim(core.journal, scope, loaded, now_ms=core.now_ms())
+            reopened = await reopen_reply(core.journal, scope, loaded, now_ms=core.now_ms())
         except Exception:
             core.count("storage_failures")
             return None
-    if claimed is None:
+    if reopened is None:
         return None
-    controls: tuple[Any, ...] = ()
+    buttons: tuple[Any, ...] = ()
     if stored.approval is not None:
-        controls = await reissue_controls(core, scope, dict(stored.approval))
+        buttons = await reissue_buttons(core, scope, dict(stored.approval))
     state, message_id, reason = await deliver_once(
         core,
         Reply(
@@ -91,7 +91,7 @@ async def resend(
             external_conversation_id=stored.external_conversation_id,
             text=stored.text,
             kind="final" if stored.kind == "final" else "notice",
-            controls=controls,
+            buttons=buttons,
             thread_id=stored.thread_id,
             in_reply_to=in_reply_to,
             operation_id=stored.operation_id,
@@ -99,19 +99,23 @@ async def resend(
             staged_at_ms=None if stored.created_us is None else stored.created_us // 1000,
         ),
     )
-    marked = await mark_outcome(core, scope, claimed, state, message_id, reason, None)
+    marked = await mark_outcome(core, scope, reopened, state, message_id, reason, None)
     return state if marked is not None else None
 
 
 async def _owner(
-    core: Core, connection_id: str, conversation_id: str, actor_id: str, thread_id: str | None
+    core: Core,
+    connection_id: str,
+    external_conversation_id: str,
+    actor_id: str,
+    thread_id: str | None,
 ) -> tuple[AgentIdentity, OwnershipScope] | None:
     """The actor's current identity and ownership scope, or ``None`` (no usable grant)."""
     try:
         grant = await core.authorize(
             AuthorizeInput(
                 connection_id=connection_id,
-                external_conversation_id=conversation_id,
+                external_conversation_id=external_conversation_id,
                 external_actor_id=actor_id,
                 event_id="",
                 text="",
@@ -134,7 +138,7 @@ async def _conversation_replies(
     core: Core,
     scope: OwnershipScope,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
 ) -> list[Loaded[ReplyRecord]]:
     """The conversation's reply records under exactly ``scope`` created within retention
@@ -155,7 +159,7 @@ async def _conversation_replies(
         loaded
         for loaded in replies
         if loaded.record.connection_id == connection_id
-        and loaded.record.external_conversation_id == conversation_id
+        and loaded.record.external_conversation_id == external_conversation_id
         and loaded.record.thread_id == thread_id
         and loaded.record.created_at_ms >= cutoff
     ]
@@ -181,7 +185,7 @@ async def redeliver_pending(
     core: Core,
     *,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     actor_id: str,
     thread_id: str | None = None,
 ) -> int:
@@ -192,15 +196,15 @@ async def redeliver_pending(
     """
     if core.journal is None or core.stopped:
         return 0
-    owner = await _owner(core, connection_id, conversation_id, actor_id, thread_id)
+    owner = await _owner(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return 0
     identity, scope = owner
     delivered = 0
     try:
-        async with core.delivery_turns.hold(connection_id, conversation_id):
+        async with core.delivery_locks.lock(connection_id, external_conversation_id):
             replies = await _conversation_replies(
-                core, scope, connection_id, conversation_id, thread_id
+                core, scope, connection_id, external_conversation_id, thread_id
             )
             held = _oldest_first([r for r in replies if is_held(r.record)])
             for loaded in held[:MAX_REDELIVER]:
@@ -221,7 +225,7 @@ async def recent_replies(
     core: Core,
     *,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     actor_id: str,
     thread_id: str | None = None,
     limit: int = 20,
@@ -236,13 +240,13 @@ async def recent_replies(
     if core.journal is None:
         return []
     want = max(1, min(int(limit), MAX_HISTORY))
-    owner = await _owner(core, connection_id, conversation_id, actor_id, thread_id)
+    owner = await _owner(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return []
     _identity, scope = owner
     try:
         replies = await _conversation_replies(
-            core, scope, connection_id, conversation_id, thread_id
+            core, scope, connection_id, external_conversation_id, thread_id
         )
         delivered = [r for r in replies if r.record.state == "delivered"]
         chosen = _oldest_first(delivered)[-want:]

@@ -26,7 +26,7 @@ from ._routes import ActiveTurn, Turn
 
 
 def _ref(turn: Turn) -> OperationRef:
-    return OperationRef(turn.ownership, turn.event.connection_id, turn.operation_id)
+    return OperationRef(turn.scope, turn.event.connection_id, turn.operation_id)
 
 
 @attrs.define(eq=False)
@@ -54,7 +54,7 @@ class TurnHooks:
                 )
                 if saved is None:
                     current = await core.journal.load_operation(
-                        turn.ownership, turn.event.connection_id, turn.operation_id
+                        turn.scope, turn.event.connection_id, turn.operation_id
                     )
                     if current is None or current.record.state != FOLLOWING_STATE:
                         return False

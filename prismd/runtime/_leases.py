@@ -52,7 +52,7 @@ class RouteLeases:
     nursery: trio.Nursery
     now_ms: Callable[[], int]
     count: Callable[[str], None]
-    reclaim: bool = False
+    adopt: bool = False
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
 
     @property
@@ -79,7 +79,7 @@ class RouteLeases:
                     renewed = await self.store.renew_lease(
                         namespace=NS_BINDING,
                         key=route.binding_key,
-                        scope=route.ownership,
+                        scope=route.scope,
                         owner_id=self.owner_id,
                         token=lease.token,
                         ttl_ms=ttl,
@@ -92,10 +92,10 @@ class RouteLeases:
             acquired = await self.store.try_acquire_lease(
                 namespace=NS_BINDING,
                 key=route.binding_key,
-                scope=route.ownership,
+                scope=route.scope,
                 owner_id=self.owner_id,
                 ttl_ms=ttl,
-                reclaim=self.reclaim,
+                adopt=self.adopt,
             )
             route.lease = acquired
             if acquired is not None:
@@ -175,7 +175,7 @@ class RouteLeases:
                     await self.store.release_lease(
                         namespace=NS_BINDING,
                         key=route.binding_key,
-                        scope=route.ownership,
+                        scope=route.scope,
                         owner_id=self.owner_id,
                         token=lease.token,
                     )
@@ -270,7 +270,7 @@ class LoggedLeases:
         scope: OwnershipScope,
         owner_id: str,
         ttl_ms: int,
-        reclaim: bool = False,
+        adopt: bool = False,
     ) -> LeaseRecord | None:
         lease = await self.inner.try_acquire_lease(
             namespace=namespace,
@@ -278,7 +278,7 @@ class LoggedLeases:
             scope=scope,
             owner_id=owner_id,
             ttl_ms=ttl_ms,
-            reclaim=reclaim,
+            adopt=adopt,
         )
         if key in self._held:
             self._lost(key, "expired before renewal")

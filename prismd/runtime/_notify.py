@@ -40,17 +40,17 @@ def _ok_id(value: object, limit: int = MAX_ID_BYTES) -> bool:
     return isinstance(value, str) and bool(value) and utf8_len(value) <= limit
 
 
-def _conversation(connection_id: str, conversation_id: str, thread_id: str | None) -> str:
+def _conversation(connection_id: str, external_conversation_id: str, thread_id: str | None) -> str:
     """How a refusal names the target (ids the caller gave; nothing it cannot see)."""
     thread = "" if thread_id is None else f" thread {thread_id!r}"
-    return f"conversation {conversation_id!r}{thread} on connection {connection_id!r}"
+    return f"conversation {external_conversation_id!r}{thread} on connection {connection_id!r}"
 
 
 async def _candidates(
     core: Core,
-    ownership: OwnershipScope,
+    scope: OwnershipScope,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
     *,
     operator: bool,
@@ -63,30 +63,30 @@ async def _candidates(
     tenant's.
     """
 
-    def visible(scope: OwnershipScope) -> bool:
-        return ownership.matches_filter(scope) if operator else scope == ownership
+    def visible(stored: OwnershipScope) -> bool:
+        return scope.matches_filter(stored) if operator else stored == scope
 
     found: dict[tuple[str, str, OwnershipScope], tuple[OwnershipScope, BindingRecord]] = {}
     for route in core.routes.values():
         if (
             route.connection_id == connection_id
-            and route.conversation_id == conversation_id
+            and route.external_conversation_id == external_conversation_id
             and route.thread_id == thread_id
-            and visible(route.ownership)
+            and visible(route.scope)
             and route.hydrated
             and route.session_id
         ):
-            found[(route.actor_id, route.alias, route.ownership)] = (
-                route.ownership,
+            found[(route.actor_id, route.alias, route.scope)] = (
+                route.scope,
                 core.routes.binding_record(route),
             )
     if core.journal is not None:
         if operator:
             prefix = f"b1:{connection_id or '-'}:"
         else:
-            prefix = binding_actor_prefix(connection_id, ownership, conversation_id, thread_id)
+            prefix = binding_actor_prefix(connection_id, scope, external_conversation_id, thread_id)
         bindings = await core.journal.records(
-            ownership,
+            scope,
             NS_BINDING,
             key_prefix=prefix,
             max_pages=_MAX_BINDING_PAGES,
@@ -96,7 +96,7 @@ async def _candidates(
             record: BindingRecord = loaded.record
             if (
                 record.connection_id == connection_id
-                and record.external_conversation_id == conversation_id
+                and record.external_conversation_id == external_conversation_id
                 and record.thread_id == thread_id
                 and record.external_actor_id is not None
             ):
@@ -131,14 +131,14 @@ async def notify(
     if not core.active(identity):
         return denied(core, "revoked")
     try:
-        ownership = ownership_from_identity(identity)
+        scope = ownership_from_identity(identity)
     except Exception:
         return denied(core, "malformed")
     operator = identity.principal.kind == OPERATOR_PRINCIPAL_KIND
     try:
         found = await _candidates(
             core,
-            ownership,
+            scope,
             connection_id,
             external_conversation_id,
             thread_id,
@@ -147,7 +147,7 @@ async def notify(
     except Exception:
         core.count("storage_failures")
         return denied(core, "unavailable")
-    targets = sorted({(c.external_actor_id or "", scope) for scope, c in found}, key=repr)
+    targets = sorted({(c.external_actor_id or "", stored) for stored, c in found}, key=repr)
     where = _conversation(connection_id, external_conversation_id, thread_id)
     if not targets:
         # The same answer whether the conversation exists outside the caller's scope or not.
@@ -206,7 +206,7 @@ async def notify(
     # The notice is journaled under the bound actor's scope and sent as them, so the
     # same liveness checks apply as for their own replies.
     sender = grant.identity if operator else identity
-    ownership = target_scope
+    scope = target_scope
     usable = [c for c in candidates if c.agent_alias in grant.agent_aliases]
     if len(usable) > 1:
         # Several aliases bound: the actor's current selection, else the grant's default,
@@ -227,7 +227,7 @@ async def notify(
     alias = binding.agent_alias
     if core.pending_total() >= core.limits.max_pending_per_process:
         return denied(core, "capacity")
-    operation_id = notify_operation_id(connection_id, ownership, actor_id, alias, notify_id)
+    operation_id = notify_operation_id(connection_id, scope, actor_id, alias, notify_id)
     if core.journal is not None:
         now = core.now_ms()
         record = OperationRecord(
@@ -246,7 +246,7 @@ async def notify(
         )
         try:
             admitted = await journal_admit(
-                core.journal, ownership, record, cursor=None, now_ms=now, with_cursor=False
+                core.journal, scope, record, cursor=None, now_ms=now, with_cursor=False
             )
         except Exception:
             core.count("storage_failures")
@@ -259,7 +259,7 @@ async def notify(
         identity=sender,
         operation_id=operation_id,
         connection_id=connection_id,
-        conversation_id=external_conversation_id,
+        external_conversation_id=external_conversation_id,
         thread_id=thread_id,
         text=core.redact(text),
         kind="notice",
@@ -269,8 +269,8 @@ async def notify(
     await answer(
         core,
         draft,
-        ownership=ownership,
-        settle=Settle(OperationRef(ownership, connection_id, operation_id), "succeeded"),
+        scope=scope,
+        settle=Settle(OperationRef(scope, connection_id, operation_id), "succeeded"),
     )
     core.count("admitted")
     return Admission("accepted", operation_id=operation_id)

@@ -60,7 +60,7 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
         identity=turn.grant.identity,
         operation_id=relay_id(turn.operation_id, key),
         connection_id=event.connection_id,
-        conversation_id=event.external_conversation_id,
+        external_conversation_id=event.external_conversation_id,
         thread_id=event.thread_id,
         text=core.redact(text),
         kind="notice",
@@ -77,7 +77,7 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
                 current: Loaded[OperationRecord] | None = turn.op
                 if current is None:
                     current = await journal.load_operation(
-                        turn.ownership, event.connection_id, turn.operation_id
+                        turn.scope, event.connection_id, turn.operation_id
                     )
                 if current is None or current.record.state != FOLLOWING_STATE:
                     return False
@@ -86,12 +86,12 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
                     (
                         Write(
                             NS_OPERATION,
-                            turn.ownership,
+                            turn.scope,
                             touched,
                             current.version,
                             current.fencing_token if fence is None else fence,
                         ),
-                        Write(NS_REPLY, turn.ownership, record, 0),
+                        Write(NS_REPLY, turn.scope, record, 0),
                     ),
                     atomic=True,
                 )
@@ -114,12 +114,12 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
         sent.add(key)
     reply = Reply(
         connection_id=draft.connection_id,
-        external_conversation_id=draft.conversation_id,
+        external_conversation_id=draft.external_conversation_id,
         text=bounded,
         kind="notice",
         thread_id=draft.thread_id,
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
     )
-    await deliver_and_mark(core, reply, staged, turn.ownership, fence)
+    await deliver_and_mark(core, reply, staged, turn.scope, fence)
     return True

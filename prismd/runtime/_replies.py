@@ -25,7 +25,7 @@ from ..agents import EventSink, RunResult, StreamEvent
 from ..channel import (
     DEFAULT_TYPING_DELAY_MS,
     MAX_TYPING_DELAY_MS,
-    Control,
+    Button,
     InboundEvent,
     Preview,
     Reply,
@@ -39,7 +39,7 @@ from ..journal import (
     OperationRef,
     OwnershipScope,
     ReplyRecord,
-    StoredControl,
+    StoredButton,
     StoredFile,
     Write,
     compact_json,
@@ -85,7 +85,7 @@ def fits_unmeasured(record: ReplyRecord, budget: int) -> bool:
     """``record``'s JSON certainly fits ``budget`` by a bound on its strings alone, so it
     need not be encoded to be measured (and is encoded once, when journaled). Only for a
     record without controls or an approval target: those are measured."""
-    if record.controls or record.approval is not None or record.files:
+    if record.buttons or record.approval is not None or record.files:
         return False
     chars = len(record.text) + len(record.operation_id) + len(record.connection_id)
     chars += len(record.external_conversation_id) + len(record.kind) + len(record.state)
@@ -139,12 +139,12 @@ class Draft:
     """Checked active before anything is staged (``None``: a pairing answer, no owner)."""
     operation_id: str
     connection_id: str
-    conversation_id: str
+    external_conversation_id: str
     thread_id: str | None
     text: str
     kind: str
     in_reply_to: str | None
-    controls: tuple[Control, ...] = ()
+    buttons: tuple[Button, ...] = ()
     approval: Mapping[str, Any] | None = None
     """The non-secret target of an approval notice, so a resend can issue fresh controls."""
     files: tuple[ReplyFile, ...] = ()
@@ -159,7 +159,7 @@ class Draft:
         text: str,
         *,
         kind: str = "notice",
-        controls: tuple[Control, ...] = (),
+        buttons: tuple[Button, ...] = (),
         approval: Mapping[str, Any] | None = None,
         files: tuple[ReplyFile, ...] = (),
     ) -> Draft:
@@ -173,7 +173,7 @@ class Draft:
             text,
             kind,
             event.event_id,
-            controls,
+            buttons,
             approval,
             files,
         )
@@ -188,7 +188,7 @@ class Draft:
         in_reply_to: str | None,
         *,
         kind: str = "notice",
-        controls: tuple[Control, ...] = (),
+        buttons: tuple[Button, ...] = (),
         approval: Mapping[str, Any] | None = None,
     ) -> Draft:
         """An answer in a route's conversation and thread (a decision about its suspended
@@ -197,12 +197,12 @@ class Draft:
             identity,
             operation_id,
             route.connection_id,
-            route.conversation_id,
+            route.external_conversation_id,
             route.thread_id,
             text,
             kind,
             in_reply_to,
-            controls,
+            buttons,
             approval,
         )
 
@@ -213,7 +213,7 @@ class Draft:
         text: str,
         *,
         kind: str = "notice",
-        controls: tuple[Control, ...] = (),
+        buttons: tuple[Button, ...] = (),
         approval: Mapping[str, Any] | None = None,
         files: tuple[ReplyFile, ...] = (),
     ) -> Draft:
@@ -224,7 +224,7 @@ class Draft:
             turn.event,
             text,
             kind=kind,
-            controls=controls,
+            buttons=buttons,
             approval=approval,
             files=files,
         )
@@ -277,14 +277,14 @@ def _record(core: Core, draft: Draft) -> tuple[ReplyRecord, str]:
     record = ReplyRecord(
         operation_id=draft.operation_id,
         connection_id=draft.connection_id,
-        external_conversation_id=draft.conversation_id,
+        external_conversation_id=draft.external_conversation_id,
         kind=draft.kind,
         text=bounded,
         state="pending",
         created_at_ms=now,
         updated_at_ms=now,
         thread_id=draft.thread_id,
-        controls=tuple(StoredControl(c.label, control_kind(c.value)) for c in draft.controls),
+        buttons=tuple(StoredButton(c.label, button_kind(c.value)) for c in draft.buttons),
         approval=None if draft.approval is None else dict(draft.approval),
         created_us=stamp_us(),
         files=stored_files(draft.files),
@@ -299,7 +299,7 @@ async def answer(
     core: Core,
     draft: Draft | None,
     *,
-    ownership: OwnershipScope | None,
+    scope: OwnershipScope | None,
     fence: int | None = None,
     settle: Settle | None = None,
     binding: Write | None = None,
@@ -319,7 +319,7 @@ async def answer(
     A reply whose record already settled is never sent again; a journal failure means
     nothing is sent (counted ``storage_failures``; whatever is unresolved stays listed). A
     draft for an identity no longer active is dropped (``failed``), the rest still commits.
-    ``ownership=None`` sends without journaling (pairing answers, which have no owner yet).
+    ``scope=None`` sends without journaling (pairing answers, which have no owner yet).
     With ``send_later`` the journal transaction is awaited and the send runs in the
     background (tracked for ``drain``): admission answers commands without waiting for
     the platform.
@@ -331,7 +331,7 @@ async def answer(
     staged: Loaded[ReplyRecord] | None = None
     answered = NOTHING_ANSWERED
     journal = core.journal
-    if journal is not None and ownership is not None:
+    if journal is not None and scope is not None:
         if settle is None and record is None and binding is None:
             return answered
         if fenced is not None and not fenced():
@@ -341,7 +341,7 @@ async def answer(
         if ref is None:
             assert draft is not None or binding is not None
             ref = OperationRef(
-                ownership,
+                scope,
                 "" if draft is None else draft.connection_id,
                 "" if draft is None else draft.operation_id,
             )
@@ -376,25 +376,25 @@ async def answer(
         return answered
     reply = Reply(
         connection_id=draft.connection_id,
-        external_conversation_id=draft.conversation_id,
+        external_conversation_id=draft.external_conversation_id,
         text=text,
         kind="final" if draft.kind == "final" else "notice",
-        controls=draft.controls,
+        buttons=draft.buttons,
         thread_id=draft.thread_id,
         in_reply_to=draft.in_reply_to,
         operation_id=draft.operation_id,
         files=draft.files,
         staged_at_ms=None if record is None else _ms(record.created_us),
     )
-    journaled = journal is not None and ownership is not None
+    journaled = journal is not None and scope is not None
     staged = staged if journaled else None
     if send_later:
-        core.spawn(_send, core, reply, staged, ownership, fence)
+        core.spawn(_send, core, reply, staged, scope, fence)
         return answered
     if fenced is not None and not fenced():
         core.count("lease_losses")
         return answered
-    state = await deliver_and_mark(core, reply, staged, ownership, fence)
+    state = await deliver_and_mark(core, reply, staged, scope, fence)
     return Answered(answered.operation, answered.binding, state)
 
 
@@ -406,10 +406,10 @@ async def _send(
     core: Core,
     reply: Reply,
     staged: Loaded[ReplyRecord] | None,
-    ownership: OwnershipScope | None,
+    scope: OwnershipScope | None,
     fence: int | None,
 ) -> None:
-    await deliver_and_mark(core, reply, staged, ownership, fence)
+    await deliver_and_mark(core, reply, staged, scope, fence)
 
 
 async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
@@ -437,7 +437,7 @@ async def deliver_and_mark(
     core: Core,
     reply: Reply,
     staged: Loaded[ReplyRecord] | None,
-    ownership: OwnershipScope | None,
+    scope: OwnershipScope | None,
     fence: int | None,
 ) -> str:
     """Deliver a staged reply and mark its record (when journaled); returns the state.
@@ -445,16 +445,16 @@ async def deliver_and_mark(
     Holds the conversation's delivery turn across both, so a re-drive started by a
     reconnect meanwhile sees this reply's hold once it is marked.
     """
-    async with core.delivery_turns.hold(reply.connection_id, reply.external_conversation_id):
+    async with core.delivery_locks.lock(reply.connection_id, reply.external_conversation_id):
         state, message_id, reason = await deliver_once(core, reply)
-        if staged is not None and ownership is not None:
-            await mark_outcome(core, ownership, staged, state, message_id, reason, fence)
+        if staged is not None and scope is not None:
+            await mark_outcome(core, scope, staged, state, message_id, reason, fence)
     return state
 
 
 async def mark_outcome(
     core: Core,
-    ownership: OwnershipScope,
+    scope: OwnershipScope,
     staged: Loaded[ReplyRecord],
     state: str,
     message_id: str | None,
@@ -469,7 +469,7 @@ async def mark_outcome(
         try:
             saved = await mark(
                 core.journal,
-                ownership,
+                scope,
                 staged,
                 state,
                 now_ms=core.now_ms(),
@@ -484,7 +484,7 @@ async def mark_outcome(
     return saved
 
 
-def control_kind(value: str) -> str:
+def button_kind(value: str) -> str:
     if value.startswith("p:a:"):
         return "allow_once"
     if value.startswith("p:d:"):
@@ -560,7 +560,7 @@ def preview_sink(core: Core, route: Route, active: ActiveTurn) -> EventSink | No
             on_preview(
                 Preview(
                     connection_id=route.connection_id,
-                    external_conversation_id=route.conversation_id,
+                    external_conversation_id=route.external_conversation_id,
                     text=text,
                     thread_id=route.thread_id,
                 )
@@ -688,7 +688,9 @@ async def typing_loop(core: Core, route: Route, *, delay_s: float | None = None)
         next_at += TYPING_INTERVAL_S
         with trio.move_on_at(next_at):
             try:
-                await on_typing(route.connection_id, route.conversation_id, route.thread_id)
+                await on_typing(
+                    route.connection_id, route.external_conversation_id, route.thread_id
+                )
             except Exception as exc:
                 log.warning("typing callback failed: %s", type(exc).__name__)
         await trio.sleep_until(next_at)

@@ -183,8 +183,8 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         await _deny(core, loaded, "identity_revoked" if reason == "revoked" else "rejected")
         return "done"
     assert isinstance(grant, Grant)
-    ownership = ownership_from_identity(grant.identity)
-    if ownership != loaded.scope or record.agent_alias not in grant.agent_aliases:
+    scope = ownership_from_identity(grant.identity)
+    if scope != loaded.scope or record.agent_alias not in grant.agent_aliases:
         # The grant now names another owner or no longer allows the journaled agent.
         await _deny(core, loaded, "rejected")
         return "done"
@@ -194,7 +194,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         event.thread_id,
         event.external_actor_id,
         record.agent_alias,
-        ownership,
+        scope,
     )
     if route is None:
         return "retry"
@@ -203,7 +203,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         event=event,
         action="message",
         grant=grant,
-        ownership=ownership,
+        scope=scope,
         alias=record.agent_alias,
         op=loaded,
     )
@@ -223,21 +223,19 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         core.count("denied")
         draft = Draft.for_event(grant.identity, record.operation_id, event, AWAITING_DECISION_TEXT)
         settle = Settle(
-            OperationRef(ownership, record.connection_id, record.operation_id),
+            OperationRef(scope, record.connection_id, record.operation_id),
             "failed",
             known=loaded,
             change={"error_code": "awaiting_decision"},
             only_from=frozenset({"accepted"}),
         )
-        core.spawn(_answer_denied, core, draft, ownership, settle)
+        core.spawn(_answer_denied, core, draft, scope, settle)
         return "done"
     return "retry"
 
 
-async def _answer_denied(
-    core: Core, draft: Draft, ownership: OwnershipScope, settle: Settle
-) -> None:
-    await answer(core, draft, ownership=ownership, settle=settle)
+async def _answer_denied(core: Core, draft: Draft, scope: OwnershipScope, settle: Settle) -> None:
+    await answer(core, draft, scope=scope, settle=settle)
 
 
 async def _still_resumable(core: Core, item: _Pending) -> bool:

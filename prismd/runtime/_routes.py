@@ -57,7 +57,7 @@ class Turn:
     event: InboundEvent
     action: Action
     grant: Grant
-    ownership: OwnershipScope
+    scope: OwnershipScope
     alias: str
     op: Loaded[OperationRecord] | None = None
     """The operation record as last written by this runtime (saves a load per CAS)."""
@@ -109,42 +109,42 @@ class TurnQueue:
     runtime's :class:`QueueTally` by every change. A list rather than a deque (56 bytes
     empty against ~600), which ten thousand idle routes would pay for nothing."""
 
-    __slots__ = ("_tally", "_turns")
+    __slots__ = ("_locks", "_tally")
 
     def __init__(self, tally: QueueTally) -> None:
         self._tally = tally
-        self._turns: list[Turn] = []
+        self._locks: list[Turn] = []
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self._locks)
 
     def __bool__(self) -> bool:
-        return bool(self._turns)
+        return bool(self._locks)
 
     def __iter__(self) -> Iterator[Turn]:
-        return iter(self._turns)
+        return iter(self._locks)
 
     @property
     def head(self) -> Turn | None:
-        return self._turns[0] if self._turns else None
+        return self._locks[0] if self._locks else None
 
     def append(self, turn: Turn) -> None:
-        self._turns.append(turn)
+        self._locks.append(turn)
         self._tally.queued += 1
 
     def push_front(self, turn: Turn) -> None:
         """Put a popped turn back at the head (its claim must wait)."""
-        self._turns.insert(0, turn)
+        self._locks.insert(0, turn)
         self._tally.queued += 1
 
     def pop_head(self) -> Turn:
-        turn = self._turns.pop(0)
+        turn = self._locks.pop(0)
         self._tally.queued -= 1
         return turn
 
     def take_all(self) -> list[Turn]:
         """Empty the queue; returns what it held, oldest first."""
-        turns, self._turns = self._turns, []
+        turns, self._locks = self._locks, []
         self._tally.queued -= len(turns)
         return turns
 
@@ -162,11 +162,11 @@ class Route:
 
     key: RouteKey
     connection_id: str
-    conversation_id: str
+    external_conversation_id: str
     thread_id: str | None
     actor_id: str
     alias: str
-    ownership: OwnershipScope
+    scope: OwnershipScope
     queue: TurnQueue
     hydrated: bool = False
     binding_version: int = 0
@@ -204,8 +204,8 @@ class Route:
         kept: ~180 bytes per route, for a few f-string joins per turn."""
         return binding_key(
             self.connection_id,
-            self.ownership,
-            self.conversation_id,
+            self.scope,
+            self.external_conversation_id,
             self.thread_id,
             self.actor_id,
             self.alias,
@@ -304,34 +304,36 @@ class Routes:
     def route_key(
         self,
         connection_id: str,
-        conversation_id: str,
+        external_conversation_id: str,
         thread_id: str | None,
         actor_id: str,
         alias: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
     ) -> RouteKey:
         return (
             connection_id,
-            conversation_id,
+            external_conversation_id,
             thread_id,
             actor_id,
             alias,
-            ownership.tenant_id,
-            ownership.account_id,
-            ownership.user_id,
+            scope.tenant_id,
+            scope.account_id,
+            scope.user_id,
         )
 
     def route(
         self,
         connection_id: str,
-        conversation_id: str,
+        external_conversation_id: str,
         thread_id: str | None,
         actor_id: str,
         alias: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
     ) -> Route | None:
         """The route, created when absent; ``None`` when the table is full of busy routes."""
-        key = self.route_key(connection_id, conversation_id, thread_id, actor_id, alias, ownership)
+        key = self.route_key(
+            connection_id, external_conversation_id, thread_id, actor_id, alias, scope
+        )
         route = self._table.get(key)
         if route is not None:
             return route
@@ -340,11 +342,11 @@ class Routes:
         route = Route(
             key=key,
             connection_id=connection_id,
-            conversation_id=conversation_id,
+            external_conversation_id=external_conversation_id,
             thread_id=thread_id,
             actor_id=actor_id,
             alias=alias,
-            ownership=ownership,
+            scope=scope,
             queue=TurnQueue(self.tally),
         )
         self._table[key] = route
@@ -382,10 +384,10 @@ class Routes:
             resolved = await self.resolve_binding(
                 BindingInput(
                     connection_id=route.connection_id,
-                    external_conversation_id=route.conversation_id,
+                    external_conversation_id=route.external_conversation_id,
                     external_actor_id=route.actor_id,
                     identity=identity,
-                    ownership=route.ownership,
+                    scope=route.scope,
                     agent_alias=route.alias,
                     generation=generation,
                     thread_id=route.thread_id,
@@ -397,10 +399,10 @@ class Routes:
             return sid, resolved.leaf_id
         sid = default_session_id(
             route.connection_id,
-            route.conversation_id,
+            route.external_conversation_id,
             route.thread_id,
             route.actor_id,
-            route.ownership,
+            route.scope,
             route.alias,
             generation,
         )
@@ -416,7 +418,7 @@ class Routes:
             suspended_run=route.suspended_run,
             updated_at_ms=self.now_ms() if updated_at_ms is None else updated_at_ms,
             connection_id=route.connection_id,
-            external_conversation_id=route.conversation_id,
+            external_conversation_id=route.external_conversation_id,
             external_actor_id=route.actor_id,
             thread_id=route.thread_id,
             selected_at_ms=route.selected_at_ms,
@@ -452,16 +454,16 @@ class Routes:
         if self.journal is None:
             route.hydrated = True
             return True
-        loaded = await self.journal.load_binding(route.ownership, route.binding_key)
+        loaded = await self.journal.load_binding(route.scope, route.binding_key)
         if loaded is None:
             if not create:
                 return False
             sid, leaf = await self.derive_session(route, identity, 0)
             route.session_id, route.leaf_id = sid, leaf
             record = self.binding_record(route)
-            created = await self.journal.create_binding(route.ownership, route.binding_key, record)
+            created = await self.journal.create_binding(route.scope, route.binding_key, record)
             if created is None:
-                loaded = await self.journal.load_binding(route.ownership, route.binding_key)
+                loaded = await self.journal.load_binding(route.scope, route.binding_key)
                 if loaded is None:
                     raise RuntimeError("binding vanished during hydration")
             else:
@@ -480,7 +482,7 @@ class Routes:
             return None
         record = self.binding_record(route)
         return Write(
-            NS_BINDING, route.ownership, record, route.binding_version, fence, key=route.binding_key
+            NS_BINDING, route.scope, record, route.binding_version, fence, key=route.binding_key
         )
 
     def binding_written(self, route: Route, stored: Loaded[Any] | None) -> None:
@@ -496,7 +498,7 @@ class Routes:
         try:
             finished = await finish(
                 self.journal,
-                OperationRef(route.ownership, route.connection_id, ""),
+                OperationRef(route.scope, route.connection_id, ""),
                 None,
                 now_ms=self.now_ms(),
                 binding=write,
@@ -511,15 +513,15 @@ class Routes:
         return True
 
 
-def actor_key(event: InboundEvent, ownership: OwnershipScope) -> ActorKey:
+def actor_key(event: InboundEvent, scope: OwnershipScope) -> ActorKey:
     return (
         event.connection_id,
         event.external_conversation_id,
         event.thread_id,
         event.external_actor_id,
-        ownership.tenant_id,
-        ownership.account_id,
-        ownership.user_id,
+        scope.tenant_id,
+        scope.account_id,
+        scope.user_id,
     )
 
 
@@ -537,10 +539,10 @@ class Selections:
     def __len__(self) -> int:
         return len(self._memo)
 
-    async def current(self, event: InboundEvent, ownership: OwnershipScope) -> str | None:
+    async def current(self, event: InboundEvent, scope: OwnershipScope) -> str | None:
         """The actor's ``/agent`` choice: memory first, else the binding with the newest
         selection stamp."""
-        key = actor_key(event, ownership)
+        key = actor_key(event, scope)
         memo = self._memo
         if key in memo:
             memo.move_to_end(key)
@@ -549,14 +551,14 @@ class Selections:
         if self.journal is not None:
             prefix = binding_actor_prefix(
                 event.connection_id,
-                ownership,
+                scope,
                 event.external_conversation_id,
                 event.thread_id,
                 event.external_actor_id,
             )
             try:
                 bindings = await self.journal.records(
-                    ownership, NS_BINDING, key_prefix=prefix, max_pages=1
+                    scope, NS_BINDING, key_prefix=prefix, max_pages=1
                 )
             except Exception:
                 self.count("storage_failures")
@@ -611,7 +613,7 @@ def _unchanged(route: Route, stored: BindingRecord) -> bool:
         and stored.leaf_id == route.leaf_id
         and stored.suspended_run == route.suspended_run
         and stored.connection_id == route.connection_id
-        and stored.external_conversation_id == route.conversation_id
+        and stored.external_conversation_id == route.external_conversation_id
         and stored.external_actor_id == route.actor_id
         and stored.thread_id == route.thread_id
         and stored.selected_at_ms == route.selected_at_ms

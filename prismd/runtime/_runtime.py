@@ -109,7 +109,7 @@ class Runtime:
         if core is None:
             return frozenset()
         return frozenset(
-            route.conversation_id
+            route.external_conversation_id
             for route in core.routes.values()
             if route.connection_id == connection_id
             and (route.busy or route.lease is not None or route.lease_users > 0)
@@ -187,7 +187,7 @@ class Runtime:
         return await _delivery.redeliver_pending(
             self._core,
             connection_id=connection_id,
-            conversation_id=external_conversation_id,
+            external_conversation_id=external_conversation_id,
             actor_id=external_actor_id,
             thread_id=thread_id,
         )
@@ -208,7 +208,7 @@ class Runtime:
         return await _delivery.recent_replies(
             self._core,
             connection_id=connection_id,
-            conversation_id=external_conversation_id,
+            external_conversation_id=external_conversation_id,
             actor_id=external_actor_id,
             thread_id=thread_id,
             limit=limit,
@@ -231,7 +231,7 @@ class Runtime:
         return await _unanswered.unanswered_notices(
             self._core,
             connection_id=connection_id,
-            conversation_id=external_conversation_id,
+            external_conversation_id=external_conversation_id,
             actor_id=external_actor_id,
             thread_id=thread_id,
             limit=limit,
@@ -313,7 +313,7 @@ class Runtime:
                     turn.cancel_counted = True
                     core.count("cancelled")
                     await core.settle_operation(
-                        turn.ownership,
+                        turn.scope,
                         turn.event.connection_id,
                         turn.operation_id,
                         "cancelled",
@@ -354,7 +354,7 @@ async def _settle_stragglers(core: Core) -> None:
             turn.operation_id,
         )
         ok = await core.settle_operation(
-            turn.ownership,
+            turn.scope,
             turn.event.connection_id,
             turn.operation_id,
             "cancelled",
@@ -384,7 +384,7 @@ async def open_messaging_runtime(
     redactor: Redactor | None = None,
     clock: Clock = SYSTEM_CLOCK,
     owner_id: str | None = None,
-    reclaim_own_leases: bool = False,
+    adopt_own_leases: bool = False,
     fetch_attachment: FetchAttachment | None = None,
     tells_unanswered: Callable[[str], bool] | None = None,
     on_preview: Callable[[Preview], None] | None = None,
@@ -408,7 +408,7 @@ async def open_messaging_runtime(
 
     The runtime owns its nursery (route pumps, lease renewers, notices, resumes).
     Constructing it calls none of the callbacks. ``store=None`` runs without a journal
-    (in-memory dedup, restart-unsafe). ``on_typing(connection_id, conversation_id,
+    (in-memory dedup, restart-unsafe). ``on_typing(connection_id, external_conversation_id,
     thread_id)`` is awaited once a turn's agent run has lasted ``typing_delay_ms(connection_id)``
     (default :data:`~prismd.channel.DEFAULT_TYPING_DELAY_MS` for every connection; an answer
     ready sooner sends none) and every 4.5 s after that while the run lasts (a child task
@@ -461,7 +461,7 @@ async def open_messaging_runtime(
             limits=limits,
             redactor=redactor,
             clock=clock,
-            reclaim_own_leases=reclaim_own_leases,
+            adopt_own_leases=adopt_own_leases,
             lease_idle_ms=lease_idle_ms,
             fetch_attachment=fetch_attachment,
             tells_unanswered=tells_unanswered,

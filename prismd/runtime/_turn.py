@@ -46,7 +46,7 @@ from ..journal import (
     SuspendedRun,
     transition,
 )
-from ._approvals import issue_controls
+from ._approvals import issue_buttons
 from ._core import Core
 from ._following import TurnHooks, claim_following, left_for_restart
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
@@ -166,7 +166,7 @@ async def _refresh_binding(core: Core, route: Route) -> None:
     route.lease_fresh = False
     if core.journal is None or not route.hydrated:
         return
-    loaded = await core.journal.load_binding(route.ownership, route.binding_key)
+    loaded = await core.journal.load_binding(route.scope, route.binding_key)
     if loaded is not None and loaded.version != route.binding_version:
         core.routes.apply_binding(route, loaded.version, loaded.record)
 
@@ -207,7 +207,7 @@ async def _wait_for_lease(core: Core, route: Route, head: Turn) -> bool:
 
 
 def _ref(turn: Turn) -> OperationRef:
-    return OperationRef(turn.ownership, turn.event.connection_id, turn.operation_id)
+    return OperationRef(turn.scope, turn.event.connection_id, turn.operation_id)
 
 
 async def end_turn(
@@ -220,7 +220,7 @@ async def end_turn(
     text: str | None = None,
     *,
     kind: str = "notice",
-    controls: tuple[Any, ...] = (),
+    buttons: tuple[Any, ...] = (),
     approval: dict[str, Any] | None = None,
     with_binding: bool = False,
     files: tuple[ReplyFile, ...] = (),
@@ -244,12 +244,12 @@ async def end_turn(
     draft = None
     if text is not None:
         draft = Draft.for_turn(
-            turn, text, kind=kind, controls=controls, approval=approval, files=files
+            turn, text, kind=kind, buttons=buttons, approval=approval, files=files
         )
     answered = await answer(
         core,
         draft,
-        ownership=turn.ownership,
+        scope=turn.scope,
         fence=fence,
         settle=Settle(_ref(turn), state, known=turn.op, change=changes),
         binding=core.routes.binding_write(route, fence) if with_binding else None,
@@ -313,7 +313,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
 
 async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:
     """A notice for a turn whose operation is already settled."""
-    await answer(core, Draft.for_turn(turn, text), ownership=turn.ownership, fence=fence)
+    await answer(core, Draft.for_turn(turn, text), scope=turn.scope, fence=fence)
 
 
 async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
@@ -501,10 +501,10 @@ async def finish_run(
     if outcome.counter is not None:
         core.count(outcome.counter)
     text = outcome.text
-    controls: tuple[Any, ...] = ()
+    buttons: tuple[Any, ...] = ()
     approval: dict[str, Any] | None = None
     if result.status == "suspended":
-        text, controls, approval = await issue_controls(
+        text, buttons, approval = await issue_buttons(
             core, route, agent, turn.grant, result.run_id, result.session_id
         )
     await end_turn(
@@ -516,7 +516,7 @@ async def finish_run(
         fence,
         text,
         kind=outcome.kind,
-        controls=controls,
+        buttons=buttons,
         approval=approval,
         with_binding=True,
         files=result.files[:MAX_REPLY_FILES] if outcome.kind == "final" else (),

@@ -70,20 +70,20 @@ async def tell(core: Core, record: OperationRecord) -> None:
         identity=None,
         operation_id=notice_id(record.operation_id),
         connection_id=record.connection_id,
-        conversation_id=record.external_conversation_id,
+        external_conversation_id=record.external_conversation_id,
         thread_id=record.thread_id,
         text=UNANSWERED_TEXT,
         kind="notice",
         in_reply_to=record.event_id,
     )
-    await answer(core, draft, ownership=None, send_later=True)
+    await answer(core, draft, scope=None, send_later=True)
 
 
 async def unanswered_notices(
     core: Core,
     *,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     actor_id: str,
     thread_id: str | None = None,
     limit: int = 20,
@@ -96,12 +96,14 @@ async def unanswered_notices(
     if core.journal is None or tells is None or not tells(connection_id):
         return []
     want = max(1, min(int(limit), MAX_NOTICES))
-    owner = await owner_of(core, connection_id, conversation_id, actor_id, thread_id)
+    owner = await owner_of(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return []
     _identity, scope = owner
     try:
-        found = await _settled_unanswered(core, scope, connection_id, conversation_id, thread_id)
+        found = await _settled_unanswered(
+            core, scope, connection_id, external_conversation_id, thread_id
+        )
     except Exception:
         core.count("storage_failures")
         return []
@@ -122,7 +124,7 @@ async def _settled_unanswered(
     core: Core,
     scope: OwnershipScope,
     connection_id: str,
-    conversation_id: str,
+    external_conversation_id: str,
     thread_id: str | None,
 ) -> list[OperationRecord]:
     assert core.journal is not None
@@ -144,7 +146,7 @@ async def _settled_unanswered(
                 record.state in UNANSWERED_STATES
                 and record.kind != "notify"
                 and record.connection_id == connection_id
-                and record.external_conversation_id == conversation_id
+                and record.external_conversation_id == external_conversation_id
                 and record.thread_id == thread_id
                 and record.updated_at_ms >= cutoff
             ):

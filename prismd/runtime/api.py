@@ -25,7 +25,7 @@ class ResolveAgentInput:
 
     agent_alias: str
     identity: AgentIdentity
-    ownership: OwnershipScope
+    scope: OwnershipScope
     connection_id: str
     external_conversation_id: str
 
@@ -38,7 +38,7 @@ class BindingInput:
     external_conversation_id: str
     external_actor_id: str
     identity: AgentIdentity
-    ownership: OwnershipScope
+    scope: OwnershipScope
     agent_alias: str
     generation: int
     thread_id: str | None = None

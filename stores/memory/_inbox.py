@@ -9,7 +9,7 @@ import attrs
 from .. import _inbox_checks
 from .._inbox_checks import InboxPut
 from .._inboxing import ClaimAsk, InboxStoreBase, ListAsk, Settle
-from .._types import InboxClaim, InboxDepth, InboxItem, InboxState
+from .._types import InboxDepth, InboxItem, InboxReservation, InboxState
 from ._state import _InboxRow, _State
 
 
@@ -44,10 +44,10 @@ class MemoryInboxStore(InboxStoreBase):
     def _store(self, row: _InboxRow) -> None:
         self._state.inbox[(row.item.source, row.item.key)] = row
 
-    def _current(self, claim: InboxClaim, *states: InboxState) -> _InboxRow | None:
+    def _current(self, reservation: InboxReservation, *states: InboxState) -> _InboxRow | None:
         """The claim's item while its token holds it in one of ``states``."""
-        row = self._row(claim.source, claim.key)
-        if row is None or row.token != claim.token or row.item.state not in states:
+        row = self._row(reservation.source, reservation.key)
+        if row is None or row.token != reservation.token or row.item.state not in states:
             return None
         return row
 
@@ -79,7 +79,7 @@ class MemoryInboxStore(InboxStoreBase):
                 return False
         return True
 
-    async def _claim(self, ask: ClaimAsk) -> tuple[InboxClaim, ...]:
+    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
         now, owner, expires_at = ask.now, ask.owner_id, ask.now + ask.ttl_ms
         candidates = sorted(
             (
@@ -90,10 +90,10 @@ class MemoryInboxStore(InboxStoreBase):
             ),
             key=lambda r: (r.item.available_at_ms, r.item.order, r.item.source, r.item.key),
         )
-        claims: list[InboxClaim] = []
+        reservations: list[InboxReservation] = []
         taken: set[tuple[str, str]] = set()
         for row in candidates:
-            if len(claims) >= ask.limit:
+            if len(reservations) >= ask.limit:
                 break
             partition = (row.item.source, row.item.partition)
             if partition in taken:  # one item per partition (its head) per claim
@@ -103,15 +103,17 @@ class MemoryInboxStore(InboxStoreBase):
                 self._store(_InboxRow(dead, row.payload_json))
                 continue
             taken.add(partition)
-            token = _inbox_checks.new_claim_token()
+            token = _inbox_checks.new_reservation_token()
             item = attrs.evolve(
                 row.item, state="claimed", attempts=row.item.attempts + 1, owner_id=owner,
                 claim_expires_at_ms=expires_at, updated_at_ms=now,
             )  # fmt: skip
             stored = _InboxRow(item, row.payload_json, token)
             self._store(stored)
-            claims.append(InboxClaim(stored.public(with_payload=True), token, expires_at))
-        return tuple(claims)
+            reservations.append(
+                InboxReservation(stored.public(with_payload=True), token, expires_at)
+            )
+        return tuple(reservations)
 
     async def _expire_own(self, owner_id: str, sources: tuple[str, ...] | None, now: int) -> int:
         mine = [
@@ -127,16 +129,18 @@ class MemoryInboxStore(InboxStoreBase):
             self._store(attrs.evolve(row, item=item))
         return len(mine)
 
-    async def _extend(self, claim: InboxClaim, expires_at: int, now: int) -> InboxItem | None:
-        row = self._current(claim, "claimed", "done")
+    async def _extend(
+        self, reservation: InboxReservation, expires_at: int, now: int
+    ) -> InboxItem | None:
+        row = self._current(reservation, "claimed", "done")
         if row is None:
             return None
         item = attrs.evolve(row.item, claim_expires_at_ms=expires_at, updated_at_ms=now)
         self._store(attrs.evolve(row, item=item))
         return item
 
-    async def _complete(self, claim: InboxClaim, expires_at: int, now: int) -> bool:
-        row = self._current(claim, "claimed")
+    async def _complete(self, reservation: InboxReservation, expires_at: int, now: int) -> bool:
+        row = self._current(reservation, "claimed")
         if row is None:
             return False
         item = attrs.evolve(
@@ -145,8 +149,8 @@ class MemoryInboxStore(InboxStoreBase):
         self._store(_InboxRow(item, None, row.token))
         return True
 
-    async def _release(self, claim: InboxClaim, now: int) -> bool:
-        row = self._current(claim, "done")
+    async def _release(self, reservation: InboxReservation, now: int) -> bool:
+        row = self._current(reservation, "done")
         if row is None:
             return False
         if row.item.claim_expires_at_ms > now:
@@ -155,9 +159,14 @@ class MemoryInboxStore(InboxStoreBase):
         return True
 
     async def _retry(
-        self, claim: InboxClaim, max_attempts: int, error: str, available_at: int, now: int
+        self,
+        reservation: InboxReservation,
+        max_attempts: int,
+        error: str,
+        available_at: int,
+        now: int,
     ) -> InboxItem | None:
-        row = self._current(claim, "claimed")
+        row = self._current(reservation, "claimed")
         if row is None:
             return None
         state: InboxState = "dead" if row.item.attempts >= max_attempts else "pending"

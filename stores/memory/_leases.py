@@ -32,12 +32,12 @@ class MemoryLeaseStore(LeaseStoreBase):
             raise LeaseConflictError("lease ownership mismatch")
         return row
 
-    async def _acquire(self, ask: LeaseAsk, reclaim: bool) -> LeaseRecord | None:
+    async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
         row = await self._held(ask)
         if (
             row is not None
             and row.expires_at_ms > ask.now
-            and not (reclaim and row.owner_id == ask.owner_id)
+            and not (adopt and row.owner_id == ask.owner_id)
         ):
             return None
         lease = ask.record(1 if row is None else row.fencing_token + 1, ask.now)

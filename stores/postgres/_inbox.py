@@ -10,7 +10,7 @@ import attrs
 
 from .. import _inbox_checks
 from .._inboxing import ClaimAsk, SQLInboxStore, inbox_item
-from .._types import Clock, InboxClaim
+from .._types import Clock, InboxReservation
 from ._driver import Driver, Session
 
 _PARAM = re.compile(r"\?")
@@ -62,7 +62,7 @@ class PostgresInboxStore(SQLInboxStore):
     async def _write(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
         return await self._rows(_numbered(sql), *args)
 
-    async def _claim(self, ask: ClaimAsk) -> tuple[InboxClaim, ...]:
+    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
         t = self._t
         rows = await self._rows(
             f"WITH ready AS (SELECT r.source, r.key FROM {t} AS r"
@@ -90,16 +90,16 @@ class PostgresInboxStore(SQLInboxStore):
             f" RETURNING {', '.join('x.' + c.strip() for c in self._COLUMNS.split(','))}",
             ask.now, ask.owner_id, ask.limit, ask.max_attempts,
             None if ask.sources is None else list(ask.sources),
-            _inbox_checks.new_claim_token(), ask.now + ask.ttl_ms,
+            _inbox_checks.new_reservation_token(), ask.now + ask.ttl_ms,
         )  # fmt: skip
         expires_at = ask.now + ask.ttl_ms
-        claims = [
-            InboxClaim(inbox_item(row), str(row[9]), expires_at)
+        reservations = [
+            InboxReservation(inbox_item(row), str(row[9]), expires_at)
             for row in rows
             if row[5] == "claimed"
         ]
-        claims.sort(key=lambda c: (c.item.available_at_ms, c.item.order, c.source, c.key))
-        return tuple(claims)
+        reservations.sort(key=lambda c: (c.item.available_at_ms, c.item.order, c.source, c.key))
+        return tuple(reservations)
 
     async def _prune(self, before: int, limit: int, now: int) -> int:
         rows = await self._rows(

@@ -48,8 +48,8 @@ class PostgresLeaseStore(LeaseStoreBase):
             raise LeaseConflictError("lease ownership mismatch")
         return ask.record(fence, acquired) if status == "ok" else None
 
-    async def _acquire(self, ask: LeaseAsk, reclaim: bool) -> LeaseRecord | None:
-        return await self._call(ask, "prism_acquire_lease", reclaim)
+    async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
+        return await self._call(ask, "prism_acquire_lease", adopt)
 
     async def _move(self, ask: LeaseAsk) -> LeaseRecord | None:
         return await self._call(ask, "prism_move_lease")

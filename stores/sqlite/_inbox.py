@@ -10,11 +10,11 @@ import attrs
 
 from .. import _inbox_checks
 from .._inboxing import ClaimAsk, SQLInboxStore, inbox_item
-from .._types import InboxClaim
+from .._types import InboxReservation
 from ._engine import _Database
 from ._schema import _one
 
-# Contract (a)-(c) of InboxStore.claim, as one query (the writer's BEGIN IMMEDIATE makes it
+# Contract (a)-(c) of InboxStore.reserve, as one query (the writer's BEGIN IMMEDIATE makes it
 # and the updates that follow one step for every other connection and process).
 _INBOX_READY = """
 SELECT r.source, r.key, r.attempts FROM prism_inbox AS r
@@ -70,7 +70,7 @@ class SQLiteInboxStore(SQLInboxStore):
 
         return await self._db.write(txn)
 
-    async def _claim(self, ask: ClaimAsk) -> tuple[InboxClaim, ...]:
+    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
         now, ttl = ask.now, ask.ttl_ms
         args: dict[str, Any] = {"now": now, "owner": ask.owner_id, "limit": ask.limit}
         where = ""
@@ -80,9 +80,9 @@ class SQLiteInboxStore(SQLInboxStore):
             args.update({name[1:]: value for name, value in zip(names, ask.sources)})
         sql = _INBOX_READY.format(sources=where)
 
-        def txn(conn: apsw.Connection) -> tuple[InboxClaim, ...]:
+        def txn(conn: apsw.Connection) -> tuple[InboxReservation, ...]:
             ready: list[Any] = conn.execute(sql, args).fetchall()
-            claims: list[InboxClaim] = []
+            reservations: list[InboxReservation] = []
             for source, key, attempts in ready:
                 if attempts >= ask.max_attempts:
                     conn.execute(
@@ -91,7 +91,7 @@ class SQLiteInboxStore(SQLInboxStore):
                         (now, source, key),
                     )
                     continue
-                token = _inbox_checks.new_claim_token()
+                token = _inbox_checks.new_reservation_token()
                 row = _one(
                     conn,
                     "UPDATE prism_inbox SET state = 'claimed', attempts = attempts + 1,"
@@ -99,8 +99,8 @@ class SQLiteInboxStore(SQLInboxStore):
                     f" WHERE source = ? AND key = ? RETURNING {self._COLUMNS}",
                     (ask.owner_id, token, now + ttl, now, source, key),
                 )
-                claims.append(InboxClaim(inbox_item(row), token, now + ttl))
-            return tuple(claims)
+                reservations.append(InboxReservation(inbox_item(row), token, now + ttl))
+            return tuple(reservations)
 
         return await self._db.write(txn)
 

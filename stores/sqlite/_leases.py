@@ -25,7 +25,7 @@ _ACQUIRE = (
     " AND (l.expires_at <= excluded.acquired_at OR (? AND l.owner_id = excluded.owner_id))"
     f" RETURNING {LEASE_COLUMNS}"
 )
-"""One statement decides: insert, or take over a row that is expired (or, with ``reclaim``,
+"""One statement decides: insert, or take over a row that is expired (or, with ``adopt``,
 held by the same ``owner_id``) in the same scope."""
 
 _MOVE = (
@@ -64,10 +64,10 @@ class SQLiteLeaseStore(LeaseStoreBase):
 
         return await self._db.write(txn)
 
-    async def _acquire(self, ask: LeaseAsk, reclaim: bool) -> LeaseRecord | None:
+    async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
         scope = _common.scope_args(ask.scope)
         args = (ask.namespace, ask.key, *scope, ask.owner_id, ask.token, ask.now, ask.expires_at)
-        return await self._write(ask, _ACQUIRE, (*args, ask.now, 1 if reclaim else 0))
+        return await self._write(ask, _ACQUIRE, (*args, ask.now, 1 if adopt else 0))
 
     async def _move(self, ask: LeaseAsk) -> LeaseRecord | None:
         scope = _common.scope_args(ask.scope)

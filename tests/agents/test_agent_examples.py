@@ -111,7 +111,7 @@ async def test_the_example_tools_run_with_the_openai_agent(
         await h.settle()
         assert h.last().text.startswith("Approval required for tool write_note")
         assert not (examples / "notes.txt").exists()
-        allow = {c.label: c.value for c in h.last().controls}["Allow once"][4:]
+        allow = {c.label: c.value for c in h.last().buttons}["Allow once"][4:]
         assert (await h.runtime.admit(event("2", "", approval=(allow, "allow_once")))).status == (
             "accepted"
         )

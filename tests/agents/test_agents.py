@@ -85,12 +85,12 @@ async def test_echo_joins_text_blocks_and_run_ids_are_unique(
     second = await agent.run(request("again"))
     assert first.text == "a\nb"
     assert first.run_id != second.run_id
-    assert await agent.status(run_id=first.run_id, session_id="sess-1", ownership=OWNER) is None
+    assert await agent.status(run_id=first.run_id, session_id="sess-1", scope=OWNER) is None
     with pytest.raises(RunFailedError) as info:
         await agent.resume(
             run_id=first.run_id,
             session_id="sess-1",
-            ownership=OWNER,
+            scope=OWNER,
             identity=IDENTITY,
             expected_version=1,
         )
@@ -210,7 +210,7 @@ async def test_definition_revision_is_stable_and_option_sensitive(
 async def suspended_run(agent: MockAgent) -> tuple[str, int, str]:
     result = await agent.run(request("do it"))
     assert result.status == "suspended" and result.text == ""
-    state = await agent.status(run_id=result.run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=result.run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "suspended" and len(state.pending) == 1
     pending = state.pending[0]
     assert pending.kind == "tool_approval" and pending.tool_name == "write"
@@ -226,7 +226,7 @@ async def resume_allowing(
     args: dict[str, Any] = dict(
         run_id=run_id,
         session_id="sess-1",
-        ownership=OWNER,
+        scope=OWNER,
         identity=IDENTITY,
         expected_version=version,
         decisions=(Decision(approval_id, "allow_once"),),
@@ -247,7 +247,7 @@ async def test_suspend_survives_a_new_agent_instance_and_resumes_once(
     # "Restart": a new agent instance on the same store.
     second = mock(store, clock, suspend_for_tool="write")
     assert second.definition_revision == first.definition_revision
-    state = await second.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
+    state = await second.status(run_id=run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "suspended" and state.version == version
     assert await second.tool_runs(run_id, OWNER) == 0
     events: list[StreamEvent] = []
@@ -261,7 +261,7 @@ async def test_suspend_survives_a_new_agent_instance_and_resumes_once(
     assert result.status == "succeeded" and result.text == "mock: do it"
     assert "".join(e.text for e in events if e.kind == "message_delta") == "mock: do it"
     assert await second.tool_runs(run_id, OWNER) == 1
-    done = await first.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
+    done = await first.status(run_id=run_id, session_id="sess-1", scope=OWNER)
     assert done is not None and done.status == "succeeded" and done.pending == ()
     entries = await second.session_entries("sess-1", OWNER)
     assert [(e.role, e.text) for e in entries] == [("user", "do it"), ("assistant", "mock: do it")]
@@ -313,7 +313,7 @@ async def test_deny_and_reject_end_denied_without_the_tool(
     )
     assert result.status == "denied" and result.text == ""
     assert await agent.tool_runs(run_id, OWNER) == 0
-    state = await agent.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "denied"
     # Allowing after the denial changes nothing.
     late = await resume_allowing(agent, run_id, version, approval_id)
@@ -336,9 +336,9 @@ async def test_resume_errors(store: MemoryStore, clock: ManualClock) -> None:
     assert await resume(run_id="run-unknown") == "run_not_found"
     assert await resume(session_id="sess-other") == "run_not_found"
     other = OWNER.__class__("tenant-2", None, "user-1")
-    assert await resume(ownership=other) == "run_not_found"
-    assert await agent.status(run_id=run_id, session_id="sess-x", ownership=OWNER) is None
-    assert await agent.status(run_id=run_id, session_id="sess-1", ownership=other) is None
+    assert await resume(scope=other) == "run_not_found"
+    assert await agent.status(run_id=run_id, session_id="sess-x", scope=OWNER) is None
+    assert await agent.status(run_id=run_id, session_id="sess-1", scope=other) is None
     assert await agent.tool_runs(run_id, OWNER) == 0
 
 
@@ -352,7 +352,7 @@ async def test_cancelled_resume_finishes_later_without_rerunning_the_tool(
         await resume_allowing(agent, run_id, version, approval_id)
     assert scope.cancelled_caught
     assert await agent.tool_runs(run_id, OWNER) == 1
-    state = await agent.status(run_id=run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "running"
     result = await resume_allowing(agent, run_id, version, approval_id)
     assert result.status == "succeeded" and result.text == "mock: do it"

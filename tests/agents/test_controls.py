@@ -69,7 +69,7 @@ async def test_issue_creates_two_records_without_tokens(
 ) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(thread_id="77"), ttl_ms=300_000)
-    allow, deny = issued.controls
+    allow, deny = issued.buttons
     assert allow.label == "Allow once" and allow.value.startswith("p:a:")
     assert deny.label == "Deny" and deny.value.startswith("p:d:")
     t_allow, t_deny = allow.value[4:], deny.value[4:]
@@ -104,7 +104,7 @@ async def test_load_misses_other_connection_scope_and_unknown_token(
 ) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=60_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     assert await approvals.load(SCOPE, "tg-2", token) is None
     assert await approvals.load(OwnershipScope("tenant-1", None, "user-2"), "tg-1", token) is None
     assert await approvals.load(SCOPE, "tg-1", new_token()) is None
@@ -117,7 +117,7 @@ async def test_load_rejects_a_record_whose_connection_differs(
     """The key carries the connection, but the record must agree too (§10.3)."""
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(connection_id="tg-9"), ttl_ms=60_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     # Issued with target connection tg-9 -> key is a1:tg-9:..., so tg-9 loads, tg-1 misses.
     assert await approvals.load(SCOPE, "tg-9", token) is not None
     key = f"a1:tg-9:tenant-1:-:user-1:{token_hash(token)}"
@@ -137,7 +137,7 @@ async def test_load_rejects_a_record_whose_connection_differs(
 async def test_consume_once_then_already_consumed(store: MemoryStore, clock: ManualClock) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=60_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     assert await approvals.consume(SCOPE, "tg-1", token, 1) == "consumed"
     loaded = await approvals.load(SCOPE, "tg-1", token)
     assert loaded is not None and loaded.version == 2
@@ -145,7 +145,7 @@ async def test_consume_once_then_already_consumed(store: MemoryStore, clock: Man
     assert await approvals.consume(SCOPE, "tg-1", token, 1) == "already_consumed"
     assert await approvals.consume(SCOPE, "tg-1", token, 2) == "already_consumed"
     # The other control of the pair is independent.
-    other = issued.controls[1].value[4:]
+    other = issued.buttons[1].value[4:]
     assert await approvals.consume(SCOPE, "tg-1", other, 1) == "consumed"
 
 
@@ -154,7 +154,7 @@ async def test_consume_with_a_stale_version_is_invalid(
 ) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=60_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     assert await approvals.consume(SCOPE, "tg-1", token, 7) == "invalid"
     assert await approvals.consume(SCOPE, "tg-1", new_token(), 1) == "invalid"
 
@@ -162,7 +162,7 @@ async def test_consume_with_a_stale_version_is_invalid(
 async def test_consume_expires_at_the_boundary(store: MemoryStore, clock: ManualClock) -> None:
     approvals = ApprovalStore(store.checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=1_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     clock.advance(999)
     loaded = await approvals.load(SCOPE, "tg-1", token)
     assert loaded is not None and loaded.record.expires_at_ms > clock.ms
@@ -176,7 +176,7 @@ async def test_exactly_one_concurrent_consumer_wins(store: MemoryStore, clock: M
     checkpoints = YieldingCheckpoints(store.checkpoints)
     approvals = ApprovalStore(checkpoints, clock=clock)
     issued = await approvals.issue(SCOPE, target(), ttl_ms=60_000)
-    token = issued.controls[0].value[4:]
+    token = issued.buttons[0].value[4:]
     loaded = await approvals.load(SCOPE, "tg-1", token)
     assert loaded is not None
     results: list[str] = []
@@ -215,7 +215,7 @@ async def test_pairing_record_never_contains_the_token(
         SCOPE,
         connection_id="tg-1",
         aliases=("primary",),
-        conversation_id="chat-1",
+        external_conversation_id="chat-1",
         actor_id="user-1",
         agent_alias="primary",
         grant_revision="rev-1",
@@ -236,7 +236,7 @@ async def test_pairing_consume_lifecycle(store: MemoryStore, clock: ManualClock)
         SCOPE,
         connection_id="tg-1",
         aliases=("primary",),
-        conversation_id="chat-1",
+        external_conversation_id="chat-1",
         actor_id="user-1",
         agent_alias="primary",
         grant_revision="rev-1",

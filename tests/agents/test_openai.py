@@ -456,7 +456,7 @@ async def suspend(agent: OpenAIAgent, fake: FakeOpenAI) -> tuple[RunResult, int,
     with trio.fail_after(10):
         result = await agent.run(request("delete the logs"))
     assert result.status == "suspended"
-    state = await agent.status(run_id=result.run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=result.run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "suspended"
     (pending,) = state.pending
     assert pending.kind == "tool_approval" and pending.tool_name == "delete"
@@ -470,7 +470,7 @@ async def resume(
 ) -> RunResult:  # fmt: skip
     with trio.fail_after(10):
         return await agent.resume(
-            run_id=run.run_id, session_id="sess-1", ownership=OWNER, identity=IDENTITY,
+            run_id=run.run_id, session_id="sess-1", scope=OWNER, identity=IDENTITY,
             expected_version=version, decisions=decisions, deny=deny,
         )  # fmt: skip
 
@@ -524,7 +524,7 @@ async def test_a_rejected_tool_is_reported_to_the_model_and_deny_ends_the_run(
     run2, version2, _approval2 = await suspend(agent, fake)
     denied = await resume(agent, run2, version2, deny=True)
     assert denied.status == "denied" and calls.log == []
-    state = await agent.status(run_id=run2.run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=run2.run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "denied" and state.pending == ()
     await agent.aclose()
 
@@ -550,7 +550,7 @@ async def test_a_crash_mid_tool_leaves_an_interrupted_run_that_never_calls_again
         value=row.value, expected_version=None,
     )  # fmt: skip
     restarted = agent_for(fake, store, clock, tools="tests.agents.test_openai:test_tools")
-    state = await restarted.status(run_id=run.run_id, session_id="sess-1", ownership=OWNER)
+    state = await restarted.status(run_id=run.run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "suspended"
     (pending,) = state.pending
     assert pending.kind == "tool_interrupted" and pending.tool_name == "delete"
@@ -575,7 +575,7 @@ async def test_a_cancelled_resume_ends_the_run_state(
     fake.push(Hang())
     with trio.move_on_after(1):
         await resume(agent, run, version, (Decision(approval, "allow_once"),))
-    state = await agent.status(run_id=run.run_id, session_id="sess-1", ownership=OWNER)
+    state = await agent.status(run_id=run.run_id, session_id="sess-1", scope=OWNER)
     assert state is not None and state.status == "cancelled"
     assert calls.log == [("delete", {"path": "/tmp/x"})]
     await agent.aclose()

@@ -101,7 +101,7 @@ async def test_tool_approval_round_trip_through_the_runtime(
             "Approval required for tool delete: the model wants to call delete with "
             '{"path": "/var/log/old"}'
         )
-        values = {c.label: c.value for c in notice.controls}
+        values = {c.label: c.value for c in notice.buttons}
         assert calls.log == []
         fake.push(Answer("Done: the old logs are gone."))
         allow = values["Allow once"][4:]
@@ -178,14 +178,14 @@ async def test_prune_keeps_a_suspended_run(
         fake.push(Answer(tool_calls=(("delete", {"path": "/x"}),)))
         await h.runtime.admit(event("1", "clean up"))
         await h.settle()
-        allow = {c.label: c.value for c in h.last().controls}["Allow once"][4:]
+        allow = {c.label: c.value for c in h.last().buttons}["Allow once"][4:]
         clock.advance(31 * DAY_MS)
         await h.runtime.prune(identity=OPERATOR)
         (row,) = (await store.checkpoints.list_checkpoints(namespace=NS_RUN)).items
         state = await agent.status(
             run_id=row.key.split(":", 2)[2],
             session_id=row.value["sessionId"],
-            ownership=ownership_from_identity(IDENTITY),
+            scope=ownership_from_identity(IDENTITY),
         )
         assert state is not None and state.status == "suspended"
         # the approval's own TTL has passed meanwhile: it is refused cleanly, nothing runs

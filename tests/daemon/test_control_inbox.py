@@ -68,12 +68,14 @@ async def _dead_letters(store: MemoryStore, source: str, keys: list[str]) -> Non
         assert await store.inbox.put(
             source=source, key=key, partition=f"chat-{key}", order=order, payload=SECRET_TEXT
         )
-    claims = await store.inbox.claim(
+    reservations = await store.inbox.reserve(
         owner_id="worker", ttl_ms=60_000, limit=len(keys), max_attempts=1, sources=[source]
     )
-    assert len(claims) == len(keys)
-    for claim in claims:
-        item = await store.inbox.retry(claim, delay_ms=0, error="admit_failed", max_attempts=1)
+    assert len(reservations) == len(keys)
+    for reservation in reservations:
+        item = await store.inbox.retry(
+            reservation, delay_ms=0, error="admit_failed", max_attempts=1
+        )
         assert item is not None and item.state == "dead"
 
 
@@ -183,8 +185,8 @@ async def test_health_without_an_inbox_has_no_depth_and_prune_deletes_old_inbox_
         assert await store.inbox.put(
             source="tg", key=str(order), partition="p", order=order, payload=order
         )
-        (claim,) = await store.inbox.claim(owner_id="w", ttl_ms=1000, max_attempts=3)
-        assert await store.inbox.complete(claim)
+        (reservation,) = await store.inbox.reserve(owner_id="w", ttl_ms=1000, max_attempts=3)
+        assert await store.inbox.complete(reservation)
     await _dead_letters(store, "tg", ["9"])
     day = 86_400_000
     clock.ms += 3 * day

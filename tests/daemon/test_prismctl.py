@@ -22,7 +22,7 @@ import trio
 from prismd.channel import Admission
 from prismd.cli import prismctl as ctl
 from prismd.control import ControlConfig
-from prismd.journal import _access as controls
+from prismd.journal import _access as buttons
 from prismd.runtime.api import ReconcileResult
 from stores import OwnershipScope
 from tests.support.privileges import needs_root
@@ -446,8 +446,8 @@ async def test_pair_ttl_outside_the_bounds_is_a_usage_error(tmp_path: Path) -> N
     """``--ttl-ms 3600000`` was clamped to 5 minutes without a word; now it is refused
     before anything is sent, stating the bounds. The bounds are prismd.controls' own."""
     assert (ctl.PAIRING_TTL_MIN_MS, ctl.PAIRING_TTL_MAX_MS) == (
-        controls.PAIRING_TTL_MIN_MS,
-        controls.PAIRING_TTL_MAX_MS,
+        buttons.PAIRING_TTL_MIN_MS,
+        buttons.PAIRING_TTL_MAX_MS,
     )
     config = config_for(tmp_path)
     with trio.fail_after(DEADLINE):

@@ -61,7 +61,9 @@ class FakeAdapter:
     def send_draft(self, preview: Preview) -> None:
         self.asked.append("send_draft")
 
-    async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
+    async def send_typing(
+        self, external_conversation_id: str, thread_id: str | None = None
+    ) -> None:
         self.asked.append("send_typing")
 
     async def fetch_attachment(self, ref: AttachmentRef) -> object:
@@ -246,8 +248,10 @@ async def test_previews_and_attachments_route_to_adapters_that_support_them() ->
         async def fetch_attachment(self, ref: AttachmentRef) -> object:
             return b"bytes" if ref.transport_file_id == "mine" else None
 
-        async def send_typing(self, conversation_id: str, thread_id: str | None = None) -> None:
-            self.typing.append((conversation_id, thread_id))
+        async def send_typing(
+            self, external_conversation_id: str, thread_id: str | None = None
+        ) -> None:
+            self.typing.append((external_conversation_id, thread_id))
 
     adapters = AdapterRegistry()
     assert not any(adapters.any_offers(f) for f in ("previews", "attachments", "typing"))

@@ -57,7 +57,7 @@ def suspending_mock(store: Any, clock: ManualClock, **options: Any) -> MockAgent
 
 
 def tokens_of(reply: Reply) -> tuple[str, str]:
-    values = {c.label: c.value for c in reply.controls}
+    values = {c.label: c.value for c in reply.buttons}
     assert values["Allow once"].startswith("p:a:") and values["Deny"].startswith("p:d:")
     return values["Allow once"][4:], values["Deny"][4:]
 
@@ -92,7 +92,7 @@ async def test_suspension_notice_carries_allow_once_control(
     async with open_harness(store, clock, {"primary": agent}) as h:
         allow, deny = await suspend(h)
         assert allow != deny and len(allow) == 43
-        assert [c.label for c in h.last().controls] == ["Allow once", "Deny"]
+        assert [c.label for c in h.last().buttons] == ["Allow once", "Deny"]
         assert h.runtime.diagnostics().suspended == 1
 
 
@@ -183,7 +183,7 @@ async def test_cancel_while_suspended_denies_without_running_the_tool(
         assert await agent.tool_runs(run_id, OWNER) == 0
         assert agent.run_calls == 1
         assert h.last().text == DENIED_TEXT
-        state = await agent.status(run_id=run_id, session_id=session_id, ownership=OWNER)
+        state = await agent.status(run_id=run_id, session_id=session_id, scope=OWNER)
         assert state is not None and state.status == "denied"
         # The route is no longer suspended: a new message runs (and suspends) again.
         assert (await h.runtime.admit(event("3", "again"))).status == "accepted"
@@ -215,7 +215,7 @@ async def test_cancel_during_resume_aborts_the_agent(
         # The tool had been dispatched (not rolled back); the agent saw the abort before
         # its answer, so its durable run state never reached `succeeded`.
         assert await agent.tool_runs(run_id, OWNER) == 1
-        state = await agent.status(run_id=run_id, session_id=session_id, ownership=OWNER)
+        state = await agent.status(run_id=run_id, session_id=session_id, scope=OWNER)
         assert state is not None and state.status == "running"
         assert "mock: hello" not in h.texts
         assert h.last().text == "Request cancelled."
@@ -339,7 +339,7 @@ async def test_resend_of_an_approval_notice_issues_fresh_controls(
     fail_next = [True]
 
     def fail_first_controls(reply: Reply) -> SendResult | None:
-        if reply.controls and fail_next[0]:
+        if reply.buttons and fail_next[0]:
             fail_next[0] = False
             return SendResult(False, reason="telegram_api_error")
         return None
@@ -619,7 +619,7 @@ async def test_approval_notice_is_redacted(
         notice = h.last()
         assert notice.text.startswith("Approval required for tool ")
         assert SECRET not in notice.text and "[REDACTED]" in notice.text
-        assert len(notice.controls) == 2
+        assert len(notice.buttons) == 2
         rows = await all_rows(store)
         replies = [r for r in rows if r.namespace == "prism.channels.v1.reply"]
         assert replies and all(SECRET not in json.dumps(r.value) for r in replies)
@@ -648,7 +648,7 @@ async def test_approvals_need_a_journal_and_a_capable_agent(
         assert (await h2.runtime.admit(event("2", "hello"))).status == "accepted"
         await h2.settle()
         assert h2.last().text == "This request requires an authenticated host decision."
-        assert h2.last().controls == ()
+        assert h2.last().buttons == ()
 
 
 class _GatedStatus:
@@ -741,7 +741,7 @@ async def test_an_approval_pressed_while_its_turn_still_finishes_is_not_refused(
     slow = SlowMarkStore(store)
     notice_seen = trio.Event()
     async with open_harness(slow, clock, {"primary": agent}) as h:
-        h.deliver_hook = lambda reply: notice_seen.set() if reply.controls else None
+        h.deliver_hook = lambda reply: notice_seen.set() if reply.buttons else None
         assert (await h.runtime.admit(event("1", "hello"))).status == "accepted"
         with trio.fail_after(30):
             await notice_seen.wait()

@@ -189,7 +189,7 @@ async def test_d8_restart_reclaims_own_lease_at_once(autojump_clock: trio.abc.Cl
     )
     assert dead is not None
     host = Host()
-    async with runtime(host, store, clock=clock, owner_id="inst-1", reclaim_own_leases=True) as rt:
+    async with runtime(host, store, clock=clock, owner_id="inst-1", adopt_own_leases=True) as rt:
         start = trio.current_time()
         await rt.admit(event("1"))
         await rt.drain()

@@ -10,7 +10,7 @@ import trio.testing
 
 from prismd.channel import Reply, SendResult
 from prismd.identity import ownership_from_identity
-from prismd.journal import ReplyRecord, StoredControl, operation_id_for
+from prismd.journal import ReplyRecord, StoredButton, operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
@@ -100,8 +100,8 @@ def test_a_reply_record_fitted_without_measuring_it_fits_when_measured() -> None
         size = utf8_len(compact_json(worst.to_json()))
         for tight in range(size - 700, size + 700):
             assert not fits_unmeasured(worst, tight) or size <= tight
-    controls = (StoredControl("Allow", "allow_once"),)
-    short = ReplyRecord("op", "c", "chat", "notice", "hi", "pending", 1, 1, controls=controls)
+    buttons = (StoredButton("Allow", "allow_once"),)
+    short = ReplyRecord("op", "c", "chat", "notice", "hi", "pending", 1, 1, buttons=buttons)
     assert not fits_unmeasured(short, budget)  # controls and approvals are measured
     assert fit_record(short, budget + 4096) is short
 
@@ -234,7 +234,7 @@ async def test_resolve_binding_maps_sessions_and_bad_ids_are_malformed(
         await rt.drain()
         assert await rt.list_unresolved(identity=IDENT) == []
     assert [c.session_id for c in host.scripted.calls] == ["host-primary-0"]
-    assert seen[0].generation == 0 and seen[0].ownership == SCOPE
+    assert seen[0].generation == 0 and seen[0].scope == SCOPE
 
 
 def test_utf8_len_counts_the_encoded_bytes_for_any_text() -> None:

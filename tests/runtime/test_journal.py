@@ -26,7 +26,7 @@ from prismd.journal._records import (
     OperationInput,
     OperationRecord,
     ReplyRecord,
-    StoredControl,
+    StoredButton,
     StoredFile,
 )
 from stores import OwnershipScope, compact_json
@@ -61,7 +61,7 @@ def reply(state: str = "pending") -> ReplyRecord:
         state=state,
         created_at_ms=1,
         updated_at_ms=1,
-        controls=(StoredControl("Allow once", "allow_once"),),
+        buttons=(StoredButton("Allow once", "allow_once"),),
     )
 
 
@@ -161,7 +161,7 @@ async def test_reply_stage_and_mark_b105_b106(stores: StoreFactory) -> None:
     loaded = await journal.load_reply(SCOPE, "tg-1", "chan-op-1")
     assert loaded is not None
     assert (loaded.record.state, loaded.record.text) == ("delivered", "the answer")
-    assert loaded.record.controls == (StoredControl("Allow once", "allow_once"),)
+    assert loaded.record.buttons == (StoredButton("Allow once", "allow_once"),)
 
 
 async def test_saves_carry_state_metadata_without_text(stores: StoreFactory) -> None:
@@ -230,7 +230,7 @@ def test_stored_json_leaves_out_absent_fields_and_keeps_its_key_order() -> None:
     assert list(full).index("threadId") == list(full).index("externalActorId") + 1
     assert full["createdAt"] == "1970-01-01T00:00:00.001Z"
     held = reply().replace(
-        thread_id="t", controls=(StoredControl("Allow", "allow_once"),), message_id="m",
+        thread_id="t", buttons=(StoredButton("Allow", "allow_once"),), message_id="m",
         reason="held", approval={"runId": "r"}, created_us=5,
     ).to_json()  # fmt: skip
     assert list(held) == [
@@ -238,7 +238,7 @@ def test_stored_json_leaves_out_absent_fields_and_keeps_its_key_order() -> None:
         "controls", "state", "attempts", "messageId", "reason", "approval", "createdAt",
         "updatedAt", "createdAtMs", "updatedAtMs", "createdUs",
     ]  # fmt: skip
-    bare = reply().replace(controls=()).to_json()
+    bare = reply().replace(buttons=()).to_json()
     assert "controls" not in bare and "createdUs" not in bare and "threadId" not in bare
     assert OperationRecord.from_json(json.loads(json.dumps(full))) == op("failed").replace(
         thread_id="t", session_id="s", run_id="r", error_code="run_failed"
@@ -275,7 +275,7 @@ _FIELDS: dict[type, dict[str, Any]] = {
         "operation_id": _TEXT, "connection_id": _TEXT, "external_conversation_id": _TEXT,
         "kind": _TEXT, "text": _TEXT, "state": _TEXT, "created_at_ms": _MS,
         "updated_at_ms": _MS, "thread_id": _OPT,
-        "controls": st.lists(st.builds(StoredControl, _TEXT, _TEXT), max_size=2).map(tuple),
+        "controls": st.lists(st.builds(StoredButton, _TEXT, _TEXT), max_size=2).map(tuple),
         "attempts": _INT, "message_id": _OPT, "reason": _OPT,
         "approval": st.none() | st.dictionaries(_TEXT, _TEXT | _INT, max_size=3),
         "created_us": st.none() | _INT,

@@ -90,7 +90,7 @@ async def test_a_format_2_journal_keeps_its_agent_records(tmp_path: Path) -> Non
         )
         suspended = await before.run(request)
         assert suspended.status == "suspended"
-        state = await before.status(run_id=suspended.run_id, session_id="sess-1", ownership=OWNER)
+        state = await before.status(run_id=suspended.run_id, session_id="sess-1", scope=OWNER)
         assert state is not None and state.pending
         for old in MOVED_NAMESPACES:
             assert len((await store.checkpoints.list_checkpoints(namespace=old)).items) == 1
@@ -117,12 +117,12 @@ async def test_a_format_2_journal_keeps_its_agent_records(tmp_path: Path) -> Non
         assert len((await store.checkpoints.list_checkpoints(namespace=NS_SESSION)).items) == 1
 
         after = mock(store.checkpoints, clock)
-        again = await after.status(run_id=suspended.run_id, session_id="sess-1", ownership=OWNER)
+        again = await after.status(run_id=suspended.run_id, session_id="sess-1", scope=OWNER)
         assert again is not None and (again.status, again.version) == ("suspended", state.version)
         result = await after.resume(
             run_id=suspended.run_id,
             session_id="sess-1",
-            ownership=OWNER,
+            scope=OWNER,
             identity=IDENTITY,
             expected_version=state.version,
             decisions=(Decision(state.pending[0].approval_id, "allow_once"),),

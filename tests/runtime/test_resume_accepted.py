@@ -39,7 +39,7 @@ from tests.support.scripted import ScriptedAgent, input_text
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT1 = ("m1", "m2", "m3")
-SUCCESSOR: dict[str, Any] = {"owner_id": "runtime-a", "reclaim_own_leases": True}
+SUCCESSOR: dict[str, Any] = {"owner_id": "runtime-a", "adopt_own_leases": True}
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -437,7 +437,7 @@ async def test_sigkill_then_resume_sqlite(tmp_path: Path) -> None:
                 deliver=host.deliver,
                 store=store,
                 owner_id="resume-owner",
-                reclaim_own_leases=True,
+                adopt_own_leases=True,
                 resume_accepted=True,
             ) as rt:
                 await _wait(lambda: len(host.replies) == 4, within_s=25)

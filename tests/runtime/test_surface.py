@@ -21,7 +21,7 @@ PINNED_PARAMETERS = [
     "redactor",
     "clock",
     "owner_id",
-    "reclaim_own_leases",
+    "adopt_own_leases",
     "fetch_attachment",
     "tells_unanswered",
     "on_preview",

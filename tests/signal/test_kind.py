@@ -100,7 +100,7 @@ def test_the_builder_makes_an_inert_adapter() -> None:
         ),
     )
     assert isinstance(adapter, SignalAdapter)
-    assert adapter.allow_groups and adapter.lease_ttl_ms == 90_000 and adapter.reclaim
+    assert adapter.allow_groups and adapter.lease_ttl_ms == 90_000 and adapter.adopt
     assert kind.where(conn, adapter) == "(signal-cli at tcp:127.0.0.1:7583)"
     assert list(kind.secrets(conn)) == []
 

@@ -14,7 +14,7 @@ from trio.testing import MockClock
 
 from adapters.signal._send import UNKNOWN, error_outcome, render, result_outcome
 from adapters.toolkit import RpcError, utf16_units
-from prismd.channel import Control, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.signal_cli import SENDER_UUID, FakeSignalCli, SendOutcome
 from tests.support.waiting import raises_flat
 
@@ -52,9 +52,9 @@ async def test_171_approval_controls_are_lines_of_text(
     fake: FakeSignalCli, make_adapter: Any
 ) -> None:
     adapter = make_adapter()
-    controls = (Control("Allow once", f"p:a:{TOKEN_A}"), Control("Deny", f"p:d:{TOKEN_D}"))
+    buttons = (Button("Allow once", f"p:a:{TOKEN_A}"), Button("Deny", f"p:d:{TOKEN_D}"))
     with trio.fail_after(10):
-        result = await adapter.send(reply("Approval required.", controls=controls))
+        result = await adapter.send(reply("Approval required.", buttons=buttons))
     assert result.delivered and result.message_id is not None
     assert [s["message"] for s in fake.sends] == [
         "Approval required.\n\n"
@@ -188,7 +188,7 @@ async def test_controls_go_on_a_chunk_of_their_own_when_the_last_one_is_full(
 ) -> None:
     adapter = make_adapter()
     with trio.fail_after(10):
-        await adapter.send(reply("z" * 1990, controls=(Control("Allow", f"p:a:{TOKEN_A}"),)))
+        await adapter.send(reply("z" * 1990, buttons=(Button("Allow", f"p:a:{TOKEN_A}"),)))
     assert [s["message"] for s in fake.sends] == [
         "z" * 1990,
         f"Reply /approve {TOKEN_A} to allow once.",
@@ -214,9 +214,9 @@ async def test_group_conversations_send_to_the_group(
         ({"conversation": "group:bad id"}, "invalid_destination"),
         ({"conversation": SENDER_UUID.upper()}, "invalid_destination"),
         ({"text": "  "}, "empty_reply"),
-        ({"controls": (Control("x", "p:x:" + TOKEN_A),)}, "invalid_controls"),
-        ({"controls": (Control("a", f"p:a:{TOKEN_A}"),) * 3}, "invalid_controls"),
-        ({"controls": (Control("a", "p:a:short"),)}, "invalid_controls"),
+        ({"buttons": (Button("x", "p:x:" + TOKEN_A),)}, "invalid_controls"),
+        ({"buttons": (Button("a", f"p:a:{TOKEN_A}"),) * 3}, "invalid_controls"),
+        ({"buttons": (Button("a", "p:a:short"),)}, "invalid_controls"),
     ],
 )
 async def test_replies_that_cannot_be_sent_send_nothing(
@@ -254,7 +254,7 @@ def test_sg03_results_map_to_outcomes() -> None:
 )
 @settings(max_examples=80, deadline=None)
 def test_render_keeps_the_text_whole_within_the_unit_budget(text: str, values: list[str]) -> None:
-    chunks = render(text, [Control("c", v) for v in values])
+    chunks = render(text, [Button("c", v) for v in values])
     assert chunks is not None
     for chunk in chunks:
         assert 0 < utf16_units(chunk) <= 2000

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from stores import InboxClaim, InvalidInboxError, Store
+from stores import InboxReservation, InvalidInboxError, Store
 from tests.support.backends import Backend
 from tests.support.clocks import EPOCH_MS
 
@@ -36,17 +36,17 @@ async def put(store: Store, n: int, partition: str = "chat-1", **kw: Any) -> boo
     return await store.inbox.put(**args)
 
 
-async def claim(
+async def reserve(
     store: Store, owner: str = "a", limit: int = 10, max_attempts: int = 5, **kw: Any
-) -> list[InboxClaim]:
-    got = await store.inbox.claim(
+) -> list[InboxReservation]:
+    got = await store.inbox.reserve(
         owner_id=owner, ttl_ms=kw.pop("ttl_ms", TTL), limit=limit, max_attempts=max_attempts, **kw
     )
     return list(got)
 
 
-def keys(claims: list[InboxClaim]) -> list[str]:
-    return sorted(c.key for c in claims)
+def keys(reservations: list[InboxReservation]) -> list[str]:
+    return sorted(c.key for c in reservations)
 
 
 async def test_put_deduplicates_on_source_and_key(store: Store, autojump_clock: Any) -> None:
@@ -59,50 +59,50 @@ async def test_put_deduplicates_on_source_and_key(store: Store, autojump_clock: 
     assert (item.state, item.attempts, item.partition, item.order) == ("pending", 0, "chat-1", 1)
     assert item.payload == {"update_id": 1, "text": "t1"}
     assert item.created_at_ms == item.available_at_ms == now_ms()
-    (got,) = await claim(store, sources=[SRC])
+    (got,) = await reserve(store, sources=[SRC])
     assert await store.inbox.complete(got)
     assert not await put(store, 1)  # redelivered after it was processed: still no new row
     done = await store.inbox.get(source=SRC, key="1")
     assert done is not None and done.state == "done" and done.payload is None
 
 
-async def test_claim_hands_out_each_partition_in_order(store: Store, autojump_clock: Any) -> None:
+async def test_reserve_hands_out_each_partition_in_order(store: Store, autojump_clock: Any) -> None:
     for key in (5, 3, 4):
         assert await put(store, key)
     assert await put(store, 9, partition="chat-2")
-    first = await claim(store)
+    first = await reserve(store)
     assert keys(first) == ["3", "9"]  # the head of each partition, never two of one
     (head,) = [c for c in first if c.key == "3"]
     assert head.item.state == "claimed" and head.item.attempts == 1
     assert head.item.owner_id == "a" and head.expires_at_ms == now_ms() + TTL
     assert head.item.payload == {"update_id": 3, "text": "t3"}
-    assert await claim(store) == []  # nothing else is ready while the heads are worked on
-    assert await claim(store, "b") == []
+    assert await reserve(store) == []  # nothing else is ready while the heads are worked on
+    assert await reserve(store, "b") == []
     assert await store.inbox.complete(head)
-    (nxt,) = await claim(store, "b")  # no hold: anyone may take the next one
+    (nxt,) = await reserve(store, "b")  # no hold: anyone may take the next one
     assert nxt.key == "4"
     assert await store.inbox.complete(nxt)
-    (last,) = await claim(store)
+    (last,) = await reserve(store)
     assert last.key == "5"
 
 
 async def test_a_hold_keeps_the_partition_for_its_owner(store: Store, autojump_clock: Any) -> None:
     for key in (1, 2, 3):
         await put(store, key)
-    (one,) = await claim(store, "a")
-    assert await store.inbox.complete(one, hold_ms=5_000)
-    assert await claim(store, "b") == []  # held for a
-    (two,) = await claim(store, "a")  # a itself takes the next one
+    (one,) = await reserve(store, "a")
+    assert await store.inbox.complete(one, keep_partition_ms=5_000)
+    assert await reserve(store, "b") == []  # held for a
+    (two,) = await reserve(store, "a")  # a itself takes the next one
     assert two.key == "2"
-    assert await store.inbox.complete(two, hold_ms=5_000)
+    assert await store.inbox.complete(two, keep_partition_ms=5_000)
     assert await store.inbox.release(one)  # a's first hold ends; the second still holds
-    assert await claim(store, "b") == []
+    assert await reserve(store, "b") == []
     extended = await store.inbox.extend(two, ttl_ms=20_000)
     assert extended is not None and extended.expires_at_ms == now_ms() + 20_000
     await trio.sleep(10)
-    assert await claim(store, "b") == []  # extended past the first hold_ms
+    assert await reserve(store, "b") == []  # extended past the first keep_partition_ms
     await trio.sleep(11)
-    (three,) = await claim(store, "b")  # the hold expired: b may go on
+    (three,) = await reserve(store, "b")  # the hold expired: b may go on
     assert three.key == "3"
     assert await store.inbox.release(two)  # ending an expired hold is harmless
 
@@ -110,11 +110,11 @@ async def test_a_hold_keeps_the_partition_for_its_owner(store: Store, autojump_c
 async def test_release_ends_the_hold_now(store: Store, autojump_clock: Any) -> None:
     await put(store, 1)
     await put(store, 2)
-    (one,) = await claim(store, "a")
+    (one,) = await reserve(store, "a")
     assert not await store.inbox.release(one)  # not done yet: nothing to release
-    assert await store.inbox.complete(one, hold_ms=60_000)
+    assert await store.inbox.complete(one, keep_partition_ms=60_000)
     assert await store.inbox.release(one)
-    (two,) = await claim(store, "b")
+    (two,) = await reserve(store, "b")
     assert two.key == "2"
 
 
@@ -122,10 +122,10 @@ async def test_an_expired_claim_is_taken_over_and_the_old_one_fenced(
     store: Store, autojump_clock: Any
 ) -> None:
     await put(store, 1)
-    (old,) = await claim(store, "a", ttl_ms=1_000)
-    assert await claim(store, "b") == []
+    (old,) = await reserve(store, "a", ttl_ms=1_000)
+    assert await reserve(store, "b") == []
     await trio.sleep(1.5)
-    (new,) = await claim(store, "b")
+    (new,) = await reserve(store, "b")
     assert new.key == "1" and new.token != old.token
     assert new.item.attempts == 2 and new.item.owner_id == "b"
     assert new.item.payload == {"update_id": 1, "text": "t1"}
@@ -150,19 +150,19 @@ async def test_an_owner_starting_again_takes_up_its_own_claims_at_once(
     await put(store, 4, partition="p4", source="tg-other")
     await put(store, 5, partition="p5")
     await put(store, 6, partition="p5")
-    old = {c.key: c for c in await claim(store, "a", sources=[SRC], limit=2)}
+    old = {c.key: c for c in await reserve(store, "a", sources=[SRC], limit=2)}
     assert sorted(old) == ["1", "2"]
-    (b_claim,) = await claim(store, "b", sources=[SRC], limit=1)
+    (b_claim,) = await reserve(store, "b", sources=[SRC], limit=1)
     assert b_claim.key == "3"
-    (other,) = await claim(store, "a", sources=["tg-other"])
-    (held,) = await claim(store, "a", sources=[SRC])
+    (other,) = await reserve(store, "a", sources=["tg-other"])
+    (held,) = await reserve(store, "a", sources=[SRC])
     assert held.key == "5"
-    assert await store.inbox.complete(held, hold_ms=TTL)  # 6 waits for "a" (its hold)
+    assert await store.inbox.complete(held, keep_partition_ms=TTL)  # 6 waits for "a" (its hold)
 
-    assert await store.inbox.expire_own_claims(owner_id="a", sources=[SRC]) == 2
-    assert await store.inbox.expire_own_claims(owner_id="a", sources=[SRC]) == 0
-    assert await store.inbox.expire_own_claims(owner_id="a", sources=[]) == 0
-    again = await claim(store, "a", sources=[SRC])
+    assert await store.inbox.expire_own_reservations(owner_id="a", sources=[SRC]) == 2
+    assert await store.inbox.expire_own_reservations(owner_id="a", sources=[SRC]) == 0
+    assert await store.inbox.expire_own_reservations(owner_id="a", sources=[]) == 0
+    again = await reserve(store, "a", sources=[SRC])
     assert keys(again) == ["1", "2", "6"]  # 6: "a"'s hold still holds for "a"
     assert all(c.item.attempts == 2 for c in again if c.key in ("1", "2"))
     assert not await store.inbox.complete(old["1"])  # the dead process's claim: fenced
@@ -171,16 +171,16 @@ async def test_an_owner_starting_again_takes_up_its_own_claims_at_once(
     assert await store.inbox.complete(b_claim)
     assert await store.inbox.complete(other)
     with pytest.raises(InvalidInboxError):
-        await store.inbox.expire_own_claims(owner_id="")
+        await store.inbox.expire_own_reservations(owner_id="")
     with pytest.raises(InvalidInboxError):
-        await store.inbox.expire_own_claims(owner_id="a", sources="tg-main")
+        await store.inbox.expire_own_reservations(owner_id="a", sources="tg-main")
 
 
 async def test_an_expired_claim_not_taken_over_still_works(
     store: Store, autojump_clock: Any
 ) -> None:
     await put(store, 1)
-    (slow,) = await claim(store, "a", ttl_ms=1_000)
+    (slow,) = await reserve(store, "a", ttl_ms=1_000)
     await trio.sleep(5)
     assert await store.inbox.extend(slow, ttl_ms=1_000) is not None
     assert await store.inbox.complete(slow)
@@ -191,17 +191,17 @@ async def test_retry_backs_off_then_ends_in_a_dead_letter(
 ) -> None:
     await put(store, 1)
     await put(store, 2)
-    (first,) = await claim(store, max_attempts=3)
+    (first,) = await reserve(store, max_attempts=3)
     waiting = await store.inbox.retry(first, delay_ms=2_000, error="unavailable", max_attempts=3)
     assert waiting is not None
     assert (waiting.state, waiting.error, waiting.attempts) == ("pending", "unavailable", 1)
     assert waiting.available_at_ms == now_ms() + 2_000
-    assert await claim(store, max_attempts=3) == []  # not due, and it blocks its partition
+    assert await reserve(store, max_attempts=3) == []  # not due, and it blocks its partition
     await trio.sleep(2)
-    (second,) = await claim(store, max_attempts=3)
+    (second,) = await reserve(store, max_attempts=3)
     assert second.key == "1" and second.item.attempts == 2
     await store.inbox.retry(second, delay_ms=0, error="unavailable", max_attempts=3)
-    (third,) = await claim(store, max_attempts=3)
+    (third,) = await reserve(store, max_attempts=3)
     dead = await store.inbox.retry(third, delay_ms=0, error="capacity", max_attempts=3)
     assert dead is not None and (dead.state, dead.attempts, dead.error) == ("dead", 3, "capacity")
     # A dead letter is kept (with its payload, for a retry) and listed, and no longer holds
@@ -211,7 +211,7 @@ async def test_retry_backs_off_then_ends_in_a_dead_letter(
     listed = await store.inbox.list_items(state="dead")
     assert [i.key for i in listed.items] == ["1"] and listed.items[0].payload is None
     assert (await store.inbox.depth()).dead == 1
-    (nxt,) = await claim(store, max_attempts=3)
+    (nxt,) = await reserve(store, max_attempts=3)
     assert nxt.key == "2"
 
 
@@ -221,10 +221,10 @@ async def test_a_worker_killed_each_time_ends_in_a_dead_letter(
     """Claims that expire (the worker died mid-way) count as attempts too."""
     await put(store, 1)
     for attempt in (1, 2):
-        (got,) = await claim(store, ttl_ms=1_000, max_attempts=2)
+        (got,) = await reserve(store, ttl_ms=1_000, max_attempts=2)
         assert got.item.attempts == attempt
         await trio.sleep(1.5)
-    assert await claim(store, max_attempts=2) == []
+    assert await reserve(store, max_attempts=2) == []
     item = await store.inbox.get(source=SRC, key="1")
     assert item is not None and item.state == "dead" and item.attempts == 2
 
@@ -233,7 +233,7 @@ async def test_an_operator_settles_a_dead_letter(store: Store, autojump_clock: A
     await put(store, 1)
     await put(store, 2)
     for key in (1, 2):
-        (got,) = await claim(store, max_attempts=1)
+        (got,) = await reserve(store, max_attempts=1)
         assert got.key == str(key)
         await store.inbox.retry(got, delay_ms=0, error="failed", max_attempts=1)
     assert await store.inbox.settle(source=SRC, key="3", action="retry") is None
@@ -244,7 +244,7 @@ async def test_an_operator_settles_a_dead_letter(store: Store, autojump_clock: A
     assert discarded is not None and discarded.state == "discarded"
     gone = await store.inbox.get(source=SRC, key="2")
     assert gone is not None and gone.payload is None
-    (again,) = await claim(store, max_attempts=1)
+    (again,) = await reserve(store, max_attempts=1)
     assert again.key == "1" and again.item.payload == {"update_id": 1, "text": "t1"}
     with pytest.raises(InvalidInboxError):
         await store.inbox.settle(source=SRC, key="1", action="drop")  # type: ignore[arg-type]
@@ -253,13 +253,13 @@ async def test_an_operator_settles_a_dead_letter(store: Store, autojump_clock: A
 async def test_prune_deletes_settled_items_only(store: Store, autojump_clock: Any) -> None:
     for key in range(1, 7):
         await put(store, key, partition=f"chat-{key}")
-    claims = {c.key: c for c in await claim(store)}
-    assert await store.inbox.complete(claims["1"])
-    assert await store.inbox.complete(claims["2"], hold_ms=60_000)  # still held
-    await store.inbox.retry(claims["3"], delay_ms=0, error="x", max_attempts=1)  # dead
-    await store.inbox.retry(claims["4"], delay_ms=0, error="x", max_attempts=1)
+    reservations = {c.key: c for c in await reserve(store)}
+    assert await store.inbox.complete(reservations["1"])
+    assert await store.inbox.complete(reservations["2"], keep_partition_ms=60_000)  # still held
+    await store.inbox.retry(reservations["3"], delay_ms=0, error="x", max_attempts=1)  # dead
+    await store.inbox.retry(reservations["4"], delay_ms=0, error="x", max_attempts=1)
     assert await store.inbox.settle(source=SRC, key="4", action="discard") is not None
-    assert await store.inbox.complete(claims["5"])
+    assert await store.inbox.complete(reservations["5"])
     # "6" stays claimed.
     await trio.sleep(10)
     assert await store.inbox.prune(before_ms=now_ms() - 20_000) == 0  # nothing that old
@@ -275,14 +275,14 @@ async def test_depth_and_listing(store: Store, autojump_clock: Any) -> None:
     for key in range(1, 8):
         await put(store, key, partition=f"chat-{key % 3}")
     await put(store, 1, source="tg-other")
-    got = await claim(store, limit=2, sources=[SRC])
+    got = await reserve(store, limit=2, sources=[SRC])
     assert len(got) == 2
     await store.inbox.retry(got[0], delay_ms=0, error="x", max_attempts=1)
     depth = await store.inbox.depth(sources=[SRC])
     assert (depth.pending, depth.claimed, depth.dead) == (5, 1, 1)
     assert (await store.inbox.depth()).pending == 6
     assert (await store.inbox.depth(sources=[])).pending == 0
-    assert await claim(store, sources=[]) == []
+    assert await reserve(store, sources=[]) == []
     walked: list[tuple[str, str]] = []
     cursor = None
     for _ in range(10):
@@ -297,13 +297,13 @@ async def test_depth_and_listing(store: Store, autojump_clock: Any) -> None:
     assert [i.key for i in only.items] == ["1"] and only.next_cursor is None
 
 
-async def test_claim_limit_and_age_order(store: Store, autojump_clock: Any) -> None:
+async def test_reserve_limit_and_age_order(store: Store, autojump_clock: Any) -> None:
     for key in range(1, 6):
         await put(store, key, partition=f"chat-{key}")
         await trio.sleep(1)
-    first = await claim(store, limit=2)
+    first = await reserve(store, limit=2)
     assert keys(first) == ["1", "2"]  # oldest first
-    assert keys(await claim(store, "b", limit=500)) == ["3", "4", "5"]
+    assert keys(await reserve(store, "b", limit=500)) == ["3", "4", "5"]
 
 
 async def test_bad_input_is_refused_and_writes_nothing(store: Store) -> None:
@@ -327,7 +327,7 @@ async def test_bad_input_is_refused_and_writes_nothing(store: Store) -> None:
     for change in ({"owner_id": ""}, {"ttl_ms": 0}, {"max_attempts": 0}, {"sources": "tg"}):
         args: dict[str, Any] = {"owner_id": "a", "ttl_ms": TTL, "max_attempts": 3} | change
         with pytest.raises(InvalidInboxError):
-            await store.inbox.claim(**args)
+            await store.inbox.reserve(**args)
     with pytest.raises(InvalidInboxError):
         await store.inbox.complete("not a claim")  # type: ignore[arg-type]
     with pytest.raises(InvalidInboxError):
@@ -347,7 +347,7 @@ async def test_concurrent_claimers_never_share_an_item(store: Store) -> None:
     async def worker(owner: str) -> None:
         idle = 0
         while idle < 20:
-            got = await claim(store, owner, limit=3)
+            got = await reserve(store, owner, limit=3)
             if not got:
                 idle += 1
                 await trio.sleep(0.01)
@@ -377,7 +377,7 @@ async def test_two_stores_on_one_database_claim_disjoint_items(durable_backend: 
         async def worker(store: Store, owner: str) -> None:
             idle = 0
             while idle < 30:
-                got = await claim(store, owner, limit=2)
+                got = await reserve(store, owner, limit=2)
                 if not got:
                     idle += 1
                     await trio.sleep(0.01)
@@ -404,7 +404,7 @@ async def test_the_inbox_survives_a_reopen(durable_backend: Backend) -> None:
     async with durable_backend.open() as store:
         await put(store, 1)
         await put(store, 2, partition="chat-2")
-        (got, _) = await claim(store, limit=2)
+        (got, _) = await reserve(store, limit=2)
         assert await store.inbox.complete(got)
     async with durable_backend.open() as store:
         assert not await put(store, 1)

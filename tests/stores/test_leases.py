@@ -147,9 +147,9 @@ async def test_release_needs_owner_and_token(store: Store) -> None:
 async def test_reclaim_takes_over_own_unexpired_lease(store: Store) -> None:
     lease = await acquire(store, owner="instance-1")
     assert lease is not None
-    assert await acquire(store, owner="instance-2", reclaim=True) is None
+    assert await acquire(store, owner="instance-2", adopt=True) is None
     assert await acquire(store, owner="instance-1") is None
-    again = await acquire(store, owner="instance-1", reclaim=True)
+    again = await acquire(store, owner="instance-1", adopt=True)
     assert again is not None
     assert again.token != lease.token and again.fencing_token == lease.fencing_token + 1
     # The predecessor's token is dead.
@@ -158,7 +158,7 @@ async def test_reclaim_takes_over_own_unexpired_lease(store: Store) -> None:
     assert await renew(store, again) is not None
     # Reclaim on a free row is an ordinary acquisition.
     assert await release(store, again)
-    fresh = await acquire(store, owner="instance-3", reclaim=True)
+    fresh = await acquire(store, owner="instance-3", adopt=True)
     assert fresh is not None and fresh.fencing_token == again.fencing_token + 1
 
 

@@ -193,11 +193,11 @@ async def run_lease_ops(store: Store, clock: ManualClock, ops: list[tuple[Any, .
         if op[0] == "advance":
             clock.ms += op[1]
         elif op[0] == "acquire":
-            _, owner, reclaim = op
+            _, owner, adopt = op
             lease = await store.leases.try_acquire_lease(
-                owner_id=owner, ttl_ms=ttl, reclaim=reclaim, **lk
+                owner_id=owner, ttl_ms=ttl, adopt=adopt, **lk
             )
-            if live and not (reclaim and holder == owner):
+            if live and not (adopt and holder == owner):
                 assert lease is None, op
             else:
                 assert lease is not None, op

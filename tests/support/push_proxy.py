@@ -21,7 +21,7 @@ class PushProxy:
     port: int = 0
     served: list[int] = attrs.Factory(list)
     """The instance (index in ``ports``) that answered each relayed push."""
-    _turn: int = 0
+    _next_port: int = 0
 
     @property
     def url(self) -> str:
@@ -64,8 +64,8 @@ class PushProxy:
                 }
                 status = 502
                 for _ in range(len(self.ports)):
-                    index = self._turn % len(self.ports)
-                    self._turn += 1
+                    index = self._next_port % len(self.ports)
+                    self._next_port += 1
                     target = f"http://127.0.0.1:{self.ports[index]}{head.target.decode()}"
                     try:
                         response = await client.post(

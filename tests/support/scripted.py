@@ -187,7 +187,7 @@ class ScriptedAgent:
         self,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         value: dict[str, Any],
         expected: int,
     ) -> int:
@@ -196,7 +196,7 @@ class ScriptedAgent:
         saved = await self.checkpoints.save_checkpoint(
             namespace=RUN_NS,
             key=self._scope_key(run_id),
-            scope=ownership,
+            scope=scope,
             version=expected + 1,
             value=value,
             expected_version=expected,
@@ -204,12 +204,12 @@ class ScriptedAgent:
         return saved.version
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
         if self.checkpoints is None:
             return None
         stored = await self.checkpoints.load_checkpoint(
-            namespace=RUN_NS, key=self._scope_key(run_id), scope=ownership
+            namespace=RUN_NS, key=self._scope_key(run_id), scope=scope
         )
         if stored is None or stored.value.get("sessionId") != session_id:
             return None
@@ -229,7 +229,7 @@ class ScriptedAgent:
         *,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         identity: AgentIdentity,
         expected_version: int,
         decisions: tuple[Decision, ...] = (),
@@ -238,7 +238,7 @@ class ScriptedAgent:
     ) -> RunResult:
         assert self.checkpoints is not None
         stored = await self.checkpoints.load_checkpoint(
-            namespace=RUN_NS, key=self._scope_key(run_id), scope=ownership
+            namespace=RUN_NS, key=self._scope_key(run_id), scope=scope
         )
         if stored is None or stored.version != expected_version:
             raise RunFailedError(RunResult("failed", "", run_id, session_id))
@@ -246,11 +246,11 @@ class ScriptedAgent:
         allowed = not deny and any(d.outcome == "allow_once" for d in decisions)
         if not allowed:
             value["status"] = "denied"
-            await self._save_run_version(run_id, session_id, ownership, value, stored.version)
+            await self._save_run_version(run_id, session_id, scope, value, stored.version)
             return RunResult("denied", "", run_id, session_id)
         self.tool_runs += 1
         value["status"] = "running"
-        version = await self._save_run_version(run_id, session_id, ownership, value, stored.version)
+        version = await self._save_run_version(run_id, session_id, scope, value, stored.version)
         try:
             if self.resume_gate is not None:
                 await self.resume_gate.wait()
@@ -265,10 +265,10 @@ class ScriptedAgent:
         except trio.Cancelled:
             value["status"] = "aborted"
             with trio.CancelScope(shield=True):
-                await self._save_run_version(run_id, session_id, ownership, value, version)
+                await self._save_run_version(run_id, session_id, scope, value, version)
             raise
         value["status"] = "succeeded"
-        await self._save_run_version(run_id, session_id, ownership, value, version)
+        await self._save_run_version(run_id, session_id, scope, value, version)
         entries = self.sessions.setdefault(session_id, [])
         entries.append(("assistant", answer))
         return RunResult("succeeded", answer, run_id, session_id)
@@ -277,12 +277,12 @@ class ScriptedAgent:
         self,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         value: dict[str, Any],
         expected: int,
     ) -> int:
         try:
-            return await self._save_run(run_id, session_id, ownership, value, expected)
+            return await self._save_run(run_id, session_id, scope, value, expected)
         except CheckpointConflictError:
             raise RunFailedError(RunResult("failed", "", run_id, session_id)) from None
 

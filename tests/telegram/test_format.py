@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.telegram._format import to_telegram_html, visible_text, well_formed
-from prismd.channel import Control, Reply, ReplyKind
+from prismd.channel import Button, Reply, ReplyKind
 from tests.fakes.telegram_api import ApiError, FakeBotApi, parse_html
 
 from .conftest import CONN
@@ -107,8 +107,8 @@ async def test_refused_entities_fall_back_to_plain_text(
         'start tag "b"',
     )
     adapter = make_adapter()
-    controls = (Control("Allow once", "p:a:" + "A" * 43), Control("Deny", "p:d:" + "B" * 43))
-    result = await adapter.send(reply("**bold** answer", controls=controls))
+    buttons = (Button("Allow once", "p:a:" + "A" * 43), Button("Deny", "p:d:" + "B" * 43))
+    result = await adapter.send(reply("**bold** answer", buttons=buttons))
     assert result.delivered
     first, second = fake.calls_to("sendMessage")
     assert first.params["parse_mode"] == "HTML"

@@ -14,7 +14,7 @@ from trio.testing import MockClock
 
 from adapters.telegram._api import TelegramApi, TelegramNetworkError, TelegramResponseError
 from adapters.telegram._parse import parse_update
-from prismd.channel import AttachmentRef, Control, Reply, SendResult
+from prismd.channel import AttachmentRef, Button, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
 from tests.support.waiting import wait_until, wait_until_async
@@ -207,7 +207,7 @@ async def test_send_with_a_lone_surrogate_is_delivered(fake: FakeBotApi, make_ad
                 external_conversation_id="101",
                 text=f"a{LONE}b",
                 kind="final",
-                controls=(Control(label=f"x{LONE}", value="p:a:" + "A" * 40),),
+                buttons=(Button(label=f"x{LONE}", value="p:a:" + "A" * 40),),
             )
         )
     assert result == SendResult(delivered=False, reason="invalid_controls")

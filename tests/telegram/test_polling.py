@@ -601,7 +601,7 @@ async def test_restarted_daemon_reclaims_its_own_lease(
         await recorder.wait_for(1)
         nursery.cancel_scope.cancel()
     assert trio.current_time() < 30
-    other = make_adapter(owner_id="daemon-a", reclaim=False)
+    other = make_adapter(owner_id="daemon-a", adopt=False)
     await store.leases.try_acquire_lease(
         namespace="prism.channels.v1.telegram.receiver",
         key=f"r1:{CONN}",

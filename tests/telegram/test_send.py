@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from adapters.telegram._send import chunk_text, utf16_units
-from prismd.channel import AttachmentRef, Control, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import AttachmentRef, Button, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 
 from .conftest import CONN, TOKEN, TOKEN_43
@@ -79,13 +79,13 @@ async def test_135_controls_inline_keyboard(fake: FakeBotApi, make_adapter: Any)
     fake.chats.add("101")
     adapter = make_adapter()
     value = f"p:a:{TOKEN_43}"
-    result = await adapter.send(final("approve?", controls=(Control("Allow once", value),)))
+    result = await adapter.send(final("approve?", buttons=(Button("Allow once", value),)))
     assert result == SendResult(delivered=True, message_id="1")
     [call] = fake.calls_to("sendMessage")
     assert call.params["reply_markup"] == {
         "inline_keyboard": [[{"text": "Allow once", "callback_data": value}]]
     }
-    long = await adapter.send(final("y" * 4000, controls=(Control("Deny", "p:d:" + "B" * 43),)))
+    long = await adapter.send(final("y" * 4000, buttons=(Button("Deny", "p:d:" + "B" * 43),)))
     assert long.delivered
     first, last = fake.calls_to("sendMessage")[1:]
     assert "reply_markup" not in first.params and "reply_markup" in last.params
@@ -217,12 +217,12 @@ async def test_invalid_replies_refused_without_calls(fake: FakeBotApi, make_adap
     )
     assert (await adapter.send(final("x", chat=""))).reason == "invalid_destination"
     assert (await adapter.send(final(""))).reason == "empty_reply"
-    assert (await adapter.send(final("x", controls=(Control("", "v"),)))).reason == (
+    assert (await adapter.send(final("x", buttons=(Button("", "v"),)))).reason == (
         "invalid_controls"
     )
-    many = tuple(Control(str(i), "v") for i in range(9))
-    assert (await adapter.send(final("x", controls=many))).reason == "invalid_controls"
-    assert (await adapter.send(final("x", controls=(Control("a", "v" * 65),)))).reason == (
+    many = tuple(Button(str(i), "v") for i in range(9))
+    assert (await adapter.send(final("x", buttons=many))).reason == "invalid_controls"
+    assert (await adapter.send(final("x", buttons=(Button("a", "v" * 65),)))).reason == (
         "invalid_controls"
     )
     assert fake.calls == []

@@ -11,7 +11,7 @@ import trio
 
 from adapters.telegram import TelegramAdapter
 from prismd.channel import Admission, InboundEvent
-from stores import InboxClaim, InboxStore, StoreUnavailableError
+from stores import InboxReservation, InboxStore, StoreUnavailableError
 from stores.memory import MemoryStore
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
@@ -150,7 +150,7 @@ async def test_an_instance_started_again_takes_up_the_rows_it_had_claimed(
         source=CONN, key="8", partition="chat:101", order=8,
         payload={"update_id": 8, **private_message("before the crash")},
     )  # fmt: skip
-    (dead,) = await store.inbox.claim(
+    (dead,) = await store.inbox.reserve(
         owner_id="daemon-a", ttl_ms=600_000, max_attempts=10, sources=[CONN]
     )
     other = inbox_adapter(make_adapter, owner_id="daemon-b")
@@ -258,11 +258,11 @@ class FailingComplete:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def complete(self, claim: InboxClaim, *, hold_ms: int = 0) -> bool:
+    async def complete(self, reservation: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
         if self.times > 0:
             self.times -= 1
             raise StoreUnavailableError("store lost")
-        return await self.inner.complete(claim, hold_ms=hold_ms)
+        return await self.inner.complete(reservation, keep_partition_ms=keep_partition_ms)
 
 
 @attrs.define(eq=False)

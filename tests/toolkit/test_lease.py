@@ -109,7 +109,7 @@ async def test_our_predecessors_lease_is_taken_over_at_once(
     assert trio.current_time() == 0
     assert successor.fencing_token == left.fencing_token + 1
     # without reclaim (or another owner) it is a standby receiver
-    for other in (make(store.leases, reclaim=False), make(store.leases, owner="daemon-b")):
+    for other in (make(store.leases, adopt=False), make(store.leases, owner="daemon-b")):
         assert not await other.try_acquire()
 
 

@@ -106,11 +106,13 @@ async def chat_stack(
             adapter = adapters.get(connection_id)
             return adapter is not None and adapter.features.unanswered_notices
 
-        async def on_typing(connection_id: str, conversation_id: str, thread: str | None) -> None:
+        async def on_typing(
+            connection_id: str, external_conversation_id: str, thread: str | None
+        ) -> None:
             # as the daemon's host routes typing: to the adapter of the connection
             adapter = adapters.get(connection_id)
             if adapter is not None and adapter.features.typing:
-                await adapter.send_typing(conversation_id, thread)
+                await adapter.send_typing(external_conversation_id, thread)
 
         async with open_messaging_runtime(
             authorize=authorize_everyone,

@@ -14,7 +14,7 @@ import trio.testing
 import trio_websocket
 
 from adapters.webchat._adapter import WebchatAdapter, parse_listen
-from prismd.channel import AdapterFatalError, Admission, ApprovalInput, Control, Reply, SendResult
+from prismd.channel import AdapterFatalError, Admission, ApprovalInput, Button, Reply, SendResult
 
 from ._support import (
     FIXED_NOW_MS,
@@ -176,9 +176,9 @@ async def test_message_round_trip(nursery: trio.Nursery) -> None:
             assert event.received_at_ms == FIXED_NOW_MS
             assert dict(event.claims) == {"platform": "webchat"}
 
-            controls = (Control("Allow once", "p:a:" + TOKEN), Control("Deny", "p:d:" + TOKEN))
+            buttons = (Button("Allow once", "p:a:" + TOKEN), Button("Deny", "p:d:" + TOKEN))
             result = await adapter.send(
-                reply("the answer", in_reply_to=f"{ACTOR}:m1", kind="notice", controls=controls)
+                reply("the answer", in_reply_to=f"{ACTOR}:m1", kind="notice", buttons=buttons)
             )
             assert result.delivered and result.message_id
             assert await recv(ws) == {

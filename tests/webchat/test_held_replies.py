@@ -546,7 +546,7 @@ async def test_a_held_approval_notice_comes_back_with_fresh_working_buttons() ->
             assert (await results.receive()).held
             assert (await runtime.drain(deadline_ms=5000)).settled
             stored = await reply_record(adapter)
-            assert stored.kind == "notice" and [c.label for c in stored.controls] == [
+            assert stored.kind == "notice" and [c.label for c in stored.buttons] == [
                 "Allow once",
                 "Deny",
             ]

@@ -126,7 +126,7 @@ class A2AAgent:
         return False
 
     async def status(
-        self, *, run_id: str, session_id: str, ownership: OwnershipScope
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
         return None
 
@@ -135,7 +135,7 @@ class A2AAgent:
         *,
         run_id: str,
         session_id: str,
-        ownership: OwnershipScope,
+        scope: OwnershipScope,
         identity: AgentIdentity,
         expected_version: int,
         decisions: tuple[Decision, ...] = (),

@@ -69,7 +69,7 @@ MAX_SERVING = 128
 PENDING, SERVING = "pending", "serving"
 HEAD_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 75.0
-CLAIM_TTL_MS = 60_000
+RESERVATION_TTL_MS = 60_000
 MAX_ATTEMPTS = 8
 STATE_RANK = {
     "unknown": 0,
@@ -274,33 +274,36 @@ class PushReceiver:
         """The worker: claim, apply, acknowledge — until cancelled."""
         while True:
             try:
-                claims = await self.inbox.claim(
+                reservations = await self.inbox.reserve(
                     owner_id=owner_id,
-                    ttl_ms=CLAIM_TTL_MS,
+                    ttl_ms=RESERVATION_TTL_MS,
                     limit=64,
                     max_attempts=MAX_ATTEMPTS,
                     sources=(PUSH_SOURCE,),
                 )
             except Exception as exc:
                 log.warning("a2a push: claiming failed (%s)", type(exc).__name__)
-                claims = ()
-            for claim in claims:
+                reservations = ()
+            for reservation in reservations:
                 try:
-                    await self._apply(claim.item.payload)
+                    await self._apply(reservation.item.payload)
                 except Exception as exc:
                     log.warning("a2a push: applying failed (%s)", type(exc).__name__)
                     try:
                         await self.inbox.retry(
-                            claim, delay_ms=1000, error="apply_failed", max_attempts=MAX_ATTEMPTS
+                            reservation,
+                            delay_ms=1000,
+                            error="apply_failed",
+                            max_attempts=MAX_ATTEMPTS,
                         )
                     except Exception:
                         pass
                     continue
                 try:
-                    await self.inbox.complete(claim)
+                    await self.inbox.complete(reservation)
                 except Exception as exc:
                     log.warning("a2a push: acknowledging failed (%s)", type(exc).__name__)
-            if not claims:
+            if not reservations:
                 with trio.move_on_after(idle_s):
                     await self.wake.wait()
                 self.wake = trio.Event()
