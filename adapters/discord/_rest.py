@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import trio
 
-from ._http import Header, Http11, HttpTransportError, Origin, ResponseTooLarge
+from ..toolkit import Header, Http11, HttpTransportError, Origin, ResponseTooLarge
 
 log = logging.getLogger("prismd.discord")
 
@@ -96,7 +96,7 @@ class _Bucket:
 
 @attrs.define(eq=False, kw_only=True)
 class DiscordRest:
-    """Requests go through :class:`~._http.Http11` (keep-alive, one ``send`` per request,
+    """Requests go through :class:`~adapters.toolkit.Http11` (keep-alive, one ``send`` per request,
     bounded bodies). Built once: the origin and base path, the headers (the
     ``Authorization`` one per token value)."""
 

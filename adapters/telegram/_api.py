@@ -2,15 +2,18 @@
 
 Guarantees (contract §11.2):
 
+* Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (h11, keep-alive,
+  one write per request); an injected httpx transport (tests) replaces it.
 * The token is read from the credential source on every request and appears only in the
   request URL; no exception raised here carries a URL, a token, a response body or a
   platform description. Every message is fixed text; callers branch on attributes.
-* Redirects are never followed (``follow_redirects=False``: a 3xx is an API error).
+* Redirects are never followed (a 3xx is an API error).
 * Response bodies are read with a byte cap; an oversized or non-JSON body is a
   :class:`TelegramResponseError` (the request may have been processed).
-* httpx logs each request URL at INFO, and Telegram URLs carry the token: importing this
-  module raises the ``httpx``/``httpcore`` loggers to WARNING and installs a filter that
-  drops any of their records mentioning a bot path, whatever level a host later sets.
+* httpx (an injected transport, the multipart encoder) logs each request URL at INFO, and
+  Telegram URLs carry the token: importing this module raises the ``httpx``/``httpcore``
+  loggers to WARNING and installs a filter that drops any of their records mentioning a
+  bot path, whatever level a host later sets.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,14 +29,21 @@ import attrs
 import httpx
 import trio
 
-from ..toolkit import is_loopback_host
+from ..toolkit import (
+    Header,
+    Http11,
+    HttpTransportError,
+    Origin,
+    ResponseTooLarge,
+    is_loopback_host,
+)
 
 DEFAULT_API_ORIGIN = "https://api.telegram.org"
 DEFAULT_MAX_RESPONSE_BYTES = 128 * 1024
 MAX_CONNECTIONS = 4
-"""Requests in flight per client, and the keep-alive connections its pool keeps: httpcore
-checks every idle connection (a ``poll`` each) before each request, so the twenty idle
-connections twenty concurrent sends left cost twenty system calls per request (8 still cost
+"""Requests in flight per client, and the keep-alive connections its pool keeps: an idle
+connection is polled (a system call) before its reuse, as httpcore polled every idle one
+before each request (twenty idle connections cost twenty polls per request; 8 still cost
 7.9% of the daemon's samples, 4 under 1%). Four carry Telegram's ~30 messages a second at
 up to ~130 ms a request; a request waiting for one has not left (it waits outside its
 deadline)."""
@@ -75,9 +86,10 @@ class TelegramCredentialError(TelegramError):
 class TelegramNetworkError(TelegramError):
     """The request failed in transport; Telegram may or may not have processed it.
 
-    ``cause`` names the class of the failure for logs: the httpx/OS exception type
-    (``ConnectError``, ``ReadTimeout``…) or ``deadline`` when the whole request ran out of
-    time. A type name never carries the URL (whose text has the token).
+    ``cause`` names the class of the failure for logs: the HTTP client's error type
+    (``ConnectError``, ``ReadTimeout``…: :mod:`adapters.toolkit._http_client`, the same
+    words as httpx's for an injected transport) or ``deadline`` when the whole request ran
+    out of time. A type name never carries the URL (whose text has the token).
     """
 
     def __init__(self, cause: str = "unknown") -> None:
@@ -175,21 +187,45 @@ def _positive_int(value: object) -> int | None:
 _JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _USER_AGENT = (b"User-Agent", b"prismd")
 _ACCEPT = (b"Accept", b"application/json")
-_JSON_TYPE = (b"Content-Type", b"application/json")
+_JSON_HEADERS: tuple[Header, ...] = (_USER_AGENT, _ACCEPT, (b"Content-Type", b"application/json"))
+_PATH_SAFE = "/:@-._~!$&'()*+,;="
+_Answer = tuple[int, Mapping[str, str] | httpx.Headers, bytes]
+
+
+def _origin(api_origin: str) -> Origin:
+    parts = urllib.parse.urlsplit(api_origin)
+    default = 443 if parts.scheme == "https" else 80
+    return Origin(parts.scheme, parts.hostname or "", parts.port or default)
+
+
+def _multipart(
+    params: Mapping[str, Any] | None, files: Mapping[str, tuple[str, bytes, str]]
+) -> tuple[tuple[Header, ...], bytes]:
+    """A ``multipart/form-data`` body and its headers, encoded by httpx (no I/O: the
+    request is only built, never sent through httpx)."""
+    request = httpx.Request(
+        "POST",
+        "http://multipart.invalid/",
+        data={k: str(v) for k, v in (params or {}).items()},
+        files=dict(files),
+    )
+    body = request.read()
+    content_type = request.headers["Content-Type"].encode("ascii")
+    return (_USER_AGENT, _ACCEPT, (b"Content-Type", content_type)), body
 
 
 @attrs.define(eq=False)
 class TelegramApi:
-    """One long-lived httpx connection pool per client; ``call`` returns ``result`` of a
-    successful envelope.
+    """One long-lived client per instance; ``call`` returns ``result`` of a successful
+    envelope.
 
-    The pool is httpx's own transport (:class:`httpx.AsyncHTTPTransport`, keep-alive), or
-    the injected ``transport`` (tests: :class:`httpx.MockTransport`, a loopback fake).
-    Requests go to it directly: the :class:`httpx.AsyncClient` layers above it (URL
-    merging, cookies, auth, redirects, event hooks) do nothing a Bot API call wants —
-    redirects are never followed and no cookie is kept. What can be built once is: the
-    URL of each method (per token value), the headers, the timeouts. A body is read as
-    bytes under its cap and decoded once.
+    Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (keep-alive, at
+    most :data:`MAX_CONNECTIONS`, head and body in one write, each read of the answer
+    within the read timeout), or the injected httpx ``transport`` (tests:
+    :class:`httpx.MockTransport`). What can be built once is: the request target of each
+    method (per token value), the headers, the origin. A body is read as bytes under its
+    cap and decoded once. Multipart bodies (``files``) are encoded by httpx and sent the
+    same way.
 
     ``read_timeout_s`` must exceed the long-poll timeout so a quiet poll ends by Telegram's
     empty answer, not by our timeout.
@@ -200,36 +236,21 @@ class TelegramApi:
     transport: httpx.AsyncBaseTransport | None = None
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     read_timeout_s: float = 60.0
-    _pool: httpx.AsyncBaseTransport | None = attrs.field(default=None, init=False)
+    _http: Http11 = attrs.field(
+        factory=lambda: Http11(max_connections=MAX_CONNECTIONS), init=False, repr=False
+    )
     _token_seen: str | None = attrs.field(default=None, init=False, repr=False)
-    _urls: dict[str, httpx.URL] = attrs.field(factory=dict, init=False, repr=False)
-    _host: tuple[bytes, bytes] = attrs.field(init=False, repr=False)
-    _timeouts: dict[float, dict[str, float | None]] = attrs.field(factory=dict, init=False)
+    _targets: dict[str, bytes] = attrs.field(factory=dict, init=False, repr=False)
+    _origin: Origin = attrs.field(init=False, repr=False)
     _slots: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_CONNECTIONS))
 
     def __attrs_post_init__(self) -> None:
-        self._host = (b"Host", httpx.URL(self.api_origin).netloc)
-
-    def _transport(self) -> httpx.AsyncBaseTransport:
-        if self._pool is None:
-            self._pool = (
-                self.transport
-                if self.transport is not None
-                else httpx.AsyncHTTPTransport(
-                    trust_env=False,
-                    retries=0,
-                    limits=httpx.Limits(
-                        max_connections=MAX_CONNECTIONS,
-                        max_keepalive_connections=MAX_CONNECTIONS,
-                    ),
-                )
-            )
-        return self._pool
+        self._origin = _origin(self.api_origin)
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.aclose()
+        await self._http.aclose()
+        if self.transport is not None:
+            await self.transport.aclose()
 
     def _token(self) -> str:
         try:
@@ -240,30 +261,25 @@ class TelegramApi:
             return token
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
             raise TelegramCredentialError()
-        # A new token value (rotated): every URL is rebuilt with it.
+        # A new token value (rotated): every target is rebuilt with it.
         self._token_seen = token
-        self._urls.clear()
+        self._targets.clear()
         return token
 
-    def _url(self, path: str) -> httpx.URL:
-        """``<origin>/bot<token>/<path>`` (``path`` may start with ``file/``: then
-        ``<origin>/file/bot<token>/…``), built once per token value."""
+    def _target(self, path: str) -> bytes:
+        """``/bot<token>/<path>`` (``path`` may start with ``file/``: then
+        ``/file/bot<token>/…``), built once per token value."""
         token = self._token()
-        url = self._urls.get(path)
-        if url is None:
+        target = self._targets.get(path)
+        if target is None:
             if path.startswith("file/"):
-                url = httpx.URL(f"{self.api_origin}/file/bot{token}/{path[5:]}")
+                text = f"/file/bot{token}/{path[5:]}"
             else:
-                url = httpx.URL(f"{self.api_origin}/bot{token}/{path}")
-            if len(self._urls) < 64:  # methods are few; file paths are not kept forever
-                self._urls[path] = url
-        return url
-
-    def _timeout(self, read_s: float) -> dict[str, float | None]:
-        timeout = self._timeouts.get(read_s)
-        if timeout is None:
-            timeout = self._timeouts[read_s] = httpx.Timeout(10.0, read=read_s).as_dict()
-        return timeout
+                text = f"/bot{token}/{path}"
+            target = urllib.parse.quote(text, safe=_PATH_SAFE).encode("ascii")
+            if len(self._targets) < 64:  # methods are few; file paths are not kept forever
+                self._targets[path] = target
+        return target
 
     async def call(
         self,
@@ -282,35 +298,16 @@ class TelegramApi:
         Raises :class:`TelegramApiError`, :class:`TelegramNetworkError`,
         :class:`TelegramResponseError` or :class:`TelegramCredentialError`.
         """
-        url = self._url(method)
+        target = self._target(method)
         read_s = self.read_timeout_s if read_timeout_s is None else read_timeout_s
-        extensions = {"timeout": self._timeout(read_s)}
         if files is not None:
-            request = httpx.Request(
-                "POST",
-                url,
-                headers=[_USER_AGENT, _ACCEPT],
-                data={k: str(v) for k, v in (params or {}).items()},
-                files=dict(files),
-                extensions=extensions,
-            )
+            headers, body = _multipart(params, files)
         else:
-            body = _JSON_DUMPS(params or {}).encode("utf-8")
-            request = httpx.Request(
-                "POST",
-                url,
-                headers=[
-                    self._host,
-                    _USER_AGENT,
-                    _ACCEPT,
-                    _JSON_TYPE,
-                    (b"Content-Length", str(len(body)).encode("ascii")),
-                ],
-                stream=httpx.ByteStream(body),
-                extensions=extensions,
-            )
+            headers, body = _JSON_HEADERS, _JSON_DUMPS(params or {}).encode("utf-8")
         cap = self.max_response_bytes if max_response_bytes is None else max_response_bytes
-        status, headers, body = await self._request(request, read_s, cap)
+        status, answer_headers, body = await self._request(
+            b"POST", target, headers, body, read_s, cap
+        )
         try:
             envelope = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
@@ -319,7 +316,9 @@ class TelegramApi:
             if 200 <= status < 300:
                 raise TelegramResponseError()
             raise TelegramApiError(
-                status, retry_after=_positive_int(headers.get("retry-after")), enveloped=False
+                status,
+                retry_after=_positive_int(answer_headers.get("retry-after")),
+                enveloped=False,
             )
         if envelope.get("ok") is True and 200 <= status < 300:
             return envelope.get("result")
@@ -329,7 +328,7 @@ class TelegramApi:
         error_status = code if isinstance(code, int) and not isinstance(code, bool) else status
         retry_after = _positive_int(parameters.get("retry_after"))
         if retry_after is None:
-            retry_after = _positive_int(headers.get("retry-after"))
+            retry_after = _positive_int(answer_headers.get("retry-after"))
         migrate = parameters.get("migrate_to_chat_id")
         description = envelope.get("description")
         raise TelegramApiError(
@@ -348,15 +347,11 @@ class TelegramApi:
         Transport failures raise :class:`TelegramNetworkError`.
         """
         token = self._token()
-        url = httpx.URL(f"{self.api_origin}/file/bot{token}/{file_path}")
-        request = httpx.Request(
-            "GET",
-            url,
-            headers=[self._host, _USER_AGENT],
-            extensions={"timeout": self._timeout(self.read_timeout_s)},
-        )
+        target = urllib.parse.quote(f"/file/bot{token}/{file_path}", safe=_PATH_SAFE)
         try:
-            status, _headers, body = await self._request(request, self.read_timeout_s, max_bytes)
+            status, _headers, body = await self._request(
+                b"GET", target.encode("ascii"), (_USER_AGENT,), b"", self.read_timeout_s, max_bytes
+            )
         except TelegramResponseError:
             return None
         if not 200 <= status < 300:
@@ -364,45 +359,73 @@ class TelegramApi:
         return body
 
     async def _request(
-        self, request: httpx.Request, read_s: float, cap: int
-    ) -> tuple[int, httpx.Headers, bytes]:
-        # A free connection first (see MAX_CONNECTIONS): waiting for it sends nothing.
-        # Taken without a trip through the scheduler when one is free (Semaphore.acquire
-        # always yields once): the exchange itself yields soon enough, and a cancellation
-        # is noticed there (it raises before anything is sent).
-        try:
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            await self._slots.acquire()
-        try:
-            return await self._exchange(request, read_s, cap)
-        finally:
-            self._slots.release()
+        self,
+        method: bytes,
+        target: bytes,
+        headers: tuple[Header, ...],
+        body: bytes,
+        read_s: float,
+        cap: int,
+    ) -> _Answer:
+        # Each read is bounded by ``read_s``, not the whole exchange: a server dripping a
+        # byte now and then would hold the call forever. The whole request gets its read
+        # budget + 30 s, counted once a connection is ours (waiting for one sends nothing).
+        read_s = read_s or self.read_timeout_s
+        budget = read_s + REQUEST_GRACE_S
+        scope = trio.CancelScope()
 
-    async def _exchange(
-        self, request: httpx.Request, read_s: float, cap: int
-    ) -> tuple[int, httpx.Headers, bytes]:
-        # httpx bounds each read, not the whole exchange: a server dripping a byte now and
-        # then would hold the call forever. The whole request gets its read budget + 30 s.
+        async def start_clock() -> None:
+            scope.deadline = trio.current_time() + budget
+
         cause = "deadline"
-        with trio.move_on_after((read_s or self.read_timeout_s) + REQUEST_GRACE_S):
+        with scope:
             try:
-                response = await self._transport().handle_async_request(request)
-                try:
-                    length = _positive_int(response.headers.get("content-length"))
-                    if length is not None and length > cap:
-                        raise TelegramResponseError()
-                    body = await _read_capped(response.stream, cap)  # type: ignore[arg-type]
-                finally:
-                    await response.aclose()
-                return response.status_code, response.headers, body
+                if self.transport is not None:
+                    async with self._slots:
+                        await start_clock()
+                        return await self._via_transport(method, target, headers, body, read_s, cap)
+                return await self._http.request(
+                    self._origin, method, target, headers, body, cap, start_clock, read_s
+                )
+            except ResponseTooLarge:
+                cause = ""
             except TelegramError:
                 raise
-            except (httpx.HTTPError, OSError) as exc:
+            except (HttpTransportError, httpx.HTTPError, OSError) as exc:
                 cause = type(exc).__name__
-        # Raised outside the handler so no ``__context__`` links to the httpx exception,
-        # whose message carries the request URL and therefore the token.
+        # Raised outside the handler so no ``__context__`` links to the failure (an
+        # httpx exception's message carries the request URL and therefore the token).
+        if not cause:
+            raise TelegramResponseError()
         raise TelegramNetworkError(cause)
+
+    async def _via_transport(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: tuple[Header, ...],
+        body: bytes,
+        read_s: float,
+        cap: int,
+    ) -> _Answer:
+        """The injected httpx transport (tests)."""
+        assert self.transport is not None
+        request = httpx.Request(
+            method.decode("ascii"),
+            httpx.URL(self.api_origin + target.decode("ascii")),
+            headers=list(headers),
+            content=body if method == b"POST" else None,
+            extensions={"timeout": httpx.Timeout(10.0, read=read_s).as_dict()},
+        )
+        response = await self.transport.handle_async_request(request)
+        try:
+            length = _positive_int(response.headers.get("content-length"))
+            if length is not None and length > cap:
+                raise TelegramResponseError()
+            answer = await _read_capped(response.stream, cap)  # type: ignore[arg-type]
+        finally:
+            await response.aclose()
+        return response.status_code, response.headers, answer
 
 
 async def _read_capped(stream: httpx.AsyncByteStream, cap: int) -> bytes:

@@ -1,6 +1,8 @@
 """What the adapters share, so each platform adapter holds only its platform:
 
-* HTTP/1.1 over h11 — one bounded request-head reader (408 slow head, 431 oversized head,
+* HTTP/1.1 over h11 — :class:`Http11`, the one client of the Bot APIs (keep-alive, one
+  write per request, bounded reads, failures named by cause: :class:`HttpTransportError`);
+  one bounded request-head reader (408 slow head, 431 oversized head,
   400), body reader (413, 408) and responder, and :func:`close_gracefully` so an error
   answer reaches a client that is still sending;
 * :class:`ReceiverLease` — the receiver lease: acquire (taking over our own predecessor's
@@ -38,6 +40,11 @@ from ._http import read_body as read_body
 from ._http import read_request_head as read_request_head
 from ._http import respond as respond
 from ._http import server_connection as server_connection
+from ._http_client import Header as Header
+from ._http_client import Http11 as Http11
+from ._http_client import HttpTransportError as HttpTransportError
+from ._http_client import Origin as Origin
+from ._http_client import ResponseTooLarge as ResponseTooLarge
 from ._interrupts import Interrupts as Interrupts
 from ._jsonrpc import JsonRpcClient as JsonRpcClient
 from ._jsonrpc import JsonRpcConnectionError as JsonRpcConnectionError

@@ -4,12 +4,20 @@ flight, built-once URLs that still follow a rotated token, one JSON body."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
+import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.telegram._api import MAX_CONNECTIONS, TelegramApi, TelegramCredentialError
+from adapters.telegram._api import (
+    MAX_CONNECTIONS,
+    TelegramApi,
+    TelegramCredentialError,
+    TelegramNetworkError,
+    describe_failure,
+)
 
 TOKEN = "123456:secret-token"
 
@@ -92,3 +100,23 @@ async def test_urls_follow_the_token_and_the_body_is_compact_json() -> None:
         {"chat_id": "1", "text": "é"}, ensure_ascii=False, separators=(",", ":")
     ).encode("utf-8")
     assert {content_type for _path, _body, content_type in seen} == {"application/json"}
+
+
+async def test_a_network_failure_names_its_cause_and_carries_no_url() -> None:
+    """The h11 client's failures reach the caller as a cause name only: no URL, no token,
+    no chained exception (whose text could hold them)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: connections are refused
+    api = TelegramApi(token=lambda: TOKEN, api_origin=f"http://127.0.0.1:{port}")
+    try:
+        with trio.fail_after(20), pytest.raises(TelegramNetworkError) as raised:
+            await api.call("sendMessage", {"chat_id": 1, "text": "hi"})
+    finally:
+        await api.aclose()
+    error = raised.value
+    assert error.cause == "ConnectError"
+    assert error.__cause__ is None and error.__context__ is None
+    for text in (str(error), repr(error), describe_failure(error)):
+        assert TOKEN not in text and "secret" not in text and str(port) not in text
+        assert "/bot" not in text and "sendMessage" not in text

@@ -1,4 +1,4 @@
-"""The REST client's HTTP/1.1 (adapters/discord/_http.py) against raw loopback servers:
+"""The REST client's HTTP/1.1 (adapters/toolkit/_http_client.py) against raw loopback servers:
 keep-alive reuse, an idle connection the server closed never written into, body caps (by
 Content-Length and while reading a chunked body), and failures that name a class only."""
 
@@ -9,8 +9,17 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
+import trio.testing
 
-from adapters.discord._http import Http11, HttpTransportError, Origin, ResponseTooLarge
+from adapters.toolkit._http_client import (
+    ConnectError,
+    Http11,
+    HttpTransportError,
+    Origin,
+    ReadTimeout,
+    RemoteProtocolError,
+    ResponseTooLarge,
+)
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -120,3 +129,65 @@ def test_the_host_header_of_an_origin() -> None:
     assert Origin("https", "discord.com", 443).host_header == (b"Host", b"discord.com")
     assert Origin("http", "127.0.0.1", 8080).host_header == (b"Host", b"127.0.0.1:8080")
     assert Origin("http", "::1", 8080).host_header == (b"Host", b"[::1]:8080")
+
+
+async def test_failures_are_named_by_cause_without_a_url_or_a_context(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        await trio.sleep(1_000)  # never answers
+
+    async def cut(stream: trio.SocketStream) -> None:
+        await _read_request(stream)  # and close without an answer
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        await stream.send_all(b"NOT HTTP AT ALL\r\n\r\n")
+
+    client = Http11()
+    refused = Origin("http", "127.0.0.1", 1)
+    cases = [
+        (refused, None, ConnectError),
+        (await _serve(nursery, silent), 5.0, ReadTimeout),
+        (await _serve(nursery, cut), None, RemoteProtocolError),
+        (await _serve(nursery, garbage), None, RemoteProtocolError),
+    ]
+    target = b"/bot123456:secret-token/sendMessage"
+    for origin, read_timeout_s, expected in cases:
+        with trio.fail_after(30):
+            with pytest.raises(HttpTransportError) as raised:
+                await client.request(
+                    origin, b"POST", target, [], b"{}", 100, read_timeout_s=read_timeout_s
+                )
+        error = raised.value
+        assert type(error) is expected
+        assert str(error) == expected.__name__
+        assert error.__cause__ is None and error.__context__ is None
+        for text in (str(error), repr(error)):
+            assert "secret" not in text and "127.0.0.1" not in text and "/bot" not in text
+    await client.aclose()
+
+
+async def test_the_read_timeout_bounds_each_read_not_the_answer(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    """An answer dripping a byte every 4 s is read whole under a 5 s per-read timeout (the
+    caller bounds the whole exchange)."""
+    answer = OK.replace(b"Content-Length: 2", b"Content-Length: 5").replace(b"ok", b"drips")
+
+    async def drip(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        for byte in answer:
+            await stream.send_all(bytes([byte]))
+            if byte == ord("d") or byte == ord("s"):
+                await trio.sleep(4)
+
+    origin = await _serve(nursery, drip)
+    client = Http11()
+    with trio.fail_after(60):
+        status, _headers, body = await client.request(
+            origin, b"GET", b"/", [], b"", 100, read_timeout_s=5.0
+        )
+    assert (status, body) == (200, b"drips")
+    await client.aclose()
