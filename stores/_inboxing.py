@@ -1,7 +1,7 @@
 """The calls of :class:`~stores.InboxStore` written once: :class:`InboxStoreBase` checks every
 call's input and reads the clock, a backend gives the steps that touch its items;
 :class:`SQLInboxStore` writes those steps once in the SQL both SQL backends speak (``?``
-parameters; PostgreSQL numbers them), leaving each its claim and its prune."""
+parameters; PostgreSQL numbers them), leaving each its reserve and its prune."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ Settle = Literal["retry", "discard"]
 
 
 @attrs.frozen
-class ClaimAsk:
+class ReserveAsk:
     """A checked :meth:`~stores.InboxStore.reserve` at ``now``: at most ``limit`` items of
     ``sources`` (``None``: any; never empty here) for ``owner_id`` until ``now + ttl_ms``."""
 
@@ -70,23 +70,30 @@ class InboxStoreBase:
     async def _insert(self, put: InboxPut, now: int) -> bool:
         raise NotImplementedError
 
-    async def _claim(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
+    async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
         raise NotImplementedError
 
     async def _expire_own(self, owner_id: str, sources: tuple[str, ...] | None, now: int) -> int:
         raise NotImplementedError
 
-    async def _extend(self, claim: InboxReservation, expires_at: int, now: int) -> InboxItem | None:
+    async def _extend(
+        self, reservation: InboxReservation, expires_at: int, now: int
+    ) -> InboxItem | None:
         raise NotImplementedError
 
-    async def _complete(self, claim: InboxReservation, expires_at: int, now: int) -> bool:
+    async def _complete(self, reservation: InboxReservation, expires_at: int, now: int) -> bool:
         raise NotImplementedError
 
-    async def _release(self, claim: InboxReservation, now: int) -> bool:
+    async def _release(self, reservation: InboxReservation, now: int) -> bool:
         raise NotImplementedError
 
     async def _retry(
-        self, claim: InboxReservation, max_attempts: int, error: str, available_at: int, now: int
+        self,
+        reservation: InboxReservation,
+        max_attempts: int,
+        error: str,
+        available_at: int,
+        now: int,
     ) -> InboxItem | None:
         raise NotImplementedError
 
@@ -133,7 +140,7 @@ class InboxStoreBase:
         if wanted == ():
             await trio.lowlevel.checkpoint()
             return ()
-        return await self._claim(ClaimAsk(owner, ttl, n, most, wanted, self._now()))
+        return await self._reserve(ReserveAsk(owner, ttl, n, most, wanted, self._now()))
 
     async def expire_own_reservations(
         self, *, owner_id: str, sources: Sequence[str] | None = None
@@ -146,36 +153,40 @@ class InboxStoreBase:
             return 0
         return await self._expire_own(owner, wanted, self._now())
 
-    async def extend(self, claim: InboxReservation, *, ttl_ms: int) -> InboxReservation | None:
+    async def extend(
+        self, reservation: InboxReservation, *, ttl_ms: int
+    ) -> InboxReservation | None:
         await self._enter()
-        _inbox_checks.check_inbox_reservation(claim)
+        _inbox_checks.check_inbox_reservation(reservation)
         ttl = _inbox_checks.check_inbox_ms(ttl_ms, "ttl_ms", minimum=1)
         now = self._now()
-        item = await self._extend(claim, now + ttl, now)
-        return None if item is None else attrs.evolve(claim, item=item, expires_at_ms=now + ttl)
+        item = await self._extend(reservation, now + ttl, now)
+        return (
+            None if item is None else attrs.evolve(reservation, item=item, expires_at_ms=now + ttl)
+        )
 
-    async def complete(self, claim: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
+    async def complete(self, reservation: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
         await self._enter()
-        _inbox_checks.check_inbox_reservation(claim)
+        _inbox_checks.check_inbox_reservation(reservation)
         hold = _inbox_checks.check_inbox_ms(keep_partition_ms, "keep_partition_ms", minimum=0)
         now = self._now()
-        return await self._complete(claim, now + hold, now)
+        return await self._complete(reservation, now + hold, now)
 
-    async def release(self, claim: InboxReservation) -> bool:
+    async def release(self, reservation: InboxReservation) -> bool:
         await self._enter()
-        _inbox_checks.check_inbox_reservation(claim)
-        return await self._release(claim, self._now())
+        _inbox_checks.check_inbox_reservation(reservation)
+        return await self._release(reservation, self._now())
 
     async def retry(
-        self, claim: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
+        self, reservation: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
     ) -> InboxItem | None:
         await self._enter()
-        _inbox_checks.check_inbox_reservation(claim)
+        _inbox_checks.check_inbox_reservation(reservation)
         delay = _inbox_checks.check_inbox_ms(delay_ms, "delay_ms", minimum=0)
         code = _inbox_checks.bound_inbox_error(error)
         most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
         now = self._now()
-        return await self._retry(claim, most, code, now + delay, now)
+        return await self._retry(reservation, most, code, now + delay, now)
 
     async def get(self, *, source: str, key: str) -> InboxItem | None:
         await self._enter()
@@ -246,7 +257,7 @@ def _marks(values: Sequence[object]) -> str:
 class SQLInboxStore(InboxStoreBase):
     """The steps of :class:`InboxStoreBase` on ``prism_inbox`` in SQL with ``?`` parameters,
     over a backend's ``_read``/``_write`` (one statement, its rows), its table name, and its
-    spelling of the payload column and of the smaller of two values. The claim and the
+    spelling of the payload column and of the smaller of two values. The reserve and the
     prune stay the backend's own."""
 
     _COLUMNS: ClassVar[str]
@@ -287,38 +298,43 @@ class SQLInboxStore(InboxStoreBase):
 
     async def _update(
         self,
-        claim: InboxReservation,
+        reservation: InboxReservation,
         states: tuple[str, ...],
         assignments: str,
         args: Sequence[Any],
     ) -> InboxItem | None:
-        """``UPDATE … SET assignments`` the claim's item when its token and state still
+        """``UPDATE … SET assignments`` the reservation's item when its token and state still
         match; the item as stored, or ``None``."""
         rows = await self._write(
             f"UPDATE {self._t} SET {assignments}"
             f" WHERE source = ? AND key = ? AND token = ? AND state IN ({_marks(states)})"
             f" RETURNING {self._COLUMNS}",
-            (*args, claim.source, claim.key, claim.token, *states),
+            (*args, reservation.source, reservation.key, reservation.token, *states),
         )
         return inbox_item(rows[0]) if rows else None
 
-    async def _extend(self, claim: InboxReservation, expires_at: int, now: int) -> InboxItem | None:
+    async def _extend(
+        self, reservation: InboxReservation, expires_at: int, now: int
+    ) -> InboxItem | None:
         return await self._update(
-            claim, ("claimed", "done"), "claim_expires_at = ?, updated_at = ?", (expires_at, now)
+            reservation,
+            ("claimed", "done"),
+            "claim_expires_at = ?, updated_at = ?",
+            (expires_at, now),
         )
 
-    async def _complete(self, claim: InboxReservation, expires_at: int, now: int) -> bool:
+    async def _complete(self, reservation: InboxReservation, expires_at: int, now: int) -> bool:
         done = await self._update(
-            claim,
+            reservation,
             ("claimed",),
             "state = 'done', payload = NULL, claim_expires_at = ?, updated_at = ?",
             (expires_at, now),
         )
         return done is not None
 
-    async def _release(self, claim: InboxReservation, now: int) -> bool:
+    async def _release(self, reservation: InboxReservation, now: int) -> bool:
         released = await self._update(
-            claim,
+            reservation,
             ("done",),
             f"claim_expires_at = {self._LEAST}(claim_expires_at, ?), updated_at = ?",
             (now, now),
@@ -326,10 +342,15 @@ class SQLInboxStore(InboxStoreBase):
         return released is not None
 
     async def _retry(
-        self, claim: InboxReservation, max_attempts: int, error: str, available_at: int, now: int
+        self,
+        reservation: InboxReservation,
+        max_attempts: int,
+        error: str,
+        available_at: int,
+        now: int,
     ) -> InboxItem | None:
         return await self._update(
-            claim,
+            reservation,
             ("claimed",),
             "state = CASE WHEN attempts >= ? THEN 'dead' ELSE 'pending' END, error = ?,"
             " available_at = ?, token = NULL, claim_expires_at = ?, updated_at = ?",

@@ -8,7 +8,7 @@ import attrs
 
 from .. import _inbox_checks
 from .._inbox_checks import InboxPut
-from .._inboxing import ClaimAsk, InboxStoreBase, ListAsk, Settle
+from .._inboxing import InboxStoreBase, ListAsk, ReserveAsk, Settle
 from .._types import InboxDepth, InboxItem, InboxReservation, InboxState
 from ._state import _InboxRow, _State
 
@@ -79,7 +79,7 @@ class MemoryInboxStore(InboxStoreBase):
                 return False
         return True
 
-    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
+    async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
         now, owner, expires_at = ask.now, ask.owner_id, ask.now + ask.ttl_ms
         candidates = sorted(
             (

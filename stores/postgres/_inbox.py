@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from .. import _inbox_checks
-from .._inboxing import ClaimAsk, SQLInboxStore, inbox_item
+from .._inboxing import ReserveAsk, SQLInboxStore, inbox_item
 from .._types import Clock, InboxReservation
 from ._driver import Driver, Session
 
@@ -62,7 +62,7 @@ class PostgresInboxStore(SQLInboxStore):
     async def _write(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
         return await self._rows(_numbered(sql), *args)
 
-    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
+    async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
         t = self._t
         rows = await self._rows(
             f"WITH ready AS (SELECT r.source, r.key FROM {t} AS r"

@@ -9,7 +9,7 @@ import apsw
 import attrs
 
 from .. import _inbox_checks
-from .._inboxing import ClaimAsk, SQLInboxStore, inbox_item
+from .._inboxing import ReserveAsk, SQLInboxStore, inbox_item
 from .._types import InboxReservation
 from ._engine import _Database
 from ._schema import _one
@@ -70,7 +70,7 @@ class SQLiteInboxStore(SQLInboxStore):
 
         return await self._db.write(txn)
 
-    async def _reserve(self, ask: ClaimAsk) -> tuple[InboxReservation, ...]:
+    async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
         now, ttl = ask.now, ask.ttl_ms
         args: dict[str, Any] = {"now": now, "owner": ask.owner_id, "limit": ask.limit}
         where = ""
