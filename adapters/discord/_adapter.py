@@ -39,6 +39,7 @@ from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
 from ._cursor import ShardCursor
 from ._gateway import Shard
+from ._identify import IdentifyGate
 from ._media import DiscordMedia, FetchedAttachment
 from ._parse import RespondTo, parse_message
 from ._previews import PreviewEditor
@@ -114,6 +115,8 @@ class DiscordAdapter:
     _status: ShardStatus = attrs.field(factory=ShardStatus, init=False)
     """The state before the shards exist (and when asking for the shard count fails)."""
     _started_at_ms: int = attrs.field(default=0, init=False)
+    _identify_gate: IdentifyGate = attrs.field(factory=IdentifyGate, init=False)
+    """The Identifies of this connection's shards, spaced as sent (:class:`IdentifyGate`)."""
     _bot_user_id: str | None = attrs.field(default=None, init=False)
     _activity: Activity = attrs.field(factory=Activity, init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
@@ -288,6 +291,7 @@ class DiscordAdapter:
             identifies_per_day=self.identifies_per_day,
             backfill_pages=self.backfill_pages,
             identify_spacing_ms=self.identify_spacing_ms,
+            identify_gate=self._identify_gate,
             reidentify_delay_s=self.reidentify_delay_s,
         )
 

@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random as _random
 import ssl
@@ -48,7 +49,7 @@ from ..toolkit import Backoff, LeaseLostError, ReceiverLease
 from . import _protocol as proto
 from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
-from ._identify import gateway_url, prepare_identify
+from ._identify import IdentifyGate, gateway_url, prepare_identify
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
 from ._urls import checked_gateway_url
@@ -146,6 +147,10 @@ class Shard:
     _backfill_due: bool = attrs.field(default=False, init=False)
     staggered: bool = attrs.field(default=False, init=False)
     """The first Identify waited for its shard bucket."""
+    identify_gate: IdentifyGate = attrs.field(factory=IdentifyGate)
+    """Shared by the connection's shards: Identifies of one rate-limit key spaced as sent."""
+    identify_key: int = attrs.field(default=0, init=False)
+    """This shard's rate-limit key (``shard_id % max_concurrency``), set with its budget."""
 
     @property
     def label(self) -> str:
@@ -320,7 +325,12 @@ class Shard:
                 self._heartbeater.start(trio.current_time())
                 nursery.start_soon(self._heartbeat, ws)
                 if session is None:
-                    await ws.send_message(proto.identify(self.token(), self.intents, self.shard))
+                    identify = proto.identify(self.token(), self.intents, self.shard)
+                    await self.identify_gate.send(
+                        self.identify_key,
+                        self.identify_spacing_ms / 1000,
+                        functools.partial(ws.send_message, identify),
+                    )
                     self.status.identifies += 1
                 else:
                     await ws.send_message(

@@ -5,12 +5,43 @@ Identify is stored before it is sent — so a crash loop counts every one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+import trio
 
 from . import _protocol as proto
 from ._shardparts import ShardParts
 from ._status import log
 from ._urls import checked_gateway_url
+
+IDENTIFY_MARGIN_S = 0.1
+"""Added to the spacing of two Identifies of one rate-limit key: Discord counts the window
+where it receives them, so the jitter between our send and its receipt must not shorten it."""
+
+
+@attrs.define(eq=False)
+class IdentifyGate:
+    """The Identifies of one connection's shards, spaced as they are *sent*: Discord lets
+    one shard per rate-limit key (``shard_id % max_concurrency``) identify per window, and a
+    shard whose connection opened faster than its predecessor's must not shorten the gap
+    (the budget in :func:`prepare_identify` counts from before the connection opens)."""
+
+    _last_sent: dict[int, float] = attrs.field(factory=dict)
+
+    async def send(self, key: int, spacing_s: float, send: Callable[[], Awaitable[None]]) -> None:
+        """``send()`` (the Identify frame) once ``spacing_s`` passed since the last one of
+        ``key`` was sent."""
+        while True:
+            last = self._last_sent.get(key)
+            wait = (
+                0.0 if last is None else last + spacing_s + IDENTIFY_MARGIN_S - trio.current_time()
+            )
+            if wait <= 0:
+                break
+            await trio.sleep(wait)
+        self._last_sent[key] = trio.current_time()
+        await send()
 
 
 async def gateway_url(shard: ShardParts) -> str:
@@ -42,6 +73,7 @@ async def prepare_identify(shard: ShardParts) -> str:
             own_daily_cap=shard.identifies_per_day,
             spacing_ms=shard.identify_spacing_ms,
         )
+        shard.identify_key = shard.shard[0] % (limit.max_concurrency if limit else 1)
         if not shard.staggered:
             # Shards start in buckets of max_concurrency, one bucket per 5 s window.
             shard.staggered = True

@@ -28,6 +28,7 @@ class ShardParts(Protocol):
     identify_spacing_ms: int
     gateway: str | None
     staggered: bool
+    identify_key: int
 
     @property
     def label(self) -> str: ...
