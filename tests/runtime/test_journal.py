@@ -275,7 +275,7 @@ _FIELDS: dict[type, dict[str, Any]] = {
         "operation_id": _TEXT, "connection_id": _TEXT, "external_conversation_id": _TEXT,
         "kind": _TEXT, "text": _TEXT, "state": _TEXT, "created_at_ms": _MS,
         "updated_at_ms": _MS, "thread_id": _OPT,
-        "controls": st.lists(st.builds(StoredButton, _TEXT, _TEXT), max_size=2).map(tuple),
+        "buttons": st.lists(st.builds(StoredButton, _TEXT, _TEXT), max_size=2).map(tuple),
         "attempts": _INT, "message_id": _OPT, "reason": _OPT,
         "approval": st.none() | st.dictionaries(_TEXT, _TEXT | _INT, max_size=3),
         "created_us": st.none() | _INT,
