@@ -5,6 +5,7 @@ the answers and writes a single save or delete as a batch of one through the bac
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
@@ -44,7 +45,7 @@ class CheckpointQuery:
     limit: int
 
 
-class CheckpointStoreBase:
+class CheckpointStoreBase(abc.ABC):
     """:class:`~stores.CheckpointStore` but for its two write methods, over the backend's
     ``_load``, ``_list``, ``_events`` and ``write_checkpoints``; ``_enter`` runs before
     anything else of every reading call."""
@@ -56,23 +57,25 @@ class CheckpointStoreBase:
 
     async def _enter(self) -> None:
         """Before every reading call's checks (the memory store's checkpoint and open
-        check)."""
+        check); nothing by default."""
+        return None
 
+    @abc.abstractmethod
     async def _load(
         self, namespace: str, key: str, scope: OwnershipScope
     ) -> CheckpointRecord | None:
         """The row stored under exactly ``scope``, or ``None``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:
         """Up to ``limit`` committed events with ``seq > after`` in order, of the partial
         ``scope``."""
-        raise NotImplementedError
 
     async def save_checkpoint(
         self,

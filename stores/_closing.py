@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import abc
 from types import TracebackType
 from typing import Self
 
 
-class ClosesOnExit:
+class ClosesOnExit(abc.ABC):
     """``async with store:`` gives the store itself and closes it (``aclose``) when the
     block ends."""
 
     __slots__ = ()
 
+    @abc.abstractmethod
     async def aclose(self) -> None:
-        raise NotImplementedError
+        """Close the store (the backend's own)."""
 
     async def __aenter__(self) -> Self:
         return self

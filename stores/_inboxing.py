@@ -5,6 +5,7 @@ parameters; PostgreSQL numbers them), leaving each its reserve and its prune."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -53,40 +54,50 @@ class ListAsk:
     limit: int
 
 
-class InboxStoreBase:
+class InboxStoreBase(abc.ABC):
     """:class:`~stores.InboxStore` over the steps below: each gets checked input and the
     store clock's ``now``; ``_enter`` runs before anything else of every call."""
 
     async def _enter(self) -> None:
-        """Before every call's checks (the memory store's checkpoint and open check)."""
+        """Before every call's checks (the memory store's checkpoint and open check);
+        nothing by default."""
+        return None
 
+    @abc.abstractmethod
     def _now(self) -> int:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     def _payload_limit(self) -> int:
         """The largest payload, in bytes of its JSON."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _insert(self, put: InboxPut, now: int) -> bool:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _expire_own(self, owner_id: str, sources: tuple[str, ...] | None, now: int) -> int:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _extend(
         self, reservation: InboxReservation, expires_at: int, now: int
     ) -> InboxItem | None:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _complete(self, reservation: InboxReservation, expires_at: int, now: int) -> bool:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _release(self, reservation: InboxReservation, now: int) -> bool:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _retry(
         self,
         reservation: InboxReservation,
@@ -95,22 +106,27 @@ class InboxStoreBase:
         available_at: int,
         now: int,
     ) -> InboxItem | None:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _get(self, source: str, key: str) -> InboxItem | None:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _list(self, ask: ListAsk) -> Sequence[InboxItem]:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _settle(self, source: str, key: str, action: Settle, now: int) -> InboxItem | None:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _prune(self, before: int, limit: int, now: int) -> int:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _depth(self, sources: tuple[str, ...] | None) -> InboxDepth:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
     async def put(
         self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
@@ -267,14 +283,17 @@ class SQLInboxStore(InboxStoreBase):
     _LEAST: ClassVar[str]
 
     @property
+    @abc.abstractmethod
     def _t(self) -> str:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _read(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _write(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
     async def _insert(self, put: InboxPut, now: int) -> bool:
         rows = await self._write(

@@ -4,6 +4,7 @@ move its expiry, read it)."""
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -55,27 +56,28 @@ def lease_from_row(row: Sequence[Any]) -> LeaseRecord:
     return LeaseRecord(namespace, key, OwnershipScope(tenant, account, user), *held)
 
 
-class LeaseStoreBase:
+class LeaseStoreBase(abc.ABC):
     """:class:`~stores.LeaseStore` over a backend's ``_now``, ``_acquire``, ``_move`` and
     ``_get``. A foreign scope raises :class:`~stores.LeaseConflictError` (the backend's
     ``_acquire``/``_move`` raise it, ``get_lease`` checks what ``_get`` read)."""
 
+    @abc.abstractmethod
     def _now(self) -> int:
-        raise NotImplementedError
+        """The backend's own step (see the class)."""
 
+    @abc.abstractmethod
     async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
         """A fresh lease (fencing token + 1) unless another unexpired holder has it (with
         ``adopt``, one held by the same owner is taken over)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _move(self, ask: LeaseAsk) -> LeaseRecord | None:
         """Set the expiry of the unexpired lease ``(owner_id, token)`` holds; ``None`` when
         it holds none."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def _get(self, namespace: str, key: str, scope: OwnershipScope) -> LeaseRecord | None:
         """The row as stored (any scope, expired or not), or ``None``."""
-        raise NotImplementedError
 
     def _ask(
         self,

@@ -7,6 +7,7 @@ the run's ownership, holding the most recent user/assistant entries within fixed
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import os
@@ -407,7 +408,7 @@ class SessionLog:
         )
 
 
-class SessionAgent:
+class SessionAgent(abc.ABC):
     """What the built-in kinds with a transcript share: the alias as the agent id, the
     definition revision, :meth:`session_entries`, and :meth:`resume`'s keywords gathered
     into one :class:`ResumeRequest` for the kind's ``_resume``."""
@@ -457,5 +458,6 @@ class SessionAgent:
         )
         return await self._resume(request)
 
+    @abc.abstractmethod
     async def _resume(self, request: ResumeRequest) -> RunResult:
-        raise NotImplementedError
+        """The kind's own continuation of a suspended run (see ``Agent.resume``)."""
