@@ -43,6 +43,7 @@ from ..journal import (
 )
 from ._core import Core
 from ._delivery import resend
+from ._relay import RELAY_SEPARATOR
 from ._replies import is_held
 from ._unanswered import tell
 from .api import PruneResult, ReconcileResult, UnresolvedEntry, UnresolvedPage
@@ -164,6 +165,8 @@ async def _unresolved_entry(
     except ValueError:
         return None
     op = await core.journal.load_operation(row.scope, reply.connection_id, reply.operation_id)
+    if op is None and RELAY_SEPARATOR in reply.operation_id:
+        return await _relay_entry(core, row, reply)
     if op is None or op.record.state in UNRESOLVED_OPERATION_STATES:
         return None  # listed with its operation (or nothing to reconcile it by)
     return UnresolvedEntry(
@@ -172,6 +175,24 @@ async def _unresolved_entry(
         op.record.state,
         op.version,
         ms_to_iso(op.updated_at_ms),
+        reply_state=reply.state,
+        reason=reply.reason,
+    )
+
+
+async def _relay_entry(core: Core, row: CheckpointRecord, reply: ReplyRecord) -> UnresolvedEntry:
+    """A relay (:mod:`._relay`) whose send is unsettled: listed by its own id
+    (``<operation id>~<key>``) and version, since reconciling its operation does not touch
+    it; ``state`` is its operation's (``pruned`` once that is gone)."""
+    assert core.journal is not None
+    base = reply.operation_id.partition(RELAY_SEPARATOR)[0]
+    op = await core.journal.load_operation(row.scope, reply.connection_id, base)
+    return UnresolvedEntry(
+        reply.operation_id,
+        reply.connection_id,
+        "pruned" if op is None else op.record.state,
+        row.version,
+        ms_to_iso(row.updated_at_ms),
         reply_state=reply.state,
         reason=reply.reason,
     )
@@ -253,6 +274,10 @@ async def reconcile(
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
+    if found is None and RELAY_SEPARATOR in operation_id:
+        return await _reconcile_relay(
+            core, caller, connection_id, operation_id, expected_version, acknowledge_duplicate_risk
+        )
     if found is None:
         return ReconcileResult("not_found")
     if isinstance(found, str):
@@ -303,6 +328,60 @@ async def reconcile(
             "conflict", state=record.state, detail="duplicate_risk", current_version=loaded.version
         )
     return await _resend(core, scope, record, reply)
+
+
+async def _reconcile_relay(
+    core: Core,
+    caller: OwnershipScope,
+    connection_id: str,
+    relay_id: str,
+    expected_version: int,
+    acknowledge_duplicate_risk: bool,
+) -> ReconcileResult:
+    """Reconcile a relay listed by :func:`_relay_entry`: the version is its reply record's;
+    a send that may have landed is resent only with ``acknowledge_duplicate_risk``."""
+    assert core.journal is not None
+    try:
+        reply = await _find_reply(core, caller, connection_id, relay_id)
+    except Exception:
+        core.count("storage_failures")
+        return ReconcileResult("unavailable")
+    if reply is None:
+        return ReconcileResult("not_found")
+    state = reply.record.state
+    if reply.version != expected_version:
+        return ReconcileResult("conflict", state=state, current_version=reply.version)
+    if state == "delivered":
+        return ReconcileResult("resolved", outcome="none", state=state)
+    if (
+        state in UNSETTLED_REPLY_STATES
+        and not is_held(reply.record)
+        and not acknowledge_duplicate_risk
+    ):
+        return ReconcileResult(
+            "conflict", state=state, detail="duplicate_risk", current_version=reply.version
+        )
+    sent = await resend(core, reply.scope, reply)
+    if sent is None:
+        return ReconcileResult("conflict", state=state)
+    return ReconcileResult(
+        "resolved", outcome=_RESEND_OUTCOMES.get(sent, "reply_unknown"), state=sent
+    )
+
+
+async def _find_reply(
+    core: Core, caller: OwnershipScope, connection_id: str, operation_id: str
+) -> Loaded[ReplyRecord] | None:
+    """The reply record of ``operation_id`` at the caller's exact scope, else the one
+    inside the caller's partial scope (bounded pages, as :func:`_find_operation`)."""
+    assert core.journal is not None
+    exact = await core.journal.load_reply(caller, connection_id, operation_id)
+    if exact is not None or (caller.user_id is not None and caller.account_id is not None):
+        return exact
+    async for row in _rows(core, caller, NS_REPLY):
+        if row.key == reply_key(connection_id, row.scope, operation_id):
+            return await core.journal.load_reply(row.scope, connection_id, operation_id)
+    return None
 
 
 async def _mark_handled(
@@ -373,12 +452,17 @@ async def _resend(
     state = await resend(core, scope, reply)
     if state is None:
         return ReconcileResult("conflict", state=op.state)
-    outcome = {
-        "delivered": "reply_delivered",
-        "delivery_failed": "reply_failed",
-        "pending": "reply_held",
-    }.get(state, "reply_unknown")
-    return ReconcileResult("resolved", outcome=outcome, state=op.state)
+    return ReconcileResult(
+        "resolved", outcome=_RESEND_OUTCOMES.get(state, "reply_unknown"), state=op.state
+    )
+
+
+_RESEND_OUTCOMES = {
+    "delivered": "reply_delivered",
+    "delivery_failed": "reply_failed",
+    "pending": "reply_held",
+}
+"""A resend's marked state → the reconcile outcome (else ``reply_unknown``)."""
 
 
 def _kept(namespace: str, value: Any) -> bool:

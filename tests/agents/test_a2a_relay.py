@@ -12,11 +12,12 @@ import trio
 
 from prismd.agents import AgentContext, build_agent
 from prismd.agents.a2a import A2AAgent
+from prismd.channel import Reply, SendResult
 from prismd.journal import NS_OPERATION, NS_REPLY
 from stores import SYSTEM_CLOCK, Store
 from stores.memory import MemoryStore
 from tests.fakes.a2a_agent import FakeA2A, Plan
-from tests.support.builders import event
+from tests.support.builders import IDENTITY, event
 from tests.support.harness import open_harness
 from tests.support.waiting import wait_until, wait_until_async
 
@@ -158,6 +159,81 @@ async def test_an_auth_required_status_without_a_message_gets_fixed_words(
                 await fake.move(task_id, "canceled", None)
                 await wait_until(lambda: len(h.replies) == 2)
                 assert h.last().text == "Request failed: the remote agent cancelled it."
+            await agent.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_whose_send_is_unknown_is_listed_and_reconciled_by_its_own_id(
+    mem: MemoryStore,
+) -> None:
+    """The relay's send raises (it may have landed): the relay is listed under its own id
+    and version — reconciling the answered operation would not reach it — is resent only
+    with the duplicate risk acknowledged, and then leaves the list."""
+    cut: list[str] = []
+
+    def cut_the_first_notice(reply: Reply) -> SendResult | None:
+        if reply.kind == "notice" and not cut:
+            cut.append(reply.text)
+            raise ConnectionError("cut after the request went out")
+        return None
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeA2A(dialect="1.0", streaming=False)
+            await nursery.start(fake.serve)
+            fake.plan(Plan("work"))
+            agent = a2a_agent(fake, mem)
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                h.deliver_hook = cut_the_first_notice
+                await h.runtime.admit(event("1", "fetch my invoices"))
+                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                (task_id,) = fake.tasks
+                await fake.move(task_id, "auth-required", SIGN_IN)
+                await wait_until(lambda: len(h.replies) == 1)
+                await fake.move(task_id, "completed", "here are your invoices")
+                await wait_until(lambda: len(h.replies) == 2)
+                await h.settle()
+                assert cut == [SIGN_IN]
+                (entry,) = await h.runtime.list_unresolved(identity=IDENTITY)
+                assert "~auth-" in entry.operation_id
+                assert (entry.state, entry.reply_state) == ("succeeded", "delivery_unknown")
+                unacknowledged = await h.runtime.reconcile(
+                    identity=IDENTITY,
+                    connection_id=entry.connection_id,
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version,
+                )
+                assert (unacknowledged.status, unacknowledged.detail) == (
+                    "conflict",
+                    "duplicate_risk",
+                )
+                stale = await h.runtime.reconcile(
+                    identity=IDENTITY,
+                    connection_id=entry.connection_id,
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version + 1,
+                    acknowledge_duplicate_risk=True,
+                )
+                assert (stale.status, stale.current_version) == ("conflict", entry.version)
+                resent = await h.runtime.reconcile(
+                    identity=IDENTITY,
+                    connection_id=entry.connection_id,
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version,
+                    acknowledge_duplicate_risk=True,
+                )
+                assert (resent.status, resent.outcome) == ("resolved", "reply_delivered")
+                assert h.texts == [SIGN_IN, "here are your invoices", SIGN_IN]
+                assert await h.runtime.list_unresolved(identity=IDENTITY) == []
+                again = await h.runtime.reconcile(
+                    identity=IDENTITY,
+                    connection_id=entry.connection_id,
+                    operation_id=entry.operation_id,
+                    expected_version=entry.version + 2,
+                    acknowledge_duplicate_risk=True,
+                )
+                assert again.status in ("resolved", "conflict")
+                assert len(h.replies) == 3, "a settled relay was sent again"
             await agent.aclose()
             nursery.cancel_scope.cancel()
 
