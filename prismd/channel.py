@@ -16,6 +16,7 @@ These records have no validators on purpose: ``admit`` validates and answers
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias
 
@@ -94,6 +95,34 @@ class Admission:
 class Button:
     label: str
     value: str
+
+
+_APPROVAL_BUTTON_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
+
+
+def button_lines(buttons: Sequence[Button]) -> list[str] | None:
+    """The approval buttons (at most two: allow, deny) as lines the user answers with a
+    command, for a channel that shows no buttons: ``Reply /approve TOKEN to allow once.``,
+    ``Reply /deny TOKEN to deny.``; ``None`` when there are more, or one is not an approval
+    button.
+
+    >>> button_lines([Button("Deny", "p:d:" + "t" * 32)])
+    ['Reply /deny tttttttttttttttttttttttttttttttt to deny.']
+    """
+    if len(buttons) > 2:
+        return None
+    lines: list[str] = []
+    for button in buttons:
+        match = _APPROVAL_BUTTON_RE.match(button.value) if isinstance(button.value, str) else None
+        if match is None:
+            return None
+        verb, token = match.groups()
+        lines.append(
+            f"Reply /approve {token} to allow once."
+            if verb == "a"
+            else f"Reply /deny {token} to deny."
+        )
+    return lines
 
 
 MAX_REPLY_FILES = 10

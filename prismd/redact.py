@@ -1,8 +1,13 @@
-"""Outbound text hygiene (contract §6.2, §16): exact-string secret redaction and truncation.
+"""Outbound text hygiene (contract §6.2, §16): exact-string secret redaction, and text
+measured and cut the way it is stored and sent.
 
 Every text that leaves the runtime (final answers, failure notices, approval reasons,
 notify texts, previews) goes through :meth:`Redactor.redact` first and then through
-:func:`truncate_utf8` with the reply cap.
+:func:`truncate_utf8` with the reply cap. The journal measures in UTF-8 bytes
+(:func:`utf8_len`); Telegram and Signal limit a message by UTF-16 code units
+(:func:`utf16_units`, :func:`chunk_text`), in which a character outside the Basic
+Multilingual Plane (most emoji) counts twice. Python strings hold code points, so a cut
+between two of them never splits a surrogate pair.
 """
 
 from __future__ import annotations
@@ -82,3 +87,32 @@ def bound_detail(text: str, max_bytes: int = MAX_DETAIL_BYTES) -> str:
     if utf8_len(text) <= max_bytes:
         return text
     return _prefix_bytes(text, max_bytes)
+
+
+def utf16_units(text: str) -> int:
+    """The length of ``text`` in UTF-16 code units."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def chunk_text(text: str, limit: int) -> list[str]:
+    """Split ``text`` into chunks of at most ``limit`` UTF-16 code units, in order, never
+    inside a surrogate pair; ``[]`` for empty text. Joined, the chunks are ``text``.
+
+    >>> chunk_text("ab\\U0001F600c", 2)
+    ['ab', '\\U0001F600', 'c']
+    """
+    if limit < 2:
+        raise ValueError("limit must be at least 2 (one astral character)")
+    chunks: list[str] = []
+    current: list[str] = []
+    units = 0
+    for char in text:
+        width = 2 if ord(char) > 0xFFFF else 1
+        if units + width > limit:
+            chunks.append("".join(current))
+            current, units = [], 0
+        current.append(char)
+        units += width
+    if current:
+        chunks.append("".join(current))
+    return chunks

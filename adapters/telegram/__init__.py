@@ -1,20 +1,22 @@
 """The Telegram channel (contract §11): Bot API client, update parser, polling and webhook.
 
-:class:`TelegramAdapter` is the adapter (:mod:`._adapter`), wiring parts of one job each:
-:mod:`._poller` (long polling, durable offset), :mod:`._webhook` (the webhook server),
-:mod:`._updates` (one update → ``admit``), :mod:`._send` (replies, typing), :mod:`._media`
-(files, transcription hooks), :mod:`._drafts` (streaming previews); :mod:`._api` is the Bot
-API client, :mod:`._parse` the update → event mapping, :mod:`._kind` the connection kind.
+:class:`TelegramAdapter` is the adapter and :data:`KIND` its connection kind
+(:mod:`._adapter`), wiring parts of one job each: :mod:`._poller` (long polling, durable
+offset), :mod:`._webhook` (the webhook server), :mod:`._inbox` (the webhook's durable
+inbox), :mod:`._updates` (one update → ``admit``), :mod:`._send` (replies, typing; their
+Markdown rendered by :mod:`._format`), :mod:`._files` (a reply's files), :mod:`._drafts`
+(streaming previews); :mod:`._api` is the Bot API client with the receiving side's status,
+:mod:`._parse` the update → event mapping with the files an event refers to.
 """
 
 from ..toolkit import LeaseLostError as ReceiverLeaseLostError
+from ._adapter import KIND as KIND
 from ._adapter import TelegramAdapter as TelegramAdapter
+from ._adapter import TelegramConnectionConfig as TelegramConnectionConfig
 from ._api import TelegramApi as TelegramApi
 from ._api import TelegramApiError as TelegramApiError
 from ._api import TelegramCredentialError as TelegramCredentialError
 from ._api import TelegramError as TelegramError
-from ._kind import KIND as KIND
-from ._kind import TelegramConnectionConfig as TelegramConnectionConfig
 from ._parse import ALLOWED_UPDATES as ALLOWED_UPDATES
 from ._send import chunk_text as chunk_text
 

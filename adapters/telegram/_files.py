@@ -15,8 +15,7 @@ import trio
 
 from prismd.channel import DeliveryOutcomeUnknownError, OutboundFile, Reply, SendResult
 
-from ._api import TelegramApi, TelegramApiError, TelegramCredentialError
-from ._status import log_retry
+from ._api import TelegramApi, TelegramApiError, TelegramCredentialError, log_retry
 
 MAX_DOCUMENT_BYTES = 50 * 1024 * 1024
 """What a bot may upload with ``sendDocument``."""

@@ -41,9 +41,8 @@ from prismd.journal import NS_CURSOR, ChannelJournal, CursorRecord, Loaded, curs
 from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import Backoff, LeaseLostError, ReceiverLease
-from ._api import TelegramApi, TelegramApiError, TelegramError
+from ._api import ReceiverStatus, TelegramApi, TelegramApiError, TelegramError
 from ._parse import ALLOWED_UPDATES, conversation_of, update_id_of
-from ._status import ReceiverStatus
 from ._updates import UpdateHandler
 
 log = logging.getLogger("prismd.telegram")

@@ -13,10 +13,8 @@ import trio
 
 from prismd.channel import Admit
 
-from ._api import TelegramApi, TelegramApiError, TelegramError
-from ._media import TelegramMedia
-from ._parse import parse_update
-from ._status import log_retry
+from ._api import TelegramApi, TelegramApiError, TelegramError, log_retry
+from ._parse import TelegramMedia, parse_update
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -77,10 +77,9 @@ from ..toolkit import (
     serve_limited,
     server_connection,
 )
-from ._api import TelegramApi, TelegramError
+from ._api import ReceiverStatus, TelegramApi, TelegramError
 from ._inbox import put_update
 from ._parse import update_id_of
-from ._status import ReceiverStatus
 from ._updates import UpdateHandler
 
 log = logging.getLogger("prismd.telegram")

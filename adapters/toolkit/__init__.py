@@ -5,10 +5,11 @@
   one bounded request-head reader (408 slow head, 431 oversized head,
   400), body reader (413, 408) and responder, and :func:`close_gracefully` so an error
   answer reaches a client that is still sending;
-* :class:`ReceiverLease` — the receiver lease: acquire (taking over our own predecessor's
-  at once), renew at half the TTL, fail closed, report loss; :class:`Backoff`, the one
-  bounded exponential backoff with jitter; :class:`Interrupts`, waits that one call cuts
-  short (a lost lease, a stop);
+* what every receiver needs (:mod:`._receiver`): :class:`ReceiverLease` — the receiver
+  lease: acquire (taking over our own predecessor's at once), renew at half the TTL, fail
+  closed, report loss; :class:`Backoff`, the one bounded exponential backoff with jitter;
+  :class:`Interrupts`, waits that one call cuts short (a lost lease, a stop);
+  :class:`Activity`, what a receiving adapter last saw, for ``health()``;
 * JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
   bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
   (re-exported here);
@@ -17,18 +18,19 @@
   another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
-* :func:`chunk_text` and :func:`utf16_units`: message limits in UTF-16 code units;
-  :func:`button_lines`: approval controls as text for a channel without buttons;
-* :class:`Activity` — what a receiving adapter last saw, for ``health()``.
+* re-exported from prismd: :func:`chunk_text` and :func:`utf16_units`, message limits in
+  UTF-16 code units (:mod:`prismd.redact`, beside the UTF-8 measures of the journal);
+  :func:`button_lines`, approval buttons as text for a channel without buttons
+  (:mod:`prismd.channel`, beside :class:`~prismd.channel.Button`).
 """
 
+from prismd.channel import button_lines as button_lines
 from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
 from prismd.jsonrpc import Incoming as Incoming
 from prismd.jsonrpc import RpcError as RpcError
+from prismd.redact import chunk_text as chunk_text
+from prismd.redact import utf16_units as utf16_units
 
-from ._activity import ACTIVITY_FIELDS as ACTIVITY_FIELDS
-from ._activity import Activity as Activity
-from ._backoff import Backoff as Backoff
 from ._budgets import Budget as Budget
 from ._budgets import BudgetStatistics as BudgetStatistics
 from ._budgets import ConnectionLimiter as ConnectionLimiter
@@ -45,20 +47,20 @@ from ._http_client import Http11 as Http11
 from ._http_client import HttpTransportError as HttpTransportError
 from ._http_client import Origin as Origin
 from ._http_client import ResponseTooLarge as ResponseTooLarge
-from ._interrupts import Interrupts as Interrupts
 from ._jsonrpc import JsonRpcClient as JsonRpcClient
 from ._jsonrpc import JsonRpcConnectionError as JsonRpcConnectionError
 from ._jsonrpc import JsonRpcTimeoutError as JsonRpcTimeoutError
 from ._jsonrpc import open_jsonrpc_client as open_jsonrpc_client
-from ._lease import LeaseLostError as LeaseLostError
-from ._lease import ReceiverLease as ReceiverLease
 from ._net import is_loopback_host as is_loopback_host
 from ._net import origin_problem as origin_problem
 from ._net import parse_host_port as parse_host_port
+from ._receiver import ACTIVITY_FIELDS as ACTIVITY_FIELDS
+from ._receiver import Activity as Activity
+from ._receiver import Backoff as Backoff
+from ._receiver import Interrupts as Interrupts
+from ._receiver import LeaseLostError as LeaseLostError
+from ._receiver import ReceiverLease as ReceiverLease
 from ._streams import close_gracefully as close_gracefully
-from ._text import button_lines as button_lines
-from ._text import chunk_text as chunk_text
-from ._text import utf16_units as utf16_units
 from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
 from ._throttle import LogThrottle as LogThrottle
 from ._throttle import quiet_note as quiet_note

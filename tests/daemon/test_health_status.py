@@ -16,8 +16,7 @@ import httpx
 import pytest
 import trio
 
-from adapters.telegram._api import TelegramApiError
-from adapters.telegram._status import ReceiverStatus
+from adapters.telegram._api import ReceiverStatus, TelegramApiError
 from prismd.cli._ctltable import duration
 from tests.fakes.telegram_api import start_fake
 

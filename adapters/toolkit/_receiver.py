@@ -1,8 +1,17 @@
-"""The receiver-lease keeper: one receiver per bot or account, whichever daemon runs it.
+"""What every receiver needs around its transport: its lease, paced retries, waits that one
+call cuts short, and what it last saw.
 
-A receiver (Telegram's poller or webhook server, Signal's client) may consume its transport
-only while it holds a service-owned lease in the store. :class:`ReceiverLease` does what
-every receiver needs around that lease:
+* :class:`ReceiverLease` — one receiver per bot or account, whichever daemon runs it (below);
+* :class:`Backoff` — the one bounded exponential backoff with jitter every adapter retries by;
+* :class:`Interrupts` — waits (a long poll, a backoff) that one call cancels: a lost lease,
+  a stop;
+* :class:`Activity` — when a message last reached the adapter and the last error of its
+  receiving side, for ``health()`` and ``prismctl health`` (a cause class, never a URL, a
+  token or a message's text).
+
+**The receiver lease.** A receiver (Telegram's poller or webhook server, Signal's client,
+a Discord shard) may consume its transport only while it holds a service-owned lease in the
+store. :class:`ReceiverLease` does what every receiver needs around that lease:
 
 * **acquire** — :meth:`~ReceiverLease.try_acquire` once, or :meth:`~ReceiverLease.acquire`
   until it is ours (standing by with bounded exponential backoff while another receiver
@@ -45,17 +54,97 @@ from __future__ import annotations
 import contextlib
 import logging
 import random as _random
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TypeVar
 
 import attrs
 import trio
 
-from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope
+from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope, ms_to_iso
 
-from ._backoff import Backoff
-from ._interrupts import Interrupts
+__all__ = [
+    "ACTIVITY_FIELDS",
+    "Activity",
+    "Backoff",
+    "Interrupts",
+    "LeaseLostError",
+    "ReceiverLease",
+]
 
-__all__ = ["LeaseLostError", "ReceiverLease"]
+_E = TypeVar("_E")
+_R = TypeVar("_R")
+
+
+@attrs.define(eq=False)
+class Backoff:
+    """``base_s``, twice that, four times … up to ``cap_s``; each delay scaled by a random
+    factor in [0.5, 1] so receivers that failed together do not retry together.
+
+    :meth:`next_delay` counts a failure and returns the wait before the next try;
+    :meth:`reset` after a success starts over at ``base_s``. Never a hot loop: every delay
+    is at least ``base_s / 2``.
+
+    >>> backoff = Backoff(_random.Random(1), base_s=1.0, cap_s=30.0)
+    >>> [round(backoff.next_delay(), 2) for _ in range(3)]
+    [0.57, 1.85, 3.53]
+    """
+
+    random: _random.Random = attrs.field(factory=_random.Random)
+    base_s: float = attrs.field(default=1.0)
+    cap_s: float = 30.0
+    failures: int = attrs.field(default=0, init=False)
+
+    @base_s.validator
+    def _check(self, _a: object, value: float) -> None:
+        if not 0 < value <= self.cap_s:
+            raise ValueError("base_s must be positive and at most cap_s")
+
+    def next_delay(self, minimum: float = 0.0) -> float:
+        """The wait after one more failure (at least ``minimum``: a server's own spacing)."""
+        delay = min(self.cap_s, self.base_s * 2.0**self.failures)
+        # 2**16 times the base is past any sensible cap; stop counting there.
+        self.failures = min(self.failures + 1, 16)
+        return max(minimum, delay * (0.5 + self.random.random() / 2))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@attrs.define(eq=False)
+class Interrupts:
+    """The regions (waits, mostly) open now that one call cancels all at once.
+
+    :meth:`interrupt` cancels the regions open now; a region opened later runs. :meth:`stop`
+    does the same and latches: a region opened after it is cancelled as it opens, until
+    :attr:`stopped` is set back to ``False``. A region's scope says whether it was cut
+    (``cancelled_caught``).
+    """
+
+    stopped: bool = False
+    _open: set[trio.CancelScope] = attrs.field(factory=set, repr=False)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[trio.CancelScope]:
+        """A region that :meth:`interrupt` and :meth:`stop` cancel."""
+        scope = trio.CancelScope()
+        if self.stopped:
+            scope.cancel()
+        self._open.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._open.discard(scope)
+
+    def interrupt(self) -> None:
+        for scope in self._open:
+            scope.cancel()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.interrupt()
+
 
 MIN_TTL_MS = 1_000
 EXPIRY_MARGIN_S = 0.05
@@ -285,3 +374,43 @@ class ReceiverLease:
         self._lost = True
         self.log.warning("%s: receiver lease lost (expired or taken over)", self.label)
         self._guards.interrupt()
+
+
+ACTIVITY_FIELDS = frozenset({"lastUpdateAt", "lastError", "lastErrorAt"})
+"""The health fields :meth:`Activity.health_fields` adds: times and a cause, never metric
+labels (their values would grow without bound)."""
+
+
+@attrs.define(eq=False)
+class Activity:
+    """What a receiving adapter last saw: when a message last reached it, and the last
+    error of its receiving side (a fixed word or an exception class)."""
+
+    last_update_ms: int | None = None
+    """When a message last reached the adapter (Unix ms)."""
+    last_error: str | None = None
+    last_error_ms: int | None = None
+
+    def health_fields(self) -> Mapping[str, str]:
+        """``lastUpdateAt``, ``lastError`` and ``lastErrorAt`` (ISO 8601), those known."""
+        fields: dict[str, str] = {}
+        if self.last_update_ms is not None:
+            fields["lastUpdateAt"] = ms_to_iso(self.last_update_ms)
+        if self.last_error is not None and self.last_error_ms is not None:
+            fields["lastError"] = self.last_error
+            fields["lastErrorAt"] = ms_to_iso(self.last_error_ms)
+        return fields
+
+    def seeing(self, admit: Callable[[_E], Awaitable[_R]]) -> Callable[[_E], Awaitable[_R]]:
+        """``admit``, noting the time of each message handed to it (``lastUpdateAt``)."""
+
+        async def noted(event: _E) -> _R:
+            self.last_update_ms = time.time_ns() // 1_000_000
+            return await admit(event)
+
+        return noted
+
+    def note_error(self, cause: str) -> None:
+        """The receiving side failed: ``cause`` is a fixed word or an exception class."""
+        self.last_error = cause
+        self.last_error_ms = time.time_ns() // 1_000_000
