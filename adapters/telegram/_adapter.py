@@ -1,9 +1,7 @@
 """The Telegram channel adapter: configuration, and the parts that do the work.
 
-Contract §11. The ``telegram`` connection kind (:data:`KIND`, the end of the module) reads
-a ``[[connections]]`` entry into a :class:`TelegramConnectionConfig`, names its secrets and
-builds the adapter; :class:`TelegramAdapter` validates its configuration and wires parts of
-one job each:
+Contract §11. :class:`TelegramAdapter` validates its configuration and wires parts of one
+job each:
 
 * receiving — :class:`~adapters.telegram._poller.Poller` (long polling with a durable
   offset) or :class:`~adapters.telegram._webhook.WebhookServer`; with ``webhook_inbox``
@@ -35,7 +33,7 @@ from __future__ import annotations
 
 import random as _random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -43,22 +41,17 @@ import trio
 
 from prismd.channel import (
     DEFAULT_TYPING_DELAY_MS,
-    MAX_TYPING_DELAY_MS,
     AdapterFeatures,
     Admit,
     AttachmentRef,
-    BuildContext,
-    ConfigTable,
-    ConnectionKind,
     OutboundFile,
     Preview,
     Reply,
-    SecretSource,
     SendResult,
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..toolkit import ReceiverLease, origin_problem
+from ..toolkit import ReceiverLease
 from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate_api_origin
 from ._drafts import DraftStreamer
 from ._files import send_file
@@ -75,7 +68,7 @@ from ._send import MAX_CHUNK_UNITS, Synthesize, TelegramSender
 from ._updates import UpdateHandler
 from ._webhook import WebhookServer
 
-__all__ = ["KIND", "RECEIVER_NAMESPACE", "TelegramAdapter", "TelegramConnectionConfig"]
+__all__ = ["RECEIVER_NAMESPACE", "TelegramAdapter"]
 
 RECEIVER_NAMESPACE = "prism.channels.v1.telegram.receiver"
 CLOSE_BUDGET_S = 5.0
@@ -407,124 +400,3 @@ def _features(
         max_file_bytes=adapter.max_attachment_bytes,
     )
     return made_of, features
-
-
-# ---------------------------------------------------------------- the connection kind
-
-
-@attrs.frozen
-class TelegramConnectionConfig:
-    id: str
-    token_env: str | None = None
-    token_file: str | None = None
-    api_origin: str = DEFAULT_API_ORIGIN
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_listen: str = "127.0.0.1:8443"
-    webhook_path: str | None = None
-    """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
-    webhook_secret_env: str | None = None
-    webhook_inbox: bool = False
-    allow_groups: bool = False
-    poll_timeout_s: int = 30
-    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
-    """A turn shows ``typing`` only once it has run this long (0..60,000; 0 = at once)."""
-    kind: Literal["telegram"] = "telegram"
-
-    @property
-    def effective_webhook_path(self) -> str:
-        return self.webhook_path if self.webhook_path is not None else f"/telegram/{self.id}"
-
-
-def _parse_config(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
-    token_env = table.get_env_name("token_env")
-    token_file = table.get_str("token_file")
-    if (token_env is None) == (token_file is None):
-        raise table.error("token_env", "set exactly one of token_env and token_file")
-    api_origin: str = table.get_str("api_origin", DEFAULT_API_ORIGIN)
-    _check_config_origin(table, "api_origin", api_origin)
-    mode = table.choice("mode", ("polling", "webhook"), "polling")
-    webhook_listen: str = table.get_address("webhook_listen", "127.0.0.1:8443")
-    webhook_path = table.get_str("webhook_path")
-    if webhook_path is not None and not webhook_path.startswith("/"):
-        raise table.error("webhook_path", "must start with '/'")
-    webhook_secret_env = table.get_env_name("webhook_secret_env")
-    if mode == "webhook" and webhook_secret_env is None:
-        # Telegram echoes the secret in a header; without it anyone could post updates.
-        raise table.error("webhook_secret_env", "is required in webhook mode")
-    webhook_inbox = table.get_bool("webhook_inbox")
-    if webhook_inbox and mode != "webhook":
-        raise table.error("webhook_inbox", "needs mode = 'webhook'")
-    return TelegramConnectionConfig(
-        id=conn_id,
-        token_env=token_env,
-        token_file=token_file,
-        api_origin=api_origin.rstrip("/"),
-        mode=mode,
-        webhook_listen=webhook_listen,
-        webhook_path=webhook_path,
-        webhook_secret_env=webhook_secret_env,
-        webhook_inbox=webhook_inbox,
-        allow_groups=table.get_bool("allow_groups"),
-        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
-        typing_delay_ms=table.get_int(
-            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
-        ),
-    )
-
-
-def _check_config_origin(table: ConfigTable, name: str, origin: str) -> None:
-    problem = origin_problem(origin, DEFAULT_API_ORIGIN)
-    if problem is not None:
-        raise table.error(name, problem)
-
-
-def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:
-    token_key = "token_env" if conn.token_env is not None else "token_file"
-    sources = [SecretSource(token_key, conn.token_env, conn.token_file)]
-    if conn.webhook_secret_env is not None:
-        sources.append(SecretSource("webhook_secret_env", conn.webhook_secret_env))
-    return sources
-
-
-def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAdapter:
-    # Read once now so a missing token fails the start, not the first poll.
-    token = context.secret("token", conn.token_env, conn.token_file)
-    secret = None
-    if conn.webhook_secret_env:
-        secret = context.secret("webhook_secret_env", conn.webhook_secret_env, None)
-    # The receiver lease (and the inbox's claims) last the daemon's lease_ttl_ms, so a
-    # standby takes over that soon; a long poll must fit inside it with room to spare.
-    floor = conn.poll_timeout_s * 1000 + 10_000 if conn.mode == "polling" else 5_000
-    lease_ttl_ms = min(max(context.lease_ttl_ms, floor), 300_000)
-    return TelegramAdapter(
-        connection_id=conn.id,
-        token=lambda: token,
-        admit=context.admit,
-        store=context.store,
-        owner_id=context.owner_id,
-        adopt=True,
-        api_origin=conn.api_origin,
-        mode=conn.mode,
-        webhook_listen=conn.webhook_listen,
-        webhook_path=conn.webhook_path,
-        webhook_secret=secret,
-        webhook_inbox=conn.webhook_inbox,
-        busy_conversations=getattr(context.conversations, "busy_conversations", None),
-        allow_groups=conn.allow_groups,
-        poll_timeout_s=conn.poll_timeout_s,
-        typing_delay_ms=conn.typing_delay_ms,
-        lease_ttl_ms=lease_ttl_ms,
-        max_attachment_bytes=context.max_attachment_bytes,
-    )
-
-
-KIND = ConnectionKind(
-    name="telegram",
-    label="telegram",
-    parse=_parse_config,
-    build=_build,
-    secrets=_secrets,
-    listen_address=lambda conn: conn.webhook_listen if conn.mode == "webhook" else None,
-    where=lambda conn, _adapter: f"({conn.mode}{', inbox' if conn.webhook_inbox else ''})",
-)
-"""The ``telegram`` connection kind (collected by :mod:`adapters.kinds`)."""
