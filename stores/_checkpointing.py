@@ -18,7 +18,6 @@ from ._types import (
     CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
-    CheckpointWrite,
     DeleteCheckpoint,
     EventPage,
     JournalEvent,
@@ -93,18 +92,11 @@ class CheckpointStoreBase(abc.ABC):
         """Store ``value`` under the CAS and fencing rules in one transaction with its
         event (a batch of one: the same checks, transaction and event); a lost check
         raises :class:`CheckpointConflictError` and writes nothing."""
-        write: CheckpointWrite = SaveCheckpoint(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            version=version,
-            value=value,
-            expected_version=expected_version,
-            fencing_token=fencing_token,
-            category=category,
-            metadata=metadata,
-        )
-        (result,) = await self.write_checkpoints((write,))
+        save = SaveCheckpoint(
+            namespace, key, scope, version, value, expected_version, fencing_token, category,
+            metadata,
+        )  # fmt: skip
+        (result,) = await self.write_checkpoints((save,))
         if result.record is None:
             raise CheckpointConflictError("checkpoint version conflict")
         return result.record
