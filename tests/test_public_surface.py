@@ -73,6 +73,8 @@ PINNED: dict[str, list[str]] = {
         "ResponseTooLarge",
         "RpcError",
         "Slot",
+        "TokenConnection",
+        "api_origin",
         "button_lines",
         "chunk_text",
         "close_gracefully",
@@ -86,6 +88,8 @@ PINNED: dict[str, list[str]] = {
         "respond",
         "serve_limited",
         "server_connection",
+        "token_keys",
+        "typing_delay_ms",
         "utf16_units",
     ],
     "adapters.webchat": [
