@@ -9,7 +9,7 @@ import attrs
 import trio
 
 from .. import _common
-from .._checkpointing import CheckpointQuery, CheckpointStoreBase
+from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
     Clock,

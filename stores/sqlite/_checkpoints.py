@@ -9,7 +9,7 @@ import apsw
 import attrs
 
 from .. import _common
-from .._checkpointing import CheckpointQuery, CheckpointStoreBase
+from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
     DeleteCheckpoint,
@@ -275,6 +275,3 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
             return int(_scalar(conn, "SELECT coalesce(max(seq), 0) FROM prism_events"))
 
         return await self._db.run(read)
-
-
-# --------------------------------------------------------------------------- leases
