@@ -218,17 +218,10 @@ def _metadata_json(metadata: Mapping[Any, Any]) -> str:
     return encode_json(dict(metadata), "metadata")
 
 
-def _check_save_fields(
-    namespace: object,
-    key: object,
-    scope: object,
-    version: object,
-    expected_version: object,
-    fencing_token: object,
-    category: object,
-) -> None:
+def _check_save_fields(save: SaveCheckpoint) -> None:
     """Everything of a save but its value and metadata (one expression for the common
     save, :func:`_plain_save`; the full checks and their messages otherwise)."""
+    namespace, key, scope, version, _value, expected_version, fencing_token, category = save[:8]
     if not _plain_save(namespace, key, scope, version, expected_version, fencing_token, category):
         check_checkpoint_address(namespace, key, scope)
         if not _is_safe_int(version, 1):
@@ -265,15 +258,7 @@ def check_save(save: SaveCheckpoint, max_value_bytes: int) -> SaveCheckpoint:
     Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError` when the UTF-8
     JSON encoding of the value or the metadata exceeds ``max_value_bytes``).
     """
-    _check_save_fields(
-        save.namespace,
-        save.key,
-        save.scope,
-        save.version,
-        save.expected_version,
-        save.fencing_token,
-        save.category,
-    )
+    _check_save_fields(save)
     value_json = save.value_json
     if value_json is None:
         value_json = encode_json(save.value, "value")
