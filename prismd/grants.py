@@ -64,7 +64,18 @@ class GrantConfig:
     notifications: bool = False
 
 
-class GrantEntry(Protocol):
+class _Owned(Protocol):
+    """Whose scope an entry names: its tenant, account and user."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def user(self) -> str | None: ...
+
+
+class GrantEntry(_Owned, Protocol):
     """The fields of :class:`GrantConfig` the authorizer reads."""
 
     @property
@@ -74,12 +85,6 @@ class GrantEntry(Protocol):
     @property
     def pairing(self) -> bool: ...
     @property
-    def tenant(self) -> str: ...
-    @property
-    def account(self) -> str | None: ...
-    @property
-    def user(self) -> str | None: ...
-    @property
     def aliases(self) -> tuple[str, ...]: ...
     @property
     def default_alias(self) -> str | None: ...
@@ -87,17 +92,11 @@ class GrantEntry(Protocol):
     def notifications(self) -> bool: ...
 
 
-class OperatorEntry(Protocol):
+class OperatorEntry(_Owned, Protocol):
     """The fields of ``prismd.control.Operator`` the authorizer reads."""
 
     @property
     def uid(self) -> int: ...
-    @property
-    def tenant(self) -> str: ...
-    @property
-    def account(self) -> str | None: ...
-    @property
-    def user(self) -> str | None: ...
 
 
 class PairedRecord(Protocol):

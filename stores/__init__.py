@@ -39,16 +39,10 @@ from ._types import (
     CheckpointStore as CheckpointStore,
 )
 from ._types import (
-    CheckpointWrite as CheckpointWrite,
-)
-from ._types import (
     Clock as Clock,
 )
 from ._types import (
     DeleteCheckpoint as DeleteCheckpoint,
-)
-from ._types import (
-    EncodedSave as EncodedSave,
 )
 from ._types import (
     EventPage as EventPage,

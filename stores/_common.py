@@ -15,14 +15,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeGuard
 
-import attrs
-
 from ._types import (
     LIST_LIMIT_MAX,
     MAX_SAFE_INTEGER,
     CheckpointRecord,
     DeleteCheckpoint,
-    EncodedSave,
     InvalidCheckpointError,
     InvalidLeaseError,
     JournalEvent,
@@ -156,55 +153,6 @@ def decode_json(text: str) -> JSONValue:
     return json.loads(text)
 
 
-@attrs.define(eq=False)
-class SaveRequest:
-    """A validated ``save_checkpoint`` call with its value already encoded. Built for
-    every write and read by the backend only (never changed after :func:`check_save`);
-    not frozen, because a frozen attrs class sets each field through a method call."""
-
-    namespace: str
-    key: str
-    scope: OwnershipScope
-    version: int
-    value_json: str
-    expected_version: int | None
-    fencing_token: int | None
-    category: str | None
-    metadata_json: str | None
-    encoded_by_caller: bool = False
-    value: JSONValue = None
-    """With ``encoded_by_caller``: the value as given, returned in the stored record (no
-    decode of what the caller encoded). Otherwise the record holds a decode of
-    ``value_json`` (so a tuple comes back a list, as it would from a load)."""
-    metadata: Mapping[str, JSONValue] | None = None
-
-    def stored_value(self) -> JSONValue:
-        return self.value if self.encoded_by_caller else decode_json(self.value_json)
-
-    def stored(self, created_at_ms: int, updated_at_ms: int) -> CheckpointRecord:
-        """The record this save stored, at the row's times (what a backend answers)."""
-        return CheckpointRecord(
-            namespace=self.namespace,
-            key=self.key,
-            version=self.version,
-            value=self.stored_value(),
-            scope=self.scope,
-            created_at_ms=created_at_ms,
-            updated_at_ms=updated_at_ms,
-            fencing_token=self.fencing_token,
-            category=self.category,
-            metadata=self.stored_metadata(),
-        )
-
-    def stored_metadata(self) -> Mapping[str, JSONValue] | None:
-        if self.metadata_json is None:
-            return None
-        if self.encoded_by_caller and self.metadata is not None:
-            return dict(self.metadata)
-        decoded: Mapping[str, JSONValue] = decode_json(self.metadata_json)
-        return decoded
-
-
 def _plain_save(
     namespace: object,
     key: object,
@@ -270,17 +218,10 @@ def _metadata_json(metadata: Mapping[Any, Any]) -> str:
     return encode_json(dict(metadata), "metadata")
 
 
-def _check_save_fields(
-    namespace: object,
-    key: object,
-    scope: object,
-    version: object,
-    expected_version: object,
-    fencing_token: object,
-    category: object,
-) -> None:
+def _check_save_fields(save: SaveCheckpoint) -> None:
     """Everything of a save but its value and metadata (one expression for the common
     save, :func:`_plain_save`; the full checks and their messages otherwise)."""
+    namespace, key, scope, version, _value, expected_version, fencing_token, category = save[:8]
     if not _plain_save(namespace, key, scope, version, expected_version, fencing_token, category):
         check_checkpoint_address(namespace, key, scope)
         if not _is_safe_int(version, 1):
@@ -308,62 +249,35 @@ def _check_metadata_size(metadata_json: str, max_value_bytes: int) -> None:
         raise RecordTooLargeError("checkpoint metadata is larger than max_value_bytes")
 
 
-def check_save(
-    *,
-    namespace: object,
-    key: object,
-    scope: object,
-    version: object,
-    value: JSONValue,
-    expected_version: object,
-    fencing_token: object,
-    category: object,
-    metadata: object,
-    max_value_bytes: int,
-    value_json: object = None,
-) -> SaveRequest:
-    """Validate a save and encode its value; every backend calls this before touching data.
+def check_save(save: SaveCheckpoint, max_value_bytes: int) -> SaveCheckpoint:
+    """Validate a save and encode its value and metadata; every backend calls this (through
+    :func:`check_writes`) before touching data. The save as the backend stores it: the
+    one given when the caller encoded both (``value_json``, ``metadata_json`` or none), a
+    copy with them filled in otherwise.
 
     Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError` when the UTF-8
-    JSON encoding of ``value`` exceeds ``max_value_bytes``).
+    JSON encoding of the value or the metadata exceeds ``max_value_bytes``).
     """
-    _check_save_fields(namespace, key, scope, version, expected_version, fencing_token, category)
-    encoded_by_caller = value_json is not None
+    _check_save_fields(save)
+    value_json = save.value_json
     if value_json is None:
-        value_json = encode_json(value, "value")
-    value_json = _check_value_json(value_json, max_value_bytes)
-    metadata_json: str | None = None
-    if metadata is not None:
+        value_json = encode_json(save.value, "value")
+    elif save.value is not None:
+        raise InvalidCheckpointError("give value or value_json, not both")
+    _check_value_json(value_json, max_value_bytes)
+    metadata, metadata_json = save.metadata, save.metadata_json
+    if metadata_json is not None:
+        if metadata is not None:
+            raise InvalidCheckpointError("give metadata or metadata_json, not both")
+        _check_metadata_json(metadata_json, max_value_bytes)
+    elif metadata is not None:
         if not isinstance(metadata, Mapping):
             raise InvalidCheckpointError("metadata must be a mapping")
         metadata_json = _metadata_json(metadata)
         _check_metadata_size(metadata_json, max_value_bytes)
-    assert isinstance(namespace, str) and isinstance(key, str)
-    assert isinstance(scope, OwnershipScope) and isinstance(version, int)
-    assert category is None or isinstance(category, str)
-    return SaveRequest(
-        namespace=namespace,
-        key=key,
-        scope=scope,
-        version=version,
-        value_json=value_json,
-        expected_version=expected_version,  # type: ignore[arg-type]
-        fencing_token=fencing_token,  # type: ignore[arg-type]
-        category=category,
-        metadata_json=metadata_json,
-        encoded_by_caller=encoded_by_caller,
-        value=value,
-        metadata=metadata,
-    )
-
-
-@attrs.frozen
-class DeleteRequest:
-    """A validated delete of a batch."""
-
-    namespace: str
-    key: str
-    scope: OwnershipScope
+    if value_json is save.value_json and metadata_json is save.metadata_json:
+        return save
+    return save._replace(value_json=value_json, metadata_json=metadata_json)
 
 
 MAX_BATCH_WRITES = 1000
@@ -386,35 +300,26 @@ def _check_batch(writes: object, atomic: object, not_a_sequence: str) -> None:
 
 def check_writes(
     writes: object, atomic: object, max_value_bytes: int
-) -> list[SaveRequest | DeleteRequest]:
-    """Validate a ``write_checkpoints`` batch; raises :class:`InvalidCheckpointError` naming
-    the first bad write by its index, before anything is written."""
+) -> Sequence[SaveCheckpoint | DeleteCheckpoint]:
+    """Validate a ``write_checkpoints`` batch before anything is written (raises
+    :class:`InvalidCheckpointError` at the first bad write); the writes as the backend
+    applies them, each save with its value and metadata encoded (:func:`check_save`)."""
     _check_batch(writes, atomic, "writes must be a sequence of SaveCheckpoint/DeleteCheckpoint")
     assert isinstance(writes, Sequence)
-    out: list[SaveRequest | DeleteRequest] = []
-    for write in writes:
-        if isinstance(write, SaveCheckpoint):
-            out.append(
-                check_save(
-                    namespace=write.namespace,
-                    key=write.key,
-                    scope=write.scope,
-                    version=write.version,
-                    value=write.value,
-                    expected_version=write.expected_version,
-                    fencing_token=write.fencing_token,
-                    category=write.category,
-                    metadata=write.metadata,
-                    max_value_bytes=max_value_bytes,
-                    value_json=write.value_json,
-                )
-            )
-        elif isinstance(write, DeleteCheckpoint):
+    checked: list[SaveCheckpoint | DeleteCheckpoint] | None = None
+    for n, write in enumerate(writes):
+        if type(write) is SaveCheckpoint:
+            save = check_save(write, max_value_bytes)
+            if save is not write:
+                # A copy of the batch only once a save needed its value encoded.
+                if checked is None:
+                    checked = list(writes)
+                checked[n] = save
+        elif type(write) is DeleteCheckpoint:
             check_checkpoint_address(write.namespace, write.key, write.scope)
-            out.append(DeleteRequest(write.namespace, write.key, write.scope))
         else:
             raise InvalidCheckpointError("writes must be SaveCheckpoint or DeleteCheckpoint")
-    return out
+    return writes if checked is None else checked
 
 
 _METADATA_OBJECTS: set[str] = set()
@@ -438,31 +343,6 @@ def _check_metadata_json(metadata_json: object, max_value_bytes: int) -> None:
         raise InvalidCheckpointError("metadata_json must be a JSON object")
     if len(metadata_json) <= _METADATA_MEMO_CHARS and len(_METADATA_OBJECTS) < _METADATA_JSON_MAX:
         _METADATA_OBJECTS.add(metadata_json)
-
-
-def check_encoded(saves: object, atomic: object, max_value_bytes: int) -> Sequence[EncodedSave]:
-    """Validate a ``save_encoded`` batch as :func:`check_writes` validates a
-    ``write_checkpoints`` one (each field as :func:`check_save` checks it, the value's
-    size against ``max_value_bytes``); the saves themselves are the requests the backends
-    apply. ``value_json`` is trusted to be compact JSON (its caller encoded it);
-    ``metadata_json`` is checked to be a JSON object once per distinct text."""
-    _check_batch(saves, atomic, "saves must be a sequence of EncodedSave")
-    assert isinstance(saves, Sequence)
-    for save in saves:
-        if type(save) is not EncodedSave:
-            raise InvalidCheckpointError("saves must be EncodedSave")
-        _check_save_fields(
-            save.namespace,
-            save.key,
-            save.scope,
-            save.version,
-            save.expected_version,
-            save.fencing_token,
-            save.category,
-        )
-        _check_value_json(save.value_json, max_value_bytes)
-        _check_metadata_json(save.metadata_json, max_value_bytes)
-    return saves
 
 
 def check_max_value_bytes(max_value_bytes: object) -> int:

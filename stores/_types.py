@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
@@ -247,46 +248,33 @@ class JournalEvent:
     metadata: Mapping[str, JSONValue] | None = None
 
 
-@attrs.frozen
-class SaveCheckpoint:
-    """One save in :meth:`CheckpointStore.write_checkpoints`; the fields mean what the
-    keyword arguments of :meth:`CheckpointStore.save_checkpoint` mean."""
+class SaveCheckpoint(NamedTuple):
+    """One save of :meth:`CheckpointStore.write_checkpoints`; the fields mean what the
+    keyword arguments of :meth:`CheckpointStore.save_checkpoint` mean. A named tuple, not
+    an attrs class: the journal makes several for every message, and a tuple is built in
+    one step.
+
+    ``value_json`` / ``metadata_json``: the value (and the metadata, a JSON object) already
+    encoded as compact JSON, as :func:`stores.compact_json` makes it, by a caller that built
+    them (the journal, an agent's transcript): stored as given, so they are encoded once;
+    their size is still checked. Give ``value`` or ``value_json``, ``metadata`` or
+    ``metadata_json``: not both."""
 
     namespace: str
     key: str
     scope: OwnershipScope
     version: int
-    value: JSONValue
+    value: JSONValue = None
     expected_version: int | None = None
     fencing_token: int | None = None
     category: str | None = None
     metadata: Mapping[str, JSONValue] | None = None
     value_json: str | None = None
-    """``value`` already encoded as compact JSON by a caller that built it (the journal):
-    stored as given, so the value is encoded once; its size is still checked."""
-
-
-class EncodedSave(NamedTuple):
-    """One save of :meth:`CheckpointStore.save_encoded`: what a :class:`SaveCheckpoint`
-    says, with the value (and the metadata, a JSON object) already encoded as compact JSON
-    by the caller that built them (the journal, an agent's transcript). A named tuple, not
-    an attrs class: the journal makes several for every message, and a tuple is built in
-    one step."""
-
-    namespace: str
-    key: str
-    scope: OwnershipScope
-    version: int
-    expected_version: int | None
-    fencing_token: int | None
-    category: str | None
-    value_json: str
     metadata_json: str | None = None
 
 
-@attrs.frozen
-class DeleteCheckpoint:
-    """One delete in :meth:`CheckpointStore.write_checkpoints`: a row stored under another
+class DeleteCheckpoint(NamedTuple):
+    """One delete of :meth:`CheckpointStore.write_checkpoints`: a row stored under another
     exact scope is a miss, as for :meth:`CheckpointStore.delete_checkpoint`."""
 
     namespace: str
@@ -294,27 +282,54 @@ class DeleteCheckpoint:
     scope: OwnershipScope
 
 
-CheckpointWrite: TypeAlias = SaveCheckpoint | DeleteCheckpoint
-
 WriteStatus: TypeAlias = Literal["ok", "conflict", "missing", "aborted"]
 
 
-@attrs.frozen
-class WriteResult:
+class WriteResult(NamedTuple):
     """What became of one write of a batch.
 
-    ``ok``: saved (``record`` is the stored row) or deleted. ``conflict``: a save lost its
-    compare-and-swap (version, create-only, fence or scope). ``missing``: a delete found no
-    row in that scope. ``aborted``: the write would have applied, but another write of the
-    same ``atomic`` batch did not, so none of them was written.
+    ``ok``: saved or deleted. ``conflict``: a save lost its compare-and-swap (version,
+    create-only, fence or scope). ``missing``: a delete found no row in that scope.
+    ``aborted``: the write would have applied, but another write of the same ``atomic``
+    batch did not, so none of them was written.
+
+    A written save carries the save as stored (``saved``, its value and metadata encoded)
+    and the row's times; :attr:`record` builds the stored row from them when asked (the
+    journal reads only ``updated_at_ms``, and builds no record per write).
     """
 
     status: WriteStatus
-    record: CheckpointRecord | None = None
+    saved: SaveCheckpoint | None = None
+    created_at_ms: int | None = None
+    updated_at_ms: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def record(self) -> CheckpointRecord | None:
+        """The stored row of a written save (built anew on each access), else ``None``."""
+        if self.saved is None or self.created_at_ms is None or self.updated_at_ms is None:
+            return None
+        return stored_record(self.saved, self.created_at_ms, self.updated_at_ms)
+
+
+def stored_record(save: SaveCheckpoint, created_at_ms: int, updated_at_ms: int) -> CheckpointRecord:
+    """The row a checked save (its value and metadata encoded) stored at these times."""
+    assert save.value_json is not None
+    return CheckpointRecord(
+        namespace=save.namespace,
+        key=save.key,
+        version=save.version,
+        value=json.loads(save.value_json),
+        scope=save.scope,
+        created_at_ms=created_at_ms,
+        updated_at_ms=updated_at_ms,
+        fencing_token=save.fencing_token,
+        category=save.category,
+        metadata=None if save.metadata_json is None else json.loads(save.metadata_json),
+    )
 
 
 @attrs.frozen
@@ -438,37 +453,20 @@ class CheckpointStore(Protocol):
         ...
 
     async def write_checkpoints(
-        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
     ) -> tuple[WriteResult, ...]:
         """Apply ``writes`` in order in one durable transaction; one result per write.
 
         Each write is checked as :meth:`save_checkpoint` / :meth:`delete_checkpoint` would
         check it, against the rows as the earlier writes of the batch left them, and each
         applied write appends its event. With ``atomic=True`` either every write applies or
-        none does (the others are then ``aborted``).
+        none does (the others are then ``aborted``). A save given as ``value_json`` (and
+        ``metadata_json``) is stored as given and loads as any other (its value is the
+        decode of ``value_json``).
 
-        Raises :class:`InvalidCheckpointError` for a malformed write before anything is
-        written, and :class:`StoreUnavailableError` when the transaction fails (nothing of
-        it was written).
-        """
-        ...
-
-    async def save_encoded(
-        self, saves: Sequence[EncodedSave], *, atomic: bool = False
-    ) -> tuple[int | None, ...]:
-        """:meth:`write_checkpoints` of saves whose values the caller encoded, answering
-        less: per save, the stored row's ``updated_at_ms`` when it was written, ``None``
-        when it lost its compare-and-swap (version, create-only, fence or scope). With
-        ``atomic=True`` one ``None`` means that nothing of the batch was written: every
-        save whose own checks passed then answers ``0`` (``aborted``).
-
-        The same transaction, checks and events as :meth:`write_checkpoints`, which is the
-        same write path in every backend; a save stored this way loads as any other (its
-        value is the decode of ``value_json``). ``value_json`` and ``metadata_json`` must
-        be compact JSON (``metadata_json`` an object), as :func:`stores.compact_json`
-        makes it: they are stored as given. Raises :class:`InvalidCheckpointError` (or
-        :class:`RecordTooLargeError`) for a malformed save before anything is written, and
-        :class:`StoreUnavailableError` when the transaction fails.
+        Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError`) for a
+        malformed write before anything is written, and :class:`StoreUnavailableError`
+        when the transaction fails (nothing of it was written).
         """
         ...
 

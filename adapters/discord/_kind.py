@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 
-from prismd.channel import (
-    DEFAULT_TYPING_DELAY_MS,
-    MAX_TYPING_DELAY_MS,
-    BuildContext,
-    ConfigTable,
-    ConnectionKind,
-    SecretSource,
-)
+from prismd.channel import DEFAULT_TYPING_DELAY_MS, BuildContext, ConfigTable, ConnectionKind
 
-from ..toolkit import origin_problem
+from ..toolkit import TokenConnection, api_origin, token_keys, typing_delay_ms
 from . import _protocol as proto
 from ._adapter import MAX_SHARDS, DiscordAdapter, default_intents
 from ._rest import DEFAULT_API_ORIGIN
 
 
 @attrs.frozen
-class DiscordConnectionConfig:
-    id: str
-    token_env: str | None = None
-    token_file: str | None = None
+class DiscordConnectionConfig(TokenConnection):
     api_origin: str = DEFAULT_API_ORIGIN
     intents: int = default_intents("mentions")
     allow_guilds: bool = False
@@ -40,27 +29,21 @@ class DiscordConnectionConfig:
 
 
 def _parse(table: ConfigTable, conn_id: str) -> DiscordConnectionConfig:
-    token_env = table.get_env_name("token_env")
-    token_file = table.get_str("token_file")
-    if (token_env is None) == (token_file is None):
-        raise table.error("token_env", "set exactly one of token_env and token_file")
-    api_origin: str = table.get_str("api_origin", DEFAULT_API_ORIGIN)
-    check_origin(table, "api_origin", api_origin)
+    token_env, token_file = token_keys(table)
+    origin = api_origin(table, DEFAULT_API_ORIGIN)
     respond_to = table.choice("respond_to", ("mentions", "all"), "mentions")
     intents = _intents(table, respond_to)
     return DiscordConnectionConfig(
         id=conn_id,
         token_env=token_env,
         token_file=token_file,
-        api_origin=api_origin.rstrip("/"),
+        api_origin=origin,
         intents=intents,
         allow_guilds=table.get_bool("allow_guilds"),
         previews=table.get_bool("previews"),
         respond_to=respond_to,
         shards=_shards(table),
-        typing_delay_ms=table.get_int(
-            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
-        ),
+        typing_delay_ms=typing_delay_ms(table),
     )
 
 
@@ -94,19 +77,8 @@ def _intents(table: ConfigTable, respond_to: str) -> int:
     return intents
 
 
-def check_origin(table: ConfigTable, name: str, origin: str) -> None:
-    problem = origin_problem(origin, DEFAULT_API_ORIGIN)
-    if problem is not None:
-        raise table.error(name, problem)
-
-
-def _secrets(conn: DiscordConnectionConfig) -> Sequence[SecretSource]:
-    key = "token_env" if conn.token_env is not None else "token_file"
-    return [SecretSource(key, conn.token_env, conn.token_file)]
-
-
 def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapter:
-    token = context.secret("token", conn.token_env, conn.token_file)
+    token = conn.read_token(context)
     return DiscordAdapter(
         connection_id=conn.id,
         token=lambda: token,
@@ -131,7 +103,7 @@ KIND = ConnectionKind(
     label="discord",
     parse=_parse,
     build=_build,
-    secrets=_secrets,
+    secrets=lambda conn: [conn.token_source],
     where=lambda conn, _adapter: f"(gateway, {conn.respond_to})",
 )
 """The ``discord`` connection kind (collected by :mod:`adapters.kinds`)."""

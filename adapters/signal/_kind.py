@@ -15,15 +15,9 @@ from typing import Literal
 
 import attrs
 
-from prismd.channel import (
-    DEFAULT_TYPING_DELAY_MS,
-    MAX_TYPING_DELAY_MS,
-    BuildContext,
-    ConfigTable,
-    ConnectionKind,
-)
+from prismd.channel import DEFAULT_TYPING_DELAY_MS, BuildContext, ConfigTable, ConnectionKind
 
-from ..toolkit import is_loopback_host, parse_host_port
+from ..toolkit import is_loopback_host, parse_host_port, typing_delay_ms
 from ._adapter import ACCOUNT_RE, SignalAdapter
 from ._client import MAX_UNIX_PATH_BYTES
 
@@ -71,9 +65,7 @@ def _parse(table: ConfigTable, conn_id: str) -> SignalConnectionConfig:
         receiver_lease_ttl_ms=table.get_int(
             "receiver_lease_ttl_ms", 90_000, low=5_000, high=300_000
         ),
-        typing_delay_ms=table.get_int(
-            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
-        ),
+        typing_delay_ms=typing_delay_ms(table),
     )
 
 

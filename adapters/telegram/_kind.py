@@ -9,23 +9,19 @@ import attrs
 
 from prismd.channel import (
     DEFAULT_TYPING_DELAY_MS,
-    MAX_TYPING_DELAY_MS,
     BuildContext,
     ConfigTable,
     ConnectionKind,
     SecretSource,
 )
 
-from ..toolkit import origin_problem
+from ..toolkit import TokenConnection, api_origin, token_keys, typing_delay_ms
 from ._adapter import TelegramAdapter
 from ._api import DEFAULT_API_ORIGIN
 
 
 @attrs.frozen
-class TelegramConnectionConfig:
-    id: str
-    token_env: str | None = None
-    token_file: str | None = None
+class TelegramConnectionConfig(TokenConnection):
     api_origin: str = DEFAULT_API_ORIGIN
     mode: Literal["polling", "webhook"] = "polling"
     webhook_listen: str = "127.0.0.1:8443"
@@ -45,12 +41,8 @@ class TelegramConnectionConfig:
 
 
 def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
-    token_env = table.get_env_name("token_env")
-    token_file = table.get_str("token_file")
-    if (token_env is None) == (token_file is None):
-        raise table.error("token_env", "set exactly one of token_env and token_file")
-    api_origin: str = table.get_str("api_origin", DEFAULT_API_ORIGIN)
-    _check_origin(table, "api_origin", api_origin)
+    token_env, token_file = token_keys(table)
+    origin = api_origin(table, DEFAULT_API_ORIGIN)
     mode = table.choice("mode", ("polling", "webhook"), "polling")
     webhook_listen: str = table.get_address("webhook_listen", "127.0.0.1:8443")
     webhook_path = table.get_str("webhook_path")
@@ -67,7 +59,7 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
         id=conn_id,
         token_env=token_env,
         token_file=token_file,
-        api_origin=api_origin.rstrip("/"),
+        api_origin=origin,
         mode=mode,
         webhook_listen=webhook_listen,
         webhook_path=webhook_path,
@@ -75,21 +67,12 @@ def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
         webhook_inbox=webhook_inbox,
         allow_groups=table.get_bool("allow_groups"),
         poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
-        typing_delay_ms=table.get_int(
-            "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
-        ),
+        typing_delay_ms=typing_delay_ms(table),
     )
 
 
-def _check_origin(table: ConfigTable, name: str, origin: str) -> None:
-    problem = origin_problem(origin, DEFAULT_API_ORIGIN)
-    if problem is not None:
-        raise table.error(name, problem)
-
-
 def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:
-    token_key = "token_env" if conn.token_env is not None else "token_file"
-    sources = [SecretSource(token_key, conn.token_env, conn.token_file)]
+    sources = [conn.token_source]
     if conn.webhook_secret_env is not None:
         sources.append(SecretSource("webhook_secret_env", conn.webhook_secret_env))
     return sources
@@ -97,7 +80,7 @@ def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:
 
 def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAdapter:
     # Read once now so a missing token fails the start, not the first poll.
-    token = context.secret("token", conn.token_env, conn.token_file)
+    token = conn.read_token(context)
     secret = None
     if conn.webhook_secret_env:
         secret = context.secret("webhook_secret_env", conn.webhook_secret_env, None)

@@ -17,7 +17,9 @@
   listener: connections split into budgets (a flood of one kind cannot take the places of
   another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
-* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too;
+* :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too, and the
+  connection keys several kinds read alike (:class:`TokenConnection`, :func:`api_origin`,
+  :func:`typing_delay_ms`);
 * re-exported from prismd: :func:`chunk_text` and :func:`utf16_units`, message limits in
   UTF-16 code units (:mod:`prismd.redact`, beside the UTF-8 measures of the journal);
   :func:`button_lines`, approval buttons as text for a channel without buttons
@@ -36,6 +38,10 @@ from ._budgets import BudgetStatistics as BudgetStatistics
 from ._budgets import ConnectionLimiter as ConnectionLimiter
 from ._budgets import Slot as Slot
 from ._budgets import serve_limited as serve_limited
+from ._config import TokenConnection as TokenConnection
+from ._config import api_origin as api_origin
+from ._config import token_keys as token_keys
+from ._config import typing_delay_ms as typing_delay_ms
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body

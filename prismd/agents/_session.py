@@ -25,7 +25,6 @@ from stores import (
     CheckpointRecord,
     CheckpointStore,
     DeleteCheckpoint,
-    EncodedSave,
     Lost,
     OwnershipScope,
     SaveCheckpoint,
@@ -365,40 +364,24 @@ class SessionLog:
                 )
             version = current.version
             written = current.extended(added, limit, version + 1)
-            if legacy:
-                # Together or not at all: a legacy row already moved (or pruned) meanwhile
-                # is missing, and the append starts over from what is stored now.
-                save = SaveCheckpoint(
-                    namespace=NS_SESSION,
-                    key=key,
-                    scope=scope,
-                    version=version + 1,
-                    value={"entries": list(written.items)},
-                    expected_version=version,
-                    category=CATEGORY_SESSION,
-                    value_json=written.value_json(),
-                )
-                old = DeleteCheckpoint(
-                    namespace=NS_SESSION,
-                    key=legacy_session_key(self.alias, session_id),
-                    scope=scope,
-                )
-                result, *_ = await self.checkpoints.write_checkpoints((save, old), atomic=True)
-                ok = result.ok
-            else:
-                encoded = EncodedSave(
+            writes: list[SaveCheckpoint | DeleteCheckpoint] = [
+                SaveCheckpoint(
                     NS_SESSION,
                     key,
                     scope,
                     version + 1,
-                    version,
-                    None,
-                    CATEGORY_SESSION,
-                    written.value_json(),
+                    expected_version=version,
+                    category=CATEGORY_SESSION,
+                    value_json=written.value_json(),
                 )
-                (updated_at,) = await self.checkpoints.save_encoded((encoded,))
-                ok = updated_at is not None
-            if not ok:
+            ]
+            if legacy:
+                # Together or not at all: a legacy row already moved (or pruned) meanwhile
+                # is missing, and the append starts over from what is stored now.
+                old_key = legacy_session_key(self.alias, session_id)
+                writes.append(DeleteCheckpoint(NS_SESSION, old_key, scope))
+            result, *_ = await self.checkpoints.write_checkpoints(writes, atomic=True)
+            if not result.ok:
                 return LOST
             self._remember(at, written)
             return added[-1].id

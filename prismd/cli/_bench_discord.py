@@ -26,14 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import h11
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from adapters.toolkit import HttpError, read_body, read_request_head, respond, server_connection
+from adapters.toolkit import RequestHead
 
-from ._bench_live import CLIENTS, Daemon, free_port, process_cpu_s, write_config
-from ._figures import figures
+from ._bench_live import CLIENTS, ClosedLoop, Daemon, JsonAnswer, bot_daemon, serve_json
 
 TOKEN = "bench-discord-token-" + "c" * 40
 BOT_ID = "1000000000000000001"
@@ -45,8 +43,9 @@ POST_MESSAGE = "POST /channels/{id}/messages"
 
 
 @attrs.define(eq=False)
-class BenchDiscord:
-    """The gateway and REST on loopback (reference/discord-protocol.md shapes)."""
+class BenchDiscord(ClosedLoop):
+    """The gateway and REST on loopback (reference/discord-protocol.md shapes); the
+    conversations are DM channels, ``requests`` by route."""
 
     rest_port: int = 0
     gateway_port: int = 0
@@ -54,13 +53,7 @@ class BenchDiscord:
     """The identified or resumed gateway sockets (dispatches go to each)."""
     seq: int = 0
     last_snowflake: int = 0
-    offered_at: dict[str, float] = attrs.Factory(dict)
-    """DM channel → when its pending message was dispatched."""
-    latencies: list[float] = attrs.Factory(list)
-    answered: int = 0
-    sent: trio.Event = attrs.Factory(trio.Event)
     ready: trio.Event = attrs.Factory(trio.Event)
-    requests: dict[str, int] = attrs.Factory(dict)
     request_times: list[float] = attrs.Factory(list)
     frames_in: int = 0
 
@@ -82,7 +75,7 @@ class BenchDiscord:
 
     async def offer(self, channel: str, user: str, text: str) -> None:
         """A user DMs the bot: MESSAGE_CREATE."""
-        self.offered_at[channel] = time.perf_counter()
+        self.offered(channel)
         await self.dispatch("MESSAGE_CREATE", _message(self.snowflake(), channel, user, text))
 
     async def gateway(self, request: WebSocketRequest) -> None:
@@ -127,44 +120,22 @@ class BenchDiscord:
     # ------------------------------------------------------------------ REST
 
     async def rest(self, stream: trio.SocketStream) -> None:
-        try:
-            await self._rest(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, HttpError):
-            pass  # the daemon dropped its connection (it stops)
+        await serve_json(stream, self._answer_rest)
 
-    async def _rest(self, stream: trio.SocketStream) -> None:
-        connection = server_connection()
-        async with stream:
-            while True:
-                head = await read_request_head(stream, connection, timeout_s=60)
-                if head is None:
-                    return
-                body = await read_body(stream, connection, head, max_bytes=1 << 20)
-                status, payload, route = self._answer(head.method, head.path, body)
-                self.requests[route] = self.requests.get(route, 0) + 1
-                self.request_times.append(time.monotonic())
-                if route == POST_MESSAGE:
-                    await self.dispatch("MESSAGE_CREATE", payload)  # Discord echoes our own
-                headers = [
-                    ("X-RateLimit-Limit", "5"),
-                    ("X-RateLimit-Remaining", "4"),
-                    ("X-RateLimit-Reset", f"{time.time() + 5:.3f}"),
-                    ("X-RateLimit-Reset-After", "5.000"),
-                    ("X-RateLimit-Bucket", "bench"),
-                ]
-                await respond(
-                    stream,
-                    connection,
-                    head.method,
-                    status,
-                    b"" if payload is None else json.dumps(payload).encode(),
-                    content_type="application/json",
-                    close=False,
-                    extra=headers,
-                )
-                if connection.our_state is h11.MUST_CLOSE:
-                    return
-                connection.start_next_cycle()
+    async def _answer_rest(self, head: RequestHead, body: bytes) -> JsonAnswer:
+        status, payload, route = self._answer(head.method, head.path, body)
+        self.requests[route] = self.requests.get(route, 0) + 1
+        self.request_times.append(time.monotonic())
+        if route == POST_MESSAGE:
+            await self.dispatch("MESSAGE_CREATE", payload)  # Discord echoes our own
+        headers = [
+            ("X-RateLimit-Limit", "5"),
+            ("X-RateLimit-Remaining", "4"),
+            ("X-RateLimit-Reset", f"{time.time() + 5:.3f}"),
+            ("X-RateLimit-Reset-After", "5.000"),
+            ("X-RateLimit-Bucket", "bench"),
+        ]
+        return status, payload, headers
 
     def _answer(self, method: str, path: str, body: bytes) -> tuple[int, Any, str]:
         parts = path.split("?", 1)[0].removeprefix("/api/v10/").split("/")
@@ -181,12 +152,7 @@ class BenchDiscord:
                 return 204, None, "POST /channels/{id}/typing"
             if parts[2] == "messages":
                 sent = json.loads(body)
-                started = self.offered_at.pop(channel, None)
-                if started is not None:
-                    self.latencies.append(time.perf_counter() - started)
-                self.answered += 1
-                self.sent.set()
-                self.sent = trio.Event()
+                self.answer(channel)
                 message = _message(self.snowflake(), channel, BOT_ID, str(sent.get("content")))
                 message["author"]["bot"] = True
                 message["nonce"] = sent.get("nonce")
@@ -232,64 +198,25 @@ async def discord(workdir: Path, duration_s: float) -> dict[str, Any]:
     fake = BenchDiscord()
     async with trio.open_nursery() as nursery:
         await nursery.start(fake.serve)
-        port = free_port()
-        extra = f"""
-[[connections]]
-id = "dc"
-kind = "discord"
-token_env = "PRISMD_BENCH_DISCORD_TOKEN"
-api_origin = "http://127.0.0.1:{fake.rest_port}"
-shards = 1
-
-[[grants]]
-connection = "dc"
-actors = ["*"]
-aliases = ["bench"]
-"""
-        config = write_config(workdir, port=port, extra=extra)
-        daemon = await Daemon.start(workdir, config, env={"PRISMD_BENCH_DISCORD_TOKEN": TOKEN})
-        try:
-            await daemon.ready(port)
+        origin = f"http://127.0.0.1:{fake.rest_port}"
+        async with bot_daemon(workdir, "discord", TOKEN, origin, "shards = 1") as daemon:
             with trio.fail_after(30):
                 await fake.ready.wait()
             await trio.sleep(0.5)  # READY handled, the session stored
             result = await _closed_loop(fake, daemon, duration_s)
-            code, _took = await daemon.stop()
-            if code != 0:
-                raise RuntimeError(f"prismd exited {code}: {daemon.log_tail()}")
-        finally:
-            await daemon.kill()
         nursery.cancel_scope.cancel()
     return {"discord": result}
 
 
 async def _closed_loop(fake: BenchDiscord, daemon: Daemon, duration_s: float) -> dict[str, Any]:
-    channels = [(str(FIRST_DM + i), str(FIRST_USER + i)) for i in range(CLIENTS)]
-    fake.requests.clear()
+    users = {str(FIRST_DM + i): str(FIRST_USER + i) for i in range(CLIENTS)}
+
+    async def offer(channel: str) -> None:
+        await fake.offer(channel, users[channel], "ping")
+
     fake.request_times.clear()
     frames0 = fake.frames_in
-    start = time.perf_counter()
-    end = start + duration_s
-    cpu0 = process_cpu_s(daemon.process.pid)
-    for channel, user in channels:
-        await fake.offer(channel, user, "ping")
-    with trio.fail_after(duration_s + 30):
-        while time.perf_counter() < end:
-            for channel, user in channels:
-                if channel not in fake.offered_at and time.perf_counter() < end:
-                    await fake.offer(channel, user, "ping")
-            await fake.sent.wait()
-        # The last answers (the CPU they cost is counted, so are they).
-        while fake.offered_at:
-            await fake.sent.wait()
-    result: dict[str, Any] = figures(fake.latencies, time.perf_counter() - start)
-    cpu1 = process_cpu_s(daemon.process.pid)
-    requests = dict(sorted(fake.requests.items()))
-    if fake.answered:
-        if cpu0 is not None and cpu1 is not None:
-            result["cpu_ms_per_message"] = round((cpu1 - cpu0) * 1000 / fake.answered, 3)
-        result["requests_per_message"] = round(sum(requests.values()) / fake.answered, 3)
-    result["requests"] = requests
+    result = await fake.run(daemon, list(users), offer, duration_s, per="message")
     result["peak_requests_per_s"] = _peak_per_second(fake.request_times)
     result["gateway_frames_sent"] = fake.frames_in - frames0
     return result

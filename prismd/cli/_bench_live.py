@@ -22,16 +22,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import attrs
 import h11
 import trio
 import trio_websocket
 
-from adapters.toolkit import HttpError, read_body, read_request_head, respond, server_connection
+from adapters.toolkit import (
+    HttpError,
+    RequestHead,
+    read_body,
+    read_request_head,
+    respond,
+    server_connection,
+)
 
 from ._figures import figures
 
@@ -60,6 +68,7 @@ def write_config(
     # (removed with the work directory's link to it, see Daemon.kill).
     run_dir = Path(tempfile.mkdtemp(prefix="prismd-bench-"))
     (workdir / "run").symlink_to(run_dir)
+    web = bench_connection("web", f'kind = "webchat"\nlisten = "127.0.0.1:{port}"')
     config.write_text(
         f"""
 [daemon]
@@ -77,23 +86,44 @@ max_active_sessions = 16
 [control]
 socket = "{run_dir}/control.sock"
 
-[[connections]]
-id = "web"
-kind = "webchat"
-listen = "127.0.0.1:{port}"
-
 [agents.bench]
 {agent}
-
-[[grants]]
-connection = "web"
-actors = ["*"]
-aliases = ["bench"]
+{web}
 {extra}
 """,
         encoding="utf-8",
     )
     return config
+
+
+@asynccontextmanager
+async def bot_daemon(
+    workdir: Path, kind: str, token: str, api_origin: str, keys: str = ""
+) -> AsyncIterator[Daemon]:
+    """``prismd run`` (:meth:`Daemon.running`) with one connection of a bot ``kind``: its
+    ``token`` in the environment, the bench's loopback platform its ``api_origin``, then
+    ``keys`` (TOML lines)."""
+    env_name = f"PRISMD_BENCH_{kind.upper()}_TOKEN"
+    table = f'kind = "{kind}"\ntoken_env = "{env_name}"\napi_origin = "{api_origin}"\n{keys}'
+    port = free_port()
+    config = write_config(workdir, port=port, extra=bench_connection(kind, table))
+    async with Daemon.running(workdir, config, port, {env_name: token}) as daemon:
+        yield daemon
+
+
+def bench_connection(connection_id: str, keys: str) -> str:
+    """A ``[[connections]]`` table of ``keys`` (TOML lines) and its grant to every actor,
+    for the ``bench`` agent."""
+    return f"""
+[[connections]]
+id = "{connection_id}"
+{keys}
+
+[[grants]]
+connection = "{connection_id}"
+actors = ["*"]
+aliases = ["bench"]
+"""
 
 
 @attrs.define(eq=False)
@@ -111,6 +141,23 @@ class Daemon:
                 env={**os.environ, **(env or {})},
             )
         return cls(process, workdir)
+
+    @classmethod
+    @asynccontextmanager
+    async def running(
+        cls, workdir: Path, config: Path, port: int, env: dict[str, str] | None = None
+    ) -> AsyncIterator[Daemon]:
+        """``prismd run`` for the block, once ready on ``port``; stopped with SIGTERM after
+        it (an exit code but 0 raises, with the log's tail), killed if the block raised."""
+        daemon = await cls.start(workdir, config, env)
+        try:
+            await daemon.ready(port)
+            yield daemon
+            code, _took = await daemon.stop()
+            if code != 0:
+                raise RuntimeError(f"prismd exited {code}: {daemon.log_tail()}")
+        finally:
+            await daemon.kill()
 
     async def ready(self, port: int) -> None:
         """Until the web chat answers on ``port`` (the last child up)."""
@@ -244,9 +291,7 @@ async def webchat(workdir: Path, duration_s: float) -> dict[str, Any]:
     sends its next message when its answer arrived) for throughput, then an open loop at
     half that rate for the send → reply latency."""
     port = free_port()
-    daemon = await Daemon.start(workdir, write_config(workdir, port=port))
-    try:
-        await daemon.ready(port)
+    async with Daemon.running(workdir, write_config(workdir, port=port), port) as daemon:
         closed: dict[str, Any] = {}
         opened: dict[str, Any] = {}
 
@@ -294,12 +339,7 @@ async def webchat(workdir: Path, duration_s: float) -> dict[str, Any]:
 
         await _with_clients(port, CLIENTS, closed_loop)
         await _with_clients(port, CLIENTS, open_loop)
-        code, _took = await daemon.stop()
-        if code != 0:
-            raise RuntimeError(f"prismd exited {code}: {daemon.log_tail()}")
-        return {"webchat": closed, "webchat_latency": opened}
-    finally:
-        await daemon.kill()
+    return {"webchat": closed, "webchat_latency": opened}
 
 
 # --------------------------------------------------------------------------- stop
@@ -341,27 +381,87 @@ async def stop(workdir: Path, _duration_s: float = 0.0) -> dict[str, Any]:
 # --------------------------------------------------------------------------- telegram
 
 
-@attrs.define(eq=False)
-class BotApi:
-    """The Bot API methods long polling uses, on loopback (Bot API shapes: ``ok``/``result``,
-    ``getUpdates`` long-polls on ``offset`` and ``timeout``)."""
+C = TypeVar("C", bound=Hashable)
 
-    updates: list[dict[str, Any]] = attrs.Factory(list)
-    changed: trio.Event = attrs.Factory(trio.Event)
-    sent_at: dict[int, float] = attrs.Factory(dict)
-    offered_at: dict[int, float] = attrs.Factory(dict)
-    next_id: int = 1
-    next_message_id: int = 1
+
+@attrs.define(eq=False)
+class ClosedLoop:
+    """The answers a live bench's loopback platform sees: when each conversation's pending
+    message was offered, each answer's latency, how many came (``sent`` is set at each),
+    and the requests it served, by name."""
+
+    offered_at: dict[Any, float] = attrs.Factory(dict)
     latencies: list[float] = attrs.Factory(list)
     answered: int = 0
     sent: trio.Event = attrs.Factory(trio.Event)
     requests: dict[str, int] = attrs.Factory(dict)
-    """Bot API requests served, by method."""
 
-    def offer(self, chat: int, text: str) -> None:
+    def offered(self, conversation: Hashable) -> None:
+        self.offered_at[conversation] = time.perf_counter()
+
+    def answer(self, conversation: Hashable) -> None:
+        """The daemon answered ``conversation``."""
+        started = self.offered_at.pop(conversation, None)
+        if started is not None:
+            self.latencies.append(time.perf_counter() - started)
+        self.answered += 1
+        self.sent.set()
+        self.sent = trio.Event()
+
+    async def run(
+        self,
+        daemon: Daemon,
+        conversations: Sequence[C],
+        offer: Callable[[C], Awaitable[None]],
+        duration_s: float,
+        *,
+        per: str,
+    ) -> dict[str, Any]:
+        """Each conversation sends its next message once its answer came, for
+        ``duration_s``; then the last answers come in (the CPU they cost is counted, so are
+        they). Throughput and latency (:func:`figures`), the daemon's CPU and the requests
+        per answer (``cpu_ms_per_<per>``, ``requests_per_<per>``; by name in
+        ``requests``)."""
+        self.requests.clear()
+        start = time.perf_counter()
+        end = start + duration_s
+        cpu0 = process_cpu_s(daemon.process.pid)
+        for conversation in conversations:
+            await offer(conversation)
+        with trio.fail_after(duration_s + 30):
+            while time.perf_counter() < end:
+                for conversation in conversations:
+                    if conversation not in self.offered_at and time.perf_counter() < end:
+                        await offer(conversation)
+                await self.sent.wait()
+            while self.offered_at:
+                await self.sent.wait()
+        result: dict[str, Any] = figures(self.latencies, time.perf_counter() - start)
+        cpu1 = process_cpu_s(daemon.process.pid)
+        requests = dict(sorted(self.requests.items()))
+        if self.answered:
+            if cpu0 is not None and cpu1 is not None:
+                result[f"cpu_ms_per_{per}"] = round((cpu1 - cpu0) * 1000 / self.answered, 3)
+            result[f"requests_per_{per}"] = round(sum(requests.values()) / self.answered, 3)
+        result["requests"] = requests
+        return result
+
+
+@attrs.define(eq=False)
+class BotApi(ClosedLoop):
+    """The Bot API methods long polling uses, on loopback (Bot API shapes: ``ok``/``result``,
+    ``getUpdates`` long-polls on ``offset`` and ``timeout``); ``requests`` by method."""
+
+    updates: list[dict[str, Any]] = attrs.Factory(list)
+    changed: trio.Event = attrs.Factory(trio.Event)
+    next_id: int = 1
+    next_message_id: int = 1
+
+    async def offer(self, chat: int) -> None:
+        """Chat ``chat`` sends "ping"."""
         update_id = self.next_id
         self.next_id += 1
-        self.offered_at[chat] = time.perf_counter()
+        self.offered(chat)
         self.updates.append(
             {
                 "update_id": update_id,
@@ -370,7 +470,7 @@ class BotApi:
                     "date": int(time.time()),
                     "chat": {"id": chat, "type": "private", "first_name": "Bench"},
                     "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
-                    "text": text,
+                    "text": "ping",
                 },
             }
         )
@@ -392,12 +492,7 @@ class BotApi:
             return self.updates[: int(params.get("limit") or 100)]
         if name == "sendMessage":
             chat = int(params["chat_id"])
-            started = self.offered_at.pop(chat, None)
-            if started is not None:
-                self.latencies.append(time.perf_counter() - started)
-            self.answered += 1
-            self.sent.set()
-            self.sent = trio.Event()
+            self.answer(chat)
             message_id = self.next_message_id
             self.next_message_id += 1
             return {
@@ -411,39 +506,51 @@ class BotApi:
         raise LookupError(name)
 
     async def serve(self, stream: trio.SocketStream) -> None:
-        try:
-            await self._serve(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, HttpError):
-            pass  # the daemon dropped its connection (it stops, or restarts a long poll)
+        await serve_json(stream, self._answer)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        connection = server_connection()
+    async def _answer(self, head: RequestHead, body: bytes) -> JsonAnswer:
+        name = head.path.rsplit("/", 1)[-1]
+        params = json.loads(body or b"{}")
+        try:
+            return 200, {"ok": True, "result": await self.method(name, params)}, ()
+        except LookupError:
+            return 404, {"ok": False, "error_code": 404, "description": "Not Found"}, ()
+
+
+JsonAnswer: TypeAlias = tuple[int, Any, Sequence[tuple[str, str]]]
+"""A loopback platform's answer to a request: status, the JSON payload (``None``: no body)
+and extra headers."""
+
+
+async def serve_json(
+    stream: trio.SocketStream, answer: Callable[[RequestHead, bytes], Awaitable[JsonAnswer]]
+) -> None:
+    """Answer each request on ``stream`` (kept alive) with what ``answer`` says, until the
+    daemon drops the connection (it stops, or restarts a long poll)."""
+    connection = server_connection()
+    try:
         async with stream:
             while True:
                 head = await read_request_head(stream, connection, timeout_s=60)
                 if head is None:
                     return
                 body = await read_body(stream, connection, head, max_bytes=1 << 20)
-                name = head.path.rsplit("/", 1)[-1]
-                params = json.loads(body or b"{}")
-                try:
-                    payload = {"ok": True, "result": await self.method(name, params)}
-                    status = 200
-                except LookupError:
-                    payload = {"ok": False, "error_code": 404, "description": "Not Found"}
-                    status = 404
+                status, payload, headers = await answer(head, body)
                 await respond(
                     stream,
                     connection,
                     head.method,
                     status,
-                    json.dumps(payload).encode(),
+                    b"" if payload is None else json.dumps(payload).encode(),
                     content_type="application/json",
+                    extra=headers,
                     close=False,
                 )
                 if connection.our_state is h11.MUST_CLOSE:
                     return
                 connection.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, HttpError):
+        pass
 
 
 async def telegram(workdir: Path, duration_s: float) -> dict[str, Any]:
@@ -458,49 +565,10 @@ async def telegram(workdir: Path, duration_s: float) -> dict[str, Any]:
             functools.partial(trio.serve_tcp, api.serve, 0, host="127.0.0.1")
         )
         api_port = listeners[0].socket.getsockname()[1]
-        port = free_port()
-        extra = f"""
-[[connections]]
-id = "tg"
-kind = "telegram"
-token_env = "PRISMD_BENCH_TOKEN"
-api_origin = "http://127.0.0.1:{api_port}"
-poll_timeout_s = 5
-
-[[grants]]
-connection = "tg"
-actors = ["*"]
-aliases = ["bench"]
-"""
-        config = write_config(workdir, port=port, extra=extra)
-        daemon = await Daemon.start(workdir, config, env={"PRISMD_BENCH_TOKEN": BOT_TOKEN})
-        try:
-            await daemon.ready(port)
-            end = time.perf_counter() + duration_s
-            start = time.perf_counter()
-            cpu0 = process_cpu_s(daemon.process.pid)
-            api.requests.clear()
+        origin = f"http://127.0.0.1:{api_port}"
+        polling = "poll_timeout_s = 5"
+        async with bot_daemon(workdir, "telegram", BOT_TOKEN, origin, polling) as daemon:
             chats = list(range(1000, 1000 + CLIENTS))
-            for chat in chats:
-                api.offer(chat, "ping")
-            with trio.fail_after(duration_s + 30):
-                while time.perf_counter() < end:
-                    for chat in chats:
-                        if chat not in api.offered_at and time.perf_counter() < end:
-                            api.offer(chat, "ping")
-                    await api.sent.wait()
-            result: dict[str, Any] = figures(api.latencies, time.perf_counter() - start)
-            cpu1 = process_cpu_s(daemon.process.pid)
-            requests = dict(sorted(api.requests.items()))
-            if api.answered:
-                if cpu0 is not None and cpu1 is not None:
-                    result["cpu_ms_per_update"] = round((cpu1 - cpu0) * 1000 / api.answered, 3)
-                result["requests_per_update"] = round(sum(requests.values()) / api.answered, 3)
-            result["requests"] = requests
-            code, _took = await daemon.stop()
-            if code != 0:
-                raise RuntimeError(f"prismd exited {code}: {daemon.log_tail()}")
-        finally:
-            await daemon.kill()
+            result = await api.run(daemon, chats, api.offer, duration_s, per="update")
         nursery.cancel_scope.cancel()
     return {"telegram": result}

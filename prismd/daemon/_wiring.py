@@ -119,47 +119,6 @@ def build_adapter(
     :class:`~prismd.daemon.ConfigError` (missing secret).
     """
     found: list[str] = [] if secrets is None else secrets
-    try:
-        return _build_adapter(
-            connection,
-            runtime=runtime,
-            store=store,
-            state=state,
-            config=config,
-            env=env,
-            found=found,
-        )
-    except (WiringError, ConfigError):
-        raise
-    except (ValueError, TypeError) as exc:
-        # The adapters' constructors validate their arguments with fixed messages (no
-        # values); the secrets read are still removed in case one ever quotes a value.
-        message = str(exc)
-        for secret in found:
-            if secret:
-                message = message.replace(secret, "[redacted]")
-        raise WiringError(f"[connections] {connection.id}: {message}") from None
-    except Exception as exc:
-        raise WiringError(
-            f"[connections] {connection.id}: building the adapter failed ({type(exc).__name__})"
-        ) from None
-
-
-def _build_adapter(
-    connection: ConnectionConfig,
-    *,
-    runtime: Runtime,
-    store: Store,
-    state: StateDir,
-    config: Config,
-    env: Mapping[str, str],
-    found: list[str],
-) -> ChannelAdapter:
-    kind = kinds.connection_kind(connection.kind)
-    if kind is None:
-        raise WiringError(f"unknown connection kind {connection.kind!r}")
-    if kind.build is None:
-        raise WiringError(f"connection kind {kind.name!r} is not available in this build")
 
     def secret(name: str, env_name: str | None, file_name: str | None) -> str:
         value = read_secret(
@@ -171,18 +130,38 @@ def _build_adapter(
         found.append(value)
         return value
 
-    context = BuildContext(
-        admit=runtime.admit,
-        store=store,
-        owner_id=state.owner_id(kind.name, connection.id),
-        secret=secret,
-        grants=tuple(g for g in config.grants if g.connection == connection.id),
-        retention_days=config.limits.retention_days,
-        max_attachment_bytes=config.limits.max_attachment_bytes,
-        lease_ttl_ms=config.limits.lease_ttl_ms,
-        conversations=runtime,
-    )
-    return kind.build(connection, context)
+    try:
+        kind = kinds.connection_kind(connection.kind)
+        if kind is None:
+            raise WiringError(f"unknown connection kind {connection.kind!r}")
+        if kind.build is None:
+            raise WiringError(f"connection kind {kind.name!r} is not available in this build")
+        context = BuildContext(
+            admit=runtime.admit,
+            store=store,
+            owner_id=state.owner_id(kind.name, connection.id),
+            secret=secret,
+            grants=tuple(g for g in config.grants if g.connection == connection.id),
+            retention_days=config.limits.retention_days,
+            max_attachment_bytes=config.limits.max_attachment_bytes,
+            lease_ttl_ms=config.limits.lease_ttl_ms,
+            conversations=runtime,
+        )
+        return kind.build(connection, context)
+    except (WiringError, ConfigError):
+        raise
+    except (ValueError, TypeError) as exc:
+        # The adapters' constructors validate their arguments with fixed messages (no
+        # values); the secrets read are still removed in case one ever quotes a value.
+        message = str(exc)
+        for found_secret in found:
+            if found_secret:
+                message = message.replace(found_secret, "[redacted]")
+        raise WiringError(f"[connections] {connection.id}: {message}") from None
+    except Exception as exc:
+        raise WiringError(
+            f"[connections] {connection.id}: building the adapter failed ({type(exc).__name__})"
+        ) from None
 
 
 async def close_parts(agents: Mapping[str, Agent], adapters: AdapterRegistry) -> None:

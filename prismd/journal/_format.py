@@ -32,7 +32,6 @@ import attrs
 from stores import (
     CheckpointConflictError,
     CheckpointRecord,
-    CheckpointWrite,
     DeleteCheckpoint,
     InvalidCheckpointError,
     Keep,
@@ -204,7 +203,7 @@ async def _move_namespaces(journal: ChannelJournal) -> tuple[int, bool]:
 async def _move(journal: ChannelJournal, namespace: str, rows: list[CheckpointRecord]) -> bool:
     """Move ``rows`` to ``namespace`` together, or none of them (one changed meanwhile, or
     is there already)."""
-    writes: list[CheckpointWrite] = []
+    writes: list[SaveCheckpoint | DeleteCheckpoint] = []
     for row in rows:
         fields = {
             "key": row.key,

@@ -38,8 +38,8 @@ from stores import (
     ANY_SCOPE,
     CheckpointRecord,
     CheckpointStore,
-    EncodedSave,
     OwnershipScope,
+    SaveCheckpoint,
     StoreUnavailableError,
     WriteStatus,
     compact_json,
@@ -454,40 +454,34 @@ class ChannelJournal:
         """
         records = [self._stored_form(w.record) for w in writes]
         saves = [
-            EncodedSave(
+            SaveCheckpoint(
                 w.namespace,
                 w.address(),
                 w.scope,
                 w.expected_version + 1,
-                w.expected_version,
-                w.fence,
-                category_of(w.namespace, record),
-                self._encoded(record),
-                _meta_json(record),
+                expected_version=w.expected_version,
+                fencing_token=w.fence,
+                category=category_of(w.namespace, record),
+                value_json=self._encoded(record),
+                metadata_json=_meta_json(record),
             )
             for w, record in zip(writes, records, strict=True)
         ]
         try:
-            stored = await self.checkpoints.save_encoded(saves, atomic=atomic)
+            results = await self.checkpoints.write_checkpoints(saves, atomic=atomic)
         except StoreUnavailableError as exc:
             self.health.failed(exc)
             raise
         self.health.answered()
-        lost = None in stored
-        written = not (atomic and lost)
         items = tuple(
             None
-            if updated_at is None or not written
-            else Loaded(save.version, record, save.fencing_token, save.scope, updated_at)
-            for save, record, updated_at in zip(saves, records, stored, strict=True)
+            if result.updated_at_ms is None
+            else Loaded(save.version, record, save.fencing_token, save.scope, result.updated_at_ms)
+            for save, record, result in zip(saves, records, results, strict=True)
         )
-        if not lost:
+        if all(result.ok for result in results):
             return Committed(items, (_OK,) * len(items))
-        statuses: tuple[WriteStatus, ...] = tuple(
-            "conflict" if updated_at is None else "aborted" if not written else "ok"
-            for updated_at in stored
-        )
-        return Committed(items, statuses)
+        return Committed(items, tuple(result.status for result in results))
 
     async def save(
         self,

@@ -344,6 +344,25 @@ async def _resume(
                 fence=fence,
                 only_from=_SUSPENDED,
             )
+
+            async def offer_again(*, with_binding: bool) -> None:
+                """A new approval notice for the suspended run (bound like the first one
+                when it suspended again), its claim undone."""
+                assert run is not None
+                await _unclaim(core, route, run.operation_id, fence, claimed)
+                await send_approval_notice(
+                    core,
+                    route,
+                    agent,
+                    grant=grant,
+                    operation_id=ctx.operation_id,
+                    in_reply_to=ctx.event.event_id,
+                    run_id=run.run_id,
+                    session_id=run.session_id,
+                    fence=fence,
+                    with_binding=with_binding,
+                )
+
             try:
                 result: RunResult | None = None
                 with active.cancel_scope:
@@ -367,33 +386,10 @@ async def _resume(
                 )
             except Exception:
                 core.count("failed")
-                await _unclaim(core, route, run.operation_id, fence, claimed)
-                await send_approval_notice(
-                    core,
-                    route,
-                    agent,
-                    grant=grant,
-                    operation_id=ctx.operation_id,
-                    in_reply_to=ctx.event.event_id,
-                    run_id=run.run_id,
-                    session_id=run.session_id,
-                    fence=fence,
-                )
+                await offer_again(with_binding=False)
                 return
             if after is not None and after.status == "suspended" and result.status == "suspended":
-                await _unclaim(core, route, run.operation_id, fence, claimed)
-                await send_approval_notice(
-                    core,
-                    route,
-                    agent,
-                    grant=grant,
-                    operation_id=ctx.operation_id,
-                    in_reply_to=ctx.event.event_id,
-                    run_id=run.run_id,
-                    session_id=run.session_id,
-                    fence=fence,
-                    with_binding=True,
-                )
+                await offer_again(with_binding=True)
                 return
             await _finish_resume(core, route, ctx, identity, run.operation_id, result, fence)
     except LeaseHeldElsewhereError:

@@ -8,18 +8,17 @@ import attrs
 import trio
 
 from .. import _common
-from .._checkpointing import CheckpointQuery, CheckpointStoreBase
+from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
-    CheckpointWrite,
-    EncodedSave,
+    DeleteCheckpoint,
     EventAction,
     JournalEvent,
     OwnershipScope,
+    SaveCheckpoint,
     WriteResult,
-    WriteStatus,
 )
-from ._state import _Request, _Row, _saved, _State
+from ._state import _Row, _saved, _State
 
 
 @attrs.define(eq=False)
@@ -29,74 +28,47 @@ class MemoryCheckpointStore(CheckpointStoreBase):
     _state: _State
 
     async def write_checkpoints(
-        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
     ) -> tuple[WriteResult, ...]:
-        """See :meth:`~stores.CheckpointStore.write_checkpoints` and :meth:`_apply`."""
-        await trio.lowlevel.checkpoint()
-        state = self._state
-        state.check_open()
-        requests = _common.check_writes(writes, atomic, state.max_value_bytes)
-        results: list[WriteResult] = []
-        for req, (status, row) in zip(requests, self._apply(requests, atomic), strict=True):
-            if status != "ok" or row is None or isinstance(req, _common.DeleteRequest):
-                results.append(WriteResult(status))
-            else:
-                record = row.record(req.value) if req.encoded_by_caller else row.record()
-                results.append(WriteResult(status, record))
-        return tuple(results)
-
-    async def save_encoded(
-        self, saves: Sequence[EncodedSave], *, atomic: bool = False
-    ) -> tuple[int | None, ...]:
-        """See :meth:`~stores.CheckpointStore.save_encoded` and :meth:`_apply`."""
-        await trio.lowlevel.checkpoint()
-        state = self._state
-        state.check_open()
-        checked = _common.check_encoded(saves, atomic, state.max_value_bytes)
-        return tuple(
-            None if row is None else 0 if status == "aborted" else row.updated_at_ms
-            for status, row in self._apply(checked, atomic)
-        )
-
-    def _apply(
-        self, requests: Sequence[_Request], atomic: bool
-    ) -> list[tuple[WriteStatus, _Row | None]]:
         """Apply the batch against an overlay of the rows it touches, then publish the
-        overlay and its events at once; per request its status and the row it wrote (or
-        would have written, when an ``atomic`` batch is ``aborted``)."""
+        overlay and its events at once (see :meth:`~stores.CheckpointStore.write_checkpoints`);
+        an ``atomic`` batch with a lost check publishes nothing."""
+        await trio.lowlevel.checkpoint()
         state = self._state
+        state.check_open()
+        checked = _common.check_writes(writes, atomic, state.max_value_bytes)
         now = state.clock.now_ms()
         overlay: dict[tuple[str, str], _Row | None] = {}
-        events: list[tuple[EventAction, _Row, str | None]] = []
-        results: list[tuple[WriteStatus, _Row | None]] = []
-        for req in requests:
-            address = (req.namespace, req.key)
+        events: list[tuple[EventAction, SaveCheckpoint, str | None]] = []
+        results: list[WriteResult] = []
+        for write in checked:
+            address = (write.namespace, write.key)
             current = overlay[address] if address in overlay else state.checkpoints.get(address)
-            if isinstance(req, _common.DeleteRequest):
-                if current is None or current.scope != req.scope:
-                    results.append(("missing", None))
+            if isinstance(write, DeleteCheckpoint):
+                if current is None or current.save.scope != write.scope:
+                    results.append(_MISSING)
                     continue
                 overlay[address] = None
-                events.append(("delete", current, None))
-                results.append(("ok", None))
+                events.append(("delete", current.save, None))
+                results.append(_OK)
                 continue
-            row = _saved(req, current, now)
+            row = _saved(write, current, now)
             if row is None:
-                results.append(("conflict", None))
+                results.append(_CONFLICT)
                 continue
             overlay[address] = row
-            events.append(("save", row, req.metadata_json))
-            results.append(("ok", row))
-        if atomic and any(status != "ok" for status, _ in results):
-            return [(status if status != "ok" else "aborted", row) for status, row in results]
+            events.append(("save", write, write.metadata_json))
+            results.append(WriteResult("ok", *row))
+        if atomic and not all(r.ok for r in results):
+            return tuple(r if not r.ok else _ABORTED for r in results)
         for address, stored in overlay.items():
             if stored is None:
                 del state.checkpoints[address]
             else:
                 state.checkpoints[address] = stored
-        for action, stored, metadata_json in events:
-            state.append_event(action, stored, now, metadata_json)
-        return results
+        for action, saved, metadata_json in events:
+            state.append_event(action, saved, now, metadata_json)
+        return tuple(results)
 
     async def _enter(self) -> None:
         await self._state.step()
@@ -105,7 +77,7 @@ class MemoryCheckpointStore(CheckpointStoreBase):
         self, namespace: str, key: str, scope: OwnershipScope
     ) -> CheckpointRecord | None:
         row = self._state.checkpoints.get((namespace, key))
-        if row is None or row.scope != scope:
+        if row is None or row.save.scope != scope:
             return None
         return row.record()
 
@@ -117,8 +89,8 @@ class MemoryCheckpointStore(CheckpointStoreBase):
                 for row in self._state.checkpoints.values()
                 if (query.namespace is None or row.namespace == query.namespace)
                 and (query.key_prefix is None or row.key.startswith(query.key_prefix))
-                and (query.categories is None or row.category in query.categories)
-                and query.scope.matches_filter(row.scope)
+                and (query.categories is None or row.save.category in query.categories)
+                and query.scope.matches_filter(row.save.scope)
             ),
             key=_common.sort_key,
         )
@@ -144,3 +116,9 @@ class MemoryCheckpointStore(CheckpointStoreBase):
         """The highest event sequence number (0: none yet)."""
         await self._state.step()
         return self._state.next_seq - 1
+
+
+_OK = WriteResult("ok")
+_CONFLICT = WriteResult("conflict")
+_MISSING = WriteResult("missing")
+_ABORTED = WriteResult("aborted")

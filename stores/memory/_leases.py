@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from .._leasing import LeaseAsk, LeaseStoreBase
+from .._bases import LeaseAsk, LeaseStoreBase
 from .._types import LeaseConflictError, LeaseRecord, OwnershipScope
 from ._state import _State
 

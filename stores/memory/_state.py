@@ -4,7 +4,7 @@ its three facets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 import attrs
 import trio
@@ -13,89 +13,56 @@ from .. import _common
 from .._types import (
     CheckpointRecord,
     Clock,
-    EncodedSave,
     EventAction,
     InboxItem,
     JournalEvent,
-    JSONValue,
     LeaseRecord,
-    OwnershipScope,
+    SaveCheckpoint,
     StoreUnavailableError,
+    stored_record,
 )
 
-_DECODE: Any = object()
 
+class _Row(NamedTuple):
+    """A stored checkpoint: the checked save that wrote it (its value and metadata kept as
+    JSON text: the copy boundary) and the row's times."""
 
-@attrs.frozen
-class _Row:
-    """A stored checkpoint with its value kept as JSON text (the copy boundary)."""
-
-    namespace: str
-    key: str
-    version: int
-    value_json: str
-    scope: OwnershipScope
+    save: SaveCheckpoint
     created_at_ms: int
     updated_at_ms: int
-    fencing_token: int | None
-    category: str | None
-    metadata_json: str | None
 
-    def record(self, value: JSONValue = _DECODE) -> CheckpointRecord:
-        """The row as a record; ``value`` given: the caller's own object, not a decode of
-        the stored copy (a save answering with what it was asked to store)."""
-        return CheckpointRecord(
-            namespace=self.namespace,
-            key=self.key,
-            version=self.version,
-            value=_common.decode_json(self.value_json) if value is _DECODE else value,
-            scope=self.scope,
-            created_at_ms=self.created_at_ms,
-            updated_at_ms=self.updated_at_ms,
-            fencing_token=self.fencing_token,
-            category=self.category,
-            metadata=None
-            if self.metadata_json is None
-            else _common.decode_json(self.metadata_json),
-        )
+    @property
+    def namespace(self) -> str:
+        return self.save.namespace
+
+    @property
+    def key(self) -> str:
+        return self.save.key
+
+    def record(self) -> CheckpointRecord:
+        return stored_record(*self)
 
 
-_Request = _common.SaveRequest | _common.DeleteRequest | EncodedSave
-
-
-def _saved(req: _common.SaveRequest | EncodedSave, current: _Row | None, now: int) -> _Row | None:
+def _saved(req: SaveCheckpoint, current: _Row | None, now: int) -> _Row | None:
     """The row ``req`` writes over ``current``, or ``None`` when its checks fail (§1.2)."""
     if current is None:
         if req.expected_version not in (None, 0):
             return None
-        created_at = updated_at = now
-    else:
-        if (
-            current.scope != req.scope
-            or (req.expected_version is not None and req.expected_version != current.version)
-            or req.version <= current.version
-            or (
-                current.fencing_token is not None
-                and (req.fencing_token is None or req.fencing_token < current.fencing_token)
-            )
-        ):
-            return None
-        created_at = current.created_at_ms
-        # Never let updated_at go backwards (a clock step): listing order and keyset
-        # cursors rely on a rewritten row moving to the front.
-        updated_at = max(now, current.updated_at_ms)
-    return _Row(
-        namespace=req.namespace,
-        key=req.key,
-        version=req.version,
-        value_json=req.value_json,
-        scope=req.scope,
-        created_at_ms=created_at,
-        updated_at_ms=updated_at,
-        fencing_token=req.fencing_token,
-        category=req.category,
-        metadata_json=req.metadata_json,
-    )
+        return _Row(req, now, now)
+    stored = current.save
+    if (
+        stored.scope != req.scope
+        or (req.expected_version is not None and req.expected_version != stored.version)
+        or req.version <= stored.version
+        or (
+            stored.fencing_token is not None
+            and (req.fencing_token is None or req.fencing_token < stored.fencing_token)
+        )
+    ):
+        return None
+    # Never let updated_at go backwards (a clock step): listing order and keyset cursors
+    # rely on a rewritten row moving to the front.
+    return _Row(req, current.created_at_ms, max(now, current.updated_at_ms))
 
 
 @attrs.frozen
@@ -135,22 +102,18 @@ class _State:
         self.check_open()
 
     def append_event(
-        self,
-        action: EventAction,
-        row: _Row,
-        at_ms: int,
-        metadata_json: str | None,
+        self, action: EventAction, row: SaveCheckpoint, at_ms: int, metadata_json: str | None
     ) -> None:
+        """The event of a save, or of the delete of the row ``row`` saved."""
         event = JournalEvent(
-            seq=self.next_seq,
-            at_ms=at_ms,
-            action=action,
-            namespace=row.namespace,
-            key=row.key,
-            scope=row.scope,
-            version=row.version,
-            category=row.category,
-            metadata=None,
+            self.next_seq,
+            at_ms,
+            action,
+            row.namespace,
+            row.key,
+            row.scope,
+            row.version,
+            row.category,
         )
         self.next_seq += 1
         self.events.append((event, metadata_json))

@@ -9,14 +9,14 @@ import attrs
 import trio
 
 from .. import _common
-from .._checkpointing import CheckpointQuery, CheckpointStoreBase
+from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
-    CheckpointWrite,
     Clock,
-    EncodedSave,
+    DeleteCheckpoint,
     JournalEvent,
     OwnershipScope,
+    SaveCheckpoint,
     StoreUnavailableError,
     WriteResult,
 )
@@ -54,30 +54,19 @@ class PostgresCheckpointStore(CheckpointStoreBase):
     """The quoted schema name (``quote_ident``, once for the store)."""
 
     async def write_checkpoints(
-        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
     ) -> tuple[WriteResult, ...]:
         """The batch as one job of a group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`)."""
-        requests = _common.check_writes(writes, atomic, self._max_value_bytes)
-        return await self._submit(_Job(requests, atomic, self._clock.now_ms()))
-
-    async def save_encoded(
-        self, saves: Sequence[EncodedSave], *, atomic: bool = False
-    ) -> tuple[int | None, ...]:
-        """The saves as one job of a group-committed transaction, as
-        :meth:`write_checkpoints` (see :meth:`~stores.CheckpointStore.save_encoded`)."""
-        checked = _common.check_encoded(saves, atomic, self._max_value_bytes)
-        return await self._submit(_Job(checked, atomic, self._clock.now_ms(), encoded=True))
-
-    async def _submit(self, job: _Job) -> tuple[Any, ...]:
-        if not job.requests:
+        checked = _common.check_writes(writes, atomic, self._max_value_bytes)
+        if not checked:
             if self._writer.closed:
                 raise StoreUnavailableError(
                     f"PostgreSQL store {self._driver.where}: store is closed"
                 )
             await trio.lowlevel.checkpoint()
             return ()
-        return await self._writer.submit(job)
+        return await self._writer.submit(_Job(checked, atomic, self._clock.now_ms()))
 
     async def _load(
         self, namespace: str, key: str, scope: OwnershipScope

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from .. import _common
-from .._leasing import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
+from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import Clock, LeaseConflictError, LeaseRecord, OwnershipScope
 from ._driver import Driver, Session
 

@@ -19,6 +19,7 @@ from .._types import (
     SYSTEM_CLOCK,
     Clock,
     OwnershipScope,
+    SaveCheckpoint,
     SchemaStatus,
     Store,
 )
@@ -200,11 +201,10 @@ async def measure_bridge(store: Store, samples: int) -> BridgeSamples:
     now = store.checkpoints._clock.now_ms
 
     def args(leg: str, i: int) -> list[list[Any]]:
-        request = _common.check_save(
-            namespace="bench.bridge", key=f"{prefix}-{leg}-{i}", scope=scope, version=1,
-            value={"i": i}, expected_version=0, fencing_token=None, category=None,
-            metadata=None, max_value_bytes=DEFAULT_MAX_VALUE_BYTES,
-        )  # fmt: skip
+        save = SaveCheckpoint(
+            "bench.bridge", f"{prefix}-{leg}-{i}", scope, 1, {"i": i}, expected_version=0
+        )
+        request = _common.check_save(save, DEFAULT_MAX_VALUE_BYTES)
         return _pack([_Job(requests=[request], atomic=False, now_ms=now())])
 
     through_store: list[float] = []

@@ -12,7 +12,13 @@ import attrs
 import trio
 
 from .. import _common
-from .._types import EncodedSave, StoreUnavailableError, WriteResult, WriteStatus
+from .._types import (
+    DeleteCheckpoint,
+    SaveCheckpoint,
+    StoreUnavailableError,
+    WriteResult,
+    WriteStatus,
+)
 from ._driver import Driver, RetryTransaction, Session, WriteRefused
 
 log = logging.getLogger("stores.postgres")
@@ -27,25 +33,22 @@ RETRIES = 4
 _STATUSES: frozenset[str] = frozenset({"ok", "conflict", "missing", "aborted"})
 
 
-Request = _common.SaveRequest | _common.DeleteRequest | EncodedSave
-
-
 @attrs.define(eq=False)
 class _Job:
-    """One caller's ``write_checkpoints`` or ``save_encoded``: waiting for, or inside, a
+    """One caller's ``write_checkpoints`` (its writes checked): waiting for, or inside, a
     transaction."""
 
-    requests: Sequence[Request]
+    requests: Sequence[SaveCheckpoint | DeleteCheckpoint]
     atomic: bool
     now_ms: int
-    encoded: bool = False
-    """A ``save_encoded`` job: answered with times, not write results."""
     done: trio.Event = attrs.Factory(trio.Event)
     taken: bool = False
-    results: tuple[Any, ...] = ()
+    results: tuple[WriteResult, ...] = ()
     error: BaseException | None = None
 
-    def finish(self, results: tuple[Any, ...] = (), error: BaseException | None = None) -> None:
+    def finish(
+        self, results: tuple[WriteResult, ...] = (), error: BaseException | None = None
+    ) -> None:
         if not self.done.is_set():
             self.results, self.error = results, error
             self.done.set()
@@ -57,7 +60,7 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
     columns: list[list[Any]] = [[] for _ in range(15)]
     for number, job in enumerate(jobs):
         for req in job.requests:
-            if isinstance(req, _common.DeleteRequest):
+            if isinstance(req, DeleteCheckpoint):
                 row: tuple[Any, ...] = (
                     number, job.atomic, job.now_ms, True, req.namespace, req.key,
                     *_common.scope_args(req.scope), None, None, None, None, None, None,
@@ -73,12 +76,12 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
     return columns
 
 
-def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[WriteResult, ...]]:
     """Each job's answer from the rows the write returned (one per write, in order)."""
     total = sum(len(job.requests) for job in jobs)
     if len(rows) != total:
         raise StoreUnavailableError("PostgreSQL store: the write answered an unexpected shape")
-    out: list[tuple[Any, ...]] = []
+    out: list[tuple[WriteResult, ...]] = []
     it = iter(rows)
     for job in jobs:
         answered = [next(it) for _ in job.requests]
@@ -88,21 +91,16 @@ def _unpack(jobs: Sequence[_Job], rows: Sequence[Sequence[Any]]) -> list[tuple[A
     return out
 
 
-def _answer(job: _Job, answered: list[Sequence[Any]]) -> tuple[Any, ...]:
-    """``save_encoded``'s times, or ``write_checkpoints``' results with their records (an
-    ``atomic`` job with a lost check: the others ``aborted``)."""
-    if job.encoded:
-        return tuple(
-            updated if status == "ok" else 0 if status == "aborted" else None
-            for status, _, updated in answered
-        )
+def _answer(job: _Job, answered: list[Sequence[Any]]) -> tuple[WriteResult, ...]:
+    """``write_checkpoints``' results, a written save's with its row's times (an ``atomic``
+    job with a lost check: the others ``aborted``)."""
     results: list[WriteResult] = []
     for req, (status, created, updated) in zip(job.requests, answered, strict=True):
-        record = None
-        if status == "ok" and isinstance(req, _common.SaveRequest):
-            record = req.stored(created, updated)
         status_: WriteStatus = status
-        results.append(WriteResult(status_, record))
+        if status_ == "ok" and isinstance(req, SaveCheckpoint):
+            results.append(WriteResult(status_, req, created, updated))
+        else:
+            results.append(WriteResult(status_))
     if job.atomic and not all(r.ok for r in results):
         return tuple(r if not r.ok else WriteResult("aborted") for r in results)
     return tuple(results)
@@ -122,7 +120,7 @@ class _Writer:
     commits: int = 0
     writes: int = 0
 
-    async def submit(self, job: _Job) -> tuple[Any, ...]:
+    async def submit(self, job: _Job) -> tuple[WriteResult, ...]:
         if self.closed:
             raise StoreUnavailableError(f"PostgreSQL store {self.driver.where}: store is closed")
         # An already cancelled caller writes nothing: once queued, the writer may take the

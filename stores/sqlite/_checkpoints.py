@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import apsw
 import attrs
 
 from .. import _common
-from .._checkpointing import CheckpointQuery, CheckpointStoreBase
+from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
-    CheckpointWrite,
-    EncodedSave,
+    DeleteCheckpoint,
     EventAction,
     JournalEvent,
     OwnershipScope,
+    SaveCheckpoint,
     WriteResult,
 )
 from ._engine import _Database, _RolledBack
 from ._schema import _SCOPE_IS, _add_scope_filter, _one, _scalar
-
-W = TypeVar("W")
-A = TypeVar("A")
-
 
 _CHECKPOINT_COLUMNS = (
     "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
@@ -118,29 +114,26 @@ _DELETE = (
 )
 
 
-def _apply_save(
-    conn: apsw.Connection, req: _common.SaveRequest | EncodedSave, now: int
-) -> tuple[int, int] | None:
-    """One save: one statement whose ``WHERE`` holds every check, then its event. The
-    stored row's ``(created_at, updated_at)``, or ``None`` when a check failed (nothing
-    written). Every save of either write method takes this path."""
-    scope = req.scope
+def _apply_save(conn: apsw.Connection, save: SaveCheckpoint, now: int) -> WriteResult:
+    """One save: one statement whose ``WHERE`` holds every check, then its event; answered
+    with the stored row's times, or ``conflict`` when a check failed (nothing written)."""
+    scope = save.scope
     tenant, account, user = scope.tenant_id, scope.account_id, scope.user_id
     values = (
-        req.namespace,
-        req.key,
-        req.version,
-        req.fencing_token,
-        req.category,
+        save.namespace,
+        save.key,
+        save.version,
+        save.fencing_token,
+        save.category,
         tenant,
         account,
         user,
-        req.value_json,
-        req.metadata_json,
+        save.value_json,
+        save.metadata_json,
         now,
         now,
     )
-    expected = req.expected_version
+    expected = save.expected_version
     if expected == 0:
         rows = conn.execute(_CREATE_ONLY, values).fetchall()
     elif expected is None:
@@ -148,57 +141,35 @@ def _apply_save(
     else:
         rows = conn.execute(_UPDATE_AT, (*values, expected)).fetchall()
     if not rows:
-        return None
+        return _CONFLICT
     _insert_event(
-        conn, now, "save", req.namespace, req.key, scope, req.version, req.category,
-        req.metadata_json,
+        conn, now, "save", save.namespace, save.key, scope, save.version, save.category,
+        save.metadata_json,
     )  # fmt: skip
     created, updated = rows[0]
-    return created, updated  # type: ignore[return-value]
+    return WriteResult("ok", save, created, updated)  # type: ignore[arg-type]
 
 
 def _apply(
-    conn: apsw.Connection, req: _common.SaveRequest | _common.DeleteRequest, now: int
+    conn: apsw.Connection, write: SaveCheckpoint | DeleteCheckpoint, now: int
 ) -> WriteResult:
-    """One write of a ``write_checkpoints`` batch, answered with the stored record."""
-    if isinstance(req, _common.DeleteRequest):
-        gone = _one(conn, _DELETE, (req.namespace, req.key, *_common.scope_args(req.scope)))
-        if gone is None:
-            return WriteResult("missing")
-        version, category = gone
-        _insert_event(
-            conn, now, "delete", req.namespace, req.key, req.scope, version, category, None
-        )
-        return WriteResult("ok")
-    stored = _apply_save(conn, req, now)
-    if stored is None:
-        return WriteResult("conflict")
-    return WriteResult("ok", req.stored(*stored))
+    """One write of a ``write_checkpoints`` batch."""
+    if isinstance(write, SaveCheckpoint):
+        return _apply_save(conn, write, now)
+    gone = _one(conn, _DELETE, (write.namespace, write.key, *_common.scope_args(write.scope)))
+    if gone is None:
+        return _MISSING
+    version, category = gone
+    _insert_event(
+        conn, now, "delete", write.namespace, write.key, write.scope, version, category, None
+    )
+    return _OK
 
 
-def _saved_at(conn: apsw.Connection, save: EncodedSave, now: int) -> int | None:
-    """``save_encoded``'s answer for one save: the row's ``updated_at``, or ``None``."""
-    stored = _apply_save(conn, save, now)
-    return None if stored is None else stored[1]
-
-
-def _result_lost(result: WriteResult) -> bool:
-    return not result.ok
-
-
-def _result_aborted(result: WriteResult) -> WriteResult:
-    return result if not result.ok else _ABORTED
-
-
+_OK = WriteResult("ok")
+_CONFLICT = WriteResult("conflict")
+_MISSING = WriteResult("missing")
 _ABORTED = WriteResult("aborted")
-
-
-def _time_lost(updated_at: int | None) -> bool:
-    return updated_at is None
-
-
-def _time_aborted(updated_at: int | None) -> int | None:
-    return None if updated_at is None else 0
 
 
 @attrs.define(eq=False)
@@ -209,45 +180,24 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
     _max_value_bytes: int
 
     async def write_checkpoints(
-        self, writes: Sequence[CheckpointWrite], *, atomic: bool = False
+        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
     ) -> tuple[WriteResult, ...]:
-        """The batch in one savepoint of a group-committed transaction (see
+        """The batch in one job of the next group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`); an ``atomic`` batch with a lost
-        check rolls its savepoint back."""
-        requests = _common.check_writes(writes, atomic, self._max_value_bytes)
-        return await self._batch(requests, atomic, _apply, _result_lost, _result_aborted)
-
-    async def save_encoded(
-        self, saves: Sequence[EncodedSave], *, atomic: bool = False
-    ) -> tuple[int | None, ...]:
-        """The saves in one savepoint of a group-committed transaction, as
-        :meth:`write_checkpoints` (see :meth:`~stores.CheckpointStore.save_encoded`)."""
-        checked = _common.check_encoded(saves, atomic, self._max_value_bytes)
-        return await self._batch(checked, atomic, _saved_at, _time_lost, _time_aborted)
-
-    async def _batch(
-        self,
-        writes: Sequence[W],
-        atomic: bool,
-        apply: Callable[[apsw.Connection, W, int], A],
-        lost: Callable[[A], bool],
-        aborted: Callable[[A], A],
-    ) -> tuple[A, ...]:
-        """``apply`` each write in one job of the next group-committed transaction; an
-        ``atomic`` batch in which one was ``lost`` is rolled back and answered
-        ``aborted`` for each (what a lost one answers stays)."""
+        check is rolled back and answered ``aborted`` for each write that did apply."""
+        checked = _common.check_writes(writes, atomic, self._max_value_bytes)
         now = self._db.clock.now_ms()
         # Each write is one statement whose WHERE holds its checks, plus its event: only an
         # atomic batch of several needs a savepoint, to undo the ones already applied.
-        undo = atomic and len(writes) > 1
+        undo = atomic and len(checked) > 1
 
-        def txn(conn: apsw.Connection) -> tuple[A, ...]:
-            results = tuple(apply(conn, write, now) for write in writes)
-            if undo and any(lost(r) for r in results):
-                raise _RolledBack(tuple(aborted(r) for r in results))
+        def txn(conn: apsw.Connection) -> tuple[WriteResult, ...]:
+            results = tuple(_apply(conn, write, now) for write in checked)
+            if undo and not all(r.status == "ok" for r in results):
+                raise _RolledBack(tuple(r if r.status != "ok" else _ABORTED for r in results))
             return results
 
-        return await self._db.write(txn, savepoint=undo, weight=len(writes))
+        return await self._db.write(txn, savepoint=undo, weight=len(checked))
 
     async def _load(
         self, namespace: str, key: str, scope: OwnershipScope
@@ -325,6 +275,3 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
             return int(_scalar(conn, "SELECT coalesce(max(seq), 0) FROM prism_events"))
 
         return await self._db.run(read)
-
-
-# --------------------------------------------------------------------------- leases

@@ -8,7 +8,7 @@ import apsw
 import attrs
 
 from .. import _common
-from .._leasing import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
+from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import LeaseConflictError, LeaseRecord, OwnershipScope
 from ._engine import _Database
 from ._schema import _SCOPE_IS, _one

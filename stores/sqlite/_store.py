@@ -6,7 +6,7 @@ import attrs
 import trio
 
 from .. import _common
-from .._closing import ClosesOnExit
+from .._bases import ClosesOnExit
 from .._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,

@@ -55,13 +55,6 @@ class YieldingCheckpoints:
         self.conflicts += sum(1 for r in results if r.status == "conflict")
         return results
 
-    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
-        await trio.lowlevel.checkpoint()
-        self.saves += len(saves)
-        stored = await self.inner.save_encoded(saves, **kw)
-        self.conflicts += sum(1 for updated_at in stored if updated_at is None)
-        return stored
-
     async def list_checkpoints(self, **kw: Any) -> Any:
         await trio.lowlevel.checkpoint()
         return await self.inner.list_checkpoints(**kw)

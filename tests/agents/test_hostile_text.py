@@ -57,7 +57,7 @@ async def test_transcript_refused_by_the_store_is_not_retried_as_a_cas_loss(
         async def load_checkpoint(self, **kwargs: Any) -> Any:
             return await store.checkpoints.load_checkpoint(**kwargs)
 
-        async def save_encoded(self, saves: Any, **kwargs: Any) -> Any:
+        async def write_checkpoints(self, writes: Any, **kwargs: Any) -> Any:
             self.calls += 1
             raise InvalidCheckpointError("value is not JSON-serialisable")
 

@@ -359,9 +359,3 @@ class _FirstWriteWaits(YieldingCheckpoints):
         results = await super().write_checkpoints(writes, **kw)
         self.outcomes.append([r.status for r in results])
         return results
-
-    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
-        await self._first_waits()
-        stored = await super().save_encoded(saves, **kw)
-        self.outcomes.append(["conflict" if at is None else "ok" for at in stored])
-        return stored

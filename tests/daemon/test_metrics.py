@@ -446,7 +446,7 @@ async def test_daemon_serves_its_metrics_as_a_supervised_child(tmp_path: Path) -
         assert value(found, "prismd_leases_held", kind="binding") in (0, 1)
         # The journal writes through the batch API: the operation record, the claim and the
         # settlement with its reply at least, each one store call.
-        writes = value(found, "prismd_store_call_seconds_count", operation="save_encoded")
+        writes = value(found, "prismd_store_call_seconds_count", operation="write_checkpoints")
         assert writes is not None and writes >= 3
         assert "metrics-actor-1" not in (await scrape(url)).text
 

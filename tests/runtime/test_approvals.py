@@ -723,10 +723,10 @@ class SlowMarkStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner.checkpoints, name)
 
-    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
-        if any(json.loads(w.value_json).get("state") == "delivered" for w in saves):
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        if any(json.loads(w.value_json).get("state") == "delivered" for w in writes):
             await trio.sleep(5)
-        return await self.inner.checkpoints.save_encoded(saves, **kw)
+        return await self.inner.checkpoints.write_checkpoints(writes, **kw)
 
     async def aclose(self) -> None:
         pass

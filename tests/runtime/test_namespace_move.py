@@ -52,12 +52,8 @@ class BeforeTheMove:
         return await self.inner.load_checkpoint(**{**kw, "namespace": OLD[kw["namespace"]]})
 
     async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
-        moved = [attrs.evolve(w, namespace=OLD[w.namespace]) for w in writes]
+        moved = [w._replace(namespace=OLD[w.namespace]) for w in writes]
         return await self.inner.write_checkpoints(moved, **kw)
-
-    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
-        moved = [s._replace(namespace=OLD[s.namespace]) for s in saves]
-        return await self.inner.save_encoded(moved, **kw)
 
 
 def mock(checkpoints: Any, clock: ManualClock) -> MockAgent:

@@ -384,12 +384,12 @@ class _Overtaken:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner.checkpoints, name)
 
-    async def save_encoded(self, saves: Any, **kw: Any) -> Any:
-        first = saves[0]
+    async def write_checkpoints(self, writes: Any, **kw: Any) -> Any:
+        first = writes[0]
         if not self.raced and first.namespace == NS_OPERATION and first.expected_version:
             self.raced = True
-            await self.inner.checkpoints.save_encoded(saves, **kw)
-        return await self.inner.checkpoints.save_encoded(saves, **kw)
+            await self.inner.checkpoints.write_checkpoints(writes, **kw)
+        return await self.inner.checkpoints.write_checkpoints(writes, **kw)
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()

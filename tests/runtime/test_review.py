@@ -221,10 +221,10 @@ class SlowReplyCheckpoints:
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
-    async def save_encoded(self, saves, **kwargs):  # type: ignore[no-untyped-def]
-        if any(w.namespace == NS_REPLY and w.expected_version == 0 for w in saves):
+    async def write_checkpoints(self, writes, **kwargs):  # type: ignore[no-untyped-def]
+        if any(w.namespace == NS_REPLY and w.expected_version == 0 for w in writes):
             await trio.sleep(self._delay_s)
-        return await self._inner.save_encoded(saves, **kwargs)  # type: ignore[attr-defined]
+        return await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_reply_staging_survives_cancellation_of_the_runtime(
@@ -356,14 +356,14 @@ class FailFirstClaimCheckpoints(SlowReplyCheckpoints):
         self.failed = 0
         self.commit_anyway = commit_anyway
 
-    async def save_encoded(self, saves, **kwargs):  # type: ignore[no-untyped-def]
-        claim = any(json.loads(w.value_json).get("state") == "executing" for w in saves)
+    async def write_checkpoints(self, writes, **kwargs):  # type: ignore[no-untyped-def]
+        claim = any(json.loads(w.value_json).get("state") == "executing" for w in writes)
         if self.failed == 0 and claim:
             self.failed += 1
             if self.commit_anyway:
-                await self._inner.save_encoded(saves, **kwargs)  # type: ignore[attr-defined]
+                await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
             raise OSError("disk I/O error")
-        return await self._inner.save_encoded(saves, **kwargs)  # type: ignore[attr-defined]
+        return await self._inner.write_checkpoints(writes, **kwargs)  # type: ignore[attr-defined]
 
 
 async def test_a_transient_store_error_at_claim_is_retried_not_dropped(
