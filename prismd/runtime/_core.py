@@ -1,6 +1,7 @@
 """Shared runtime state: counters, routes, binding leases, the operations known to exist, one
-send at a time per conversation, journal writes; and what every entry point decides about an
-event before it touches a route (the grant check, the denied and duplicate answers).
+send at a time per conversation, journal writes; what every entry point decides about an
+event before it touches a route (the grant check, the denied and duplicate answers); and the
+send of a staged reply (deliver, mark; a route's outbox).
 
 Everything that more than one entry point needs lives here; the entry points (admit, turns,
 commands, approvals, notify, recovery, resume) are plain functions over :class:`Core`.
@@ -47,6 +48,8 @@ from ..journal import (
     Loaded,
     OperationRef,
     PairingStore,
+    ReplyRecord,
+    mark,
     operation_key,
     transition,
 )
@@ -481,3 +484,163 @@ def seen_before(core: Core, connection_id: str, event_key: str) -> bool:
     while len(seen) > core.limits.max_seen_events_per_connection:
         seen.popitem(last=False)
     return False
+
+
+# --------------------------------------------------------------------------- sending a reply
+# A staged reply's send: deliver it, mark its outcome (the one send of a staged reply; its
+# resends go through :mod:`._delivery`, which reopens the record first); and a route's
+# outbox, which sends its turns' replies in order while the route goes on with its next turn.
+
+JOURNAL_BUDGET_S = 10.0
+"""Bound of the shielded journal writes of the reply path: the operation may already be
+settled, so a cancellation there (runtime torn down) would lose the answer unlisted."""
+
+
+HELD_REASON = "held"
+"""The ``reason`` of a ``pending`` reply whose channel answered ``SendResult.hold()``: proven
+not sent (no live connection took it), so it may be re-driven automatically when its
+conversation reconnects (:mod:`prismd.runtime._delivery`). Every other ``pending`` reply
+may have been sent (staged, then the daemon died) and waits for an operator."""
+
+
+def is_held(record: ReplyRecord) -> bool:
+    """``record`` is ``pending`` because its channel held it (see :data:`HELD_REASON`)."""
+    return record.state == "pending" and record.reason == HELD_REASON
+
+
+async def send_staged(
+    core: Core,
+    reply: Reply,
+    staged: Loaded[ReplyRecord] | None,
+    scope: OwnershipScope | None,
+    fence: int | None,
+) -> None:
+    """:func:`deliver_and_mark`, for a task of its own (``answer(send_later=True)``)."""
+    await deliver_and_mark(core, reply, staged, scope, fence)
+
+
+@attrs.frozen
+class Outgoing:
+    """A staged reply waiting in its route's outbox (what :func:`deliver_and_mark` takes)."""
+
+    reply: Reply
+    staged: Loaded[ReplyRecord] | None
+    scope: OwnershipScope | None
+    fence: int | None
+    fenced: Callable[[], bool] | None
+
+
+def send_from_route(core: Core, route: Route, outgoing: Outgoing) -> None:
+    """Queue a staged reply in ``route``'s outbox; its sender task delivers and marks the
+    outbox's replies one after another, in the order staged (started here when idle).
+
+    The pump does not wait for the send: its next turn's claim commits while the reply
+    is on its way, and the reply's mark commits with whatever the route writes next.
+    While the outbox holds a reply the route is working (:attr:`Route.working`): its
+    lease is kept and renewed, and the lease fence is checked right before each send as
+    it would be in the pump. A crash before a mark leaves the reply ``pending`` (listed
+    for ``reconcile``), as a crash between a send and its mark always did.
+    """
+    box = route.outbox
+    if box is None:
+        route.outbox = deque((outgoing,))
+        core.spawn(_send_route_replies, core, route)
+    else:
+        box.append(outgoing)
+
+
+async def _send_route_replies(core: Core, route: Route) -> None:
+    box = route.outbox
+    assert box is not None
+    torn_down = False
+    try:
+        while box:
+            item = box[0]
+            if item.fenced is not None and not item.fenced():
+                core.count("lease_losses")
+            else:
+                await deliver_and_mark(core, item.reply, item.staged, item.scope, item.fence)
+            box.popleft()
+    except trio.Cancelled:
+        # The runtime is torn down: what is left stays ``pending`` (listed).
+        torn_down = True
+        raise
+    finally:
+        route.outbox = None
+        if not route.working:
+            if torn_down or core.stopped:
+                await core.leases.release_if_idle(route)
+            else:
+                await core.leases.release_when_idle(route)
+
+
+async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
+    """Call ``deliver``: ``(state, message_id, reason)`` for :func:`mark_outcome`.
+
+    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
+    (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
+    with reason :data:`HELD_REASON`, and no counter moves.
+    """
+    try:
+        result = await core.deliver(reply)
+    except Exception:
+        return "delivery_unknown", None, None
+    if result.held:
+        return "pending", None, HELD_REASON
+    if result.delivered:
+        core.count("deliveries")
+        return "delivered", result.message_id, None
+    core.count("delivery_failures")
+    reason = None if result.reason is None else bound_detail(str(result.reason))
+    return "delivery_failed", result.message_id, reason
+
+
+async def deliver_and_mark(
+    core: Core,
+    reply: Reply,
+    staged: Loaded[ReplyRecord] | None,
+    scope: OwnershipScope | None,
+    fence: int | None,
+) -> str:
+    """Deliver a staged reply and mark its record (when journaled); returns the state.
+
+    Keeps the conversation's delivery lock across both, so a re-drive started by a
+    reconnect meanwhile sees this reply's hold once it is marked.
+    """
+    async with core.delivery_locks.lock(reply.connection_id, reply.external_conversation_id):
+        state, message_id, reason = await deliver_once(core, reply)
+        if staged is not None and scope is not None:
+            await mark_outcome(core, scope, staged, state, message_id, reason, fence)
+    return state
+
+
+async def mark_outcome(
+    core: Core,
+    scope: OwnershipScope,
+    staged: Loaded[ReplyRecord],
+    state: str,
+    message_id: str | None,
+    reason: str | None,
+    fence: int | None,
+) -> Loaded[ReplyRecord] | None:
+    """Record a send's outcome (shielded, bounded); ``None`` and ``storage_failures`` when
+    it could not be written."""
+    assert core.journal is not None
+    saved = None
+    with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
+        try:
+            saved = await mark(
+                core.journal,
+                scope,
+                staged,
+                state,
+                now_ms=core.now_ms(),
+                message_id=message_id,
+                reason=reason,
+                fence=fence,
+            )
+        except Exception:
+            saved = None
+    if saved is None:
+        core.count("storage_failures")
+    return saved

@@ -6,7 +6,7 @@ send is :func:`prismd.runtime._replies.answer`.
 
 A channel without a live connection to a conversation (a web chat tab that was closed)
 answers ``SendResult.hold()``; the reply record then stays ``pending`` with reason
-:data:`~._replies.HELD_REASON` — proven unsent — instead of ending ``delivery_failed``.
+:data:`~._core.HELD_REASON` — proven unsent — instead of ending ``delivery_failed``.
 When the conversation connects again the channel calls :func:`redeliver_pending`, and the
 runtime loads that conversation's held replies from the journal and delivers them.
 
@@ -41,8 +41,8 @@ from ..channel import AuthorizeInput, Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reopen_reply, reply_key
 from ._approvals import reissue_buttons
-from ._core import Core, check_grant
-from ._replies import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome, reply_files
+from ._core import JOURNAL_BUDGET_S, Core, check_grant, deliver_once, is_held, mark_outcome
+from ._replies import reply_files
 
 MAX_SCAN_PAGES = 5
 """Pages of ``max_journal_page`` reply rows read per call (newest first)."""

@@ -34,8 +34,8 @@ from ..journal import (
     ReplyRecord,
     Write,
 )
-from ._core import Core
-from ._replies import JOURNAL_BUDGET_S, Draft, _record, deliver_and_mark
+from ._core import JOURNAL_BUDGET_S, Core, deliver_and_mark
+from ._replies import Draft, _record
 from ._routes import Turn
 
 _SENT_WITHOUT_JOURNAL: weakref.WeakKeyDictionary[Turn, set[str]] = weakref.WeakKeyDictionary()

@@ -6,8 +6,10 @@ the typing indicator (:class:`TypingTimer`).
 
 :func:`answer` is the one way a reply leaves the runtime. Persist before send: nothing is
 delivered unless its record is staged (or, without a journal, nothing is staged at all).
-The held mark and one send at a time per conversation serve channels that may hold a
-reply while the conversation has no live connection (:mod:`prismd.runtime._delivery`).
+The send itself (deliver, mark; a turn's reply through its route's outbox, so the route's
+next turn is claimed while it is on its way) is :mod:`._core`'s: the held mark and one
+send at a time per conversation serve channels that may hold a reply while the
+conversation has no live connection (:mod:`prismd.runtime._delivery`).
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ from ..journal import (
     Write,
     compact_json,
     finish,
-    mark,
 )
-from ..redact import bound_detail, truncate_utf8, utf8_len
-from ._core import Core, stamp_us
+from ..redact import truncate_utf8, utf8_len
+from ._core import (
+    JOURNAL_BUDGET_S,
+    Core,
+    Outgoing,
+    deliver_and_mark,
+    send_from_route,
+    send_staged,
+    stamp_us,
+)
 from ._routes import ActiveTurn, Route, Turn
 
 log = logging.getLogger("prismd.runtime")
-
-JOURNAL_BUDGET_S = 10.0
-"""Bound of the shielded journal writes of the reply path: the operation may already be
-settled, so a cancellation there (runtime torn down) would lose the answer unlisted."""
 
 
 def scrub_surrogates(text: str) -> str:
@@ -114,18 +119,6 @@ def fit_record(record: ReplyRecord, max_journal_record_bytes: int) -> ReplyRecor
         else:
             hi = mid - 1
     return attrs.evolve(record, text=truncate_utf8(record.text, lo)[0])
-
-
-HELD_REASON = "held"
-"""The ``reason`` of a ``pending`` reply whose channel answered ``SendResult.hold()``: proven
-not sent (no live connection took it), so it may be re-driven automatically when its
-conversation reconnects (:mod:`prismd.runtime._delivery`). Every other ``pending`` reply
-may have been sent (staged, then the daemon died) and waits for an operator."""
-
-
-def is_held(record: ReplyRecord) -> bool:
-    """``record`` is ``pending`` because its channel held it (see :data:`HELD_REASON`)."""
-    return record.state == "pending" and record.reason == HELD_REASON
 
 
 # --------------------------------------------------------------------------- the reply path
@@ -305,6 +298,7 @@ async def answer(
     binding: Write | None = None,
     send_later: bool = False,
     fenced: Callable[[], bool] | None = None,
+    send_behind: Route | None = None,
 ) -> Answered:
     """Commit ``settle``, ``binding`` and the staged reply in one transaction, then deliver
     the reply and mark its outcome.
@@ -322,7 +316,9 @@ async def answer(
     ``scope=None`` sends without journaling (pairing answers, which have no owner yet).
     With ``send_later`` the journal transaction is awaited and the send runs in the
     background (tracked for ``drain``): admission answers commands without waiting for
-    the platform.
+    the platform. With ``send_behind`` (a turn's answer) the reply is sent by that route's
+    sender (:func:`send_from_route`), after the route's earlier replies, and this returns
+    once it is staged: the route's next turn is claimed while it is sent.
     """
     if draft is not None and draft.identity is not None and not core.active(draft.identity):
         core.count("failed")
@@ -389,7 +385,10 @@ async def answer(
     journaled = journal is not None and scope is not None
     staged = staged if journaled else None
     if send_later:
-        core.spawn(_send, core, reply, staged, scope, fence)
+        core.spawn(send_staged, core, reply, staged, scope, fence)
+        return answered
+    if send_behind is not None:
+        send_from_route(core, send_behind, Outgoing(reply, staged, scope, fence, fenced))
         return answered
     if fenced is not None and not fenced():
         core.count("lease_losses")
@@ -400,88 +399,6 @@ async def answer(
 
 def _ms(us: int | None) -> int | None:
     return None if us is None else us // 1000
-
-
-async def _send(
-    core: Core,
-    reply: Reply,
-    staged: Loaded[ReplyRecord] | None,
-    scope: OwnershipScope | None,
-    fence: int | None,
-) -> None:
-    await deliver_and_mark(core, reply, staged, scope, fence)
-
-
-async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
-    """Call ``deliver``: ``(state, message_id, reason)`` for :func:`mark_outcome`.
-
-    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
-    (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
-    with reason :data:`HELD_REASON`, and no counter moves.
-    """
-    try:
-        result = await core.deliver(reply)
-    except Exception:
-        return "delivery_unknown", None, None
-    if result.held:
-        return "pending", None, HELD_REASON
-    if result.delivered:
-        core.count("deliveries")
-        return "delivered", result.message_id, None
-    core.count("delivery_failures")
-    reason = None if result.reason is None else bound_detail(str(result.reason))
-    return "delivery_failed", result.message_id, reason
-
-
-async def deliver_and_mark(
-    core: Core,
-    reply: Reply,
-    staged: Loaded[ReplyRecord] | None,
-    scope: OwnershipScope | None,
-    fence: int | None,
-) -> str:
-    """Deliver a staged reply and mark its record (when journaled); returns the state.
-
-    Keeps the conversation's delivery lock across both, so a re-drive started by a
-    reconnect meanwhile sees this reply's hold once it is marked.
-    """
-    async with core.delivery_locks.lock(reply.connection_id, reply.external_conversation_id):
-        state, message_id, reason = await deliver_once(core, reply)
-        if staged is not None and scope is not None:
-            await mark_outcome(core, scope, staged, state, message_id, reason, fence)
-    return state
-
-
-async def mark_outcome(
-    core: Core,
-    scope: OwnershipScope,
-    staged: Loaded[ReplyRecord],
-    state: str,
-    message_id: str | None,
-    reason: str | None,
-    fence: int | None,
-) -> Loaded[ReplyRecord] | None:
-    """Record a send's outcome (shielded, bounded); ``None`` and ``storage_failures`` when
-    it could not be written."""
-    assert core.journal is not None
-    saved = None
-    with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
-        try:
-            saved = await mark(
-                core.journal,
-                scope,
-                staged,
-                state,
-                now_ms=core.now_ms(),
-                message_id=message_id,
-                reason=reason,
-                fence=fence,
-            )
-        except Exception:
-            saved = None
-    if saved is None:
-        core.count("storage_failures")
-    return saved
 
 
 def button_kind(value: str) -> str:

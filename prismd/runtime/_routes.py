@@ -10,7 +10,7 @@ binding with the newest selection stamp (:meth:`Routes.current_selection`).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeAlias
@@ -202,6 +202,10 @@ class Route:
     """Entry points holding this route object across an await (admit, commands): the
     route must not be evicted meanwhile, or a second route object for the same binding
     could be created and both would pump it."""
+    outbox: deque[Any] | None = None
+    """Replies its turns staged and did not send yet, oldest first: sent one after another
+    by the route's sender task while the pump goes on (:func:`~._core.send_from_route`);
+    ``None`` while there are none."""
     _lease_lock: trio.Lock | None = None
     _hydrate_lock: trio.Lock | None = None
 
@@ -254,7 +258,12 @@ class Route:
     def working(self) -> bool:
         """Busy with something that needs the binding lease now (not a parked turn and the
         turns waiting behind it)."""
-        return self.active is not None or self.pumping or (bool(self.queue) and self.parked is None)
+        return (
+            self.active is not None
+            or self.pumping
+            or (bool(self.queue) and self.parked is None)
+            or self.outbox is not None
+        )
 
     def status_text(self) -> str:
         if self.active is not None and self.active.state == "resuming":

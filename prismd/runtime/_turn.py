@@ -13,8 +13,10 @@ What happens to a message after ``admit`` returns, top to bottom:
    ``attempts`` + 1 (SPEC difference 5), **before** the agent is called;
 6. the agent runs inside a cancel scope (``/cancel`` and ``stop()`` cancel it);
 7. :func:`finish_run`: the terminal state, the binding (when it changed) and the reply
-   staged ``pending`` commit together (:func:`prismd.journal.finish`), then the reply is
-   delivered and its outcome marked.
+   staged ``pending`` commit together (:func:`prismd.journal.finish`); the reply goes to
+   the route's outbox (:func:`~._core.send_from_route`), which delivers it and marks its
+   outcome while the pump claims the next turn — replies leave in the order staged, and
+   the route keeps its lease until its outbox is empty.
 """
 
 from __future__ import annotations
@@ -254,6 +256,7 @@ async def end_turn(
         settle=Settle(_ref(turn), state, known=turn.op, change=changes),
         binding=core.routes.binding_write(route, fence) if with_binding else None,
         fenced=core.leases.holding(route, fence),
+        send_behind=route,
     )
     turn.op = answered.operation
     turn.settled = True

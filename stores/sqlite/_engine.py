@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -140,11 +141,10 @@ class _Database:
     """A transaction is being run, or its successor handed over: new writes queue."""
     _idle: trio.Event | None = None
     """Set when the last transaction ends (``aclose`` waits for it)."""
-    _calls: list[_ThreadCall] = attrs.Factory(list)
-    _cond: threading.Condition = attrs.Factory(threading.Condition)
-    """Guards ``_calls`` and ``_stopping``."""
+    _calls: queue.SimpleQueue[_ThreadCall | None] = attrs.Factory(queue.SimpleQueue)
+    """The writer thread's calls (``None``: stop): a C queue, one call to hand a commit over
+    (a ``threading.Condition`` took a lock, a notify and a list on the loop's side)."""
     _writer: threading.Thread | None = None
-    _stopping: bool = False
     commit_on_loop_below_s: float = COMMIT_ON_LOOP_BELOW_S
     """See :data:`COMMIT_ON_LOOP_BELOW_S` (tests set 0: every ``COMMIT`` in the thread)."""
     _commit_s: float = 0.0
@@ -457,20 +457,17 @@ class _Database:
         """``fn()`` in the writer thread (started on first use); its exception is raised
         here. Only a transaction's leader calls this, so calls never overlap."""
         call = _ThreadCall(fn, trio.lowlevel.current_trio_token())
-        with self._cond:
-            if self._writer is None:
-                writer = threading.Thread(
-                    target=self._write_loop, name=f"prismd-sqlite-writer {self.label}", daemon=True
-                )
-                try:
-                    writer.start()
-                except RuntimeError:
-                    raise StoreUnavailableError(
-                        f"SQLite store {self.label}: no writer thread"
-                    ) from None
-                self._writer = writer
-            self._calls.append(call)
-            self._cond.notify()
+        if self._writer is None:
+            writer = threading.Thread(
+                target=self._write_loop, name=f"prismd-sqlite-writer {self.label}", daemon=True
+            )
+            try:
+                writer.start()
+            except RuntimeError:
+                message = f"SQLite store {self.label}: no writer thread"
+                raise StoreUnavailableError(message) from None
+            self._writer = writer
+        self._calls.put(call)
         await call.done.wait()
         if call.error is not None:
             raise call.error
@@ -479,12 +476,9 @@ class _Database:
     def _write_loop(self) -> None:
         """The writer thread: the calls handed to it, one at a time, until stopped."""
         while True:
-            with self._cond:
-                while not self._calls and not self._stopping:
-                    self._cond.wait()
-                if not self._calls:
-                    return
-                call = self._calls.pop(0)
+            call = self._calls.get()
+            if call is None:
+                return
             try:
                 call.result = call.fn()
             except BaseException as exc:
@@ -513,11 +507,9 @@ class _Database:
             while self._leading:
                 self._idle = trio.Event()
                 await self._idle.wait()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-            writer = self._writer
+        writer = self._writer
         if writer is not None:
+            self._calls.put(None)
             await trio.to_thread.run_sync(writer.join, abandon_on_cancel=False)
         await trio.to_thread.run_sync(close_writer, abandon_on_cancel=False)
         await trio.to_thread.run_sync(

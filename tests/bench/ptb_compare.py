@@ -279,7 +279,7 @@ def _summary(runs: list[dict[str, Any]]) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     reason = ptb_available(args.ptb_python)
-    systems = ["prismd"] if args.prismd_only else ["prismd", "ptb"]
+    systems = ["prismd"] if args.prismd_only else ["ptb"] if args.ptb_only else ["prismd", "ptb"]
     if reason is not None and not args.prismd_only:
         print(f"skipped: python-telegram-bot {PTB_VERSION} is not available: {reason}")
         return 0
@@ -313,6 +313,7 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--httpx", type=int, default=0, metavar="N")
     parser.add_argument("--prismd-only", action="store_true")
+    parser.add_argument("--ptb-only", action="store_true")
     parser.add_argument("--nodelay-only", action="store_true")
     parser.add_argument(
         "--profile", metavar="PREFIX", help="py-spy (on PATH) samples each bot: PREFIX-*.txt"

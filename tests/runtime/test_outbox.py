@@ -1,0 +1,81 @@
+"""A route's outbox (issue 40): a turn's reply is sent while the route's next turn runs.
+
+The pump does not wait for a send: once a turn's end (settlement, binding, staged reply) is
+committed, its reply goes to the route's outbox and the next turn is claimed and run. The
+outbox sends in the order staged, one at a time, keeps the route's lease while it holds a
+reply, and marks each outcome; nothing is sent twice and nothing is left unmarked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from prismd.agents import RunRequest
+from prismd.channel import Reply, SendResult
+from prismd.limits import Limits
+from prismd.runtime import open_messaging_runtime
+from stores import open_store
+from tests.support.builders import event, identity
+from tests.support.clocks import TrioClock
+from tests.support.harness import Host
+from tests.support.scripted import ScriptedAgent
+
+
+async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_their_order(
+    tmp_path: Path,
+) -> None:
+    # Real time: SQLite commits on its writer thread, which a virtual clock would skip past.
+    clock = TrioClock()
+    third_run = trio.Event()
+    runs: list[RunRequest] = []
+
+    def on_run(request: RunRequest) -> None:
+        runs.append(request)
+        if len(runs) == 3:
+            third_run.set()
+
+    agent = ScriptedAgent(answer=lambda text, _n: f"re: {text}", on_run=on_run)
+    host = Host(agent=agent)
+    first_send = trio.Event()
+    release = trio.Event()
+    sent: list[str] = []
+
+    async def deliver(reply: Reply) -> SendResult:
+        if not sent and not release.is_set():
+            first_send.set()
+            await release.wait()
+        sent.append(reply.text)
+        return SendResult(delivered=True, message_id=str(len(sent)))
+
+    async with (
+        open_store(f"sqlite:///{tmp_path}/outbox.sqlite", clock=clock) as store,
+        open_messaging_runtime(
+            authorize=host.authorize,
+            resolve_agent=host.resolve_agent,
+            deliver=deliver,
+            store=store,
+            limits=Limits(),
+            clock=clock,
+        ) as rt,
+    ):
+        with trio.fail_after(30):
+            for i in range(3):
+                admission = await rt.admit(event(str(i), f"m{i}"))
+                assert admission.status == "accepted", admission
+            await first_send.wait()
+            # The first reply's send hangs; the two turns behind it still run.
+            await third_run.wait()
+            assert sent == []
+            # Staged and unsent: listed while the send is open, the route still held.
+            unresolved = await rt.list_unresolved(identity=identity())
+            assert sorted(e.reply_state or "" for e in unresolved) == ["pending"] * 3, unresolved
+            assert "chat-1" in rt.busy_conversations("tg-1")
+            release.set()
+            assert (await rt.drain(deadline_ms=20_000)).settled
+        assert sent == ["re: m0", "re: m1", "re: m2"]
+        assert await rt.list_unresolved(identity=identity()) == []
+        counters = rt.diagnostics()
+        assert (counters.deliveries, counters.storage_failures, counters.lease_losses) == (3, 0, 0)
