@@ -131,6 +131,8 @@ class Http11:
     _slots: trio.Semaphore = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(factory=dict, init=False)
     _tls: ssl.SSLContext | None = attrs.field(default=None, init=False)
+    _hosts: dict[Origin, Header] = attrs.field(factory=dict, init=False)
+    """Each origin's ``Host`` header, built once."""
 
     def __attrs_post_init__(self) -> None:
         self._slots = trio.Semaphore(self.max_connections)
@@ -187,9 +189,14 @@ class Http11:
                 connection = await self._open(origin)
             if ready is not None:
                 await ready()
+            host = self._hosts.get(origin)
+            if host is None:
+                if len(self._hosts) >= 64:
+                    self._hosts.clear()
+                host = self._hosts[origin] = origin.host_header
             answer = await _exchange(
                 connection,
-                [origin.host_header, *headers],
+                [host, *headers],
                 method,
                 target,
                 body,
