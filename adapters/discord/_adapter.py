@@ -313,13 +313,14 @@ class DiscordAdapter:
         if event is None:
             return
         # A full queue frees as turns end (milliseconds): try again soon, then less often.
-        backoff = Backoff(self.random, base_s=0.1, cap_s=10.0)
+        backoff: Backoff | None = None
         while True:
             shard.lease.check()
             self._activity.last_update_ms = self.clock.now_ms()
             admission = await self.admit(event)
             if not admission.retryable:
                 break
+            backoff = backoff or Backoff(self.random, base_s=0.1, cap_s=10.0)
             await shard.lease.sleep(backoff.next_delay())
         if admission.reason == "oversized" and admission.hint is not None:
             # Too long, or images over the cap: say so (the runtime's fixed text).

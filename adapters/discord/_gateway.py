@@ -354,7 +354,7 @@ class Shard:
                     self._received_seq = frame.s
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
-                await queue.send(frame)
+                await _put(queue, frame)
 
     async def _heartbeat(self, ws: Any) -> None:
         beat = self._heartbeater
@@ -379,13 +379,11 @@ class Shard:
         last_save = trio.current_time()
         dirty = False
         while True:
-            frame: proto.Frame | None = None
             wait = last_save + SAVE_EVERY_S - trio.current_time() if dirty else math.inf
-            with trio.move_on_after(max(wait, 0.0)):
-                try:
-                    frame = await queue.receive()
-                except trio.EndOfChannel:
-                    return
+            try:
+                frame = await _next(queue, wait)
+            except trio.EndOfChannel:
+                return
             if frame is not None:
                 dirty = await self._dispatch(frame) or dirty
                 if frame.t == "READY":
@@ -422,6 +420,27 @@ class Shard:
             return False
         state.session.seq = frame.s
         return True
+
+
+async def _put(queue: trio.MemorySendChannel[proto.Frame], frame: proto.Frame) -> None:
+    """Queue a frame, without a trip through the scheduler while the queue has room (the
+    reader's next read yields anyway)."""
+    try:
+        queue.send_nowait(frame)
+    except trio.WouldBlock:
+        await queue.send(frame)
+
+
+async def _next(queue: trio.MemoryReceiveChannel[proto.Frame], wait_s: float) -> proto.Frame | None:
+    """The next frame — at once if one is waiting (no timer, no yield) — or ``None`` after
+    ``wait_s``. Raises :class:`trio.EndOfChannel` once the reader is gone."""
+    try:
+        return queue.receive_nowait()
+    except trio.WouldBlock:
+        pass
+    with trio.move_on_after(max(wait_s, 0.0)):
+        return await queue.receive()
+    return None
 
 
 def _ready(shard: Shard, frame: proto.Frame) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random as _random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -87,18 +88,43 @@ class ProtocolError(Exception):
     """A frame that is not a gateway payload (fixed text, never the frame)."""
 
 
+HANDLED_DISPATCHES = frozenset({"READY", "RESUMED", "MESSAGE_CREATE"})
+"""The dispatches whose ``d`` the connection reads; any other only moves the sequence."""
+
+_HEAD = re.compile(r'\{(?:"(?:op|s|t)":(?:null|\d{1,19}|"[A-Z0-9_]{1,64}"),){3}"d":')
+"""``op``, ``s`` and ``t`` ahead of ``d``, as Discord writes its frames: scalars only, so
+this prefix is the frame's top level, never a value inside ``d``."""
+_HEAD_T = re.compile(r'"t":"([A-Z0-9_]+)"')
+
+
 def parse_frame(raw: str | bytes) -> Frame:
+    """One gateway frame. A dispatch outside :data:`HANDLED_DISPATCHES` (``GUILD_CREATE``,
+    ``TYPING_START``, ``MESSAGE_UPDATE`` …) whose ``op``, ``s`` and ``t`` come before its
+    ``d`` is read from that prefix alone: its ``d`` (``None`` here) is never decoded."""
+    if isinstance(raw, str):
+        head = _HEAD.match(raw)
+        if head is not None:
+            name = _HEAD_T.search(raw, 0, head.end())
+            if name is not None and name.group(1) not in HANDLED_DISPATCHES:
+                return _frame(_loads(raw[: head.end() - 5] + "}"), skip_d=True)
+    return _frame(_loads(raw), skip_d=False)
+
+
+def _loads(raw: str | bytes) -> Any:
     try:
-        payload = json.loads(raw)
+        return json.loads(raw)
     except ValueError:
         raise ProtocolError("gateway frame is not JSON") from None
+
+
+def _frame(payload: Any, *, skip_d: bool) -> Frame:
     if not isinstance(payload, Mapping) or not isinstance(payload.get("op"), int):
         raise ProtocolError("gateway frame has no opcode")
     s = payload.get("s")
     t = payload.get("t")
     return Frame(
         payload["op"],
-        payload.get("d"),
+        None if skip_d else payload.get("d"),
         s if isinstance(s, int) and not isinstance(s, bool) else None,
         t if isinstance(t, str) else None,
     )

@@ -1,10 +1,18 @@
-"""A small HTTP/1.1 client over trio and h11, for the Bot API calls of Telegram and Discord's
-REST calls, their file downloads and uploads.
+"""A small HTTP/1.1 client over trio, for the Bot API calls of Telegram and Discord's REST
+calls, their file downloads and uploads.
 
 What a bot's REST traffic needs and no more, each request costing one ``send`` (head and
 body together) and the reads of its answer:
 
-* **Keep-alive connections per origin**, at most ``max_connections`` requests in flight in
+* **Its own codec**, a few string operations a request: the head written from validated
+  bytes (a method, target, header name or value HTTP/1.1 forbids is refused before anything
+  is sent), the answer read by RFC 9112's framing — 1xx skipped; no body for ``HEAD``, 204
+  and 304; ``Transfer-Encoding: chunked``; ``Content-Length`` (several must agree); else
+  until the server closes. h11, which this client used before, cost about 90 µs a request
+  in Python (a Discord message's reply, a Telegram ``sendMessage``); this costs a tenth.
+
+* **Keep-alive connections per origin** (an HTTP/1.1 answer without ``Connection: close``
+  whose body was framed and read exactly), at most ``max_connections`` requests in flight in
   all (a fair semaphore: a request waiting for one has sent nothing). An idle connection
   the server closed (or that holds unread bytes) is dropped before use — a readability
   poll, as httpcore does — so a request is not written into a dead socket.
@@ -24,18 +32,31 @@ body together) and the reads of its answer:
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
-import h11
 import trio
 
 READ_CHUNK = 65_536
 CONNECT_TIMEOUT_S = 10.0
+MAX_HEAD_BYTES = 65_536
+"""An answer's status line and headers (h11's limit was 16 KiB)."""
+MAX_CHUNK_LINE = 1024
 
 Header = tuple[bytes, bytes]
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+\Z")
+_TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+\Z")
+_VALUE = re.compile(
+    rb"(?:[\x21-\x7e\x80-\xff](?:[ \t\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?\Z"
+)
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_STATUS = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?:[ \t][^\r\n]*)?\Z")
+_FIELD = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00\r\n]*?)[ \t]*\Z")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
+_NO_BODY = frozenset({204, 304})
 
 
 class HttpTransportError(Exception):
@@ -100,7 +121,8 @@ class Origin:
 class _Connection:
     stream: trio.abc.Stream
     socket: trio.socket.SocketType
-    h11: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.CLIENT))
+    reusable: bool = False
+    """The last answer left the connection ready for the next request (keep-alive)."""
 
 
 @attrs.define(eq=False)
@@ -109,6 +131,8 @@ class Http11:
     _slots: trio.Semaphore = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(factory=dict, init=False)
     _tls: ssl.SSLContext | None = attrs.field(default=None, init=False)
+    _hosts: dict[Origin, Header] = attrs.field(factory=dict, init=False)
+    """Each origin's ``Host`` header, built once."""
 
     def __attrs_post_init__(self) -> None:
         self._slots = trio.Semaphore(self.max_connections)
@@ -165,9 +189,14 @@ class Http11:
                 connection = await self._open(origin)
             if ready is not None:
                 await ready()
+            host = self._hosts.get(origin)
+            if host is None:
+                if len(self._hosts) >= 64:
+                    self._hosts.clear()
+                host = self._hosts[origin] = origin.host_header
             answer = await _exchange(
                 connection,
-                [origin.host_header, *headers],
+                [host, *headers],
                 method,
                 target,
                 body,
@@ -178,9 +207,7 @@ class Http11:
             if connection is not None:
                 await trio.aclose_forcefully(connection.stream)
             raise
-        state = connection.h11
-        if state.our_state is h11.DONE and state.their_state is h11.DONE:
-            state.start_next_cycle()
+        if connection.reusable:
             self._idle.setdefault(origin, []).append(connection)
         else:
             await trio.aclose_forcefully(connection.stream)
@@ -234,27 +261,39 @@ async def _exchange(
     cap: int,
     read_timeout_s: float | None,
 ) -> tuple[int, Mapping[str, str], bytes]:
-    state = connection.h11
     if body or method in _BODY_METHODS:
         head.append((b"Content-Length", str(len(body)).encode()))
+    data = _encode_request(method, target, head, body)
+    if data is None:
+        raise LocalProtocolError()
+    connection.reusable = False
     try:
-        data = state.send(h11.Request(method=method, target=target, headers=head)) or b""
-        if body:
-            data += state.send(h11.Data(data=body)) or b""
-        data += state.send(h11.EndOfMessage()) or b""
-    except h11.LocalProtocolError:
-        failure: HttpTransportError = LocalProtocolError()
+        await connection.stream.send_all(data)
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+        failure: HttpTransportError = WriteError()
     else:
-        try:
-            await connection.stream.send_all(data)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            failure = WriteError()
-        else:
-            return await _answer(connection, cap, read_timeout_s)
+        return await _Answer(connection, read_timeout_s).read(method, cap)
     raise failure  # outside the handler: no __context__
 
 
+def _encode_request(
+    method: bytes, target: bytes, headers: Sequence[Header], body: bytes
+) -> bytes | None:
+    """The request's bytes, head and body; ``None`` if HTTP/1.1 forbids a part of it."""
+    if _TOKEN.match(method) is None or _TARGET.match(target) is None:
+        return None
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        if _TOKEN.match(name) is None or _VALUE.match(value) is None:
+            return None
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    parts.append(body)
+    return b"".join(parts)
+
+
 async def _receive(connection: _Connection, read_timeout_s: float | None) -> bytes:
+    """The next bytes of the answer; ``b""`` once the server closed."""
     failure: HttpTransportError
     try:
         if read_timeout_s is None:
@@ -267,36 +306,142 @@ async def _receive(connection: _Connection, read_timeout_s: float | None) -> byt
     raise failure  # outside the handler: no __context__
 
 
-async def _answer(
-    connection: _Connection, cap: int, read_timeout_s: float | None
-) -> tuple[int, Mapping[str, str], bytes]:
-    state = connection.h11
-    status = 0
-    headers: dict[str, str] = {}
-    chunks: list[bytes] = []
-    size = 0
-    while True:
+class _Broken(Exception):
+    """The answer breaks HTTP/1.1, or ended early (raised as :class:`RemoteProtocolError`)."""
+
+
+@attrs.define(eq=False)
+class _Answer:
+    """One answer read off a connection (RFC 9112 §6.3 message body length)."""
+
+    connection: _Connection
+    read_timeout_s: float | None
+    buffer: bytearray = attrs.field(factory=bytearray)
+    closed: bool = False
+
+    async def _more(self) -> None:
+        if self.closed:
+            raise _Broken
+        data = await _receive(self.connection, self.read_timeout_s)
+        if data:
+            self.buffer += data
+        else:
+            self.closed = True
+
+    async def read(self, method: bytes, cap: int) -> tuple[int, Mapping[str, str], bytes]:
         try:
-            event = state.next_event()
-        except h11.RemoteProtocolError:
-            event = None
-        if event is None:
-            raise RemoteProtocolError()
-        if event is h11.NEED_DATA:
-            state.receive_data(await _receive(connection, read_timeout_s))
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > cap:
+            return await self._read(method, cap)
+        except _Broken:
+            pass
+        raise RemoteProtocolError()  # outside the handler: no __context__
+
+    async def _read(self, method: bytes, cap: int) -> tuple[int, Mapping[str, str], bytes]:
+        while True:
+            status, minor, headers, lengths, chunked = await self._head()
+            if status >= 200 or status == 101:
+                break  # a 1xx other than 101 is followed by the real answer
+        if status == 101:
+            raise _Broken  # no protocol switch was asked for
+        keep = minor >= 1 and "close" not in headers.get("connection", "").lower()
+        if method == b"HEAD" or status in _NO_BODY:
+            body = b""
+        elif chunked:
+            body = await self._chunked(status, cap)
+        elif lengths:
+            if len(set(lengths)) != 1 or not lengths[0].isdigit():
+                raise _Broken
+            body = await self._exactly(status, int(lengths[0]), cap)
+        else:
+            body = await self._until_closed(status, cap)
+            keep = False
+        self.connection.reusable = keep and not self.buffer and not self.closed
+        return status, headers, body
+
+    async def _head(self) -> tuple[int, int, dict[str, str], list[str], bool]:
+        while True:
+            end = _HEAD_END.search(self.buffer, 0, MAX_HEAD_BYTES + 4)
+            if end is not None:
+                break
+            if len(self.buffer) > MAX_HEAD_BYTES:
+                raise _Broken
+            await self._more()
+        lines = bytes(self.buffer[: end.start()]).split(b"\n")
+        del self.buffer[: end.end()]
+        status_line = _STATUS.match(lines[0].rstrip(b"\r"))
+        if status_line is None:
+            raise _Broken
+        headers: dict[str, str] = {}
+        lengths: list[str] = []
+        codings: list[str] = []
+        name = ""
+        for raw in lines[1:]:
+            line = raw.rstrip(b"\r")
+            if line[:1] in (b" ", b"\t") and name:  # obs-fold: the last field goes on
+                headers[name] += " " + line.strip(b" \t").decode("latin-1")
+                continue
+            field = _FIELD.match(line)
+            if field is None:
+                raise _Broken
+            name = field[1].decode("ascii").lower()
+            value = field[2].decode("latin-1")
+            headers[name] = value
+            if name == "content-length":
+                lengths.extend(v.strip() for v in value.split(","))
+            elif name == "transfer-encoding":
+                codings.extend(v.strip().lower() for v in value.split(","))
+        if codings and codings != ["chunked"]:
+            raise _Broken  # only chunked is understood (as h11)
+        return int(status_line[2]), int(status_line[1]), headers, lengths, bool(codings)
+
+    async def _exactly(self, status: int, length: int, cap: int) -> bytes:
+        if length > cap:
+            raise ResponseTooLarge(status)
+        while len(self.buffer) < length:
+            await self._more()
+        body = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        return body
+
+    async def _until_closed(self, status: int, cap: int) -> bytes:
+        while not self.closed:
+            if len(self.buffer) > cap:
                 raise ResponseTooLarge(status)
-        elif isinstance(event, h11.Data):
-            size += len(event.data)
+            await self._more()
+        if len(self.buffer) > cap:
+            raise ResponseTooLarge(status)
+        body = bytes(self.buffer)
+        self.buffer.clear()
+        return body
+
+    async def _chunked(self, status: int, cap: int) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            line = await self._line()
+            match = _CHUNK_SIZE.fullmatch(line)
+            if match is None:
+                raise _Broken
+            length = int(match[1], 16)
+            if length == 0:
+                break
+            size += length
             if size > cap:
                 raise ResponseTooLarge(status)
-            chunks.append(bytes(event.data))
-        elif isinstance(event, h11.EndOfMessage):
-            return status, headers, chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise RemoteProtocolError()
-        # h11.InformationalResponse (1xx): wait for the real one.
+            parts.append(await self._exactly(status, length, cap))
+            if await self._line() not in (b"\r\n", b"\n"):
+                raise _Broken
+        while await self._line() not in (b"\r\n", b"\n"):
+            pass  # trailer fields: not read
+        return b"".join(parts)
+
+    async def _line(self) -> bytes:
+        """The next line, its end included."""
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[: end + 1])
+                del self.buffer[: end + 1]
+                return line
+            if len(self.buffer) > MAX_CHUNK_LINE:
+                raise _Broken
+            await self._more()

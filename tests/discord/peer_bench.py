@@ -3,19 +3,23 @@ dispatch. Not a test (it needs discord.py, which prismd does not depend on); run
 hand with an interpreter that has discord.py installed::
 
     python -m venv /tmp/dpy && /tmp/dpy/bin/pip install discord.py
-    .venv/bin/python -m tests.discord.peer_bench --discordpy /tmp/dpy/bin/python [--messages 300]
+    .venv/bin/python -m tests.discord.peer_bench --discordpy /tmp/dpy/bin/python \
+        [--messages 300] [--rounds 3]
 
 Each bot (``prismd run`` with the ``echo`` agent and its SQLite journal; a discord.py echo
 bot that replies to every DM) gets the same DMs from the fake, sent in bursts of 10; the
 bot process's CPU time (utime + stime from /proc) is read before the first message and
-after the last answer. Then one MESSAGE_CREATE is delivered twice (Discord's "up to N
-times"): the answers to it are counted.
+after the last answer, and the REST requests it made meanwhile are counted. Then one
+MESSAGE_CREATE is delivered twice (Discord's "up to N times"): the answers to it are
+counted. With ``--rounds N`` the two bots run alternately N times each (on a shared machine
+compare within a round) and the medians are printed last.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -53,12 +57,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(fake: FakeDiscord, process: trio.Process, messages: int) -> tuple[float, float]:
+Result = tuple[float, float, float, int]
+"""CPU seconds, wall seconds, REST requests per message, answers to a duplicated dispatch."""
+
+
+async def measure(
+    fake: FakeDiscord, process: trio.Process, messages: int
+) -> tuple[float, float, float]:
     with trio.fail_after(60):
         await wait_until(lambda: bool(fake.gateway.sessions))
         await trio.sleep(1.0)
     start_cpu, started = cpu_seconds(process.pid), trio.current_time()
     answered_before = len(fake.bot_messages())
+    requests_before = len(fake.requests)
     for n in range(messages):
         user = str(int(USER) + n % USERS)  # 30 conversations, as many DMs each
         fake.user_message(str(int(DM) + n % USERS), user, f"m{n}")
@@ -70,7 +81,8 @@ async def measure(fake: FakeDiscord, process: trio.Process, messages: int) -> tu
     if answered < messages:
         statuses = sorted({r.status for r in fake.requests})
         raise SystemExit(f"only {answered} of {messages} answered; REST statuses {statuses}")
-    return cpu_seconds(process.pid) - start_cpu, trio.current_time() - started
+    cpu, wall = cpu_seconds(process.pid) - start_cpu, trio.current_time() - started
+    return cpu, wall, (len(fake.requests) - requests_before) / messages
 
 
 async def duplicate_answers(fake: FakeDiscord) -> int:
@@ -85,7 +97,7 @@ async def duplicate_answers(fake: FakeDiscord) -> int:
     )
 
 
-async def run_prismd(messages: int) -> tuple[float, float, int]:
+async def run_prismd(messages: int) -> Result:
     fake = FakeDiscord(token=TOKEN)
     fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
     async with trio.open_nursery() as nursery:
@@ -118,16 +130,16 @@ aliases = ["echo"]
             command = [sys.executable, "-m", "prismd", "run", "--config", str(layout.config)]
             process = await trio.lowlevel.open_process(command, env=env)
             try:
-                cpu, wall = await measure(fake, process, messages)
+                cpu, wall, requests = await measure(fake, process, messages)
                 twice = await duplicate_answers(fake)
             finally:
                 process.terminate()
                 await process.wait()
         nursery.cancel_scope.cancel()
-    return cpu, wall, twice
+    return cpu, wall, requests, twice
 
 
-async def run_discordpy(python: str, messages: int) -> tuple[float, float, int]:
+async def run_discordpy(python: str, messages: int) -> Result:
     fake = FakeDiscord(token=TOKEN)
     fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
     async with trio.open_nursery() as nursery:
@@ -135,29 +147,47 @@ async def run_discordpy(python: str, messages: int) -> tuple[float, float, int]:
         command = [python, "-c", DPY_BOT, fake.origin, TOKEN, fake.gateway_url]
         process = await trio.lowlevel.open_process(command)
         try:
-            cpu, wall = await measure(fake, process, messages)
+            cpu, wall, requests = await measure(fake, process, messages)
             twice = await duplicate_answers(fake)
         finally:
             process.terminate()
             await process.wait()
         nursery.cancel_scope.cancel()
-    return cpu, wall, twice
+    return cpu, wall, requests, twice
+
+
+def show(name: str, messages: int, result: Result) -> None:
+    cpu, wall, requests, twice = result
+    print(
+        f"{name}: {messages} DMs answered in {wall:.2f} s, "
+        f"CPU {cpu * 1000 / messages:.2f} ms/message, {requests:.2f} requests/message, "
+        f"a duplicated dispatch answered {twice} time(s)",
+        flush=True,
+    )
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--discordpy", required=True, help="a python with discord.py installed")
     parser.add_argument("--messages", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    for name, result in (
-        ("prismd", await run_prismd(args.messages)),
-        ("discord.py", await run_discordpy(args.discordpy, args.messages)),
-    ):
-        cpu, wall, twice = result
+    cpu: dict[str, list[float]] = {"prismd": [], "discord.py": []}
+    for _round in range(args.rounds):
+        for name in cpu:
+            if name == "prismd":
+                result = await run_prismd(args.messages)
+            else:
+                result = await run_discordpy(args.discordpy, args.messages)
+            show(name, args.messages, result)
+            cpu[name].append(result[0] * 1000 / args.messages)
+    if args.rounds > 1:
+        ratios = [p / d for p, d in zip(cpu["prismd"], cpu["discord.py"], strict=True)]
         print(
-            f"{name}: {args.messages} DMs answered in {wall:.2f} s, "
-            f"CPU {cpu * 1000 / args.messages:.2f} ms/message, "
-            f"a duplicated dispatch answered {twice} time(s)"
+            f"medians: prismd {statistics.median(cpu['prismd']):.2f} ms/message, "
+            f"discord.py {statistics.median(cpu['discord.py']):.2f}; "
+            f"prismd / discord.py per round {statistics.median(ratios):.2f}x "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
         )
 
 

@@ -10,7 +10,14 @@ import pytest
 
 from adapters.discord import DiscordConnectionConfig, default_intents
 from adapters.discord._parse import parse_message
-from adapters.discord._protocol import StartLimit, close_action, identify_wait_ms
+from adapters.discord._protocol import (
+    Frame,
+    ProtocolError,
+    StartLimit,
+    close_action,
+    identify_wait_ms,
+    parse_frame,
+)
 from prismd.daemon._config import ConfigError, load_config
 from prismd.daemon._runnable import check_runnable
 
@@ -164,3 +171,26 @@ def test_close_codes_and_identify_budget() -> None:
     assert identify_wait_ms(now_ms=now, history=full, limit=None, own_daily_cap=50) > 0
     low = StartLimit(total=1000, remaining=100, reset_after_ms=7_000_000, max_concurrency=1)
     assert identify_wait_ms(now_ms=now, history=[], limit=low, own_daily_cap=50) == 7_000_000
+
+
+def test_frames_decode_only_what_is_handled() -> None:
+    """A dispatch the connection does not read (``GUILD_CREATE``, ``TYPING_START`` …) is
+    taken from its ``op``/``s``/``t`` prefix: its ``d`` is not decoded (so not even
+    checked); a handled one, or one whose ``d`` comes first, is decoded whole."""
+    skipped = parse_frame('{"t":"GUILD_CREATE","s":3,"op":0,"d":{"members":[' + "1," * 999)
+    assert skipped == Frame(0, None, 3, "GUILD_CREATE")
+    assert parse_frame('{"op":0,"t":"TYPING_START","s":4,"d":{}}') == Frame(
+        0, None, 4, "TYPING_START"
+    )
+    message = '{"op":0,"t":"MESSAGE_CREATE","s":5,"d":{"id":"1","t":"GUILD_CREATE"}}'
+    assert parse_frame(message) == Frame(0, {"id": "1", "t": "GUILD_CREATE"}, 5, "MESSAGE_CREATE")
+    assert parse_frame('{"op":0,"d":{"a":1},"t":"GUILD_CREATE","s":6}') == Frame(
+        0, {"a": 1}, 6, "GUILD_CREATE"
+    )
+    assert parse_frame('{"t":null,"s":null,"op":10,"d":{"heartbeat_interval":45000}}') == Frame(
+        10, {"heartbeat_interval": 45000}
+    )
+    assert parse_frame('{"t":"READY","s":1,"op":0,"d":{"v":10}}').d == {"v": 10}
+    for bad in ('{"t":"GUILD_CREATE","s":3,"s":4,"d":{}}', "not json", '{"op":"0","d":1}'):
+        with pytest.raises(ProtocolError):
+            parse_frame(bad)

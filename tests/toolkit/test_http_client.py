@@ -15,6 +15,7 @@ from adapters.toolkit._http_client import (
     ConnectError,
     Http11,
     HttpTransportError,
+    LocalProtocolError,
     Origin,
     ReadTimeout,
     RemoteProtocolError,
@@ -191,3 +192,98 @@ async def test_the_read_timeout_bounds_each_read_not_the_answer(
         )
     assert (status, body) == (200, b"drips")
     await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "body", "reused"),
+    [
+        (OK, b"ok", True),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + OK, b"ok", True),
+        (b"HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n", b"", True),
+        (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", b"ok", True),  # bare LF lines
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2;ext=1\r\nok\r\n3\r\n!!!\r\n0\r\nX-Trailer: t\r\n\r\n",
+            b"ok!!!",
+            True,
+        ),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok", False),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil closed", b"until closed", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok", b"ok", True),
+    ],
+)
+async def test_answers_framed_as_http_1_1_says(
+    answer: bytes, body: bytes, reused: bool, nursery: trio.Nursery
+) -> None:
+    """Each answer's body is read by its framing, and the connection kept only when the
+    answer leaves it ready for the next request."""
+    connections: list[int] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        connections.append(1)
+        while await _read_request(stream):
+            await stream.send_all(answer)
+            if not reused:
+                return
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10):
+        for _ in range(2):
+            status, _headers, data = await client.request(origin, b"GET", b"/", [], b"", 100)
+            assert (status, data) == (200 if body or b"204" not in answer else 204, body)
+    await client.aclose()
+    assert len(connections) == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok!",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        b"HTTP/2 200\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"x" * 70_000 + b"\r\n\r\n",
+    ],
+)
+async def test_a_broken_answer_is_a_remote_protocol_error(
+    answer: bytes, nursery: trio.Nursery
+) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        await stream.send_all(answer)
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10), pytest.raises(RemoteProtocolError) as raised:
+        await client.request(origin, b"GET", b"/", [], b"", 100_000)
+    await client.aclose()
+    assert raised.value.__context__ is None
+
+
+async def test_a_request_http_forbids_is_refused_before_anything_is_sent(
+    nursery: trio.Nursery,
+) -> None:
+    received: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        received.append(await _read_request(stream))
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    bad = [
+        (b"GET", b"/a b", []),
+        (b"G T", b"/", []),
+        (b"GET", b"/", [(b"X-Ok", b"1\r\nX-Injected: 1")]),
+        (b"GET", b"/", [(b"Bad Name", b"1")]),
+    ]
+    with trio.fail_after(10):
+        for method, target, headers in bad:
+            with pytest.raises(LocalProtocolError):
+                await client.request(origin, method, target, headers, b"", 100)
+        await trio.sleep(0.1)
+    await client.aclose()
+    assert set(received) <= {b""}  # connections opened, nothing written on them
