@@ -111,44 +111,55 @@ class QueueTally:
 class TurnQueue:
     """A route's FIFO of turns (at most ``max_pending_per_binding``), counted into the
     runtime's :class:`QueueTally` by every change. A list rather than a deque (56 bytes
-    empty against ~600), which ten thousand idle routes would pay for nothing."""
+    empty against ~600), and only while something is queued: ten thousand idle (or
+    parked) routes pay nothing for it."""
 
     __slots__ = ("_locks", "_tally")
 
     def __init__(self, tally: QueueTally) -> None:
         self._tally = tally
-        self._locks: list[Turn] = []
+        self._locks: list[Turn] | None = None
 
     def __len__(self) -> int:
-        return len(self._locks)
+        return len(self._locks) if self._locks else 0
 
     def __bool__(self) -> bool:
         return bool(self._locks)
 
     def __iter__(self) -> Iterator[Turn]:
-        return iter(self._locks)
+        return iter(self._locks or ())
 
     @property
     def head(self) -> Turn | None:
         return self._locks[0] if self._locks else None
 
     def append(self, turn: Turn) -> None:
-        self._locks.append(turn)
+        if self._locks is None:
+            self._locks = [turn]
+        else:
+            self._locks.append(turn)
         self._tally.queued += 1
 
     def push_front(self, turn: Turn) -> None:
         """Put a popped turn back at the head (its claim must wait)."""
-        self._locks.insert(0, turn)
+        if self._locks is None:
+            self._locks = [turn]
+        else:
+            self._locks.insert(0, turn)
         self._tally.queued += 1
 
     def pop_head(self) -> Turn:
+        if not self._locks:
+            raise IndexError("pop from an empty turn queue")
         turn = self._locks.pop(0)
+        if not self._locks:
+            self._locks = None
         self._tally.queued -= 1
         return turn
 
     def take_all(self) -> list[Turn]:
         """Empty the queue; returns what it held, oldest first."""
-        turns, self._locks = self._locks, []
+        turns, self._locks = self._locks or [], None
         self._tally.queued -= len(turns)
         return turns
 
@@ -165,11 +176,8 @@ class Route:
     """
 
     key: RouteKey
-    connection_id: str
-    external_conversation_id: str
-    thread_id: str | None
-    actor_id: str
-    alias: str
+    """(connection, conversation, thread, actor, alias, tenant, account, user): the first
+    five are read from it (properties below) rather than kept twice."""
     scope: OwnershipScope
     queue: TurnQueue
     hydrated: bool = False
@@ -204,6 +212,26 @@ class Route:
     could be created and both would pump it."""
     _lease_lock: trio.Lock | None = None
     _hydrate_lock: trio.Lock | None = None
+
+    @property
+    def connection_id(self) -> str:
+        return self.key[0]
+
+    @property
+    def external_conversation_id(self) -> str:
+        return self.key[1]
+
+    @property
+    def thread_id(self) -> str | None:
+        return self.key[2]
+
+    @property
+    def actor_id(self) -> str:
+        return self.key[3]
+
+    @property
+    def alias(self) -> str:
+        return self.key[4]
 
     @property
     def binding_key(self) -> str:
@@ -354,16 +382,7 @@ class Routes:
             return route
         if len(self._table) >= self.limits.max_routes and not self._evict_idle_route():
             return None
-        route = Route(
-            key=key,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            thread_id=thread_id,
-            actor_id=actor_id,
-            alias=alias,
-            scope=scope,
-            queue=TurnQueue(self.tally),
-        )
+        route = Route(key=key, scope=scope, queue=TurnQueue(self.tally))
         self._table[key] = route
         return route
 

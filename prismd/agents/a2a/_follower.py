@@ -40,9 +40,9 @@ with no store call.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import random
+import sys
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
@@ -122,7 +122,7 @@ class Followed:
         self.key = key
         self.scope = scope
         self.task_id = task_id
-        self.state = state
+        self.state = None if state is None else sys.intern(state)  # one "working" for all
         self.deadline_ms = deadline_ms
         self.delay = delay
         self.pushed = pushed
@@ -141,6 +141,11 @@ class Followed:
         """Its next due time subscribes again instead of polling (a stream that ended
         while the task works: read once, then streamed again after the pause)."""
 
+    def __lt__(self, other: Followed) -> bool:
+        """Heap entries ``(due, record)`` of equal dues are equal: no sequence number kept
+        per entry."""
+        return False
+
 
 class Follower:
     """The parked tasks of one agent in one runtime (see the module docstring)."""
@@ -155,8 +160,7 @@ class Follower:
         """By task id."""
         self.found: dict[str, Finding] = {}
         """What was read for a woken run, by task id (taken once by the run)."""
-        self._heap: list[tuple[float, int, Followed]] = []
-        self._seq = itertools.count()
+        self._heap: list[tuple[float, Followed]] = []
         self._kick = trio.Event()
         self._streams = 0
         self._to_stream: list[tuple[Followed, PollLease | None]] = []
@@ -234,7 +238,7 @@ class Follower:
         while True:
             now = trio.current_time()
             while heap and heap[0][0] <= now:
-                due, _seq, record = heapq.heappop(heap)
+                due, record = heapq.heappop(heap)
                 if record.due != due or self.records.get(record.task_id) is not record:
                     continue  # rescheduled or gone: a stale entry
                 record.due = math.inf
@@ -250,7 +254,7 @@ class Follower:
         record.due = due
         heap = self._heap
         first = not heap or due < heap[0][0]
-        heapq.heappush(heap, (due, next(self._seq), record))
+        heapq.heappush(heap, (due, record))
         if first:
             self._kick.set()
 
@@ -356,7 +360,7 @@ class Follower:
             return
         if task is not None:
             if task.state != record.state:
-                record.state = task.state
+                record.state = sys.intern(task.state)
                 await note_state(agent, record.scope, record.key, task.state)
             if record.on_event is not None:
                 shown = [record.shown]
