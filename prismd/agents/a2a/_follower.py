@@ -48,7 +48,7 @@ from typing import Final, Protocol
 
 import trio
 
-from stores import OwnershipScope, PollLease, PollStore, PollWait
+from stores import ANY_SCOPE, OwnershipScope, PollLease, PollStore, PollWait
 
 from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
@@ -84,33 +84,51 @@ Finding = Task | str
 reads the task when its operation is still ``following``)."""
 
 
+def _flag(bit: int, doc: str) -> property:
+    """A boolean of :class:`Followed` kept as one bit of its ``flags``."""
+
+    def get(self: Followed) -> bool:
+        return bool(self.flags & bit)
+
+    def put(self: Followed, value: bool) -> None:
+        self.flags = self.flags | bit if value else self.flags & ~bit
+
+    return property(get, put, doc=doc)
+
+
 class Followed:
-    """One parked task: what the follower needs between polls (nothing else is kept)."""
+    """One parked task: what the follower needs between polls (nothing else is kept: ten
+    slots, the booleans in one small int; the operation's scope is not kept — a state
+    change finds the record by its key)."""
 
     __slots__ = (
         "deadline_ms",
         "delay",
         "due",
-        "hurry",
+        "flags",
         "key",
-        "may_stream",
         "on_event",
-        "pushed",
         "relayed",
-        "restream",
-        "scope",
         "shown",
         "state",
-        "streaming",
         "task_id",
         "wake",
+    )
+
+    pushed = _flag(1, "Push is registered for it: polled more slowly.")
+    hurry = _flag(2, "A push said it moved: polled as soon as no other instance polls it.")
+    streaming = _flag(4, "Followed by its stream now.")
+    may_stream = _flag(8, "Followed by its stream (previews) while the peer lets it.")
+    restream = _flag(
+        16,
+        "Its next due time subscribes again instead of polling (a stream that ended while"
+        " the task works: read once, then streamed again after the pause).",
     )
 
     def __init__(
         self,
         *,
         key: str,
-        scope: OwnershipScope,
         task_id: str,
         state: str | None,
         deadline_ms: int,
@@ -120,26 +138,17 @@ class Followed:
         on_event: EventSink | None,
     ) -> None:
         self.key = key
-        self.scope = scope
         self.task_id = task_id
         self.state = None if state is None else sys.intern(state)  # one "working" for all
         self.deadline_ms = deadline_ms
         self.delay = delay
-        self.pushed = pushed
+        self.flags = 1 if pushed else 0
         self.wake: Callable[[], None] | None = wake
         self.on_event = on_event
         self.shown: str | None = None
         self.relayed: str | None = None
         """The relay key of the last ``auth-required`` status relayed (:mod:`._relay`)."""
         self.due = math.inf
-        self.hurry = False
-        """A push said it moved: polled as soon as no other instance polls it."""
-        self.streaming = False
-        self.may_stream = False
-        """Followed by its stream (previews) while the peer lets it."""
-        self.restream = False
-        """Its next due time subscribes again instead of polling (a stream that ended
-        while the task works: read once, then streamed again after the pause)."""
 
     def __lt__(self, other: Followed) -> bool:
         """Heap entries ``(due, record)`` of equal dues are equal: no sequence number kept
@@ -361,7 +370,7 @@ class Follower:
         if task is not None:
             if task.state != record.state:
                 record.state = sys.intern(task.state)
-                await note_state(agent, record.scope, record.key, task.state)
+                await note_state(agent, record.key, task.state)
             if record.on_event is not None:
                 shown = [record.shown]
                 preview(record.on_event, record.task_id, task.status_text, shown)
@@ -477,7 +486,6 @@ async def park_or_answer(
         return failed("timeout", session, run_id)
     parked = Followed(
         key=stored.key,
-        scope=stored.scope,
         task_id=task_id,
         state=stored.record.state,
         deadline_ms=deadline_ms,
@@ -544,9 +552,9 @@ def next_poll(agents: Mapping[str, A2AAgent], alias: str, task_id: str) -> int |
     return None
 
 
-async def note_state(agent: A2AAgent, scope: OwnershipScope, key: str, state: str) -> None:
+async def note_state(agent: A2AAgent, key: str, state: str) -> None:
     """A followed task's new (not final) state, journaled for operators."""
-    stored = await agent.book.load(scope, key)
+    stored = await agent.book.find_operation(ANY_SCOPE, key)
     if stored is None or stored.record.phase != "following":
         return
     if moves_forward(stored.record.state, state):
