@@ -286,8 +286,10 @@ class Follower:
             self._finish(record, ELSEWHERE)
             return None
         if isinstance(got, PollWait):
-            # A little later than asked, so that the instance that polled last goes first.
-            self._schedule(record, got.wait_ms / 1000 * random.uniform(1.0, 1.1) + 0.01)
+            # A little later than asked, so that the instance that polled last goes first;
+            # hurried, within a second (the poll in flight elsewhere is likely over by then).
+            wait = got.wait_ms / 1000 * random.uniform(1.0, 1.1) + 0.01
+            self._schedule(record, min(wait, 1.0) if record.hurry else wait)
             return None
         record.hurry = False
         return got
