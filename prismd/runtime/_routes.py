@@ -20,6 +20,7 @@ import trio
 
 from stores import LeaseRecord
 
+from .._bits import Bit
 from ..channel import Action, Grant, InboundEvent
 from ..identity import AgentIdentity
 from ..journal import (
@@ -61,21 +62,25 @@ class Turn:
     alias: str
     op: Loaded[OperationRecord] | None = None
     """The operation record as last written by this runtime (saves a load per CAS)."""
-    cancelled: bool = False
-    cancel_counted: bool = False
-    settled: bool = False
     claim_failures: int = 0
-    finishing: bool = False
+    flags: int = 0
+    """The booleans below, one bit each (:class:`~prismd._bits.Bit`): 56 bytes less per
+    turn, parked ones included."""
+
+    cancelled = Bit(1)
+    cancel_counted = Bit(2)
+    settled = Bit(4)
+    finishing = Bit(8)
     """The turn is writing its own end (settlement + answer): ``stop()`` leaves it alone."""
-    settled_by_stop: bool = False
+    settled_by_stop = Bit(16)
     """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
     ran: a late result is discarded (no second terminal write, no reply)."""
-    following: bool = False
+    following = Bit(32)
     """Its operation is ``following`` a remote task (SPEC difference 9): a stop leaves it
     (and the turns queued behind it) as they are, to be followed again after a restart."""
-    woken: bool = False
+    woken = Bit(64)
     """Its wake came before its run returned ``following`` (:mod:`._following`)."""
-    cancel_remote: bool = False
+    cancel_remote = Bit(128)
     """``/cancel`` woke it while parked: its run cancels the remote task."""
 
 

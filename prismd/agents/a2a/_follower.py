@@ -50,6 +50,7 @@ import trio
 
 from stores import ANY_SCOPE, OwnershipScope, PollLease, PollStore, PollWait
 
+from ..._bits import Bit
 from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
@@ -84,18 +85,6 @@ Finding = Task | str
 reads the task when its operation is still ``following``)."""
 
 
-def _flag(bit: int, doc: str) -> property:
-    """A boolean of :class:`Followed` kept as one bit of its ``flags``."""
-
-    def get(self: Followed) -> bool:
-        return bool(self.flags & bit)
-
-    def put(self: Followed, value: bool) -> None:
-        self.flags = self.flags | bit if value else self.flags & ~bit
-
-    return property(get, put, doc=doc)
-
-
 class Followed:
     """One parked task: what the follower needs between polls (nothing else is kept: ten
     slots, the booleans in one small int; the operation's scope is not kept — a state
@@ -115,15 +104,17 @@ class Followed:
         "wake",
     )
 
-    pushed = _flag(1, "Push is registered for it: polled more slowly.")
-    hurry = _flag(2, "A push said it moved: polled as soon as no other instance polls it.")
-    streaming = _flag(4, "Followed by its stream now.")
-    may_stream = _flag(8, "Followed by its stream (previews) while the peer lets it.")
-    restream = _flag(
-        16,
-        "Its next due time subscribes again instead of polling (a stream that ended while"
-        " the task works: read once, then streamed again after the pause).",
-    )
+    pushed = Bit(1)
+    """Push is registered for it: polled more slowly."""
+    hurry = Bit(2)
+    """A push said it moved: polled as soon as no other instance polls it."""
+    streaming = Bit(4)
+    """Followed by its stream now."""
+    may_stream = Bit(8)
+    """Followed by its stream (previews) while the peer lets it."""
+    restream = Bit(16)
+    """Its next due time subscribes again instead of polling (a stream that ended while the
+    task works: read once, then streamed again after the pause)."""
 
     def __init__(
         self,
