@@ -14,6 +14,9 @@ from __future__ import annotations
 from ._common import compact_json as compact_json
 from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
+from ._polling import PollLease as PollLease
+from ._polling import PollStore as PollStore
+from ._polling import PollWait as PollWait
 from ._types import (
     ANY_SCOPE as ANY_SCOPE,
 )

@@ -44,6 +44,8 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 import attrs
 
+from ._polling import PollStore
+
 JSONValue: TypeAlias = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged."""
 
@@ -679,5 +681,10 @@ class Store(Protocol):
 
     @property
     def inbox(self) -> InboxStore: ...
+
+    @property
+    def polls(self) -> PollStore | None:
+        """Due polls shared by instances (PostgreSQL); ``None`` where one instance polls."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from stores import SYSTEM_CLOCK, CheckpointStore, Clock, OwnershipScope
+from stores import SYSTEM_CLOCK, CheckpointStore, Clock, OwnershipScope, PollStore
 
 from ..channel import ApprovalOutcome, OutboundFile, ReplyFile
 from ..identity import AgentIdentity
@@ -269,6 +269,9 @@ class AgentContext:
     ``None`` when it receives none. Only the ``a2a`` kind reads it."""
     max_remote_tasks_per_tenant: int = 100
     """``[limits] max_remote_tasks_per_tenant``: remote tasks followed at once per tenant."""
+    polls: PollStore | None = None
+    """The store's due polls shared by instances (PostgreSQL; ``None`` elsewhere): the
+    ``a2a`` kind polls each followed task from one instance at a time."""
 
 
 AgentFactory: TypeAlias = Callable[[AgentContext], Agent]

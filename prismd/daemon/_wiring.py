@@ -70,6 +70,7 @@ def build_agents(
             ),
             push_base_url=None if config.a2a is None else config.a2a.push_base_url,
             max_remote_tasks_per_tenant=config.limits.max_remote_tasks_per_tenant,
+            polls=store.polls,
         )
         try:
             agents[alias] = build_agent(agent.kind, context)

@@ -27,7 +27,6 @@ state, delivered, the next queued turn started — or parks again. ``/cancel`` w
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -104,7 +103,7 @@ class TurnHooks:
     def park(self) -> Callable[[], None]:
         assert self.start_pump is not None
         self.turn.woken = False
-        return functools.partial(wake, self.core, self.route, self.turn, self.start_pump)
+        return Wake(self.core, self.route, self.turn, self.start_pump)
 
     @property
     def cancelling(self) -> bool:
@@ -116,6 +115,24 @@ class TurnHooks:
 
     def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
         self.core.nursery.start_soon(_background, self.core, fn)
+
+
+class Wake:
+    """A parked turn's wake (:func:`wake`), kept by the agent's follower while the task is
+    followed: four references (64 bytes), where a ``functools.partial`` took 216."""
+
+    __slots__ = ("core", "route", "start_pump", "turn")
+
+    def __init__(
+        self, core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]
+    ) -> None:
+        self.core = core
+        self.route = route
+        self.turn = turn
+        self.start_pump = start_pump
+
+    def __call__(self) -> None:
+        wake(self.core, self.route, self.turn, self.start_pump)
 
 
 async def _background(core: Core, fn: Callable[[], Awaitable[None]]) -> None:

@@ -32,6 +32,8 @@ class MemoryStore(ClosesOnExit):
     checkpoints: MemoryCheckpointStore = attrs.field(init=False)
     leases: MemoryLeaseStore = attrs.field(init=False)
     inbox: MemoryInboxStore = attrs.field(init=False)
+    polls: None = attrs.field(default=None, init=False)
+    """No shared due polls: one instance polls alone (:mod:`stores._polling`)."""
 
     def __attrs_post_init__(self) -> None:
         self._state = _State(clock=self.clock, max_value_bytes=self.max_value_bytes)

@@ -25,6 +25,8 @@ Tables (the contract's ``prism_checkpoints``/``prism_leases``, the event stream,
   to come, and an aborted transaction gives its numbers back (no gaps at all).
 * ``prism_inbox`` (migration 2) — :class:`~stores.InboxStore`'s items, ``(source, key)``
   primary key (the dedup).
+* ``prism_polls`` (migration 3) — :class:`~stores.PollStore`'s due polls, ``key`` primary
+  key; a row lives while its remote task is followed.
 * ``prism_schema_migrations`` — what was applied, when, with which checksum.
 
 Functions (so a group commit or a lease call is one round trip, see :mod:`stores.postgres._writer`):
@@ -364,9 +366,22 @@ CREATE INDEX prism_inbox_hold ON @S@.prism_inbox (source, partition, claim_expir
 CREATE INDEX prism_inbox_prune ON @S@.prism_inbox (state, updated_at);
 """
 
+# Migration 3: due polls (PollStore): one row per followed remote task, reserved one
+# instance at a time ``FOR UPDATE SKIP LOCKED`` (see stores.postgres._polls).
+_V3 = """
+CREATE TABLE @S@.prism_polls (
+    key        text COLLATE "C" PRIMARY KEY,
+    due_at     bigint NOT NULL,
+    owner_id   text COLLATE "C",
+    fence      bigint NOT NULL,
+    expires_at bigint NOT NULL
+);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, leases, events", _V1),
     Migration(2, "inbox", _V2),
+    Migration(3, "polls", _V3),
 )
 """Append only: a released migration is never edited (its checksum is checked)."""
 

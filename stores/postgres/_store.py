@@ -28,6 +28,7 @@ from ._checkpoints import PostgresCheckpointStore
 from ._driver import Driver, Session, open_driver, plain_asyncio_timings
 from ._inbox import PostgresInboxStore
 from ._leases import PostgresLeaseStore
+from ._polls import PostgresPollStore
 from ._url import PostgresOptions, PostgresURL, parse_postgres_url
 from ._writer import _Job, _pack, _Writer
 
@@ -52,6 +53,8 @@ class PostgresStore:
     checkpoints: PostgresCheckpointStore
     leases: PostgresLeaseStore
     inbox: PostgresInboxStore
+    polls: PostgresPollStore
+    """Due polls shared by the instances (:class:`~stores.PollStore`)."""
     schema_status: SchemaStatus
     _writer_scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     _closed: bool = False
@@ -142,6 +145,7 @@ async def open_postgres_store(
             checkpoints=PostgresCheckpointStore(driver, writer, clock, max_value_bytes, table),
             leases=PostgresLeaseStore(driver, clock, table),
             inbox=PostgresInboxStore(driver, clock, max_value_bytes, f"{table}.prism_inbox"),
+            polls=PostgresPollStore(driver, clock, f"{table}.prism_polls"),
             schema_status=status,
         )
         async with trio.open_nursery() as nursery:

@@ -107,6 +107,8 @@ class SQLiteStore(ClosesOnExit):
     checkpoints: SQLiteCheckpointStore = attrs.field(init=False)
     leases: SQLiteLeaseStore = attrs.field(init=False)
     inbox: SQLiteInboxStore = attrs.field(init=False)
+    polls: None = attrs.field(default=None, init=False)
+    """No shared due polls: one instance polls alone (:mod:`stores._polling`)."""
 
     def __attrs_post_init__(self) -> None:
         self.checkpoints = SQLiteCheckpointStore(self._db, self.max_value_bytes)

@@ -114,6 +114,9 @@ class FakeA2A:
     """``GET <path>`` → (body, content type): what file URLs point at."""
     fetched: list[str] = attrs.Factory(list)
     """The download paths requested, in order."""
+    stall: trio.Event | None = None
+    """While set to an unset event, every task read (``GetTask``/``tasks/get``) is held
+    until it is set: a poll in flight, for as long as a test wants."""
     _plans: list[Plan] = attrs.Factory(list)
     _friction: list[str] = attrs.Factory(list)
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
@@ -397,9 +400,15 @@ class FakeA2A:
         rid = body.get("id")
         name = body.get("method", "")
         params = body.get("params") or {}
-        record = {"method": name, "params": params, "headers": headers, "processed": False}
+        record = {
+            "method": name, "params": params, "headers": headers, "processed": False,
+            "at": trio.current_time(),
+        }  # fmt: skip
         self.requests.append(record)
         self._wake()
+        stall = self.stall
+        if stall is not None and name in ("GetTask", "tasks/get"):
+            await stall.wait()
         if friction in ("-32601", "-32009"):
             await _send(conn, stream, 200, _error(rid, int(friction)))
             return True

@@ -37,7 +37,7 @@ import attrs
 import httpx
 import trio
 
-from stores import Clock, OwnershipScope, StoreUnavailableError
+from stores import Clock, OwnershipScope, PollStore, StoreUnavailableError
 
 from ...channel import OutboundFile, ReplyFile
 from ...identity import AgentIdentity, ownership_from_identity
@@ -56,6 +56,7 @@ from ._book import Book, Stored, TaskRecord, secret_hash
 from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
 from ._files import open_file
 from ._follower import Follower, park_or_answer
+from ._gate import POLL_LEASE_MS
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._wire import PushConfig
@@ -91,6 +92,10 @@ class A2AAgent:
     wakers: dict[str, trio.Event] = attrs.field(factory=dict)
     followers: dict[object, Follower] = attrs.field(factory=dict)
     """The followers of parked tasks, one per runtime (:attr:`RunHooks.runtime`)."""
+    polls: PollStore | None = None
+    """The store's due polls when several instances share it (PostgreSQL): each due poll
+    of a task is made by one of them (:mod:`._follower`)."""
+    poll_lease_ms: int = POLL_LEASE_MS
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> A2AAgent:
@@ -110,6 +115,7 @@ class A2AAgent:
             bearer=bearer,
             push_base_url=ctx.push_base_url,
             max_remote_tasks=ctx.max_remote_tasks_per_tenant,
+            polls=ctx.polls,
         )
 
     # ------------------------------------------------------------------ the seam

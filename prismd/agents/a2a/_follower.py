@@ -21,23 +21,40 @@ A push (:meth:`Follower.wake_task`) makes its record due at once. Streaming (pre
 kept for at most :data:`MAX_STREAMS` tasks at once; the others are polled. When the follower
 ends (its runtime stops) its records are dropped: the operations are ``following`` in the
 journal and the next runtime follows them again.
+
+**Several instances** (PostgreSQL: the agent's :attr:`~._agent.A2AAgent.polls`): every
+instance may have the same task parked (another instance's tasks are taken up when it
+died), but each due poll is made by one of them. The task has one row in the store's
+:class:`~stores.PollStore` — its next due time and a poll lease — and a worker reserves it
+(``FOR UPDATE SKIP LOCKED``) before it reads the task: granted only when the row is due (or
+a push hurries it) and no unexpired lease is held. The lease is held only while the call is
+in flight (renewed every third of :data:`~._gate.POLL_LEASE_MS`), released with the next due time;
+a worker refused is told when to ask again and waits in the heap, costing nothing. A lease
+that outlives its instance expires and the next instance takes it (fence + 1); the old
+holder, fenced, drops what it read (no state journaled, no wake). A task whose row is gone
+(answered, or settled by another instance) wakes its turn here: its run finds the operation
+settled, or reads the task. SQLite and memory have no ``polls``: one instance polls alone,
+with no store call.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
+import random
+import sys
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 import trio
 
-from stores import OwnershipScope
+from stores import ANY_SCOPE, OwnershipScope, PollLease, PollStore, PollWait
 
+from ..._bits import Bit
 from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
+from ._gate import PollGate, holding
 from ._relay import relay_interrupt, relay_key
 from ._steps import CANCEL_BUDGET_S, PUSH_SLOWDOWN, answer, failed, preview, stream
 from ._steps import A2AAgent as StepsAgent
@@ -48,6 +65,8 @@ class A2AAgent(StepsAgent, Protocol):
     """What the follower uses of the agent (:class:`._agent.A2AAgent`)."""
 
     followers: dict[object, Follower]
+    polls: PollStore | None
+    poll_lease_ms: int
 
     async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None: ...
 
@@ -59,36 +78,48 @@ MAX_STREAMS: Final = 64
 
 LOST: Final = "lost"
 TIMEOUT: Final = "timeout"
+ELSEWHERE: Final = "elsewhere"
 Finding = Task | str
-"""What the follower read for a woken run: the task, :data:`LOST` or :data:`TIMEOUT`."""
+"""What the follower read for a woken run: the task, :data:`LOST`, :data:`TIMEOUT` or
+:data:`ELSEWHERE` (its poll row is gone: answered or settled by another instance — the run
+reads the task when its operation is still ``following``)."""
 
 
 class Followed:
-    """One parked task: what the follower needs between polls (nothing else is kept)."""
+    """One parked task: what the follower needs between polls (nothing else is kept: ten
+    slots, the booleans in one small int; the operation's scope is not kept — a state
+    change finds the record by its key)."""
 
     __slots__ = (
         "deadline_ms",
         "delay",
         "due",
+        "flags",
         "key",
-        "may_stream",
         "on_event",
-        "pushed",
         "relayed",
-        "restream",
-        "scope",
         "shown",
         "state",
-        "streaming",
         "task_id",
         "wake",
     )
+
+    pushed = Bit(1)
+    """Push is registered for it: polled more slowly."""
+    hurry = Bit(2)
+    """A push said it moved: polled as soon as no other instance polls it."""
+    streaming = Bit(4)
+    """Followed by its stream now."""
+    may_stream = Bit(8)
+    """Followed by its stream (previews) while the peer lets it."""
+    restream = Bit(16)
+    """Its next due time subscribes again instead of polling (a stream that ended while the
+    task works: read once, then streamed again after the pause)."""
 
     def __init__(
         self,
         *,
         key: str,
-        scope: OwnershipScope,
         task_id: str,
         state: str | None,
         deadline_ms: int,
@@ -98,24 +129,22 @@ class Followed:
         on_event: EventSink | None,
     ) -> None:
         self.key = key
-        self.scope = scope
         self.task_id = task_id
-        self.state = state
+        self.state = None if state is None else sys.intern(state)  # one "working" for all
         self.deadline_ms = deadline_ms
         self.delay = delay
-        self.pushed = pushed
+        self.flags = 1 if pushed else 0
         self.wake: Callable[[], None] | None = wake
         self.on_event = on_event
         self.shown: str | None = None
         self.relayed: str | None = None
         """The relay key of the last ``auth-required`` status relayed (:mod:`._relay`)."""
         self.due = math.inf
-        self.streaming = False
-        self.may_stream = False
-        """Followed by its stream (previews) while the peer lets it."""
-        self.restream = False
-        """Its next due time subscribes again instead of polling (a stream that ended
-        while the task works: read once, then streamed again after the pause)."""
+
+    def __lt__(self, other: Followed) -> bool:
+        """Heap entries ``(due, record)`` of equal dues are equal: no sequence number kept
+        per entry."""
+        return False
 
 
 class Follower:
@@ -124,15 +153,17 @@ class Follower:
     def __init__(self, agent: A2AAgent, client: A2AClient) -> None:
         self.agent = agent
         self.client = client
+        polls = agent.polls
+        self.gate = None if polls is None else PollGate(polls, agent.alias, agent.poll_lease_ms)
+        """Several instances: this follower's poll leases."""
         self.records: dict[str, Followed] = {}
         """By task id."""
         self.found: dict[str, Finding] = {}
         """What was read for a woken run, by task id (taken once by the run)."""
-        self._heap: list[tuple[float, int, Followed]] = []
-        self._seq = itertools.count()
+        self._heap: list[tuple[float, Followed]] = []
         self._kick = trio.Event()
         self._streams = 0
-        self._to_stream: list[Followed] = []
+        self._to_stream: list[tuple[Followed, PollLease | None]] = []
         self._nursery: trio.Nursery | None = None
         self._send, self._receive = trio.open_memory_channel[Followed](0)
 
@@ -144,20 +175,19 @@ class Follower:
     def add(self, record: Followed) -> None:
         """Follow ``record`` (a parked turn): by its stream when the card and ``stream``
         allow (and :data:`MAX_STREAMS` is not reached), else read at once (the task may be
-        over already), then polled."""
+        over already), then polled. Several instances: the stream, like a poll, waits for
+        the task's poll lease."""
         old = self.records.get(record.task_id)
         if old is not None:
             old.wake = None
         self.records[record.task_id] = record
-        if self.agent.options.stream and self.client.card.streaming and self._streams < MAX_STREAMS:
-            self._streams += 1
-            record.streaming = True
-            record.may_stream = True
-            if self._nursery is None:
-                self._to_stream.append(record)  # started with the loop
-            else:
-                self._nursery.start_soon(self._stream, record)
-            return
+        if self.agent.options.stream and self.client.card.streaming:
+            if self.gate is not None:
+                record.may_stream = record.restream = True
+            elif self._streams < MAX_STREAMS:
+                record.may_stream = True
+                self._start_stream(record, None)
+                return
         self._schedule(record, 0.0)
 
     def take(self, task_id: str) -> Finding | None:
@@ -170,6 +200,7 @@ class Follower:
         if record is None:
             return False
         if not record.streaming:
+            record.hurry = True
             self._schedule(record, 0.0)
         return True
 
@@ -192,8 +223,8 @@ class Follower:
                 self._nursery = nursery
                 for _ in range(POLLERS):
                     nursery.start_soon(self._poller)
-                for record in self._to_stream:
-                    nursery.start_soon(self._stream, record)
+                for record, lease in self._to_stream:
+                    nursery.start_soon(self._stream, record, lease)
                 self._to_stream.clear()
                 await self._dispatch()
         finally:
@@ -207,7 +238,7 @@ class Follower:
         while True:
             now = trio.current_time()
             while heap and heap[0][0] <= now:
-                due, _seq, record = heapq.heappop(heap)
+                due, record = heapq.heappop(heap)
                 if record.due != due or self.records.get(record.task_id) is not record:
                     continue  # rescheduled or gone: a stale entry
                 record.due = math.inf
@@ -223,7 +254,7 @@ class Follower:
         record.due = due
         heap = self._heap
         first = not heap or due < heap[0][0]
-        heapq.heappush(heap, (due, next(self._seq), record))
+        heapq.heappush(heap, (due, record))
         if first:
             self._kick.set()
 
@@ -234,38 +265,73 @@ class Follower:
         left = max(0.0, (record.deadline_ms - self.agent.clock.now_ms()) / 1000)
         return min(pause, cap, left)
 
+    async def _reserve(self, gate: PollGate, record: Followed) -> PollLease | None:
+        """The task's poll lease, or ``None`` when it is not this instance's to poll now
+        (rescheduled for when to ask again; or the task's row is gone: its turn is woken)."""
+        got = await gate.reserve(record.task_id, record.hurry)
+        if self.records.get(record.task_id) is not record:
+            if isinstance(got, PollLease):
+                await gate.release(got, 0.0)  # woken or dropped meanwhile
+            return None
+        if got is None:
+            self._finish(record, ELSEWHERE)
+            return None
+        if isinstance(got, PollWait):
+            # A little later than asked, so that the instance that polled last goes first;
+            # hurried, within a second (the poll in flight elsewhere is likely over by then).
+            wait = got.wait_ms / 1000 * random.uniform(1.0, 1.1) + 0.01
+            self._schedule(record, min(wait, 1.0) if record.hurry else wait)
+            return None
+        record.hurry = False
+        return got
+
     async def _poller(self) -> None:
         async for record in self._receive:
             if self.records.get(record.task_id) is not record:
                 continue
-            if record.restream and self._nursery is not None and self._streams < MAX_STREAMS:
-                record.restream = False
-                self._streams += 1
-                record.streaming = True
-                self._nursery.start_soon(self._stream, record)
-                continue
+            lease: PollLease | None = None
             try:
-                await self._poll(record)
+                if self.gate is not None:
+                    lease = await self._reserve(self.gate, record)
+                    if lease is None:
+                        continue
+                if record.restream and self._nursery is not None and self._streams < MAX_STREAMS:
+                    record.restream = False
+                    self._start_stream(record, lease)
+                    continue
+                await self._poll(record, lease)
             except Exception as exc:
-                # Never lose a record to an unexpected error: poll it again later.
+                # Never lose a record to an unexpected error: poll it again later (a lease
+                # held expires).
                 self.agent.count("poll_errors")
                 del exc
                 if self.records.get(record.task_id) is record:
                     self._schedule(record, self._pause(record))
 
-    async def _poll(self, record: Followed) -> None:
+    async def _get(self, task_id: str, lease: PollLease | None) -> Task | None:
+        """``GetTask`` under ``lease`` (renewed meanwhile); ``None`` when the lease was
+        lost during the call."""
+        task: Task | None = None
+        async with holding(self.gate, lease):
+            task = await self.client.get_task(task_id)
+        return task
+
+    async def _release(self, lease: PollLease | None, seconds: float) -> bool:
+        return self.gate is None or await self.gate.release(lease, seconds)
+
+    async def _poll(self, record: Followed, lease: PollLease | None) -> None:
         agent = self.agent
         options = agent.options
         if agent.clock.now_ms() >= record.deadline_ms:
-            self._finish(record, TIMEOUT)
+            await self._end(record, lease, TIMEOUT)
             return
         retry_after: float | None = None
         try:
-            task: Task | None = await self.client.get_task(record.task_id)
+            task: Task | None = await self._get(record.task_id, lease)
             agent.count("polls")
         except RemoteError as exc:
             if exc.code == TASK_NOT_FOUND:
-                self._finish(record, LOST)
+                await self._end(record, lease, LOST)
                 return
             task = None
         except Refused as exc:
@@ -273,30 +339,46 @@ class Follower:
         except OutcomeUnknown:
             task = None
         if self.records.get(record.task_id) is not record:
+            await self._release(lease, 0.0)
             return  # woken or dropped meanwhile
         first = options.poll_interval_ms / 1000
         cap = options.max_poll_interval_ms / 1000
+        if task is not None and (
+            task.terminal
+            or task.state == "input-required"
+            or (task.state == "auth-required" and relay_key(task) != record.relayed)
+        ):
+            await self._end(record, lease, task)  # auth-required: relayed, then parked again
+            return
+        record.restream = record.may_stream
+        if task is not None and task.state != record.state:
+            record.delay = first
+        pause = self._pause(record)
+        if retry_after is not None:
+            pause = max(pause, min(retry_after, 3600.0))
+        if not await self._release(lease, pause):
+            # Taken over while it was read: another instance applies what it reads.
+            self._schedule(record, pause)
+            return
         if task is not None:
-            if task.terminal or task.state == "input-required":
-                self._finish(record, task)
-                return
-            if task.state == "auth-required" and relay_key(task) != record.relayed:
-                self._finish(record, task)  # the run relays it, then parks again
-                return
             if task.state != record.state:
-                record.state = task.state
-                record.delay = first
-                await note_state(agent, record.scope, record.key, task.state)
+                record.state = sys.intern(task.state)
+                await note_state(agent, record.key, task.state)
             if record.on_event is not None:
                 shown = [record.shown]
                 preview(record.on_event, record.task_id, task.status_text, shown)
                 record.shown = shown[0]
-        record.restream = record.may_stream
-        pause = self._pause(record)
-        if retry_after is not None:
-            pause = max(pause, min(retry_after, 3600.0))
         record.delay = min(record.delay * 2, cap)
-        self._schedule(record, pause)
+        self._schedule(record, pause + (0.01 if lease is not None else 0.0))
+
+    async def _end(self, record: Followed, lease: PollLease | None, finding: Finding) -> None:
+        """The task is over for its parked turn: end its poll row (several instances) and
+        wake the turn — unless the lease was taken over meanwhile (polled again later)."""
+        if self.gate is not None and not await self.gate.end(lease):
+            if self.records.get(record.task_id) is record:
+                self._schedule(record, self._pause(record))
+            return
+        self._finish(record, finding)
 
     def _finish(self, record: Followed, finding: Finding) -> None:
         """Keep what was read for the run and wake the parked turn."""
@@ -308,20 +390,31 @@ class Follower:
         if wake is not None:
             wake()
 
-    async def _stream(self, record: Followed) -> None:
-        """Follow ``record`` by its stream (previews), then read it at once."""
+    def _start_stream(self, record: Followed, lease: PollLease | None) -> None:
+        self._streams += 1
+        record.streaming = True
+        if self._nursery is None:
+            self._to_stream.append((record, lease))  # started with the loop
+        else:
+            self._nursery.start_soon(self._stream, record, lease)
+
+    async def _stream(self, record: Followed, lease: PollLease | None) -> None:
+        """Follow ``record`` by its stream (previews), under ``lease`` (several instances:
+        renewed meanwhile), then read it at once."""
         try:
             shown = [record.shown]
-            again = await stream(
-                self.agent,
-                self.client,
-                record.task_id,
-                record.on_event,
-                shown,
-                record.deadline_ms,
-            )
-            record.shown = shown[0]
-            record.may_stream = record.may_stream and again  # not after the peer refused
+            async with holding(self.gate, lease):
+                again = await stream(
+                    self.agent,
+                    self.client,
+                    record.task_id,
+                    record.on_event,
+                    shown,
+                    record.deadline_ms,
+                )
+                record.shown = shown[0]
+                record.may_stream = record.may_stream and again  # not after a refusal
+            await self._release(lease, 0.0)
         finally:
             self._streams -= 1
             record.streaming = False
@@ -350,14 +443,17 @@ async def park_or_answer(
     run_id = f"a2a:{task_id}"
     if hooks.cancelling:
         await agent.cancel_followed(client, stored.scope, stored.key)
+        await _forget(agent, task_id)
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
-    if finding is None and not just_sent:
+    if finding == ELSEWHERE or (finding is None and not just_sent and agent.polls is None):
+        # Read once here (after a restart; several instances: its poll row was gone).
         finding = await _read(agent, client, task_id)
     relayed: str | None = None
     if isinstance(finding, Task):
         if finding.terminal or finding.state == "input-required":
+            await _forget(agent, task_id)
             return await answer(agent, stored, finding, session)
         if finding.state == "auth-required":
             if await relay_interrupt(hooks, finding, [None]):
@@ -368,6 +464,7 @@ async def park_or_answer(
                 stored, state=finding.state, observed_ms=agent.clock.now_ms()
             )
     elif finding == LOST:
+        await _forget(agent, task_id)
         await agent.book.update(stored, phase="done", state="lost")
         return failed("lost", session, run_id)
     deadline_ms = record.created_ms + agent.options.task_timeout_ms
@@ -377,11 +474,11 @@ async def park_or_answer(
                 await client.cancel_task(task_id)
             except A2AError:
                 pass
+        await _forget(agent, task_id)
         await agent.book.update(stored, phase="done", state="timeout")
         return failed("timeout", session, run_id)
     parked = Followed(
         key=stored.key,
-        scope=stored.scope,
         task_id=task_id,
         state=stored.record.state,
         deadline_ms=deadline_ms,
@@ -391,6 +488,8 @@ async def park_or_answer(
         on_event=on_event,
     )
     parked.relayed = relayed
+    if agent.polls is not None:
+        await agent.polls.track(f"{agent.alias}/{task_id}")  # due now unless polled already
     follower.add(parked)
     return RunResult("following", "", run_id, session)
 
@@ -406,6 +505,13 @@ async def _read(agent: A2AAgent, client: A2AClient, task_id: str) -> Finding | N
         return None
     agent.count("polls")
     return task
+
+
+async def _forget(agent: A2AAgent, task_id: str) -> None:
+    """The task is answered: its poll row (several instances) is dropped; the other
+    instances that have it parked wake their turns, which find the operation settled."""
+    if agent.polls is not None:
+        await agent.polls.forget(f"{agent.alias}/{task_id}")
 
 
 def _follower(agent: A2AAgent, hooks: RunHooks, client: A2AClient) -> Follower:
@@ -439,9 +545,9 @@ def next_poll(agents: Mapping[str, A2AAgent], alias: str, task_id: str) -> int |
     return None
 
 
-async def note_state(agent: A2AAgent, scope: OwnershipScope, key: str, state: str) -> None:
+async def note_state(agent: A2AAgent, key: str, state: str) -> None:
     """A followed task's new (not final) state, journaled for operators."""
-    stored = await agent.book.load(scope, key)
+    stored = await agent.book.find_operation(ANY_SCOPE, key)
     if stored is None or stored.record.phase != "following":
         return
     if moves_forward(stored.record.state, state):
