@@ -279,6 +279,21 @@ async def a2a(
         trio.open_nursery() as nursery,
     ):
 
+        def writes() -> tuple[int, int]:
+            """Write jobs and commits so far (SQLite; zeros elsewhere)."""
+            stats = getattr(store, "statistics", None)
+            if stats is None:
+                return 0, 0
+            figures = stats()
+            return int(getattr(figures, "writes", 0)), int(getattr(figures, "commits", 0))
+
+        def per(n: int, before: tuple[int, int]) -> dict[str, float]:
+            now = writes()
+            return {
+                "writes_per_push": round((now[0] - before[0]) / max(1, n), 2),
+                "commits_per_push": round((now[1] - before[1]) / max(1, n), 2),
+            }
+
         async def gets() -> int:
             return int((await control.get("bench/stats")).json()["gets"])
 
@@ -355,12 +370,14 @@ async def a2a(
             cpu_per_poll_ms = cpu_s * 1000 / max(1, polls)
             # 2. Ingest alone: the worker is not started, the rows wait in the inbox.
             phase("ingest")
+            w_ingest = writes()
             ingested, cpu_ingest_ms = await pushed("working")
+            ingest_writes = per(len(ingested), w_ingest)
             ingest_s = max(ingested) if ingested else float("nan")
             # 3. The worker applies that backlog (and each woken task is read once more).
             gets1 = await gets()
             phase("apply")
-            cpu1, apply_start = time.process_time(), time.perf_counter()
+            cpu1, apply_start, w_apply = time.process_time(), time.perf_counter(), writes()
             nursery.start_soon(receiver.apply_pushes, f"bench-{os.getpid()}")
             while True:
                 depth = await store.inbox.depth(sources=(PUSH_SOURCE,))
@@ -369,13 +386,15 @@ async def a2a(
                 await trio.sleep(0.02)
             apply_s = time.perf_counter() - apply_start
             cpu_apply_ms = (time.process_time() - cpu1) * 1000 / max(1, len(ingested))
+            apply_writes = per(len(ingested), w_apply)
             # 4. Completions: push → inbox → observation → GetTask → reply delivered.
             phase("completions")
-            cpu2, push_start = time.process_time(), time.perf_counter()
+            cpu2, push_start, w_done = time.process_time(), time.perf_counter(), writes()
             accepted, _ = await pushed("complete")
             await all_done.wait()
             done_s = time.perf_counter() - push_start
             cpu_push_ms = (time.process_time() - cpu2) * 1000 / tasks
+            done_writes = per(tasks, w_done)
             phase("end")
             push_s = max(accepted) if accepted else float("nan")
         await agent.aclose()
@@ -392,17 +411,20 @@ async def a2a(
             "count": len(ingested),
             "per_s": round(len(ingested) / ingest_s, 1),
             "cpu_ms_per_push": round(cpu_ingest_ms, 3),
+            **ingest_writes,
         },
         "a2a_push_apply": {
             "count": len(ingested),
             "per_s": round(len(ingested) / apply_s, 1),
             "cpu_ms_per_push": round(cpu_apply_ms, 3),
+            **apply_writes,
         },
         "a2a_completions": {
             "count": tasks,
             "per_s": round(tasks / done_s, 1),
             "pushes_per_s": round(len(accepted) / push_s, 1),
             "cpu_ms_per_push_end_to_end": round(cpu_push_ms, 3),
+            **done_writes,
         },
     }
 
