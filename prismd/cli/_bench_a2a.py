@@ -9,10 +9,22 @@ agent, runtime, store and push receiver do the rest:
    followed (parked): resident memory per followed task (RSS after minus before, after a
    collection), then, for ``duration_s``, the CPU per poll (every task polled every
    ``max(1 s, tasks / 100 s)``: about 100 polls a second in all);
-2. every task is completed and pushed (64 pushes in flight): pushes ingested per second
-   (POST → inbox commit → 2xx, seen by the peer) and completions per second (push → inbox
-   → observation applied → ``GetTask`` → reply delivered), and the CPU a push costs end to
-   end beside a poll.
+2. *ingest*: every task is pushed a ``working`` status update with a new timestamp (64
+   pushes in flight) while the inbox worker is not started yet, so that nothing but the
+   receiver runs beside the polls: pushes ingested per second (POST → durable inbox
+   commit → 2xx, timed by the peer) and prismd's CPU per push over that window;
+3. *apply*: the worker is started on that backlog: observations applied per second (each
+   reserved, applied, acknowledged after its commit, and the task read once more by its
+   follower, which the push woke) and the CPU per observation;
+4. *completions*, the worker running: every task is completed and pushed once: completions
+   per second (push → inbox → observation applied → ``GetTask`` → reply delivered), and the
+   CPU a push costs end to end beside a poll.
+
+The CPU figures of 2–4 include the background polls (about 100 a second) of the tasks
+still followed, and the bench's own requests to the peer for its counters;
+``cpu_ms_per_push_less_polls`` subtracts the polls counted in the window beyond the
+phase's own reads (``background_polls``), at ``cpu_ms_per_poll`` each: an estimate. Write
+jobs and commits per push are the SQLite store's counters (zeros on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -129,10 +141,10 @@ class BenchPeer:
                 assert request is not None
                 if request.target == b"/bench/stats":
                     payload: dict[str, Any] = {"gets": self.gets}
-                elif request.target == b"/bench/complete":
+                elif request.target in (b"/bench/complete", b"/bench/working"):
                     start = time.perf_counter()
                     accepted: list[float] = []
-                    await self.complete_all(accepted)
+                    await self.push_all(accepted, complete=request.target == b"/bench/complete")
                     payload = {"accepted": [t - start for t in accepted]}
                 elif request.method == b"GET":
                     payload = self._card()
@@ -148,32 +160,68 @@ class BenchPeer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             return
 
-    async def complete_all(self, accepted: list[float]) -> None:
-        """Complete every task and push it once; ``accepted`` gets each 2xx's time."""
-        limiter = trio.CapacityLimiter(PUSHES_IN_FLIGHT)
-        async with httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=PUSHES_IN_FLIGHT), timeout=60
-        ) as client:
+    async def push_all(self, accepted: list[float], *, complete: bool) -> None:
+        """Push every task once: completed (``complete``), else a ``working`` update with a
+        new timestamp; ``accepted`` gets each 2xx's time. Over :data:`PUSHES_IN_FLIGHT`
+        keep-alive connections written with h11 (lighter than an HTTP client: the peer
+        shares the machine's cores with prismd)."""
+        stamp = f"2026-01-01T00:00:{next(self._ids) % 60:02d}.{time.time_ns() % 10**6:06d}Z"
+        todo = list(self.tasks.values())
+        todo.reverse()
 
-            async def push(task: dict[str, Any]) -> None:
-                async with limiter:
-                    task["state"] = "TASK_STATE_COMPLETED"
-                    config = task["push"]
-                    body = {"statusUpdate": {"taskId": task["id"], "contextId": task["ctx"],
-                                             "status": {"state": task["state"]}}}  # fmt: skip
-                    try:
-                        response = await client.post(
-                            config["url"], json=body,
-                            headers={"X-A2A-Notification-Token": config["token"]},
-                        )  # fmt: skip
-                    except httpx.HTTPError:
-                        return  # sent once, as the SDKs do: polling finds the task
-                    if response.status_code == 200:
+        def request(task: dict[str, Any]) -> tuple[str, bytes]:
+            status: dict[str, Any] = {"state": "TASK_STATE_WORKING", "timestamp": stamp}
+            if complete:
+                task["state"] = status["state"] = "TASK_STATE_COMPLETED"
+            body = {"statusUpdate": {"taskId": task["id"], "contextId": task["ctx"],
+                                     "status": status}}  # fmt: skip
+            return task["push"]["url"], json.dumps(body).encode()
+
+        async def connection() -> None:
+            stream: trio.SocketStream | None = None
+            conn = h11.Connection(h11.CLIENT)
+            while todo:
+                task = todo.pop()
+                url, data = request(task)
+                target = httpx.URL(url)
+                try:
+                    if stream is None or conn.our_state is not h11.IDLE:
+                        if stream is not None:
+                            await stream.aclose()
+                        stream = await trio.open_tcp_stream(target.host, target.port or 80)
+                        conn = h11.Connection(h11.CLIENT)
+                    head = [("host", target.host), ("content-type", "application/json"),
+                            ("content-length", str(len(data))),
+                            ("x-a2a-notification-token", task["push"]["token"])]  # fmt: skip
+                    out = conn.send(
+                        h11.Request(method="POST", target=target.raw_path, headers=head)
+                    )
+                    out = (out or b"") + (conn.send(h11.Data(data=data)) or b"")
+                    await stream.send_all(out + (conn.send(h11.EndOfMessage()) or b""))
+                    status = 0
+                    while True:
+                        event = conn.next_event()
+                        if event is h11.NEED_DATA:
+                            conn.receive_data(await stream.receive_some(65536))
+                        elif isinstance(event, h11.Response):
+                            status = event.status_code
+                        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                            break
+                    if status == 200:
                         accepted.append(time.perf_counter())
+                    if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                        conn.start_next_cycle()
+                except (OSError, trio.BrokenResourceError, h11.ProtocolError):
+                    # Sent once, as the SDKs do: polling finds the task.
+                    if stream is not None:
+                        await stream.aclose()
+                    stream = None
+            if stream is not None:
+                await stream.aclose()
 
-            async with trio.open_nursery() as nursery:
-                for task in list(self.tasks.values()):
-                    nursery.start_soon(push, task)
+        async with trio.open_nursery() as nursery:
+            for _ in range(PUSHES_IN_FLIGHT):
+                nursery.start_soon(connection)
 
 
 async def _peer_main() -> None:
@@ -206,9 +254,14 @@ async def _peer_process() -> AsyncIterator[str]:
             await process.wait()
 
 
-async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
-    """The scenario (see the module docstring); figures as in the other scenarios."""
-    from ..agents.a2a import A2AAgent, PushReceiver
+async def a2a(
+    url: str, tasks: int, duration_s: float, on_phase: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The scenario (see the module docstring); figures as in the other scenarios.
+    ``on_phase`` is told ``ingest``, ``apply``, ``completions`` and ``end`` as each
+    measured window begins (a profiler's hook)."""
+    phase = on_phase or (lambda _name: None)
+    from ..agents.a2a import PUSH_SOURCE, A2AAgent, PushReceiver
 
     delivered = 0
     all_done = trio.Event()
@@ -229,13 +282,34 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
         trio.open_nursery() as nursery,
     ):
 
+        def writes() -> tuple[int, int]:
+            """Write jobs and commits so far (SQLite; zeros elsewhere)."""
+            stats = getattr(store, "statistics", None)
+            if stats is None:
+                return 0, 0
+            figures = stats()
+            return int(getattr(figures, "writes", 0)), int(getattr(figures, "commits", 0))
+
+        def per(n: int, before: tuple[int, int]) -> dict[str, float]:
+            now = writes()
+            return {
+                "writes_per_push": round((now[0] - before[0]) / max(1, n), 2),
+                "commits_per_push": round((now[1] - before[1]) / max(1, n), 2),
+            }
+
         async def gets() -> int:
             return int((await control.get("bench/stats")).json()["gets"])
+
+        async def pushed(what: str) -> tuple[list[float], float]:
+            """The peer pushes every task (``what``: working or complete): the 2xx times
+            and the CPU prismd spent, in ms per task, until the peer saw the last."""
+            cpu = time.process_time()
+            accepted: list[float] = (await control.post(f"bench/{what}")).json()["accepted"]
+            return accepted, (time.process_time() - cpu) * 1000 / tasks
 
         agents: dict[str, A2AAgent] = {}
         receiver = PushReceiver("127.0.0.1:0", agents, store.inbox)
         await nursery.start(receiver.serve)
-        nursery.start_soon(receiver.apply_pushes, f"bench-{os.getpid()}")
         assert receiver.address is not None
         agent = build_agent(
             "a2a",
@@ -297,13 +371,49 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
             cpu_s = time.process_time() - cpu0
             polls = await gets() - gets0
             cpu_per_poll_ms = cpu_s * 1000 / max(1, polls)
-            cpu1 = time.process_time()
-            push_start = time.perf_counter()
-            accepted: list[float] = (await control.post("bench/complete")).json()["accepted"]
+            # 2. Ingest alone: the worker is not started, the rows wait in the inbox.
+            phase("ingest")
+            w_ingest, g_ingest = writes(), await gets()
+            ingested, cpu_ingest_ms = await pushed("working")
+            ingest_writes = per(len(ingested), w_ingest)
+            ingest_polls = await gets() - g_ingest
+            ingest_s = max(ingested) if ingested else float("nan")
+            # 3. The worker applies that backlog (and each woken task is read once more).
+            gets1 = await gets()
+            phase("apply")
+            cpu1, apply_start, w_apply = time.process_time(), time.perf_counter(), writes()
+            nursery.start_soon(receiver.apply_pushes, f"bench-{os.getpid()}")
+            while True:
+                depth = await store.inbox.depth(sources=(PUSH_SOURCE,))
+                if depth.pending + depth.claimed == 0:
+                    break
+                await trio.sleep(0.02)
+            while await gets() - gets1 < len(ingested):  # noqa: ASYNC110 (the peer's count)
+                await trio.sleep(0.1)  # every woken task read once more
+            apply_s = time.perf_counter() - apply_start
+            cpu_apply_ms = (time.process_time() - cpu1) * 1000 / max(1, len(ingested))
+            apply_writes = per(len(ingested), w_apply)
+            apply_polls = await gets() - gets1 - len(ingested)
+            # 4. Completions: push → inbox → observation → GetTask → reply delivered.
+            phase("completions")
+            g_done = await gets()
+            cpu2, push_start, w_done = time.process_time(), time.perf_counter(), writes()
+            accepted, _ = await pushed("complete")
             await all_done.wait()
             done_s = time.perf_counter() - push_start
-            cpu_push_ms = (time.process_time() - cpu1) * 1000 / tasks
-            push_s = max(accepted) if accepted else float("nan")
+            cpu_push_ms = (time.process_time() - cpu2) * 1000 / tasks
+            done_writes = per(tasks, w_done)
+            done_polls = await gets() - g_done - tasks
+            phase("end")
+
+        def less_polls(cpu_ms: float, n: int, background: int) -> dict[str, float]:
+            """The CPU per push less the background polls of the window (an estimate:
+            those polls at ``cpu_ms_per_poll`` each), and how many there were."""
+            net = cpu_ms - max(0, background) * cpu_per_poll_ms / max(1, n)
+            return {"background_polls": background, "cpu_ms_per_push_less_polls": round(net, 3)}
+
+        push_s = max(accepted) if accepted else float("nan")
+
         await agent.aclose()
         nursery.cancel_scope.cancel()
     return {
@@ -314,11 +424,27 @@ async def a2a(url: str, tasks: int, duration_s: float) -> dict[str, Any]:
             "cpu_ms_per_poll": round(cpu_per_poll_ms, 3),
             "polls": polls,
         },
-        "a2a_push_ingest": {"count": len(accepted), "per_s": round(len(accepted) / push_s, 1)},
+        "a2a_push_ingest": {
+            "count": len(ingested),
+            "per_s": round(len(ingested) / ingest_s, 1),
+            "cpu_ms_per_push": round(cpu_ingest_ms, 3),
+            **less_polls(cpu_ingest_ms, len(ingested), ingest_polls),
+            **ingest_writes,
+        },
+        "a2a_push_apply": {
+            "count": len(ingested),
+            "per_s": round(len(ingested) / apply_s, 1),
+            "cpu_ms_per_push": round(cpu_apply_ms, 3),
+            **less_polls(cpu_apply_ms, len(ingested), apply_polls),
+            **apply_writes,
+        },
         "a2a_completions": {
             "count": tasks,
             "per_s": round(tasks / done_s, 1),
+            "pushes_per_s": round(len(accepted) / push_s, 1),
             "cpu_ms_per_push_end_to_end": round(cpu_push_ms, 3),
+            **less_polls(cpu_push_ms, tasks, done_polls),
+            **done_writes,
         },
     }
 

@@ -18,8 +18,9 @@ Once the remote task is known and not yet answered, the run *parks* its turn
 coroutine waits for it, no slot and no binding lease are held (the pump ends and the lease
 is released once the route is idle): the agent's follower polls the task with a handful of
 tasks for all of them. Its *wake* (:func:`wake`) puts the turn back at the head of its
-route's queue: the pump takes the lease again, claims the operation (still ``following``,
-under the new fence) and runs the agent, which answers — reply staged with the terminal
+route's queue: the pump takes the lease again, reads the operation (still ``following``;
+its answer is staged by compare-and-swap on that version under the new fence) and runs the
+agent, which answers — reply staged with the terminal
 state, delivered, the next queued turn started — or parks again. ``/cancel`` wakes it with
 :attr:`~._routes.Turn.cancel_remote` (:func:`cancel_parked`); ``stop()`` forgets it
 (:func:`unpark_at_stop`): the operation stays ``following`` for the next runtime.
@@ -208,10 +209,26 @@ def unpark_at_stop(core: Core, route: Route) -> bool:
 
 
 async def claim_following(core: Core, turn: Turn, fence: int | None) -> bool:
-    """The claim of a ``following`` operation recovered after a restart: the state is kept
-    (the remote task is followed, not run again), ``attempts`` + 1, under the lease fence.
-    False when the record is no longer ``following`` (settled meanwhile)."""
+    """The claim of a ``following`` operation before its run. False when the record is no
+    longer ``following`` (settled meanwhile).
+
+    Recovered after a restart (or from another instance, :func:`._resume.follow_orphans`):
+    the state is kept (the remote task is followed, not run again), ``attempts`` + 1, under
+    the lease fence. A turn parked here and woken by its follower (``turn.following``) was
+    claimed when it first ran: its record is read, not written — one journal write fewer per
+    answered task. Its answer is staged by compare-and-swap on the version read here, under
+    the fence of the lease its pump holds now, so a claim by anyone else meanwhile (another
+    instance that took the conversation over) makes that answer's commit fail: never two
+    answers."""
     if core.journal is None:
+        return True
+    if turn.following:
+        current = await core.journal.load_operation(
+            turn.scope, turn.event.connection_id, turn.operation_id
+        )
+        if current is None or current.record.state != FOLLOWING_STATE:
+            return False
+        turn.op = current
         return True
 
     def claimed(record: OperationRecord) -> dict[str, int]:

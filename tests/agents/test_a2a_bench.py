@@ -19,5 +19,8 @@ async def test_the_a2a_bench_scenario_follows_pushes_and_answers_every_task(
     assert followed["count"] == 20 and followed["polls"] >= 20
     assert followed["rss_bytes_per_task"] > 0 and followed["cpu_ms_per_poll"] > 0
     assert figures["a2a_push_ingest"]["count"] == 20
+    assert figures["a2a_push_ingest"]["cpu_ms_per_push"] > 0
+    assert figures["a2a_push_apply"]["count"] == 20
+    assert figures["a2a_push_apply"]["per_s"] > 0
     assert figures["a2a_completions"]["count"] == 20
     assert figures["a2a_completions"]["per_s"] > 0

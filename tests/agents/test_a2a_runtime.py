@@ -73,6 +73,13 @@ async def test_long_task_is_followed_then_answered_once(dialect: str, mem: Memor
                 await wait_until(lambda: bool(h.replies))
                 assert h.last().text == "first\n\nsecond"
                 assert h.last().kind == "final"
+                # The woken turn read its operation instead of claiming it a second time:
+                # the answer was staged by CAS on that version, one write fewer.
+                settled = await mem.checkpoints.load_checkpoint(
+                    namespace=NS_OPERATION, key=row.key, scope=row.scope
+                )
+                assert settled is not None and settled.value["state"] == "succeeded"
+                assert settled.value["attempts"] == 1
                 # The next message continues the same context (a new task).
                 assert (await h.runtime.admit(event("2", "more"))).status == "accepted"
                 await h.settle()
