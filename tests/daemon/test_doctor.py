@@ -16,6 +16,7 @@ from prismd.cli import _doctor as doctor
 from prismd.cli._doctor import _clock, diagnose
 from prismd.cli._finding import Finding
 from stores import migrate_store
+from stores.postgres._schema import LATEST
 from tests.fakes.openai_api import start_fake_openai
 from tests.fakes.telegram_api import start_fake
 from tests.support import pgserver
@@ -124,7 +125,8 @@ async def test_a_broken_setup_names_each_broken_piece(tmp_path: Path) -> None:
     url = pgserver.fresh_url("doc")
     await migrate_store(url)
     schema = pgserver.schema_of(url)
-    await pgserver.query(url, f'DELETE FROM "{schema}".prism_schema_migrations WHERE version = 2')
+    # As if this build's migrations after the first were not applied yet.
+    await pgserver.query(url, f'DELETE FROM "{schema}".prism_schema_migrations WHERE version > 1')
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     with trio.fail_after(DEADLINE):
@@ -173,7 +175,10 @@ model = "llama"
         f"control socket {blocker / 'run' / 'control.sock'}",
     }, lines
     pg = next(f for f in findings if f.component.startswith("PostgreSQL"))
-    assert pg.text == "schema at version 1 of 2 (pending: 2); run prismd migrate --config …"
+    pending = ", ".join(str(v) for v in range(2, LATEST + 1))
+    assert pg.text == (
+        f"schema at version 1 of {LATEST} (pending: {pending}); run prismd migrate --config …"
+    )
     assert found["Telegram tg-main"].text.startswith(
         "Telegram refused the token (HTTP 401); check TG_TOKEN"
     )

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+from stores.postgres._schema import LATEST
 from tests.fakes.telegram_api import start_fake
 from tests.support import pgserver
 
@@ -174,16 +175,21 @@ def test_prismd_migrate_and_check(tmp_path: Path, url: str) -> None:
     checked = prismd(tmp_path, "migrate", "--check", "--config", config)
     assert checked.returncode == 1, checked.stderr
     schema = pgserver.schema_of(url)
-    assert f"schema {schema} at version 0 of 2; pending: 1, 2" in checked.stdout
+    every = ", ".join(str(v) for v in range(1, LATEST + 1))
+    assert f"schema {schema} at version 0 of {LATEST}; pending: {every}" in checked.stdout
     assert pgserver.run_sql(url, "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
     applied = prismd(tmp_path, "migrate", "--config", config)
     assert applied.returncode == 0, applied.stderr
-    assert applied.stdout.strip().endswith(f"schema {schema} at version 2 of 2; applied 1, 2")
+    assert applied.stdout.strip().endswith(
+        f"schema {schema} at version {LATEST} of {LATEST}; applied {every}"
+    )
     again = prismd(tmp_path, "migrate", "--config", config)
     assert again.returncode == 0 and again.stdout.strip().endswith("up to date")
     assert prismd(tmp_path, "migrate", "--check", "--config", config).returncode == 0
     pgserver.run_sql(
-        url, f"INSERT INTO {table(url, 'prism_schema_migrations')} VALUES (3, 'x', 'x', now())"
+        url,
+        f"INSERT INTO {table(url, 'prism_schema_migrations')}"
+        f" VALUES ({LATEST + 1}, 'x', 'x', now())",
     )
     newer = prismd(tmp_path, "migrate", "--check", "--config", config)
     assert newer.returncode == 1 and "newer than this prismd knows" in newer.stderr
