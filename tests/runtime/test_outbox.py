@@ -22,6 +22,7 @@ from tests.support.builders import event, identity
 from tests.support.clocks import TrioClock
 from tests.support.harness import Host
 from tests.support.scripted import ScriptedAgent
+from tests.support.waiting import wait_until_async
 
 
 async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_their_order(
@@ -69,9 +70,15 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
             # The first reply's send hangs; the two turns behind it still run.
             await third_run.wait()
             assert sent == []
-            # Staged and unsent: listed while the send is open, the route still held.
-            unresolved = await rt.list_unresolved(identity=identity())
-            assert sorted(e.reply_state or "" for e in unresolved) == ["pending"] * 3, unresolved
+            # Staged and unsent: listed while the send is open, the route still held. (The
+            # third run has started; its end commits a moment later.)
+
+            async def three_pending() -> bool:
+                unresolved = await rt.list_unresolved(identity=identity())
+                return sorted(e.reply_state or "" for e in unresolved) == ["pending"] * 3
+
+            await wait_until_async(three_pending, step=0.01)
+            assert sent == []
             assert "chat-1" in rt.busy_conversations("tg-1")
             release.set()
             assert (await rt.drain(deadline_ms=20_000)).settled
