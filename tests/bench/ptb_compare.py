@@ -18,7 +18,8 @@ the bot starts; the bot under test is a subprocess — ``prismd run`` (SQLite jo
 the bot's CPU (user + system, every thread, from ``/proc``) per update, and its Bot API
 requests per update (``getUpdates`` included). Each round runs both bots with the fake's
 sockets on ``TCP_NODELAY`` and without it (Nagle on, the default of most servers),
-alternating which bot goes first.
+alternating which bot goes first. ``--prismd-only`` / ``--ptb-only`` run one of them (to
+alternate two builds of prismd with PTB between them, each run from its own checkout).
 
 ``--httpx N``: also N sequential ``POST sendMessage`` through one ``httpx.AsyncClient`` in
 a subprocess on Trio and in one on asyncio (the same library, the same fake): the client
