@@ -3,8 +3,8 @@
 :class:`TelegramAdapter` is the adapter (:mod:`._adapter`; :mod:`._kind` is its connection
 kind, :data:`KIND`), wiring parts of one job each: :mod:`._poller` (long polling, durable
 offset), :mod:`._webhook` (the webhook server), :mod:`._inbox` (the webhook's durable
-inbox), :mod:`._updates` (one update → ``admit``), :mod:`._send` (replies, typing; their
-Markdown rendered by :mod:`._format`), :mod:`._files` (a reply's files), :mod:`._drafts`
+inbox), :mod:`._updates` (one update → ``admit``), :mod:`._send` (replies as Telegram HTML,
+typing), :mod:`._files` (a reply's files), :mod:`._drafts`
 (streaming previews); :mod:`._api` is the Bot API client with the receiving side's status,
 :mod:`._parse` the update → event mapping with the files an event refers to.
 """

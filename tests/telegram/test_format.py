@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.telegram._format import to_telegram_html, visible_text, well_formed
+from adapters.telegram._send import to_telegram_html, visible_text, well_formed
 from prismd.channel import Button, Reply, ReplyKind
 from tests.fakes.telegram_api import ApiError, FakeBotApi, parse_html
 
