@@ -259,8 +259,8 @@ class SaveCheckpoint(NamedTuple):
     ``value_json`` / ``metadata_json``: the value (and the metadata, a JSON object) already
     encoded as compact JSON, as :func:`stores.compact_json` makes it, by a caller that built
     them (the journal, an agent's transcript): stored as given, so they are encoded once;
-    their size is still checked. Give ``value`` or ``value_json``, ``metadata`` or
-    ``metadata_json``: not both."""
+    their size is still checked. Give ``value`` (``None`` is JSON ``null``) or
+    ``value_json``, ``metadata`` or ``metadata_json``: not both."""
 
     namespace: str
     key: str

@@ -21,11 +21,12 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import trio
 
-from stores import LeaseRecord, LeaseStore, OwnershipScope
+from stores import LeaseRecord, LeaseStore
 
 from ..journal import NS_BINDING
 from ..limits import Limits
@@ -262,24 +263,11 @@ class LoggedLeases:
     inner: LeaseStore
     _held: set[str] = attrs.field(factory=set, init=False)
 
-    async def try_acquire_lease(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        owner_id: str,
-        ttl_ms: int,
-        adopt: bool = False,
-    ) -> LeaseRecord | None:
-        lease = await self.inner.try_acquire_lease(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            owner_id=owner_id,
-            ttl_ms=ttl_ms,
-            adopt=adopt,
-        )
+    # Each call takes the lease store's keyword arguments unchanged.
+
+    async def try_acquire_lease(self, **call: Any) -> LeaseRecord | None:
+        lease = await self.inner.try_acquire_lease(**call)
+        key = call["key"]
         if key in self._held:
             self._lost(key, "expired before renewal")
         if lease is not None:
@@ -291,48 +279,26 @@ class LoggedLeases:
         )
         return lease
 
-    async def renew_lease(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        owner_id: str,
-        token: str,
-        ttl_ms: int,
-    ) -> LeaseRecord | None:
-        lease = await self.inner.renew_lease(
-            namespace=namespace,
-            key=key,
-            scope=scope,
-            owner_id=owner_id,
-            token=token,
-            ttl_ms=ttl_ms,
-        )
+    async def renew_lease(self, **call: Any) -> LeaseRecord | None:
+        lease = await self.inner.renew_lease(**call)
         if lease is None:
-            self._lost(key, "not renewable")
+            self._lost(call["key"], "not renewable")
         else:
-            log.debug("binding lease renewed: route %s", route_tag(key))
+            log.debug("binding lease renewed: route %s", route_tag(call["key"]))
         return lease
 
-    async def release_lease(
-        self, *, namespace: str, key: str, scope: OwnershipScope, owner_id: str, token: str
-    ) -> bool:
-        released = await self.inner.release_lease(
-            namespace=namespace, key=key, scope=scope, owner_id=owner_id, token=token
-        )
-        self._held.discard(key)
+    async def release_lease(self, **call: Any) -> bool:
+        released = await self.inner.release_lease(**call)
+        self._held.discard(call["key"])
         log.debug(
             "binding lease %s: route %s",
             "released" if released else "already gone at release",
-            route_tag(key),
+            route_tag(call["key"]),
         )
         return released
 
-    async def get_lease(
-        self, *, namespace: str, key: str, scope: OwnershipScope
-    ) -> LeaseRecord | None:
-        return await self.inner.get_lease(namespace=namespace, key=key, scope=scope)
+    async def get_lease(self, **call: Any) -> LeaseRecord | None:
+        return await self.inner.get_lease(**call)
 
     def _lost(self, key: str, why: str) -> None:
         self._held.discard(key)
