@@ -78,6 +78,7 @@ PINNED: dict[str, list[str]] = {
         "button_lines",
         "chunk_text",
         "close_gracefully",
+        "connection_service_scope",
         "is_loopback_host",
         "open_jsonrpc_client",
         "origin_problem",

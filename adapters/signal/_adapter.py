@@ -51,6 +51,7 @@ from ..toolkit import (
     JsonRpcTimeoutError,
     ReceiverLease,
     RpcError,
+    connection_service_scope,
 )
 from ._client import Endpoint, SignalUnreachableError, open_request_client
 from ._filter import NotificationFilter
@@ -133,26 +134,14 @@ class SignalAdapter:
 
     def __attrs_post_init__(self) -> None:
         if self.service_scope is None:
-            self.service_scope = OwnershipScope(
-                tenant_id="prismd-service", account_id=self.connection_id
-            )
+            self.service_scope = connection_service_scope(self.connection_id)
         if self.max_reconnect_delay_s < self.reconnect_delay_s:
             raise ValueError("max_reconnect_delay_s must be at least reconnect_delay_s")
         self.endpoint = Endpoint(socket=self.socket, tcp=self.tcp)
         rng = self.random if self.random is not None else _random.Random()
         self._status = SignalStatus(self.connection_id)
-        self._lease = ReceiverLease(
-            leases=self.store.leases,
-            namespace=RECEIVER_NAMESPACE,
-            key=f"r1:{self.connection_id}",
-            scope=self.service_scope,
-            owner_id=self.owner_id,
-            ttl_ms=self.lease_ttl_ms,
-            adopt=self.adopt,
-            label=f"signal {self.connection_id}",
-            log=log,
-            random=rng,
-            clock=self.clock,
+        self._lease = ReceiverLease.for_adapter(
+            self, kind="signal", namespace=RECEIVER_NAMESPACE, log=log, random=rng
         )
         self._receiver = Receiver(
             connection_id=self.connection_id,

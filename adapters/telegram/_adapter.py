@@ -51,7 +51,7 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..toolkit import ReceiverLease
+from ..toolkit import ReceiverLease, connection_service_scope
 from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate_api_origin
 from ._drafts import DraftStreamer
 from ._files import send_file
@@ -170,9 +170,7 @@ class TelegramAdapter:
 
     def __attrs_post_init__(self) -> None:
         if self.service_scope is None:
-            self.service_scope = OwnershipScope(
-                tenant_id="prismd-service", account_id=self.connection_id
-            )
+            self.service_scope = connection_service_scope(self.connection_id)
         if self.mode not in ("polling", "webhook"):
             raise ValueError("mode must be 'polling' or 'webhook'")
         if self.webhook_inbox and self.mode != "webhook":
@@ -205,18 +203,8 @@ class TelegramAdapter:
             read_timeout_s=float(self.poll_timeout_s + 15),
         )
         self._status = ReceiverStatus(self.connection_id)
-        self._lease = ReceiverLease(
-            leases=self.store.leases,
-            namespace=RECEIVER_NAMESPACE,
-            key=f"r1:{self.connection_id}",
-            scope=self.service_scope,
-            owner_id=self.owner_id,
-            ttl_ms=self.lease_ttl_ms,
-            adopt=self.adopt,
-            label=f"telegram {self.connection_id}",
-            log=log,
-            random=rng,
-            clock=self.clock,
+        self._lease = ReceiverLease.for_adapter(
+            self, kind="telegram", namespace=RECEIVER_NAMESPACE, log=log, random=rng
         )
         self._sender = TelegramSender(
             connection_id=self.connection_id, api=self._api, synthesize=self.synthesize

@@ -66,6 +66,7 @@ from ._receiver import Backoff as Backoff
 from ._receiver import Interrupts as Interrupts
 from ._receiver import LeaseLostError as LeaseLostError
 from ._receiver import ReceiverLease as ReceiverLease
+from ._receiver import connection_service_scope as connection_service_scope
 from ._streams import close_gracefully as close_gracefully
 from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
 from ._throttle import LogThrottle as LogThrottle
