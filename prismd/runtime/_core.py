@@ -440,6 +440,33 @@ def authorize_input(event: InboundEvent, action: Action, received_at_ms: int) ->
     )
 
 
+async def authorize_actor(
+    core: Core,
+    connection_id: str,
+    external_conversation_id: str,
+    actor_id: str,
+    thread_id: str | None,
+    *,
+    action: Action,
+    event_id: str = "",
+) -> Grant | None:
+    """What ``authorize`` answers now about an actor outside any message of theirs (a
+    notice to them, their conversation's history): no text, no claims. Raises what
+    ``authorize`` raises."""
+    return await core.authorize(
+        AuthorizeInput(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=actor_id,
+            thread_id=thread_id,
+            received_at_ms=core.now_ms(),
+            action=action,
+            event_id=event_id,
+            text="",
+        )
+    )
+
+
 def check_grant(core: Core, grant: object) -> str | None:
     """The denial reason for a grant, or None when usable (§2.2 order)."""
     if not isinstance(grant, Grant) or grant.identity is None:

@@ -206,13 +206,15 @@ class Runtime:
         first (the agent's side only: inbound text is not kept). Never raises."""
         if self._open is None:
             return []
-        return await _delivery.recent_replies(
+        return await _delivery.past_replies(
             self._core,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            actor_id=external_actor_id,
-            thread_id=thread_id,
-            limit=limit,
+            _delivery.delivered_replies,
+            _delivery.MAX_HISTORY,
+            connection_id,
+            external_conversation_id,
+            external_actor_id,
+            thread_id,
+            limit,
         )
 
     async def unanswered_notices(
@@ -227,15 +229,17 @@ class Runtime:
         """Notices for the conversation's messages an operator settled unanswered within
         retention, oldest first, as past replies (see :mod:`prismd.runtime._unanswered`);
         ``[]`` for a connection without ``tells_unanswered``. Never raises."""
-        if self._open is None:
+        if self._open is None or not _unanswered.tells_unanswered(self._core, connection_id):
             return []
-        return await _unanswered.unanswered_notices(
+        return await _delivery.past_replies(
             self._core,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            actor_id=external_actor_id,
-            thread_id=thread_id,
-            limit=limit,
+            _unanswered.unanswered_notices,
+            _unanswered.MAX_NOTICES,
+            connection_id,
+            external_conversation_id,
+            external_actor_id,
+            thread_id,
+            limit,
         )
 
     async def create_pairing(
