@@ -40,6 +40,8 @@ from ._budgets import Slot as Slot
 from ._budgets import serve_limited as serve_limited
 from ._config import TokenConnection as TokenConnection
 from ._config import api_origin as api_origin
+from ._config import bounded_field as bounded_field
+from ._config import check_connection_id as check_connection_id
 from ._config import token_keys as token_keys
 from ._config import typing_delay_ms as typing_delay_ms
 from ._http import HttpError as HttpError
