@@ -56,7 +56,7 @@ from ..journal import (
 from ..limits import Limits
 from ..redact import Redactor, bound_detail
 from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases
-from ._routes import Route, Routes, Selections, acquire_promptly
+from ._routes import Route, Routes, Selections, Turn, acquire_promptly
 from .api import Authorize, Diagnostics, ResolveAgent, ResolveAgentInput, ResolveBinding
 
 COUNTER_NAMES = (
@@ -465,6 +465,20 @@ async def authorize_actor(
             text="",
         )
     )
+
+
+async def cancel_queued(core: Core, turn: Turn, error_code: str) -> None:
+    """Settle a queued turn's operation ``cancelled`` with ``error_code`` (only while it is
+    still ``accepted``), and the turn with it."""
+    await core.settle_operation(
+        turn.scope,
+        turn.event.connection_id,
+        turn.operation_id,
+        "cancelled",
+        error_code=error_code,
+        only_from=frozenset({"accepted"}),
+    )
+    turn.settled = True
 
 
 def check_grant(core: Core, grant: object) -> str | None:

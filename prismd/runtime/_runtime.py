@@ -26,7 +26,7 @@ from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
-from ._core import Core, FetchAttachment
+from ._core import Core, FetchAttachment, cancel_queued
 from ._following import unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from .api import (
@@ -319,15 +319,7 @@ class Runtime:
                     turn.cancelled = True
                     turn.cancel_counted = True
                     core.count("cancelled")
-                    await core.settle_operation(
-                        turn.scope,
-                        turn.event.connection_id,
-                        turn.operation_id,
-                        "cancelled",
-                        error_code="cancelled_at_shutdown",
-                        only_from=frozenset({"accepted"}),
-                    )
-                    turn.settled = True
+                    await cancel_queued(core, turn, "cancelled_at_shutdown")
                 active = route.active
                 if active is not None:
                     if active.state == "waiting" and active.turn is not None:
