@@ -24,7 +24,6 @@ from __future__ import annotations
 import random as _random
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 import trio
@@ -51,6 +50,9 @@ from ..toolkit import (
     JsonRpcTimeoutError,
     ReceiverLease,
     RpcError,
+    bounded_field,
+    check_connection_id,
+    connection_service_scope,
 )
 from ._client import Endpoint, SignalUnreachableError, open_request_client
 from ._filter import NotificationFilter
@@ -66,21 +68,6 @@ ACCOUNT_RE = re.compile(r"^\+[0-9]{1,20}$")
 """The account as signal-cli's ``-a`` takes it: the phone number in international format."""
 
 
-def _bounded(default: float, low: float, high: float) -> Any:
-    """A field of ``default`` that must stay in ``low..high``: a whole number when the
-    default is one, else any number; the error names the field."""
-    integer = isinstance(default, int)
-
-    def check(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        what = attribute.name
-        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-            raise ValueError(f"{what} must be {'an integer' if integer else 'a number'}")
-        if not low <= value <= high:
-            raise ValueError(f"{what} must be in {low:g}..{high:g}")
-
-    return attrs.field(default=default, validator=check)
-
-
 @attrs.define(eq=False, kw_only=True)
 class SignalAdapter:
     """The Signal channel adapter (implements :class:`prismd.channel.ChannelAdapter`).
@@ -89,7 +76,7 @@ class SignalAdapter:
     when signal-cli serves another account); ``send`` works whether or not ``run`` runs.
     """
 
-    connection_id: str = attrs.field()
+    connection_id: str = attrs.field(validator=check_connection_id)
     account: str = attrs.field(repr=False)
     admit: Admit
     store: Store
@@ -99,15 +86,15 @@ class SignalAdapter:
     allow_groups: bool = False
     service_scope: OwnershipScope = attrs.field(default=None)
     adopt: bool = True
-    lease_ttl_ms: int = _bounded(90_000, 5_000, 300_000)
-    request_timeout_s: float = _bounded(10.0, 0.1, 60.0)
-    send_timeout_s: float = _bounded(60.0, 0.1, 300.0)
-    max_frame_bytes: int = _bounded(128 * 1024, 1024, 512 * 1024)
-    max_pending_requests: int = _bounded(16, 1, 64)
-    max_pending_events: int = _bounded(32, 1, 128)
-    reconnect_delay_s: float = _bounded(1.0, 0.001, 60.0)
-    max_reconnect_delay_s: float = _bounded(30.0, 0.001, 60.0)
-    typing_delay_ms: int = _bounded(DEFAULT_TYPING_DELAY_MS, 0, MAX_TYPING_DELAY_MS)
+    lease_ttl_ms: int = bounded_field(90_000, 5_000, 300_000)
+    request_timeout_s: float = bounded_field(10.0, 0.1, 60.0)
+    send_timeout_s: float = bounded_field(60.0, 0.1, 300.0)
+    max_frame_bytes: int = bounded_field(128 * 1024, 1024, 512 * 1024)
+    max_pending_requests: int = bounded_field(16, 1, 64)
+    max_pending_events: int = bounded_field(32, 1, 128)
+    reconnect_delay_s: float = bounded_field(1.0, 0.001, 60.0)
+    max_reconnect_delay_s: float = bounded_field(30.0, 0.001, 60.0)
+    typing_delay_ms: int = bounded_field(DEFAULT_TYPING_DELAY_MS, 0, MAX_TYPING_DELAY_MS)
     """How long a turn runs before its typing indicator starts (declared in
     :attr:`features`; the runtime keeps the time, the same rule as Telegram's)."""
     clock: Clock = SYSTEM_CLOCK
@@ -121,11 +108,6 @@ class SignalAdapter:
     _receiver: Receiver = attrs.field(init=False)
     _sender: SignalSender = attrs.field(init=False)
 
-    @connection_id.validator
-    def _check_connection(self, _a: object, value: str) -> None:
-        if not isinstance(value, str) or not value or len(value.encode()) > 256:
-            raise ValueError("connection_id must be a non-empty string of at most 256 bytes")
-
     @account.validator
     def _check_account(self, _a: object, value: str) -> None:
         if not isinstance(value, str) or not ACCOUNT_RE.fullmatch(value):
@@ -133,26 +115,14 @@ class SignalAdapter:
 
     def __attrs_post_init__(self) -> None:
         if self.service_scope is None:
-            self.service_scope = OwnershipScope(
-                tenant_id="prismd-service", account_id=self.connection_id
-            )
+            self.service_scope = connection_service_scope(self.connection_id)
         if self.max_reconnect_delay_s < self.reconnect_delay_s:
             raise ValueError("max_reconnect_delay_s must be at least reconnect_delay_s")
         self.endpoint = Endpoint(socket=self.socket, tcp=self.tcp)
         rng = self.random if self.random is not None else _random.Random()
         self._status = SignalStatus(self.connection_id)
-        self._lease = ReceiverLease(
-            leases=self.store.leases,
-            namespace=RECEIVER_NAMESPACE,
-            key=f"r1:{self.connection_id}",
-            scope=self.service_scope,
-            owner_id=self.owner_id,
-            ttl_ms=self.lease_ttl_ms,
-            adopt=self.adopt,
-            label=f"signal {self.connection_id}",
-            log=log,
-            random=rng,
-            clock=self.clock,
+        self._lease = ReceiverLease.for_adapter(
+            self, kind="signal", namespace=RECEIVER_NAMESPACE, log=log, random=rng
         )
         self._receiver = Receiver(
             connection_id=self.connection_id,

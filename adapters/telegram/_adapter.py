@@ -51,7 +51,12 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
-from ..toolkit import ReceiverLease
+from ..toolkit import (
+    ReceiverLease,
+    bounded_field,
+    check_connection_id,
+    connection_service_scope,
+)
 from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate_api_origin
 from ._drafts import DraftStreamer
 from ._files import send_file
@@ -87,7 +92,7 @@ class TelegramAdapter:
     not running.
     """
 
-    connection_id: str = attrs.field()
+    connection_id: str = attrs.field(validator=check_connection_id)
     token: Callable[[], str] = attrs.field(repr=False)
     admit: Admit
     store: Store
@@ -106,13 +111,13 @@ class TelegramAdapter:
     """The runtime's conversations still in work here (inbox mode keeps their order)."""
     allow_groups: bool = False
     send_drafts: bool = False
-    poll_timeout_s: int = attrs.field(default=30)
-    poll_limit: int = attrs.field(default=100)
+    poll_timeout_s: int = bounded_field(30, 1, 50)
+    poll_limit: int = bounded_field(100, 1, 100)
     typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS)
     """How long a turn runs before ``sendChatAction`` starts (declared in :attr:`features`;
     the runtime keeps the time)."""
     lease_ttl_ms: int = 90_000
-    max_attachment_bytes: int = attrs.field(default=1024 * 1024)
+    max_attachment_bytes: int = bounded_field(1024 * 1024, 1, MAX_ATTACHMENT_BYTES_CAP)
     max_request_bytes: int = 128 * 1024
     clock: Clock = SYSTEM_CLOCK
     transport: Any = None
@@ -138,41 +143,17 @@ class TelegramAdapter:
     _inbox_worker: InboxWorker | None = attrs.field(default=None, init=False)
     _features: tuple[_MadeOf, AdapterFeatures] | None = attrs.field(default=None, init=False)
 
-    @connection_id.validator
-    def _check_connection(self, _a: object, value: str) -> None:
-        if not isinstance(value, str) or not value or len(value.encode()) > 256:
-            raise ValueError("connection_id must be a non-empty string of at most 256 bytes")
-
     @api_origin.validator
     def _check_origin(self, _a: object, value: str) -> None:
         validate_api_origin(value)
-
-    @poll_timeout_s.validator
-    def _check_poll_timeout(self, _a: object, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 50:
-            raise ValueError("poll_timeout_s must be an integer in 1..50")
 
     @typing_delay_ms.validator
     def _check_typing_delay(self, _a: object, value: int) -> None:
         AdapterFeatures(typing=True, typing_delay_ms=value)  # one rule: the record's
 
-    @poll_limit.validator
-    def _check_poll_limit(self, _a: object, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
-            raise ValueError("poll_limit must be an integer in 1..100")
-
-    @max_attachment_bytes.validator
-    def _check_attachment_cap(self, _a: object, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError("max_attachment_bytes must be an integer")
-        if not 1 <= value <= MAX_ATTACHMENT_BYTES_CAP:
-            raise ValueError("max_attachment_bytes must be in 1..4 MiB")
-
     def __attrs_post_init__(self) -> None:
         if self.service_scope is None:
-            self.service_scope = OwnershipScope(
-                tenant_id="prismd-service", account_id=self.connection_id
-            )
+            self.service_scope = connection_service_scope(self.connection_id)
         if self.mode not in ("polling", "webhook"):
             raise ValueError("mode must be 'polling' or 'webhook'")
         if self.webhook_inbox and self.mode != "webhook":
@@ -205,18 +186,8 @@ class TelegramAdapter:
             read_timeout_s=float(self.poll_timeout_s + 15),
         )
         self._status = ReceiverStatus(self.connection_id)
-        self._lease = ReceiverLease(
-            leases=self.store.leases,
-            namespace=RECEIVER_NAMESPACE,
-            key=f"r1:{self.connection_id}",
-            scope=self.service_scope,
-            owner_id=self.owner_id,
-            ttl_ms=self.lease_ttl_ms,
-            adopt=self.adopt,
-            label=f"telegram {self.connection_id}",
-            log=log,
-            random=rng,
-            clock=self.clock,
+        self._lease = ReceiverLease.for_adapter(
+            self, kind="telegram", namespace=RECEIVER_NAMESPACE, log=log, random=rng
         )
         self._sender = TelegramSender(
             connection_id=self.connection_id, api=self._api, synthesize=self.synthesize

@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import trio
 
-from prismd.channel import ApprovalInput, AttachmentRef, InboundEvent
+from prismd.channel import ApprovalInput, AttachmentKind, AttachmentRef, InboundEvent
 from prismd.redact import LONE_SURROGATE_RE, replace_surrogates, utf8_len
 
 from ._api import TelegramApi, TelegramError
@@ -141,6 +141,28 @@ def _size(value: object) -> int:
     return min(value, MAX_SAFE_INTEGER)
 
 
+def _file_ref(
+    kind: AttachmentKind,
+    file: Mapping[str, Any],
+    connection_id: str | None,
+    described: tuple[str, ...] = (),
+) -> AttachmentRef:
+    """The ref of one Telegram file object; ``described`` names the optional ``mime_type`` /
+    ``file_name`` fields its kind carries (a photo size carries neither)."""
+
+    def field(name: str) -> str | None:
+        return _bounded_str(file.get(name), MAX_REF_BYTES) if name in described else None
+
+    return AttachmentRef(
+        kind=kind,
+        transport_file_id=file["file_id"],
+        byte_length=_size(file.get("file_size")),
+        mime_type=field("mime_type"),
+        file_name=field("file_name"),
+        connection_id=connection_id,
+    )
+
+
 def attachment_refs(
     message: Mapping[str, Any], connection_id: str | None = None
 ) -> tuple[AttachmentRef, ...]:
@@ -156,37 +178,15 @@ def attachment_refs(
             if best is None or _size(size.get("file_size")) >= _size(best.get("file_size")):
                 best = size
         if best is not None:
-            refs.append(
-                AttachmentRef(
-                    kind="image",
-                    transport_file_id=best["file_id"],
-                    byte_length=_size(best.get("file_size")),
-                    connection_id=connection_id,
-                )
-            )
-    voice = message.get("voice")
-    if isinstance(voice, Mapping) and _bounded_str(voice.get("file_id"), 256):
-        refs.append(
-            AttachmentRef(
-                kind="voice",
-                transport_file_id=voice["file_id"],
-                byte_length=_size(voice.get("file_size")),
-                mime_type=_bounded_str(voice.get("mime_type"), MAX_REF_BYTES),
-                connection_id=connection_id,
-            )
-        )
-    document = message.get("document")
-    if isinstance(document, Mapping) and _bounded_str(document.get("file_id"), 256):
-        refs.append(
-            AttachmentRef(
-                kind="document",
-                transport_file_id=document["file_id"],
-                byte_length=_size(document.get("file_size")),
-                mime_type=_bounded_str(document.get("mime_type"), MAX_REF_BYTES),
-                file_name=_bounded_str(document.get("file_name"), MAX_REF_BYTES),
-                connection_id=connection_id,
-            )
-        )
+            refs.append(_file_ref("image", best, connection_id))
+    described_files: tuple[tuple[AttachmentKind, tuple[str, ...]], ...] = (
+        ("voice", ("mime_type",)),
+        ("document", ("mime_type", "file_name")),
+    )
+    for kind, described in described_files:
+        file = message.get(kind)
+        if isinstance(file, Mapping) and _bounded_str(file.get("file_id"), 256):
+            refs.append(_file_ref(kind, file, connection_id, described))
     return tuple(refs[:MAX_ATTACHMENTS])
 
 

@@ -40,6 +40,8 @@ from ._budgets import Slot as Slot
 from ._budgets import serve_limited as serve_limited
 from ._config import TokenConnection as TokenConnection
 from ._config import api_origin as api_origin
+from ._config import bounded_field as bounded_field
+from ._config import check_connection_id as check_connection_id
 from ._config import token_keys as token_keys
 from ._config import typing_delay_ms as typing_delay_ms
 from ._http import HttpError as HttpError
@@ -66,6 +68,7 @@ from ._receiver import Backoff as Backoff
 from ._receiver import Interrupts as Interrupts
 from ._receiver import LeaseLostError as LeaseLostError
 from ._receiver import ReceiverLease as ReceiverLease
+from ._receiver import connection_service_scope as connection_service_scope
 from ._streams import close_gracefully as close_gracefully
 from ._throttle import LOG_INTERVAL_S as LOG_INTERVAL_S
 from ._throttle import LogThrottle as LogThrottle

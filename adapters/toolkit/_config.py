@@ -4,6 +4,8 @@ and ``typing_delay_ms``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from prismd.channel import (
@@ -16,7 +18,14 @@ from prismd.channel import (
 
 from ._net import origin_problem
 
-__all__ = ["TokenConnection", "api_origin", "token_keys", "typing_delay_ms"]
+__all__ = [
+    "TokenConnection",
+    "api_origin",
+    "bounded_field",
+    "check_connection_id",
+    "token_keys",
+    "typing_delay_ms",
+]
 
 
 @attrs.frozen
@@ -66,3 +75,31 @@ def typing_delay_ms(table: ConfigTable) -> int:
         "typing_delay_ms", DEFAULT_TYPING_DELAY_MS, low=0, high=MAX_TYPING_DELAY_MS
     )
     return delay
+
+
+# --------------------------------------------------------------------------- adapter fields
+
+
+def check_connection_id(_instance: object, _attribute: attrs.Attribute[str], value: Any) -> None:
+    """The validator of an adapter's ``connection_id``."""
+    if not isinstance(value, str) or not value or len(value.encode()) > 256:
+        raise ValueError("connection_id must be a non-empty string of at most 256 bytes")
+
+
+def bounded_field(default: float, low: float, high: float) -> Any:
+    """A field of ``default`` that must stay in ``low..high``: a whole number when the
+    default is one, else any number; the error names the field."""
+    integer = isinstance(default, int)
+
+    def check(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        what = attribute.name
+        if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+            raise ValueError(f"{what} must be {'an integer' if integer else 'a number'}")
+        if not low <= value <= high:
+            raise ValueError(f"{what} must be in {_number(low)}..{_number(high)}")
+
+    return attrs.field(default=default, validator=check)
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"

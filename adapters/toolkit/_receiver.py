@@ -56,12 +56,12 @@ import logging
 import random as _random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
 
-from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope, ms_to_iso
+from stores import SYSTEM_CLOCK, Clock, LeaseRecord, LeaseStore, OwnershipScope, Store, ms_to_iso
 
 __all__ = [
     "ACTIVITY_FIELDS",
@@ -70,6 +70,8 @@ __all__ = [
     "Interrupts",
     "LeaseLostError",
     "ReceiverLease",
+    "ReceivingAdapter",
+    "connection_service_scope",
 ]
 
 _E = TypeVar("_E")
@@ -158,6 +160,24 @@ class LeaseLostError(Exception):
         super().__init__(message)
 
 
+def connection_service_scope(connection_id: str) -> OwnershipScope:
+    """The scope a connection's own records (its receiver lease, offsets, inbox) live under
+    when the adapter is given none."""
+    return OwnershipScope(tenant_id="prismd-service", account_id=connection_id)
+
+
+class ReceivingAdapter(Protocol):
+    """What :meth:`ReceiverLease.for_adapter` reads of an adapter (its own fields)."""
+
+    connection_id: str
+    store: Store
+    service_scope: OwnershipScope
+    owner_id: str
+    lease_ttl_ms: int
+    adopt: bool
+    clock: Clock
+
+
 @attrs.define(eq=False, kw_only=True)
 class ReceiverLease:
     """One receiver lease (see the module docstring). Not reentrant: one receiver uses it."""
@@ -182,6 +202,32 @@ class ReceiverLease:
     _renew_at: float = attrs.field(default=0.0, init=False)
     _lost: bool = attrs.field(default=False, init=False)
     _guards: Interrupts = attrs.field(factory=Interrupts, init=False, repr=False)
+
+    @classmethod
+    def for_adapter(
+        cls,
+        adapter: ReceivingAdapter,
+        *,
+        kind: str,
+        namespace: str,
+        log: logging.Logger,
+        random: _random.Random,
+    ) -> ReceiverLease:
+        """The receiver lease of ``adapter``'s connection: key ``r1:<connection id>`` in
+        ``namespace``, under its service scope, logged as ``<kind> <connection id>``."""
+        return cls(
+            leases=adapter.store.leases,
+            namespace=namespace,
+            key=f"r1:{adapter.connection_id}",
+            scope=adapter.service_scope,
+            owner_id=adapter.owner_id,
+            ttl_ms=adapter.lease_ttl_ms,
+            adopt=adapter.adopt,
+            label=f"{kind} {adapter.connection_id}",
+            log=log,
+            random=random,
+            clock=adapter.clock,
+        )
 
     @ttl_ms.validator
     def _check_ttl(self, _a: object, value: int) -> None:

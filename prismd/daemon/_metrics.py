@@ -205,6 +205,13 @@ class TimedStore:
 # --------------------------------------------------------------------------- collectors
 
 
+def _by_label(family: CounterMetricFamily | GaugeMetricFamily, values: Mapping[str, int]) -> Metric:
+    """``family`` (of one label) with a sample per entry of ``values``, in label order."""
+    for label, value in sorted(values.items()):
+        family.add_metric([label], value)
+    return family
+
+
 @attrs.frozen
 class _Sources:
     diagnostics: Callable[[], Diagnostics]
@@ -259,22 +266,22 @@ class _LiveCollector:
         yield states
         yield entries
         yield times
-        restarts = CounterMetricFamily(
-            "prismd_child_restarts",
-            "Restarts of a supervised child after a crash.",
-            labels=["child"],
+        yield _by_label(
+            CounterMetricFamily(
+                "prismd_child_restarts",
+                "Restarts of a supervised child after a crash.",
+                labels=["child"],
+            ),
+            self.sources.restarts(),
         )
-        for child, count in sorted(self.sources.restarts().items()):
-            restarts.add_metric([child], count)
-        yield restarts
-        leases = GaugeMetricFamily(
-            "prismd_leases_held",
-            "Leases held now: binding (runtime routes) and receiver (Telegram).",
-            labels=["kind"],
+        yield _by_label(
+            GaugeMetricFamily(
+                "prismd_leases_held",
+                "Leases held now: binding (runtime routes) and receiver (Telegram).",
+                labels=["kind"],
+            ),
+            self.sources.leases(),
         )
-        for kind, count in sorted(self.sources.leases().items()):
-            leases.add_metric([kind], count)
-        yield leases
         if self.sources.a2a is not None:
             figures = self.sources.a2a()
             yield GaugeMetricFamily(

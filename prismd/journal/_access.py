@@ -148,22 +148,10 @@ class ApprovalTarget:
 
 
 @attrs.frozen
-class ApprovalRecord:
-    """A stored approval control (§5.5). Carries no token, only what the token unlocks."""
+class ApprovalRecord(ApprovalTarget):
+    """A stored approval control (§5.5): its target (the leading fields), then its outcome
+    and state. Carries no token, only what the token unlocks."""
 
-    connection_id: str
-    external_conversation_id: str
-    external_actor_id: str
-    thread_id: str | None
-    principal_kind: str
-    principal_id: str
-    grant_revision: str
-    agent_alias: str
-    definition_revision: str
-    session_id: str
-    run_id: str
-    approval_id: str
-    expected_version: int
     outcome: ApprovalOutcome
     state: ControlState
     created_at_ms: int
@@ -172,7 +160,7 @@ class ApprovalRecord:
 
     @property
     def target(self) -> ApprovalTarget:
-        # The record's leading fields are exactly the target's (see ``ApprovalStore.issue``).
+        # The record's leading fields are the target's (the class it extends).
         return ApprovalTarget(
             **{f.name: getattr(self, f.name) for f in attrs.fields(ApprovalTarget)}
         )

@@ -101,6 +101,14 @@ def _put_times(out: dict[str, Any], created_at_ms: int, updated_at_ms: int) -> N
     out["updatedAtMs"] = updated_at_ms
 
 
+def _times_text(created_at_ms: int, updated_at_ms: int) -> str:
+    """:func:`_put_times` as compact JSON text, with its leading comma."""
+    return (
+        f',"createdAt":"{ms_to_iso(created_at_ms)}","updatedAt":"{ms_to_iso(updated_at_ms)}"'
+        f',"createdAtMs":{created_at_ms},"updatedAtMs":{updated_at_ms}'
+    )
+
+
 def _compact(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
 
@@ -403,14 +411,7 @@ class OperationRecord(Replaceable):
             _bool_json(self.reply_staged),
             ',"attempts":',
             str(self.attempts),
-            ',"createdAt":"',
-            ms_to_iso(self.created_at_ms),
-            '","updatedAt":"',
-            ms_to_iso(self.updated_at_ms),
-            '","createdAtMs":',
-            str(self.created_at_ms),
-            ',"updatedAtMs":',
-            str(self.updated_at_ms),
+            _times_text(self.created_at_ms, self.updated_at_ms),
         )
         if self.error_code is not None:
             parts += (',"errorCode":', _json_str(self.error_code))
@@ -601,16 +602,7 @@ class ReplyRecord(Replaceable):
             parts += (',"reason":', _json_str(self.reason))
         if self.approval is not None:
             parts += (',"approval":', compact_json(dict(self.approval)))
-        parts += (
-            ',"createdAt":"',
-            ms_to_iso(self.created_at_ms),
-            '","updatedAt":"',
-            ms_to_iso(self.updated_at_ms),
-            '","createdAtMs":',
-            str(self.created_at_ms),
-            ',"updatedAtMs":',
-            str(self.updated_at_ms),
-        )
+        parts.append(_times_text(self.created_at_ms, self.updated_at_ms))
         if self.created_us is not None:
             parts += (',"createdUs":', str(self.created_us))
         if self.files:

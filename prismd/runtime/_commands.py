@@ -12,7 +12,7 @@ import re
 
 from ..channel import Admission
 from ._approvals import cancel_suspended
-from ._core import AdmitContext, Core
+from ._core import AdmitContext, Core, cancel_queued
 from ._following import cancel_parked
 from ._leases import LeaseHeldElsewhereError
 from ._routes import Route, actor_key
@@ -174,15 +174,7 @@ async def _cancel(core: Core, ctx: AdmitContext, route: Route) -> Admission:
     for turn in queued:
         turn.cancelled = True
     for turn in queued:
-        await core.settle_operation(
-            turn.scope,
-            turn.event.connection_id,
-            turn.operation_id,
-            "cancelled",
-            error_code="cancelled_while_queued",
-            only_from=frozenset({"accepted"}),
-        )
-        turn.settled = True
+        await cancel_queued(core, turn, "cancelled_while_queued")
     n = len(queued)
     plural = "request" if n == 1 else "requests"
     if has_active and n:

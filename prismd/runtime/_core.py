@@ -56,7 +56,7 @@ from ..journal import (
 from ..limits import Limits
 from ..redact import Redactor, bound_detail
 from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases
-from ._routes import Route, Routes, Selections, acquire_promptly
+from ._routes import Route, Routes, Selections, Turn, acquire_promptly
 from .api import Authorize, Diagnostics, ResolveAgent, ResolveAgentInput, ResolveBinding
 
 COUNTER_NAMES = (
@@ -438,6 +438,47 @@ def authorize_input(event: InboundEvent, action: Action, received_at_ms: int) ->
         thread_id=event.thread_id,
         claims=event.claims,
     )
+
+
+async def authorize_actor(
+    core: Core,
+    connection_id: str,
+    external_conversation_id: str,
+    actor_id: str,
+    thread_id: str | None,
+    *,
+    action: Action,
+    event_id: str = "",
+) -> Grant | None:
+    """What ``authorize`` answers now about an actor outside any message of theirs (a
+    notice to them, their conversation's history): no text, no claims. Raises what
+    ``authorize`` raises."""
+    return await core.authorize(
+        AuthorizeInput(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=actor_id,
+            thread_id=thread_id,
+            received_at_ms=core.now_ms(),
+            action=action,
+            event_id=event_id,
+            text="",
+        )
+    )
+
+
+async def cancel_queued(core: Core, turn: Turn, error_code: str) -> None:
+    """Settle a queued turn's operation ``cancelled`` with ``error_code`` (only while it is
+    still ``accepted``), and the turn with it."""
+    await core.settle_operation(
+        turn.scope,
+        turn.event.connection_id,
+        turn.operation_id,
+        "cancelled",
+        error_code=error_code,
+        only_from=frozenset({"accepted"}),
+    )
+    turn.settled = True
 
 
 def check_grant(core: Core, grant: object) -> str | None:

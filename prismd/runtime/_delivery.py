@@ -1,7 +1,8 @@
 """Journaled replies after their first send: resends, held replies, recent history.
 
 :func:`resend` sends a stored reply again (``reconcile`` and the re-drive below);
-:func:`recent_replies` reads a conversation's delivered replies back. A reply's first
+:func:`past_replies` reads a conversation's delivered replies back (with
+:func:`delivered_replies`). A reply's first
 send is :func:`prismd.runtime._replies.answer`.
 
 A channel without a live connection to a conversation (a web chat tab that was closed)
@@ -33,15 +34,33 @@ Guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
-from ..channel import AuthorizeInput, Grant, PastReply, Reply
+from ..channel import Grant, PastReply, Reply
 from ..identity import AgentIdentity, ownership_from_identity
-from ..journal import NS_REPLY, Loaded, OwnershipScope, ReplyRecord, reopen_reply, reply_key
+from ..journal import (
+    NS_REPLY,
+    Loaded,
+    OperationRecord,
+    OwnershipScope,
+    ReplyRecord,
+    reopen_reply,
+    reply_key,
+)
 from ._approvals import reissue_buttons
-from ._core import JOURNAL_BUDGET_S, Core, check_grant, deliver_once, is_held, mark_outcome
+from ._core import (
+    JOURNAL_BUDGET_S,
+    Core,
+    authorize_actor,
+    check_grant,
+    deliver_once,
+    is_held,
+    mark_outcome,
+)
 from ._replies import reply_files
 
 MAX_SCAN_PAGES = 5
@@ -112,17 +131,8 @@ async def _owner(
 ) -> tuple[AgentIdentity, OwnershipScope] | None:
     """The actor's current identity and ownership scope, or ``None`` (no usable grant)."""
     try:
-        grant = await core.authorize(
-            AuthorizeInput(
-                connection_id=connection_id,
-                external_conversation_id=external_conversation_id,
-                external_actor_id=actor_id,
-                event_id="",
-                text="",
-                action="message",
-                received_at_ms=core.now_ms(),
-                thread_id=thread_id,
-            )
+        grant = await authorize_actor(
+            core, connection_id, external_conversation_id, actor_id, thread_id, action="message"
         )
     except Exception:
         return None
@@ -134,22 +144,35 @@ async def _owner(
         return None
 
 
-async def _conversation_replies(
-    core: Core,
-    scope: OwnershipScope,
-    connection_id: str,
-    external_conversation_id: str,
-    thread_id: str | None,
-) -> list[Loaded[ReplyRecord]]:
-    """The conversation's reply records under exactly ``scope`` created within retention
+@attrs.frozen
+class OwnedConversation:
+    """A conversation (its thread, if any) whose records are read under its owner's current
+    ownership scope."""
+
+    scope: OwnershipScope
+    connection_id: str
+    external_conversation_id: str
+    thread_id: str | None
+
+    def holds(self, record: ReplyRecord | OperationRecord) -> bool:
+        """``record`` belongs to this conversation (keys are not escaped: its fields decide)."""
+        return (
+            record.connection_id == self.connection_id
+            and record.external_conversation_id == self.external_conversation_id
+            and record.thread_id == self.thread_id
+        )
+
+
+async def _conversation_replies(core: Core, where: OwnedConversation) -> list[Loaded[ReplyRecord]]:
+    """The conversation's reply records under exactly its scope created within retention
     (bounded scan, newest ``updated_at`` first)."""
     assert core.journal is not None
     cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
     # reply_key with an empty operation id is the key prefix of every reply of this
     # connection and scope; keys are not escaped, so the record's own fields decide.
-    prefix = reply_key(connection_id, scope, "")
+    prefix = reply_key(where.connection_id, where.scope, "")
     replies: list[Loaded[ReplyRecord]] = await core.journal.records(
-        scope,
+        where.scope,
         NS_REPLY,
         key_prefix=prefix,
         page_size=core.limits.max_journal_page,
@@ -158,10 +181,7 @@ async def _conversation_replies(
     return [
         loaded
         for loaded in replies
-        if loaded.record.connection_id == connection_id
-        and loaded.record.external_conversation_id == external_conversation_id
-        and loaded.record.thread_id == thread_id
-        and loaded.record.created_at_ms >= cutoff
+        if where.holds(loaded.record) and loaded.record.created_at_ms >= cutoff
     ]
 
 
@@ -203,9 +223,8 @@ async def redeliver_pending(
     delivered = 0
     try:
         async with core.delivery_locks.lock(connection_id, external_conversation_id):
-            replies = await _conversation_replies(
-                core, scope, connection_id, external_conversation_id, thread_id
-            )
+            where = OwnedConversation(scope, connection_id, external_conversation_id, thread_id)
+            replies = await _conversation_replies(core, where)
             held = _oldest_first([r for r in replies if is_held(r.record)])
             for loaded in held[:MAX_REDELIVER]:
                 if core.stopped or not core.active(identity):
@@ -221,48 +240,55 @@ async def redeliver_pending(
     return delivered
 
 
-async def recent_replies(
+PastReader = Callable[[Core, OwnedConversation, int], Awaitable[list[PastReply]]]
+"""Reads a conversation's last ``want`` past replies of one sort, oldest first:
+``(core, conversation, want)``."""
+
+
+async def past_replies(
     core: Core,
-    *,
+    read: PastReader,
+    cap: int,
     connection_id: str,
     external_conversation_id: str,
     actor_id: str,
-    thread_id: str | None = None,
-    limit: int = 20,
+    thread_id: str | None,
+    limit: int,
 ) -> list[PastReply]:
-    """The conversation's last ``limit`` delivered replies (1..100), oldest first.
-
-    Only replies created within ``retention_days`` and stored under the actor's current
-    ownership scope. Inbound text is not in the journal after its run (docs/architecture.md,
-    "Guarantees"), so this is the agent's side of the exchange only. Never raises: a store
-    failure counts ``storage_failures`` and returns ``[]``.
-    """
+    """The conversation's last ``limit`` (1..``cap``) past replies that ``read`` finds,
+    oldest first, only those stored under the actor's current ownership scope. Never raises:
+    a store failure counts ``storage_failures`` and returns ``[]``."""
     if core.journal is None:
         return []
-    want = max(1, min(int(limit), MAX_HISTORY))
+    want = max(1, min(int(limit), cap))
     owner = await _owner(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return []
     _identity, scope = owner
+    where = OwnedConversation(scope, connection_id, external_conversation_id, thread_id)
     try:
-        replies = await _conversation_replies(
-            core, scope, connection_id, external_conversation_id, thread_id
-        )
-        delivered = [r for r in replies if r.record.state == "delivered"]
-        chosen = _oldest_first(delivered)[-want:]
-        out = []
-        for loaded in chosen:
-            record = loaded.record
-            out.append(
-                PastReply(
-                    operation_id=record.operation_id,
-                    kind="final" if record.kind == "final" else "notice",
-                    text=record.text,
-                    created_at_ms=record.created_at_ms,
-                    in_reply_to=await _event_id(core, scope, record),
-                )
-            )
+        return await read(core, where, want)
     except Exception:
         core.count("storage_failures")
         return []
+
+
+async def delivered_replies(core: Core, where: OwnedConversation, want: int) -> list[PastReply]:
+    """The conversation's last ``want`` delivered replies created within ``retention_days``
+    (a :data:`PastReader`). Inbound text is not in the journal after its run
+    (docs/architecture.md, "Guarantees"), so this is the agent's side of the exchange only."""
+    replies = await _conversation_replies(core, where)
+    delivered = [r for r in replies if r.record.state == "delivered"]
+    out = []
+    for loaded in _oldest_first(delivered)[-want:]:
+        record = loaded.record
+        out.append(
+            PastReply(
+                operation_id=record.operation_id,
+                kind="final" if record.kind == "final" else "notice",
+                text=record.text,
+                created_at_ms=record.created_at_ms,
+                in_reply_to=await _event_id(core, where.scope, record),
+            )
+        )
     return out

@@ -7,7 +7,7 @@ creates a route's binding, runs no agent and takes no queue slot.
 
 from __future__ import annotations
 
-from ..channel import Admission, AuthorizeInput, Grant
+from ..channel import Admission, Grant
 from ..grants import missing_grant
 from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import (
@@ -22,7 +22,7 @@ from ..journal import (
 )
 from ..journal import admit as journal_admit
 from ..redact import utf8_len
-from ._core import Core, check_grant, denied, duplicate, seen_before
+from ._core import Core, authorize_actor, check_grant, denied, duplicate, seen_before
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
 from .api import PairingTicket
@@ -167,17 +167,14 @@ async def notify(
     candidates = [c for _scope, c in found]
     event_id = f"notify-{notify_id}"
     try:
-        grant = await core.authorize(
-            AuthorizeInput(
-                connection_id=connection_id,
-                external_conversation_id=external_conversation_id,
-                external_actor_id=actor_id,
-                event_id=event_id,
-                text="",
-                action="notify",
-                received_at_ms=core.now_ms(),
-                thread_id=thread_id,
-            )
+        grant = await authorize_actor(
+            core,
+            connection_id,
+            external_conversation_id,
+            actor_id,
+            thread_id,
+            action="notify",
+            event_id=event_id,
         )
     except Exception:
         return denied(core, "rejected", f"checking the grant of actor {actor_id!r} failed")

@@ -57,23 +57,20 @@ class _Pending:
 
 
 def _event(record: OperationRecord) -> InboundEvent:
-    inp = record.input
-    if inp is None:
-        # A followed operation (its text was dropped when it left ``accepted``): the agent
-        # follows the journaled remote task and never needs the text again.
-        return InboundEvent(
-            connection_id=record.connection_id,
-            external_conversation_id=record.external_conversation_id,
-            external_actor_id=record.external_actor_id,
-            event_id=record.event_id,
-            text="",
-            thread_id=record.thread_id,
-        )
-    return InboundEvent(
+    event = InboundEvent(
         connection_id=record.connection_id,
         external_conversation_id=record.external_conversation_id,
         external_actor_id=record.external_actor_id,
         event_id=record.event_id,
+        thread_id=record.thread_id,
+    )
+    inp = record.input
+    if inp is None:
+        # A followed operation (its text was dropped when it left ``accepted``): the agent
+        # follows the journaled remote task and never needs the text again.
+        return event
+    return attrs.evolve(
+        event,
         text=inp.text,
         attachments=tuple(
             AttachmentRef(

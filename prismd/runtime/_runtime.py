@@ -26,7 +26,7 @@ from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
 from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
-from ._core import Core, FetchAttachment
+from ._core import Core, FetchAttachment, cancel_queued
 from ._following import unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from .api import (
@@ -206,13 +206,15 @@ class Runtime:
         first (the agent's side only: inbound text is not kept). Never raises."""
         if self._open is None:
             return []
-        return await _delivery.recent_replies(
+        return await _delivery.past_replies(
             self._core,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            actor_id=external_actor_id,
-            thread_id=thread_id,
-            limit=limit,
+            _delivery.delivered_replies,
+            _delivery.MAX_HISTORY,
+            connection_id,
+            external_conversation_id,
+            external_actor_id,
+            thread_id,
+            limit,
         )
 
     async def unanswered_notices(
@@ -227,15 +229,17 @@ class Runtime:
         """Notices for the conversation's messages an operator settled unanswered within
         retention, oldest first, as past replies (see :mod:`prismd.runtime._unanswered`);
         ``[]`` for a connection without ``tells_unanswered``. Never raises."""
-        if self._open is None:
+        if self._open is None or not _unanswered.tells_unanswered(self._core, connection_id):
             return []
-        return await _unanswered.unanswered_notices(
+        return await _delivery.past_replies(
             self._core,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            actor_id=external_actor_id,
-            thread_id=thread_id,
-            limit=limit,
+            _unanswered.unanswered_notices,
+            _unanswered.MAX_NOTICES,
+            connection_id,
+            external_conversation_id,
+            external_actor_id,
+            thread_id,
+            limit,
         )
 
     async def create_pairing(
@@ -315,15 +319,7 @@ class Runtime:
                     turn.cancelled = True
                     turn.cancel_counted = True
                     core.count("cancelled")
-                    await core.settle_operation(
-                        turn.scope,
-                        turn.event.connection_id,
-                        turn.operation_id,
-                        "cancelled",
-                        error_code="cancelled_at_shutdown",
-                        only_from=frozenset({"accepted"}),
-                    )
-                    turn.settled = True
+                    await cancel_queued(core, turn, "cancelled_at_shutdown")
                 active = route.active
                 if active is not None:
                     if active.state == "waiting" and active.turn is not None:

@@ -11,7 +11,8 @@ forever. For connections whose adapter declares ``features.unanswered_notices``:
   (its record is the durable fact), and a notice nobody received must not appear in
   ``list_unresolved`` right after the operator emptied it. A channel with no live
   connection holds it (``SendResult.hold()``) and nothing more happens.
-* **Next visit.** :func:`unanswered_notices` reads the same notices back from the
+* **Next visit.** :func:`unanswered_notices` (through
+  :func:`~._delivery.past_replies`) reads the same notices back from the
   conversation's operation records (settled ``execution_unknown`` / ``abandoned`` within
   ``retention_days``), for the channel to show with its history.
 
@@ -24,8 +25,9 @@ read or logged: the operation record holds none once it ran.
 from __future__ import annotations
 
 from ..channel import PastReply
-from ..journal import NS_OPERATION, OperationRecord, OwnershipScope
+from ..journal import NS_OPERATION, OperationRecord
 from ._core import Core
+from ._delivery import OwnedConversation
 from ._delivery import _owner as owner_of
 from ._replies import Draft, answer
 
@@ -47,8 +49,7 @@ def notice_id(operation_id: str) -> str:
 
 
 def _told(core: Core, record: OperationRecord) -> bool:
-    tells = core.tells_unanswered
-    return tells is not None and record.kind != "notify" and tells(record.connection_id)
+    return record.kind != "notify" and tells_unanswered(core, record.connection_id)
 
 
 async def tell(core: Core, record: OperationRecord) -> None:
@@ -79,34 +80,16 @@ async def tell(core: Core, record: OperationRecord) -> None:
     await answer(core, draft, scope=None, send_later=True)
 
 
-async def unanswered_notices(
-    core: Core,
-    *,
-    connection_id: str,
-    external_conversation_id: str,
-    actor_id: str,
-    thread_id: str | None = None,
-    limit: int = 20,
-) -> list[PastReply]:
-    """The conversation's notices for messages settled unanswered within retention, oldest
-    first, at most ``limit`` (1..100); only under the actor's current ownership scope, and
-    only for a connection that declares them. Never raises: a store failure counts
-    ``storage_failures`` and returns ``[]``."""
+def tells_unanswered(core: Core, connection_id: str) -> bool:
+    """The connection's adapter declares ``features.unanswered_notices``."""
     tells = core.tells_unanswered
-    if core.journal is None or tells is None or not tells(connection_id):
-        return []
-    want = max(1, min(int(limit), MAX_NOTICES))
-    owner = await owner_of(core, connection_id, external_conversation_id, actor_id, thread_id)
-    if owner is None:
-        return []
-    _identity, scope = owner
-    try:
-        found = await _settled_unanswered(
-            core, scope, connection_id, external_conversation_id, thread_id
-        )
-    except Exception:
-        core.count("storage_failures")
-        return []
+    return tells is not None and tells(connection_id)
+
+
+async def unanswered_notices(core: Core, where: OwnedConversation, want: int) -> list[PastReply]:
+    """The conversation's last ``want`` notices for messages settled unanswered within
+    retention, oldest first (a :data:`~._delivery.PastReader`)."""
+    found = await _settled_unanswered(core, where)
     found.sort(key=lambda r: (r.updated_at_ms, r.operation_id))
     return [
         PastReply(
@@ -120,23 +103,17 @@ async def unanswered_notices(
     ]
 
 
-async def _settled_unanswered(
-    core: Core,
-    scope: OwnershipScope,
-    connection_id: str,
-    external_conversation_id: str,
-    thread_id: str | None,
-) -> list[OperationRecord]:
+async def _settled_unanswered(core: Core, where: OwnedConversation) -> list[OperationRecord]:
     assert core.journal is not None
     cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
     out: list[OperationRecord] = []
     cursor: str | None = None
     for _page in range(MAX_SCAN_PAGES):
         rows, cursor = await core.journal.list(
-            scope, NS_OPERATION, core.limits.max_journal_page, cursor=cursor
+            where.scope, NS_OPERATION, core.limits.max_journal_page, cursor=cursor
         )
         for row in rows:
-            if row.scope != scope:
+            if row.scope != where.scope:
                 continue
             try:
                 record = OperationRecord.from_json(row.value)
@@ -145,9 +122,7 @@ async def _settled_unanswered(
             if (
                 record.state in UNANSWERED_STATES
                 and record.kind != "notify"
-                and record.connection_id == connection_id
-                and record.external_conversation_id == external_conversation_id
-                and record.thread_id == thread_id
+                and where.holds(record)
                 and record.updated_at_ms >= cutoff
             ):
                 out.append(record)
