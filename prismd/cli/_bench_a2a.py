@@ -24,7 +24,8 @@ The CPU figures of 2–4 include the background polls (about 100 a second) of th
 still followed, and the bench's own requests to the peer for its counters;
 ``cpu_ms_per_push_less_polls`` subtracts the polls counted in the window beyond the
 phase's own reads (``background_polls``), at ``cpu_ms_per_poll`` each: an estimate. Write
-jobs and commits per push are the SQLite store's counters (zeros on PostgreSQL).
+jobs and commits per push are the store's group-commit counters: every write on SQLite; on
+PostgreSQL the checkpoint writer's only (its inbox statements are not counted).
 """
 
 from __future__ import annotations
@@ -283,7 +284,7 @@ async def a2a(
     ):
 
         def writes() -> tuple[int, int]:
-            """Write jobs and commits so far (SQLite; zeros elsewhere)."""
+            """Write jobs and commits so far (the store's group-commit counters)."""
             stats = getattr(store, "statistics", None)
             if stats is None:
                 return 0, 0

@@ -20,8 +20,8 @@ is released once the route is idle): the agent's follower polls the task with a 
 tasks for all of them. Its *wake* (:func:`wake`) puts the turn back at the head of its
 route's queue: the pump takes the lease again, reads the operation (still ``following``;
 its answer is staged by compare-and-swap on that version under the new fence) and runs the
-agent, which answers — reply staged with the terminal
-state, delivered, the next queued turn started — or parks again. ``/cancel`` wakes it with
+agent, which answers — reply staged with the terminal state, delivered, the next queued
+turn started — or parks again. ``/cancel`` wakes it with
 :attr:`~._routes.Turn.cancel_remote` (:func:`cancel_parked`); ``stop()`` forgets it
 (:func:`unpark_at_stop`): the operation stays ``following`` for the next runtime.
 """
