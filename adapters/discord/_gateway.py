@@ -50,6 +50,7 @@ from . import _protocol as proto
 from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
 from ._identify import IdentifyGate, gateway_url, prepare_identify
+from ._lanes import Lanes
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
 from ._urls import checked_gateway_url
@@ -142,6 +143,8 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
+    _dirty: bool = attrs.field(default=False, init=False)
+    """The watermark moved since it was last saved."""
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _backfill_due: bool = attrs.field(default=False, init=False)
@@ -372,54 +375,58 @@ class Shard:
             beat.sent(trio.current_time())
 
     async def _handle_dispatches(self, queue: trio.MemoryReceiveChannel[proto.Frame]) -> None:
-        """Handle dispatches in order; the watermark (``session.seq``) passes each once it is
-        handled, and is saved at most every :data:`SAVE_EVERY_S` (and when the connection
-        ends): a watermark saved late only means a longer replay, which the journal
-        deduplicates by message id."""
+        """Handle dispatches: messages admitted in lanes (:mod:`._lanes`: across channels at
+        once, in order within each); the watermark (``session.seq``) passes each dispatch
+        once it and all before it are handled, and is saved at most every
+        :data:`SAVE_EVERY_S` (and when the connection ends): a watermark saved late only
+        means a longer replay, which the journal deduplicates by message id."""
         last_save = trio.current_time()
-        dirty = False
-        while True:
-            wait = last_save + SAVE_EVERY_S - trio.current_time() if dirty else math.inf
-            try:
-                frame = await _next(queue, wait)
-            except trio.EndOfChannel:
-                return
-            if frame is not None:
-                dirty = await self._dispatch(frame) or dirty
-                if frame.t == "READY":
-                    last_save, dirty = trio.current_time(), False  # saved at READY
-            if dirty and trio.current_time() - last_save >= SAVE_EVERY_S:
-                self.lease.check()
-                await self.cursor.save(self.lease.fencing_token)
-                last_save, dirty = trio.current_time(), False
+        lanes = Lanes(functools.partial(_advance, self))
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = trio.current_time()
+                wait = last_save + SAVE_EVERY_S - now if self._dirty else math.inf
+                try:
+                    frame = await _next(queue, min(wait, SAVE_EVERY_S) if lanes.busy else wait)
+                except trio.EndOfChannel:
+                    return
+                if frame is not None:
+                    await self._dispatch(frame, lanes, nursery)
+                    if frame.t == "READY":
+                        last_save, self._dirty = trio.current_time(), False  # saved at READY
+                if self._dirty and trio.current_time() - last_save >= SAVE_EVERY_S:
+                    self.lease.check()
+                    await self.cursor.save(self.lease.fencing_token)
+                    last_save, self._dirty = trio.current_time(), False
 
-    async def _dispatch(self, frame: proto.Frame) -> bool:
-        """Handle one dispatch; whether the watermark moved."""
+    async def _dispatch(self, frame: proto.Frame, lanes: Lanes, nursery: trio.Nursery) -> None:
+        """Handle one dispatch (a message: start its admission in its channel's lane)."""
         assert frame.s is not None
         state = self.cursor.state
         if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
-            return False  # a duplicate (or the replay of what we handled)
+            return  # a duplicate (or the replay of what we handled)
         if frame.t == "READY":
-            _ready(self, frame)
-            await self.cursor.save(self.lease.fencing_token)
-            if self._backfill_due:
-                self._backfill_due = False
-                self.status.state = "backfilling"
-                await backfill(self, self.backfill_pages)
-            self.status.state = "connected"
-            return False
+            await _ready(self, frame)
+            return
         if frame.t == "RESUMED":
             self.status.state = "connected"
             self.status.resumes += 1
         elif frame.t == "MESSAGE_CREATE" and isinstance(frame.d, Mapping):
             author = frame.d.get("author")
-            own = isinstance(author, Mapping) and author.get("id") == state.bot_user_id
-            if not own:  # our own replies come back too: nothing to admit
-                await self.handle_message(frame.d, self)
-        if state.session is None:
-            return False
-        state.session.seq = frame.s
-        return True
+            if not (isinstance(author, Mapping) and author.get("id") == state.bot_user_id):
+                # (our own replies come back too: nothing to admit)
+                admit = functools.partial(self.handle_message, frame.d, self)
+                channel = str(frame.d.get("channel_id"))
+                await lanes.admit(nursery, frame.s, channel, admit)
+                return
+        lanes.passed(frame.s)
+
+
+def _advance(shard: Shard, seq: int) -> None:
+    """The watermark passes ``seq`` (:class:`Lanes`: it and all before it are handled)."""
+    session = shard.cursor.state.session
+    if session is not None and seq > session.seq:
+        session.seq, shard._dirty = seq, True
 
 
 async def _put(queue: trio.MemorySendChannel[proto.Frame], frame: proto.Frame) -> None:
@@ -443,8 +450,9 @@ async def _next(queue: trio.MemoryReceiveChannel[proto.Frame], wait_s: float) ->
     return None
 
 
-def _ready(shard: Shard, frame: proto.Frame) -> None:
-    """READY: the new session (the caller stores it) and the bot's own user id."""
+async def _ready(shard: Shard, frame: proto.Frame) -> None:
+    """READY: the new session (stored) and the bot's own user id; then the backfill due
+    after a session that could not be resumed."""
     d = frame.d if isinstance(frame.d, Mapping) else {}
     user = d.get("user")
     session_id = d.get("session_id")
@@ -458,3 +466,9 @@ def _ready(shard: Shard, frame: proto.Frame) -> None:
     shard.cursor.state.session = SessionState(session_id, resume_url, frame.s, started)
     shard.status.session_started_ms = started
     log.info("%s: session started (identified)", shard.label)
+    await shard.cursor.save(shard.lease.fencing_token)
+    if shard._backfill_due:
+        shard._backfill_due = False
+        shard.status.state = "backfilling"
+        await backfill(shard, shard.backfill_pages)
+    shard.status.state = "connected"

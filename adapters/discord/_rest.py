@@ -4,7 +4,10 @@
 * **Per-route buckets** from the ``X-RateLimit-*`` headers, keyed by (method, route,
   top-level resource id): a bucket with nothing ``Remaining`` waits for its reset.
 * **Global 50/s**: a sliding window (one second and 50 ms) of the requests written, each
-  counted right before it is; a global 429 blocks every request for its ``retry_after``.
+  counted right before it is and, once answered, timed by its answer — the latest moment
+  Discord can have received it — so no delay on the way (a slow network, a stalled
+  server) can bunch more than 50 into one of Discord's seconds; a request still unanswered
+  counts as sent now. A global 429 blocks every request for its ``retry_after``.
 * **429** sleeps ``retry_after`` (float seconds, body or ``Retry-After``) and tries again,
   at most :data:`MAX_429_RETRIES` times per call.
 * **Invalid-request guard**: 401, 403 and non-``shared`` 429 answers are counted over ten
@@ -111,6 +114,9 @@ class DiscordRest:
     _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
+    """When each answered request of the window leaves it (its answer + the window)."""
+    _in_flight: int = attrs.field(default=0, init=False)
+    """Requests counted in the window and not answered yet."""
     _global_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _global_until: float = attrs.field(default=0.0, init=False)
     _invalid: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
@@ -216,21 +222,28 @@ class DiscordRest:
         cause = "deadline"
         scope = trio.CancelScope()
         paced = ready
+        counted = False
 
         async def start_clock() -> None:
+            nonlocal counted
             if paced is not None:
                 await paced()
+                counted = True
             scope.deadline = trio.current_time() + self.timeout_s
 
-        with scope:
-            try:
-                return await self._http.request(
-                    origin, method, target, headers, body, cap, start_clock
-                )
-            except ResponseTooLarge as error:
-                raise DiscordResponseTooLarge(error.status) from None
-            except HttpTransportError as error:
-                cause = str(error)
+        try:
+            with scope:
+                try:
+                    return await self._http.request(
+                        origin, method, target, headers, body, cap, start_clock
+                    )
+                except ResponseTooLarge as error:
+                    raise DiscordResponseTooLarge(error.status) from None
+                except HttpTransportError as error:
+                    cause = str(error)
+        finally:
+            if counted:
+                self._answered()
         raise DiscordTransportError(f"Discord unreachable ({cause})")
 
     async def download(self, url: str, max_bytes: int) -> bytes | None:
@@ -273,7 +286,7 @@ class DiscordRest:
         until the window slides (no herd woken to find it still full)."""
         now = trio.current_time()
         if not self._global_lock.locked() and self._global_until <= now and self._room(now):
-            self._global.append(now)
+            self._in_flight += 1
             return
         async with self._global_lock:
             while True:
@@ -281,16 +294,24 @@ class DiscordRest:
                 if self._global_until > now:
                     await trio.sleep(self._global_until - now)
                 elif self._room(now):
-                    self._global.append(now)
+                    self._in_flight += 1
                     return
-                else:
-                    await trio.sleep(GLOBAL_WINDOW_S - (now - self._global[0]))
+                elif self._global:
+                    await trio.sleep_until(self._global[0])
+                else:  # all 50 unanswered (more connections than the limit): soon
+                    await trio.sleep(0.05)
 
     def _room(self, now: float) -> bool:
         window = self._global
-        while window and now - window[0] >= GLOBAL_WINDOW_S:
+        while window and window[0] <= now:
             window.popleft()
-        return len(window) < GLOBAL_PER_SECOND
+        return len(window) + self._in_flight < GLOBAL_PER_SECOND
+
+    def _answered(self) -> None:
+        """A request counted in the window was answered (or given up): it stays in the
+        window, timed from now."""
+        self._in_flight -= 1
+        self._global.append(trio.current_time() + GLOBAL_WINDOW_S)
 
     def _update_bucket(self, bucket: _Bucket, headers: Mapping[str, str]) -> None:
         remaining = _number(headers.get("x-ratelimit-remaining"))

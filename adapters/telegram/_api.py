@@ -2,7 +2,7 @@
 
 Guarantees (contract §11.2):
 
-* Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (h11, keep-alive,
+* Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (keep-alive,
   one write per request); an injected httpx transport (tests) replaces it.
 * The token is read from the credential source on every request and appears only in the
   request URL; no exception raised here carries a URL, a token, a response body or a

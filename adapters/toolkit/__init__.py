@@ -1,6 +1,6 @@
 """What the adapters share, so each platform adapter holds only its platform:
 
-* HTTP/1.1 over h11 — :class:`Http11`, the one client of the Bot APIs (keep-alive, one
+* HTTP/1.1 — :class:`Http11`, the one client of the Bot APIs (keep-alive, one
   write per request, bounded reads, failures named by cause: :class:`HttpTransportError`);
   one bounded request-head reader (408 slow head, 431 oversized head,
   400), body reader (413, 408) and responder, and :func:`close_gracefully` so an error

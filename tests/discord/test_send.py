@@ -9,6 +9,7 @@ import re
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from adapters.discord import chunk_markdown
 from adapters.discord._rest import DiscordApiError, DiscordGuardError, DiscordRest
@@ -365,3 +366,22 @@ async def test_staged_long_ago_without_a_record_is_looked_for_not_posted(
     await second.aclose()
     assert len(posts(fake)) == posted  # nothing posted outside the window
     assert len(fake.bot_messages(DM)) == (1 if committed else 0)
+
+
+async def test_the_global_window_dates_a_request_by_its_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Discord counts a request when it receives it: anywhere between our write and its
+    answer. So an unanswered request counts as sent now, and an answered one stays in the
+    window from its answer: a delay on the way cannot bunch 51 into one of Discord's
+    seconds."""
+    rest = DiscordRest(token=lambda: "t", api_origin="http://127.0.0.1:9")
+    for _ in range(50):
+        await rest._wait_global()  # written, none answered yet
+    with trio.move_on_after(5) as blocked:
+        await rest._wait_global()
+    assert blocked.cancelled_caught  # 50 unanswered: no 51st, however long ago they left
+    answered_at = trio.current_time()
+    rest._answered()
+    await rest._wait_global()
+    assert trio.current_time() - answered_at == pytest.approx(1.05)
