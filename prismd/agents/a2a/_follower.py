@@ -86,7 +86,7 @@ reads the task when its operation is still ``following``)."""
 
 
 class Followed:
-    """One parked task: what the follower needs between polls (nothing else is kept: ten
+    """One parked task: what the follower needs between polls (nothing else is kept: eleven
     slots, the booleans in one small int; the operation's scope is not kept — a state
     change finds the record by its key)."""
 
