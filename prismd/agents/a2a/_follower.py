@@ -44,13 +44,12 @@ import math
 import random
 import sys
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, overload
 
 import trio
 
 from stores import ANY_SCOPE, OwnershipScope, PollLease, PollStore, PollWait
 
-from ..._bits import Bit
 from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
@@ -83,6 +82,33 @@ Finding = Task | str
 """What the follower read for a woken run: the task, :data:`LOST`, :data:`TIMEOUT` or
 :data:`ELSEWHERE` (its poll row is gone: answered or settled by another instance — the run
 reads the task when its operation is still ``following``)."""
+
+
+class HasFlags(Protocol):
+    flags: int
+
+
+class Bit:
+    """``name = Bit(4)`` in a class with a ``flags: int`` slot: a boolean kept as that bit."""
+
+    __slots__ = ("mask",)
+
+    def __init__(self, mask: int) -> None:
+        self.mask = mask
+
+    @overload
+    def __get__(self, obj: None, owner: Any = None) -> Bit: ...
+
+    @overload
+    def __get__(self, obj: HasFlags, owner: Any = None) -> bool: ...
+
+    def __get__(self, obj: HasFlags | None, owner: Any = None) -> Bit | bool:
+        if obj is None:
+            return self
+        return bool(obj.flags & self.mask)
+
+    def __set__(self, obj: HasFlags, value: bool) -> None:
+        obj.flags = obj.flags | self.mask if value else obj.flags & ~self.mask
 
 
 class Followed:
