@@ -28,7 +28,9 @@ turn started — or parks again. ``/cancel`` wakes it with
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 import attrs
 import trio
@@ -37,6 +39,9 @@ from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
 from ._core import Core
 from ._relay import relay
 from ._routes import ActiveTurn, Route, Turn
+
+NO_CLAIMS: Mapping[str, Any] = MappingProxyType({})
+"""The claims of every parked turn's event that had none (one shared, read-only)."""
 
 
 def _ref(turn: Turn) -> OperationRef:
@@ -166,8 +171,18 @@ def park(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route
     # Kept small while it waits: the record is loaded again when it runs, and the text
     # was sent (a recovered turn never has it).
     turn.op = None
-    if turn.event.text or turn.event.attachments:
-        turn.event = attrs.evolve(turn.event, text="", attachments=())
+    event = turn.event
+    empty_claims = not event.claims and event.claims is not NO_CLAIMS
+    if event.text or event.attachments or empty_claims or event.received_at_ms is not None:
+        # Neither is read again after admission: no text, no per-event empty claims dict
+        # (64 bytes), no arrival time.
+        turn.event = attrs.evolve(
+            event,
+            text="",
+            attachments=(),
+            claims=event.claims or NO_CLAIMS,
+            received_at_ms=None,
+        )
     route.parked = turn
     _hold(core)
     if turn.woken:

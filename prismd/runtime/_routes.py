@@ -20,7 +20,6 @@ import trio
 
 from stores import LeaseRecord
 
-from .._bits import Bit
 from ..channel import Action, Grant, InboundEvent
 from ..identity import AgentIdentity
 from ..journal import (
@@ -62,25 +61,21 @@ class Turn:
     alias: str
     op: Loaded[OperationRecord] | None = None
     """The operation record as last written by this runtime (saves a load per CAS)."""
+    cancelled: bool = False
+    cancel_counted: bool = False
+    settled: bool = False
     claim_failures: int = 0
-    flags: int = 0
-    """The booleans below, one bit each (:class:`~prismd._bits.Bit`): 56 bytes less per
-    turn, parked ones included."""
-
-    cancelled = Bit(1)
-    cancel_counted = Bit(2)
-    settled = Bit(4)
-    finishing = Bit(8)
+    finishing: bool = False
     """The turn is writing its own end (settlement + answer): ``stop()`` leaves it alone."""
-    settled_by_stop = Bit(16)
+    settled_by_stop: bool = False
     """``stop()`` settled this turn ``cancelled`` after its deadline while the agent still
     ran: a late result is discarded (no second terminal write, no reply)."""
-    following = Bit(32)
+    following: bool = False
     """Its operation is ``following`` a remote task (SPEC difference 9): a stop leaves it
     (and the turns queued behind it) as they are, to be followed again after a restart."""
-    woken = Bit(64)
+    woken: bool = False
     """Its wake came before its run returned ``following`` (:mod:`._following`)."""
-    cancel_remote = Bit(128)
+    cancel_remote: bool = False
     """``/cancel`` woke it while parked: its run cancels the remote task."""
 
 

@@ -4,12 +4,14 @@ answered once, in order with the messages queued behind it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 import trio
 
 from prismd.agents.a2a import NOTICES, A2AAgent, next_poll
+from prismd.agents.a2a._follower import Followed
 from prismd.journal import NS_OPERATION
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
@@ -135,3 +137,33 @@ async def test_a_parked_task_past_its_timeout_is_cancelled_and_told(mem: MemoryS
                 assert agent.following_now == 0
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+def test_a_followed_record_is_small_and_its_booleans_are_bits() -> None:
+    """What the follower keeps per parked task between polls: eleven slots (120 bytes, where
+    sixteen took 160), its booleans one bit each of one small int, its state string shared
+    by every task in that state."""
+
+    def nothing() -> None:
+        return None
+
+    one = Followed(
+        key="op-1", task_id="t-1", state="".join(["work", "ing"]), deadline_ms=2**41,
+        delay=2.0, pushed=True, wake=nothing, on_event=None,
+    )  # fmt: skip
+    two = Followed(
+        key="op-2", task_id="t-2", state="".join(["wor", "king"]), deadline_ms=2**41,
+        delay=2.0, pushed=False, wake=nothing, on_event=None,
+    )  # fmt: skip
+    assert sys.getsizeof(one) <= 120
+    assert one.state is two.state
+    assert (one.pushed, two.pushed) == (True, False)
+    one.hurry = True
+    one.restream = True
+    assert (one.pushed, one.hurry, one.streaming, one.may_stream, one.restream) == (
+        True, True, False, False, True,
+    )  # fmt: skip
+    one.pushed = False
+    one.hurry = False
+    assert (one.pushed, one.hurry, one.restream) == (False, False, True)
+    assert not two.hurry and not two.restream

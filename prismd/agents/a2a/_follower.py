@@ -44,13 +44,12 @@ import math
 import random
 import sys
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, overload
 
 import trio
 
 from stores import ANY_SCOPE, OwnershipScope, PollLease, PollStore, PollWait
 
-from ..._bits import Bit
 from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
@@ -85,8 +84,35 @@ Finding = Task | str
 reads the task when its operation is still ``following``)."""
 
 
+class HasFlags(Protocol):
+    flags: int
+
+
+class Bit:
+    """``name = Bit(4)`` in a class with a ``flags: int`` slot: a boolean kept as that bit."""
+
+    __slots__ = ("mask",)
+
+    def __init__(self, mask: int) -> None:
+        self.mask = mask
+
+    @overload
+    def __get__(self, obj: None, owner: Any = None) -> Bit: ...
+
+    @overload
+    def __get__(self, obj: HasFlags, owner: Any = None) -> bool: ...
+
+    def __get__(self, obj: HasFlags | None, owner: Any = None) -> Bit | bool:
+        if obj is None:
+            return self
+        return bool(obj.flags & self.mask)
+
+    def __set__(self, obj: HasFlags, value: bool) -> None:
+        obj.flags = obj.flags | self.mask if value else obj.flags & ~self.mask
+
+
 class Followed:
-    """One parked task: what the follower needs between polls (nothing else is kept: ten
+    """One parked task: what the follower needs between polls (nothing else is kept: eleven
     slots, the booleans in one small int; the operation's scope is not kept — a state
     change finds the record by its key)."""
 
