@@ -45,10 +45,9 @@ pytestmark = pytest.mark.slow
 # _parse (an event's files); the toolkit's _backoff, _interrupts and _activity with the
 # lease in _receiver (what every receiver needs), its _text into prismd/redact.py
 # (chunk_text, utf16_units) and prismd/channel.py (button_lines); 33 once the stores'
-# shared bases became one module (stores/_bases.py); 34 with prismd/_bits.py (the flag bits
-# that keep a parked turn small, issue 37); 33 with the Telegram adapter's Markdown → HTML
-# in _send (the one step that uses it). The bounds only go down from here.
-MAX_FILES = 33
+# shared bases became one module (stores/_bases.py); 32 with the Telegram adapter's
+# Markdown → HTML in _send (the one step that uses it). The bounds only go down from here.
+MAX_FILES = 32
 MAX_RUNTIME_FILES = 7
 MAX_DAEMON_FILES = 0
 COUNTED = ("prismd/", "adapters/", "stores/")
