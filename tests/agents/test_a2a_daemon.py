@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from tests.daemon.helpers import Layout, chat, free_port, prismctl, running_daemon
 from tests.fakes.a2a_agent import FakeA2A, Plan
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 ACTOR = "a2a-actor-0001"
@@ -218,6 +220,14 @@ async def test_reconcile_cancel_remote_cancels_and_settles(tmp_path: Path) -> No
             nursery.cancel_scope.cancel()
 
 
+async def _followed(layout: Layout) -> dict[str, Any]:
+    """The one remote task ``layout``'s instance lists (``listRemoteTasks``)."""
+    code, listed, _ = await prismctl(layout, "list-remote-tasks")
+    assert code == 0
+    (entry,) = listed["tasks"]
+    return dict(entry)
+
+
 async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
     tmp_path: Path,
 ) -> None:
@@ -255,14 +265,22 @@ async def test_another_instance_takes_over_a_task_whose_follower_was_killed(
                     async with chat(a.port, ACTOR) as client:
                         await client.send_message("m1", "long job")
                         await _polled(fake)
+                    _code, b_health, _ = await prismctl(b, "health")
+                    b_instance = b_health["instance"]
                     da.send(signal.SIGKILL)
                     assert await da.wait_exit() == -signal.SIGKILL
                     (task_id,) = fake.tasks
                     push = fake.tasks[task_id].push
                     assert push is not None and push["url"] == f"{proxy.url}/a2a/push/remote"
-                    polls = len(fake.requests)
-                    # The other instance takes the task over: its first poll.
-                    await fake.wait_state(lambda: len(fake.requests) > polls)
+
+                    # The other instance takes the task over once A's binding lease expired
+                    # (listRemoteTasks names it the owner). Its first poll comes when the
+                    # task is due — the time A set, a minute away — or, as here, on a push.
+                    async def taken_over() -> bool:
+                        return b_instance in str((await _followed(b))["owner"])
+
+                    with trio.fail_after(20):
+                        await wait_until_async(taken_over, step=0.2)
                     await fake.move(task_id, "completed", "taken over")
                     assert proxy.served == [1]
                     token = _RESUME_TOKENS.get((a.port, ACTOR))

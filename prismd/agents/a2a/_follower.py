@@ -57,7 +57,7 @@ from ._gate import PollGate, holding
 from ._relay import relay_interrupt, relay_key
 from ._steps import CANCEL_BUDGET_S, PUSH_SLOWDOWN, answer, failed, preview, stream
 from ._steps import A2AAgent as StepsAgent
-from ._wire import TASK_NOT_FOUND, Task, moves_forward
+from ._wire import TASK_NOT_FOUND, TERMINAL_STATES, Task, moves_forward
 
 
 class A2AAgent(StepsAgent, Protocol):
@@ -473,8 +473,14 @@ async def park_or_answer(
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
-    if finding == ELSEWHERE or (finding is None and not just_sent and agent.polls is None):
-        # Read once here (after a restart; several instances: its poll row was gone).
+    if finding == ELSEWHERE or (
+        finding is None
+        and not just_sent
+        and (agent.polls is None or record.state in TERMINAL_STATES)
+    ):
+        # Read once here: after a restart; several instances: its poll row was gone, or a
+        # push already said the task ended (taken over after its follower died: the row's
+        # next due time may be a whole interval away).
         finding = await _read(agent, client, task_id)
     relayed: str | None = None
     if isinstance(finding, Task):
