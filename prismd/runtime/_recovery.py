@@ -13,7 +13,6 @@ caller's — never another tenant's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ..agents import AGENT_NAMESPACES, agent_record_kept
@@ -197,32 +196,20 @@ async def _relay_entry(core: Core, row: CheckpointRecord, reply: ReplyRecord) ->
     )
 
 
-async def _rows(
-    core: Core, caller: OwnershipScope, namespace: str
-) -> AsyncIterator[CheckpointRecord]:
-    """Rows of ``namespace`` inside the caller's scope, newest first, bounded pages."""
-    assert core.journal is not None
-    cursor: str | None = None
-    for _page in range(MAX_PAGES):
-        rows, cursor = await core.journal.list(
-            caller, namespace, core.limits.max_journal_page, cursor=cursor
-        )
-        for row in rows:
-            if _inside(caller, row.scope):
-                yield row
-        if cursor is None or not rows:
-            break
+_KEYS = {NS_OPERATION: operation_key, NS_REPLY: reply_key}
 
 
-async def _find_operation(
-    core: Core, caller: OwnershipScope, connection_id: str, operation_id: str
-) -> Loaded[OperationRecord] | str | None:
-    """Load by the exact caller scope, else search the caller's partial scope.
+async def _find(
+    core: Core, caller: OwnershipScope, namespace: str, connection_id: str, operation_id: str
+) -> Loaded[Any] | str | None:
+    """``operation_id``'s record of ``namespace`` (an operation, or a reply): loaded by the
+    exact caller scope, else searched for in the caller's partial scope.
 
     Returns the loaded record, ``None`` (not found) or ``"ambiguous"``.
     """
     assert core.journal is not None
-    exact = await core.journal.load_operation(caller, connection_id, operation_id)
+    key_of = _KEYS[namespace]
+    exact = await core.journal.load(namespace, caller, key_of(connection_id, caller, operation_id))
     if exact is not None:
         return exact
     if caller.user_id is not None and caller.account_id is not None:
@@ -230,11 +217,11 @@ async def _find_operation(
     matches: list[CheckpointRecord] = []
     cursor: str | None = None
     for _page in range(MAX_PAGES * 5):
-        rows, cursor = await core.journal.list(caller, NS_OPERATION, 500, cursor=cursor)
+        rows, cursor = await core.journal.list(caller, namespace, 500, cursor=cursor)
         for row in rows:
             if not _inside(caller, row.scope):
                 continue
-            if row.key == operation_key(connection_id, row.scope, operation_id):
+            if row.key == key_of(connection_id, row.scope, operation_id):
                 matches.append(row)
         if cursor is None or not rows:
             break
@@ -242,7 +229,8 @@ async def _find_operation(
         return None
     if len({(m.scope.tenant_id, m.scope.account_id, m.scope.user_id) for m in matches}) > 1:
         return "ambiguous"
-    return await core.journal.load_operation(matches[0].scope, connection_id, operation_id)
+    scope = matches[0].scope
+    return await core.journal.load(namespace, scope, key_of(connection_id, scope, operation_id))
 
 
 async def reconcile(
@@ -269,7 +257,7 @@ async def reconcile(
         return ReconcileResult("not_found")
     caller = ownership_from_identity(identity)
     try:
-        found = await _find_operation(core, caller, connection_id, operation_id)
+        found = await _find(core, caller, NS_OPERATION, connection_id, operation_id)
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
@@ -314,19 +302,11 @@ async def reconcile(
         # The answer never existed outside the dead process; the model is not re-run.
         # Flagging it handled (CAS on the expected version) takes it off the list.
         return await _mark_handled(core, scope, loaded)
-    if reply is None or reply.record.state == "delivered":
+    if reply is None:
         return ReconcileResult("resolved", outcome="none", state=record.state)
-    if (
-        reply.record.state in UNSETTLED_REPLY_STATES
-        and not is_held(reply.record)
-        and not acknowledge_duplicate_risk
-    ):
-        # A held reply is proven unsent (its channel had no connection), like a refused
-        # one: resending it needs no acknowledgement.
-        return ReconcileResult(
-            "conflict", state=record.state, detail="duplicate_risk", current_version=loaded.version
-        )
-    return await _resend(core, scope, record, reply)
+    return await _settle_reply(
+        core, scope, reply, acknowledge_duplicate_risk, record.state, loaded.version
+    )
 
 
 async def _reconcile_relay(
@@ -339,48 +319,53 @@ async def _reconcile_relay(
 ) -> ReconcileResult:
     """Reconcile a relay listed by :func:`_relay_entry`: the version is its reply record's;
     a send that may have landed is resent only with ``acknowledge_duplicate_risk``."""
-    assert core.journal is not None
     try:
-        reply = await _find_reply(core, caller, connection_id, relay_id)
+        found = await _find(core, caller, NS_REPLY, connection_id, relay_id)
     except Exception:
         core.count("storage_failures")
         return ReconcileResult("unavailable")
-    if reply is None:
+    if found is None:
         return ReconcileResult("not_found")
-    state = reply.record.state
-    if reply.version != expected_version:
-        return ReconcileResult("conflict", state=state, current_version=reply.version)
-    if state == "delivered":
+    if isinstance(found, str):
+        return ReconcileResult("conflict", detail="ambiguous")
+    state = found.record.state
+    if found.version != expected_version:
+        return ReconcileResult("conflict", state=state, current_version=found.version)
+    return await _settle_reply(
+        core, found.scope, found, acknowledge_duplicate_risk, state, found.version
+    )
+
+
+async def _settle_reply(
+    core: Core,
+    scope: OwnershipScope,
+    reply: Loaded[ReplyRecord],
+    acknowledge_duplicate_risk: bool,
+    state: str,
+    version: int,
+) -> ReconcileResult:
+    """The reply part of a reconcile: nothing to do once delivered; a send that may have
+    landed is resent only with ``acknowledge_duplicate_risk`` (a held reply is proven
+    unsent, its channel had no connection, like a refused one: it needs none). ``state``
+    and ``version`` are what the result reports (the operation's, or the relay's)."""
+    if reply.record.state == "delivered":
         return ReconcileResult("resolved", outcome="none", state=state)
     if (
-        state in UNSETTLED_REPLY_STATES
+        reply.record.state in UNSETTLED_REPLY_STATES
         and not is_held(reply.record)
         and not acknowledge_duplicate_risk
     ):
         return ReconcileResult(
-            "conflict", state=state, detail="duplicate_risk", current_version=reply.version
+            "conflict", state=state, detail="duplicate_risk", current_version=version
         )
-    sent = await resend(core, reply.scope, reply)
+    # Reopen-then-send (see _delivery.resend): a concurrent re-drive or a second operator
+    # resending the same reply loses the reopen and sends nothing.
+    sent = await resend(core, scope, reply)
     if sent is None:
         return ReconcileResult("conflict", state=state)
     return ReconcileResult(
-        "resolved", outcome=_RESEND_OUTCOMES.get(sent, "reply_unknown"), state=sent
+        "resolved", outcome=_RESEND_OUTCOMES.get(sent, "reply_unknown"), state=state
     )
-
-
-async def _find_reply(
-    core: Core, caller: OwnershipScope, connection_id: str, operation_id: str
-) -> Loaded[ReplyRecord] | None:
-    """The reply record of ``operation_id`` at the caller's exact scope, else the one
-    inside the caller's partial scope (bounded pages, as :func:`_find_operation`)."""
-    assert core.journal is not None
-    exact = await core.journal.load_reply(caller, connection_id, operation_id)
-    if exact is not None or (caller.user_id is not None and caller.account_id is not None):
-        return exact
-    async for row in _rows(core, caller, NS_REPLY):
-        if row.key == reply_key(connection_id, row.scope, operation_id):
-            return await core.journal.load_reply(row.scope, connection_id, operation_id)
-    return None
 
 
 async def _mark_handled(
@@ -441,19 +426,6 @@ async def _lost_race(core: Core, scope: OwnershipScope, op: OperationRecord) -> 
     else:
         current = None if now is None else now.version
     return ReconcileResult("conflict", state=op.state, current_version=current)
-
-
-async def _resend(
-    core: Core, scope: OwnershipScope, op: OperationRecord, reply: Loaded[ReplyRecord]
-) -> ReconcileResult:
-    # Reopen-then-send (see _delivery.resend): a concurrent re-drive or a second operator
-    # resending the same reply loses the reopen and sends nothing.
-    state = await resend(core, scope, reply)
-    if state is None:
-        return ReconcileResult("conflict", state=op.state)
-    return ReconcileResult(
-        "resolved", outcome=_RESEND_OUTCOMES.get(state, "reply_unknown"), state=op.state
-    )
 
 
 _RESEND_OUTCOMES = {
