@@ -108,9 +108,11 @@ class Origin:
     scheme: str
     host: str
     port: int
+    host_header: Header = attrs.field(init=False, eq=False, repr=False)
+    """Built once, with the origin (a client keeps its origin)."""
 
-    @property
-    def host_header(self) -> Header:
+    @host_header.default
+    def _host_header(self) -> Header:
         default = 443 if self.scheme == "https" else 80
         host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
         netloc = host if self.port == default else f"{host}:{self.port}"
@@ -131,8 +133,6 @@ class Http11:
     _slots: trio.Semaphore = attrs.field(init=False)
     _idle: dict[Origin, list[_Connection]] = attrs.field(factory=dict, init=False)
     _tls: ssl.SSLContext | None = attrs.field(default=None, init=False)
-    _hosts: dict[Origin, Header] = attrs.field(factory=dict, init=False)
-    """Each origin's ``Host`` header, built once."""
 
     def __attrs_post_init__(self) -> None:
         self._slots = trio.Semaphore(self.max_connections)
@@ -165,38 +165,16 @@ class Http11:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             await self._slots.acquire()
+        connection = None
         try:
-            return await self._request(
-                origin, method, target, headers, body, cap, ready, read_timeout_s
-            )
-        finally:
-            self._slots.release()
-
-    async def _request(
-        self,
-        origin: Origin,
-        method: bytes,
-        target: bytes,
-        headers: Sequence[Header],
-        body: bytes,
-        cap: int,
-        ready: Callable[[], Awaitable[None]] | None,
-        read_timeout_s: float | None,
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        connection = self._take(origin)
-        try:
+            connection = self._take(origin)
             if connection is None:
                 connection = await self._open(origin)
             if ready is not None:
                 await ready()
-            host = self._hosts.get(origin)
-            if host is None:
-                if len(self._hosts) >= 64:
-                    self._hosts.clear()
-                host = self._hosts[origin] = origin.host_header
             answer = await _exchange(
                 connection,
-                [host, *headers],
+                [origin.host_header, *headers],
                 method,
                 target,
                 body,
@@ -207,10 +185,13 @@ class Http11:
             if connection is not None:
                 await trio.aclose_forcefully(connection.stream)
             raise
-        if connection.reusable:
-            self._idle.setdefault(origin, []).append(connection)
         else:
-            await trio.aclose_forcefully(connection.stream)
+            if connection.reusable:
+                self._idle.setdefault(origin, []).append(connection)
+            else:
+                await trio.aclose_forcefully(connection.stream)
+        finally:
+            self._slots.release()
         return answer
 
     def _take(self, origin: Origin) -> _Connection | None:
