@@ -34,7 +34,7 @@ from __future__ import annotations
 import random as _random
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio
@@ -120,8 +120,6 @@ class TelegramAdapter:
     max_attachment_bytes: int = bounded_field(1024 * 1024, 1, MAX_ATTACHMENT_BYTES_CAP)
     max_request_bytes: int = 128 * 1024
     clock: Clock = SYSTEM_CLOCK
-    transport: Any = None
-    """An ``httpx.AsyncBaseTransport`` (tests); ``None`` for the network."""
     transcribe: Transcribe | None = None
     extract_document_text: ExtractDocumentText | None = None
     synthesize: Synthesize | None = None
@@ -176,13 +174,11 @@ class TelegramAdapter:
         self._api = TelegramApi(
             token=self.token,
             api_origin=self.api_origin,
-            transport=self.transport,
             read_timeout_s=60.0,
         )
         self._rx_api = TelegramApi(
             token=self.token,
             api_origin=self.api_origin,
-            transport=self.transport,
             read_timeout_s=float(self.poll_timeout_s + 15),
         )
         self._status = ReceiverStatus(self.connection_id)

@@ -3,14 +3,14 @@
 Guarantees (contract §11.2):
 
 * Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (keep-alive,
-  one write per request); an injected httpx transport (tests) replaces it.
+  one write per request).
 * The token is read from the credential source on every request and appears only in the
   request URL; no exception raised here carries a URL, a token, a response body or a
   platform description. Every message is fixed text; callers branch on attributes.
 * Redirects are never followed (a 3xx is an API error).
 * Response bodies are read with a byte cap; an oversized or non-JSON body is a
   :class:`TelegramResponseError` (the request may have been processed).
-* httpx (an injected transport, the multipart encoder) logs each request URL at INFO, and
+* httpx (the multipart encoder) logs each request URL at INFO, and
   Telegram URLs carry the token: importing this module raises the ``httpx``/``httpcore``
   loggers to WARNING and installs a filter that drops any of their records mentioning a
   bot path, whatever level a host later sets.
@@ -96,9 +96,9 @@ class TelegramNetworkError(TelegramError):
     """The request failed in transport; Telegram may or may not have processed it.
 
     ``cause`` names the class of the failure for logs: the HTTP client's error type
-    (``ConnectError``, ``ReadTimeout``…: :mod:`adapters.toolkit._http_client`, the same
-    words as httpx's for an injected transport) or ``deadline`` when the whole request ran
-    out of time. A type name never carries the URL (whose text has the token).
+    (``ConnectError``, ``ReadTimeout``…: :mod:`adapters.toolkit._http_client`) or
+    ``deadline`` when the whole request ran out of time. A type name never carries the URL
+    (whose text has the token).
     """
 
     def __init__(self, cause: str = "unknown") -> None:
@@ -230,8 +230,7 @@ class TelegramApi:
 
     Requests go through the toolkit's :class:`~adapters.toolkit.Http11` (keep-alive, at
     most :data:`MAX_CONNECTIONS`, head and body in one write, each read of the answer
-    within the read timeout), or the injected httpx ``transport`` (tests:
-    :class:`httpx.MockTransport`). What can be built once is: the request target of each
+    within the read timeout). What can be built once is: the request target of each
     method (per token value), the headers, the origin. A body is read as bytes under its
     cap and decoded once. Multipart bodies (``files``) are encoded by httpx and sent the
     same way.
@@ -242,7 +241,6 @@ class TelegramApi:
 
     token: Callable[[], str]
     api_origin: str = DEFAULT_API_ORIGIN
-    transport: httpx.AsyncBaseTransport | None = None
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     read_timeout_s: float = 60.0
     _http: Http11 = attrs.field(
@@ -251,15 +249,12 @@ class TelegramApi:
     _token_seen: str | None = attrs.field(default=None, init=False, repr=False)
     _targets: dict[str, bytes] = attrs.field(factory=dict, init=False, repr=False)
     _origin: Origin = attrs.field(init=False, repr=False)
-    _slots: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(MAX_CONNECTIONS))
 
     def __attrs_post_init__(self) -> None:
         self._origin = _origin(self.api_origin)
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        if self.transport is not None:
-            await self.transport.aclose()
 
     def _token(self) -> str:
         try:
@@ -389,70 +384,18 @@ class TelegramApi:
         cause = "deadline"
         with scope:
             try:
-                if self.transport is not None:
-                    async with self._slots:
-                        await start_clock()
-                        return await self._via_transport(method, target, headers, body, read_s, cap)
                 return await self._http.request(
                     self._origin, method, target, headers, body, cap, start_clock, read_s
                 )
             except ResponseTooLarge:
                 cause = ""
-            except TelegramError:
-                raise
-            except (HttpTransportError, httpx.HTTPError, OSError) as exc:
+            except (HttpTransportError, OSError) as exc:
                 cause = type(exc).__name__
         # Raised outside the handler so no ``__context__`` links to the failure (an
-        # httpx exception's message carries the request URL and therefore the token).
+        # OSError's text may name the host; the token is in the request's path).
         if not cause:
             raise TelegramResponseError()
         raise TelegramNetworkError(cause)
-
-    async def _via_transport(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: tuple[Header, ...],
-        body: bytes,
-        read_s: float,
-        cap: int,
-    ) -> _Answer:
-        """The injected httpx transport (tests)."""
-        assert self.transport is not None
-        request = httpx.Request(
-            method.decode("ascii"),
-            httpx.URL(self.api_origin + target.decode("ascii")),
-            headers=list(headers),
-            content=body if method == b"POST" else None,
-            extensions={"timeout": httpx.Timeout(10.0, read=read_s).as_dict()},
-        )
-        response = await self.transport.handle_async_request(request)
-        try:
-            length = _positive_int(response.headers.get("content-length"))
-            if length is not None and length > cap:
-                raise TelegramResponseError()
-            answer = await _read_capped(response.stream, cap)  # type: ignore[arg-type]
-        finally:
-            await response.aclose()
-        return response.status_code, response.headers, answer
-
-
-async def _read_capped(stream: httpx.AsyncByteStream, cap: int) -> bytes:
-    """The whole body, or :class:`TelegramResponseError` once it exceeds ``cap`` bytes."""
-    first = b""
-    chunks: list[bytes] | None = None
-    size = 0
-    async for chunk in stream:
-        size += len(chunk)
-        if size > cap:
-            raise TelegramResponseError()
-        if chunks is not None:
-            chunks.append(chunk)
-        elif first:
-            chunks = [first, chunk]
-        else:
-            first = chunk
-    return first if chunks is None else b"".join(chunks)
 
 
 # ------------------------------------------------ what the callers make of a failure

@@ -65,7 +65,6 @@ _Request = tuple[str, str, dict[str, Any], str]
 async def _run(
     config: Config | TelegramConnectionConfig,
     connection_id: str | None,
-    transport: Any,
     out: TextIO | None,
     request: Callable[[TelegramConnectionConfig], _Request],
 ) -> int:
@@ -80,7 +79,7 @@ async def _run(
     except (_Usage, ConfigError) as error:
         print(f"prismd telegram: {error}", file=out)
         return 2
-    return await _call(connection, token, method, params, transport, out, done)
+    return await _call(connection, token, method, params, out, done)
 
 
 async def aset_webhook(
@@ -90,7 +89,6 @@ async def aset_webhook(
     connection_id: str | None = None,
     url: str | None = None,
     drop_pending_updates: bool = False,
-    transport: Any = None,
     out: TextIO | None = None,
 ) -> int:
     """Register the webhook; see the module docstring for exit codes."""
@@ -118,7 +116,7 @@ async def aset_webhook(
         }
         return token, "setWebhook", params, "webhook set"
 
-    return await _run(config, connection_id, transport, out, request)
+    return await _run(config, connection_id, out, request)
 
 
 async def adelete_webhook(
@@ -127,7 +125,6 @@ async def adelete_webhook(
     *,
     connection_id: str | None = None,
     drop_pending_updates: bool = False,
-    transport: Any = None,
     out: TextIO | None = None,
 ) -> int:
     """Remove the webhook so polling can run; see the module docstring for exit codes."""
@@ -136,7 +133,7 @@ async def adelete_webhook(
         params: dict[str, Any] = {"drop_pending_updates": drop_pending_updates}
         return _token(connection, env), "deleteWebhook", params, "webhook deleted"
 
-    return await _run(config, connection_id, transport, out, request)
+    return await _run(config, connection_id, out, request)
 
 
 def _token(connection: TelegramConnectionConfig, env: Mapping[str, str]) -> str:
@@ -153,11 +150,10 @@ async def _call(
     token: str,
     method: str,
     params: Mapping[str, Any],
-    transport: Any,
     out: TextIO,
     done: str,
 ) -> int:
-    api = TelegramApi(token=lambda: token, api_origin=connection.api_origin, transport=transport)
+    api = TelegramApi(token=lambda: token, api_origin=connection.api_origin)
     try:
         await api.call(method, params)
     except TelegramError as error:

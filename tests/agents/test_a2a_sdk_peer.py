@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from prismd.agents.a2a import A2AClient, PushConfig, Task, read_observation
+from tests.support.handler_server import read_request
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -53,22 +54,10 @@ async def _receiver(
 
     async def handle(stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
-        body = b""
-        head: h11.Request | None = None
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-                continue
-            if isinstance(event, h11.Request):
-                head = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                return
-        assert head is not None
+        request = await read_request(conn, stream)
+        if request is None:
+            return
+        head, body = request
         headers = {k.decode().lower(): v.decode() for k, v in head.headers}
         got.append((headers, json.loads(body)))
         # Connection: close, or the SDK's client may send its next push on this connection

@@ -13,6 +13,7 @@ agent, and the recording ``admit`` of the adapter tests.
 * :mod:`.scripted` — :class:`ScriptedAgent`, the agent that stands in for a provider;
 * :mod:`.recorder` — :class:`Recorder`, an ``admit`` that records what an adapter admits;
 * :mod:`.waiting`, :mod:`.flood` — waiting for a condition; floods of raw connections;
+* :mod:`.handler_server` — a loopback HTTP server answering with a test's handler;
 * :mod:`.spreader` — the loopback load spreader in front of several ``prismd run``;
 * :mod:`.pgserver`, :mod:`.privileges` — the PostgreSQL test server; what needs root.
 """

@@ -12,6 +12,7 @@ import h11
 import httpx
 import trio
 
+from tests.support.handler_server import read_request
 from tests.support.spreader import OneChunk
 
 
@@ -40,23 +41,12 @@ class PushProxy:
 
     async def _relay(self, stream: trio.SocketStream, client: httpx.AsyncClient) -> None:
         conn = h11.Connection(h11.SERVER)
-        head: h11.Request | None = None
-        body = b""
         async with stream:
             try:
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        conn.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Request):
-                        head = event
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                    elif isinstance(event, h11.EndOfMessage):
-                        break
-                    else:
-                        return
-                assert head is not None
+                got = await read_request(conn, stream)
+                if got is None:
+                    return
+                head, body = got
                 headers = {
                     k.decode(): v.decode()
                     for k, v in head.headers

@@ -1,11 +1,11 @@
 """Shared helpers for the Telegram adapter tests: the fake Bot API, a memory store on
-virtual time, a recording ``admit``."""
+virtual time, a recording ``admit``, a Bot API of one handler (``serve_bot_api``)."""
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from stores.memory import MemoryStore
 from tests.conftest import FIXTURES
 from tests.fakes.telegram_api import FakeBotApi, start_fake
 from tests.support.clocks import TrioClock
+from tests.support.handler_server import Handler, serve_handler
 from tests.support.recorder import Recorder
 
 TOKEN = "123456:secret-token"
@@ -25,6 +26,21 @@ CONN = "telegram-main"
 SERVICE = OwnershipScope(tenant_id="prismd-service", account_id=CONN)
 TG_FIXTURES = FIXTURES / "telegram"
 TOKEN_43 = "A" * 43
+
+
+ServeBotApi = Callable[[Handler], Awaitable[str]]
+
+
+@pytest.fixture
+def serve_bot_api(nursery: trio.Nursery) -> ServeBotApi:
+    """Serve a test's handler as the Bot API on loopback (for the tests whose Bot API is
+    one function: errors, cut connections, dripping answers); its origin, for
+    ``api_origin``. Served until the test ends."""
+
+    async def serve(handler: Handler) -> str:
+        return await serve_handler(nursery, handler)
+
+    return serve
 
 
 def fixture(name: str) -> dict[str, Any]:

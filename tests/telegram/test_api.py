@@ -19,15 +19,18 @@ from adapters.telegram._api import (
     describe_failure,
 )
 
+from .conftest import ServeBotApi
+
 TOKEN = "123456:secret-token"
 
 
 async def test_requests_in_flight_are_bounded_and_a_wait_is_not_a_timeout(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, serve_bot_api: ServeBotApi
 ) -> None:
-    """Three times as many calls as connections, each answered in 70 s: the extra ones
-    wait for a free connection (nothing sent yet), and that wait — 140 s for the last —
-    does not count against their deadline (read timeout 50 s + 30 s)."""
+    """Three times as many calls as connections, each answered in 45 s (inside the 50 s
+    read timeout): the extra ones wait for a free connection (nothing sent yet), and that
+    wait — 90 s for the last — does not count against their deadline (read timeout 50 s +
+    30 s)."""
     active = peak = 0
     started: list[float] = []
 
@@ -36,14 +39,13 @@ async def test_requests_in_flight_are_bounded_and_a_wait_is_not_a_timeout(
         active += 1
         peak = max(peak, active)
         started.append(trio.current_time())
-        await trio.sleep(70)
+        await trio.sleep(45)
         active -= 1
         return httpx.Response(200, json={"ok": True, "result": True})
 
     api = TelegramApi(
         token=lambda: TOKEN,
-        api_origin="https://t.test",
-        transport=httpx.MockTransport(handler),
+        api_origin=await serve_bot_api(handler),
         read_timeout_s=50.0,
     )
     results: list[object] = []
@@ -61,12 +63,14 @@ async def test_requests_in_flight_are_bounded_and_a_wait_is_not_a_timeout(
     assert peak == MAX_CONNECTIONS
     assert sorted(round(t) for t in started) == [
         *[0] * MAX_CONNECTIONS,
-        *[70] * MAX_CONNECTIONS,
-        *[140] * MAX_CONNECTIONS,
+        *[45] * MAX_CONNECTIONS,
+        *[90] * MAX_CONNECTIONS,
     ]
 
 
-async def test_urls_follow_the_token_and_the_body_is_compact_json() -> None:
+async def test_urls_follow_the_token_and_the_body_is_compact_json(
+    serve_bot_api: ServeBotApi,
+) -> None:
     seen: list[tuple[str, bytes, str | None]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -76,8 +80,7 @@ async def test_urls_follow_the_token_and_the_body_is_compact_json() -> None:
     tokens = iter([TOKEN, TOKEN, "999:rotated", "bad token"])
     api = TelegramApi(
         token=lambda: next(tokens),
-        api_origin="https://t.test",
-        transport=httpx.MockTransport(handler),
+        api_origin=await serve_bot_api(handler),
     )
     try:
         assert await api.call("sendMessage", {"chat_id": "1", "text": "é"}) == {"n": 1}

@@ -19,7 +19,7 @@ from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
 from tests.support.waiting import wait_until, wait_until_async
 
-from .conftest import CONN, callback, cursor_value, private_message, run_until_admitted
+from .conftest import CONN, ServeBotApi, callback, cursor_value, private_message, run_until_admitted
 from .test_webhook import post, webhook_adapter
 
 LONE = "\ud800"
@@ -106,7 +106,7 @@ async def test_poison_update_does_not_stall_the_poller(
 
 
 async def test_junk_update_ids_never_hot_loop(
-    autojump_clock: MockClock, make_adapter: Any, recorder: Recorder
+    autojump_clock: MockClock, make_adapter: Any, recorder: Recorder, serve_bot_api: ServeBotApi
 ) -> None:
     """A server that keeps answering updates without a usable ``update_id`` (string, float,
     negative, huge, not an object) is polled with backoff, not in a tight loop."""
@@ -132,9 +132,7 @@ async def test_junk_update_ids_never_hot_loop(
             return httpx.Response(200, json={"ok": True, "result": {"url": ""}})
         return httpx.Response(200, json={"ok": True, "result": {"username": "b"}})
 
-    adapter = make_adapter(
-        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
-    )
+    adapter = make_adapter(api_origin=await serve_bot_api(handler))
     with trio.move_on_after(60):
         await adapter.run()
     assert recorder.events == []
@@ -176,7 +174,7 @@ async def test_webhook_deeply_nested_json_is_400(
     assert [e.event_id for e in recorder.events] == ["9"]
 
 
-async def test_api_deeply_nested_answer_is_a_response_error() -> None:
+async def test_api_deeply_nested_answer_is_a_response_error(serve_bot_api: ServeBotApi) -> None:
     """A 2xx body nested past the parser's recursion limit is a :class:`TelegramResponseError`
     (a Telegram error the poller backs off from), not a ``RecursionError`` escaping ``run``."""
 
@@ -185,8 +183,7 @@ async def test_api_deeply_nested_answer_is_a_response_error() -> None:
 
     api = TelegramApi(
         token=lambda: "123456:secret-token",
-        api_origin="https://telegram.test",
-        transport=httpx.MockTransport(handler),
+        api_origin=await serve_bot_api(handler),
     )
     try:
         with pytest.raises(TelegramResponseError):
@@ -221,7 +218,9 @@ async def test_send_with_a_lone_surrogate_is_delivered(fake: FakeBotApi, make_ad
     assert [c.params["text"] for c in fake.calls_to("sendMessage")] == ["a\ufffdb"]
 
 
-async def test_trickling_download_is_cut_off(autojump_clock: MockClock, make_adapter: Any) -> None:
+async def test_trickling_download_is_cut_off(
+    autojump_clock: MockClock, make_adapter: Any, serve_bot_api: ServeBotApi
+) -> None:
     """A file server that drips one byte every 50 s (inside httpx's read timeout) used to hold
     ``fetch_attachment``, and with it the poller, for as long as it liked."""
 
@@ -237,15 +236,15 @@ async def test_trickling_download_is_cut_off(autojump_clock: MockClock, make_ada
             return httpx.Response(200, json={"ok": True, "result": result})
         return httpx.Response(200, stream=Drip())
 
-    adapter = make_adapter(
-        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
-    )
+    adapter = make_adapter(api_origin=await serve_bot_api(handler))
     start = trio.current_time()
     assert await adapter.fetch_attachment(AttachmentRef("document", "f", 1000)) is None
     assert trio.current_time() - start <= 61
 
 
-async def test_trickling_api_answer_is_a_network_error(autojump_clock: MockClock) -> None:
+async def test_trickling_api_answer_is_a_network_error(
+    autojump_clock: MockClock, serve_bot_api: ServeBotApi
+) -> None:
     """Any Bot API call has a whole-request deadline (read timeout + 30 s), so a dripping
     ``getUpdates`` or ``sendMessage`` answer cannot hold the adapter forever."""
 
@@ -258,8 +257,7 @@ async def test_trickling_api_answer_is_a_network_error(autojump_clock: MockClock
 
     api = TelegramApi(
         token=lambda: "123456:secret-token",
-        api_origin="https://telegram.test",
-        transport=httpx.MockTransport(lambda _r: httpx.Response(200, stream=Drip())),
+        api_origin=await serve_bot_api(lambda _r: httpx.Response(200, stream=Drip())),
         read_timeout_s=45.0,
     )
     start = trio.current_time()

@@ -20,7 +20,7 @@ from prismd.channel import AttachmentRef, Reply
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
 
-from .conftest import CONN, TG_FIXTURES, TOKEN, fixture, private_message
+from .conftest import CONN, TG_FIXTURES, TOKEN, ServeBotApi, fixture, private_message
 
 
 def parse(update: dict[str, Any], **kwargs: Any) -> Any:
@@ -188,7 +188,7 @@ EXPECTED_REASON = {
 
 @pytest.mark.parametrize("name", sorted(k for k in ERRORS if not k.startswith("_")))
 async def test_derived_error_bodies(
-    autojump_clock: MockClock, name: str, make_adapter: Any
+    autojump_clock: MockClock, name: str, make_adapter: Any, serve_bot_api: ServeBotApi
 ) -> None:
     body = ERRORS[name]
     headers = {"Retry-After": "35"} if body["error_code"] == 429 else {}
@@ -196,9 +196,7 @@ async def test_derived_error_bodies(
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(body["error_code"], json=body, headers=headers)
 
-    api = TelegramApi(
-        token=lambda: TOKEN, api_origin="https://t.test", transport=httpx.MockTransport(handler)
-    )
+    api = TelegramApi(token=lambda: TOKEN, api_origin=await serve_bot_api(handler))
     with pytest.raises(TelegramApiError) as info:
         await api.call("sendMessage", {"chat_id": "1", "text": "x"})
     await api.aclose()
@@ -209,8 +207,7 @@ async def test_derived_error_bodies(
     assert error.migrate_to_chat_id == body.get("parameters", {}).get("migrate_to_chat_id")
     if name in EXPECTED_REASON:
         adapter = make_adapter(
-            api_origin="https://t.test",
-            transport=httpx.MockTransport(handler),
+            api_origin=await serve_bot_api(handler),
         )
         start = trio.current_time()
         result = await adapter.send(Reply(CONN, "101", "x", "final"))

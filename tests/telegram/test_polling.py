@@ -24,6 +24,7 @@ from .conftest import (
     SERVICE,
     TOKEN,
     TOKEN_43,
+    ServeBotApi,
     callback,
     cursor_value,
     private_message,
@@ -89,7 +90,11 @@ async def test_122_123_sorted_deduplicated_cursor(
 
 
 async def test_124_stored_cursor_skips_old_updates(
-    autojump_clock: MockClock, store: Any, recorder: Recorder, make_adapter: Any
+    autojump_clock: MockClock,
+    store: Any,
+    recorder: Recorder,
+    make_adapter: Any,
+    serve_bot_api: ServeBotApi,
 ) -> None:
     """124: cursor at 5, updates [4 old, 900001] (returned even past the offset) → only 900001."""
     await store.checkpoints.save_checkpoint(
@@ -121,9 +126,7 @@ async def test_124_stored_cursor_skips_old_updates(
             return httpx.Response(200, json={"ok": True, "result": {"url": ""}})
         return httpx.Response(200, json={"ok": True, "result": {"username": "b"}})
 
-    adapter = make_adapter(
-        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
-    )
+    adapter = make_adapter(api_origin=await serve_bot_api(handler))
     async with trio.open_nursery() as nursery:
         await nursery.start(adapter.run)
         await recorder.wait_for(1)
@@ -427,7 +430,7 @@ async def test_5xx_backoff_is_exponential_and_bounded(
 
 
 async def test_network_errors_back_off(
-    autojump_clock: MockClock, make_adapter: Any, recorder: Recorder
+    autojump_clock: MockClock, make_adapter: Any, recorder: Recorder, serve_bot_api: ServeBotApi
 ) -> None:
     """Connection failures are retried with backoff, not in a hot loop."""
     attempts: list[float] = []
@@ -436,9 +439,7 @@ async def test_network_errors_back_off(
         attempts.append(trio.current_time())
         raise httpx.ConnectError(f"cannot reach {request.url}")
 
-    adapter = make_adapter(
-        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
-    )
+    adapter = make_adapter(api_origin=await serve_bot_api(handler))
     with trio.move_on_after(120):
         await adapter.run()
     assert 4 <= len(attempts) <= 12

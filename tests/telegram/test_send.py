@@ -16,7 +16,7 @@ from adapters.telegram._send import chunk_text, utf16_units
 from prismd.channel import AttachmentRef, Button, DeliveryOutcomeUnknownError, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 
-from .conftest import CONN, TOKEN, TOKEN_43
+from .conftest import CONN, TOKEN, TOKEN_43, ServeBotApi
 
 
 def final(text: str, chat: str = "101", **kwargs: Any) -> Reply:
@@ -53,16 +53,16 @@ def test_chunking_counts_utf16_units() -> None:
     assert chunk_text("x" * 7000) == ["x" * 3500] * 2
 
 
-async def test_128_network_error_is_ambiguous_without_token(make_adapter: Any) -> None:
+async def test_128_network_error_is_ambiguous_without_token(
+    make_adapter: Any, serve_bot_api: ServeBotApi
+) -> None:
     """128: a transport error whose text holds the URL → exactly
     ``Telegram delivery outcome unknown``; neither the message nor the chain holds the token."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError(f"boom at {request.url}")
 
-    adapter = make_adapter(
-        api_origin="https://telegram.test", transport=httpx.MockTransport(handler)
-    )
+    adapter = make_adapter(api_origin=await serve_bot_api(handler))
     with pytest.raises(DeliveryOutcomeUnknownError) as info:
         await adapter.send(final("hi"))
     assert str(info.value) == "Telegram delivery outcome unknown"
