@@ -5,7 +5,8 @@ a stream, a restart — while the task is followed on, and its completion is ans
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import asynccontextmanager
+from typing import Any, Literal
 
 import pytest
 import trio
@@ -40,6 +41,22 @@ def a2a_agent(fake: FakeA2A, store: Store, **extra: Any) -> A2AAgent:
     return agent
 
 
+@asynccontextmanager
+async def remote(
+    store: Store, *, dialect: Literal["1.0", "0.3"], streaming: bool
+) -> AsyncIterator[tuple[FakeA2A, A2AAgent]]:
+    """The loopback fake A2A server (a long task planned) and an ``a2a`` agent on it,
+    closed once the block is done."""
+    async with trio.open_nursery() as nursery:
+        fake = FakeA2A(dialect=dialect, streaming=streaming)
+        await nursery.start(fake.serve)
+        fake.plan(Plan("work"))
+        agent = a2a_agent(fake, store)
+        yield fake, agent
+        await agent.aclose()
+        nursery.cancel_scope.cancel()
+
+
 async def op_states(store: MemoryStore) -> list[str]:
     page = await store.checkpoints.list_checkpoints(namespace=NS_OPERATION, limit=500)
     return sorted(str(r.value["state"]) for r in page.items if isinstance(r.value, dict))
@@ -59,11 +76,7 @@ async def test_auth_required_is_relayed_once_then_the_answer_follows(
     dialect: str, streaming: bool, mem: MemoryStore
 ) -> None:
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            fake = FakeA2A(dialect=dialect, streaming=streaming)  # type: ignore[arg-type]
-            await nursery.start(fake.serve)
-            fake.plan(Plan("work"))
-            agent = a2a_agent(fake, mem)
+        async with remote(mem, dialect=dialect, streaming=streaming) as (fake, agent):  # type: ignore[arg-type]
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 await h.runtime.admit(event("1", "fetch my invoices"))
                 await wait_until_async(lambda: _states_are(mem, ["following"]))
@@ -90,19 +103,13 @@ async def test_auth_required_is_relayed_once_then_the_answer_follows(
                 assert sorted(r["state"] for r in rows) == ["delivered", "delivered"]
             (sent,) = fake.sends()
             assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
-            await agent.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_restart_relays_the_same_status_never_again_and_a_new_one_once(
     mem: MemoryStore,
 ) -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            fake = FakeA2A(dialect="1.0", streaming=False)
-            await nursery.start(fake.serve)
-            fake.plan(Plan("work"))
-            agent = a2a_agent(fake, mem)
+        async with remote(mem, dialect="1.0", streaming=False) as (fake, agent):
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 await h.runtime.admit(event("1", "fetch my invoices"))
                 await wait_until_async(lambda: _states_are(mem, ["following"]))
@@ -133,34 +140,28 @@ async def test_a_restart_relays_the_same_status_never_again_and_a_new_one_once(
             assert await op_states(mem) == ["succeeded"]
             (sent,) = fake.sends()
             assert fake.sends_of(sent["params"]["message"]["messageId"]) == 1
-            await agent.aclose()
             await again.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_an_auth_required_status_without_a_message_gets_fixed_words(
     mem: MemoryStore,
 ) -> None:
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            fake = FakeA2A(dialect="0.3", streaming=False)
-            await nursery.start(fake.serve)
-            fake.plan(Plan("work"))
-            agent = a2a_agent(fake, mem)
-            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
-                await h.runtime.admit(event("1", "go"))
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
-                (task_id,) = fake.tasks
-                await fake.move(task_id, "auth-required", None)
-                await wait_until(lambda: len(h.replies) == 1)
-                assert h.texts == [
-                    "The remote agent needs an authorization to go on; it continues once it has it."
-                ]
-                await fake.move(task_id, "canceled", None)
-                await wait_until(lambda: len(h.replies) == 2)
-                assert h.last().text == "Request failed: the remote agent cancelled it."
-            await agent.aclose()
-            nursery.cancel_scope.cancel()
+        async with (
+            remote(mem, dialect="0.3", streaming=False) as (fake, agent),
+            open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h,
+        ):
+            await h.runtime.admit(event("1", "go"))
+            await wait_until_async(lambda: _states_are(mem, ["following"]))
+            (task_id,) = fake.tasks
+            await fake.move(task_id, "auth-required", None)
+            await wait_until(lambda: len(h.replies) == 1)
+            assert h.texts == [
+                "The remote agent needs an authorization to go on; it continues once it has it."
+            ]
+            await fake.move(task_id, "canceled", None)
+            await wait_until(lambda: len(h.replies) == 2)
+            assert h.last().text == "Request failed: the remote agent cancelled it."
 
 
 async def test_a_relay_whose_send_is_unknown_is_listed_and_reconciled_by_its_own_id(
@@ -178,64 +179,60 @@ async def test_a_relay_whose_send_is_unknown_is_listed_and_reconciled_by_its_own
         return None
 
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            fake = FakeA2A(dialect="1.0", streaming=False)
-            await nursery.start(fake.serve)
-            fake.plan(Plan("work"))
-            agent = a2a_agent(fake, mem)
-            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
-                h.deliver_hook = cut_the_first_notice
-                await h.runtime.admit(event("1", "fetch my invoices"))
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
-                (task_id,) = fake.tasks
-                await fake.move(task_id, "auth-required", SIGN_IN)
-                await wait_until(lambda: len(h.replies) == 1)
-                await fake.move(task_id, "completed", "here are your invoices")
-                await wait_until(lambda: len(h.replies) == 2)
-                await h.settle()
-                assert cut == [SIGN_IN]
-                (entry,) = await h.runtime.list_unresolved(identity=IDENTITY)
-                assert "~auth-" in entry.operation_id
-                assert (entry.state, entry.reply_state) == ("succeeded", "delivery_unknown")
-                unacknowledged = await h.runtime.reconcile(
-                    identity=IDENTITY,
-                    connection_id=entry.connection_id,
-                    operation_id=entry.operation_id,
-                    expected_version=entry.version,
-                )
-                assert (unacknowledged.status, unacknowledged.detail) == (
-                    "conflict",
-                    "duplicate_risk",
-                )
-                stale = await h.runtime.reconcile(
-                    identity=IDENTITY,
-                    connection_id=entry.connection_id,
-                    operation_id=entry.operation_id,
-                    expected_version=entry.version + 1,
-                    acknowledge_duplicate_risk=True,
-                )
-                assert (stale.status, stale.current_version) == ("conflict", entry.version)
-                resent = await h.runtime.reconcile(
-                    identity=IDENTITY,
-                    connection_id=entry.connection_id,
-                    operation_id=entry.operation_id,
-                    expected_version=entry.version,
-                    acknowledge_duplicate_risk=True,
-                )
-                assert (resent.status, resent.outcome) == ("resolved", "reply_delivered")
-                assert h.texts == [SIGN_IN, "here are your invoices", SIGN_IN]
-                assert await h.runtime.list_unresolved(identity=IDENTITY) == []
-                again = await h.runtime.reconcile(
-                    identity=IDENTITY,
-                    connection_id=entry.connection_id,
-                    operation_id=entry.operation_id,
-                    expected_version=entry.version + 2,
-                    acknowledge_duplicate_risk=True,
-                )
-                assert again.status in ("resolved", "conflict")
-                assert len(h.replies) == 3, "a settled relay was sent again"
-            await agent.aclose()
-            nursery.cancel_scope.cancel()
+        async with (
+            remote(mem, dialect="1.0", streaming=False) as (fake, agent),
+            open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h,
+        ):
+            h.deliver_hook = cut_the_first_notice
+            await h.runtime.admit(event("1", "fetch my invoices"))
+            await wait_until_async(lambda: _states_are(mem, ["following"]))
+            (task_id,) = fake.tasks
+            await fake.move(task_id, "auth-required", SIGN_IN)
+            await wait_until(lambda: len(h.replies) == 1)
+            await fake.move(task_id, "completed", "here are your invoices")
+            await wait_until(lambda: len(h.replies) == 2)
+            await h.settle()
+            assert cut == [SIGN_IN]
+            (entry,) = await h.runtime.list_unresolved(identity=IDENTITY)
+            assert "~auth-" in entry.operation_id
+            assert (entry.state, entry.reply_state) == ("succeeded", "delivery_unknown")
+            unacknowledged = await h.runtime.reconcile(
+                identity=IDENTITY,
+                connection_id=entry.connection_id,
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+            )
+            assert (unacknowledged.status, unacknowledged.detail) == (
+                "conflict",
+                "duplicate_risk",
+            )
+            stale = await h.runtime.reconcile(
+                identity=IDENTITY,
+                connection_id=entry.connection_id,
+                operation_id=entry.operation_id,
+                expected_version=entry.version + 1,
+                acknowledge_duplicate_risk=True,
+            )
+            assert (stale.status, stale.current_version) == ("conflict", entry.version)
+            resent = await h.runtime.reconcile(
+                identity=IDENTITY,
+                connection_id=entry.connection_id,
+                operation_id=entry.operation_id,
+                expected_version=entry.version,
+                acknowledge_duplicate_risk=True,
+            )
+            assert (resent.status, resent.outcome) == ("resolved", "reply_delivered")
+            assert h.texts == [SIGN_IN, "here are your invoices", SIGN_IN]
+            assert await h.runtime.list_unresolved(identity=IDENTITY) == []
+            again = await h.runtime.reconcile(
+                identity=IDENTITY,
+                connection_id=entry.connection_id,
+                operation_id=entry.operation_id,
+                expected_version=entry.version + 2,
+                acknowledge_duplicate_risk=True,
+            )
+            assert again.status in ("resolved", "conflict")
+            assert len(h.replies) == 3, "a settled relay was sent again"
 
 
 async def _states_are(store: MemoryStore, states: list[str]) -> bool:
@@ -246,21 +243,17 @@ async def test_without_a_journal_a_status_is_relayed_once_while_the_turn_lives(
     mem: MemoryStore,
 ) -> None:
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            fake = FakeA2A(dialect="1.0", streaming=False)
-            await nursery.start(fake.serve)
-            fake.plan(Plan("work"))
-            agent = a2a_agent(fake, mem)
-            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}, use_journal=False) as h:
-                await h.runtime.admit(event("1", "go"))
-                await wait_until(lambda: polls(fake) >= 1)
-                (task_id,) = fake.tasks
-                await fake.move(task_id, "auth-required", SIGN_IN)
-                await wait_until(lambda: len(h.replies) == 1)
-                seen = polls(fake)
-                await wait_until(lambda: polls(fake) >= seen + 3)
-                await fake.move(task_id, "completed", "fine")
-                await wait_until(lambda: len(h.replies) == 2)
-                assert h.texts == [SIGN_IN, "fine"]
-            await agent.aclose()
-            nursery.cancel_scope.cancel()
+        async with (
+            remote(mem, dialect="1.0", streaming=False) as (fake, agent),
+            open_harness(mem, SYSTEM_CLOCK, {"primary": agent}, use_journal=False) as h,
+        ):
+            await h.runtime.admit(event("1", "go"))
+            await wait_until(lambda: polls(fake) >= 1)
+            (task_id,) = fake.tasks
+            await fake.move(task_id, "auth-required", SIGN_IN)
+            await wait_until(lambda: len(h.replies) == 1)
+            seen = polls(fake)
+            await wait_until(lambda: polls(fake) >= seen + 3)
+            await fake.move(task_id, "completed", "fine")
+            await wait_until(lambda: len(h.replies) == 2)
+            assert h.texts == [SIGN_IN, "fine"]

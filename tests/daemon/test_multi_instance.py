@@ -29,8 +29,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -435,6 +435,27 @@ async def _receiving(layout: Layout) -> bool:
     return holders == ["tg"]
 
 
+@asynccontextmanager
+async def _a_polls_b_stands_by(
+    tmp_path: Path, url: str, runs: Path, fake: FakeBotApi
+) -> AsyncIterator[tuple[Layout, Layout, DaemonProcess, DaemonProcess]]:
+    """Two polling instances on one database, the agent taking 2.5 s: A started and
+    polling, then B ready and standing by (no receiver lease). Their layouts and processes;
+    B is stopped first."""
+    a_layout, b_layout = (
+        _instance(tmp_path / name, fake, url, runs, mode="polling", delay_ms=(2500, 2500))
+        for name in "ab"
+    )
+    env = _env(fake)
+    async with running_daemon(a_layout, tag="a", extra_env=env) as a:
+        await a.wait_state("READY=1", limit_s=60)
+        await _until(lambda: _receiving(a_layout), 30, "A polls")
+        async with running_daemon(b_layout, tag="b", extra_env=env) as b:
+            await b.wait_state("READY=1", limit_s=60)
+            assert (await _health(b_layout))["leases"]["receiver"] == []
+            yield a_layout, b_layout, a, b
+
+
 async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, url: str) -> None:
     """A polls and B stands by. A is SIGSTOPped in the middle of a turn: B takes over the
     polling once A's receiver lease expired (within ``lease_ttl_ms`` of the stop) and answers
@@ -448,22 +469,12 @@ async def test_polling_fails_over_and_a_woken_poller_is_fenced(tmp_path: Path, u
     with trio.fail_after(150):
         async with trio.open_nursery() as nursery:
             fake = await start_fake(nursery)
-            a_layout, b_layout = (
-                _instance(tmp_path / name, fake, url, runs, mode="polling", delay_ms=(2500, 2500))
-                for name in "ab"
-            )
-            env = _env(fake)
-            async with (
-                running_daemon(a_layout, tag="a", extra_env=env) as a,
-                AsyncExitStack() as b_stack,
+            async with _a_polls_b_stands_by(tmp_path, url, runs, fake) as (
+                a_layout,
+                b_layout,
+                a,
+                b,
             ):
-                await a.wait_state("READY=1", limit_s=60)
-                await _until(lambda: _receiving(a_layout), 30, "A polls")
-                b = await b_stack.enter_async_context(
-                    running_daemon(b_layout, tag="b", extra_env=env)
-                )
-                await b.wait_state("READY=1", limit_s=60)
-                assert (await _health(b_layout))["leases"]["receiver"] == []
                 follower = await trio.lowlevel.open_process(
                     [
                         sys.executable, "-m", "prismd.cli.prismctl", "--socket",
@@ -536,22 +547,7 @@ async def test_a_killed_poller_is_replaced_from_the_durable_offset(
     with trio.fail_after(100):
         async with trio.open_nursery() as nursery:
             fake = await start_fake(nursery)
-            a_layout, b_layout = (
-                _instance(tmp_path / name, fake, url, runs, mode="polling", delay_ms=(2500, 2500))
-                for name in "ab"
-            )
-            env = _env(fake)
-            async with (
-                running_daemon(a_layout, tag="a", extra_env=env) as a,
-                AsyncExitStack() as b_stack,
-            ):
-                await a.wait_state("READY=1", limit_s=60)
-                await _until(lambda: _receiving(a_layout), 30, "A polls")
-                b = await b_stack.enter_async_context(
-                    running_daemon(b_layout, tag="b", extra_env=env)
-                )
-                await b.wait_state("READY=1", limit_s=60)
-                assert (await _health(b_layout))["leases"]["receiver"] == []
+            async with _a_polls_b_stands_by(tmp_path, url, runs, fake) as (_, b_layout, a, b):
                 ids = {1: fake.push_update(_message(401, 1))}
                 await _until(lambda: _answered(fake, 1) == 1, 30, "A answers")
 
