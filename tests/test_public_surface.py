@@ -50,6 +50,7 @@ PINNED: dict[str, list[str]] = {
     "adapters.toolkit": [
         "ACTIVITY_FIELDS",
         "Activity",
+        "AdapterDefaults",
         "Backoff",
         "Budget",
         "BudgetStatistics",

@@ -30,14 +30,10 @@ import trio
 
 from prismd.channel import (
     DEFAULT_TYPING_DELAY_MS,
-    FILES_UNSUPPORTED,
     MAX_TYPING_DELAY_MS,
     AdapterFatalError,
     AdapterFeatures,
     Admit,
-    AttachmentRef,
-    OutboundFile,
-    Preview,
     Reply,
     SendResult,
 )
@@ -45,6 +41,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import (
     Activity,
+    AdapterDefaults,
     JsonRpcClient,
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
@@ -69,11 +66,12 @@ ACCOUNT_RE = re.compile(r"^\+[0-9]{1,20}$")
 
 
 @attrs.define(eq=False, kw_only=True)
-class SignalAdapter:
+class SignalAdapter(AdapterDefaults):
     """The Signal channel adapter (implements :class:`prismd.channel.ChannelAdapter`).
 
     ``run`` receives until cancelled (and raises :class:`~prismd.channel.AdapterFatalError`
     when signal-cli serves another account); ``send`` works whether or not ``run`` runs.
+    No previews, attachments or files yet (:class:`~adapters.toolkit.AdapterDefaults`).
     """
 
     connection_id: str = attrs.field(validator=check_connection_id)
@@ -230,16 +228,3 @@ class SignalAdapter:
             failure = "SignalUnreachableError"
         if failure is not None:
             log.debug("signal %s: typing indicator failed (%s)", self.connection_id, failure)
-
-    def send_draft(self, preview: Preview) -> None:
-        return None
-
-    async def fetch_attachment(self, ref: AttachmentRef) -> None:
-        return None
-
-    async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:
-        """No files for now (``features.max_file_bytes`` is 0)."""
-        return FILES_UNSUPPORTED
-
-    async def aclose(self) -> None:
-        return None

@@ -17,6 +17,7 @@
   listener: connections split into budgets (a flood of one kind cannot take the places of
   another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
   errors back off and log once per interval; :class:`LogThrottle` for such lines;
+* :class:`AdapterDefaults`, what an adapter answers for the features it does not offer;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too, and the
   connection keys several kinds read alike (:class:`TokenConnection`, :func:`api_origin`,
   :func:`typing_delay_ms`);
@@ -44,6 +45,7 @@ from ._config import bounded_field as bounded_field
 from ._config import check_connection_id as check_connection_id
 from ._config import token_keys as token_keys
 from ._config import typing_delay_ms as typing_delay_ms
+from ._defaults import AdapterDefaults as AdapterDefaults
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body

@@ -19,7 +19,6 @@ from prismd.channel import (
     AdapterFatalError,
     AdapterFeatures,
     Admit,
-    AttachmentRef,
     OutboundFile,
     Preview,
     Reply,
@@ -29,6 +28,7 @@ from stores import SYSTEM_CLOCK, CheckpointStore, Clock
 from stores.memory import MemoryStore
 
 from ..toolkit import (
+    AdapterDefaults,
     Budget,
     ConnectionLimiter,
     Slot,
@@ -88,7 +88,7 @@ class WebchatStatistics:
 
 
 @attrs.define(eq=False)
-class WebchatAdapter:
+class WebchatAdapter(AdapterDefaults):
     """The web chat channel adapter (:class:`prismd.channel.ChannelAdapter`).
 
     Guarantees:
@@ -104,6 +104,9 @@ class WebchatAdapter:
       resume token (or took a fresh actor); then, with ``conversations``, it gets the
       ``history`` frame and the runtime re-drives the conversation's held replies.
     * A misbehaving client never takes the listener down.
+
+    The page sends no attachments and nothing is held outside ``run``
+    (:class:`~adapters.toolkit.AdapterDefaults`).
     """
 
     _connection_id: str = attrs.field(alias="connection_id")
@@ -227,14 +230,6 @@ class WebchatAdapter:
             await trio.lowlevel.checkpoint()
             return
         await self._typing.signal(external_conversation_id)
-
-    async def fetch_attachment(self, ref: AttachmentRef) -> None:
-        """Not offered (see :attr:`features`): the page sends no files."""
-        await trio.lowlevel.checkpoint()
-
-    async def aclose(self) -> None:
-        """Nothing is held outside :meth:`run`."""
-        await trio.lowlevel.checkpoint()
 
     def statistics(self) -> WebchatStatistics:
         sessions = self._sessions

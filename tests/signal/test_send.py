@@ -14,7 +14,15 @@ from trio.testing import MockClock
 
 from adapters.signal._send import UNKNOWN, error_outcome, render, result_outcome
 from adapters.toolkit import RpcError, utf16_units
-from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import (
+    AttachmentRef,
+    Button,
+    DeliveryOutcomeUnknownError,
+    OutboundFile,
+    Preview,
+    Reply,
+    SendResult,
+)
 from tests.fakes.signal_cli import SENDER_UUID, FakeSignalCli, SendOutcome
 from tests.support.waiting import raises_flat
 
@@ -46,6 +54,26 @@ async def test_a_reply_is_one_send_with_exact_params(
     with trio.fail_after(10):
         assert (await adapter.send(reply("to a number", "+15557654321"))).delivered
     assert fake.sends[-1] == {"recipient": ["+15557654321"], "message": "to a number"}
+
+
+async def test_what_signal_does_not_offer_sends_nothing(
+    fake: FakeSignalCli, make_adapter: Any
+) -> None:
+    """No previews, attachments or files: the features say so, a file is refused
+    (``files_unsupported``) and nothing reaches signal-cli."""
+    adapter = make_adapter()
+    features = adapter.features
+    assert (features.previews, features.attachments, features.max_file_bytes) == (False, False, 0)
+    adapter.send_draft(Preview(CONN, SENDER_UUID, "partial"))
+    with trio.fail_after(10):
+        assert (
+            await adapter.fetch_attachment(AttachmentRef("image", "file-1", connection_id=CONN))
+            is None
+        )
+        sent = await adapter.send_file(reply(), OutboundFile("a.png", "image/png", b"png"))
+        await adapter.aclose()
+    assert sent == SendResult(False, reason="files_unsupported")
+    assert fake.requests_for("send") == [] and fake.typing == []
 
 
 async def test_171_approval_controls_are_lines_of_text(
