@@ -84,6 +84,7 @@ PINNED: dict[str, list[str]] = {
         "connection_service_scope",
         "is_loopback_host",
         "open_jsonrpc_client",
+        "open_listeners",
         "origin_problem",
         "parse_host_port",
         "quiet_note",

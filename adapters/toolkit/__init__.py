@@ -14,9 +14,10 @@
   bounded pending calls over the newline-delimited framing of :mod:`prismd.jsonrpc`
   (re-exported here);
 * :func:`serve_limited` with a :class:`ConnectionLimiter` — the one accept loop of every
-  listener: connections split into budgets (a flood of one kind cannot take the places of
-  another), a full budget evicts its idlest member or refuses, out-of-descriptor accept
-  errors back off and log once per interval; :class:`LogThrottle` for such lines;
+  listener (TCP ones opened and closed by :func:`open_listeners`): connections split into
+  budgets (a flood of one kind cannot take the places of another), a full budget evicts its
+  idlest member or refuses, out-of-descriptor accept errors back off and log once per
+  interval; :class:`LogThrottle` for such lines;
 * :class:`AdapterDefaults`, what an adapter answers for the features it does not offer;
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too, and the
   connection keys several kinds read alike (:class:`TokenConnection`, :func:`api_origin`,
@@ -38,6 +39,7 @@ from ._budgets import Budget as Budget
 from ._budgets import BudgetStatistics as BudgetStatistics
 from ._budgets import ConnectionLimiter as ConnectionLimiter
 from ._budgets import Slot as Slot
+from ._budgets import open_listeners as open_listeners
 from ._budgets import serve_limited as serve_limited
 from ._config import TokenConnection as TokenConnection
 from ._config import api_origin as api_origin

@@ -46,7 +46,8 @@ import logging
 import resource
 import select
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Literal
 
 import attrs
@@ -63,12 +64,15 @@ __all__ = [
     "BudgetStatistics",
     "ConnectionLimiter",
     "Slot",
+    "open_listeners",
     "serve_limited",
 ]
 
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_MIN_S = 0.1
 ACCEPT_BACKOFF_MAX_S = 1.0
+LISTENER_CLOSE_BUDGET_S = 1.0
+"""How long closing a server's listeners may take once it stops."""
 
 Handler = Callable[[trio.SocketStream, "Slot"], Awaitable[object]]
 BudgetChoice = str | Callable[[trio.SocketStream], str]
@@ -245,6 +249,24 @@ class ConnectionLimiter:
                 quiet_note(quiet),
             )
         return shed
+
+
+Listeners = list[trio.SocketListener]
+
+
+@asynccontextmanager
+async def open_listeners(host: str, port: int) -> AsyncIterator[tuple[Listeners, tuple[str, int]]]:
+    """TCP listeners on ``host:port`` and the address the first one is bound to (port 0
+    resolved), for :func:`serve_limited`; closed on exit, within
+    :data:`LISTENER_CLOSE_BUDGET_S`. Raises ``OSError`` when the port cannot be bound."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        sockname = listeners[0].socket.getsockname()
+        yield listeners, (str(sockname[0]), int(sockname[1]))
+    finally:
+        with trio.move_on_after(LISTENER_CLOSE_BUDGET_S, shield=True):
+            for listener in listeners:
+                await listener.aclose()
 
 
 async def serve_limited(

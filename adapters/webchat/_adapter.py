@@ -34,6 +34,7 @@ from ..toolkit import (
     Slot,
     close_gracefully,
     is_loopback_host,
+    open_listeners,
     read_request_head,
     serve_limited,
     server_connection,
@@ -51,7 +52,6 @@ __all__ = ["Conversations", "WebchatAdapter", "WebchatStatistics", "parse_listen
 
 log = logging.getLogger("prismd.webchat")
 
-LISTENER_CLOSE_BUDGET_S = 1.0
 MAX_PENDING = 128
 """Default bound on connections in their HTTP head, being answered, or before their hello."""
 MAX_SOCKETS = 256
@@ -258,28 +258,23 @@ class WebchatAdapter(AdapterDefaults):
         self._front.on_loopback = is_loopback_host(host)
         if not self._front.on_loopback and not self.access_token and not self.pairing_only:
             raise AdapterFatalError("web chat on a non-loopback address needs an access token")
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        try:
-            sockname = listeners[0].socket.getsockname()
-            self.bound = (str(sockname[0]), int(sockname[1]))
-            async with trio.open_nursery() as nursery:
-                self._sessions.background = nursery
-                await nursery.start(
-                    functools.partial(serve_limited, budget=PENDING),
-                    self._handle_connection,
-                    listeners,
-                    self.limiter,
-                )
-                nursery.start_soon(self._sweep_resume_tokens)
-                self._listening = True
-                log.info("web chat listening on %s port %d", self.bound[0], self.bound[1])
-                task_status.started()
-        finally:
-            self._listening = False
-            self._sessions.background = None
-            with trio.move_on_after(LISTENER_CLOSE_BUDGET_S, shield=True):
-                for listener in listeners:
-                    await listener.aclose()
+        async with open_listeners(host, port) as (listeners, self.bound):
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._sessions.background = nursery
+                    await nursery.start(
+                        functools.partial(serve_limited, budget=PENDING),
+                        self._handle_connection,
+                        listeners,
+                        self.limiter,
+                    )
+                    nursery.start_soon(self._sweep_resume_tokens)
+                    self._listening = True
+                    log.info("web chat listening on %s port %d", *self.bound)
+                    task_status.started()
+            finally:
+                self._listening = False
+                self._sessions.background = None
 
     async def send(self, reply: Reply) -> SendResult:
         sockets = self._sessions.sockets(reply.external_conversation_id)

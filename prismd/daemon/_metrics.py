@@ -55,6 +55,7 @@ from adapters.toolkit import (
     Budget,
     ConnectionLimiter,
     Slot,
+    open_listeners,
     read_request_head,
     respond,
     serve_limited,
@@ -75,8 +76,6 @@ MAX_CONNECTIONS = 8
 _SCRAPES = "scrapes"
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 4 * 1024
-_LISTENER_CLOSE_BUDGET_S = 1.0
-"""Bound of closing the listening sockets at stop (shielded: it runs while cancelled)."""
 STORE_BUCKETS_S = (
     0.0005,
     0.001,
@@ -383,21 +382,16 @@ class MetricsServer:
         host, port = parse_host_port(self.listen)
         if not is_loopback_host(host) and not self.allow_non_loopback:
             raise ValueError("metrics on a non-loopback address needs allow_non_loopback")
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        try:
-            sockname = listeners[0].socket.getsockname()
-            self.bound = (str(sockname[0]), int(sockname[1]))
-            async with trio.open_nursery() as nursery:
-                serve = functools.partial(serve_limited, budget=_SCRAPES)
-                await nursery.start(serve, self._handle, listeners, self.limiter)
-                self._listening = True
-                log.info("metrics on %s", self.url)
-                task_status.started()
-        finally:
-            self._listening = False
-            for listener in listeners:
-                with trio.move_on_after(_LISTENER_CLOSE_BUDGET_S, shield=True):
-                    await listener.aclose()
+        async with open_listeners(host, port) as (listeners, self.bound):
+            try:
+                async with trio.open_nursery() as nursery:
+                    serve = functools.partial(serve_limited, budget=_SCRAPES)
+                    await nursery.start(serve, self._handle, listeners, self.limiter)
+                    self._listening = True
+                    log.info("metrics on %s", self.url)
+                    task_status.started()
+            finally:
+                self._listening = False
 
     async def _handle(self, stream: trio.SocketStream, _slot: Slot) -> None:
         try:

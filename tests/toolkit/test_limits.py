@@ -22,6 +22,7 @@ from adapters.toolkit import (
     LogThrottle,
     Slot,
     close_gracefully,
+    open_listeners,
     quiet_note,
     serve_limited,
 )
@@ -103,13 +104,26 @@ async def serving(
         await stream.send_all(b"ok\n")
         await close_gracefully(stream)
 
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
+    async with (
+        open_listeners("127.0.0.1", 0) as (listeners, (_host, port)),
+        trio.open_nursery() as nursery,
+    ):
         serve = functools.partial(serve_limited, budget="pending")
         await nursery.start(serve, handler or echo_line, listeners, limiter)
         yield port, answered
         nursery.cancel_scope.cancel()
+
+
+async def test_open_listeners_gives_the_bound_port_and_closes_on_exit() -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_listeners("127.0.0.1", 0) as (listeners, bound):
+            assert bound == ("127.0.0.1", listeners[0].socket.getsockname()[1])
+            assert bound[1] > 0  # port 0 resolved
+            stream = await trio.open_tcp_stream(*bound)  # the listener takes connections
+            await stream.aclose()
+        assert all(listener.socket.fileno() == -1 for listener in listeners)
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream(*bound)
 
 
 async def _ask(port: int, line: bytes) -> bytes:
