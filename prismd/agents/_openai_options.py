@@ -41,6 +41,12 @@ _KEYS = frozenset(
         "tools",
     }
 )
+_INT_RANGES = {
+    "timeout_ms": (MIN_TIMEOUT_MS, MAX_TIMEOUT_MS),
+    "max_history_messages": (0, MAX_HISTORY),
+    "max_output_tokens": (1, MAX_OUTPUT_TOKENS),
+}
+"""The integer options and their bounds (inclusive)."""
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -124,18 +130,9 @@ def validate_openai_options(options: Mapping[str, Any]) -> OpenAIOptions:
                 "system_prompt", f"must be at most {MAX_PROMPT_CHARS} characters"
             )
         values["system_prompt"] = prompt or None
-    if "timeout_ms" in options:
-        values["timeout_ms"] = _int(
-            "timeout_ms", options["timeout_ms"], MIN_TIMEOUT_MS, MAX_TIMEOUT_MS
-        )
-    if "max_history_messages" in options:
-        values["max_history_messages"] = _int(
-            "max_history_messages", options["max_history_messages"], 0, MAX_HISTORY
-        )
-    if "max_output_tokens" in options:
-        values["max_output_tokens"] = _int(
-            "max_output_tokens", options["max_output_tokens"], 1, MAX_OUTPUT_TOKENS
-        )
+    for key, (low, high) in _INT_RANGES.items():
+        if key in options:
+            values[key] = _int(key, options[key], low, high)
     if "temperature" in options:
         temperature = options["temperature"]
         if isinstance(temperature, bool) or not isinstance(temperature, int | float):
