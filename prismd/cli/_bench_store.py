@@ -17,11 +17,10 @@ import trio
 
 from stores import Store, open_store
 
-from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
-from ..grants import GrantAuthorizer, GrantConfig
+from ..grants import GrantConfig
 from ..limits import LIMIT_TABLE, Limits
-from ..runtime import open_messaging_runtime
+from ._benchrun import open_bench_runtime
 from ._figures import figures
 
 CONNECTION = "bench"
@@ -149,36 +148,27 @@ refused "capacity"."""
 
 
 async def _with_runtime(url: str, body: Callable[[_Bench], Awaitable[dict[str, Any]]]) -> Any:
-    async with open_store(url) as store:
-        agent: Agent = build_agent(
-            "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
-        )
-        authorizer = GrantAuthorizer([GRANT])
-        answers = _Answers()
+    answers = _Answers()
+    bench: _Bench | None = None
 
-        bench: _Bench | None = None
+    async def gate() -> None:
+        if bench is not None and bench.gate is not None:
+            await bench.gate.wait()
 
-        async def resolve_agent(_request: Any) -> Agent:
-            if bench is not None and bench.gate is not None:
-                await bench.gate.wait()
-            return agent
-
-        limits = Limits(
-            max_pending_per_process=MAX_ROUTES,
-            max_active_sessions=16,
-            max_routes=10_000,
-            max_pending_per_binding=32,
-        )
-        async with open_messaging_runtime(
-            authorize=authorizer.authorize,
-            resolve_agent=resolve_agent,
-            deliver=answers.deliver,
-            store=store,
-            limits=limits,
-            owner_id=f"prismd-bench-{os.getpid()}-{time.monotonic_ns()}",
-        ) as runtime:
-            bench = _Bench(store, answers, runtime, limits)
-            return await body(bench)
+    limits = Limits(
+        max_pending_per_process=MAX_ROUTES,
+        max_active_sessions=16,
+        max_routes=10_000,
+        max_pending_per_binding=32,
+    )
+    async with (
+        open_store(url) as store,
+        open_bench_runtime(
+            store, GRANT, answers.deliver, limits=limits, tool="bench", before_run=gate
+        ) as runtime,
+    ):
+        bench = _Bench(store, answers, runtime, limits)
+        return await body(bench)
 
 
 async def _admit_timed(bench: _Bench, route: int, samples: list[float]) -> str:

@@ -32,11 +32,10 @@ import trio.lowlevel
 
 from stores import open_store
 
-from ..agents import Agent, AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
-from ..grants import GrantAuthorizer, GrantConfig, operator_identity
+from ..grants import GrantConfig, operator_identity
 from ..limits import Limits
-from ..runtime import open_messaging_runtime
+from ._benchrun import open_bench_runtime
 from ._collector import tune_collector
 
 log = logging.getLogger("prismd.soak")
@@ -49,6 +48,10 @@ DRAIN_DEADLINE_MS = 5_000
 YIELD_EVERY = 16
 FINAL_PRUNE_AHEAD_MS = 8 * 24 * 3600 * 1000
 MAX_DURATION_MS = 7 * 24 * 3600 * 1000
+GRANT = GrantConfig(
+    CONNECTION, ("*",), tenant=TENANT, user=USER, aliases=(ALIAS,), default_alias=ALIAS
+)
+"""The one grant of the soak: everyone on ``soak``, all as one user."""
 
 
 def _bounded_int(name: str, low: int, high: int) -> Any:
@@ -214,89 +217,70 @@ async def _soak_loop(
     }
     pruned = {"scanned": 0, "deleted": 0, "retained": 0}
     collector = _Collector()
-    async with open_store(url) as store:
-        agent: Agent = build_agent(
-            "mock", AgentContext(alias=ALIAS, options={}, checkpoints=store.checkpoints)
-        )
-        authorizer = GrantAuthorizer(
-            [
-                GrantConfig(
-                    CONNECTION,
-                    ("*",),
-                    tenant=TENANT,
-                    user=USER,
-                    aliases=(ALIAS,),
-                    default_alias=ALIAS,
-                )
-            ]
-        )
-        operator = operator_identity(_SoakOperator(uid=os.getuid()), now_ms=int(time.time() * 1000))
-
-        async def resolve_agent(_request: Any) -> Agent:
-            return agent
-
-        async with open_messaging_runtime(
-            authorize=authorizer.authorize,
-            resolve_agent=resolve_agent,
-            deliver=collector.deliver,
-            store=store,
-            use_leases=True,
+    operator = operator_identity(_SoakOperator(uid=os.getuid()), now_ms=int(time.time() * 1000))
+    async with (
+        open_store(url) as store,
+        open_bench_runtime(
+            store,
+            GRANT,
+            collector.deliver,
             limits=Limits(retention_days=7),
-            owner_id=f"prismd-soak-{os.getpid()}-{int(started * 1000)}",
-        ) as runtime:
-            task_status.started()
-            i = 0
-            while not interrupted.is_set() and trio.current_time() < deadline:
-                if options.iterations and i >= options.iterations:
-                    break
-                lane = i % options.lanes
-                event = InboundEvent(
-                    connection_id=CONNECTION,
-                    external_conversation_id=f"chat-{lane}",
-                    external_actor_id=f"user-{lane}",
-                    event_id=f"soak-{i}",
-                    text=f"iteration {i}",
-                )
-                admission = await runtime.admit(event)
-                if admission.status == "accepted" and not admission.duplicate:
-                    counts["admitted"] += 1
-                else:
-                    counts["denied"] += 1
-                drained = await runtime.drain(deadline_ms=DRAIN_DEADLINE_MS)
-                if not drained.settled:
-                    counts["unsettled"] += 1
-                counts["iterations"] += 1
-                i += 1
-                if i % options.prune_every == 0:
-                    counts["repeatAttempts"] += 1
-                    again = await runtime.admit(event)
-                    if again.duplicate:
-                        counts["duplicates"] += 1
-                    for entry in await runtime.list_unresolved(identity=operator):
-                        counts["unresolvedSeen"] += 1
-                        result = await runtime.reconcile(
-                            identity=operator,
-                            connection_id=entry.connection_id,
-                            operation_id=entry.operation_id,
-                            expected_version=entry.version,
-                            acknowledge_duplicate_risk=True,
-                        )
-                        if result.status == "resolved":
-                            counts["reconciled"] += 1
-                    result_prune = await runtime.prune(identity=operator)
-                    for key in pruned:
-                        pruned[key] += getattr(result_prune, key)
-                if i % YIELD_EVERY == 0:
-                    # Store calls already checkpoint; this makes signals prompt regardless.
-                    await trio.lowlevel.checkpoint()
-            unresolved_at_end = len(await runtime.list_unresolved(identity=operator))
-            final = await runtime.prune(
-                identity=operator, now_ms=int(time.time() * 1000) + FINAL_PRUNE_AHEAD_MS
+            tool="soak",
+        ) as runtime,
+    ):
+        task_status.started()
+        i = 0
+        while not interrupted.is_set() and trio.current_time() < deadline:
+            if options.iterations and i >= options.iterations:
+                break
+            lane = i % options.lanes
+            event = InboundEvent(
+                connection_id=CONNECTION,
+                external_conversation_id=f"chat-{lane}",
+                external_actor_id=f"user-{lane}",
+                event_id=f"soak-{i}",
+                text=f"iteration {i}",
             )
-            for key in pruned:
-                pruned[key] += getattr(final, key)
-            await runtime.stop()
-            diagnostics = _wire(runtime.diagnostics())
+            admission = await runtime.admit(event)
+            if admission.status == "accepted" and not admission.duplicate:
+                counts["admitted"] += 1
+            else:
+                counts["denied"] += 1
+            drained = await runtime.drain(deadline_ms=DRAIN_DEADLINE_MS)
+            if not drained.settled:
+                counts["unsettled"] += 1
+            counts["iterations"] += 1
+            i += 1
+            if i % options.prune_every == 0:
+                counts["repeatAttempts"] += 1
+                again = await runtime.admit(event)
+                if again.duplicate:
+                    counts["duplicates"] += 1
+                for entry in await runtime.list_unresolved(identity=operator):
+                    counts["unresolvedSeen"] += 1
+                    result = await runtime.reconcile(
+                        identity=operator,
+                        connection_id=entry.connection_id,
+                        operation_id=entry.operation_id,
+                        expected_version=entry.version,
+                        acknowledge_duplicate_risk=True,
+                    )
+                    if result.status == "resolved":
+                        counts["reconciled"] += 1
+                result_prune = await runtime.prune(identity=operator)
+                for key in pruned:
+                    pruned[key] += getattr(result_prune, key)
+            if i % YIELD_EVERY == 0:
+                # Store calls already checkpoint; this makes signals prompt regardless.
+                await trio.lowlevel.checkpoint()
+        unresolved_at_end = len(await runtime.list_unresolved(identity=operator))
+        final = await runtime.prune(
+            identity=operator, now_ms=int(time.time() * 1000) + FINAL_PRUNE_AHEAD_MS
+        )
+        for key in pruned:
+            pruned[key] += getattr(final, key)
+        await runtime.stop()
+        diagnostics = _wire(runtime.diagnostics())
 
     ok = (
         unresolved_at_end == 0

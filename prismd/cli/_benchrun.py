@@ -1,0 +1,60 @@
+"""The runtime that ``prismd bench`` and ``prismd soak`` drive: the real runtime on a real
+store, every route answered by one agent (the ``mock`` agent unless one is given) under one
+grant."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from stores import Store
+
+from ..agents import Agent, AgentContext, build_agent
+from ..channel import Reply, SendResult
+from ..grants import GrantAuthorizer, GrantConfig
+from ..limits import Limits
+from ..runtime import Runtime, open_messaging_runtime
+
+__all__ = ["open_bench_runtime"]
+
+
+@asynccontextmanager
+async def open_bench_runtime(
+    store: Store,
+    grant: GrantConfig,
+    deliver: Callable[[Reply], Awaitable[SendResult]],
+    *,
+    limits: Limits,
+    tool: str,
+    agent: Agent | None = None,
+    before_run: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncIterator[Runtime]:
+    """The runtime over ``store`` with the leases on, owned by this run of ``tool``
+    (``prismd-<tool>-<pid>-<clock>``): ``grant`` authorizes, ``agent`` answers every turn
+    (default: a ``mock`` agent named by the grant's ``default_alias``, else ``mock``),
+    ``deliver`` takes every reply. ``before_run``, when given, is awaited before each turn
+    is handed its agent (the bench holds turns back with it)."""
+    if agent is None:
+        alias = grant.default_alias or "mock"
+        agent = build_agent(
+            "mock", AgentContext(alias=alias, options={}, checkpoints=store.checkpoints)
+        )
+    answering = agent
+
+    async def resolve_agent(_request: Any) -> Agent:
+        if before_run is not None:
+            await before_run()
+        return answering
+
+    async with open_messaging_runtime(
+        authorize=GrantAuthorizer([grant]).authorize,
+        resolve_agent=resolve_agent,
+        deliver=deliver,
+        store=store,
+        limits=limits,
+        owner_id=f"prismd-{tool}-{os.getpid()}-{time.monotonic_ns()}",
+    ) as runtime:
+        yield runtime
