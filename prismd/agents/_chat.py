@@ -18,11 +18,13 @@ connection to its pool).
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -213,18 +215,14 @@ class _Assembler:
         return Completion("".join(self.text), tuple(calls), self.finish_reason)
 
 
-async def _attempt(
-    client: httpx.AsyncClient,
-    url: str,
-    headers: Mapping[str, str],
-    body: Mapping[str, Any],
-    on_text: Callable[[str], None],
-) -> Completion:
+OpenStream = Callable[[], AbstractAsyncContextManager[httpx_sse.EventSource]]
+"""Sends the request, once per call: the answer's event stream while the block runs."""
+
+
+async def _attempt(open_stream: OpenStream, on_text: Callable[[str], None]) -> Completion:
     assembler = _Assembler(on_text)
     try:
-        async with httpx_sse.aconnect_sse(
-            client, "POST", url, headers=dict(headers), json=dict(body)
-        ) as source:
+        async with open_stream() as source:
             response = source.response
             if response.status_code != 200:
                 # The body is never read (nor shown): OpenAI's 401 quotes part of the key.
@@ -328,10 +326,13 @@ async def stream_completion(
 
     Raises :class:`ProviderError`; ``trio.Cancelled`` closes the request.
     """
+    open_stream = functools.partial(
+        httpx_sse.aconnect_sse, client, "POST", url, headers=dict(headers), json=dict(body)
+    )
     delay = BACKOFF_START_S
     for attempt in range(1, max_attempts + 1):
         try:
-            return await _attempt(client, url, headers, body, on_text)
+            return await _attempt(open_stream, on_text)
         except ProviderError as error:
             if not error.retryable or error.started or attempt == max_attempts:
                 raise
