@@ -19,15 +19,16 @@ from typing import Any
 import attrs
 import trio
 
-from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
+from stores import OwnershipScope
 
 from ._base import EventSink, PendingDecision, RunResult, run_failed
 from ._chat import Completion, ProviderError, ToolCall
 from ._openai_options import OpenAIOptions
-from ._session import CATEGORY_RUN, NS_RUN, SessionLog, run_key
+from ._runbook import RunBook, VersionedRun
+from ._session import SessionLog
 from .tools import Tool
 
-__all__ = ["RunBook", "RunLoop", "RunRecord", "VersionedRun", "interrupted"]
+__all__ = ["MAX_RUN_RECORD_BYTES", "RunLoop", "RunRecord", "interrupted"]
 
 log = logging.getLogger("prismd.agents.openai")
 
@@ -96,14 +97,6 @@ class RunRecord:
         )
 
 
-@attrs.define
-class VersionedRun:
-    """A run record and the version it was loaded or saved at (0: not stored yet)."""
-
-    run: RunRecord
-    version: int = 0
-
-
 def _tool_message(call: ToolCall, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.id, "content": content}
 
@@ -131,62 +124,11 @@ def _clip_result(value: Any) -> str:
 
 
 @attrs.define(eq=False)
-class RunBook:
-    """The run records of one alias, loaded and written by compare-and-swap."""
-
-    checkpoints: CheckpointStore
-    alias: str
-
-    async def load(self, run_id: str, scope: OwnershipScope) -> VersionedRun | None:
-        stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=scope
-        )
-        if stored is None:
-            return None
-        try:
-            return VersionedRun(RunRecord.from_json(stored.value), stored.version)
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    async def save(
-        self, run_id: str, scope: OwnershipScope, versioned: VersionedRun, run: RunRecord
-    ) -> bool:
-        """CAS ``run`` over ``versioned`` (a create when its version is 0); False on a lost CAS."""
-        value = run.to_json()
-        if len(json.dumps(value)) > MAX_RUN_RECORD_BYTES:
-            raise run_failed(
-                run_id, run.session_id, "run_state_too_large", "the tool results are too large"
-            )
-        try:
-            saved = await self.checkpoints.save_checkpoint(
-                namespace=NS_RUN,
-                key=run_key(self.alias, run_id),
-                scope=scope,
-                version=versioned.version + 1,
-                value=value,
-                expected_version=versioned.version,
-                category=CATEGORY_RUN,
-                metadata={"status": run.status},
-            )
-        except CheckpointConflictError:
-            return False
-        versioned.run, versioned.version = run, saved.version
-        return True
-
-    async def advance(
-        self, run_id: str, scope: OwnershipScope, versioned: VersionedRun, run: RunRecord
-    ) -> None:
-        """Save or fail the run: losing a CAS here means another resume took the run over."""
-        if not await self.save(run_id, scope, versioned, run):
-            raise run_failed(run_id, run.session_id, "run_state_conflict", "run state changed")
-
-
-@attrs.define(eq=False)
 class RunLoop:
     """One run (or resume) of the agent: answers its queued tool calls, then calls the
     model until it answers in text, journaling each step in ``versioned``'s record."""
 
-    book: RunBook
+    book: RunBook[RunRecord]
     complete: Complete
     options: OpenAIOptions
     tools: Mapping[str, Tool]
@@ -194,7 +136,7 @@ class RunLoop:
     count_tool_call: Callable[[], None]
     run_id: str
     scope: OwnershipScope
-    versioned: VersionedRun
+    versioned: VersionedRun[RunRecord]
     on_event: EventSink | None
 
     async def guarded(self, *, decided: bool | None = None) -> RunResult:

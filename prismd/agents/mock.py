@@ -15,22 +15,13 @@ Options (``[agents.<alias>] kind = "mock"``):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import trio
 
-from stores import (
-    CheckpointConflictError,
-    CheckpointRecord,
-    CheckpointStore,
-    Clock,
-    Keep,
-    OwnershipScope,
-    Replace,
-    update_checkpoint,
-)
+from stores import CheckpointStore, Clock, Keep, OwnershipScope, Replace
 
 from ..identity import ownership_from_identity
 from ._base import (
@@ -43,9 +34,8 @@ from ._base import (
     RunState,
     run_failed,
 )
+from ._runbook import RunBook, VersionedRun
 from ._session import (
-    CATEGORY_RUN,
-    NS_RUN,
     AgentOptionError,
     SessionAgent,
     SessionLog,
@@ -53,12 +43,10 @@ from ._session import (
     image_count,
     input_text,
     new_run_id,
-    run_key,
     stream_text,
 )
 
 _CAS_ATTEMPTS = 8
-R = TypeVar("R")
 MAX_DELAY_MS = 24 * 3600 * 1000
 
 
@@ -100,19 +88,6 @@ class _Finish:
 
 
 FINISH = _Finish()
-
-
-def _parsed(stored: CheckpointRecord | None) -> tuple[int, _RunRecord] | None:
-    if stored is None:
-        return None
-    try:
-        return stored.version, _RunRecord.from_json(stored.value)
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _replace(record: _RunRecord, result: R) -> Replace[R]:
-    return Replace(record.to_json(), result, metadata={"status": record.status})
 
 
 @attrs.frozen
@@ -187,6 +162,10 @@ class MockAgent(SessionAgent):
     _revision: str
     run_calls: int = 0
     resume_calls: int = 0
+    _book: RunBook[_RunRecord] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._book = RunBook(self.checkpoints, self.alias, _RunRecord.from_json)
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> MockAgent:
@@ -209,8 +188,8 @@ class MockAgent(SessionAgent):
 
     async def tool_runs(self, run_id: str, scope: OwnershipScope) -> int:
         """How many times the suspended tool of ``run_id`` ran (durable; 0 or 1)."""
-        stored = await self._load(run_id, scope)
-        return 0 if stored is None else stored[1].tool_runs
+        loaded = await self._book.load(run_id, scope)
+        return 0 if loaded is None else loaded.run.tool_runs
 
     def _answer(self, text: str, images: int = 0) -> str:
         suffix = f" [{images} image(s)]" if images else ""
@@ -219,55 +198,6 @@ class MockAgent(SessionAgent):
     async def _delay(self) -> None:
         if self.options.delay_ms:
             await trio.sleep(self.options.delay_ms / 1000)
-
-    async def _load(self, run_id: str, scope: OwnershipScope) -> tuple[int, _RunRecord] | None:
-        stored = await self.checkpoints.load_checkpoint(
-            namespace=NS_RUN, key=run_key(self.alias, run_id), scope=scope
-        )
-        return _parsed(stored)
-
-    async def _update(
-        self,
-        run_id: str,
-        session_id: str,
-        scope: OwnershipScope,
-        change: Callable[[tuple[int, _RunRecord] | None], Replace[R] | Keep[R]],
-    ) -> R:
-        """Read-modify-write of the run's record (see :func:`stores.update_checkpoint`);
-        ``run_state_conflict`` when it kept changing under us."""
-        try:
-            return await update_checkpoint(
-                self.checkpoints,
-                namespace=NS_RUN,
-                key=run_key(self.alias, run_id),
-                scope=scope,
-                change=lambda stored: change(_parsed(stored)),
-                what="the mock run's record",
-                category=CATEGORY_RUN,
-                attempts=_CAS_ATTEMPTS,
-            )
-        except CheckpointConflictError:
-            raise run_failed(
-                run_id, session_id, "run_state_conflict", "run state kept changing"
-            ) from None
-
-    async def _save(
-        self, run_id: str, scope: OwnershipScope, record: _RunRecord, expected: int
-    ) -> bool:
-        try:
-            await self.checkpoints.save_checkpoint(
-                namespace=NS_RUN,
-                key=run_key(self.alias, run_id),
-                scope=scope,
-                version=expected + 1,
-                value=record.to_json(),
-                expected_version=expected,
-                category=CATEGORY_RUN,
-                metadata={"status": record.status},
-            )
-        except CheckpointConflictError:
-            return False
-        return True
 
     async def run(self, request: RunRequest, *, on_event: EventSink | None = None) -> RunResult:
         self.run_calls += 1
@@ -293,7 +223,7 @@ class MockAgent(SessionAgent):
                 created_at_ms=self.clock.now_ms(),
                 pending=(pending,),
             )
-            if not await self._save(run_id, scope, record, 0):
+            if not await self._book.save(run_id, scope, VersionedRun(record), record):
                 raise run_failed(run_id, request.session_id, "run_state_conflict", "run id reused")
             leaf = await self._log.append(request.session_id, scope, (("user", text),))
             return RunResult("suspended", "", run_id, request.session_id, leaf_id=leaf)
@@ -307,10 +237,10 @@ class MockAgent(SessionAgent):
     async def status(
         self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
-        loaded = await self._load(run_id, scope)
-        if loaded is None or loaded[1].session_id != session_id:
+        loaded = await self._book.load(run_id, scope, session_id=session_id)
+        if loaded is None:
             return None
-        version, record = loaded
+        version, record = loaded.version, loaded.run
         pending = record.pending if record.status == "suspended" else ()
         return RunState(status=record.status, version=version, pending=pending)
 
@@ -325,11 +255,11 @@ class MockAgent(SessionAgent):
         self.resume_calls += 1
 
         def change(
-            loaded: tuple[int, _RunRecord] | None,
+            loaded: VersionedRun[_RunRecord] | None,
         ) -> Replace[RunResult | _Finish] | Keep[RunResult | _Finish]:
-            if loaded is None or loaded[1].session_id != session_id:
+            if loaded is None:
                 raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
-            version, record = loaded
+            version, record = loaded.version, loaded.run
             if record.status == "succeeded":
                 return Keep(record.succeeded(run_id))
             if record.status == "denied":
@@ -344,16 +274,16 @@ class MockAgent(SessionAgent):
             if request.deny or outcomes.get(approval_id or "") == "reject_once":
                 denied = attrs.evolve(record, status="denied", pending=())
                 result = RunResult("denied", "", run_id, session_id, leaf_id=record.leaf_id)
-                return _replace(denied, result)
+                return self._book.replace(run_id, denied, result)
             if approval_id is None or outcomes.get(approval_id) != "allow_once":
                 raise run_failed(run_id, session_id, "missing_decision", "no decision for the tool")
             # The tool "runs" in the same CAS that leaves `suspended`: exactly one winner.
             running = attrs.evolve(
                 record, status="running", pending=(), tool_runs=record.tool_runs + 1
             )
-            return _replace(running, FINISH)
+            return self._book.replace(run_id, running, FINISH)
 
-        outcome = await self._update(run_id, session_id, scope, change)
+        outcome = await self._book.update(run_id, session_id, scope, change, attempts=_CAS_ATTEMPTS)
         if isinstance(outcome, _Finish):
             return await self._finish(run_id, scope, request.on_event)
         return outcome
@@ -362,27 +292,31 @@ class MockAgent(SessionAgent):
         self, run_id: str, scope: OwnershipScope, on_event: EventSink | None
     ) -> RunResult:
         await self._delay()
-        loaded = await self._load(run_id, scope)
+        loaded = await self._book.load(run_id, scope)
         if loaded is None:
             raise run_failed(run_id, "", "run_not_found", "run state vanished")
-        record = loaded[1]
+        record = loaded.run
         if record.status == "succeeded":
             return record.succeeded(run_id)
         answer = self._answer(record.text)
         await stream_text(run_id, answer, on_event)
         leaf = await self._log.append(record.session_id, scope, (("assistant", answer),))
 
-        def change(loaded: tuple[int, _RunRecord] | None) -> Replace[RunResult] | Keep[RunResult]:
+        def change(
+            loaded: VersionedRun[_RunRecord] | None,
+        ) -> Replace[RunResult] | Keep[RunResult]:
             if loaded is None:
                 raise run_failed(
                     run_id, record.session_id, "run_state_conflict", "run state kept changing"
                 )
-            current = loaded[1]
+            current = loaded.run
             if current.status == "succeeded":
                 # A concurrent resume finished first; its answer is the run's answer.
                 return Keep(current.succeeded(run_id))
             done = attrs.evolve(current, status="succeeded", answer=answer, leaf_id=leaf)
             result = RunResult("succeeded", answer, run_id, current.session_id, leaf_id=leaf)
-            return _replace(done, result)
+            return self._book.replace(run_id, done, result)
 
-        return await self._update(run_id, record.session_id, scope, change)
+        return await self._book.update(
+            run_id, record.session_id, scope, change, attempts=_CAS_ATTEMPTS
+        )

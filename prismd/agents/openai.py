@@ -55,7 +55,8 @@ from ._openai_options import OpenAIOptions as OpenAIOptions
 from ._openai_options import check_base_url as check_base_url
 from ._openai_options import load_tools
 from ._openai_options import validate_openai_options as validate_openai_options
-from ._openai_run import INTERRUPTED_KIND, RunBook, RunLoop, RunRecord, VersionedRun, interrupted
+from ._openai_run import INTERRUPTED_KIND, MAX_RUN_RECORD_BYTES, RunLoop, RunRecord, interrupted
+from ._runbook import RunBook, VersionedRun
 from ._session import (
     AgentOptionError,
     SessionAgent,
@@ -93,7 +94,7 @@ class OpenAIAgent(SessionAgent):
     _revision: str
     _transport: httpx.AsyncBaseTransport | None = None
     _client: httpx.AsyncClient | None = None
-    _book: RunBook = attrs.field(init=False)
+    _book: RunBook[RunRecord] = attrs.field(init=False)
     _live: set[str] = attrs.field(factory=set)
     """Runs this process is resuming now: their in-flight statuses are not interrupted."""
     tool_calls: int = 0
@@ -125,13 +126,15 @@ class OpenAIAgent(SessionAgent):
         )
 
     def __attrs_post_init__(self) -> None:
-        self._book = RunBook(self.checkpoints, self.alias)
+        self._book = RunBook(
+            self.checkpoints, self.alias, RunRecord.from_json, max_bytes=MAX_RUN_RECORD_BYTES
+        )
 
     def _loop(
         self,
         run_id: str,
         scope: OwnershipScope,
-        versioned: VersionedRun,
+        versioned: VersionedRun[RunRecord],
         on_event: EventSink | None,
     ) -> RunLoop:
         return RunLoop(
@@ -241,8 +244,8 @@ class OpenAIAgent(SessionAgent):
     async def status(
         self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
-        loaded = await self._book.load(run_id, scope)
-        if loaded is None or loaded.run.session_id != session_id:
+        loaded = await self._book.load(run_id, scope, session_id=session_id)
+        if loaded is None:
             return None
         run = loaded.run
         if run.status == "suspended" and run.pending is not None:
@@ -261,8 +264,8 @@ class OpenAIAgent(SessionAgent):
         (``run_not_found``, ``version_conflict``, ``missing_decision``, …).
         """
         run_id, session_id, scope = request.run_id, request.session_id, request.scope
-        loaded = await self._book.load(run_id, scope)
-        if loaded is None or loaded.run.session_id != session_id:
+        loaded = await self._book.load(run_id, scope, session_id=session_id)
+        if loaded is None:
             raise run_failed(run_id, session_id, "run_not_found", "no such suspended run")
         run = loaded.run
         if run.status == "succeeded":
