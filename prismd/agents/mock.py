@@ -101,6 +101,12 @@ class _RunRecord:
     answer: str | None = None
     leaf_id: str | None = None
 
+    def state(self, version: int) -> RunState:
+        """What ``status`` reports of the run stored at ``version``: its pending decision
+        while it is suspended."""
+        pending = self.pending if self.status == "suspended" else ()
+        return RunState(status=self.status, version=version, pending=pending)
+
     def succeeded(self, run_id: str) -> RunResult:
         """The stored result of a run that has ended ``succeeded``."""
         return RunResult("succeeded", self.answer or "", run_id, self.session_id, self.leaf_id)
@@ -238,11 +244,7 @@ class MockAgent(SessionAgent):
         self, *, run_id: str, session_id: str, scope: OwnershipScope
     ) -> RunState | None:
         loaded = await self._book.load(run_id, scope, session_id=session_id)
-        if loaded is None:
-            return None
-        version, record = loaded.version, loaded.run
-        pending = record.pending if record.status == "suspended" else ()
-        return RunState(status=record.status, version=version, pending=pending)
+        return None if loaded is None else loaded.run.state(loaded.version)
 
     async def _resume(self, request: ResumeRequest) -> RunResult:
         """Continue a suspended run. Idempotent on the run: a retried or concurrent resume
