@@ -19,8 +19,7 @@ from .._types import (
     SaveCheckpoint,
     WriteResult,
 )
-from ._engine import _Database, _RolledBack
-from ._schema import _SCOPE_IS, _add_scope_filter, _one, _scalar
+from ._engine import _SCOPE_IS, _add_scope_filter, _Database, _one, _RolledBack, _scalar
 
 _CHECKPOINT_COLUMNS = (
     "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"

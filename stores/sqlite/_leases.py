@@ -10,8 +10,7 @@ import attrs
 from .. import _common
 from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import LeaseConflictError, LeaseRecord, OwnershipScope
-from ._engine import _Database
-from ._schema import _SCOPE_IS, _one
+from ._engine import _SCOPE_IS, _Database, _one
 
 _ACQUIRE = (
     f"INSERT INTO prism_leases AS l ({LEASE_COLUMNS})"

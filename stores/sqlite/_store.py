@@ -15,11 +15,10 @@ from .._types import (
     StoreUnavailableError,
 )
 from ._checkpoints import SQLiteCheckpointStore
-from ._engine import _Database
+from ._engine import BUSY_TIMEOUT_MS, _Database
 from ._inbox import SQLiteInboxStore
 from ._leases import SQLiteLeaseStore
 from ._schema import (
-    BUSY_TIMEOUT_MS,
     SCHEMA_VERSION,
     _open_connections,
     _read_user_version,
