@@ -16,7 +16,7 @@ job each:
   (``ReceiverLeaseLostError``) so the supervisor restarts ``run``;
 * one update → ``admit``: :class:`~adapters.telegram._updates.UpdateHandler`;
 * sending and typing: :class:`~adapters.telegram._send.TelegramSender`;
-* files and the voice/document hooks: :class:`~adapters.telegram._parse.TelegramMedia`;
+* files and the voice/document hooks: :class:`~adapters.telegram._updates.TelegramMedia`;
 * streaming previews (``sendMessageDraft``, when ``send_drafts`` is on, private chats
   only): :class:`~adapters.telegram._drafts.DraftStreamer`.
 
@@ -61,16 +61,16 @@ from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate
 from ._drafts import DraftStreamer
 from ._files import send_file
 from ._inbox import BusyConversations, InboxWorker
-from ._parse import (
+from ._poller import Poller
+from ._send import MAX_CHUNK_UNITS, Synthesize, TelegramSender
+from ._updates import (
     MAX_ATTACHMENT_BYTES_CAP,
     ExtractDocumentText,
     FetchedAttachment,
     TelegramMedia,
     Transcribe,
+    UpdateHandler,
 )
-from ._poller import Poller
-from ._send import MAX_CHUNK_UNITS, Synthesize, TelegramSender
-from ._updates import UpdateHandler
 from ._webhook import WebhookServer
 
 __all__ = ["RECEIVER_NAMESPACE", "TelegramAdapter"]
@@ -338,7 +338,7 @@ class TelegramAdapter:
             self._drafts.offer(preview)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
-        """The file's bytes, or ``None`` (:meth:`adapters.telegram._parse.TelegramMedia.fetch`)."""
+        """The file's bytes, or ``None`` (:meth:`._updates.TelegramMedia.fetch`)."""
         return await self._media.fetch(ref)
 
     async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:  # see _files
