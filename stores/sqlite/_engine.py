@@ -17,7 +17,7 @@ import apsw
 import attrs
 import trio
 
-from .. import _common
+from .. import _types
 from .._types import Clock, OwnershipScope, StoreUnavailableError
 
 T = TypeVar("T")
@@ -75,7 +75,7 @@ _SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
 
 def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
     """Append the partial-scope filter: each field that is set must match exactly."""
-    for column, field in zip(("tenant_id", "account_id", "user_id"), _common.scope_args(scope)):
+    for column, field in zip(("tenant_id", "account_id", "user_id"), _types.scope_args(scope)):
         if field is not None:
             where.append(f"{column} = ?")
             args.append(field)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import apsw
 
-from .. import _common
+from .. import _types
 from .._types import InvalidStoreURLError, StoreUnavailableError
 from ._engine import _scalar
 
@@ -116,7 +116,7 @@ def sqlite_path_from_url(url: str) -> Path:
     path = rest[1:]
     if not path or path.endswith("/") or "?" in path or "#" in path or "\x00" in path:
         raise InvalidStoreURLError("sqlite URL must name a database file: sqlite:///PATH")
-    if not _common._is_text(path):
+    if not _types._is_text(path):
         # apsw takes UTF-8 names; a non-UTF-8 file name (surrogate-escaped) cannot be opened.
         raise InvalidStoreURLError("sqlite URL path must be valid UTF-8")
     return Path(path)
