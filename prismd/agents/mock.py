@@ -32,7 +32,7 @@ from stores import (
     update_checkpoint,
 )
 
-from ..identity import ownership_from_identity
+from ..grants import ownership_from_identity
 from ._base import (
     AgentContext,
     EventSink,
