@@ -23,8 +23,6 @@ from typing import Any, Literal, Protocol, TypeAlias
 import attrs
 import trio
 
-from .identity import AgentIdentity
-
 _log = logging.getLogger("prismd.channel")
 
 AttachmentKind: TypeAlias = Literal["image", "document", "voice"]
@@ -230,30 +228,6 @@ class Preview:
     external_conversation_id: str
     text: str
     thread_id: str | None = None
-
-
-@attrs.frozen
-class AuthorizeInput:
-    connection_id: str
-    external_conversation_id: str
-    external_actor_id: str
-    event_id: str
-    text: str
-    action: Action
-    received_at_ms: int
-    thread_id: str | None = None
-    claims: Mapping[str, Any] = attrs.field(factory=dict)
-
-
-@attrs.frozen
-class Grant:
-    """What the host's ``authorize`` returns for an allowed actor (ChannelAuthorization)."""
-
-    identity: AgentIdentity
-    agent_aliases: tuple[str, ...]
-    grant_revision: str
-    default_agent_alias: str | None = None
-    notifications: bool = False
 
 
 # --------------------------------------------------------------------------- adapters

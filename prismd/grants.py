@@ -1,4 +1,7 @@
-"""Who may talk to which agent: config ``[[grants]]`` and durable paired grants → ``authorize``.
+"""Who a turn runs as, and who may talk to which agent (contract §2): verified agent
+identities and the ownership scope derived from them, ``authorize``'s question and answer
+(:class:`AuthorizeInput`, :class:`Grant`), and the grants that answer it — config
+``[[grants]]`` and durable paired grants.
 
 :class:`GrantAuthorizer` is the runtime's ``authorize`` callback (contract §2.2). For an
 event on connection ``C`` from actor ``A`` it answers, in order:
@@ -20,15 +23,122 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope
 
-from .channel import AuthorizeInput, Grant
-from .identity import AgentIdentity, Principal
+from .channel import Action
+from .redact import utf8_len
+
+# --------------------------------------------------------------------------- identities
+
+
+@attrs.frozen
+class Principal:
+    kind: str
+    id: str
+    display_name: str | None = None
+
+
+@attrs.frozen
+class AgentIdentity:
+    """Who a turn runs as. Built by the host (the daemon's grants), never from event claims."""
+
+    tenant_id: str
+    principal: Principal
+    scopes: tuple[str, ...]
+    issued_at_ms: int
+    account_id: str | None = None
+    user_id: str | None = None
+    expires_at_ms: int | None = None
+    revoked_at_ms: int | None = None
+    verified: bool = True
+    metadata: Mapping[str, Any] | None = None
+
+
+def ownership_from_identity(identity: AgentIdentity) -> OwnershipScope:
+    """The only way ownership is ever derived (§2.1)."""
+    return OwnershipScope(identity.tenant_id, identity.account_id, identity.user_id)
+
+
+_CHECKED: dict[int, weakref.ref[AgentIdentity]] = {}
+"""Identities whose shape was found valid, by ``id`` (a weak reference tells a live one from
+a new object at a reused address). Their fields cannot change (frozen, of immutable
+values), and a turn asks the same identity four or five times; emptied when full."""
+_CHECKED_MAX = 4_096
+
+
+def identity_is_active(identity: object, now_ms: int) -> bool:
+    """``assertIdentityActive`` as a boolean: shape, limits, verified, not revoked/expired."""
+    if not isinstance(identity, AgentIdentity):
+        return False
+    checked = _CHECKED.get(id(identity))
+    if checked is None or checked() is not identity:
+        if not _well_formed(identity):
+            return False
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[id(identity)] = weakref.ref(identity)
+    if identity.revoked_at_ms is not None and identity.revoked_at_ms <= now_ms:
+        return False
+    if identity.expires_at_ms is not None and identity.expires_at_ms <= now_ms:
+        return False
+    return identity.issued_at_ms <= now_ms + 60_000
+
+
+def _well_formed(identity: AgentIdentity) -> bool:
+    """Shape and limits: verified, ids and scopes within their bounds."""
+    if identity.verified is not True:
+        return False
+    if not isinstance(identity.tenant_id, str) or not identity.tenant_id:
+        return False
+    if utf8_len(identity.tenant_id) > 256:
+        return False
+    principal = identity.principal
+    if not isinstance(principal, Principal):
+        return False
+    if not isinstance(principal.id, str) or not principal.id or utf8_len(principal.id) > 256:
+        return False
+    if not isinstance(principal.kind, str) or not 1 <= utf8_len(principal.kind) <= 64:
+        return False
+    scopes = identity.scopes
+    if not isinstance(scopes, tuple) or not scopes or len(scopes) > 64:
+        return False
+    return all(isinstance(s, str) and s and utf8_len(s) <= 128 for s in scopes)
+
+
+# --------------------------------------------------------------------------- authorize
+
+
+@attrs.frozen
+class AuthorizeInput:
+    connection_id: str
+    external_conversation_id: str
+    external_actor_id: str
+    event_id: str
+    text: str
+    action: Action
+    received_at_ms: int
+    thread_id: str | None = None
+    claims: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Grant:
+    """What the host's ``authorize`` returns for an allowed actor (ChannelAuthorization)."""
+
+    identity: AgentIdentity
+    agent_aliases: tuple[str, ...]
+    grant_revision: str
+    default_agent_alias: str | None = None
+    notifications: bool = False
+
+
+# --------------------------------------------------------------------------- grants
 
 WILDCARD = "*"
 CHAT_SCOPES = ("chat",)

@@ -11,7 +11,18 @@ no driver (``check-config`` uses them), while :mod:`stores.postgres` (the store)
 
 from __future__ import annotations
 
-from ._common import compact_json as compact_json
+from ._contracts import (
+    CheckpointStore as CheckpointStore,
+)
+from ._contracts import (
+    InboxStore as InboxStore,
+)
+from ._contracts import (
+    LeaseStore as LeaseStore,
+)
+from ._contracts import (
+    Store as Store,
+)
 from ._open import migrate_store as migrate_store
 from ._open import open_store as open_store
 from ._polling import PollLease as PollLease
@@ -39,9 +50,6 @@ from ._types import (
     CheckpointRecord as CheckpointRecord,
 )
 from ._types import (
-    CheckpointStore as CheckpointStore,
-)
-from ._types import (
     Clock as Clock,
 )
 from ._types import (
@@ -64,9 +72,6 @@ from ._types import (
 )
 from ._types import (
     InboxState as InboxState,
-)
-from ._types import (
-    InboxStore as InboxStore,
 )
 from ._types import (
     InvalidCheckpointError as InvalidCheckpointError,
@@ -93,9 +98,6 @@ from ._types import (
     LeaseRecord as LeaseRecord,
 )
 from ._types import (
-    LeaseStore as LeaseStore,
-)
-from ._types import (
     OwnershipScope as OwnershipScope,
 )
 from ._types import (
@@ -106,9 +108,6 @@ from ._types import (
 )
 from ._types import (
     SchemaStatus as SchemaStatus,
-)
-from ._types import (
-    Store as Store,
 )
 from ._types import (
     StoreError as StoreError,
@@ -128,6 +127,7 @@ from ._types import (
 from ._types import (
     WriteStatus as WriteStatus,
 )
+from ._types import compact_json as compact_json
 from ._types import (
     ms_to_iso as ms_to_iso,
 )

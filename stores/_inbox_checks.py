@@ -1,5 +1,5 @@
 """Validation and encoding of the durable inbox's input, shared by every backend (as
-:mod:`stores._common` is for checkpoints and leases): pure, raising
+:mod:`stores._bases` is for checkpoints and leases): pure, raising
 :class:`InvalidInboxError` naming the bad field, never its value."""
 
 from __future__ import annotations
@@ -9,14 +9,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._common import (
-    _is_int,
-    _is_safe_int,
-    check_name,
-    decode_position,
-    encode_json,
-    encode_position,
-)
+from ._bases import check_name
 from ._types import (
     INBOX_STATES,
     LIST_LIMIT_MAX,
@@ -27,6 +20,11 @@ from ._types import (
     InvalidCheckpointError,
     InvalidInboxError,
     JSONValue,
+    _is_int,
+    _is_safe_int,
+    decode_position,
+    encode_json,
+    encode_position,
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 import attrs
 import trio
 
-from . import _common, _inbox_checks
+from . import _bases, _inbox_checks, _types
 from ._inbox_checks import InboxPut
 from ._types import (
     LIST_LIMIT_DEFAULT,
@@ -162,7 +162,7 @@ class InboxStoreBase(abc.ABC):
         self, *, owner_id: str, sources: Sequence[str] | None = None
     ) -> int:
         await self._enter()
-        owner = _common.check_name(owner_id, "owner_id", InvalidInboxError)
+        owner = _bases.check_name(owner_id, "owner_id", InvalidInboxError)
         wanted = _inbox_checks.check_inbox_sources(sources)
         if wanted == ():
             await trio.lowlevel.checkpoint()
@@ -206,8 +206,8 @@ class InboxStoreBase(abc.ABC):
 
     async def get(self, *, source: str, key: str) -> InboxItem | None:
         await self._enter()
-        _common.check_name(source, "source", InvalidInboxError)
-        _common.check_name(key, "key", InvalidInboxError)
+        _bases.check_name(source, "source", InvalidInboxError)
+        _bases.check_name(key, "key", InvalidInboxError)
         return await self._get(source, key)
 
     async def list_items(
@@ -220,7 +220,7 @@ class InboxStoreBase(abc.ABC):
     ) -> InboxPage:
         await self._enter()
         if source is not None:
-            _common.check_name(source, "source", InvalidInboxError)
+            _bases.check_name(source, "source", InvalidInboxError)
         wanted = _inbox_checks.check_inbox_state(state)
         position = _inbox_checks.decode_inbox_cursor(cursor)
         n = _inbox_checks.check_inbox_reserve_args("-", 1, limit, 1, None)[2]
@@ -233,8 +233,8 @@ class InboxStoreBase(abc.ABC):
         self, *, source: str, key: str, action: Literal["retry", "discard"]
     ) -> InboxItem | None:
         await self._enter()
-        _common.check_name(source, "source", InvalidInboxError)
-        _common.check_name(key, "key", InvalidInboxError)
+        _bases.check_name(source, "source", InvalidInboxError)
+        _bases.check_name(key, "key", InvalidInboxError)
         if action not in ("retry", "discard"):
             raise InvalidInboxError("action must be 'retry' or 'discard'")
         return await self._settle(source, key, action, self._now())
@@ -262,7 +262,7 @@ def inbox_item(row: Sequence[Any], *, with_payload: bool = True) -> InboxItem:
         source=source, key=key, partition=partition, order=order, state=state,
         attempts=attempts, available_at_ms=available, created_at_ms=created,
         updated_at_ms=updated, error=error, owner_id=owner, claim_expires_at_ms=expires,
-        payload=_common.decode_json(payload) if with_payload and payload is not None else None,
+        payload=_types.decode_json(payload) if with_payload and payload is not None else None,
     )  # fmt: skip
 
 

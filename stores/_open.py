@@ -7,13 +7,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
+from ._contracts import (
+    Store,
+)
 from ._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,
     Clock,
     InvalidStoreURLError,
     SchemaStatus,
-    Store,
 )
 from .postgres._url import PostgresOptions, is_postgres_url
 

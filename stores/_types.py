@@ -1,50 +1,20 @@
-"""The generic durable-state contracts every backend implements (contract §1).
-
-Everything durable in prismd goes through two contracts: a versioned key/value
-:class:`CheckpointStore` with compare-and-swap and fencing, and a :class:`LeaseStore`
-with fencing tokens. The channel journal adds no schema of its own; it picks
-namespaces, keys, categories and JSON values.
-
-Rules every backend follows (the conformance suite in ``tests/stores`` checks them):
-
-* A checkpoint row is identified by ``(namespace, key)``; its ownership scope is stored
-  with it. A load or delete under another exact scope is a miss; a save under another
-  scope is an ordinary :class:`CheckpointConflictError`.
-* ``expected_version=0`` means create-only; otherwise it must equal the stored version.
-  A new ``version`` must be strictly greater than the stored one.
-* A row stored with a fencing token refuses a write with a lower or a missing token.
-* Lease fencing tokens start at 1 and grow by one on every acquisition of the row (after
-  expiry or release too); renewal keeps token and fencing token.
-* ``adopt=True`` on :meth:`LeaseStore.try_acquire_lease` takes over an *unexpired*
-  lease whose holder has the same ``owner_id`` (a restarted process taking over its own
-  predecessor's lease). It still issues a new token and bumps the fencing token. Owner
-  ids must therefore be unique per live process (the daemon guarantees it with a
-  ``flock``-ed instance id).
-* Every save and delete appends a :class:`JournalEvent` in the same transaction; events
-  are read back in commit order by :meth:`CheckpointStore.list_events`.
-* :meth:`CheckpointStore.write_checkpoints` commits several saves and deletes in one durable
-  transaction. Each keeps its own compare-and-swap, fence and scope check, and a lost check
-  is a :class:`WriteResult` for that write, not an exception; ``atomic=True`` makes the
-  writes all-or-nothing. A backend may commit the writes of several concurrent callers in
-  one transaction (group commit); nobody is answered before that transaction is durable,
-  and a failed commit fails every write in it.
-* :class:`InboxStore` (``store.inbox``) is a durable inbox of items a transport handed over
-  (a Telegram webhook update), deduplicated on ``(source, key)``, reserved by leased workers on
-  every instance. Its rules are in :class:`InboxStore`'s docstring.
+"""The values of the store contracts (:mod:`._contracts`): records, the errors a call
+raises, the clock, and the encodings every backend shares (JSON, page positions).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as _dt
 import functools
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, TypeGuard
 
 import attrs
-
-from ._polling import PollStore
 
 JSONValue: TypeAlias = Any
 """A value that survives ``json.dumps``/``json.loads`` unchanged."""
@@ -430,261 +400,131 @@ class InboxDepth:
     dead: int = 0
 
 
-# --------------------------------------------------------------------------- contracts
+# --------------------------------------------------------------------------- values
+# How every backend checks, writes and reads a value the same way: JSON (strict, compact),
+# UTF-8 strings, page positions, a scope as three column values.
 
 
-class CheckpointStore(Protocol):
-    async def save_checkpoint(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        version: int,
-        value: JSONValue,
-        expected_version: int | None = None,
-        fencing_token: int | None = None,
-        category: str | None = None,
-        metadata: Mapping[str, JSONValue] | None = None,
-    ) -> CheckpointRecord:
-        """Store ``value`` under the rules in the module docstring.
-
-        Raises :class:`CheckpointConflictError` (or its subclasses for bad input) and
-        :class:`StoreUnavailableError`. Nothing is written when it raises.
-        """
-        ...
-
-    async def write_checkpoints(
-        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
-    ) -> tuple[WriteResult, ...]:
-        """Apply ``writes`` in order in one durable transaction; one result per write.
-
-        Each write is checked as :meth:`save_checkpoint` / :meth:`delete_checkpoint` would
-        check it, against the rows as the earlier writes of the batch left them, and each
-        applied write appends its event. With ``atomic=True`` either every write applies or
-        none does (the others are then ``aborted``). A save given as ``value_json`` (and
-        ``metadata_json``) is stored as given and loads as any other (its value is the
-        decode of ``value_json``).
-
-        Raises :class:`InvalidCheckpointError` (or :class:`RecordTooLargeError`) for a
-        malformed write before anything is written, and :class:`StoreUnavailableError`
-        when the transaction fails (nothing of it was written).
-        """
-        ...
-
-    async def load_checkpoint(
-        self, *, namespace: str, key: str, scope: OwnershipScope
-    ) -> CheckpointRecord | None: ...
-
-    async def list_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:
-        """Newest ``updated_at`` first, then key ascending; ``limit`` clamped to 1..500.
-
-        ``scope`` is a partial filter. ``cursor`` is the opaque ``next_cursor`` of the
-        previous page; paging under concurrent writes never returns a row twice and
-        never skips a row that existed, unchanged, for the whole walk.
-        """
-        ...
-
-    async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
-        """True when a row was removed; a foreign scope is a miss (False)."""
-        ...
-
-    async def list_events(
-        self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE
-    ) -> EventPage:
-        """Committed events with ``seq > after`` in order, filtered by partial scope.
-
-        Under concurrent writers a reader that pages with ``after = last_seq`` never sees an
-        event N+1 before a committed event N: sequence numbers are visible in order (a
-        number given back by a transaction that did not commit may be skipped)."""
-        ...
-
-    async def last_event_seq(self) -> int:
-        """The highest committed event sequence number (0 when there is none): where a
-        reader that wants only what happens from now on starts."""
-        ...
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True as a version is a caller bug, not version 1.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-class LeaseStore(Protocol):
-    async def try_acquire_lease(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        owner_id: str,
-        ttl_ms: int,
-        adopt: bool = False,
-    ) -> LeaseRecord | None:
-        """A fresh lease, or ``None`` while another unexpired holder has it."""
-        ...
-
-    async def renew_lease(
-        self,
-        *,
-        namespace: str,
-        key: str,
-        scope: OwnershipScope,
-        owner_id: str,
-        token: str,
-        ttl_ms: int,
-    ) -> LeaseRecord | None:
-        """Extend an unexpired lease held by (owner_id, token); ``None`` otherwise."""
-        ...
-
-    async def release_lease(
-        self, *, namespace: str, key: str, scope: OwnershipScope, owner_id: str, token: str
-    ) -> bool: ...
-
-    async def get_lease(
-        self, *, namespace: str, key: str, scope: OwnershipScope
-    ) -> LeaseRecord | None:
-        """The unexpired lease on the row, or ``None``."""
-        ...
+def _is_safe_int(value: object, minimum: int) -> bool:
+    """An int (not a bool) in ``minimum..MAX_SAFE_INTEGER``."""
+    return _is_int(value) and minimum <= value <= MAX_SAFE_INTEGER  # type: ignore[operator]
 
 
-class InboxStore(Protocol):
-    """A durable inbox: what a transport handed over, committed before it is acknowledged,
-    then processed by leased workers on any instance.
+def _is_text(value: object) -> TypeGuard[str]:
+    # Lone surrogates cannot be stored as UTF-8 by SQLite or PostgreSQL; refusing them here
+    # keeps every backend (memory included) accepting exactly the same strings.
+    if not isinstance(value, str):
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
-    * :meth:`put` is the acknowledgment point: once it returned, the item is durable. A
-      second put of the same ``(source, key)`` changes nothing and answers ``False`` (a
-      redelivery is acknowledged without a second row), whatever state the item is in.
-    * :meth:`reserve` hands out items *ready* for the caller ``owner_id`` at the store clock's
-      now, oldest first, each under a fresh token, ``attempts`` + 1, until ``now + ttl_ms``.
-      An item is ready when (a) it is ``pending`` and due, or ``claimed`` and its reservation
-      expired (its worker died); (b) no item of its ``(source, partition)`` with a smaller
-      ``(order, key)`` is ``pending`` or ``claimed`` — so a partition is handed out in
-      order, one item at a time; and (c) no *other* owner holds the partition: no item of it
-      is ``claimed`` or ``done`` by another owner with an unexpired reservation (see
-      :meth:`complete`'s ``keep_partition_ms``). Concurrent reservers never get the same item
-      (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: ``BEGIN IMMEDIATE``; memory: one
-      synchronous step). An item whose reservation expired with ``attempts >= max_attempts``
-      becomes ``dead`` instead of being reserved again (it kept killing its worker).
-    * Every later call on a reservation is fenced by its token: once another reservation took
-      the item it answers ``None``/``False`` and changes nothing. A reservation that expired
-      but was not taken over still works (nobody else acted on the item).
-    * :meth:`complete` settles the item ``done`` (payload dropped) and may keep its
-      partition for the same owner for ``keep_partition_ms`` (extended by :meth:`extend`, ended by
-      :meth:`release`): while the owner still works on what the item started, the next
-      items of the partition go to that owner only, so their order is kept across instances.
-    * :meth:`retry` puts it back ``pending`` after ``delay_ms``, or ``dead`` once
-      ``attempts >= max_attempts``: never retried forever, never dropped. A ``dead`` item is
-      listed (:meth:`list_items`) until an operator settles it (:meth:`settle`): ``retry`` (pending,
-      attempts 0) or ``discard`` (``discarded``, payload dropped). ``dead`` and
-      ``discarded`` items do not hold up their partition.
-    * :meth:`prune` deletes ``done`` and ``discarded`` items last updated before a time,
-      bounded per call; nothing else is ever deleted.
+
+_COMPACT = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps`` with these options builds an encoder per call; this one is shared (it
+keeps no state between calls)."""
+
+
+def compact_json(value: JSONValue) -> str:
+    """``value`` as the stores keep JSON: compact, UTF-8 unescaped, no NaN/Infinity (no
+    shape checks: for values their caller built, such as the journal's records)."""
+    return _COMPACT.encode(value)
+
+
+def utf8_size(text: str) -> int:
+    """``len(text.encode("utf-8"))`` without the copy for ASCII text."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def encode_json(value: JSONValue, what: str) -> str:
+    """Strict compact JSON: no NaN/Infinity, string keys only, no ``default`` hook.
+
+    Raises :class:`InvalidCheckpointError` naming ``what`` when the value is not JSON.
     """
-
-    async def put(
-        self, *, source: str, key: str, partition: str, order: int, payload: JSONValue
-    ) -> bool:
-        """Commit a new ``pending`` item (due now); ``False`` when ``(source, key)`` exists.
-
-        Raises :class:`InvalidInboxError` for bad input (an empty name, an order that is not
-        a non-negative safe integer, a payload that is not JSON or too large) and
-        :class:`StoreUnavailableError`."""
-        ...
-
-    async def reserve(
-        self,
-        *,
-        owner_id: str,
-        ttl_ms: int,
-        limit: int = 1,
-        max_attempts: int,
-        sources: Sequence[str] | None = None,
-    ) -> tuple[InboxReservation, ...]:
-        """Up to ``limit`` (1..500) ready items of ``sources`` (``None``: any), reserved."""
-        ...
-
-    async def expire_own_reservations(
-        self, *, owner_id: str, sources: Sequence[str] | None = None
-    ) -> int:
-        """Let the ``claimed`` items of ``owner_id`` (of ``sources``; ``None``: any) be reserved
-        now, as if their reservations had expired; how many. For an owner starting again whose
-        previous process is known to be gone (its state directory's lock), so that what it
-        held is taken up at once instead of after the reservations' time. Each item's attempt
-        still counts; the old reservations are fenced once the items are reserved again."""
-        ...
-
-    async def extend(
-        self, reservation: InboxReservation, *, ttl_ms: int
-    ) -> InboxReservation | None:
-        """Move the reservation's expiry to ``now + ttl_ms`` (a ``claimed`` item still worked on, or
-        a ``done`` item's kept partition); ``None`` when the reservation is no longer the item's."""
-        ...
-
-    async def complete(self, reservation: InboxReservation, *, keep_partition_ms: int = 0) -> bool:
-        """``done``, payload dropped; the partition stays the owner's for ``keep_partition_ms``."""
-        ...
-
-    async def release(self, reservation: InboxReservation) -> bool:
-        """Release a ``done`` item's kept partition now."""
-        ...
-
-    async def retry(
-        self, reservation: InboxReservation, *, delay_ms: int, error: str, max_attempts: int
-    ) -> InboxItem | None:
-        """Back to ``pending``, due after ``delay_ms``, with ``error`` (a short code); ``dead``
-        when ``attempts >= max_attempts``. The item as stored, or ``None`` (reservation lost)."""
-        ...
-
-    async def get(self, *, source: str, key: str) -> InboxItem | None: ...
-
-    async def list_items(
-        self,
-        *,
-        source: str | None = None,
-        state: InboxState | None = None,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> InboxPage:
-        """Items in ``(source, order, key)`` order, without payloads; keyset-paged."""
-        ...
-
-    async def settle(
-        self, *, source: str, key: str, action: Literal["retry", "discard"]
-    ) -> InboxItem | None:
-        """An operator's decision on a ``dead`` item; ``None`` when it is not dead (or absent)."""
-        ...
-
-    async def prune(self, *, before_ms: int, limit: int = LIST_LIMIT_MAX) -> int:
-        """Delete up to ``limit`` ``done``/``discarded`` items updated before ``before_ms``
-        whose kept partition is released; how many were deleted."""
-        ...
-
-    async def depth(self, *, sources: Sequence[str] | None = None) -> InboxDepth: ...
+    try:
+        _check_json_shape(value, 0)
+        text = _COMPACT.encode(value)
+        if not text.isascii():
+            text.encode("utf-8")  # lone surrogates: see _is_text
+        return text
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidCheckpointError(f"{what} is not JSON-serialisable") from exc
 
 
-class Store(Protocol):
-    """What :func:`stores.open_store` returns."""
+def _check_json_shape(value: object, depth: int) -> None:
+    # json.dumps silently turns int dict keys into strings and tuples into lists; the first
+    # would change the value on the way back, so refuse it instead of storing something else.
+    if depth > 200:
+        raise ValueError("nested too deeply")
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("non-finite float")
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_json_shape(item, depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError("non-string key")
+            _check_json_shape(v, depth + 1)
+        return
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
-    @property
-    def url(self) -> str: ...
 
-    @property
-    def checkpoints(self) -> CheckpointStore: ...
+def decode_json(text: str) -> JSONValue:
+    return json.loads(text)
 
-    @property
-    def leases(self) -> LeaseStore: ...
 
-    @property
-    def inbox(self) -> InboxStore: ...
+_CURSOR_ERROR = "cursor must be a next_cursor from a previous page"
 
-    @property
-    def polls(self) -> PollStore | None:
-        """Due polls shared by instances (PostgreSQL); ``None`` where one instance polls."""
-        ...
 
-    async def aclose(self) -> None: ...
+def encode_position(values: Sequence[int | str]) -> str:
+    """A page cursor: the last row's position (its sort key's values) as unpadded
+    base64url JSON, read back by :func:`decode_position`."""
+    raw = json.dumps(list(values), ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def decode_position(
+    cursor: object, kinds: tuple[type[int] | type[str], ...], error: type[ValueError]
+) -> tuple[Any, ...] | None:
+    """The values of a cursor :func:`encode_position` wrote, one of each of ``kinds`` (an
+    ``int`` never a bool), or ``None`` for no cursor. Anything else raises ``error``, with
+    one message whatever is wrong."""
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not cursor:
+        raise error(_CURSOR_ERROR)
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode("utf-8"))
+    except (ValueError, UnicodeError, binascii.Error) as exc:
+        raise error(_CURSOR_ERROR) from exc
+    if (
+        not isinstance(decoded, list)
+        or len(decoded) != len(kinds)
+        or not all(
+            _is_int(value) if kind is int else isinstance(value, kind)
+            for value, kind in zip(decoded, kinds, strict=True)
+        )
+    ):
+        raise error(_CURSOR_ERROR)
+    return tuple(decoded)
+
+
+def scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
+    """A scope as the three column values of the SQL backends."""
+    return (scope.tenant_id, scope.account_id, scope.user_id)

@@ -26,10 +26,12 @@ from typing import Final, Generic, TypeVar
 
 import attrs
 
+from ._contracts import (
+    CheckpointStore,
+)
 from ._types import (
     CheckpointConflictError,
     CheckpointRecord,
-    CheckpointStore,
     InvalidCheckpointError,
     JSONValue,
     OwnershipScope,

@@ -322,6 +322,7 @@ VOCABULARY = (
 RETIRED = {
     r"\bprismd\.config\b": "prismd.daemon (the config) or prismd.control (Operator)",
     r"\bprismd\.api\b": "prismd.runtime.api",
+    r"\bprismd\.identity\b": "prismd.grants (identities, authorize's question and answer)",
     r"\bprismd\.sdnotify\b": "prismd.daemon._sdnotify",
     r"\bprismd\.controls\b": "prismd.journal (approval controls, pairing tokens, grants)",
     r"\badapters\._http\b": "adapters.toolkit._http",

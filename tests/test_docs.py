@@ -234,7 +234,8 @@ def agent_option_keys(path: Path) -> set[str]:
 
 def accepted_config_keys() -> tuple[set[str], set[str]]:
     """(keys, sections) the config parser accepts, read from its code."""
-    parsers = [REPO / "prismd" / "daemon" / "_config.py", *sorted(REPO.glob("adapters/*/_kind.py"))]
+    kinds = [p for p in sorted(REPO.glob("adapters/*/_*.py")) if "ConnectionKind(" in p.read_text()]
+    parsers = [REPO / "prismd" / "daemon" / "_config.py", *kinds]
     keys: set[str] = set(LIMIT_TABLE)
     sections: set[str] = set()
     for path in parsers:

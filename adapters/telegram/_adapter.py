@@ -1,4 +1,5 @@
-"""The Telegram channel adapter: configuration, and the parts that do the work.
+"""The Telegram channel adapter: configuration, and the parts that do the work; and its
+connection kind (:data:`KIND`: the config keys, the secrets and the builder).
 
 Contract §11. :class:`TelegramAdapter` validates its configuration and wires parts of one
 job each:
@@ -16,7 +17,7 @@ job each:
   (``ReceiverLeaseLostError``) so the supervisor restarts ``run``;
 * one update → ``admit``: :class:`~adapters.telegram._updates.UpdateHandler`;
 * sending and typing: :class:`~adapters.telegram._send.TelegramSender`;
-* files and the voice/document hooks: :class:`~adapters.telegram._parse.TelegramMedia`;
+* files and the voice/document hooks: :class:`~adapters.telegram._updates.TelegramMedia`;
 * streaming previews (``sendMessageDraft``, when ``send_drafts`` is on, private chats
   only): :class:`~adapters.telegram._drafts.DraftStreamer`.
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import random as _random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -44,36 +45,44 @@ from prismd.channel import (
     AdapterFeatures,
     Admit,
     AttachmentRef,
+    BuildContext,
+    ConfigTable,
+    ConnectionKind,
     OutboundFile,
     Preview,
     Reply,
+    SecretSource,
     SendResult,
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import (
     ReceiverLease,
+    TokenConnection,
+    api_origin,
     bounded_field,
     check_connection_id,
     connection_service_scope,
+    token_keys,
+    typing_delay_ms,
 )
 from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate_api_origin
 from ._drafts import DraftStreamer
 from ._files import send_file
 from ._inbox import BusyConversations, InboxWorker
-from ._parse import (
+from ._poller import Poller
+from ._send import MAX_CHUNK_UNITS, Synthesize, TelegramSender
+from ._updates import (
     MAX_ATTACHMENT_BYTES_CAP,
     ExtractDocumentText,
     FetchedAttachment,
     TelegramMedia,
     Transcribe,
+    UpdateHandler,
 )
-from ._poller import Poller
-from ._send import MAX_CHUNK_UNITS, Synthesize, TelegramSender
-from ._updates import UpdateHandler
 from ._webhook import WebhookServer
 
-__all__ = ["RECEIVER_NAMESPACE", "TelegramAdapter"]
+__all__ = ["KIND", "RECEIVER_NAMESPACE", "TelegramAdapter", "TelegramConnectionConfig"]
 
 RECEIVER_NAMESPACE = "prism.channels.v1.telegram.receiver"
 CLOSE_BUDGET_S = 5.0
@@ -338,7 +347,7 @@ class TelegramAdapter:
             self._drafts.offer(preview)
 
     async def fetch_attachment(self, ref: AttachmentRef) -> FetchedAttachment | None:
-        """The file's bytes, or ``None`` (:meth:`adapters.telegram._parse.TelegramMedia.fetch`)."""
+        """The file's bytes, or ``None`` (:meth:`._updates.TelegramMedia.fetch`)."""
         return await self._media.fetch(ref)
 
     async def send_file(self, reply: Reply, file: OutboundFile) -> SendResult:  # see _files
@@ -367,3 +376,108 @@ def _features(
         max_file_bytes=adapter.max_attachment_bytes,
     )
     return made_of, features
+
+
+# The connection kind: the config keys, the secrets and the builder of the adapter above.
+
+
+@attrs.frozen
+class TelegramConnectionConfig(TokenConnection):
+    api_origin: str = DEFAULT_API_ORIGIN
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: str = "127.0.0.1:8443"
+    webhook_path: str | None = None
+    """``None`` means ``/telegram/<id>``; see :attr:`effective_webhook_path`."""
+    webhook_secret_env: str | None = None
+    webhook_inbox: bool = False
+    allow_groups: bool = False
+    poll_timeout_s: int = 30
+    typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
+    """A turn shows ``typing`` only once it has run this long (0..60,000; 0 = at once)."""
+    kind: Literal["telegram"] = "telegram"
+
+    @property
+    def effective_webhook_path(self) -> str:
+        return self.webhook_path if self.webhook_path is not None else f"/telegram/{self.id}"
+
+
+def _parse(table: ConfigTable, conn_id: str) -> TelegramConnectionConfig:
+    token_env, token_file = token_keys(table)
+    origin = api_origin(table, DEFAULT_API_ORIGIN)
+    mode = table.choice("mode", ("polling", "webhook"), "polling")
+    webhook_listen: str = table.get_address("webhook_listen", "127.0.0.1:8443")
+    webhook_path = table.get_str("webhook_path")
+    if webhook_path is not None and not webhook_path.startswith("/"):
+        raise table.error("webhook_path", "must start with '/'")
+    webhook_secret_env = table.get_env_name("webhook_secret_env")
+    if mode == "webhook" and webhook_secret_env is None:
+        # Telegram echoes the secret in a header; without it anyone could post updates.
+        raise table.error("webhook_secret_env", "is required in webhook mode")
+    webhook_inbox = table.get_bool("webhook_inbox")
+    if webhook_inbox and mode != "webhook":
+        raise table.error("webhook_inbox", "needs mode = 'webhook'")
+    return TelegramConnectionConfig(
+        id=conn_id,
+        token_env=token_env,
+        token_file=token_file,
+        api_origin=origin,
+        mode=mode,
+        webhook_listen=webhook_listen,
+        webhook_path=webhook_path,
+        webhook_secret_env=webhook_secret_env,
+        webhook_inbox=webhook_inbox,
+        allow_groups=table.get_bool("allow_groups"),
+        poll_timeout_s=table.get_int("poll_timeout_s", 30, low=1, high=50),
+        typing_delay_ms=typing_delay_ms(table),
+    )
+
+
+def _secrets(conn: TelegramConnectionConfig) -> Sequence[SecretSource]:
+    sources = [conn.token_source]
+    if conn.webhook_secret_env is not None:
+        sources.append(SecretSource("webhook_secret_env", conn.webhook_secret_env))
+    return sources
+
+
+def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAdapter:
+    # Read once now so a missing token fails the start, not the first poll.
+    token = conn.read_token(context)
+    secret = None
+    if conn.webhook_secret_env:
+        secret = context.secret("webhook_secret_env", conn.webhook_secret_env, None)
+    # The receiver lease (and the inbox's claims) last the daemon's lease_ttl_ms, so a
+    # standby takes over that soon; a long poll must fit inside it with room to spare.
+    floor = conn.poll_timeout_s * 1000 + 10_000 if conn.mode == "polling" else 5_000
+    lease_ttl_ms = min(max(context.lease_ttl_ms, floor), 300_000)
+    return TelegramAdapter(
+        connection_id=conn.id,
+        token=lambda: token,
+        admit=context.admit,
+        store=context.store,
+        owner_id=context.owner_id,
+        adopt=True,
+        api_origin=conn.api_origin,
+        mode=conn.mode,
+        webhook_listen=conn.webhook_listen,
+        webhook_path=conn.webhook_path,
+        webhook_secret=secret,
+        webhook_inbox=conn.webhook_inbox,
+        busy_conversations=getattr(context.conversations, "busy_conversations", None),
+        allow_groups=conn.allow_groups,
+        poll_timeout_s=conn.poll_timeout_s,
+        typing_delay_ms=conn.typing_delay_ms,
+        lease_ttl_ms=lease_ttl_ms,
+        max_attachment_bytes=context.max_attachment_bytes,
+    )
+
+
+KIND = ConnectionKind(
+    name="telegram",
+    label="telegram",
+    parse=_parse,
+    build=_build,
+    secrets=_secrets,
+    listen_address=lambda conn: conn.webhook_listen if conn.mode == "webhook" else None,
+    where=lambda conn, _adapter: f"({conn.mode}{', inbox' if conn.webhook_inbox else ''})",
+)
+"""The ``telegram`` connection kind (collected by :mod:`adapters.kinds`)."""

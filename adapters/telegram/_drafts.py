@@ -10,8 +10,8 @@ import trio
 from prismd.channel import Preview
 
 from ._api import TelegramApi, TelegramError
-from ._parse import clean_text
 from ._send import MAX_CHUNK_UNITS, tail_units
+from ._updates import clean_text
 
 
 @attrs.define(eq=False, kw_only=True)

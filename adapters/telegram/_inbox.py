@@ -47,8 +47,7 @@ from prismd.channel import AdapterFatalError
 from stores import InboxReservation, InboxStore
 
 from ..toolkit import Backoff
-from ._parse import conversation_of, update_id_of
-from ._updates import UpdateHandler
+from ._updates import UpdateHandler, conversation_of, update_id_of
 
 log = logging.getLogger("prismd.telegram")
 

@@ -42,8 +42,7 @@ from stores import CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import Backoff, LeaseLostError, ReceiverLease
 from ._api import ReceiverStatus, TelegramApi, TelegramApiError, TelegramError
-from ._parse import ALLOWED_UPDATES, conversation_of, update_id_of
-from ._updates import UpdateHandler
+from ._updates import ALLOWED_UPDATES, UpdateHandler, conversation_of, update_id_of
 
 log = logging.getLogger("prismd.telegram")
 

@@ -30,7 +30,7 @@ from prismd.channel import DeliveryOutcomeUnknownError, Reply, SendResult
 from ..toolkit import chunk_text as _chunk_text
 from ..toolkit import utf16_units as utf16_units
 from ._api import TelegramApi, TelegramApiError, TelegramCredentialError, TelegramError, log_retry
-from ._parse import _bounded_str, clean_text
+from ._updates import _bounded_str, clean_text
 
 MAX_CHUNK_UNITS = 3_500
 MAX_SEND_ATTEMPTS = 5

@@ -79,8 +79,7 @@ from ..toolkit import (
 )
 from ._api import ReceiverStatus, TelegramApi, TelegramError
 from ._inbox import put_update
-from ._parse import update_id_of
-from ._updates import UpdateHandler
+from ._updates import UpdateHandler, update_id_of
 
 log = logging.getLogger("prismd.telegram")
 

@@ -21,7 +21,7 @@ import attrs
 from stores import SYSTEM_CLOCK, CheckpointStore, Clock, OwnershipScope, PollStore
 
 from ..channel import ApprovalOutcome, OutboundFile, ReplyFile
-from ..identity import AgentIdentity
+from ..grants import AgentIdentity
 
 
 @attrs.frozen

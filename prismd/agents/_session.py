@@ -32,7 +32,7 @@ from stores import (
     retry_compare_and_swap,
 )
 
-from ..identity import AgentIdentity
+from ..grants import AgentIdentity
 from ..redact import replace_surrogates
 from ._base import (
     AgentInput,

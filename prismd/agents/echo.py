@@ -15,7 +15,7 @@ import attrs
 
 from stores import OwnershipScope
 
-from ..identity import ownership_from_identity
+from ..grants import ownership_from_identity
 from ._base import (
     AgentContext,
     EventSink,

@@ -23,7 +23,7 @@ import trio
 
 from stores import CheckpointStore, Clock, Keep, OwnershipScope, Replace
 
-from ..identity import ownership_from_identity
+from ..grants import ownership_from_identity
 from ._base import (
     AgentContext,
     EventSink,

@@ -38,7 +38,7 @@ import httpx
 
 from stores import CheckpointStore, Clock, OwnershipScope
 
-from ..identity import ownership_from_identity
+from ..grants import ownership_from_identity
 from ._base import (
     AgentContext,
     EventSink,

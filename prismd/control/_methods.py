@@ -52,9 +52,8 @@ from stores import (
     ms_to_iso,
 )
 
-from ..grants import GrantConfig, missing_grant
+from ..grants import AgentIdentity, GrantConfig, missing_grant, ownership_from_identity
 from ..grants import operator_identity as _grant_identity
-from ..identity import AgentIdentity, ownership_from_identity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
 from ..jsonrpc import (
     INVALID_PARAMS,

@@ -12,14 +12,8 @@ from collections.abc import Mapping
 
 import trio
 
-from ..channel import (
-    Action,
-    Admission,
-    ApprovalInput,
-    Grant,
-    InboundEvent,
-)
-from ..identity import ownership_from_identity
+from ..channel import Action, Admission, ApprovalInput, InboundEvent
+from ..grants import Grant, ownership_from_identity
 from ..journal import (
     CursorRecord,
     InputAttachment,

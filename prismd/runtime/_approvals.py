@@ -14,8 +14,8 @@ import attrs
 import trio
 
 from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
-from ..channel import Admission, ApprovalInput, Button, Grant, InboundEvent
-from ..identity import AgentIdentity, ownership_from_identity
+from ..channel import Admission, ApprovalInput, Button, InboundEvent
+from ..grants import AgentIdentity, Grant, ownership_from_identity
 from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef, OwnershipScope
 from ..redact import bound_detail
 from ._core import AdmitContext, Core, authorize_input, check_grant

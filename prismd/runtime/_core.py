@@ -27,18 +27,8 @@ import trio
 from stores import SYSTEM_CLOCK, Clock, LeaseStore, OwnershipScope, Store
 
 from ..agents import Agent
-from ..channel import (
-    Action,
-    Admission,
-    AttachmentRef,
-    AuthorizeInput,
-    Grant,
-    InboundEvent,
-    Preview,
-    Reply,
-    SendResult,
-)
-from ..identity import AgentIdentity, identity_is_active
+from ..channel import Action, Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
+from ..grants import AgentIdentity, AuthorizeInput, Grant, identity_is_active
 from ..journal import (
     ApprovalStore,
     ChannelJournal,

@@ -40,8 +40,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..channel import Grant, PastReply, Reply
-from ..identity import AgentIdentity, ownership_from_identity
+from ..channel import PastReply, Reply
+from ..grants import AgentIdentity, Grant, ownership_from_identity
 from ..journal import (
     NS_REPLY,
     Loaded,

@@ -7,9 +7,8 @@ creates a route's binding, runs no agent and takes no queue slot.
 
 from __future__ import annotations
 
-from ..channel import Admission, Grant
-from ..grants import missing_grant
-from ..identity import AgentIdentity, ownership_from_identity
+from ..channel import Admission
+from ..grants import AgentIdentity, Grant, missing_grant, ownership_from_identity
 from ..journal import (
     NS_BINDING,
     BindingRecord,

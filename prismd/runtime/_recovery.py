@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..agents import AGENT_NAMESPACES, agent_record_kept
-from ..identity import AgentIdentity, ownership_from_identity
+from ..grants import AgentIdentity, ownership_from_identity
 from ..journal import (
     FOLLOWING_STATE,
     NS_BINDING,

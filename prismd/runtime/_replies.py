@@ -33,7 +33,7 @@ from ..channel import (
     Reply,
     ReplyFile,
 )
-from ..identity import AgentIdentity
+from ..grants import AgentIdentity
 from ..journal import Change as Change
 from ..journal import (
     Loaded,

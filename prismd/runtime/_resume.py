@@ -29,8 +29,8 @@ from __future__ import annotations
 import attrs
 import trio
 
-from ..channel import AttachmentRef, Grant, InboundEvent
-from ..identity import ownership_from_identity
+from ..channel import AttachmentRef, InboundEvent
+from ..grants import Grant, ownership_from_identity
 from ..journal import (
     FOLLOWING_STATE,
     NS_OPERATION,

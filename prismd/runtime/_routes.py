@@ -20,8 +20,8 @@ import trio
 
 from stores import LeaseRecord
 
-from ..channel import Action, Grant, InboundEvent
-from ..identity import AgentIdentity
+from ..channel import Action, InboundEvent
+from ..grants import AgentIdentity, Grant
 from ..journal import (
     NS_BINDING,
     BindingRecord,

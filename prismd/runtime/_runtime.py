@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import trio
@@ -21,7 +23,6 @@ from ..channel import (
     Reply,
     SendResult,
 )
-from ..identity import AgentIdentity
 from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
 from ..redact import Redactor
@@ -33,13 +34,8 @@ from .api import (
     Authorize,
     Diagnostics,
     DrainResult,
-    PairingTicket,
-    PruneResult,
-    ReconcileResult,
     ResolveAgent,
     ResolveBinding,
-    UnresolvedEntry,
-    UnresolvedPage,
 )
 
 log = logging.getLogger("prismd.runtime")
@@ -58,6 +54,29 @@ def _log_admission(event: InboundEvent, admission: Admission) -> None:
     outcome = "duplicate" if admission.duplicate else admission.status
     reason = f" ({admission.reason})" if admission.reason else ""
     log.debug("admission %s%s: %s", outcome, reason, where)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_open(
+    step: Callable[Concatenate[Core, P], Awaitable[R]],
+) -> Callable[Concatenate[Runtime, P], Coroutine[Any, Any, R]]:
+    """A method of :class:`Runtime` that is ``step`` on the open runtime's state (its
+    arguments and answer are ``step``'s; ``RuntimeError`` before the runtime is opened)."""
+
+    async def method(self: Runtime, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await step(self._core, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = step.__name__
+    method.__doc__ = step.__doc__
+    # What inspect (and the surface test) reads: step's parameters, self for its core.
+    signature = inspect.signature(step)
+    _core, *rest = signature.parameters.values()
+    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = signature.replace(parameters=[self_parameter, *rest])  # type: ignore[attr-defined]
+    return method
 
 
 NOT_OPEN = Admission(status="denied", reason="unavailable")
@@ -116,60 +135,13 @@ class Runtime:
             and (route.busy or route.lease is not None or route.lease_users > 0)
         )
 
-    async def notify(
-        self,
-        *,
-        identity: AgentIdentity,
-        connection_id: str,
-        external_conversation_id: str,
-        notify_id: str,
-        text: str,
-        thread_id: str | None = None,
-    ) -> Admission:
-        return await _notify.notify(
-            self._core,
-            identity=identity,
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            notify_id=notify_id,
-            text=text,
-            thread_id=thread_id,
-        )
-
-    async def list_unresolved(
-        self, *, identity: AgentIdentity, limit: int | None = None
-    ) -> list[UnresolvedEntry]:
-        return await _recovery.list_unresolved(self._core, identity=identity, limit=limit)
-
-    async def list_unresolved_page(
-        self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
-    ) -> UnresolvedPage:
-        """Every unresolved record, a page at a time (see
-        :func:`prismd.runtime._recovery.list_unresolved_page`)."""
-        return await _recovery.list_unresolved_page(
-            self._core, identity=identity, limit=limit, after=after
-        )
-
-    async def reconcile(
-        self,
-        *,
-        identity: AgentIdentity,
-        connection_id: str,
-        operation_id: str,
-        expected_version: int,
-        acknowledge_duplicate_risk: bool = False,
-    ) -> ReconcileResult:
-        return await _recovery.reconcile(
-            self._core,
-            identity=identity,
-            connection_id=connection_id,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            acknowledge_duplicate_risk=acknowledge_duplicate_risk,
-        )
-
-    async def prune(self, *, identity: AgentIdentity, now_ms: int | None = None) -> PruneResult:
-        return await _recovery.prune(self._core, identity=identity, now_ms=now_ms)
+    # The operator's calls: each is its module's step on the open runtime's state.
+    notify = _on_open(_notify.notify)
+    list_unresolved = _on_open(_recovery.list_unresolved)
+    list_unresolved_page = _on_open(_recovery.list_unresolved_page)
+    reconcile = _on_open(_recovery.reconcile)
+    prune = _on_open(_recovery.prune)
+    create_pairing = _on_open(_notify.create_pairing)
 
     async def redeliver_pending(
         self,
@@ -240,22 +212,6 @@ class Runtime:
             external_actor_id,
             thread_id,
             limit,
-        )
-
-    async def create_pairing(
-        self,
-        *,
-        identity: AgentIdentity,
-        connection_id: str,
-        aliases: tuple[str, ...] | None = None,
-        ttl_ms: int | None = None,
-    ) -> PairingTicket:
-        return await _notify.create_pairing(
-            self._core,
-            identity=identity,
-            connection_id=connection_id,
-            aliases=aliases,
-            ttl_ms=ttl_ms,
         )
 
     def health(self) -> dict[str, str]:

@@ -39,7 +39,7 @@ from ..agents import (
     TextBlock,
 )
 from ..channel import MAX_REPLY_FILES, ReplyFile
-from ..identity import AgentIdentity
+from ..grants import AgentIdentity
 from ..journal import (
     FOLLOWING_STATE,
     OperationRecord,

@@ -14,8 +14,8 @@ from typing import Literal, Protocol, TypeAlias
 import attrs
 
 from ..agents import Agent
-from ..channel import Admission, AuthorizeInput, Grant, InboundEvent
-from ..identity import AgentIdentity
+from ..channel import Admission, InboundEvent
+from ..grants import AgentIdentity, AuthorizeInput, Grant
 from ..journal import OwnershipScope
 
 

@@ -1,6 +1,6 @@
 """``MemoryStore``: the store contract in process memory, for unit tests.
 
-It follows every rule of :mod:`stores._types` exactly like the durable backends (the
+It follows every rule of :mod:`stores._contracts` exactly like the durable backends (the
 conformance suite runs against all of them), but nothing survives the process. Values are
 deep-copied through JSON on save and on load, so a caller mutating a value it saved or loaded
 never changes what is stored.

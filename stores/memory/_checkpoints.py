@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
@@ -19,6 +19,12 @@ from .._types import (
     WriteResult,
 )
 from ._state import _Row, _saved, _State
+
+
+def _sort_key(row: _Row) -> tuple[int, str, str]:
+    """Python twin of the SQL backends' ``ORDER BY``: ascending order of this tuple is
+    listing order (see :func:`stores._bases.encode_cursor`)."""
+    return (-row.updated_at_ms, row.key, row.namespace)
 
 
 @attrs.define(eq=False)
@@ -36,7 +42,7 @@ class MemoryCheckpointStore(CheckpointStoreBase):
         await trio.lowlevel.checkpoint()
         state = self._state
         state.check_open()
-        checked = _common.check_writes(writes, atomic, state.max_value_bytes)
+        checked = _bases.check_writes(writes, atomic, state.max_value_bytes)
         now = state.clock.now_ms()
         overlay: dict[tuple[str, str], _Row | None] = {}
         events: list[tuple[EventAction, SaveCheckpoint, str | None]] = []
@@ -92,11 +98,12 @@ class MemoryCheckpointStore(CheckpointStoreBase):
                 and (query.categories is None or row.save.category in query.categories)
                 and query.scope.matches_filter(row.save.scope)
             ),
-            key=_common.sort_key,
+            key=_sort_key,
         )
         if query.after is not None:
-            after = query.after
-            matching = [r for r in matching if _common.after_cursor(r, after)]
+            updated_at_ms, key, namespace = query.after
+            position = (-updated_at_ms, key, namespace)
+            matching = [r for r in matching if _sort_key(r) > position]
         return [row.record() for row in matching[: query.limit]]
 
     async def _events(
@@ -106,7 +113,7 @@ class MemoryCheckpointStore(CheckpointStoreBase):
         for event, metadata_json in self._state.events:
             if event.seq <= after or not scope.matches_filter(event.scope):
                 continue
-            metadata = None if metadata_json is None else _common.decode_json(metadata_json)
+            metadata = None if metadata_json is None else _types.decode_json(metadata_json)
             items.append(attrs.evolve(event, metadata=metadata))
             if len(items) >= limit:
                 break

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import attrs
 import trio
 
-from .. import _common
+from .. import _types
 from .._types import (
     CheckpointRecord,
     Clock,
@@ -76,7 +76,7 @@ class _InboxRow:
     def public(self, *, with_payload: bool) -> InboxItem:
         if not with_payload or self.payload_json is None:
             return self.item
-        return attrs.evolve(self.item, payload=_common.decode_json(self.payload_json))
+        return attrs.evolve(self.item, payload=_types.decode_json(self.payload_json))
 
 
 @attrs.define(eq=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases
 from .._bases import ClosesOnExit
 from .._types import DEFAULT_MAX_VALUE_BYTES, SYSTEM_CLOCK, Clock
 from ._checkpoints import MemoryCheckpointStore
@@ -26,7 +26,7 @@ class MemoryStore(ClosesOnExit):
     clock: Clock = SYSTEM_CLOCK
     max_value_bytes: int = attrs.field(
         default=DEFAULT_MAX_VALUE_BYTES,
-        validator=lambda _i, _a, v: _common.check_max_value_bytes(v),
+        validator=lambda _i, _a, v: _bases.check_max_value_bytes(v),
     )
     _state: _State = attrs.field(init=False)
     checkpoints: MemoryCheckpointStore = attrs.field(init=False)

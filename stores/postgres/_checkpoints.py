@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
@@ -36,7 +36,7 @@ _SCOPE_FIELDS = ("tenant_id", "account_id", "user_id")
 
 def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
     """The partial-scope filter: each field that is set must match exactly."""
-    for column, value in zip(_SCOPE_FIELDS, _common.scope_args(scope)):
+    for column, value in zip(_SCOPE_FIELDS, _types.scope_args(scope)):
         if value is not None:
             args.append(value)
             where.append(f"{column} = ${len(args)}")
@@ -58,7 +58,7 @@ class PostgresCheckpointStore(CheckpointStoreBase):
     ) -> tuple[WriteResult, ...]:
         """The batch as one job of a group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`)."""
-        checked = _common.check_writes(writes, atomic, self._max_value_bytes)
+        checked = _bases.check_writes(writes, atomic, self._max_value_bytes)
         if not checked:
             if self._writer.closed:
                 raise StoreUnavailableError(
@@ -78,10 +78,10 @@ class PostgresCheckpointStore(CheckpointStoreBase):
         )
 
         async def read(session: Session) -> Sequence[Any] | None:
-            return await session.fetchrow(sql, namespace, key, *_common.scope_args(scope))
+            return await session.fetchrow(sql, namespace, key, *_types.scope_args(scope))
 
         row = await self._driver.call(read)
-        return None if row is None else _common.checkpoint_from_row(row)
+        return None if row is None else _bases.checkpoint_from_row(row)
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
         async def read(session: Session) -> Sequence[Sequence[Any]]:
@@ -99,7 +99,7 @@ class PostgresCheckpointStore(CheckpointStoreBase):
             # The planner derives the range from starts_with only for a constant: a prepared
             # statement's generic plan read the whole table (10,000 rows: 1.9 ms, 0.03 ms
             # with the range).
-            low, high = _common.prefix_bounds(query.key_prefix)
+            low, high = _bases.prefix_bounds(query.key_prefix)
             args.append(low)
             where.append(f"key >= ${len(args)}")
             if high is not None:
@@ -123,7 +123,7 @@ class PostgresCheckpointStore(CheckpointStoreBase):
             sql += " WHERE " + " AND ".join(where)
         args.append(query.limit)
         sql += f" ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ${len(args)}"
-        return [_common.checkpoint_from_row(row) for row in await self._fetch(sql, args)]
+        return [_bases.checkpoint_from_row(row) for row in await self._fetch(sql, args)]
 
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
@@ -137,7 +137,7 @@ class PostgresCheckpointStore(CheckpointStoreBase):
             f"SELECT {_EVENT_COLUMNS} FROM {self._t}.prism_events WHERE {' AND '.join(where)}"
             f" ORDER BY seq LIMIT ${len(args)}"
         )
-        return [_common.event_from_row(row) for row in await self._fetch(sql, args)]
+        return [_bases.event_from_row(row) for row in await self._fetch(sql, args)]
 
     async def last_event_seq(self) -> int:
         """The counter row as committed: commits are visible in ``seq`` order, so it is the

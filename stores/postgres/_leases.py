@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from .. import _common
+from .. import _types
 from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import Clock, LeaseConflictError, LeaseRecord, OwnershipScope
 from ._driver import Driver, Session
@@ -34,7 +34,7 @@ class PostgresLeaseStore(LeaseStoreBase):
         params = ", ".join(f"${i}" for i in range(1, 10 + len(args)))
         sql = f"SELECT * FROM {self._t}.{function}({params})"
         values = (
-            ask.namespace, ask.key, *_common.scope_args(ask.scope), ask.owner_id, ask.token,
+            ask.namespace, ask.key, *_types.scope_args(ask.scope), ask.owner_id, ask.token,
             ask.now, ask.expires_at, *args,
         )  # fmt: skip
 

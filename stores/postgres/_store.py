@@ -13,7 +13,10 @@ from typing import Any
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases
+from .._contracts import (
+    Store,
+)
 from .._types import (
     DEFAULT_MAX_VALUE_BYTES,
     SYSTEM_CLOCK,
@@ -21,7 +24,6 @@ from .._types import (
     OwnershipScope,
     SaveCheckpoint,
     SchemaStatus,
-    Store,
 )
 from . import _schema
 from ._checkpoints import PostgresCheckpointStore
@@ -121,7 +123,7 @@ async def open_postgres_store(
     stops the open (login refused, no such database, a newer schema).
     """
     parsed = parse_postgres_url(url)
-    _common.check_max_value_bytes(max_value_bytes)
+    _bases.check_max_value_bytes(max_value_bytes)
     options = options or PostgresOptions()
     async with _unwrapped(), open_driver(parsed, options) as driver:
         where = driver.where
@@ -208,7 +210,7 @@ async def measure_bridge(store: Store, samples: int) -> BridgeSamples:
         save = SaveCheckpoint(
             "bench.bridge", f"{prefix}-{leg}-{i}", scope, 1, {"i": i}, expected_version=0
         )
-        request = _common.check_save(save, DEFAULT_MAX_VALUE_BYTES)
+        request = _bases.check_save(save, DEFAULT_MAX_VALUE_BYTES)
         return _pack([_Job(requests=[request], atomic=False, now_ms=now())])
 
     through_store: list[float] = []

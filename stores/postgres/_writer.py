@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases, _types
 from .._types import (
     DeleteCheckpoint,
     SaveCheckpoint,
@@ -26,7 +26,7 @@ log = logging.getLogger("stores.postgres")
 MAX_JOBS = 64
 """Jobs per transaction: bounds the subtransactions of one transaction (atomic jobs) below
 PostgreSQL's per-backend cache of 64, past which every snapshot in the cluster slows down."""
-MAX_WRITES = _common.MAX_BATCH_WRITES
+MAX_WRITES = _bases.MAX_BATCH_WRITES
 """Writes per transaction (one job may bring this many on its own)."""
 RETRIES = 4
 """A transaction aborted by a deadlock or serialization failure is run again this often."""
@@ -63,12 +63,12 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
             if isinstance(req, DeleteCheckpoint):
                 row: tuple[Any, ...] = (
                     number, job.atomic, job.now_ms, True, req.namespace, req.key,
-                    *_common.scope_args(req.scope), None, None, None, None, None, None,
+                    *_types.scope_args(req.scope), None, None, None, None, None, None,
                 )  # fmt: skip
             else:
                 row = (
                     number, job.atomic, job.now_ms, False, req.namespace, req.key,
-                    *_common.scope_args(req.scope), req.version, req.expected_version,
+                    *_types.scope_args(req.scope), req.version, req.expected_version,
                     req.fencing_token, req.category, req.value_json, req.metadata_json,
                 )  # fmt: skip
             for column, value in zip(columns, row):

@@ -34,13 +34,14 @@ Guarantees:
   errors name the file but never include its contents.
 
 The package: ``_schema`` (the file, its schema and migrations), ``_engine`` (the connections,
-group commit, the writer thread), ``_checkpoints``, ``_leases``, ``_inbox`` (the three facets)
-and ``_store`` (the store that holds them, and its opening).
+group commit, the writer thread, the statement helpers), ``_checkpoints``, ``_leases``,
+``_inbox`` (the three facets) and ``_store`` (the store that holds them, and its opening).
 """
 
 from __future__ import annotations
 
 from ._checkpoints import SQLiteCheckpointStore as SQLiteCheckpointStore
+from ._engine import BUSY_TIMEOUT_MS as BUSY_TIMEOUT_MS
 from ._engine import COMMIT_ON_LOOP_BELOW_S as COMMIT_ON_LOOP_BELOW_S
 from ._engine import COMMIT_TIME_DECAY as COMMIT_TIME_DECAY
 from ._engine import INLINE_WRITES as INLINE_WRITES
@@ -50,7 +51,6 @@ from ._engine import SLOW_COMMIT_S as SLOW_COMMIT_S
 from ._engine import WAL_CHECKPOINT_PAGES as WAL_CHECKPOINT_PAGES
 from ._inbox import SQLiteInboxStore as SQLiteInboxStore
 from ._leases import SQLiteLeaseStore as SQLiteLeaseStore
-from ._schema import BUSY_TIMEOUT_MS as BUSY_TIMEOUT_MS
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import sqlite_path_from_url as sqlite_path_from_url
 from ._store import SQLiteStatistics as SQLiteStatistics

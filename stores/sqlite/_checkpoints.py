@@ -8,7 +8,7 @@ from typing import Any
 import apsw
 import attrs
 
-from .. import _common
+from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
 from .._types import (
     CheckpointRecord,
@@ -19,8 +19,7 @@ from .._types import (
     SaveCheckpoint,
     WriteResult,
 )
-from ._engine import _Database, _RolledBack
-from ._schema import _SCOPE_IS, _add_scope_filter, _one, _scalar
+from ._engine import _SCOPE_IS, _add_scope_filter, _Database, _one, _RolledBack, _scalar
 
 _CHECKPOINT_COLUMNS = (
     "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
@@ -53,7 +52,7 @@ def _insert_event(
             action,
             namespace,
             key,
-            *_common.scope_args(scope),
+            *_types.scope_args(scope),
             version,
             category,
             metadata_json,
@@ -156,7 +155,7 @@ def _apply(
     """One write of a ``write_checkpoints`` batch."""
     if isinstance(write, SaveCheckpoint):
         return _apply_save(conn, write, now)
-    gone = _one(conn, _DELETE, (write.namespace, write.key, *_common.scope_args(write.scope)))
+    gone = _one(conn, _DELETE, (write.namespace, write.key, *_types.scope_args(write.scope)))
     if gone is None:
         return _MISSING
     version, category = gone
@@ -185,7 +184,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
         """The batch in one job of the next group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`); an ``atomic`` batch with a lost
         check is rolled back and answered ``aborted`` for each write that did apply."""
-        checked = _common.check_writes(writes, atomic, self._max_value_bytes)
+        checked = _bases.check_writes(writes, atomic, self._max_value_bytes)
         now = self._db.clock.now_ms()
         # Each write is one statement whose WHERE holds its checks, plus its event: only an
         # atomic batch of several needs a savepoint, to undo the ones already applied.
@@ -207,9 +206,9 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
                 conn,
                 f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
                 f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}",
-                (namespace, key, *_common.scope_args(scope)),
+                (namespace, key, *_types.scope_args(scope)),
             )
-            return None if row is None else _common.checkpoint_from_row(row)
+            return None if row is None else _bases.checkpoint_from_row(row)
 
         return await self._db.run(read)
 
@@ -220,7 +219,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
             where.append("namespace = ?")
             args.append(query.namespace)
         if query.key_prefix:
-            low, high = _common.prefix_bounds(query.key_prefix)
+            low, high = _bases.prefix_bounds(query.key_prefix)
             where.append("key >= ?")
             args.append(low)
             if high is not None:
@@ -245,7 +244,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
         args.append(query.limit)
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
-            return [_common.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
+            return [_bases.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
 
         return await self._db.run(read)
 
@@ -264,7 +263,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
 
         def read(conn: apsw.Connection) -> list[JournalEvent]:
             rows: list[Any] = conn.execute(sql, args).fetchall()
-            return [_common.event_from_row(row) for row in rows]
+            return [_bases.event_from_row(row) for row in rows]
 
         return await self._db.run(read)
 

@@ -1,5 +1,6 @@
 """The SQLite engine: the writer and reader connections, group commit and the writer thread
-(see :class:`_Database`).
+(see :class:`_Database`), and the helpers every facet runs its statements with (``_one``,
+``_scalar``, the scope filters).
 """
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import apsw
 import attrs
 import trio
 
-from .._types import Clock, StoreUnavailableError
-from ._schema import BUSY_TIMEOUT_MS
+from .. import _types
+from .._types import Clock, OwnershipScope, StoreUnavailableError
 
 T = TypeVar("T")
 
@@ -50,6 +51,34 @@ machine, and the read is made in the worker thread instead (:meth:`_Database.run
 the bench's VM a statement stopped there had run 0.3 ms (p50); a read of one checkpoint by
 its key makes 133 steps, of a lease 12, a page of 500 checkpoints through the listing
 index 10,600, a route's bindings by key prefix 428."""
+
+
+BUSY_TIMEOUT_MS = 5000
+"""How long the writer thread waits for another process's lock on the file."""
+
+
+def _one(conn: apsw.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
+    """The first row or ``None``. Always drains the statement: an unfinished statement with
+    ``RETURNING`` would keep the transaction from committing."""
+    rows = conn.execute(sql, args).fetchall()
+    return rows[0] if rows else None
+
+
+def _scalar(conn: apsw.Connection, sql: str) -> Any:
+    row = _one(conn, sql)
+    return None if row is None else row[0]
+
+
+# Exact scope equality with NULL = NULL (``IS``): None differs from every string.
+_SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
+
+
+def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
+    """Append the partial-scope filter: each field that is set must match exactly."""
+    for column, field in zip(("tenant_id", "account_id", "user_id"), _types.scope_args(scope)):
+        if field is not None:
+            where.append(f"{column} = ?")
+            args.append(field)
 
 
 def _stop() -> bool:

@@ -11,8 +11,7 @@ import attrs
 from .. import _inbox_checks
 from .._inboxing import ReserveAsk, SQLInboxStore, inbox_item
 from .._types import InboxReservation
-from ._engine import _Database
-from ._schema import _one
+from ._engine import _Database, _one
 
 # Contract (a)-(c) of InboxStore.reserve, as one query (the writer's BEGIN IMMEDIATE makes it
 # and the updates that follow one step for every other connection and process).

@@ -7,11 +7,10 @@ from __future__ import annotations
 import apsw
 import attrs
 
-from .. import _common
+from .. import _types
 from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
 from .._types import LeaseConflictError, LeaseRecord, OwnershipScope
-from ._engine import _Database
-from ._schema import _SCOPE_IS, _one
+from ._engine import _SCOPE_IS, _Database, _one
 
 _ACQUIRE = (
     f"INSERT INTO prism_leases AS l ({LEASE_COLUMNS})"
@@ -58,19 +57,19 @@ class SQLiteLeaseStore(LeaseStoreBase):
                 " WHERE namespace = ? AND key = ?",
                 (ask.namespace, ask.key),
             )
-            if held is not None and tuple(held) != _common.scope_args(ask.scope):
+            if held is not None and tuple(held) != _types.scope_args(ask.scope):
                 raise LeaseConflictError("lease ownership mismatch")
             return None
 
         return await self._db.write(txn)
 
     async def _acquire(self, ask: LeaseAsk, adopt: bool) -> LeaseRecord | None:
-        scope = _common.scope_args(ask.scope)
+        scope = _types.scope_args(ask.scope)
         args = (ask.namespace, ask.key, *scope, ask.owner_id, ask.token, ask.now, ask.expires_at)
         return await self._write(ask, _ACQUIRE, (*args, ask.now, 1 if adopt else 0))
 
     async def _move(self, ask: LeaseAsk) -> LeaseRecord | None:
-        scope = _common.scope_args(ask.scope)
+        scope = _types.scope_args(ask.scope)
         args = (ask.expires_at, ask.now, ask.namespace, ask.key, *scope, ask.owner_id, ask.token)
         return await self._write(ask, _MOVE, (*args, ask.now))
 

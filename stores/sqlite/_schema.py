@@ -1,23 +1,22 @@
 """The SQLite file: its URL, its schema and forward migrations, the connections' settings
-(WAL, ``synchronous=FULL`` read back), and the row helpers every facet shares.
+(WAL, ``synchronous=FULL`` read back). Used when the store opens; the statements a facet
+runs per request use the engine's helpers (:mod:`._engine`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import apsw
 
-from .. import _common
-from .._types import InvalidStoreURLError, OwnershipScope, StoreUnavailableError
+from .. import _types
+from .._types import InvalidStoreURLError, StoreUnavailableError
+from ._engine import _scalar
 
 SCHEMA_VERSION = 3
 """1: checkpoints, leases, events; 2: the inbox (``prism_inbox``); 3: no
 ``prism_checkpoints_recent`` index (see ``_SCHEMA_3``)."""
-BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS prism_checkpoints (
@@ -101,18 +100,6 @@ and sorts (still correct, slower on a large journal)."""
 _MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_2, 3: _SCHEMA_3}
 """Forward-only: version N's DDL, applied in order from the file's version + 1."""
 
-# Exact scope equality with NULL = NULL (``IS``): None differs from every string.
-_SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
-
-
-def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
-    """Append the partial-scope filter: each field that is set must match exactly."""
-    for column, field in zip(("tenant_id", "account_id", "user_id"), _common.scope_args(scope)):
-        if field is not None:
-            where.append(f"{column} = ?")
-            args.append(field)
-
-
 # --------------------------------------------------------------------------- URL + open
 
 
@@ -129,7 +116,7 @@ def sqlite_path_from_url(url: str) -> Path:
     path = rest[1:]
     if not path or path.endswith("/") or "?" in path or "#" in path or "\x00" in path:
         raise InvalidStoreURLError("sqlite URL must name a database file: sqlite:///PATH")
-    if not _common._is_text(path):
+    if not _types._is_text(path):
         # apsw takes UTF-8 names; a non-UTF-8 file name (surrogate-escaped) cannot be opened.
         raise InvalidStoreURLError("sqlite URL path must be valid UTF-8")
     return Path(path)
@@ -208,18 +195,6 @@ def _open_connection(path: Path, busy_timeout_ms: int) -> apsw.Connection:
             f"SQLite store {label}: not a usable SQLite database ({type(exc).__name__})"
         ) from None
     return conn
-
-
-def _one(conn: apsw.Connection, sql: str, args: Sequence[Any] = ()) -> Any:
-    """The first row or ``None``. Always drains the statement: an unfinished statement with
-    ``RETURNING`` would keep the transaction from committing."""
-    rows = conn.execute(sql, args).fetchall()
-    return rows[0] if rows else None
-
-
-def _scalar(conn: apsw.Connection, sql: str) -> Any:
-    row = _one(conn, sql)
-    return None if row is None else row[0]
 
 
 _TEMP_IN_MEMORY = "PRAGMA temp_store=MEMORY"

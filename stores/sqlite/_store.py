@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from .. import _common
+from .. import _bases
 from .._bases import ClosesOnExit
 from .._types import (
     DEFAULT_MAX_VALUE_BYTES,
@@ -15,11 +15,10 @@ from .._types import (
     StoreUnavailableError,
 )
 from ._checkpoints import SQLiteCheckpointStore
-from ._engine import _Database
+from ._engine import BUSY_TIMEOUT_MS, _Database
 from ._inbox import SQLiteInboxStore
 from ._leases import SQLiteLeaseStore
 from ._schema import (
-    BUSY_TIMEOUT_MS,
     SCHEMA_VERSION,
     _open_connections,
     _read_user_version,
@@ -41,7 +40,7 @@ async def open_sqlite_store(
     database, has a newer schema, or refuses WAL / ``synchronous=FULL``.
     """
     path = sqlite_path_from_url(url)
-    _common.check_max_value_bytes(max_value_bytes)
+    _bases.check_max_value_bytes(max_value_bytes)
     conn, reader, loop_reader = await trio.to_thread.run_sync(
         _open_connections, path, busy_timeout_ms, abandon_on_cancel=False
     )

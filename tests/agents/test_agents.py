@@ -25,7 +25,7 @@ from prismd.agents import (
     validate_agent_options,
 )
 from prismd.agents._session import MAX_SESSION_ENTRIES, session_key
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock
 

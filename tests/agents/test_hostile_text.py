@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from prismd.agents import RunRequest, build_agent
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.support.clocks import ManualClock
 

@@ -27,7 +27,7 @@ from prismd.agents import (
     validate_agent_options,
 )
 from prismd.agents._chat import retry_after_seconds
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.fakes.openai_api import Answer, Failure, FakeOpenAI, Hang, start_fake_openai
 from tests.support.clocks import ManualClock

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from prismd.agents import NS_RUN, AgentContext, OpenAIAgent, build_agent
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from stores.memory import MemoryStore
 from tests.fakes.openai_api import Answer, Failure, FakeOpenAI, start_fake_openai
 from tests.support.builders import IDENTITY, event

@@ -19,7 +19,7 @@ from prismd.channel import Admission, InboundEvent
 from prismd.control import ControlConfig
 from prismd.control._methods import ControlHandler
 from prismd.control._server import serve_control
-from prismd.identity import AgentIdentity
+from prismd.grants import AgentIdentity
 from prismd.runtime.api import (
     Diagnostics,
     DrainResult,

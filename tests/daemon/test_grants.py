@@ -7,9 +7,16 @@ from typing import Any
 import attrs
 import pytest
 
-from prismd.channel import AuthorizeInput
-from prismd.grants import GrantAuthorizer, GrantConfig, grant_revision, operator_identity
-from prismd.identity import AgentIdentity, Principal, identity_is_active
+from prismd.grants import (
+    AgentIdentity,
+    AuthorizeInput,
+    GrantAuthorizer,
+    GrantConfig,
+    Principal,
+    grant_revision,
+    identity_is_active,
+    operator_identity,
+)
 from prismd.journal._access import GrantRecord, GrantStore
 from stores import OwnershipScope, open_store
 from tests.support.clocks import ManualClock
@@ -289,7 +296,7 @@ async def test_a_configured_grant_is_made_once_per_actor_and_the_memory_is_bound
 def test_an_identity_is_checked_whole_once_and_its_times_on_every_call() -> None:
     import weakref
 
-    from prismd import identity as identities
+    from prismd import grants as identities
 
     identity = AgentIdentity(
         tenant_id="t",

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from prismd.daemon import _logs as logs
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal import operation_id_for
 from prismd.journal._journal import NS_BINDING, binding_key
 from prismd.runtime._leases import LoggedLeases, route_tag

@@ -17,8 +17,6 @@ from prismd.channel import (
     AdapterFeatures,
     AdapterRegistry,
     AttachmentRef,
-    AuthorizeInput,
-    Grant,
     InboundEvent,
     Preview,
     Reply,
@@ -28,7 +26,7 @@ from prismd.daemon._config import ConfigError, parse_config
 from prismd.daemon._daemon import Daemon
 from prismd.daemon._statedir import locked_state_dir
 from prismd.daemon._wiring import WiringError, adapter_child_name, build_adapter, build_agents
-from prismd.identity import ownership_from_identity
+from prismd.grants import AuthorizeInput, Grant, ownership_from_identity
 from prismd.runtime import Runtime, open_messaging_runtime
 from stores import open_store
 from tests.support.builders import IDENTITY

@@ -20,8 +20,8 @@ from typing import Any
 
 import trio
 
-from prismd.channel import AuthorizeInput, Grant, InboundEvent, Reply, SendResult
-from prismd.identity import AgentIdentity, Principal
+from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.grants import AgentIdentity, AuthorizeInput, Grant, Principal
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from stores import open_store
 from tests.support.scripted import ScriptedAgent

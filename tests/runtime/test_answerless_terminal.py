@@ -8,7 +8,7 @@ fix nothing listed it — the message was lost silently. Now it is listed (state
 
 from __future__ import annotations
 
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal import NS_OPERATION
 from prismd.journal._journal import ChannelJournal
 from prismd.journal._records import OperationRecord

@@ -18,7 +18,7 @@ import trio
 
 from prismd.agents import NS_RUN, AgentContext, MockAgent, RunResult, build_agent
 from prismd.channel import Reply, SendResult
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from prismd.journal._access import GrantStore, token_hash
 from stores import OwnershipScope
 from stores.memory import MemoryStore

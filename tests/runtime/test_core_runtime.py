@@ -6,7 +6,8 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.channel import AuthorizeInput, Grant, ReplyKind
+from prismd.channel import ReplyKind
+from prismd.grants import AuthorizeInput, Grant
 from prismd.limits import Limits
 from prismd.redact import Redactor
 from prismd.runtime.api import Diagnostics

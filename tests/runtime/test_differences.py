@@ -10,7 +10,7 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal import operation_id_for
 from prismd.journal._journal import NS_BINDING, ChannelJournal, binding_key, operation_key
 from prismd.limits import Limits

@@ -15,7 +15,7 @@ import attrs
 import pytest
 import trio
 
-from prismd.identity import AgentIdentity, Principal
+from prismd.grants import AgentIdentity, Principal
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime.api import Diagnostics

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from prismd.channel import Reply, SendResult
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal import ReplyRecord, StoredButton, operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits

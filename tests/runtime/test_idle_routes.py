@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 import trio.lowlevel
 
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from tests.support.builders import event, grant, identity

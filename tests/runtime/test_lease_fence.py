@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
 from stores.memory import MemoryStore

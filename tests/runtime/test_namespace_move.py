@@ -24,7 +24,7 @@ from prismd.agents import (
     RunRequest,
     build_agent,
 )
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.grants import AgentIdentity, Principal, ownership_from_identity
 from prismd.journal import FORMAT, ChannelJournal, ensure_format
 from stores import CheckpointStore, OwnershipScope, open_store
 from tests.support.clocks import ManualClock

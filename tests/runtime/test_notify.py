@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal._journal import NS_OPERATION, operation_key
 from stores.memory import MemoryStore
 from tests.support.builders import IDENTITY, event, grant, identity
@@ -296,7 +296,7 @@ async def test_notify_input_validation_and_stop(
 
 
 def operator_identity(tenant: str = "tenant-1") -> Any:
-    from prismd.identity import AgentIdentity, Principal
+    from prismd.grants import AgentIdentity, Principal
 
     return AgentIdentity(
         tenant_id=tenant, principal=Principal("operator", "0"), scopes=("operator",), issued_at_ms=0

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from prismd.channel import Reply, SendResult
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal._journal import NS_OPERATION, NS_REPLY, ChannelJournal
 from prismd.journal._records import OperationRecord, ReplyRecord
 from prismd.redact import Redactor

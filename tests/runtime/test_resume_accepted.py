@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.channel import AuthorizeInput, Grant, InboundEvent
-from prismd.identity import AgentIdentity, Principal, ownership_from_identity
+from prismd.channel import InboundEvent
+from prismd.grants import AgentIdentity, AuthorizeInput, Grant, Principal, ownership_from_identity
 from prismd.journal._journal import NS_OPERATION, ChannelJournal
 from prismd.limits import Limits
 from prismd.runtime import Runtime, open_messaging_runtime

@@ -9,7 +9,7 @@ import trio.testing
 
 from prismd.agents import Agent
 from prismd.agents._base import EventSink, RunRequest, RunResult
-from prismd.identity import ownership_from_identity
+from prismd.grants import ownership_from_identity
 from prismd.journal import operation_id_for
 from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits

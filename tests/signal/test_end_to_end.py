@@ -16,8 +16,8 @@ from trio.testing import MockClock
 from adapters.signal import SignalAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
-from prismd.channel import AuthorizeInput, Grant, Reply, SendResult
-from prismd.identity import AgentIdentity, Principal
+from prismd.channel import Reply, SendResult
+from prismd.grants import AgentIdentity, AuthorizeInput, Grant, Principal
 from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import Store, open_store

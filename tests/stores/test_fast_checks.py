@@ -1,4 +1,4 @@
-"""The common-case shortcuts of ``stores._common`` against the full checks they skip.
+"""The common-case shortcuts of ``stores._bases`` against the full checks they skip.
 
 ``check_save`` recognises the usual save (ASCII names, exact ints, an exact scope) in one
 expression and skips the per-field checks; the journal's small metadata dicts are encoded
@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stores import InvalidCheckpointError, OwnershipScope, SaveCheckpoint
-from stores import _common as common
+from stores import InvalidCheckpointError, OwnershipScope, SaveCheckpoint, _bases, _types
 
 TEXT = st.one_of(
     st.text(max_size=6),
@@ -49,17 +48,17 @@ SCOPES = st.one_of(
 def _full_checks(**fields: Any) -> bool:
     """The per-field checks of ``check_save`` alone: True when they accept the fields."""
     try:
-        common.check_checkpoint_address(fields["namespace"], fields["key"], fields["scope"])
+        _bases.check_checkpoint_address(fields["namespace"], fields["key"], fields["scope"])
     except InvalidCheckpointError:
         return False
-    if not common._is_safe_int(fields["version"], 1):
+    if not _types._is_safe_int(fields["version"], 1):
         return False
     for name in ("expected_version", "fencing_token"):
         value = fields[name]
-        if value is not None and not common._is_safe_int(value, 0):
+        if value is not None and not _types._is_safe_int(value, 0):
             return False
     category = fields["category"]
-    return category is None or common._is_text(category)
+    return category is None or _types._is_text(category)
 
 
 VALID = {
@@ -87,7 +86,7 @@ def test_the_shortcut_accepts_only_what_the_full_checks_accept(
     # the shortcut with the others passing (all-random fields would almost never do).
     fields = {name: data.draw(strategy) for name, strategy in VALID.items()}
     fields[odd] = data.draw(SCOPES if odd == "scope" else ANY)
-    if common._plain_save(**fields):
+    if _bases._plain_save(**fields):
         assert _full_checks(**fields)
 
 
@@ -120,34 +119,34 @@ def test_a_save_the_shortcut_declines_still_gets_the_full_checks_error(
     }
     save.update(fields)
     with pytest.raises(InvalidCheckpointError):
-        common.check_writes((SaveCheckpoint(**save),), False, 1 << 20)
+        _bases.check_writes((SaveCheckpoint(**save),), False, 1 << 20)
 
 
 @settings(max_examples=500, deadline=None, database=None)
 @given(st.dictionaries(TEXT, TEXT | st.integers(), max_size=5))
 def test_metadata_is_stored_as_the_full_encoding_would_store_it(metadata: dict[str, Any]) -> None:
     try:
-        expected: str | None = common.encode_json(dict(metadata), "metadata")
+        expected: str | None = _types.encode_json(dict(metadata), "metadata")
     except InvalidCheckpointError:
         expected = None
     for _ in range(2):  # the first call may fill the memo, the second reads it
         try:
-            got: str | None = common._metadata_json(metadata)
+            got: str | None = _bases._metadata_json(metadata)
         except InvalidCheckpointError:
             got = None
         assert got == expected
 
 
 def test_the_metadata_memo_is_bounded() -> None:
-    for i in range(common._METADATA_JSON_MAX * 2):
-        common._metadata_json({"kind": "k", "state": f"s{i}"})
-    assert len(common._METADATA_JSON) <= common._METADATA_JSON_MAX
-    assert common._metadata_json({"kind": "k", "state": "s-new"}) == '{"kind":"k","state":"s-new"}'
+    for i in range(_bases._METADATA_JSON_MAX * 2):
+        _bases._metadata_json({"kind": "k", "state": f"s{i}"})
+    assert len(_bases._METADATA_JSON) <= _bases._METADATA_JSON_MAX
+    assert _bases._metadata_json({"kind": "k", "state": "s-new"}) == '{"kind":"k","state":"s-new"}'
 
 
 def test_large_metadata_is_encoded_every_time_not_remembered() -> None:
-    before = dict(common._METADATA_JSON)
-    text = "x" * (common._METADATA_MEMO_CHARS + 1)
-    assert common._metadata_json({"note": text}) == '{"note":"' + text + '"}'
-    remembered = dict(common._METADATA_JSON)
+    before = dict(_bases._METADATA_JSON)
+    text = "x" * (_bases._METADATA_MEMO_CHARS + 1)
+    assert _bases._metadata_json({"note": text}) == '{"note":"' + text + '"}'
+    remembered = dict(_bases._METADATA_JSON)
     assert remembered == before

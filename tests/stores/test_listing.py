@@ -16,7 +16,7 @@ from stores import (
     JournalEvent,
     OwnershipScope,
     Store,
-    _common,
+    _bases,
 )
 from stores.sqlite import open_sqlite_store
 
@@ -192,7 +192,7 @@ async def test_sqlite_prefix_listing_reads_a_range_of_the_primary_key(tmp_path: 
     ],
 )
 def test_prefix_bounds(prefix: str, bounds: tuple[str, str | None]) -> None:
-    assert _common.prefix_bounds(prefix) == bounds
+    assert _bases.prefix_bounds(prefix) == bounds
 
 
 async def test_limit_is_clamped(store: Store) -> None:

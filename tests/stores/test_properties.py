@@ -1,7 +1,7 @@
 """Hypothesis: random sequences of saves/deletes and lease calls against a tiny model.
 
 Each example opens a fresh store on every backend and checks each call's outcome and the
-resulting state against the rules of ``stores._types`` written out as plain Python.
+resulting state against the rules of ``stores._contracts`` written out as plain Python.
 """
 
 from __future__ import annotations

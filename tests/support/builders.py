@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prismd.channel import ApprovalInput, AttachmentRef, Grant, InboundEvent
-from prismd.identity import AgentIdentity, Principal
+from prismd.channel import ApprovalInput, AttachmentRef, InboundEvent
+from prismd.grants import AgentIdentity, Grant, Principal
 from prismd.journal import ChannelJournal, Loaded, OwnershipScope, Write
 
 

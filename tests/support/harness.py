@@ -22,7 +22,8 @@ import attrs
 import trio
 
 from prismd.agents import Agent
-from prismd.channel import AttachmentRef, AuthorizeInput, Grant, Preview, Reply, SendResult
+from prismd.channel import AttachmentRef, Preview, Reply, SendResult
+from prismd.grants import AuthorizeInput, Grant
 from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import Store, open_store

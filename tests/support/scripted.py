@@ -49,7 +49,7 @@ from prismd.agents._base import (
     StreamEvent,
     TextBlock,
 )
-from prismd.identity import AgentIdentity, ownership_from_identity
+from prismd.grants import AgentIdentity, ownership_from_identity
 from stores import CheckpointConflictError, CheckpointStore, OwnershipScope
 
 RUN_NS = "tests.scripted.run"

@@ -18,8 +18,8 @@ from trio.testing import MockClock
 from adapters.telegram import TelegramAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.echo import EchoAgent
-from prismd.channel import Admission, AuthorizeInput, Grant, InboundEvent, Reply, SendResult
-from prismd.identity import AgentIdentity, Principal
+from prismd.channel import Admission, InboundEvent, Reply, SendResult
+from prismd.grants import AgentIdentity, AuthorizeInput, Grant, Principal
 from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import Store, open_store

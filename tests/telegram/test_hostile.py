@@ -13,7 +13,7 @@ import trio
 from trio.testing import MockClock
 
 from adapters.telegram._api import TelegramApi, TelegramNetworkError, TelegramResponseError
-from adapters.telegram._parse import parse_update
+from adapters.telegram._updates import parse_update
 from prismd.channel import AttachmentRef, Button, Reply, SendResult
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from adapters.telegram._api import TelegramApi, TelegramApiError
-from adapters.telegram._parse import MAX_ID_BYTES, parse_update, strip_bot_mention, update_id_of
+from adapters.telegram._updates import MAX_ID_BYTES, parse_update, strip_bot_mention, update_id_of
 from prismd.channel import AttachmentRef, Reply
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder

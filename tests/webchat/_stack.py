@@ -12,8 +12,8 @@ import trio
 from adapters.webchat._adapter import WebchatAdapter
 from prismd.agents._base import AgentContext
 from prismd.agents.registry import build_agent
-from prismd.channel import AuthorizeInput, Grant, Preview, Reply, SendResult
-from prismd.identity import AgentIdentity, Principal
+from prismd.channel import Preview, Reply, SendResult
+from prismd.grants import AgentIdentity, AuthorizeInput, Grant, Principal
 from prismd.limits import Limits
 from prismd.runtime import ResolveAgentInput, Runtime, open_messaging_runtime
 from stores import SYSTEM_CLOCK, Clock, open_store

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from prismd.channel import AuthorizeInput, Grant, InboundEvent, Reply, SendResult
+from prismd.channel import InboundEvent, Reply, SendResult
+from prismd.grants import AuthorizeInput, Grant
 from prismd.journal import operation_id_for
 from prismd.runtime import open_messaging_runtime
 from prismd.runtime._unanswered import UNANSWERED_TEXT, notice_id

@@ -40,7 +40,7 @@ import trio
 from stores import Clock, OwnershipScope, PollStore, StoreUnavailableError
 
 from ...channel import OutboundFile, ReplyFile
-from ...identity import AgentIdentity, ownership_from_identity
+from ...grants import AgentIdentity, ownership_from_identity
 from .. import (
     AgentContext,
     Decision,
