@@ -43,6 +43,18 @@ class ReserveAsk:
 
 
 @attrs.frozen
+class RetryAsk:
+    """A checked :meth:`~stores.InboxStore.retry` at ``now``: the reserved item back to
+    ``pending`` at ``available_at`` (``dead`` once it has had ``max_attempts``)."""
+
+    reservation: InboxReservation
+    max_attempts: int
+    error: str
+    available_at: int
+    now: int
+
+
+@attrs.frozen
 class ListAsk:
     """A checked :meth:`~stores.InboxStore.list_items`: up to ``limit`` items (payloads left
     out) of ``source`` in ``state`` (``None``: any) after ``(source, order, key)``, in that
@@ -98,14 +110,7 @@ class InboxStoreBase(abc.ABC):
         """The backend's own step (see the class)."""
 
     @abc.abstractmethod
-    async def _retry(
-        self,
-        reservation: InboxReservation,
-        max_attempts: int,
-        error: str,
-        available_at: int,
-        now: int,
-    ) -> InboxItem | None:
+    async def _retry(self, ask: RetryAsk) -> InboxItem | None:
         """The backend's own step (see the class)."""
 
     @abc.abstractmethod
@@ -202,7 +207,7 @@ class InboxStoreBase(abc.ABC):
         code = _inbox_checks.bound_inbox_error(error)
         most = _inbox_checks.check_inbox_ms(max_attempts, "max_attempts", minimum=1)
         now = self._now()
-        return await self._retry(reservation, most, code, now + delay, now)
+        return await self._retry(RetryAsk(reservation, most, code, now + delay, now))
 
     async def get(self, *, source: str, key: str) -> InboxItem | None:
         await self._enter()
@@ -360,20 +365,13 @@ class SQLInboxStore(InboxStoreBase):
         )
         return released is not None
 
-    async def _retry(
-        self,
-        reservation: InboxReservation,
-        max_attempts: int,
-        error: str,
-        available_at: int,
-        now: int,
-    ) -> InboxItem | None:
+    async def _retry(self, ask: RetryAsk) -> InboxItem | None:
         return await self._update(
-            reservation,
+            ask.reservation,
             ("claimed",),
             "state = CASE WHEN attempts >= ? THEN 'dead' ELSE 'pending' END, error = ?,"
             " available_at = ?, token = NULL, claim_expires_at = ?, updated_at = ?",
-            (max_attempts, error, available_at, now, now),
+            (ask.max_attempts, ask.error, ask.available_at, ask.now, ask.now),
         )
 
     async def _get(self, source: str, key: str) -> InboxItem | None:

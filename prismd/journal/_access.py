@@ -36,6 +36,15 @@ from stores import (
 from ..channel import ApprovalOutcome, Button
 from ..redact import utf8_len
 from ._journal import _part, _scope_parts
+from ._records import (
+    MAX_SAFE_INTEGER,
+    CorruptRecordError,
+    _mapping,
+    _opt_int,
+    _opt_str,
+    _req_int,
+    _req_str,
+)
 
 NS_CONTROL = "prism.channels.v1.control"
 CATEGORY_CONTROL = "channel-control"
@@ -46,7 +55,6 @@ APPROVAL_TTL_MAX_MS = 5 * 60 * 1000
 PAIRING_TTL_DEFAULT_MS = 5 * 60 * 1000
 PAIRING_TTL_MIN_MS = 1000
 PAIRING_TTL_MAX_MS = 5 * 60 * 1000
-MAX_SAFE_INTEGER = 2**53 - 1
 
 ConsumeStatus: TypeAlias = Literal["consumed", "invalid", "already_consumed", "expired"]
 ControlState: TypeAlias = Literal["pending", "consumed"]
@@ -86,33 +94,11 @@ def _check_size(value: Mapping[str, Any], max_record_bytes: int) -> None:
         )
 
 
-def _opt_str(raw: Mapping[str, Any], key: str) -> str | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(key)
-    return value
-
-
-def _req_str(raw: Mapping[str, Any], key: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str):
-        raise ValueError(key)
-    return value
-
-
-def _req_int(raw: Mapping[str, Any], key: str) -> int:
-    value = raw.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(key)
-    return value
-
-
-def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
-    if raw.get(key) is None:
-        return None
-    return _req_int(raw, key)
+def _aliases(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    aliases = raw.get("aliases")
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise CorruptRecordError("aliases")
+    return tuple(aliases)
 
 
 def _state(raw: Mapping[str, Any]) -> ControlState:
@@ -121,7 +107,7 @@ def _state(raw: Mapping[str, Any]) -> ControlState:
         return "pending"
     if value == "consumed":
         return "consumed"
-    raise ValueError("state")
+    raise CorruptRecordError("state")
 
 
 # --------------------------------------------------------------------------- approvals
@@ -193,8 +179,7 @@ class ApprovalRecord(ApprovalTarget):
     @classmethod
     def from_json(cls, raw: object) -> ApprovalRecord:
         """Parse a stored value; raises ``ValueError`` naming the first bad field."""
-        if not isinstance(raw, Mapping):
-            raise ValueError("record")
+        raw = _mapping(raw)
         outcome = raw.get("outcome")
         if outcome not in ("allow_once", "reject_once"):
             raise ValueError("outcome")
@@ -399,14 +384,10 @@ def _pairing_to_json(
 
 def _pairing_from_json(raw: object) -> tuple[PairingTarget, ControlState, int]:
     """(target, state, expires_at_ms); raises ``ValueError`` on a malformed record."""
-    if not isinstance(raw, Mapping):
-        raise ValueError("record")
-    aliases = raw.get("aliases")
-    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise ValueError("aliases")
+    raw = _mapping(raw)
     target = PairingTarget(
         connection_id=_req_str(raw, "connectionId"),
-        aliases=tuple(aliases),
+        aliases=_aliases(raw),
         grant_revision=_req_str(raw, "grantRevision"),
         external_conversation_id=_opt_str(raw, "externalConversationId"),
         external_actor_id=_opt_str(raw, "externalActorId"),
@@ -539,15 +520,11 @@ class GrantRecord:
 
     @classmethod
     def from_json(cls, raw: object) -> GrantRecord:
-        if not isinstance(raw, Mapping):
-            raise ValueError("record")
-        aliases = raw.get("aliases")
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise ValueError("aliases")
+        raw = _mapping(raw)
         return cls(
             connection_id=_req_str(raw, "connectionId"),
             actor_id=_req_str(raw, "actorId"),
-            aliases=tuple(aliases),
+            aliases=_aliases(raw),
             default_alias=_opt_str(raw, "defaultAlias"),
             created_at_ms=_req_int(raw, "createdAt"),
         )

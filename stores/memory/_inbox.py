@@ -8,7 +8,7 @@ import attrs
 
 from .. import _inbox_checks
 from .._inbox_checks import InboxPut
-from .._inboxing import InboxStoreBase, ListAsk, ReserveAsk, Settle
+from .._inboxing import InboxStoreBase, ListAsk, ReserveAsk, RetryAsk, Settle
 from .._types import InboxDepth, InboxItem, InboxReservation, InboxState
 from ._state import _InboxRow, _State
 
@@ -158,21 +158,14 @@ class MemoryInboxStore(InboxStoreBase):
             self._store(attrs.evolve(row, item=item))
         return True
 
-    async def _retry(
-        self,
-        reservation: InboxReservation,
-        max_attempts: int,
-        error: str,
-        available_at: int,
-        now: int,
-    ) -> InboxItem | None:
-        row = self._current(reservation, "claimed")
+    async def _retry(self, ask: RetryAsk) -> InboxItem | None:
+        row = self._current(ask.reservation, "claimed")
         if row is None:
             return None
-        state: InboxState = "dead" if row.item.attempts >= max_attempts else "pending"
+        state: InboxState = "dead" if row.item.attempts >= ask.max_attempts else "pending"
         item = attrs.evolve(
-            row.item, state=state, error=error, available_at_ms=available_at,
-            claim_expires_at_ms=now, updated_at_ms=now,
+            row.item, state=state, error=ask.error, available_at_ms=ask.available_at,
+            claim_expires_at_ms=ask.now, updated_at_ms=ask.now,
         )  # fmt: skip
         self._store(_InboxRow(item, row.payload_json, None))
         return item
