@@ -55,16 +55,8 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
     journal = core.journal
     if turn.settled or core.stopped or not turn.following:
         return False
-    event = turn.event
-    draft = Draft(
-        identity=turn.grant.identity,
-        operation_id=relay_id(turn.operation_id, key),
-        connection_id=event.connection_id,
-        external_conversation_id=event.external_conversation_id,
-        thread_id=event.thread_id,
-        text=core.redact(text),
-        kind="notice",
-        in_reply_to=event.event_id,
+    draft = Draft.for_event(
+        turn.grant.identity, relay_id(turn.operation_id, key), turn.event, core.redact(text)
     )
     if not core.active(turn.grant.identity):
         return False
@@ -77,7 +69,7 @@ async def relay(core: Core, turn: Turn, fence: int | None, key: str, text: str) 
                 current: Loaded[OperationRecord] | None = turn.op
                 if current is None:
                     current = await journal.load_operation(
-                        turn.scope, event.connection_id, turn.operation_id
+                        turn.scope, turn.event.connection_id, turn.operation_id
                     )
                 if current is None or current.record.state != FOLLOWING_STATE:
                     return False

@@ -148,7 +148,7 @@ class Draft:
         cls,
         identity: AgentIdentity | None,
         operation_id: str,
-        event: InboundEvent,
+        event: InboundEvent | OperationRecord,
         text: str,
         *,
         kind: str = "notice",
@@ -156,7 +156,8 @@ class Draft:
         approval: Mapping[str, Any] | None = None,
         files: tuple[ReplyFile, ...] = (),
     ) -> Draft:
-        """The answer to ``event``, in its conversation and thread."""
+        """The answer to ``event`` (or to the event an operation record was admitted for),
+        in its conversation and thread."""
         return cls(
             identity,
             operation_id,

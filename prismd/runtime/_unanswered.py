@@ -67,16 +67,7 @@ async def tell(core: Core, record: OperationRecord) -> None:
     )
     if owner is None:
         return  # the actor is no longer granted: nothing is sent to them
-    draft = Draft(
-        identity=None,
-        operation_id=notice_id(record.operation_id),
-        connection_id=record.connection_id,
-        external_conversation_id=record.external_conversation_id,
-        thread_id=record.thread_id,
-        text=UNANSWERED_TEXT,
-        kind="notice",
-        in_reply_to=record.event_id,
-    )
+    draft = Draft.for_event(None, notice_id(record.operation_id), record, UNANSWERED_TEXT)
     await answer(core, draft, scope=None, send_later=True)
 
 
