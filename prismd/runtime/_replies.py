@@ -57,7 +57,7 @@ from ._core import (
     send_staged,
     stamp_us,
 )
-from ._routes import ActiveTurn, Route, Turn
+from ._routes import ActiveTurn, Route
 
 log = logging.getLogger("prismd.runtime")
 
@@ -198,29 +198,6 @@ class Draft:
             in_reply_to,
             buttons,
             approval,
-        )
-
-    @classmethod
-    def for_turn(
-        cls,
-        turn: Turn,
-        text: str,
-        *,
-        kind: str = "notice",
-        buttons: tuple[Button, ...] = (),
-        approval: Mapping[str, Any] | None = None,
-        files: tuple[ReplyFile, ...] = (),
-    ) -> Draft:
-        """The answer to a turn's message, to the turn's owner."""
-        return cls.for_event(
-            turn.grant.identity,
-            turn.operation_id,
-            turn.event,
-            text,
-            kind=kind,
-            buttons=buttons,
-            approval=approval,
-            files=files,
         )
 
 

@@ -245,9 +245,10 @@ async def end_turn(
         changes["error_code"] = error_code
     draft = None
     if text is not None:
-        draft = Draft.for_turn(
-            turn, text, kind=kind, buttons=buttons, approval=approval, files=files
-        )
+        draft = Draft.for_event(
+            turn.grant.identity, turn.operation_id, turn.event, text,
+            kind=kind, buttons=buttons, approval=approval, files=files,
+        )  # fmt: skip
     answered = await answer(
         core,
         draft,
@@ -319,7 +320,12 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
 
 async def _notice(core: Core, route: Route, turn: Turn, text: str, fence: int | None) -> None:
     """A notice for a turn whose operation is already settled."""
-    await answer(core, Draft.for_turn(turn, text), scope=turn.scope, fence=fence)
+    await answer(
+        core,
+        Draft.for_event(turn.grant.identity, turn.operation_id, turn.event, text),
+        scope=turn.scope,
+        fence=fence,
+    )
 
 
 async def _cancelled_waiting(core: Core, route: Route, turn: Turn, active: ActiveTurn) -> None:
