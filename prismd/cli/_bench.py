@@ -72,6 +72,7 @@ from ._bench_store import (
     memory,
     pipeline,
 )
+from ._benchrun import options_from_args
 from ._collector import tune_collector
 from ._figures import figures
 
@@ -350,16 +351,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if name in scenarios and not is_postgres:
             print(f"prismd bench: {name} needs --store postgresql://…", file=sys.stderr)
             return 2
-    options = BenchOptions(
-        store=args.store,
-        scenarios=scenarios,
-        routes=args.routes,
-        duration_s=args.duration_s,
-        json=args.json,
-        in_process=args.in_process,
-        memory_routes=args.memory_routes,
-        a2a_tasks=args.a2a_tasks,
-    )
+    options = options_from_args(BenchOptions, args, scenarios=scenarios)
     # Not the system's temporary directory by default: often a tmpfs, where an fsync
     # costs nothing and the figures would say nothing about the disk.
     try:

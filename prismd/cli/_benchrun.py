@@ -1,14 +1,17 @@
 """The runtime that ``prismd bench`` and ``prismd soak`` drive: the real runtime on a real
 store, every route answered by one agent (the ``mock`` agent unless one is given) under one
-grant."""
+grant; and their options read from the command line."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
+
+import attrs
 
 from stores import Store
 
@@ -18,7 +21,20 @@ from ..grants import GrantAuthorizer, GrantConfig
 from ..limits import Limits
 from ..runtime import Runtime, open_messaging_runtime
 
-__all__ = ["open_bench_runtime"]
+__all__ = ["open_bench_runtime", "options_from_args"]
+
+_Options = TypeVar("_Options", bound=attrs.AttrsInstance)
+
+
+def options_from_args(cls: type[_Options], args: argparse.Namespace, **given: Any) -> _Options:
+    """A command's options record: each field from the parsed argument of the same name,
+    unless ``given`` (a value the command worked out) names it."""
+    return cls(
+        **{
+            f.name: given[f.name] if f.name in given else getattr(args, f.name)
+            for f in attrs.fields(cls)
+        }
+    )
 
 
 @asynccontextmanager

@@ -35,7 +35,7 @@ from stores import open_store
 from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantConfig, operator_identity
 from ..limits import Limits
-from ._benchrun import open_bench_runtime
+from ._benchrun import open_bench_runtime, options_from_args
 from ._collector import tune_collector
 
 log = logging.getLogger("prismd.soak")
@@ -314,13 +314,7 @@ def summary_line(summary: Mapping[str, Any]) -> str:
 
 def run_soak_command(args: argparse.Namespace) -> int:
     """``prismd soak``: print one JSON line; exit 0 iff ok (1 on any uncaught error)."""
-    options = SoakOptions(
-        duration_ms=args.duration_ms,
-        iterations=args.iterations,
-        lanes=args.lanes,
-        prune_every=args.prune_every,
-        store=args.store,
-    )
+    options = options_from_args(SoakOptions, args)
     # Imported here, not with the module: every ``prismd`` command's parser imports this
     # module, and ``prismd bench`` must not load the daemon. Then, before anything else:
     # a signal during startup must end the soak, not kill it.
