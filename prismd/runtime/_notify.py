@@ -224,22 +224,22 @@ async def notify(
     if core.pending_total() >= core.limits.max_pending_per_process:
         return denied(core, "capacity")
     operation_id = notify_operation_id(connection_id, scope, actor_id, alias, notify_id)
+    now = core.now_ms()
+    record = OperationRecord(
+        operation_id=operation_id,
+        event_id=event_id,
+        kind="notify",
+        connection_id=connection_id,
+        external_conversation_id=external_conversation_id,
+        external_actor_id=actor_id,
+        agent_alias=alias,
+        state="accepted",
+        created_at_ms=now,
+        updated_at_ms=now,
+        thread_id=thread_id,
+        session_id=binding.session_id or None,
+    )
     if core.journal is not None:
-        now = core.now_ms()
-        record = OperationRecord(
-            operation_id=operation_id,
-            event_id=event_id,
-            kind="notify",
-            connection_id=connection_id,
-            external_conversation_id=external_conversation_id,
-            external_actor_id=actor_id,
-            agent_alias=alias,
-            state="accepted",
-            created_at_ms=now,
-            updated_at_ms=now,
-            thread_id=thread_id,
-            session_id=binding.session_id or None,
-        )
         try:
             admitted = await journal_admit(
                 core.journal, scope, record, cursor=None, now_ms=now, with_cursor=False
@@ -251,16 +251,7 @@ async def notify(
             return duplicate(core, operation_id)
     elif seen_before(core, connection_id, event_id):
         return duplicate(core, operation_id)
-    draft = Draft(
-        identity=sender,
-        operation_id=operation_id,
-        connection_id=connection_id,
-        external_conversation_id=external_conversation_id,
-        thread_id=thread_id,
-        text=core.redact(text),
-        kind="notice",
-        in_reply_to=event_id,
-    )
+    draft = Draft.for_event(sender, operation_id, record, core.redact(text))
     # The notice is staged with its operation's ``succeeded`` in one transaction.
     await answer(
         core,
