@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -168,6 +168,21 @@ def _unused(lock: trio.Lock | None) -> bool:
     return lock is not None and not lock.locked() and not lock.statistics().tasks_waiting
 
 
+_Part = TypeVar("_Part")
+
+
+class _KeyPart(Generic[_Part]):
+    """A read-only attribute of a :class:`Route` that is one place of its ``key``."""
+
+    __slots__ = ("place",)
+
+    def __init__(self, place: int) -> None:
+        self.place = place
+
+    def __get__(self, route: Route, owner: type[Route] | None = None) -> _Part:
+        return route.key[self.place]  # type: ignore[return-value]
+
+
 @attrs.define(eq=False)
 class Route:
     """In-memory state of one binding (connection, conversation, thread, actor, alias, scope).
@@ -177,7 +192,7 @@ class Route:
 
     key: RouteKey
     """(connection, conversation, thread, actor, alias, tenant, account, user): the first
-    five are read from it (properties below) rather than kept twice."""
+    five are read from it (the :class:`_KeyPart` attributes below) rather than kept twice."""
     scope: OwnershipScope
     queue: TurnQueue
     hydrated: bool = False
@@ -217,25 +232,11 @@ class Route:
     _lease_lock: trio.Lock | None = None
     _hydrate_lock: trio.Lock | None = None
 
-    @property
-    def connection_id(self) -> str:
-        return self.key[0]
-
-    @property
-    def external_conversation_id(self) -> str:
-        return self.key[1]
-
-    @property
-    def thread_id(self) -> str | None:
-        return self.key[2]
-
-    @property
-    def actor_id(self) -> str:
-        return self.key[3]
-
-    @property
-    def alias(self) -> str:
-        return self.key[4]
+    connection_id = _KeyPart[str](0)
+    external_conversation_id = _KeyPart[str](1)
+    thread_id = _KeyPart[str | None](2)
+    actor_id = _KeyPart[str](3)
+    alias = _KeyPart[str](4)
 
     @property
     def binding_key(self) -> str:
