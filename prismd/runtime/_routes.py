@@ -354,26 +354,6 @@ class Routes:
     def __len__(self) -> int:
         return len(self._table)
 
-    def route_key(
-        self,
-        connection_id: str,
-        external_conversation_id: str,
-        thread_id: str | None,
-        actor_id: str,
-        alias: str,
-        scope: OwnershipScope,
-    ) -> RouteKey:
-        return (
-            connection_id,
-            external_conversation_id,
-            thread_id,
-            actor_id,
-            alias,
-            scope.tenant_id,
-            scope.account_id,
-            scope.user_id,
-        )
-
     def route(
         self,
         connection_id: str,
@@ -384,9 +364,10 @@ class Routes:
         scope: OwnershipScope,
     ) -> Route | None:
         """The route, created when absent; ``None`` when the table is full of busy routes."""
-        key = self.route_key(
-            connection_id, external_conversation_id, thread_id, actor_id, alias, scope
-        )
+        key: RouteKey = (
+            connection_id, external_conversation_id, thread_id, actor_id, alias,
+            scope.tenant_id, scope.account_id, scope.user_id,
+        )  # fmt: skip
         route = self._table.get(key)
         if route is not None:
             return route
