@@ -119,6 +119,7 @@ class DiscordAdapter:
     """The Identifies of this connection's shards, spaced as sent (:class:`IdentifyGate`)."""
     _bot_user_id: str | None = attrs.field(default=None, init=False)
     _activity: Activity = attrs.field(factory=Activity, init=False)
+    _features: AdapterFeatures | None = attrs.field(default=None, init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
 
     def __attrs_post_init__(self) -> None:
@@ -152,12 +153,19 @@ class DiscordAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return AdapterFeatures(
-            typing=True,
-            previews=self.previews,
-            typing_delay_ms=self.typing_delay_ms,
-            attachments=True,
-        )
+        """Built once (the runtime asks several times per message)."""
+        features = self._features
+        if features is None or (features.previews, features.typing_delay_ms) != (
+            self.previews,
+            self.typing_delay_ms,
+        ):
+            features = self._features = AdapterFeatures(
+                typing=True,
+                previews=self.previews,
+                typing_delay_ms=self.typing_delay_ms,
+                attachments=True,
+            )
+        return features
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of
