@@ -3,7 +3,7 @@ only when nothing waits, else queued in order; the watermark saved after it move
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import trio
@@ -46,6 +46,21 @@ async def cursor_on(store: Store) -> ShardCursor:
     return cursor
 
 
+def dispatcher_on(
+    cursor: ShardCursor, handle: Callable[[Mapping[str, Any]], Awaitable[None]]
+) -> Dispatcher:
+    async def ready(_frame: proto.Frame) -> None:
+        raise AssertionError("no READY here")
+
+    return Dispatcher(
+        cursor=cursor,
+        lease=cast(ReceiverLease, _Lease()),
+        status=ShardStatus(),
+        handle_message=handle,
+        ready=ready,
+    )
+
+
 async def stored_seq(store: Store, cursor: ShardCursor) -> int | None:
     record = await store.checkpoints.load_checkpoint(
         namespace="prism.channels.v1.cursor", key=cursor.key, scope=cursor.scope
@@ -68,16 +83,7 @@ async def test_a_full_set_of_lanes_queues_what_follows_in_order(store: Store) ->
         if d["channel_id"] == "B":
             await b_done.wait()
 
-    async def ready(_frame: proto.Frame) -> None:
-        raise AssertionError("no READY here")
-
-    dispatcher = Dispatcher(
-        cursor=cursor,
-        lease=cast(ReceiverLease, _Lease()),
-        status=ShardStatus(),
-        handle_message=handle,
-        ready=ready,
-    )
+    dispatcher = dispatcher_on(cursor, handle)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(dispatcher.run)
@@ -114,16 +120,7 @@ async def test_the_watermark_is_saved_a_second_after_it_moved(store: Store) -> N
     async def handle(d: Mapping[str, Any]) -> None:
         admitted.append(str(d["id"]))
 
-    async def ready(_frame: proto.Frame) -> None:
-        raise AssertionError("no READY here")
-
-    dispatcher = Dispatcher(
-        cursor=cursor,
-        lease=cast(ReceiverLease, _Lease()),
-        status=ShardStatus(),
-        handle_message=handle,
-        ready=ready,
-    )
+    dispatcher = dispatcher_on(cursor, handle)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(dispatcher.run)
