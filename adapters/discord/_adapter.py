@@ -88,9 +88,9 @@ class DiscordAdapter:
     """``None``: :func:`default_intents`."""
     allow_guilds: bool = False
     previews: bool = False
+    """Show streamed answers by editing one message (at most once a second)."""
     typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
     """The runtime starts the typing indicator once a turn has run this long."""
-    """Show streamed answers by editing one message (at most once a second)."""
     shards: int | None = 1
     """A shard count, or ``None`` for ``"auto"``."""
     lease_ttl_ms: int = 30_000
@@ -119,6 +119,7 @@ class DiscordAdapter:
     """The Identifies of this connection's shards, spaced as sent (:class:`IdentifyGate`)."""
     _bot_user_id: str | None = attrs.field(default=None, init=False)
     _activity: Activity = attrs.field(factory=Activity, init=False)
+    _features: AdapterFeatures = attrs.field(init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
 
     def __attrs_post_init__(self) -> None:
@@ -138,6 +139,12 @@ class DiscordAdapter:
             bot_user_id=self._bot_id,
         )
         self._previews = PreviewEditor(connection_id=self.connection_id, rest=self._rest)
+        self._features = AdapterFeatures(
+            typing=True,
+            previews=self.previews,
+            typing_delay_ms=self.typing_delay_ms,
+            attachments=True,
+        )
         self._media = DiscordMedia(
             connection_id=self.connection_id,
             rest=self._rest,
@@ -152,12 +159,7 @@ class DiscordAdapter:
 
     @property
     def features(self) -> AdapterFeatures:
-        return AdapterFeatures(
-            typing=True,
-            previews=self.previews,
-            typing_delay_ms=self.typing_delay_ms,
-            attachments=True,
-        )
+        return self._features  # built once: the runtime asks several times per message
 
     def health(self) -> Mapping[str, str]:
         """``{"state": …, "gateway": …}``: the least healthy shard's state (one of

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 
 from prismd.journal import NS_CURSOR, cursor_key
 from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope, ms_to_iso
@@ -144,6 +145,8 @@ class ShardCursor:
     clock: Clock
     state: ShardState = attrs.field(factory=ShardState)
     _version: int | None = attrs.field(default=None, init=False)
+    _saving: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    """One save at a time (READY's and the watermark's run in two tasks)."""
 
     @property
     def key(self) -> str:
@@ -164,6 +167,10 @@ class ShardCursor:
     async def save(self, fencing_token: int | None) -> None:
         """Write :attr:`state` at the loaded version; a lost compare-and-swap (another
         holder wrote) raises :class:`LeaseLostError`."""
+        async with self._saving:
+            await self._save(fencing_token)
+
+    async def _save(self, fencing_token: int | None) -> None:
         if self._version is None:
             raise LeaseLostError("shard cursor not loaded")
         current = self._version

@@ -8,7 +8,8 @@
   after a reconnect, a restart, or by the instance that took the lease over — from the
   watermark of committed admissions, so Discord replays what was missed. The watermark
   moves only past dispatches handled in order (admitted with a final answer, or nothing
-  to admit); it is saved when the queue drains or every second, with the fencing token.
+  to admit); it is saved a second after it moved (:mod:`._dispatcher`) and when the
+  connection ends, with the fencing token.
 * **Closed with 4000 on every path** (a reconnect, a zombie, lease loss, a graceful stop):
   never 1000/1001, which would end the session.
 * **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
@@ -24,23 +25,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
 import random as _random
-import ssl
-import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    HandshakeError,
-    WebSocketConnection,
-    wrap_client_stream,
-)
 
 from prismd.channel import AdapterFatalError
 from stores import Clock
@@ -49,14 +40,13 @@ from ..toolkit import Backoff, LeaseLostError, ReceiverLease
 from . import _protocol as proto
 from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
+from ._dispatcher import Dispatcher
 from ._identify import IdentifyGate, gateway_url, prepare_identify
-from ._lanes import Lanes
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
 from ._urls import checked_gateway_url
+from ._websocket import ConnectionClosed, GatewaySocket, HandshakeError, connect
 
-QUEUE_SIZE = 256
-SAVE_EVERY_S = 1.0
 CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
@@ -97,31 +87,6 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return leaves[0] if leaves else group
 
 
-@contextlib.asynccontextmanager
-async def _websocket(url: str) -> AsyncIterator[WebSocketConnection]:
-    """A client WebSocket whose TCP stream is ours: closed on every path (trio-websocket's
-    own context closes with 1000, and a cancelled handshake could leave its socket open)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    secure = parts.scheme == "wss"
-    port = parts.port or (443 if secure else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    with trio.fail_after(CONNECT_TIMEOUT_S):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-    try:
-        if secure:
-            stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(CONNECT_TIMEOUT_S):
-                ws = await wrap_client_stream(nursery, stream, host, resource)  # type: ignore[arg-type]
-            try:
-                yield ws
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        await trio.aclose_forcefully(stream)
-
-
 @attrs.define(eq=False, kw_only=True)
 class Shard:
     connection_id: str
@@ -143,8 +108,6 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
-    _dirty: bool = attrs.field(default=False, init=False)
-    """The watermark moved since it was last saved."""
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _backfill_due: bool = attrs.field(default=False, init=False)
@@ -204,6 +167,7 @@ class Shard:
             except (
                 DiscordError,
                 HandshakeError,
+                ConnectionClosed,
                 OSError,
                 trio.TooSlowError,
                 trio.BrokenResourceError,
@@ -266,22 +230,30 @@ class Shard:
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
         try:
-            async with _websocket(proto.gateway_url(url)) as ws:
+            async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
                 await self._session(ws, session, backoff)
         except BaseExceptionGroup as group:
             raise _first(group) from None
 
-    async def _session(self, ws: Any, session: SessionState | None, backoff: Backoff) -> None:
+    async def _session(
+        self, ws: GatewaySocket, session: SessionState | None, backoff: Backoff
+    ) -> None:
         """One connected socket: read, heartbeat and admit until it ends (:class:`_End`)."""
-        send, receive = trio.open_memory_channel[proto.Frame](QUEUE_SIZE)
+        dispatcher = Dispatcher(
+            cursor=self.cursor,
+            lease=self.lease,
+            status=self.status,
+            handle_message=lambda message: self.handle_message(message, self),
+            ready=functools.partial(_ready, self),
+        )
         end: _End | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._handle_dispatches, receive)
+                nursery.start_soon(dispatcher.run)
                 try:
-                    await self._read(ws, send, session, backoff, nursery)
+                    await self._read(ws, dispatcher, session, backoff, nursery)
                 finally:
-                    send.close()
+                    dispatcher.close()
         except _End as caught:
             end = caught
         except BaseExceptionGroup as group:
@@ -305,8 +277,8 @@ class Shard:
 
     async def _read(
         self,
-        ws: Any,
-        queue: trio.MemorySendChannel[proto.Frame],
+        ws: GatewaySocket,
+        dispatcher: Dispatcher,
         session: SessionState | None,
         backoff: Backoff,
         nursery: trio.Nursery,
@@ -315,8 +287,7 @@ class Shard:
             try:
                 raw = await ws.get_message()
             except ConnectionClosed as closed:
-                code = None if closed.reason is None else closed.reason.code
-                code = None if code in (1005, 1006) else code
+                code = closed.code
                 raise _End(proto.close_action(code), f"closed {code}", code) from None
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
@@ -357,9 +328,9 @@ class Shard:
                     self._received_seq = frame.s
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
-                await _put(queue, frame)
+                await dispatcher.put(frame)
 
-    async def _heartbeat(self, ws: Any) -> None:
+    async def _heartbeat(self, ws: GatewaySocket) -> None:
         beat = self._heartbeater
         assert beat is not None
         while True:
@@ -373,81 +344,6 @@ class Shard:
                 raise _End("resume", "zombie connection")
             await ws.send_message(proto.heartbeat(self._received_seq))
             beat.sent(trio.current_time())
-
-    async def _handle_dispatches(self, queue: trio.MemoryReceiveChannel[proto.Frame]) -> None:
-        """Handle dispatches: messages admitted in lanes (:mod:`._lanes`: across channels at
-        once, in order within each); the watermark (``session.seq``) passes each dispatch
-        once it and all before it are handled, and is saved at most every
-        :data:`SAVE_EVERY_S` (and when the connection ends): a watermark saved late only
-        means a longer replay, which the journal deduplicates by message id."""
-        last_save = trio.current_time()
-        lanes = Lanes(functools.partial(_advance, self))
-        async with trio.open_nursery() as nursery:
-            while True:
-                now = trio.current_time()
-                wait = last_save + SAVE_EVERY_S - now if self._dirty else math.inf
-                try:
-                    frame = await _next(queue, min(wait, SAVE_EVERY_S) if lanes.busy else wait)
-                except trio.EndOfChannel:
-                    return
-                if frame is not None:
-                    await self._dispatch(frame, lanes, nursery)
-                    if frame.t == "READY":
-                        last_save, self._dirty = trio.current_time(), False  # saved at READY
-                if self._dirty and trio.current_time() - last_save >= SAVE_EVERY_S:
-                    self.lease.check()
-                    await self.cursor.save(self.lease.fencing_token)
-                    last_save, self._dirty = trio.current_time(), False
-
-    async def _dispatch(self, frame: proto.Frame, lanes: Lanes, nursery: trio.Nursery) -> None:
-        """Handle one dispatch (a message: start its admission in its channel's lane)."""
-        assert frame.s is not None
-        state = self.cursor.state
-        if state.session is not None and frame.s <= state.session.seq and frame.t != "READY":
-            return  # a duplicate (or the replay of what we handled)
-        if frame.t == "READY":
-            await _ready(self, frame)
-            return
-        if frame.t == "RESUMED":
-            self.status.state = "connected"
-            self.status.resumes += 1
-        elif frame.t == "MESSAGE_CREATE" and isinstance(frame.d, Mapping):
-            author = frame.d.get("author")
-            if not (isinstance(author, Mapping) and author.get("id") == state.bot_user_id):
-                # (our own replies come back too: nothing to admit)
-                admit = functools.partial(self.handle_message, frame.d, self)
-                channel = str(frame.d.get("channel_id"))
-                await lanes.admit(nursery, frame.s, channel, admit)
-                return
-        lanes.passed(frame.s)
-
-
-def _advance(shard: Shard, seq: int) -> None:
-    """The watermark passes ``seq`` (:class:`Lanes`: it and all before it are handled)."""
-    session = shard.cursor.state.session
-    if session is not None and seq > session.seq:
-        session.seq, shard._dirty = seq, True
-
-
-async def _put(queue: trio.MemorySendChannel[proto.Frame], frame: proto.Frame) -> None:
-    """Queue a frame, without a trip through the scheduler while the queue has room (the
-    reader's next read yields anyway)."""
-    try:
-        queue.send_nowait(frame)
-    except trio.WouldBlock:
-        await queue.send(frame)
-
-
-async def _next(queue: trio.MemoryReceiveChannel[proto.Frame], wait_s: float) -> proto.Frame | None:
-    """The next frame — at once if one is waiting (no timer, no yield) — or ``None`` after
-    ``wait_s``. Raises :class:`trio.EndOfChannel` once the reader is gone."""
-    try:
-        return queue.receive_nowait()
-    except trio.WouldBlock:
-        pass
-    with trio.move_on_after(max(wait_s, 0.0)):
-        return await queue.receive()
-    return None
 
 
 async def _ready(shard: Shard, frame: proto.Frame) -> None:

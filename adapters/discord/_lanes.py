@@ -50,6 +50,18 @@ class Lanes:
         self._order.append(_Entry(seq, done=True))
         self._pop()
 
+    def try_admit(
+        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Start ``handle`` (one admission) in ``channel``'s lane if there is room now;
+        ``False``: there is none (nothing was started)."""
+        try:
+            self._room.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        self._start(nursery, seq, channel, handle)
+        return True
+
     async def admit(
         self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
     ) -> None:
@@ -58,6 +70,11 @@ class Lanes:
             self._room.acquire_nowait()
         except trio.WouldBlock:
             await self._room.acquire()
+        self._start(nursery, seq, channel, handle)
+
+    def _start(
+        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
+    ) -> None:
         entry = _Entry(seq)
         self._order.append(entry)
         previous = self._tails.get(channel)

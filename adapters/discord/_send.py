@@ -67,7 +67,9 @@ _FENCE_RESERVE = 24
 def nonce_base(connection_id: str, operation_id: str) -> str:
     """20 characters naming one staged reply (the chunk index is appended)."""
     digest = hashlib.sha256(f"{connection_id}\0{operation_id}".encode()).digest()
-    return base64.b32encode(digest).decode().lower()[:20]
+    # 15 bytes are 24 base32 characters, the first 20 those of the whole digest's encoding
+    # (each 5 bytes encode alone): the same nonce as ever, at half the (pure Python) cost.
+    return base64.b32encode(digest[:15]).decode().lower()[:20]
 
 
 def chunk_nonce(base: str, index: int) -> str:

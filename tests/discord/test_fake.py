@@ -1,22 +1,51 @@
 """The fake Discord keeps the reference's rules (reference/discord-protocol.md §1, §4, §5,
 §7, §9), checked with a bare WebSocket and HTTP client — what the adapter tests do not
-reach on their own. (The WebSocket is the adapter's own opener, which closes its TCP
-stream on every path; trio-websocket's context leaves it open when the server closes.)"""
+reach on their own. (The WebSocket is trio-websocket's, opened by
+:func:`open_websocket_url` below, which closes its TCP stream on every path:
+trio-websocket's context leaves it open when the server closes.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
-from adapters.discord._gateway import _websocket as open_websocket_url
 from tests.fakes.discord_api import FakeDiscord
 
 from .conftest import DM, GUILD, GUILD_CHANNEL, USER
+
+
+@contextlib.asynccontextmanager
+async def open_websocket_url(url: str) -> AsyncIterator[WebSocketConnection]:
+    """A client WebSocket whose TCP stream is closed on every path (trio-websocket's own
+    context closes with 1000, and a cancelled handshake could leave its socket open)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    with trio.fail_after(15):
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    try:
+        if secure:
+            stream = trio.SSLStream(stream, ssl.create_default_context(), server_hostname=host)
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(15):
+                ws = await wrap_client_stream(nursery, stream, host, resource)  # type: ignore[arg-type]
+            try:
+                yield ws
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
 
 
 async def recv(ws: WebSocketConnection) -> dict[str, Any]:

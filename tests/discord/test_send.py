@@ -212,6 +212,8 @@ def test_nonce_is_stable_and_short() -> None:
     base = nonce_base("conn", "op-123")
     assert base == nonce_base("conn", "op-123") != nonce_base("conn", "op-124")
     assert len(chunk_nonce(base, 999)) <= 25
+    # The same on every version too: a daemon upgraded inside the window resends with it.
+    assert base == "qxupmu6wrn6e2duy4j66"  # base32(sha256("conn\0op-123"))[:20], lower case
 
 
 async def test_invalid_request_guard_and_cloudflare_ban(fake: FakeDiscord) -> None:
