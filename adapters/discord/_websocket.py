@@ -12,7 +12,7 @@ it holds, a complete frame costs a header read and a slice.
 * **Frames in**: unmasked (a masked one, a reserved bit, an unknown opcode, a fragmented or
   oversized control frame, a continuation out of place, invalid UTF-8 in a text message
   are protocol errors: closed 1002/1007); fragments joined up to :data:`MAX_MESSAGE_BYTES`
-  (over it: closed 1009, as trio-websocket's default cap did); a ping answered with its
+  (over it: closed 1009); a ping answered with its
   pong; a close answered with the same code (RFC 6455 §5.5.1) and raised as
   :class:`ConnectionClosed` with it (``None``: no code, or the TCP stream ended).
 * **Frames out**: text, masked with a fresh key; one writer at a time.
@@ -33,7 +33,11 @@ from collections.abc import AsyncIterator
 
 import trio
 
-MAX_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 64 << 20
+"""The largest gateway message read. A large guild's GUILD_CREATE, uncompressed, can run to
+several MiB; a cap the server's own payloads exceed would close 1009, resume and meet the
+same payload again, so the cap is far above them and bounds memory only against a broken
+peer (discord.py reads without a cap). trio-websocket's default, used before, was 1 MiB."""
 MAX_HEAD_BYTES = 16 * 1024
 RECEIVE_BYTES = 65536
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"

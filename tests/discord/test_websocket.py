@@ -176,7 +176,7 @@ async def test_close_sends_our_code_and_waits_for_the_answer(nursery: trio.Nurse
 async def test_a_frame_the_server_may_not_send_closes_with_its_code(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, bad: bytes, code: int
 ) -> None:
-    monkeypatch.setattr(_websocket, "MAX_MESSAGE_BYTES", 100)  # a message's cap (1 MiB)
+    monkeypatch.setattr(_websocket, "MAX_MESSAGE_BYTES", 100)  # a message's cap (64 MiB)
 
     async def script(stream: trio.SocketStream, peer: Peer) -> None:
         await accept(stream, peer)
