@@ -8,10 +8,13 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from adapters.discord import _websocket
 from adapters.discord._websocket import (
@@ -245,3 +248,71 @@ async def test_no_answer_to_the_upgrade_is_a_timeout(
     with pytest.raises(trio.TooSlowError):
         async with connect(url, 5):
             pass
+
+
+async def _serve_tls(nursery: trio.Nursery, script: Script, ca: trustme.CA) -> tuple[str, Peer]:
+    """:func:`serve` behind TLS: the server's certificate for ``localhost``, issued by ``ca``."""
+    peer = Peer()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_context)
+
+    async def handler(raw: trio.SocketStream) -> None:
+        stream = trio.SSLStream(raw, server_context, server_side=True)
+        try:
+            await script(stream, peer)  # type: ignore[arg-type]
+        except (EOFError, trio.BrokenResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    return f"wss://localhost:{port}/gateway?v=10&encoding=json", peer
+
+
+async def test_wss_verifies_the_server_and_speaks_through_tls(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wss://`` is TLS with the system's default verification (Discord's gateway is
+    ``wss://gateway.discord.gg``): a server whose certificate the trust store holds is
+    talked to; the frames go through the TLS stream both ways."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+
+    async def script(stream: trio.SocketStream, peer: Peer) -> None:
+        await accept(stream, peer)
+        await stream.send_all(frame(1, b'{"op":10}'))
+        assert await peer.read_frame(stream) == (1, b'{"op":1,"d":null}')
+        await stream.send_all(frame(8, (4000).to_bytes(2, "big")))
+        await peer.read_frame(stream)
+
+    url, peer = await _serve_tls(nursery, script, ca)
+    with trio.fail_after(10):
+        async with connect(url, 10) as ws:
+            assert await ws.get_message() == '{"op":10}'
+            await ws.send_message('{"op":1,"d":null}')
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.get_message()
+            assert closed.value.code == 4000
+    assert b"Host: localhost:" in peer.request
+
+
+async def test_wss_refuses_a_server_it_cannot_verify(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate from an authority the trust store does not hold ends the connection
+    before the upgrade is written: nothing is sent to an impostor."""
+    trusted = trustme.CA()
+    trusted.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+
+    async def script(stream: trio.SocketStream, peer: Peer) -> None:
+        await accept(stream, peer)
+
+    url, peer = await _serve_tls(nursery, script, trustme.CA())
+    with trio.fail_after(10):
+        with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
+            async with connect(url, 10):
+                pass
+    assert peer.request == b""
