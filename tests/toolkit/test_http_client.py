@@ -5,11 +5,14 @@ Content-Length and while reading a chunked body), and failures that name a class
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from adapters.toolkit._http_client import (
     ConnectError,
@@ -287,3 +290,83 @@ async def test_a_request_http_forbids_is_refused_before_anything_is_sent(
         await trio.sleep(0.1)
     await client.aclose()
     assert set(received) <= {b""}  # connections opened, nothing written on them
+
+
+async def _serve_tls(
+    nursery: trio.Nursery,
+    handler: Callable[[trio.abc.Stream], Awaitable[None]],
+    ca: trustme.CA,
+) -> Origin:
+    """A loopback ``https`` origin named ``localhost``, its certificate issued by ``ca``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(context)
+
+    async def tls_handler(raw: trio.SocketStream) -> None:
+        stream = trio.SSLStream(raw, context, server_side=True)
+        try:
+            await handler(stream)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    listeners = await nursery.start(
+        functools.partial(trio.serve_tcp, tls_handler, 0, host="127.0.0.1")
+    )
+    return Origin("https", "localhost", listeners[0].socket.getsockname()[1])
+
+
+async def test_https_verifies_the_server_and_keeps_the_connection(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Bot APIs are ``https``: TLS with the system's default verification (here a trust
+    store holding one throwaway authority), and keep-alive over TLS as over TCP — the
+    session tickets a TLS 1.3 server sends after its handshake are not taken for bytes
+    nobody asked for."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    connections: list[int] = []
+    requests: list[bytes] = []
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        connections.append(1)
+        while True:
+            request = await _read_request(stream)  # type: ignore[arg-type]
+            if not request:
+                return
+            requests.append(request)
+            await stream.send_all(OK)
+
+    origin = await _serve_tls(nursery, handler, ca)
+    client = Http11()
+    with trio.fail_after(10):
+        for path in (b"/one", b"/two", b"/three"):
+            status, _headers, data = await client.request(origin, b"GET", path, [], b"", 100)
+            assert (status, data) == (200, b"ok")
+    await client.aclose()
+    assert len(connections) == 1
+    assert [r.split(b" ")[1] for r in requests] == [b"/one", b"/two", b"/three"]
+    assert all(b"\r\nHost: localhost:" in r for r in requests)
+
+
+async def test_https_refuses_a_server_it_cannot_verify(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A certificate from an authority the trust store does not hold: a ConnectError
+    naming no URL, and no request written to the impostor."""
+    trusted = trustme.CA()
+    trusted.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    requests: list[bytes] = []
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        requests.append(await _read_request(stream))  # type: ignore[arg-type]
+
+    origin = await _serve_tls(nursery, handler, trustme.CA())
+    client = Http11()
+    with trio.fail_after(10), pytest.raises(ConnectError) as refused:
+        await client.request(origin, b"POST", b"/bot-secret/sendMessage", [], b"x", 100)
+    await client.aclose()
+    assert requests == []
+    assert "secret" not in str(refused.value) and "localhost" not in str(refused.value)
