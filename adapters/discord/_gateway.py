@@ -13,7 +13,8 @@
 * **Closed with 4000 on every path** (a reconnect, a zombie, lease loss, a graceful stop):
   never 1000/1001, which would end the session.
 * **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
-  is a zombie connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
+  (a short grace later: an ACK received but not yet read is not missing) is a zombie
+  connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
   op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s).
 * **Fatal closes** (4004, 4010-4014) store ``failed`` and raise
   :class:`~prismd.channel.AdapterFatalError`: the connection shows failed, the daemon
@@ -337,7 +338,7 @@ class Shard:
             now = trio.current_time()
             due = beat.due(now)
             if due == "wait":
-                await trio.sleep(min(beat.next_at - now, 1.0))
+                await trio.sleep(max(min(beat.wake_at() - now, 1.0), 0.0))
                 continue
             if due == "zombie":
                 log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)

@@ -163,25 +163,43 @@ def gateway_url(base: str) -> str:
     return base.split("?", 1)[0].rstrip("/") + f"/?v={GATEWAY_VERSION}&encoding=json"
 
 
+ZOMBIE_GRACE_SHARE = 0.25
+ZOMBIE_GRACE_MAX_S = 2.0
+"""How long after a beat is due an unacknowledged one makes a zombie: a quarter of the
+interval, at most two seconds (Discord's interval is about 41 s)."""
+
+
 @attrs.define(eq=False)
 class Heartbeater:
     """The heartbeat rule (GW "Heartbeat Interval"): the first beat after ``interval ×
     jitter``, then one per interval; a beat due while the previous one is unacknowledged
-    means the connection is a zombie (close it, resume)."""
+    means the connection is a zombie (close it, resume) — once :attr:`grace_s` has passed
+    too: after a stall of the process, the timer and the socket's reader wake together, in
+    either order, and an ACK already received but not yet read is not a zombie."""
 
     interval_s: float
     random: _random.Random
     acked: bool = True
     next_at: float = 0.0
 
+    @property
+    def grace_s(self) -> float:
+        return min(self.interval_s * ZOMBIE_GRACE_SHARE, ZOMBIE_GRACE_MAX_S)
+
     def start(self, now: float) -> None:
         self.acked = True
         self.next_at = now + self.interval_s * self.random.random()
 
+    def wake_at(self) -> float:
+        """When :meth:`due` may next say something but ``"wait"``."""
+        return self.next_at if self.acked else self.next_at + self.grace_s
+
     def due(self, now: float) -> Literal["wait", "beat", "zombie"]:
         if now < self.next_at:
             return "wait"
-        return "beat" if self.acked else "zombie"
+        if self.acked:
+            return "beat"
+        return "zombie" if now >= self.next_at + self.grace_s else "wait"
 
     def sent(self, now: float) -> None:
         self.acked = False

@@ -3,6 +3,7 @@ the key; and the message → event mapping."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from adapters.discord import DiscordConnectionConfig, default_intents
 from adapters.discord._parse import parse_message
 from adapters.discord._protocol import (
     Frame,
+    Heartbeater,
     ProtocolError,
     StartLimit,
     close_action,
@@ -194,3 +196,23 @@ def test_frames_decode_only_what_is_handled() -> None:
     for bad in ('{"t":"GUILD_CREATE","s":3,"s":4,"d":{}}', "not json", '{"op":"0","d":1}'):
         with pytest.raises(ProtocolError):
             parse_frame(bad)
+
+
+def test_a_missing_ack_is_a_zombie_only_after_the_grace() -> None:
+    """A beat due while the last is unacknowledged is a zombie — a short grace later, so an
+    ACK that arrived while the process stalled, and is read just after the timer fired,
+    is not taken for a dead connection."""
+    beat = Heartbeater(40.0, random.Random(1))
+    beat.start(0.0)
+    first = beat.next_at
+    assert 0.0 <= first < 40.0 and beat.due(first - 0.01) == "wait"
+    assert beat.due(first) == "beat"
+    beat.sent(first)
+    assert beat.grace_s == 2.0 and beat.wake_at() == first + 42.0
+    assert beat.due(first + 40.0) == "wait"  # due, unacknowledged, inside the grace
+    assert beat.due(first + 41.99) == "wait"
+    assert beat.due(first + 42.0) == "zombie"
+    beat.ack()  # read late, inside the grace: the beat goes out
+    assert beat.wake_at() == first + 40.0 and beat.due(first + 41.0) == "beat"
+    short = Heartbeater(0.5, random.Random(1))
+    assert short.grace_s == 0.125  # a quarter of a short interval
