@@ -68,6 +68,7 @@ PINNED: dict[str, list[str]] = {
         "LeaseLostError",
         "LogThrottle",
         "Origin",
+        "ReadTimeout",
         "ReceiverLease",
         "RequestHead",
         "ResponseTooLarge",
