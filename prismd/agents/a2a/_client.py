@@ -34,7 +34,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -413,36 +413,29 @@ class A2AClient:
         body = envelope(method, task_params(dialect, task_id, self.card.tenant), self._next_id())
         timeout = httpx.Timeout(self.timeout_s, read=idle_s)
         failure: A2AError | None = None
-        try:
-            with trio.CancelScope() as scope:
-                request = json_request(
-                    self.http, self.url, body, self._headers(dialect, stream=True), timeout
-                )
-                request.headers["Cache-Control"] = "no-store"
-                response = await self.http.send(request, stream=True)
-                async with contextlib.aclosing(response):
-                    source = httpx_sse.EventSource(response)
-                    if response.status_code in (429, 503):
-                        raise Refused(
-                            f"http_{response.status_code}",
-                            retry_after_s(response.headers.get("retry-after")),
-                        )
-                    kind = response.headers.get("content-type", "")
-                    if "text/event-stream" not in kind:
-                        await response.aread()
-                        raise RemoteError(_error_code(response), response.status_code)
-                    async for event in source.aiter_sse():
-                        if scope.cancel_called:
-                            continue
-                        failure, enough = _stream_item(event.data, on_item)
-                        if failure is not None or enough:
-                            scope.cancel()
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise Refused("connect") from exc
-        except httpx.TimeoutException as exc:
-            raise OutcomeUnknown("timeout") from exc
-        except httpx.TransportError as exc:
-            raise OutcomeUnknown("transport") from exc
+        with _classified(), trio.CancelScope() as scope:
+            request = json_request(
+                self.http, self.url, body, self._headers(dialect, stream=True), timeout
+            )
+            request.headers["Cache-Control"] = "no-store"
+            response = await self.http.send(request, stream=True)
+            async with contextlib.aclosing(response):
+                source = httpx_sse.EventSource(response)
+                if response.status_code in (429, 503):
+                    raise Refused(
+                        f"http_{response.status_code}",
+                        retry_after_s(response.headers.get("retry-after")),
+                    )
+                kind = response.headers.get("content-type", "")
+                if "text/event-stream" not in kind:
+                    await response.aread()
+                    raise RemoteError(_error_code(response), response.status_code)
+                async for event in source.aiter_sse():
+                    if scope.cancel_called:
+                        continue
+                    failure, enough = _stream_item(event.data, on_item)
+                    if failure is not None or enough:
+                        scope.cancel()
         if failure is not None:
             raise failure
 
@@ -479,8 +472,17 @@ async def _get(
     headers = {"Accept": "application/json"}
     if bearer:
         headers["Authorization"] = f"Bearer {bearer}"
+    with _classified():
+        response = await http.get(url, headers=headers, timeout=timeout_s)
+    return response
+
+
+@contextlib.contextmanager
+def _classified() -> Iterator[None]:
+    """httpx's failures as the client's: no connection → :class:`Refused`; a timeout or a
+    broken transport after → :class:`OutcomeUnknown`."""
     try:
-        return await http.get(url, headers=headers, timeout=timeout_s)
+        yield
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise Refused("connect") from exc
     except httpx.TimeoutException as exc:
