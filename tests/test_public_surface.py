@@ -69,6 +69,7 @@ PINNED: dict[str, list[str]] = {
         "LeaseLostError",
         "LogThrottle",
         "Origin",
+        "ReadTimeout",
         "ReceiverLease",
         "RequestHead",
         "ResponseTooLarge",

@@ -58,6 +58,7 @@ from ._http_client import Header as Header
 from ._http_client import Http11 as Http11
 from ._http_client import HttpTransportError as HttpTransportError
 from ._http_client import Origin as Origin
+from ._http_client import ReadTimeout as ReadTimeout
 from ._http_client import ResponseTooLarge as ResponseTooLarge
 from ._jsonrpc import JsonRpcClient as JsonRpcClient
 from ._jsonrpc import JsonRpcConnectionError as JsonRpcConnectionError

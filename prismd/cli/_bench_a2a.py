@@ -6,9 +6,13 @@ pushed once, as the SDKs do), so its memory and CPU are not prismd's. The real `
 agent, runtime, store and push receiver do the rest:
 
 1. ``tasks`` messages on as many conversations are admitted and sent; once every task is
-   followed (parked): resident memory per followed task (RSS after minus before, after a
-   collection), then, for ``duration_s``, the CPU per poll (every task polled every
-   ``max(1 s, tasks / 100 s)``: about 100 polls a second in all);
+   followed (parked): resident memory per followed task (the process's RSS once every task
+   is followed minus its RSS before the runtime started, both after a collection, divided
+   by ``tasks``: everything the runtime, the journal's SQLite connections and the agent
+   hold for them; ``of_which_sqlite_bytes_per_task`` is SQLite's own share of it — its page
+   caches, bounded — when the store is SQLite), then, for ``duration_s``, the CPU per
+   poll (every task polled every ``max(1 s, tasks / 100 s)``: about 100 polls a second
+   in all);
 2. *ingest*: every task is pushed a ``working`` status update with a new timestamp (64
    pushes in flight) while the inbox worker is not started yet, so that nothing but the
    receiver runs beside the polls: pushes ingested per second (POST → durable inbox
@@ -66,6 +70,13 @@ MAX_QUEUED = 400
 def _rss_bytes() -> int:
     with open("/proc/self/statm", "rb") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _sqlite_bytes() -> int:
+    """What SQLite holds in this process (its page caches above all: bounded, 2 MiB per
+    connection by default), when the SQLite driver is loaded; else 0."""
+    apsw = sys.modules.get("apsw")
+    return int(apsw.memory_used()) if apsw is not None else 0
 
 
 @attrs.define(eq=False)
@@ -336,7 +347,7 @@ async def a2a(
             return agent
 
         gc.collect()
-        rss0 = _rss_bytes()
+        rss0, sqlite0 = _rss_bytes(), _sqlite_bytes()
         nonce = f"{os.getpid()}-{time.time_ns()}"
         async with open_messaging_runtime(
             authorize=authorizer.authorize,
@@ -366,6 +377,7 @@ async def a2a(
             sent_s = time.perf_counter() - start
             gc.collect()
             rss_per_task = (_rss_bytes() - rss0) / tasks
+            sqlite_per_task = (_sqlite_bytes() - sqlite0) / tasks
             gets0 = await gets()
             cpu0 = time.process_time()
             await trio.sleep(duration_s)
@@ -422,6 +434,7 @@ async def a2a(
             "count": tasks,
             "per_s": round(tasks / sent_s, 1),
             "rss_bytes_per_task": round(rss_per_task),
+            "of_which_sqlite_bytes_per_task": round(sqlite_per_task),
             "cpu_ms_per_poll": round(cpu_per_poll_ms, 3),
             "polls": polls,
         },

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from adapters.toolkit import Http11
 from prismd.agents.a2a import (
     A2AClient,
     CardError,
@@ -34,6 +35,16 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@pytest.fixture
+async def rpc() -> AsyncIterator[Http11]:
+    """The unary calls' connections, closed after the test."""
+    client = Http11()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
 async def _serve(nursery: trio.Nursery, **kw: Any) -> FakeA2A:
     fake = FakeA2A(**kw)
     await nursery.start(fake.serve)
@@ -41,11 +52,11 @@ async def _serve(nursery: trio.Nursery, **kw: Any) -> FakeA2A:
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_discover_send_get_cancel(dialect: str, http: httpx.AsyncClient) -> None:
+async def test_discover_send_get_cancel(dialect: str, http: httpx.AsyncClient, rpc: Http11) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect=dialect)
-            client = await A2AClient.discover(http, url=fake.base_url)
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url)
             assert client.dialect == dialect
             assert client.card.streaming and client.card.push
             fake.plan(Plan("work"), Plan("complete", "first\n\nsecond"), Plan("message", "hi"))
@@ -79,34 +90,37 @@ async def test_discover_send_get_cancel(dialect: str, http: httpx.AsyncClient) -
             nursery.cancel_scope.cancel()
 
 
-async def test_card_fallback_to_agent_json_and_protocol_override(http: httpx.AsyncClient) -> None:
+async def test_card_fallback_to_agent_json_and_protocol_override(
+    http: httpx.AsyncClient, rpc: Http11
+) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect="0.3", legacy_card=True)
-            client = await A2AClient.discover(http, url=fake.base_url)
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url)
             assert client.dialect == "0.3"
             forced = await A2AClient.discover(
-                http, card_url=fake.base_url.rstrip("/") + "/.well-known/agent.json",
+                http, rpc=rpc, card_url=fake.base_url.rstrip("/") + "/.well-known/agent.json",
                 protocol="1.0",
             )  # fmt: skip
             assert forced.dialect == "1.0"
             nursery.cancel_scope.cancel()
 
 
-async def test_http_only_for_loopback(http: httpx.AsyncClient) -> None:
+async def test_http_only_for_loopback(http: httpx.AsyncClient, rpc: Http11) -> None:
     with pytest.raises(CardError):
-        await A2AClient.discover(http, url="http://agents.example.org/x/")
+        await A2AClient.discover(http, rpc=rpc, url="http://agents.example.org/x/")
     with pytest.raises(CardError):
-        await A2AClient.discover(http, card_url="ftp://127.0.0.1/card.json")
+        await A2AClient.discover(http, rpc=rpc, card_url="ftp://127.0.0.1/card.json")
 
 
 async def test_method_not_found_falls_back_to_v03_and_is_remembered(
     http: httpx.AsyncClient,
+    rpc: Http11,
 ) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect="0.3")
-            client = await A2AClient.discover(http, url=fake.base_url, protocol="1.0")
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url, protocol="1.0")
             fake.plan(Plan("work"), Plan("work"))
             task = await client.send(message_id="m-1", text="hello")
             assert isinstance(task, Task) and client.dialect == "0.3"
@@ -120,11 +134,13 @@ async def test_method_not_found_falls_back_to_v03_and_is_remembered(
             nursery.cancel_scope.cancel()
 
 
-async def test_refusals_are_told_from_unknown_outcomes(http: httpx.AsyncClient) -> None:
+async def test_refusals_are_told_from_unknown_outcomes(
+    http: httpx.AsyncClient, rpc: Http11
+) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect="1.0")
-            client = await A2AClient.discover(http, url=fake.base_url)
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url)
             fake.friction("429")
             with pytest.raises(Refused) as rate:
                 await client.send(message_id="m-1", text="x")
@@ -150,11 +166,13 @@ async def test_refusals_are_told_from_unknown_outcomes(http: httpx.AsyncClient) 
             nursery.cancel_scope.cancel()
 
 
-async def test_redirect_to_the_same_origin_is_followed_once(http: httpx.AsyncClient) -> None:
+async def test_redirect_to_the_same_origin_is_followed_once(
+    http: httpx.AsyncClient, rpc: Http11
+) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect="1.0")
-            client = await A2AClient.discover(http, url=fake.base_url)
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url)
             client.url = fake.base_url.rstrip("/")
             fake.plan(Plan("work"))
             task = await client.send(message_id="m-1", text="x")
@@ -164,11 +182,13 @@ async def test_redirect_to_the_same_origin_is_followed_once(http: httpx.AsyncCli
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_subscribe_streams_until_terminal(dialect: str, http: httpx.AsyncClient) -> None:
+async def test_subscribe_streams_until_terminal(
+    dialect: str, http: httpx.AsyncClient, rpc: Http11
+) -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             fake = await _serve(nursery, dialect=dialect)
-            client = await A2AClient.discover(http, url=fake.base_url)
+            client = await A2AClient.discover(http, rpc=rpc, url=fake.base_url)
             fake.plan(Plan("work"))
             task = await client.send(message_id="m-1", text="x")
             assert isinstance(task, Task)

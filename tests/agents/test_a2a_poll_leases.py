@@ -13,7 +13,6 @@ from collections import defaultdict
 from contextlib import AsyncExitStack
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -33,12 +32,10 @@ pytestmark = pytest.mark.slow
 TASKS = 9
 INTERVAL_MS = 1000
 LEASE_MS = 1500
-INSTANCE = "x-test-instance"
 
 
-def instance_agent(fake: FakeA2A, store: Store, n: int) -> A2AAgent:
-    """Instance ``n``'s agent: polled every second (±20 % jitter), poll leases of 1.5 s; its
-    requests carry a header naming it (for the fake's records only)."""
+def instance_agent(fake: FakeA2A, store: Store) -> A2AAgent:
+    """An instance's agent: polled every second (±20 % jitter), poll leases of 1.5 s."""
     agent = build_agent(
         "a2a",
         AgentContext(
@@ -56,8 +53,18 @@ def instance_agent(fake: FakeA2A, store: Store, n: int) -> A2AAgent:
     assert isinstance(agent, A2AAgent)
     assert agent.polls is not None
     agent.poll_lease_ms = LEASE_MS
-    agent.http = httpx.AsyncClient(headers={INSTANCE: str(n)})
     return agent
+
+
+def reader(agents: list[A2AAgent], request: dict[str, Any]) -> str:
+    """Which instance made ``request``: its JSON-RPC id is ``prismd-<tag>-<n>``, ``tag``
+    random per client (the fake records what the product sends, nothing added for it)."""
+    for n, agent in enumerate(agents):
+        if agent.client is not None and str(request["id"]).startswith(
+            f"prismd-{agent.client.tag}-"
+        ):
+            return str(n)
+    raise AssertionError(f"a request of no instance: {request['id']}")
 
 
 def gets(fake: FakeA2A, since: int = 0) -> list[dict[str, Any]]:
@@ -73,7 +80,7 @@ async def test_each_due_poll_is_made_once_and_a_dead_instances_polls_are_taken_o
                 await nursery.start(fake.serve)
                 fake.plan(*(Plan("work") for _ in range(TASKS)))
                 stores = [await stack.enter_async_context(open_store(url)) for _ in range(3)]
-                agents = [instance_agent(fake, s, n) for n, s in enumerate(stores)]
+                agents = [instance_agent(fake, s) for s in stores]
                 hosts: list[Host] = []
                 scopes: list[trio.CancelScope] = []
 
@@ -114,7 +121,7 @@ async def test_each_due_poll_is_made_once_and_a_dead_instances_polls_are_taken_o
                     times = [r["at"] for r in reads]
                     gaps = [b - a for a, b in itertools.pairwise(times)]
                     assert min(gaps) >= 0.6, (task_id, gaps)
-                readers = {r["headers"][INSTANCE] for r in window}
+                readers = {reader(agents, r) for r in window}
                 assert len(readers) >= 2, readers  # the instances share the polling
 
                 # 2. Every read now hangs at the peer: one read in flight per task, never two.
@@ -126,7 +133,7 @@ async def test_each_due_poll_is_made_once_and_a_dead_instances_polls_are_taken_o
                 await trio.sleep(LEASE_MS / 1000 * 2)  # leases renewed meanwhile
                 in_flight = gets(fake, stalled_from)
                 assert len(in_flight) == TASKS, [(r["params"]["id"]) for r in in_flight]
-                holder = {r["params"]["id"]: r["headers"][INSTANCE] for r in in_flight}
+                holder = {r["params"]["id"]: reader(agents, r) for r in in_flight}
                 counts = {n: list(holder.values()).count(str(n)) for n in range(3)}
                 victim = max(counts, key=lambda n: counts[n])
                 orphaned = {t for t, who in holder.items() if who == str(victim)}
@@ -149,7 +156,7 @@ async def test_each_due_poll_is_made_once_and_a_dead_instances_polls_are_taken_o
                     # Not before the dead instance's lease expired (renewed every 0.5 s
                     # until the kill, so it ran at least 1 s beyond it).
                     assert min(taken) >= killed + 0.9, (task_id, min(taken) - killed)
-                    assert all(r["headers"][INSTANCE] != str(victim) for r in after)
+                    assert all(reader(agents, r) != str(victim) for r in after)
                 for host in survivors:
                     await host.settle()
                 texts = sorted(t for h in survivors for t in h.texts)

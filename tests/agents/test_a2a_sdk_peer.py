@@ -3,6 +3,7 @@ subprocess on loopback (tests/fakes/a2a_sdk_agent.py): both dialects, push inclu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -15,6 +16,7 @@ import httpx
 import pytest
 import trio
 
+from adapters.toolkit import Http11
 from prismd.agents.a2a import A2AClient, PushConfig, Task, read_observation
 from tests.support.handler_server import read_request
 from tests.support.waiting import wait_until
@@ -82,9 +84,13 @@ async def _receiver(
 async def test_send_follow_and_push_against_the_sdk(sdk_url: str, protocol: str) -> None:
     got: list[tuple[dict[str, str], object]] = []
     with trio.fail_after(30):
-        async with httpx.AsyncClient() as http, trio.open_nursery() as nursery:
+        async with (
+            httpx.AsyncClient() as http,
+            contextlib.aclosing(Http11()) as rpc,
+            trio.open_nursery() as nursery,
+        ):
             port = await nursery.start(_receiver, got)
-            client = await A2AClient.discover(http, url=sdk_url, protocol=protocol)
+            client = await A2AClient.discover(http, url=sdk_url, protocol=protocol, rpc=rpc)
             assert client.card.push and client.card.streaming
             push = PushConfig(f"http://127.0.0.1:{port}/a2a/push/sdk", "tok-1", "cred-1")
             sent = await client.send(message_id="prismd-1", text="hello", push=push)

@@ -402,7 +402,7 @@ class FakeA2A:
         params = body.get("params") or {}
         record = {
             "method": name, "params": params, "headers": headers, "processed": False,
-            "at": trio.current_time(),
+            "at": trio.current_time(), "id": rid,
         }  # fmt: skip
         self.requests.append(record)
         self._wake()

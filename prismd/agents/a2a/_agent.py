@@ -37,6 +37,7 @@ import attrs
 import httpx
 import trio
 
+from adapters.toolkit import Http11
 from stores import Clock, OwnershipScope, PollStore, StoreUnavailableError
 
 from ...channel import OutboundFile, ReplyFile
@@ -59,12 +60,13 @@ from ._follower import Follower, park_or_answer
 from ._gate import POLL_LEASE_MS
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
+from ._unary import RPC_CONNECTIONS
 from ._wire import PushConfig
 
 log = logging.getLogger("prismd.agents.a2a")
 HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
-"""Connections kept open to the peer: the follower's polls in flight, its streams and the
-runs' calls together, so that polling does not open a connection per request."""
+"""Connections kept open to the peer for its streams and file downloads (the unary calls
+have their own: :attr:`A2AAgent.rpc`)."""
 
 
 def _text_of(value: object) -> str:
@@ -85,6 +87,8 @@ class A2AAgent:
     push_base_url: str | None = None
     max_remote_tasks: int = 100
     http: httpx.AsyncClient = attrs.field(factory=lambda: httpx.AsyncClient(limits=HTTP_LIMITS))
+    rpc: Http11 = attrs.field(factory=lambda: Http11(max_connections=RPC_CONNECTIONS))
+    """The unary JSON-RPC calls' connections (the follower's polls, the runs' calls)."""
     client: A2AClient | None = None
     blocking: int = 0
     """Runs following their task in the run itself (no runtime hooks to park with)."""
@@ -157,6 +161,7 @@ class A2AAgent:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+        await self.rpc.aclose()
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -347,6 +352,7 @@ class A2AAgent:
                     card_url=self.options.card_url,
                     bearer=self.bearer,
                     protocol=self.options.protocol,
+                    rpc=self.rpc,
                 )
                 return self.client
             except CardError as exc:

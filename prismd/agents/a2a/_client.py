@@ -1,4 +1,7 @@
-"""A small A2A client over httpx and httpx-sse: dicts in, :mod:`._wire` records out.
+"""A small A2A client: dicts in, :mod:`._wire` records out. Its unary JSON-RPC calls
+(send, get, cancel, list) go over the toolkit's HTTP/1.1 client (:class:`~adapters.toolkit.Http11`:
+keep-alive, one write a request, about a tenth of httpx's CPU a call — a followed task is
+read by ``GetTask`` again and again); the card and the streams over httpx and httpx-sse.
 
 It speaks JSON-RPC in both dialects and tells the three ways a call can go wrong apart,
 because a send must never be repeated when it may have landed:
@@ -10,6 +13,11 @@ because a send must never be repeated when it may have landed:
   connection, a 5xx from a proxy). A send that ends so is never made again.
 * :class:`RemoteError` — the peer answered with an error (a JSON-RPC ``code``, or an HTTP
   status). Definite too; whether it is worth retrying depends on the code.
+
+A unary call's connection is opened within :data:`~adapters.toolkit.Http11`'s connect
+timeout, and the request waits at most ``timeout_s`` for a connection before it is
+written (then it is :class:`Refused`); each read of the answer within ``timeout_s``
+(then :class:`OutcomeUnknown`), the answer at most :data:`MAX_ANSWER_BYTES`.
 
 A v1.0 call answered -32601 (method not found) is made again once as a whole v0.3
 request, and the client speaks v0.3 from then on (:attr:`A2AClient.dialect`). A 307/308 to
@@ -24,8 +32,9 @@ import email.utils
 import itertools
 import json
 import math
+import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -33,8 +42,14 @@ import httpx
 import httpx_sse
 import trio
 
-from adapters.toolkit import is_loopback_host
+from adapters.toolkit import Header, Http11, is_loopback_host
 
+from ._errors import A2AError as A2AError
+from ._errors import CardError as CardError
+from ._errors import OutcomeUnknown as OutcomeUnknown
+from ._errors import Refused as Refused
+from ._errors import RemoteError as RemoteError
+from ._unary import RPC_CONNECTIONS, Unary
 from ._wire import (
     METHOD_NOT_FOUND,
     METHODS,
@@ -53,41 +68,6 @@ from ._wire import (
 )
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
-
-
-class A2AError(Exception):
-    """Base of the client's errors; the message is a fixed phrase, never the peer's text."""
-
-
-class Refused(A2AError):
-    """Not processed by the peer: safe to make again (after ``retry_after`` seconds)."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(f"A2A request refused ({reason})")
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class OutcomeUnknown(A2AError):
-    """The request went out and no answer came back: it may have been processed."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"A2A request outcome unknown ({reason})")
-        self.reason = reason
-
-
-class RemoteError(A2AError):
-    """The peer answered an error: a JSON-RPC ``code`` or, outside JSON-RPC, ``status``."""
-
-    def __init__(self, code: int | None, status: int | None = None) -> None:
-        what = f"code {code}" if code is not None else f"HTTP {status}"
-        super().__init__(f"A2A peer answered an error ({what})")
-        self.code = code
-        self.status = status
-
-
-class CardError(A2AError):
-    """No usable agent card (absent, unreadable, no JSON-RPC interface, insecure URL)."""
 
 
 def check_url(url: str, what: str) -> httpx.URL:
@@ -163,13 +143,16 @@ def json_request(
     return request
 
 
-def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
-    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+def _new_tag() -> str:
+    return secrets.token_hex(4)
 
 
 @attrs.define(eq=False)
 class A2AClient:
-    """One remote agent's JSON-RPC interface. ``http`` is shared and never mutated."""
+    """One remote agent's JSON-RPC interface. ``http`` (the card, streams) is shared and
+    never mutated; ``rpc`` carries the unary calls — the caller's, else the client's own
+    (:meth:`aclose`). Request ids are ``prismd-<tag>-<n>``, ``tag`` random per client: the
+    ids of several instances calling one peer never meet (its records tell who asked)."""
 
     http: httpx.AsyncClient
     card: AgentCard
@@ -177,7 +160,12 @@ class A2AClient:
     timeout_s: float = 30.0
     dialect: Dialect = attrs.field(default=None)
     url: str = attrs.field(default=None)
+    rpc: Http11 | None = attrs.field(default=None, repr=False)
+    tag: str = attrs.field(factory=_new_tag)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    _own_rpc: bool = attrs.field(default=False, init=False)
+    _unary: Unary = attrs.field(init=False, repr=False)
+    _rpc_headers: dict[Dialect, list[Header]] = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.dialect is None:
@@ -185,6 +173,15 @@ class A2AClient:
         if self.url is None:
             self.url = self.card.url
         check_url(self.url, "the card's interface URL")
+        if self.rpc is None:
+            self.rpc = Http11(max_connections=RPC_CONNECTIONS)
+            self._own_rpc = True
+        self._unary = Unary(self.rpc, self.timeout_s)
+
+    async def aclose(self) -> None:
+        """Close the connections of the client's own ``rpc`` (not a caller's)."""
+        if self._own_rpc and self.rpc is not None:
+            await self.rpc.aclose()
 
     # ------------------------------------------------------------------ discovery
 
@@ -198,6 +195,7 @@ class A2AClient:
         bearer: str | None = None,
         protocol: str = "auto",
         timeout_s: float = 30.0,
+        rpc: Http11 | None = None,
     ) -> A2AClient:
         """Fetch the card (``card_url``, else ``<url>/.well-known/agent-card.json`` and then
         ``agent.json``) and build a client for its JSON-RPC interface. ``protocol`` other
@@ -236,7 +234,7 @@ class A2AClient:
             card = attrs.evolve(card, dialect="1.0")
         elif protocol == "0.3":
             card = attrs.evolve(card, dialect="0.3")
-        return cls(http, card, bearer, timeout_s)
+        return cls(http, card, bearer, timeout_s, rpc=rpc)
 
     # ------------------------------------------------------------------ calls
 
@@ -249,33 +247,27 @@ class A2AClient:
             headers["Authorization"] = f"Bearer {self.bearer}"
         return headers
 
-    async def _post(self, body: Mapping[str, Any], dialect: Dialect) -> httpx.Response:
-        """One POST, following a same-origin 307/308 once; errors classified."""
-        target = self.url
-        for _hop in range(2):
-            try:
-                response = await self.http.send(
-                    json_request(self.http, target, body, self._headers(dialect), self.timeout_s)
-                )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                raise Refused("connect") from exc
-            except httpx.TimeoutException as exc:
-                raise OutcomeUnknown("timeout") from exc
-            except httpx.TransportError as exc:
-                raise OutcomeUnknown("transport") from exc
-            if response.status_code in (307, 308):
-                location = response.headers.get("location")
-                if location is None:
-                    raise Refused("redirect")
-                moved = httpx.URL(target).join(location)
-                if not _same_origin(moved, httpx.URL(target)):
-                    raise Refused("redirect")
-                target = str(moved)
-                continue
-            if target != self.url:
-                self.url = target
-            return response
-        raise Refused("redirect")
+    def _unary_headers(self, dialect: Dialect) -> list[Header]:
+        headers = self._rpc_headers.get(dialect)
+        if headers is None:
+            headers = [
+                (name.encode("latin-1"), value.encode("latin-1"))
+                for name, value in self._headers(dialect).items()
+            ]
+            self._rpc_headers[dialect] = headers
+        return headers
+
+    async def _post(
+        self, body: Mapping[str, Any], dialect: Dialect
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One POST to :attr:`url`, following a same-origin 307/308 once (then the URL
+        moved to); errors classified."""
+        url, status, headers, raw = await self._unary.post(
+            self.url, self._unary_headers(dialect), json.dumps(body).encode()
+        )
+        if url != self.url:
+            self.url = url
+        return status, headers, raw
 
     async def _call(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
         """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`). A read (or the
@@ -290,23 +282,23 @@ class A2AClient:
                 raise
             return await self._call_once(name, params)
 
+    def _next_id(self) -> str:
+        return f"prismd-{self.tag}-{next(self._ids)}"
+
     async def _call_once(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
         dialect = self.dialect
         for _attempt in range(2):
             method = METHODS[dialect].get(name)
             if method is None:
                 raise RemoteError(METHOD_NOT_FOUND)
-            body = envelope(method, params(dialect), f"prismd-{next(self._ids)}")
-            response = await self._post(body, dialect)
+            body = envelope(method, params(dialect), self._next_id())
+            status, headers, raw = await self._post(body, dialect)
             try:
-                answer = response.json()
-            except ValueError:
+                answer = json.loads(raw)
+            except (ValueError, RecursionError):
                 answer = None
-            if response.status_code in (429, 503):
-                raise Refused(
-                    f"http_{response.status_code}",
-                    retry_after_s(response.headers.get("retry-after")),
-                )
+            if status in (429, 503):
+                raise Refused(f"http_{status}", retry_after_s(headers.get("retry-after")))
             error = answer.get("error") if isinstance(answer, Mapping) else None
             if isinstance(error, Mapping):
                 code = error.get("code")
@@ -314,11 +306,11 @@ class A2AClient:
                 if code == METHOD_NOT_FOUND and dialect == "1.0":
                     dialect = "0.3"
                     continue
-                raise RemoteError(code, response.status_code)
-            if response.status_code >= 500:
-                raise OutcomeUnknown(f"http_{response.status_code}")
-            if response.status_code >= 300 or not isinstance(answer, Mapping):
-                raise RemoteError(None, response.status_code)
+                raise RemoteError(code, status)
+            if status >= 500:
+                raise OutcomeUnknown(f"http_{status}")
+            if status >= 300 or not isinstance(answer, Mapping):
+                raise RemoteError(None, status)
             if "result" not in answer:
                 raise OutcomeUnknown("no_result")
             if dialect != self.dialect:
@@ -418,41 +410,32 @@ class A2AClient:
         """
         dialect = self.dialect
         method = METHODS[dialect]["subscribe"]
-        body = envelope(
-            method, task_params(dialect, task_id, self.card.tenant), f"prismd-{next(self._ids)}"
-        )
+        body = envelope(method, task_params(dialect, task_id, self.card.tenant), self._next_id())
         timeout = httpx.Timeout(self.timeout_s, read=idle_s)
         failure: A2AError | None = None
-        try:
-            with trio.CancelScope() as scope:
-                request = json_request(
-                    self.http, self.url, body, self._headers(dialect, stream=True), timeout
-                )
-                request.headers["Cache-Control"] = "no-store"
-                response = await self.http.send(request, stream=True)
-                async with contextlib.aclosing(response):
-                    source = httpx_sse.EventSource(response)
-                    if response.status_code in (429, 503):
-                        raise Refused(
-                            f"http_{response.status_code}",
-                            retry_after_s(response.headers.get("retry-after")),
-                        )
-                    kind = response.headers.get("content-type", "")
-                    if "text/event-stream" not in kind:
-                        await response.aread()
-                        raise RemoteError(_error_code(response), response.status_code)
-                    async for event in source.aiter_sse():
-                        if scope.cancel_called:
-                            continue
-                        failure, enough = _stream_item(event.data, on_item)
-                        if failure is not None or enough:
-                            scope.cancel()
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise Refused("connect") from exc
-        except httpx.TimeoutException as exc:
-            raise OutcomeUnknown("timeout") from exc
-        except httpx.TransportError as exc:
-            raise OutcomeUnknown("transport") from exc
+        with _classified(), trio.CancelScope() as scope:
+            request = json_request(
+                self.http, self.url, body, self._headers(dialect, stream=True), timeout
+            )
+            request.headers["Cache-Control"] = "no-store"
+            response = await self.http.send(request, stream=True)
+            async with contextlib.aclosing(response):
+                source = httpx_sse.EventSource(response)
+                if response.status_code in (429, 503):
+                    raise Refused(
+                        f"http_{response.status_code}",
+                        retry_after_s(response.headers.get("retry-after")),
+                    )
+                kind = response.headers.get("content-type", "")
+                if "text/event-stream" not in kind:
+                    await response.aread()
+                    raise RemoteError(_error_code(response), response.status_code)
+                async for event in source.aiter_sse():
+                    if scope.cancel_called:
+                        continue
+                    failure, enough = _stream_item(event.data, on_item)
+                    if failure is not None or enough:
+                        scope.cancel()
         if failure is not None:
             raise failure
 
@@ -489,8 +472,17 @@ async def _get(
     headers = {"Accept": "application/json"}
     if bearer:
         headers["Authorization"] = f"Bearer {bearer}"
+    with _classified():
+        response = await http.get(url, headers=headers, timeout=timeout_s)
+    return response
+
+
+@contextlib.contextmanager
+def _classified() -> Iterator[None]:
+    """httpx's failures as the client's: no connection → :class:`Refused`; a timeout or a
+    broken transport after → :class:`OutcomeUnknown`."""
     try:
-        return await http.get(url, headers=headers, timeout=timeout_s)
+        yield
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise Refused("connect") from exc
     except httpx.TimeoutException as exc:
