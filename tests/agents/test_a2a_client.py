@@ -198,8 +198,8 @@ async def test_subscribe_streams_until_terminal(
                 await client.subscribe(task.id, lambda item: _record(seen, item))
 
             nursery.start_soon(follow)
-            await fake.wait_state(lambda: len(fake.requests) >= 2)
-            await trio.sleep(0.05)
+            # The snapshot has reached the client: only then does the task move on.
+            await wait_until(lambda: bool(seen), 0.01)
             await fake.move(task.id, "completed", "the answer", push=False)
             await wait_until(lambda: any(isinstance(s, StatusUpdate) for s in seen), 0.01)
             assert isinstance(seen[0], Task) and seen[0].state == "working"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -98,10 +99,31 @@ def inprocess_config(tmp_path: Path, **overrides: Any) -> Config:
     return parse_config(data)
 
 
+_PORT_PICKS = random.SystemRandom()
+_HANDED_OUT: set[int] = set()
+PICKED_PORTS = range(20_000, 32_768)
+"""Where :func:`free_port` picks: below Linux's ephemeral range (32768-60999 by default),
+from which every ``bind(port 0)`` listener of any process on the machine and every
+outgoing connection take their port."""
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now, for a server that binds it later (a daemon, from its
+    config). Not the kernel's pick (``bind(0)``): that port is back in the ephemeral pool
+    once closed, and any listener on port 0 started meanwhile (a fake, another suite's
+    test) can take it before the daemon binds — seen as ``Address already in use`` under
+    load. A random port of :data:`PICKED_PORTS` is taken only by another such pick."""
+    while True:
+        port = _PORT_PICKS.choice(PICKED_PORTS)
+        if port in _HANDED_OUT:
+            continue  # never twice in one process (``[free_port(), free_port()]``)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): another one
+        _HANDED_OUT.add(port)
+        return port
 
 
 @attrs.frozen

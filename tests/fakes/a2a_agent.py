@@ -530,18 +530,22 @@ class FakeA2A:
             data = f"data: {json.dumps(frame)}\n\n".encode()
             await stream.send_all(conn.send(h11.Data(data=data)) or b"")
 
+        # What the snapshot shows is what this stream has sent: taken with it, before the
+        # send yields, so a change made while a frame is on its way is the next event (a
+        # server subscribes the stream to the task's events as it takes the snapshot).
         snapshot = self._task_json(task)
+        seen = (task.state, task.status_text)
         await event({"task": snapshot} if self.dialect == "1.0" else snapshot)
         if cut:
             return False  # the stream is cut after its first event (no end of message)
-        seen = (task.state, task.status_text)
         while task.state not in TERMINAL and task.id in self.tasks:
             if (task.state, task.status_text) != seen:
                 seen = (task.state, task.status_text)
                 await event(self._update(task))
                 if task.state == "input-required":
                     break
-            await self._changed.wait()
+                continue  # look again: the task may have moved while the frame was sent
+            await self._changed.wait()  # no checkpoint since the look: no change missed
         if task.id not in self.tasks:
             return False  # a lost task: the stream is cut
         if task.state in TERMINAL:

@@ -109,8 +109,14 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
                 counter = await store.checkpoints.load_checkpoint(
                     namespace="crash", key="counter", scope=SCOPE
                 )
-                assert counter is not None and counter.version >= counter_acked
-                assert counter.value == {"n": counter.version}
+                # No counter row is right only while no counter save was acknowledged: a
+                # child killed soon after its first ack (a loaded machine) may not have
+                # committed its first counter save yet.
+                if counter is None:
+                    assert counter_acked == 0, f"acknowledged counter lost after SIGKILL {run}"
+                else:
+                    assert counter.version >= counter_acked
+                    assert counter.value == {"n": counter.version}
                 events = await store.checkpoints.list_events(after=0, limit=500)
                 assert events.items and events.items[0].seq == 1
             probe = apsw.Connection(str(path))

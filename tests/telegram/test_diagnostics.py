@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 from typing import Any
 
 import attrs
@@ -26,6 +25,7 @@ from adapters.telegram._api import (
     describe_failure,
 )
 from prismd.channel import Reply
+from tests.daemon.helpers import free_port
 from tests.fakes.telegram_api import FakeBotApi
 from tests.support.recorder import Recorder
 from tests.support.waiting import raises_flat, wait_until
@@ -38,18 +38,12 @@ RETRY_RE = re.compile(
 SECRET_TEXT = "diagnostics-secret-text-8c1e"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @attrs.define(eq=False)
 class Relay:
     """A loopback TCP relay to ``target`` that can be taken down and brought back."""
 
     target: int
-    port: int = attrs.field(factory=_free_port)
+    port: int = attrs.field(factory=free_port)  # bound later, and again
     _scope: trio.CancelScope | None = None
 
     @property
