@@ -22,6 +22,7 @@ from adapters.discord._websocket import (
     HandshakeError,
     connect,
 )
+from tests.support import tls
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 Script = Callable[[trio.SocketStream, "Peer"], Awaitable[None]]
@@ -250,11 +251,12 @@ async def test_no_answer_to_the_upgrade_is_a_timeout(
             pass
 
 
-async def _serve_tls(nursery: trio.Nursery, script: Script, ca: trustme.CA) -> tuple[str, Peer]:
+async def _serve_tls(
+    nursery: trio.Nursery, script: Script, ca: trustme.CA, directory: Path
+) -> tuple[str, Peer]:
     """:func:`serve` behind TLS: the server's certificate for ``localhost``, issued by ``ca``."""
     peer = Peer()
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(server_context)
+    server_context = tls.server_context(ca, directory)
 
     async def handler(raw: trio.SocketStream) -> None:
         stream = trio.SSLStream(raw, server_context, server_side=True)
@@ -277,8 +279,7 @@ async def test_wss_verifies_the_server_and_speaks_through_tls(
     ``wss://gateway.discord.gg``): a server whose certificate the trust store holds is
     talked to; the frames go through the TLS stream both ways."""
     ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    tls.trust(ca, tmp_path, monkeypatch)
 
     async def script(stream: trio.SocketStream, peer: Peer) -> None:
         await accept(stream, peer)
@@ -287,7 +288,7 @@ async def test_wss_verifies_the_server_and_speaks_through_tls(
         await stream.send_all(frame(8, (4000).to_bytes(2, "big")))
         await peer.read_frame(stream)
 
-    url, peer = await _serve_tls(nursery, script, ca)
+    url, peer = await _serve_tls(nursery, script, ca, tmp_path)
     with trio.fail_after(10):
         async with connect(url, 10) as ws:
             assert await ws.get_message() == '{"op":10}'
@@ -303,14 +304,12 @@ async def test_wss_refuses_a_server_it_cannot_verify(
 ) -> None:
     """A certificate from an authority the trust store does not hold ends the connection
     before the upgrade is written: nothing is sent to an impostor."""
-    trusted = trustme.CA()
-    trusted.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    tls.trust(trustme.CA(), tmp_path, monkeypatch)
 
     async def script(stream: trio.SocketStream, peer: Peer) -> None:
         await accept(stream, peer)
 
-    url, peer = await _serve_tls(nursery, script, trustme.CA())
+    url, peer = await _serve_tls(nursery, script, trustme.CA(), tmp_path)
     with trio.fail_after(10):
         with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
             async with connect(url, 10):

@@ -5,7 +5,6 @@ Content-Length and while reading a chunked body), and failures that name a class
 from __future__ import annotations
 
 import functools
-import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from adapters.toolkit._http_client import (
     RemoteProtocolError,
     ResponseTooLarge,
 )
+from tests.support import tls
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -296,10 +296,10 @@ async def _serve_tls(
     nursery: trio.Nursery,
     handler: Callable[[trio.abc.Stream], Awaitable[None]],
     ca: trustme.CA,
+    directory: Path,
 ) -> Origin:
     """A loopback ``https`` origin named ``localhost``, its certificate issued by ``ca``."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(context)
+    context = tls.server_context(ca, directory)
 
     async def tls_handler(raw: trio.SocketStream) -> None:
         stream = trio.SSLStream(raw, context, server_side=True)
@@ -324,8 +324,7 @@ async def test_https_verifies_the_server_and_keeps_the_connection(
     session tickets a TLS 1.3 server sends after its handshake are not taken for bytes
     nobody asked for."""
     ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    tls.trust(ca, tmp_path, monkeypatch)
     connections: list[int] = []
     requests: list[bytes] = []
 
@@ -338,7 +337,7 @@ async def test_https_verifies_the_server_and_keeps_the_connection(
             requests.append(request)
             await stream.send_all(OK)
 
-    origin = await _serve_tls(nursery, handler, ca)
+    origin = await _serve_tls(nursery, handler, ca, tmp_path)
     client = Http11()
     with trio.fail_after(10):
         for path in (b"/one", b"/two", b"/three"):
@@ -355,15 +354,13 @@ async def test_https_refuses_a_server_it_cannot_verify(
 ) -> None:
     """A certificate from an authority the trust store does not hold: a ConnectError
     naming no URL, and no request written to the impostor."""
-    trusted = trustme.CA()
-    trusted.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    tls.trust(trustme.CA(), tmp_path, monkeypatch)
     requests: list[bytes] = []
 
     async def handler(stream: trio.abc.Stream) -> None:
         requests.append(await _read_request(stream))  # type: ignore[arg-type]
 
-    origin = await _serve_tls(nursery, handler, trustme.CA())
+    origin = await _serve_tls(nursery, handler, trustme.CA(), tmp_path)
     client = Http11()
     with trio.fail_after(10), pytest.raises(ConnectError) as refused:
         await client.request(origin, b"POST", b"/bot-secret/sendMessage", [], b"x", 100)
