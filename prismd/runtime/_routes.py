@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -77,6 +77,17 @@ class Turn:
     """Its wake came before its run returned ``following`` (:mod:`._following`)."""
     cancel_remote: bool = False
     """``/cancel`` woke it while parked: its run cancels the remote task."""
+
+
+class ParkedTurn(Protocol):
+    """A turn parked while its remote task is followed, in the small form its wake keeps
+    (:class:`._following.Wake`)."""
+
+    @property
+    def operation_id(self) -> str: ...
+
+    def cancel(self) -> None:
+        """``/cancel``: wake it to cancel its remote task."""
 
 
 ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]
@@ -218,7 +229,7 @@ class Route:
     lease_fresh: bool = False
     """The lease was newly acquired (not renewed): another runtime may have written the
     binding since this process hydrated it; the pump re-reads it before the next turn."""
-    parked: Turn | None = None
+    parked: ParkedTurn | None = None
     """The turn parked while its remote task is followed (:mod:`._following`): the route
     is held (later turns wait) but nothing runs, and no lease is kept for it."""
     pins: int = 0
