@@ -155,8 +155,9 @@ class Wake:
 
     def fold(self, turn: Turn) -> None:
         """Keep ``turn`` as its ids and grant only, when the route and those rebuild it
-        as it is (:meth:`unfold`); else keep it whole."""
-        if self.turn is not turn or not _foldable(self.route, turn):
+        as it is (:meth:`unfold`); else keep it whole — also without a journal, where the
+        relays sent are remembered per turn object (:mod:`._relay`)."""
+        if self.turn is not turn or self.core.journal is None or not _foldable(self.route, turn):
             return
         self.turn = None
 
