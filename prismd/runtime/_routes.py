@@ -204,8 +204,8 @@ class Route:
 
     key: RouteKey
     """(connection, conversation, thread, actor, alias, tenant, account, user): the first
-    five are read from it (the :class:`_KeyPart` attributes below) rather than kept twice."""
-    scope: OwnershipScope
+    five are read from it (the :class:`_KeyPart` attributes below) rather than kept twice,
+    and the scope is built from the last three (:attr:`scope`)."""
     queue: TurnQueue
     hydrated: bool = False
     binding_version: int = 0
@@ -249,6 +249,14 @@ class Route:
     thread_id = _KeyPart[str | None](2)
     actor_id = _KeyPart[str](3)
     alias = _KeyPart[str](4)
+
+    @property
+    def scope(self) -> OwnershipScope:
+        """The route's owner, built from its key when asked (a few times per turn) rather
+        than kept: 64 bytes per route, and ten thousand parked routes hold nothing else
+        that refers to it."""
+        key = self.key
+        return OwnershipScope(key[5], key[6], key[7])
 
     @property
     def binding_key(self) -> str:
@@ -385,7 +393,7 @@ class Routes:
             return route
         if len(self._table) >= self.limits.max_routes and not self._evict_idle_route():
             return None
-        route = Route(key=key, scope=scope, queue=TurnQueue(self.tally))
+        route = Route(key=key, queue=TurnQueue(self.tally))
         self._table[key] = route
         return route
 
