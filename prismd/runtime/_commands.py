@@ -16,7 +16,6 @@ from ._core import AdmitContext, Core, cancel_queued
 from ._following import cancel_parked
 from ._leases import LeaseHeldElsewhereError
 from ._routes import Route, actor_key
-from ._turn import start_pump
 
 COMMAND_RE = re.compile(r"^/([A-Za-z0-9_]+)(?:\s+(.*))?$", re.DOTALL)
 KNOWN = frozenset({"help", "status", "new", "agent", "cancel"})
@@ -167,7 +166,7 @@ async def _cancel(core: Core, ctx: AdmitContext, route: Route) -> Admission:
     queued = [t for t in route.queue if not t.cancelled]
     if active is not None and has_active:
         active.cancel()
-    elif cancel_parked(core, route, start_pump):
+    elif cancel_parked(core, route):
         # A parked remote task (:mod:`._following`): woken to cancel it; it is the head.
         has_active = True
         queued = [t for t in queued if not t.cancel_remote]

@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import trio
 
+from ..channel import InboundEvent
 from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
 from ._core import Core
 from ._relay import relay
@@ -60,6 +61,8 @@ class TurnHooks:
     slot_held: bool = False
     start_pump: Callable[[Core, Route], None] | None = None
     """The pump starter (:func:`._turn.start_pump`), for the wake of a parked turn."""
+    parked: Wake | None = None
+    """The wake :meth:`park` gave the agent: the turn parks as it (:func:`park`)."""
 
     async def following(self) -> bool:
         core, turn = self.core, self.turn
@@ -109,7 +112,8 @@ class TurnHooks:
     def park(self) -> Callable[[], None]:
         assert self.start_pump is not None
         self.turn.woken = False
-        return Wake(self.core, self.route, self.turn, self.start_pump)
+        self.parked = Wake(self.core, self.route, self.turn, self.start_pump)
+        return self.parked
 
     @property
     def cancelling(self) -> bool:
@@ -125,20 +129,83 @@ class TurnHooks:
 
 class Wake:
     """A parked turn's wake (:func:`wake`), kept by the agent's follower while the task is
-    followed: four references (64 bytes), where a ``functools.partial`` took 216."""
+    followed; once the turn is parked (:func:`park`), the turn itself as well: what its
+    run needs again — the operation and event ids and the grant (seven references, 88
+    bytes) — instead of the :class:`Turn` and its :class:`InboundEvent` (~290 bytes more).
+    The rest is the route's: its key names the connection, conversation, thread, actor
+    and alias the event had, its scope is the turn's, and the operation's record (the
+    text dropped, the remote task journaled) is read again when the turn runs."""
 
-    __slots__ = ("core", "route", "start_pump", "turn")
+    __slots__ = ("core", "event_id", "grant", "operation_id", "route", "start_pump", "turn")
 
     def __init__(
         self, core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]
     ) -> None:
         self.core = core
         self.route = route
-        self.turn = turn
+        self.turn: Turn | None = turn
+        """The turn until it is parked in this form (kept whole when it cannot be)."""
         self.start_pump = start_pump
+        self.operation_id = turn.operation_id
+        self.event_id = turn.event.event_id
+        self.grant = turn.grant
 
     def __call__(self) -> None:
-        wake(self.core, self.route, self.turn, self.start_pump)
+        wake(self.core, self.route, self, self.start_pump)
+
+    def fold(self, turn: Turn) -> None:
+        """Keep ``turn`` as its ids and grant only, when the route and those rebuild it
+        as it is (:meth:`unfold`); else keep it whole — also without a journal, where the
+        relays sent are remembered per turn object (:mod:`._relay`)."""
+        if self.turn is not turn or self.core.journal is None or not _foldable(self.route, turn):
+            return
+        self.turn = None
+
+    def unfold(self) -> Turn:
+        """The parked turn, as it was parked."""
+        if self.turn is not None:
+            return self.turn
+        route = self.route
+        key = route.key
+        event = InboundEvent(
+            connection_id=key[0],
+            external_conversation_id=key[1],
+            external_actor_id=key[3],
+            event_id=self.event_id,
+            thread_id=key[2],
+            claims=NO_CLAIMS,
+        )
+        return Turn(
+            self.operation_id, event, "message", self.grant, route.scope, key[4], following=True
+        )
+
+    def cancel(self) -> None:
+        """``/cancel``: wake the turn to cancel its remote task."""
+        turn = self.turn = self.unfold()
+        turn.cancel_remote = True
+        self()
+
+
+def _foldable(route: Route, turn: Turn) -> bool:
+    """``turn`` is a followed message with nothing of its own beyond its ids and grant
+    (see :meth:`Wake.unfold`): its event and scope are the route's, its flags are as a
+    freshly parked turn's."""
+    event = turn.event
+    return (
+        turn.action == "message"
+        and turn.following
+        and not (turn.cancelled or turn.settled or turn.finishing or turn.settled_by_stop)
+        and not (turn.cancel_counted or turn.claim_failures or turn.cancel_remote)
+        and event.claims is NO_CLAIMS
+        and not event.text
+        and not event.attachments
+        and event.approval is None
+        and event.received_at_ms is None
+        and turn.alias == route.alias
+        and turn.scope == route.scope
+        and (event.connection_id, event.external_conversation_id, event.thread_id) == route.key[:3]
+        and event.external_actor_id == route.actor_id
+    )
 
 
 async def _background(core: Core, fn: Callable[[], Awaitable[None]]) -> None:
@@ -164,8 +231,9 @@ def _unhold(core: Core) -> None:
         core.idle.set()
 
 
-def park(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]) -> None:
-    """The run returned ``following``: keep ``turn`` parked on ``route`` (see above)."""
+def park(core: Core, route: Route, turn: Turn, parked: Wake) -> None:
+    """The run returned ``following``: keep ``turn`` parked on ``route`` as its wake
+    ``parked`` (see above)."""
     if core.stopped:
         return  # left ``following`` for the next runtime
     # Kept small while it waits: the record is loaded again when it runs, and the text
@@ -183,33 +251,36 @@ def park(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route
             claims=event.claims or NO_CLAIMS,
             received_at_ms=None,
         )
-    route.parked = turn
+    parked.fold(turn)
+    route.parked = parked
     _hold(core)
     if turn.woken:
-        wake(core, route, turn, start_pump)
+        parked()
 
 
-def wake(core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]) -> None:
+def wake(core: Core, route: Route, parked: Wake, start_pump: Callable[[Core, Route], None]) -> None:
     """The agent's follower wakes a parked turn: back to the head of its route's queue."""
-    if route.parked is not turn:
-        if not turn.settled:
+    if route.parked is not parked:
+        turn = parked.turn
+        if turn is not None and not turn.settled:
             turn.woken = True  # its run has not returned yet: woken as it parks
         return
     route.parked = None
     _unhold(core)
     if core.stopped:
         return
+    turn = parked.unfold()
+    parked.turn = None
     route.queue.push_front(turn)
     start_pump(core, route)
 
 
-def cancel_parked(core: Core, route: Route, start_pump: Callable[[Core, Route], None]) -> bool:
+def cancel_parked(core: Core, route: Route) -> bool:
     """``/cancel`` on a route whose turn is parked: run it to cancel the remote task."""
-    turn = route.parked
-    if turn is None:
+    parked = route.parked
+    if parked is None:
         return False
-    turn.cancel_remote = True
-    wake(core, route, turn, start_pump)
+    parked.cancel()
     return True
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -77,6 +77,17 @@ class Turn:
     """Its wake came before its run returned ``following`` (:mod:`._following`)."""
     cancel_remote: bool = False
     """``/cancel`` woke it while parked: its run cancels the remote task."""
+
+
+class ParkedTurn(Protocol):
+    """A turn parked while its remote task is followed, in the small form its wake keeps
+    (:class:`._following.Wake`)."""
+
+    @property
+    def operation_id(self) -> str: ...
+
+    def cancel(self) -> None:
+        """``/cancel``: wake it to cancel its remote task."""
 
 
 ActiveState: TypeAlias = Literal["waiting", "running", "resuming"]
@@ -183,17 +194,18 @@ class _KeyPart(Generic[_Part]):
         return route.key[self.place]  # type: ignore[return-value]
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, weakref_slot=False)
 class Route:
     """In-memory state of one binding (connection, conversation, thread, actor, alias, scope).
 
-    Hydrated once per process from the durable binding; afterwards authoritative.
+    Hydrated once per process from the durable binding; afterwards authoritative. Nothing
+    refers to a route weakly: no ``__weakref__`` slot (224 bytes, not 240, per route).
     """
 
     key: RouteKey
     """(connection, conversation, thread, actor, alias, tenant, account, user): the first
-    five are read from it (the :class:`_KeyPart` attributes below) rather than kept twice."""
-    scope: OwnershipScope
+    five are read from it (the :class:`_KeyPart` attributes below) rather than kept twice,
+    and the scope is built from the last three (:attr:`scope`)."""
     queue: TurnQueue
     hydrated: bool = False
     binding_version: int = 0
@@ -218,7 +230,7 @@ class Route:
     lease_fresh: bool = False
     """The lease was newly acquired (not renewed): another runtime may have written the
     binding since this process hydrated it; the pump re-reads it before the next turn."""
-    parked: Turn | None = None
+    parked: ParkedTurn | None = None
     """The turn parked while its remote task is followed (:mod:`._following`): the route
     is held (later turns wait) but nothing runs, and no lease is kept for it."""
     pins: int = 0
@@ -237,6 +249,14 @@ class Route:
     thread_id = _KeyPart[str | None](2)
     actor_id = _KeyPart[str](3)
     alias = _KeyPart[str](4)
+
+    @property
+    def scope(self) -> OwnershipScope:
+        """The route's owner, built from its key when asked (a few times per turn) rather
+        than kept: 64 bytes per route, and ten thousand parked routes hold nothing else
+        that refers to it."""
+        key = self.key
+        return OwnershipScope(key[5], key[6], key[7])
 
     @property
     def binding_key(self) -> str:
@@ -373,7 +393,7 @@ class Routes:
             return route
         if len(self._table) >= self.limits.max_routes and not self._evict_idle_route():
             return None
-        route = Route(key=key, scope=scope, queue=TurnQueue(self.tally))
+        route = Route(key=key, queue=TurnQueue(self.tally))
         self._table[key] = route
         return route
 

@@ -50,7 +50,7 @@ from ..journal import (
 )
 from ._approvals import issue_buttons
 from ._core import Core
-from ._following import TurnHooks, claim_following, left_for_restart, park
+from ._following import TurnHooks, Wake, claim_following, left_for_restart, park
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import (
     CANCELLED_TEXT,
@@ -310,7 +310,7 @@ async def execute_turn(core: Core, route: Route, turn: Turn) -> None:
             if turn.following and left_for_restart(core, turn, active.stopping):
                 return
             if ran[1].status == "following":
-                park(core, route, turn, start_pump)
+                park(core, route, turn, hooks.parked or Wake(core, route, turn, start_pump))
                 return
             await finish_run(core, route, turn, *ran)
     finally:

@@ -13,6 +13,7 @@ import trio
 from prismd.agents.a2a import NOTICES, A2AAgent, next_poll
 from prismd.agents.a2a._follower import Followed
 from prismd.journal import NS_OPERATION
+from prismd.runtime._following import Wake
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
 from tests.agents.test_a2a_runtime import a2a_agent, op_states
@@ -76,6 +77,12 @@ async def test_parked_tasks_hold_no_task_each_and_are_answered_once(mem: MemoryS
                 # lease renewer, no run): the follower's fixed set serves them all.
                 assert many - few <= 3, (few, many)
                 assert agent.following_now == 60
+                # Each parked turn is kept as its wake alone (ids and grant), its event and
+                # route's parts not copied: rebuilt from the route when it runs again.
+                parked = [r.parked for r in h.runtime._core.routes.values() if r.parked]
+                assert len(parked) == 60
+                assert all(isinstance(p, Wake) and p.turn is None for p in parked)
+                assert all(sys.getsizeof(p) <= 88 for p in parked)
                 # Each task was read once when parked, and is due for its next poll.
                 assert len([r for r in fake.requests if r["method"] == "GetTask"]) == 60
                 agents = {"primary": agent}
@@ -100,6 +107,12 @@ async def test_parked_tasks_hold_no_task_each_and_are_answered_once(mem: MemoryS
                 # The late message was sent only after the task before it was answered.
                 chat3 = [r.text for r in h.replies if r.external_conversation_id == "chat-3"]
                 assert chat3[-1] == "the late answer" and len(chat3) == 2
+                # A woken turn answers its own event, in its own conversation.
+                answers = [r for r in h.replies if r.text.startswith("answer ")]
+                assert sorted(
+                    (r.connection_id, r.external_conversation_id, r.thread_id, r.in_reply_to)
+                    for r in answers
+                ) == sorted(("tg-1", f"chat-{i}", None, f"e{i}") for i in range(60))
                 assert all(fake.sends_of(s["params"]["message"]["messageId"]) == 1
                            for s in fake.sends())  # fmt: skip
                 assert agent.following_now == 0

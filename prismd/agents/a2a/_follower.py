@@ -286,7 +286,7 @@ class Follower:
 
     def _pause(self, record: Followed) -> float:
         options = self.agent.options
-        cap = options.max_poll_interval_ms / 1000
+        cap = options.max_poll_s
         pause = self.agent.backoff(None, record.delay) * (PUSH_SLOWDOWN if record.pushed else 1)
         left = max(0.0, (record.deadline_ms - self.agent.clock.now_ms()) / 1000)
         return min(pause, cap, left)
@@ -367,8 +367,7 @@ class Follower:
         if self.records.get(record.task_id) is not record:
             await self._release(lease, 0.0)
             return  # woken or dropped meanwhile
-        first = options.poll_interval_ms / 1000
-        cap = options.max_poll_interval_ms / 1000
+        first, cap = options.poll_s, options.max_poll_s  # shared: no float per task
         if task is not None and (
             task.terminal
             or task.state == "input-required"
@@ -514,7 +513,7 @@ async def park_or_answer(
         task_id=task_id,
         state=stored.record.state,
         deadline_ms=deadline_ms,
-        delay=agent.options.poll_interval_ms / 1000,
+        delay=agent.options.poll_s,
         pushed=record.token_hash is not None,
         wake=hooks.park(),
         on_event=on_event,

@@ -51,6 +51,20 @@ class A2AOptions:
     poll_interval_ms: int = 2000
     max_poll_interval_ms: int = 60000
     task_timeout_ms: int = 3_600_000
+    poll_s: float = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: self.poll_interval_ms / 1000, takes_self=True),
+    )
+    """``poll_interval_ms`` in seconds, one float every followed task's delay shares."""
+    max_poll_s: float = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda self: self.max_poll_interval_ms / 1000, takes_self=True),
+    )
+    """``max_poll_interval_ms`` in seconds, shared as ``poll_s`` is."""
 
 
 def _text(key: str, value: Any, limit: int = 4096) -> str:
