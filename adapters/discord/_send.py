@@ -35,7 +35,13 @@ from typing import Any
 import attrs
 import trio
 
-from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import (
+    Button,
+    DeliveryOutcomeUnknownError,
+    Reply,
+    SendResult,
+    button_lines,
+)
 from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipScope
 
 from ..toolkit import utf16_units
@@ -59,7 +65,6 @@ FAILURE_REASONS: Mapping[int, str] = {
     50083: "thread is archived",
     160005: "thread is locked",
 }
-_BUTTON_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 _FENCE_RE = re.compile(r"^```([^\s`]{0,16})", re.MULTILINE)
 _FENCE_RESERVE = 24
 
@@ -117,17 +122,9 @@ def chunk_markdown(text: str, limit: int = MAX_CHUNK) -> list[str]:
 
 def render(text: str, buttons: Sequence[Button]) -> list[str] | None:
     """The chunks to send; ``None`` for controls that cannot be rendered."""
-    lines: list[str] = []
-    for button in buttons:
-        match = _BUTTON_RE.match(button.value) if isinstance(button.value, str) else None
-        if match is None or len(buttons) > 2:
-            return None
-        verb, token = match.groups()
-        lines.append(
-            f"Reply /approve {token} to allow once."
-            if verb == "a"
-            else f"Reply /deny {token} to deny."
-        )
+    lines = button_lines(buttons)
+    if lines is None:
+        return None
     body = text if text.strip() else ""
     if lines:
         body = (body + "\n\n" if body else "") + "\n".join(lines)

@@ -54,9 +54,9 @@ from stores import open_store
 
 from ..agents import AgentContext, build_agent
 from ..channel import InboundEvent, Reply, SendResult
-from ..grants import GrantAuthorizer, GrantConfig
+from ..grants import GrantConfig
 from ..limits import Limits
-from ..runtime import open_messaging_runtime
+from ._benchrun import open_bench_runtime
 
 CONNECTION = "bench"
 ALIAS = "remote"
@@ -340,22 +340,12 @@ async def a2a(
         )
         assert isinstance(agent, A2AAgent)
         agents[ALIAS] = agent
-        authorizer = GrantAuthorizer([GRANT])
         limits = Limits(max_routes=10_000, max_pending_per_process=500, max_active_sessions=16)
-
-        async def resolve(_request: Any) -> Any:
-            return agent
-
         gc.collect()
         rss0, sqlite0 = _rss_bytes(), _sqlite_bytes()
         nonce = f"{os.getpid()}-{time.time_ns()}"
-        async with open_messaging_runtime(
-            authorize=authorizer.authorize,
-            resolve_agent=resolve,
-            deliver=deliver,
-            store=store,
-            limits=limits,
-            owner_id=f"prismd-bench-a2a-{nonce}",
+        async with open_bench_runtime(
+            store, GRANT, deliver, limits=limits, tool="bench-a2a", agent=agent
         ) as runtime:
             start = time.perf_counter()
             for n in range(tasks):
