@@ -31,8 +31,7 @@ import attrs
 
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope
 
-from .channel import Action
-from .redact import utf8_len
+from .channel import Action, utf8_len
 
 # --------------------------------------------------------------------------- identities
 

@@ -41,8 +41,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from prismd.channel import InboundEvent
-from prismd.redact import replace_surrogates
+from prismd.channel import InboundEvent, replace_surrogates
 
 __all__ = [
     "IGNORE_REASONS",

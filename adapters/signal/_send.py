@@ -39,9 +39,14 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from prismd.channel import Button, DeliveryOutcomeUnknownError, Reply, SendResult
+from prismd.channel import (
+    Button,
+    DeliveryOutcomeUnknownError,
+    Reply,
+    SendResult,
+    replace_surrogates,
+)
 from prismd.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from prismd.redact import replace_surrogates
 
 from ..toolkit import (
     JsonRpcClient,

@@ -35,8 +35,16 @@ from typing import Any
 import attrs
 import trio
 
-from prismd.channel import Admit, ApprovalInput, AttachmentKind, AttachmentRef, InboundEvent
-from prismd.redact import LONE_SURROGATE_RE, replace_surrogates, utf8_len
+from prismd.channel import (
+    LONE_SURROGATE_RE,
+    Admit,
+    ApprovalInput,
+    AttachmentKind,
+    AttachmentRef,
+    InboundEvent,
+    replace_surrogates,
+    utf8_len,
+)
 
 from ._api import TelegramApi, TelegramApiError, TelegramError, log_retry
 

@@ -22,18 +22,18 @@
 * :func:`parse_host_port` and :func:`is_loopback_host`, which the config uses too, and the
   connection keys several kinds read alike (:class:`TokenConnection`, :func:`api_origin`,
   :func:`typing_delay_ms`);
-* re-exported from prismd: :func:`chunk_text` and :func:`utf16_units`, message limits in
-  UTF-16 code units (:mod:`prismd.redact`, beside the UTF-8 measures of the journal);
-  :func:`button_lines`, approval buttons as text for a channel without buttons
-  (:mod:`prismd.channel`, beside :class:`~prismd.channel.Button`).
+* re-exported from :mod:`prismd.channel`: :func:`chunk_text` and :func:`utf16_units`,
+  message limits in UTF-16 code units (beside the UTF-8 measures of the journal), and
+  :func:`button_lines`, approval buttons as text for a channel without buttons (beside
+  :class:`~prismd.channel.Button`).
 """
 
 from prismd.channel import button_lines as button_lines
+from prismd.channel import chunk_text as chunk_text
+from prismd.channel import utf16_units as utf16_units
 from prismd.jsonrpc import FrameTooLargeError as FrameTooLargeError
 from prismd.jsonrpc import Incoming as Incoming
 from prismd.jsonrpc import RpcError as RpcError
-from prismd.redact import chunk_text as chunk_text
-from prismd.redact import utf16_units as utf16_units
 
 from ._budgets import Budget as Budget
 from ._budgets import BudgetStatistics as BudgetStatistics

@@ -20,8 +20,9 @@ from prismd.channel import (
     OutboundFile,
     PastReply,
     Reply,
+    replace_surrogates,
+    utf8_len,
 )
-from prismd.redact import replace_surrogates, utf8_len
 
 __all__ = [
     "MAX_HISTORY_FRAME_BYTES",

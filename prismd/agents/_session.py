@@ -32,8 +32,8 @@ from stores import (
     retry_compare_and_swap,
 )
 
+from ..channel import replace_surrogates
 from ..grants import AgentIdentity
-from ..redact import replace_surrogates
 from ._base import (
     AgentInput,
     Decision,

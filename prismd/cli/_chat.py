@@ -43,7 +43,7 @@ import attrs
 import trio
 import trio_websocket
 
-from ..redact import replace_surrogates
+from ..channel import replace_surrogates
 
 __all__ = ["ChatState", "chat", "default_state_path", "run_chat_cli"]
 

@@ -52,6 +52,7 @@ from stores import (
     ms_to_iso,
 )
 
+from ..channel import LONE_SURROGATE_RE
 from ..grants import AgentIdentity, GrantConfig, missing_grant, ownership_from_identity
 from ..grants import operator_identity as _grant_identity
 from ..journal import PAIRING_TTL_MAX_MS, PAIRING_TTL_MIN_MS
@@ -60,7 +61,6 @@ from ..jsonrpc import (
     METHOD_NOT_FOUND,
     RpcError,
 )
-from ..redact import LONE_SURROGATE_RE
 from ..runtime import MessagingRuntime, PairingUnavailableError, ReconcileResult
 from ._config import Operator
 from ._remote import RemoteTasks, cancel_remote, list_remote_tasks

@@ -22,11 +22,10 @@ if TYPE_CHECKING:
     from ._metrics import DaemonMetrics
 
 
-from ..channel import AdapterRegistry
+from ..channel import AdapterRegistry, Redactor
 from ..control import Operator
 from ..grants import GrantAuthorizer
 from ..journal import ChannelJournal, GrantStore, ensure_format
-from ..redact import Redactor
 from ..runtime import MessagingRuntime, Runtime, open_messaging_runtime
 from . import _logs as logs
 from ._config import Config, ConfigError

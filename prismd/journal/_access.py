@@ -33,8 +33,7 @@ from stores import (
     update_checkpoint,
 )
 
-from ..channel import ApprovalOutcome, Button
-from ..redact import utf8_len
+from ..channel import ApprovalOutcome, Button, utf8_len
 from ._journal import _part, _scope_parts
 from ._records import (
     MAX_SAFE_INTEGER,

@@ -45,7 +45,7 @@ from stores import (
     compact_json,
 )
 
-from ..redact import utf8_len
+from ..channel import utf8_len
 from ._records import (
     BindingRecord,
     CursorRecord,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import trio
 
-from ..channel import Action, Admission, ApprovalInput, InboundEvent
+from ..channel import Action, Admission, ApprovalInput, InboundEvent, utf8_len
 from ..grants import Grant, ownership_from_identity
 from ..journal import (
     CursorRecord,
@@ -27,7 +27,6 @@ from ..journal import (
     operation_key,
 )
 from ..journal import admit as journal_admit
-from ..redact import utf8_len
 from ._approvals import admit_approval
 from ._commands import admit_command
 from ._core import (

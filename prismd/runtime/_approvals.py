@@ -14,10 +14,9 @@ import attrs
 import trio
 
 from ..agents import Agent, Decision, RunFailedError, RunResult, RunState
-from ..channel import Admission, ApprovalInput, Button, InboundEvent
+from ..channel import Admission, ApprovalInput, Button, InboundEvent, bound_detail
 from ..grants import AgentIdentity, Grant, ownership_from_identity
 from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationRef, OwnershipScope
-from ..redact import bound_detail
 from ._core import AdmitContext, Core, authorize_input, check_grant
 from ._leases import LeaseHeldElsewhereError
 from ._replies import Draft, Settle, answer, outcome_of, preview_sink

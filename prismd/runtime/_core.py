@@ -27,7 +27,17 @@ import trio
 from stores import SYSTEM_CLOCK, Clock, LeaseStore, OwnershipScope, Store
 
 from ..agents import Agent
-from ..channel import Action, Admission, AttachmentRef, InboundEvent, Preview, Reply, SendResult
+from ..channel import (
+    Action,
+    Admission,
+    AttachmentRef,
+    InboundEvent,
+    Preview,
+    Redactor,
+    Reply,
+    SendResult,
+    bound_detail,
+)
 from ..grants import AgentIdentity, AuthorizeInput, Grant, identity_is_active
 from ..journal import (
     ApprovalStore,
@@ -44,7 +54,6 @@ from ..journal import (
     transition,
 )
 from ..limits import Limits
-from ..redact import Redactor, bound_detail
 from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases
 from ._routes import Route, Routes, Selections, Turn, acquire_promptly
 from .api import Authorize, Diagnostics, ResolveAgent, ResolveAgentInput, ResolveBinding

@@ -7,7 +7,7 @@ creates a route's binding, runs no agent and takes no queue slot.
 
 from __future__ import annotations
 
-from ..channel import Admission
+from ..channel import Admission, utf8_len
 from ..grants import AgentIdentity, Grant, missing_grant, ownership_from_identity
 from ..journal import (
     NS_BINDING,
@@ -20,7 +20,6 @@ from ..journal import (
     notify_operation_id,
 )
 from ..journal import admit as journal_admit
-from ..redact import utf8_len
 from ._core import Core, authorize_actor, check_grant, denied, duplicate, seen_before
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES

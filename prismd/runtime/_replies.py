@@ -32,6 +32,8 @@ from ..channel import (
     Preview,
     Reply,
     ReplyFile,
+    truncate_utf8,
+    utf8_len,
 )
 from ..grants import AgentIdentity
 from ..journal import Change as Change
@@ -47,7 +49,6 @@ from ..journal import (
     compact_json,
     finish,
 )
-from ..redact import truncate_utf8, utf8_len
 from ._core import (
     JOURNAL_BUDGET_S,
     Core,

@@ -20,12 +20,12 @@ from ..channel import (
     InboundEvent,
     PastReply,
     Preview,
+    Redactor,
     Reply,
     SendResult,
 )
 from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
-from ..redact import Redactor
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
 from ._core import Core, FetchAttachment, cancel_queued
 from ._following import unpark_at_stop

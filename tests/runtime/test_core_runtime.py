@@ -6,10 +6,9 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.channel import ReplyKind
+from prismd.channel import Redactor, ReplyKind
 from prismd.grants import AuthorizeInput, Grant
 from prismd.limits import Limits
-from prismd.redact import Redactor
 from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope
 from tests.support.builders import event, grant, identity

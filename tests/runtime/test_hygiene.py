@@ -8,12 +8,19 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.channel import Reply, SendResult
+from prismd.channel import (
+    TRUNCATION_MARKER,
+    Redactor,
+    Reply,
+    SendResult,
+    bound_detail,
+    truncate_utf8,
+    utf8_len,
+)
 from prismd.grants import ownership_from_identity
 from prismd.journal import ReplyRecord, StoredButton, operation_id_for
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
-from prismd.redact import TRUNCATION_MARKER, Redactor, bound_detail, truncate_utf8, utf8_len
 from prismd.runtime._replies import fit_record, fits_unmeasured
 from stores import compact_json
 from tests.support.builders import event, grant, identity

@@ -11,11 +11,10 @@ import attrs
 import trio
 import trio.testing
 
-from prismd.channel import Reply, SendResult
+from prismd.channel import Redactor, Reply, SendResult
 from prismd.grants import ownership_from_identity
 from prismd.journal._journal import NS_OPERATION, NS_REPLY, ChannelJournal
 from prismd.journal._records import OperationRecord, ReplyRecord
-from prismd.redact import Redactor
 from stores import OwnershipScope, ms_to_iso
 from tests.support.builders import event, grant, identity, write
 from tests.support.harness import Host, StoreFactory, runtime

@@ -9,11 +9,11 @@ import trio.testing
 
 from prismd.agents import Agent
 from prismd.agents._base import EventSink, RunRequest, RunResult
+from prismd.channel import TRUNCATION_MARKER
 from prismd.grants import ownership_from_identity
 from prismd.journal import operation_id_for
 from prismd.journal._journal import NS_REPLY, ChannelJournal, binding_key
 from prismd.limits import Limits
-from prismd.redact import TRUNCATION_MARKER
 from prismd.runtime import ResolveAgentInput, open_messaging_runtime
 from stores.memory import MemoryStore
 from tests.support.builders import event, identity
