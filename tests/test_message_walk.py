@@ -43,9 +43,9 @@ pytestmark = pytest.mark.slow
 # a library's); 34 once modules that served one step went into the module of that step: the
 # Telegram adapter's _status into _api (what its callers make of a failure), _media into
 # _parse (an event's files); the toolkit's _backoff, _interrupts and _activity with the
-# lease in _receiver (what every receiver needs), its _text into prismd/redact.py (then;
-# chunk_text, utf16_units) and prismd/channel.py (button_lines); 33 once the stores'
-# shared bases became one module (stores/_bases.py); 32 with the Telegram adapter's
+# lease in _receiver (what every receiver needs), its _text into prismd/redact.py
+# (chunk_text, utf16_units; since in channel.py) and prismd/channel.py (button_lines); 33
+# once the stores' shared bases became one module (stores/_bases.py); 32 with the Telegram adapter's
 # Markdown → HTML in _send (the one step that uses it); 28 once the SQLite statement helpers
 # went into _engine (stores/sqlite/_schema is read when the store opens), the Telegram
 # update's parse and admission became one module (_updates), the connection kind went into
