@@ -237,7 +237,6 @@ PINNED: dict[str, list[str]] = {
         "Finished",
         "GrantRecord",
         "GrantStore",
-        "InputAttachment",
         "JournalRecordTooLargeError",
         "Loaded",
         "LoadedApproval",
