@@ -187,7 +187,16 @@ class _Owned(Protocol):
     def user(self) -> str | None: ...
 
 
-class GrantEntry(_Owned, Protocol):
+class _Aliased(Protocol):
+    """Which agents an entry grants: its aliases and the default among them."""
+
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def default_alias(self) -> str | None: ...
+
+
+class GrantEntry(_Owned, _Aliased, Protocol):
     """The fields of :class:`GrantConfig` the authorizer reads."""
 
     @property
@@ -196,10 +205,6 @@ class GrantEntry(_Owned, Protocol):
     def actors(self) -> tuple[str, ...]: ...
     @property
     def pairing(self) -> bool: ...
-    @property
-    def aliases(self) -> tuple[str, ...]: ...
-    @property
-    def default_alias(self) -> str | None: ...
     @property
     def notifications(self) -> bool: ...
 
@@ -211,17 +216,13 @@ class OperatorEntry(_Owned, Protocol):
     def uid(self) -> int: ...
 
 
-class PairedRecord(Protocol):
+class PairedRecord(_Aliased, Protocol):
     """The fields of ``prismd.journal.GrantRecord`` (a grant recorded by pairing)."""
 
     @property
     def connection_id(self) -> str: ...
     @property
     def actor_id(self) -> str: ...
-    @property
-    def aliases(self) -> tuple[str, ...]: ...
-    @property
-    def default_alias(self) -> str | None: ...
     @property
     def created_at_ms(self) -> int: ...
 
@@ -338,20 +339,36 @@ class GrantAuthorizer:
     def _grant_from_entry(
         self, index: int, entry: GrantEntry, connection_id: str, actor_id: str
     ) -> Grant:
+        account = entry.account if entry.account is not None else connection_id
+        user = entry.user if entry.user is not None else actor_id
+        owner = (entry.tenant, account, user)
+        return self._grant(entry, owner, actor_id, self._revisions[index], entry.notifications)
+
+    def _grant(
+        self,
+        granted: _Aliased,
+        owner: tuple[str, str, str],
+        actor_id: str,
+        revision: str,
+        notifications: bool,
+    ) -> Grant:
+        """The grant of ``granted``'s aliases to ``actor_id``, owned by ``owner`` (tenant,
+        account, user), issued now."""
+        tenant, account, user = owner
         identity = AgentIdentity(
-            tenant_id=entry.tenant,
-            account_id=entry.account if entry.account is not None else connection_id,
-            user_id=entry.user if entry.user is not None else actor_id,
+            tenant_id=tenant,
+            account_id=account,
+            user_id=user,
             principal=Principal("user", actor_id),
             scopes=CHAT_SCOPES,
             issued_at_ms=self.clock.now_ms(),
         )
         return Grant(
             identity=identity,
-            agent_aliases=tuple(entry.aliases),
-            grant_revision=self._revisions[index],
-            default_agent_alias=entry.default_alias,
-            notifications=entry.notifications,
+            agent_aliases=tuple(granted.aliases),
+            grant_revision=revision,
+            default_agent_alias=granted.default_alias,
+            notifications=notifications,
         )
 
     async def authorize(self, request: AuthorizeInput) -> Grant | None:
@@ -402,21 +419,9 @@ class GrantAuthorizer:
             ],
             separators=(",", ":"),
         )
-        identity = AgentIdentity(
-            tenant_id=entry.tenant,
-            account_id=record.connection_id,
-            user_id=record.actor_id,
-            principal=Principal("user", record.actor_id),
-            scopes=CHAT_SCOPES,
-            issued_at_ms=self.clock.now_ms(),
-        )
-        return Grant(
-            identity=identity,
-            agent_aliases=tuple(record.aliases),
-            grant_revision="paired-" + hashlib.sha256(revision.encode()).hexdigest()[:24],
-            default_agent_alias=record.default_alias,
-            notifications=entry.notifications,
-        )
+        owner = (entry.tenant, record.connection_id, record.actor_id)
+        paired = "paired-" + hashlib.sha256(revision.encode()).hexdigest()[:24]
+        return self._grant(record, owner, record.actor_id, paired, entry.notifications)
 
     async def on_paired(self, record: PairedRecord) -> None:
         """The runtime's ``on_paired``: the next ``authorize`` for this actor reads the store."""

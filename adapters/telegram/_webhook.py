@@ -61,21 +61,20 @@ from prismd.channel import AdapterFatalError
 from stores import InboxStore
 
 from ..toolkit import (
+    PENDING,
+    SERVING,
     Backoff,
-    Budget,
     ConnectionLimiter,
     HttpError,
     LeaseLostError,
     ReceiverLease,
     RequestHead,
     Slot,
-    close_gracefully,
     parse_host_port,
     read_body,
-    read_request_head,
-    respond,
+    receiver_limiter,
     serve_limited,
-    server_connection,
+    serve_requests,
 )
 from ._api import ReceiverStatus, TelegramApi, TelegramError
 from ._inbox import put_update
@@ -93,7 +92,6 @@ MAX_PENDING = 128
 """Connections in a request head or idle between requests; the oldest gives way when full."""
 MAX_SERVING = 100
 """Requests past the secret check at once: Telegram's ``max_connections`` is at most 100."""
-PENDING, SERVING = "pending", "serving"
 DRAIN_S = 5.0
 """After the lease is lost: how long requests in flight may take to finish."""
 GETME_MAX_BACKOFF_S = 60.0
@@ -130,12 +128,11 @@ class WebhookServer:
     limiter: ConnectionLimiter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.limiter = ConnectionLimiter(
+        self.limiter = receiver_limiter(
             f"telegram {self.connection_id} webhook",
-            {
-                PENDING: Budget(self.max_pending, "evict", "connections in a request head"),
-                SERVING: Budget(self.max_serving, "refuse", "authenticated requests"),
-            },
+            max_pending=self.max_pending,
+            max_serving=self.max_serving,
+            serving="authenticated requests",
             logger=log,
         )
 
@@ -210,33 +207,17 @@ class WebhookServer:
             return
 
     async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
-        try:
-            await self._serve_connection(stream, slot)
-        except AdapterFatalError:
-            raise
-        except Exception:
-            pass  # one broken connection never takes the server down; no payload is logged
-        finally:
-            await close_gracefully(stream)
-
-    async def _serve_connection(self, stream: trio.SocketStream, slot: Slot) -> None:
-        conn = server_connection(MAX_HEAD_BYTES)
-        timeout = HEAD_TIMEOUT_S
-        while True:
-            # Unreadable heads get 400/431, slow ones 408 (adapters.toolkit); Telegram itself
-            # sends neither, but a misrouted client should get an answer, not silence.
-            head = await read_request_head(
-                stream, conn, max_head_bytes=MAX_HEAD_BYTES, timeout_s=timeout
-            )
-            if head is None:
-                return
-            status, close = await self._answer(stream, conn, head, slot)
-            await respond(stream, conn, head.method, status, close=close, allow="POST")
-            if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
-                return
-            conn.start_next_cycle()
-            slot.move(PENDING)  # waiting for the next head: evictable again
-            timeout = IDLE_TIMEOUT_S
+        # Unreadable heads get 400/431, slow ones 408 (adapters.toolkit); Telegram itself
+        # sends neither, but a misrouted client should get an answer, not silence.
+        await serve_requests(
+            stream,
+            slot,
+            self._answer,
+            max_head_bytes=MAX_HEAD_BYTES,
+            head_timeout_s=HEAD_TIMEOUT_S,
+            idle_timeout_s=IDLE_TIMEOUT_S,
+            fatal=(AdapterFatalError,),
+        )
 
     async def _answer(
         self, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead, slot: Slot

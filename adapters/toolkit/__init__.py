@@ -3,8 +3,9 @@
 * HTTP/1.1 — :class:`Http11`, the one client of the Bot APIs (keep-alive, one
   write per request, bounded reads, failures named by cause: :class:`HttpTransportError`);
   one bounded request-head reader (408 slow head, 431 oversized head,
-  400), body reader (413, 408) and responder, and :func:`close_gracefully` so an error
-  answer reaches a client that is still sending;
+  400), body reader (413, 408) and responder, :func:`serve_requests`, the keep-alive loop
+  of a receiver of POSTs, in the budgets of :func:`receiver_limiter`, and
+  :func:`close_gracefully` so an error answer reaches a client that is still sending;
 * what every receiver needs (:mod:`._receiver`): :class:`ReceiverLease` — the receiver
   lease: acquire (taking over our own predecessor's at once), renew at half the TTL, fail
   closed, report loss; :class:`Backoff`, the one bounded exponential backoff with jitter;
@@ -48,11 +49,15 @@ from ._config import check_connection_id as check_connection_id
 from ._config import token_keys as token_keys
 from ._config import typing_delay_ms as typing_delay_ms
 from ._defaults import AdapterDefaults as AdapterDefaults
+from ._http import PENDING as PENDING
+from ._http import SERVING as SERVING
 from ._http import HttpError as HttpError
 from ._http import RequestHead as RequestHead
 from ._http import read_body as read_body
 from ._http import read_request_head as read_request_head
+from ._http import receiver_limiter as receiver_limiter
 from ._http import respond as respond
+from ._http import serve_requests as serve_requests
 from ._http import server_connection as server_connection
 from ._http_client import Header as Header
 from ._http_client import Http11 as Http11

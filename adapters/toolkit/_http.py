@@ -29,11 +29,16 @@ instead of a reset.
 
 Routing stays with each server; by convention an unknown path is 404 and a known path with
 another method is 405.
+
+A receiver of POSTs (the Telegram webhook, the A2A push receiver) keeps its connections in
+the two budgets of :func:`receiver_limiter` and answers each connection's requests with
+:func:`serve_requests`: one keep-alive loop, back in :data:`PENDING` between requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
 
@@ -41,16 +46,25 @@ import attrs
 import h11
 import trio
 
+from ._budgets import Budget, ConnectionLimiter, Slot
+from ._streams import close_gracefully
+
 __all__ = [
     "HEAD_TIMEOUT_S",
     "MAX_HEAD_BYTES",
+    "PENDING",
     "READ_CHUNK",
+    "RECEIVER_HEAD_TIMEOUT_S",
+    "RECEIVER_IDLE_TIMEOUT_S",
     "SEND_TIMEOUT_S",
+    "SERVING",
     "HttpError",
     "RequestHead",
     "read_body",
     "read_request_head",
+    "receiver_limiter",
     "respond",
+    "serve_requests",
     "server_connection",
 ]
 
@@ -217,6 +231,81 @@ async def respond(
         return  # h11 cannot answer in this state; the caller closes
     with trio.move_on_after(SEND_TIMEOUT_S):
         await stream.send_all(data)
+
+
+PENDING, SERVING = "pending", "serving"
+"""A receiver's budgets (:func:`receiver_limiter`): connections in a request head or idle
+between requests, and requests past the receiver's check."""
+RECEIVER_HEAD_TIMEOUT_S = 30.0
+"""A receiver's first request head must arrive within this time."""
+RECEIVER_IDLE_TIMEOUT_S = 75.0
+"""A kept-alive connection to a receiver must send its next request head within this time."""
+
+Answer = Callable[
+    [trio.SocketStream, h11.Connection, "RequestHead", Slot], Awaitable[tuple[int, bool]]
+]
+"""``answer(stream, conn, head, slot)`` → ``(status, close the connection)`` for one request
+(it reads the body itself, and moves ``slot`` to :data:`SERVING` once the request passed
+its check)."""
+
+
+def receiver_limiter(
+    label: str, *, max_pending: int, max_serving: int, serving: str, logger: logging.Logger
+) -> ConnectionLimiter:
+    """A receiver's two budgets: :data:`PENDING` (``max_pending``; when full the oldest gives
+    way) and :data:`SERVING` (``max_serving`` requests past the receiver's check, described
+    as ``serving`` in the log line; when full a newcomer is refused and stays pending)."""
+    return ConnectionLimiter(
+        label,
+        {
+            PENDING: Budget(max_pending, "evict", "connections in a request head"),
+            SERVING: Budget(max_serving, "refuse", serving),
+        },
+        logger=logger,
+    )
+
+
+async def serve_requests(
+    stream: trio.SocketStream,
+    slot: Slot,
+    answer: Answer,
+    *,
+    allow: str = "POST",
+    max_head_bytes: int = MAX_HEAD_BYTES,
+    head_timeout_s: float = RECEIVER_HEAD_TIMEOUT_S,
+    idle_timeout_s: float = RECEIVER_IDLE_TIMEOUT_S,
+    fatal: tuple[type[Exception], ...] = (),
+) -> None:
+    """A receiver's connection handler: answer its requests in turn, the first head within
+    ``head_timeout_s``, each next one within ``idle_timeout_s``, each with the status
+    ``answer`` returns (``allow`` is the ``Allow`` header of a 405); between requests
+    ``slot`` is back in :data:`PENDING`. Ends when the peer closed or stayed silent, after an
+    answer that closes the connection, or when a request was not read whole; then closes
+    ``stream`` gracefully. One broken connection never takes the receiver down: its
+    exception ends it and is not logged (no payload reaches a log), except those in
+    ``fatal``, which propagate."""
+    try:
+        conn = server_connection(max_head_bytes)
+        timeout = head_timeout_s
+        while True:
+            head = await read_request_head(
+                stream, conn, max_head_bytes=max_head_bytes, timeout_s=timeout
+            )
+            if head is None:
+                return
+            status, close = await answer(stream, conn, head, slot)
+            await respond(stream, conn, head.method, status, close=close, allow=allow)
+            if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+            slot.move(PENDING)  # waiting for the next head: evictable again
+            timeout = idle_timeout_s
+    except fatal:
+        raise
+    except Exception:
+        pass
+    finally:
+        await close_gracefully(stream)
 
 
 def _reason_body(status: int) -> bytes:

@@ -13,6 +13,7 @@ restart.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -242,6 +243,50 @@ class Agent(Protocol):
     ) -> RunResult:
         """Continue a suspended run with ``decisions`` or, with ``deny``, a terminal denial."""
         ...
+
+
+class AgentBase(abc.ABC):
+    """What the built-in kinds share: text input only, no approvals and no suspended run
+    (``status`` is ``None``) unless the kind says otherwise, and :meth:`resume`'s keywords
+    gathered into one :class:`ResumeRequest` for the kind's ``_resume``."""
+
+    @property
+    def input_capabilities(self) -> frozenset[str]:
+        """Text only, unless the kind says otherwise."""
+        return frozenset({"text"})
+
+    @property
+    def supports_approvals(self) -> bool:
+        """A kind that can suspend a run says so."""
+        return False
+
+    async def status(
+        self, *, run_id: str, session_id: str, scope: OwnershipScope
+    ) -> RunState | None:
+        """A kind that can suspend a run reports its durable state."""
+        return None
+
+    async def resume(
+        self,
+        *,
+        run_id: str,
+        session_id: str,
+        scope: OwnershipScope,
+        identity: AgentIdentity,
+        expected_version: int,
+        decisions: tuple[Decision, ...] = (),
+        deny: bool = False,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        """Continue a suspended run (see :meth:`Agent.resume`); the kind's ``_resume`` decides."""
+        request = ResumeRequest(
+            run_id, session_id, scope, identity, expected_version, decisions, deny, on_event
+        )
+        return await self._resume(request)
+
+    @abc.abstractmethod
+    async def _resume(self, request: ResumeRequest) -> RunResult:
+        """The kind's own continuation of a suspended run (see :meth:`Agent.resume`)."""
 
 
 SecretReader: TypeAlias = Callable[[str | None, str | None, str], str]

@@ -7,7 +7,6 @@ the run's ownership, holding the most recent user/assistant entries within fixed
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import json
 import os
@@ -33,14 +32,11 @@ from stores import (
 )
 
 from ..channel import replace_surrogates
-from ..grants import AgentIdentity
 from ._base import (
+    AgentBase,
     AgentInput,
-    Decision,
     EventSink,
     ImageBlock,
-    ResumeRequest,
-    RunResult,
     StreamEvent,
     TextBlock,
 )
@@ -391,10 +387,9 @@ class SessionLog:
         )
 
 
-class SessionAgent(abc.ABC):
-    """What the built-in kinds with a transcript share: the alias as the agent id, the
-    definition revision, :meth:`session_entries`, and :meth:`resume`'s keywords gathered
-    into one :class:`ResumeRequest` for the kind's ``_resume``."""
+class SessionAgent(AgentBase):
+    """What the built-in kinds with a transcript share besides :class:`AgentBase`: the alias
+    as the agent id, the definition revision and :meth:`session_entries`."""
 
     alias: str
     _log: SessionLog
@@ -408,39 +403,7 @@ class SessionAgent(abc.ABC):
     def definition_revision(self) -> str:
         return self._revision
 
-    @property
-    def input_capabilities(self) -> frozenset[str]:
-        """Text only, unless the kind says otherwise."""
-        return frozenset({"text"})
-
-    @property
-    def supports_approvals(self) -> bool:
-        """A kind that can suspend a run says so."""
-        return False
-
     async def session_entries(
         self, session_id: str, scope: OwnershipScope
     ) -> tuple[SessionEntry, ...]:
         return await self._log.entries(session_id, scope)
-
-    async def resume(
-        self,
-        *,
-        run_id: str,
-        session_id: str,
-        scope: OwnershipScope,
-        identity: AgentIdentity,
-        expected_version: int,
-        decisions: tuple[Decision, ...] = (),
-        deny: bool = False,
-        on_event: EventSink | None = None,
-    ) -> RunResult:
-        """Continue a suspended run (see ``Agent.resume``); the kind's ``_resume`` decides."""
-        request = ResumeRequest(
-            run_id, session_id, scope, identity, expected_version, decisions, deny, on_event
-        )
-        return await self._resume(request)
-
-    @abc.abstractmethod
-    async def _resume(self, request: ResumeRequest) -> RunResult:
-        """The kind's own continuation of a suspended run (see ``Agent.resume``)."""

@@ -13,8 +13,6 @@ from typing import Any
 
 import attrs
 
-from stores import OwnershipScope
-
 from ..grants import ownership_from_identity
 from ._base import (
     AgentContext,
@@ -22,7 +20,6 @@ from ._base import (
     ResumeRequest,
     RunRequest,
     RunResult,
-    RunState,
     run_failed,
 )
 from ._session import (
@@ -83,11 +80,6 @@ class EchoAgent(SessionAgent):
             (("user", text), ("assistant", text)),
         )
         return RunResult("succeeded", text, run_id, request.session_id, leaf_id=leaf)
-
-    async def status(
-        self, *, run_id: str, session_id: str, scope: OwnershipScope
-    ) -> RunState | None:
-        return None
 
     async def _resume(self, request: ResumeRequest) -> RunResult:
         raise run_failed(

@@ -53,10 +53,10 @@ import trio
 from stores import open_store
 
 from ..agents import AgentContext, build_agent
-from ..channel import InboundEvent, Reply, SendResult
+from ..channel import Reply, SendResult
 from ..grants import GrantConfig
 from ..limits import Limits
-from ._benchrun import open_bench_runtime
+from ._benchrun import lane_event, open_bench_runtime
 
 CONNECTION = "bench"
 ALIAS = "remote"
@@ -351,13 +351,7 @@ async def a2a(
             for n in range(tasks):
                 while runtime.diagnostics().queued >= MAX_QUEUED:  # noqa: ASYNC110
                     await trio.sleep(0.01)  # (back-pressure on admission: a counter)
-                event = InboundEvent(
-                    connection_id=CONNECTION,
-                    external_conversation_id=f"chat-{nonce}-{n}",
-                    external_actor_id=f"user-{nonce}-{n}",
-                    event_id=f"ev-{nonce}-{n}",
-                    text=f"task {n}",
-                )
+                event = lane_event(CONNECTION, f"{nonce}-{n}", f"ev-{nonce}-{n}", f"task {n}")
                 admission = await runtime.admit(event)
                 if admission.status != "accepted":
                     raise RuntimeError(f"bench admission refused: {admission.reason}")

@@ -20,7 +20,7 @@ from stores import Store, open_store
 from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantConfig
 from ..limits import LIMIT_TABLE, Limits
-from ._benchrun import open_bench_runtime
+from ._benchrun import lane_event, open_bench_runtime
 from ._figures import figures
 
 CONNECTION = "bench"
@@ -130,14 +130,11 @@ class _Bench:
 
     def event(self, route: int, event_id: str | None = None) -> InboundEvent:
         self.serial += 1
-        return InboundEvent(
-            connection_id=CONNECTION,
-            # Routes are this run's own too: processes sharing a store (``scale``) do not
-            # compete for each other's route leases.
-            external_conversation_id=f"chat-{self.nonce}-{route}",
-            external_actor_id=f"user-{self.nonce}-{route}",
-            event_id=event_id or self.event_id(self.serial),
-            text=f"message {self.serial}",
+        # Routes are this run's own too: processes sharing a store (``scale``) do not
+        # compete for each other's route leases.
+        lane = f"{self.nonce}-{route}"
+        return lane_event(
+            CONNECTION, lane, event_id or self.event_id(self.serial), f"message {self.serial}"
         )
 
 

@@ -16,12 +16,12 @@ import attrs
 from stores import Store
 
 from ..agents import Agent, AgentContext, build_agent
-from ..channel import Reply, SendResult
+from ..channel import InboundEvent, Reply, SendResult
 from ..grants import GrantAuthorizer, GrantConfig
 from ..limits import Limits
 from ..runtime import Runtime, open_messaging_runtime
 
-__all__ = ["open_bench_runtime", "options_from_args"]
+__all__ = ["lane_event", "open_bench_runtime", "options_from_args"]
 
 _Options = TypeVar("_Options", bound=attrs.AttrsInstance)
 
@@ -34,6 +34,19 @@ def options_from_args(cls: type[_Options], args: argparse.Namespace, **given: An
             f.name: given[f.name] if f.name in given else getattr(args, f.name)
             for f in attrs.fields(cls)
         }
+    )
+
+
+def lane_event(connection_id: str, lane: str, event_id: str, text: str) -> InboundEvent:
+    """A message of a load run on ``lane``: each lane is a conversation of its own
+    (``chat-<lane>``) with an actor of its own (``user-<lane>``), so lanes never share a
+    route."""
+    return InboundEvent(
+        connection_id=connection_id,
+        external_conversation_id=f"chat-{lane}",
+        external_actor_id=f"user-{lane}",
+        event_id=event_id,
+        text=text,
     )
 
 

@@ -32,10 +32,10 @@ import trio.lowlevel
 
 from stores import open_store
 
-from ..channel import InboundEvent, Reply, SendResult
+from ..channel import Reply, SendResult
 from ..grants import GrantConfig, operator_identity
 from ..limits import Limits
-from ._benchrun import open_bench_runtime, options_from_args
+from ._benchrun import lane_event, open_bench_runtime, options_from_args
 from ._collector import tune_collector
 
 log = logging.getLogger("prismd.soak")
@@ -234,13 +234,7 @@ async def _soak_loop(
             if options.iterations and i >= options.iterations:
                 break
             lane = i % options.lanes
-            event = InboundEvent(
-                connection_id=CONNECTION,
-                external_conversation_id=f"chat-{lane}",
-                external_actor_id=f"user-{lane}",
-                event_id=f"soak-{i}",
-                text=f"iteration {i}",
-            )
+            event = lane_event(CONNECTION, str(lane), f"soak-{i}", f"iteration {i}")
             admission = await runtime.admit(event)
             if admission.status == "accepted" and not admission.duplicate:
                 counts["admitted"] += 1

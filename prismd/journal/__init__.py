@@ -64,7 +64,6 @@ from ._protocol import reopen_reply as reopen_reply
 from ._protocol import transition as transition
 from ._records import BindingRecord as BindingRecord
 from ._records import CursorRecord as CursorRecord
-from ._records import InputAttachment as InputAttachment
 from ._records import JournalRecordTooLargeError as JournalRecordTooLargeError
 from ._records import OperationInput as OperationInput
 from ._records import OperationRecord as OperationRecord

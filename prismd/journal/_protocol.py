@@ -85,6 +85,16 @@ def may_move(state: str, to: str) -> bool:
     return to in OPERATION_FLOW.get(state, frozenset())
 
 
+def _may_write(
+    record: OperationRecord, to: str | None, allowed: Callable[[OperationRecord], bool] | None
+) -> bool:
+    """A step may write ``record`` now: ``to`` (``None``: the state is kept) is a move
+    :data:`OPERATION_FLOW` allows from its state, and ``allowed`` (when given) agrees."""
+    if to is not None and not may_move(record.state, to):
+        return False
+    return allowed is None or allowed(record)
+
+
 # --------------------------------------------------------------------------- references
 
 
@@ -159,10 +169,7 @@ async def transition(
             current = await journal.load_operation(ref.scope, ref.connection_id, ref.operation_id)
         if current is None:
             return None
-        record = current.record
-        if to is not None and not may_move(record.state, to):
-            return None
-        if allowed is not None and not allowed(record):
+        if not _may_write(current.record, to, allowed):
             return None
         write = _write(ref, current, to, change, fence, now_ms)
         stored = (await journal.commit((write,))).items[0]
@@ -295,11 +302,7 @@ async def finish(
             current = op_known or await journal.load_operation(
                 ref.scope, ref.connection_id, ref.operation_id
             )
-            if (
-                current is None
-                or (to is not None and not may_move(current.record.state, to))
-                or (allowed is not None and not allowed(current.record))
-            ):
+            if current is None or not _may_write(current.record, to, allowed):
                 write_op = False
             else:
                 flag = reply is not None or current.record.reply_staged

@@ -9,11 +9,13 @@ import datetime
 import operator
 from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring as _json_str
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import attrs
 
 from stores import compact_json, ms_to_iso
+
+from ..channel import AttachmentKind, AttachmentRef
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -234,17 +236,6 @@ MAX_CLAIM_CHARS = 64
 CLAIM_KEYS = ("platform", "chatType", "isForum", "forwarded")
 
 
-@attrs.frozen
-class InputAttachment:
-    """An attachment reference as journaled (the transport's file id, never a URL)."""
-
-    kind: str
-    transport_file_id: str
-    byte_length: int = 0
-    mime_type: str | None = None
-    file_name: str | None = None
-
-
 def bounded_claims(claims: Mapping[str, Any]) -> dict[str, str | bool]:
     """The few claims a turn may need later: string/bool values of :data:`CLAIM_KEYS`,
     strings cut to :data:`MAX_CLAIM_CHARS`. Anything else is dropped."""
@@ -267,7 +258,9 @@ class OperationInput:
     """
 
     text: str
-    attachments: tuple[InputAttachment, ...] = ()
+    attachments: tuple[AttachmentRef, ...] = ()
+    """Journaled without their ``connection_id`` (the operation's connection, given back by
+    :mod:`prismd.runtime._resume`): the transport's file id, never a URL."""
     thread_id: str | None = None
     received_at_ms: int | None = None
     claims: Mapping[str, str | bool] = attrs.field(factory=dict)
@@ -308,8 +301,9 @@ class OperationInput:
         for a in _list(raw, "attachments"):
             am = _mapping(a)
             atts.append(
-                InputAttachment(
-                    kind=_req_str(am, "kind"),
+                AttachmentRef(
+                    # As the adapter named it when it was admitted.
+                    kind=cast(AttachmentKind, _req_str(am, "kind")),
                     transport_file_id=_req_str(am, "transportFileId"),
                     byte_length=_req_int(am, "byteLength", 0),
                     mime_type=_opt_str(am, "mimeType"),

@@ -16,7 +16,6 @@ from ..channel import Action, Admission, ApprovalInput, InboundEvent, utf8_len
 from ..grants import Grant, ownership_from_identity
 from ..journal import (
     CursorRecord,
-    InputAttachment,
     Loaded,
     OperationInput,
     OperationRecord,
@@ -268,10 +267,7 @@ def operation_input(event: InboundEvent) -> OperationInput:
     """What a message turn needs to run later, journaled in its ``accepted`` record."""
     return OperationInput(
         text=event.text,
-        attachments=tuple(
-            InputAttachment(a.kind, a.transport_file_id, a.byte_length, a.mime_type, a.file_name)
-            for a in event.attachments
-        ),
+        attachments=event.attachments,
         thread_id=event.thread_id,
         received_at_ms=event.received_at_ms,
         claims=bounded_claims(event.claims),

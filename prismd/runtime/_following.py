@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from ..channel import InboundEvent
-from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, transition
+from ..journal import FOLLOWING_STATE, Change, Loaded, OperationRecord, OperationRef, transition
 from ._core import Core
 from ._relay import relay
 from ._routes import ActiveTurn, Route, Turn
@@ -68,23 +68,11 @@ class TurnHooks:
         core, turn = self.core, self.turn
         if not turn.following:
             if core.journal is not None:
-                saved = await transition(
-                    core.journal,
-                    _ref(turn),
-                    FOLLOWING_STATE,
-                    now_ms=core.now_ms(),
-                    known=turn.op,
-                    fence=self.fence,
-                    allowed=lambda record: record.state == "executing",
-                )
-                if saved is None:
-                    current = await core.journal.load_operation(
-                        turn.scope, turn.event.connection_id, turn.operation_id
-                    )
-                    if current is None or current.record.state != FOLLOWING_STATE:
-                        return False
-                    saved = current
-                turn.op = saved
+                saved = await _move(core, turn, "executing", FOLLOWING_STATE, self.fence)
+                if saved is not None:
+                    turn.op = saved
+                elif not await _still_following(core, turn):
+                    return False
             turn.following = True
         if self.stop_typing is not None:
             self.stop_typing()
@@ -309,31 +297,52 @@ async def claim_following(core: Core, turn: Turn, fence: int | None) -> bool:
     if core.journal is None:
         return True
     if turn.following:
-        current = await core.journal.load_operation(
-            turn.scope, turn.event.connection_id, turn.operation_id
-        )
-        if current is None or current.record.state != FOLLOWING_STATE:
-            return False
-        turn.op = current
-        return True
+        return await _still_following(core, turn)
 
     def claimed(record: OperationRecord) -> dict[str, int]:
         return {"attempts": record.attempts + 1}
 
-    saved = await transition(
-        core.journal,
-        _ref(turn),
-        None,
-        now_ms=core.now_ms(),
-        known=turn.op,
-        fence=fence,
-        change=claimed,
-        allowed=lambda record: record.state == FOLLOWING_STATE,
-    )
+    saved = await _move(core, turn, FOLLOWING_STATE, None, fence, claimed)
     if saved is None:
         return False
     turn.op = saved
     turn.following = True
+    return True
+
+
+async def _move(
+    core: Core,
+    turn: Turn,
+    from_state: str,
+    to: str | None,
+    fence: int | None,
+    change: Change | None = None,
+) -> Loaded[OperationRecord] | None:
+    """CAS the turn's operation from ``from_state`` to ``to`` (``None``: keep the state)
+    under ``fence``; the stored record, or ``None`` when it was not in ``from_state``."""
+    assert core.journal is not None
+    return await transition(
+        core.journal,
+        _ref(turn),
+        to,
+        now_ms=core.now_ms(),
+        known=turn.op,
+        fence=fence,
+        change=change,
+        allowed=lambda record: record.state == from_state,
+    )
+
+
+async def _still_following(core: Core, turn: Turn) -> bool:
+    """Whether the turn's operation is ``following`` as stored now (then ``turn.op`` is
+    that record)."""
+    assert core.journal is not None
+    current = await core.journal.load_operation(
+        turn.scope, turn.event.connection_id, turn.operation_id
+    )
+    if current is None or current.record.state != FOLLOWING_STATE:
+        return False
+    turn.op = current
     return True
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from ..channel import AttachmentRef, InboundEvent
+from ..channel import InboundEvent
 from ..grants import Grant, ownership_from_identity
 from ..journal import (
     FOLLOWING_STATE,
@@ -73,15 +73,7 @@ def _event(record: OperationRecord) -> InboundEvent:
         event,
         text=inp.text,
         attachments=tuple(
-            AttachmentRef(
-                kind=a.kind,  # type: ignore[arg-type]
-                transport_file_id=a.transport_file_id,
-                byte_length=a.byte_length,
-                mime_type=a.mime_type,
-                file_name=a.file_name,
-                connection_id=record.connection_id,
-            )
-            for a in inp.attachments
+            attrs.evolve(a, connection_id=record.connection_id) for a in inp.attachments
         ),
         thread_id=record.thread_id if record.thread_id is not None else inp.thread_id,
         received_at_ms=inp.received_at_ms,

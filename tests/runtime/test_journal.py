@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prismd.channel import AttachmentRef
 from prismd.journal import NS_REPLY
 from prismd.journal._journal import (
     NS_BINDING,
@@ -21,7 +22,6 @@ from prismd.journal._journal import (
 )
 from prismd.journal._records import (
     BindingRecord,
-    InputAttachment,
     JournalRecordTooLargeError,
     OperationInput,
     OperationRecord,
@@ -255,9 +255,9 @@ _MS = st.integers(min_value=0, max_value=253_402_300_799_999)  # the ISO form en
 _INPUTS = st.none() | st.builds(
     OperationInput,
     text=_TEXT,
-    attachments=st.lists(
-        st.builds(InputAttachment, _TEXT, _TEXT, _INT, _OPT, _OPT), max_size=2
-    ).map(tuple),
+    attachments=st.lists(st.builds(AttachmentRef, _TEXT, _TEXT, _INT, _OPT, _OPT), max_size=2).map(
+        tuple
+    ),
     thread_id=_OPT,
     received_at_ms=st.none() | _INT,
     claims=st.dictionaries(st.sampled_from(["platform", "chatType", "isForum"]), _TEXT),

@@ -41,18 +41,17 @@ from adapters.toolkit import Http11
 from stores import Clock, OwnershipScope, PollStore, StoreUnavailableError
 
 from ...channel import OutboundFile, ReplyFile
-from ...grants import AgentIdentity, ownership_from_identity
+from ...grants import ownership_from_identity
 from .. import (
     AgentContext,
-    Decision,
     EventSink,
     FileProblem,
     RunHooks,
     RunRequest,
     RunResult,
-    RunState,
     TextBlock,
 )
+from .._base import AgentBase, ResumeRequest
 from ._book import Book, Stored, TaskRecord, secret_hash
 from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
 from ._files import open_file
@@ -78,7 +77,7 @@ def _text_of(value: object) -> str:
 
 
 @attrs.define(eq=False)
-class A2AAgent:
+class A2AAgent(AgentBase):
     alias: str
     options: A2AOptions
     book: Book
@@ -132,32 +131,8 @@ class A2AAgent:
     def definition_revision(self) -> str:
         return "a2a-1"
 
-    @property
-    def input_capabilities(self) -> frozenset[str]:
-        return frozenset({"text"})
-
-    @property
-    def supports_approvals(self) -> bool:
-        return False
-
-    async def status(
-        self, *, run_id: str, session_id: str, scope: OwnershipScope
-    ) -> RunState | None:
-        return None
-
-    async def resume(
-        self,
-        *,
-        run_id: str,
-        session_id: str,
-        scope: OwnershipScope,
-        identity: AgentIdentity,
-        expected_version: int,
-        decisions: tuple[Decision, ...] = (),
-        deny: bool = False,
-        on_event: EventSink | None = None,
-    ) -> RunResult:
-        return failed("refused", session_id, run_id)
+    async def _resume(self, request: ResumeRequest) -> RunResult:
+        return failed("refused", request.session_id, request.run_id)  # it never suspends
 
     async def aclose(self) -> None:
         await self.http.aclose()

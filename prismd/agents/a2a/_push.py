@@ -40,18 +40,17 @@ import h11
 import trio
 
 from adapters.toolkit import (
-    Budget,
+    PENDING,
+    SERVING,
     ConnectionLimiter,
     HttpError,
     RequestHead,
     Slot,
-    close_gracefully,
     parse_host_port,
     read_body,
-    read_request_head,
-    respond,
+    receiver_limiter,
     serve_limited,
-    server_connection,
+    serve_requests,
 )
 from stores import InboxReservation, InboxStore
 
@@ -66,9 +65,6 @@ PATH_PREFIX = "/a2a/push/"
 MAX_PUSH_BYTES = 1024 * 1024
 MAX_PENDING = 256
 MAX_SERVING = 128
-PENDING, SERVING = "pending", "serving"
-HEAD_TIMEOUT_S = 30.0
-IDLE_TIMEOUT_S = 75.0
 RESERVATION_TTL_MS = 60_000
 MAX_ATTEMPTS = 8
 
@@ -124,12 +120,11 @@ class PushReceiver:
     limiter: ConnectionLimiter = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.limiter = ConnectionLimiter(
+        self.limiter = receiver_limiter(
             "a2a push",
-            {
-                PENDING: Budget(MAX_PENDING, "evict", "connections in a request head"),
-                SERVING: Budget(MAX_SERVING, "refuse", "push requests"),
-            },
+            max_pending=MAX_PENDING,
+            max_serving=MAX_SERVING,
+            serving="push requests",
             logger=log,
         )
 
@@ -165,24 +160,7 @@ class PushReceiver:
         return a2a_statistics(self.agents.values(), self.counters)
 
     async def _handle(self, stream: trio.SocketStream, slot: Slot) -> None:
-        try:
-            conn = server_connection()
-            timeout = HEAD_TIMEOUT_S
-            while True:
-                head = await read_request_head(stream, conn, timeout_s=timeout)
-                if head is None:
-                    return
-                status, close = await self._answer(stream, conn, head, slot)
-                await respond(stream, conn, head.method, status, close=close, allow="POST")
-                if close or conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-                slot.move(PENDING)
-                timeout = IDLE_TIMEOUT_S
-        except Exception:
-            pass  # one broken connection never takes the receiver down; nothing is logged
-        finally:
-            await close_gracefully(stream)
+        await serve_requests(stream, slot, self._answer)  # nothing of a request is logged
 
     async def _answer(
         self, stream: trio.SocketStream, conn: h11.Connection, head: RequestHead, slot: Slot

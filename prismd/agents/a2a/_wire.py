@@ -220,24 +220,20 @@ def _parts(raw: object) -> tuple[tuple[str, ...], tuple[FilePart, ...]]:
             continue
         file = part.get("file")
         if kind == "file" and isinstance(file, Mapping):
-            files.append(
-                FilePart(
-                    _str(file.get("name")),
-                    _str(file.get("mimeType")),
-                    _str(file.get("uri")),
-                    _str(file.get("bytes")),
-                )
-            )
+            files.append(_file_part(file, _FILE_KEYS_V03))
         elif kind is None and ("url" in part or "raw" in part):
-            files.append(
-                FilePart(
-                    _str(part.get("filename")),
-                    _str(part.get("mediaType")),
-                    _str(part.get("url")),
-                    _str(part.get("raw")),
-                )
-            )
+            files.append(_file_part(part, _FILE_KEYS_V10))
     return tuple(texts), tuple(files)
+
+
+_FILE_KEYS_V03 = ("name", "mimeType", "uri", "bytes")
+"""A v0.3 file part's keys (inside its ``file``) for :class:`FilePart`'s fields, in order."""
+_FILE_KEYS_V10 = ("filename", "mediaType", "url", "raw")
+"""The same keys of a v1.0 file part (on the part itself)."""
+
+
+def _file_part(raw: Mapping[str, Any], keys: tuple[str, str, str, str]) -> FilePart:
+    return FilePart(*(_str(raw.get(key)) for key in keys))
 
 
 def _message_texts(raw: object) -> str | None:
