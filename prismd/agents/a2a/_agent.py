@@ -369,11 +369,13 @@ class A2AAgent:
             delay = min(delay * 2, self.options.max_poll_interval_ms / 1000)
 
     def backoff(self, retry_after: float | None, delay: float) -> float:
-        """The backoff pause: ``Retry-After`` when the peer said it, else ``delay`` with
-        ±20 % jitter."""
+        """The backoff pause: ``delay`` with ±20 % jitter, or longer when the peer's
+        ``Retry-After`` says so (a floor: a ``0`` or a date already past is no reason to
+        ask again at once), at most an hour."""
+        pause = delay * random.uniform(0.8, 1.2)
         if retry_after is not None:
-            return min(max(retry_after, 0.0), 3600.0)
-        return delay * random.uniform(0.8, 1.2)
+            return min(max(retry_after, pause), 3600.0)
+        return pause
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}

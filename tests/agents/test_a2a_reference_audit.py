@@ -1,0 +1,204 @@
+"""The ``a2a`` agent against peers that are not our fake: hand-written A2A servers that do
+what ``reference/a2a-protocol.md`` says other implementations do (issue 37's audit).
+
+Each peer here is one function per JSON-RPC method over a real loopback socket
+(:func:`tests.support.handler_server.serve_handler`); each test names the reference fact
+(or the SDK source) that its peer follows, and what prismd did wrong before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from prismd.agents import AgentContext, build_agent
+from prismd.agents.a2a import (
+    A2AAgent,
+)
+from stores import SYSTEM_CLOCK
+from stores.memory import MemoryStore
+from tests.support.builders import event
+from tests.support.handler_server import serve_handler
+from tests.support.harness import Host, open_harness
+
+OPS = {
+    "1.0": {"SendMessage": "send", "GetTask": "get", "ListTasks": "list", "CancelTask": "cancel"},
+    "0.3": {"message/send": "send", "tasks/get": "get", "tasks/cancel": "cancel"},
+}
+OPS["1.0"]["SubscribeToTask"] = "subscribe"
+OPS["0.3"]["tasks/resubscribe"] = "subscribe"
+Method = Callable[[Any, dict[str, Any]], Awaitable[httpx.Response]]
+
+
+def result(rid: Any, value: Any) -> httpx.Response:
+    return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "result": value})
+
+
+def error(rid: Any, code: int) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": "no"}}
+    return httpx.Response(200, json=body)
+
+
+class Peer:
+    """A hand-written A2A peer: its card (JSON-RPC at ``/a2a/``) and one coroutine per
+    operation (``send``, ``get``, ``list``, ``cancel``, ``subscribe``) in :attr:`methods`;
+    an operation it has no coroutine for is -32601, but ``get``, which answers from
+    :attr:`tasks` (what :meth:`task` made last for each id). Every call is recorded."""
+
+    def __init__(self, dialect: str = "1.0", *, streaming: bool = False, push: bool = False):
+        self.dialect = dialect
+        self.streaming = streaming
+        self.push = push
+        self.origin = ""
+        self.methods: dict[str, Method] = {}
+        self.calls: list[tuple[str, dict[str, Any], float]] = []
+        self.card_queries: list[str] = []
+        self.tasks: dict[str, dict[str, Any]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"{self.origin}/a2a/"
+
+    def sends(self) -> list[dict[str, Any]]:
+        return [params for op, params, _ in self.calls if op == "send"]
+
+    def card(self) -> dict[str, Any]:
+        caps = {"streaming": self.streaming, "pushNotifications": self.push}
+        if self.dialect == "1.0":
+            iface = {"url": self.url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+            return {"name": "peer", "supportedInterfaces": [iface], "capabilities": caps}
+        return {
+            "name": "peer",
+            "protocolVersion": "0.3.0",
+            "url": self.url,
+            "preferredTransport": "JSONRPC",
+            "capabilities": caps,
+        }
+
+    def task(
+        self,
+        task_id: str,
+        state: str,
+        text: str | None = None,
+        *,
+        context_id: str = "ctx-1",
+        history: tuple[Mapping[str, Any], ...] = (),
+    ) -> dict[str, Any]:
+        """A Task in the peer's dialect; ``text`` its one artifact."""
+        v1 = self.dialect == "1.0"
+        out: dict[str, Any] = {
+            "id": task_id,
+            "contextId": context_id,
+            "status": {
+                "state": "TASK_STATE_" + state.upper().replace("-", "_") if v1 else state,
+                "timestamp": "2026-12-06T00:00:00.000Z",
+            },
+            "history": list(history),
+        }
+        if text is not None:
+            part = {"text": text} if v1 else {"kind": "text", "text": text}
+            out["artifacts"] = [{"artifactId": "a", "parts": [part]}]
+        if not v1:
+            out["kind"] = "task"
+        self.tasks[task_id] = out
+        return out
+
+    def sent(self, task: dict[str, Any]) -> dict[str, Any]:
+        """A send's result: v1.0 wraps it, v0.3 does not."""
+        return {"task": task} if self.dialect == "1.0" else task
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            if request.url.path.endswith("/.well-known/agent-card.json"):
+                self.card_queries.append(request.url.query.decode())
+                return httpx.Response(200, json=self.card())
+            return httpx.Response(404)
+        body = json.loads(request.content)
+        rid, params = body.get("id"), body.get("params") or {}
+        op = OPS[self.dialect].get(body.get("method"), "")
+        self.calls.append((op, params, trio.current_time()))
+        method = self.methods.get(op)
+        if method is None and op == "get":
+            known = self.tasks.get(str(params.get("id")))
+            return error(rid, -32001) if known is None else result(rid, known)
+        if method is None:
+            return error(rid, -32601)
+        return await method(rid, params)
+
+
+@pytest.fixture
+async def mem() -> AsyncIterator[MemoryStore]:
+    async with MemoryStore(clock=SYSTEM_CLOCK) as s:
+        yield s
+
+
+@asynccontextmanager
+async def running(
+    peer: Peer, mem: MemoryStore, *, push_base_url: str | None = None, **options: Any
+) -> AsyncIterator[tuple[Host, A2AAgent]]:
+    """``peer`` on loopback, an ``a2a`` agent on it and a runtime around the agent."""
+    async with trio.open_nursery() as nursery:
+        peer.origin = await serve_handler(nursery, peer.handle)
+        settings = {"url": peer.url, "poll_interval_ms": 50, "max_poll_interval_ms": 300}
+        settings.update(options)
+        agent = build_agent(
+            "a2a",
+            AgentContext(
+                alias="primary",
+                options=settings,
+                checkpoints=mem.checkpoints,
+                push_base_url=push_base_url,
+            ),
+        )
+        assert isinstance(agent, A2AAgent)
+        try:
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                yield h, agent
+        finally:
+            await agent.aclose()
+            nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------- Retry-After: 0
+
+
+async def test_a_retry_after_of_zero_or_in_the_past_is_not_a_busy_loop(mem: MemoryStore) -> None:
+    """§5 "rate limiting often arrives as a bare HTTP 429 … and Retry-After", which may be
+    ``0`` or an HTTP date already past. Before: the send was made again at once, as often
+    as the peer answered (a busy loop against a rate-limited peer); now the backoff still
+    applies, the peer's value a floor."""
+    peer = Peer()
+    refusals = iter(["0", "Wed, 21 Oct 2015 07:28:00 GMT", "0", "0"])
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        value = next(refusals, None)
+        if value is not None:
+            return httpx.Response(429, headers={"retry-after": value})
+        return result(rid, peer.sent(peer.task("t-1", "completed", "at last")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem, poll_interval_ms=100, max_poll_interval_ms=400) as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await h.settle()
+            assert h.texts == ["at last"]
+    times = [at for op, _, at in peer.calls if op == "send"]
+    assert len(times) == 5
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.07, gaps  # the backoff (100 ms, -20 % jitter) at least
+
+
+async def test_backoff_keeps_its_floor_under_a_zero_retry_after(mem: MemoryStore) -> None:
+    agent = A2AAgent.from_context(
+        AgentContext(alias="a", options={"url": "http://127.0.0.1:1/"}, checkpoints=mem.checkpoints)
+    )
+    assert agent.backoff(0.0, 2.0) >= 1.6
+    assert agent.backoff(7.0, 2.0) == 7.0  # a longer Retry-After is honoured as said
+    assert agent.backoff(1e9, 2.0) == 3600.0  # within the bound
