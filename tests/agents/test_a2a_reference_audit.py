@@ -19,9 +19,7 @@ import pytest
 import trio
 
 from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import (
-    A2AAgent,
-)
+from prismd.agents.a2a import A2AAgent, A2AClient
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
 from tests.support.builders import event
@@ -202,3 +200,33 @@ async def test_backoff_keeps_its_floor_under_a_zero_retry_after(mem: MemoryStore
     assert agent.backoff(0.0, 2.0) >= 1.6
     assert agent.backoff(7.0, 2.0) == 7.0  # a longer Retry-After is honoured as said
     assert agent.backoff(1e9, 2.0) == 3600.0  # within the bound
+
+
+# ---------------------------------------------------------------------- a blocking peer
+
+
+@pytest.mark.parametrize("dialect", ["1.0", "0.3"])
+async def test_a_peer_that_ignores_immediate_acceptance_is_waited_for(
+    dialect: str, mem: MemoryStore
+) -> None:
+    """§2 "Not every server honours it. LangGraph's ``message/send`` waits for the final
+    Task result". Before: the send's answer was awaited as long as any call's (the client's
+    ``timeout_s``), then the outcome was unknown, never sent again and never found (v0.3
+    has no ListTasks): the remote did the work and the user got "may have received it".
+    Now a send waits for its answer as long as the task may take (``task_timeout_ms``)."""
+    peer = Peer(dialect)
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        await trio.sleep(1.5)  # works on it before answering, whatever was asked
+        return result(rid, peer.sent(peer.task("t-1", "completed", "worth the wait")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, agent):
+            agent.client = await A2AClient.discover(
+                agent.http, url=peer.url, rpc=agent.rpc, timeout_s=0.5
+            )
+            await h.runtime.admit(event("1", "go"))
+            await h.settle()
+            assert h.texts == ["worth the wait"]
+    assert len(peer.sends()) == 1

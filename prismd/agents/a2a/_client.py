@@ -258,23 +258,28 @@ class A2AClient:
         return headers
 
     async def _post(
-        self, body: Mapping[str, Any], dialect: Dialect
+        self, body: Mapping[str, Any], dialect: Dialect, wait_s: float | None = None
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One POST to :attr:`url`, following a same-origin 307/308 once (then the URL
-        moved to); errors classified."""
+        moved to); errors classified. ``wait_s`` (else ``timeout_s``) bounds each read."""
         url, status, headers, raw = await self._unary.post(
-            self.url, self._unary_headers(dialect), json.dumps(body).encode()
+            self.url, self._unary_headers(dialect), json.dumps(body).encode(), wait_s
         )
         if url != self.url:
             self.url = url
         return status, headers, raw
 
-    async def _call(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+    async def _call(
+        self,
+        name: str,
+        params: Callable[[Dialect], Mapping[str, Any]],
+        wait_s: float | None = None,
+    ) -> Any:
         """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`). A read (or the
         idempotent cancel) cut at the transport — a pooled connection the peer had just
         closed — is made once more at once; a send never is."""
         if name == "send":
-            return await self._call_once(name, params)
+            return await self._call_once(name, params, wait_s)
         try:
             return await self._call_once(name, params)
         except OutcomeUnknown as exc:
@@ -285,14 +290,19 @@ class A2AClient:
     def _next_id(self) -> str:
         return f"prismd-{self.tag}-{next(self._ids)}"
 
-    async def _call_once(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+    async def _call_once(
+        self,
+        name: str,
+        params: Callable[[Dialect], Mapping[str, Any]],
+        wait_s: float | None = None,
+    ) -> Any:
         dialect = self.dialect
         for _attempt in range(2):
             method = METHODS[dialect].get(name)
             if method is None:
                 raise RemoteError(METHOD_NOT_FOUND)
             body = envelope(method, params(dialect), self._next_id())
-            status, headers, raw = await self._post(body, dialect)
+            status, headers, raw = await self._post(body, dialect, wait_s)
             try:
                 answer = json.loads(raw)
             except (ValueError, RecursionError):
@@ -326,8 +336,11 @@ class A2AClient:
         context_id: str | None = None,
         task_id: str | None = None,
         push: PushConfig | None = None,
+        wait_s: float | None = None,
     ) -> Task | Message:
         """Send one user message asking for immediate acceptance; the task or the answer.
+        ``wait_s`` (else ``timeout_s``) bounds the wait for the answer: a peer that ignores
+        immediate acceptance answers when the task is over (``reference`` §2: LangGraph).
 
         Raises :class:`Refused` (make it again later), :class:`OutcomeUnknown` (never make
         it again for this ``message_id``) or :class:`RemoteError`.
@@ -344,6 +357,7 @@ class A2AClient:
                 push=push,
                 tenant=tenant,
             ),
+            wait_s,
         )
         observed = read_observation(result)
         if not isinstance(observed, Task | Message):

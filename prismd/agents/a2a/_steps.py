@@ -102,7 +102,11 @@ async def send(
     delay = agent.options.poll_interval_ms / 1000
     cap = agent.options.max_poll_interval_ms / 1000
     refused_rpc = 0
+    deadline_ms = record.created_ms + agent.options.task_timeout_ms
     while True:
+        # A peer that ignores immediate acceptance answers once the task is over: waited
+        # for as long as the task may take, not lost to a call's timeout.
+        wait_s = max(client.timeout_s, (deadline_ms - agent.clock.now_ms()) / 1000)
         try:
             answer = await client.send(
                 message_id=record.message_id,
@@ -110,6 +114,7 @@ async def send(
                 context_id=record.context_id,
                 task_id=record.task_id if record.continues_task else None,
                 push=push,
+                wait_s=wait_s,
             )
         except Refused as exc:
             agent.count("send_refused")
