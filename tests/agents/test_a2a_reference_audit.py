@@ -230,3 +230,48 @@ async def test_a_peer_that_ignores_immediate_acceptance_is_waited_for(
             await h.settle()
             assert h.texts == ["worth the wait"]
     assert len(peer.sends()) == 1
+
+
+# ---------------------------------------------------------------------- SSE keep-alives
+
+
+@pytest.mark.parametrize("event_id", ["id: 1\n", ""])
+async def test_a_stream_of_keep_alives_alone_ends_at_the_idle_time(
+    event_id: str, mem: MemoryStore
+) -> None:
+    """SSE comments (``: keep-alive``) carry no event. A peer whose stream lost the task's
+    events (§8: a2a-python#832, "events are lost across resubscribe") but keeps the
+    connection alive with comments: before, each comment restarted the idle timeout, so
+    the task was followed by that stream alone (pushes and polls held off) until
+    ``task_timeout_ms`` — then cancelled and reported "did not finish in time" although it
+    had completed. Now ``idle_s`` counts from the last event: the stream ends, the task is
+    read, the answer delivered. (Once the peer sent an ``id:``, httpx-sse yields each
+    comment's blank line as an event without data: those are not events either.)"""
+    peer = Peer(streaming=True)
+    subscribed = trio.Event()
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        return result(rid, peer.sent(peer.task("t-1", "working")))
+
+    async def subscribe(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        first = {"jsonrpc": "2.0", "id": rid, "result": {"task": peer.task("t-1", "working")}}
+        peer.task("t-1", "completed", "done meanwhile")  # its events never reach this stream
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield f"{event_id}data: {json.dumps(first)}\n\n".encode()
+            subscribed.set()
+            for _ in range(400):
+                await trio.sleep(0.05)
+                yield b": keep-alive\n\n"
+
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, content=frames())
+
+    peer.methods.update(send=send, subscribe=subscribe)
+    with trio.fail_after(15):
+        async with running(peer, mem, task_timeout_ms=12_000) as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await subscribed.wait()
+            with trio.fail_after(5):
+                await h.settle()
+            assert h.texts == ["done meanwhile"]

@@ -415,8 +415,8 @@ class A2AClient:
     ) -> None:
         """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) into
         ``on_item`` until the peer closes the stream, ``on_item`` answers ``True`` (enough),
-        or a silence of ``idle_s``. Raises the client's errors (an unsupported or finished
-        stream: :class:`RemoteError`).
+        or ``idle_s`` without an event (comments do not count). Raises the client's errors
+        (an unsupported or finished stream: :class:`RemoteError`).
 
         A callback rather than an async iterator: the stream is ended by cancelling its own
         scope, so httpx's and httpx-sse's generators always run to their end (an iterator
@@ -444,9 +444,15 @@ class A2AClient:
                 if "text/event-stream" not in kind:
                     await response.aread()
                     raise RemoteError(_error_code(response), response.status_code)
+                # Silence is measured from the last event with data: SSE comments
+                # (keep-alives) reset httpx's read timeout but say nothing about the task
+                # (and once the peer sent an ``id:``, httpx-sse yields each comment's blank
+                # line as an event without data).
+                scope.deadline = trio.current_time() + idle_s
                 async for event in source.aiter_sse():
-                    if scope.cancel_called:
+                    if scope.cancel_called or not event.data:
                         continue
+                    scope.deadline = trio.current_time() + idle_s
                     failure, enough = _stream_item(event.data, on_item)
                     if failure is not None or enough:
                         scope.cancel()
