@@ -275,3 +275,44 @@ async def test_a_stream_of_keep_alives_alone_ends_at_the_idle_time(
             with trio.fail_after(5):
                 await h.settle()
             assert h.texts == ["done meanwhile"]
+
+
+# ---------------------------------------------------------------------- a2a-sdk 0.3
+
+
+async def test_a_continuation_a_03_sdk_refuses_as_invalid_starts_a_new_task(
+    mem: MemoryStore,
+) -> None:
+    """The next message after ``input-required`` goes to the same task (§6); if that task
+    ended meanwhile, a2a-sdk 0.3.26 answers **-32602** (``InvalidParamsError("Task … is in
+    terminal state")``, ``server/request_handlers/default_request_handler.py:220-225``),
+    not the -32004 of v1.0. Before: the message was refused with a notice, and the
+    conversation kept the task id, so every later message was refused the same way until
+    ``/new``. Now it is sent again as a new task in the same context, as after -32004."""
+    peer = Peer("0.3")
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        message = params["message"]
+        if message.get("taskId") == "t-1":
+            return error(rid, -32602)
+        if not peer.tasks:
+            task = peer.task("t-1", "input-required")
+            question = {"kind": "text", "text": "Which year?"}
+            task["status"]["message"] = {
+                "kind": "message", "messageId": "q", "role": "agent", "parts": [question]
+            }  # fmt: skip
+            return result(rid, task)
+        return result(rid, peer.task("t-2", "completed", "fresh answer"))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, _):
+            await h.runtime.admit(event("1", "report please"))
+            await h.settle()
+            await h.runtime.admit(event("2", "2026"))
+            await h.settle()
+            assert h.texts == ["Which year?", "fresh answer"]
+    first, refused, fresh = (s["message"] for s in peer.sends())
+    assert refused["taskId"] == "t-1" and "taskId" not in fresh
+    assert refused["messageId"] == fresh["messageId"] != first["messageId"]
+    assert fresh["contextId"] == "ctx-1"

@@ -19,6 +19,7 @@ from ._options import A2AOptions
 from ._relay import relay_interrupt
 from ._wire import (
     INTERRUPTED_STATES,
+    INVALID_PARAMS,
     METHOD_NOT_FOUND,
     TASK_NOT_FOUND,
     TERMINAL_STATES,
@@ -62,6 +63,9 @@ NOTICES: Mapping[str, str] = {
 NO_TEXT = "The remote agent finished without a text answer."
 NEEDS_INPUT = "The remote agent needs more input."
 MAX_REFUSED_RPC = 8
+CONTINUATION_REFUSED = frozenset({TASK_NOT_FOUND, UNSUPPORTED_OPERATION, INVALID_PARAMS})
+"""A continued task's refusals that mean it is gone or over: -32001, -32004 (v1.0), and
+-32602, which a2a-sdk 0.3 answers for a message to a terminal task."""
 CANCEL_BUDGET_S = 5.0
 PUSH_SLOWDOWN = 4
 
@@ -135,7 +139,7 @@ async def send(
                     await trio.sleep(agent.backoff(None, delay))
                     delay = min(delay * 2, cap)
                     continue
-            elif record.continues_task and exc.code in (TASK_NOT_FOUND, UNSUPPORTED_OPERATION):
+            elif record.continues_task and exc.code in CONTINUATION_REFUSED:
                 # The task that asked for input is gone or over: a new task, same context.
                 stored = await agent.book.update(stored, task_id=None, continues_task=False)
                 record = stored.record
