@@ -316,3 +316,31 @@ async def test_a_continuation_a_03_sdk_refuses_as_invalid_starts_a_new_task(
     assert refused["taskId"] == "t-1" and "taskId" not in fresh
     assert refused["messageId"] == fresh["messageId"] != first["messageId"]
     assert fresh["contextId"] == "ctx-1"
+
+
+# ---------------------------------------------------------------------- push refused
+
+
+async def test_a_send_whose_push_is_refused_is_made_again_without_it(mem: MemoryStore) -> None:
+    """§4/§5: -32003 PushNotificationNotSupportedError means "fall back to polling". A peer
+    whose card offers push but whose push store is missing, or that refuses a loopback
+    webhook (§4 "a prismd test webhook on loopback may be refused by strict servers"),
+    refuses the send that carries a push config. Before: every message was refused with a
+    notice. Now the same message (same ``messageId``) is sent once more without push and
+    the task is followed by polling."""
+    peer = Peer(push=True)
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        if "taskPushNotificationConfig" in params["configuration"]:
+            return error(rid, -32003)
+        return result(rid, peer.sent(peer.task("t-1", "completed", "polled, not pushed")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem, push_base_url="http://127.0.0.1:9") as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await h.settle()
+            assert h.texts == ["polled, not pushed"]
+    with_push, without = peer.sends()
+    assert with_push["message"]["messageId"] == without["message"]["messageId"]
+    assert "taskPushNotificationConfig" not in without["configuration"]

@@ -21,6 +21,7 @@ from ._wire import (
     INTERRUPTED_STATES,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    PUSH_NOT_SUPPORTED,
     TASK_NOT_FOUND,
     TERMINAL_STATES,
     UNSUPPORTED_OPERATION,
@@ -139,6 +140,13 @@ async def send(
                     await trio.sleep(agent.backoff(None, delay))
                     delay = min(delay * 2, cap)
                     continue
+            elif push is not None and exc.code == PUSH_NOT_SUPPORTED:
+                # -32003: "fall back to polling" (reference §4, §5): the same message
+                # again without push, followed by polling alone.
+                push = None
+                stored = await agent.book.update(stored, token_hash=None, credentials_hash=None)
+                record = stored.record
+                continue
             elif record.continues_task and exc.code in CONTINUATION_REFUSED:
                 # The task that asked for input is gone or over: a new task, same context.
                 stored = await agent.book.update(stored, task_id=None, continues_task=False)
