@@ -344,3 +344,54 @@ async def test_a_send_whose_push_is_refused_is_made_again_without_it(mem: Memory
     with_push, without = peer.sends()
     assert with_push["message"]["messageId"] == without["message"]["messageId"]
     assert "taskPushNotificationConfig" not in without["configuration"]
+
+
+# ---------------------------------------------------------------------- ListTasks
+
+
+@pytest.mark.parametrize("where", ["history", "page"])
+async def test_an_unknown_send_is_found_beyond_ten_messages_and_the_first_page(
+    where: str, mem: MemoryStore
+) -> None:
+    """A send cut after the peer processed it is looked for with v1.0 ``ListTasks`` by its
+    ``messageId`` in the task's history (§6). The peer follows §3.2.4 and the a2a-sdk 1.3
+    store: ``historyLength`` n is the *last* n messages, pages of ``pageSize`` (default 50)
+    newest first with a ``nextPageToken``. Before: the search asked for the last 10 messages
+    only (the user's message is the first: gone from a task with more progress messages)
+    and read one page (a busy peer lists 50 other tasks first): not found, the user told
+    "may have received it" while the peer worked on it. Now the history is the server's
+    default (the whole, in the SDK) and the pages are followed."""
+    peer = Peer()
+    ours: list[dict[str, Any]] = []
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        count = 12 if where == "history" else 1
+        progress = [
+            {"messageId": f"p-{n}", "role": "ROLE_AGENT", "parts": [{"text": "…"}]}
+            for n in range(count)
+        ]
+        history = (params["message"], *progress)
+        ours.append(peer.task("t-9", "completed", "found again", history=history))
+        raise ConnectionError("processed, then the connection is cut before the answer")
+
+    async def list_tasks(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        others = 60 if where == "page" else 0
+        tasks = [peer.task(f"o-{n}", "working", context_id=f"c-{n}") for n in range(others)]
+        tasks += ours
+        size = int(params.get("pageSize") or 50)
+        start = int(params.get("pageToken") or 0)
+        page = [dict(t) for t in tasks[start : start + size]]
+        if "historyLength" in params:
+            n = int(params["historyLength"])
+            for task in page:
+                task["history"] = task["history"][-n:] if n else []
+        more = start + size < len(tasks)
+        return result(rid, {"tasks": page, "nextPageToken": str(start + size) if more else ""})
+
+    peer.methods.update(send=send, list=list_tasks)
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await h.settle()
+            assert h.texts == ["found again"]
+    assert len(peer.sends()) == 1

@@ -385,14 +385,39 @@ class A2AClient:
         context_id: str | None = None,
         status_timestamp_after: str | None = None,
         page_size: int = 50,
-        history_length: int = 10,
+        history_length: int | None = None,
     ) -> tuple[Task, ...]:
-        """v1.0 ``ListTasks`` (one page, newest first); v0.3 has none: RemoteError -32601."""
+        """v1.0 ``ListTasks`` (the first page, newest first); v0.3 has none: RemoteError
+        -32601."""
+        tasks, _next = await self.list_page(
+            context_id=context_id,
+            status_timestamp_after=status_timestamp_after,
+            page_size=page_size,
+            history_length=history_length,
+        )
+        return tasks
+
+    async def list_page(
+        self,
+        *,
+        context_id: str | None = None,
+        status_timestamp_after: str | None = None,
+        page_size: int = 50,
+        history_length: int | None = None,
+        page_token: str | None = None,
+    ) -> tuple[tuple[Task, ...], str | None]:
+        """One page of v1.0 ``ListTasks`` and the next page's token (``None`` on the last).
+        ``history_length`` unset: the server's default (a2a-sdk: the whole history; n is
+        the *last* n messages, and the user's message is the first)."""
         if self.dialect != "1.0":
             raise RemoteError(METHOD_NOT_FOUND)
 
         def params(_d: Dialect) -> dict[str, Any]:
-            out: dict[str, Any] = {"pageSize": page_size, "historyLength": history_length}
+            out: dict[str, Any] = {"pageSize": page_size}
+            if history_length is not None:
+                out["historyLength"] = history_length
+            if page_token is not None:
+                out["pageToken"] = page_token
             if context_id is not None:
                 out["contextId"] = context_id
             if status_timestamp_after is not None:
@@ -404,7 +429,8 @@ class A2AClient:
         result = await self._call("list", params)
         raw = result.get("tasks") if isinstance(result, Mapping) else None
         tasks = [read_task(t) for t in raw] if isinstance(raw, list) else []
-        return tuple(t for t in tasks if t is not None)
+        token = result.get("nextPageToken") if isinstance(result, Mapping) else None
+        return tuple(t for t in tasks if t is not None), token if token else None
 
     async def subscribe(
         self,

@@ -68,6 +68,8 @@ CONTINUATION_REFUSED = frozenset({TASK_NOT_FOUND, UNSUPPORTED_OPERATION, INVALID
 """A continued task's refusals that mean it is gone or over: -32001, -32004 (v1.0), and
 -32602, which a2a-sdk 0.3 answers for a message to a terminal task."""
 CANCEL_BUDGET_S = 5.0
+MAX_LIST_PAGES = 20
+"""``ListTasks`` pages read looking for a send whose outcome is unknown (newest first)."""
 PUSH_SLOWDOWN = 4
 
 
@@ -203,19 +205,24 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
             return await accepted(agent, stored, task)
         return None
     delay = agent.options.poll_interval_ms / 1000
-    for _attempt in range(4):
+    token: str | None = None
+    pages = failures = 0
+    while pages < MAX_LIST_PAGES and failures < 4:
         try:
-            tasks = await client.list_tasks(context_id=record.context_id)
+            tasks, token = await client.list_page(context_id=record.context_id, page_token=token)
         except RemoteError:
             return None
         except (Refused, OutcomeUnknown) as exc:
+            failures += 1
             await trio.sleep(agent.backoff(getattr(exc, "retry_after", None), delay))
             delay *= 2
             continue
+        pages += 1
         for task in tasks:
             if record.message_id in task.message_ids:
                 return await accepted(agent, stored, task)
-        return None
+        if token is None:
+            return None
     return None
 
 
