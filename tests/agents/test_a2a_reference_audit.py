@@ -18,8 +18,9 @@ import httpx
 import pytest
 import trio
 
+from adapters.toolkit import Http11
 from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import A2AAgent, A2AClient
+from prismd.agents.a2a import A2AAgent, A2AClient, Refused
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
 from tests.support.builders import event
@@ -395,3 +396,39 @@ async def test_an_unknown_send_is_found_beyond_ten_messages_and_the_first_page(
             await h.settle()
             assert h.texts == ["found again"]
     assert len(peer.sends()) == 1
+
+
+# ---------------------------------------------------------------------- the client alone
+
+
+@asynccontextmanager
+async def client_of(peer: Peer) -> AsyncIterator[A2AClient]:
+    """``peer`` on loopback and a client discovered from its card."""
+    async with trio.open_nursery() as nursery, httpx.AsyncClient() as http:
+        peer.origin = await serve_handler(nursery, peer.handle)
+        rpc = Http11()
+        try:
+            yield await A2AClient.discover(http, rpc=rpc, url=peer.url, timeout_s=5)
+        finally:
+            await rpc.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_redirect_to_a_malformed_location_is_a_refusal() -> None:
+    """§5: "A 307 on POST usually means a missing trailing slash"; the client follows one
+    to the same origin. Before: a ``Location`` httpx cannot parse (``http://[::1``) raised
+    httpx's ``InvalidURL`` out of the client — not one of its errors, so the run crashed,
+    with the peer's text in the exception. Now it is a refusal like any other redirect the
+    client does not follow (nothing was processed)."""
+    peer = Peer()
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        return httpx.Response(307, headers={"location": "http://[::1"})
+
+    peer.methods["send"] = send
+    with trio.fail_after(10):
+        async with client_of(peer) as client:
+            with pytest.raises(Refused) as refused:
+                await client.send(message_id="m-1", text="x")
+            assert refused.value.reason == "redirect"
+            assert "::1" not in str(refused.value)

@@ -85,10 +85,13 @@ class Unary:
                 if location is None:
                     raise Refused("redirect")
                 target = httpx.URL(endpoint.url)
-                moved = target.join(location)
-                if not same_origin(moved, target):
-                    raise Refused("redirect")
-                endpoint = Endpoint.of(str(moved))
+                try:
+                    moved = target.join(location)
+                    if not same_origin(moved, target):
+                        raise Refused("redirect")
+                    endpoint = Endpoint.of(str(moved))
+                except (httpx.InvalidURL, ValueError):
+                    raise Refused("redirect") from None  # a Location that is no URL
                 continue
             self._endpoint = endpoint
             return endpoint.url, status, answer_headers, body
