@@ -432,3 +432,22 @@ async def test_a_redirect_to_a_malformed_location_is_a_refusal() -> None:
                 await client.send(message_id="m-1", text="x")
             assert refused.value.reason == "redirect"
             assert "::1" not in str(refused.value)
+
+
+async def test_a_task_read_wrapped_like_a_send_result_is_read() -> None:
+    """§2: ``GetTask``'s result "is a bare Task, not wrapped" — but a send's is
+    ``{"task": …}``, and a hand-written peer that answers both alike is easy to meet.
+    Before: every poll of such a peer was unreadable (an unknown outcome, polled again), so
+    the task was followed until ``task_timeout_ms`` and reported "did not finish in time".
+    Now the wrapper is read too (unknown fields are ignored anyway)."""
+    peer = Peer()
+
+    async def get(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        return result(rid, {"task": peer.task(str(params["id"]), "completed", "wrapped")})
+
+    peer.methods["get"] = get
+    with trio.fail_after(10):
+        async with client_of(peer) as client:
+            task = await client.get_task("t-1")
+            assert task.id == "t-1" and task.state == "completed"
+            assert task.artifacts[0].texts == ("wrapped",)

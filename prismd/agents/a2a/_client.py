@@ -370,6 +370,10 @@ class A2AClient:
         result = await self._call("get", lambda d: task_params(d, task_id, tenant))
         task = read_task(result)
         if task is None:
+            # Wrapped as a send's result (``{"task": …}``) by a peer that answers both alike.
+            wrapped = read_observation(result)
+            task = wrapped if isinstance(wrapped, Task) else None
+        if task is None:
             raise OutcomeUnknown("unreadable")
         return task
 
