@@ -20,7 +20,7 @@ import trio
 
 from adapters.toolkit import Http11
 from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import A2AAgent, A2AClient, Refused
+from prismd.agents.a2a import A2AAgent, A2AClient, Refused, Task, read_observation
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
 from tests.support.builders import event
@@ -451,3 +451,39 @@ async def test_a_task_read_wrapped_like_a_send_result_is_read() -> None:
             task = await client.get_task("t-1")
             assert task.id == "t-1" and task.state == "completed"
             assert task.artifacts[0].texts == ("wrapped",)
+
+
+def test_a_03_file_part_without_kind_is_read() -> None:
+    """v0.3 parts carry ``kind`` (required by the JSON schema), but the a2a-sdk server
+    tolerates a part without it (reference, "What changed in a2a-sdk 1.3.0"), and so do
+    the peers built on it. A text part without ``kind`` was read already; a file part
+    (``{"file": {"uri"|"bytes", …}}``) was skipped: the answer's file was lost and the
+    reply said there was no text answer."""
+    raw = {
+        "kind": "task",
+        "id": "t-1",
+        "contextId": "c",
+        "status": {"state": "completed"},
+        "artifacts": [
+            {
+                "artifactId": "a",
+                "parts": [
+                    {
+                        "file": {
+                            "name": "r.pdf",
+                            "mimeType": "application/pdf",
+                            "uri": "https://x/r",
+                        }
+                    },
+                    {"file": {"name": "s.txt", "bytes": "aGk="}},
+                ],
+            }
+        ],
+    }
+    task = read_observation(raw)
+    assert isinstance(task, Task)
+    (artifact,) = task.artifacts
+    assert [(f.name, f.media_type, f.uri, f.data_b64) for f in artifact.files] == [
+        ("r.pdf", "application/pdf", "https://x/r", None),
+        ("s.txt", None, None, "aGk="),
+    ]

@@ -220,7 +220,7 @@ def _parts(raw: object) -> tuple[tuple[str, ...], tuple[FilePart, ...]]:
             texts.append(text)
             continue
         file = part.get("file")
-        if kind == "file" and isinstance(file, Mapping):
+        if kind in (None, "file") and isinstance(file, Mapping):  # v0.3, ``kind`` or not
             files.append(
                 FilePart(
                     _str(file.get("name")),
