@@ -19,8 +19,15 @@ import pytest
 import trio
 
 from adapters.toolkit import Http11
-from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import A2AAgent, A2AClient, Refused, Task, read_observation
+from prismd.agents import AgentContext, AgentOptionError, build_agent
+from prismd.agents.a2a import (
+    A2AAgent,
+    A2AClient,
+    Refused,
+    Task,
+    read_observation,
+    validate_a2a_options,
+)
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
 from tests.support.builders import event
@@ -487,3 +494,28 @@ def test_a_03_file_part_without_kind_is_read() -> None:
         ("r.pdf", "application/pdf", "https://x/r", None),
         ("s.txt", None, None, "aGk="),
     ]
+
+
+async def test_a_card_url_with_a_query_is_accepted_and_fetched_as_is() -> None:
+    """§1: "LangGraph Agent Server serves ``GET /.well-known/agent-card.json?assistant_id=…``".
+    Before: ``card_url`` refused any query ("must not carry a query or a fragment"), so
+    such an agent could not be configured at all. Now ``card_url`` may carry a query (it is
+    fetched as written); ``url``, to which the card's path is appended, still may not."""
+    card_url = "https://agents.example/.well-known/agent-card.json?assistant_id=a-1"
+    assert validate_a2a_options({"card_url": card_url}).card_url == card_url
+    with pytest.raises(AgentOptionError) as bad:
+        validate_a2a_options({"url": "https://agents.example/a2a/?assistant_id=a-1"})
+    assert bad.value.key == "url"
+    with pytest.raises(AgentOptionError):
+        validate_a2a_options({"card_url": "https://agents.example/card.json#frag"})
+    peer = Peer()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery, httpx.AsyncClient() as http:
+            peer.origin = await serve_handler(nursery, peer.handle)
+            rpc = Http11()
+            card = f"{peer.origin}/.well-known/agent-card.json?assistant_id=a-1"
+            client = await A2AClient.discover(http, rpc=rpc, card_url=card)
+            assert client.url == peer.url
+            await rpc.aclose()
+            nursery.cancel_scope.cancel()
+    assert peer.card_queries == ["assistant_id=a-1"]
