@@ -23,6 +23,7 @@ from prismd.agents import AgentContext, AgentOptionError, build_agent
 from prismd.agents.a2a import (
     A2AAgent,
     A2AClient,
+    PushReceiver,
     Refused,
     Task,
     read_observation,
@@ -519,3 +520,46 @@ async def test_a_card_url_with_a_query_is_accepted_and_fetched_as_is() -> None:
             await rpc.aclose()
             nursery.cancel_scope.cancel()
     assert peer.card_queries == ["assistant_id=a-1"]
+
+
+# ---------------------------------------------------------------------- push before answer
+
+
+async def test_a_task_a_push_named_before_the_cut_answer_is_followed(mem: MemoryStore) -> None:
+    """§4/§6: a peer may push for a task before the send's answer arrives, and the answer
+    may then be lost (a cut connection). The push carried this send's own random
+    credential, so the receiver journaled the task id it names. Before: that task was
+    accepted only if ``GetTask``'s history showed the message — and the history is the
+    server's default, which may be none (§3.2.4) — so the user was told "may have received
+    it" while the peer worked on a task prismd knew. Now a task id a push proved with this
+    send's credential is followed (a continued task still needs the history)."""
+    peer = Peer(push=True)
+    agents: dict[str, A2AAgent] = {}
+    receiver = PushReceiver("127.0.0.1:0", agents, mem.inbox)
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        config = params["configuration"]["taskPushNotificationConfig"]
+        peer.task("t-1", "working")
+        status = {"state": "TASK_STATE_WORKING"}
+        body = {"statusUpdate": {"taskId": "t-1", "contextId": "ctx-1", "status": status}}
+        headers = {"X-A2A-Notification-Token": config["token"]}
+        async with httpx.AsyncClient() as http:
+            pushed = await http.post(config["url"], json=body, headers=headers)
+        assert pushed.status_code == 200
+        peer.task("t-1", "completed", "followed after all")  # GetTask shows no history
+        raise ConnectionError("the answer is lost")
+
+    peer.methods["send"] = send
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            base = f"http://127.0.0.1:{receiver.address[1]}"
+            async with running(peer, mem, push_base_url=base) as (h, agent):
+                agents["primary"] = agent
+                await h.runtime.admit(event("1", "go"))
+                await h.settle()
+                assert h.texts == ["followed after all"]
+            nursery.cancel_scope.cancel()
+    assert len(peer.sends()) == 1

@@ -194,14 +194,15 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
     in the context); ``None`` when it cannot be found (the operator decides)."""
     record = stored.record
     if record.task_id is not None:
-        # A continuation (the task is known already), or a task id a push told us (its
-        # credential was journaled with the intent): its history says if the message arrived.
-        # A continuation: the task is known already; its history says if it arrived.
+        # A continuation: the task was known before; its history says if the message
+        # arrived. Else a task id a push told us, proved by this send's own random
+        # credential (journaled with the intent): the send created it, whatever the
+        # history shows (the server's default may be none).
         try:
             task = await client.get_task(record.task_id)
         except A2AError:
             return None
-        if record.message_id in task.message_ids:
+        if not record.continues_task or record.message_id in task.message_ids:
             return await accepted(agent, stored, task)
         return None
     delay = agent.options.poll_interval_ms / 1000
