@@ -27,6 +27,7 @@ from prismd.agents.a2a import (
     Refused,
     Task,
     read_observation,
+    retry_after_s,
     validate_a2a_options,
 )
 from stores import SYSTEM_CLOCK
@@ -563,3 +564,22 @@ async def test_a_task_a_push_named_before_the_cut_answer_is_followed(mem: Memory
                 assert h.texts == ["followed after all"]
             nursery.cancel_scope.cancel()
     assert len(peer.sends()) == 1
+
+
+async def test_a_retry_after_of_non_ascii_digits_is_no_crash() -> None:
+    """A ``Retry-After`` is ASCII delta-seconds or an HTTP date. Before: ``"²"`` passed
+    ``str.isdigit`` and ``float`` raised ``ValueError`` out of the client — not one of its
+    errors: a 429 from a hostile or broken proxy crashed the run. Now it is a refusal
+    without a usable ``retry_after``."""
+    peer = Peer()
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        return httpx.Response(429, headers={"retry-after": "²"})
+
+    peer.methods["send"] = send
+    assert retry_after_s("²") is None and retry_after_s(" 7 ") == 7.0
+    with trio.fail_after(10):
+        async with client_of(peer) as client:
+            with pytest.raises(Refused) as refused:
+                await client.send(message_id="m-1", text="x")
+            assert refused.value.retry_after is None

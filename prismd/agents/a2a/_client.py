@@ -90,7 +90,7 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" is a digit to str.isdigit, not to float
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
