@@ -569,17 +569,17 @@ async def test_a_task_a_push_named_before_the_cut_answer_is_followed(mem: Memory
 async def test_a_retry_after_of_non_ascii_digits_is_no_crash() -> None:
     """A ``Retry-After`` is ASCII delta-seconds or an HTTP date. Before: ``"²"`` passed
     ``str.isdigit`` and ``float`` raised ``ValueError`` out of the client — not one of its
-    errors: a 429 from a hostile or broken proxy crashed the run. Now it is a refusal
-    without a usable ``retry_after``."""
-    peer = Peer()
+    errors: a card fetch (or a stream) answered 429 by a broken proxy crashed the run. Now
+    it is a refusal without a usable ``retry_after``."""
 
-    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
-        return httpx.Response(429, headers={"retry-after": "²"})
+    async def card(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers=[(b"retry-after", "²".encode("latin-1"))])
 
-    peer.methods["send"] = send
     assert retry_after_s("²") is None and retry_after_s(" 7 ") == 7.0
     with trio.fail_after(10):
-        async with client_of(peer) as client:
+        async with trio.open_nursery() as nursery, httpx.AsyncClient() as http:
+            origin = await serve_handler(nursery, card)
             with pytest.raises(Refused) as refused:
-                await client.send(message_id="m-1", text="x")
+                await A2AClient.discover(http, url=origin)
             assert refused.value.retry_after is None
+            nursery.cancel_scope.cancel()
