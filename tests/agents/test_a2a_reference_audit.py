@@ -583,3 +583,46 @@ async def test_a_retry_after_of_non_ascii_digits_is_no_crash() -> None:
                 await A2AClient.discover(http, url=origin)
             assert refused.value.retry_after is None
             nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------- auth-required
+
+
+async def test_an_auth_required_status_stamped_at_each_read_is_relayed_once(
+    mem: MemoryStore,
+) -> None:
+    """§3: ``auth-required`` is relayed, then followed on. A hand-written peer that stamps
+    ``status.timestamp`` when it *answers* (not when the status was recorded) shows one
+    episode with a new timestamp at every read. Before: the relay key held the timestamp,
+    so every poll relayed the same sign-in request again (the chat spammed at each poll).
+    Now a task that stays ``auth-required`` from one read to the next is one episode."""
+    peer = Peer()
+    reads = itertools.count()
+    finished = False
+    sign_in = "Please sign in at the portal."
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        return result(rid, peer.sent(peer.task("t-1", "working")))
+
+    async def get(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        if finished:
+            return result(rid, peer.task("t-1", "completed", "signed in and done"))
+        task = peer.task("t-1", "auth-required")
+        task["status"]["timestamp"] = f"2026-12-06T00:00:{next(reads) % 60:02d}.000Z"
+        task["status"]["message"] = {"messageId": "s", "role": "ROLE_AGENT", "parts": []}
+        task["status"]["message"]["parts"].append({"text": sign_in})
+        return result(rid, task)
+
+    peer.methods.update(send=send, get=get)
+    with trio.fail_after(20):
+        async with running(peer, mem, max_poll_interval_ms=100) as (h, _):
+            await h.runtime.admit(event("1", "fetch my invoices"))
+            while len(h.replies) < 1:
+                await trio.sleep(0.01)
+            seen = sum(op == "get" for op, _, _ in peer.calls)
+            while sum(op == "get" for op, _, _ in peer.calls) < seen + 6:
+                await trio.sleep(0.01)
+            assert h.texts == [sign_in]
+            finished = True
+            await h.settle()
+            assert h.texts == [sign_in, "signed in and done"]

@@ -3,11 +3,13 @@ on by itself afterwards (``reference/a2a-protocol.md`` §3). Its status message 
 to the chat — through :meth:`~prismd.agents.RunHooks.relay`, journaled and sent once — and
 the task is followed on.
 
-The relay's key is derived from the observation itself (the state, the status timestamp
-and the message's text), so the same remote status seen again — by the next poll, after a
-restart, by another instance — is never relayed twice, while a new ``auth-required``
-episode (a new timestamp or message) is relayed once more. A peer that gives neither a
-timestamp nor a message gets one relay per operation.
+The relay's key is derived from the observation itself (the state and the message's
+text), so the same remote status seen again — by the next poll, after a restart, by
+another instance — is never relayed twice, while a new message is relayed once. The status
+timestamp is not part of it: a peer may stamp the status when it answers rather than when
+the status was recorded, and every read would then look like a new episode (the chat
+spammed at each poll). So an episode whose message is one the operation relayed already
+is not relayed again; a peer that gives no message gets one relay per operation.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ AUTH_REQUIRED = "The remote agent needs an authorization to go on; it continues 
 
 def relay_key(task: Task) -> str:
     """The relay key of one observed ``auth-required`` status (no text in it: a digest)."""
-    seen = f"{task.state}\0{task.timestamp or ''}\0{task.status_text or ''}"
+    seen = f"{task.state}\0{task.status_text or ''}"
     return "auth-" + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:24]
 
 
