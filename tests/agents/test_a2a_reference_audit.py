@@ -35,6 +35,7 @@ from stores.memory import MemoryStore
 from tests.support.builders import event
 from tests.support.handler_server import serve_handler
 from tests.support.harness import Host, open_harness
+from tests.support.waiting import wait_until
 
 OPS = {
     "1.0": {"SendMessage": "send", "GetTask": "get", "ListTasks": "list", "CancelTask": "cancel"},
@@ -588,6 +589,10 @@ async def test_a_retry_after_of_non_ascii_digits_is_no_crash() -> None:
 # ---------------------------------------------------------------------- auth-required
 
 
+def gets(peer: Peer) -> int:
+    return sum(op == "get" for op, _, _ in peer.calls)
+
+
 async def test_an_auth_required_status_stamped_at_each_read_is_relayed_once(
     mem: MemoryStore,
 ) -> None:
@@ -617,11 +622,9 @@ async def test_an_auth_required_status_stamped_at_each_read_is_relayed_once(
     with trio.fail_after(20):
         async with running(peer, mem, max_poll_interval_ms=100) as (h, _):
             await h.runtime.admit(event("1", "fetch my invoices"))
-            while len(h.replies) < 1:
-                await trio.sleep(0.01)
-            seen = sum(op == "get" for op, _, _ in peer.calls)
-            while sum(op == "get" for op, _, _ in peer.calls) < seen + 6:
-                await trio.sleep(0.01)
+            await wait_until(lambda: len(h.replies) >= 1)
+            seen = gets(peer)
+            await wait_until(lambda: gets(peer) >= seen + 6)
             assert h.texts == [sign_in]
             finished = True
             await h.settle()
