@@ -64,6 +64,8 @@ NOTICES: Mapping[str, str] = {
 NO_TEXT = "The remote agent finished without a text answer."
 NEEDS_INPUT = "The remote agent needs more input."
 MAX_REFUSED_RPC = 8
+PUSH_REFUSED = frozenset({PUSH_NOT_SUPPORTED, INVALID_PARAMS})
+"""A send's refusals that may be its push config's: made again once without it."""
 CONTINUATION_REFUSED = frozenset({TASK_NOT_FOUND, UNSUPPORTED_OPERATION, INVALID_PARAMS})
 """A continued task's refusals that mean it is gone or over: -32001, -32004 (v1.0), and
 -32602, which a2a-sdk 0.3 answers for a message to a terminal task."""
@@ -142,9 +144,10 @@ async def send(
                     await trio.sleep(agent.backoff(None, delay))
                     delay = min(delay * 2, cap)
                     continue
-            elif push is not None and exc.code == PUSH_NOT_SUPPORTED:
-                # -32003: "fall back to polling" (reference §4, §5): the same message
-                # again without push, followed by polling alone.
+            elif push is not None and exc.code in PUSH_REFUSED:
+                # -32003: "fall back to polling" (reference §4, §5); -32602: a strict
+                # server refusing the webhook URL (a2a-sdk's push_url_validator) before
+                # any task exists. The same message again without push, polled alone.
                 push = None
                 stored = await agent.book.update(stored, token_hash=None, credentials_hash=None)
                 record = stored.record
