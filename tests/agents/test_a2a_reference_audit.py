@@ -332,18 +332,23 @@ async def test_a_continuation_a_03_sdk_refuses_as_invalid_starts_a_new_task(
 # ---------------------------------------------------------------------- push refused
 
 
-async def test_a_send_whose_push_is_refused_is_made_again_without_it(mem: MemoryStore) -> None:
-    """§4/§5: -32003 PushNotificationNotSupportedError means "fall back to polling". A peer
-    whose card offers push but whose push store is missing, or that refuses a loopback
-    webhook (§4 "a prismd test webhook on loopback may be refused by strict servers"),
-    refuses the send that carries a push config. Before: every message was refused with a
-    notice. Now the same message (same ``messageId``) is sent once more without push and
-    the task is followed by polling."""
+@pytest.mark.parametrize("code", [-32003, -32602])
+async def test_a_send_whose_push_is_refused_is_made_again_without_it(
+    code: int, mem: MemoryStore
+) -> None:
+    """§4/§5: -32003 PushNotificationNotSupportedError means "fall back to polling"; and §4
+    "a prismd test webhook on loopback may be refused by strict servers": a2a-sdk 1.3.0
+    with ``push_url_validator=validate_push_notification_url`` (loopback, private and
+    link-local hosts refused, as §13.2 says it SHOULD) answers **-32602** "Invalid push
+    notification URL" before it creates any task
+    (``default_request_handler_v2.py::_reject_unsafe_push_url``). Before: every message
+    was refused with a notice. Now the same message (same ``messageId``) is sent once more
+    without push and the task is followed by polling."""
     peer = Peer(push=True)
 
     async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
         if "taskPushNotificationConfig" in params["configuration"]:
-            return error(rid, -32003)
+            return error(rid, code)
         return result(rid, peer.sent(peer.task("t-1", "completed", "polled, not pushed")))
 
     peer.methods["send"] = send
@@ -629,3 +634,28 @@ async def test_an_auth_required_status_stamped_at_each_read_is_relayed_once(
             finished = True
             await h.settle()
             assert h.texts == [sign_in, "signed in and done"]
+
+
+async def test_a_peer_that_checks_input_modes_takes_the_text(mem: MemoryStore) -> None:
+    """a2a-sdk 1.3.0 with ``validate_input_modes=True`` refuses a part whose ``mediaType``
+    its card declares nowhere (-32005, ``utils/input_mode_validator.py``); "a part that
+    omits it … is not checked". Cards commonly declare ``"text"`` (the SDK's own samples),
+    not ``"text/plain"``. Before: every text part said ``text/plain`` and every message to
+    such a peer was refused. Now a text part carries no media type (it is text)."""
+    peer = Peer()
+    declared = {"text"}
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        for part in params["message"]["parts"]:
+            if part.get("mediaType") and part["mediaType"] not in declared:
+                return error(rid, -32005)
+        return result(rid, peer.sent(peer.task("t-1", "completed", "read as text")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await h.settle()
+            assert h.texts == ["read as text"]
+    (sent,) = peer.sends()
+    assert sent["message"]["parts"] == [{"text": "go"}]

@@ -144,7 +144,9 @@ def send_params(
     config: dict[str, Any]
     if dialect == "1.0":
         message["role"] = "ROLE_USER"
-        message["parts"] = [{"text": text, "mediaType": "text/plain"}]
+        # No ``mediaType``: a text part is text, and a peer checking input modes against
+        # its card (which may say ``"text"``) checks only a media type that was stated.
+        message["parts"] = [{"text": text}]
         config = {
             "returnImmediately": True,
             "acceptedOutputModes": ["text/plain", "text/markdown"],
