@@ -659,3 +659,56 @@ async def test_a_peer_that_checks_input_modes_takes_the_text(mem: MemoryStore) -
             assert h.texts == ["read as text"]
     (sent,) = peer.sends()
     assert sent["message"]["parts"] == [{"text": "go"}]
+
+
+# ---------------------------------------------------------------------- a push per chunk
+
+
+async def test_pushed_artifact_chunks_do_not_each_cost_a_poll(mem: MemoryStore) -> None:
+    """§4: a2a-sdk 1.x pushes ``MessageToDict(to_stream_response(event))`` for **every**
+    event — each ``artifactUpdate`` chunk of an answer streamed in pieces included — and
+    "a statusUpdate carries no artifacts, so call GetTask". An artifact chunk says nothing
+    about the task's state. Before: each pushed chunk woke the task's follower, which read
+    the whole task again (``GetTask`` after ``GetTask`` while the agent streamed: the
+    growing task fetched once per chunk). Now only a push that reports a state wakes it;
+    the final status push still answers at once."""
+    peer = Peer(push=True)
+    agents: dict[str, A2AAgent] = {}
+    receiver = PushReceiver("127.0.0.1:0", agents, mem.inbox)
+    configs: list[dict[str, Any]] = []
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        configs.append(params["configuration"]["taskPushNotificationConfig"])
+        return result(rid, peer.sent(peer.task("t-1", "working")))
+
+    async def push(http: httpx.AsyncClient, body: dict[str, Any]) -> None:
+        headers = {"X-A2A-Notification-Token": configs[0]["token"]}
+        response = await http.post(configs[0]["url"], json=body, headers=headers)
+        assert response.status_code == 200
+
+    peer.methods["send"] = send
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery, httpx.AsyncClient() as http:
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            base = f"http://127.0.0.1:{receiver.address[1]}"
+            slow = {"poll_interval_ms": 60_000, "max_poll_interval_ms": 60_000}
+            async with running(peer, mem, push_base_url=base, **slow) as (h, agent):
+                agents["primary"] = agent
+                await h.runtime.admit(event("1", "go"))
+                await wait_until(lambda: gets(peer) >= 1 and agent.following_now == 1)
+                before = gets(peer)
+                for n in range(30):
+                    chunk = {"artifactId": "a", "parts": [{"text": f"piece {n} "}]}
+                    update = {"taskId": "t-1", "artifact": chunk, "append": n > 0}
+                    await push(http, {"artifactUpdate": update})
+                    await trio.sleep(0.01)
+                await trio.sleep(0.5)
+                assert gets(peer) - before <= 2
+                peer.task("t-1", "completed", "all pieces")
+                status = {"state": "TASK_STATE_COMPLETED"}
+                await push(http, {"statusUpdate": {"taskId": "t-1", "status": status}})
+                await h.settle()
+                assert h.texts == ["all pieces"]
+            nursery.cancel_scope.cancel()

@@ -22,9 +22,10 @@ Nothing of the body is logged or kept beyond the task id and the state it report
 
 The worker (:func:`apply_pushes`) reserves the inbox's items, applies each to its task record
 (the state only moves forward: a late ``working`` after ``completed`` changes nothing),
-wakes the task's follower in this process, and acknowledges the item only after that write
-committed. The reply itself is built by the follower from a final ``GetTask``, never from a
-push, so duplicates and reordering cannot answer twice.
+wakes the task's follower in this process when the push reports a state worth a read (not
+an artifact chunk, nor a task still working as before), and acknowledges the item only
+after that write committed. The reply itself is built by the follower from a final
+``GetTask``, never from a push, so duplicates and reordering cannot answer twice.
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ from stores import InboxReservation, InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
-from ._wire import moves_forward, observed_state, observed_task_id, read_observation
+from ._wire import (
+    ACTIVE_STATES,
+    moves_forward,
+    observed_state,
+    observed_task_id,
+    read_observation,
+)
 
 log = logging.getLogger("prismd.agents.a2a")
 
@@ -316,4 +323,9 @@ class PushReceiver:
             await agent.book.update(stored, task_id=task_id)
         elif record.phase == "following" and moves_forward(record.state, state):
             await agent.book.update(stored, state=state)
-        agent.observe(task_id)
+        if isinstance(state, str) and (
+            state not in ACTIVE_STATES or moves_forward(record.state, state)
+        ):
+            # Read the task now. Not for an artifact chunk (no state) nor a task still
+            # working as it was: a2a-sdk 1.x pushes every event, each streamed chunk too.
+            agent.observe(task_id)
