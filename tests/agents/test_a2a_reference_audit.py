@@ -712,3 +712,19 @@ async def test_pushed_artifact_chunks_do_not_each_cost_a_poll(mem: MemoryStore) 
                 await h.settle()
                 assert h.texts == ["all pieces"]
             nursery.cancel_scope.cancel()
+
+
+def test_a_v1_state_given_as_its_enum_number_is_read() -> None:
+    """v1.0 is ProtoJSON (§2), whose parsers accept an enum's number as well as its name
+    — and a server printing with ``use_integers_for_enums`` (or Go's ``UseEnumNumbers``)
+    sends the number. Numbers from ``a2a.proto`` ``TaskState`` (checked against a2a-sdk
+    1.3.0's ``a2a_pb2``). Before: ``"state": 3`` read as unknown, the completed task
+    polled until ``task_timeout_ms`` and reported "did not finish in time"."""
+    states = {0: "unknown", 1: "submitted", 2: "working", 3: "completed", 4: "failed"}
+    states |= {5: "canceled", 6: "input-required", 7: "rejected", 8: "auth-required"}
+    for number, state in states.items():
+        task = read_observation({"task": {"id": "t", "status": {"state": number}}})
+        assert isinstance(task, Task) and task.state == state, number
+    for odd in (9, -1, True, 3.0):
+        task = read_observation({"task": {"id": "t", "status": {"state": odd}}})
+        assert isinstance(task, Task) and task.state == "unknown", odd

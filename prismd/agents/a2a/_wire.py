@@ -192,8 +192,24 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+PROTO_STATES = (
+    "unknown",
+    "submitted",
+    "working",
+    "completed",
+    "failed",
+    "canceled",
+    "input-required",
+    "rejected",
+    "auth-required",
+)
+"""``TaskState`` by its number in ``a2a.proto`` (ProtoJSON may print an enum's number)."""
+
+
 def normalize_state(value: object) -> str:
-    """``TASK_STATE_INPUT_REQUIRED`` / ``input-required`` → ``input-required``."""
+    """``TASK_STATE_INPUT_REQUIRED`` / ``input-required`` / ``6`` → ``input-required``."""
+    if type(value) is int and 0 <= value < len(PROTO_STATES):
+        return PROTO_STATES[value]
     if not isinstance(value, str) or not value:
         return "unknown"
     name = value.strip()
