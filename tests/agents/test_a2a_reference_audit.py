@@ -21,6 +21,7 @@ import trio
 from adapters.toolkit import Http11
 from prismd.agents import AgentContext, AgentOptionError, build_agent
 from prismd.agents.a2a import (
+    NOTICES,
     A2AAgent,
     A2AClient,
     PushReceiver,
@@ -728,3 +729,33 @@ def test_a_v1_state_given_as_its_enum_number_is_read() -> None:
     for odd in (9, -1, True, 3.0):
         task = read_observation({"task": {"id": "t", "status": {"state": odd}}})
         assert isinstance(task, Task) and task.state == "unknown", odd
+
+
+# ---------------------------------------------------------------------- refused for ever
+
+
+async def test_a_send_refused_past_the_task_timeout_is_told_and_settled(mem: MemoryStore) -> None:
+    """A definite refusal (503, 429, connection refused) is retried with backoff — but a
+    peer may refuse for ever (a 503 maintenance page, a proxy in front of a removed agent).
+    Before: the send was retried for ever, the user never told, and every later message in
+    the conversation waited behind it. Now a send still refused when ``task_timeout_ms``
+    (the time the task was given) has passed is settled with the fixed "could not be
+    reached" notice, and the conversation goes on."""
+    peer = Peer()
+    answers = {"go": 0}
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        text = params["message"]["parts"][0]["text"]
+        answers[text] = answers.get(text, 0) + 1
+        if text == "go":
+            return httpx.Response(503)
+        return result(rid, peer.sent(peer.task("t-2", "completed", "the next one")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem, task_timeout_ms=1000) as (h, _):
+            await h.runtime.admit(event("1", "go"))
+            await h.runtime.admit(event("2", "next"))
+            await h.settle()
+            assert h.texts == [f"Request failed: {NOTICES['unreachable']}", "the next one"]
+    assert answers["go"] >= 2 and answers["next"] == 1

@@ -8,8 +8,9 @@ journaled in the task record (:mod:`._book`) before the next one acts:
    create-only *before* the request;
 2. **send** — with immediate acceptance. A definite refusal (connection refused, 429/503,
    -32601/-32009 before any task exists) is retried with backoff (``Retry-After``
-   honoured); an unknown outcome is never sent again: the record says ``"unknown"`` and the
-   task is looked for with ``ListTasks`` (v1.0) by its ``messageId``;
+   honoured) until ``task_timeout_ms`` has passed (then "could not be reached"); an
+   unknown outcome is never sent again: the record says ``"unknown"`` and the task is
+   looked for with ``ListTasks`` (v1.0) by its ``messageId``;
 3. **following** — the task id and ``contextId`` journaled at once, then
    :meth:`~prismd.agents.RunHooks.following` moves the operation to ``following``: a
    restart (or another run of the same operation) finds the record and follows the task

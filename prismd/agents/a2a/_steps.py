@@ -127,6 +127,11 @@ async def send(
             )
         except Refused as exc:
             agent.count("send_refused")
+            if agent.clock.now_ms() >= deadline_ms:
+                # Refused for as long as the task was given: told, and the conversation
+                # goes on (nothing was sent).
+                await agent.book.update(stored, phase="done", state="unreachable")
+                return failed("unreachable", record.session_id)
             if hooks is not None:
                 hooks.waiting()  # a refusing peer holds no concurrency slot
             await trio.sleep(agent.backoff(exc.retry_after, delay))
