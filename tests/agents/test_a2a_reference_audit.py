@@ -759,3 +759,34 @@ async def test_a_send_refused_past_the_task_timeout_is_told_and_settled(mem: Mem
             await h.settle()
             assert h.texts == [f"Request failed: {NOTICES['unreachable']}", "the next one"]
     assert answers["go"] >= 2 and answers["next"] == 1
+
+
+async def test_a_card_refused_past_the_task_timeout_is_told(mem: MemoryStore) -> None:
+    """The same for the card: before, a message to a peer whose card answered 503 for ever
+    was never settled (the card fetched again and again, the user never told), and an
+    operator's ``--cancel-remote`` or a reply's file fetch after a restart waited on it
+    for ever too. Now a fresh message gives up after ``task_timeout_ms`` (nothing was sent)
+    and the other callers after their own short budget."""
+    cards = 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal cards
+        cards += 1
+        return httpx.Response(503)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            origin = await serve_handler(nursery, handle)
+            options = {"url": f"{origin}/a2a/", "poll_interval_ms": 50, "task_timeout_ms": 1000}
+            context = AgentContext(alias="primary", options=options, checkpoints=mem.checkpoints)
+            agent = A2AAgent.from_context(context)
+            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "go"))
+                await h.settle()
+                assert h.texts == [f"Request failed: {NOTICES['unreachable']}"]
+            assert cards >= 2
+            started = trio.current_time()
+            assert await agent.connect(patience_s=0.3) is None
+            assert trio.current_time() - started < 1.0
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

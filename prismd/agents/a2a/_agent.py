@@ -29,6 +29,7 @@ registered), and woken at once by a push (:meth:`A2AAgent.observe`). ``/cancel``
 from __future__ import annotations
 
 import logging
+import math
 import random
 import secrets
 from collections.abc import Mapping
@@ -208,7 +209,9 @@ class A2AAgent:
             if await self._at_limit(scope):
                 self.count("refused_limit")
                 return failed("limit", session)
-            client = await self.connect(request.hooks)
+            # Nothing is sent yet: a peer down for as long as a task is given is told.
+            patience = self.options.task_timeout_ms / 1000
+            client = await self.connect(request.hooks, patience_s=patience)
             if client is None:
                 return failed("unreachable", session)
             context = await self.book.context(scope, self.alias, session)
@@ -339,13 +342,17 @@ class A2AAgent:
             return None
         return PushConfig(url, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
-    async def connect(self, hooks: RunHooks | None = None) -> A2AClient | None:
+    async def connect(
+        self, hooks: RunHooks | None = None, *, patience_s: float = math.inf
+    ) -> A2AClient | None:
         """The client, discovering the card first; retried while the peer refuses or does
-        not answer (the run's cancellation ends it). ``None`` when the card is unusable."""
+        not answer (the run's cancellation ends it), for ``patience_s`` at most. ``None``
+        when the card is unusable or the peer did not answer in time."""
         if self.client is not None:
             return self.client
         delay = self.options.poll_interval_ms / 1000
-        while True:
+        give_up = trio.current_time() + patience_s
+        while trio.current_time() < give_up:
             try:
                 self.client = await A2AClient.discover(
                     self.http,
@@ -368,6 +375,7 @@ class A2AAgent:
                     hooks.waiting()
                 await trio.sleep(self.backoff(None, delay))
             delay = min(delay * 2, self.options.max_poll_interval_ms / 1000)
+        return None
 
     def backoff(self, retry_after: float | None, delay: float) -> float:
         """The backoff pause: ``delay`` with ±20 % jitter, or longer when the peer's
@@ -398,7 +406,7 @@ async def cancel_remote(
             agent = agents.get(record.alias, agent)
         if record.task_id is None or record.phase == "done":
             return {"status": "conflict", "detail": "not_following", "phase": record.phase}
-        client = await agent.connect()
+        client = await agent.connect(patience_s=CANCEL_BUDGET_S)
         if client is None:
             return {"status": "conflict", "detail": "remote_unreachable"}
         try:
