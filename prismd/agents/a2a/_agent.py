@@ -206,11 +206,10 @@ class A2AAgent:
         stored = await self.book.load(scope, key)
         push: PushConfig | None = None
         if stored is None:
-            if await self._at_limit(scope):
+            if await at_limit(self.book, scope, self.max_remote_tasks):
                 self.count("refused_limit")
                 return failed("limit", session)
-            # Nothing is sent yet: a peer down for as long as a task is given is told.
-            patience = self.options.task_timeout_ms / 1000
+            patience = self.options.task_timeout_ms / 1000  # nothing sent yet: then told
             client = await self.connect(request.hooks, patience_s=patience)
             if client is None:
                 return failed("unreachable", session)
@@ -329,13 +328,6 @@ class A2AAgent:
             except Exception as exc:
                 log.warning("cancelling a remote task failed: %s", type(exc).__name__)
 
-    async def _at_limit(self, scope: OwnershipScope) -> bool:
-        tenant = OwnershipScope(tenant_id=scope.tenant_id)
-        open_tasks, _ = await self.book.following(
-            scope=tenant, limit=min(500, self.max_remote_tasks + 1)
-        )
-        return len(open_tasks) >= self.max_remote_tasks
-
     def _new_push(self, client: A2AClient) -> PushConfig | None:
         url = self.push_url
         if url is None or not client.card.push:
@@ -378,9 +370,8 @@ class A2AAgent:
         return None
 
     def backoff(self, retry_after: float | None, delay: float) -> float:
-        """The backoff pause: ``delay`` with ±20 % jitter, or longer when the peer's
-        ``Retry-After`` says so (a floor: a ``0`` or a date already past is no reason to
-        ask again at once), at most an hour."""
+        """``delay`` with ±20 % jitter, or the peer's longer ``Retry-After`` (a floor: a
+        ``0`` or a date past is no reason to ask again at once), at most an hour."""
         pause = delay * random.uniform(0.8, 1.2)
         if retry_after is not None:
             return min(max(retry_after, pause), 3600.0)
@@ -388,6 +379,13 @@ class A2AAgent:
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}
+
+
+async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
+    """``scope``'s tenant follows ``limit`` remote tasks already (``max_remote_tasks``)."""
+    tenant = OwnershipScope(tenant_id=scope.tenant_id)
+    open_tasks, _ = await book.following(scope=tenant, limit=min(500, limit + 1))
+    return len(open_tasks) >= limit
 
 
 async def cancel_remote(

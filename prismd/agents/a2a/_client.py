@@ -201,32 +201,7 @@ class A2AClient:
         ``agent.json``) and build a client for its JSON-RPC interface. ``protocol`` other
         than ``"auto"`` overrides the card's dialect. Raises :class:`CardError`,
         :class:`Refused` (the peer is down) or :class:`OutcomeUnknown`."""
-        if card_url is not None:
-            candidates = [card_url]
-        elif url is not None:
-            base = url.rstrip("/")
-            candidates = [base + path for path in CARD_PATHS]
-        else:
-            raise CardError("neither url nor card_url")
-        for candidate in candidates:
-            check_url(candidate, "the card URL")
-        raw: object = None
-        for candidate in candidates:
-            response = await _get(http, candidate, bearer, timeout_s)
-            if response.status_code == 404 and candidate is not candidates[-1]:
-                continue
-            if response.status_code in (429, 503):
-                raise Refused(
-                    f"http_{response.status_code}",
-                    retry_after_s(response.headers.get("retry-after")),
-                )
-            if response.status_code != 200:
-                raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
-            try:
-                raw = response.json()
-            except ValueError as exc:
-                raise CardError("the card is not JSON") from exc
-            break
+        raw = await fetch_card(http, url=url, card_url=card_url, bearer=bearer, timeout_s=timeout_s)
         card = read_card(raw)
         if card is None:
             raise CardError("the card offers no JSON-RPC interface")
@@ -390,47 +365,25 @@ class A2AClient:
         status_timestamp_after: str | None = None,
         page_size: int = 50,
         history_length: int | None = None,
-    ) -> tuple[Task, ...]:
-        """v1.0 ``ListTasks`` (the first page, newest first); v0.3 has none: RemoteError
-        -32601."""
-        tasks, _next = await self.list_page(
-            context_id=context_id,
-            status_timestamp_after=status_timestamp_after,
-            page_size=page_size,
-            history_length=history_length,
-        )
-        return tasks
-
-    async def list_page(
-        self,
-        *,
-        context_id: str | None = None,
-        status_timestamp_after: str | None = None,
-        page_size: int = 50,
-        history_length: int | None = None,
         page_token: str | None = None,
     ) -> tuple[tuple[Task, ...], str | None]:
-        """One page of v1.0 ``ListTasks`` and the next page's token (``None`` on the last).
+        """One page of v1.0 ``ListTasks`` (newest first) and the next page's token (``None``
+        on the last); v0.3 has none: RemoteError -32601.
         ``history_length`` unset: the server's default (a2a-sdk: the whole history; n is
         the *last* n messages, and the user's message is the first)."""
         if self.dialect != "1.0":
             raise RemoteError(METHOD_NOT_FOUND)
 
-        def params(_d: Dialect) -> dict[str, Any]:
-            out: dict[str, Any] = {"pageSize": page_size}
-            if history_length is not None:
-                out["historyLength"] = history_length
-            if page_token is not None:
-                out["pageToken"] = page_token
-            if context_id is not None:
-                out["contextId"] = context_id
-            if status_timestamp_after is not None:
-                out["statusTimestampAfter"] = status_timestamp_after
-            if self.card.tenant is not None:
-                out["tenant"] = self.card.tenant
-            return out
-
-        result = await self._call("list", params)
+        params = {
+            "pageSize": page_size,
+            "historyLength": history_length,
+            "pageToken": page_token,
+            "contextId": context_id,
+            "statusTimestampAfter": status_timestamp_after,
+            "tenant": self.card.tenant,
+        }
+        given = {name: value for name, value in params.items() if value is not None}
+        result = await self._call("list", lambda _d: given)
         raw = result.get("tasks") if isinstance(result, Mapping) else None
         tasks = [read_task(t) for t in raw] if isinstance(raw, list) else []
         token = result.get("nextPageToken") if isinstance(result, Mapping) else None
@@ -488,6 +441,45 @@ class A2AClient:
                         scope.cancel()
         if failure is not None:
             raise failure
+
+
+async def fetch_card(
+    http: httpx.AsyncClient,
+    *,
+    url: str | None,
+    card_url: str | None,
+    bearer: str | None,
+    timeout_s: float,
+) -> object:
+    """The card's JSON (``card_url``, else ``<url>/.well-known/agent-card.json`` and then
+    ``agent.json``). Raises :class:`CardError`, :class:`Refused` or :class:`OutcomeUnknown`."""
+    if card_url is not None:
+        candidates = [card_url]
+    elif url is not None:
+        base = url.rstrip("/")
+        candidates = [base + path for path in CARD_PATHS]
+    else:
+        raise CardError("neither url nor card_url")
+    for candidate in candidates:
+        check_url(candidate, "the card URL")
+    raw: object = None
+    for candidate in candidates:
+        response = await _get(http, candidate, bearer, timeout_s)
+        if response.status_code == 404 and candidate is not candidates[-1]:
+            continue
+        if response.status_code in (429, 503):
+            raise Refused(
+                f"http_{response.status_code}",
+                retry_after_s(response.headers.get("retry-after")),
+            )
+        if response.status_code != 200:
+            raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
+        try:
+            raw = response.json()
+        except ValueError as exc:
+            raise CardError("the card is not JSON") from exc
+        break
+    return raw
 
 
 def _stream_item(data: str, on_item: Callable[[Observation], bool]) -> tuple[A2AError | None, bool]:

@@ -218,7 +218,7 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
     pages = failures = 0
     while pages < MAX_LIST_PAGES and failures < 4:
         try:
-            tasks, token = await client.list_page(context_id=record.context_id, page_token=token)
+            tasks, token = await client.list_tasks(context_id=record.context_id, page_token=token)
         except RemoteError:
             return None
         except (Refused, OutcomeUnknown) as exc:
