@@ -790,3 +790,52 @@ async def test_a_card_refused_past_the_task_timeout_is_told(mem: MemoryStore) ->
             assert trio.current_time() - started < 1.0
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------- a stale question
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_continuation_answered_with_the_question_still_showing_is_followed(
+    streaming: bool, mem: MemoryStore
+) -> None:
+    """The next message after ``input-required`` goes to the same task (§6) asking for
+    immediate acceptance; the official a2a-js server (@a2a-js/sdk 1.3.0, checked by hand)
+    answers it with the task *as it was*: still ``input-required``, the same status
+    timestamp and question, before its agent has read the answer. Before: prismd took that
+    for the agent's reply — the chat got the old question again, and the real answer,
+    arriving later, was lost. Now the status that asked (its timestamp, state and text,
+    journaled with the conversation's context) is not news: the task is followed on."""
+    peer = Peer(streaming=streaming)
+    asked = "2026-12-06T00:03:25.747Z"
+    answered = trio.Event()
+
+    def question(task: dict[str, Any]) -> dict[str, Any]:
+        task["status"]["timestamp"] = asked
+        message = {"messageId": "q", "role": "ROLE_AGENT", "parts": [{"text": "Which year?"}]}
+        task["status"]["message"] = message
+        return task
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        if params["message"].get("taskId") == "t-1":
+            answered.set()  # answered as it was: the question still showing
+        return result(rid, peer.sent(question(peer.task("t-1", "input-required"))))
+
+    async def subscribe(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        frame = {"jsonrpc": "2.0", "id": rid, "result": {"task": peer.tasks["t-1"]}}
+        body = f"data: {json.dumps(frame)}\n\n".encode()
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    peer.methods.update(send=send, subscribe=subscribe)
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, _):
+            await h.runtime.admit(event("1", "report please"))
+            await h.settle()
+            assert h.texts == ["Which year?"]
+            await h.runtime.admit(event("2", "2026"))
+            await answered.wait()
+            await trio.sleep(0.5)  # the agent reads the answer meanwhile (polls see the question)
+            assert h.texts == ["Which year?"]
+            peer.task("t-1", "completed", "2026 it is")
+            await h.settle()
+            assert h.texts == ["Which year?", "2026 it is"]

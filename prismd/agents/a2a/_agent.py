@@ -224,6 +224,7 @@ class A2AAgent:
                 task_id=context.task_id,
                 context_id=context.context_id,
                 continues_task=context.task_id is not None,
+                prompt=context.prompt,
                 token_hash=None if push is None else secret_hash(push.token),
                 credentials_hash=None if push is None else secret_hash(push.credentials),
             )

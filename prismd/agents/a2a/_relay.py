@@ -39,3 +39,22 @@ async def relay_interrupt(hooks: RunHooks | None, task: Task, shown: list[str | 
     sent = await hooks.relay(relay_key(task), text)
     shown[0] = task.status_text
     return sent
+
+
+def prompt_key(task: Task) -> str | None:
+    """The key of an ``input-required`` status as it asked (state, timestamp, question); a
+    status without a timestamp has none (a question asked again could not be told apart)."""
+    if task.timestamp is None:
+        return None
+    seen = f"{task.state}\0{task.timestamp}\0{task.status_text or ''}"
+    return "ask-" + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def ends_turn(task: Task, prompt: str | None) -> bool:
+    """The task's answer is due: it ended, or it asks for input — unless that is the very
+    question the message being followed answers. A peer may answer the continuation with
+    the task as it was (a2a-js 1.3.0: still ``input-required``, the same status), before its
+    agent read the answer: that is not news."""
+    if task.terminal:
+        return True
+    return task.state == "input-required" and (prompt is None or prompt_key(task) != prompt)

@@ -16,7 +16,7 @@ from ._book import Book, ContextRecord, Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
 from ._files import completed
 from ._options import A2AOptions
-from ._relay import relay_interrupt
+from ._relay import ends_turn, prompt_key, relay_interrupt
 from ._wire import (
     INTERRUPTED_STATES,
     INVALID_PARAMS,
@@ -279,7 +279,7 @@ async def follow(
                     stored, state=task.state, observed_ms=agent.clock.now_ms()
                 )
                 delay = first
-            if task.terminal or task.state == "input-required":
+            if ends_turn(task, stored.record.prompt):
                 return await answer(agent, stored, task, session)
             if await relay_interrupt(hooks, task, shown):
                 agent.count("relays")
@@ -366,7 +366,9 @@ async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> R
         stored.scope,
         agent.alias,
         record.session_id,
-        ContextRecord(context_id, task.id if waiting else None),
+        ContextRecord(context_id, task.id, prompt_key(task))
+        if waiting
+        else ContextRecord(context_id),
     )
     await agent.book.update(stored, phase="done", state=task.state, context_id=context_id)
     agent.count(f"tasks_{task.state.replace('-', '_')}")
