@@ -839,3 +839,53 @@ async def test_a_continuation_answered_with_the_question_still_showing_is_follow
             peer.task("t-1", "completed", "2026 it is")
             await h.settle()
             assert h.texts == ["Which year?", "2026 it is"]
+
+
+async def test_a_push_for_a_continued_task_before_its_answer_is_accepted(
+    mem: MemoryStore,
+) -> None:
+    """The message after ``input-required`` registers a new push config (new random
+    secrets) for the same task, and the official servers push at once — a2a-sdk 0.3.26 and
+    @a2a-js/sdk 1.3.0 both did, by hand — before the send's answer has reindexed the task.
+    Before: that push was checked against the last turn's credentials and refused 401 (an
+    error in the peer's log at every continuation). Now the credential journaled with this
+    send identifies it, as for a new task's early push; a credential of another task is
+    still refused."""
+    peer = Peer(push=True)
+    agents: dict[str, A2AAgent] = {}
+    receiver = PushReceiver("127.0.0.1:0", agents, mem.inbox)
+    codes: list[int] = []
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        config = params["configuration"]["taskPushNotificationConfig"]
+        if params["message"].get("taskId") != "t-1":
+            task = peer.task("t-1", "input-required")
+            task["status"]["message"] = {"messageId": "q", "role": "ROLE_AGENT", "parts": []}
+            task["status"]["message"]["parts"].append({"text": "Which year?"})
+            return result(rid, peer.sent(task))
+        status = {"state": "TASK_STATE_WORKING"}
+        body = {"statusUpdate": {"taskId": "t-1", "contextId": "ctx-1", "status": status}}
+        async with httpx.AsyncClient() as http:
+            for token in (config["token"], "another task's token"):
+                headers = {"X-A2A-Notification-Token": token}
+                codes.append(
+                    (await http.post(config["url"], json=body, headers=headers)).status_code
+                )
+        return result(rid, peer.sent(peer.task("t-1", "completed", "2026 it is")))
+
+    peer.methods["send"] = send
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            base = f"http://127.0.0.1:{receiver.address[1]}"
+            async with running(peer, mem, push_base_url=base) as (h, agent):
+                agents["primary"] = agent
+                await h.runtime.admit(event("1", "report please"))
+                await h.settle()
+                await h.runtime.admit(event("2", "2026"))
+                await h.settle()
+                assert h.texts == ["Which year?", "2026 it is"]
+            nursery.cancel_scope.cancel()
+    assert codes == [200, 401]

@@ -219,14 +219,19 @@ class PushReceiver:
             return 400, False
         index = await agent.book.find_index(alias, task_id)
         secret: str | None = None
-        if index is None:
-            # Not journaled yet (the send's answer is on its way, or was lost in a crash):
-            # the credential journaled with the send intent identifies the task.
+        if index is None or not _credential_ok(head.headers, index):
+            # Not journaled yet (the send's answer is on its way, or was lost in a crash),
+            # or a continued task (input-required) whose index still holds the last turn's
+            # credentials: the credential journaled with this send's intent identifies it.
             for digest in _presented(head.headers):
                 by_secret = await agent.book.find_by_secret(alias, digest)
-                # Only while the task id is unknown: a credential of another known task is
-                # wrong for this one.
-                if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
+                if by_secret is None:
+                    continue
+                sent = by_secret[0].record
+                # A credential of another known task is wrong for this one.
+                if (index is None and sent.task_id in (None, task_id)) or (
+                    sent.task_id == task_id and sent.phase in ("sending", "unknown")
+                ):
                     index, secret = by_secret[1], digest
                     break
         if index is None:
