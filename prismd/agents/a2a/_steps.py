@@ -159,7 +159,9 @@ async def send(
                 continue
             elif record.continues_task and exc.code in CONTINUATION_REFUSED:
                 # The task that asked for input is gone or over: a new task, same context.
-                stored = await agent.book.update(stored, task_id=None, continues_task=False)
+                stored = await agent.book.update(
+                    stored, task_id=None, continues_task=False, prompt=None
+                )
                 record = stored.record
                 continue
             await agent.book.update(stored, phase="done", state="rejected")
