@@ -8,8 +8,9 @@ journaled in the task record (:mod:`._book`) before the next one acts:
    create-only *before* the request;
 2. **send** — with immediate acceptance. A definite refusal (connection refused, 429/503,
    -32601/-32009 before any task exists) is retried with backoff (``Retry-After``
-   honoured); an unknown outcome is never sent again: the record says ``"unknown"`` and the
-   task is looked for with ``ListTasks`` (v1.0) by its ``messageId``;
+   honoured) until ``task_timeout_ms`` has passed (then "could not be reached"); an
+   unknown outcome is never sent again: the record says ``"unknown"`` and the task is
+   looked for with ``ListTasks`` (v1.0) by its ``messageId``;
 3. **following** — the task id and ``contextId`` journaled at once, then
    :meth:`~prismd.agents.RunHooks.following` moves the operation to ``following``: a
    restart (or another run of the same operation) finds the record and follows the task
@@ -28,6 +29,7 @@ registered), and woken at once by a push (:meth:`A2AAgent.observe`). ``/cancel``
 from __future__ import annotations
 
 import logging
+import math
 import random
 import secrets
 from collections.abc import Mapping
@@ -179,10 +181,11 @@ class A2AAgent(AgentBase):
         stored = await self.book.load(scope, key)
         push: PushConfig | None = None
         if stored is None:
-            if await self._at_limit(scope):
+            if await at_limit(self.book, scope, self.max_remote_tasks):
                 self.count("refused_limit")
                 return failed("limit", session)
-            client = await self.connect(request.hooks)
+            patience = self.options.task_timeout_ms / 1000  # nothing sent yet: then told
+            client = await self.connect(request.hooks, patience_s=patience)
             if client is None:
                 return failed("unreachable", session)
             context = await self.book.context(scope, self.alias, session)
@@ -196,6 +199,7 @@ class A2AAgent(AgentBase):
                 task_id=context.task_id,
                 context_id=context.context_id,
                 continues_task=context.task_id is not None,
+                prompt=context.prompt,
                 token_hash=None if push is None else secret_hash(push.token),
                 credentials_hash=None if push is None else secret_hash(push.credentials),
             )
@@ -300,26 +304,23 @@ class A2AAgent(AgentBase):
             except Exception as exc:
                 log.warning("cancelling a remote task failed: %s", type(exc).__name__)
 
-    async def _at_limit(self, scope: OwnershipScope) -> bool:
-        tenant = OwnershipScope(tenant_id=scope.tenant_id)
-        open_tasks, _ = await self.book.following(
-            scope=tenant, limit=min(500, self.max_remote_tasks + 1)
-        )
-        return len(open_tasks) >= self.max_remote_tasks
-
     def _new_push(self, client: A2AClient) -> PushConfig | None:
         url = self.push_url
         if url is None or not client.card.push:
             return None
         return PushConfig(url, secrets.token_urlsafe(24), secrets.token_urlsafe(24))
 
-    async def connect(self, hooks: RunHooks | None = None) -> A2AClient | None:
+    async def connect(
+        self, hooks: RunHooks | None = None, *, patience_s: float = math.inf
+    ) -> A2AClient | None:
         """The client, discovering the card first; retried while the peer refuses or does
-        not answer (the run's cancellation ends it). ``None`` when the card is unusable."""
+        not answer (the run's cancellation ends it), for ``patience_s`` at most. ``None``
+        when the card is unusable or the peer did not answer in time."""
         if self.client is not None:
             return self.client
         delay = self.options.poll_interval_ms / 1000
-        while True:
+        give_up = trio.current_time() + patience_s
+        while trio.current_time() < give_up:
             try:
                 self.client = await A2AClient.discover(
                     self.http,
@@ -342,16 +343,25 @@ class A2AAgent(AgentBase):
                     hooks.waiting()
                 await trio.sleep(self.backoff(None, delay))
             delay = min(delay * 2, self.options.max_poll_interval_ms / 1000)
+        return None
 
     def backoff(self, retry_after: float | None, delay: float) -> float:
-        """The backoff pause: ``Retry-After`` when the peer said it, else ``delay`` with
-        ±20 % jitter."""
+        """``delay`` with ±20 % jitter, or the peer's longer ``Retry-After`` (a floor: a
+        ``0`` or a date past is no reason to ask again at once), at most an hour."""
+        pause = delay * random.uniform(0.8, 1.2)
         if retry_after is not None:
-            return min(max(retry_after, 0.0), 3600.0)
-        return delay * random.uniform(0.8, 1.2)
+            return min(max(retry_after, pause), 3600.0)
+        return pause
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}
+
+
+async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
+    """``scope``'s tenant follows ``limit`` remote tasks already (``max_remote_tasks``)."""
+    tenant = OwnershipScope(tenant_id=scope.tenant_id)
+    open_tasks, _ = await book.following(scope=tenant, limit=min(500, limit + 1))
+    return len(open_tasks) >= limit
 
 
 async def cancel_remote(
@@ -370,7 +380,7 @@ async def cancel_remote(
             agent = agents.get(record.alias, agent)
         if record.task_id is None or record.phase == "done":
             return {"status": "conflict", "detail": "not_following", "phase": record.phase}
-        client = await agent.connect()
+        client = await agent.connect(patience_s=CANCEL_BUDGET_S)
         if client is None:
             return {"status": "conflict", "detail": "remote_unreachable"}
         try:

@@ -76,6 +76,8 @@ class TaskRecord:
     observed_ms: int | None = None
     next_poll_ms: int | None = None
     owner: str | None = None
+    prompt: str | None = None
+    """A continuation: the key of the status that asked (:func:`._relay.prompt_key`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +95,7 @@ class TaskRecord:
             "observedMs": self.observed_ms,
             "nextPollMs": self.next_poll_ms,
             "owner": self.owner,
+            "prompt": self.prompt,
         }
 
     @classmethod
@@ -117,6 +120,7 @@ class TaskRecord:
             observed_ms=value.get("observedMs"),
             next_poll_ms=value.get("nextPollMs"),
             owner=value.get("owner"),
+            prompt=value.get("prompt"),
         )
 
 
@@ -133,6 +137,8 @@ class ContextRecord:
     context_id: str | None = None
     task_id: str | None = None
     """The task waiting for input (``input-required``): the next message continues it."""
+    prompt: str | None = None
+    """The key of the status that asked (:func:`._relay.prompt_key`)."""
 
 
 @attrs.define(eq=False)
@@ -306,13 +312,18 @@ class Book:
         )
         if row is None or not isinstance(row.value, dict):
             return ContextRecord()
-        return ContextRecord(row.value.get("contextId"), row.value.get("taskId"))
+        value = row.value
+        return ContextRecord(value.get("contextId"), value.get("taskId"), value.get("prompt"))
 
     async def set_context(
         self, scope: OwnershipScope, alias: str, session_id: str, context: ContextRecord
     ) -> None:
         key = f"{alias}/{session_id}"
-        value = {"contextId": context.context_id, "taskId": context.task_id}
+        value = {
+            "contextId": context.context_id,
+            "taskId": context.task_id,
+            "prompt": context.prompt,
+        }
         await update_checkpoint(
             self.checkpoints,
             namespace=NS_CONTEXT,

@@ -90,7 +90,7 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" is a digit to str.isdigit, not to float
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -201,32 +201,7 @@ class A2AClient:
         ``agent.json``) and build a client for its JSON-RPC interface. ``protocol`` other
         than ``"auto"`` overrides the card's dialect. Raises :class:`CardError`,
         :class:`Refused` (the peer is down) or :class:`OutcomeUnknown`."""
-        if card_url is not None:
-            candidates = [card_url]
-        elif url is not None:
-            base = url.rstrip("/")
-            candidates = [base + path for path in CARD_PATHS]
-        else:
-            raise CardError("neither url nor card_url")
-        for candidate in candidates:
-            check_url(candidate, "the card URL")
-        raw: object = None
-        for candidate in candidates:
-            response = await _get(http, candidate, bearer, timeout_s)
-            if response.status_code == 404 and candidate is not candidates[-1]:
-                continue
-            if response.status_code in (429, 503):
-                raise Refused(
-                    f"http_{response.status_code}",
-                    retry_after_s(response.headers.get("retry-after")),
-                )
-            if response.status_code != 200:
-                raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
-            try:
-                raw = response.json()
-            except ValueError as exc:
-                raise CardError("the card is not JSON") from exc
-            break
+        raw = await fetch_card(http, url=url, card_url=card_url, bearer=bearer, timeout_s=timeout_s)
         card = read_card(raw)
         if card is None:
             raise CardError("the card offers no JSON-RPC interface")
@@ -258,23 +233,28 @@ class A2AClient:
         return headers
 
     async def _post(
-        self, body: Mapping[str, Any], dialect: Dialect
+        self, body: Mapping[str, Any], dialect: Dialect, wait_s: float | None = None
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One POST to :attr:`url`, following a same-origin 307/308 once (then the URL
-        moved to); errors classified."""
+        moved to); errors classified. ``wait_s`` (else ``timeout_s``) bounds each read."""
         url, status, headers, raw = await self._unary.post(
-            self.url, self._unary_headers(dialect), json.dumps(body).encode()
+            self.url, self._unary_headers(dialect), json.dumps(body).encode(), wait_s
         )
         if url != self.url:
             self.url = url
         return status, headers, raw
 
-    async def _call(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+    async def _call(
+        self,
+        name: str,
+        params: Callable[[Dialect], Mapping[str, Any]],
+        wait_s: float | None = None,
+    ) -> Any:
         """The JSON-RPC ``result`` of ``name`` (a key of :data:`METHODS`). A read (or the
         idempotent cancel) cut at the transport — a pooled connection the peer had just
         closed — is made once more at once; a send never is."""
         if name == "send":
-            return await self._call_once(name, params)
+            return await self._call_once(name, params, wait_s)
         try:
             return await self._call_once(name, params)
         except OutcomeUnknown as exc:
@@ -285,14 +265,19 @@ class A2AClient:
     def _next_id(self) -> str:
         return f"prismd-{self.tag}-{next(self._ids)}"
 
-    async def _call_once(self, name: str, params: Callable[[Dialect], Mapping[str, Any]]) -> Any:
+    async def _call_once(
+        self,
+        name: str,
+        params: Callable[[Dialect], Mapping[str, Any]],
+        wait_s: float | None = None,
+    ) -> Any:
         dialect = self.dialect
         for _attempt in range(2):
             method = METHODS[dialect].get(name)
             if method is None:
                 raise RemoteError(METHOD_NOT_FOUND)
             body = envelope(method, params(dialect), self._next_id())
-            status, headers, raw = await self._post(body, dialect)
+            status, headers, raw = await self._post(body, dialect, wait_s)
             try:
                 answer = json.loads(raw)
             except (ValueError, RecursionError):
@@ -326,8 +311,11 @@ class A2AClient:
         context_id: str | None = None,
         task_id: str | None = None,
         push: PushConfig | None = None,
+        wait_s: float | None = None,
     ) -> Task | Message:
         """Send one user message asking for immediate acceptance; the task or the answer.
+        ``wait_s`` (else ``timeout_s``) bounds the wait for the answer: a peer that ignores
+        immediate acceptance answers when the task is over (``reference`` §2: LangGraph).
 
         Raises :class:`Refused` (make it again later), :class:`OutcomeUnknown` (never make
         it again for this ``message_id``) or :class:`RemoteError`.
@@ -344,6 +332,7 @@ class A2AClient:
                 push=push,
                 tenant=tenant,
             ),
+            wait_s,
         )
         observed = read_observation(result)
         if not isinstance(observed, Task | Message):
@@ -355,6 +344,10 @@ class A2AClient:
         tenant = self.card.tenant
         result = await self._call("get", lambda d: task_params(d, task_id, tenant))
         task = read_task(result)
+        if task is None:
+            # Wrapped as a send's result (``{"task": …}``) by a peer that answers both alike.
+            wrapped = read_observation(result)
+            task = wrapped if isinstance(wrapped, Task) else None
         if task is None:
             raise OutcomeUnknown("unreadable")
         return task
@@ -371,26 +364,30 @@ class A2AClient:
         context_id: str | None = None,
         status_timestamp_after: str | None = None,
         page_size: int = 50,
-        history_length: int = 10,
-    ) -> tuple[Task, ...]:
-        """v1.0 ``ListTasks`` (one page, newest first); v0.3 has none: RemoteError -32601."""
+        history_length: int | None = None,
+        page_token: str | None = None,
+    ) -> tuple[tuple[Task, ...], str | None]:
+        """One page of v1.0 ``ListTasks`` (newest first) and the next page's token (``None``
+        on the last); v0.3 has none: RemoteError -32601.
+        ``history_length`` unset: the server's default (a2a-sdk: the whole history; n is
+        the *last* n messages, and the user's message is the first)."""
         if self.dialect != "1.0":
             raise RemoteError(METHOD_NOT_FOUND)
 
-        def params(_d: Dialect) -> dict[str, Any]:
-            out: dict[str, Any] = {"pageSize": page_size, "historyLength": history_length}
-            if context_id is not None:
-                out["contextId"] = context_id
-            if status_timestamp_after is not None:
-                out["statusTimestampAfter"] = status_timestamp_after
-            if self.card.tenant is not None:
-                out["tenant"] = self.card.tenant
-            return out
-
-        result = await self._call("list", params)
+        params = {
+            "pageSize": page_size,
+            "historyLength": history_length,
+            "pageToken": page_token,
+            "contextId": context_id,
+            "statusTimestampAfter": status_timestamp_after,
+            "tenant": self.card.tenant,
+        }
+        given = {name: value for name, value in params.items() if value is not None}
+        result = await self._call("list", lambda _d: given)
         raw = result.get("tasks") if isinstance(result, Mapping) else None
         tasks = [read_task(t) for t in raw] if isinstance(raw, list) else []
-        return tuple(t for t in tasks if t is not None)
+        token = result.get("nextPageToken") if isinstance(result, Mapping) else None
+        return tuple(t for t in tasks if t is not None), token if token else None
 
     async def subscribe(
         self,
@@ -401,8 +398,8 @@ class A2AClient:
     ) -> None:
         """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) into
         ``on_item`` until the peer closes the stream, ``on_item`` answers ``True`` (enough),
-        or a silence of ``idle_s``. Raises the client's errors (an unsupported or finished
-        stream: :class:`RemoteError`).
+        or ``idle_s`` without an event (comments do not count). Raises the client's errors
+        (an unsupported or finished stream: :class:`RemoteError`).
 
         A callback rather than an async iterator: the stream is ended by cancelling its own
         scope, so httpx's and httpx-sse's generators always run to their end (an iterator
@@ -430,14 +427,59 @@ class A2AClient:
                 if "text/event-stream" not in kind:
                     await response.aread()
                     raise RemoteError(_error_code(response), response.status_code)
+                # Silence is measured from the last event with data: SSE comments
+                # (keep-alives) reset httpx's read timeout but say nothing about the task
+                # (and once the peer sent an ``id:``, httpx-sse yields each comment's blank
+                # line as an event without data).
+                scope.deadline = trio.current_time() + idle_s
                 async for event in source.aiter_sse():
-                    if scope.cancel_called:
+                    if scope.cancel_called or not event.data:
                         continue
+                    scope.deadline = trio.current_time() + idle_s
                     failure, enough = _stream_item(event.data, on_item)
                     if failure is not None or enough:
                         scope.cancel()
         if failure is not None:
             raise failure
+
+
+async def fetch_card(
+    http: httpx.AsyncClient,
+    *,
+    url: str | None,
+    card_url: str | None,
+    bearer: str | None,
+    timeout_s: float,
+) -> object:
+    """The card's JSON (``card_url``, else ``<url>/.well-known/agent-card.json`` and then
+    ``agent.json``). Raises :class:`CardError`, :class:`Refused` or :class:`OutcomeUnknown`."""
+    if card_url is not None:
+        candidates = [card_url]
+    elif url is not None:
+        base = url.rstrip("/")
+        candidates = [base + path for path in CARD_PATHS]
+    else:
+        raise CardError("neither url nor card_url")
+    for candidate in candidates:
+        check_url(candidate, "the card URL")
+    raw: object = None
+    for candidate in candidates:
+        response = await _get(http, candidate, bearer, timeout_s)
+        if response.status_code == 404 and candidate is not candidates[-1]:
+            continue
+        if response.status_code in (429, 503):
+            raise Refused(
+                f"http_{response.status_code}",
+                retry_after_s(response.headers.get("retry-after")),
+            )
+        if response.status_code != 200:
+            raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
+        try:
+            raw = response.json()
+        except ValueError as exc:
+            raise CardError("the card is not JSON") from exc
+        break
+    return raw
 
 
 def _stream_item(data: str, on_item: Callable[[Observation], bool]) -> tuple[A2AError | None, bool]:

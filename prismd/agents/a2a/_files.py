@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from typing import Protocol
 
 import httpx
@@ -43,7 +44,9 @@ class FileAgent(Protocol):
     bearer: str | None
     http: httpx.AsyncClient
 
-    async def connect(self) -> A2AClient | None: ...
+    async def connect(
+        self, hooks: None = None, *, patience_s: float = math.inf
+    ) -> A2AClient | None: ...
 
 
 def inline_size(data_b64: str) -> int:
@@ -98,7 +101,7 @@ async def open_file(
     if file.size is not None and file.size > max_bytes:
         return "too_large"
     task_id = file.ref.rsplit("/", 2)[0]
-    client = await agent.connect()
+    client = await agent.connect(patience_s=FETCH_TIMEOUT_S)
     if client is None:
         return "unavailable"
     try:

@@ -54,7 +54,7 @@ from .. import EventSink, RunHooks, RunResult
 from ._book import Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
 from ._gate import PollGate, holding
-from ._relay import relay_interrupt, relay_key
+from ._relay import ends_turn, relay_interrupt, relay_key
 from ._steps import CANCEL_BUDGET_S, PUSH_SLOWDOWN, answer, failed, preview, stream
 from ._steps import A2AAgent as StepsAgent
 from ._wire import TASK_NOT_FOUND, TERMINAL_STATES, Task, moves_forward
@@ -164,7 +164,8 @@ class Followed:
         self.on_event = on_event
         self.shown: str | None = None
         self.relayed: str | None = None
-        """The relay key of the last ``auth-required`` status relayed (:mod:`._relay`)."""
+        """The key of the last interrupted status this turn has seen to (:mod:`._relay`):
+        the ``auth-required`` status relayed, or a continuation's question."""
         self.due = math.inf
 
     def __lt__(self, other: Followed) -> bool:
@@ -369,8 +370,7 @@ class Follower:
             return  # woken or dropped meanwhile
         first, cap = options.poll_s, options.max_poll_s  # shared: no float per task
         if task is not None and (
-            task.terminal
-            or task.state == "input-required"
+            ends_turn(task, record.relayed)  # a continuation: relayed holds the question's key
             or (task.state == "auth-required" and relay_key(task) != record.relayed)
         ):
             await self._end(record, lease, task)  # auth-required: relayed, then parked again
@@ -483,7 +483,7 @@ async def park_or_answer(
         finding = await _read(agent, client, task_id)
     relayed: str | None = None
     if isinstance(finding, Task):
-        if finding.terminal or finding.state == "input-required":
+        if ends_turn(finding, record.prompt):
             await _forget(agent, task_id)
             return await answer(agent, stored, finding, session)
         if finding.state == "auth-required":
@@ -518,7 +518,7 @@ async def park_or_answer(
         wake=hooks.park(),
         on_event=on_event,
     )
-    parked.relayed = relayed
+    parked.relayed = relayed or record.prompt  # a continuation: its question is no news
     if agent.polls is not None:
         await agent.polls.track(f"{agent.alias}/{task_id}")  # due now unless polled already
     follower.add(parked)

@@ -1,7 +1,8 @@
 """``[agents.<alias>] kind = "a2a"`` options, checked by :func:`validate_a2a_options`.
 
 * ``url`` (the card is ``<url>/.well-known/agent-card.json``, ``agent.json`` as fallback) or
-  ``card_url``: exactly one; ``https://``, or ``http://`` for a loopback host only;
+  ``card_url`` (fetched as written, a query included): exactly one; ``https://``, or
+  ``http://`` for a loopback host only; no fragment, and no query in ``url``;
 * ``bearer_token_env`` or ``bearer_token_file`` (at most one; neither for an open agent);
 * ``protocol``: ``"auto"`` (from the card, default), ``"1.0"`` or ``"0.3"``;
 * ``push`` (default true): ask for push when the card allows and ``[a2a]`` is set;
@@ -94,7 +95,9 @@ def _url(key: str, value: Any) -> str:
     except CardError as exc:
         message = str(exc).removeprefix(f"{key}: ").removeprefix(f"{key} ")
         raise AgentOptionError(key, message) from None
-    if parsed.query or parsed.fragment:
+    if parsed.fragment or (parsed.query and key == "url"):
+        # ``card_url`` may carry a query (LangGraph: ``…/agent-card.json?assistant_id=…``,
+        # reference §1); ``url`` has the card's path appended to it.
         raise AgentOptionError(key, "must not carry a query or a fragment")
     return raw
 

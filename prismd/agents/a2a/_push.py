@@ -22,9 +22,10 @@ Nothing of the body is logged or kept beyond the task id and the state it report
 
 The worker (:func:`apply_pushes`) reserves the inbox's items, applies each to its task record
 (the state only moves forward: a late ``working`` after ``completed`` changes nothing),
-wakes the task's follower in this process, and acknowledges the item only after that write
-committed. The reply itself is built by the follower from a final ``GetTask``, never from a
-push, so duplicates and reordering cannot answer twice.
+wakes the task's follower in this process when the push reports a state worth a read (not
+an artifact chunk, nor a task still working as before), and acknowledges the item only
+after that write committed. The reply itself is built by the follower from a final
+``GetTask``, never from a push, so duplicates and reordering cannot answer twice.
 """
 
 from __future__ import annotations
@@ -56,7 +57,13 @@ from stores import InboxReservation, InboxStore
 
 from ._agent import A2AAgent
 from ._book import secret_hash, secret_matches
-from ._wire import moves_forward, observed_state, observed_task_id, read_observation
+from ._wire import (
+    ACTIVE_STATES,
+    moves_forward,
+    observed_state,
+    observed_task_id,
+    read_observation,
+)
 
 log = logging.getLogger("prismd.agents.a2a")
 
@@ -190,14 +197,19 @@ class PushReceiver:
             return 400, False
         index = await agent.book.find_index(alias, task_id)
         secret: str | None = None
-        if index is None:
-            # Not journaled yet (the send's answer is on its way, or was lost in a crash):
-            # the credential journaled with the send intent identifies the task.
+        if index is None or not _credential_ok(head.headers, index):
+            # Not journaled yet (the send's answer is on its way, or was lost in a crash),
+            # or a continued task (input-required) whose index still holds the last turn's
+            # credentials: the credential journaled with this send's intent identifies it.
             for digest in _presented(head.headers):
                 by_secret = await agent.book.find_by_secret(alias, digest)
-                # Only while the task id is unknown: a credential of another known task is
-                # wrong for this one.
-                if by_secret is not None and by_secret[0].record.task_id in (None, task_id):
+                if by_secret is None:
+                    continue
+                sent = by_secret[0].record
+                # A credential of another known task is wrong for this one.
+                if (index is None and sent.task_id in (None, task_id)) or (
+                    sent.task_id == task_id and sent.phase in ("sending", "unknown")
+                ):
                     index, secret = by_secret[1], digest
                     break
         if index is None:
@@ -294,4 +306,9 @@ class PushReceiver:
             await agent.book.update(stored, task_id=task_id)
         elif record.phase == "following" and moves_forward(record.state, state):
             await agent.book.update(stored, state=state)
-        agent.observe(task_id)
+        if isinstance(state, str) and (
+            state not in ACTIVE_STATES or moves_forward(record.state, state)
+        ):
+            # Read the task now. Not for an artifact chunk (no state) nor a task still
+            # working as it was: a2a-sdk 1.x pushes every event, each streamed chunk too.
+            agent.observe(task_id)

@@ -16,10 +16,12 @@ from ._book import Book, ContextRecord, Stored
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
 from ._files import completed
 from ._options import A2AOptions
-from ._relay import relay_interrupt
+from ._relay import ends_turn, prompt_key, relay_interrupt
 from ._wire import (
     INTERRUPTED_STATES,
+    INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    PUSH_NOT_SUPPORTED,
     TASK_NOT_FOUND,
     TERMINAL_STATES,
     UNSUPPORTED_OPERATION,
@@ -62,7 +64,14 @@ NOTICES: Mapping[str, str] = {
 NO_TEXT = "The remote agent finished without a text answer."
 NEEDS_INPUT = "The remote agent needs more input."
 MAX_REFUSED_RPC = 8
+PUSH_REFUSED = frozenset({PUSH_NOT_SUPPORTED, INVALID_PARAMS})
+"""A send's refusals that may be its push config's: made again once without it."""
+CONTINUATION_REFUSED = frozenset({TASK_NOT_FOUND, UNSUPPORTED_OPERATION, INVALID_PARAMS})
+"""A continued task's refusals that mean it is gone or over: -32001, -32004 (v1.0), and
+-32602, which a2a-sdk 0.3 answers for a message to a terminal task."""
 CANCEL_BUDGET_S = 5.0
+MAX_LIST_PAGES = 20
+"""``ListTasks`` pages read looking for a send whose outcome is unknown (newest first)."""
 PUSH_SLOWDOWN = 4
 
 
@@ -102,7 +111,11 @@ async def send(
     delay = agent.options.poll_interval_ms / 1000
     cap = agent.options.max_poll_interval_ms / 1000
     refused_rpc = 0
+    deadline_ms = record.created_ms + agent.options.task_timeout_ms
     while True:
+        # A peer that ignores immediate acceptance answers once the task is over: waited
+        # for as long as the task may take, not lost to a call's timeout.
+        wait_s = max(client.timeout_s, (deadline_ms - agent.clock.now_ms()) / 1000)
         try:
             answer = await client.send(
                 message_id=record.message_id,
@@ -110,9 +123,15 @@ async def send(
                 context_id=record.context_id,
                 task_id=record.task_id if record.continues_task else None,
                 push=push,
+                wait_s=wait_s,
             )
         except Refused as exc:
             agent.count("send_refused")
+            if agent.clock.now_ms() >= deadline_ms:
+                # Refused for as long as the task was given: told, and the conversation
+                # goes on (nothing was sent).
+                await agent.book.update(stored, phase="done", state="unreachable")
+                return failed("unreachable", record.session_id)
             if hooks is not None:
                 hooks.waiting()  # a refusing peer holds no concurrency slot
             await trio.sleep(agent.backoff(exc.retry_after, delay))
@@ -130,9 +149,19 @@ async def send(
                     await trio.sleep(agent.backoff(None, delay))
                     delay = min(delay * 2, cap)
                     continue
-            elif record.continues_task and exc.code in (TASK_NOT_FOUND, UNSUPPORTED_OPERATION):
+            elif push is not None and exc.code in PUSH_REFUSED:
+                # -32003: "fall back to polling" (reference §4, §5); -32602: a strict
+                # server refusing the webhook URL (a2a-sdk's push_url_validator) before
+                # any task exists. The same message again without push, polled alone.
+                push = None
+                stored = await agent.book.update(stored, token_hash=None, credentials_hash=None)
+                record = stored.record
+                continue
+            elif record.continues_task and exc.code in CONTINUATION_REFUSED:
                 # The task that asked for input is gone or over: a new task, same context.
-                stored = await agent.book.update(stored, task_id=None, continues_task=False)
+                stored = await agent.book.update(
+                    stored, task_id=None, continues_task=False, prompt=None
+                )
                 record = stored.record
                 continue
             await agent.book.update(stored, phase="done", state="rejected")
@@ -175,30 +204,36 @@ async def recover(agent: A2AAgent, client: A2AClient, stored: Stored) -> Stored 
     in the context); ``None`` when it cannot be found (the operator decides)."""
     record = stored.record
     if record.task_id is not None:
-        # A continuation (the task is known already), or a task id a push told us (its
-        # credential was journaled with the intent): its history says if the message arrived.
-        # A continuation: the task is known already; its history says if it arrived.
+        # A continuation: the task was known before; its history says if the message
+        # arrived. Else a task id a push told us, proved by this send's own random
+        # credential (journaled with the intent): the send created it, whatever the
+        # history shows (the server's default may be none).
         try:
             task = await client.get_task(record.task_id)
         except A2AError:
             return None
-        if record.message_id in task.message_ids:
+        if not record.continues_task or record.message_id in task.message_ids:
             return await accepted(agent, stored, task)
         return None
     delay = agent.options.poll_interval_ms / 1000
-    for _attempt in range(4):
+    token: str | None = None
+    pages = failures = 0
+    while pages < MAX_LIST_PAGES and failures < 4:
         try:
-            tasks = await client.list_tasks(context_id=record.context_id)
+            tasks, token = await client.list_tasks(context_id=record.context_id, page_token=token)
         except RemoteError:
             return None
         except (Refused, OutcomeUnknown) as exc:
+            failures += 1
             await trio.sleep(agent.backoff(getattr(exc, "retry_after", None), delay))
             delay *= 2
             continue
+        pages += 1
         for task in tasks:
             if record.message_id in task.message_ids:
                 return await accepted(agent, stored, task)
-        return None
+        if token is None:
+            return None
     return None
 
 
@@ -246,7 +281,7 @@ async def follow(
                     stored, state=task.state, observed_ms=agent.clock.now_ms()
                 )
                 delay = first
-            if task.terminal or task.state == "input-required":
+            if ends_turn(task, stored.record.prompt):
                 return await answer(agent, stored, task, session)
             if await relay_interrupt(hooks, task, shown):
                 agent.count("relays")
@@ -333,7 +368,9 @@ async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> R
         stored.scope,
         agent.alias,
         record.session_id,
-        ContextRecord(context_id, task.id if waiting else None),
+        ContextRecord(context_id, task.id, prompt_key(task))
+        if waiting
+        else ContextRecord(context_id),
     )
     await agent.book.update(stored, phase="done", state=task.state, context_id=context_id)
     agent.count(f"tasks_{task.state.replace('-', '_')}")

@@ -69,29 +69,37 @@ class Unary:
     _endpoint: Endpoint | None = None
     """The last URL posted to, parsed."""
 
-    async def post(self, url: str, headers: list[Header], data: bytes) -> tuple[str, *Answer]:
+    async def post(
+        self, url: str, headers: list[Header], data: bytes, wait_s: float | None = None
+    ) -> tuple[str, *Answer]:
         """POST ``data`` to ``url``, following a same-origin 307/308 once: the URL answered
-        at and the answer. Errors classified (:class:`Refused`, :class:`OutcomeUnknown`)."""
+        at and the answer. Errors classified (:class:`Refused`, :class:`OutcomeUnknown`).
+        ``wait_s`` (else ``timeout_s``) bounds each read of the answer."""
         endpoint = self._endpoint
         if endpoint is None or endpoint.url != url:
             endpoint = self._endpoint = Endpoint.of(url)
         for _hop in range(2):
-            status, answer_headers, body = await self._exchange(endpoint, headers, data)
+            status, answer_headers, body = await self._exchange(endpoint, headers, data, wait_s)
             if status in (307, 308):
                 location = answer_headers.get("location")
                 if location is None:
                     raise Refused("redirect")
                 target = httpx.URL(endpoint.url)
-                moved = target.join(location)
-                if not same_origin(moved, target):
-                    raise Refused("redirect")
-                endpoint = Endpoint.of(str(moved))
+                try:
+                    moved = target.join(location)
+                    if not same_origin(moved, target):
+                        raise Refused("redirect")
+                    endpoint = Endpoint.of(str(moved))
+                except (httpx.InvalidURL, ValueError):
+                    raise Refused("redirect") from None  # a Location that is no URL
                 continue
             self._endpoint = endpoint
             return endpoint.url, status, answer_headers, body
         raise Refused("redirect")
 
-    async def _exchange(self, endpoint: Endpoint, headers: list[Header], data: bytes) -> Answer:
+    async def _exchange(
+        self, endpoint: Endpoint, headers: list[Header], data: bytes, wait_s: float | None
+    ) -> Answer:
         """One request and its answer. Not written within ``timeout_s`` (no connection free,
         or none could be opened): :class:`Refused`; written, then no complete answer:
         :class:`OutcomeUnknown`."""
@@ -113,7 +121,7 @@ class Unary:
                     data,
                     MAX_ANSWER_BYTES,
                     ready,
-                    self.timeout_s,
+                    self.timeout_s if wait_s is None else wait_s,
                 )
             except ReadTimeout:
                 failure = OutcomeUnknown("timeout")

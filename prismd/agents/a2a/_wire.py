@@ -42,6 +42,7 @@ PUSH_NOT_SUPPORTED = -32003
 UNSUPPORTED_OPERATION = -32004
 VERSION_NOT_SUPPORTED = -32009
 METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
 
 
 @attrs.frozen
@@ -143,7 +144,9 @@ def send_params(
     config: dict[str, Any]
     if dialect == "1.0":
         message["role"] = "ROLE_USER"
-        message["parts"] = [{"text": text, "mediaType": "text/plain"}]
+        # No ``mediaType``: a text part is text, and a peer checking input modes against
+        # its card (which may say ``"text"``) checks only a media type that was stated.
+        message["parts"] = [{"text": text}]
         config = {
             "returnImmediately": True,
             "acceptedOutputModes": ["text/plain", "text/markdown"],
@@ -189,8 +192,24 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+PROTO_STATES = (
+    "unknown",
+    "submitted",
+    "working",
+    "completed",
+    "failed",
+    "canceled",
+    "input-required",
+    "rejected",
+    "auth-required",
+)
+"""``TaskState`` by its number in ``a2a.proto`` (ProtoJSON may print an enum's number)."""
+
+
 def normalize_state(value: object) -> str:
-    """``TASK_STATE_INPUT_REQUIRED`` / ``input-required`` → ``input-required``."""
+    """``TASK_STATE_INPUT_REQUIRED`` / ``input-required`` / ``6`` → ``input-required``."""
+    if type(value) is int and 0 <= value < len(PROTO_STATES):
+        return PROTO_STATES[value]
     if not isinstance(value, str) or not value:
         return "unknown"
     name = value.strip()
@@ -219,7 +238,7 @@ def _parts(raw: object) -> tuple[tuple[str, ...], tuple[FilePart, ...]]:
             texts.append(text)
             continue
         file = part.get("file")
-        if kind == "file" and isinstance(file, Mapping):
+        if kind in (None, "file") and isinstance(file, Mapping):  # v0.3, ``kind`` or not
             files.append(_file_part(file, _FILE_KEYS_V03))
         elif kind is None and ("url" in part or "raw" in part):
             files.append(_file_part(part, _FILE_KEYS_V10))
