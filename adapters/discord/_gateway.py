@@ -293,8 +293,10 @@ class Shard:
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
             if frame.op == proto.HELLO:
-                interval = frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
-                if not isinstance(interval, int) or interval <= 0:
+                interval = proto.json_number(
+                    frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
+                )
+                if interval is None or interval <= 0:
                     raise proto.ProtocolError("hello without a heartbeat interval")
                 self._heartbeater = proto.Heartbeater(interval / 1000, self.random)
                 self._heartbeater.start(trio.current_time())

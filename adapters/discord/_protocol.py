@@ -8,6 +8,7 @@ drives with its own clock, so each rule is tested without a socket.
 from __future__ import annotations
 
 import json
+import math
 import random as _random
 import re
 from collections.abc import Mapping, Sequence
@@ -130,6 +131,14 @@ def _frame(payload: Any, *, skip_d: bool) -> Frame:
     )
 
 
+def json_number(value: object) -> float | None:
+    """A JSON number (``45000`` or ``45000.0``: JSON does not tell them apart), finite;
+    ``None`` for anything else (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def encode(op: int, d: Any) -> str:
     text = json.dumps({"op": op, "d": d}, separators=(",", ":"))
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
@@ -224,10 +233,10 @@ class StartLimit:
             return None
         fields: list[int] = []
         for name in ("total", "remaining", "reset_after", "max_concurrency"):
-            field = value.get(name)
-            if not isinstance(field, int) or isinstance(field, bool) or field < 0:
+            field = json_number(value.get(name))
+            if field is None or field < 0:
                 return None
-            fields.append(field)
+            fields.append(int(field))
         total, remaining, reset_after, concurrency = fields
         return cls(total, remaining, reset_after, max(1, concurrency))
 
