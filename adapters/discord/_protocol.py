@@ -11,6 +11,7 @@ import json
 import math
 import random as _random
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -168,8 +169,20 @@ def heartbeat(seq: int | None) -> str:
 
 
 def gateway_url(base: str) -> str:
-    """``base`` with the version and encoding query (GW "Gateway URL Query String Params")."""
-    return base.split("?", 1)[0].rstrip("/") + f"/?v={GATEWAY_VERSION}&encoding=json"
+    """``base`` with the version and encoding query (GW "Gateway URL Query String Params"):
+    its path as given (``/`` if none), its own query parameters kept, ``v`` and
+    ``encoding`` ours."""
+    parts = urllib.parse.urlsplit(base)
+    query = [
+        (k, v)
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if k not in ("v", "encoding")
+    ]
+    query += [("v", str(GATEWAY_VERSION)), ("encoding", "json")]
+    path = parts.path or "/"
+    return urllib.parse.urlunsplit(
+        (parts.scheme, parts.netloc, path, urllib.parse.urlencode(query), "")
+    )
 
 
 ZOMBIE_GRACE_SHARE = 0.25
