@@ -112,6 +112,9 @@ class Shard:
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _backfill_due: bool = attrs.field(default=False, init=False)
+    _resume_url_down: bool = attrs.field(default=False, init=False)
+    """The resume URL could not be reached: the next attempt resumes through the gateway
+    URL (the session is the same wherever it is resumed)."""
     staggered: bool = attrs.field(default=False, init=False)
     """The first Identify waited for its shard bucket."""
     identify_gate: IdentifyGate = attrs.field(factory=IdentifyGate)
@@ -222,19 +225,28 @@ class Shard:
     async def _connect_once(self, backoff: Backoff) -> None:
         state = self.cursor.state
         session = state.session
+        resume_url: str | None = None
         if session is None:
             url = await prepare_identify(self)
             self.status.state = "connecting"
         else:
-            url = checked_gateway_url(session.resume_url) or await gateway_url(self)
+            if not self._resume_url_down:
+                resume_url = checked_gateway_url(session.resume_url)
+            self._resume_url_down = False
+            url = resume_url or await gateway_url(self)
             self.status.state = "resuming"
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
+        opened = False
         try:
             async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
+                opened = True
                 await self._session(ws, session, backoff)
         except BaseExceptionGroup as group:
             raise _first(group) from None
+        except (OSError, HandshakeError, trio.TooSlowError):
+            self._resume_url_down = not opened and resume_url is not None
+            raise
 
     async def _session(
         self, ws: GatewaySocket, session: SessionState | None, backoff: Backoff
