@@ -51,6 +51,8 @@ from ._websocket import ConnectionClosed, GatewaySocket, HandshakeError, connect
 CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
+HELLO_TIMEOUT_S = 15.0
+"""A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
 
@@ -260,9 +262,11 @@ class Shard:
             ready=functools.partial(_ready, self),
         )
         end: _End | None = None
+        self._heartbeater = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(dispatcher.run)
+                nursery.start_soon(self._await_hello)
                 try:
                     await self._read(ws, dispatcher, session, backoff, nursery)
                 finally:
@@ -344,6 +348,12 @@ class Shard:
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
                 await dispatcher.put(frame)
+
+    async def _await_hello(self) -> None:
+        """Leave a socket that sends no Hello (no heartbeat runs before one)."""
+        await trio.sleep(HELLO_TIMEOUT_S)
+        if self._heartbeater is None:
+            raise _End("resume", "no hello")
 
     async def _heartbeat(self, ws: GatewaySocket) -> None:
         beat = self._heartbeater
