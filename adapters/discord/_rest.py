@@ -325,8 +325,13 @@ class DiscordRest:
         """The wait a 429 asks for (and its bookkeeping)."""
         body = _json(raw)
         scope = headers.get("x-ratelimit-scope")
-        has_headers = "x-ratelimit-scope" in headers or "retry-after" in headers
-        if not isinstance(body, Mapping) or not has_headers:
+        limited = (
+            "x-ratelimit-scope" in headers
+            or "x-ratelimit-global" in headers
+            or "retry-after" in headers
+            or (isinstance(body, Mapping) and _number(body.get("retry_after")) is not None)
+        )
+        if not isinstance(body, Mapping) or not limited:
             # Cloudflare's ban (HTML, code 0 or 40333 without headers): back off hard.
             self._count_invalid()
             self._global_until = trio.current_time() + self.ban_cooldown_s
@@ -340,7 +345,7 @@ class DiscordRest:
         if retry is None:
             retry = _number(headers.get("retry-after"))
         delay = min(max(retry if retry is not None else 1.0, 0.0), 3600.0) + 0.05
-        if body.get("global") is True or headers.get("x-ratelimit-global"):
+        if body.get("global") is True or headers.get("x-ratelimit-global", "").lower() == "true":
             self._global_until = trio.current_time() + delay
         log.info("discord: rate limited (%s); retry in %.2f s", scope or "unknown", delay)
         return delay
