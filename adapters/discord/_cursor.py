@@ -16,6 +16,10 @@ under ``discord``:
   not be resumed;
 * ``identifies`` — the times of this shard's identifies in the last 24 hours, written
   *before* each Identify is sent, so a crash loop counts every one;
+* ``backfillDue`` — a new session (READY) began while channels were known: what the
+  session before it did not deliver is read over REST; stored until that backfill
+  completed, so a daemon killed during it (or a connection lost) backfills again once it
+  resumed;
 * ``failed`` — a fatal close (4004, 4013, 4014 …): its code, reason and time. A standby
   that takes the lease later reads it and does not connect; a daemon started after it
   tries once more (the operator fixed the token or the portal and restarted).
@@ -58,6 +62,7 @@ class ShardState:
     """channel id → (last journaled message id, guild id or ``None`` for a DM)."""
     identifies: list[int] = attrs.field(factory=list)
     failed: dict[str, Any] | None = None
+    backfill_due: bool = False
     admitted: int = 0
     last_event_id: str | None = None
 
@@ -86,6 +91,8 @@ class ShardState:
             discord["botUserId"] = self.bot_user_id
         if self.failed is not None:
             discord["failed"] = dict(self.failed)
+        if self.backfill_due:
+            discord["backfillDue"] = True
         out: dict[str, Any] = {
             "admitted": self.admitted,
             "updatedAt": ms_to_iso(now_ms),
@@ -128,6 +135,7 @@ class ShardState:
             state.identifies = [t for t in identifies if isinstance(t, int)][-1000:]
         failed = discord.get("failed")
         state.failed = dict(failed) if isinstance(failed, Mapping) else None
+        state.backfill_due = discord.get("backfillDue") is True
         return state
 
 

@@ -113,7 +113,6 @@ class Shard:
     _received_seq: int | None = attrs.field(default=None, init=False)
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
-    _backfill_due: bool = attrs.field(default=False, init=False)
     _resume_url_down: bool = attrs.field(default=False, init=False)
     """The resume URL could not be reached: the next attempt resumes through the gateway
     URL (the session is the same wherever it is resumed)."""
@@ -212,7 +211,6 @@ class Shard:
         if end.action == "identify":
             self.status.session_started_ms = None
             if self.cursor.state.session is not None:
-                self._backfill_due = True
                 self.cursor.state.session = None
                 await self.cursor.save(self.lease.fencing_token)
             # "a random amount of time between 1 and 5 seconds" before a fresh Identify
@@ -372,24 +370,30 @@ class Shard:
 
 
 async def _ready(shard: Shard, frame: proto.Frame) -> None:
-    """READY: the new session (stored) and the bot's own user id; then the backfill due
-    after a session that could not be resumed."""
-    d = frame.d if isinstance(frame.d, Mapping) else {}
-    user = d.get("user")
-    session_id = d.get("session_id")
-    if not isinstance(session_id, str) or not isinstance(user, Mapping):
-        raise proto.ProtocolError("READY without a session")
-    if isinstance(user.get("id"), str):
-        shard.cursor.state.bot_user_id = user["id"]
-    resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
-    assert frame.s is not None
-    started = shard.clock.now_ms()
-    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s, started)
-    shard.status.session_started_ms = started
-    log.info("%s: session started (identified)", shard.label)
-    await shard.cursor.save(shard.lease.fencing_token)
-    if shard._backfill_due:
-        shard._backfill_due = False
+    """READY: the new session (stored) and the bot's own user id; then, with channels
+    known, the backfill of what the session before it did not deliver — due (stored) until
+    it completed: a RESUMED while it is due (a daemon killed during it, a connection lost)
+    backfills again."""
+    state = shard.cursor.state
+    if frame.t == "READY":
+        d = frame.d if isinstance(frame.d, Mapping) else {}
+        user = d.get("user")
+        session_id = d.get("session_id")
+        if not isinstance(session_id, str) or not isinstance(user, Mapping):
+            raise proto.ProtocolError("READY without a session")
+        if isinstance(user.get("id"), str):
+            state.bot_user_id = user["id"]
+        resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
+        assert frame.s is not None
+        started = shard.clock.now_ms()
+        state.session = SessionState(session_id, resume_url, frame.s, started)
+        state.backfill_due = state.backfill_due or bool(state.channels)
+        shard.status.session_started_ms = started
+        log.info("%s: session started (identified)", shard.label)
+        await shard.cursor.save(shard.lease.fencing_token)
+    if state.backfill_due:
         shard.status.state = "backfilling"
         await backfill(shard, shard.backfill_pages)
+        state.backfill_due = False
+        await shard.cursor.save(shard.lease.fencing_token)
     shard.status.state = "connected"
