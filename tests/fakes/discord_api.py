@@ -26,7 +26,9 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   ``ban_after_invalid`` every answer is Cloudflare's HTML 429 without headers.
 * Faults (:meth:`FakeDiscord.fail_next`): ``commit_drop`` (the message is created, the
   connection closed without an answer), ``commit_500``, ``commit_hang`` (created, the
-  answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit).
+  answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit),
+  ``429_global_bare`` (the global limit as reference §9 describes it: ``{message,
+  retry_after, global:true}`` and ``X-RateLimit-Global``, no other header).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class FakeDiscord:
         self,
         *,
         token: str = "discord-bot-token-secret",
-        heartbeat_interval_ms: int = 41_250,
+        heartbeat_interval_ms: float = 41_250,
         resume_ttl_s: float = 180.0,
         replay_limit: int = 1000,
         nonce_window_s: float = 180.0,
@@ -98,6 +100,9 @@ class FakeDiscord:
         self.identify_window_s = 5.0
         """``max_concurrency`` identifies per this window (Discord: 5 s)."""
         self.token_reset = False
+        self.resume_url_override: str | None = None
+        """READY's ``resume_gateway_url`` when set (Discord names another host, with or
+        without a path and a query, and that host may be unreachable)."""
         self.route_limit = 5
         self.route_window_s = 5.0
         self.global_limit = 50
@@ -135,6 +140,8 @@ class FakeDiscord:
 
     @property
     def resume_gateway_url(self) -> str:
+        if self.resume_url_override is not None:
+            return self.resume_url_override
         return f"ws://127.0.0.1:{self.gateway_port}/resume"
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -356,6 +363,11 @@ class FakeDiscord:
             return self._record(method, path, body, 429, payload, extra)
         self._global.append(now)
         fault = self._fault(f"{method} {path}")
+        if fault == "429_global_bare":
+            self.invalid_requests += 1
+            payload = {"message": "You are being rate limited.", "retry_after": 0.25}
+            payload["global"] = True
+            return self._record(method, path, body, 429, payload, [("X-RateLimit-Global", "true")])
         if not path.startswith("/api/v10/"):
             return self._record(method, path, body, 404, error(0, "404: Not Found"))
         route = path[len("/api/v10") :]

@@ -97,6 +97,10 @@ class Gateway:
         self.kick_on_resume = False
         self.reconnect_before_hello = 0
         """How many next connections get op 7 instead of Hello (then a 4000 close)."""
+        self.silent_before_hello = 0
+        """How many next connections are accepted and then sent nothing (no Hello)."""
+        self.paths: list[str] = []
+        """The request target (path and query) of every connection, in order."""
         self.connection_count = 0
 
     # ------------------------------------------------------------------ dispatching
@@ -222,6 +226,7 @@ class Gateway:
     # ------------------------------------------------------------------ one socket
 
     async def handle(self, request: WebSocketRequest) -> None:
+        self.paths.append(request.path)
         ws = await request.accept()
         send, receive = trio.open_memory_channel[dict[str, Any] | None](10_000)
         connection = GatewayConnection(ws=ws, outbox=send)
@@ -237,6 +242,10 @@ class Gateway:
                     await trio.sleep(0.05)
                     await self._close(connection, 4000)
                     return
+                if self.silent_before_hello:
+                    self.silent_before_hello -= 1
+                    await self._silent(connection)
+                    return
                 interval = self.owner.heartbeat_interval_ms
                 self.send(connection, {"op": 10, "d": {"heartbeat_interval": interval}})
                 await self._reader(connection, number)
@@ -246,6 +255,16 @@ class Gateway:
                     self._detach(connection)
                 send.close()
                 nursery.cancel_scope.cancel()
+
+    async def _silent(self, connection: GatewayConnection) -> None:
+        """Read what the client sends and never answer (no Hello), until it leaves."""
+        try:
+            while True:
+                await connection.ws.get_message()
+        except ConnectionClosed as closed:
+            reason = closed.reason
+            code = None if reason is None or reason.code == 1006 else reason.code
+            self.client_close_codes.append(code)
 
     async def _writer(
         self,

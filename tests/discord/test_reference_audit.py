@@ -1,0 +1,304 @@
+"""Discord against the reference (issue 39 audit): what a faithful Discord may send that
+our fake did not, and kills at moments between a lost session and its backfill.
+
+Each test drives the adapter with a reference-legal input (reference/discord-protocol.md
+section named in its docstring) through the fake, or the parsers directly."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+import pytest
+import trio
+
+from adapters.discord import _gateway
+from adapters.discord import _protocol as proto
+from adapters.discord._parse import parse_message
+from adapters.discord._rest import DiscordRest
+from stores import Store
+from tests.fakes.discord_api import FakeDiscord
+from tests.support.waiting import wait_until, wait_until_async
+
+from .conftest import DM, USER, AdapterFactory, serving
+from .test_resume import answered, stored_state
+
+DEADLINE_S = 20
+
+
+# ---------------------------------------------------------------------------- payloads
+
+
+async def test_hello_interval_as_a_json_float_connects(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.2: ``heartbeat_interval`` is "in milliseconds", a JSON number; ``1000.0`` is one
+    (a server computing it from seconds writes it so). Before: every Hello was a protocol
+    error, the shard reconnected forever and never identified."""
+    fake.heartbeat_interval_ms = 1000.0
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            await wait_until(lambda: len(fake.gateway.heartbeats()) >= 1)
+    assert answered(fake) == ["echo: one"]
+    assert len(fake.gateway.identifies()) == 1
+
+
+def test_session_start_limit_in_json_floats_is_read() -> None:
+    """§1.1: ``session_start_limit`` is numbers (``reset_after`` in ms); read as floats
+    they must still bound the identifies (before: ignored, Discord's ``remaining`` unseen)."""
+    limit = proto.StartLimit.from_json(
+        {"total": 1000.0, "remaining": 3.0, "reset_after": 14_400_000.0, "max_concurrency": 1.0}
+    )
+    assert limit == proto.StartLimit(1000, 3, 14_400_000, 1)
+    wait = proto.identify_wait_ms(now_ms=0, history=[], limit=limit, own_daily_cap=50)
+    assert wait == 14_400_000
+    assert proto.StartLimit.from_json({"total": True, "remaining": 1, "reset_after": 1}) is None
+
+
+def _message(**fields: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "id": "1100000000000000001",
+        "channel_id": DM,
+        "author": {"id": USER, "username": "u", "global_name": None},
+        "content": "hello",
+        "type": 0,
+    }
+    message.update(fields)
+    return message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"webhook_id": None},
+        {"guild_id": None, "member": None},
+        {"message_reference": None, "referenced_message": None, "flags": None},
+        {"mentions": None, "attachments": None, "nonce": None},
+        {"author": {"id": USER, "username": "u", "bot": None, "system": None}},
+    ],
+)
+def test_optional_fields_sent_as_null_do_not_drop_a_message(fields: dict[str, Any]) -> None:
+    """§3: a field given as null is not a webhook, a bot, a guild. Before: ``webhook_id:
+    null`` dropped every message silently."""
+    event = parse_message(
+        _message(**fields),
+        connection_id="c",
+        bot_user_id="1000000000000000001",
+        allow_guilds=False,
+        respond_to="mentions",
+    )
+    assert event is not None
+    assert (event.event_id, event.text) == ("1100000000000000001", "hello")
+
+
+def test_a_webhook_post_is_still_ignored() -> None:
+    event = parse_message(
+        _message(webhook_id="1200000000000000001"),
+        connection_id="c",
+        bot_user_id="1000000000000000001",
+        allow_guilds=False,
+        respond_to="mentions",
+    )
+    assert event is None
+
+
+# ---------------------------------------------------------------------------- URLs
+
+
+@pytest.mark.parametrize(
+    ("base", "wanted"),
+    [
+        ("wss://gateway.discord.gg", "wss://gateway.discord.gg/?v=10&encoding=json"),
+        ("wss://gateway.discord.gg/", "wss://gateway.discord.gg/?v=10&encoding=json"),
+        ("ws://127.0.0.1:9/resume", "ws://127.0.0.1:9/resume?v=10&encoding=json"),
+        ("ws://127.0.0.1:9/gw/?v=9&encoding=etf", "ws://127.0.0.1:9/gw/?v=10&encoding=json"),
+        ("ws://127.0.0.1:9/?region=eu", "ws://127.0.0.1:9/?region=eu&v=10&encoding=json"),
+    ],
+)
+def test_gateway_url_keeps_the_path_and_query_it_was_given(base: str, wanted: str) -> None:
+    """§1.6: open a socket *to* ``resume_gateway_url`` with the same ``v`` and
+    ``encoding``. Before: a slash was added to its path and its query was dropped."""
+    assert proto.gateway_url(base) == wanted
+
+
+async def test_resume_goes_to_the_resume_url_as_given(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    fake.resume_url_override = f"ws://127.0.0.1:{fake.gateway_port}/resume?region=eu"
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.gateway.reconnect()
+            await wait_until(lambda: len(fake.gateway.resumes) == 1)
+            fake.user_message(DM, USER, "after the resume")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+    resumed = urllib.parse.urlsplit(fake.gateway.paths[1])
+    assert resumed.path == "/resume"
+    assert urllib.parse.parse_qs(resumed.query) == {
+        "region": ["eu"],
+        "v": ["10"],
+        "encoding": ["json"],
+    }
+
+
+async def _closed_port() -> int:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port: int = listeners[0].socket.getsockname()[1]
+    for listener in listeners:
+        await listener.aclose()
+    return port
+
+
+async def test_an_unreachable_resume_url_resumes_through_the_gateway_url(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.1/§1.6: the resume host may be down; the session is still resumable through the
+    gateway URL ("fetch a new one only when you cannot connect with the cached one").
+    Before: the shard retried the dead host until the session expired, then forever."""
+    fake.resume_url_override = f"ws://127.0.0.1:{await _closed_port()}/"
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            fake.gateway.reconnect()
+            await wait_until(lambda: len(fake.gateway.resumes) == 1)
+            fake.user_message(DM, USER, "two")
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+    assert answered(fake) == ["echo: one", "echo: two"]
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+    assert len(fake.gateway.identifies()) == 1
+
+
+async def test_a_gateway_that_never_says_hello_is_left_and_retried(
+    fake: FakeDiscord,
+    store: Store,
+    make_adapter: AdapterFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """§1.2/§9: a socket that opens and then stays silent (no Hello) is a dead connection.
+    Before: the shard waited on it forever (no heartbeat runs before Hello)."""
+    monkeypatch.setattr(_gateway, "HELLO_TIMEOUT_S", 0.5)
+    fake.gateway.silent_before_hello = 1
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+    assert fake.gateway.client_close_codes[0] == 4000  # left resumable, never 1000
+    assert fake.gateway.connection_count == 2
+
+
+# ---------------------------------------------------------------------------- REST
+
+
+async def test_a_global_429_with_the_reference_headers_is_waited_not_a_ban(
+    fake: FakeDiscord,
+) -> None:
+    """§5/§9: a global 429 is ``{message, retry_after, global:true}`` with
+    ``X-RateLimit-Global``. Before: without ``X-RateLimit-Scope`` or ``Retry-After`` it was
+    taken for Cloudflare's ban and every request paused 60 s."""
+    rest = DiscordRest(token=lambda: fake.token, api_origin=fake.origin)
+    fake.fail_next("GET /api/v10/users/@me", "429_global_bare")
+    try:
+        started = trio.current_time()
+        with trio.fail_after(10):
+            me = await rest.request("GET", "/users/@me")
+        waited = trio.current_time() - started
+    finally:
+        await rest.aclose()
+    assert me["id"] == fake.bot_user_id
+    assert [r.status for r in fake.calls("GET", "/users/@me")] == [429, 200]
+    assert 0.25 <= waited < 5.0
+
+
+# ---------------------------------------------------------------------------- backfill
+
+
+async def _answer_one_then_stop(fake: FakeDiscord, store: Store, adapter: Any) -> None:
+    async with serving(store, adapter):
+        await wait_until(lambda: adapter.health()["state"] == "connected")
+        fake.user_message(DM, USER, "one")
+        await wait_until(lambda: len(fake.bot_messages()) == 1)
+        await trio.sleep(0.2)
+
+
+async def test_a_backfill_that_fails_is_tried_again(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§8: a 502 while reading a channel's history ends that connection; the next one
+    resumes the new session. Before: the backfill was not due any more (cleared before it
+    ran): the gap was lost, uncounted."""
+    with trio.fail_after(DEADLINE_S):
+        await _answer_one_then_stop(fake, store, make_adapter())
+        fake.user_message(DM, USER, "two")
+        fake.gateway.expire_sessions()
+        fake.fail_next("GET /api/v10/channels/", "502")
+        second = make_adapter()
+        async with serving(store, second):
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(0.3)
+    assert answered(fake) == ["echo: one", "echo: two"]
+    assert [c.status for c in fake.calls("GET", "/messages")][:2] == [502, 200]
+    assert not (await stored_state(store)).backfill_due
+
+
+async def test_a_stop_during_the_backfill_leaves_it_due(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """A daemon killed while it backfills resumes its new session on restart (no READY).
+    Before: the backfill was in memory only: the restart never read the gap."""
+    with trio.fail_after(DEADLINE_S):
+        await _answer_one_then_stop(fake, store, make_adapter())
+        fake.user_message(DM, USER, "two")
+        fake.gateway.expire_sessions()
+        fake.fail_next("GET /api/v10/channels/", "commit_hang")  # the history never comes
+        second = make_adapter()
+        async with serving(store, second):
+            await wait_until(lambda: len(fake.calls("GET", "/messages")) == 1)
+        assert (await stored_state(store)).backfill_due
+        third = make_adapter()
+        async with serving(store, third):
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(0.3)
+    assert answered(fake) == ["echo: one", "echo: two"]
+    assert len(fake.gateway.identifies()) == 2  # the third resumed the second's session
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["invalid", "replayed"]
+
+
+async def test_a_stop_between_a_lost_session_and_ready_still_backfills(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """Op 9 ``false`` forgets the session (stored); a daemon killed before the next READY
+    starts without a session. Before: only the process that saw op 9 knew a backfill was
+    due; the restart identified and never read the gap."""
+    with trio.fail_after(DEADLINE_S):
+        first = make_adapter()
+        async with serving(store, first):
+            await wait_until(lambda: first.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            fake.gateway.reconnect_before_hello = 1_000  # no READY for this daemon
+            fake.gateway.drop_next = 1
+            fake.user_message(DM, USER, "two")  # never sent by the gateway
+            fake.gateway.invalidate(resumable=False)
+
+            async def forgotten() -> bool:
+                return (await stored_state(store)).session is None
+
+            await wait_until_async(forgotten)
+        fake.gateway.reconnect_before_hello = 0
+        second = make_adapter()
+        async with serving(store, second):
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(0.3)
+    assert answered(fake) == ["echo: one", "echo: two"]
+    assert second.shard_statuses[0].backfilled >= 1
