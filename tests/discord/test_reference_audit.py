@@ -16,12 +16,16 @@ from adapters.discord import _gateway
 from adapters.discord import _protocol as proto
 from adapters.discord._parse import parse_message
 from adapters.discord._rest import DiscordRest
+from adapters.discord._send import NONCE_WINDOW_MS
+from prismd.channel import DeliveryOutcomeUnknownError
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
+from tests.support.clocks import ManualClock
 from tests.support.waiting import wait_until, wait_until_async
 
 from .conftest import DM, USER, AdapterFactory, serving
 from .test_resume import answered, stored_state
+from .test_send import POST, reply_to
 
 DEADLINE_S = 20
 
@@ -302,3 +306,56 @@ async def test_a_stop_between_a_lost_session_and_ready_still_backfills(
             await trio.sleep(0.3)
     assert answered(fake) == ["echo: one", "echo: two"]
     assert second.shard_statuses[0].backfilled >= 1
+
+
+# ---------------------------------------------------------------------------- proof of delivery
+
+
+async def test_another_reply_to_the_same_message_is_no_proof_of_delivery(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§9 "Outbound": past the nonce window a reply is proved by the bot's reply to the
+    inbound message. One message can have several (an approval notice, then the answer).
+    Before: the notice was taken for the answer, which was marked delivered unsent."""
+    inbound = fake.user_message(DM, USER, "question")
+    clock = ManualClock()
+    first = make_adapter(clock=clock)
+    with trio.fail_after(DEADLINE_S):
+        notice = await first.send(reply_to(inbound["id"], "Approve?", operation="op-notice"))
+    assert notice.delivered
+    fake.fail_next(POST, *["502"] * 8)  # the answer's attempts: none committed
+    with trio.move_on_after(1.0):
+        await first.send(reply_to(inbound["id"], "the answer", operation="op-answer"))
+    await first.aclose()
+    fake._faults.clear()
+    clock.advance(NONCE_WINDOW_MS + 1)
+    second = make_adapter(clock=clock)
+    posted = len(fake.calls("POST", f"/channels/{DM}/messages"))
+    with trio.fail_after(DEADLINE_S), pytest.raises(DeliveryOutcomeUnknownError):
+        await second.send(reply_to(inbound["id"], "the answer", operation="op-answer"))
+    await second.aclose()
+    assert len(fake.calls("POST", f"/channels/{DM}/messages")) == posted  # never blindly
+    assert [m["content"] for m in fake.bot_messages(DM)] == ["Approve?"]
+
+
+async def test_the_answer_itself_is_proof_of_delivery_past_the_window(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    inbound = fake.user_message(DM, USER, "question")
+    clock = ManualClock()
+    first = make_adapter(clock=clock)
+    with trio.fail_after(DEADLINE_S):
+        await first.send(reply_to(inbound["id"], "Approve?", operation="op-notice"))
+    fake.fail_next(POST, "commit_hang")  # the answer is posted, its response never comes
+    with trio.move_on_after(1.0):
+        await first.send(reply_to(inbound["id"], "the answer", operation="op-answer"))
+    await first.aclose()
+    fake._faults.clear()
+    clock.advance(NONCE_WINDOW_MS + 1)
+    second = make_adapter(clock=clock)
+    with trio.fail_after(DEADLINE_S):
+        result = await second.send(reply_to(inbound["id"], "the answer", operation="op-answer"))
+    await second.aclose()
+    assert result.delivered
+    answer = next(m for m in fake.bot_messages(DM) if m["content"] == "the answer")
+    assert result.message_id == answer["id"]
