@@ -359,3 +359,21 @@ async def test_the_answer_itself_is_proof_of_delivery_past_the_window(
     assert result.delivered
     answer = next(m for m in fake.bot_messages(DM) if m["content"] == "the answer")
     assert result.message_id == answer["id"]
+
+
+def test_an_image_without_content_type_is_known_by_its_name() -> None:
+    """§3: ``content_type`` is optional. Before: an image without it was no image, and a
+    message of that image alone was dropped silently."""
+    attachment = {"id": "1300000000000000001", "filename": "Cat.PNG", "size": 10}
+    attachment |= {"url": "https://cdn.discordapp.com/x/Cat.PNG", "proxy_url": "https://x"}
+    message = _message(content="", attachments=[attachment, {**attachment, "filename": "a.pdf"}])
+    event = parse_message(
+        message,
+        connection_id="c",
+        bot_user_id="1000000000000000001",
+        allow_guilds=False,
+        respond_to="mentions",
+    )
+    assert event is not None
+    [ref] = event.attachments
+    assert (ref.mime_type, ref.byte_length) == ("image/png", 10)
