@@ -52,6 +52,8 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 HELLO_TIMEOUT_S = 15.0
+GAP_RESUME_EVERY_S = 60.0
+"""A gap in the dispatch sequence is resumed at most this often (see :meth:`Shard._gap`)."""
 """A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
@@ -111,6 +113,7 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
+    _gap_resumed_at: float = attrs.field(default=-GAP_RESUME_EVERY_S, init=False)
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _resume_url_down: bool = attrs.field(default=False, init=False)
@@ -342,10 +345,23 @@ class Shard:
                 raise _End("identify", "session invalidated")
             elif frame.op == proto.DISPATCH and frame.s is not None:
                 if self._received_seq is None or frame.s > self._received_seq:
+                    if self._received_seq is not None and frame.s > self._received_seq + 1:
+                        self._gap()
                     self._received_seq = frame.s
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
                 await dispatcher.put(frame)
+
+    def _gap(self) -> None:
+        """Dispatches were sent and lost on the way (``s`` jumped): end the connection
+        before this one is handled and resume from the watermark, below the gap — Discord
+        replays the missed events. At most once a :data:`GAP_RESUME_EVERY_S` (a gap the
+        replay does not fill is then accepted)."""
+        now = trio.current_time()
+        if now - self._gap_resumed_at >= GAP_RESUME_EVERY_S:
+            self._gap_resumed_at = now
+            log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
+            raise _End("resume", "dispatch sequence gap")
 
     async def _await_hello(self) -> None:
         """Leave a socket that sends no Hello (no heartbeat runs before one)."""

@@ -377,3 +377,29 @@ def test_an_image_without_content_type_is_known_by_its_name() -> None:
     assert event is not None
     [ref] = event.attachments
     assert (ref.mime_type, ref.byte_length) == ("image/png", 10)
+
+
+# ---------------------------------------------------------------------------- sequence gaps
+
+
+async def test_a_dispatch_lost_on_the_way_is_replayed_by_a_resume(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.4/§1.6: ``s`` counts a session's dispatches; a jump means some were sent and
+    lost on the way, and a Resume from the watermark replays them ("the missed events in
+    order"). Before: the watermark passed the gap and the message was never answered,
+    never listed."""
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            fake.gateway.lose_next = 1
+            fake.user_message(DM, USER, "lost on the way")
+            fake.user_message(DM, USER, "after it")
+            await wait_until(lambda: len(fake.bot_messages()) == 3)
+            await trio.sleep(0.3)
+    assert answered(fake) == ["echo: after it", "echo: lost on the way", "echo: one"]
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+    assert len(fake.gateway.identifies()) == 1

@@ -94,6 +94,9 @@ class Gateway:
         self.withhold_acks = 0
         self.duplicate_next = 0
         self.drop_next = 0
+        self.lose_next = 0
+        """How many next events get their ``s`` and a place in the replay buffer but are
+        not written to the socket (lost on the way: a gap in ``s``)."""
         self.kick_on_resume = False
         self.reconnect_before_hello = 0
         """How many next connections get op 7 instead of Hello (then a 4000 close)."""
@@ -113,6 +116,9 @@ class Gateway:
         copies = 2 if self.duplicate_next else 1
         if self.duplicate_next:
             self.duplicate_next -= 1
+        lost = bool(self.lose_next)
+        if lost:
+            self.lose_next -= 1
         count = 0
         now = trio.current_time()
         for session in list(self.sessions.values()):
@@ -126,7 +132,7 @@ class Gateway:
             if payload is None:
                 continue
             for _ in range(copies):
-                self.push(session, name, payload)
+                self.push(session, name, payload, lost=lost)
             count += 1
         return count
 
@@ -147,12 +153,16 @@ class Gateway:
                 out["attachments"] = []
         return out
 
-    def push(self, session: Session, name: str, data: Mapping[str, Any]) -> None:
+    def push(
+        self, session: Session, name: str, data: Mapping[str, Any], *, lost: bool = False
+    ) -> None:
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
         if len(session.events) > self.owner.replay_limit:
             del session.events[0]
+        if lost:
+            return
         for connection in session.connections:
             self.send(connection, payload)
 
