@@ -37,6 +37,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
 from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
+from ._backfill import catch_up
 from ._cursor import ShardCursor
 from ._gateway import Shard
 from ._identify import IdentifyGate
@@ -121,6 +122,8 @@ class DiscordAdapter:
     _activity: Activity = attrs.field(factory=Activity, init=False)
     _features: AdapterFeatures = attrs.field(init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
+    _catching_up: set[str] = attrs.field(factory=set, init=False)
+    """Channels whose earlier messages are being read (:func:`~._backfill.catch_up`)."""
 
     def __attrs_post_init__(self) -> None:
         if self.respond_to not in ("mentions", "all"):
@@ -314,6 +317,14 @@ class DiscordAdapter:
         )
         if event is None:
             return
+        channel = event.external_conversation_id
+        since = state.gap_since_ms
+        if since is not None and channel not in state.channels and channel not in self._catching_up:
+            self._catching_up.add(channel)  # (its earlier messages come through here too)
+            try:
+                await catch_up(shard, message, since)
+            finally:
+                self._catching_up.discard(channel)
         # A full queue frees as turns end (milliseconds): try again soon, then less often.
         backoff: Backoff | None = None
         while True:

@@ -20,6 +20,9 @@ under ``discord``:
   session before it did not deliver is read over REST; stored until that backfill
   completed, so a daemon killed during it (or a connection lost) backfills again once it
   resumed;
+* ``gapSinceMs`` — set with it: the time of the newest journaled message then. A channel
+  first seen later (a user whose first messages fell in the outage: bots cannot list their
+  DMs) has its messages since then read before its first one is admitted;
 * ``failed`` — a fatal close (4004, 4013, 4014 …): its code, reason and time. A standby
   that takes the lease later reads it and does not connect; a daemon started after it
   tries once more (the operator fixed the token or the portal and restarted).
@@ -63,6 +66,7 @@ class ShardState:
     identifies: list[int] = attrs.field(factory=list)
     failed: dict[str, Any] | None = None
     backfill_due: bool = False
+    gap_since_ms: int | None = None
     admitted: int = 0
     last_event_id: str | None = None
 
@@ -93,6 +97,8 @@ class ShardState:
             discord["failed"] = dict(self.failed)
         if self.backfill_due:
             discord["backfillDue"] = True
+        if self.gap_since_ms is not None:
+            discord["gapSinceMs"] = self.gap_since_ms
         out: dict[str, Any] = {
             "admitted": self.admitted,
             "updatedAt": ms_to_iso(now_ms),
@@ -136,6 +142,8 @@ class ShardState:
         failed = discord.get("failed")
         state.failed = dict(failed) if isinstance(failed, Mapping) else None
         state.backfill_due = discord.get("backfillDue") is True
+        gap = discord.get("gapSinceMs")
+        state.gap_since_ms = gap if isinstance(gap, int) and not isinstance(gap, bool) else None
         return state
 
 

@@ -43,6 +43,7 @@ from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
 from ._dispatcher import Dispatcher
 from ._identify import IdentifyGate, gateway_url, prepare_identify
+from ._parse import snowflake_ms
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
 from ._urls import checked_gateway_url
@@ -403,7 +404,9 @@ async def _ready(shard: Shard, frame: proto.Frame) -> None:
         assert frame.s is not None
         started = shard.clock.now_ms()
         state.session = SessionState(session_id, resume_url, frame.s, started)
-        state.backfill_due = state.backfill_due or bool(state.channels)
+        if state.channels:
+            state.backfill_due = True
+            state.gap_since_ms = max(snowflake_ms(m) or 0 for m, _g in state.channels.values())
         shard.status.session_started_ms = started
         log.info("%s: session started (identified)", shard.label)
         await shard.cursor.save(shard.lease.fencing_token)

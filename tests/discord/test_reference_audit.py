@@ -403,3 +403,34 @@ async def test_a_dispatch_lost_on_the_way_is_replayed_by_a_resume(
     assert answered(fake) == ["echo: after it", "echo: lost on the way", "echo: one"]
     assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
     assert len(fake.gateway.identifies()) == 1
+
+
+# ---------------------------------------------------------------------------- unknown channels
+
+
+async def test_a_channel_first_seen_after_a_lost_session_has_its_gap_read(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§3/§8: a bot cannot list its DM channels, so a backfill reads only channels a message
+    was journaled from. A user whose first messages fell in the outage is seen with their
+    next one: that channel's messages since the outage, before it, are read then (oldest
+    first). Before: the first ones were lost, never listed (the channel's pointer started
+    after them)."""
+    newcomer, channel = "2000000000000000009", "3000000000000000009"
+    with trio.fail_after(DEADLINE_S):
+        await _answer_one_then_stop(fake, store, make_adapter())
+        fake.gateway.expire_sessions()
+        fake.user_message(channel, newcomer, "first, during the outage")
+        fake.user_message(channel, newcomer, "second, during the outage")
+        second = make_adapter()
+        async with serving(store, second):
+            await wait_until(lambda: second.health()["state"] == "connected")
+            fake.user_message(channel, newcomer, "third, live")
+            await wait_until(lambda: len(fake.bot_messages(channel)) == 3)
+            await trio.sleep(0.3)
+    assert [m["content"] for m in fake.bot_messages(channel)] == [
+        "echo: first, during the outage",
+        "echo: second, during the outage",
+        "echo: third, live",
+    ]
+    assert len(fake.bot_messages()) == 4
