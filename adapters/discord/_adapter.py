@@ -37,7 +37,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
 from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
-from ._backfill import catch_up
+from ._backfill import catch_up_if_new
 from ._cursor import ShardCursor
 from ._gateway import Shard
 from ._identify import IdentifyGate
@@ -122,8 +122,6 @@ class DiscordAdapter:
     _activity: Activity = attrs.field(factory=Activity, init=False)
     _features: AdapterFeatures = attrs.field(init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
-    _catching_up: set[str] = attrs.field(factory=set, init=False)
-    """Channels whose earlier messages are being read (:func:`~._backfill.catch_up`)."""
 
     def __attrs_post_init__(self) -> None:
         if self.respond_to not in ("mentions", "all"):
@@ -317,14 +315,7 @@ class DiscordAdapter:
         )
         if event is None:
             return
-        channel = event.external_conversation_id
-        since = state.gap_since_ms
-        if since is not None and channel not in state.channels and channel not in self._catching_up:
-            self._catching_up.add(channel)  # (its earlier messages come through here too)
-            try:
-                await catch_up(shard, message, since)
-            finally:
-                self._catching_up.discard(channel)
+        await catch_up_if_new(shard, message)  # a channel first seen after a lost session
         # A full queue frees as turns end (milliseconds): try again soon, then less often.
         backoff: Backoff | None = None
         while True:
@@ -339,12 +330,7 @@ class DiscordAdapter:
             # Too long, or images over the cap: say so (the runtime's fixed text).
             channel = event.external_conversation_id
             await self._sender.notice(channel, event.event_id, admission.hint)
-        guild = message.get("guild_id")
-        state.note_message(
-            event.external_conversation_id,
-            event.event_id,
-            guild if isinstance(guild, str) else None,
-        )
+        state.note_message(event.external_conversation_id, event.event_id, message.get("guild_id"))
 
     # ------------------------------------------------------------------ outbound
 

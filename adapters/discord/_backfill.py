@@ -79,6 +79,21 @@ async def backfill(shard: ShardParts, pages: int) -> int:
     return handled
 
 
+async def catch_up_if_new(shard: ShardParts, message: Mapping[str, Any]) -> None:
+    """Before the first message of a channel first seen after a lost session:
+    :func:`catch_up` (once: its earlier messages come back through the same path)."""
+    state = shard.cursor.state
+    channel = str(message.get("channel_id"))
+    since = state.gap_since_ms
+    if since is None or channel in state.channels or channel in state.catching_up:
+        return
+    state.catching_up.add(channel)
+    try:
+        await catch_up(shard, message, since)
+    finally:
+        state.catching_up.discard(channel)
+
+
 async def catch_up(shard: ShardParts, message: Mapping[str, Any], since_ms: int) -> int:
     """Admit the messages of a channel first seen after a lost session that came before
     ``message`` and after ``since_ms`` (the newest journaled message when the session was

@@ -67,13 +67,18 @@ class ShardState:
     failed: dict[str, Any] | None = None
     backfill_due: bool = False
     gap_since_ms: int | None = None
+    catching_up: set[str] = attrs.field(factory=set)
+    """Channels whose earlier messages are being read now (not stored)."""
     admitted: int = 0
     last_event_id: str | None = None
 
-    def note_message(self, channel_id: str, message_id: str, guild_id: str | None) -> None:
+    def note_message(self, channel_id: str, message_id: str, guild_id: object) -> None:
+        """``message_id`` was journaled from ``channel_id`` (``guild_id``: the event's, any
+        value; a DM's is absent)."""
         known = self.channels.get(channel_id)
         if known is None or _snowflake(message_id) > _snowflake(known[0]):
-            self.channels[channel_id] = (message_id, guild_id)
+            guild = guild_id if isinstance(guild_id, str) else None
+            self.channels[channel_id] = (message_id, guild)
         if len(self.channels) > MAX_CHANNELS:
             newest = sorted(self.channels.items(), key=lambda kv: -_snowflake(kv[1][0]))
             self.channels = dict(newest[:MAX_CHANNELS])
