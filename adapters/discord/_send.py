@@ -21,7 +21,8 @@
   :class:`~prismd.channel.DeliveryOutcomeUnknownError` (``delivery_unknown`` for the
   operator).
 * 50007 (blocked, DMs closed), 50013 (missing permissions), 10003 (unknown channel) and
-  other 4xx answers are ``delivery_failed`` with a short reason.
+  other 4xx answers are ``delivery_failed`` with a short reason; 160002 (a reply where the
+  bot cannot read the history) is sent again as a plain message, with the same nonce.
 """
 
 from __future__ import annotations
@@ -197,6 +198,10 @@ class DiscordSender:
             except DiscordApiError as error:
                 if error.code == 10008:
                     return "deleted"  # delivered under this nonce, then deleted
+                if error.code == 160002 and "message_reference" in body:
+                    # No READ_MESSAGE_HISTORY here: the chunk as a plain message (same nonce).
+                    body = {k: v for k, v in body.items() if k != "message_reference"}
+                    continue
                 if error.status < 500 and error.status != 429:
                     reason = FAILURE_REASONS.get(error.code or 0)
                     return SendResult(

@@ -434,3 +434,25 @@ async def test_a_channel_first_seen_after_a_lost_session_has_its_gap_read(
         "echo: third, live",
     ]
     assert len(fake.bot_messages()) == 4
+
+
+async def test_a_reply_where_history_cannot_be_read_goes_out_without_its_reference(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§4: a reply needs READ_MESSAGE_HISTORY (else 160002). The answer still goes out, as
+    a plain message with the same nonce. Before: every answer there was delivery_failed."""
+    inbound = fake.user_message(DM, USER, "question")
+    fake.channels[DM].no_history = True
+    adapter = make_adapter()
+    with trio.fail_after(DEADLINE_S):
+        result = await adapter.send(reply_to(inbound["id"], "the answer"))
+    await adapter.aclose()
+    assert result.delivered
+    [message] = fake.bot_messages(DM)
+    assert result.message_id == message["id"]
+    assert "message_reference" not in message
+    bodies = [r.body for r in fake.calls("POST", f"/channels/{DM}/messages")]
+    assert [("message_reference" in b, b["nonce"]) for b in bodies] == [
+        (True, bodies[0]["nonce"]),
+        (False, bodies[0]["nonce"]),
+    ]

@@ -13,7 +13,7 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   ``nonce_window_s`` returns the original message (200), or 10008 if it was deleted. The
   message is stored and MESSAGE_CREATE (with ``nonce``) dispatched to the gateway.
   Channel faults: ``blocked`` → 403 50007, ``no_permission`` → 403 50013, unknown → 404
-  10003.
+  10003, ``no_history`` → a reply is 400 160002 and the history reads empty.
 * ``PATCH /channels/{id}/messages/{mid}`` (the author only, else 50005) → MESSAGE_UPDATE;
   ``DELETE`` of the bot's own message → 204 and MESSAGE_DELETE;
   ``POST /channels/{id}/typing`` → 204; ``GET /channels/{id}/messages?after=&limit=`` →
@@ -62,6 +62,8 @@ class Channel:
     messages: list[dict[str, Any]] = attrs.field(factory=list)
     blocked: bool = False
     no_permission: bool = False
+    no_history: bool = False
+    """The bot lacks READ_MESSAGE_HISTORY here: a reply is 400 160002, history is empty."""
 
 
 @attrs.frozen
