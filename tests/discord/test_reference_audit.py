@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from adapters.discord import _gateway
+from adapters.discord import _gateway, _rest
 from adapters.discord import _protocol as proto
 from adapters.discord._parse import parse_message
 from adapters.discord._rest import DiscordRest
@@ -456,3 +456,46 @@ async def test_a_reply_where_history_cannot_be_read_goes_out_without_its_referen
         (True, bodies[0]["nonce"]),
         (False, bodies[0]["nonce"]),
     ]
+
+
+async def test_routes_that_share_a_bucket_are_paced_as_one(fake: FakeDiscord) -> None:
+    """§5: ``X-RateLimit-Bucket`` "identifies a shared limit": routes that answer with the
+    same bucket share its ``Remaining``. Before: each route was counted apart and the
+    request over the shared limit met a 429 (counted as an invalid request)."""
+    fake.shared_message_bucket = True
+    fake.route_limit, fake.route_window_s = 2, 1.0
+    inbound = fake.user_message(DM, USER, "question")
+    rest = DiscordRest(token=lambda: fake.token, api_origin=fake.origin)
+    path = f"/channels/{DM}/messages"
+    try:
+        with trio.fail_after(DEADLINE_S):
+            posted = await rest.request("POST", path, json_body={"content": "a"})
+            await rest.request("PATCH", f"{path}/{posted['id']}", json_body={"content": "b"})
+            await rest.request("POST", path, json_body={"content": "c"})
+            await rest.request("DELETE", f"{path}/{posted['id']}")
+    finally:
+        await rest.aclose()
+    assert [r.status for r in fake.requests if "/messages" in r.path] == [200, 200, 200, 204]
+    assert rest.invalid_requests == 0
+    assert inbound["id"]
+
+
+async def test_idle_buckets_are_forgotten(
+    fake: FakeDiscord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One bucket per route and channel used: a bot in many channels kept every one.
+    Before: the table only grew."""
+    monkeypatch.setattr(_rest, "MAX_BUCKETS", 8)
+    fake.route_window_s = 0.01  # every bucket resets at once
+    rest = DiscordRest(token=lambda: fake.token, api_origin=fake.origin)
+    try:
+        with trio.fail_after(DEADLINE_S):
+            for n in range(30):
+                channel = f"{3100000000000000000 + n}"
+                fake.channel(channel)
+                await rest.request("POST", f"/channels/{channel}/typing")
+                await trio.sleep(0.02)
+    finally:
+        await rest.aclose()
+    assert len(rest._buckets) <= 9
+    assert [r.status for r in fake.requests].count(204) == 30

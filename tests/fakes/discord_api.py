@@ -107,6 +107,9 @@ class FakeDiscord:
         without a path and a query, and that host may be unreachable)."""
         self.route_limit = 5
         self.route_window_s = 5.0
+        self.shared_message_bucket = False
+        """Posting, editing and deleting a channel's messages share one bucket (one
+        ``X-RateLimit-Bucket`` for the three routes), as Discord may group routes."""
         self.global_limit = 50
         self.ban_after_invalid = 10_000
         self.invalid_requests = 0
@@ -377,6 +380,8 @@ class FakeDiscord:
         bucket_headers: list[tuple[str, str]] = []
         if parts[0] == "channels" and len(parts) >= 2:
             key = (method, parts[2] if len(parts) > 2 else "", parts[1])
+            if self.shared_message_bucket and key[1] == "messages" and method != "GET":
+                key = ("POST|PATCH|DELETE", "messages", parts[1])  # one X-RateLimit-Bucket
             limited = rest_bucket(self, key, now, bucket_headers, fault == "429")
             if limited is not None:
                 self.invalid_requests += 1
