@@ -37,6 +37,7 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
 from ..toolkit import Activity, Backoff, ReceiverLease
 from . import _protocol as proto
+from ._backfill import catch_up_if_new
 from ._cursor import ShardCursor
 from ._gateway import Shard
 from ._identify import IdentifyGate
@@ -314,6 +315,7 @@ class DiscordAdapter:
         )
         if event is None:
             return
+        await catch_up_if_new(shard, message)  # a channel first seen after a lost session
         # A full queue frees as turns end (milliseconds): try again soon, then less often.
         backoff: Backoff | None = None
         while True:
@@ -328,12 +330,7 @@ class DiscordAdapter:
             # Too long, or images over the cap: say so (the runtime's fixed text).
             channel = event.external_conversation_id
             await self._sender.notice(channel, event.event_id, admission.hint)
-        guild = message.get("guild_id")
-        state.note_message(
-            event.external_conversation_id,
-            event.event_id,
-            guild if isinstance(guild, str) else None,
-        )
+        state.note_message(event.external_conversation_id, event.event_id, message.get("guild_id"))
 
     # ------------------------------------------------------------------ outbound
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from ._parse import snowflake_ms
 from ._rest import DiscordApiError, DiscordError
 from ._shardparts import ShardParts
 from ._status import log
@@ -76,3 +77,59 @@ async def backfill(shard: ShardParts, pages: int) -> int:
     elif handled:
         log.info("%s: backfill recovered %d message(s)", shard.label, handled)
     return handled
+
+
+async def catch_up_if_new(shard: ShardParts, message: Mapping[str, Any]) -> None:
+    """Before the first message of a channel first seen after a lost session:
+    :func:`catch_up` (once: its earlier messages come back through the same path)."""
+    state = shard.cursor.state
+    channel = str(message.get("channel_id"))
+    since = state.gap_since_ms
+    if since is None or channel in state.channels or channel in state.catching_up:
+        return
+    state.catching_up.add(channel)
+    try:
+        await catch_up(shard, message, since)
+    finally:
+        state.catching_up.discard(channel)
+
+
+async def catch_up(shard: ShardParts, message: Mapping[str, Any], since_ms: int) -> int:
+    """Admit the messages of a channel first seen after a lost session that came before
+    ``message`` and after ``since_ms`` (the newest journaled message when the session was
+    lost): a user whose first messages fell in the outage. One page, oldest first; what it
+    cannot read is counted and logged. How many were handled."""
+    channel_id = str(message.get("channel_id"))
+    guild_id = message.get("guild_id")
+    try:
+        batch = await shard.rest.request(
+            "GET",
+            f"/channels/{channel_id}/messages",
+            params={"before": str(message.get("id")), "limit": PAGE},
+        )
+    except DiscordError as error:
+        shard.status.not_backfilled += 1
+        log.warning("%s: a new channel's earlier messages not read (%s)", shard.label, error)
+        return 0
+    batch = batch if isinstance(batch, list) else []
+    older = sorted(
+        (
+            m
+            for m in batch
+            if isinstance(m, Mapping)
+            and str(m.get("id", "")).isdigit()
+            and (snowflake_ms(str(m["id"])) or 0) > since_ms
+        ),
+        key=lambda m: int(m["id"]),
+    )
+    for found in older:
+        event: dict[str, Any] = dict(found)
+        if isinstance(guild_id, str):
+            event.setdefault("guild_id", guild_id)
+        event.setdefault("channel_id", channel_id)
+        await shard.handle_message(event, shard)
+    shard.status.backfilled += len(older)
+    if len(batch) >= PAGE and len(older) == len(batch):
+        shard.status.not_backfilled += 1
+        log.warning("%s: a new channel had more than %d earlier messages", shard.label, PAGE)
+    return len(older)

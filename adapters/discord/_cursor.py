@@ -16,6 +16,13 @@ under ``discord``:
   not be resumed;
 * ``identifies`` — the times of this shard's identifies in the last 24 hours, written
   *before* each Identify is sent, so a crash loop counts every one;
+* ``backfillDue`` — a new session (READY) began while channels were known: what the
+  session before it did not deliver is read over REST; stored until that backfill
+  completed, so a daemon killed during it (or a connection lost) backfills again once it
+  resumed;
+* ``gapSinceMs`` — set with it: the time of the newest journaled message then. A channel
+  first seen later (a user whose first messages fell in the outage: bots cannot list their
+  DMs) has its messages since then read before its first one is admitted;
 * ``failed`` — a fatal close (4004, 4013, 4014 …): its code, reason and time. A standby
   that takes the lease later reads it and does not connect; a daemon started after it
   tries once more (the operator fixed the token or the portal and restarted).
@@ -58,13 +65,20 @@ class ShardState:
     """channel id → (last journaled message id, guild id or ``None`` for a DM)."""
     identifies: list[int] = attrs.field(factory=list)
     failed: dict[str, Any] | None = None
+    backfill_due: bool = False
+    gap_since_ms: int | None = None
+    catching_up: set[str] = attrs.field(factory=set)
+    """Channels whose earlier messages are being read now (not stored)."""
     admitted: int = 0
     last_event_id: str | None = None
 
-    def note_message(self, channel_id: str, message_id: str, guild_id: str | None) -> None:
+    def note_message(self, channel_id: str, message_id: str, guild_id: object) -> None:
+        """``message_id`` was journaled from ``channel_id`` (``guild_id``: the event's, any
+        value; a DM's is absent)."""
         known = self.channels.get(channel_id)
         if known is None or _snowflake(message_id) > _snowflake(known[0]):
-            self.channels[channel_id] = (message_id, guild_id)
+            guild = guild_id if isinstance(guild_id, str) else None
+            self.channels[channel_id] = (message_id, guild)
         if len(self.channels) > MAX_CHANNELS:
             newest = sorted(self.channels.items(), key=lambda kv: -_snowflake(kv[1][0]))
             self.channels = dict(newest[:MAX_CHANNELS])
@@ -86,6 +100,10 @@ class ShardState:
             discord["botUserId"] = self.bot_user_id
         if self.failed is not None:
             discord["failed"] = dict(self.failed)
+        if self.backfill_due:
+            discord["backfillDue"] = True
+        if self.gap_since_ms is not None:
+            discord["gapSinceMs"] = self.gap_since_ms
         out: dict[str, Any] = {
             "admitted": self.admitted,
             "updatedAt": ms_to_iso(now_ms),
@@ -128,6 +146,9 @@ class ShardState:
             state.identifies = [t for t in identifies if isinstance(t, int)][-1000:]
         failed = discord.get("failed")
         state.failed = dict(failed) if isinstance(failed, Mapping) else None
+        state.backfill_due = discord.get("backfillDue") is True
+        gap = discord.get("gapSinceMs")
+        state.gap_since_ms = gap if isinstance(gap, int) and not isinstance(gap, bool) else None
         return state
 
 

@@ -44,7 +44,7 @@ class Dispatcher:
     handle_message: Callable[[Mapping[str, Any]], Awaitable[None]]
     """Admit one message; returns once the admission is final."""
     ready: Callable[[proto.Frame], Awaitable[None]]
-    """READY: store the new session (and backfill)."""
+    """READY: store the new session (and backfill); RESUMED while a backfill is due."""
     _lanes: Lanes = attrs.field(init=False)
     _send: trio.MemorySendChannel[proto.Frame] = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel[proto.Frame] = attrs.field(init=False)
@@ -113,8 +113,8 @@ class Dispatcher:
         if nursery is None:
             return False
         state = self.cursor.state
-        if frame.t == "READY":
-            return False
+        if frame.t == "READY" or (frame.t == "RESUMED" and state.backfill_due):
+            return False  # a new session to store, a backfill to run
         if state.session is not None and frame.s <= state.session.seq:
             return True  # a duplicate (or the replay of what we handled)
         if frame.t == "RESUMED":
@@ -132,8 +132,10 @@ class Dispatcher:
 
     async def _handle_waiting(self, frame: proto.Frame) -> None:
         assert frame.s is not None and self._nursery is not None
-        if frame.t == "READY":
+        if frame.t in ("READY", "RESUMED"):
             await self.ready(frame)
+            if frame.t == "RESUMED":
+                self._handle_now(frame)  # the backfill done: counted as any RESUMED
             return
         assert isinstance(frame.d, Mapping)  # a message waiting for room in the lanes
         channel = str(frame.d.get("channel_id"))

@@ -43,6 +43,7 @@ from ._backfill import backfill
 from ._cursor import SessionState, ShardCursor
 from ._dispatcher import Dispatcher
 from ._identify import IdentifyGate, gateway_url, prepare_identify
+from ._parse import snowflake_ms
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
 from ._urls import checked_gateway_url
@@ -51,6 +52,10 @@ from ._websocket import ConnectionClosed, GatewaySocket, HandshakeError, connect
 CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
+HELLO_TIMEOUT_S = 15.0
+GAP_RESUME_EVERY_S = 60.0
+"""A gap in the dispatch sequence is resumed at most this often (see :meth:`Shard._gap`)."""
+"""A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
 
@@ -109,9 +114,12 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
+    _gap_resumed_at: float = attrs.field(default=-GAP_RESUME_EVERY_S, init=False)
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
-    _backfill_due: bool = attrs.field(default=False, init=False)
+    _resume_url_down: bool = attrs.field(default=False, init=False)
+    """The resume URL could not be reached: the next attempt resumes through the gateway
+    URL (the session is the same wherever it is resumed)."""
     staggered: bool = attrs.field(default=False, init=False)
     """The first Identify waited for its shard bucket."""
     identify_gate: IdentifyGate = attrs.field(factory=IdentifyGate)
@@ -207,7 +215,6 @@ class Shard:
         if end.action == "identify":
             self.status.session_started_ms = None
             if self.cursor.state.session is not None:
-                self._backfill_due = True
                 self.cursor.state.session = None
                 await self.cursor.save(self.lease.fencing_token)
             # "a random amount of time between 1 and 5 seconds" before a fresh Identify
@@ -222,19 +229,28 @@ class Shard:
     async def _connect_once(self, backoff: Backoff) -> None:
         state = self.cursor.state
         session = state.session
+        resume_url: str | None = None
         if session is None:
             url = await prepare_identify(self)
             self.status.state = "connecting"
         else:
-            url = checked_gateway_url(session.resume_url) or await gateway_url(self)
+            if not self._resume_url_down:
+                resume_url = checked_gateway_url(session.resume_url)
+            self._resume_url_down = False
+            url = resume_url or await gateway_url(self)
             self.status.state = "resuming"
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
+        opened = False
         try:
             async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
+                opened = True
                 await self._session(ws, session, backoff)
         except BaseExceptionGroup as group:
             raise _first(group) from None
+        except (OSError, HandshakeError, trio.TooSlowError):
+            self._resume_url_down = not opened and resume_url is not None
+            raise
 
     async def _session(
         self, ws: GatewaySocket, session: SessionState | None, backoff: Backoff
@@ -248,9 +264,11 @@ class Shard:
             ready=functools.partial(_ready, self),
         )
         end: _End | None = None
+        self._heartbeater = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(dispatcher.run)
+                nursery.start_soon(self._await_hello)
                 try:
                     await self._read(ws, dispatcher, session, backoff, nursery)
                 finally:
@@ -293,8 +311,10 @@ class Shard:
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
             if frame.op == proto.HELLO:
-                interval = frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
-                if not isinstance(interval, int) or interval <= 0:
+                interval = proto.json_number(
+                    frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
+                )
+                if interval is None or interval <= 0:
                     raise proto.ProtocolError("hello without a heartbeat interval")
                 self._heartbeater = proto.Heartbeater(interval / 1000, self.random)
                 self._heartbeater.start(trio.current_time())
@@ -326,10 +346,29 @@ class Shard:
                 raise _End("identify", "session invalidated")
             elif frame.op == proto.DISPATCH and frame.s is not None:
                 if self._received_seq is None or frame.s > self._received_seq:
+                    if self._received_seq is not None and frame.s > self._received_seq + 1:
+                        self._gap()
                     self._received_seq = frame.s
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
                 await dispatcher.put(frame)
+
+    def _gap(self) -> None:
+        """Dispatches were sent and lost on the way (``s`` jumped): end the connection
+        before this one is handled and resume from the watermark, below the gap — Discord
+        replays the missed events. At most once a :data:`GAP_RESUME_EVERY_S` (a gap the
+        replay does not fill is then accepted)."""
+        now = trio.current_time()
+        if now - self._gap_resumed_at >= GAP_RESUME_EVERY_S:
+            self._gap_resumed_at = now
+            log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
+            raise _End("resume", "dispatch sequence gap")
+
+    async def _await_hello(self) -> None:
+        """Leave a socket that sends no Hello (no heartbeat runs before one)."""
+        await trio.sleep(HELLO_TIMEOUT_S)
+        if self._heartbeater is None:
+            raise _End("resume", "no hello")
 
     async def _heartbeat(self, ws: GatewaySocket) -> None:
         beat = self._heartbeater
@@ -348,24 +387,32 @@ class Shard:
 
 
 async def _ready(shard: Shard, frame: proto.Frame) -> None:
-    """READY: the new session (stored) and the bot's own user id; then the backfill due
-    after a session that could not be resumed."""
-    d = frame.d if isinstance(frame.d, Mapping) else {}
-    user = d.get("user")
-    session_id = d.get("session_id")
-    if not isinstance(session_id, str) or not isinstance(user, Mapping):
-        raise proto.ProtocolError("READY without a session")
-    if isinstance(user.get("id"), str):
-        shard.cursor.state.bot_user_id = user["id"]
-    resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
-    assert frame.s is not None
-    started = shard.clock.now_ms()
-    shard.cursor.state.session = SessionState(session_id, resume_url, frame.s, started)
-    shard.status.session_started_ms = started
-    log.info("%s: session started (identified)", shard.label)
-    await shard.cursor.save(shard.lease.fencing_token)
-    if shard._backfill_due:
-        shard._backfill_due = False
+    """READY: the new session (stored) and the bot's own user id; then, with channels
+    known, the backfill of what the session before it did not deliver — due (stored) until
+    it completed: a RESUMED while it is due (a daemon killed during it, a connection lost)
+    backfills again."""
+    state = shard.cursor.state
+    if frame.t == "READY":
+        d = frame.d if isinstance(frame.d, Mapping) else {}
+        user = d.get("user")
+        session_id = d.get("session_id")
+        if not isinstance(session_id, str) or not isinstance(user, Mapping):
+            raise proto.ProtocolError("READY without a session")
+        if isinstance(user.get("id"), str):
+            state.bot_user_id = user["id"]
+        resume_url = checked_gateway_url(d.get("resume_gateway_url")) or shard.gateway or ""
+        assert frame.s is not None
+        started = shard.clock.now_ms()
+        state.session = SessionState(session_id, resume_url, frame.s, started)
+        if state.channels:
+            state.backfill_due = True
+            state.gap_since_ms = max(snowflake_ms(m) or 0 for m, _g in state.channels.values())
+        shard.status.session_started_ms = started
+        log.info("%s: session started (identified)", shard.label)
+        await shard.cursor.save(shard.lease.fencing_token)
+    if state.backfill_due:
         shard.status.state = "backfilling"
         await backfill(shard, shard.backfill_pages)
+        state.backfill_due = False
+        await shard.cursor.save(shard.lease.fencing_token)
     shard.status.state = "connected"

@@ -33,6 +33,9 @@ MAX_IMAGES = 8
 FETCH_DEADLINE_S = 60.0
 CDN_HOSTS = frozenset({"cdn.discordapp.com", "media.discordapp.net"})
 _MAX_NAME = 200
+IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+IMAGE_SUFFIXES |= {".gif": "image/gif", ".webp": "image/webp"}
+"""An attachment's type by its file name when it has no ``content_type`` (optional, §3)."""
 
 
 @attrs.frozen
@@ -61,7 +64,7 @@ def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[Attachme
         if not isinstance(item, Mapping):
             continue
         attachment_id = _id(item.get("id"))
-        mime = _text(item.get("content_type"), 100)
+        mime = _text(item.get("content_type"), 100) or _mime_by_name(item.get("filename"))
         size = item.get("size")
         if attachment_id is None or mime is None or not mime.startswith("image/"):
             continue
@@ -80,6 +83,13 @@ def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[Attachme
         if len(refs) == MAX_IMAGES:
             break
     return tuple(refs)
+
+
+def _mime_by_name(name: object) -> str | None:
+    if not isinstance(name, str):
+        return None
+    dot = name.rfind(".")
+    return IMAGE_SUFFIXES.get(name[dot:].lower()) if dot >= 0 else None
 
 
 def allowed_url(url: object, api_origin: str) -> str | None:

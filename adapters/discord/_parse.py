@@ -60,7 +60,9 @@ def parse_message(
     author_id = _id(author.get("id"))
     if author_id is None or author_id == bot_user_id:
         return None
-    if author.get("bot") is True or author.get("system") is True or "webhook_id" in message:
+    if author.get("bot") is True or author.get("system") is True:
+        return None
+    if message.get("webhook_id") is not None:  # (a null one is no webhook)
         return None
     if message.get("type", 0) not in USER_MESSAGE_TYPES:
         return None

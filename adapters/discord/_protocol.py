@@ -8,8 +8,10 @@ drives with its own clock, so each rule is tested without a socket.
 from __future__ import annotations
 
 import json
+import math
 import random as _random
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -130,6 +132,14 @@ def _frame(payload: Any, *, skip_d: bool) -> Frame:
     )
 
 
+def json_number(value: object) -> float | None:
+    """A JSON number (``45000`` or ``45000.0``: JSON does not tell them apart), finite;
+    ``None`` for anything else (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def encode(op: int, d: Any) -> str:
     text = json.dumps({"op": op, "d": d}, separators=(",", ":"))
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
@@ -159,8 +169,20 @@ def heartbeat(seq: int | None) -> str:
 
 
 def gateway_url(base: str) -> str:
-    """``base`` with the version and encoding query (GW "Gateway URL Query String Params")."""
-    return base.split("?", 1)[0].rstrip("/") + f"/?v={GATEWAY_VERSION}&encoding=json"
+    """``base`` with the version and encoding query (GW "Gateway URL Query String Params"):
+    its path as given (``/`` if none), its own query parameters kept, ``v`` and
+    ``encoding`` ours."""
+    parts = urllib.parse.urlsplit(base)
+    query = [
+        (k, v)
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if k not in ("v", "encoding")
+    ]
+    query += [("v", str(GATEWAY_VERSION)), ("encoding", "json")]
+    path = parts.path or "/"
+    return urllib.parse.urlunsplit(
+        (parts.scheme, parts.netloc, path, urllib.parse.urlencode(query), "")
+    )
 
 
 ZOMBIE_GRACE_SHARE = 0.25
@@ -224,10 +246,10 @@ class StartLimit:
             return None
         fields: list[int] = []
         for name in ("total", "remaining", "reset_after", "max_concurrency"):
-            field = value.get(name)
-            if not isinstance(field, int) or isinstance(field, bool) or field < 0:
+            field = json_number(value.get(name))
+            if field is None or field < 0:
                 return None
-            fields.append(field)
+            fields.append(int(field))
         total, remaining, reset_after, concurrency = fields
         return cls(total, remaining, reset_after, max(1, concurrency))
 

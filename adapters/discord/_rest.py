@@ -2,7 +2,9 @@
 (reference/discord-protocol.md §4, §5).
 
 * **Per-route buckets** from the ``X-RateLimit-*`` headers, keyed by (method, route,
-  top-level resource id): a bucket with nothing ``Remaining`` waits for its reset.
+  top-level resource id): a bucket with nothing ``Remaining`` waits for its reset. Routes
+  whose answers name the same ``X-RateLimit-Bucket`` share one (per resource id). Idle
+  buckets are forgotten past :data:`MAX_BUCKETS`.
 * **Global 50/s**: a sliding window (one second and 50 ms) of the requests written, each
   counted right before it is and, once answered, timed by its answer — the latest moment
   Discord can have received it — so no delay on the way (a slow network, a stalled
@@ -49,6 +51,8 @@ INVALID_GUARD = 1_000
 BAN_COOLDOWN_S = 60.0
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 MAX_CONNECTIONS = 4
+MAX_BUCKETS = 4096
+"""Buckets kept (one per route and channel used); past it, those idle and reset go."""
 """Requests in flight, and the keep-alive connections kept (per origin)."""
 _JSON_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _USER_AGENT = (b"User-Agent", USER_AGENT.encode())
@@ -112,7 +116,9 @@ class DiscordRest:
     _origin: Origin | None = attrs.field(init=False)
     _base: str = attrs.field(init=False)
     _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
-    _buckets: dict[tuple[str, str, str], _Bucket] = attrs.field(factory=dict, init=False)
+    _buckets: dict[tuple[str, ...], _Bucket] = attrs.field(factory=dict, init=False)
+    _shared: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
+    """(method, route) → the ``X-RateLimit-Bucket`` its answers name."""
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
     """When each answered request of the window leaves it (its answer + the window)."""
     _in_flight: int = attrs.field(default=0, init=False)
@@ -146,9 +152,7 @@ class DiscordRest:
     ) -> Any:
         """One call, rate limits kept; the decoded JSON (``None`` for 204)."""
         key = route_key(method, path)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket()
+        bucket = self._bucket(key)
         for _attempt in range(MAX_429_RETRIES + 1):
             self._check_guard()
             # A free bucket is taken without a trip through the scheduler (Lock.acquire
@@ -160,7 +164,7 @@ class DiscordRest:
             try:
                 await self._wait_bucket(bucket)
                 status, headers, body = await self._send(method, path, json_body, params)
-                self._update_bucket(bucket, headers)
+                self._update_bucket(self._learn(key, bucket, headers), headers)
             finally:
                 bucket.lock.release()
             if status == 429:
@@ -274,6 +278,30 @@ class DiscordRest:
         self.invalid_requests += 1
         self._invalid.append(trio.current_time())
 
+    def _bucket(self, key: tuple[str, str, str]) -> _Bucket:
+        name = self._shared.get(key[:2])
+        found = self._buckets.get(key if name is None else (name, key[2]))
+        if found is not None:
+            return found
+        if len(self._buckets) >= MAX_BUCKETS:
+            now = trio.current_time()
+            for old in [k for k, b in self._buckets.items() if b.reset_at <= now]:
+                if not self._buckets[old].lock.locked():
+                    del self._buckets[old]
+        bucket = self._buckets[key if name is None else (name, key[2])] = _Bucket()
+        return bucket
+
+    def _learn(
+        self, key: tuple[str, str, str], bucket: _Bucket, headers: Mapping[str, str]
+    ) -> _Bucket:
+        """The bucket an answer names (``X-RateLimit-Bucket``): the one every route naming
+        it shares for this resource id from now on."""
+        name = headers.get("x-ratelimit-bucket")
+        if not name:
+            return bucket
+        self._shared[key[:2]] = name
+        return self._buckets.setdefault((name, key[2]), bucket)
+
     async def _wait_bucket(self, bucket: _Bucket) -> None:
         now = trio.current_time()
         if bucket.remaining == 0 and bucket.reset_at > now:
@@ -325,8 +353,13 @@ class DiscordRest:
         """The wait a 429 asks for (and its bookkeeping)."""
         body = _json(raw)
         scope = headers.get("x-ratelimit-scope")
-        has_headers = "x-ratelimit-scope" in headers or "retry-after" in headers
-        if not isinstance(body, Mapping) or not has_headers:
+        limited = (
+            "x-ratelimit-scope" in headers
+            or "x-ratelimit-global" in headers
+            or "retry-after" in headers
+            or (isinstance(body, Mapping) and _number(body.get("retry_after")) is not None)
+        )
+        if not isinstance(body, Mapping) or not limited:
             # Cloudflare's ban (HTML, code 0 or 40333 without headers): back off hard.
             self._count_invalid()
             self._global_until = trio.current_time() + self.ban_cooldown_s
@@ -340,7 +373,7 @@ class DiscordRest:
         if retry is None:
             retry = _number(headers.get("retry-after"))
         delay = min(max(retry if retry is not None else 1.0, 0.0), 3600.0) + 0.05
-        if body.get("global") is True or headers.get("x-ratelimit-global"):
+        if body.get("global") is True or headers.get("x-ratelimit-global", "").lower() == "true":
             self._global_until = trio.current_time() + delay
         log.info("discord: rate limited (%s); retry in %.2f s", scope or "unknown", delay)
         return delay

@@ -16,11 +16,13 @@
   :data:`NONCE_WINDOW_MS` of that start — Discord deduplicates and answers with the
   original (a 10008 then means it was delivered and deleted). Outside the window nothing is
   posted blindly: the bot's replies to the inbound message are looked for (``GET
-  …/messages?after=<inbound id>``); found, the chunk is delivered; not found,
+  …/messages?after=<inbound id>``), each chunk by its text (one message may have several
+  replies: an approval notice, then the answer); found, the chunk is delivered; not found,
   :class:`~prismd.channel.DeliveryOutcomeUnknownError` (``delivery_unknown`` for the
   operator).
 * 50007 (blocked, DMs closed), 50013 (missing permissions), 10003 (unknown channel) and
-  other 4xx answers are ``delivery_failed`` with a short reason.
+  other 4xx answers are ``delivery_failed`` with a short reason; 160002 (a reply where the
+  bot cannot read the history) is sent again as a plain message, with the same nonce.
 """
 
 from __future__ import annotations
@@ -155,10 +157,9 @@ class DiscordSender:
         operation = reply.operation_id or secrets.token_hex(16)
         base = nonce_base(self.connection_id, operation)
         first_ms, resumed = await self._window_start(reply.staged_at_ms, base, len(chunks))
-        found: list[str] = []
         if resumed and self.clock.now_ms() - first_ms >= NONCE_WINDOW_MS:
-            found = await self._find_replies(channel, target)
-            if len(found) >= len(chunks):
+            found = await self._find_replies(channel, target, chunks)
+            if all(found):
                 return SendResult(True, message_id=found[0])
             raise DeliveryOutcomeUnknownError("reply may have been posted; nonce window passed")
         ids: list[str] = []
@@ -197,6 +198,10 @@ class DiscordSender:
             except DiscordApiError as error:
                 if error.code == 10008:
                     return "deleted"  # delivered under this nonce, then deleted
+                if error.code == 160002 and "message_reference" in body:
+                    # No READ_MESSAGE_HISTORY here: the chunk as a plain message (same nonce).
+                    body = {k: v for k, v in body.items() if k != "message_reference"}
+                    continue
                 if error.status < 500 and error.status != 429:
                     reason = FAILURE_REASONS.get(error.code or 0)
                     return SendResult(
@@ -213,9 +218,9 @@ class DiscordSender:
             # Ambiguous: the message may exist. Same nonce again while inside the window.
             left_ms = first_ms + NONCE_WINDOW_MS - self.clock.now_ms()
             if left_ms <= delay * 1000:
-                found = await self._find_replies(channel, target)
-                if len(found) > index:
-                    return found[index]
+                [found] = await self._find_replies(channel, target, [body["content"]])
+                if found is not None:
+                    return found
                 raise DeliveryOutcomeUnknownError("send outcome unknown; nonce window passed")
             log.warning(
                 "discord %s: send failed (%s); posting again with the same nonce in %.1f s",
@@ -296,12 +301,16 @@ class DiscordSender:
                 break
         return deleted
 
-    async def _find_replies(self, channel: str, target: str | None) -> list[str]:
-        """The ids of the bot's replies to ``target`` in ``channel``, oldest first."""
+    async def _find_replies(
+        self, channel: str, target: str | None, chunks: Sequence[str]
+    ) -> list[str | None]:
+        """Per chunk, the id of the bot's oldest reply to ``target`` in ``channel`` with
+        that text (``None``: none found). A message may have several replies (an approval
+        notice, then the answer): only the text tells this one's."""
         bot = self.bot_user_id()
         if target is None or bot is None:
-            return []
-        found: list[tuple[int, str]] = []
+            return [None] * len(chunks)
+        found: list[tuple[int, str, str]] = []
         after = target
         for _page in range(5):
             try:
@@ -323,11 +332,18 @@ class DiscordSender:
                     and isinstance(reference, Mapping)
                     and reference.get("message_id") == target
                 ):
-                    found.append((int(message["id"]), str(message["id"])))
+                    content = message.get("content")
+                    text = content.strip() if isinstance(content, str) else ""
+                    found.append((int(message["id"]), str(message["id"]), text))
             after = str(max(int(m["id"]) for m in batch if str(m.get("id", "")).isdigit()))
             if len(batch) < 100:
                 break
-        return [i for _n, i in sorted(found)]
+        found.sort()
+        ids: list[str | None] = []
+        for chunk in chunks:
+            hit = next((i for _n, i, t in found if t == chunk.strip() and i not in ids), None)
+            ids.append(hit)
+        return ids
 
     async def notice(self, channel: str, message_id: str, text: str) -> None:
         """Answer ``message_id`` with a fixed notice (a refusal's hint), outside the journal:

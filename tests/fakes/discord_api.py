@@ -13,7 +13,7 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   ``nonce_window_s`` returns the original message (200), or 10008 if it was deleted. The
   message is stored and MESSAGE_CREATE (with ``nonce``) dispatched to the gateway.
   Channel faults: ``blocked`` → 403 50007, ``no_permission`` → 403 50013, unknown → 404
-  10003.
+  10003, ``no_history`` → a reply is 400 160002 and the history reads empty.
 * ``PATCH /channels/{id}/messages/{mid}`` (the author only, else 50005) → MESSAGE_UPDATE;
   ``DELETE`` of the bot's own message → 204 and MESSAGE_DELETE;
   ``POST /channels/{id}/typing`` → 204; ``GET /channels/{id}/messages?after=&limit=`` →
@@ -26,7 +26,9 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   ``ban_after_invalid`` every answer is Cloudflare's HTML 429 without headers.
 * Faults (:meth:`FakeDiscord.fail_next`): ``commit_drop`` (the message is created, the
   connection closed without an answer), ``commit_500``, ``commit_hang`` (created, the
-  answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit).
+  answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit),
+  ``429_global_bare`` (the global limit as reference §9 describes it: ``{message,
+  retry_after, global:true}`` and ``X-RateLimit-Global``, no other header).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class Channel:
     messages: list[dict[str, Any]] = attrs.field(factory=list)
     blocked: bool = False
     no_permission: bool = False
+    no_history: bool = False
+    """The bot lacks READ_MESSAGE_HISTORY here: a reply is 400 160002, history is empty."""
 
 
 @attrs.frozen
@@ -76,7 +80,7 @@ class FakeDiscord:
         self,
         *,
         token: str = "discord-bot-token-secret",
-        heartbeat_interval_ms: int = 41_250,
+        heartbeat_interval_ms: float = 41_250,
         resume_ttl_s: float = 180.0,
         replay_limit: int = 1000,
         nonce_window_s: float = 180.0,
@@ -98,8 +102,14 @@ class FakeDiscord:
         self.identify_window_s = 5.0
         """``max_concurrency`` identifies per this window (Discord: 5 s)."""
         self.token_reset = False
+        self.resume_url_override: str | None = None
+        """READY's ``resume_gateway_url`` when set (Discord names another host, with or
+        without a path and a query, and that host may be unreachable)."""
         self.route_limit = 5
         self.route_window_s = 5.0
+        self.shared_message_bucket = False
+        """Posting, editing and deleting a channel's messages share one bucket (one
+        ``X-RateLimit-Bucket`` for the three routes), as Discord may group routes."""
         self.global_limit = 50
         self.ban_after_invalid = 10_000
         self.invalid_requests = 0
@@ -135,6 +145,8 @@ class FakeDiscord:
 
     @property
     def resume_gateway_url(self) -> str:
+        if self.resume_url_override is not None:
+            return self.resume_url_override
         return f"ws://127.0.0.1:{self.gateway_port}/resume"
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -356,6 +368,11 @@ class FakeDiscord:
             return self._record(method, path, body, 429, payload, extra)
         self._global.append(now)
         fault = self._fault(f"{method} {path}")
+        if fault == "429_global_bare":
+            self.invalid_requests += 1
+            payload = {"message": "You are being rate limited.", "retry_after": 0.25}
+            payload["global"] = True
+            return self._record(method, path, body, 429, payload, [("X-RateLimit-Global", "true")])
         if not path.startswith("/api/v10/"):
             return self._record(method, path, body, 404, error(0, "404: Not Found"))
         route = path[len("/api/v10") :]
@@ -363,6 +380,8 @@ class FakeDiscord:
         bucket_headers: list[tuple[str, str]] = []
         if parts[0] == "channels" and len(parts) >= 2:
             key = (method, parts[2] if len(parts) > 2 else "", parts[1])
+            if self.shared_message_bucket and key[1] == "messages" and method != "GET":
+                key = ("POST|PATCH|DELETE", "messages", parts[1])  # one X-RateLimit-Bucket
             limited = rest_bucket(self, key, now, bucket_headers, fault == "429")
             if limited is not None:
                 self.invalid_requests += 1

@@ -94,9 +94,16 @@ class Gateway:
         self.withhold_acks = 0
         self.duplicate_next = 0
         self.drop_next = 0
+        self.lose_next = 0
+        """How many next events get their ``s`` and a place in the replay buffer but are
+        not written to the socket (lost on the way: a gap in ``s``)."""
         self.kick_on_resume = False
         self.reconnect_before_hello = 0
         """How many next connections get op 7 instead of Hello (then a 4000 close)."""
+        self.silent_before_hello = 0
+        """How many next connections are accepted and then sent nothing (no Hello)."""
+        self.paths: list[str] = []
+        """The request target (path and query) of every connection, in order."""
         self.connection_count = 0
 
     # ------------------------------------------------------------------ dispatching
@@ -109,6 +116,9 @@ class Gateway:
         copies = 2 if self.duplicate_next else 1
         if self.duplicate_next:
             self.duplicate_next -= 1
+        lost = bool(self.lose_next)
+        if lost:
+            self.lose_next -= 1
         count = 0
         now = trio.current_time()
         for session in list(self.sessions.values()):
@@ -122,7 +132,7 @@ class Gateway:
             if payload is None:
                 continue
             for _ in range(copies):
-                self.push(session, name, payload)
+                self.push(session, name, payload, lost=lost)
             count += 1
         return count
 
@@ -143,12 +153,16 @@ class Gateway:
                 out["attachments"] = []
         return out
 
-    def push(self, session: Session, name: str, data: Mapping[str, Any]) -> None:
+    def push(
+        self, session: Session, name: str, data: Mapping[str, Any], *, lost: bool = False
+    ) -> None:
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
         if len(session.events) > self.owner.replay_limit:
             del session.events[0]
+        if lost:
+            return
         for connection in session.connections:
             self.send(connection, payload)
 
@@ -222,6 +236,7 @@ class Gateway:
     # ------------------------------------------------------------------ one socket
 
     async def handle(self, request: WebSocketRequest) -> None:
+        self.paths.append(request.path)
         ws = await request.accept()
         send, receive = trio.open_memory_channel[dict[str, Any] | None](10_000)
         connection = GatewayConnection(ws=ws, outbox=send)
@@ -237,6 +252,10 @@ class Gateway:
                     await trio.sleep(0.05)
                     await self._close(connection, 4000)
                     return
+                if self.silent_before_hello:
+                    self.silent_before_hello -= 1
+                    await self._silent(connection)
+                    return
                 interval = self.owner.heartbeat_interval_ms
                 self.send(connection, {"op": 10, "d": {"heartbeat_interval": interval}})
                 await self._reader(connection, number)
@@ -246,6 +265,16 @@ class Gateway:
                     self._detach(connection)
                 send.close()
                 nursery.cancel_scope.cancel()
+
+    async def _silent(self, connection: GatewayConnection) -> None:
+        """Read what the client sends and never answer (no Hello), until it leaves."""
+        try:
+            while True:
+                await connection.ws.get_message()
+        except ConnectionClosed as closed:
+            reason = closed.reason
+            code = None if reason is None or reason.code == 1006 else reason.code
+            self.client_close_codes.append(code)
 
     async def _writer(
         self,

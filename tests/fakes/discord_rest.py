@@ -74,6 +74,8 @@ def route(
 
 
 def _history(fake: FakeDiscord, channel: Channel, query: Mapping[str, list[str]]) -> list[Any]:
+    if channel.no_history:
+        return []  # "Without READ_MESSAGE_HISTORY it returns nothing"
     after = int(query.get("after", ["0"])[0] or 0)
     limit = max(1, min(100, int(query.get("limit", ["50"])[0] or 50)))
     found = [m for m in channel.messages if int(m["id"]) > after]
@@ -97,6 +99,8 @@ def _post(fake: FakeDiscord, channel: Channel, body: Any) -> tuple[int, Any]:
     if nonce is not None and (not isinstance(nonce, (str, int)) or len(str(nonce)) > 25):
         return 400, error(50035, "Invalid Form Body")
     reference = body.get("message_reference")
+    if isinstance(reference, Mapping) and channel.no_history:
+        return 400, error(160002, "Cannot reply without permission to read message history")
     if isinstance(reference, Mapping):
         target = str(reference.get("message_id"))
         exists = any(m["id"] == target for m in channel.messages)
