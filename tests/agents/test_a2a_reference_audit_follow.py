@@ -21,7 +21,7 @@ from prismd.agents.a2a import (
 )
 from stores import SYSTEM_CLOCK
 from stores.memory import MemoryStore
-from tests.support.a2a_peer import Peer, error, gets, result, running
+from tests.support.a2a_peer import Peer, client_of, error, gets, result, running
 from tests.support.builders import event
 from tests.support.waiting import wait_until
 
@@ -352,3 +352,70 @@ async def test_a_push_for_a_continued_task_before_its_answer_is_accepted(
                 assert h.texts == ["Which year?", "2026 it is"]
             nursery.cancel_scope.cancel()
     assert codes == [200, 401]
+
+
+# ---------------------------------------------------------------------- SSE framing
+
+
+async def test_sse_framing_of_other_servers_is_read() -> None:
+    """SSE as servers write it (the WHATWG format the spec's streams use): CRLF line ends,
+    ``event:``/``id:``/``retry:`` fields, comments, and one JSON-RPC frame split over
+    several ``data:`` lines (joined by newlines: still JSON). Every observation arrives, in
+    order, and the terminal one ends the stream."""
+    peer = Peer(streaming=True)
+    seen: list[tuple[str, str]] = []
+
+    async def subscribe(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        def frame(result: dict[str, Any]) -> str:
+            text = json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}, indent=1)
+            return "".join(f"data: {line}\r\n" for line in text.split("\n"))
+
+        working = {"statusUpdate": {"taskId": "t-1", "status": {"state": "TASK_STATE_WORKING"}}}
+        done = {"statusUpdate": {"taskId": "t-1", "status": {"state": "TASK_STATE_COMPLETED"}}}
+        body = (
+            ": hello\r\nretry: 1000\r\n\r\n"
+            f"event: message\r\nid: 1\r\n{frame({'task': peer.task('t-1', 'submitted')})}\r\n"
+            f": keep-alive\r\n\r\nid: 2\r\n{frame(working)}\r\n"
+            f"event: message\r\n{frame(done)}\r\n"
+        )
+        headers = {"content-type": "text/event-stream; charset=utf-8"}
+        return httpx.Response(200, headers=headers, content=body.encode())
+
+    peer.methods["subscribe"] = subscribe
+
+    def on_item(item: Any) -> bool:
+        seen.append((type(item).__name__, item.state))
+        return bool(item.state == "completed")
+
+    with trio.fail_after(10):
+        async with client_of(peer) as client:
+            await client.subscribe("t-1", on_item, idle_s=5)
+    assert seen == [
+        ("Task", "submitted"),
+        ("StatusUpdate", "working"),
+        ("StatusUpdate", "completed"),
+    ]
+
+
+async def test_a_context_the_peer_names_otherwise_is_the_one_continued(mem: MemoryStore) -> None:
+    """§6: the server mints the ``contextId`` and MUST return it; a peer may answer with
+    another than the one sent (its own mapping). The next message continues the context the
+    peer named, not the one prismd sent."""
+    peer = Peer()
+    contexts = iter(["ctx-a", "ctx-b"])
+
+    async def send(rid: Any, params: dict[str, Any]) -> httpx.Response:
+        context = next(contexts)
+        task = peer.task(f"t-{context}", "completed", f"in {context}", context_id=context)
+        return result(rid, peer.sent(task))
+
+    peer.methods["send"] = send
+    with trio.fail_after(20):
+        async with running(peer, mem) as (h, _):
+            await h.runtime.admit(event("1", "first"))
+            await h.settle()
+            await h.runtime.admit(event("2", "second"))
+            await h.settle()
+            assert h.texts == ["in ctx-a", "in ctx-b"]
+    first, second = (s["message"] for s in peer.sends())
+    assert "contextId" not in first and second["contextId"] == "ctx-a"
