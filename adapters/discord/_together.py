@@ -28,8 +28,9 @@ import trio
 
 T = TypeVar("T")
 
-HOLD_S = 0.1
-"""The longest a finished send waits for the others of its batch."""
+HOLD_S = 0.025
+"""The longest a finished send waits for the others of its batch: a little more than one
+place of the global window (20 ms), so a paced send sees at least the next one leave."""
 MAX_TOGETHER = 16
 """A batch returns at once when this many sends have finished."""
 
