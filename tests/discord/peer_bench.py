@@ -12,7 +12,9 @@ bot process's CPU time (utime + stime from /proc) is read before the first messa
 after the last answer, and the REST requests it made meanwhile are counted. Then one
 MESSAGE_CREATE is delivered twice (Discord's "up to N times"): the answers to it are
 counted. With ``--rounds N`` the two bots run alternately N times each (on a shared machine
-compare within a round) and the medians are printed last.
+compare within a round) and the medians are printed last. With ``--spacing-ms X`` the DMs
+come one every X ms instead (both bots then answer each message alone, at the same pace:
+prismd's own pacing to Discord's global limit no longer sets its window apart).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ Result = tuple[float, float, float, int]
 
 
 async def measure(
-    fake: FakeDiscord, process: trio.Process, messages: int
+    fake: FakeDiscord, process: trio.Process, messages: int, spacing_s: float = 0.0
 ) -> tuple[float, float, float]:
     with trio.fail_after(60):
         await wait_until(lambda: bool(fake.gateway.sessions))
@@ -73,7 +75,9 @@ async def measure(
     for n in range(messages):
         user = str(int(USER) + n % USERS)  # 30 conversations, as many DMs each
         fake.user_message(str(int(DM) + n % USERS), user, f"m{n}")
-        if n % 10 == 9:
+        if spacing_s:
+            await trio.sleep_until(started + spacing_s * (n + 1))
+        elif n % 10 == 9:
             await trio.sleep(0.01)
     with trio.move_on_after(60):
         await wait_until(lambda: len(fake.bot_messages()) - answered_before >= messages, 0.02)
@@ -97,7 +101,7 @@ async def duplicate_answers(fake: FakeDiscord) -> int:
     )
 
 
-async def run_prismd(messages: int) -> Result:
+async def run_prismd(messages: int, spacing_s: float = 0.0) -> Result:
     fake = FakeDiscord(token=TOKEN)
     fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
     async with trio.open_nursery() as nursery:
@@ -130,7 +134,7 @@ aliases = ["echo"]
             command = [sys.executable, "-m", "prismd", "run", "--config", str(layout.config)]
             process = await trio.lowlevel.open_process(command, env=env)
             try:
-                cpu, wall, requests = await measure(fake, process, messages)
+                cpu, wall, requests = await measure(fake, process, messages, spacing_s)
                 twice = await duplicate_answers(fake)
             finally:
                 process.terminate()
@@ -139,7 +143,7 @@ aliases = ["echo"]
     return cpu, wall, requests, twice
 
 
-async def run_discordpy(python: str, messages: int) -> Result:
+async def run_discordpy(python: str, messages: int, spacing_s: float = 0.0) -> Result:
     fake = FakeDiscord(token=TOKEN)
     fake.route_limit = fake.global_limit = 100_000  # CPU, not Discord's limits, is measured
     async with trio.open_nursery() as nursery:
@@ -147,7 +151,7 @@ async def run_discordpy(python: str, messages: int) -> Result:
         command = [python, "-c", DPY_BOT, fake.origin, TOKEN, fake.gateway_url]
         process = await trio.lowlevel.open_process(command)
         try:
-            cpu, wall, requests = await measure(fake, process, messages)
+            cpu, wall, requests = await measure(fake, process, messages, spacing_s)
             twice = await duplicate_answers(fake)
         finally:
             process.terminate()
@@ -171,14 +175,22 @@ async def main() -> None:
     parser.add_argument("--discordpy", required=True, help="a python with discord.py installed")
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--spacing-ms",
+        type=float,
+        default=0.0,
+        help="one DM every this many ms instead of bursts of 10 (each bot then handles "
+        "each message alone, at the same pace; 25 is under prismd's 50 replies a second)",
+    )
     args = parser.parse_args()
+    spacing_s = args.spacing_ms / 1000
     cpu: dict[str, list[float]] = {"prismd": [], "discord.py": []}
     for _round in range(args.rounds):
         for name in cpu:
             if name == "prismd":
-                result = await run_prismd(args.messages)
+                result = await run_prismd(args.messages, spacing_s)
             else:
-                result = await run_discordpy(args.discordpy, args.messages)
+                result = await run_discordpy(args.discordpy, args.messages, spacing_s)
             show(name, args.messages, result)
             cpu[name].append(result[0] * 1000 / args.messages)
     if args.rounds > 1:
