@@ -6,9 +6,11 @@ section named in its docstring) through the fake, or the parsers directly."""
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -499,3 +501,27 @@ async def test_idle_buckets_are_forgotten(
         await rest.aclose()
     assert len(rest._buckets) <= 9
     assert [r.status for r in fake.requests].count(204) == 30
+
+
+async def test_a_rate_limit_never_carries_a_resend_past_the_nonce_window(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§4/§5: the resend of a POST whose answer was lost must leave inside the window the
+    nonce deduplicates in; a 429 (``retry_after`` 64.57 in the reference's example) or a
+    bucket's reset may lie past it. Before: the REST client slept through it and posted
+    again outside the window (the user could get the reply twice); now the window's end
+    turns the wait into the lookup."""
+    inbound = fake.user_message(DM, USER, "question")
+    fake.route_window_s = 100.0  # the forced 429 asks for ~100 s
+    fake.fail_next(POST, "commit_drop", "429")
+    adapter = make_adapter()
+    staged = attrs.evolve(
+        reply_to(inbound["id"]), staged_at_ms=int(time.time() * 1000) - NONCE_WINDOW_MS + 4_000
+    )
+    with trio.fail_after(DEADLINE_S):
+        result = await adapter.send(staged)
+    await adapter.aclose()
+    assert result.delivered
+    [message] = fake.bot_messages(DM)
+    assert result.message_id == message["id"]
+    assert [r.status for r in fake.calls("POST", f"/channels/{DM}/messages")] == [0, 429]
