@@ -525,3 +525,38 @@ async def test_a_rate_limit_never_carries_a_resend_past_the_nonce_window(
     [message] = fake.bot_messages(DM)
     assert result.message_id == message["id"]
     assert [r.status for r in fake.calls("POST", f"/channels/{DM}/messages")] == [0, 429]
+
+
+async def test_a_second_lost_session_keeps_the_first_gap_for_new_channels(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """A session lost again before its backfill completed: the gap still open dates from
+    the first loss. Before: the new READY dated it from the newest message journaled since
+    (one the unfinished backfill admitted), and a newcomer's message in between was lost."""
+    a, c, b = "3000000000000000001", "3000000000000000002", "3000000000000000003"
+    with trio.fail_after(DEADLINE_S):
+        first = make_adapter()
+        async with serving(store, first):
+            await wait_until(lambda: first.health()["state"] == "connected")
+            fake.user_message(a, USER, "a1")
+            fake.user_message(c, "2000000000000000002", "c1")
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(1.3)  # the channels saved with the watermark
+        fake.gateway.expire_sessions()
+        fake.user_message(b, "2000000000000000003", "b1, the newcomer's first")
+        fake.user_message(a, USER, "a2")
+        fake.fail_next(f"GET /api/v10/channels/{c}/messages", "commit_hang")
+        second = make_adapter()
+        async with serving(store, second):  # backfills a (a2), then hangs on c
+            await wait_until(lambda: len(fake.bot_messages(a)) == 2)
+        fake.gateway.expire_sessions()
+        third = make_adapter()
+        async with serving(store, third):
+            await wait_until(lambda: third.health()["state"] == "connected")
+            fake.user_message(b, "2000000000000000003", "b2")
+            await wait_until(lambda: len(fake.bot_messages(b)) == 2)
+            await trio.sleep(0.3)
+    assert [m["content"] for m in fake.bot_messages(b)] == [
+        "echo: b1, the newcomer's first",
+        "echo: b2",
+    ]
