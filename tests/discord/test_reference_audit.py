@@ -524,7 +524,8 @@ async def test_a_rate_limit_never_carries_a_resend_past_the_nonce_window(
     assert result.delivered
     [message] = fake.bot_messages(DM)
     assert result.message_id == message["id"]
-    assert [r.status for r in fake.calls("POST", f"/channels/{DM}/messages")] == [0, 429]
+    statuses = [r.status for r in fake.calls("POST", f"/channels/{DM}/messages")]
+    assert statuses[0] == 0 and set(statuses[1:]) <= {429}  # nothing posted after the 429
 
 
 async def test_a_second_lost_session_keeps_the_first_gap_for_new_channels(
