@@ -405,8 +405,9 @@ async def _ready(shard: Shard, frame: proto.Frame) -> None:
         started = shard.clock.now_ms()
         state.session = SessionState(session_id, resume_url, frame.s, started)
         if state.channels:
+            if not state.backfill_due or state.gap_since_ms is None:  # (else a gap still open)
+                state.gap_since_ms = max(snowflake_ms(m) or 0 for m, _g in state.channels.values())
             state.backfill_due = True
-            state.gap_since_ms = max(snowflake_ms(m) or 0 for m, _g in state.channels.values())
         shard.status.session_started_ms = started
         log.info("%s: session started (identified)", shard.label)
         await shard.cursor.save(shard.lease.fencing_token)

@@ -149,8 +149,11 @@ class DiscordRest:
         *,
         json_body: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
+        not_after: float | None = None,
     ) -> Any:
-        """One call, rate limits kept; the decoded JSON (``None`` for 204)."""
+        """One call, rate limits kept; the decoded JSON (``None`` for 204). ``not_after``
+        (Trio time): a rate limit that would hold the request past it raises a 429 at once
+        (a resend must leave inside its nonce's window)."""
         key = route_key(method, path)
         bucket = self._bucket(key)
         for _attempt in range(MAX_429_RETRIES + 1):
@@ -162,13 +165,15 @@ class DiscordRest:
             except trio.WouldBlock:
                 await bucket.lock.acquire()
             try:
-                await self._wait_bucket(bucket)
+                await self._wait_bucket(bucket, not_after)
                 status, headers, body = await self._send(method, path, json_body, params)
                 self._update_bucket(self._learn(key, bucket, headers), headers)
             finally:
                 bucket.lock.release()
             if status == 429:
                 delay = self._on_429(headers, body)
+                if not_after is not None and trio.current_time() + delay > not_after:
+                    raise DiscordApiError(429, None, retry_after=delay)
                 await trio.sleep(delay)
                 continue
             if status in (401, 403):
@@ -302,10 +307,13 @@ class DiscordRest:
         self._shared[key[:2]] = name
         return self._buckets.setdefault((name, key[2]), bucket)
 
-    async def _wait_bucket(self, bucket: _Bucket) -> None:
+    async def _wait_bucket(self, bucket: _Bucket, not_after: float | None) -> None:
         now = trio.current_time()
-        if bucket.remaining == 0 and bucket.reset_at > now:
-            await trio.sleep(bucket.reset_at - now)
+        until = bucket.reset_at if bucket.remaining == 0 and bucket.reset_at > now else now
+        if not_after is not None and max(until, self._global_until) > not_after:
+            raise DiscordApiError(429, None)  # limited past the caller's deadline
+        if until > now:
+            await trio.sleep(until - now)
             bucket.remaining = None
 
     async def _wait_global(self) -> None:

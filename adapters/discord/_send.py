@@ -197,9 +197,14 @@ class DiscordSender:
         """The posted chunk's message id, or a definite failure."""
         delay = self.retry_base_s
         while True:
+            # Never posted after the window (a rate limit's wait included): see _rest.
+            left_s = (first_ms + NONCE_WINDOW_MS - self.clock.now_ms()) / 1000
             try:
                 message = await self.rest.request(
-                    "POST", f"/channels/{channel}/messages", json_body=body
+                    "POST",
+                    f"/channels/{channel}/messages",
+                    json_body=body,
+                    not_after=trio.current_time() + left_s,
                 )
             except DiscordApiError as error:
                 if error.code == 10008:

@@ -6,9 +6,11 @@ section named in its docstring) through the fake, or the parsers directly."""
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -499,3 +501,63 @@ async def test_idle_buckets_are_forgotten(
         await rest.aclose()
     assert len(rest._buckets) <= 9
     assert [r.status for r in fake.requests].count(204) == 30
+
+
+async def test_a_rate_limit_never_carries_a_resend_past_the_nonce_window(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§4/§5: the resend of a POST whose answer was lost must leave inside the window the
+    nonce deduplicates in; a 429 (``retry_after`` 64.57 in the reference's example) or a
+    bucket's reset may lie past it. Before: the REST client slept through it and posted
+    again outside the window (the user could get the reply twice); now the window's end
+    turns the wait into the lookup."""
+    inbound = fake.user_message(DM, USER, "question")
+    fake.route_window_s = 100.0  # the forced 429 asks for ~100 s
+    fake.fail_next(POST, "commit_drop", "429")
+    adapter = make_adapter()
+    staged = attrs.evolve(
+        reply_to(inbound["id"]), staged_at_ms=int(time.time() * 1000) - NONCE_WINDOW_MS + 4_000
+    )
+    with trio.fail_after(DEADLINE_S):
+        result = await adapter.send(staged)
+    await adapter.aclose()
+    assert result.delivered
+    [message] = fake.bot_messages(DM)
+    assert result.message_id == message["id"]
+    statuses = [r.status for r in fake.calls("POST", f"/channels/{DM}/messages")]
+    assert statuses[0] == 0 and set(statuses[1:]) <= {429}  # nothing posted after the 429
+
+
+async def test_a_second_lost_session_keeps_the_first_gap_for_new_channels(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """A session lost again before its backfill completed: the gap still open dates from
+    the first loss. Before: the new READY dated it from the newest message journaled since
+    (one the unfinished backfill admitted), and a newcomer's message in between was lost."""
+    a, c, b = "3000000000000000001", "3000000000000000002", "3000000000000000003"
+    with trio.fail_after(DEADLINE_S):
+        first = make_adapter()
+        async with serving(store, first):
+            await wait_until(lambda: first.health()["state"] == "connected")
+            fake.user_message(a, USER, "a1")
+            fake.user_message(c, "2000000000000000002", "c1")
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(1.3)  # the channels saved with the watermark
+        fake.gateway.expire_sessions()
+        fake.user_message(b, "2000000000000000003", "b1, the newcomer's first")
+        fake.user_message(a, USER, "a2")
+        fake.fail_next(f"GET /api/v10/channels/{c}/messages", "commit_hang")
+        second = make_adapter()
+        async with serving(store, second):  # backfills a (a2), then hangs on c
+            await wait_until(lambda: len(fake.bot_messages(a)) == 2)
+        fake.gateway.expire_sessions()
+        third = make_adapter()
+        async with serving(store, third):
+            await wait_until(lambda: third.health()["state"] == "connected")
+            fake.user_message(b, "2000000000000000003", "b2")
+            await wait_until(lambda: len(fake.bot_messages(b)) == 2)
+            await trio.sleep(0.3)
+    assert [m["content"] for m in fake.bot_messages(b)] == [
+        "echo: b1, the newcomer's first",
+        "echo: b2",
+    ]
