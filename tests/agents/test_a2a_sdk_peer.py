@@ -173,3 +173,49 @@ async def test_a_conversation_through_prismd_to_the_sdk_with_push(
             assert receiver.counters.get("pushes_refused", 0) == 0
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_the_sdk_streams_in_chunks_is_delivered_whole(
+    sdk_url: str, tmp_path: Path, stream: bool
+) -> None:
+    """The SDK agent answers in ``append`` chunks (``TaskUpdater.add_artifact(…,
+    append=True)``), which the SDK stores as parts of one artifact: seen on the stream, or
+    (``stream = false``) in the SDK's push of each chunk, they are joined as they were sent
+    — not one blank line between every four characters."""
+    from prismd.agents import AgentContext, build_agent
+    from prismd.agents.a2a import A2AAgent, PushReceiver
+    from stores import SYSTEM_CLOCK, open_store
+    from tests.support.builders import event
+    from tests.support.harness import open_harness
+
+    with trio.fail_after(40):
+        async with (
+            open_store(f"sqlite:///{tmp_path / 'j.sqlite'}") as store,
+            trio.open_nursery() as nursery,
+        ):
+            agents: dict[str, A2AAgent] = {}
+            receiver = PushReceiver("127.0.0.1:0", agents, store.inbox)
+            await nursery.start(receiver.serve)
+            nursery.start_soon(receiver.apply_pushes, "owner-1")
+            assert receiver.address is not None
+            options = {"url": sdk_url, "poll_interval_ms": 60_000, "stream": stream}
+            agent = build_agent(
+                "a2a",
+                AgentContext(
+                    alias="primary",
+                    options={**options, "max_poll_interval_ms": 60_000},
+                    checkpoints=store.checkpoints,
+                    push_base_url=f"http://127.0.0.1:{receiver.address[1]}",
+                ),
+            )
+            assert isinstance(agent, A2AAgent)
+            agents["primary"] = agent
+            async with open_harness(store, SYSTEM_CLOCK, {"primary": agent}) as h:
+                await h.runtime.admit(event("1", "chunks: revenue grew by four percent"))
+                await h.settle()
+                assert h.texts == ["sdk[1]: chunks: revenue grew by four percent"]
+            # Pushed one by one (then the status): several chunks reached the receiver.
+            assert receiver.counters.get("pushes_accepted", 0) >= 3
+            await agent.aclose()
+            nursery.cancel_scope.cancel()

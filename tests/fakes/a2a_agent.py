@@ -172,7 +172,11 @@ class FakeA2A:
         """Move a task to ``state`` (``completed`` with ``text`` as its artifact, else
         ``text`` as the status message) and push once when it has a push config. A stream
         sends the artifact in ``chunks`` artifact-update events (``append`` after the
-        first, ``lastChunk`` on the last); ``GetTask`` shows it whole."""
+        first, ``lastChunk`` on the last), and ``GetTask`` shows those chunks as the
+        artifact's parts, as the official SDKs store an artifact built by ``append`` (one
+        part per chunk; ``chunks=1``: one part per paragraph). A v1.0 task with a push
+        config gets a push per chunk too, before its status push (as a2a-sdk 1.x pushes
+        every event)."""
         task = self.tasks[task_id]
         task.chunks = chunks
         task.state = state
@@ -181,12 +185,22 @@ class FakeA2A:
         task.timestamp = f"2026-12-05T10:{tick // 60 % 60:02d}:{tick % 60:02d}.000Z"
         if state == "completed" and (text is not None or files):
             task.artifacts = [] if text is None else [_artifact(text, self.dialect)]
+            if chunks > 1 and task.artifacts:
+                pieces = [piece for piece, _, _ in _chunks(task.artifacts[0], chunks)]
+                task.artifacts[0] = {
+                    "artifactId": task.artifacts[0]["artifactId"],
+                    "parts": [p for piece in pieces for p in piece["parts"]],
+                }
             if files:
                 task.artifacts.append(_file_artifact(files, self.dialect))
         else:
             task.status_text = text
         self._wake()
         if push and task.push is not None:
+            if chunks > 1 and self.dialect == "1.0" and state == "completed":
+                for art in task.artifacts:
+                    for chunk in _chunks(art, chunks):
+                        await self.send_push(task.push, self._artifact_event(task, chunk))
             await self.send_push(task.push, self._push_body(task))
 
     def offer_download(self, path: str, data: bytes, content_type: str) -> str:

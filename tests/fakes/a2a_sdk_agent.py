@@ -5,7 +5,10 @@ the JSON-RPC binding (v1.0, with v0.3 compatibility on the same endpoint) and th
 on ``127.0.0.1:<port>`` (written to PORT_FILE once listening) through uvicorn, with the
 SDK's in-memory task store and its push sender. The agent answers each message after
 ``DELAY_S`` seconds with one artifact: ``sdk[<n>]: <text>``, where ``n`` counts the messages
-seen in that context (so a test sees the context continued).
+seen in that context (so a test sees the context continued). A message that starts with
+``chunks:`` is answered in pieces of :data:`PIECE` characters, as an agent streams its
+answer: ``add_artifact(…, append=True)`` after the first, one artifact-update event (and one
+push) per piece, stored by the SDK as one part per piece.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from a2a.server.tasks import (
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from starlette.applications import Starlette
 
+PIECE = 4
+
 
 class EchoLater(AgentExecutor):
     def __init__(self, delay_s: float) -> None:
@@ -48,7 +53,19 @@ class EchoLater(AgentExecutor):
         self.turns[task.context_id] += 1
         await asyncio.sleep(self.delay_s)
         text = f"sdk[{self.turns[task.context_id]}]: {context.get_user_input()}"
-        await updater.add_artifact([new_text_part(text)], name="answer")
+        if context.get_user_input().startswith("chunks:"):
+            pieces = [text[i : i + PIECE] for i in range(0, len(text), PIECE)]
+            for n, piece in enumerate(pieces):
+                await updater.add_artifact(
+                    [new_text_part(piece)],
+                    artifact_id="answer",
+                    name="answer",
+                    append=n > 0,
+                    last_chunk=n == len(pieces) - 1,
+                )
+                await asyncio.sleep(0.02)
+        else:
+            await updater.add_artifact([new_text_part(text)], name="answer")
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:

@@ -131,6 +131,29 @@ async def running(
     peer: Peer, mem: MemoryStore, *, push_base_url: str | None = None, **options: Any
 ) -> AsyncIterator[tuple[Host, A2AAgent]]:
     """``peer`` on loopback, an ``a2a`` agent on it and a runtime around the agent."""
+    async with _running(peer, mem, push_base_url, options, resume=False) as running:
+        yield running
+
+
+@asynccontextmanager
+async def restarted(
+    peer: Peer, mem: MemoryStore, *, push_base_url: str | None = None, **options: Any
+) -> AsyncIterator[tuple[Host, A2AAgent]]:
+    """As :func:`running`, for a process started again: its runtime takes up the work an
+    earlier one journaled (``resume_accepted``)."""
+    async with _running(peer, mem, push_base_url, options, resume=True) as running:
+        yield running
+
+
+@asynccontextmanager
+async def _running(
+    peer: Peer,
+    mem: MemoryStore,
+    push_base_url: str | None,
+    options: dict[str, Any],
+    *,
+    resume: bool,
+) -> AsyncIterator[tuple[Host, A2AAgent]]:
     async with trio.open_nursery() as nursery:
         peer.origin = await serve_handler(nursery, peer.handle)
         settings = {"url": peer.url, "poll_interval_ms": 50, "max_poll_interval_ms": 300}
@@ -146,7 +169,9 @@ async def running(
         )
         assert isinstance(agent, A2AAgent)
         try:
-            async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
+            async with open_harness(
+                mem, SYSTEM_CLOCK, {"primary": agent}, resume_accepted=resume
+            ) as h:
                 yield h, agent
         finally:
             await agent.aclose()

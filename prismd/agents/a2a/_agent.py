@@ -16,9 +16,10 @@ journaled in the task record (:mod:`._book`) before the next one acts:
    restart (or another run of the same operation) finds the record and follows the task
    again instead of sending;
 4. **answer** — when the task is terminal or needs input, a final ``GetTask`` and the reply
-   from its artifacts (a single text part exactly, several joined by a blank line; the
-   status message, else a fixed notice). Failures are fixed words; the peer's own text never
-   reaches the chat or the logs.
+   from its artifacts (a single text part exactly, several joined by a blank line — those
+   of an artifact seen built by ``append`` chunks, on the stream or in a push, joined as
+   sent (:mod:`._book`); the status message, else a fixed notice). Failures are fixed
+   words; the peer's own text never reaches the chat or the logs.
 
 Following is by streaming when the card and ``stream`` allow (a broken stream falls back
 to polling), by polling with exponential backoff and jitter (slowed while push is

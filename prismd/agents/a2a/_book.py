@@ -14,6 +14,12 @@
   ``contextId`` to continue, and the task id while that task waits for input. ``/new``
   starts a new session id, hence a new context.
 
+A task record also keeps the ids of the artifacts seen built by ``append`` chunks (an
+artifact-update with ``append: true`` observed on the task's stream or in a push: at most
+:data:`MAX_APPENDED`, each at most :data:`MAX_APPENDED_ID_CHARS` long or else its hash),
+so that the answer joins their parts as they were sent (:func:`._steps.reply_text`), after
+a restart too. Never the chunks' text.
+
 Nothing here holds message text; the push secrets are stored only as SHA-256 hashes.
 """
 
@@ -47,10 +53,43 @@ FOLLOWING_CATEGORY = "a2a-following"
 DONE_CATEGORY = "a2a-done"
 
 Phase = Literal["sending", "unknown", "following", "done"]
+MAX_APPENDED = 32
+"""Artifacts seen built by ``append`` chunks, journaled per task (more are not noted:
+their parts are joined as paragraphs)."""
+MAX_APPENDED_ID_CHARS = 64
+"""A longer artifact id is noted by its hash (:func:`appended_key`)."""
 
 
 def secret_hash(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+def appended_key(artifact_id: str) -> str:
+    """How an artifact id is noted among a task's appended ones: as it is, or a longer one
+    by its SHA-256 (``#`` and 32 hex digits). ``""`` (no id) is never noted."""
+    if len(artifact_id) <= MAX_APPENDED_ID_CHARS:
+        return artifact_id
+    return "#" + hashlib.sha256(artifact_id.encode()).hexdigest()[:32]
+
+
+def with_appended(noted: tuple[str, ...], artifact_id: str) -> tuple[str, ...] | None:
+    """``noted`` with ``artifact_id`` (:func:`appended_key`) added; ``None`` when nothing
+    changes (no id, noted already, or :data:`MAX_APPENDED` noted)."""
+    key = appended_key(artifact_id)
+    if not key or key in noted or len(noted) >= MAX_APPENDED:
+        return None
+    return (*noted, key)
+
+
+def _appended_of(value: object) -> tuple[str, ...]:
+    """The appended ids of a stored record, bounded again (absent in older records)."""
+    if not isinstance(value, list):
+        return ()
+    out: tuple[str, ...] = ()
+    for item in value:
+        if isinstance(item, str):
+            out = with_appended(out, item) or out
+    return out
 
 
 def secret_matches(value: str, stored_hash: str | None) -> bool:
@@ -78,9 +117,11 @@ class TaskRecord:
     owner: str | None = None
     prompt: str | None = None
     """A continuation: the key of the status that asked (:func:`._relay.prompt_key`)."""
+    appended: tuple[str, ...] = ()
+    """The artifacts seen built by ``append`` chunks (:func:`appended_key`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "alias": self.alias,
             "messageId": self.message_id,
             "phase": self.phase,
@@ -97,6 +138,9 @@ class TaskRecord:
             "owner": self.owner,
             "prompt": self.prompt,
         }
+        if self.appended:
+            out["appended"] = list(self.appended)
+        return out
 
     @classmethod
     def from_json(cls, value: object) -> TaskRecord:
@@ -121,6 +165,7 @@ class TaskRecord:
             next_poll_ms=value.get("nextPollMs"),
             owner=value.get("owner"),
             prompt=value.get("prompt"),
+            appended=_appended_of(value.get("appended")),
         )
 
 
@@ -191,6 +236,21 @@ class Book:
             return LOST
 
         return await retry_compare_and_swap(attempt, what="an a2a task record")
+
+    async def note_appended(self, stored: Stored | None, artifact_id: str) -> None:
+        """A chunk appended to ``artifact_id`` was seen for ``stored``'s task: noted in its
+        record unless the task is answered (or the record full); a lost compare-and-swap
+        reads the record again (a push and a stream may note at once)."""
+        for _attempt in range(8):  # a lost compare-and-swap: read again
+            if stored is None or stored.record.phase == "done":
+                return
+            appended = with_appended(stored.record.appended, artifact_id)
+            if appended is None:
+                return
+            changed = attrs.evolve(stored.record, appended=appended)
+            if await self.save(stored.scope, stored.key, changed, stored.version) is not None:
+                return
+            stored = await self.load(stored.scope, stored.key)
 
     async def index(self, stored: Stored, task_id: str) -> None:
         """Point ``<alias>/<task id>`` back at the task record (create or refresh)."""

@@ -34,7 +34,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -395,11 +395,14 @@ class A2AClient:
         on_item: Callable[[Observation], bool],
         *,
         idle_s: float = 60.0,
+        after_item: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Stream a task's events (``SubscribeToTask`` / ``tasks/resubscribe``) into
         ``on_item`` until the peer closes the stream, ``on_item`` answers ``True`` (enough),
-        or ``idle_s`` without an event (comments do not count). Raises the client's errors
-        (an unsupported or finished stream: :class:`RemoteError`).
+        or ``idle_s`` without an event (comments do not count). ``after_item`` is awaited
+        after each event, before the next is read (the caller's writes, in order with the
+        stream). Raises the client's errors (an unsupported or finished stream:
+        :class:`RemoteError`).
 
         A callback rather than an async iterator: the stream is ended by cancelling its own
         scope, so httpx's and httpx-sse's generators always run to their end (an iterator
@@ -437,6 +440,8 @@ class A2AClient:
                         continue
                     scope.deadline = trio.current_time() + idle_s
                     failure, enough = _stream_item(event.data, on_item)
+                    if after_item is not None:
+                        await after_item()
                     if failure is not None or enough:
                         scope.cancel()
         if failure is not None:

@@ -436,6 +436,7 @@ class Follower:
                     record.on_event,
                     shown,
                     record.deadline_ms,
+                    record.key,  # an artifact seen appended to is noted in its record
                 )
                 record.shown = shown[0]
                 record.may_stream = record.may_stream and again  # not after a refusal

@@ -18,13 +18,17 @@ Per request (``POST /a2a/push/<alias>``), in this order:
    body, so a duplicate push is acknowledged without a second row) → 200; a store that
    cannot commit → 503 (the sender may retry; most never do, polling covers it).
 
-Nothing of the body is logged or kept beyond the task id and the state it reports.
+Nothing of the body is logged or kept beyond the task id and the state it reports (and
+the id of an artifact it appends to).
 
 The worker (:func:`apply_pushes`) reserves the inbox's items, applies each to its task record
 (the state only moves forward: a late ``working`` after ``completed`` changes nothing),
 wakes the task's follower in this process when the push reports a state worth a read (not
 an artifact chunk, nor a task still working as before), and acknowledges the item only
-after that write committed. The reply itself is built by the follower from a final
+after that write committed. A pushed artifact chunk with ``append: true`` carries its
+artifact's id into the inbox item (bounded, :func:`._book.appended_key`; never its text),
+and the worker notes it in the task record, so that the answer joins that artifact's parts
+as they were sent. The reply itself is built by the follower from a final
 ``GetTask``, never from a push, so duplicates and reordering cannot answer twice.
 """
 
@@ -56,9 +60,10 @@ from adapters.toolkit import (
 from stores import InboxReservation, InboxStore
 
 from ._agent import A2AAgent
-from ._book import secret_hash, secret_matches
+from ._book import appended_key, secret_hash, secret_matches
 from ._wire import (
     ACTIVE_STATES,
+    ArtifactUpdate,
     moves_forward,
     observed_state,
     observed_task_id,
@@ -225,6 +230,10 @@ class PushReceiver:
             "state": observed_state(observation),
             "secret": secret,
         }
+        if isinstance(observation, ArtifactUpdate) and observation.append:
+            # A chunk appended to an artifact (a2a-sdk 1.x pushes each): its id only
+            # (bounded), noted with the task so the answer joins the chunks as sent.
+            payload["appended"] = appended_key(observation.artifact.artifact_id)
         try:
             await self.inbox.put(
                 source=PUSH_SOURCE,
@@ -303,9 +312,12 @@ class PushReceiver:
         if record.task_id is None and record.phase in ("sending", "unknown"):
             # The push names the task the send created: journaled, so a send whose
             # answer was lost finds it again (never sent twice).
-            await agent.book.update(stored, task_id=task_id)
+            stored = await agent.book.update(stored, task_id=task_id)
         elif record.phase == "following" and moves_forward(record.state, state):
-            await agent.book.update(stored, state=state)
+            stored = await agent.book.update(stored, state=state)
+        appended = payload.get("appended")
+        if isinstance(appended, str):
+            await agent.book.note_appended(stored, appended)
         if isinstance(state, str) and (
             state not in ACTIVE_STATES or moves_forward(record.state, state)
         ):

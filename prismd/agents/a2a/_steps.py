@@ -4,15 +4,16 @@ push wake-ups) and the answer (:func:`answer`). See :mod:`._agent` for the whole
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Protocol
 
 import trio
 
-from stores import Clock
+from stores import ANY_SCOPE, Clock
 
 from .. import EventSink, RunError, RunHooks, RunResult, StreamEvent
-from ._book import Book, ContextRecord, Stored
+from ._book import MAX_APPENDED, Book, ContextRecord, Stored, appended_key
 from ._client import A2AClient, A2AError, OutcomeUnknown, Refused, RemoteError
 from ._files import completed
 from ._options import A2AOptions
@@ -26,12 +27,15 @@ from ._wire import (
     TERMINAL_STATES,
     UNSUPPORTED_OPERATION,
     VERSION_NOT_SUPPORTED,
+    ArtifactUpdate,
     Message,
     Observation,
     PushConfig,
     Task,
     observed_state,
 )
+
+log = logging.getLogger("prismd.agents.a2a")
 
 
 class A2AAgent(Protocol):
@@ -85,10 +89,18 @@ def failed(code: str, session_id: str, run_id: str = "") -> RunResult:
     )
 
 
-def reply_text(task: Task) -> str:
+def reply_text(task: Task, appended: tuple[str, ...] = ()) -> str:
     """The chat reply of a completed task: its artifacts' text parts (one exactly, several
-    joined by a blank line), else the final status message, else a fixed notice."""
-    texts = [t for artifact in task.artifacts for t in artifact.texts if t.strip()]
+    joined by a blank line), else the final status message, else a fixed notice. The parts
+    of an artifact seen built by ``append`` chunks (``appended``, :mod:`._book`) are its
+    chunks: joined as they were sent, with nothing between them."""
+    texts: list[str] = []
+    for artifact in task.artifacts:
+        if artifact.artifact_id and appended_key(artifact.artifact_id) in appended:
+            texts.append("".join(artifact.texts))
+        else:
+            texts.extend(artifact.texts)
+    texts = [t for t in texts if t.strip()]
     if len(texts) == 1:
         return texts[0]
     if texts:
@@ -260,7 +272,9 @@ async def follow(
     shown: list[str | None] = [None]
     while True:
         if streaming:
-            streaming = await stream(agent, client, task_id, on_event, shown, deadline_ms)
+            streaming = await stream(
+                agent, client, task_id, on_event, shown, deadline_ms, stored.key
+            )
         try:
             task: Task | None = await client.get_task(task_id)
             agent.count("polls")
@@ -318,29 +332,51 @@ async def stream(
     on_event: EventSink | None,
     shown: list[str | None],
     deadline_ms: int,
+    key: str,
 ) -> bool:
     """Follow the task's stream until it ends; whether streaming is worth trying again
-    (not after the peer refused it)."""
+    (not after the peer refused it). An artifact seen built by ``append`` chunks is noted
+    in the task record of operation ``key`` as it is seen (before this returns)."""
     left_s = max(0.0, (deadline_ms - agent.clock.now_ms()) / 1000)
+    noted: set[str] = set()
+    to_note: list[str] = []
 
     def on_item(item: Observation) -> bool:
+        if isinstance(item, ArtifactUpdate) and item.append:
+            artifact_id = item.artifact.artifact_id
+            if artifact_id and artifact_id not in noted and len(noted) < MAX_APPENDED:
+                noted.add(artifact_id)
+                to_note.append(artifact_id)
         state = observed_state(item)
         if state in ("working", "submitted", "auth-required"):
             preview(on_event, task_id, getattr(item, "status_text", None), shown)
         # auth-required ends the stream too: the next GetTask reads it and relays it.
         return state in INTERRUPTED_STATES or state in TERMINAL_STATES
 
+    async def note() -> None:
+        """Journal the artifact ids seen appended to (between two events: an id is in
+        the record before the stream reads on). A store that fails loses only that
+        evidence (the parts are then joined as paragraphs)."""
+        while to_note:
+            artifact_id = to_note.pop(0)
+            try:
+                stored = await agent.book.find_operation(ANY_SCOPE, key)
+                await agent.book.note_appended(stored, artifact_id)
+            except Exception as exc:
+                log.warning("a2a: noting an appended artifact failed (%s)", type(exc).__name__)
+
     with trio.move_on_after(left_s):
         try:
             await client.subscribe(
-                task_id, on_item, idle_s=agent.options.max_poll_interval_ms / 1000
+                task_id,
+                on_item,
+                idle_s=agent.options.max_poll_interval_ms / 1000,
+                after_item=note,
             )
         except RemoteError:
             return False
         except A2AError:
             return True
-    return True
-    return True
     return True
 
 
@@ -372,10 +408,12 @@ async def answer(agent: A2AAgent, stored: Stored, task: Task, session: str) -> R
         if waiting
         else ContextRecord(context_id),
     )
-    await agent.book.update(stored, phase="done", state=task.state, context_id=context_id)
+    done = await agent.book.update(stored, phase="done", state=task.state, context_id=context_id)
     agent.count(f"tasks_{task.state.replace('-', '_')}")
     if waiting:
         return RunResult("succeeded", task.status_text or NEEDS_INPUT, run_id, session)
     if task.state == "completed":
-        return completed(agent.alias, task, reply_text(task), run_id, session)
+        # The record as written: what a stream or a push noted meanwhile is in it.
+        text = reply_text(task, done.record.appended)
+        return completed(agent.alias, task, text, run_id, session)
     return failed(task.state, session, run_id)
