@@ -26,7 +26,7 @@ from ..channel import (
 )
 from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
-from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
+from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
 from ._core import Core, FetchAttachment, cancel_queued
 from ._following import unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
@@ -164,6 +164,16 @@ class Runtime:
             actor_id=external_actor_id,
             thread_id=thread_id,
         )
+
+    async def resend_unconfirmed(self, connection_id: str) -> dict[str, int]:
+        """The connection's adapter is up and declares ``features.idempotent_send``: re-drive
+        its ``pending`` replies whose first send's outcome is unknown (a daemon killed
+        mid-send), oldest first, each reopened by CAS; the adapter decides resend, proof or
+        ``delivery_unknown``. Returns the count per end state; never raises. See
+        :mod:`prismd.runtime._unconfirmed`."""
+        if self._open is None:
+            return {}
+        return await _unconfirmed.resend_unconfirmed(self._core, connection_id)
 
     async def recent_replies(
         self,
