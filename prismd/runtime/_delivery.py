@@ -19,8 +19,9 @@ Guarantees:
   version. Of two concurrent re-drives (two tabs reconnecting, two processes, a re-drive
   racing an operator) exactly one wins the reopen and sends. A crash after the reopen leaves
   a plain ``pending`` reply — it may have been sent — for the operator, never for a second
-  automatic send (on a channel that repeats safely, see below, for the next start's). Within one process re-drives also queue behind
-  :class:`~._core.DeliveryLocks`, so a held reply being marked is always seen.
+  automatic send (on a channel that repeats safely, see below: the next start's). Within
+  one process re-drives also queue behind :class:`~._core.DeliveryLocks`, so a held reply
+  being marked is always seen.
 * **Only what was held — unless the channel repeats safely.** Here only held replies are
   re-driven. A ``pending`` reply without the held mark (staged, then the daemon died
   mid-send) stays listed for ``reconcile`` — except on a connection whose adapter declares

@@ -97,6 +97,8 @@ class Runtime:
     _open: Core | None = None
     """The running runtime's state; ``None`` until it is opened."""
     _stop_done: bool = False
+    _opened_at_ms: int = 0
+    """When it was opened: replies staged since are this process's own sends."""
 
     @property
     def _core(self) -> Core:
@@ -169,11 +171,14 @@ class Runtime:
         """The connection's adapter is up and declares ``features.idempotent_send``: re-drive
         its ``pending`` replies whose first send's outcome is unknown (a daemon killed
         mid-send), oldest first, each reopened by CAS; the adapter decides resend, proof or
-        ``delivery_unknown``. Returns the count per end state; never raises. See
-        :mod:`prismd.runtime._unconfirmed`."""
+        ``delivery_unknown``. Only replies staged before this runtime was opened (those
+        staged since are its own turns' sends). Returns the count per end state; never
+        raises. See :mod:`prismd.runtime._unconfirmed`."""
         if self._open is None:
             return {}
-        return await _unconfirmed.resend_unconfirmed(self._core, connection_id)
+        return await _unconfirmed.resend_unconfirmed(
+            self._core, connection_id, staged_before_ms=self._opened_at_ms
+        )
 
     async def recent_replies(
         self,
@@ -442,6 +447,7 @@ async def open_messaging_runtime(
             # Every binding lease decision at DEBUG.
             core.leases.store = LoggedLeases(core.leases.store)
         runtime._open = core
+        runtime._opened_at_ms = core.now_ms()
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()
             core.spawn(_resume.resume_accepted, core, core.now_ms())

@@ -15,6 +15,8 @@ adapter reports started) the runtime re-drives that connection's such replies:
   ``delivery_unknown`` (with its reason, listed for the operator). A crash after the
   reopen leaves the reply ``pending`` again; the next start re-drives it again, safe by the
   same argument.
+* **Not this process's own.** Only replies staged before the runtime was opened: a reply
+  staged since is a turn's of this process, sent (and marked) by that turn.
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of open
   reply rows are read; replies created within ``retention_days`` are re-driven oldest
   first, at most :data:`MAX_RESEND` per call, each under its conversation's delivery lock
@@ -39,8 +41,11 @@ MAX_RESEND = 100
 DAY_MS = 24 * 60 * 60 * 1000
 
 
-async def _candidates(core: Core, connection_id: str) -> list[tuple[ReplyRecord, OwnershipScope]]:
-    """The connection's ``pending``, non-held reply rows within retention, oldest first."""
+async def _candidates(
+    core: Core, connection_id: str, staged_before_ms: int
+) -> list[tuple[ReplyRecord, OwnershipScope]]:
+    """The connection's ``pending``, non-held reply rows created within retention and
+    before ``staged_before_ms``, oldest first."""
     assert core.journal is not None
     cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
     found: list[tuple[ReplyRecord, OwnershipScope]] = []
@@ -60,7 +65,7 @@ async def _candidates(core: Core, connection_id: str) -> list[tuple[ReplyRecord,
             if (
                 record.connection_id == connection_id
                 and not is_held(record)
-                and record.created_at_ms >= cutoff
+                and cutoff <= record.created_at_ms < staged_before_ms
             ):
                 found.append((record, row.scope))
         if cursor is None or not rows:
@@ -71,16 +76,21 @@ async def _candidates(core: Core, connection_id: str) -> list[tuple[ReplyRecord,
     )
 
 
-async def resend_unconfirmed(core: Core, connection_id: str) -> dict[str, int]:
-    """Re-drive ``connection_id``'s pending, non-held replies (see the module docstring);
-    returns how many ended in each state (``delivered``, ``delivery_unknown``…). Only for a
-    connection whose adapter declares ``features.idempotent_send`` — the caller checks.
+async def resend_unconfirmed(
+    core: Core, connection_id: str, *, staged_before_ms: int
+) -> dict[str, int]:
+    """Re-drive ``connection_id``'s pending, non-held replies staged before
+    ``staged_before_ms`` (when this process opened: later ones are its own turns' sends, in
+    progress or marked; see the module docstring); returns how many ended in each state
+    (``delivered``, ``delivery_unknown``…). Only for a connection whose adapter declares
+    ``features.idempotent_send`` — the caller checks.
     Never raises: a store failure counts ``storage_failures`` and ends the call."""
     outcomes: dict[str, int] = {}
     if core.journal is None or core.stopped:
         return outcomes
     try:
-        for record, stored in (await _candidates(core, connection_id))[:MAX_RESEND]:
+        found = await _candidates(core, connection_id, staged_before_ms)
+        for record, stored in found[:MAX_RESEND]:
             if core.stopped:
                 break
             state = await _resend_one(core, record, stored)
