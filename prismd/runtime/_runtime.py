@@ -167,17 +167,21 @@ class Runtime:
             thread_id=thread_id,
         )
 
-    async def resend_unconfirmed(self, connection_id: str) -> dict[str, int]:
+    async def resend_unconfirmed(
+        self, connection_id: str, *, taken_over: bool = False
+    ) -> dict[str, int]:
         """The connection's adapter is up and declares ``features.idempotent_send``: re-drive
         its ``pending`` replies whose first send's outcome is unknown (a daemon killed
         mid-send), oldest first, each reopened by CAS; the adapter decides resend, proof or
         ``delivery_unknown``. Only replies staged before this runtime was opened (those
-        staged since are its own turns' sends). Returns the count per end state; never
-        raises. See :mod:`prismd.runtime._unconfirmed`."""
+        staged since are its own turns' sends) — or, ``taken_over`` (its receiver lease
+        was just taken over from a dead instance), before now. Returns the count per end
+        state; never raises. See :mod:`prismd.runtime._unconfirmed`."""
         if self._open is None:
             return {}
+        before = self._core.now_ms() if taken_over else self._opened_at_ms
         return await _unconfirmed.resend_unconfirmed(
-            self._core, connection_id, staged_before_ms=self._opened_at_ms
+            self._core, connection_id, staged_before_ms=before
         )
 
     async def recent_replies(

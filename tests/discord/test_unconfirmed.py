@@ -34,6 +34,7 @@ from tests.support.scripted import ScriptedAgent
 from tests.support.waiting import wait_until
 
 from .conftest import CONN, DM, USER, AdapterFactory, _runtime
+from .test_resume import _DyingStore, _Leases
 
 DEADLINE_S = 40
 POSTS = "/channels/"
@@ -192,3 +193,63 @@ async def test_only_a_channel_that_repeats_safely_is_re_driven(
             assert not other.features.idempotent_send
             assert resending_run(other, rt) == other.run
     await discord.aclose()
+
+
+async def test_a_standby_that_takes_over_resends_the_dead_holders_reply(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """Two instances on one journal: the holder dies mid-send (its lease is not released,
+    its reply stays ``pending``); the standby, started before that reply was staged, takes
+    the lease over once it expires and re-drives the reply — same nonce, nothing new."""
+    with trio.fail_after(DEADLINE_S):
+        dying = _DyingStore(store.checkpoints, _Leases(store.leases))
+        holder = make_adapter(owner_id="daemon-a", store=dying, lease_ttl_ms=2_000)
+        standby = make_adapter(owner_id="daemon-b", lease_ttl_ms=2_000)
+        sending = trio.Event()
+
+        async def hang_after_post(reply: Reply) -> SendResult:
+            await holder.send(reply)
+            sending.set()
+            await trio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        host_b = Host()
+        async with trio.open_nursery() as nursery:
+            holder_scope = trio.CancelScope()
+
+            async def run_holder() -> None:
+                with holder_scope:
+                    async with _opened(store, holder, hang_after_post):
+                        await trio.sleep_forever()
+
+            nursery.start_soon(run_holder)
+            await wait_until(lambda: holder.health()["state"] == "connected")
+            async with open_messaging_runtime(
+                authorize=host_b.authorize,
+                resolve_agent=host_b.resolve_agent,
+                deliver=standby.send,
+                store=store,
+                owner_id="daemon-b",
+                resume_accepted=False,
+            ) as rt_b:
+                standby.admit = rt_b.admit
+                await nursery.start(resending_run(standby, rt_b))
+                await trio.sleep(0.5)
+                assert standby.health()["state"] == "standby"
+                fake.user_message(DM, USER, "hello")
+                await sending.wait()
+                [first] = _posts(fake)
+                holder_scope.cancel()  # killed: its lease and its reply stay as they are
+                await wait_until(lambda: standby.health()["state"] == "connected")
+                [reply] = await _replies(store)
+                while reply.state == "pending":
+                    await trio.sleep(0.2)
+                    [reply] = await _replies(store)
+                listed = await rt_b.list_unresolved(identity=identity())
+                nursery.cancel_scope.cancel()
+        await standby.aclose()
+    assert reply.state == "delivered"
+    assert listed == []
+    posts = _posts(fake)
+    assert len(posts) == 2 and posts[1]["nonce"] == first["nonce"]
+    assert [m["content"] for m in fake.bot_messages()] == ["echo: hello"]
