@@ -6,7 +6,8 @@ the held mark: it may have been posted. For most channels only an operator can s
 the same nonce per chunk inside the platform's window, the bot's reply looked for outside
 it, else ``delivery_unknown``) can be asked again without a blind second post, so when its
 adapter is up after a start (the daemon calls :func:`resend_unconfirmed` each time the
-adapter reports started) the runtime re-drives that connection's such replies:
+adapter reports started, and when it takes its receiver lease over from a dead instance:
+:mod:`prismd.daemon._resending`) the runtime re-drives that connection's such replies:
 
 * **Never twice.** Each goes through :func:`~._delivery.resend`: the reopen
   compare-and-swap first, so of two processes (or a re-drive and an operator's
@@ -15,8 +16,10 @@ adapter reports started) the runtime re-drives that connection's such replies:
   ``delivery_unknown`` (with its reason, listed for the operator). A crash after the
   reopen leaves the reply ``pending`` again; the next start re-drives it again, safe by the
   same argument.
-* **Not this process's own.** Only replies staged before the runtime was opened: a reply
-  staged since is a turn's of this process, sent (and marked) by that turn.
+* **Not this process's own.** Only replies staged before the runtime was opened (after a
+  takeover: before the takeover): a reply staged since is a turn's of this process, sent
+  and marked by that turn. (Should one still be on its way, the repeat is the channel's
+  to deduplicate, and the turn's mark loses the compare-and-swap: never a second post.)
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of open
   reply rows are read; replies created within ``retention_days`` are re-driven oldest
   first, at most :data:`MAX_RESEND` per call, each under its conversation's delivery lock

@@ -155,8 +155,9 @@ async def test_restart_outside_the_window_without_the_reply_is_unknown(
         outcomes, [reply], listed = await _restart(killed, make_adapter, clock=late)
     assert outcomes == {"delivery_unknown": 1}
     assert reply.state == "delivery_unknown"
-    assert [(e.reply_state, e.operation_id) for e in listed] == [
-        ("delivery_unknown", reply.operation_id)
+    assert reply.reason == "reply may have been posted; nonce window passed"
+    assert [(e.reply_state, e.operation_id, e.reason) for e in listed] == [
+        ("delivery_unknown", reply.operation_id, reply.reason)
     ]
     assert _posts(fake) == []  # never a blind post
     assert fake.bot_messages() == []
