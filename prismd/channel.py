@@ -274,6 +274,11 @@ class AdapterFeatures:
     settles one of their messages unanswered after a crash (``execution_unknown``,
     ``abandoned``); the runtime reads such notices back for its history
     (``unanswered_notices``). See :mod:`prismd.runtime._unanswered`."""
+    idempotent_send: bool = False
+    """:meth:`ChannelAdapter.send` may be called again for a reply whose first send's outcome
+    is unknown: the repeat is deduplicated or proven by the channel itself (Discord's
+    nonce, the reply looked up), never a blind second post. The runtime then re-drives
+    such replies after a start (:mod:`prismd.runtime._unconfirmed`)."""
     typing: bool = False
     """:meth:`ChannelAdapter.send_typing` shows a typing indicator."""
     typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS)

@@ -74,6 +74,20 @@ def default_intents(respond_to: RespondTo) -> int:
     return intents | proto.MESSAGE_CONTENT if respond_to == "all" else intents
 
 
+def discord_features(previews: bool, typing_delay_ms: int) -> AdapterFeatures:
+    """What a Discord connection offers. ``idempotent_send``: a reply's send repeated after
+    an unknown outcome posts each chunk with the same nonce inside the window (Discord
+    answers the original) and outside it looks for the bot's reply, else raises
+    ``DeliveryOutcomeUnknownError`` — never a blind second post (:mod:`._send`)."""
+    return AdapterFeatures(
+        typing=True,
+        previews=previews,
+        typing_delay_ms=typing_delay_ms,
+        attachments=True,
+        idempotent_send=True,
+    )
+
+
 @attrs.define(eq=False, kw_only=True)
 class DiscordAdapter:
     """Implements :class:`prismd.channel.ChannelAdapter`. Construction is inert."""
@@ -140,12 +154,7 @@ class DiscordAdapter:
             bot_user_id=self._bot_id,
         )
         self._previews = PreviewEditor(connection_id=self.connection_id, rest=self._rest)
-        self._features = AdapterFeatures(
-            typing=True,
-            previews=self.previews,
-            typing_delay_ms=self.typing_delay_ms,
-            attachments=True,
-        )
+        self._features = discord_features(self.previews, self.typing_delay_ms)
         self._media = DiscordMedia(
             connection_id=self.connection_id,
             rest=self._rest,

@@ -26,6 +26,7 @@ from ..grants import GrantAuthorizer
 from ..runtime import MessagingRuntime, Runtime
 from . import _sdnotify as sdnotify
 from ._config import Config, ConnectionConfig
+from ._resending import resending_run
 from ._startup import EXIT_FAILURE, EXIT_OK
 from ._supervisor import (
     DaemonError,
@@ -157,7 +158,7 @@ class DaemonServing:
                     await self.supervisor.start(
                         children,
                         adapter_child_name(connection),
-                        adapter.run,
+                        resending_run(adapter, runtime),
                         health=adapter.health,
                         ready_within_s=self.adapter_ready_within_s,
                         where=_listen_address(connection),

@@ -31,6 +31,7 @@ from ..channel import (
     Action,
     Admission,
     AttachmentRef,
+    DeliveryOutcomeUnknownError,
     InboundEvent,
     Preview,
     Redactor,
@@ -617,12 +618,15 @@ async def _send_route_replies(core: Core, route: Route) -> None:
 async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:
     """Call ``deliver``: ``(state, message_id, reason)`` for :func:`mark_outcome`.
 
-    A raise is ambiguous (``delivery_unknown``, neither counter moves). A hold
+    A raise is ambiguous (``delivery_unknown``, neither counter moves; the reason is an
+    adapter's :class:`DeliveryOutcomeUnknownError` words, fixed texts, else none). A hold
     (``SendResult.hold()``) is neither delivered nor failed: the reply stays ``pending``
     with reason :data:`HELD_REASON`, and no counter moves.
     """
     try:
         result = await core.deliver(reply)
+    except DeliveryOutcomeUnknownError as unknown:
+        return "delivery_unknown", None, bound_detail(str(unknown))
     except Exception:
         return "delivery_unknown", None, None
     if result.held:

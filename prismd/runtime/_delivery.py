@@ -19,10 +19,18 @@ Guarantees:
   version. Of two concurrent re-drives (two tabs reconnecting, two processes, a re-drive
   racing an operator) exactly one wins the reopen and sends. A crash after the reopen leaves
   a plain ``pending`` reply — it may have been sent — for the operator, never for a second
-  automatic send. Within one process re-drives also queue behind
-  :class:`~._core.DeliveryLocks`, so a held reply being marked is always seen.
-* **Only what was held.** A ``pending`` reply without the held mark (staged, then the daemon
-  died mid-send) is not re-driven: it stays listed for ``reconcile``, as before.
+  automatic send (on a channel that repeats safely, see below: the next start's). Within
+  one process re-drives also queue behind :class:`~._core.DeliveryLocks`, so a held reply
+  being marked is always seen.
+* **Only what was held — unless the channel repeats safely.** Here only held replies are
+  re-driven. A ``pending`` reply without the held mark (staged, then the daemon died
+  mid-send) stays listed for ``reconcile`` — except on a connection whose adapter declares
+  ``features.idempotent_send`` (Discord): there the runtime re-drives it through the same
+  :func:`resend` each time the adapter is up after a start (:mod:`._unconfirmed`), and the
+  adapter's nonce window or lookup decides resend, proof or ``delivery_unknown``. For such
+  a channel a crash after the reopen is no longer only the operator's: the next start
+  re-drives it again, safe by the same argument (a repeat is deduplicated or proven by the
+  channel, never a blind second post).
 * **Bounded, in order, within retention.** At most :data:`MAX_SCAN_PAGES` pages of the
   conversation owner's reply rows are read per call; held replies created within
   ``retention_days`` are delivered oldest first, at most :data:`MAX_REDELIVER` per call.

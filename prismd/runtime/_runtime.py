@@ -26,7 +26,7 @@ from ..channel import (
 )
 from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
-from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered
+from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
 from ._core import Core, FetchAttachment, cancel_queued
 from ._following import unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
@@ -97,6 +97,8 @@ class Runtime:
     _open: Core | None = None
     """The running runtime's state; ``None`` until it is opened."""
     _stop_done: bool = False
+    _opened_at_ms: int = 0
+    """When it was opened: replies staged since are this process's own sends."""
 
     @property
     def _core(self) -> Core:
@@ -163,6 +165,23 @@ class Runtime:
             external_conversation_id=external_conversation_id,
             actor_id=external_actor_id,
             thread_id=thread_id,
+        )
+
+    async def resend_unconfirmed(
+        self, connection_id: str, *, taken_over: bool = False
+    ) -> dict[str, int]:
+        """The connection's adapter is up and declares ``features.idempotent_send``: re-drive
+        its ``pending`` replies whose first send's outcome is unknown (a daemon killed
+        mid-send), oldest first, each reopened by CAS; the adapter decides resend, proof or
+        ``delivery_unknown``. Only replies staged before this runtime was opened (those
+        staged since are its own turns' sends) — or, ``taken_over`` (its receiver lease
+        was just taken over from a dead instance), before now. Returns the count per end
+        state; never raises. See :mod:`prismd.runtime._unconfirmed`."""
+        if self._open is None:
+            return {}
+        before = self._core.now_ms() if taken_over else self._opened_at_ms
+        return await _unconfirmed.resend_unconfirmed(
+            self._core, connection_id, staged_before_ms=before
         )
 
     async def recent_replies(
@@ -432,6 +451,7 @@ async def open_messaging_runtime(
             # Every binding lease decision at DEBUG.
             core.leases.store = LoggedLeases(core.leases.store)
         runtime._open = core
+        runtime._opened_at_ms = core.now_ms()
         if resume_accepted and core.journal is not None:
             core.resume_gate = trio.Event()
             core.spawn(_resume.resume_accepted, core, core.now_ms())

@@ -4,7 +4,8 @@ random moments while direct messages flow from three users (every third round st
 SIGTERM); a final run settles everything. Inside the resume window:
 
 * every message is answered once, listed by ``list-unresolved``, or settled ``cancelled``
-  by a graceful stop — none is lost, because
+  by a graceful stop — none is lost, and no reply is listed ``pending`` (each start sends
+  a killed daemon's unmarked replies again, same nonces: issue 39) — because
   each restart **resumes** the stored session from the watermark of committed admissions
   and Discord replays the rest (one Identify in the whole run);
 * no agent run twice for one message, no reply posted twice (nonces + enforce_nonce);
@@ -151,6 +152,12 @@ async def test_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -> None:
                 cancelled += 1  # settled by a graceful stop (SIGTERM) while it ran
             elif op not in unresolved:
                 problems.append(f"{message['content']}: lost (not answered, not listed: {state})")
+    # The whole loop is inside Discord's nonce window: a reply a killed daemon left pending
+    # (staged, sent or not, never marked) is sent again by the next start, with the same
+    # nonce (issue 39), so none is left for the operator.
+    for entry in entries:
+        if entry.get("replyState") == "pending":
+            problems.append(f"{entry['operationId']}: reply still pending ({entry['state']})")
     identifies = len(fake.gateway.identifies())
     summary = (
         f"killloop discord {tag} kills={kills} messages={len(sent)} "
