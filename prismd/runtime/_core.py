@@ -253,6 +253,7 @@ class Core:
             self.count,
             adopt=self.adopt_own_leases,
             lease_idle_ms=self.lease_idle_ms,
+            on_released=self.routes.release,
         )
 
     def _open_stores(self) -> LeaseStore | None:
