@@ -36,8 +36,9 @@ import attrs
 import trio
 
 from ..channel import InboundEvent
+from ..grants import Grant, ownership_from_identity
 from ..journal import FOLLOWING_STATE, OperationRecord, OperationRef, OwnershipScope, transition
-from ._core import Core
+from ._core import Core, authorize_input, check_grant
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._relay import relay
 from ._routes import ActiveTurn, Route, Turn
@@ -131,13 +132,14 @@ class TurnHooks:
 class Wake:
     """A parked turn's wake (:func:`wake`), kept by the agent's follower while the task is
     followed; once the turn is parked (:func:`park`), the turn itself as well: the
-    operation id, the route's key and the grant (seven references, 88 bytes) instead of
-    the :class:`Turn` and its :class:`InboundEvent`. Folded so, its route is released
-    while it waits (:meth:`~._routes.Routes.release`: the route's own state, its binding
-    included, is read again from the journal when it runs); the event is rebuilt from the
-    route's key and the operation's record (its event id) when it wakes (:func:`_rewake`)."""
+    operation id and the route's key (six references, 80 bytes) instead of the
+    :class:`Turn`, its :class:`InboundEvent` and its grant. Folded so, its route is
+    released while it waits (:meth:`~._routes.Routes.release`: the route's own state, its
+    binding included, is read again from the journal when it runs); when it wakes
+    (:func:`_rewake`) the event is rebuilt from the route's key and the operation's record
+    (its event id), and the grant is asked of ``authorize`` again, as after a restart."""
 
-    __slots__ = ("cancelling", "core", "grant", "key", "operation_id", "start_pump", "turn")
+    __slots__ = ("cancelling", "core", "key", "operation_id", "start_pump", "turn")
 
     def __init__(
         self, core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]
@@ -148,7 +150,6 @@ class Wake:
         """The turn until it is parked in this form (kept whole when it cannot be)."""
         self.start_pump = start_pump
         self.operation_id = turn.operation_id
-        self.grant = turn.grant
         self.cancelling = False
         """``/cancel`` woke it folded: the rebuilt turn cancels the remote task."""
 
@@ -286,44 +287,70 @@ def _resume(core: Core, route: Route, parked: Wake, turn: Turn | None) -> None:
 
 async def _rewake(core: Core, parked: Wake) -> None:
     """Wake a folded parked turn: its route made again and hydrated (when it was released),
-    the operation's record read, the turn rebuilt from both and put back at the head of
-    the route's queue. A store error is retried (the route stays held meanwhile); an
-    operation no longer ``following`` (settled meanwhile) frees the route, as its run
-    would (:func:`claim_following`)."""
-    assert core.journal is not None
+    the operation's record read, the grant asked again (``authorize``, as after a restart),
+    the turn rebuilt from those and put back at the head of the route's queue. A store or
+    ``authorize`` error is retried (the route stays held meanwhile); an operation no longer
+    ``following`` (settled meanwhile) frees the route, as its run would
+    (:func:`claim_following`)."""
     delay = LEASE_BACKOFF_START_S
     while not core.stopped:
         route = _parked_route(core, parked)
         if route is None:
             return
-        key = parked.key
         try:
             with core.routes.pinned(route):
-                await core.routes.hydrate(route, parked.grant.identity)
-                loaded = await core.journal.load_operation(route.scope, key[0], parked.operation_id)
+                turn = await _rebuild(core, route, parked)
         except Exception:
             core.count("storage_failures")
             await trio.sleep(delay)
             delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
             continue
-        if route.parked is not parked or core.stopped:
-            return
-        turn = None
-        if loaded is not None and loaded.record.state == FOLLOWING_STATE:
-            event = InboundEvent(
-                connection_id=key[0],
-                external_conversation_id=key[1],
-                external_actor_id=key[3],
-                event_id=loaded.record.event_id,
-                thread_id=key[2],
-                claims=NO_CLAIMS,
-            )
-            turn = Turn(
-                parked.operation_id, event, "message", parked.grant, route.scope, key[4],
-                following=True, cancel_remote=parked.cancelling,
-            )  # fmt: skip
-        _resume(core, route, parked, turn)
+        if route.parked is parked and not core.stopped:
+            _resume(core, route, parked, turn)
         return
+
+
+async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
+    """The parked turn as it was parked, from its route's key, its operation's record and
+    a grant asked again; ``None`` when the operation is no longer ``following``, or is
+    settled here because the grant is refused now (``failed``, as a turn whose identity
+    was revoked: :func:`._turn.execute_turn`)."""
+    assert core.journal is not None
+    key = parked.key
+    loaded = await core.journal.load_operation(route.scope, key[0], parked.operation_id)
+    if loaded is None or loaded.record.state != FOLLOWING_STATE:
+        return None
+    event = InboundEvent(
+        connection_id=key[0],
+        external_conversation_id=key[1],
+        external_actor_id=key[3],
+        event_id=loaded.record.event_id,
+        thread_id=key[2],
+        claims=NO_CLAIMS,
+    )
+    grant = await core.authorize(authorize_input(event, "message", core.now_ms()))
+    reason = check_grant(core, grant)
+    if reason is None:
+        assert isinstance(grant, Grant)
+        if ownership_from_identity(grant.identity) != route.scope or key[4] not in (
+            grant.agent_aliases
+        ):
+            reason = "rejected"  # another owner now, or the agent no longer allowed
+    if reason is not None:
+        core.count("denied")
+        code = "identity_revoked" if reason == "revoked" else "rejected"
+        async with core.leases.fence(route) as fence:
+            await core.settle_operation(
+                route.scope, key[0], parked.operation_id, "failed", fence=fence,
+                error_code=code, only_from=frozenset({FOLLOWING_STATE}),
+            )  # fmt: skip
+        return None
+    assert isinstance(grant, Grant)
+    await core.routes.hydrate(route, grant.identity)
+    return Turn(
+        parked.operation_id, event, "message", grant, route.scope, key[4],
+        following=True, cancel_remote=parked.cancelling,
+    )  # fmt: skip
 
 
 def cancel_parked(core: Core, route: Route) -> bool:
