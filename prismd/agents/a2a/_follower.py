@@ -203,6 +203,62 @@ def _place(record: Followed) -> float:
     return math.inf if queued_at is None else queued_at
 
 
+class Schedule:
+    """The parked records by their next due time: a heap of the records themselves (each
+    once, at :attr:`Followed.queued_at`; no tuple per record) and a small heap of the few
+    made due sooner than their place (a push hurried them)."""
+
+    __slots__ = ("heap", "sooner")
+
+    def __init__(self) -> None:
+        self.heap: list[Followed] = []
+        self.sooner: list[tuple[float, Followed]] = []
+
+    def clear(self) -> None:
+        self.heap.clear()
+        self.sooner.clear()
+
+    def first(self) -> float:
+        """The earliest due time it holds (stale ones included)."""
+        sooner = self.sooner[0][0] if self.sooner else math.inf
+        return min(_place(self.heap[0]) if self.heap else math.inf, sooner)
+
+    def put(self, record: Followed, due: float) -> bool:
+        """``record`` is due at ``due``, sooner than it was; whether it comes first now."""
+        record.due = due
+        queued_at = record.queued_at
+        if queued_at is None:
+            self._queue(record)
+            return self.heap[0] is record
+        if due < queued_at:
+            heapq.heappush(self.sooner, (due, record))
+            return self.sooner[0][1] is record
+        return False  # its place comes first: put back at ``due`` then
+
+    def pop(self, now: float) -> Followed | None:
+        """A record due by ``now`` (its :attr:`~Followed.due` still set), or ``None``."""
+        heap, sooner = self.heap, self.sooner
+        while True:
+            if sooner and sooner[0][0] <= now:
+                due, record = heapq.heappop(sooner)
+                if record.due == due:
+                    return record
+                continue  # rescheduled, or taken from the heap already: stale
+            if not heap or _place(heap[0]) > now:
+                return None
+            record = heapq.heappop(heap)
+            due, record.queued_at = _place(record), None
+            if record.due == due:
+                return record
+            if record.due != math.inf and record.due > due:
+                self._queue(record)  # due later now: back in at its due
+            # else being read, or due sooner (in ``sooner``)
+
+    def _queue(self, record: Followed) -> None:
+        record.queued_at = record.due
+        heapq.heappush(self.heap, record)
+
+
 class Follower:
     """The parked tasks of one agent in one runtime (see the module docstring)."""
 
@@ -216,11 +272,7 @@ class Follower:
         """By task id."""
         self.found: dict[str, Finding] = {}
         """What was read for a woken run, by task id (taken once by the run)."""
-        self._heap: list[Followed] = []
-        """Every scheduled record once, by :attr:`Followed.queued_at`."""
-        self._sooner: list[tuple[float, Followed]] = []
-        """Records due sooner than their place in :attr:`_heap` (a push hurried them), by
-        due: a few at a time."""
+        self._schedule_of = Schedule()
         self._kick = trio.Event()
         self._streams = 0
         self._to_stream: list[tuple[Followed, PollLease | None]] = []
@@ -290,57 +342,27 @@ class Follower:
         finally:
             self._nursery = None
             self.records.clear()
-            self._heap.clear()
-            self._sooner.clear()
+            self._schedule_of.clear()
             self.found.clear()
 
     async def _dispatch(self) -> None:
-        heap, sooner = self._heap, self._sooner
+        schedule = self._schedule_of
         while True:
             now = trio.current_time()
-            while True:
-                if sooner and sooner[0][0] <= now:
-                    due, record = heapq.heappop(sooner)
-                    if record.due != due:
-                        continue  # rescheduled, or taken from the heap already: stale
-                elif heap and _place(heap[0]) <= now:
-                    record = heapq.heappop(heap)
-                    due, record.queued_at = _place(record), None
-                    if record.due > due and record.due != math.inf:
-                        self._queue(record)  # due later now: back in at its due
-                        continue
-                    if record.due != due:
-                        continue  # being read, or due sooner (in ``sooner``)
-                else:
-                    break
+            while (record := schedule.pop(now)) is not None:
                 if self.records.get(record.task_id) is not record:
                     continue  # gone
                 record.due = math.inf
                 await self._send.send(record)
             self._kick = trio.Event()
-            first = min(_place(heap[0]) if heap else math.inf, sooner[0][0] if sooner else math.inf)
-            with trio.move_on_at(first):
+            with trio.move_on_at(schedule.first()):
                 await self._kick.wait()
-
-    def _queue(self, record: Followed) -> None:
-        record.queued_at = record.due
-        heapq.heappush(self._heap, record)
 
     def _schedule(self, record: Followed, seconds: float) -> None:
         due = trio.current_time() + seconds
         if due >= record.due:
             return  # already due sooner
-        record.due = due
-        queued_at = record.queued_at
-        if queued_at is None:
-            self._queue(record)
-            first = self._heap[0] is record
-        elif due < queued_at:
-            heapq.heappush(self._sooner, (due, record))
-            first = self._sooner[0][1] is record
-        else:
-            return  # its place comes first: put back at ``due`` then
-        if first:
+        if self._schedule_of.put(record, due):
             self._kick.set()
 
     def _pause(self, record: Followed) -> float:
