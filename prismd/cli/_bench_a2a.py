@@ -10,7 +10,10 @@ agent, runtime, store and push receiver do the rest:
    is followed minus its RSS before the runtime started, both after a collection, divided
    by ``tasks``: everything the runtime, the journal's SQLite connections and the agent
    hold for them; ``of_which_sqlite_bytes_per_task`` is SQLite's own share of it — its page
-   caches, bounded — when the store is SQLite), then, for ``duration_s``, the CPU per
+   caches, bounded — when the store is SQLite); ``marginal_rss_bytes_per_task``, what the
+   second half of the tasks added (RSS, after a collection, once every task is followed
+   less once the first half was, the sending paused then, divided by the second half:
+   what a task costs beyond the process's fixed growth); then, for ``duration_s``, the CPU per
    poll (every task polled every ``max(1 s, tasks / 100 s)``: about 100 polls a second
    in all);
 2. *ingest*: every task is pushed a ``working`` status update with a new timestamp (64
@@ -348,7 +351,17 @@ async def a2a(
             store, GRANT, deliver, limits=limits, tool="bench-a2a", agent=agent
         ) as runtime:
             start = time.perf_counter()
+            half, rss_half, paused_s = tasks // 2, 0, 0.0
             for n in range(tasks):
+                if n == half and half:
+                    # The marginal figure's first point: half the tasks followed (the pause
+                    # is not counted in the sending rate).
+                    pause = time.perf_counter()
+                    while agent.following_now + delivered < half:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                    gc.collect()
+                    rss_half = _rss_bytes()
+                    paused_s = time.perf_counter() - pause
                 while runtime.diagnostics().queued >= MAX_QUEUED:  # noqa: ASYNC110
                     await trio.sleep(0.01)  # (back-pressure on admission: a counter)
                 event = lane_event(CONNECTION, f"{nonce}-{n}", f"ev-{nonce}-{n}", f"task {n}")
@@ -358,9 +371,11 @@ async def a2a(
             # Every task followed, or answered already (a send that failed is told).
             while agent.following_now + delivered < tasks:  # noqa: ASYNC110 (counters)
                 await trio.sleep(0.05)
-            sent_s = time.perf_counter() - start
+            sent_s = time.perf_counter() - start - paused_s
             gc.collect()
-            rss_per_task = (_rss_bytes() - rss0) / tasks
+            rss_full = _rss_bytes()
+            rss_per_task = (rss_full - rss0) / tasks
+            marginal = (rss_full - rss_half) / (tasks - half) if half else float("nan")
             sqlite_per_task = (_sqlite_bytes() - sqlite0) / tasks
             gets0 = await gets()
             cpu0 = time.process_time()
@@ -418,6 +433,7 @@ async def a2a(
             "count": tasks,
             "per_s": round(tasks / sent_s, 1),
             "rss_bytes_per_task": round(rss_per_task),
+            "marginal_rss_bytes_per_task": round(marginal) if half else None,
             "of_which_sqlite_bytes_per_task": round(sqlite_per_task),
             "cpu_ms_per_poll": round(cpu_per_poll_ms, 3),
             "polls": polls,

@@ -161,15 +161,17 @@ class KnownOperations:
     write."""
 
     limit: int = 20_000
-    _ids: set[bytes] = attrs.field(factory=set)
-    """128-bit digests of the record keys (49 bytes instead of ~150): a false "known" would
-    answer a new event as a duplicate, and at 2**-128 per pair it does not."""
-    _order: deque[bytes] = attrs.field(factory=deque)
-    """Insertion order, oldest first (a set and a deque: half an OrderedDict's memory)."""
+    _ids: dict[int, None] = attrs.field(factory=dict)
+    """128-bit digests of the record keys, as ints (48 bytes each instead of ~150): a false
+    "known" would answer a new event as a duplicate, and at 2**-128 per pair it does not. A
+    dict of them rather than a set: ~30 bytes per entry against ~52 at ten thousand."""
+    _order: deque[int] = attrs.field(factory=deque)
+    """Insertion order, oldest first (a dict and a deque: half an OrderedDict's memory)."""
 
     @staticmethod
-    def _digest(key: str) -> bytes:
-        return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    def _digest(key: str) -> int:
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        return int.from_bytes(digest, "little")
 
     def has(self, key: str) -> bool:
         return self._digest(key) in self._ids
@@ -178,15 +180,15 @@ class KnownOperations:
         digest = self._digest(key)
         if digest in self._ids:
             return
-        self._ids.add(digest)
+        self._ids[digest] = None
         self._order.append(digest)
         while len(self._order) > self.limit:
             # A discarded key re-added is in the order twice: forgetting it at the first is
             # early, which only costs a store read.
-            self._ids.discard(self._order.popleft())
+            self._ids.pop(self._order.popleft(), None)
 
     def discard(self, key: str) -> None:
-        self._ids.discard(self._digest(key))
+        self._ids.pop(self._digest(key), None)
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -263,6 +265,7 @@ class Core:
             self.count,
             adopt=self.adopt_own_leases,
             lease_idle_ms=self.lease_idle_ms,
+            on_released=self.routes.release,
         )
 
     def _open_stores(self) -> LeaseStore | None:

@@ -36,8 +36,18 @@ import attrs
 import trio
 
 from ..channel import InboundEvent
-from ..journal import FOLLOWING_STATE, Change, Loaded, OperationRecord, OperationRef, transition
-from ._core import Core
+from ..grants import Grant, ownership_from_identity
+from ..journal import (
+    FOLLOWING_STATE,
+    Change,
+    Loaded,
+    OperationRecord,
+    OperationRef,
+    OwnershipScope,
+    transition,
+)
+from ._core import Core, authorize_input, check_grant
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._relay import relay
 from ._routes import ActiveTurn, Route, Turn
 
@@ -117,60 +127,49 @@ class TurnHooks:
 
 class Wake:
     """A parked turn's wake (:func:`wake`), kept by the agent's follower while the task is
-    followed; once the turn is parked (:func:`park`), the turn itself as well: what its
-    run needs again — the operation and event ids and the grant (seven references, 88
-    bytes) — instead of the :class:`Turn` and its :class:`InboundEvent` (~290 bytes more).
-    The rest is the route's: its key names the connection, conversation, thread, actor
-    and alias the event had, its scope is the turn's, and the operation's record (the
-    text dropped, the remote task journaled) is read again when the turn runs."""
+    followed; once the turn is parked (:func:`park`), the turn itself as well: the
+    operation id and the route's key (six references, 80 bytes) instead of the
+    :class:`Turn`, its :class:`InboundEvent` and its grant. Folded so, its route is
+    released while it waits (:meth:`~._routes.Routes.release`: the route's own state, its
+    binding included, is read again from the journal when it runs); when it wakes
+    (:func:`_rewake`) the event is rebuilt from the route's key and the operation's record
+    (its event id), and the grant is asked of ``authorize`` again, as after a restart."""
 
-    __slots__ = ("core", "event_id", "grant", "operation_id", "route", "start_pump", "turn")
+    __slots__ = ("cancelling", "core", "key", "operation_id", "start_pump", "turn")
 
     def __init__(
         self, core: Core, route: Route, turn: Turn, start_pump: Callable[[Core, Route], None]
     ) -> None:
         self.core = core
-        self.route = route
+        self.key = route.key
         self.turn: Turn | None = turn
         """The turn until it is parked in this form (kept whole when it cannot be)."""
         self.start_pump = start_pump
         self.operation_id = turn.operation_id
-        self.event_id = turn.event.event_id
-        self.grant = turn.grant
+        self.cancelling = False
+        """``/cancel`` woke it folded: the rebuilt turn cancels the remote task."""
+
+    @property
+    def folded(self) -> bool:
+        return self.turn is None
 
     def __call__(self) -> None:
-        wake(self.core, self.route, self, self.start_pump)
+        wake(self.core, self)
 
-    def fold(self, turn: Turn) -> None:
-        """Keep ``turn`` as its ids and grant only, when the route and those rebuild it
-        as it is (:meth:`unfold`); else keep it whole — also without a journal, where the
-        relays sent are remembered per turn object (:mod:`._relay`)."""
-        if self.turn is not turn or self.core.journal is None or not _foldable(self.route, turn):
+    def fold(self, route: Route, turn: Turn) -> None:
+        """Keep ``turn`` as its ids and grant only, when the route's key and the journal
+        rebuild it as it is (:func:`_rewake`); else keep it whole — also without a
+        journal, where the relays sent are remembered per turn object (:mod:`._relay`)."""
+        if self.turn is not turn or self.core.journal is None or not _foldable(route, turn):
             return
         self.turn = None
 
-    def unfold(self) -> Turn:
-        """The parked turn, as it was parked."""
-        if self.turn is not None:
-            return self.turn
-        route = self.route
-        key = route.key
-        event = InboundEvent(
-            connection_id=key[0],
-            external_conversation_id=key[1],
-            external_actor_id=key[3],
-            event_id=self.event_id,
-            thread_id=key[2],
-            claims=NO_CLAIMS,
-        )
-        return Turn(
-            self.operation_id, event, "message", self.grant, route.scope, key[4], following=True
-        )
-
     def cancel(self) -> None:
         """``/cancel``: wake the turn to cancel its remote task."""
-        turn = self.turn = self.unfold()
-        turn.cancel_remote = True
+        if self.turn is not None:
+            self.turn.cancel_remote = True
+        else:
+            self.cancelling = True
         self()
 
 
@@ -239,28 +238,115 @@ def park(core: Core, route: Route, turn: Turn, parked: Wake) -> None:
             claims=event.claims or NO_CLAIMS,
             received_at_ms=None,
         )
-    parked.fold(turn)
+    if not turn.woken:
+        parked.fold(route, turn)
     route.parked = parked
     _hold(core)
     if turn.woken:
         parked()
 
 
-def wake(core: Core, route: Route, parked: Wake, start_pump: Callable[[Core, Route], None]) -> None:
-    """The agent's follower wakes a parked turn: back to the head of its route's queue."""
-    if route.parked is not parked:
-        turn = parked.turn
-        if turn is not None and not turn.settled:
+def _parked_route(core: Core, parked: Wake) -> Route | None:
+    """The route ``parked`` is parked on, made again when it was released; ``None`` when it
+    is parked no longer (woken, or forgotten by ``stop()``)."""
+    key = parked.key
+    route = core.routes.route(*key[:5], OwnershipScope(*key[5:]))
+    return route if route is not None and route.parked is parked else None
+
+
+def wake(core: Core, parked: Wake) -> None:
+    """The agent's follower wakes a parked turn: back to the head of its route's queue
+    (a folded one once rebuilt: :func:`_rewake`)."""
+    turn = parked.turn
+    if turn is None:
+        if not core.stopped:
+            core.spawn(_rewake, core, parked)
+        return
+    route = core.routes.get(parked.key)
+    if route is None or route.parked is not parked:
+        if not turn.settled:
             turn.woken = True  # its run has not returned yet: woken as it parks
         return
+    parked.turn = None
+    _resume(core, route, parked, turn)
+
+
+def _resume(core: Core, route: Route, parked: Wake, turn: Turn | None) -> None:
     route.parked = None
     _unhold(core)
     if core.stopped:
         return
-    turn = parked.unfold()
-    parked.turn = None
-    route.queue.push_front(turn)
-    start_pump(core, route)
+    if turn is not None:
+        route.queue.push_front(turn)
+    parked.start_pump(core, route)
+
+
+async def _rewake(core: Core, parked: Wake) -> None:
+    """Wake a folded parked turn: its route made again and hydrated (when it was released),
+    the operation's record read, the grant asked again (``authorize``, as after a restart),
+    the turn rebuilt from those and put back at the head of the route's queue. A store or
+    ``authorize`` error is retried (the route stays held meanwhile); an operation no longer
+    ``following`` (settled meanwhile) frees the route, as its run would
+    (:func:`claim_following`)."""
+    delay = LEASE_BACKOFF_START_S
+    while not core.stopped:
+        route = _parked_route(core, parked)
+        if route is None:
+            return
+        try:
+            with core.routes.pinned(route):
+                turn = await _rebuild(core, route, parked)
+        except Exception:
+            core.count("storage_failures")
+            await trio.sleep(delay)
+            delay = min(delay * 2, LEASE_BACKOFF_MAX_S)
+            continue
+        if route.parked is parked and not core.stopped:
+            _resume(core, route, parked, turn)
+        return
+
+
+async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
+    """The parked turn as it was parked, from its route's key, its operation's record and
+    a grant asked again; ``None`` when the operation is no longer ``following``, or is
+    settled here because the grant is refused now (``failed``, as a turn whose identity
+    was revoked: :func:`._turn.execute_turn`)."""
+    assert core.journal is not None
+    key = parked.key
+    loaded = await core.journal.load_operation(route.scope, key[0], parked.operation_id)
+    if loaded is None or loaded.record.state != FOLLOWING_STATE:
+        return None
+    event = InboundEvent(
+        connection_id=key[0],
+        external_conversation_id=key[1],
+        external_actor_id=key[3],
+        event_id=loaded.record.event_id,
+        thread_id=key[2],
+        claims=NO_CLAIMS,
+    )
+    grant = await core.authorize(authorize_input(event, "message", core.now_ms()))
+    reason = check_grant(core, grant)
+    if reason is None:
+        assert isinstance(grant, Grant)
+        if ownership_from_identity(grant.identity) != route.scope or key[4] not in (
+            grant.agent_aliases
+        ):
+            reason = "rejected"  # another owner now, or the agent no longer allowed
+    if reason is not None:
+        core.count("denied")
+        code = "identity_revoked" if reason == "revoked" else "rejected"
+        async with core.leases.fence(route) as fence:
+            await core.settle_operation(
+                route.scope, key[0], parked.operation_id, "failed", fence=fence,
+                error_code=code, only_from=frozenset({FOLLOWING_STATE}),
+            )  # fmt: skip
+        return None
+    assert isinstance(grant, Grant)
+    await core.routes.hydrate(route, grant.identity)
+    return Turn(
+        parked.operation_id, event, "message", grant, route.scope, key[4],
+        following=True, cancel_remote=parked.cancelling,
+    )  # fmt: skip
 
 
 def cancel_parked(core: Core, route: Route) -> bool:
@@ -280,6 +366,13 @@ def unpark_at_stop(core: Core, route: Route) -> bool:
     route.parked = None
     _unhold(core)
     return True
+
+
+def forget_released(core: Core) -> None:
+    """``stop()``: forget the parked turns of the released routes, as :func:`unpark_at_stop`
+    (their operations stay ``following``)."""
+    for _parked in core.routes.forget_released():
+        _unhold(core)
 
 
 async def claim_following(core: Core, turn: Turn, fence: int | None) -> bool:

@@ -55,6 +55,9 @@ class RouteLeases:
     count: Callable[[str], None]
     adopt: bool = False
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS
+    on_released: Callable[[Route], None] | None = None
+    """Told of each route whose lease was released (the route table: a route left with a
+    parked turn alone is released too, :meth:`~._routes.Routes.release`)."""
 
     @property
     def enabled(self) -> bool:
@@ -194,6 +197,8 @@ class RouteLeases:
                         route.renewer.cancel()
                         route.renewer = None
             route.shed_locks()
+            if self.on_released is not None and route.lease is None:
+                self.on_released(route)
 
     @asynccontextmanager
     async def fence(self, route: Route, *, wait_s: float = 0.0) -> AsyncIterator[int | None]:

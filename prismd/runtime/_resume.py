@@ -322,4 +322,5 @@ def _known_ids(core: Core) -> set[str]:
         if route.parked is not None:
             ids.add(route.parked.operation_id)
         ids.update(t.operation_id for t in route.queue)
+    ids.update(parked.operation_id for _key, parked in core.routes.released())
     return ids

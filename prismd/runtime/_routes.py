@@ -86,6 +86,9 @@ class ParkedTurn(Protocol):
     @property
     def operation_id(self) -> str: ...
 
+    @property
+    def folded(self) -> bool: ...
+
     def cancel(self) -> None:
         """``/cancel``: wake it to cancel its remote task."""
 
@@ -367,12 +370,42 @@ class Routes:
     tally: QueueTally = attrs.field(init=False, factory=QueueTally)
     """The turns queued on all routes (every route's queue counts into it)."""
     _table: dict[RouteKey, Route] = attrs.field(init=False, factory=dict)
+    _parked: dict[RouteKey, ParkedTurn] = attrs.field(init=False, factory=dict)  # released
 
     def values(self) -> Iterator[Route]:
+        """The routes in memory (not the released ones of :meth:`released`)."""
         return iter(list(self._table.values()))
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._table) + len(self._parked)
+
+    def get(self, key: RouteKey) -> Route | None:
+        return self._table.get(key)
+
+    def released(self) -> list[tuple[RouteKey, ParkedTurn]]:
+        return list(self._parked.items())
+
+    def release(self, route: Route) -> None:
+        """Forget ``route`` while a folded parked turn is all it holds (with a journal, not
+        leased or in use), keeping that turn by the route's key: still held, the route is
+        made again with it (:meth:`route`) for the next message or the wake."""
+        parked = route.parked
+        if (
+            parked is not None
+            and parked.folded
+            and self.journal is not None
+            and not (route.working or route.queue or route.lease or route.lease_users)
+            and not (route.pins or route.renewer or route.hydrating())
+            and route.release_at is None
+            and self._table.get(route.key) is route
+        ):
+            del self._table[route.key]
+            self._parked[route.key] = parked
+
+    def forget_released(self) -> list[ParkedTurn]:
+        """``stop()``: drop the released routes' parked turns; returns them."""
+        parked, self._parked = list(self._parked.values()), {}
+        return parked
 
     def route(
         self,
@@ -391,9 +424,10 @@ class Routes:
         route = self._table.get(key)
         if route is not None:
             return route
-        if len(self._table) >= self.limits.max_routes and not self._evict_idle_route():
+        parked = self._parked.pop(key, None) if self._parked else None
+        if parked is None and len(self) >= self.limits.max_routes and not self._evict_idle_route():
             return None
-        route = Route(key=key, queue=TurnQueue(self.tally))
+        route = Route(key=key, queue=TurnQueue(self.tally), parked=parked)
         self._table[key] = route
         return route
 

@@ -28,7 +28,7 @@ from ..journal import GrantRecord, operation_id_for
 from ..limits import Limits
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
 from ._core import Core, FetchAttachment, cancel_queued
-from ._following import unpark_at_stop
+from ._following import forget_released, unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from .api import (
     Authorize,
@@ -135,7 +135,7 @@ class Runtime:
             for route in core.routes.values()
             if route.connection_id == connection_id
             and (route.busy or route.lease is not None or route.lease_users > 0)
-        )
+        ).union(key[1] for key, _parked in core.routes.released() if key[0] == connection_id)
 
     # The operator's calls: each is its module's step on the open runtime's state.
     notify = _on_open(_notify.notify)
@@ -277,6 +277,7 @@ class Runtime:
         # Cleanup is shielded but bounded by the deadline: a caller cancelled mid-stop
         # must not leave queued work unsettled, and nothing may outlive the deadline.
         with trio.CancelScope(shield=True, deadline=end):
+            forget_released(core)  # parked turns of released routes (as unpark_at_stop)
             for route in list(core.routes.values()):
                 current = route.active.turn if route.active is not None else None
                 behind_following = unpark_at_stop(core, route) or (

@@ -159,6 +159,7 @@ async def pump(core: Core, route: Route) -> None:
             await core.leases.release_if_idle(route)
         else:
             await core.leases.release_when_idle(route)
+            core.routes.release(route)  # a parked turn alone, no lease (:mod:`._following`)
 
 
 async def _refresh_binding(core: Core, route: Route) -> None:

@@ -114,7 +114,7 @@ class Bit:
 class Followed:
     """One parked task: what the follower needs between polls (nothing else is kept: eleven
     slots, the booleans in one small int; the operation's scope is not kept — a state
-    change finds the record by its key)."""
+    change finds the record by its key). It is its own entry in the follower's heap."""
 
     __slots__ = (
         "deadline_ms",
@@ -122,9 +122,9 @@ class Followed:
         "due",
         "flags",
         "key",
+        "notes",
         "on_event",
-        "relayed",
-        "shown",
+        "queued_at",
         "state",
         "task_id",
         "wake",
@@ -162,16 +162,102 @@ class Followed:
         self.flags = 1 if pushed else 0
         self.wake: Callable[[], None] | None = wake
         self.on_event = on_event
-        self.shown: str | None = None
-        self.relayed: str | None = None
+        self.notes: tuple[str | None, str | None] | None = None
+        """:attr:`shown` and :attr:`relayed`, when either is set (one slot for both)."""
+        self.due = math.inf
+        """When it is read next (Trio time); infinite while it is read or streamed."""
+        self.queued_at: float | None = None
+        """Its place in the follower's heap (the record itself is the entry: no tuple per
+        record), ``None`` when it is not there; may be later than :attr:`due` (then it is
+        also in the heap of sooner dues) or earlier (then it is put back at :attr:`due`)."""
+
+    @property
+    def shown(self) -> str | None:
+        """The preview text shown last."""
+        notes = self.notes
+        return None if notes is None else notes[0]
+
+    @shown.setter
+    def shown(self, text: str | None) -> None:
+        relayed = self.relayed
+        self.notes = None if text is None and relayed is None else (text, relayed)
+
+    @property
+    def relayed(self) -> str | None:
         """The key of the last interrupted status this turn has seen to (:mod:`._relay`):
         the ``auth-required`` status relayed, or a continuation's question."""
-        self.due = math.inf
+        notes = self.notes
+        return None if notes is None else notes[1]
+
+    @relayed.setter
+    def relayed(self, key: str | None) -> None:
+        shown = self.shown
+        self.notes = None if key is None and shown is None else (shown, key)
 
     def __lt__(self, other: Followed) -> bool:
-        """Heap entries ``(due, record)`` of equal dues are equal: no sequence number kept
-        per entry."""
-        return False
+        """The heap's order (an entry's place does not change while it is there)."""
+        return _place(self) < _place(other)
+
+
+def _place(record: Followed) -> float:
+    queued_at = record.queued_at
+    return math.inf if queued_at is None else queued_at
+
+
+class Schedule:
+    """The parked records by their next due time: a heap of the records themselves (each
+    once, at :attr:`Followed.queued_at`; no tuple per record) and a small heap of the few
+    made due sooner than their place (a push hurried them)."""
+
+    __slots__ = ("heap", "sooner")
+
+    def __init__(self) -> None:
+        self.heap: list[Followed] = []
+        self.sooner: list[tuple[float, Followed]] = []
+
+    def clear(self) -> None:
+        self.heap.clear()
+        self.sooner.clear()
+
+    def first(self) -> float:
+        """The earliest due time it holds (stale ones included)."""
+        sooner = self.sooner[0][0] if self.sooner else math.inf
+        return min(_place(self.heap[0]) if self.heap else math.inf, sooner)
+
+    def put(self, record: Followed, due: float) -> bool:
+        """``record`` is due at ``due``, sooner than it was; whether it comes first now."""
+        record.due = due
+        queued_at = record.queued_at
+        if queued_at is None:
+            self._queue(record)
+            return self.heap[0] is record
+        if due < queued_at:
+            heapq.heappush(self.sooner, (due, record))
+            return self.sooner[0][1] is record
+        return False  # its place comes first: put back at ``due`` then
+
+    def pop(self, now: float) -> Followed | None:
+        """A record due by ``now`` (its :attr:`~Followed.due` still set), or ``None``."""
+        heap, sooner = self.heap, self.sooner
+        while True:
+            if sooner and sooner[0][0] <= now:
+                due, record = heapq.heappop(sooner)
+                if record.due == due:
+                    return record
+                continue  # rescheduled, or taken from the heap already: stale
+            if not heap or _place(heap[0]) > now:
+                return None
+            record = heapq.heappop(heap)
+            due, record.queued_at = _place(record), None
+            if record.due == due:
+                return record
+            if record.due != math.inf and record.due > due:
+                self._queue(record)  # due later now: back in at its due
+            # else being read, or due sooner (in ``sooner``)
+
+    def _queue(self, record: Followed) -> None:
+        record.queued_at = record.due
+        heapq.heappush(self.heap, record)
 
 
 class Follower:
@@ -187,7 +273,7 @@ class Follower:
         """By task id."""
         self.found: dict[str, Finding] = {}
         """What was read for a woken run, by task id (taken once by the run)."""
-        self._heap: list[tuple[float, Followed]] = []
+        self._schedule_of = Schedule()
         self._kick = trio.Event()
         self._streams = 0
         self._to_stream: list[tuple[Followed, PollLease | None]] = []
@@ -257,32 +343,27 @@ class Follower:
         finally:
             self._nursery = None
             self.records.clear()
-            self._heap.clear()
+            self._schedule_of.clear()
             self.found.clear()
 
     async def _dispatch(self) -> None:
-        heap = self._heap
+        schedule = self._schedule_of
         while True:
             now = trio.current_time()
-            while heap and heap[0][0] <= now:
-                due, record = heapq.heappop(heap)
-                if record.due != due or self.records.get(record.task_id) is not record:
-                    continue  # rescheduled or gone: a stale entry
+            while (record := schedule.pop(now)) is not None:
+                if self.records.get(record.task_id) is not record:
+                    continue  # gone
                 record.due = math.inf
                 await self._send.send(record)
             self._kick = trio.Event()
-            with trio.move_on_at(heap[0][0] if heap else math.inf):
+            with trio.move_on_at(schedule.first()):
                 await self._kick.wait()
 
     def _schedule(self, record: Followed, seconds: float) -> None:
         due = trio.current_time() + seconds
         if due >= record.due:
             return  # already due sooner
-        record.due = due
-        heap = self._heap
-        first = not heap or due < heap[0][0]
-        heapq.heappush(heap, (due, record))
-        if first:
+        if self._schedule_of.put(record, due):
             self._kick.set()
 
     def _pause(self, record: Followed) -> float:
