@@ -55,7 +55,7 @@ async def test_long_task_is_followed_then_answered_once(dialect: str, mem: Memor
             agent = a2a_agent(fake, mem)
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 assert (await h.runtime.admit(event("1", "research this"))).status == "accepted"
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                await wait_until_async(lambda: states_are(mem, ["following"]))
                 # Nothing to decide while it is followed, and a plain reconcile refuses.
                 assert await h.runtime.list_unresolved(identity=IDENTITY) == []
                 page = await mem.checkpoints.list_checkpoints(namespace=NS_OPERATION)
@@ -97,7 +97,7 @@ async def test_long_task_is_followed_then_answered_once(dialect: str, mem: Memor
             nursery.cancel_scope.cancel()
 
 
-async def _states_are(store: MemoryStore, states: list[str]) -> bool:
+async def states_are(store: MemoryStore, states: list[str]) -> bool:
     return sorted(await op_states(store)) == sorted(states)
 
 
@@ -210,7 +210,7 @@ async def test_cancel_sends_cancel_task(mem: MemoryStore) -> None:
             agent = a2a_agent(fake, mem)
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 await h.runtime.admit(event("1", "go"))
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                await wait_until_async(lambda: states_are(mem, ["following"]))
                 await h.runtime.admit(event("2", "/cancel"))
                 await h.settle()
                 (task,) = fake.tasks.values()
@@ -232,7 +232,7 @@ async def test_stop_leaves_the_task_followed_and_a_restart_answers_once(
             agent = a2a_agent(fake, mem)
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 await h.runtime.admit(event("1", "long job"))
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                await wait_until_async(lambda: states_are(mem, ["following"]))
                 await h.runtime.admit(event("2", "and then this"))
                 await h.runtime.stop()
                 assert h.replies == []
@@ -278,7 +278,7 @@ async def test_a_message_beyond_the_tenant_limit_is_refused_before_any_send(
             assert isinstance(agent, A2AAgent)
             async with open_harness(mem, SYSTEM_CLOCK, {"primary": agent}) as h:
                 await h.runtime.admit(event("1", "long", chat="chat-1"))
-                await wait_until_async(lambda: _states_are(mem, ["following"]))
+                await wait_until_async(lambda: states_are(mem, ["following"]))
                 await h.runtime.admit(event("2", "another", chat="chat-2"))
                 await wait_until(lambda: bool(h.replies))
                 assert h.texts == [f"Request failed: {NOTICES['limit']}"]
