@@ -130,7 +130,7 @@ async def resend(
     return state if marked is not None else None
 
 
-async def _owner(
+async def owner_of(
     core: Core,
     connection_id: str,
     external_conversation_id: str,
@@ -224,7 +224,7 @@ async def redeliver_pending(
     """
     if core.journal is None or core.stopped:
         return 0
-    owner = await _owner(core, connection_id, external_conversation_id, actor_id, thread_id)
+    owner = await owner_of(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return 0
     identity, scope = owner
@@ -269,7 +269,7 @@ async def past_replies(
     if core.journal is None:
         return []
     want = max(1, min(int(limit), cap))
-    owner = await _owner(core, connection_id, external_conversation_id, actor_id, thread_id)
+    owner = await owner_of(core, connection_id, external_conversation_id, actor_id, thread_id)
     if owner is None:
         return []
     _identity, scope = owner

@@ -27,8 +27,7 @@ from __future__ import annotations
 from ..channel import PastReply
 from ..journal import NS_OPERATION, OperationRecord
 from ._core import Core
-from ._delivery import OwnedConversation
-from ._delivery import _owner as owner_of
+from ._delivery import OwnedConversation, owner_of
 from ._replies import Draft, answer
 
 UNANSWERED_TEXT = (

@@ -32,10 +32,9 @@ adapter reports started, and when it takes its receiver lease over from a dead i
 
 from __future__ import annotations
 
-from ..journal import NS_REPLY, UNRESOLVED_OPERATION_STATES, OwnershipScope, ReplyRecord
+from ..journal import NS_REPLY, UNRESOLVED_OPERATION_STATES, Loaded, OwnershipScope, ReplyRecord
 from ._core import Core, is_held
-from ._delivery import _owner as owner_of
-from ._delivery import resend
+from ._delivery import owner_of, resend
 
 MAX_SCAN_PAGES = 5
 """Pages of ``max_journal_page`` open reply rows read per call (newest first)."""
@@ -51,32 +50,30 @@ async def _candidates(
     before ``staged_before_ms``, oldest first."""
     assert core.journal is not None
     cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
-    found: list[tuple[ReplyRecord, OwnershipScope]] = []
-    cursor: str | None = None
-    for _page in range(MAX_SCAN_PAGES):
-        rows, cursor = await core.journal.list(
-            OwnershipScope(), NS_REPLY, core.limits.max_journal_page, cursor=cursor, open_only=True
-        )
-        for row in rows:
-            value = row.value
-            if not isinstance(value, dict) or value.get("state") != "pending":
-                continue
-            try:
-                record = ReplyRecord.from_json(value)
-            except ValueError:
-                continue
-            if (
-                record.connection_id == connection_id
-                and not is_held(record)
-                and cutoff <= record.created_at_ms < staged_before_ms
-            ):
-                found.append((record, row.scope))
-        if cursor is None or not rows:
-            break
+    replies: list[Loaded[ReplyRecord]] = await core.journal.records(
+        OwnershipScope(),
+        NS_REPLY,
+        page_size=max(1, core.limits.max_journal_page),
+        max_pages=MAX_SCAN_PAGES,
+        open_only=True,
+        within=_any_scope,
+    )
+    found = [
+        (loaded.record, loaded.scope)
+        for loaded in replies
+        if loaded.record.state == "pending"
+        and loaded.record.connection_id == connection_id
+        and not is_held(loaded.record)
+        and cutoff <= loaded.record.created_at_ms < staged_before_ms
+    ]
     return sorted(
         found,
         key=lambda f: (f[0].created_at_ms, f[0].created_us or 0, f[0].operation_id),
     )
+
+
+def _any_scope(_scope: OwnershipScope) -> bool:
+    return True
 
 
 async def resend_unconfirmed(
