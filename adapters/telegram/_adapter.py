@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import random as _random
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -66,7 +66,14 @@ from ..toolkit import (
     token_keys,
     typing_delay_ms,
 )
-from ._api import DEFAULT_API_ORIGIN, ReceiverStatus, TelegramApi, log, validate_api_origin
+from ._api import (
+    DEFAULT_API_ORIGIN,
+    ReceiverStatus,
+    TelegramApi,
+    fixed_token,
+    log,
+    validate_api_origin,
+)
 from ._drafts import DraftStreamer
 from ._files import send_file
 from ._inbox import BusyConversations, InboxWorker
@@ -89,7 +96,14 @@ CLOSE_BUDGET_S = 5.0
 _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
 
-_MadeOf = tuple[bool, int, bool, int]
+def _declare_again(adapter: TelegramAdapter, attribute: Any, value: Any) -> Any:
+    """Set one of the values the features are made of, then declare them again."""
+    object.__setattr__(adapter, attribute.name, value)
+    adapter.features = _features(adapter)
+    return value
+
+
+_DECLARE_AGAIN = attrs.setters.pipe(attrs.setters.validate, _declare_again)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -119,14 +133,16 @@ class TelegramAdapter:
     busy_conversations: BusyConversations | None = None
     """The runtime's conversations still in work here (inbox mode keeps their order)."""
     allow_groups: bool = False
-    send_drafts: bool = False
+    send_drafts: bool = attrs.field(default=False, on_setattr=_DECLARE_AGAIN)
     poll_timeout_s: int = bounded_field(30, 1, 50)
     poll_limit: int = bounded_field(100, 1, 100)
-    typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS)
+    typing_delay_ms: int = attrs.field(default=DEFAULT_TYPING_DELAY_MS, on_setattr=_DECLARE_AGAIN)
     """How long a turn runs before ``sendChatAction`` starts (declared in :attr:`features`;
     the runtime keeps the time)."""
     lease_ttl_ms: int = 90_000
-    max_attachment_bytes: int = bounded_field(1024 * 1024, 1, MAX_ATTACHMENT_BYTES_CAP)
+    max_attachment_bytes: int = bounded_field(
+        1024 * 1024, 1, MAX_ATTACHMENT_BYTES_CAP, on_setattr=_DECLARE_AGAIN
+    )
     max_request_bytes: int = 128 * 1024
     clock: Clock = SYSTEM_CLOCK
     transcribe: Transcribe | None = None
@@ -148,7 +164,11 @@ class TelegramAdapter:
     _poller: Poller | None = attrs.field(default=None, init=False)
     _webhook: WebhookServer | None = attrs.field(default=None, init=False)
     _inbox_worker: InboxWorker | None = attrs.field(default=None, init=False)
-    _features: tuple[_MadeOf, AdapterFeatures] | None = attrs.field(default=None, init=False)
+    features: AdapterFeatures = attrs.field(init=False)
+    """Declared for the host (:class:`prismd.channel.AdapterFeatures`), which reads them on
+    every turn: built once, and again when what they are made of is set."""
+    send: Callable[[Reply], Coroutine[Any, Any, SendResult]] = attrs.field(init=False, repr=False)
+    """``send(reply)``: :meth:`adapters.telegram._send.TelegramSender.send` itself."""
 
     @api_origin.validator
     def _check_origin(self, _a: object, value: str) -> None:
@@ -252,6 +272,8 @@ class TelegramAdapter:
                 poll_limit=self.poll_limit,
                 random=rng,
             )
+        self.send = self._sender.send
+        self.features = _features(self)
 
     # ------------------------------------------------------------------ public surface
 
@@ -274,12 +296,6 @@ class TelegramAdapter:
             "controls": "callback",
             "max_text_code_units": MAX_CHUNK_UNITS,
         }
-
-    @property
-    def features(self) -> AdapterFeatures:
-        """Declared for the host (:class:`prismd.channel.AdapterFeatures`)."""
-        self._features = _features(self, self._features)
-        return self._features[1]
 
     @property
     def bot_username(self) -> str | None:
@@ -329,10 +345,6 @@ class TelegramAdapter:
         await self._api.aclose()
         await self._rx_api.aclose()
 
-    async def send(self, reply: Reply) -> SendResult:
-        """See :meth:`adapters.telegram._send.TelegramSender.send`."""
-        return await self._sender.send(reply)
-
     async def send_typing(
         self, external_conversation_id: str, thread_id: str | None = None
     ) -> None:
@@ -354,20 +366,8 @@ class TelegramAdapter:
         return await send_file(self._api, self.connection_id, reply, file)
 
 
-def _features(
-    adapter: TelegramAdapter, known: tuple[_MadeOf, AdapterFeatures] | None
-) -> tuple[_MadeOf, AdapterFeatures]:
-    """The adapter's features, built again only when what they are made of changed (the
-    host asks for them on every turn: the typing delay, previews)."""
-    made_of = (
-        adapter.send_drafts,
-        adapter.typing_delay_ms,
-        adapter.uses_inbox,
-        adapter.max_attachment_bytes,
-    )
-    if known is not None and known[0] == made_of:
-        return known
-    features = AdapterFeatures(
+def _features(adapter: TelegramAdapter) -> AdapterFeatures:
+    return AdapterFeatures(
         previews=adapter.send_drafts,
         typing=True,
         typing_delay_ms=adapter.typing_delay_ms,
@@ -375,7 +375,6 @@ def _features(
         inbox=adapter.uses_inbox,
         max_file_bytes=adapter.max_attachment_bytes,
     )
-    return made_of, features
 
 
 # The connection kind: the config keys, the secrets and the builder of the adapter above.
@@ -451,7 +450,7 @@ def _build(conn: TelegramConnectionConfig, context: BuildContext) -> TelegramAda
     lease_ttl_ms = min(max(context.lease_ttl_ms, floor), 300_000)
     return TelegramAdapter(
         connection_id=conn.id,
-        token=lambda: token,
+        token=fixed_token(token),
         admit=context.admit,
         store=context.store,
         owner_id=context.owner_id,

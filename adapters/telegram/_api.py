@@ -223,6 +223,11 @@ def _multipart(
     return (_USER_AGENT, _ACCEPT, (b"Content-Type", content_type)), body
 
 
+def fixed_token(token: str) -> Callable[[], str]:
+    """A credential source that answers ``token`` (read once, when the daemon starts)."""
+    return lambda: token
+
+
 @attrs.define(eq=False)
 class TelegramApi:
     """One long-lived client per instance; ``call`` returns ``result`` of a successful

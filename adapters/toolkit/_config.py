@@ -86,9 +86,10 @@ def check_connection_id(_instance: object, _attribute: attrs.Attribute[str], val
         raise ValueError("connection_id must be a non-empty string of at most 256 bytes")
 
 
-def bounded_field(default: float, low: float, high: float) -> Any:
+def bounded_field(default: float, low: float, high: float, on_setattr: Any = None) -> Any:
     """A field of ``default`` that must stay in ``low..high``: a whole number when the
-    default is one, else any number; the error names the field."""
+    default is one, else any number; the error names the field. ``on_setattr`` as
+    :func:`attrs.field`'s."""
     integer = isinstance(default, int)
 
     def check(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -98,7 +99,7 @@ def bounded_field(default: float, low: float, high: float) -> Any:
         if not low <= value <= high:
             raise ValueError(f"{what} must be in {_number(low)}..{_number(high)}")
 
-    return attrs.field(default=default, validator=check)
+    return attrs.field(default=default, validator=check, on_setattr=on_setattr)
 
 
 def _number(value: float) -> str:

@@ -7,6 +7,7 @@ event is never lost (SPEC difference 8) and never run twice.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 
@@ -53,6 +54,44 @@ ATTACHMENT_KINDS = frozenset({"image", "document", "voice"})
 MAX_SAFE_INTEGER = 2**53 - 1
 ADMIT_SHIELD_S = 10.0
 RESUME_GATE_S = 2.0
+
+
+log = logging.getLogger("prismd.runtime")
+
+NOT_OPEN = Admission(status="denied", reason="unavailable")
+"""What a runtime not opened yet answers (retryable: the transport is not acknowledged)."""
+
+
+class Entrance:
+    """The runtime's way in: :class:`~prismd.runtime.Runtime`'s ``admit``, written here
+    beside the step it enters, so an adapter's event goes straight into admission."""
+
+    __slots__ = ()
+    _open: Core | None
+
+    async def admit(self, event: InboundEvent) -> Admission:
+        """Admit an inbound event (§7). Acknowledge the transport unless the result is
+        :attr:`~prismd.channel.Admission.retryable`."""
+        core = self._open
+        if core is None:
+            return NOT_OPEN
+        admission = await admit(core, event)
+        if log.isEnabledFor(logging.DEBUG):
+            _log_admission(event, admission)
+        return admission
+
+
+def _log_admission(event: InboundEvent, admission: Admission) -> None:
+    """One DEBUG line per admission: outcome, reason, connection and the operation id (a
+    hash of the event id); never text, actor or conversation ids."""
+    conn, event_id = getattr(event, "connection_id", None), getattr(event, "event_id", None)
+    if isinstance(conn, str) and isinstance(event_id, str):
+        where = f"connection {conn[:64]}, {operation_id_for(conn, event_id)}"
+    else:
+        where = "no valid event ids"
+    outcome = "duplicate" if admission.duplicate else admission.status
+    reason = f" ({admission.reason})" if admission.reason else ""
+    log.debug("admission %s%s: %s", outcome, reason, where)
 
 
 def _utf8_ok(value: str) -> bool:

@@ -16,15 +16,13 @@ from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 from ..agents import Agent
 from ..channel import (
     AdapterRegistry,
-    Admission,
-    InboundEvent,
     PastReply,
     Preview,
     Redactor,
     Reply,
     SendResult,
 )
-from ..journal import GrantRecord, operation_id_for
+from ..journal import GrantRecord
 from ..limits import Limits
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
 from ._core import Core, FetchAttachment, cancel_queued
@@ -41,19 +39,6 @@ from .api import (
 log = logging.getLogger("prismd.runtime")
 
 DEFAULT_LIMITS = Limits()
-
-
-def _log_admission(event: InboundEvent, admission: Admission) -> None:
-    """One DEBUG line per admission: outcome, reason, connection and the operation id (a
-    hash of the event id); never text, actor or conversation ids."""
-    conn, event_id = getattr(event, "connection_id", None), getattr(event, "event_id", None)
-    if isinstance(conn, str) and isinstance(event_id, str):
-        where = f"connection {conn[:64]}, {operation_id_for(conn, event_id)}"
-    else:
-        where = "no valid event ids"
-    outcome = "duplicate" if admission.duplicate else admission.status
-    reason = f" ({admission.reason})" if admission.reason else ""
-    log.debug("admission %s%s: %s", outcome, reason, where)
 
 
 P = ParamSpec("P")
@@ -79,12 +64,8 @@ def _on_open(
     return method
 
 
-NOT_OPEN = Admission(status="denied", reason="unavailable")
-"""What a runtime not opened yet answers (retryable: the transport is not acknowledged)."""
-
-
 @attrs.define(eq=False)
-class Runtime:
+class Runtime(_admit.Entrance):
     """Satisfies :class:`prismd.runtime.api.MessagingRuntime`; every method is safe to call
     from any task.
 
@@ -106,17 +87,6 @@ class Runtime:
         if core is None:
             raise RuntimeError("the runtime is not open")
         return core
-
-    async def admit(self, event: InboundEvent) -> Admission:
-        """Admit an inbound event (§7). Acknowledge the transport unless the result is
-        :attr:`~prismd.channel.Admission.retryable`."""
-        core = self._open
-        if core is None:
-            return NOT_OPEN
-        admission = await _admit.admit(core, event)
-        if log.isEnabledFor(logging.DEBUG):
-            _log_admission(event, admission)
-        return admission
 
     def leases_held(self) -> int:
         """Binding leases this runtime holds now (for metrics)."""
