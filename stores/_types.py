@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, TypeGuard
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeGuard, TypeVar
 
 import attrs
 
@@ -179,10 +179,18 @@ class CheckpointRecord:
         return ms_to_datetime(self.updated_at_ms)
 
 
+_Item = TypeVar("_Item")
+
+
 @attrs.frozen
-class CheckpointPage:
-    items: tuple[CheckpointRecord, ...]
+class Page(Generic[_Item]):
+    """One page of a listing: its items and the cursor of the next (``None``: the last)."""
+
+    items: tuple[_Item, ...]
     next_cursor: str | None = None
+
+
+CheckpointPage: TypeAlias = Page[CheckpointRecord]
 
 
 @attrs.frozen
@@ -385,10 +393,7 @@ class InboxReservation:
         return self.item.key
 
 
-@attrs.frozen
-class InboxPage:
-    items: tuple[InboxItem, ...]
-    next_cursor: str | None = None
+InboxPage: TypeAlias = Page[InboxItem]
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ import trio
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
+from .._sql import SCOPE_COLUMNS, events_query, numbered
 from .._types import (
     CheckpointRecord,
     Clock,
@@ -31,12 +32,11 @@ _EVENT_COLUMNS = (
     "seq, at, action, namespace, key, tenant_id, account_id, user_id, version, category,"
     " metadata::text"
 )
-_SCOPE_FIELDS = ("tenant_id", "account_id", "user_id")
 
 
 def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
     """The partial-scope filter: each field that is set must match exactly."""
-    for column, value in zip(_SCOPE_FIELDS, _types.scope_args(scope)):
+    for column, value in zip(SCOPE_COLUMNS, _types.scope_args(scope)):
         if value is not None:
             args.append(value)
             where.append(f"{column} = ${len(args)}")
@@ -129,15 +129,8 @@ class PostgresCheckpointStore(CheckpointStoreBase):
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:
         """In ``seq`` order, which is commit order (see the module docstring)."""
-        where = ["seq > $1"]
-        args: list[Any] = [after]
-        _scope_filter(scope, where, args)
-        args.append(limit)
-        sql = (
-            f"SELECT {_EVENT_COLUMNS} FROM {self._t}.prism_events WHERE {' AND '.join(where)}"
-            f" ORDER BY seq LIMIT ${len(args)}"
-        )
-        return [_bases.event_from_row(row) for row in await self._fetch(sql, args)]
+        sql, args = events_query(f"{self._t}.prism_events", _EVENT_COLUMNS, after, limit, scope)
+        return [_bases.event_from_row(row) for row in await self._fetch(numbered(sql), args)]
 
     async def last_event_seq(self) -> int:
         """The counter row as committed: commits are visible in ``seq`` order, so it is the
