@@ -1,19 +1,24 @@
 """What the two SQL backends' reads share: a ``WHERE`` clause built from optional filters
-(:class:`Where`, in ``?`` parameters), the events read, and :func:`numbered`, which turns
-those ``?`` parameters into PostgreSQL's ``$1``, ``$2``, …"""
+(:class:`Where`, in ``?`` parameters), the checkpoint listing and the events read, and
+:func:`numbered`, which turns those ``?`` parameters into PostgreSQL's ``$1``, ``$2``, …"""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import attrs
 
+from ._bases import CheckpointQuery, prefix_bounds
 from ._types import OwnershipScope, scope_args
 
 SCOPE_COLUMNS = ("tenant_id", "account_id", "user_id")
 
 _PARAM = re.compile(r"\?")
+
+Condition: TypeAlias = tuple[str, tuple[Any, ...]]
+"""A condition in ``?`` parameters and its arguments."""
 
 
 def numbered(sql: str) -> str:
@@ -60,3 +65,44 @@ def events_query(
         *where.args,
         limit,
     ]
+
+
+def listing_query(
+    table: str,
+    columns: str,
+    query: CheckpointQuery,
+    *,
+    starts_with: Callable[[str], Condition],
+    one_of: Callable[[tuple[str, ...]], Condition],
+) -> tuple[str, list[Any]]:
+    """The statement and arguments of a checkpoint listing of ``table``. The backend says
+    how its SQL checks that ``key`` starts with a prefix (besides the key range, which an
+    index serves) and that ``category`` is one of some names."""
+    where = Where()
+    where.equals("namespace", query.namespace)
+    if query.key_prefix:
+        low, high = prefix_bounds(query.key_prefix)
+        where.add("key >= ?", low)
+        if high is not None:
+            where.add("key < ?", high)
+        condition, args = starts_with(query.key_prefix)
+        where.add(condition, *args)
+    if query.categories is not None:
+        condition, args = one_of(query.categories)
+        where.add(condition, *args)
+    where.scope(query.scope)
+    if query.after is not None:
+        at, last_key, last_ns = query.after
+        where.add(
+            "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))",
+            at,
+            at,
+            last_key,
+            last_key,
+            last_ns,
+        )
+    sql = (
+        f"SELECT {columns} FROM {table}{where.sql()}"
+        " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
+    )
+    return sql, [*where.args, query.limit]

@@ -10,7 +10,7 @@ import trio
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
-from .._sql import SCOPE_COLUMNS, events_query, numbered
+from .._sql import Condition, events_query, listing_query, numbered
 from .._types import (
     CheckpointRecord,
     Clock,
@@ -34,12 +34,15 @@ _EVENT_COLUMNS = (
 )
 
 
-def _scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
-    """The partial-scope filter: each field that is set must match exactly."""
-    for column, value in zip(SCOPE_COLUMNS, _types.scope_args(scope)):
-        if value is not None:
-            args.append(value)
-            where.append(f"{column} = ${len(args)}")
+def _starts_with(prefix: str) -> Condition:
+    # Beside the key range: the planner derives the range from starts_with only for a
+    # constant, and a prepared statement's generic plan read the whole table (10,000 rows:
+    # 1.9 ms, 0.03 ms with the range).
+    return "starts_with(key, ?)", (prefix,)
+
+
+def _one_of(categories: tuple[str, ...]) -> Condition:
+    return "category = ANY(?::text[])", (list(categories),)
 
 
 @attrs.define(eq=False)
@@ -90,40 +93,14 @@ class PostgresCheckpointStore(CheckpointStoreBase):
         return await self._driver.call(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        where: list[str] = []
-        args: list[Any] = []
-        if query.namespace is not None:
-            args.append(query.namespace)
-            where.append(f"namespace = ${len(args)}")
-        if query.key_prefix:
-            # The planner derives the range from starts_with only for a constant: a prepared
-            # statement's generic plan read the whole table (10,000 rows: 1.9 ms, 0.03 ms
-            # with the range).
-            low, high = _bases.prefix_bounds(query.key_prefix)
-            args.append(low)
-            where.append(f"key >= ${len(args)}")
-            if high is not None:
-                args.append(high)
-                where.append(f"key < ${len(args)}")
-            args.append(query.key_prefix)
-            where.append(f"starts_with(key, ${len(args)})")
-        if query.categories is not None:
-            args.append(list(query.categories))
-            where.append(f"category = ANY(${len(args)}::text[])")
-        _scope_filter(query.scope, where, args)
-        if query.after is not None:
-            args += list(query.after)
-            a, k, s = (f"${len(args) - 2}", f"${len(args) - 1}", f"${len(args)}")
-            where.append(
-                f"(updated_at < {a} OR (updated_at = {a} AND (key > {k}"
-                f" OR (key = {k} AND namespace > {s}))))"
-            )
-        sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM {self._t}.prism_checkpoints"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        args.append(query.limit)
-        sql += f" ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ${len(args)}"
-        return [_bases.checkpoint_from_row(row) for row in await self._fetch(sql, args)]
+        sql, args = listing_query(
+            f"{self._t}.prism_checkpoints",
+            _CHECKPOINT_COLUMNS,
+            query,
+            starts_with=_starts_with,
+            one_of=_one_of,
+        )
+        return [_bases.checkpoint_from_row(row) for row in await self._fetch(numbered(sql), args)]
 
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope

@@ -10,7 +10,7 @@ import attrs
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
-from .._sql import Where, events_query
+from .._sql import Condition, events_query, listing_query
 from .._types import (
     CheckpointRecord,
     DeleteCheckpoint,
@@ -175,6 +175,14 @@ _MISSING = WriteResult("missing")
 _ABORTED = WriteResult("aborted")
 
 
+def _starts_with(prefix: str) -> Condition:
+    return "substr(key, 1, ?) = ?", (len(prefix), prefix)
+
+
+def _one_of(categories: tuple[str, ...]) -> Condition:
+    return f"category IN ({', '.join('?' for _ in categories)})", categories
+
+
 @attrs.define(eq=False)
 class SQLiteCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
@@ -217,33 +225,13 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
         return await self._db.run(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        where = Where()
-        where.equals("namespace", query.namespace)
-        if query.key_prefix:
-            low, high = _bases.prefix_bounds(query.key_prefix)
-            where.add("key >= ?", low)
-            if high is not None:
-                where.add("key < ?", high)
-            where.add("substr(key, 1, ?) = ?", len(query.key_prefix), query.key_prefix)
-        if query.categories is not None:
-            marks = ", ".join("?" for _ in query.categories)
-            where.add(f"category IN ({marks})", *query.categories)
-        where.scope(query.scope)
-        if query.after is not None:
-            at, last_key, last_ns = query.after
-            where.add(
-                "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))",
-                at,
-                at,
-                last_key,
-                last_key,
-                last_ns,
-            )
-        sql = (
-            f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints{where.sql()}"
-            " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
+        sql, args = listing_query(
+            "prism_checkpoints",
+            _CHECKPOINT_COLUMNS,
+            query,
+            starts_with=_starts_with,
+            one_of=_one_of,
         )
-        args = [*where.args, query.limit]
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
             return [_bases.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
