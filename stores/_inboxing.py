@@ -14,7 +14,6 @@ import trio
 
 from . import _bases, _inbox_checks, _types
 from ._inbox_checks import InboxPut
-from ._sql import Where
 from ._types import (
     LIST_LIMIT_DEFAULT,
     LIST_LIMIT_MAX,
@@ -25,6 +24,7 @@ from ._types import (
     InboxState,
     InvalidInboxError,
     JSONValue,
+    Where,
 )
 
 Settle = Literal["retry", "discard"]

@@ -10,10 +10,11 @@ import trio
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
-from .._sql import Condition, events_query, listing_query, numbered
+from .._sql import event_from_row, events_query, numbered
 from .._types import (
     CheckpointRecord,
     Clock,
+    Condition,
     DeleteCheckpoint,
     JournalEvent,
     OwnershipScope,
@@ -84,7 +85,7 @@ class PostgresCheckpointStore(CheckpointStoreBase):
             return await session.fetchrow(sql, namespace, key, *_types.scope_args(scope))
 
         row = await self._driver.call(read)
-        return None if row is None else _bases.checkpoint_from_row(row)
+        return None if row is None else _types.checkpoint_from_row(row)
 
     async def _fetch(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
         async def read(session: Session) -> Sequence[Sequence[Any]]:
@@ -93,21 +94,21 @@ class PostgresCheckpointStore(CheckpointStoreBase):
         return await self._driver.call(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        sql, args = listing_query(
+        sql, args = _bases.listing_query(
             f"{self._t}.prism_checkpoints",
             _CHECKPOINT_COLUMNS,
             query,
             starts_with=_starts_with,
             one_of=_one_of,
         )
-        return [_bases.checkpoint_from_row(row) for row in await self._fetch(numbered(sql), args)]
+        return [_types.checkpoint_from_row(row) for row in await self._fetch(numbered(sql), args)]
 
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:
         """In ``seq`` order, which is commit order (see the module docstring)."""
         sql, args = events_query(f"{self._t}.prism_events", _EVENT_COLUMNS, after, limit, scope)
-        return [_bases.event_from_row(row) for row in await self._fetch(numbered(sql), args)]
+        return [event_from_row(row) for row in await self._fetch(numbered(sql), args)]
 
     async def last_event_seq(self) -> int:
         """The counter row as committed: commits are visible in ``seq`` order, so it is the

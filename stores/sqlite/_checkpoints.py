@@ -10,9 +10,10 @@ import attrs
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
-from .._sql import Condition, events_query, listing_query
+from .._sql import event_from_row, events_query
 from .._types import (
     CheckpointRecord,
+    Condition,
     DeleteCheckpoint,
     EventAction,
     JournalEvent,
@@ -220,12 +221,12 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
                 f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}",
                 (namespace, key, *_types.scope_args(scope)),
             )
-            return None if row is None else _bases.checkpoint_from_row(row)
+            return None if row is None else _types.checkpoint_from_row(row)
 
         return await self._db.run(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        sql, args = listing_query(
+        sql, args = _bases.listing_query(
             "prism_checkpoints",
             _CHECKPOINT_COLUMNS,
             query,
@@ -234,7 +235,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
         )
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
-            return [_bases.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
+            return [_types.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
 
         return await self._db.run(read)
 
@@ -245,7 +246,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
 
         def read(conn: apsw.Connection) -> list[JournalEvent]:
             rows: list[Any] = conn.execute(sql, args).fetchall()
-            return [_bases.event_from_row(row) for row in rows]
+            return [event_from_row(row) for row in rows]
 
         return await self._db.run(read)
 
