@@ -6,7 +6,8 @@ the module), and ``async with`` for a store.
 * :class:`CheckpointStoreBase`: the reading calls and ``save_checkpoint`` /
   ``delete_checkpoint`` check the input, page the answers and write a single save or delete
   as a batch of one through the backend's own ``write_checkpoints``; a backend gives its
-  ``_load``, ``_list`` and ``_events``.
+  ``_load``, ``_list`` and ``_events`` (an SQL backend's ``_list`` runs
+  :func:`listing_query`).
 * :class:`LeaseStoreBase`: the four lease calls, their checks, the clock and the fresh
   token; a backend gives the three steps that touch its rows (take a lease, move its
   expiry, read it).
@@ -33,6 +34,7 @@ from ._types import (
     CheckpointConflictError,
     CheckpointPage,
     CheckpointRecord,
+    Condition,
     DeleteCheckpoint,
     EventPage,
     InvalidCheckpointError,
@@ -44,6 +46,7 @@ from ._types import (
     OwnershipScope,
     RecordTooLargeError,
     SaveCheckpoint,
+    Where,
     WriteResult,
     _is_int,
     _is_safe_int,
@@ -369,39 +372,6 @@ def check_event_args(after: object, limit: object, scope: object) -> tuple[int, 
     return after, clamp_limit(limit)  # type: ignore[return-value]
 
 
-def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRecord:
-    """A checkpoint row of the SQL backends (their shared column order) as a record."""
-    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
-    return CheckpointRecord(
-        namespace=ns,
-        key=key,
-        version=version,
-        value=decode_json(value),
-        scope=OwnershipScope(tenant, account, user),
-        created_at_ms=created,
-        updated_at_ms=updated,
-        fencing_token=fence,
-        category=category,
-        metadata=None if meta is None else decode_json(meta),
-    )
-
-
-def event_from_row(row: Sequence[Any]) -> JournalEvent:
-    """A journal event row of the SQL backends as an event."""
-    (seq, at, action, ns, key, tenant, account, user, version, category, meta) = row
-    return JournalEvent(
-        seq=seq,
-        at_ms=at,
-        action=action,
-        namespace=ns,
-        key=key,
-        scope=OwnershipScope(tenant, account, user),
-        version=version,
-        category=category,
-        metadata=None if meta is None else decode_json(meta),
-    )
-
-
 # --------------------------------------------------------------------------- checkpoints
 
 
@@ -419,6 +389,40 @@ class CheckpointQuery:
     """A partial filter."""
     after: tuple[int, str, str] | None
     limit: int
+
+
+_AFTER = "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
+_ORDER = " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
+
+
+def listing_query(
+    table: str,
+    columns: str,
+    query: CheckpointQuery,
+    *,
+    starts_with: Callable[[str], Condition],
+    one_of: Callable[[tuple[str, ...]], Condition],
+) -> tuple[str, list[Any]]:
+    """The SQL backends' checkpoint listing of ``table``, in ``?`` parameters, and its
+    arguments; the backend's SQL tests that ``key`` starts with a prefix (beside the
+    :func:`prefix_bounds` range) and that ``category`` is one of some names."""
+    where = Where()
+    where.equals("namespace", query.namespace)
+    if query.key_prefix:
+        low, high = prefix_bounds(query.key_prefix)
+        where.add("key >= ?", low)
+        if high is not None:
+            where.add("key < ?", high)
+        condition, args = starts_with(query.key_prefix)
+        where.add(condition, *args)
+    if query.categories is not None:
+        condition, args = one_of(query.categories)
+        where.add(condition, *args)
+    where.scope(query.scope)
+    if query.after is not None:
+        at, key, namespace = query.after
+        where.add(_AFTER, at, at, key, key, namespace)
+    return f"SELECT {columns} FROM {table}{where.sql()}{_ORDER}", [*where.args, query.limit]
 
 
 class CheckpointStoreBase(abc.ABC):
@@ -555,19 +559,6 @@ class LeaseAsk:
             expires_at_ms=self.expires_at,
             updated_at_ms=self.now,
         )
-
-
-LEASE_COLUMNS = (
-    "namespace, key, tenant_id, account_id, user_id, owner_id, token, fencing_token,"
-    " acquired_at, expires_at, updated_at"
-)
-"""The columns of ``prism_leases`` in both SQL backends, in the order of :func:`lease_from_row`."""
-
-
-def lease_from_row(row: Sequence[Any]) -> LeaseRecord:
-    """A ``prism_leases`` row (:data:`LEASE_COLUMNS`) as a record."""
-    namespace, key, tenant, account, user, *held = row
-    return LeaseRecord(namespace, key, OwnershipScope(tenant, account, user), *held)
 
 
 class LeaseStoreBase(abc.ABC):

@@ -24,6 +24,7 @@ from ._types import (
     InboxState,
     InvalidInboxError,
     JSONValue,
+    Where,
 )
 
 Settle = Literal["retry", "discard"]
@@ -381,21 +382,15 @@ class SQLInboxStore(InboxStoreBase):
         return inbox_item(rows[0]) if rows else None
 
     async def _list(self, ask: ListAsk) -> Sequence[InboxItem]:
-        where: list[str] = []
-        args: list[Any] = []
-        if ask.source is not None:
-            where.append("source = ?")
-            args.append(ask.source)
-        if ask.state is not None:
-            where.append("state = ?")
-            args.append(ask.state)
+        where = Where()
+        where.equals("source", ask.source)
+        where.equals("state", ask.state)
         if ask.after is not None:
-            where.append("(source, ord, key) > (?, ?, ?)")
-            args += list(ask.after)
-        sql = f"SELECT {self._COLUMNS} FROM {self._t}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = await self._read(sql + " ORDER BY source, ord, key LIMIT ?", (*args, ask.limit))
+            where.add("(source, ord, key) > (?, ?, ?)", *ask.after)
+        rows = await self._read(
+            f"SELECT {self._COLUMNS} FROM {self._t}{where.sql()} ORDER BY source, ord, key LIMIT ?",
+            (*where.args, ask.limit),
+        )
         return [inbox_item(row, with_payload=False) for row in rows]
 
     async def _settle(self, source: str, key: str, action: Settle, now: int) -> InboxItem | None:

@@ -1,5 +1,7 @@
 """The values of the store contracts (:mod:`._contracts`): records, the errors a call
-raises, the clock, and the encodings every backend shares (JSON, page positions).
+raises, the clock, and the encodings every backend shares (JSON, page positions); at the
+end, what the two SQL backends share of their rows (a scope's columns, a ``WHERE`` clause
+in ``?`` parameters, checkpoint and lease rows as records).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, TypeGuard
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeGuard, TypeVar
 
 import attrs
 
@@ -179,10 +181,18 @@ class CheckpointRecord:
         return ms_to_datetime(self.updated_at_ms)
 
 
+_Item = TypeVar("_Item")
+
+
 @attrs.frozen
-class CheckpointPage:
-    items: tuple[CheckpointRecord, ...]
+class Page(Generic[_Item]):
+    """One page of a listing: its items and the cursor of the next (``None``: the last)."""
+
+    items: tuple[_Item, ...]
     next_cursor: str | None = None
+
+
+CheckpointPage: TypeAlias = Page[CheckpointRecord]
 
 
 @attrs.frozen
@@ -385,10 +395,7 @@ class InboxReservation:
         return self.item.key
 
 
-@attrs.frozen
-class InboxPage:
-    items: tuple[InboxItem, ...]
-    next_cursor: str | None = None
+InboxPage: TypeAlias = Page[InboxItem]
 
 
 @attrs.frozen
@@ -528,3 +535,67 @@ def decode_position(
 def scope_args(scope: OwnershipScope) -> tuple[str | None, str | None, str | None]:
     """A scope as the three column values of the SQL backends."""
     return (scope.tenant_id, scope.account_id, scope.user_id)
+
+
+SCOPE_COLUMNS = ("tenant_id", "account_id", "user_id")
+
+
+@attrs.define
+class Where:
+    """The conditions of an SQL backend's ``WHERE`` clause (all must hold) and their
+    arguments, in order, in the ``?`` parameters both speak (PostgreSQL numbers them)."""
+
+    conditions: list[str] = attrs.field(factory=list)
+    args: list[Any] = attrs.field(factory=list)
+
+    def add(self, condition: str, *args: Any) -> None:
+        self.conditions.append(condition)
+        self.args.extend(args)
+
+    def equals(self, column: str, value: object) -> None:
+        """``column = value``; no condition when ``value`` is ``None``."""
+        if value is not None:
+            self.add(f"{column} = ?", value)
+
+    def scope(self, scope: OwnershipScope) -> None:
+        """The partial-scope filter: each field that is set must match exactly."""
+        for column, value in zip(SCOPE_COLUMNS, scope_args(scope)):
+            self.equals(column, value)
+
+    def sql(self) -> str:
+        """`` WHERE …`` (with its leading space), or ``""`` when there is no condition."""
+        return " WHERE " + " AND ".join(self.conditions) if self.conditions else ""
+
+
+Condition: TypeAlias = tuple[str, tuple[Any, ...]]
+"""A condition in ``?`` parameters (see :class:`Where`) and its arguments."""
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRecord:
+    """A checkpoint row of the SQL backends (their shared column order) as a record."""
+    (ns, key, version, fence, category, tenant, account, user, value, meta, created, updated) = row
+    return CheckpointRecord(
+        namespace=ns,
+        key=key,
+        version=version,
+        value=decode_json(value),
+        scope=OwnershipScope(tenant, account, user),
+        created_at_ms=created,
+        updated_at_ms=updated,
+        fencing_token=fence,
+        category=category,
+        metadata=None if meta is None else decode_json(meta),
+    )
+
+
+LEASE_COLUMNS = (
+    "namespace, key, tenant_id, account_id, user_id, owner_id, token, fencing_token,"
+    " acquired_at, expires_at, updated_at"
+)
+"""The columns of ``prism_leases`` in both SQL backends, in the order of :func:`lease_from_row`."""
+
+
+def lease_from_row(row: Sequence[Any]) -> LeaseRecord:
+    """A ``prism_leases`` row (:data:`LEASE_COLUMNS`) as a record."""
+    namespace, key, tenant, account, user, *held = row
+    return LeaseRecord(namespace, key, OwnershipScope(tenant, account, user), *held)

@@ -35,7 +35,7 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
-from ..toolkit import Activity, Backoff, ReceiverLease
+from ..toolkit import Activity, Backoff, ReceiverLease, connection_service_scope
 from . import _protocol as proto
 from ._backfill import catch_up_if_new
 from ._cursor import ShardCursor
@@ -109,6 +109,7 @@ class DiscordAdapter:
     shards: int | None = 1
     """A shard count, or ``None`` for ``"auto"``."""
     lease_ttl_ms: int = 30_000
+    adopt: bool = True
     identifies_per_day: int = 50
     backfill_pages: int = 5
     max_attachment_bytes: int = 1024 * 1024
@@ -163,7 +164,7 @@ class DiscordAdapter:
 
     @property
     def service_scope(self) -> OwnershipScope:
-        return OwnershipScope(tenant_id="prismd-service", account_id=self.connection_id)
+        return connection_service_scope(self.connection_id)
 
     # ------------------------------------------------------------------ public surface
 
@@ -267,19 +268,13 @@ class DiscordAdapter:
             account_id=self.connection_id,
             user_id=f"shard:{index}/{count}",
         )
-        label = f"discord {self.connection_id} shard {index}/{count}"
-        lease = ReceiverLease(
-            leases=self.store.leases,
+        lease = ReceiverLease.for_adapter(
+            self,
+            kind="discord",
             namespace=RECEIVER_NAMESPACE,
-            key=f"r1:{self.connection_id}:{index}",
-            scope=self.service_scope,
-            owner_id=self.owner_id,
-            ttl_ms=self.lease_ttl_ms,
-            adopt=True,
-            label=label,
             log=log,
             random=self.random,
-            clock=self.clock,
+            shard=(index, count),
         )
         assert self.intents is not None
         return Shard(

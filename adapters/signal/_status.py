@@ -107,17 +107,8 @@ class SignalStatus:
             self.account = "identity_changed"
 
     def statistics(self) -> SignalStatistics:
-        return SignalStatistics(
-            notifications=self.notifications,
-            admitted=self.admitted,
-            retried=self.retried,
-            held=self.held,
-            replayed=self.replayed,
-            ignored=dict(self.ignored),
-            foreign_subscription=self.foreign_subscription,
-            unsubscribed=self.unsubscribed,
-            connects=self.connects,
-            subscriptions=self.subscriptions,
-            bad_frames=self.bad_frames,
-            probes=self.probes,
-        )
+        """Each counter of :class:`SignalStatistics` as it stands now (so a new counter is
+        declared there and here, and copied without a third list)."""
+        counters = {f.name: getattr(self, f.name) for f in attrs.fields(SignalStatistics)}
+        counters["ignored"] = dict(self.ignored)
+        return SignalStatistics(**counters)

@@ -171,11 +171,13 @@ class ReceivingAdapter(Protocol):
 
     connection_id: str
     store: Store
-    service_scope: OwnershipScope
     owner_id: str
     lease_ttl_ms: int
     adopt: bool
     clock: Clock
+
+    @property
+    def service_scope(self) -> OwnershipScope: ...
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -212,18 +214,23 @@ class ReceiverLease:
         namespace: str,
         log: logging.Logger,
         random: _random.Random,
+        shard: tuple[int, int] | None = None,
     ) -> ReceiverLease:
         """The receiver lease of ``adapter``'s connection: key ``r1:<connection id>`` in
-        ``namespace``, under its service scope, logged as ``<kind> <connection id>``."""
+        ``namespace``, under its service scope, logged as ``<kind> <connection id>``; for
+        ``shard`` ``(index, count)``, one lease per shard: key ``r1:<connection id>:<index>``,
+        logged as ``<kind> <connection id> shard <index>/<count>``."""
+        index = "" if shard is None else f":{shard[0]}"
+        of = "" if shard is None else f" shard {shard[0]}/{shard[1]}"
         return cls(
             leases=adapter.store.leases,
             namespace=namespace,
-            key=f"r1:{adapter.connection_id}",
+            key=f"r1:{adapter.connection_id}{index}",
             scope=adapter.service_scope,
             owner_id=adapter.owner_id,
             ttl_ms=adapter.lease_ttl_ms,
             adopt=adapter.adopt,
-            label=f"{kind} {adapter.connection_id}",
+            label=f"{kind} {adapter.connection_id}{of}",
             log=log,
             random=random,
             clock=adapter.clock,

@@ -77,9 +77,7 @@ class RunRecord:
         }
 
     @classmethod
-    def from_json(cls, raw: Any) -> RunRecord:
-        if not isinstance(raw, Mapping):
-            raise ValueError("run record")
+    def from_json(cls, raw: Mapping[str, Any]) -> RunRecord:
         pending = raw.get("pending")
         dispatch = raw.get("dispatch")
         return cls(

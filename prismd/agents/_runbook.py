@@ -6,7 +6,7 @@ record type (its JSON, its statuses)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -51,13 +51,14 @@ class VersionedRun(Generic[Run]):
 
 @attrs.frozen
 class RunBook(Generic[Run]):
-    """The run records of one alias. ``parse`` reads a record's JSON (raising ``ValueError``,
-    ``KeyError`` or ``TypeError`` for one it cannot read: such a row loads as no run);
+    """The run records of one alias. ``parse`` reads a record's JSON object (raising
+    ``ValueError``, ``KeyError`` or ``TypeError`` for one it cannot read: such a row, or one
+    that is not a JSON object, loads as no run);
     ``max_bytes`` bounds a record's JSON (``run_state_too_large`` beyond it)."""
 
     checkpoints: CheckpointStore
     alias: str
-    parse: Callable[[Any], Run]
+    parse: Callable[[Mapping[str, Any]], Run]
     max_bytes: int | None = None
 
     async def load(
@@ -139,7 +140,7 @@ class RunBook(Generic[Run]):
     def _versioned(
         self, stored: CheckpointRecord | None, session_id: str | None
     ) -> VersionedRun[Run] | None:
-        if stored is None:
+        if stored is None or not isinstance(stored.value, Mapping):
             return None
         try:
             run = self.parse(stored.value)

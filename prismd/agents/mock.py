@@ -132,9 +132,7 @@ class _RunRecord:
         }
 
     @classmethod
-    def from_json(cls, raw: Any) -> _RunRecord:
-        if not isinstance(raw, Mapping):
-            raise ValueError("run record")
+    def from_json(cls, raw: Mapping[str, Any]) -> _RunRecord:
         pending = tuple(
             PendingDecision(
                 approval_id=str(p["approvalId"]),

@@ -38,6 +38,7 @@ from ._journal import _part, _scope_parts
 from ._records import (
     MAX_SAFE_INTEGER,
     CorruptRecordError,
+    _compact,
     _mapping,
     _opt_int,
     _opt_str,
@@ -151,29 +152,28 @@ class ApprovalRecord(ApprovalTarget):
         )
 
     def to_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = {
-            "connectionId": self.connection_id,
-            "externalConversationId": self.external_conversation_id,
-            "externalActorId": self.external_actor_id,
-            "principalKind": self.principal_kind,
-            "principalId": self.principal_id,
-            "grantRevision": self.grant_revision,
-            "agentAlias": self.agent_alias,
-            "definitionRevision": self.definition_revision,
-            "sessionId": self.session_id,
-            "runId": self.run_id,
-            "approvalId": self.approval_id,
-            "expectedVersion": self.expected_version,
-            "outcome": self.outcome,
-            "state": self.state,
-            "createdAt": self.created_at_ms,
-            "expiresAt": self.expires_at_ms,
-        }
-        if self.thread_id is not None:
-            value["threadId"] = self.thread_id
-        if self.consumed_at_ms is not None:
-            value["consumedAt"] = self.consumed_at_ms
-        return value
+        return _compact(
+            {
+                "connectionId": self.connection_id,
+                "externalConversationId": self.external_conversation_id,
+                "externalActorId": self.external_actor_id,
+                "principalKind": self.principal_kind,
+                "principalId": self.principal_id,
+                "grantRevision": self.grant_revision,
+                "agentAlias": self.agent_alias,
+                "definitionRevision": self.definition_revision,
+                "sessionId": self.session_id,
+                "runId": self.run_id,
+                "approvalId": self.approval_id,
+                "expectedVersion": self.expected_version,
+                "outcome": self.outcome,
+                "state": self.state,
+                "createdAt": self.created_at_ms,
+                "expiresAt": self.expires_at_ms,
+                "threadId": self.thread_id,
+                "consumedAt": self.consumed_at_ms,
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: object) -> ApprovalRecord:
@@ -507,15 +507,15 @@ class GrantRecord:
     created_at_ms: int
 
     def to_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = {
-            "connectionId": self.connection_id,
-            "actorId": self.actor_id,
-            "aliases": list(self.aliases),
-            "createdAt": self.created_at_ms,
-        }
-        if self.default_alias is not None:
-            value["defaultAlias"] = self.default_alias
-        return value
+        return _compact(
+            {
+                "connectionId": self.connection_id,
+                "actorId": self.actor_id,
+                "aliases": list(self.aliases),
+                "createdAt": self.created_at_ms,
+                "defaultAlias": self.default_alias,
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: object) -> GrantRecord:

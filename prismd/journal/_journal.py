@@ -124,6 +124,10 @@ def categories(namespace: str, *, open_only: bool = False) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- keys
 
 
+def _any_scope(_scope: OwnershipScope) -> bool:
+    return True
+
+
 def _scope_parts(scope: OwnershipScope) -> str:
     # Written out (every key of every write is built with it): no generator to join.
     tenant, account, user = scope.tenant_id, scope.account_id, scope.user_id
@@ -584,6 +588,21 @@ class ChannelJournal:
                 found.append(self._loaded(row, record))
             if cursor is None or not rows or (max_pages is not None and pages >= max_pages):
                 return found
+
+    async def open_records(
+        self, namespace: str, *, page_size: int, max_pages: int | None = None
+    ) -> builtins.list[Loaded[Any]]:
+        """The open records of ``namespace`` under every scope (newest first): what a
+        restart re-drives or an operator lists. :meth:`records` from :data:`ANY_SCOPE`,
+        ``page_size`` (at least 1) rows a page."""
+        return await self.records(
+            ANY_SCOPE,
+            namespace,
+            page_size=max(1, page_size),
+            max_pages=max_pages,
+            open_only=True,
+            within=_any_scope,
+        )
 
     # ---------------------------------------------------------------- typed helpers
 

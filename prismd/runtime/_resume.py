@@ -98,22 +98,14 @@ def _resumable(record: OperationRecord) -> bool:
     return record.state == "accepted" and record.input is not None
 
 
-def _any_scope(_scope: OwnershipScope) -> bool:
-    return True
-
-
 async def collect(
     core: Core, cutoff_ms: int, states: frozenset[str] = _RESUMED_STATES
 ) -> list[_Pending]:
     """Every resumable record (any scope) in ``states`` created before ``cutoff_ms``, oldest
     first. Pages are bounded by ``max_journal_page``; cursors are followed to the end."""
     assert core.journal is not None
-    operations: list[Loaded[OperationRecord]] = await core.journal.records(
-        OwnershipScope(),
-        NS_OPERATION,
-        page_size=max(1, core.limits.max_journal_page),
-        open_only=True,
-        within=_any_scope,
+    operations: list[Loaded[OperationRecord]] = await core.journal.open_records(
+        NS_OPERATION, page_size=core.limits.max_journal_page
     )
     found = [
         _Pending(loaded)

@@ -50,13 +50,8 @@ async def _candidates(
     before ``staged_before_ms``, oldest first."""
     assert core.journal is not None
     cutoff = core.now_ms() - core.limits.retention_days * DAY_MS
-    replies: list[Loaded[ReplyRecord]] = await core.journal.records(
-        OwnershipScope(),
-        NS_REPLY,
-        page_size=max(1, core.limits.max_journal_page),
-        max_pages=MAX_SCAN_PAGES,
-        open_only=True,
-        within=_any_scope,
+    replies: list[Loaded[ReplyRecord]] = await core.journal.open_records(
+        NS_REPLY, page_size=core.limits.max_journal_page, max_pages=MAX_SCAN_PAGES
     )
     found = [
         (loaded.record, loaded.scope)
@@ -70,10 +65,6 @@ async def _candidates(
         found,
         key=lambda f: (f[0].created_at_ms, f[0].created_us or 0, f[0].operation_id),
     )
-
-
-def _any_scope(_scope: OwnershipScope) -> bool:
-    return True
 
 
 async def resend_unconfirmed(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,16 +9,9 @@ import attrs
 
 from .. import _inbox_checks
 from .._inboxing import ReserveAsk, SQLInboxStore, inbox_item
+from .._sql import numbered
 from .._types import Clock, InboxReservation
 from ._driver import Driver, Session
-
-_PARAM = re.compile(r"\?")
-
-
-def _numbered(sql: str) -> str:
-    """``sql`` with its ``?`` parameters numbered ``$1``, ``$2``, …"""
-    n = iter(range(1, sql.count("?") + 1))
-    return _PARAM.sub(lambda _: f"${next(n)}", sql)
 
 
 @attrs.define(eq=False)
@@ -57,10 +49,10 @@ class PostgresInboxStore(SQLInboxStore):
         return await self._driver.call(run)
 
     async def _read(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
-        return await self._rows(_numbered(sql), *args)
+        return await self._rows(numbered(sql), *args)
 
     async def _write(self, sql: str, args: Sequence[Any]) -> Sequence[Sequence[Any]]:
-        return await self._rows(_numbered(sql), *args)
+        return await self._rows(numbered(sql), *args)
 
     async def _reserve(self, ask: ReserveAsk) -> tuple[InboxReservation, ...]:
         t = self._t

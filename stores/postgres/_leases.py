@@ -10,8 +10,15 @@ from typing import Any
 import attrs
 
 from .. import _types
-from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
-from .._types import Clock, LeaseConflictError, LeaseRecord, OwnershipScope
+from .._bases import LeaseAsk, LeaseStoreBase
+from .._types import (
+    LEASE_COLUMNS,
+    Clock,
+    LeaseConflictError,
+    LeaseRecord,
+    OwnershipScope,
+    lease_from_row,
+)
 from ._driver import Driver, Session
 
 

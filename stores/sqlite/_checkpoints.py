@@ -10,8 +10,10 @@ import attrs
 
 from .. import _bases, _types
 from .._bases import CheckpointQuery, CheckpointStoreBase
+from .._sql import event_from_row, events_query
 from .._types import (
     CheckpointRecord,
+    Condition,
     DeleteCheckpoint,
     EventAction,
     JournalEvent,
@@ -19,11 +21,14 @@ from .._types import (
     SaveCheckpoint,
     WriteResult,
 )
-from ._engine import _SCOPE_IS, _add_scope_filter, _Database, _one, _RolledBack, _scalar
+from ._engine import _SCOPE_IS, _Database, _one, _RolledBack, _scalar
 
 _CHECKPOINT_COLUMNS = (
     "namespace, key, version, fencing_token, category, tenant_id, account_id, user_id,"
     " value, metadata, created_at, updated_at"
+)
+_EVENT_COLUMNS = (
+    "seq, at, action, namespace, key, tenant_id, account_id, user_id, version, category, metadata"
 )
 
 
@@ -171,6 +176,14 @@ _MISSING = WriteResult("missing")
 _ABORTED = WriteResult("aborted")
 
 
+def _starts_with(prefix: str) -> Condition:
+    return "substr(key, 1, ?) = ?", (len(prefix), prefix)
+
+
+def _one_of(categories: tuple[str, ...]) -> Condition:
+    return f"category IN ({', '.join('?' for _ in categories)})", categories
+
+
 @attrs.define(eq=False)
 class SQLiteCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
@@ -208,62 +221,32 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
                 f" WHERE namespace = ? AND key = ? AND {_SCOPE_IS}",
                 (namespace, key, *_types.scope_args(scope)),
             )
-            return None if row is None else _bases.checkpoint_from_row(row)
+            return None if row is None else _types.checkpoint_from_row(row)
 
         return await self._db.run(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        where: list[str] = []
-        args: list[Any] = []
-        if query.namespace is not None:
-            where.append("namespace = ?")
-            args.append(query.namespace)
-        if query.key_prefix:
-            low, high = _bases.prefix_bounds(query.key_prefix)
-            where.append("key >= ?")
-            args.append(low)
-            if high is not None:
-                where.append("key < ?")
-                args.append(high)
-            where.append("substr(key, 1, ?) = ?")
-            args += [len(query.key_prefix), query.key_prefix]
-        if query.categories is not None:
-            where.append(f"category IN ({', '.join('?' for _ in query.categories)})")
-            args += query.categories
-        _add_scope_filter(query.scope, where, args)
-        if query.after is not None:
-            at, last_key, last_ns = query.after
-            where.append(
-                "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
-            )
-            args += [at, at, last_key, last_key, last_ns]
-        sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY updated_at DESC, key ASC, namespace ASC LIMIT ?"
-        args.append(query.limit)
+        sql, args = _bases.listing_query(
+            "prism_checkpoints",
+            _CHECKPOINT_COLUMNS,
+            query,
+            starts_with=_starts_with,
+            one_of=_one_of,
+        )
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
-            return [_bases.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
+            return [_types.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
 
         return await self._db.run(read)
 
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:
-        where = ["seq > ?"]
-        args: list[Any] = [after]
-        _add_scope_filter(scope, where, args)
-        sql = (
-            "SELECT seq, at, action, namespace, key, tenant_id, account_id, user_id, version,"
-            f" category, metadata FROM prism_events WHERE {' AND '.join(where)}"
-            " ORDER BY seq LIMIT ?"
-        )
-        args.append(limit)
+        sql, args = events_query("prism_events", _EVENT_COLUMNS, after, limit, scope)
 
         def read(conn: apsw.Connection) -> list[JournalEvent]:
             rows: list[Any] = conn.execute(sql, args).fetchall()
-            return [_bases.event_from_row(row) for row in rows]
+            return [event_from_row(row) for row in rows]
 
         return await self._db.run(read)
 

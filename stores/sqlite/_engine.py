@@ -17,8 +17,7 @@ import apsw
 import attrs
 import trio
 
-from .. import _types
-from .._types import Clock, OwnershipScope, StoreUnavailableError
+from .._types import Clock, StoreUnavailableError
 
 T = TypeVar("T")
 
@@ -71,14 +70,6 @@ def _scalar(conn: apsw.Connection, sql: str) -> Any:
 
 # Exact scope equality with NULL = NULL (``IS``): None differs from every string.
 _SCOPE_IS = "tenant_id IS ? AND account_id IS ? AND user_id IS ?"
-
-
-def _add_scope_filter(scope: OwnershipScope, where: list[str], args: list[Any]) -> None:
-    """Append the partial-scope filter: each field that is set must match exactly."""
-    for column, field in zip(("tenant_id", "account_id", "user_id"), _types.scope_args(scope)):
-        if field is not None:
-            where.append(f"{column} = ?")
-            args.append(field)
 
 
 def _stop() -> bool:

@@ -8,8 +8,8 @@ import apsw
 import attrs
 
 from .. import _types
-from .._bases import LEASE_COLUMNS, LeaseAsk, LeaseStoreBase, lease_from_row
-from .._types import LeaseConflictError, LeaseRecord, OwnershipScope
+from .._bases import LeaseAsk, LeaseStoreBase
+from .._types import LEASE_COLUMNS, LeaseConflictError, LeaseRecord, OwnershipScope, lease_from_row
 from ._engine import _SCOPE_IS, _Database, _one
 
 _ACQUIRE = (
