@@ -474,9 +474,16 @@ class CheckpointStoreBase(abc.ABC):
         event (a batch of one: the same checks, transaction and event); a lost check
         raises :class:`CheckpointConflictError` and writes nothing."""
         save = SaveCheckpoint(
-            namespace, key, scope, version, value, expected_version, fencing_token, category,
+            namespace,
+            key,
+            scope,
+            version,
+            value,
+            expected_version,
+            fencing_token,
+            category,
             metadata,
-        )  # fmt: skip
+        )
         (result,) = await self.write_checkpoints((save,))
         if result.record is None:
             raise CheckpointConflictError("checkpoint version conflict")

@@ -140,9 +140,13 @@ class InboxStoreBase(abc.ABC):
         """A new ``pending`` item, or ``False`` when ``(source, key)`` is known."""
         await self._enter()
         put = _inbox_checks.check_inbox_put(
-            source=source, key=key, partition=partition, order=order, payload=payload,
+            source=source,
+            key=key,
+            partition=partition,
+            order=order,
+            payload=payload,
             max_value_bytes=self._payload_limit(),
-        )  # fmt: skip
+        )
         return await self._insert(put, self._now())
 
     async def reserve(
@@ -262,14 +266,37 @@ class InboxStoreBase(abc.ABC):
 
 def inbox_item(row: Sequence[Any], *, with_payload: bool = True) -> InboxItem:
     """A ``prism_inbox`` row (:attr:`SQLInboxStore._COLUMNS`) as an item."""
-    (source, key, partition, order, payload, state, attempts, available, owner, _token,
-     expires, error, created, updated) = row  # fmt: skip
+    (
+        source,
+        key,
+        partition,
+        order,
+        payload,
+        state,
+        attempts,
+        available,
+        owner,
+        _token,
+        expires,
+        error,
+        created,
+        updated,
+    ) = row
     return InboxItem(
-        source=source, key=key, partition=partition, order=order, state=state,
-        attempts=attempts, available_at_ms=available, created_at_ms=created,
-        updated_at_ms=updated, error=error, owner_id=owner, claim_expires_at_ms=expires,
+        source=source,
+        key=key,
+        partition=partition,
+        order=order,
+        state=state,
+        attempts=attempts,
+        available_at_ms=available,
+        created_at_ms=created,
+        updated_at_ms=updated,
+        error=error,
+        owner_id=owner,
+        claim_expires_at_ms=expires,
         payload=_types.decode_json(payload) if with_payload and payload is not None else None,
-    )  # fmt: skip
+    )
 
 
 def _marks(values: Sequence[object]) -> str:

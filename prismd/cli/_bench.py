@@ -111,8 +111,17 @@ async def _bench_process(url: str, args: list[str], workdir: str) -> dict[str, A
     """The scenarios' figures of a child ``prismd bench --json --store url *args``, whose
     own working directory (its fsync baseline) is made in ``workdir``."""
     argv = [
-        sys.executable, "-m", "prismd", "bench", "--store", url, "--json", "--dir", workdir, *args
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "prismd",
+        "bench",
+        "--store",
+        url,
+        "--json",
+        "--dir",
+        workdir,
+        *args,
+    ]
     done = await trio.run_process(argv, capture_stdout=True, stderr=sys.stderr)
     scenarios: dict[str, Any] = json.loads(done.stdout)["scenarios"]
     return scenarios

@@ -124,8 +124,11 @@ class BenchPeer:
             push = (params.get("configuration") or {}).get("taskPushNotificationConfig")
             task_id = f"t{n}"
             task: dict[str, Any] = {
-                "id": task_id, "ctx": f"c{n}", "state": "TASK_STATE_WORKING", "push": push,
-            }  # fmt: skip
+                "id": task_id,
+                "ctx": f"c{n}",
+                "state": "TASK_STATE_WORKING",
+                "push": push,
+            }
             self.tasks[task_id] = task
             return {"jsonrpc": "2.0", "id": rid, "result": {"task": self._task(task)}}
         found = self.tasks.get(str(params.get("id")))
@@ -188,8 +191,9 @@ class BenchPeer:
             status: dict[str, Any] = {"state": "TASK_STATE_WORKING", "timestamp": stamp}
             if complete:
                 task["state"] = status["state"] = "TASK_STATE_COMPLETED"
-            body = {"statusUpdate": {"taskId": task["id"], "contextId": task["ctx"],
-                                     "status": status}}  # fmt: skip
+            body = {
+                "statusUpdate": {"taskId": task["id"], "contextId": task["ctx"], "status": status}
+            }
             return task["push"]["url"], json.dumps(body).encode()
 
         async def connection() -> None:
@@ -205,9 +209,12 @@ class BenchPeer:
                             await stream.aclose()
                         stream = await trio.open_tcp_stream(target.host, target.port or 80)
                         conn = h11.Connection(h11.CLIENT)
-                    head = [("host", target.host), ("content-type", "application/json"),
-                            ("content-length", str(len(data))),
-                            ("x-a2a-notification-token", task["push"]["token"])]  # fmt: skip
+                    head = [
+                        ("host", target.host),
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(data))),
+                        ("x-a2a-notification-token", task["push"]["token"]),
+                    ]
                     out = conn.send(
                         h11.Request(method="POST", target=target.raw_path, headers=head)
                     )

@@ -226,10 +226,13 @@ async def _telegram(ctx: Context, conn: Any) -> list[Finding]:
         return [failed(name, f"Telegram answered HTTP {exc.status}; try again later"), *findings]
     except Exception as exc:
         return [
-            failed(name, f"{conn.api_origin} not reachable ({type(exc).__name__}); check the"
-                   " network, a proxy or api_origin"),
+            failed(
+                name,
+                f"{conn.api_origin} not reachable ({type(exc).__name__}); check the"
+                " network, a proxy or api_origin",
+            ),
             *findings,
-        ]  # fmt: skip
+        ]
     finally:
         with trio.move_on_after(1, shield=True):
             await api.aclose()
@@ -242,10 +245,13 @@ async def _telegram(ctx: Context, conn: Any) -> list[Finding]:
     hooked = isinstance(webhook, Mapping) and bool(webhook.get("url"))
     if conn.mode == "polling" and hooked:
         return [
-            failed(name, f"bot @{bot} has a webhook set, so polling gets nothing; run"
-                   f" prismd telegram delete-webhook --connection {conn.id}"),
+            failed(
+                name,
+                f"bot @{bot} has a webhook set, so polling gets nothing; run"
+                f" prismd telegram delete-webhook --connection {conn.id}",
+            ),
             *findings,
-        ]  # fmt: skip
+        ]
     return [ok(name, f"bot @{bot}, {conn.mode}"), *findings]
 
 
@@ -271,9 +277,12 @@ async def _signal(ctx: Context, conn: Any) -> list[Finding]:
         except OSError as exc:
             reason = "nothing listens there" if _refused(exc) else type(exc).__name__
             return [
-                failed(name, f"signal-cli not reachable at {where} ({reason}); start"
-                       f" signal-cli -a ACCOUNT daemon --receive-mode=manual there"),
-            ]  # fmt: skip
+                failed(
+                    name,
+                    f"signal-cli not reachable at {where} ({reason}); start"
+                    f" signal-cli -a ACCOUNT daemon --receive-mode=manual there",
+                ),
+            ]
         await stream.aclose()
         return [ok(name, f"signal-cli answers at {where}")]
     return [failed(name, f"signal-cli at {where} did not answer within {CHECK_TIMEOUT_S:g} s")]
@@ -353,14 +362,24 @@ async def _store(ctx: Context) -> list[Finding]:
     if timer.cancelled_caught:
         return [failed(name, f"no answer within {CHECK_TIMEOUT_S:g} s; is the server up?")]
     if status.current > status.latest:
-        return [failed(name, f"schema version {status.current} is newer than this prismd"
-                       f" ({status.latest}); upgrade prismd")]  # fmt: skip
+        return [
+            failed(
+                name,
+                f"schema version {status.current} is newer than this prismd"
+                f" ({status.latest}); upgrade prismd",
+            )
+        ]
     if status.current == 0:
         return [ok(name, "no schema yet: prismd run (or prismd migrate) creates it")]
     if status.pending:
         pending = ", ".join(map(str, status.pending))
-        return [failed(name, f"schema at version {status.current} of {status.latest}"
-                       f" (pending: {pending}); run prismd migrate --config …")]  # fmt: skip
+        return [
+            failed(
+                name,
+                f"schema at version {status.current} of {status.latest}"
+                f" (pending: {pending}); run prismd migrate --config …",
+            )
+        ]
     return [ok(name, f"schema at version {status.current}, current")]
 
 

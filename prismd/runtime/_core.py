@@ -55,8 +55,8 @@ from ..journal import (
     transition,
 )
 from ..limits import Limits
-from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases
-from ._routes import Route, Routes, Selections, Turn, acquire_promptly
+from ._leases import DEFAULT_LEASE_IDLE_MS, RouteLeases, acquire_promptly
+from ._routes import Route, Routes, Selections, Turn
 from .api import Authorize, Diagnostics, ResolveAgent, ResolveAgentInput, ResolveBinding
 
 COUNTER_NAMES = (

@@ -337,16 +337,27 @@ async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
         code = "identity_revoked" if reason == "revoked" else "rejected"
         async with core.leases.fence(route) as fence:
             await core.settle_operation(
-                route.scope, key[0], parked.operation_id, "failed", fence=fence,
-                error_code=code, only_from=frozenset({FOLLOWING_STATE}),
-            )  # fmt: skip
+                route.scope,
+                key[0],
+                parked.operation_id,
+                "failed",
+                fence=fence,
+                error_code=code,
+                only_from=frozenset({FOLLOWING_STATE}),
+            )
         return None
     assert isinstance(grant, Grant)
     await core.routes.hydrate(route, grant.identity)
     return Turn(
-        parked.operation_id, event, "message", grant, route.scope, key[4],
-        following=True, cancel_remote=parked.cancelling,
-    )  # fmt: skip
+        parked.operation_id,
+        event,
+        "message",
+        grant,
+        route.scope,
+        key[4],
+        following=True,
+        cancel_remote=parked.cancelling,
+    )
 
 
 def cancel_parked(core: Core, route: Route) -> bool:

@@ -30,13 +30,40 @@ from stores import LeaseRecord, LeaseStore
 
 from ..journal import NS_BINDING
 from ..limits import Limits
-from ._routes import Route, acquire_promptly
+from ._routes import Route
 
 log = logging.getLogger("prismd.runtime")
 
 LEASE_BACKOFF_START_S = 0.05
 LEASE_BACKOFF_MAX_S = 2.0
 DEFAULT_LEASE_IDLE_MS = 1_000
+
+
+async def acquire_promptly(
+    lock: trio.Lock | trio.Semaphore, *, wait_within: trio.CancelScope | None = None
+) -> bool:
+    """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
+    free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
+    reply each such yield waits for every other runnable task to take its step. A
+    cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
+    still goes to them first (``acquire_nowait`` refuses it).
+
+    ``wait_within``: a wait for the lock, if there is one, runs inside that scope (entered
+    only then: a free lock costs no scope); False when the scope was cancelled before the
+    lock was taken. True when it is held."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        lock.acquire_nowait()
+        return True
+    except trio.WouldBlock:
+        pass
+    if wait_within is None:
+        await lock.acquire()
+        return True
+    with wait_within:
+        await lock.acquire()
+        return True
+    return False
 
 
 class LeaseHeldElsewhereError(Exception):

@@ -331,33 +331,6 @@ class Route:
         return "idle"
 
 
-async def acquire_promptly(
-    lock: trio.Lock | trio.Semaphore, *, wait_within: trio.CancelScope | None = None
-) -> bool:
-    """``await lock.acquire()``, without its pass through the scheduler when ``lock`` is
-    free: Trio's ``acquire`` yields even then, and on a turn's way from admission to its
-    reply each such yield waits for every other runnable task to take its step. A
-    cancelled caller still raises :class:`trio.Cancelled` here, and a lock with waiters
-    still goes to them first (``acquire_nowait`` refuses it).
-
-    ``wait_within``: a wait for the lock, if there is one, runs inside that scope (entered
-    only then: a free lock costs no scope); False when the scope was cancelled before the
-    lock was taken. True when it is held."""
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        lock.acquire_nowait()
-        return True
-    except trio.WouldBlock:
-        pass
-    if wait_within is None:
-        await lock.acquire()
-        return True
-    with wait_within:
-        await lock.acquire()
-        return True
-    return False
-
-
 @attrs.define(eq=False)
 class Routes:
     """The table of routes and their bindings (journal may be ``None``: no journal)."""
@@ -418,9 +391,15 @@ class Routes:
     ) -> Route | None:
         """The route, created when absent; ``None`` when the table is full of busy routes."""
         key: RouteKey = (
-            connection_id, external_conversation_id, thread_id, actor_id, alias,
-            scope.tenant_id, scope.account_id, scope.user_id,
-        )  # fmt: skip
+            connection_id,
+            external_conversation_id,
+            thread_id,
+            actor_id,
+            alias,
+            scope.tenant_id,
+            scope.account_id,
+            scope.user_id,
+        )
         route = self._table.get(key)
         if route is not None:
             return route

@@ -51,7 +51,7 @@ from ..journal import (
 from ._approvals import issue_buttons
 from ._core import Core
 from ._following import TurnHooks, Wake, claim_following, left_for_restart, park
-from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
+from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S, acquire_promptly
 from ._replies import (
     CANCELLED_TEXT,
     Draft,
@@ -61,7 +61,7 @@ from ._replies import (
     outcome_of,
     preview_sink,
 )
-from ._routes import ActiveTurn, Route, Turn, acquire_promptly
+from ._routes import ActiveTurn, Route, Turn
 
 UNSUPPORTED_MEDIA_TEXT = "That attachment cannot be processed by the selected agent."
 CANCELLED_BEFORE_START = "Request cancelled before it started."
@@ -247,9 +247,15 @@ async def end_turn(
     draft = None
     if text is not None:
         draft = Draft.for_event(
-            turn.grant.identity, turn.operation_id, turn.event, text,
-            kind=kind, buttons=buttons, approval=approval, files=files,
-        )  # fmt: skip
+            turn.grant.identity,
+            turn.operation_id,
+            turn.event,
+            text,
+            kind=kind,
+            buttons=buttons,
+            approval=approval,
+            files=files,
+        )
     answered = await answer(
         core,
         draft,

@@ -55,10 +55,16 @@ class MemoryInboxStore(InboxStoreBase):
         if self._row(put.source, put.key) is not None:
             return False
         item = InboxItem(
-            source=put.source, key=put.key, partition=put.partition, order=put.order,
-            state="pending", attempts=0, available_at_ms=now, created_at_ms=now,
+            source=put.source,
+            key=put.key,
+            partition=put.partition,
+            order=put.order,
+            state="pending",
+            attempts=0,
+            available_at_ms=now,
+            created_at_ms=now,
             updated_at_ms=now,
-        )  # fmt: skip
+        )
         self._store(_InboxRow(item, put.payload_json))
         return True
 
@@ -105,9 +111,13 @@ class MemoryInboxStore(InboxStoreBase):
             taken.add(partition)
             token = _inbox_checks.new_reservation_token()
             item = attrs.evolve(
-                row.item, state="claimed", attempts=row.item.attempts + 1, owner_id=owner,
-                claim_expires_at_ms=expires_at, updated_at_ms=now,
-            )  # fmt: skip
+                row.item,
+                state="claimed",
+                attempts=row.item.attempts + 1,
+                owner_id=owner,
+                claim_expires_at_ms=expires_at,
+                updated_at_ms=now,
+            )
             stored = _InboxRow(item, row.payload_json, token)
             self._store(stored)
             reservations.append(
@@ -164,9 +174,13 @@ class MemoryInboxStore(InboxStoreBase):
             return None
         state: InboxState = "dead" if row.item.attempts >= ask.max_attempts else "pending"
         item = attrs.evolve(
-            row.item, state=state, error=ask.error, available_at_ms=ask.available_at,
-            claim_expires_at_ms=ask.now, updated_at_ms=ask.now,
-        )  # fmt: skip
+            row.item,
+            state=state,
+            error=ask.error,
+            available_at_ms=ask.available_at,
+            claim_expires_at_ms=ask.now,
+            updated_at_ms=ask.now,
+        )
         self._store(_InboxRow(item, row.payload_json, None))
         return item
 

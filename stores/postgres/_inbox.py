@@ -80,10 +80,14 @@ class PostgresInboxStore(SQLInboxStore):
             "   updated_at = $1"
             " FROM ready WHERE x.source = ready.source AND x.key = ready.key"
             f" RETURNING {', '.join('x.' + c.strip() for c in self._COLUMNS.split(','))}",
-            ask.now, ask.owner_id, ask.limit, ask.max_attempts,
+            ask.now,
+            ask.owner_id,
+            ask.limit,
+            ask.max_attempts,
             None if ask.sources is None else list(ask.sources),
-            _inbox_checks.new_reservation_token(), ask.now + ask.ttl_ms,
-        )  # fmt: skip
+            _inbox_checks.new_reservation_token(),
+            ask.now + ask.ttl_ms,
+        )
         expires_at = ask.now + ask.ttl_ms
         reservations = [
             InboxReservation(inbox_item(row), str(row[9]), expires_at)
@@ -98,6 +102,8 @@ class PostgresInboxStore(SQLInboxStore):
             f"DELETE FROM {self._t} WHERE (source, key) IN (SELECT source, key FROM {self._t}"
             " WHERE state IN ('done', 'discarded') AND updated_at < $1"
             " AND claim_expires_at <= $2 LIMIT $3 FOR UPDATE SKIP LOCKED) RETURNING 1",
-            before, now, limit,
-        )  # fmt: skip
+            before,
+            now,
+            limit,
+        )
         return len(rows)

@@ -41,9 +41,15 @@ class PostgresLeaseStore(LeaseStoreBase):
         params = ", ".join(f"${i}" for i in range(1, 10 + len(args)))
         sql = f"SELECT * FROM {self._t}.{function}({params})"
         values = (
-            ask.namespace, ask.key, *_types.scope_args(ask.scope), ask.owner_id, ask.token,
-            ask.now, ask.expires_at, *args,
-        )  # fmt: skip
+            ask.namespace,
+            ask.key,
+            *_types.scope_args(ask.scope),
+            ask.owner_id,
+            ask.token,
+            ask.now,
+            ask.expires_at,
+            *args,
+        )
 
         async def run(session: Session) -> Sequence[Any]:
             row = await session.fetchrow(sql, *values)

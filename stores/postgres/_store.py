@@ -223,9 +223,13 @@ async def measure_bridge(store: Store, samples: int) -> BridgeSamples:
         for i in range(done, done + n):
             start = time.perf_counter()
             await store.checkpoints.save_checkpoint(
-                namespace="bench.bridge", key=f"{prefix}-store-{i}", scope=scope, version=1,
-                value={"i": i}, expected_version=0,
-            )  # fmt: skip
+                namespace="bench.bridge",
+                key=f"{prefix}-store-{i}",
+                scope=scope,
+                version=1,
+                value={"i": i},
+                expected_version=0,
+            )
             through_store.append(time.perf_counter() - start)
             statement = writer._statement(args("bridge", i))
             start = time.perf_counter()

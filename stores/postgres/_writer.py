@@ -62,15 +62,36 @@ def _pack(jobs: Sequence[_Job]) -> list[list[Any]]:
         for req in job.requests:
             if isinstance(req, DeleteCheckpoint):
                 row: tuple[Any, ...] = (
-                    number, job.atomic, job.now_ms, True, req.namespace, req.key,
-                    *_types.scope_args(req.scope), None, None, None, None, None, None,
-                )  # fmt: skip
+                    number,
+                    job.atomic,
+                    job.now_ms,
+                    True,
+                    req.namespace,
+                    req.key,
+                    *_types.scope_args(req.scope),
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
             else:
                 row = (
-                    number, job.atomic, job.now_ms, False, req.namespace, req.key,
-                    *_types.scope_args(req.scope), req.version, req.expected_version,
-                    req.fencing_token, req.category, req.value_json, req.metadata_json,
-                )  # fmt: skip
+                    number,
+                    job.atomic,
+                    job.now_ms,
+                    False,
+                    req.namespace,
+                    req.key,
+                    *_types.scope_args(req.scope),
+                    req.version,
+                    req.expected_version,
+                    req.fencing_token,
+                    req.category,
+                    req.value_json,
+                    req.metadata_json,
+                )
             for column, value in zip(columns, row):
                 column.append(value)
     return columns

@@ -147,9 +147,16 @@ def _apply_save(conn: apsw.Connection, save: SaveCheckpoint, now: int) -> WriteR
     if not rows:
         return _CONFLICT
     _insert_event(
-        conn, now, "save", save.namespace, save.key, scope, save.version, save.category,
+        conn,
+        now,
+        "save",
+        save.namespace,
+        save.key,
+        scope,
+        save.version,
+        save.category,
         save.metadata_json,
-    )  # fmt: skip
+    )
     created, updated = rows[0]
     return WriteResult("ok", save, created, updated)  # type: ignore[arg-type]
 

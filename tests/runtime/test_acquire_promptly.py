@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from prismd.runtime._routes import acquire_promptly
+from prismd.runtime._leases import acquire_promptly
 
 
 class _Yields(trio.abc.Instrument):
