@@ -9,7 +9,10 @@
   counted right before it is and, once answered, timed by its answer — the latest moment
   Discord can have received it — so no delay on the way (a slow network, a stalled
   server) can bunch more than 50 into one of Discord's seconds; a request still unanswered
-  counts as sent now. A global 429 blocks every request for its ``retry_after``.
+  counts as sent now. While the window is full, the requests waiting for it leave
+  together when their places free within 20 ms of each other (one wake-up of the loop
+  for them all, never before a place is free). A global 429 blocks every request for its
+  ``retry_after``.
 * **429** sleeps ``retry_after`` (float seconds, body or ``Retry-After``) and tries again,
   at most :data:`MAX_429_RETRIES` times per call.
 * **Invalid-request guard**: 401, 403 and non-``shared`` 429 answers are counted over ten
@@ -45,6 +48,11 @@ GLOBAL_PER_SECOND = 50
 GLOBAL_WINDOW_S = 1.05
 """The global limit's window, with 50 ms to spare (discord.js's offset): requests counted
 when they are written may reach Discord a little apart from how they left."""
+PACE_TOGETHER = 4
+"""At most this many requests waiting for a full global window leave together
+(:func:`_leave_at`; no more than :data:`MAX_CONNECTIONS` can wait)."""
+PACE_SLACK_S = 0.02
+"""How long a free place of the global window may wait for the next ones to free."""
 MAX_429_RETRIES = 3
 INVALID_WINDOW_S = 600.0
 INVALID_GUARD = 1_000
@@ -124,6 +132,8 @@ class DiscordRest:
     _in_flight: int = attrs.field(default=0, init=False)
     """Requests counted in the window and not answered yet."""
     _global_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _pacing: int = attrs.field(default=0, init=False)
+    """Requests waiting for a place in the global window."""
     _global_until: float = attrs.field(default=0.0, init=False)
     _invalid: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
     invalid_requests: int = attrs.field(default=0, init=False)
@@ -319,23 +329,29 @@ class DiscordRest:
     async def _wait_global(self) -> None:
         """Take a place in the global 50 a second: at once while the window has room (no
         lock, no sleep); else callers queue on a fair lock and only the first one sleeps,
-        until the window slides (no herd woken to find it still full)."""
+        until the window slides (no herd woken to find it still full), and those waiting
+        leave together when their places free close together (:func:`_leave_at`)."""
         now = trio.current_time()
         if not self._global_lock.locked() and self._global_until <= now and self._room(now):
             self._in_flight += 1
             return
-        async with self._global_lock:
-            while True:
-                now = trio.current_time()
-                if self._global_until > now:
-                    await trio.sleep(self._global_until - now)
-                elif self._room(now):
-                    self._in_flight += 1
-                    return
-                elif self._global:
-                    await trio.sleep_until(self._global[0])
-                else:  # all 50 unanswered (more connections than the limit): soon
-                    await trio.sleep(0.05)
+        self._pacing += 1
+        try:
+            async with self._global_lock:
+                while True:
+                    now = trio.current_time()
+                    if self._global_until > now:
+                        await trio.sleep(self._global_until - now)
+                    elif self._room(now):
+                        self._in_flight += 1
+                        return
+                    elif self._global:
+                        leave = _leave_at(self._global, self._in_flight, self._pacing)
+                        await trio.sleep_until(leave)
+                    else:  # all 50 unanswered (more connections than the limit): soon
+                        await trio.sleep(0.05)
+        finally:
+            self._pacing -= 1
 
     def _room(self, now: float) -> bool:
         window = self._global
@@ -385,6 +401,23 @@ class DiscordRest:
             self._global_until = trio.current_time() + delay
         log.info("discord: rate limited (%s); retry in %.2f s", scope or "unknown", delay)
         return delay
+
+
+def _leave_at(window: collections.deque[float], in_flight: int, waiting: int) -> float:
+    """When the requests ``waiting`` for a full global window leave: once it has a place
+    for each of them (at most :data:`PACE_TOGETHER`), if that comes within
+    :data:`PACE_SLACK_S` of its first free place; else at that first place.
+
+    Leaving together, they cost the loop one wake-up instead of one each (on a VM a
+    wake-up from idle costs some 0.1-0.2 ms of CPU: more than a send), and their answers
+    enter the window together, so their places free together again a window later. None
+    leaves before the window has a place for it; a place waits at most the slack (one
+    place's time at 50 a second). A request waiting alone leaves at the first place."""
+    first = len(window) + in_flight - GLOBAL_PER_SECOND  # its leaving frees a place
+    last = first + min(waiting, PACE_TOGETHER) - 1
+    first = max(0, min(first, len(window) - 1))
+    last = max(0, min(last, len(window) - 1))
+    return min(window[last], window[first] + PACE_SLACK_S)
 
 
 def _json(body: bytes) -> Any:

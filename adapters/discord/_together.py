@@ -16,6 +16,14 @@ with the same nonce inside the window (Discord answers with the message already 
 looked for outside it (:mod:`._send`). The wait is shielded: a graceful stop does not
 leave a reply that was posted unmarked. A conversation's next reply waits at most
 :data:`HOLD_S` longer to start (Discord lets a channel have five messages in five seconds).
+
+A backlog holds longer (:data:`BACKLOG_HOLD_S`): with :data:`MAX_TOGETHER` sends or more
+on their way when a batch begins, either the batch fills at once (answers come fast:
+it returns then), or they are paced by the global window, 20 ms a send, and each send
+still on its way waits longer for its own place than the hold lasts. Holding a finished
+one then delays nothing that could leave sooner — the next reply of its conversation would
+queue behind the others in the window all the same — and its mark shares a commit with
+some five others instead of one or two.
 """
 
 from __future__ import annotations
@@ -33,14 +41,18 @@ HOLD_S = 0.025
 place of the global window (20 ms), so a paced send sees at least the next one leave."""
 MAX_TOGETHER = 16
 """A batch returns at once when this many sends have finished."""
+BACKLOG_HOLD_S = 0.1
+"""The hold of a batch begun while :data:`MAX_TOGETHER` sends or more were on their way."""
 
 
 @attrs.define(eq=False)
 class _Batch:
     deadline: float
-    """When its first send has waited :data:`HOLD_S`."""
+    """When its first send has waited its hold."""
     done: trio.Event = attrs.field(factory=trio.Event)
     finished: int = 0
+    held: list[trio.lowlevel.Task] = attrs.field(factory=list)
+    """The sends after the first, parked until the batch returns."""
 
 
 @attrs.define(eq=False)
@@ -49,6 +61,7 @@ class ReturnTogether:
 
     hold_s: float = HOLD_S
     max_together: int = MAX_TOGETHER
+    backlog_hold_s: float = BACKLOG_HOLD_S
     on_the_way: int = 0
     """Sends started and not finished (posting, or waiting for a place to post)."""
     _batch: _Batch | None = None
@@ -87,7 +100,10 @@ class ReturnTogether:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return
         if batch is None:
-            batch = self._batch = _Batch(trio.current_time() + self.hold_s)
+            # (on_the_way + 1: this send, which was on its way until now)
+            backlog = self.on_the_way + 1 >= self.max_together
+            hold = self.backlog_hold_s if backlog else self.hold_s
+            batch = self._batch = _Batch(trio.current_time() + hold)
         batch.finished += 1
         if batch.finished >= self.max_together:
             self._release()
@@ -95,12 +111,28 @@ class ReturnTogether:
             # the commit that this one's would otherwise lead alone.
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
+        if batch.finished > 1:
+            # Only the batch's first send keeps its time: the others are parked until it
+            # (or the send that fills or closes the batch) releases them, without a timer
+            # or a cancel scope each; a cancellation cannot cut the wait short (it lands
+            # at the caller's next checkpoint), which the first's time bounds.
+            batch.held.append(trio.lowlevel.current_task())
+            await trio.lowlevel.wait_task_rescheduled(_not_now)
+            return
         with trio.CancelScope(shield=True, deadline=batch.deadline):
             await batch.done.wait()
         if self._batch is batch:
             self._release()
+            await trio.lowlevel.cancel_shielded_checkpoint()  # with the batch, as above
 
     def _release(self) -> None:
         batch, self._batch = self._batch, None
         if batch is not None:
             batch.done.set()
+            for task in batch.held:
+                trio.lowlevel.reschedule(task)
+
+
+def _not_now(_raise_cancel: object) -> trio.lowlevel.Abort:
+    """A held send's wait is not cancelled: the batch's first send bounds it."""
+    return trio.lowlevel.Abort.FAILED

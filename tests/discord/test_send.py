@@ -12,7 +12,14 @@ import trio
 import trio.testing
 
 from adapters.discord import chunk_markdown
-from adapters.discord._rest import DiscordApiError, DiscordGuardError, DiscordRest
+from adapters.discord._rest import (
+    GLOBAL_PER_SECOND,
+    GLOBAL_WINDOW_S,
+    PACE_SLACK_S,
+    DiscordApiError,
+    DiscordGuardError,
+    DiscordRest,
+)
 from adapters.discord._send import NONCE_WINDOW_MS, SEND_NAMESPACE, chunk_nonce, nonce_base
 from prismd.channel import DeliveryOutcomeUnknownError, Preview, Reply
 from stores import Store
@@ -387,3 +394,58 @@ async def test_the_global_window_dates_a_request_by_its_answer(
     rest._answered()
     await rest._wait_global()
     assert trio.current_time() - answered_at == pytest.approx(1.05)
+
+
+async def _full_window(rest: DiscordRest, apart_s: float, unanswered: int = 0) -> float:
+    """A full window: requests answered ``apart_s`` apart, then ``unanswered`` written and
+    not answered; the time the first answered leaves the window."""
+    start = trio.current_time()
+    for _ in range(GLOBAL_PER_SECOND - unanswered):
+        await rest._wait_global()
+        rest._answered()
+        await trio.sleep(apart_s)
+    for _ in range(unanswered):
+        await rest._wait_global()
+    return start + GLOBAL_WINDOW_S
+
+
+async def test_requests_waiting_for_the_global_window_leave_together(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While the window is full, the requests waiting for it leave together once it has a
+    place for each of them, if that comes within the slack of its first free place (one
+    wake-up of the loop for them all); never before their places free."""
+    rest = DiscordRest(token=lambda: "t", api_origin="http://127.0.0.1:9")
+    first_leaves = await _full_window(rest, 0.01)  # places free 10 ms apart
+    left: list[float] = []
+
+    async def request() -> None:
+        await rest._wait_global()
+        left.append(trio.current_time())
+        assert len(rest._global) + rest._in_flight <= GLOBAL_PER_SECOND
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(request)
+    # The third place frees 20 ms after the first (within the slack): all three left
+    # then, none earlier.
+    assert [round(t - first_leaves, 6) for t in left] == [0.02, 0.02, 0.02]
+
+
+async def test_a_free_place_waits_no_longer_than_the_slack(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Places that free far apart are not waited for: the first request leaves at most
+    the slack after its place freed, the next at its own place."""
+    rest = DiscordRest(token=lambda: "t", api_origin="http://127.0.0.1:9")
+    first_leaves = await _full_window(rest, 0.03, unanswered=25)  # places free 30 ms apart
+    left: list[float] = []
+
+    async def request() -> None:
+        await rest._wait_global()
+        left.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(request)
+    assert [round(t - first_leaves, 6) for t in left] == [PACE_SLACK_S, 0.03]

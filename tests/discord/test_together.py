@@ -113,6 +113,49 @@ async def test_the_wait_is_shielded_a_cancelled_caller_still_gets_its_outcome(
     assert outcome == ["returned"]
 
 
+async def test_a_cancelled_send_held_behind_the_first_still_returns_with_the_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Only the batch's first send keeps a timer; a later one, parked without a cancel
+    scope of its own, is not cut short by a cancellation either: it returns its outcome
+    with the batch, at the first one's time, and the cancellation lands afterwards."""
+    together = ReturnTogether(hold_s=0.5)
+    returned: dict[str, float] = {}
+    start = trio.current_time()
+
+    async def held_and_cancelled() -> None:
+        together.started()
+        await trio.sleep(0.1)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await together.finished()
+            returned["cancelled"] = trio.current_time()
+            await trio.lowlevel.checkpoint()
+        assert scope.cancelled_caught
+
+    async with trio.open_nursery() as nursery:
+        together.started()  # another send on its way, never finishing in time
+        nursery.start_soon(_send, together, 0.0, returned, "first")
+        nursery.start_soon(held_and_cancelled)
+    assert round(returned["first"] - start, 6) == 0.5
+    assert round(returned["cancelled"] - start, 6) == 0.5
+
+
+async def test_a_backlog_holds_a_batch_longer(autojump_clock: trio.testing.MockClock) -> None:
+    """With as many sends on their way as a batch may hold, the batch begun waits the
+    backlog's hold (they are paced: each waits longer for its place anyway); with fewer,
+    the short hold."""
+    returned: dict[str, float] = {}
+    for on_the_way, waited in ((3, 0.025), (16, 0.1)):
+        together = ReturnTogether(hold_s=0.025, backlog_hold_s=0.1, max_together=16)
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(on_the_way - 1):
+                together.started()  # on their way, not finishing within the hold
+            nursery.start_soon(_send, together, 0.0, returned, "first")
+        assert round(returned["first"] - start, 6) == waited
+
+
 async def test_the_writes_after_a_batch_returns_share_one_commit(
     autojump_clock: trio.testing.MockClock, store: Store
 ) -> None:
