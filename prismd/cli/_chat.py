@@ -29,6 +29,7 @@ import os
 import random
 import re
 import secrets
+import signal
 import ssl
 import sys
 import tempfile
@@ -628,19 +629,37 @@ def run_chat_cli(
     The actor id and resume token are kept in ``state_path`` (default
     :func:`default_state_path`)."""
 
+    from ._quiet import EXIT_INTERRUPTED, run_quietly
+
     async def main() -> int:
-        return await chat(
-            url,
-            actor=actor,
-            token=token,
-            lines=_stdin_lines(sys.stdin),
-            out=sys.stdout,
-            err=sys.stderr,
-            state_path=state_path or default_state_path(),
-            reconnect_for_s=reconnect_for_s,
-        )
+        # Ctrl-C is received as a signal and cancels the chat where it waits: a
+        # KeyboardInterrupt raised at any bytecode could land between a coroutine's
+        # creation and its await, and Python would print "never awaited" on the way out.
+        codes: list[int] = []
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+            async with trio.open_nursery() as nursery:
 
-    from ._quiet import run_quietly
+                async def interrupted() -> None:
+                    async for _signal in interrupts:
+                        codes.append(EXIT_INTERRUPTED)
+                        nursery.cancel_scope.cancel()
 
-    # Ctrl-C (however Trio wraps it) is a quiet exit 130, as in every prismctl command.
+                nursery.start_soon(interrupted)
+                codes.append(
+                    await chat(
+                        url,
+                        actor=actor,
+                        token=token,
+                        lines=_stdin_lines(sys.stdin),
+                        out=sys.stdout,
+                        err=sys.stderr,
+                        state_path=state_path or default_state_path(),
+                        reconnect_for_s=reconnect_for_s,
+                    )
+                )
+                nursery.cancel_scope.cancel()
+        return codes[0]
+
+    # A Ctrl-C before the signal is received here (however Trio wraps it) is a quiet exit
+    # 130 too, as in every prismctl command.
     return run_quietly(lambda: trio.run(main))
