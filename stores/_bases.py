@@ -430,6 +430,7 @@ class CheckpointStoreBase(abc.ABC):
 
     # The backend's own; declared for the type checker.
     write_checkpoints: Callable[..., Awaitable[tuple[WriteResult, ...]]]
+    _count: Callable[[CheckpointQuery], Awaitable[int]]  # the rows matched, up to its limit
 
     async def _enter(self) -> None:
         """Before every reading call's checks (the memory store's checkpoint and open
@@ -492,15 +493,10 @@ class CheckpointStoreBase(abc.ABC):
         return await self._load(namespace, key, scope)
 
     async def list_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None,
-        limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:
+        self, *, namespace: str | None = None, key_prefix: str | None = None,
+        category: str | Sequence[str] | None = None, scope: OwnershipScope = ANY_SCOPE,
+        cursor: str | None = None, limit: int = LIST_LIMIT_DEFAULT,
+    ) -> CheckpointPage:  # fmt: skip
         """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
         await self._enter()
         check_list_filters(namespace, key_prefix, scope)
@@ -515,6 +511,18 @@ class CheckpointStoreBase(abc.ABC):
         items = tuple(rows[:n])
         next_cursor = encode_cursor(items[-1]) if len(rows) > n else None
         return CheckpointPage(items=items, next_cursor=next_cursor)
+
+    async def count_checkpoints(
+        self, *, namespace: str | None = None, category: str | Sequence[str] | None = None,
+        scope: OwnershipScope = ANY_SCOPE, limit: int,
+    ) -> int:  # fmt: skip
+        """Rows counted up to ``limit`` (see :meth:`CheckpointStore.count_checkpoints`)."""
+        await self._enter()
+        check_list_filters(namespace, None, scope)
+        categories = check_category_filter(category)  # () matches nothing, as in a listing
+        if not _is_int(limit) or limit < 1:
+            raise InvalidCheckpointError("limit must be a positive integer")
+        return await self._count(CheckpointQuery(namespace, None, categories, scope, None, limit))
 
     async def list_events(
         self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE

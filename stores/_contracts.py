@@ -121,6 +121,20 @@ class CheckpointStore(Protocol):
         """
         ...
 
+    async def count_checkpoints(
+        self,
+        *,
+        namespace: str | None = None,
+        category: str | Sequence[str] | None = None,
+        scope: OwnershipScope = ANY_SCOPE,
+        limit: int,
+    ) -> int:
+        """How many rows :meth:`list_checkpoints` would walk with the same filters, counted
+        up to ``limit`` (a positive integer, not clamped): ``min(rows, limit)``, without
+        reading a row's value — "are there ``limit`` already?" costs at most ``limit``
+        index entries."""
+        ...
+
     async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
         """True when a row was removed; a foreign scope is a miss (False)."""
         ...

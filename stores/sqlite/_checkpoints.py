@@ -171,6 +171,35 @@ _MISSING = WriteResult("missing")
 _ABORTED = WriteResult("aborted")
 
 
+def _filters(query: CheckpointQuery) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and their arguments of a listing or a count."""
+    where: list[str] = []
+    args: list[Any] = []
+    if query.namespace is not None:
+        where.append("namespace = ?")
+        args.append(query.namespace)
+    if query.key_prefix:
+        low, high = _bases.prefix_bounds(query.key_prefix)
+        where.append("key >= ?")
+        args.append(low)
+        if high is not None:
+            where.append("key < ?")
+            args.append(high)
+        where.append("substr(key, 1, ?) = ?")
+        args += [len(query.key_prefix), query.key_prefix]
+    if query.categories is not None:
+        where.append(f"category IN ({', '.join('?' for _ in query.categories)})")
+        args += query.categories
+    _add_scope_filter(query.scope, where, args)
+    if query.after is not None:
+        at, last_key, last_ns = query.after
+        where.append(
+            "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
+        )
+        args += [at, at, last_key, last_key, last_ns]
+    return where, args
+
+
 @attrs.define(eq=False)
 class SQLiteCheckpointStore(CheckpointStoreBase):
     """:class:`~stores.CheckpointStore` on ``prism_checkpoints`` + ``prism_events``."""
@@ -213,30 +242,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
         return await self._db.run(read)
 
     async def _list(self, query: CheckpointQuery) -> Sequence[CheckpointRecord]:
-        where: list[str] = []
-        args: list[Any] = []
-        if query.namespace is not None:
-            where.append("namespace = ?")
-            args.append(query.namespace)
-        if query.key_prefix:
-            low, high = _bases.prefix_bounds(query.key_prefix)
-            where.append("key >= ?")
-            args.append(low)
-            if high is not None:
-                where.append("key < ?")
-                args.append(high)
-            where.append("substr(key, 1, ?) = ?")
-            args += [len(query.key_prefix), query.key_prefix]
-        if query.categories is not None:
-            where.append(f"category IN ({', '.join('?' for _ in query.categories)})")
-            args += query.categories
-        _add_scope_filter(query.scope, where, args)
-        if query.after is not None:
-            at, last_key, last_ns = query.after
-            where.append(
-                "(updated_at < ? OR (updated_at = ? AND (key > ? OR (key = ? AND namespace > ?))))"
-            )
-            args += [at, at, last_key, last_key, last_ns]
+        where, args = _filters(query)
         sql = f"SELECT {_CHECKPOINT_COLUMNS} FROM prism_checkpoints"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -245,6 +251,19 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
 
         def read(conn: apsw.Connection) -> list[CheckpointRecord]:
             return [_bases.checkpoint_from_row(row) for row in conn.execute(sql, args).fetchall()]
+
+        return await self._db.run(read)
+
+    async def _count(self, query: CheckpointQuery) -> int:
+        where, args = _filters(query)
+        sql = "SELECT count(*) FROM (SELECT 1 FROM prism_checkpoints"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " LIMIT ?)"
+        args.append(query.limit)
+
+        def read(conn: apsw.Connection) -> int:
+            return int(_one(conn, sql, args)[0])
 
         return await self._db.run(read)
 

@@ -15,6 +15,7 @@ from stores import (
     InvalidCheckpointError,
     JournalEvent,
     OwnershipScope,
+    SaveCheckpoint,
     Store,
     _bases,
 )
@@ -103,6 +104,58 @@ async def test_filters(store: Store) -> None:
         "o1:x",
         "o1:y",
     ]
+
+
+async def test_count_is_the_listing_counted_up_to_limit(store: Store) -> None:
+    """``count_checkpoints`` counts what ``list_checkpoints`` walks with the same filters,
+    up to ``limit`` (not clamped to a page: 501 of 501)."""
+    await put(store, "ns1", "o1:x", A, category="op")
+    await put(store, "ns1", "o1:y", B, category="op")
+    await put(store, "ns1", "r1:x", C, category="reply")
+    await put(store, "ns2", "o1:z", D, category="op")
+    await put(store, "ns2", "b1:w", A)
+    count = store.checkpoints.count_checkpoints
+    filters: list[dict[str, Any]] = [
+        {},
+        {"namespace": "ns1"},
+        {"namespace": "ns2"},
+        {"category": "op"},
+        {"category": ["op", "reply"]},
+        {"scope": OwnershipScope("t1")},
+        {"scope": OwnershipScope("t1", "a1")},
+        {"scope": OwnershipScope(user_id="u1")},
+        {"scope": B},
+        {"scope": OwnershipScope("t3")},
+        {"namespace": "ns1", "category": "op", "scope": OwnershipScope("t1")},
+        {"namespace": "nothing"},
+    ]
+    for given in filters:
+        listed = len(await walk(store, 500, **given))
+        assert await count(limit=1000, **given) == listed, given
+        assert await count(limit=2, **given) == min(listed, 2), given
+    assert await count(limit=5) == 5
+    assert await count(limit=1, namespace="ns1") == 1
+    assert await count(limit=10, category=[]) == 0
+    saves = [
+        SaveCheckpoint("many", f"k{i:04d}", A, 1, {"i": i}, category="open") for i in range(501)
+    ]
+    await store.checkpoints.write_checkpoints(saves)
+    assert await count(limit=10_000, namespace="many", category="open") == 501
+    assert await count(limit=501, namespace="many", scope=OwnershipScope("t1")) == 501
+    assert await count(limit=500, namespace="many") == 500
+
+
+async def test_count_bad_input(store: Store) -> None:
+    count = store.checkpoints.count_checkpoints
+    for limit in (0, -1, 1.5, "3", None, True):
+        with pytest.raises(InvalidCheckpointError):
+            await count(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(InvalidCheckpointError):
+        await count(namespace=3, limit=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidCheckpointError):
+        await count(category=[1], limit=1)  # type: ignore[list-item]
+    with pytest.raises(InvalidCheckpointError):
+        await count(scope="t1", limit=1)  # type: ignore[arg-type]
 
 
 async def test_key_prefix_is_literal(store: Store) -> None:
