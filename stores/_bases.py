@@ -493,10 +493,15 @@ class CheckpointStoreBase(abc.ABC):
         return await self._load(namespace, key, scope)
 
     async def list_checkpoints(
-        self, *, namespace: str | None = None, key_prefix: str | None = None,
-        category: str | Sequence[str] | None = None, scope: OwnershipScope = ANY_SCOPE,
-        cursor: str | None = None, limit: int = LIST_LIMIT_DEFAULT,
-    ) -> CheckpointPage:  # fmt: skip
+        self,
+        *,
+        namespace: str | None = None,
+        key_prefix: str | None = None,
+        category: str | Sequence[str] | None = None,
+        scope: OwnershipScope = ANY_SCOPE,
+        cursor: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+    ) -> CheckpointPage:
         """Newest first, then key; keyset-paged (see :meth:`CheckpointStore.list_checkpoints`)."""
         await self._enter()
         check_list_filters(namespace, key_prefix, scope)
@@ -513,16 +518,12 @@ class CheckpointStoreBase(abc.ABC):
         return CheckpointPage(items=items, next_cursor=next_cursor)
 
     async def count_checkpoints(
-        self, *, namespace: str | None = None, category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE, limit: int,
-    ) -> int:  # fmt: skip
-        """Rows counted up to ``limit`` (see :meth:`CheckpointStore.count_checkpoints`)."""
-        await self._enter()
-        check_list_filters(namespace, None, scope)
-        categories = check_category_filter(category)  # () matches nothing, as in a listing
-        if not _is_int(limit) or limit < 1:
-            raise InvalidCheckpointError("limit must be a positive integer")
-        return await self._count(CheckpointQuery(namespace, None, categories, scope, None, limit))
+        self, *, namespace: str, category: str, scope: OwnershipScope, limit: int
+    ) -> int:
+        check_list_filters(namespace, None, scope)  # (CheckpointStore's); _count enters
+        if not _is_text(namespace) or not _is_text(category) or not _is_int(limit) or limit < 1:
+            raise InvalidCheckpointError("a count needs a namespace, a category and a limit >= 1")
+        return await self._count(CheckpointQuery(namespace, None, (category,), scope, None, limit))
 
     async def list_events(
         self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE

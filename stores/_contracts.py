@@ -122,17 +122,12 @@ class CheckpointStore(Protocol):
         ...
 
     async def count_checkpoints(
-        self,
-        *,
-        namespace: str | None = None,
-        category: str | Sequence[str] | None = None,
-        scope: OwnershipScope = ANY_SCOPE,
-        limit: int,
+        self, *, namespace: str, category: str, scope: OwnershipScope, limit: int
     ) -> int:
-        """How many rows :meth:`list_checkpoints` would walk with the same filters, counted
-        up to ``limit`` (a positive integer, not clamped): ``min(rows, limit)``, without
-        reading a row's value — "are there ``limit`` already?" costs at most ``limit``
-        index entries."""
+        """How many rows of ``namespace`` and ``category`` within the partial ``scope``
+        :meth:`list_checkpoints` would walk, counted up to ``limit`` (a positive integer,
+        not clamped): ``min(rows, limit)``, without reading a row's value — "are there
+        ``limit`` already?" costs at most ``limit`` index entries."""
         ...
 
     async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:

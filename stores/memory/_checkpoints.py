@@ -107,6 +107,7 @@ class MemoryCheckpointStore(CheckpointStoreBase):
         return [row.record() for row in matching[: query.limit]]
 
     async def _count(self, query: CheckpointQuery) -> int:
+        await self._enter()
         counted = 0
         for row in self._state.checkpoints.values():
             if (
