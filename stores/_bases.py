@@ -434,6 +434,7 @@ class CheckpointStoreBase(abc.ABC):
 
     # The backend's own; declared for the type checker.
     write_checkpoints: Callable[..., Awaitable[tuple[WriteResult, ...]]]
+    _count: Callable[[CheckpointQuery], Awaitable[int]]  # the rows matched, up to its limit
 
     async def _enter(self) -> None:
         """Before every reading call's checks (the memory store's checkpoint and open
@@ -526,6 +527,16 @@ class CheckpointStoreBase(abc.ABC):
         items = tuple(rows[:n])
         next_cursor = encode_cursor(items[-1]) if len(rows) > n else None
         return CheckpointPage(items=items, next_cursor=next_cursor)
+
+    async def count_checkpoints(
+        self, *, namespace: str, category: str, scope: OwnershipScope, limit: int
+    ) -> int:
+        """Rows counted up to ``limit`` (see :meth:`CheckpointStore.count_checkpoints`)."""
+        await self._enter()
+        check_list_filters(namespace, None, scope)
+        if not _is_text(namespace) or not _is_text(category) or not _is_int(limit) or limit < 1:
+            raise InvalidCheckpointError("a count needs a namespace, a category and a limit >= 1")
+        return await self._count(CheckpointQuery(namespace, None, (category,), scope, None, limit))
 
     async def list_events(
         self, *, after: int = 0, limit: int = LIST_LIMIT_DEFAULT, scope: OwnershipScope = ANY_SCOPE

@@ -121,6 +121,15 @@ class CheckpointStore(Protocol):
         """
         ...
 
+    async def count_checkpoints(
+        self, *, namespace: str, category: str, scope: OwnershipScope, limit: int
+    ) -> int:
+        """How many rows of ``namespace`` and ``category`` within the partial ``scope``
+        :meth:`list_checkpoints` would walk, counted up to ``limit`` (a positive integer,
+        not clamped): ``min(rows, limit)``, without reading a row's value — "are there
+        ``limit`` already?" costs at most ``limit`` index entries."""
+        ...
+
     async def delete_checkpoint(self, *, namespace: str, key: str, scope: OwnershipScope) -> bool:
         """True when a row was removed; a foreign scope is a miss (False)."""
         ...

@@ -106,6 +106,19 @@ class MemoryCheckpointStore(CheckpointStoreBase):
             matching = [r for r in matching if _sort_key(r) > position]
         return [row.record() for row in matching[: query.limit]]
 
+    async def _count(self, query: CheckpointQuery) -> int:
+        counted = 0
+        for row in self._state.checkpoints.values():
+            if (
+                (query.namespace is None or row.namespace == query.namespace)
+                and (query.categories is None or row.save.category in query.categories)
+                and query.scope.matches_filter(row.save.scope)
+            ):
+                counted += 1
+                if counted >= query.limit:
+                    break
+        return counted
+
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:

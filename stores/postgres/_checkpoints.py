@@ -103,6 +103,13 @@ class PostgresCheckpointStore(CheckpointStoreBase):
         )
         return [_types.checkpoint_from_row(row) for row in await self._fetch(numbered(sql), args)]
 
+    async def _count(self, query: CheckpointQuery) -> int:
+        sql, args = _bases.listing_query(
+            f"{self._t}.prism_checkpoints", "1", query, starts_with=_starts_with, one_of=_one_of
+        )
+        (row,) = await self._fetch(numbered(f"SELECT count(*) FROM ({sql}) AS counted"), args)
+        return int(row[0])
+
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:

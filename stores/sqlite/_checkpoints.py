@@ -246,6 +246,16 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
 
         return await self._db.run(read)
 
+    async def _count(self, query: CheckpointQuery) -> int:
+        sql, args = _bases.listing_query(
+            "prism_checkpoints", "1", query, starts_with=_starts_with, one_of=_one_of
+        )
+
+        def read(conn: apsw.Connection) -> int:
+            return int(_one(conn, f"SELECT count(*) FROM ({sql})", args)[0])
+
+        return await self._db.run(read)
+
     async def _events(
         self, after: int, limit: int, scope: OwnershipScope
     ) -> Sequence[JournalEvent]:

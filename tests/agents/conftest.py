@@ -59,6 +59,10 @@ class YieldingCheckpoints:
         await trio.lowlevel.checkpoint()
         return await self.inner.list_checkpoints(**kw)
 
+    async def count_checkpoints(self, **kw: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        return await self.inner.count_checkpoints(**kw)
+
     async def delete_checkpoint(self, **kw: Any) -> Any:
         return await self.inner.delete_checkpoint(**kw)
 

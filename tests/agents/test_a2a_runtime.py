@@ -13,9 +13,11 @@ import trio
 
 from prismd.agents import AgentContext, build_agent
 from prismd.agents.a2a import NOTICES, A2AAgent
+from prismd.agents.a2a._agent import at_limit
+from prismd.agents.a2a._book import Book, Phase, TaskRecord
 from prismd.journal import NS_OPERATION
 from prismd.limits import Limits
-from stores import SYSTEM_CLOCK, Store
+from stores import SYSTEM_CLOCK, OwnershipScope, Store
 from stores.memory import MemoryStore
 from tests.fakes.a2a_agent import FakeA2A, Plan
 from tests.support.builders import IDENTITY, event
@@ -293,6 +295,32 @@ async def test_a_message_beyond_the_tenant_limit_is_refused_before_any_send(
                 assert len(fake.sends()) == 2
             await agent.aclose()
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+async def test_the_tenant_limit_counts_every_open_task_beyond_a_page(
+    backend: str, tmp_path: Path
+) -> None:
+    """``max_remote_tasks_per_tenant`` may be up to 100,000: the open task records are
+    counted (through the listing index), not listed a page of at most 500 (before, a
+    limit above 500 never refused). Answered tasks and other tenants do not count."""
+    async with store_factory(backend, tmp_path) as stores:
+        store = await stores()
+        book = Book(store.checkpoints)
+        tenant = OwnershipScope("t1", "a1", "u1")
+
+        async def save(n: int, scope: OwnershipScope, phase: Phase) -> None:
+            record = TaskRecord("primary", f"m{n}", phase, "s", 0)
+            assert await book.save(scope, f"op-{n}", record, 0) is not None
+
+        for n in range(501):
+            await save(n, OwnershipScope("t1", "a1", f"u{n % 3}"), "following")
+        await save(501, tenant, "done")
+        await save(502, OwnershipScope("t2"), "sending")
+        assert await at_limit(book, tenant, 501)
+        assert not await at_limit(book, tenant, 502)
+        assert await at_limit(book, OwnershipScope("t2", "x"), 1)
+        assert not await at_limit(book, OwnershipScope("t3"), 1)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])

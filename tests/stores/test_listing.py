@@ -15,6 +15,7 @@ from stores import (
     InvalidCheckpointError,
     JournalEvent,
     OwnershipScope,
+    SaveCheckpoint,
     Store,
     _bases,
 )
@@ -103,6 +104,68 @@ async def test_filters(store: Store) -> None:
         "o1:x",
         "o1:y",
     ]
+
+
+async def test_count_is_the_listing_counted_up_to_limit(store: Store) -> None:
+    """``count_checkpoints`` counts what ``list_checkpoints`` walks with the same namespace,
+    category and partial scope, up to ``limit`` (not clamped to a page: 501 of 501)."""
+    await put(store, "ns1", "o1:x", A, category="op")
+    await put(store, "ns1", "o1:y", B, category="op")
+    await put(store, "ns1", "r1:x", C, category="reply")
+    await put(store, "ns2", "o1:z", D, category="op")
+    await put(store, "ns2", "b1:w", A)
+    count = store.checkpoints.count_checkpoints
+    for namespace, category, scope in [
+        ("ns1", "op", ANY_SCOPE),
+        ("ns1", "op", OwnershipScope("t1")),
+        ("ns1", "op", OwnershipScope("t1", "a1")),
+        ("ns1", "op", OwnershipScope(user_id="u1")),
+        ("ns1", "op", B),
+        ("ns1", "reply", ANY_SCOPE),
+        ("ns2", "op", ANY_SCOPE),
+        ("ns2", "op", OwnershipScope("t1")),
+        ("ns1", "nothing", ANY_SCOPE),
+        ("nothing", "op", ANY_SCOPE),
+    ]:
+        given: dict[str, Any] = {"namespace": namespace, "category": category, "scope": scope}
+        listed = len(await walk(store, 500, **given))
+        assert await count(limit=1000, **given) == listed, given
+        assert await count(limit=1, **given) == min(listed, 1), given
+    assert await count(namespace="ns1", category="op", scope=ANY_SCOPE, limit=1000) == 2
+    saves = [
+        SaveCheckpoint("many", f"k{i:04d}", A, 1, {"i": i}, category="open") for i in range(501)
+    ]
+    await store.checkpoints.write_checkpoints(saves)
+    assert await count(namespace="many", category="open", scope=ANY_SCOPE, limit=10_000) == 501
+    assert (
+        await count(namespace="many", category="open", scope=OwnershipScope("t1"), limit=501) == 501
+    )
+    assert await count(namespace="many", category="open", scope=A, limit=500) == 500
+
+
+async def test_count_bad_input(store: Store) -> None:
+    async def count(**given: Any) -> int:
+        args: dict[str, Any] = {"namespace": "n", "category": "c", "scope": ANY_SCOPE, "limit": 1}
+        return await store.checkpoints.count_checkpoints(**(args | given))
+
+    assert await count() == 0
+    bad_input: list[dict[str, Any]] = [
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 1.5},
+        {"limit": "3"},
+        {"limit": None},
+        {"limit": True},
+        {"namespace": None},
+        {"namespace": 3},
+        {"category": None},
+        {"category": ["c"]},
+        {"category": 1},
+        {"scope": "t1"},
+    ]
+    for bad in bad_input:
+        with pytest.raises(InvalidCheckpointError):
+            await count(**bad)
 
 
 async def test_key_prefix_is_literal(store: Store) -> None:

@@ -361,8 +361,7 @@ class A2AAgent(AgentBase):
 async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
     """``scope``'s tenant follows ``limit`` remote tasks already (``max_remote_tasks``)."""
     tenant = OwnershipScope(tenant_id=scope.tenant_id)
-    open_tasks, _ = await book.following(scope=tenant, limit=min(500, limit + 1))
-    return len(open_tasks) >= limit
+    return await book.count_following(tenant, limit) >= limit
 
 
 async def cancel_remote(

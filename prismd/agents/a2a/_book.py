@@ -364,6 +364,13 @@ class Book:
                 continue
         return out, page.next_cursor
 
+    async def count_following(self, scope: OwnershipScope, limit: int) -> int:
+        """How many task records of ``scope`` (partial) are not yet done, counted up to
+        ``limit``: the rows are counted through the listing index, none is read."""
+        return await self.checkpoints.count_checkpoints(
+            namespace=NS_TASK, category=FOLLOWING_CATEGORY, scope=scope, limit=limit
+        )
+
     # ------------------------------------------------------------------ contexts
 
     async def context(self, scope: OwnershipScope, alias: str, session_id: str) -> ContextRecord:
