@@ -40,7 +40,7 @@ from ._core import (
     stamp_us,
 )
 from ._replies import Draft, Settle, answer
-from ._routes import MAX_ID_BYTES, MEMO_LIMIT, Route, Turn
+from ._routes import MAX_ID_BYTES, MEMO_LIMIT, Route, Turn, route_key
 from ._turn import enqueue
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
@@ -239,6 +239,30 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     return denied(core, "unavailable")
 
 
+def _queue_full(core: Core, ctx: AdmitContext) -> bool:
+    """A message here would find its queue full: :func:`._turn.enqueue` would answer
+    ``capacity`` (the route's queue or the process's). Only for a route in the table,
+    hydrated and not awaiting a decision — what ``enqueue`` checks before the queues; any
+    other goes the whole way, and is answered as before."""
+    event = ctx.event
+    route = core.routes.get(
+        route_key(
+            event.connection_id,
+            event.external_conversation_id,
+            event.thread_id,
+            event.external_actor_id,
+            ctx.alias,
+            ctx.scope,
+        )
+    )
+    if route is None or not route.hydrated or route.suspended:
+        return False
+    return (
+        len(route.queue) >= core.limits.max_pending_per_binding
+        or core.pending_total() >= core.limits.max_pending_per_process
+    )
+
+
 async def _admit_authorized(
     core: Core, ctx: AdmitContext, approval: ApprovalInput | None, created_flag: list[bool]
 ) -> Admission:
@@ -269,6 +293,18 @@ async def _admit_authorized(
             # Created (or answered as a duplicate) by this runtime, and records leave only
             # through prune: the answer is the store's, without asking it.
             return duplicate(core, operation_id)
+        if action == "message" and _queue_full(core, ctx):
+            # The record would only be removed again (capacity): answer without writing,
+            # a duplicate still first (§7).
+            try:
+                stored = await core.journal.load_operation(scope, event.connection_id, operation_id)
+            except Exception:
+                core.count("storage_failures")
+                return denied(core, "unavailable")
+            if stored is not None:
+                core.known.add(known_as)
+                return duplicate(core, operation_id)
+            return denied(core, "capacity")
         cursor_at = (event.connection_id, scope)
         try:
             admitted = await journal_admit(

@@ -331,6 +331,27 @@ class Route:
         return "idle"
 
 
+def route_key(
+    connection_id: str,
+    external_conversation_id: str,
+    thread_id: str | None,
+    actor_id: str,
+    alias: str,
+    scope: OwnershipScope,
+) -> RouteKey:
+    """The key of the route of a conversation's thread, actor and agent in ``scope``."""
+    return (
+        connection_id,
+        external_conversation_id,
+        thread_id,
+        actor_id,
+        alias,
+        scope.tenant_id,
+        scope.account_id,
+        scope.user_id,
+    )
+
+
 @attrs.define(eq=False)
 class Routes:
     """The table of routes and their bindings (journal may be ``None``: no journal)."""
@@ -390,16 +411,7 @@ class Routes:
         scope: OwnershipScope,
     ) -> Route | None:
         """The route, created when absent; ``None`` when the table is full of busy routes."""
-        key: RouteKey = (
-            connection_id,
-            external_conversation_id,
-            thread_id,
-            actor_id,
-            alias,
-            scope.tenant_id,
-            scope.account_id,
-            scope.user_id,
-        )
+        key = route_key(connection_id, external_conversation_id, thread_id, actor_id, alias, scope)
         route = self._table.get(key)
         if route is not None:
             return route

@@ -11,6 +11,7 @@ from prismd.grants import AuthorizeInput, Grant
 from prismd.limits import Limits
 from prismd.runtime.api import Diagnostics
 from stores import OwnershipScope
+from stores.memory import MemoryStore
 from tests.support.builders import event, grant, identity
 from tests.support.harness import Host, runtime
 from tests.support.scripted import ScriptedAgent
@@ -439,3 +440,31 @@ async def test_help_and_agent_usage_texts() -> None:
         "Commands: /help, /status, /new, /agent <alias>, /cancel.",
         "Usage: /agent <alias>.",
     ]
+
+
+async def test_a_full_queue_refuses_without_writing_and_a_duplicate_is_still_one() -> None:
+    """A message whose queue is full is refused (``capacity``, retryable) without its record
+    being written and removed again — nothing reaches the store for it — while one already
+    admitted is still answered ``duplicate`` first (§7), and the refused one, redelivered
+    once there is room, is admitted and answered once."""
+    gate = trio.Event()
+    agent = ScriptedAgent(gate=gate)
+    host = Host(agent=agent)
+    limits = Limits(max_pending_per_binding=1)
+    async with MemoryStore() as store, runtime(host, store, limits=limits) as rt:
+        assert (await rt.admit(event("1"))).status == "accepted"
+        await agent.wait_started(1)
+        assert (await rt.admit(event("2"))).status == "accepted"  # queued: the queue is full
+        before = await store.checkpoints.last_event_seq()
+        third = await rt.admit(event("3"))
+        assert (third.status, third.reason) == ("denied", "capacity") and third.retryable
+        assert await store.checkpoints.last_event_seq() == before  # no write, no removal
+        again = await rt.admit(event("2"))
+        assert again.duplicate and again.status == "accepted"
+        assert await store.checkpoints.last_event_seq() == before
+        gate.set()
+        await rt.drain()
+        assert (await rt.admit(event("3"))).status == "accepted"
+        await rt.drain()
+    assert agent.provider_calls == 3
+    assert [r.kind for r in host.replies] == ["final", "final", "final"]
