@@ -23,7 +23,10 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   over it 429 ``{message, retry_after, global:false}`` with ``X-RateLimit-Scope: user`` and
   ``Retry-After``; over ``global_limit`` requests in one second 429 ``{global:true}`` with
   ``X-RateLimit-Global``; invalid requests (401/403/non-shared 429) counted, and past
-  ``ban_after_invalid`` every answer is Cloudflare's HTML 429 without headers.
+  ``ban_after_invalid`` every answer is Cloudflare's HTML 429 without headers. Every JSON
+  answer of the API carries ``Via: 1.1 google`` (Discord's API answers through Google's
+  front end; discord.py reads a 429 without ``Via`` as Cloudflare's ban and gives up, as
+  the reference notes — the ban's HTML has none).
 * Faults (:meth:`FakeDiscord.fail_next`): ``commit_drop`` (the message is created, the
   connection closed without an answer), ``commit_500``, ``commit_hang`` (created, the
   answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit),
@@ -372,7 +375,8 @@ class FakeDiscord:
             self.invalid_requests += 1
             payload = {"message": "You are being rate limited.", "retry_after": 0.25}
             payload["global"] = True
-            return self._record(method, path, body, 429, payload, [("X-RateLimit-Global", "true")])
+            bare = [("X-RateLimit-Global", "true")]
+            return self._record(method, path, body, 429, payload, bare, via=False)
         if not path.startswith("/api/v10/"):
             return self._record(method, path, body, 404, error(0, "404: Not Found"))
         route = path[len("/api/v10") :]
@@ -415,10 +419,12 @@ class FakeDiscord:
         status: int,
         payload: Any,
         headers: list[tuple[str, str]] | None = None,
+        *,
+        via: bool = True,
     ) -> tuple[int, bytes | None, list[tuple[str, str]]]:
         self.requests.append(Request(method, path, body, trio.current_time(), status))
         data = None if payload is None else json.dumps(payload).encode()
-        return status, data, list(headers or ())
+        return status, data, [*(headers or ()), *((("Via", "1.1 google"),) if via else ())]
 
 
 def error(code: int, message: str) -> dict[str, Any]:
