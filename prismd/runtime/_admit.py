@@ -40,7 +40,7 @@ from ._core import (
     stamp_us,
 )
 from ._replies import Draft, Settle, answer
-from ._routes import MAX_ID_BYTES, MEMO_LIMIT, Route, Turn, route_key
+from ._routes import MAX_ID_BYTES, MEMO_LIMIT, Route, RouteKey, Turn, route_key
 from ._turn import enqueue
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
@@ -239,22 +239,12 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     return denied(core, "unavailable")
 
 
-def _queue_full(core: Core, ctx: AdmitContext) -> bool:
-    """A message here would find its queue full: :func:`._turn.enqueue` would answer
-    ``capacity`` (the route's queue or the process's). Only for a route in the table,
-    hydrated and not awaiting a decision — what ``enqueue`` checks before the queues; any
-    other goes the whole way, and is answered as before."""
-    event = ctx.event
-    route = core.routes.get(
-        route_key(
-            event.connection_id,
-            event.external_conversation_id,
-            event.thread_id,
-            event.external_actor_id,
-            ctx.alias,
-            ctx.scope,
-        )
-    )
+def _queue_full(core: Core, key: RouteKey) -> bool:
+    """A message to the route of ``key`` would find its queue full: :func:`._turn.enqueue`
+    would answer ``capacity`` (the route's queue or the process's). Only for a route in the
+    table, hydrated and not awaiting a decision — what ``enqueue`` checks before the
+    queues; any other goes the whole way, and is answered as before."""
+    route = core.routes.get(key)
     if route is None or not route.hydrated or route.suspended:
         return False
     return (
@@ -268,6 +258,7 @@ async def _admit_authorized(
 ) -> Admission:
     event, action, scope = ctx.event, ctx.action, ctx.scope
     operation_id, alias = ctx.operation_id, ctx.alias
+    key = route_key(event, alias, scope)
     op_loaded: Loaded[OperationRecord] | None = None
     if core.journal is not None:
         now = core.now_ms()
@@ -293,7 +284,7 @@ async def _admit_authorized(
             # Created (or answered as a duplicate) by this runtime, and records leave only
             # through prune: the answer is the store's, without asking it.
             return duplicate(core, operation_id)
-        if action == "message" and _queue_full(core, ctx):
+        if action == "message" and _queue_full(core, key):
             # The record would only be removed again (capacity): answer without writing,
             # a duplicate still first (§7).
             try:
@@ -331,7 +322,7 @@ async def _admit_authorized(
             result = await admit_command(core, ctx)
             await _settle_or_remove(core, ctx, result)
             return result
-        return await admit_message(core, ctx, op_loaded)
+        return await admit_message(core, ctx, op_loaded, key)
     except Exception as exc:
         await core.remove_operation(scope, event.connection_id, operation_id)
         core.count("failed")
@@ -390,18 +381,10 @@ async def _settle_or_remove(core: Core, ctx: AdmitContext, result: Admission) ->
 
 
 async def admit_message(
-    core: Core, ctx: AdmitContext, op_loaded: Loaded[OperationRecord] | None
+    core: Core, ctx: AdmitContext, op_loaded: Loaded[OperationRecord] | None, key: RouteKey
 ) -> Admission:
-    event = ctx.event
-    conn = event.connection_id
-    route = core.routes.route(
-        conn,
-        event.external_conversation_id,
-        event.thread_id,
-        event.external_actor_id,
-        ctx.alias,
-        ctx.scope,
-    )
+    conn = ctx.event.connection_id
+    route = core.routes.route(key)
     if route is None:
         await core.remove_operation(ctx.scope, conn, ctx.operation_id)
         return denied(core, "capacity")

@@ -20,7 +20,7 @@ from ..journal import ApprovalRecord, ApprovalTarget, LoadedApproval, OperationR
 from ._core import AdmitContext, Core, authorize_input, check_grant
 from ._leases import LeaseHeldElsewhereError
 from ._replies import Draft, Settle, answer, outcome_of, preview_sink
-from ._routes import ActiveTurn, Route
+from ._routes import ActiveTurn, Route, route_key
 
 FINISHING_WAIT_S = 10.0
 """How long an approval waits for the turn that asked for it to finish writing."""
@@ -163,14 +163,7 @@ async def admit_approval(core: Core, ctx: AdmitContext, approval: ApprovalInput)
         rec, event, ctx.grant, approval.outcome
     ):
         return Admission("denied", "rejected")
-    route = core.routes.route(
-        event.connection_id,
-        event.external_conversation_id,
-        event.thread_id,
-        event.external_actor_id,
-        rec.agent_alias,
-        ctx.scope,
-    )
+    route = core.routes.route(route_key(event, rec.agent_alias, ctx.scope))
     if route is None:
         return Admission("denied", "capacity")
     with core.routes.pinned(route):

@@ -15,7 +15,7 @@ from ._approvals import cancel_suspended
 from ._core import AdmitContext, Core, cancel_queued
 from ._following import cancel_parked
 from ._leases import LeaseHeldElsewhereError
-from ._routes import Route, actor_key
+from ._routes import Route, actor_key, route_key
 
 COMMAND_RE = re.compile(r"^/([A-Za-z0-9_]+)(?:\s+(.*))?$", re.DOTALL)
 KNOWN = frozenset({"help", "status", "new", "agent", "cancel"})
@@ -50,15 +50,7 @@ def notice(core: Core, ctx: AdmitContext, text: str) -> None:
 
 
 def _route(core: Core, ctx: AdmitContext, alias: str | None = None) -> Route | None:
-    event = ctx.event
-    return core.routes.route(
-        event.connection_id,
-        event.external_conversation_id,
-        event.thread_id,
-        event.external_actor_id,
-        alias or ctx.alias,
-        ctx.scope,
-    )
+    return core.routes.route(route_key(ctx.event, alias or ctx.alias, ctx.scope))
 
 
 async def admit_command(core: Core, ctx: AdmitContext) -> Admission:

@@ -43,7 +43,6 @@ from ..journal import (
     Loaded,
     OperationRecord,
     OperationRef,
-    OwnershipScope,
     transition,
 )
 from ._core import Core, authorize_input, check_grant
@@ -250,7 +249,7 @@ def _parked_route(core: Core, parked: Wake) -> Route | None:
     """The route ``parked`` is parked on, made again when it was released; ``None`` when it
     is parked no longer (woken, or forgotten by ``stop()``)."""
     key = parked.key
-    route = core.routes.route(*key[:5], OwnershipScope(*key[5:]))
+    route = core.routes.route(key)
     return route if route is not None and route.parked is parked else None
 
 

@@ -43,7 +43,7 @@ from ._admit import AWAITING_DECISION_TEXT
 from ._core import Core, authorize_input, check_grant
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
-from ._routes import Turn
+from ._routes import Turn, route_key
 from ._turn import enqueue
 
 MAX_AUTHORIZE_FAILURES = 8
@@ -169,14 +169,7 @@ async def _try_enqueue(core: Core, item: _Pending) -> str:
         # The grant now names another owner or no longer allows the journaled agent.
         await _deny(core, loaded, "rejected")
         return "done"
-    route = core.routes.route(
-        event.connection_id,
-        event.external_conversation_id,
-        event.thread_id,
-        event.external_actor_id,
-        record.agent_alias,
-        scope,
-    )
+    route = core.routes.route(route_key(event, record.agent_alias, scope))
     if route is None:
         return "retry"
     turn = Turn(

@@ -331,27 +331,6 @@ class Route:
         return "idle"
 
 
-def route_key(
-    connection_id: str,
-    external_conversation_id: str,
-    thread_id: str | None,
-    actor_id: str,
-    alias: str,
-    scope: OwnershipScope,
-) -> RouteKey:
-    """The key of the route of a conversation's thread, actor and agent in ``scope``."""
-    return (
-        connection_id,
-        external_conversation_id,
-        thread_id,
-        actor_id,
-        alias,
-        scope.tenant_id,
-        scope.account_id,
-        scope.user_id,
-    )
-
-
 @attrs.define(eq=False)
 class Routes:
     """The table of routes and their bindings (journal may be ``None``: no journal)."""
@@ -401,17 +380,9 @@ class Routes:
         parked, self._parked = list(self._parked.values()), {}
         return parked
 
-    def route(
-        self,
-        connection_id: str,
-        external_conversation_id: str,
-        thread_id: str | None,
-        actor_id: str,
-        alias: str,
-        scope: OwnershipScope,
-    ) -> Route | None:
-        """The route, created when absent; ``None`` when the table is full of busy routes."""
-        key = route_key(connection_id, external_conversation_id, thread_id, actor_id, alias, scope)
+    def route(self, key: RouteKey) -> Route | None:
+        """The route of ``key`` (:func:`route_key`), created when absent; ``None`` when the
+        table is full of busy routes."""
         route = self._table.get(key)
         if route is not None:
             return route
@@ -581,6 +552,21 @@ class Routes:
             return False
         self.binding_written(route, finished.binding)
         return True
+
+
+def route_key(event: InboundEvent, alias: str, scope: OwnershipScope) -> RouteKey:
+    """The key of the route of ``event``'s conversation, thread and actor to ``alias`` in
+    ``scope``."""
+    return (
+        event.connection_id,
+        event.external_conversation_id,
+        event.thread_id,
+        event.external_actor_id,
+        alias,
+        scope.tenant_id,
+        scope.account_id,
+        scope.user_id,
+    )
 
 
 def actor_key(event: InboundEvent, scope: OwnershipScope) -> ActorKey:

@@ -85,7 +85,8 @@ async def test_agents_are_built_per_alias_with_the_store() -> None:
 
             def route(alias: str) -> Any:
                 scope = ownership_from_identity(IDENTITY)
-                return core.routes.route("web", "chat-1", None, "actor", alias, scope)
+                parts = (scope.tenant_id, scope.account_id, scope.user_id)
+                return core.routes.route(("web", "chat-1", None, "actor", alias, *parts))
 
             assert await core.resolve_agent(route("slow"), IDENTITY) is agents["slow"]
             with pytest.raises(LookupError):

@@ -38,7 +38,9 @@ def _routes() -> Routes:
 
 
 def _route_with_stored(routes: Routes) -> Any:
-    route = routes.route("conn", "chat", None, "actor", "primary", SCOPE)
+    route = routes.route(
+        ("conn", "chat", None, "actor", "primary", SCOPE.tenant_id, SCOPE.account_id, SCOPE.user_id)
+    )
     assert route is not None
     route.session_id, route.leaf_id, route.selected_at_ms = "s-1", "e-1", 10
     stored = routes.binding_record(route, updated_at_ms=1_000)
