@@ -57,6 +57,9 @@ async def test_settled_messages_are_told_live_and_on_the_next_visit(tmp_path: Pa
                 )
                 assert (result.status, result.outcome) == ("resolved", "abandoned")
                 told = await client.next_frame("reply", limit_s=5)
+                # Settled a millisecond later at least: notices are ordered by the time
+                # they were settled, and one millisecond's ties by operation id.
+                await trio.sleep(0.002)
                 # the running one: filed execution_unknown (the model is never re-run)
                 running = entries[first]
                 result = await runtime.reconcile(
