@@ -47,6 +47,7 @@ from ._previews import PreviewEditor
 from ._rest import DEFAULT_API_ORIGIN, DiscordApiError, DiscordError, DiscordRest
 from ._send import DiscordSender
 from ._status import ShardStatus, log
+from ._sweep import SETTLE_S, SWEEP_EVERY_S
 
 __all__ = ["RECEIVER_NAMESPACE", "DiscordAdapter", "default_intents"]
 
@@ -112,6 +113,10 @@ class DiscordAdapter:
     adopt: bool = True
     identifies_per_day: int = 50
     backfill_pages: int = 5
+    sweep_every_s: float = SWEEP_EVERY_S
+    """How often known channels are read for messages the gateway never sent (0: never)."""
+    sweep_settle_s: float = SETTLE_S
+    """Messages younger than this are left to the gateway by a sweep."""
     max_attachment_bytes: int = 1024 * 1024
     """Images larger than this are not downloaded (the runtime refuses them at admission,
     and the adapter posts its notice)."""
@@ -297,6 +302,8 @@ class DiscordAdapter:
             started_at_ms=self._started_at_ms,
             identifies_per_day=self.identifies_per_day,
             backfill_pages=self.backfill_pages,
+            sweep_every_s=self.sweep_every_s,
+            sweep_settle_s=self.sweep_settle_s,
             identify_spacing_ms=self.identify_spacing_ms,
             identify_gate=self._identify_gate,
             reidentify_delay_s=self.reidentify_delay_s,
@@ -304,9 +311,9 @@ class DiscordAdapter:
 
     # ------------------------------------------------------------------ inbound
 
-    async def _handle_message(self, message: Mapping[str, Any], shard: Shard) -> None:
+    async def _handle_message(self, message: Mapping[str, Any], shard: Shard) -> bool:
         """Admit one message; returns once the admission is final (a retryable one is
-        tried again after a backoff, under the shard's lease)."""
+        tried again after a backoff, under the shard's lease): whether it was accepted."""
         state = shard.cursor.state
         if state.bot_user_id is not None:
             self._bot_user_id = state.bot_user_id
@@ -318,7 +325,7 @@ class DiscordAdapter:
             respond_to=self.respond_to,
         )
         if event is None:
-            return
+            return False
         await catch_up_if_new(shard, message)  # a channel first seen after a lost session
         # A full queue frees as turns end (milliseconds): try again soon, then less often.
         backoff: Backoff | None = None
@@ -335,6 +342,7 @@ class DiscordAdapter:
             channel = event.external_conversation_id
             await self._sender.notice(channel, event.event_id, admission.hint)
         state.note_message(event.external_conversation_id, event.event_id, message.get("guild_id"))
+        return admission.status == "accepted"
 
     # ------------------------------------------------------------------ outbound
 

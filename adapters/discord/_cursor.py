@@ -14,6 +14,8 @@ under ``discord``:
 * ``channels`` — the last journaled message id per channel (at most
   :data:`MAX_CHANNELS`, newest kept): what a backfill reads after, when a session could
   not be resumed;
+* ``swept`` — per known channel, the newest message a sweep (:mod:`._sweep`) read or
+  the first one journaled from it: the next sweep reads after it;
 * ``identifies`` — the times of this shard's identifies in the last 24 hours, written
   *before* each Identify is sent, so a crash loop counts every one;
 * ``backfillDue`` — a new session (READY) began while channels were known: what the
@@ -32,6 +34,7 @@ No secret is stored: no token, no message text.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +48,8 @@ from ..toolkit import LeaseLostError
 
 CURSOR_CATEGORY = "channel-cursor"
 MAX_CHANNELS = 256
+MAX_RECENT = 4096
+"""Message ids remembered as handled (:attr:`ShardState.recent`)."""
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -63,6 +68,10 @@ class ShardState:
     bot_user_id: str | None = None
     channels: dict[str, tuple[str, str | None]] = attrs.field(factory=dict)
     """channel id → (last journaled message id, guild id or ``None`` for a DM)."""
+    swept: dict[str, str] = attrs.field(factory=dict)
+    """channel id → the message id a sweep reads after (:mod:`._sweep`)."""
+    recent: OrderedDict[str, None] = attrs.field(factory=OrderedDict)
+    """Message ids handled lately (not stored): a sweep passes over them."""
     identifies: list[int] = attrs.field(factory=list)
     failed: dict[str, Any] | None = None
     backfill_due: bool = False
@@ -75,17 +84,26 @@ class ShardState:
     def note_message(self, channel_id: str, message_id: str, guild_id: object) -> None:
         """``message_id`` was journaled from ``channel_id`` (``guild_id``: the event's, any
         value; a DM's is absent)."""
+        recent = self.recent
+        recent[message_id] = None
+        if len(recent) > MAX_RECENT:
+            recent.popitem(last=False)
         known = self.channels.get(channel_id)
         if known is None or _snowflake(message_id) > _snowflake(known[0]):
             guild = guild_id if isinstance(guild_id, str) else None
             self.channels[channel_id] = (message_id, guild)
+        # A channel first seen: what came before it is no sweep's (a backfill's, a
+        # catch-up's); one known already keeps its point.
+        self.swept.setdefault(channel_id, message_id)
         if len(self.channels) > MAX_CHANNELS:
             newest = sorted(self.channels.items(), key=lambda kv: -_snowflake(kv[1][0]))
             self.channels = dict(newest[:MAX_CHANNELS])
+            self.swept = {c: m for c, m in self.swept.items() if c in self.channels}
 
     def to_json(self, now_ms: int) -> dict[str, Any]:
         discord: dict[str, Any] = {
             "channels": {k: list(v) for k, v in self.channels.items()},
+            "swept": {k: v for k, v in self.swept.items() if k in self.channels},
             "identifies": [t for t in self.identifies if now_ms - t < DAY_MS],
         }
         if self.session is not None:
@@ -141,6 +159,13 @@ class ShardState:
                     if isinstance(message_id, str) and message_id.isdigit():
                         guild = guild_id if isinstance(guild_id, str) else None
                         state.channels[str(key)] = (message_id, guild)
+        swept = discord.get("swept")
+        swept = swept if isinstance(swept, Mapping) else {}
+        for channel_id, (message_id, _guild) in state.channels.items():
+            # A state written before sweeps: they start at the newest journaled message.
+            point = swept.get(channel_id)
+            ok = isinstance(point, str) and point.isdigit()
+            state.swept[channel_id] = point if ok else message_id  # type: ignore[assignment]
         identifies = discord.get("identifies")
         if isinstance(identifies, list):
             state.identifies = [t for t in identifies if isinstance(t, int)][-1000:]

@@ -41,7 +41,7 @@ class Dispatcher:
     cursor: ShardCursor
     lease: ReceiverLease
     status: ShardStatus
-    handle_message: Callable[[Mapping[str, Any]], Awaitable[None]]
+    handle_message: Callable[[Mapping[str, Any]], Awaitable[object]]
     """Admit one message; returns once the admission is final."""
     ready: Callable[[proto.Frame], Awaitable[None]]
     """READY: store the new session (and backfill); RESUMED while a backfill is due."""
@@ -141,7 +141,7 @@ class Dispatcher:
         channel = str(frame.d.get("channel_id"))
         await self._lanes.admit(self._nursery, frame.s, channel, self._admission(frame.d))
 
-    def _admission(self, message: Mapping[str, Any]) -> Callable[[], Awaitable[None]]:
+    def _admission(self, message: Mapping[str, Any]) -> Callable[[], Awaitable[object]]:
         return functools.partial(self.handle_message, message)
 
     # ------------------------------------------------------------------ the watermark

@@ -46,6 +46,7 @@ from ._identify import IdentifyGate, gateway_url, prepare_identify
 from ._parse import snowflake_ms
 from ._rest import DiscordApiError, DiscordError, DiscordRest
 from ._status import ShardStatus, log
+from ._sweep import SETTLE_S, SWEEP_EVERY_S, keep_sweeping
 from ._urls import checked_gateway_url
 from ._websocket import ConnectionClosed, GatewaySocket, HandshakeError, connect
 
@@ -59,8 +60,9 @@ GAP_RESUME_EVERY_S = 60.0
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
 
-HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[None]]
-"""Admit one message; returns once the admission is final (the watermark may pass it)."""
+HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[bool]]
+"""Admit one message; returns once the admission is final (the watermark may pass it):
+whether it was accepted."""
 
 
 class _End(Exception):
@@ -110,6 +112,8 @@ class Shard:
     """When this daemon started: a stored failure newer than it was a peer's (standby)."""
     identifies_per_day: int = 50
     backfill_pages: int = 5
+    sweep_every_s: float = SWEEP_EVERY_S
+    sweep_settle_s: float = SETTLE_S
     identify_spacing_ms: int = proto.MIN_IDENTIFY_SPACING_MS
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
@@ -144,6 +148,8 @@ class Shard:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.lease.keep)
+                if self.sweep_every_s > 0:
+                    nursery.start_soon(keep_sweeping, self, self.sweep_every_s, self.sweep_settle_s)
                 await self._serve(None if stood_by else task_status)
                 nursery.cancel_scope.cancel()
         finally:

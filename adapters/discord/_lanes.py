@@ -51,7 +51,7 @@ class Lanes:
         self._pop()
 
     def try_admit(
-        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
+        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[object]]
     ) -> bool:
         """Start ``handle`` (one admission) in ``channel``'s lane if there is room now;
         ``False``: there is none (nothing was started)."""
@@ -63,7 +63,7 @@ class Lanes:
         return True
 
     async def admit(
-        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
+        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[object]]
     ) -> None:
         """Start ``handle`` (one admission) in ``channel``'s lane; returns once it started."""
         try:
@@ -73,7 +73,7 @@ class Lanes:
         self._start(nursery, seq, channel, handle)
 
     def _start(
-        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[None]]
+        self, nursery: trio.Nursery, seq: int, channel: str, handle: Callable[[], Awaitable[object]]
     ) -> None:
         entry = _Entry(seq)
         self._order.append(entry)
@@ -87,7 +87,7 @@ class Lanes:
         channel: str,
         previous: trio.Event | None,
         done: trio.Event,
-        handle: Callable[[], Awaitable[None]],
+        handle: Callable[[], Awaitable[object]],
     ) -> None:
         try:
             if previous is not None:

@@ -39,6 +39,8 @@ class ShardStatus:
     backfilled: int = 0
     not_backfilled: int = 0
     """Channels whose gap was longer than a backfill reads (logged, never assumed)."""
+    swept: int = 0
+    """Messages a sweep admitted: the gateway had not sent them (:mod:`._sweep`)."""
 
     def stopped(self) -> None:
         if self.state != "failed":
