@@ -12,6 +12,7 @@ from ..toolkit import TokenConnection, api_origin, token_keys, typing_delay_ms
 from . import _protocol as proto
 from ._adapter import MAX_SHARDS, DiscordAdapter, default_intents
 from ._rest import DEFAULT_API_ORIGIN
+from ._sweep import SWEEP_EVERY_S
 
 
 @attrs.frozen
@@ -25,6 +26,8 @@ class DiscordConnectionConfig(TokenConnection):
     """A count, or ``None`` for ``"auto"`` (the default: what ``GET /gateway/bot`` says)."""
     typing_delay_ms: int = DEFAULT_TYPING_DELAY_MS
     """"typing…" only for a turn whose agent has run this long (the runtime's one rule)."""
+    sweep_every_s: int = int(SWEEP_EVERY_S)
+    """How often known channels are read for messages the gateway never sent (0: never)."""
     kind: Literal["discord"] = "discord"
 
 
@@ -44,6 +47,7 @@ def _parse(table: ConfigTable, conn_id: str) -> DiscordConnectionConfig:
         respond_to=respond_to,
         shards=_shards(table),
         typing_delay_ms=typing_delay_ms(table),
+        sweep_every_s=table.get_int("sweep_every_s", int(SWEEP_EVERY_S), low=0, high=3600),
     )
 
 
@@ -91,6 +95,7 @@ def _build(conn: DiscordConnectionConfig, context: BuildContext) -> DiscordAdapt
         allow_guilds=conn.allow_guilds,
         previews=conn.previews,
         typing_delay_ms=conn.typing_delay_ms,
+        sweep_every_s=float(conn.sweep_every_s),
         shards=conn.shards,
         lease_ttl_ms=min(max(context.lease_ttl_ms, 5_000), 300_000),
         retention_days=context.retention_days,

@@ -58,7 +58,9 @@ class Sweeps:
 async def keep_sweeping(shard: ShardParts, every_s: float, settle_s: float = SETTLE_S) -> None:
     """Sweep rounds while the shard holds its lease; a round only while connected (the
     next one sooner when a message waits to settle). Ends quietly when the lease is lost
-    (the shard's loop deals with that)."""
+    (the shard's loop deals with that). A period shorter than twice the settle time
+    settles in half a period."""
+    settle_s = min(settle_s, every_s / 2)
     sweeps = Sweeps()
     try:
         while True:

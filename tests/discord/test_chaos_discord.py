@@ -2,7 +2,8 @@
 a real ``prismd run`` SIGKILLed at random while DMs flow, and meanwhile the fake gateway
 and REST misbehave as the reference allows — op 7, op 9 ``true``/``false``, closes with
 4000/4009/1000 or none, heartbeat requests, a zombie (silent) connection, duplicated
-dispatches, a dispatch dropped before its session is invalidated (backfill), sessions
+dispatches, a dispatch never sent (a sweep of its channel finds it), one dropped before
+its session is invalidated (backfill), sessions
 expired while no daemon runs, and sends whose response is lost, a 500 after the commit, a
 502, a 429.
 
@@ -55,6 +56,7 @@ def _fault(fake: FakeDiscord, rng: random.Random) -> str:
             "heartbeat_request",
             "zombie",
             "duplicate",
+            "drop",
             "drop_then_invalidate",
             "commit_drop",
             "commit_500",
@@ -75,6 +77,8 @@ def _fault(fake: FakeDiscord, rng: random.Random) -> str:
         gateway.mute()
     elif choice == "duplicate":
         gateway.duplicate_next += 1
+    elif choice == "drop":
+        gateway.drop_next += 1  # never sent: found by a sweep of its (known) channel
     elif choice == "drop_then_invalidate":
         gateway.drop_next += 1
         fake.nursery.start_soon(_invalidate_later, fake)

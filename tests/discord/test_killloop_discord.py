@@ -69,6 +69,7 @@ kind = "discord"
 token_env = "PRISM_TEST_DISCORD_TOKEN"
 api_origin = "{fake.origin}"
 shards = 1
+sweep_every_s = 1
 
 [agents.slow]
 kind = "python"

@@ -79,6 +79,9 @@ def test_keys(tmp_path: Path) -> None:
     config = load(tmp_path, 'token_env = "DISCORD_TOKEN"\ntyping_delay_ms = 0\n')
     conn = config.connections[0]
     assert conn.typing_delay_ms == 0
+    assert conn.sweep_every_s == 60  # channels read for messages the gateway never sent
+    config = load(tmp_path, 'token_env = "DISCORD_TOKEN"\nsweep_every_s = 0\n')
+    assert config.connections[0].sweep_every_s == 0
 
 
 @pytest.mark.parametrize(
@@ -101,6 +104,8 @@ def test_keys(tmp_path: Path) -> None:
         ),
         ('token_env = "A"\nallow_groups = true\n', "allow_groups", "unknown key"),
         ('token_env = "A"\ntyping_delay_ms = 60001\n', "typing_delay_ms", "60000"),
+        ('token_env = "A"\nsweep_every_s = 3601\n', "sweep_every_s", "3600"),
+        ('token_env = "A"\nsweep_every_s = "often"\n', "sweep_every_s", "integer"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, body: str, key: str, text: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import trio
 
-from adapters.discord._sweep import CHANNELS_PER_ROUND
+from adapters.discord._sweep import CHANNELS_PER_ROUND, Sweeps, sweep_round
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until, wait_until_async
@@ -56,24 +56,31 @@ async def test_a_lone_message_never_sent_in_a_quiet_channel_is_found(
     assert answered(fake) == ["echo: are you there?", "echo: hello"]
 
 
-async def test_young_messages_are_left_to_the_gateway(
+async def test_a_message_is_admitted_only_once_settled(
     fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
-    """A message younger than the settle time is not read by a sweep: with a settle time
-    longer than the test, a message never sent stays unanswered — and the sweep point
-    stays before it."""
+    """A round finds a message unhandled: it may still be on its way on the gateway, so it
+    is admitted only by a round at least the settle time after (local time, never the
+    snowflake's against the host clock); meanwhile the sweep point stays before it."""
     with trio.fail_after(DEADLINE_S):
-        adapter = make_adapter(sweep_every_s=0.2, sweep_settle_s=600)
+        adapter = make_adapter(sweep_every_s=0)  # rounds run by hand below
         async with serving(store, adapter):
             await wait_until(lambda: adapter.health()["state"] == "connected")
             fake.user_message(DM, USER, "one")
             await wait_until(lambda: len(fake.bot_messages()) == 1)
             fake.gateway.drop_next = 1
             dropped = fake.user_message(DM, USER, "later")
-            await trio.sleep(1.0)
-    assert answered(fake) == ["echo: one"]
-    state = await stored_state(store)
-    assert int(state.swept[DM]) < int(dropped["id"])
+            shard, sweeps = adapter._shards[0], Sweeps()
+            assert await sweep_round(shard, sweeps, settle_s=600) == 0
+            assert await sweep_round(shard, sweeps, settle_s=600) == 0
+            assert int(shard.cursor.state.swept[DM]) < int(dropped["id"])
+            assert len(fake.bot_messages()) == 1
+            await trio.sleep(0.2)
+            assert await sweep_round(shard, sweeps, settle_s=0.1) == 1
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            assert int(shard.cursor.state.swept[DM]) >= int(dropped["id"])
+            assert await sweep_round(shard, sweeps, settle_s=0.1) == 0  # not twice
+    assert answered(fake) == ["echo: later", "echo: one"]
 
 
 async def test_the_sweep_point_survives_a_restart(
@@ -161,3 +168,20 @@ async def test_a_round_reads_a_bounded_number_of_channels(
     assert {c.path for c in reads} == {
         f"/api/v10/channels/{int(DM) + n}/messages" for n in range(channels)
     }
+
+
+async def test_no_sweep_when_disabled(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """``sweep_every_s = 0``: no channel is read, and a message never sent stays unseen."""
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter(sweep_every_s=0)
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "one")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            fake.gateway.drop_next = 1
+            fake.user_message(DM, USER, "never sent")
+            await trio.sleep(1.0)
+    assert answered(fake) == ["echo: one"]
+    assert fake.calls("GET", "/messages") == []
