@@ -159,7 +159,7 @@ async def unresolved_entry(
     if reply is None:
         return None
     op = await core.journal.load_operation(row.scope, reply.connection_id, reply.operation_id)
-    if not reply_listed(reply, None if op is None else op.record.state):
+    if not reply_listed(reply.operation_id, None if op is None else op.record.state):
         return None
     if op is None:
         return await _relay_entry(core, row, reply)
@@ -186,12 +186,13 @@ def open_reply(row: CheckpointRecord) -> ReplyRecord | None:
         return None
 
 
-def reply_listed(reply: ReplyRecord, operation_state: str | None) -> bool:
-    """Whether an unsettled reply is listed, by its operation's state (``None``: it has no
-    operation record). Not while its operation is unresolved (listed with it); not without
-    an operation to reconcile it by, but for a relay (listed by its own id)."""
+def reply_listed(operation_id: str, operation_state: str | None) -> bool:
+    """Whether the unsettled reply of ``operation_id`` is listed, by its operation's state
+    (``None``: it has no operation record). Not while its operation is unresolved (listed
+    with it); not without an operation to reconcile it by, but for a relay (listed by its
+    own id)."""
     if operation_state is None:
-        return RELAY_SEPARATOR in reply.operation_id
+        return RELAY_SEPARATOR in operation_id
     return operation_state not in UNRESOLVED_OPERATION_STATES
 
 
