@@ -354,9 +354,11 @@ class ChannelAdapter(Protocol):
 
     @property
     def receiver_lease_held(self) -> bool:
-        """It holds its platform's receiver lease now (metrics); False for a channel that
-        has none (the web chat)."""
+        """It holds its platform's receiver lease now; False without one (the web chat)."""
         ...
+
+    async def wait_receiver_lease(self, held: bool) -> None:
+        """Return once :attr:`receiver_lease_held` is ``held``, told by the lease itself."""
 
 
 UNKNOWN_CONNECTION = "unknown_connection"

@@ -67,6 +67,7 @@ PINNED: dict[str, list[str]] = {
         "JsonRpcTimeoutError",
         "LOG_INTERVAL_S",
         "LeaseLostError",
+        "LeaseWatch",
         "LogThrottle",
         "Origin",
         "PENDING",

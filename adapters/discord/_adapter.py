@@ -35,7 +35,13 @@ from prismd.channel import (
 )
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store, ms_to_iso
 
-from ..toolkit import Activity, Backoff, ReceiverLease, connection_service_scope
+from ..toolkit import (
+    Activity,
+    Backoff,
+    LeaseWatch,
+    ReceiverLease,
+    connection_service_scope,
+)
 from . import _protocol as proto
 from ._backfill import catch_up_if_new
 from ._cursor import ShardCursor
@@ -133,6 +139,7 @@ class DiscordAdapter:
     _previews: PreviewEditor = attrs.field(init=False)
     _media: DiscordMedia = attrs.field(init=False)
     _shards: list[Shard] = attrs.field(factory=list, init=False)
+    _lease_watch: LeaseWatch = attrs.field(factory=LeaseWatch, init=False, repr=False)
     _status: ShardStatus = attrs.field(factory=ShardStatus, init=False)
     """The state before the shards exist (and when asking for the shard count fails)."""
     _started_at_ms: int = attrs.field(default=0, init=False)
@@ -207,6 +214,9 @@ class DiscordAdapter:
     def receiver_lease_held(self) -> bool:
         return any(shard.lease.held for shard in self._shards)
 
+    async def wait_receiver_lease(self, held: bool) -> None:
+        await self._lease_watch.wait(lambda: self.receiver_lease_held, held)
+
     @property
     def shard_statuses(self) -> list[ShardStatus]:
         return [shard.status for shard in self._shards]
@@ -280,6 +290,7 @@ class DiscordAdapter:
             log=log,
             random=self.random,
             shard=(index, count),
+            watch=self._lease_watch,
         )
         assert self.intents is not None
         return Shard(

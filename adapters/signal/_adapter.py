@@ -45,6 +45,7 @@ from ..toolkit import (
     JsonRpcClient,
     JsonRpcConnectionError,
     JsonRpcTimeoutError,
+    LeaseWatch,
     ReceiverLease,
     RpcError,
     bounded_field,
@@ -103,6 +104,7 @@ class SignalAdapter(AdapterDefaults):
     _activity: Activity = attrs.field(factory=Activity, init=False)
     """When a message last reached the adapter (``lastUpdateAt`` in ``health``)."""
     _lease: ReceiverLease = attrs.field(init=False, repr=False)
+    _lease_watch: LeaseWatch = attrs.field(factory=LeaseWatch, init=False, repr=False)
     _receiver: Receiver = attrs.field(init=False)
     _sender: SignalSender = attrs.field(init=False)
 
@@ -120,7 +122,12 @@ class SignalAdapter(AdapterDefaults):
         rng = self.random if self.random is not None else _random.Random()
         self._status = SignalStatus(self.connection_id)
         self._lease = ReceiverLease.for_adapter(
-            self, kind="signal", namespace=RECEIVER_NAMESPACE, log=log, random=rng
+            self,
+            kind="signal",
+            namespace=RECEIVER_NAMESPACE,
+            log=log,
+            random=rng,
+            watch=self._lease_watch,
         )
         self._receiver = Receiver(
             connection_id=self.connection_id,
@@ -188,6 +195,9 @@ class SignalAdapter(AdapterDefaults):
     @property
     def receiver_lease_held(self) -> bool:
         return self._lease.held
+
+    async def wait_receiver_lease(self, held: bool) -> None:
+        await self._lease_watch.wait(lambda: self._lease.held, held)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Receive until cancelled (see :mod:`adapters.signal._receive`); started once

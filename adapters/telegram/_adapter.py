@@ -57,6 +57,7 @@ from prismd.channel import (
 from stores import SYSTEM_CLOCK, Clock, OwnershipScope, Store
 
 from ..toolkit import (
+    LeaseWatch,
     ReceiverLease,
     TokenConnection,
     api_origin,
@@ -157,6 +158,7 @@ class TelegramAdapter:
     """Receiving (getMe, getUpdates, callback answers): closed when ``run`` ends."""
     _status: ReceiverStatus = attrs.field(init=False)
     _lease: ReceiverLease = attrs.field(init=False, repr=False)
+    _lease_watch: LeaseWatch = attrs.field(factory=LeaseWatch, init=False, repr=False)
     _sender: TelegramSender = attrs.field(init=False)
     _media: TelegramMedia = attrs.field(init=False)
     _drafts: DraftStreamer = attrs.field(init=False)
@@ -212,7 +214,12 @@ class TelegramAdapter:
         )
         self._status = ReceiverStatus(self.connection_id)
         self._lease = ReceiverLease.for_adapter(
-            self, kind="telegram", namespace=RECEIVER_NAMESPACE, log=log, random=rng
+            self,
+            kind="telegram",
+            namespace=RECEIVER_NAMESPACE,
+            log=log,
+            random=rng,
+            watch=self._lease_watch,
         )
         self._sender = TelegramSender(
             connection_id=self.connection_id, api=self._api, synthesize=self.synthesize
@@ -310,6 +317,9 @@ class TelegramAdapter:
     def receiver_lease_held(self) -> bool:
         """This adapter holds the bot's receiver lease now (for metrics)."""
         return self._lease.held
+
+    async def wait_receiver_lease(self, held: bool) -> None:
+        await self._lease_watch.wait(lambda: self._lease.held, held)
 
     @property
     def webhook_address(self) -> tuple[str, int] | None:

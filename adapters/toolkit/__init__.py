@@ -8,7 +8,8 @@
   :func:`close_gracefully` so an error answer reaches a client that is still sending;
 * what every receiver needs (:mod:`._receiver`): :class:`ReceiverLease` — the receiver
   lease: acquire (taking over our own predecessor's at once), renew at half the TTL, fail
-  closed, report loss; :class:`Backoff`, the one bounded exponential backoff with jitter;
+  closed, report loss (to a :class:`LeaseWatch`, which wakes who waits for it);
+  :class:`Backoff`, the one bounded exponential backoff with jitter;
   :class:`Interrupts`, waits that one call cuts short (a lost lease, a stop);
   :class:`Activity`, what a receiving adapter last saw, for ``health()``;
 * JSON-RPC 2.0 — :func:`open_jsonrpc_client`, a Trio client with per-call deadlines and
@@ -77,6 +78,7 @@ from ._receiver import Activity as Activity
 from ._receiver import Backoff as Backoff
 from ._receiver import Interrupts as Interrupts
 from ._receiver import LeaseLostError as LeaseLostError
+from ._receiver import LeaseWatch as LeaseWatch
 from ._receiver import ReceiverLease as ReceiverLease
 from ._receiver import connection_service_scope as connection_service_scope
 from ._streams import close_gracefully as close_gracefully

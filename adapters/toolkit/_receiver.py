@@ -30,6 +30,9 @@ store. :class:`ReceiverLease` does what every receiver needs around that lease:
 * **release** — :meth:`~ReceiverLease.release` when the receiver stops, so a standby
   daemon takes over without waiting for the TTL; a failed release is only logged (the
   lease expires on its own).
+* **tell** — each time the lease becomes ours or stops being ours (acquired, lost,
+  released) the :class:`LeaseWatch` it was given is told, so whoever waits for the adapter
+  to hold its lease (or to lose it) wakes then, without polling ``held``.
 
 Log lines (``<label>: receiver lease acquired | held by another receiver | renewed |
 released`` at DEBUG, standing by at INFO, a failed renewal and the loss at WARNING) carry
@@ -69,6 +72,7 @@ __all__ = [
     "Backoff",
     "Interrupts",
     "LeaseLostError",
+    "LeaseWatch",
     "ReceiverLease",
     "ReceivingAdapter",
     "connection_service_scope",
@@ -166,6 +170,27 @@ def connection_service_scope(connection_id: str) -> OwnershipScope:
     return OwnershipScope(tenant_id="prismd-service", account_id=connection_id)
 
 
+@attrs.define(eq=False)
+class LeaseWatch:
+    """Wakes the tasks waiting for an adapter's receiver leases to be held, or not: each
+    :class:`ReceiverLease` given it calls :meth:`changed` when its lease is acquired,
+    lost or released. One per adapter (a Discord adapter has a lease per shard)."""
+
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False, repr=False)
+
+    def changed(self) -> None:
+        """A lease was acquired, lost or released: wake every waiter."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, held: Callable[[], bool], want: bool) -> None:
+        """Return once ``held()`` is ``want`` (at once when it is now), asked again at
+        each change."""
+        await trio.lowlevel.checkpoint()
+        while held() != want:
+            await self._changed.wait()
+
+
 class ReceivingAdapter(Protocol):
     """What :meth:`ReceiverLease.for_adapter` reads of an adapter (its own fields)."""
 
@@ -202,6 +227,8 @@ class ReceiverLease:
     _expires_at: float = attrs.field(default=0.0, init=False)
     """Local (Trio clock) moment by which the lease surely expired, if not renewed."""
     _renew_at: float = attrs.field(default=0.0, init=False)
+    watch: LeaseWatch | None = attrs.field(default=None, repr=False)
+    """Told each time :attr:`held` changes."""
     _lost: bool = attrs.field(default=False, init=False)
     _guards: Interrupts = attrs.field(factory=Interrupts, init=False, repr=False)
 
@@ -215,11 +242,13 @@ class ReceiverLease:
         log: logging.Logger,
         random: _random.Random,
         shard: tuple[int, int] | None = None,
+        watch: LeaseWatch | None = None,
     ) -> ReceiverLease:
         """The receiver lease of ``adapter``'s connection: key ``r1:<connection id>`` in
         ``namespace``, under its service scope, logged as ``<kind> <connection id>``; for
         ``shard`` ``(index, count)``, one lease per shard: key ``r1:<connection id>:<index>``,
-        logged as ``<kind> <connection id> shard <index>/<count>``."""
+        logged as ``<kind> <connection id> shard <index>/<count>``; ``watch`` told when it
+        is taken or lost."""
         index = "" if shard is None else f":{shard[0]}"
         of = "" if shard is None else f" shard {shard[0]}/{shard[1]}"
         return cls(
@@ -234,6 +263,7 @@ class ReceiverLease:
             log=log,
             random=random,
             clock=adapter.clock,
+            watch=watch,
         )
 
     @ttl_ms.validator
@@ -395,6 +425,7 @@ class ReceiverLease:
         record, self._record = self._record, None
         if record is None:
             return
+        self._tell()
         try:
             await self.leases.release_lease(
                 namespace=self.namespace,
@@ -416,9 +447,12 @@ class ReceiverLease:
     # ------------------------------------------------------------------ internals
 
     def _hold(self, record: LeaseRecord, started: float) -> None:
+        taken = self._record is None
         self._record = record
         self._expires_at = started + self._ttl_s
         self._renew_at = started + self._ttl_s / 2
+        if taken:
+            self._tell()
 
     def _mark_lost(self) -> None:
         if self._record is None and self._lost:
@@ -427,6 +461,11 @@ class ReceiverLease:
         self._lost = True
         self.log.warning("%s: receiver lease lost (expired or taken over)", self.label)
         self._guards.interrupt()
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.watch is not None:
+            self.watch.changed()
 
 
 ACTIVITY_FIELDS = frozenset({"lastUpdateAt", "lastError", "lastErrorAt"})

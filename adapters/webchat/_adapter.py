@@ -195,6 +195,11 @@ class WebchatAdapter(AdapterDefaults):
         """The web chat has no receiver lease: each browser is its own transport."""
         return False
 
+    async def wait_receiver_lease(self, held: bool) -> None:
+        if held:
+            await trio.sleep_forever()
+        await trio.lowlevel.checkpoint()
+
     @property
     def features(self) -> AdapterFeatures:
         """Previews (the answer's live text), typing (:mod:`._typing`), notices for

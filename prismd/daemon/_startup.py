@@ -296,34 +296,24 @@ class DaemonStartup:
         ``None`` (logged at ``failure_level``) when the journal cannot be listed."""
         tenants = {"default"} | {g.tenant for g in self.config.grants}
         tenants |= {op.tenant for op in self.config.control.operators}
-        limit = self.config.limits.max_journal_page
-        total = 0
-        capped = False
-        for tenant in sorted(tenants):
-            identity = authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
-            after: str | None = None
-            try:
-                # Every page: the listing reads the unresolved set only (an index), so
-                # counting it costs what is unresolved, not the journal's length.
-                while True:
-                    page = await runtime.list_unresolved_page(
-                        identity=identity, limit=limit, after=after
-                    )
-                    total += len(page.entries)
-                    after = page.next_cursor
-                    if after is None:
-                        break
-                    if total >= MAX_COUNTED_UNRESOLVED:
-                        capped = True
-                        break
-            except Exception as exc:
-                log.log(
-                    failure_level,
-                    "listing unresolved operations failed: %s",
-                    describe_exception(exc),
-                )
-                self._unresolved = "unresolved unknown"
-                return None
+        identities = [
+            authorizer.identity_for(Operator(uid=os.getuid(), tenant=tenant))
+            for tenant in sorted(tenants)
+        ]
+        try:
+            # What `prismctl list-unresolved` lists, counted without re-reading each pending
+            # reply's operation every time (a backlog of sends would cost a read each).
+            total, capped = await runtime.count_unresolved(
+                identities=identities, limit=MAX_COUNTED_UNRESOLVED
+            )
+        except Exception as exc:
+            log.log(
+                failure_level,
+                "listing unresolved operations failed: %s",
+                describe_exception(exc),
+            )
+            self._unresolved = "unresolved unknown"
+            return None
         self._unresolved = f"{'at least ' if capped else ''}{total} unresolved"
         return total, capped
 

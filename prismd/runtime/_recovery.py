@@ -113,7 +113,7 @@ async def list_unresolved_page(
             for row in rows:
                 if not _inside(scope, row.scope):
                     continue
-                entry = await _unresolved_entry(core, namespace, row)
+                entry = await unresolved_entry(core, namespace, row)
                 if entry is not None:
                     out.append(entry)
             if cursor is None:
@@ -126,7 +126,7 @@ async def list_unresolved_page(
     return UnresolvedPage(tuple(out), next_cursor, want, capped)
 
 
-async def _unresolved_entry(
+async def unresolved_entry(
     core: Core, namespace: str, row: CheckpointRecord
 ) -> UnresolvedEntry | None:
     """The listing entry of one open record, or ``None`` when it is not the operator's to
@@ -155,18 +155,14 @@ async def _unresolved_entry(
             row.version,
             ms_to_iso(row.updated_at_ms),
         )
-    value = row.value
-    if not isinstance(value, dict) or value.get("state") not in UNRESOLVED_REPLY_STATES:
-        return None
-    try:
-        reply = ReplyRecord.from_json(value)
-    except ValueError:
+    reply = open_reply(row)
+    if reply is None:
         return None
     op = await core.journal.load_operation(row.scope, reply.connection_id, reply.operation_id)
-    if op is None and RELAY_SEPARATOR in reply.operation_id:
+    if not reply_listed(reply.operation_id, None if op is None else op.record.state):
+        return None
+    if op is None:
         return await _relay_entry(core, row, reply)
-    if op is None or op.record.state in UNRESOLVED_OPERATION_STATES:
-        return None  # listed with its operation (or nothing to reconcile it by)
     return UnresolvedEntry(
         op.record.operation_id,
         op.record.connection_id,
@@ -176,6 +172,28 @@ async def _unresolved_entry(
         reply_state=reply.state,
         reason=reply.reason,
     )
+
+
+def open_reply(row: CheckpointRecord) -> ReplyRecord | None:
+    """The reply of an open reply row, or ``None`` when it is not unsettled after all (or
+    does not decode): such a row is never listed."""
+    value = row.value
+    if not isinstance(value, dict) or value.get("state") not in UNRESOLVED_REPLY_STATES:
+        return None
+    try:
+        return ReplyRecord.from_json(value)
+    except ValueError:
+        return None
+
+
+def reply_listed(operation_id: str, operation_state: str | None) -> bool:
+    """Whether the unsettled reply of ``operation_id`` is listed, by its operation's state
+    (``None``: it has no operation record). Not while its operation is unresolved (listed
+    with it); not without an operation to reconcile it by, but for a relay (listed by its
+    own id)."""
+    if operation_state is None:
+        return RELAY_SEPARATOR in operation_id
+    return operation_state not in UNRESOLVED_OPERATION_STATES
 
 
 async def _relay_entry(core: Core, row: CheckpointRecord, reply: ReplyRecord) -> UnresolvedEntry:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -22,10 +22,12 @@ from ..channel import (
     Reply,
     SendResult,
 )
+from ..grants import AgentIdentity
 from ..journal import GrantRecord
 from ..limits import Limits
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
 from ._core import Core, FetchAttachment, cancel_queued
+from ._counting import UnresolvedCounter
 from ._following import forget_released, unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
 from .api import (
@@ -80,6 +82,8 @@ class Runtime(_admit.Entrance):
     _stop_done: bool = False
     _opened_at_ms: int = 0
     """When it was opened: replies staged since are this process's own sends."""
+    _counter: UnresolvedCounter | None = attrs.field(default=None, init=False)
+    """What :meth:`count_unresolved` remembers between counts (of the open runtime)."""
 
     @property
     def _core(self) -> Core:
@@ -106,6 +110,20 @@ class Runtime(_admit.Entrance):
             if route.connection_id == connection_id
             and (route.busy or route.lease is not None or route.lease_users > 0)
         ).union(key[1] for key, _parked in core.routes.released() if key[0] == connection_id)
+
+    async def count_unresolved(
+        self, *, identities: Sequence[AgentIdentity], limit: int
+    ) -> tuple[int, bool]:
+        """``(entries, capped)``: how many entries ``list_unresolved_page`` lists for each
+        of ``identities`` (every page), summed, counting stopped at ``limit`` (``capped``:
+        there may be more). Cheap enough to ask every few seconds: it does not load each
+        pending reply's operation again (:mod:`prismd.runtime._counting`). Store errors
+        propagate."""
+        core = self._core
+        counter = self._counter
+        if counter is None or counter.core is not core:
+            counter = self._counter = UnresolvedCounter(core)
+        return await counter.count(identities, limit)
 
     # The operator's calls: each is its module's step on the open runtime's state.
     notify = _on_open(_notify.notify)

@@ -8,7 +8,7 @@ in camelCase (``attrs.asdict`` + a key conversion).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, Protocol, TypeAlias
 
 import attrs
@@ -166,6 +166,14 @@ class MessagingRuntime(Protocol):
     async def list_unresolved_page(
         self, *, identity: AgentIdentity, limit: int | None = None, after: str | None = None
     ) -> UnresolvedPage: ...
+
+    async def count_unresolved(
+        self, *, identities: Sequence[AgentIdentity], limit: int
+    ) -> tuple[int, bool]:
+        """``(entries, capped)``: what :meth:`list_unresolved_page` lists for each of
+        ``identities``, every page, summed; counting stops at ``limit`` (``capped``: there
+        may be more). Cheap enough to ask every few seconds; store errors propagate."""
+        ...
 
     async def reconcile(
         self,

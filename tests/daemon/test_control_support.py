@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,15 @@ class RecordingRuntime:
         return UnresolvedPage(
             tuple(page), str(start + size) if more else None, size, (limit or 0) > 100
         )
+
+    async def count_unresolved(
+        self, *, identities: Sequence[AgentIdentity], limit: int
+    ) -> tuple[int, bool]:
+        """``entries`` for each identity, counted up to ``limit``."""
+        await trio.lowlevel.checkpoint()
+        self._record("count_unresolved", identities=identities, limit=limit)
+        total = len(self.entries) * len(identities)
+        return min(total, limit), total > limit
 
     async def reconcile(
         self,

@@ -13,7 +13,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from adapters.toolkit import LeaseLostError, ReceiverLease
+from adapters.toolkit import LeaseLostError, LeaseWatch, ReceiverLease
 from stores import OwnershipScope, StoreUnavailableError
 from stores.memory import MemoryStore
 from tests.support.clocks import TrioClock
@@ -141,6 +141,56 @@ async def test_standby_takes_over_when_the_holder_releases(
     assert (logging.DEBUG, f"{LABEL}: receiver lease held by another receiver") in messages
     assert (logging.DEBUG, f"{LABEL}: receiver lease released") in messages
     assert (logging.DEBUG, f"{LABEL}: receiver lease acquired") in messages
+
+
+async def test_the_watch_is_told_when_the_lease_is_taken_lost_and_released(
+    autojump_clock: MockClock, store: MemoryStore
+) -> None:
+    """Whoever waits for the lease to be held (or not) wakes the moment it changes."""
+    watch = LeaseWatch()
+    holder, lease = make(store.leases), make(store.leases, owner="daemon-b", watch=watch)
+    assert await holder.try_acquire()
+    woke: list[tuple[bool, float]] = []
+
+    async def waiter() -> None:
+        for want in (True, False, True, False):
+            await watch.wait(lambda: lease.held, want)
+            woke.append((want, trio.current_time()))
+
+    taken: list[float] = []
+
+    async def standby() -> None:
+        assert await lease.acquire()  # stood by first
+        taken.append(trio.current_time())
+        await lease.keep()  # until lost
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        nursery.start_soon(holder.keep)
+        nursery.start_soon(standby)
+        await trio.sleep(100)
+        assert woke == []  # standing by: nothing told
+        await holder.release()
+        await trio.sleep(25)
+        assert lease.held and woke == [(True, taken[0])]
+        # Taken over behind its back: lost at the next renewal.
+        row = await stored(store)
+        await store.leases.release_lease(
+            namespace=NS, key=KEY, scope=SCOPE, owner_id="daemon-b", token=row.token
+        )
+        assert await holder.try_acquire()
+        await trio.sleep(60)
+        assert not lease.held
+        await holder.release()
+        assert await lease.try_acquire()
+        taken.append(trio.current_time())
+        await trio.sleep(1)
+        await lease.release()
+        released = trio.current_time()
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    lost = taken[0] + 30  # the first renewal, half the TTL after it was taken
+    assert woke == [(True, taken[0]), (False, lost), (True, taken[1]), (False, released)]
 
 
 async def test_a_standby_takes_over_as_soon_as_a_dead_holders_lease_expires(
