@@ -15,7 +15,9 @@
 * **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
   (a short grace later: an ACK received but not yet read is not missing) is a zombie
   connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
-  op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s).
+  op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s); so does a
+  Resume turned down twice in a row by a close that may mean the session is gone
+  (4003, 4009 …: every close but 4007 and the fatal ones is first resumed).
 * **Fatal closes** (4004, 4010-4014) store ``failed`` and raise
   :class:`~prismd.channel.AdapterFatalError`: the connection shows failed, the daemon
   runs on; a standby reading the stored failure does not connect.
@@ -66,11 +68,16 @@ HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[None]]
 class _End(Exception):
     """How one connection ended: ``action`` is what to do next."""
 
-    def __init__(self, action: proto.CloseAction, why: str, code: int | None = None) -> None:
+    def __init__(
+        self, action: proto.CloseAction, why: str, code: int | None = None, refused: bool = False
+    ) -> None:
         super().__init__(why)
         self.action = action
         self.why = why
         self.code = code
+        self.refused = refused
+        """The gateway turned the session down (a close of
+        :data:`~._protocol.SESSION_REFUSAL_CODES`, op 9 ``true``)."""
 
 
 _PRIORITY = (AdapterFatalError, LeaseLostError, _End)
@@ -115,6 +122,10 @@ class Shard:
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
     _gap_resumed_at: float = attrs.field(default=-GAP_RESUME_EVERY_S, init=False)
+    _resuming: bool = attrs.field(default=False, init=False)
+    """A Resume was sent on this connection and RESUMED has not come yet."""
+    _refused_resumes: int = attrs.field(default=0, init=False)
+    """Resumes turned down in a row (see :meth:`_judged`)."""
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _resume_url_down: bool = attrs.field(default=False, init=False)
@@ -172,7 +183,7 @@ class Shard:
                 with self.lease.guard():
                     await self._connect_once(backoff)
             except _End as end:
-                await self._after(end, backoff)
+                await self._after(self._judged(end), backoff)
             except (
                 DiscordError,
                 HandshakeError,
@@ -193,6 +204,24 @@ class Shard:
                     delay,
                 )
                 await self.lease.sleep(delay)
+
+    def _judged(self, end: _End) -> _End:
+        """``end``, unless it is the :data:`~._protocol.MAX_REFUSED_RESUMES`-th Resume in a
+        row the gateway turned down before RESUMED: then the session is given up (a new
+        one identified). A gateway may answer an expired session's Resume by closing
+        (4009 "start a new one", 4003 …) rather than with op 9 ``false``: without this
+        the shard would resume the dead session forever."""
+        resuming, self._resuming = self._resuming, False
+        if not (resuming and end.action == "resume" and end.refused):
+            return end
+        self._refused_resumes += 1
+        if self._refused_resumes < proto.MAX_REFUSED_RESUMES:
+            return end
+        self._refused_resumes = 0
+        log.warning(
+            "%s: resume refused %d times; identifying", self.label, proto.MAX_REFUSED_RESUMES
+        )
+        return _End("identify", f"resume refused ({end.why})", end.code)
 
     async def _after(self, end: _End, backoff: Backoff) -> None:
         """What a connection's end means: stop, or wait before the next attempt."""
@@ -241,6 +270,7 @@ class Shard:
             self.status.state = "resuming"
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
+        self._resuming = False
         opened = False
         try:
             async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
@@ -307,7 +337,8 @@ class Shard:
                 raw = await ws.get_message()
             except ConnectionClosed as closed:
                 code = closed.code
-                raise _End(proto.close_action(code), f"closed {code}", code) from None
+                refused = code in proto.SESSION_REFUSAL_CODES
+                raise _End(proto.close_action(code), f"closed {code}", code, refused) from None
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
             if frame.op == proto.HELLO:
@@ -331,6 +362,7 @@ class Shard:
                     await ws.send_message(
                         proto.resume(self.token(), session.session_id, session.seq)
                     )
+                    self._resuming = True
             elif frame.op == proto.HEARTBEAT_ACK:
                 if self._heartbeater is not None:
                     self._heartbeater.ack()
@@ -342,7 +374,7 @@ class Shard:
                 raise _End("resume", "reconnect requested")
             elif frame.op == proto.INVALID_SESSION:
                 if frame.d is True and self.cursor.state.session is not None:
-                    raise _End("resume", "session invalidated (resumable)")
+                    raise _End("resume", "session invalidated (resumable)", refused=True)
                 raise _End("identify", "session invalidated")
             elif frame.op == proto.DISPATCH and frame.s is not None:
                 if self._received_seq is None or frame.s > self._received_seq:
@@ -351,6 +383,8 @@ class Shard:
                     self._received_seq = frame.s
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
+                    self._resuming = False
+                    self._refused_resumes = 0
                 await dispatcher.put(frame)
 
     def _gap(self) -> None:

@@ -58,8 +58,16 @@ FATAL_CLOSE_CODES: Mapping[int, str] = {
 }
 """Close codes whose "Reconnect" column is false: the connection stops with this text."""
 
-NEW_SESSION_CLOSE_CODES = frozenset({4003, 4005, 4007, 4008})
-"""Reconnectable, but the session is gone (discord.js re-identifies after these)."""
+NEW_SESSION_CLOSE_CODES = frozenset({4007})
+"""Reconnectable, but the session cannot be resumed: our ``seq`` was refused."""
+
+SESSION_REFUSAL_CODES = frozenset({4003, 4005, 4006, 4008, 4009})
+"""Closes that may mean the session is gone (not authenticated, timed out …): resumed
+first — "the session will remain active" after any close but 1000/1001, and its replay
+holds what nothing else can recover — but a Resume answered by one of these
+:data:`MAX_REFUSED_RESUMES` times in a row gives the session up (:mod:`._gateway`)."""
+
+MAX_REFUSED_RESUMES = 2
 
 CloseAction = Literal["fatal", "identify", "resume"]
 
@@ -68,8 +76,11 @@ def close_action(code: int | None) -> CloseAction:
     """What a close means: ``fatal`` (stop), ``identify`` (a new session) or ``resume``.
 
     A close without a code (TCP dropped), 1000/1001 from Discord (an "improper" close, as
-    discord.py counts it), 4000-4002 and 4009 resume; if the session is in fact gone, the
-    Resume is answered with op 9 and we identify then.
+    discord.py counts it), 4000-4003, 4005, 4006, 4008, 4009 and codes not in the table
+    resume, as discord.py does after any reconnectable close: if the session is in fact
+    gone, the Resume is answered with op 9 (or refused again: see
+    :data:`SESSION_REFUSAL_CODES`) and we identify then. Identifying at once would lose
+    what the session still holds for channels no backfill knows (a new user's DM).
     """
     if code in FATAL_CLOSE_CODES:
         return "fatal"
