@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import trio
 
+from adapters.discord._parse import parse_message
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until
 
-from .conftest import DM, USER, AdapterFactory, serving
+from .conftest import DM, GUILD, GUILD_CHANNEL, USER, AdapterFactory, serving
 from .test_resume import answered
 
 DEADLINE_S = 20
@@ -75,3 +76,39 @@ async def test_a_close_that_leaves_the_session_alive_is_resumed_not_reidentified
     assert answered(fake) == ["echo: before", "echo: in the gap"]
     assert len(fake.gateway.identifies()) == 1
     assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+
+
+# ---------------------------------------------------------------------------- payloads
+
+BOT = "1000000000000000001"
+
+
+@pytest.mark.parametrize("form", [f"<@{BOT}>", f"<@!{BOT}>"])
+def test_a_mention_in_the_text_is_a_mention_without_the_mentions_array(form: str) -> None:
+    """§3: a message's ``<@id>`` / ``<@!id>`` is how it mentions a user; ``mentions`` is the
+    parsed list, which a gateway may leave out of a payload (optional fields absent, as
+    GWE's "extra fields"). Before: a guild message mentioning the bot in its text, without
+    the array, was ignored (never answered nor listed)."""
+    message = {
+        "id": "6000000000000000001",
+        "channel_id": GUILD_CHANNEL,
+        "guild_id": GUILD,
+        "author": {"id": USER, "username": "u"},
+        "content": f"{form} hello",
+        "type": 0,
+    }
+    event = parse_message(
+        message,
+        connection_id="dc",
+        bot_user_id=BOT,
+        allow_guilds=True,
+        respond_to="mentions",
+    )
+    assert event is not None and event.text == "hello"
+    other = dict(message, content="<@2999999999999999999> hello")
+    assert (
+        parse_message(
+            other, connection_id="dc", bot_user_id=BOT, allow_guilds=True, respond_to="mentions"
+        )
+        is None
+    )
