@@ -55,8 +55,8 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 HELLO_TIMEOUT_S = 15.0
-GAP_RESUME_EVERY_S = 60.0
-"""A gap in the dispatch sequence is resumed at most this often (see :meth:`Shard._gap`)."""
+GAP_RESUMES_PER_MINUTE = 5
+"""Gaps in the dispatch sequence resumed for in any 60 s, at most (see :meth:`Shard._gap`)."""
 """A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
@@ -121,7 +121,10 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
-    _gap_resumed_at: float = attrs.field(default=-GAP_RESUME_EVERY_S, init=False)
+    _gap_resumes: list[float] = attrs.field(factory=list, init=False)
+    """When the gaps of the last minute were resumed for (Trio time)."""
+    _gaps_tried: set[int] = attrs.field(factory=set, init=False)
+    """The first missing ``s`` of each gap of this session resumed for already."""
     _resuming: bool = attrs.field(default=False, init=False)
     """A Resume was sent on this connection and RESUMED has not come yet."""
     _refused_resumes: int = attrs.field(default=0, init=False)
@@ -379,24 +382,32 @@ class Shard:
             elif frame.op == proto.DISPATCH and frame.s is not None:
                 if self._received_seq is None or frame.s > self._received_seq:
                     if self._received_seq is not None and frame.s > self._received_seq + 1:
-                        self._gap()
+                        self._gap(self._received_seq + 1)
                     self._received_seq = frame.s
+                if frame.t == "READY":
+                    self._gaps_tried.clear()  # a new session numbers from 1 again
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
                     self._resuming = False
                     self._refused_resumes = 0
                 await dispatcher.put(frame)
 
-    def _gap(self) -> None:
-        """Dispatches were sent and lost on the way (``s`` jumped): end the connection
-        before this one is handled and resume from the watermark, below the gap — Discord
-        replays the missed events. At most once a :data:`GAP_RESUME_EVERY_S` (a gap the
-        replay does not fill is then accepted)."""
+    def _gap(self, missing: int) -> None:
+        """Dispatches were sent and lost on the way (``s`` jumped past ``missing``): end
+        the connection before this one is handled and resume from the watermark, below the
+        gap — Discord replays the missed events. A gap the replay did not fill (the same
+        ``missing`` again: ``s`` need only increase) is passed over, and so is any past
+        :data:`GAP_RESUMES_PER_MINUTE` (no loop of resumes)."""
         now = trio.current_time()
-        if now - self._gap_resumed_at >= GAP_RESUME_EVERY_S:
-            self._gap_resumed_at = now
-            log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
-            raise _End("resume", "dispatch sequence gap")
+        self._gap_resumes = [t for t in self._gap_resumes if now - t < 60.0]
+        if missing in self._gaps_tried or len(self._gap_resumes) >= GAP_RESUMES_PER_MINUTE:
+            return
+        if len(self._gaps_tried) >= 64:
+            self._gaps_tried.clear()
+        self._gaps_tried.add(missing)
+        self._gap_resumes.append(now)
+        log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
+        raise _End("resume", "dispatch sequence gap")
 
     async def _await_hello(self) -> None:
         """Leave a socket that sends no Hello (no heartbeat runs before one)."""

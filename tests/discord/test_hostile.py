@@ -112,3 +112,105 @@ def test_a_mention_in_the_text_is_a_mention_without_the_mentions_array(form: str
         )
         is None
     )
+
+
+# ---------------------------------------------------------------------------- held
+
+
+async def test_a_guild_create_burst_after_ready_delays_no_message(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.3: READY's ``guilds`` are stubs "filled in later by GUILD_CREATE events" — for a
+    bot in many guilds a burst of large dispatches, some with members and channels. The
+    messages behind them are answered, in order, each once, and the heartbeat keeps going
+    (no zombie close while the burst is read)."""
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            [session] = fake.gateway.sessions.values()
+            members = [{"user": {"id": str(10**18 + i), "username": "x" * 20}} for i in range(300)]
+            for n in range(400):
+                guild = {
+                    "id": str(4 * 10**18 + n),
+                    "name": f"g{n}",
+                    "unavailable": False,
+                    "members": members,
+                    "channels": [{"id": str(5 * 10**18 + n), "type": 0}],
+                }
+                fake.gateway.push(session, "GUILD_CREATE", guild)
+                if n % 100 == 0:
+                    fake.user_message(DM, USER, f"m{n}")
+            await wait_until(lambda: len(fake.bot_messages()) == 4)
+            await trio.sleep(0.5)
+    assert [m["content"] for m in fake.bot_messages()] == [
+        f"echo: m{n}" for n in (0, 100, 200, 300)
+    ]
+    assert fake.gateway.client_close_codes == [4000]  # only the stop's own close
+    assert len(fake.gateway.identifies()) == 1
+
+
+async def test_a_fast_heartbeat_under_a_burst_loses_and_repeats_nothing(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.2/§9: Hello's interval is the server's choice ("use ms in tests"): at 100 ms a
+    beat is due many times while a burst is admitted. Whatever zombie closes and resumes
+    follow, every message is answered once."""
+    fake.heartbeat_interval_ms = 100
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            for n in range(30):
+                fake.user_message(DM if n % 2 else OTHER_DM, USER if n % 2 else OTHER_USER, f"b{n}")
+                if n % 7 == 0:
+                    fake.gateway.withhold_acks += 1
+                await trio.sleep(0.03)
+            await wait_until(lambda: len(fake.bot_messages()) == 30)
+            await trio.sleep(0.5)
+    assert answered(fake) == sorted(f"echo: b{n}" for n in range(30))
+    assert len(fake.gateway.identifies()) == 1
+    assert not {1000, 1001} & set(fake.gateway.client_close_codes)
+
+
+async def test_dispatches_lost_on_the_way_twice_in_a_minute_are_both_replayed(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§1.6/§9.7: dispatches lost on the way (a jump in ``s``) are replayed by a Resume from
+    the watermark. Before: only one gap a minute was resumed for; a second one within it
+    was passed over and its message never answered nor listed."""
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            for n in range(3):
+                fake.gateway.lose_next = 1
+                fake.user_message(DM, USER, f"lost {n}")
+                fake.user_message(DM, USER, f"after {n}")
+                want = 2 * (n + 1)
+                await wait_until(lambda: len(fake.bot_messages()) == want)  # noqa: B023
+    assert answered(fake) == sorted(f"echo: {w} {n}" for n in range(3) for w in ("lost", "after"))
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"] * 3
+    assert len(fake.gateway.identifies()) == 1
+
+
+async def test_a_gap_no_replay_fills_is_resumed_for_once(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§9.3: ``s`` is "monotonically increasing per session"; a gateway may skip a number
+    for good (nothing to replay). The gap is resumed for once, then passed over: no loop of
+    resumes, nothing lost around it."""
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.gateway.skip_next = 1
+            fake.user_message(DM, USER, "over a hole")
+            fake.user_message(DM, USER, "next")
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(0.5)
+            fake.user_message(DM, USER, "later")
+            await wait_until(lambda: len(fake.bot_messages()) == 3)
+    assert answered(fake) == ["echo: later", "echo: next", "echo: over a hole"]
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+    assert len(fake.gateway.identifies()) == 1

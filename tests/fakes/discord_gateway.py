@@ -97,6 +97,9 @@ class Gateway:
         self.lose_next = 0
         """How many next events get their ``s`` and a place in the replay buffer but are
         not written to the socket (lost on the way: a gap in ``s``)."""
+        self.skip_next = 0
+        """How many next numbers of ``s`` are skipped: never an event, in no replay (``s`` is
+        "monotonically increasing per session", reference §9, not said to be contiguous)."""
         self.kick_on_resume = False
         self.reconnect_before_hello = 0
         """How many next connections get op 7 instead of Hello (then a 4000 close)."""
@@ -160,6 +163,9 @@ class Gateway:
     def push(
         self, session: Session, name: str, data: Mapping[str, Any], *, lost: bool = False
     ) -> None:
+        if self.skip_next:
+            self.skip_next -= 1
+            session.seq += 1
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
