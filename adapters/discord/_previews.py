@@ -28,6 +28,9 @@ MAX_CONVERSATIONS = 256
 @attrs.define(eq=False)
 class _Shown:
     message_id: str | None = None
+    nonce: str = attrs.field(factory=lambda: secrets.token_hex(8))
+    """One per preview: a POST whose answer was lost is posted again with it, and Discord
+    returns the message it made (never a second preview, left behind undeleted)."""
     text: str = ""
     sent_at: float = -1e9
     pending: str | None = None
@@ -108,7 +111,7 @@ class PreviewEditor:
                 if shown.message_id is None:
                     body = {
                         "content": text,
-                        "nonce": secrets.token_hex(8),
+                        "nonce": shown.nonce,
                         "enforce_nonce": True,
                         "allowed_mentions": {"parse": []},
                     }

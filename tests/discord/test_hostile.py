@@ -10,12 +10,14 @@ import pytest
 import trio
 
 from adapters.discord._parse import parse_message
+from prismd.channel import Preview
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until
 
-from .conftest import DM, GUILD, GUILD_CHANNEL, USER, AdapterFactory, serving
+from .conftest import CONN, DM, GUILD, GUILD_CHANNEL, USER, AdapterFactory, serving
 from .test_resume import answered
+from .test_send import reply_to
 
 DEADLINE_S = 20
 OTHER_USER = "2000000000000000002"
@@ -214,3 +216,33 @@ async def test_a_gap_no_replay_fills_is_resumed_for_once(
     assert answered(fake) == ["echo: later", "echo: next", "echo: over a hole"]
     assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
     assert len(fake.gateway.identifies()) == 1
+
+
+# ---------------------------------------------------------------------------- previews
+
+
+async def test_a_preview_whose_post_lost_its_answer_is_not_left_behind(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§8/§9: a POST may commit and lose its answer. Before: the preview was posted again
+    with a fresh nonce — a second message — and the first, whose id was never learnt, was
+    left in the channel beside the reply for good (a stale copy of the answer). Now the
+    preview keeps its nonce, so the second POST returns the first message, the one the
+    reply then deletes."""
+    inbound = fake.user_message(DM, USER, "question")
+    fake.fail_next(f"POST /api/v10/channels/{DM}/messages", "commit_drop")
+    adapter = make_adapter(previews=True)
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            text = ""
+            for n in range(15):
+                text += f"w{n} "
+                adapter.send_draft(Preview(CONN, DM, text))
+                await trio.sleep(0.1)
+            await trio.sleep(1.1)
+            result = await adapter.send(reply_to(inbound["id"], text.strip()))
+            nursery.cancel_scope.cancel()
+    await adapter.aclose()
+    assert result.delivered
+    assert [m["content"] for m in fake.bot_messages(DM)] == [text.strip()]
