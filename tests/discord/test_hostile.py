@@ -16,6 +16,7 @@ from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until
 
 from .conftest import CONN, DM, GUILD, GUILD_CHANNEL, USER, AdapterFactory, serving
+from .test_attachments import CAP, _vision
 from .test_resume import answered
 from .test_send import reply_to
 
@@ -246,3 +247,31 @@ async def test_a_preview_whose_post_lost_its_answer_is_not_left_behind(
     await adapter.aclose()
     assert result.delivered
     assert [m["content"] for m in fake.bot_messages(DM)] == [text.strip()]
+
+
+# ---------------------------------------------------------------------------- notices
+
+
+@pytest.mark.parametrize("fault", ["502", "commit_drop", "commit_500"])
+async def test_a_refusal_notice_is_posted_once_through_a_failed_send(
+    fault: str, fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """§4/§8: a message refused at admission (an image over the cap) is answered only by
+    its notice — nothing is journaled, nothing listed. A 502 (nothing created) or a POST
+    that committed and lost its answer is posted again with the notice's nonce. Before: the
+    notice was tried once, so after a 502 the user was never answered and nothing listed
+    the message."""
+    agent, host = _vision()
+    adapter = make_adapter(max_attachment_bytes=CAP)
+    big = fake.attachment(DM, "big.png", b"\0" * (CAP + 1), "image/png")
+    with trio.fail_after(DEADLINE_S):
+        async with serving(store, adapter, host, fetch_attachment=adapter.fetch_attachment):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.fail_next(f"POST /api/v10/channels/{DM}/messages", fault)
+            inbound = fake.user_message(DM, USER, "look", attachments=[big])
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
+            await trio.sleep(1.0)
+    [notice] = fake.bot_messages(DM)
+    assert notice["content"] == f"Attachments too large: at most {CAP} bytes in all."
+    assert notice["message_reference"]["message_id"] == inbound["id"]
+    assert agent.inputs == []
