@@ -3,10 +3,10 @@ random moments while the gateway and the API misbehave in every way the referenc
 at moments nobody picked — duplicated dispatches, dispatches lost on the way (a gap in
 ``s``), op 7, op 9 ``true`` and once ``false``, closes 4000/4001/4008/4009/1000 and TCP
 drops, withheld heartbeat ACKs, heartbeat requests, sends that commit and lose their answer
-(dropped, 500), 502s and 429s — while DMs from three users and guild mentions in both forms
-(``<@id>``, ``<@!id>``) flow, beside guild chatter and another bot's posts that must not be
-answered. A final run settles everything; then, as an operator sees it through
-``prismctl``:
+(dropped, 500, or never answered: the daemon is killed while it waits), 502s and 429s —
+while DMs from three users and guild mentions in both forms (``<@id>``, ``<@!id>``) flow,
+beside guild chatter and another bot's posts that must not be answered. A final run
+settles everything; then, as an operator sees it through ``prismctl``:
 
 * every message to the bot is answered once, listed by ``list-unresolved``, or settled
   ``cancelled`` by a graceful stop — none lost;
@@ -58,7 +58,7 @@ GATEWAY_FAULTS = (
     "withhold_ack",
     "heartbeat_request",
 )
-REST_FAULTS = ("commit_drop", "commit_500", "502", "429")
+REST_FAULTS = ("commit_drop", "commit_500", "502", "429", "commit_hang")
 CLOSE_CODES = (4000, 4001, 4008, 4009, 1000, None)
 
 
@@ -192,11 +192,11 @@ def _fault(fake: FakeDiscord, rng: random.Random, invalid_false: list[bool]) -> 
 
 
 async def _misbehave(
-    fake: FakeDiscord, rng: random.Random, done: trio.Event, log: list[str]
+    fake: FakeDiscord, rng: random.Random, done: trio.Event, final: trio.Event, log: list[str]
 ) -> None:
     invalid_false = [False]
     await trio.sleep(1.0)
-    while not done.is_set():
+    while not (done.is_set() or final.is_set()):
         log.append(_fault(fake, rng, invalid_false))
         await trio.sleep(rng.uniform(0.2, 0.9))
 
@@ -214,6 +214,8 @@ async def test_hostile_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -
     faults: list[str] = []
     logs: list[str] = []
     fed = trio.Event()
+    final = trio.Event()
+    """The final run: no more faults (a hung send waits 15 s for its answer)."""
     kills = 0
     with trio.fail_after(59):
         for round_ in range(ROUNDS):
@@ -223,7 +225,7 @@ async def test_hostile_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -
                     feed_rng = random.Random(f"{seed}:feed")
                     nursery.start_soon(_feed, fake, feed_rng, addressed, ignored, fed)
                     fault_rng = random.Random(f"{seed}:faults")
-                    nursery.start_soon(_misbehave, fake, fault_rng, fed, faults)
+                    nursery.start_soon(_misbehave, fake, fault_rng, fed, final, faults)
                 else:  # killed while it works, not while Python starts
                     await daemon.wait_state("READY=1")
                 await trio.sleep(rng.uniform(0.5, 2.5))
@@ -237,6 +239,7 @@ async def test_hostile_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -
                 logs.append(daemon.stderr())
                 early_term = code == -signal.SIGTERM and not logs[-1].strip()
                 assert code in (0, -signal.SIGKILL) or early_term, f"{tag} exit {code}: {logs[-1]}"
+        final.set()
         async with running_daemon(layout, tag="final", extra_env=env) as daemon:
             await daemon.wait_state("READY=1")
             await fed.wait()
