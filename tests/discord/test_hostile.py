@@ -9,14 +9,17 @@ from __future__ import annotations
 import pytest
 import trio
 
+from adapters.discord._media import allowed_url
 from adapters.discord._parse import parse_message
+from prismd.agents import ImageBlock
 from prismd.channel import Preview
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
+from tests.support.scripted import image_blocks
 from tests.support.waiting import wait_until
 
 from .conftest import CONN, DM, GUILD, GUILD_CHANNEL, USER, AdapterFactory, serving
-from .test_attachments import CAP, _vision
+from .test_attachments import CAP, PNG, _vision
 from .test_resume import answered
 from .test_send import reply_to
 
@@ -275,3 +278,33 @@ async def test_a_refusal_notice_is_posted_once_through_a_failed_send(
     assert notice["content"] == f"Attachments too large: at most {CAP} bytes in all."
     assert notice["message_reference"]["message_id"] == inbound["id"]
     assert agent.inputs == []
+
+
+# ---------------------------------------------------------------------------- attachments
+
+
+async def test_an_image_served_by_a_cdn_beside_a_loopback_api_is_fetched(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory, nursery: trio.Nursery
+) -> None:
+    """§3 "Signed Attachment CDN URLs": attachments are served by a CDN, not the API host.
+    A Discord on loopback (tests, a proxy) may serve them from another port of the same
+    host, as Discord's CDN is another host than its API. Before: only the API's own port
+    was fetched from; the image was "cannot be processed". Another host is still refused."""
+    cdn = FakeDiscord()
+    await nursery.start(cdn.serve)
+    agent, host = _vision()
+    adapter = make_adapter()
+    image = cdn.attachment(DM, "cat.png", PNG, "image/png")
+    with trio.fail_after(DEADLINE_S):
+        async with serving(store, adapter, host, fetch_attachment=adapter.fetch_attachment):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            fake.user_message(DM, USER, "what is this?", attachments=[image])
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
+    [request] = agent.inputs
+    assert image_blocks(request) == [ImageBlock(data=PNG, mime_type="image/png")]
+    [(_path, authorized)] = cdn.cdn_requests
+    assert not authorized  # never the bot token to the CDN
+    port = cdn.origin.rsplit(":", 1)[1]
+    assert allowed_url(f"http://127.0.0.2:{port}/a.png", fake.origin) is None
+    assert allowed_url(f"http://localhost:{port}/a.png", fake.origin) is None
+    assert allowed_url(f"https://127.0.0.1:{port}/a.png", fake.origin) is None
