@@ -308,3 +308,25 @@ async def test_an_image_served_by_a_cdn_beside_a_loopback_api_is_fetched(
     assert allowed_url(f"http://127.0.0.2:{port}/a.png", fake.origin) is None
     assert allowed_url(f"http://localhost:{port}/a.png", fake.origin) is None
     assert allowed_url(f"https://127.0.0.1:{port}/a.png", fake.origin) is None
+
+
+@pytest.mark.parametrize("fault", ["502", "commit_drop"])
+async def test_a_preview_whose_delete_failed_is_deleted_again(
+    fault: str, fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    """§4/§8: a DELETE may meet a 502 or lose its answer like any request; deleting again is
+    safe (a message already gone is 10008). Before: one try, so after a 502 the preview — a
+    stale copy of the answer — stayed beside the reply for good."""
+    inbound = fake.user_message(DM, USER, "question")
+    adapter = make_adapter(previews=True)
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(adapter.run)
+            adapter.send_draft(Preview(CONN, DM, "partial answer"))
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
+            fake.fail_next(f"DELETE /api/v10/channels/{DM}/messages/", fault)
+            result = await adapter.send(reply_to(inbound["id"], "the answer"))
+            nursery.cancel_scope.cancel()
+    await adapter.aclose()
+    assert result.delivered
+    assert [m["content"] for m in fake.bot_messages(DM)] == ["the answer"]
