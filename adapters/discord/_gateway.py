@@ -55,8 +55,10 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 HELLO_TIMEOUT_S = 15.0
-GAP_RESUMES_PER_MINUTE = 5
+GAP_RESUMES_PER_MINUTE = 30
 """Gaps in the dispatch sequence resumed for in any 60 s, at most (see :meth:`Shard._gap`)."""
+UNFILLED_GAPS = 2
+"""After this many gaps a replay did not fill, a session's gaps are taken as its numbering."""
 """A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
@@ -125,6 +127,8 @@ class Shard:
     """When the gaps of the last minute were resumed for (Trio time)."""
     _gaps_tried: set[int] = attrs.field(factory=set, init=False)
     """The first missing ``s`` of each gap of this session resumed for already."""
+    _gaps_unfilled: set[int] = attrs.field(factory=set, init=False)
+    """The gaps of this session (first missing ``s``) a replay did not fill."""
     _resuming: bool = attrs.field(default=False, init=False)
     """A Resume was sent on this connection and RESUMED has not come yet."""
     _refused_resumes: int = attrs.field(default=0, init=False)
@@ -386,6 +390,7 @@ class Shard:
                     self._received_seq = frame.s
                 if frame.t == "READY":
                     self._gaps_tried.clear()  # a new session numbers from 1 again
+                    self._gaps_unfilled.clear()
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
                     self._resuming = False
@@ -396,11 +401,17 @@ class Shard:
         """Dispatches were sent and lost on the way (``s`` jumped past ``missing``): end
         the connection before this one is handled and resume from the watermark, below the
         gap — Discord replays the missed events. A gap the replay did not fill (the same
-        ``missing`` again: ``s`` need only increase) is passed over, and so is any past
-        :data:`GAP_RESUMES_PER_MINUTE` (no loop of resumes)."""
+        ``missing`` again: ``s`` need only increase) is passed over; after
+        :data:`UNFILLED_GAPS` of those the session's gaps are its numbering, all passed
+        over; and so is any past :data:`GAP_RESUMES_PER_MINUTE` (no storm of resumes)."""
+        if missing in self._gaps_tried:
+            self._gaps_unfilled.add(missing)
+            return
         now = trio.current_time()
         self._gap_resumes = [t for t in self._gap_resumes if now - t < 60.0]
-        if missing in self._gaps_tried or len(self._gap_resumes) >= GAP_RESUMES_PER_MINUTE:
+        if len(self._gaps_unfilled) >= UNFILLED_GAPS:
+            return
+        if len(self._gap_resumes) >= GAP_RESUMES_PER_MINUTE:
             return
         if len(self._gaps_tried) >= 64:
             self._gaps_tried.clear()

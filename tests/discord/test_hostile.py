@@ -189,14 +189,14 @@ async def test_dispatches_lost_on_the_way_twice_in_a_minute_are_both_replayed(
         adapter = make_adapter()
         async with serving(store, adapter):
             await wait_until(lambda: adapter.health()["state"] == "connected")
-            for n in range(3):
+            for n in range(8):
                 fake.gateway.lose_next = 1
-                fake.user_message(DM, USER, f"lost {n}")
-                fake.user_message(DM, USER, f"after {n}")
-                want = 2 * (n + 1)
-                await wait_until(lambda: len(fake.bot_messages()) == want)  # noqa: B023
-    assert answered(fake) == sorted(f"echo: {w} {n}" for n in range(3) for w in ("lost", "after"))
-    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"] * 3
+                fake.user_message(DM if n % 2 else OTHER_DM, USER, f"lost {n}")
+                fake.user_message(DM if n % 2 else OTHER_DM, USER, f"after {n}")
+                await wait_until(lambda: len(fake.gateway.resumes) > n)  # noqa: B023
+            await wait_until(lambda: len(fake.bot_messages()) == 16)
+    assert answered(fake) == sorted(f"echo: {w} {n}" for n in range(8) for w in ("lost", "after"))
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"] * 8
     assert len(fake.gateway.identifies()) == 1
 
 
@@ -204,21 +204,23 @@ async def test_a_gap_no_replay_fills_is_resumed_for_once(
     fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
     """§9.3: ``s`` is "monotonically increasing per session"; a gateway may skip a number
-    for good (nothing to replay). The gap is resumed for once, then passed over: no loop of
-    resumes, nothing lost around it."""
+    for good (nothing to replay). The gap is resumed for once, then passed over; after two
+    such, the session's gaps are taken as numbering: no loop of resumes, nothing lost
+    around them."""
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter()
         async with serving(store, adapter):
             await wait_until(lambda: adapter.health()["state"] == "connected")
-            fake.gateway.skip_next = 1
-            fake.user_message(DM, USER, "over a hole")
-            fake.user_message(DM, USER, "next")
-            await wait_until(lambda: len(fake.bot_messages()) == 2)
-            await trio.sleep(0.5)
-            fake.user_message(DM, USER, "later")
-            await wait_until(lambda: len(fake.bot_messages()) == 3)
-    assert answered(fake) == ["echo: later", "echo: next", "echo: over a hole"]
-    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"]
+            for n in range(4):
+                fake.gateway.skip_next = 1
+                fake.user_message(DM, USER, f"over a hole {n}")
+                fake.user_message(DM, USER, f"next {n}")
+                await wait_until(lambda: len(fake.bot_messages()) == 2 * (n + 1))  # noqa: B023
+                await trio.sleep(0.3)
+    assert answered(fake) == sorted(
+        f"echo: {w} {n}" for n in range(4) for w in ("next", "over a hole")
+    )
+    assert [outcome for _s, _q, outcome in fake.gateway.resumes] == ["replayed"] * 2
     assert len(fake.gateway.identifies()) == 1
 
 
