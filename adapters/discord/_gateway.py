@@ -55,10 +55,6 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 HELLO_TIMEOUT_S = 15.0
-GAP_RESUMES_PER_MINUTE = 30
-"""Gaps in the dispatch sequence resumed for in any 60 s, at most (see :meth:`Shard._gap`)."""
-UNFILLED_GAPS = 2
-"""After this many gaps a replay did not fill, a session's gaps are taken as its numbering."""
 """A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
@@ -123,16 +119,8 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
-    _gap_resumes: list[float] = attrs.field(factory=list, init=False)
-    """When the gaps of the last minute were resumed for (Trio time)."""
-    _gaps_tried: set[int] = attrs.field(factory=set, init=False)
-    """The first missing ``s`` of each gap of this session resumed for already."""
-    _gaps_unfilled: set[int] = attrs.field(factory=set, init=False)
-    """The gaps of this session (first missing ``s``) a replay did not fill."""
-    _resuming: bool = attrs.field(default=False, init=False)
-    """A Resume was sent on this connection and RESUMED has not come yet."""
-    _refused_resumes: int = attrs.field(default=0, init=False)
-    """Resumes turned down in a row (see :meth:`_judged`)."""
+    _gaps: proto.Gaps = attrs.field(factory=proto.Gaps, init=False)
+    _refusals: proto.RefusedResumes = attrs.field(factory=proto.RefusedResumes, init=False)
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _resume_url_down: bool = attrs.field(default=False, init=False)
@@ -190,7 +178,7 @@ class Shard:
                 with self.lease.guard():
                     await self._connect_once(backoff)
             except _End as end:
-                await self._after(self._judged(end), backoff)
+                await self._after(_judged(self._refusals, self.label, end), backoff)
             except (
                 DiscordError,
                 HandshakeError,
@@ -211,24 +199,6 @@ class Shard:
                     delay,
                 )
                 await self.lease.sleep(delay)
-
-    def _judged(self, end: _End) -> _End:
-        """``end``, unless it is the :data:`~._protocol.MAX_REFUSED_RESUMES`-th Resume in a
-        row the gateway turned down before RESUMED: then the session is given up (a new
-        one identified). A gateway may answer an expired session's Resume by closing
-        (4009 "start a new one", 4003 …) rather than with op 9 ``false``: without this
-        the shard would resume the dead session forever."""
-        resuming, self._resuming = self._resuming, False
-        if not (resuming and end.action == "resume" and end.refused):
-            return end
-        self._refused_resumes += 1
-        if self._refused_resumes < proto.MAX_REFUSED_RESUMES:
-            return end
-        self._refused_resumes = 0
-        log.warning(
-            "%s: resume refused %d times; identifying", self.label, proto.MAX_REFUSED_RESUMES
-        )
-        return _End("identify", f"resume refused ({end.why})", end.code)
 
     async def _after(self, end: _End, backoff: Backoff) -> None:
         """What a connection's end means: stop, or wait before the next attempt."""
@@ -277,7 +247,7 @@ class Shard:
             self.status.state = "resuming"
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
-        self._resuming = False
+        self._refusals.resuming = False
         opened = False
         try:
             async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
@@ -369,7 +339,7 @@ class Shard:
                     await ws.send_message(
                         proto.resume(self.token(), session.session_id, session.seq)
                     )
-                    self._resuming = True
+                    self._refusals.resuming = True
             elif frame.op == proto.HEARTBEAT_ACK:
                 if self._heartbeater is not None:
                     self._heartbeater.ack()
@@ -389,36 +359,19 @@ class Shard:
                         self._gap(self._received_seq + 1)
                     self._received_seq = frame.s
                 if frame.t == "READY":
-                    self._gaps_tried.clear()  # a new session numbers from 1 again
-                    self._gaps_unfilled.clear()
+                    self._gaps.new_session()
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
-                    self._resuming = False
-                    self._refused_resumes = 0
+                    self._refusals.resumed()
                 await dispatcher.put(frame)
 
     def _gap(self, missing: int) -> None:
-        """Dispatches were sent and lost on the way (``s`` jumped past ``missing``): end
-        the connection before this one is handled and resume from the watermark, below the
-        gap — Discord replays the missed events. A gap the replay did not fill (the same
-        ``missing`` again: ``s`` need only increase) is passed over; after
-        :data:`UNFILLED_GAPS` of those the session's gaps are its numbering, all passed
-        over; and so is any past :data:`GAP_RESUMES_PER_MINUTE` (no storm of resumes)."""
-        if missing in self._gaps_tried:
-            self._gaps_unfilled.add(missing)
-            return
-        now = trio.current_time()
-        self._gap_resumes = [t for t in self._gap_resumes if now - t < 60.0]
-        if len(self._gaps_unfilled) >= UNFILLED_GAPS:
-            return
-        if len(self._gap_resumes) >= GAP_RESUMES_PER_MINUTE:
-            return
-        if len(self._gaps_tried) >= 64:
-            self._gaps_tried.clear()
-        self._gaps_tried.add(missing)
-        self._gap_resumes.append(now)
-        log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
-        raise _End("resume", "dispatch sequence gap")
+        """Dispatches lost on the way: end the connection before this one is handled and
+        resume from the watermark, below the gap — Discord replays the missed events —
+        unless :class:`~._protocol.Gaps` passes it over."""
+        if self._gaps.resume_for(missing, trio.current_time()):
+            log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
+            raise _End("resume", "dispatch sequence gap")
 
     async def _await_hello(self) -> None:
         """Leave a socket that sends no Hello (no heartbeat runs before one)."""
@@ -440,6 +393,14 @@ class Shard:
                 raise _End("resume", "zombie connection")
             await ws.send_message(proto.heartbeat(self._received_seq))
             beat.sent(trio.current_time())
+
+
+def _judged(refusals: proto.RefusedResumes, label: str, end: _End) -> _End:
+    """``end``, or identify if the session is given up (:class:`~._protocol.RefusedResumes`)."""
+    if not refusals.give_up(end.action, end.refused):
+        return end
+    log.warning("%s: resume refused %d times; identifying", label, proto.MAX_REFUSED_RESUMES)
+    return _End("identify", f"resume refused ({end.why})", end.code)
 
 
 async def _ready(shard: Shard, frame: proto.Frame) -> None:
