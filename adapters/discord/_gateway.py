@@ -15,7 +15,9 @@
 * **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
   (a short grace later: an ACK received but not yet read is not missing) is a zombie
   connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
-  op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s).
+  op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s); so does a
+  Resume turned down twice in a row by a close that may mean the session is gone
+  (4003, 4009 …: every close but 4007 and the fatal ones is first resumed).
 * **Fatal closes** (4004, 4010-4014) store ``failed`` and raise
   :class:`~prismd.channel.AdapterFatalError`: the connection shows failed, the daemon
   runs on; a standby reading the stored failure does not connect.
@@ -54,8 +56,6 @@ CLOSE_BUDGET_S = 3.0
 CLOSE_HANDSHAKE_S = 0.25
 CONNECT_TIMEOUT_S = 15.0
 HELLO_TIMEOUT_S = 15.0
-GAP_RESUME_EVERY_S = 60.0
-"""A gap in the dispatch sequence is resumed at most this often (see :meth:`Shard._gap`)."""
 """A socket that sends no Hello within this is left (closed 4000) and tried again."""
 MAX_BACKOFF_S = 60.0
 RECONNECT_BASE_S = 0.25
@@ -68,11 +68,16 @@ whether it was accepted."""
 class _End(Exception):
     """How one connection ended: ``action`` is what to do next."""
 
-    def __init__(self, action: proto.CloseAction, why: str, code: int | None = None) -> None:
+    def __init__(
+        self, action: proto.CloseAction, why: str, code: int | None = None, refused: bool = False
+    ) -> None:
         super().__init__(why)
         self.action = action
         self.why = why
         self.code = code
+        self.refused = refused
+        """The gateway turned the session down (a close of
+        :data:`~._protocol.SESSION_REFUSAL_CODES`, op 9 ``true``)."""
 
 
 _PRIORITY = (AdapterFatalError, LeaseLostError, _End)
@@ -118,7 +123,8 @@ class Shard:
     reidentify_delay_s: float = 1.0
     _heartbeater: proto.Heartbeater | None = attrs.field(default=None, init=False)
     _received_seq: int | None = attrs.field(default=None, init=False)
-    _gap_resumed_at: float = attrs.field(default=-GAP_RESUME_EVERY_S, init=False)
+    _gaps: proto.Gaps = attrs.field(factory=proto.Gaps, init=False)
+    _refusals: proto.RefusedResumes = attrs.field(factory=proto.RefusedResumes, init=False)
     gateway: str | None = attrs.field(default=None, init=False)
     """The gateway URL last given by ``GET /gateway[/bot]``."""
     _resume_url_down: bool = attrs.field(default=False, init=False)
@@ -178,7 +184,7 @@ class Shard:
                 with self.lease.guard():
                     await self._connect_once(backoff)
             except _End as end:
-                await self._after(end, backoff)
+                await self._after(_judged(self._refusals, self.label, end), backoff)
             except (
                 DiscordError,
                 HandshakeError,
@@ -247,6 +253,7 @@ class Shard:
             self.status.state = "resuming"
             self.status.session_started_ms = session.started_ms
         self._received_seq = None if session is None else session.seq
+        self._refusals.resuming = False
         opened = False
         try:
             async with connect(proto.gateway_url(url), CONNECT_TIMEOUT_S) as ws:
@@ -313,7 +320,8 @@ class Shard:
                 raw = await ws.get_message()
             except ConnectionClosed as closed:
                 code = closed.code
-                raise _End(proto.close_action(code), f"closed {code}", code) from None
+                refused = code in proto.SESSION_REFUSAL_CODES
+                raise _End(proto.close_action(code), f"closed {code}", code, refused) from None
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
             if frame.op == proto.HELLO:
@@ -337,6 +345,7 @@ class Shard:
                     await ws.send_message(
                         proto.resume(self.token(), session.session_id, session.seq)
                     )
+                    self._refusals.resuming = True
             elif frame.op == proto.HEARTBEAT_ACK:
                 if self._heartbeater is not None:
                     self._heartbeater.ack()
@@ -348,25 +357,25 @@ class Shard:
                 raise _End("resume", "reconnect requested")
             elif frame.op == proto.INVALID_SESSION:
                 if frame.d is True and self.cursor.state.session is not None:
-                    raise _End("resume", "session invalidated (resumable)")
+                    raise _End("resume", "session invalidated (resumable)", refused=True)
                 raise _End("identify", "session invalidated")
             elif frame.op == proto.DISPATCH and frame.s is not None:
                 if self._received_seq is None or frame.s > self._received_seq:
                     if self._received_seq is not None and frame.s > self._received_seq + 1:
-                        self._gap()
+                        self._gap(self._received_seq + 1)
                     self._received_seq = frame.s
+                if frame.t == "READY":
+                    self._gaps.new_session()
                 if frame.t in ("READY", "RESUMED"):
                     backoff.reset()
+                    self._refusals.resumed()
                 await dispatcher.put(frame)
 
-    def _gap(self) -> None:
-        """Dispatches were sent and lost on the way (``s`` jumped): end the connection
-        before this one is handled and resume from the watermark, below the gap — Discord
-        replays the missed events. At most once a :data:`GAP_RESUME_EVERY_S` (a gap the
-        replay does not fill is then accepted)."""
-        now = trio.current_time()
-        if now - self._gap_resumed_at >= GAP_RESUME_EVERY_S:
-            self._gap_resumed_at = now
+    def _gap(self, missing: int) -> None:
+        """Dispatches lost on the way: end the connection before this one is handled and
+        resume from the watermark, below the gap — Discord replays the missed events —
+        unless :class:`~._protocol.Gaps` passes it over."""
+        if self._gaps.resume_for(missing, trio.current_time()):
             log.warning("%s: dispatch sequence gap; resuming to replay it", self.label)
             raise _End("resume", "dispatch sequence gap")
 
@@ -390,6 +399,14 @@ class Shard:
                 raise _End("resume", "zombie connection")
             await ws.send_message(proto.heartbeat(self._received_seq))
             beat.sent(trio.current_time())
+
+
+def _judged(refusals: proto.RefusedResumes, label: str, end: _End) -> _End:
+    """``end``, or identify if the session is given up (:class:`~._protocol.RefusedResumes`)."""
+    if not refusals.give_up(end.action, end.refused):
+        return end
+    log.warning("%s: resume refused %d times; identifying", label, proto.MAX_REFUSED_RESUMES)
+    return _End("identify", f"resume refused ({end.why})", end.code)
 
 
 async def _ready(shard: Shard, frame: proto.Frame) -> None:

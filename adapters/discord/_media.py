@@ -8,7 +8,7 @@
   adapter then posts that refusal's fixed notice (``Attachments too large: …``).
 * **Fetch.** The message is read again (``GET /channels/{c}/messages/{m}``: fresh signed
   URLs), the attachment's declared ``size`` checked against the cap, its URL checked (https
-  on Discord's CDN hosts; on a loopback ``api_origin``, that same origin), then downloaded
+  on Discord's CDN hosts; on a loopback ``api_origin``, that same host), then downloaded
   without the bot token, the cap checked against ``Content-Length`` and while reading, all
   within :data:`FETCH_DEADLINE_S`. Anything else — another connection's ref, a bad id, too
   large, a failure — is ``None`` (the runtime answers "That attachment cannot be
@@ -26,6 +26,7 @@ import trio
 
 from prismd.channel import AttachmentRef
 
+from ..toolkit import is_loopback_host
 from ._rest import DiscordError, DiscordRest
 
 MAX_IMAGES = 8
@@ -93,15 +94,26 @@ def _mime_by_name(name: object) -> str | None:
 
 
 def allowed_url(url: object, api_origin: str) -> str | None:
-    """``url`` if it may be fetched: https on Discord's CDN, or (a loopback ``api_origin``,
-    tests and proxies) on that same origin."""
+    """``url`` if it may be fetched: https on Discord's CDN, or (an ``http`` loopback
+    ``api_origin``: tests and proxies) http on that same host, any port — as Discord's CDN
+    is another host than its API, a Discord on loopback may serve attachments beside it."""
     if not isinstance(url, str) or len(url) > 2048:
         return None
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a bad port raises here
+    except ValueError:
+        return None
     if parts.scheme == "https" and parts.hostname in CDN_HOSTS and parts.port is None:
         return url
     origin = urllib.parse.urlsplit(api_origin)
-    if origin.scheme == "http" and (parts.scheme, parts.netloc) == ("http", origin.netloc):
+    if (
+        origin.scheme == "http"
+        and parts.scheme == "http"
+        and origin.hostname is not None
+        and parts.hostname == origin.hostname
+        and is_loopback_host(origin.hostname)
+    ):
         return url
     return None
 

@@ -5,7 +5,8 @@
 * Ignored: the bot's own messages (``author.id`` = the bot's user id), other bots and
   webhooks, system messages (types other than 0 DEFAULT and 19 REPLY), guild messages
   unless ``allow_guilds``, and in guild channels with ``respond_to = "mentions"`` a
-  message that does not mention the bot.
+  message that does not mention the bot (in ``mentions``, or ``<@id>`` / ``<@!id>`` in its
+  text: a payload may leave the optional list out).
 * Images attached (``content_type`` ``image/…``) become attachment refs (:mod:`._media`);
   a message of images alone is admitted with empty text.
 * The bot's own ``<@id>`` is stripped before the agent sees the text, so ``@bot /new`` is
@@ -69,17 +70,20 @@ def parse_message(
     guild = _id(message.get("guild_id")) or guild_id
     content = message.get("content")
     text = content if isinstance(content, str) else ""
+    in_text = False
+    if bot_user_id is not None:
+        text, in_text = strip_mention(text, bot_user_id)
     if guild is not None:
         if not allow_guilds:
             return None
-        mentioned = bot_user_id is not None and any(
-            isinstance(m, Mapping) and m.get("id") == bot_user_id
-            for m in message.get("mentions") or ()
+        mentions = message.get("mentions")
+        mentioned = in_text or (
+            bot_user_id is not None
+            and isinstance(mentions, list)
+            and any(isinstance(m, Mapping) and m.get("id") == bot_user_id for m in mentions)
         )
         if respond_to == "mentions" and not mentioned:
             return None
-    if bot_user_id is not None:
-        text, _found = strip_mention(text, bot_user_id)
     images = image_refs(message, connection_id)
     if not text.strip() and not images:
         return None

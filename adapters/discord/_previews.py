@@ -5,8 +5,9 @@ Latest wins: :meth:`PreviewEditor.offer` never blocks and only keeps the newest 
 each conversation; :meth:`PreviewEditor.run` posts the preview message once and then edits
 it (``PATCH``) no more often than :data:`MIN_INTERVAL_S`. :meth:`PreviewEditor.finish`
 (called before a final reply is sent) forgets the conversation's preview and deletes its
-message, so the reply — sent with its nonce as always — replaces it. Every failure is
-ignored: a preview is a courtesy, the reply is what counts.
+message (tried again after a 5xx or a lost answer), so the reply — sent with its nonce as
+always — replaces it. Every failure is ignored: a preview is a courtesy, the reply is what
+counts.
 """
 
 from __future__ import annotations
@@ -18,16 +19,21 @@ import trio
 
 from prismd.channel import Preview
 
-from ._rest import DiscordError, DiscordRest
+from ._rest import DiscordApiError, DiscordError, DiscordRest
 
 MIN_INTERVAL_S = 1.0
 MAX_PREVIEW = 1990
 MAX_CONVERSATIONS = 256
+DELETE_RETRIES_S = (0.25, 1.0, 0.0)
+"""A failed DELETE (5xx, 429, no answer) is tried again after these pauses (three tries)."""
 
 
 @attrs.define(eq=False)
 class _Shown:
     message_id: str | None = None
+    nonce: str = attrs.field(factory=lambda: secrets.token_hex(8))
+    """One per preview: a POST whose answer was lost is posted again with it, and Discord
+    returns the message it made (never a second preview, left behind undeleted)."""
     text: str = ""
     sent_at: float = -1e9
     pending: str | None = None
@@ -63,12 +69,17 @@ class PreviewEditor:
         async with self._lock:  # an edit in flight ends first
             if shown is None or shown.message_id is None:
                 return
-            try:
-                await self.rest.request(
-                    "DELETE", f"/channels/{conversation}/messages/{shown.message_id}"
-                )
-            except DiscordError:
-                return
+            path = f"/channels/{conversation}/messages/{shown.message_id}"
+            for delay in DELETE_RETRIES_S:  # deleting twice is safe: a 10008 then
+                try:
+                    await self.rest.request("DELETE", path)
+                    return
+                except DiscordApiError as error:
+                    if error.status < 500 and error.status != 429:
+                        return  # gone already (10008), or not ours to delete
+                except DiscordError:
+                    pass
+                await trio.sleep(delay)
 
     async def run(self) -> None:
         self._running = True
@@ -108,7 +119,7 @@ class PreviewEditor:
                 if shown.message_id is None:
                     body = {
                         "content": text,
-                        "nonce": secrets.token_hex(8),
+                        "nonce": shown.nonce,
                         "enforce_nonce": True,
                         "allowed_mentions": {"parse": []},
                     }

@@ -58,8 +58,15 @@ FATAL_CLOSE_CODES: Mapping[int, str] = {
 }
 """Close codes whose "Reconnect" column is false: the connection stops with this text."""
 
-NEW_SESSION_CLOSE_CODES = frozenset({4003, 4005, 4007, 4008})
-"""Reconnectable, but the session is gone (discord.js re-identifies after these)."""
+NEW_SESSION_CLOSE_CODES = frozenset({4007})
+"""Reconnectable, but the session cannot be resumed: our ``seq`` was refused."""
+
+SESSION_REFUSAL_CODES = frozenset({4003, 4005, 4006, 4008, 4009})
+"""Closes that may mean the session is gone (not authenticated, timed out …): resumed
+first — "the session will remain active" after any close but 1000/1001, and its replay
+holds what nothing else can recover — but a Resume answered by one of these
+:data:`MAX_REFUSED_RESUMES` times in a row gives the session up (:mod:`._gateway`)."""
+
 
 CloseAction = Literal["fatal", "identify", "resume"]
 
@@ -68,14 +75,90 @@ def close_action(code: int | None) -> CloseAction:
     """What a close means: ``fatal`` (stop), ``identify`` (a new session) or ``resume``.
 
     A close without a code (TCP dropped), 1000/1001 from Discord (an "improper" close, as
-    discord.py counts it), 4000-4002 and 4009 resume; if the session is in fact gone, the
-    Resume is answered with op 9 and we identify then.
+    discord.py counts it), 4000-4003, 4005, 4006, 4008, 4009 and codes not in the table
+    resume, as discord.py does after any reconnectable close: if the session is in fact
+    gone, the Resume is answered with op 9 (or refused again: see
+    :data:`SESSION_REFUSAL_CODES`) and we identify then. Identifying at once would lose
+    what the session still holds for channels no backfill knows (a new user's DM).
     """
     if code in FATAL_CLOSE_CODES:
         return "fatal"
     if code in NEW_SESSION_CLOSE_CODES:
         return "identify"
     return "resume"
+
+
+MAX_REFUSED_RESUMES = 2
+GAP_RESUMES_PER_MINUTE = 30
+"""Gaps in the dispatch sequence resumed for in any 60 s, at most (:class:`Gaps`)."""
+UNFILLED_GAPS = 2
+"""After this many gaps a replay did not fill, a session's gaps are taken as its numbering."""
+
+
+@attrs.define(eq=False)
+class RefusedResumes:
+    """Resumes the gateway turned down in a row before RESUMED (a close of
+    :data:`SESSION_REFUSAL_CODES`, op 9 ``true``): at :data:`MAX_REFUSED_RESUMES` the
+    session is given up and a new one identified. A gateway may answer an expired
+    session's Resume by closing (4009 "start a new one", 4003 …) rather than with op 9
+    ``false``: without this a shard would resume the dead session forever."""
+
+    resuming: bool = False
+    """A Resume was sent on this connection and RESUMED has not come yet."""
+    count: int = 0
+
+    def resumed(self) -> None:
+        """READY or RESUMED: the session (a new one, or the resumed one) is live."""
+        self.resuming = False
+        self.count = 0
+
+    def give_up(self, action: CloseAction, refused: bool) -> bool:
+        """A connection ended (its ``action``; ``refused``: the gateway turned the session
+        down): whether to give the session up now."""
+        resuming, self.resuming = self.resuming, False
+        if not (resuming and action == "resume" and refused):
+            return False
+        self.count += 1
+        if self.count < MAX_REFUSED_RESUMES:
+            return False
+        self.count = 0
+        return True
+
+
+@attrs.define(eq=False)
+class Gaps:
+    """Gaps in a session's dispatch sequence (``s`` jumped past ``missing``: dispatches
+    sent and lost on the way), each resumed for — a resume from the watermark replays
+    them — but a gap the replay did not fill (the same ``missing`` again: ``s`` need only
+    increase) is passed over; after :data:`UNFILLED_GAPS` of those the session's gaps are
+    its numbering, all passed over; and so is any past :data:`GAP_RESUMES_PER_MINUTE` (no
+    storm of resumes)."""
+
+    resumes: list[float] = attrs.field(factory=list)
+    """When the gaps of the last minute were resumed for (Trio time)."""
+    tried: set[int] = attrs.field(factory=set)
+    """The first missing ``s`` of each gap of this session resumed for already."""
+    unfilled: set[int] = attrs.field(factory=set)
+    """The gaps of this session (first missing ``s``) a replay did not fill."""
+
+    def new_session(self) -> None:
+        """READY: a new session numbers from 1 again."""
+        self.tried.clear()
+        self.unfilled.clear()
+
+    def resume_for(self, missing: int, now: float) -> bool:
+        """Whether to resume for the gap before ``missing`` + 1 (counted as done)."""
+        if missing in self.tried:
+            self.unfilled.add(missing)
+            return False
+        self.resumes = [t for t in self.resumes if now - t < 60.0]
+        if len(self.unfilled) >= UNFILLED_GAPS or len(self.resumes) >= GAP_RESUMES_PER_MINUTE:
+            return False
+        if len(self.tried) >= 64:
+            self.tried.clear()
+        self.tried.add(missing)
+        self.resumes.append(now)
+        return True
 
 
 @attrs.frozen

@@ -359,7 +359,9 @@ class DiscordSender:
     async def notice(self, channel: str, message_id: str, text: str) -> None:
         """Answer ``message_id`` with a fixed notice (a refusal's hint), outside the journal:
         its nonce is derived from the message, so a dispatch seen twice within the window
-        posts it once. Failures are logged and dropped."""
+        posts it once — and a 5xx, 429 or lost answer is posted again with it, for up to
+        :data:`NOTICE_DEADLINE_S` (nothing else answers the message). Failures are logged
+        and dropped."""
         body = {
             "content": text[:MAX_CHUNK],
             "nonce": chunk_nonce(nonce_base(self.connection_id, f"notice:{message_id}"), 0),
@@ -369,9 +371,12 @@ class DiscordSender:
         }
         with trio.move_on_after(NOTICE_DEADLINE_S):
             try:
-                await self.rest.request("POST", f"/channels/{channel}/messages", json_body=body)
-            except DiscordError as error:
+                outcome = await self._post(channel, message_id, body, self.clock.now_ms(), 0)
+            except (DiscordError, DeliveryOutcomeUnknownError) as error:
                 log.info("discord %s: notice not sent (%s)", self.connection_id, error)
+            else:
+                if isinstance(outcome, SendResult):
+                    log.info("discord %s: notice not sent (%s)", self.connection_id, outcome.reason)
 
     async def typing(self, channel: str) -> None:
         if not channel.isdigit():

@@ -167,7 +167,9 @@ def test_parse_dm_guild_mentions_and_ignored() -> None:
 
 def test_close_codes_and_identify_budget() -> None:
     assert [close_action(c) for c in (4004, 4013, 4014, 4010)] == ["fatal"] * 4
-    assert [close_action(c) for c in (4007, 4003, 4005, 4008)] == ["identify"] * 4
+    assert close_action(4007) == "identify"
+    # The session may still be alive after these: resumed first (tests/discord/test_hostile.py)
+    assert [close_action(c) for c in (4003, 4005, 4008)] == ["resume"] * 3
     assert [close_action(c) for c in (None, 1000, 1006, 4000, 4009)] == ["resume"] * 5
     now = 10 * 86_400_000
     assert identify_wait_ms(now_ms=now, history=[], limit=None, own_daily_cap=50) == 0

@@ -194,14 +194,17 @@ class FakeDiscord:
         *,
         guild_id: str | None = None,
         mention_bot: bool = False,
+        nickname_mention: bool = False,
         bot: bool = False,
         attachments: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """A user posts ``content`` (and ``attachments``, from :meth:`attachment`); stored
-        and dispatched (MESSAGE_CREATE)."""
+        and dispatched (MESSAGE_CREATE). ``mention_bot`` puts ``<@id>`` first, or ``<@!id>``
+        (the nickname form, MSG "Message Formatting") with ``nickname_mention``."""
         channel = self.channel(channel_id, guild_id)
         if mention_bot:
-            content = f"<@{self.bot_user_id}> {content}"
+            form = "<@!" if nickname_mention else "<@"
+            content = f"{form}{self.bot_user_id}> {content}"
         author: dict[str, Any] = {
             "id": author_id,
             "username": f"user{author_id[-4:]}",

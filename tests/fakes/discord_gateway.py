@@ -97,11 +97,18 @@ class Gateway:
         self.lose_next = 0
         """How many next events get their ``s`` and a place in the replay buffer but are
         not written to the socket (lost on the way: a gap in ``s``)."""
+        self.skip_next = 0
+        """How many next numbers of ``s`` are skipped: never an event, in no replay (``s`` is
+        "monotonically increasing per session", reference §9, not said to be contiguous)."""
         self.kick_on_resume = False
         self.reconnect_before_hello = 0
         """How many next connections get op 7 instead of Hello (then a 4000 close)."""
         self.silent_before_hello = 0
         """How many next connections are accepted and then sent nothing (no Hello)."""
+        self.refuse_resume_with: int | None = None
+        """A Resume of a session that cannot be resumed is answered by closing with this
+        code instead of op 9 ``false`` (4009: "Session timed out … start a new one", OPS
+        close codes): a legal choice the reference leaves open."""
         self.paths: list[str] = []
         """The request target (path and query) of every connection, in order."""
         self.connection_count = 0
@@ -156,6 +163,9 @@ class Gateway:
     def push(
         self, session: Session, name: str, data: Mapping[str, Any], *, lost: bool = False
     ) -> None:
+        if self.skip_next:
+            self.skip_next -= 1
+            session.seq += 1
         session.seq += 1
         payload = {"op": 0, "t": name, "s": session.seq, "d": data}
         session.events.append(payload)
@@ -420,6 +430,8 @@ def resume(self: Gateway, connection: GatewayConnection, d: Any) -> int | None:
     now = trio.current_time()
     if session is None or not session.resumable(now, owner.resume_ttl_s):
         self.resumes.append((str(d.get("session_id")), -1, "invalid"))
+        if self.refuse_resume_with is not None:
+            return self.refuse_resume_with
         self.send(connection, {"op": 9, "d": False})
         return None
     if not isinstance(seq, int) or seq > session.seq:
