@@ -1,5 +1,7 @@
 """Attachments (images) as model input, size-capped before download
 (reference/discord-protocol.md §3 "Attachment fields", "Signed Attachment CDN URLs").
+Other attachments become ``document`` refs (:func:`document_refs`), never fetched: a
+message of nothing else gets the runtime's "cannot be processed" notice, not silence.
 
 * **Refs.** A ``MESSAGE_CREATE``'s image attachments (``content_type`` ``image/…``) become
   :class:`~prismd.channel.AttachmentRef` s named ``<channel>/<message>/<attachment>`` (ids
@@ -74,6 +76,40 @@ def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[Attachme
         refs.append(
             AttachmentRef(
                 kind="image",
+                transport_file_id=f"{channel}/{message_id}/{attachment_id}",
+                byte_length=size,
+                mime_type=mime,
+                file_name=_text(item.get("filename"), _MAX_NAME),
+                connection_id=connection_id,
+            )
+        )
+        if len(refs) == MAX_IMAGES:
+            break
+    return tuple(refs)
+
+
+def document_refs(message: Mapping[str, Any], connection_id: str) -> tuple[AttachmentRef, ...]:
+    """The message's other attachments (a PDF, a sound) as ``document`` refs: never fetched;
+    they count toward the size cap, and a message of nothing else is answered by the
+    runtime's fixed notice ("That attachment cannot be processed …") instead of silence."""
+    attachments = message.get("attachments")
+    channel, message_id = _id(message.get("channel_id")), _id(message.get("id"))
+    if not isinstance(attachments, list) or channel is None or message_id is None:
+        return ()
+    refs: list[AttachmentRef] = []
+    for item in attachments:
+        if not isinstance(item, Mapping):
+            continue
+        attachment_id = _id(item.get("id"))
+        mime = _text(item.get("content_type"), 100) or _mime_by_name(item.get("filename"))
+        size = item.get("size")
+        if attachment_id is None or (mime is not None and mime.startswith("image/")):
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            continue
+        refs.append(
+            AttachmentRef(
+                kind="document",
                 transport_file_id=f"{channel}/{message_id}/{attachment_id}",
                 byte_length=size,
                 mime_type=mime,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from prismd.channel import InboundEvent
 
-from ._media import image_refs
+from ._media import document_refs, image_refs
 from ._protocol import strip_mention
 
 USER_MESSAGE_TYPES = frozenset({0, 19})
@@ -84,8 +84,8 @@ def parse_message(
         )
         if respond_to == "mentions" and not mentioned:
             return None
-    images = image_refs(message, connection_id)
-    if not text.strip() and not images:
+    attachments = image_refs(message, connection_id) + document_refs(message, connection_id)
+    if not text.strip() and not attachments:
         return None
     claims: dict[str, Any] = {"platform": "discord", "chatType": "guild" if guild else "dm"}
     return InboundEvent(
@@ -94,7 +94,7 @@ def parse_message(
         external_actor_id=author_id,
         event_id=message_id,
         text=text,
-        attachments=images,
+        attachments=attachments,
         received_at_ms=snowflake_ms(message_id),
         claims=claims,
     )

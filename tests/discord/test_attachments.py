@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from adapters.discord._media import allowed_url, image_refs
+from adapters.discord._media import allowed_url, document_refs, image_refs
 from prismd.agents import ImageBlock
 from prismd.channel import AttachmentRef
 from stores import Store
@@ -132,3 +132,48 @@ def test_image_refs_keep_the_declared_size(size: int) -> None:
     }
     [ref] = image_refs(message, CONN)
     assert ref.byte_length == size and ref.file_name is None and ref.connection_id == CONN
+
+
+async def test_a_file_alone_gets_the_notice_and_with_text_the_text_is_answered(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """A PDF is no model input: alone, the runtime's fixed notice answers it (it was
+    ignored silently); with text, the text is answered. Neither is ever downloaded."""
+    agent, host = _vision()
+    adapter = make_adapter()
+    pdf = b"%PDF-1.4\n" + b"0" * 100
+    with trio.fail_after(20):
+        async with serving(store, adapter, host, fetch_attachment=adapter.fetch_attachment):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            alone = fake.attachment(DM, "report.pdf", pdf, "application/pdf")
+            first = fake.user_message(DM, USER, "", attachments=[alone])
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
+            with_text = fake.attachment(DM, "report.pdf", pdf, "application/pdf")
+            second = fake.user_message(DM, USER, "summarize", attachments=[with_text])
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 2)
+    notice, answer = fake.bot_messages(DM)
+    assert notice["content"] == UNSUPPORTED
+    assert notice["message_reference"]["message_id"] == first["id"]
+    assert answer["content"] == "a cat"
+    assert answer["message_reference"]["message_id"] == second["id"]
+    [request] = agent.inputs
+    assert image_blocks(request) == [] and fake.cdn_requests == []
+
+
+def test_document_refs_are_the_other_attachments() -> None:
+    message = {
+        "id": "11",
+        "channel_id": "22",
+        "attachments": [
+            {"id": "33", "filename": "a.png", "size": 5, "content_type": "image/png"},
+            {"id": "44", "filename": "b.pdf", "size": 7, "content_type": "application/pdf"},
+            {"id": "55", "filename": "c.bin", "size": 9},
+            {"id": "66", "filename": "d.pdf", "size": -1, "content_type": "application/pdf"},
+            {"id": "x", "filename": "e.pdf", "size": 1},
+        ],
+    }
+    refs = document_refs(message, CONN)
+    assert [(r.kind, r.transport_file_id, r.byte_length, r.mime_type) for r in refs] == [
+        ("document", "22/11/44", 7, "application/pdf"),
+        ("document", "22/11/55", 9, None),
+    ]
