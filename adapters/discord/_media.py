@@ -89,9 +89,9 @@ def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[Attachme
 
 
 def document_refs(message: Mapping[str, Any], connection_id: str) -> tuple[AttachmentRef, ...]:
-    """The message's other attachments (a PDF, a sound) as ``document`` refs: never fetched;
-    they count toward the size cap, and a message of nothing else is answered by the
-    runtime's fixed notice ("That attachment cannot be processed …") instead of silence."""
+    """The message's other attachments (a PDF, a sound) as ``document`` refs, never
+    fetched: a message of nothing else is answered by the runtime's fixed notice ("That
+    attachment cannot be processed …") instead of silence (:func:`._parse.parse_message`)."""
     attachments = message.get("attachments")
     channel, message_id = _id(message.get("channel_id")), _id(message.get("id"))
     if not isinstance(attachments, list) or channel is None or message_id is None:

@@ -84,9 +84,13 @@ def parse_message(
         )
         if respond_to == "mentions" and not mentioned:
             return None
-    attachments = image_refs(message, connection_id) + document_refs(message, connection_id)
+    attachments = image_refs(message, connection_id)
     if not text.strip() and not attachments:
-        return None
+        # Only files the agent cannot take: the runtime's notice answers them (their size
+        # counts only then: with text or images they are left out, never downloaded).
+        attachments = document_refs(message, connection_id)
+        if not attachments:
+            return None
     claims: dict[str, Any] = {"platform": "discord", "chatType": "guild" if guild else "dm"}
     return InboundEvent(
         connection_id=connection_id,

@@ -138,7 +138,8 @@ async def test_a_file_alone_gets_the_notice_and_with_text_the_text_is_answered(
     fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
     """A PDF is no model input: alone, the runtime's fixed notice answers it (it was
-    ignored silently); with text, the text is answered. Neither is ever downloaded."""
+    ignored silently); with text, the text is answered, whatever the file's size (it is
+    left out). Neither is ever downloaded."""
     agent, host = _vision()
     adapter = make_adapter()
     pdf = b"%PDF-1.4\n" + b"0" * 100
@@ -148,7 +149,7 @@ async def test_a_file_alone_gets_the_notice_and_with_text_the_text_is_answered(
             alone = fake.attachment(DM, "report.pdf", pdf, "application/pdf")
             first = fake.user_message(DM, USER, "", attachments=[alone])
             await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
-            with_text = fake.attachment(DM, "report.pdf", pdf, "application/pdf")
+            with_text = fake.attachment(DM, "big.pdf", pdf, "application/pdf", size=CAP * 9)
             second = fake.user_message(DM, USER, "summarize", attachments=[with_text])
             await wait_until(lambda: len(fake.bot_messages(DM)) == 2)
     notice, answer = fake.bot_messages(DM)
