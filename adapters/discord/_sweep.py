@@ -1,6 +1,6 @@
 """Messages the gateway never sent, in a session that is still live.
 
-Discord promises no delivery: events "may never be sent to a client" (reference §1.5,
+Discord promises no delivery: events "may never be sent to a client" (reference §1.6,
 "Consistency"). A dispatch lost with its sequence number shows as a gap and is replayed by
 a resume (:meth:`._gateway.Shard._gap`); one never sent at all leaves no trace on the
 gateway. So now and then each known channel is read over REST after its sweep point (the

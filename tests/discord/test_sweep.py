@@ -1,18 +1,24 @@
 """A message the gateway never sent, in a live session ("may never be sent to a client",
-reference §1.5): a sweep reads known channels over REST and admits it, once; the rest of
+reference §1.6): a sweep reads known channels over REST and admits it, once; the rest of
 the channel is not answered again; a channel gone is forgotten; the sweep point survives a
 restart."""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+
+import pytest
 import trio
 
 from adapters.discord._sweep import CHANNELS_PER_ROUND, Sweeps, sweep_round
 from stores import Store
+from tests.daemon.helpers import running_daemon
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until, wait_until_async
 
 from .conftest import DM, USER, AdapterFactory, serving
+from .test_killloop_discord import CHANNELS, TOKEN, USERS, _config, _connected
 from .test_resume import answered, stored_state
 
 DEADLINE_S = 30
@@ -185,3 +191,35 @@ async def test_no_sweep_when_disabled(
             await trio.sleep(1.0)
     assert answered(fake) == ["echo: one"]
     assert fake.calls("GET", "/messages") == []
+
+
+@pytest.mark.slow
+async def test_prismd_run_answers_a_message_the_gateway_never_sent(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Through ``prismd run`` (``sweep_every_s = 1``) as a user sees it: a DM dropped by the
+    gateway in a live session is answered once, by the next rounds, with no new session;
+    the daemon's log says so without the message's text."""
+    fake = FakeDiscord(token=TOKEN, heartbeat_interval_ms=2000)
+    await nursery.start(fake.serve)
+    layout = _config(tmp_path, fake, seed=7)
+    user = USERS[0]
+    env = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
+    with trio.fail_after(45):
+        async with running_daemon(layout, extra_env=env) as daemon:
+            await daemon.wait_state("READY=1")
+            await _connected(layout, "sweep")
+            fake.user_message(CHANNELS[user], user, "hello")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+            fake.gateway.drop_next = 1
+            dropped = fake.user_message(CHANNELS[user], user, "secret-never-sent")
+            await wait_until(lambda: len(fake.bot_messages()) == 2)
+            await trio.sleep(2.5)  # more rounds: nothing twice
+            daemon.send(signal.SIGTERM)
+            assert await daemon.wait_exit() == 0
+            log = daemon.stderr()
+    replies = [m["message_reference"]["message_id"] for m in fake.bot_messages()]
+    assert replies.count(dropped["id"]) == 1 and len(replies) == 2
+    assert len(fake.gateway.identifies()) == 1
+    assert "the gateway had not sent" in log
+    assert "secret-never-sent" not in log and TOKEN not in log
