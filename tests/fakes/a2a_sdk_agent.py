@@ -17,7 +17,8 @@ and the message that continues the task is answered ``sdk[<n>]: <text> (continue
 default) goes on by itself and answers; ``reject:``, ``fail:`` end ``rejected`` / ``failed``
 and ``status:`` ``completed`` with no artifact, each with the message's text in its status;
 ``data:`` completes with a data part only, ``many:`` with three artifacts, ``big:<n>`` with
-one text of ``n`` characters.
+one text of ``n`` characters. ``late:<s>`` makes the task known only after ``s`` seconds: a
+send with immediate acceptance waits that long for its answer.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class EchoLater(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None
+        prefix, _, rest = context.get_user_input().partition(":")
+        if prefix == "late" and context.current_task is None:
+            await asyncio.sleep(float(rest.split()[0]))  # the send's answer waits for the task
         task = context.current_task or new_task_from_user_message(context.message)
         if context.current_task is None:
             await event_queue.enqueue_event(task)

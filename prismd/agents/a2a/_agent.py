@@ -5,16 +5,16 @@ journaled in the task record (:mod:`._book`) before the next one acts:
 
 1. **intent** — ``phase = "sending"`` with the deterministic ``messageId``
    (``prismd-<operation id>``) and the hashes of this task's random push secrets, written
-   create-only *before* the request;
+   create-only *before* the request, then the operation moved to ``following``
+   (:meth:`~prismd.agents.RunHooks.following`), still before it: a restart takes it up;
 2. **send** — with immediate acceptance. A definite refusal (connection refused, 429/503,
    -32601/-32009 before any task exists) is retried with backoff (``Retry-After``
    honoured) until ``task_timeout_ms`` has passed (then "could not be reached"); an
    unknown outcome is never sent again: the record says ``"unknown"`` and the task is
    looked for with ``ListTasks`` (v1.0) by its ``messageId``;
-3. **following** — the task id and ``contextId`` journaled at once, then
-   :meth:`~prismd.agents.RunHooks.following` moves the operation to ``following``: a
-   restart (or another run of the same operation) finds the record and follows the task
-   again instead of sending;
+3. **following** — the task id and ``contextId`` journaled at once: a restart (or
+   another run of the same operation) finds the record and follows the task again
+   instead of sending (a record still ``"sending"``: the task looked for, as in 2);
 4. **answer** — when the task is terminal or needs input, a final ``GetTask`` and the reply
    from its artifacts (a single text part exactly, several joined by a blank line — those
    of an artifact seen built by ``append`` chunks, on the stream or in a push, joined as
@@ -240,6 +240,14 @@ class A2AAgent(AgentBase):
                 # Written by an earlier process that may or may not have sent it.
                 stored = await self.book.update(stored, phase="unknown")
             else:
+                # ``following`` before the request, not after its answer: a process that
+                # dies while the send is out (a slow peer's answer may take the task's
+                # whole time) leaves the operation to be taken up again after the restart
+                # — the task looked for by its messageId, never sent again — instead of
+                # ``executing``, which nothing resumes (the answer lost to an operator).
+                if request.hooks is not None and not await request.hooks.following():
+                    await self.book.update(stored, phase="done", state="refused")
+                    return failed("refused", session)
                 text = _text_of(request.input)
                 sent = await send(self, client, stored, text, push, request.hooks)
                 if isinstance(sent, RunResult):
