@@ -18,9 +18,10 @@ import pytest
 import trio
 
 from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import NOTICES, A2AAgent, A2AClient, PushReceiver
+from prismd.agents.a2a import NOTICES, A2AAgent, A2AClient, PushReceiver, list_remote_tasks
 from prismd.channel import TRUNCATION_MARKER
-from stores import SYSTEM_CLOCK, Store, open_store
+from prismd.journal import FOLLOWING_STATE, NS_OPERATION
+from stores import ANY_SCOPE, SYSTEM_CLOCK, Store, open_store
 from tests.agents.sdk_peer import running_sdk_agent
 from tests.fakes.a2a_sdk_agent import QUESTION, SIGN_IN
 from tests.support.builders import event
@@ -184,3 +185,29 @@ async def test_a_peer_that_restarts_and_forgets_its_tasks_is_told_once(tmp_path:
                 async with running_sdk_agent(tmp_path, 30.0, port):
                     await peer.host.settle()
                 assert peer.host.texts == [failed("lost")]
+
+
+async def test_cancel_while_the_send_waits_for_its_answer_settles_the_message(
+    sdk_url: str, tmp_path: Path
+) -> None:
+    """``/cancel`` while a slow peer has not answered the send yet (the operation is
+    ``following`` from before the request): the run is cut, the message settled and
+    nothing is left followed; the message queued behind it runs."""
+    with trio.fail_after(40):
+        async with prismd_against(tmp_path, sdk_url, "1.0") as peer:
+            await peer.host.runtime.admit(event("1", "late:3 a slow start"))
+            await trio.sleep(0.5)  # the send is out, its answer 3 s away
+            await peer.host.runtime.admit(event("2", "/cancel"))
+            await peer.host.runtime.admit(event("3", "and then this"))
+            await peer.host.settle()
+            assert peer.host.texts == [
+                "Cancelling the current request.",
+                "Request cancelled.",
+                "sdk[1]: and then this",
+            ]
+            assert peer.agent.following_now == 0
+            listed, _ = await list_remote_tasks(peer.store.checkpoints, ANY_SCOPE)
+            assert listed == []
+            page = await peer.store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
+            states = sorted(str(r.value["state"]) for r in page.items if isinstance(r.value, dict))
+            assert FOLLOWING_STATE not in states and "executing" not in states, states
