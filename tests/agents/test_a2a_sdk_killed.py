@@ -33,7 +33,7 @@ DELAY_S = 1.5
 admission lands before, during and after the remote task."""
 
 
-def _layout(root: Path, url: str) -> Layout:
+def _layout(root: Path, url: str, protocol: str = "auto", max_poll_ms: int = 1000) -> Layout:
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -60,8 +60,9 @@ listen = "127.0.0.1:{layout.port}"
 [agents.remote]
 kind = "a2a"
 url = "{url}"
+protocol = "{protocol}"
 poll_interval_ms = 200
-max_poll_interval_ms = 1000
+max_poll_interval_ms = {max_poll_ms}
 
 [[grants]]
 connection = "web"
@@ -158,35 +159,40 @@ async def test_a_sigkill_at_a_random_moment_sends_and_answers_at_most_once(
         assert "zq" not in log and "Traceback" not in log
 
 
-async def test_a_sigkill_while_the_send_waits_for_its_answer_is_found_and_answered(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("signum", "protocol"),
+    [(signal.SIGKILL, "1.0"), (signal.SIGTERM, "1.0"), (signal.SIGKILL, "0.3")],
+)
+async def test_a_daemon_stopped_while_the_send_waits_for_its_answer_finds_the_task(
+    tmp_path: Path, signum: int, protocol: str
 ) -> None:
-    """A slow peer: the SDK agent makes its task known 3 s after the message arrived, so
-    the send waits for its answer that long, and the daemon is SIGKILLed meanwhile. The
-    send may have landed (it did): after the restart the task is found by ``ListTasks``
-    (its ``messageId``), followed and answered once — not sent again, not left for an
-    operator to guess."""
+    """A slow peer: the SDK agent makes its task known 4 s after the message arrived, so
+    the send waits for its answer that long, and the daemon is SIGKILLed (or stopped:
+    a stop does not wait for the peer) meanwhile. The send may have landed (it did): after
+    the restart the task is found — v1.0 by ``ListTasks`` (its ``messageId``), v0.3 by the
+    push that carries the send's credential — followed and answered once: not sent again,
+    not left for an operator to guess."""
     with trio.fail_after(60):
         async with running_sdk_agent(tmp_path, 0.5) as url:
-            layout = _layout(tmp_path, url)
-            async with running_daemon(layout, tag="killed") as d:
+            layout = _layout(tmp_path, url, protocol, max_poll_ms=8000)
+            async with running_daemon(layout, tag="stopped") as d:
                 await d.wait_state("READY=1")
                 async with chat(layout.port, ACTOR) as client:
-                    admission = await client.send_message("m1", "late:3 zq")
+                    admission = await client.send_message("m1", "late:4 zq")
                     assert admission["status"] == "accepted"
-                    await trio.sleep(1.5)
-                d.send(signal.SIGKILL)
-                assert await d.wait_exit() == -signal.SIGKILL
+                    await trio.sleep(1.0)
+                d.send(signum)
+                assert await d.wait_exit() == (0 if signum == signal.SIGTERM else -signum)
             replies = Replies()
             async with running_daemon(layout, tag="again") as d:
                 await d.wait_state("READY=1")
                 async with chat(layout.port, ACTOR) as client:
-                    with trio.move_on_after(20):
-                        replies.add(await client.next_frame("reply", limit_s=20))
+                    with trio.move_on_after(25):
+                        replies.add(await client.next_frame("reply", limit_s=25))
                     await _collect(client, replies, 1.0)
                 code, unresolved, _ = await prismctl(layout, "list-unresolved")
                 d.send(signal.SIGTERM)
                 assert await d.wait_exit() == 0
-            assert dict(replies.by_message) == {"m1": {"sdk[1]: late:3 zq"}}
+            assert dict(replies.by_message) == {"m1": {"sdk[1]: late:4 zq"}}
             assert code == 0 and unresolved == []
             assert list((await _seen_by_the_agent(url)).values()) == [1]
