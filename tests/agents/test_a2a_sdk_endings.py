@@ -18,7 +18,14 @@ import pytest
 import trio
 
 from prismd.agents import AgentContext, build_agent
-from prismd.agents.a2a import NOTICES, A2AAgent, A2AClient, PushReceiver, list_remote_tasks
+from prismd.agents.a2a import (
+    NOTICES,
+    NS_CONTEXT,
+    A2AAgent,
+    A2AClient,
+    PushReceiver,
+    list_remote_tasks,
+)
 from prismd.channel import TRUNCATION_MARKER
 from prismd.journal import FOLLOWING_STATE, NS_OPERATION
 from stores import ANY_SCOPE, SYSTEM_CLOCK, Store, open_store
@@ -211,3 +218,25 @@ async def test_cancel_while_the_send_waits_for_its_answer_settles_the_message(
             page = await peer.store.checkpoints.list_checkpoints(namespace=NS_OPERATION)
             states = sorted(str(r.value["state"]) for r in page.items if isinstance(r.value, dict))
             assert FOLLOWING_STATE not in states and "executing" not in states, states
+
+
+@pytest.mark.parametrize("protocol", ["1.0", "0.3"])
+async def test_an_answer_to_a_question_whose_task_ended_meanwhile_starts_a_new_task(
+    sdk_url: str, tmp_path: Path, protocol: str
+) -> None:
+    """The task that asked was cancelled at the peer before the user answered: the SDK
+    refuses the continuation (-32004), and the answer goes to a new task in the same
+    context — sent once, answered once."""
+    with trio.fail_after(40):
+        async with prismd_against(tmp_path, sdk_url, protocol) as peer:
+            await peer.say("1", "ask: the report")
+            client = await peer.agent.connect()
+            assert client is not None
+            page = await peer.store.checkpoints.list_checkpoints(namespace=NS_CONTEXT)
+            (asked,) = page.items
+            task_id = asked.value["taskId"]
+            assert task_id is not None
+            assert (await client.cancel_task(task_id)) is not None
+            await peer.say("2", "2025")
+            assert peer.host.texts == [QUESTION, "sdk[2]: 2025"]
+            assert len(await peer.sends()) == 2
