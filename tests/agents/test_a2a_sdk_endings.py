@@ -178,14 +178,18 @@ async def test_an_answer_larger_than_a_push_is_read_by_polling(
             assert peer.receiver.counters.get("pushes_refused", 0) >= 1
 
 
-async def test_a_peer_that_restarts_and_forgets_its_tasks_is_told_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_peer_that_restarts_and_forgets_its_tasks_is_told_once(
+    tmp_path: Path, stream: bool
+) -> None:
     """The SDK's in-memory task store forgets a task when the agent restarts: the next
-    ``GetTask`` is -32001, and the user is told once that the agent lost it."""
+    ``GetTask`` is -32001, and the user is told once that the agent lost it. Followed by
+    its stream, the stream breaks with the agent and the task is read instead."""
     with trio.fail_after(50):
         async with contextlib.AsyncExitStack() as first:
             url = await first.enter_async_context(running_sdk_agent(tmp_path, 30.0))
             port = int(url.rsplit(":", 1)[1].strip("/"))
-            async with prismd_against(tmp_path, url, "1.0", stream=False) as peer:
+            async with prismd_against(tmp_path, url, "1.0", stream=stream) as peer:
                 await peer.host.runtime.admit(event("1", "a long job"))
                 await wait_until(lambda: peer.agent.following_now == 1)
                 await first.aclose()  # the agent stops, its tasks with it
@@ -240,3 +244,19 @@ async def test_an_answer_to_a_question_whose_task_ended_meanwhile_starts_a_new_t
             await peer.say("2", "2025")
             assert peer.host.texts == [QUESTION, "sdk[2]: 2025"]
             assert len(await peer.sends()) == 2
+
+
+@pytest.mark.parametrize("protocol", ["1.0", "0.3"])
+async def test_a_bare_message_answer_is_the_reply_and_its_context_continues(
+    sdk_url: str, tmp_path: Path, protocol: str
+) -> None:
+    """A message-only answer (no task): replied at once, nothing left followed, and the
+    next message continues its context (the agent's turn 2)."""
+    with trio.fail_after(40):
+        async with prismd_against(tmp_path, sdk_url, protocol) as peer:
+            await peer.say("1", "reply: hello")
+            await peer.say("2", "reply: again")
+            assert peer.host.texts == ["sdk[1]: hello", "sdk[2]: again"]
+            assert peer.agent.following_now == 0
+            listed, _ = await list_remote_tasks(peer.store.checkpoints, ANY_SCOPE)
+            assert listed == []

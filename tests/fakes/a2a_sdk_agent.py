@@ -18,7 +18,8 @@ default) goes on by itself and answers; ``reject:``, ``fail:`` end ``rejected`` 
 and ``status:`` ``completed`` with no artifact, each with the message's text in its status;
 ``data:`` completes with a data part only, ``many:`` with three artifacts, ``big:<n>`` with
 one text of ``n`` characters. ``late:<s>`` makes the task known only after ``s`` seconds: a
-send with immediate acceptance waits that long for its answer.
+send with immediate acceptance waits that long for its answer. ``reply:`` is answered by a
+bare message (no task), ``sdk[<n>]: <the rest>``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-from a2a.helpers.proto_helpers import new_data_part, new_task_from_user_message, new_text_part
+from a2a.helpers.proto_helpers import (
+    new_data_part,
+    new_task_from_user_message,
+    new_text_message,
+    new_text_part,
+)
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -60,6 +66,14 @@ class EchoLater(AgentExecutor):
         prefix, _, rest = context.get_user_input().partition(":")
         if prefix == "late" and context.current_task is None:
             await asyncio.sleep(float(rest.split()[0]))  # the send's answer waits for the task
+        if prefix == "reply" and context.current_task is None:
+            # A message-only agent: the answer is a bare message, no task to follow.
+            self.turns[context.context_id or ""] += 1
+            n = self.turns[context.context_id or ""]
+            await event_queue.enqueue_event(
+                new_text_message(f"sdk[{n}]: {rest.strip()}", context_id=context.context_id)
+            )
+            return
         task = context.current_task or new_task_from_user_message(context.message)
         if context.current_task is None:
             await event_queue.enqueue_event(task)
