@@ -63,7 +63,7 @@ from ._gate import POLL_LEASE_MS
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._unary import RPC_CONNECTIONS
-from ._wire import PushConfig
+from ._wire import PushConfig, Task
 
 log = logging.getLogger("prismd.agents.a2a")
 HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
@@ -235,6 +235,8 @@ class A2AAgent(AgentBase):
         on_event: EventSink | None,
     ) -> RunResult:
         session = request.session_id
+        answered: Task | None = None
+        """The task as the send's answer showed it."""
         if stored.record.phase == "sending":
             if not fresh:
                 # Written by an earlier process that may or may not have sent it.
@@ -252,7 +254,7 @@ class A2AAgent(AgentBase):
                 sent = await send(self, client, stored, text, push, request.hooks)
                 if isinstance(sent, RunResult):
                     return sent
-                stored = sent
+                stored, answered = sent
         if stored.record.phase == "unknown":
             found = await recover(self, client, stored)
             if found is None and stored.record.token_hash is not None:
@@ -277,7 +279,9 @@ class A2AAgent(AgentBase):
                 return await follow(self, client, stored, on_event, session)
             finally:
                 self.blocking -= 1
-        return await park_or_answer(self, client, stored, fresh, hooks, on_event, session)
+        return await park_or_answer(
+            self, client, stored, fresh, hooks, on_event, session, answered=answered
+        )
 
     async def _await_push(self, client: A2AClient, stored: Stored) -> Stored | None:
         """After an unknown send outcome that nothing found (a v0.3 peer has no

@@ -540,10 +540,13 @@ async def park_or_answer(
     hooks: RunHooks,
     on_event: EventSink | None,
     session: str,
+    *,
+    answered: Task | None = None,
 ) -> RunResult:
     """A run whose task is known: answer when the task is over (read by the follower that
-    woke this run, or once here after a restart), else park the turn with the follower and
-    return ``following``. ``/cancel`` (a parked turn woken to cancel): ``CancelTask``."""
+    woke this run, or once here after a restart or when the send's answer — ``answered`` —
+    showed it over already), else park the turn with the follower and return
+    ``following``. ``/cancel`` (a parked turn woken to cancel): ``CancelTask``."""
     record = stored.record
     task_id = record.task_id
     assert task_id is not None
@@ -554,6 +557,12 @@ async def park_or_answer(
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
+    if finding is None and answered is not None and ends_turn(answered, record.prompt):
+        # Over in the send's answer: replied at once — from the task read once more, as
+        # every answer is, else (the peer keeps no finished task, restarted, or cannot be
+        # reached now) from the task the send returned: not lost to a poll.
+        read = await _read(agent, client, task_id)
+        finding = read if isinstance(read, Task) else answered
     if finding == ELSEWHERE or (
         finding is None
         and not just_sent
