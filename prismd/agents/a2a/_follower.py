@@ -306,6 +306,14 @@ class Follower:
     def take(self, task_id: str) -> Finding | None:
         return self.found.pop(task_id, None)
 
+    def drop(self, task_id: str) -> None:
+        """Follow ``task_id`` no more (its turn is over: ``/cancel``); a read or a stream
+        in flight for it ends without a wake."""
+        record = self.records.pop(task_id, None)
+        if record is not None:
+            record.wake = None
+        self.found.pop(task_id, None)
+
     def wake_task(self, task_id: str) -> bool:
         """A push said something about ``task_id``: read it now. ``False`` when it is not
         followed here."""
@@ -554,6 +562,10 @@ async def park_or_answer(
     if hooks.cancelling:
         await agent.cancel_followed(client, stored.scope, stored.key)
         await _forget(agent, task_id)
+        # Not polled on: a peer that refuses CancelTask may work on for hours.
+        follower = agent.followers.get(hooks.runtime)
+        if follower is not None:
+            follower.drop(task_id)
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
