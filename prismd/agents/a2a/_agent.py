@@ -297,6 +297,9 @@ class A2AAgent(AgentBase):
                 return await recover(self, client, again)
         return None
 
+    async def release_operation(self, scope: OwnershipScope, operation_id: str) -> None:
+        await release(self, scope, operation_id)  # the operation settled without a run
+
     async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
         """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
         with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
@@ -368,6 +371,24 @@ class A2AAgent(AgentBase):
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}
+
+
+async def release(agent: A2AAgent, scope: OwnershipScope, operation_id: str) -> None:
+    """``operation_id`` was settled without ``agent`` (the sender's grant refused when its
+    task ended, or at a restart): the task is followed no more and its record is closed
+    (``released``) — no longer listed by ``listRemoteTasks`` nor counted against the
+    tenant's limit. The remote task is left as it is (nothing sent)."""
+    stored = await agent.book.load(scope, operation_id)
+    if stored is None or stored.record.phase == "done":
+        return
+    task_id = stored.record.task_id
+    await agent.book.update(stored, phase="done", state="released")
+    if task_id is None:
+        return
+    for follower in agent.followers.values():
+        follower.drop(task_id)
+    if agent.polls is not None:
+        await agent.polls.forget(f"{agent.alias}/{task_id}")
 
 
 async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
