@@ -288,6 +288,12 @@ class AgentBase(abc.ABC):
     async def _resume(self, request: ResumeRequest) -> RunResult:
         """The kind's own continuation of a suspended run (see :meth:`Agent.resume`)."""
 
+    async def release_operation(self, scope: OwnershipScope, operation_id: str) -> None:
+        """The runtime settled ``operation_id`` while it was ``following`` without running
+        the agent again (its sender's grant refused): a kind that keeps work for such an
+        operation (``a2a``: the remote task it follows) closes it. Nothing by default."""
+        return None
+
 
 SecretReader: TypeAlias = Callable[[str | None, str | None, str], str]
 """``read_secret(env_name, file_name, key)``: the secret from the environment variable or

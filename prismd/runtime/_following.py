@@ -43,6 +43,7 @@ from ..journal import (
     Loaded,
     OperationRecord,
     OperationRef,
+    OwnershipScope,
     transition,
 )
 from ._core import Core, authorize_input, check_grant
@@ -335,7 +336,7 @@ async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
         core.count("denied")
         code = "identity_revoked" if reason == "revoked" else "rejected"
         async with core.leases.fence(route) as fence:
-            await core.settle_operation(
+            settled = await core.settle_operation(
                 route.scope,
                 key[0],
                 parked.operation_id,
@@ -344,6 +345,8 @@ async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
                 error_code=code,
                 only_from=frozenset({FOLLOWING_STATE}),
             )
+        if settled:
+            await release_agent(core, key[4], route.scope, parked.operation_id)
         return None
     assert isinstance(grant, Grant)
     await core.routes.hydrate(route, grant.identity)
@@ -357,6 +360,22 @@ async def _rebuild(core: Core, route: Route, parked: Wake) -> Turn | None:
         following=True,
         cancel_remote=parked.cancelling,
     )
+
+
+async def release_agent(core: Core, alias: str, scope: OwnershipScope, operation_id: str) -> None:
+    """A ``following`` operation was settled without its agent run again (its sender's
+    grant refused when its task ended, or at a restart): the agent closes what it keeps for
+    it (:meth:`~prismd.agents._base.AgentBase.release_operation`; the ``a2a`` kind: its task
+    record, no longer listed nor counted against the tenant's limit, and its follower's
+    record). Never raises: a failure is counted."""
+    agent = None if core.agents is None else core.agents.get(alias)
+    release = getattr(agent, "release_operation", None)
+    if release is None:
+        return
+    try:
+        await release(scope, operation_id)
+    except Exception:
+        core.count("storage_failures")
 
 
 def cancel_parked(core: Core, route: Route) -> bool:

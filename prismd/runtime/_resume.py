@@ -41,6 +41,7 @@ from ..journal import (
 )
 from ._admit import AWAITING_DECISION_TEXT
 from ._core import Core, authorize_input, check_grant
+from ._following import release_agent
 from ._leases import LEASE_BACKOFF_MAX_S, LEASE_BACKOFF_START_S
 from ._replies import Draft, Settle, answer
 from ._routes import Turn, route_key
@@ -136,14 +137,17 @@ def _known(core: Core, operation_id: str) -> bool:
 async def _deny(core: Core, loaded: Loaded[OperationRecord], code: str) -> None:
     core.count("denied")
     record = loaded.record
-    await core.settle_operation(
+    settled = await core.settle_operation(
         loaded.scope,
         record.connection_id,
         record.operation_id,
         "failed",
         error_code=code,
-        only_from=frozenset({"accepted"}),
+        only_from=_RESUMED_STATES,
     )
+    if settled and record.state == FOLLOWING_STATE:
+        # Its remote task is followed no more: the agent closes what it keeps for it.
+        await release_agent(core, record.agent_alias, loaded.scope, record.operation_id)
 
 
 async def _try_enqueue(core: Core, item: _Pending) -> str:

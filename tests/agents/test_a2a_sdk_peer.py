@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,35 +16,19 @@ import trio
 
 from adapters.toolkit import Http11
 from prismd.agents.a2a import A2AClient, PushConfig, Task, read_observation
+from tests.agents.sdk_peer import running_sdk_agent
 from tests.support.handler_server import read_request
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 async def sdk_url(tmp_path: Path) -> AsyncIterator[str]:
     """The SDK agent, answering each message after 1 s: long enough for a subscribe made
     right after the send to find the task still working, even on a loaded machine."""
-    port_file = tmp_path / "port"
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.fakes.a2a_sdk_agent", str(port_file), "1.0"], cwd=ROOT
-    )
-    try:
-        with trio.fail_after(30):
-            while not port_file.exists() or not port_file.read_text():
-                if proc.poll() is not None:
-                    raise AssertionError("the a2a-sdk agent did not start")
-                await trio.sleep(0.05)
-        yield f"http://127.0.0.1:{port_file.read_text()}/"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(5) as waited:
-            await proc.wait()
-        if waited.cancelled_caught:
-            proc.kill()
-            await proc.wait()
+    async with running_sdk_agent(tmp_path, 1.0) as url:
+        yield url
 
 
 async def _receiver(

@@ -5,16 +5,16 @@ journaled in the task record (:mod:`._book`) before the next one acts:
 
 1. **intent** — ``phase = "sending"`` with the deterministic ``messageId``
    (``prismd-<operation id>``) and the hashes of this task's random push secrets, written
-   create-only *before* the request;
+   create-only *before* the request, then the operation moved to ``following``
+   (:meth:`~prismd.agents.RunHooks.following`), still before it: a restart takes it up;
 2. **send** — with immediate acceptance. A definite refusal (connection refused, 429/503,
    -32601/-32009 before any task exists) is retried with backoff (``Retry-After``
    honoured) until ``task_timeout_ms`` has passed (then "could not be reached"); an
    unknown outcome is never sent again: the record says ``"unknown"`` and the task is
    looked for with ``ListTasks`` (v1.0) by its ``messageId``;
-3. **following** — the task id and ``contextId`` journaled at once, then
-   :meth:`~prismd.agents.RunHooks.following` moves the operation to ``following``: a
-   restart (or another run of the same operation) finds the record and follows the task
-   again instead of sending;
+3. **following** — the task id and ``contextId`` journaled at once: a restart (or
+   another run of the same operation) finds the record and follows the task again
+   instead of sending (a record still ``"sending"``: the task looked for, as in 2);
 4. **answer** — when the task is terminal or needs input, a final ``GetTask`` and the reply
    from its artifacts (a single text part exactly, several joined by a blank line — those
    of an artifact seen built by ``append`` chunks, on the stream or in a push, joined as
@@ -63,7 +63,7 @@ from ._gate import POLL_LEASE_MS
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._unary import RPC_CONNECTIONS
-from ._wire import PushConfig
+from ._wire import PushConfig, Task
 
 log = logging.getLogger("prismd.agents.a2a")
 HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
@@ -235,16 +235,26 @@ class A2AAgent(AgentBase):
         on_event: EventSink | None,
     ) -> RunResult:
         session = request.session_id
+        answered: Task | None = None
+        """The task as the send's answer showed it."""
         if stored.record.phase == "sending":
             if not fresh:
                 # Written by an earlier process that may or may not have sent it.
                 stored = await self.book.update(stored, phase="unknown")
             else:
+                # ``following`` before the request, not after its answer: a process that
+                # dies while the send is out (a slow peer's answer may take the task's
+                # whole time) leaves the operation to be taken up again after the restart
+                # — the task looked for by its messageId, never sent again — instead of
+                # ``executing``, which nothing resumes (the answer lost to an operator).
+                if request.hooks is not None and not await request.hooks.following():
+                    await self.book.update(stored, phase="done", state="refused")
+                    return failed("refused", session)
                 text = _text_of(request.input)
                 sent = await send(self, client, stored, text, push, request.hooks)
                 if isinstance(sent, RunResult):
                     return sent
-                stored = sent
+                stored, answered = sent
         if stored.record.phase == "unknown":
             found = await recover(self, client, stored)
             if found is None and stored.record.token_hash is not None:
@@ -269,7 +279,9 @@ class A2AAgent(AgentBase):
                 return await follow(self, client, stored, on_event, session)
             finally:
                 self.blocking -= 1
-        return await park_or_answer(self, client, stored, fresh, hooks, on_event, session)
+        return await park_or_answer(
+            self, client, stored, fresh, hooks, on_event, session, answered=answered
+        )
 
     async def _await_push(self, client: A2AClient, stored: Stored) -> Stored | None:
         """After an unknown send outcome that nothing found (a v0.3 peer has no
@@ -284,6 +296,9 @@ class A2AAgent(AgentBase):
             if again is not None and again.record.task_id is not None:
                 return await recover(self, client, again)
         return None
+
+    async def release_operation(self, scope: OwnershipScope, operation_id: str) -> None:
+        await release(self, scope, operation_id)  # the operation settled without a run
 
     async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
         """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
@@ -356,6 +371,24 @@ class A2AAgent(AgentBase):
 
     def statistics(self) -> dict[str, Any]:
         return {"following": self.following_now, **self.counters}
+
+
+async def release(agent: A2AAgent, scope: OwnershipScope, operation_id: str) -> None:
+    """``operation_id`` was settled without ``agent`` (the sender's grant refused when its
+    task ended, or at a restart): the task is followed no more and its record is closed
+    (``released``) — no longer listed by ``listRemoteTasks`` nor counted against the
+    tenant's limit. The remote task is left as it is (nothing sent)."""
+    stored = await agent.book.load(scope, operation_id)
+    if stored is None or stored.record.phase == "done":
+        return
+    task_id = stored.record.task_id
+    await agent.book.update(stored, phase="done", state="released")
+    if task_id is None:
+        return
+    for follower in agent.followers.values():
+        follower.drop(task_id)
+    if agent.polls is not None:
+        await agent.polls.forget(f"{agent.alias}/{task_id}")
 
 
 async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:

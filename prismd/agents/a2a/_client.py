@@ -457,7 +457,9 @@ async def fetch_card(
     timeout_s: float,
 ) -> object:
     """The card's JSON (``card_url``, else ``<url>/.well-known/agent-card.json`` and then
-    ``agent.json``). Raises :class:`CardError`, :class:`Refused` or :class:`OutcomeUnknown`."""
+    ``agent.json``: the legacy path is tried when the first gives no JSON card — not found,
+    another error status, or a 200 that is not JSON). Raises :class:`CardError`,
+    :class:`Refused` or :class:`OutcomeUnknown`."""
     if card_url is not None:
         candidates = [card_url]
     elif url is not None:
@@ -467,24 +469,25 @@ async def fetch_card(
         raise CardError("neither url nor card_url")
     for candidate in candidates:
         check_url(candidate, "the card URL")
-    raw: object = None
     for candidate in candidates:
         response = await _get(http, candidate, bearer, timeout_s)
-        if response.status_code == 404 and candidate is not candidates[-1]:
-            continue
         if response.status_code in (429, 503):
             raise Refused(
                 f"http_{response.status_code}",
                 retry_after_s(response.headers.get("retry-after")),
             )
+        last = candidate is candidates[-1]
         if response.status_code != 200:
+            if not last:
+                continue  # not there (404, or a 401/405/500 for a path it does not serve)
             raise CardError(f"the card could not be fetched (HTTP {response.status_code})")
         try:
-            raw = response.json()
+            return response.json()
         except ValueError as exc:
+            if not last:
+                continue  # a catch-all page (a web app's 200 HTML) where no card is
             raise CardError("the card is not JSON") from exc
-        break
-    return raw
+    raise CardError("the card could not be fetched")
 
 
 def _stream_item(data: str, on_item: Callable[[Observation], bool]) -> tuple[A2AError | None, bool]:

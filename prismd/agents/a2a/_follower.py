@@ -306,6 +306,14 @@ class Follower:
     def take(self, task_id: str) -> Finding | None:
         return self.found.pop(task_id, None)
 
+    def drop(self, task_id: str) -> None:
+        """Follow ``task_id`` no more (its turn is over: ``/cancel``); a read or a stream
+        in flight for it ends without a wake."""
+        record = self.records.pop(task_id, None)
+        if record is not None:
+            record.wake = None
+        self.found.pop(task_id, None)
+
     def wake_task(self, task_id: str) -> bool:
         """A push said something about ``task_id``: read it now. ``False`` when it is not
         followed here."""
@@ -540,10 +548,13 @@ async def park_or_answer(
     hooks: RunHooks,
     on_event: EventSink | None,
     session: str,
+    *,
+    answered: Task | None = None,
 ) -> RunResult:
     """A run whose task is known: answer when the task is over (read by the follower that
-    woke this run, or once here after a restart), else park the turn with the follower and
-    return ``following``. ``/cancel`` (a parked turn woken to cancel): ``CancelTask``."""
+    woke this run, or once here after a restart or when the send's answer — ``answered`` —
+    showed it over already), else park the turn with the follower and return
+    ``following``. ``/cancel`` (a parked turn woken to cancel): ``CancelTask``."""
     record = stored.record
     task_id = record.task_id
     assert task_id is not None
@@ -551,9 +562,19 @@ async def park_or_answer(
     if hooks.cancelling:
         await agent.cancel_followed(client, stored.scope, stored.key)
         await _forget(agent, task_id)
+        # Not polled on: a peer that refuses CancelTask may work on for hours.
+        follower = agent.followers.get(hooks.runtime)
+        if follower is not None:
+            follower.drop(task_id)
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
+    if finding is None and answered is not None and ends_turn(answered, record.prompt):
+        # Over in the send's answer: replied at once — from the task read once more, as
+        # every answer is, else (the peer keeps no finished task, restarted, or cannot be
+        # reached now) from the task the send returned: not lost to a poll.
+        read = await _read(agent, client, task_id)
+        finding = read if isinstance(read, Task) else answered
     if finding == ELSEWHERE or (
         finding is None
         and not just_sent

@@ -118,7 +118,10 @@ async def send(
     text: str,
     push: PushConfig | None,
     hooks: RunHooks | None = None,
-) -> Stored | RunResult:
+) -> tuple[Stored, Task | None] | RunResult:
+    """The message sent once: the task record as journaled and the task the peer answered
+    (``None``: the outcome is unknown, the record says so), or the run's result (a bare
+    message, a refusal)."""
     record = stored.record
     delay = agent.options.poll_interval_ms / 1000
     cap = agent.options.max_poll_interval_ms / 1000
@@ -150,7 +153,7 @@ async def send(
             delay = min(delay * 2, cap)
             continue
         except OutcomeUnknown:
-            return await agent.book.update(stored, phase="unknown")
+            return await agent.book.update(stored, phase="unknown"), None
         except RemoteError as exc:
             agent.count("send_refused")
             if exc.code in (METHOD_NOT_FOUND, VERSION_NOT_SUPPORTED):
@@ -192,7 +195,7 @@ async def send(
             run_id=f"a2a:{answer.message_id}",
             session_id=record.session_id,
         )
-    return await accepted(agent, stored, answer)
+    return await accepted(agent, stored, answer), answer
 
 
 async def accepted(agent: A2AAgent, stored: Stored, task: Task) -> Stored:
