@@ -126,7 +126,33 @@ def _control_socket_findings(ctx: Context) -> list[Finding]:
     problem = _writable_dir(path.parent)
     if problem is not None:
         return [failed(name, f"{problem}; change [control].socket or its directory's owner")]
+    problem = _socket_directory_problem(ctx.config, path)
+    if problem is not None:
+        return [failed(name, f"{problem}; change [control].socket")]
     return [ok(name, "stale socket file, replaced at start" if path.exists() else "free")]
+
+
+def _socket_directory_problem(config: Config, path: Path) -> str | None:
+    """What the control server would refuse about the socket's directory (it checks the
+    same at start), including the state directory that `run` creates before it: its
+    files and its mode 0750 keep the socket out of it unless a [control].group is set."""
+    import grp
+
+    from ..control._server import socket_directory_problem
+
+    group = config.control.group
+    try:
+        gid = grp.getgrnam(group).gr_gid if group is not None else None
+    except KeyError:
+        gid = None  # check-config names the unknown group
+    state_dir = Path(config.daemon.state_dir)
+    if gid is None and not state_dir.exists() and path.parent.resolve() == state_dir.resolve():
+        return (
+            f"{path.parent} is the state directory, which will hold other files and be open"
+            f" to its group (mode 750); put the control socket in its own directory, such"
+            f" as {path.parent / 'run' / path.name}"
+        )
+    return socket_directory_problem(path.parent, gid, path.name)
 
 
 async def _daemon_answers(path: str) -> str | None:
