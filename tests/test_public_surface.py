@@ -203,6 +203,7 @@ PINNED: dict[str, list[str]] = {
         "RemoteTasks",
         "pairing_aliases_from_grants",
         "serve_control",
+        "socket_directory_problem",
     ],
     "prismd.daemon": [
         "Config",

@@ -138,7 +138,7 @@ def _socket_directory_problem(config: Config, path: Path) -> str | None:
     files and its mode 0750 keep the socket out of it unless a [control].group is set."""
     import grp
 
-    from ..control._server import socket_directory_problem
+    from ..control import socket_directory_problem
 
     group = config.control.group
     try:
