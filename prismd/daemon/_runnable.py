@@ -97,12 +97,26 @@ ignored, which :func:`config_warnings` says."""
 
 
 def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list[str]:
-    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a variable of
-    :data:`ENV_CONNECTIONS` set while the config file has no connection of its kind."""
+    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a connection no
+    ``[[grants]]`` entry names (every message on it is refused: a daemon that starts,
+    says ready and answers nobody there), and a variable of :data:`ENV_CONNECTIONS` set
+    while the config file has no connection of its kind."""
     if config.source is None:
         return []
+    granted = {grant.connection for grant in config.grants}
+    alias = next(iter(config.agents), None)
+    aliases = (
+        f'aliases = ["{alias}"]' if alias else 'aliases = ["echo"] and [agents.echo] kind = "echo"'
+    )
+    ungranted = [
+        f"connection {conn.id!r} has no [[grants]] entry, so every message on it is refused;"
+        f' add one: [[grants]] connection = "{conn.id}", actors = ["*"] (or pairing = true),'
+        f" {aliases}"
+        for conn in config.connections
+        if conn.id not in granted
+    ]
     present = {conn.kind for conn in config.connections}
-    return [
+    return ungranted + [
         f"{variable} is set but {config.source} has no {kind} connection, so it is not used;"
         f' add a [[connections]] block with kind = "{kind}"'
         + (f' and token_env = "{variable}"' if kind == "telegram" else "")

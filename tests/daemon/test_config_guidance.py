@@ -93,7 +93,10 @@ def test_an_ignored_telegram_token_is_named_at_check_config_and_run(tmp_path: Pa
     assert config_warnings(config, {"TELEGRAM_BOT_TOKEN": " "}) == []
     assert config_warnings(config, {"TELEGRAM_BOT_TOKEN": "x"}) != []
     assert config_warnings(load_config(None, env={}), {"TELEGRAM_BOT_TOKEN": "x"}) == []
-    path.write_text(WEB + '\n[[connections]]\nid = "tg"\nkind = "telegram"\ntoken_env = "OTHER"\n')
+    path.write_text(
+        WEB + '\n[[connections]]\nid = "tg"\nkind = "telegram"\ntoken_env = "OTHER"\n'
+        '[[grants]]\nconnection = "tg"\npairing = true\naliases = ["echo"]\n'
+    )
     assert config_warnings(load_config(path), {"TELEGRAM_BOT_TOKEN": "x"}) == []
 
 
@@ -155,3 +158,36 @@ def test_unknown_keys_suggest_the_closest_known_one(
     if "did you mean" not in message:
         assert info.value.message == "unknown key"
     assert str(info.value) == f"{path}: {key}: {info.value.message}"
+
+
+NO_GRANT = """
+[[connections]]
+id = "web"
+kind = "webchat"
+listen = "127.0.0.1:0"
+"""
+
+
+@pytest.mark.parametrize(
+    ("agents", "aliases"),
+    [
+        ('[agents.helper]\nkind = "echo"\n', 'aliases = ["helper"]'),
+        ("", 'aliases = ["echo"] and [agents.echo] kind = "echo"'),
+    ],
+    ids=["an-agent", "no-agent"],
+)
+def test_a_connection_no_grant_names_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], agents: str, aliases: str
+) -> None:
+    # Such a daemon starts and says ready, and refuses every message on that connection.
+    path = tmp_path / "prismd.toml"
+    path.write_text(NO_GRANT + agents)
+    assert main(["check-config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "prismd: warning: connection 'web' has no [[grants]] entry, so every message on it is"
+        ' refused; add one: [[grants]] connection = "web", actors = ["*"] (or pairing = true),'
+        f" {aliases}\n"
+    )
+    path.write_text(WEB)
+    assert config_warnings(load_config(path), env={}) == []
