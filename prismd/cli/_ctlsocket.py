@@ -73,8 +73,15 @@ def find_socket(socket: str | None, config: str | None, env: Mapping[str, str] =
     if len(found) == 1:
         return found[0].path
     for candidate in found:
-        if os.path.exists(candidate.path):
+        try:
+            os.stat(candidate.path)
+        except PermissionError:
+            # It may be there behind a directory this user cannot enter: connecting says so
+            # ("permission denied"), where "no control socket found" would mislead.
             return candidate.path
+        except OSError:
+            continue
+        return candidate.path
     tried = "\n".join(f"  {c.path}  ({c.source})" for c in found)
     raise SocketSearchError(
         f"no control socket found: is prismd running? Tried:\n{tried}\n"

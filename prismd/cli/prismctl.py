@@ -29,6 +29,7 @@ import json
 import os
 import shlex
 import socket
+import stat
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -82,6 +83,21 @@ def default_socket_path(env: Mapping[str, str] = os.environ) -> str:
     return SYSTEM_SOCKET
 
 
+def _refuse_a_non_socket(path: str) -> None:
+    """A path that is there but is no socket (a config file, a directory) is named as such,
+    instead of the kernel's "connection refused"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # connect() says what is wrong
+    if not stat.S_ISSOCK(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "a file"
+        raise ControlClientError(
+            f"{path} is {what}, not a socket: name prismd's control socket ([control].socket"
+            " of its config) with --socket PATH, or use --config FILE"
+        )
+
+
 class ControlClient:
     """One connection to the control socket; ``call`` sends a request and reads its answer."""
 
@@ -92,7 +108,11 @@ class ControlClient:
         self._frames = FrameBuffer(MAX_ANSWER_BYTES)
         self._next_id = 0
         try:
+            _refuse_a_non_socket(path)
             self._sock.connect(path)
+        except ControlClientError:
+            self._sock.close()
+            raise
         except FileNotFoundError:
             self._sock.close()
             raise ControlClientError(f"daemon not running (no socket at {path})") from None
@@ -104,7 +124,11 @@ class ControlClient:
             ) from None
         except PermissionError:
             self._sock.close()
-            raise ControlClientError(f"permission denied: cannot open {path}") from None
+            raise ControlClientError(
+                f"permission denied: cannot open {path} as uid {os.getuid()}; the control"
+                " socket is open to the daemon's own user (and to its [control].group when"
+                " set): run prismctl as that user, or see docs/install.md#operators"
+            ) from None
         except OSError as exc:
             self._sock.close()
             # strerror is None for errors raised by Python itself ("AF_UNIX path too long").
@@ -590,7 +614,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     except RpcErrorResult as exc:
         if exc.code == PERMISSION_DENIED:
-            err.write(f"prismctl: permission denied: uid {os.getuid()} is not an operator\n")
+            uid = os.getuid()
+            err.write(
+                f"prismctl: permission denied: uid {uid} is not an operator of this daemon;"
+                f" list it in the daemon's config ([[control.operators]] uid = {uid}, tenant ="
+                ' "default") and restart it, or run prismctl as the daemon\'s user\n'
+            )
         elif exc.code == PAIRING_UNAVAILABLE:
             err.write(f"prismctl: {exc.message}\n")  # "pairing unavailable: <why>"
         else:
