@@ -17,6 +17,7 @@ URLs (httpx puts the request URL, and Telegram's carries the bot token, into its
 from __future__ import annotations
 
 import collections
+import errno
 import functools
 import logging
 import math
@@ -49,6 +50,20 @@ class ChildStartupError(DaemonError):
         shown = f"{name} on {where}" if where else name
         super().__init__(f"{shown} failed to start: {reason}")
         self.child = name
+
+
+ADDRESS_IN_USE_HINT = (
+    "another program holds that port (perhaps another prismd; `ss -ltnp` shows which):"
+    " stop it, or give this listener another address in the config (prismd init writes"
+    " one; prismd doctor checks every port)"
+)
+"""What a listener that cannot bind its port is told to do (EADDRINUSE at start)."""
+
+
+def _address_in_use(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_address_in_use(inner) for inner in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
 class TooManyRestartsError(DaemonError):
@@ -234,6 +249,8 @@ class Supervisor:
                         return
                     if first and not child.detached:
                         child.state = "failed"
+                        if _address_in_use(exc):
+                            reason = f"{reason}; {ADDRESS_IN_USE_HINT}"
                         raise ChildStartupError(child.name, reason, child.where) from exc
                     now = trio.current_time()
                     if now - started_at >= self.policy.stable_after_s:

@@ -179,7 +179,12 @@ async def test_failure_before_first_start_is_a_startup_error() -> None:
     with pytest.RaisesGroup(pytest.RaisesExc(ChildStartupError)) as info:
         async with trio.open_nursery() as nursery:
             await sup.start(nursery, "webchat:web", bind_fails)
-    message = "webchat:web failed to start: OSError (Address already in use)"
+    message = (
+        "webchat:web failed to start: OSError (Address already in use); another program holds"
+        " that port (perhaps another prismd; `ss -ltnp` shows which): stop it, or give this"
+        " listener another address in the config (prismd init writes one; prismd doctor"
+        " checks every port)"
+    )
     assert str(info.value.exceptions[0]) == message
     assert sup.children["webchat:web"].state == "failed"
 
