@@ -191,3 +191,28 @@ def test_a_connection_no_grant_names_is_warned_about(
     )
     path.write_text(WEB)
     assert config_warnings(load_config(path), env={}) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "typo"),
+    [
+        ('connection = "web"', 'conection = "web"', "[[grants]][1].connection", "conection"),
+        ('id = "web"', 'idd = "web"', "[[connections]][1].id", "idd"),
+        ('kind = "webchat"', 'knd = "webchat"', "[[connections]][1].kind", "knd"),
+    ],
+)
+def test_a_missing_required_key_names_its_likely_typo(
+    tmp_path: Path, old: str, new: str, key: str, typo: str
+) -> None:
+    # The required key is read before the table's unknown keys are: "conection" was
+    # answered "[[grants]][1].connection: is required" alone.
+    path = tmp_path / "prismd.toml"
+    path.write_text(WEB.replace(old, new, 1))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert info.value.message == f"is required (this table has {typo!r}: a typo of it?)"
+    path.write_text(WEB.replace(old, "", 1))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (info.value.key, info.value.message) == (key, "is required")
