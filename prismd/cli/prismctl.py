@@ -35,7 +35,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from ..jsonrpc import FrameBuffer, FrameError, Incoming, encode_request, parse_message
-from ._ctlsocket import LOCAL_SOCKET, SYSTEM_SOCKET, SocketSearchError, find_socket
+from ._ctlsocket import (
+    LOCAL_SOCKET,
+    SYSTEM_SOCKET,
+    SocketSearchError,
+    chat_target,
+    find_socket,
+)
 from ._ctltable import (
     INBOX_COLUMNS,
     REMOTE_TASK_COLUMNS,
@@ -222,7 +228,7 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
         "--config",
         metavar="FILE",
         help="use this prismd config's [control].socket (when --socket and"
-        " $PRISMD_CONTROL_SOCKET are not given)",
+        " $PRISMD_CONTROL_SOCKET are not given), and for chat its web chat",
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
     parser.add_argument("--version", action="version", version=version_text("prismctl"))
@@ -319,7 +325,11 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     cmd.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
 
     cmd = add("chat", help="chat with an agent through the web chat channel")
-    cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
+    cmd.add_argument(
+        "--url",
+        help="web chat address (default: the web chat of --config FILE, else of"
+        " ./prismd.toml, else http://127.0.0.1:8787/)",
+    )
     cmd.add_argument(
         "--actor",
         help="actor id (default: the one kept for this server under $XDG_STATE_HOME/prismd/, "
@@ -579,7 +589,17 @@ def _chat(args: argparse.Namespace, err: TextIO) -> int:
             raise
         err.write("prismctl: the chat client is not available in this installation\n")
         return 1
-    code = chatclient.run_chat_cli(args.url, actor=args.actor, token=token)
+    try:
+        target = chat_target(args.url, getattr(args, "config", None))
+    except SocketSearchError as exc:
+        err.write(f"prismctl: {exc}\n")
+        return 1
+    if token is None and target.token_env:
+        token = os.environ.get(target.token_env) or None
+        if token is None:
+            err.write(f"prismctl: {target.source} needs its access token: set {target.token_env}\n")
+            return 1
+    code = chatclient.run_chat_cli(target.url, actor=args.actor, token=token)
     return int(code)
 
 
