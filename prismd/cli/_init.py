@@ -236,6 +236,12 @@ def run_init_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     out.write(f"  {prismd} check-config {config}\n  {prismd} run --config {config}\n")
     for line in then:
         out.write(f"then: {line.replace('prismctl ', f'{prismctl} ', 1)}\n")
+    url = getattr(args, "openai", None)
+    if url is not None and not url.rstrip("/").endswith("/v1"):
+        out.write(
+            f"note: {url} does not end in /v1, where OpenAI, llama.cpp, vLLM and Ollama serve"
+            f" the API; if that is wrong, edit base_url ({prismd} doctor asks the server)\n"
+        )
     return 0
 
 

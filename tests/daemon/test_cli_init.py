@@ -234,3 +234,17 @@ def test_the_next_steps_are_typed_as_this_prismd_was(tmp_path: Path) -> None:
     lines = init("b.toml", f"{bin_dir}:/usr/bin:/bin")  # found on PATH: typed by name
     assert "  prismd check-config b.toml" in lines
     assert lines[-1].startswith("then: prismctl pair --connection telegram,")
+
+
+def test_a_model_url_without_v1_gets_a_note(tmp_path: Path) -> None:
+    # Ollama's http://127.0.0.1:11434 (its API is under /v1) was written without a word;
+    # every answer was then "the model server does not know this model or URL (HTTP 404)".
+    done = _prismd(tmp_path, "init", "--openai", "http://127.0.0.1:11434", "--path", "a.toml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "note: http://127.0.0.1:11434 does not end in /v1, where OpenAI, llama.cpp, vLLM and"
+        " Ollama serve the API; if that is wrong, edit base_url (prismd doctor asks the server)"
+    )
+    assert 'base_url = "http://127.0.0.1:11434"' in (tmp_path / "a.toml").read_text()
+    done = _prismd(tmp_path, "init", "--openai", "http://127.0.0.1:11434/v1/", "--path", "b.toml")
+    assert done.returncode == 0 and "note:" not in done.stdout
