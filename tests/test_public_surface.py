@@ -219,6 +219,7 @@ PINNED: dict[str, list[str]] = {
         "load_config",
         "parse_host_port",
         "read_secret",
+        "relative_paths_warning",
         "run_daemon",
         "take_early_signal",
     ],

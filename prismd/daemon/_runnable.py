@@ -17,7 +17,7 @@ from adapters import kinds
 from . import _config
 from ._config import Config, ConfigError, StoreConfig, read_secret
 
-__all__ = ["check_runnable", "config_warnings"]
+__all__ = ["check_runnable", "config_warnings", "relative_paths_warning"]
 
 
 def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
@@ -123,6 +123,30 @@ def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list
         + (" (prismd init --telegram writes one)" if kind == "telegram" else "")
         for variable, kind in ENV_CONNECTIONS
         if env.get(variable, "").strip() and kind not in present
+    ]
+
+
+def relative_paths_warning(config: Config) -> list[str]:
+    """What ``run`` says (one line, or none) when it runs outside the config file's directory
+    and the file's paths are relative: they are relative to where prismd runs, so a run
+    from elsewhere starts an empty journal there (pairings, history and unresolved work
+    stay behind, unseen). ``check-config`` and ``doctor`` may run from anywhere: not theirs."""
+    if config.source is None:
+        return []
+    home = os.path.dirname(os.path.abspath(config.source))
+    here = os.getcwd()
+    if os.path.realpath(home) == os.path.realpath(here):
+        return []
+    paths = [config.daemon.state_dir, config.control.socket]
+    if config.store.url.startswith("sqlite:///") and not config.store.url.startswith("sqlite:////"):
+        paths.insert(1, config.store.url.removeprefix("sqlite:///"))
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if not relative:
+        return []
+    return [
+        f"{config.source} names relative paths ({', '.join(relative)}): they are relative to"
+        f" where prismd runs ({here}), not to the file's directory ({home}), so this journal"
+        f" and state are not that directory's; run prismd from {home}, or make them absolute"
     ]
 
 

@@ -216,3 +216,36 @@ def test_a_missing_required_key_names_its_likely_typo(
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert (info.value.key, info.value.message) == (key, "is required")
+
+
+def test_run_outside_the_config_s_directory_names_its_relative_paths(tmp_path: Path) -> None:
+    # `prismd run --config ~/bot/prismd.toml` from ~ made an empty journal in ~/var: the
+    # paths of a file `prismd init` writes are relative to where prismd runs.
+    home, elsewhere = tmp_path / "bot", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    path = home / "prismd.toml"
+    # (an unset token: run stops at its checks, after the warnings, before opening anything)
+    path.write_text(
+        '[daemon]\nstate_dir = "var"\n[store]\nurl = "sqlite:///var/journal.sqlite"\n'
+        + WEB
+        + '[[connections]]\nid = "tg"\nkind = "telegram"\ntoken_env = "PRISMD_TEST_UNSET"\n'
+        '[[grants]]\nconnection = "tg"\npairing = true\naliases = ["echo"]\n'
+    )
+    command = [sys.executable, "-m", "prismd", "run", "--config", str(path)]
+
+    def run(cwd: Path) -> list[str]:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, cwd=cwd, env=child_env()
+        )
+        assert done.returncode == 1
+        return done.stderr.splitlines()
+
+    assert run(elsewhere)[0] == (
+        f"prismd: warning: {path} names relative paths (var, var/journal.sqlite,"
+        f" var/run/control.sock): they are relative to where prismd runs ({elsewhere}), not"
+        f" to the file's directory ({home}), so this journal and state are not that"
+        f" directory's; run prismd from {home}, or make them absolute"
+    )
+    assert not (elsewhere / "var").exists()
+    assert not any("relative paths" in line for line in run(home))
