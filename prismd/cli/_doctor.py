@@ -384,7 +384,8 @@ async def _store(ctx: Context) -> list[Finding]:
             text = str(exc)
             if postgres is not None and postgres.password:
                 text = text.replace(postgres.password, "[REDACTED]")
-            return [failed(name, f"{text}; check [store] url, the server and the password")]
+            what = "the server and the password" if postgres is not None else "the file"
+            return [failed(name, f"{text}; check [store] url and {what}")]
     if timer.cancelled_caught:
         return [failed(name, f"no answer within {CHECK_TIMEOUT_S:g} s; is the server up?")]
     if status.current > status.latest:

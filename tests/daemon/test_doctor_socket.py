@@ -1,6 +1,7 @@
 """``prismd doctor`` says when the control socket's directory is one the daemon will refuse
 at start (the state directory, a directory of other files open to other users), instead of
-"free" followed by ``control failed to start`` under ``prismd run``."""
+"free" followed by ``control failed to start`` under ``prismd run``; and a SQLite file
+that is no journal is not blamed on "the server and the password"."""
 
 from __future__ import annotations
 
@@ -82,3 +83,13 @@ async def test_a_directory_of_its_own_is_free(tmp_path: Path) -> None:
         "ok",
         "free",
     )
+
+
+async def test_a_file_that_is_no_journal_names_the_file_not_a_server(tmp_path: Path) -> None:
+    # A SQLite journal has no server and no password to check.
+    (tmp_path / "journal.sqlite").write_text("not a database\n")
+    with trio.fail_after(30):
+        findings = await diagnose(str(_config(tmp_path, tmp_path / "run" / "c.sock")), {})
+    (found,) = [f for f in findings if f.component.startswith("SQLite ")]
+    assert found.verdict == "FAILED"
+    assert found.text.endswith("(NotADBError); check [store] url and the file"), found.text
