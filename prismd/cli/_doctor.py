@@ -397,6 +397,10 @@ async def _store(ctx: Context) -> list[Finding]:
             )
         ]
     if status.current == 0:
+        if postgres is None:
+            blocked = _writable_dir(Path(url.removeprefix("sqlite:///")).parent)
+            if blocked is not None:
+                return [failed(name, f"the file cannot be created: {blocked}; change [store] url")]
         return [ok(name, "no schema yet: prismd run (or prismd migrate) creates it")]
     if status.pending:
         pending = ", ".join(map(str, status.pending))

@@ -93,3 +93,22 @@ async def test_a_file_that_is_no_journal_names_the_file_not_a_server(tmp_path: P
     (found,) = [f for f in findings if f.component.startswith("SQLite ")]
     assert found.verdict == "FAILED"
     assert found.text.endswith("(NotADBError); check [store] url and the file"), found.text
+
+
+async def test_a_journal_that_cannot_be_created_is_named(tmp_path: Path) -> None:
+    # "ok — no schema yet: prismd run creates it", then run could not create it.
+    path = _config(tmp_path, tmp_path / "run" / "c.sock")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    path.write_text(
+        path.read_text().replace(
+            f"sqlite:///{tmp_path / 'journal.sqlite'}", f"sqlite:///{blocker / 'j.sqlite'}"
+        )
+    )
+    with trio.fail_after(30):
+        findings = await diagnose(str(path), {})
+    (found,) = [f for f in findings if f.component.startswith("SQLite ")]
+    assert (found.verdict, found.text) == (
+        "FAILED",
+        f"the file cannot be created: {blocker} is not a directory; change [store] url",
+    )
