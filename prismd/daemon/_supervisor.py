@@ -60,10 +60,23 @@ ADDRESS_IN_USE_HINT = (
 """What a listener that cannot bind its port is told to do (EADDRINUSE at start)."""
 
 
-def _address_in_use(exc: BaseException) -> bool:
+def _has_errno(exc: BaseException, number: int) -> bool:
     if isinstance(exc, BaseExceptionGroup):
-        return any(_address_in_use(inner) for inner in exc.exceptions)
-    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+        return any(_has_errno(inner, number) for inner in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == number
+
+
+def _bind_hint(exc: BaseException, where: str | None) -> str | None:
+    """What to do when a listener on ``where`` (``host:port``) could not bind, or ``None``."""
+    if _has_errno(exc, errno.EADDRINUSE):
+        return ADDRESS_IN_USE_HINT
+    port = (where or "").rpartition(":")[2]
+    if _has_errno(exc, errno.EACCES) and port.isdigit() and int(port) < 1024:
+        return (
+            f"port {port} needs privileges prismd does not have: listen on a port above 1023"
+            " (a reverse proxy can face the outside on a low port)"
+        )
+    return None
 
 
 class TooManyRestartsError(DaemonError):
@@ -249,8 +262,9 @@ class Supervisor:
                         return
                     if first and not child.detached:
                         child.state = "failed"
-                        if _address_in_use(exc):
-                            reason = f"{reason}; {ADDRESS_IN_USE_HINT}"
+                        hint = _bind_hint(exc, child.where)
+                        if hint is not None:
+                            reason = f"{reason}; {hint}"
                         raise ChildStartupError(child.name, reason, child.where) from exc
                     now = trio.current_time()
                     if now - started_at >= self.policy.stable_after_s:
