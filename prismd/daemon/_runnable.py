@@ -102,6 +102,12 @@ def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list
     says ready and answers nobody there), and a variable of :data:`ENV_CONNECTIONS` set
     while the config file has no connection of its kind."""
     if config.source is None:
+        if env.get("SIGNAL_ACCOUNT", "").strip() and not env.get("SIGNAL_CLI_SOCKET", "").strip():
+            # The defaults add Signal only with both (default_config).
+            return [
+                "SIGNAL_ACCOUNT is set but SIGNAL_CLI_SOCKET is not, so no Signal connection"
+                " is added; set SIGNAL_CLI_SOCKET to signal-cli's socket path (docs/signal.md)"
+            ]
         return []
     granted = {grant.connection for grant in config.grants}
     alias = next(iter(config.agents), None)

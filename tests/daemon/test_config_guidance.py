@@ -249,3 +249,13 @@ def test_run_outside_the_config_s_directory_names_its_relative_paths(tmp_path: P
     )
     assert not (elsewhere / "var").exists()
     assert not any("relative paths" in line for line in run(home))
+
+
+def test_a_signal_account_without_its_socket_is_named() -> None:
+    # The built-in defaults add Signal only with both variables; one alone was ignored.
+    defaults = load_config(None, env={})
+    assert config_warnings(defaults, {"SIGNAL_ACCOUNT": "+15550001111"}) == [
+        "SIGNAL_ACCOUNT is set but SIGNAL_CLI_SOCKET is not, so no Signal connection is added;"
+        " set SIGNAL_CLI_SOCKET to signal-cli's socket path (docs/signal.md)"
+    ]
+    assert config_warnings(defaults, {}) == []
