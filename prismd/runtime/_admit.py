@@ -46,6 +46,11 @@ from ._turn import enqueue
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
 PAIR_RE = re.compile(r"^/(pair|start)\s+([A-Za-z0-9_-]{32,64})$")
+NOT_GRANTED_HINT = (
+    "No grant lets you talk to an agent here. With a pairing code, send /pair CODE;"
+    " the operator grants access in the [[grants]] of prismd's config."
+)
+"""The hint of a refusal for want of a grant (shown by the web chat; others stay silent)."""
 PAIR_ATTEMPT_RE = re.compile(r"^/pair(\s|$)", re.IGNORECASE)
 """A ``/pair`` whose token is cut, mistyped or missing: a stranger sending it is told the
 code is not valid, as for a wrong token (a bare ``/start`` is Telegram's greeting: no)."""
@@ -218,7 +223,8 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
     if reason is not None:
         if reason == "rejected" and _pairing_typo(core, event):
             core.spawn(_pair_notice, core, event, PAIR_INVALID_TEXT)
-        return denied(core, reason)
+        ungranted = reason == "rejected" and not isinstance(grant, Grant)
+        return denied(core, reason, NOT_GRANTED_HINT if ungranted else None)
     assert isinstance(grant, Grant)
     scope = ownership_from_identity(grant.identity)
     operation_id = operation_id_for(event.connection_id, event.event_id)

@@ -18,6 +18,11 @@ from tests.support.clocks import ManualClock
 from tests.support.harness import open_harness
 
 INVALID = "That pairing code is not valid."
+# The web chat shows a refusal's hint ("not accepted: …"); "rejected" alone said nothing.
+NOT_GRANTED = (
+    "No grant lets you talk to an agent here. With a pairing code, send /pair CODE;"
+    " the operator grants access in the [[grants]] of prismd's config."
+)
 
 
 @pytest.fixture
@@ -51,6 +56,7 @@ async def test_a_stranger_s_malformed_pair_is_told_the_code_is_not_valid(
         ):
             admission = await h.runtime.admit(event(f"p{number}", text, actor="stranger"))
             assert (admission.status, admission.reason) == ("denied", "rejected")
+            assert admission.hint == NOT_GRANTED
             await h.settle()
             assert len(h.replies) == number, text
             assert h.last().text == INVALID
