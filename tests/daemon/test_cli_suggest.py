@@ -38,3 +38,18 @@ def test_a_mistyped_option_gets_did_you_mean(capsys: pytest.CaptureFixture[str])
     assert err.endswith("did you mean '--json' for --jsn, '--socket' for --sokcet?\n")
     err = _usage_error(_prismd.main, ["run", "--zzz"], capsys)
     assert err.endswith("prismd: error: unrecognized arguments: --zzz\n")
+
+
+def test_a_mistyped_required_option_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse reports it missing ("required: --connection"), never the word typed.
+    argv = ["reconcile", "chan-op-1", "--conection", "tg", "--verison", "2"]
+    err = _usage_error(prismctl._main, argv, capsys)
+    assert err.endswith(
+        "prismctl reconcile: error: the following arguments are required: --connection,"
+        " --version (--conection is no option: '--connection'?, --verison is no option:"
+        " '--version'?)\n"
+    )
+    err = _usage_error(prismctl._main, ["pair", "--conection=tg"], capsys)
+    assert err.endswith("required: --connection (--conection is no option: '--connection'?)\n")
+    err = _usage_error(prismctl._main, ["reconcile", "chan-op-1"], capsys)
+    assert err.endswith("required: --connection, --version\n")
