@@ -204,6 +204,7 @@ PINNED: dict[str, list[str]] = {
         "RemoteTasks",
         "pairing_aliases_from_grants",
         "serve_control",
+        "socket_directory_problem",
     ],
     "prismd.daemon": [
         "Config",
@@ -219,6 +220,7 @@ PINNED: dict[str, list[str]] = {
         "load_config",
         "parse_host_port",
         "read_secret",
+        "relative_paths_warning",
         "run_daemon",
         "take_early_signal",
     ],

@@ -57,6 +57,11 @@ before each request (twenty idle connections cost twenty polls per request; 8 st
 up to ~130 ms a request; a request waiting for one has not left (it waits outside its
 deadline)."""
 REQUEST_GRACE_S = 30.0
+REJECTED_TOKEN = (
+    "Telegram rejected the bot credentials: check the token this connection reads"
+    " (token_env or token_file; the one @BotFather gave) and restart; prismd doctor tests it"
+)
+"""The connection's fatal error (and health's ``lastError``) on 401/403: what to fix."""
 """Added to the read timeout to make the deadline of a whole request (connect, send, body)."""
 _TOKEN_RE = re.compile(r"^[0-9]{1,20}:[A-Za-z0-9_-]{1,1000}$")
 
@@ -469,8 +474,8 @@ class ReceiverStatus:
             isinstance(error, TelegramApiError) and error.status in (401, 403)
         ):
             self.state = "unauthorized"
-            self._note_error("Telegram rejected the bot credentials")
-            return AdapterFatalError("Telegram rejected the bot credentials")
+            self._note_error(REJECTED_TOKEN)
+            return AdapterFatalError(REJECTED_TOKEN)
         return None
 
     def log_retry(self, method: str, error: TelegramError, delay_s: float) -> None:

@@ -69,6 +69,14 @@ def _host_header_is_loopback(value: str) -> bool:
     return host is not None and is_loopback_host(host)
 
 
+MISDIRECTED = (
+    b"misdirected request: this web chat answers only to a loopback name"
+    b" (http://127.0.0.1:PORT/ or http://localhost:PORT/); from another machine, open an"
+    b" SSH tunnel (ssh -L 8787:127.0.0.1:8787 HOST) and browse http://127.0.0.1:8787/\n"
+)
+"""The 421 body (DNS rebinding protection), for a person who typed the server's name."""
+
+
 @attrs.define(eq=False)
 class HttpFront:
     """Answers every request but an accepted WebSocket upgrade, which :meth:`dispatch` hands
@@ -89,7 +97,7 @@ class HttpFront:
         """Answer one request; True when it is a WebSocket upgrade that passed every check
         (unanswered: the caller accepts it)."""
         if not self._host_allowed(head):
-            await self._respond(stream, conn, head.method, 421, b"misdirected request\n")
+            await self._respond(stream, conn, head.method, 421, MISDIRECTED)
             return False
         if head.path == "/healthz":
             if head.method not in ("GET", "HEAD"):

@@ -11,10 +11,18 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``prismd`` console script (see :mod:`prismd.cli._prismd`)."""
-    from ._prismd import main as prismd_main
+    """The ``prismd`` console script (see :mod:`prismd.cli._prismd`).
 
-    return prismd_main(argv)
+    A Ctrl-C before the daemon's own signal handling is in place (while the modules load,
+    the config is read or the store opens) ends it quietly with exit 130, as ``prismctl``
+    does, instead of a ``KeyboardInterrupt`` traceback; a closed stdout is exit 141.
+    """
+    try:
+        from ._prismd import main as prismd_main
+        from ._quiet import run_quietly
+    except KeyboardInterrupt:
+        return 130
+    return run_quietly(lambda: prismd_main(argv))
 
 
 __all__ = ["main"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -53,6 +54,7 @@ APPROVAL_RE = re.compile(r"^p:([ad]):([A-Za-z0-9_-]{32,64})$")
 RESUME_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
 CONNECT_TIMEOUT_S = 10.0
 LINGER_S = 15.0
+CLOSE_WHEN_CANCELLED_S = 0.1
 """After EOF, how long to wait for admissions and replies still due."""
 RECONNECT_START_S = 0.5
 RECONNECT_MAX_S = 15.0
@@ -153,7 +155,11 @@ async def _open_socket(target: _Target, token: str | None, timeout_s: float) -> 
             try:
                 yield ws
             finally:
-                with trio.move_on_after(2, shield=True):
+                # Cancelled (Ctrl-C), the socket's reader task is cancelled too: the close
+                # frame goes out, but the server's answer would never be read; waiting for
+                # it held a Ctrl-C for the whole 2 s.
+                cancelled = trio.current_effective_deadline() == -math.inf
+                with trio.move_on_after(CLOSE_WHEN_CANCELLED_S if cancelled else 2, shield=True):
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     except* trio_websocket.ConnectionRejected as group:

@@ -33,15 +33,7 @@ class Candidate:
 
 
 def _config_socket(config: str) -> str:
-    try:
-        with open(config, "rb") as file:
-            data = tomllib.load(file)
-    except FileNotFoundError:
-        raise SocketSearchError(f"--config {config}: file not found") from None
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SocketSearchError(
-            f"--config {config}: cannot read it ({type(exc).__name__})"
-        ) from None
+    data = _read_toml(config, "--config")
     control = data.get("control", {})
     socket = control.get("socket", LOCAL_SOCKET) if isinstance(control, dict) else None
     if not isinstance(socket, str) or not socket:
@@ -73,11 +65,82 @@ def find_socket(socket: str | None, config: str | None, env: Mapping[str, str] =
     if len(found) == 1:
         return found[0].path
     for candidate in found:
-        if os.path.exists(candidate.path):
+        try:
+            os.stat(candidate.path)
+        except PermissionError:
+            # It may be there behind a directory this user cannot enter: connecting says so
+            # ("permission denied"), where "no control socket found" would mislead.
             return candidate.path
+        except OSError:
+            continue
+        return candidate.path
     tried = "\n".join(f"  {c.path}  ({c.source})" for c in found)
     raise SocketSearchError(
         f"no control socket found: is prismd running? Tried:\n{tried}\n"
         f"Name it with --socket PATH or {SOCKET_ENV}=PATH"
         " (or --config FILE for that config's [control].socket)."
     )
+
+
+DEFAULT_CHAT_URL = "http://127.0.0.1:8787/"
+LOCAL_CONFIG = "prismd.toml"
+
+
+@dataclass(frozen=True)
+class ChatTarget:
+    url: str
+    token_env: str | None
+    """The config's ``access_token_env`` for that web chat, if any."""
+    source: str
+    """Where the address came from, as ``prismctl chat`` says it."""
+
+
+def chat_target(url: str | None, config: str | None) -> ChatTarget:
+    """The web chat ``prismctl chat`` talks to: ``--url``; else the first ``webchat``
+    connection of ``--config FILE``, else of ``./prismd.toml`` (the file ``prismd run``
+    reads by default there); else ``make run``'s default address. A daemon whose config
+    moved the web chat is reached, not another one still on the default port."""
+    if url:
+        return ChatTarget(url, None, "--url")
+    path = config or (LOCAL_CONFIG if os.path.isfile(LOCAL_CONFIG) else None)
+    if path is None:
+        return ChatTarget(DEFAULT_CHAT_URL, None, "the default")
+    root = _read_toml(path, "--config" if config else "./prismd.toml")
+    entries = root.get("connections", [])
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("kind") == "webchat":
+            listen = entry.get("listen", "127.0.0.1:8787")
+            token_env = entry.get("access_token_env")
+            if not isinstance(listen, str) or not listen:
+                break
+            return ChatTarget(
+                _listen_url(listen),
+                token_env if isinstance(token_env, str) and token_env else None,
+                f"the web chat {entry.get('id', '?')!r} in {path}",
+            )
+    raise SocketSearchError(
+        f"{path} has no webchat connection with a listen address; name the web chat with --url URL"
+    )
+
+
+def _read_toml(path: str, how: str) -> Mapping[str, object]:
+    try:
+        with open(path, "rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        raise SocketSearchError(f"{how} {path}: file not found") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SocketSearchError(f"{how} {path}: cannot read it ({type(exc).__name__})") from None
+
+
+def _listen_url(listen: str) -> str:
+    """``http://host:port/`` for a ``listen`` address; a wildcard host is reached on
+    loopback."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"

@@ -126,7 +126,33 @@ def _control_socket_findings(ctx: Context) -> list[Finding]:
     problem = _writable_dir(path.parent)
     if problem is not None:
         return [failed(name, f"{problem}; change [control].socket or its directory's owner")]
+    problem = _socket_directory_problem(ctx.config, path)
+    if problem is not None:
+        return [failed(name, f"{problem}; change [control].socket")]
     return [ok(name, "stale socket file, replaced at start" if path.exists() else "free")]
+
+
+def _socket_directory_problem(config: Config, path: Path) -> str | None:
+    """What the control server would refuse about the socket's directory (it checks the
+    same at start), including the state directory that `run` creates before it: its
+    files and its mode 0750 keep the socket out of it unless a [control].group is set."""
+    import grp
+
+    from ..control import socket_directory_problem
+
+    group = config.control.group
+    try:
+        gid = grp.getgrnam(group).gr_gid if group is not None else None
+    except KeyError:
+        gid = None  # check-config names the unknown group
+    state_dir = Path(config.daemon.state_dir)
+    if gid is None and not state_dir.exists() and path.parent.resolve() == state_dir.resolve():
+        return (
+            f"{path.parent} is the state directory, which will hold other files and be open"
+            f" to its group (mode 750); put the control socket in its own directory, such"
+            f" as {path.parent / 'run' / path.name}"
+        )
+    return socket_directory_problem(path.parent, gid, path.name)
 
 
 async def _daemon_answers(path: str) -> str | None:
@@ -358,7 +384,8 @@ async def _store(ctx: Context) -> list[Finding]:
             text = str(exc)
             if postgres is not None and postgres.password:
                 text = text.replace(postgres.password, "[REDACTED]")
-            return [failed(name, f"{text}; check [store] url, the server and the password")]
+            what = "the server and the password" if postgres is not None else "the file"
+            return [failed(name, f"{text}; check [store] url and {what}")]
     if timer.cancelled_caught:
         return [failed(name, f"no answer within {CHECK_TIMEOUT_S:g} s; is the server up?")]
     if status.current > status.latest:
@@ -370,6 +397,10 @@ async def _store(ctx: Context) -> list[Finding]:
             )
         ]
     if status.current == 0:
+        if postgres is None:
+            blocked = _writable_dir(Path(url.removeprefix("sqlite:///")).parent)
+            if blocked is not None:
+                return [failed(name, f"the file cannot be created: {blocked}; change [store] url")]
         return [ok(name, "no schema yet: prismd run (or prismd migrate) creates it")]
     if status.pending:
         pending = ", ".join(map(str, status.pending))

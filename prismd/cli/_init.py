@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -227,10 +229,31 @@ def run_init_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"prismd init: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     config = os.fspath(path)
+    prismd, prismctl = _as_typed("prismd"), _as_typed("prismctl")
     out.write(f"wrote {config}\nnext:\n")
     for variable, what in variables:
         out.write(f"  export {variable}=…   # {what}\n")
-    out.write(f"  prismd check-config {config}\n  prismd run --config {config}\n")
+    out.write(f"  {prismd} check-config {config}\n  {prismd} run --config {config}\n")
     for line in then:
-        out.write(f"then: {line}\n")
+        out.write(f"then: {line.replace('prismctl ', f'{prismctl} ', 1)}\n")
+    url = getattr(args, "openai", None)
+    if url is not None and not url.rstrip("/").endswith("/v1"):
+        out.write(
+            f"note: {url} does not end in /v1, where OpenAI, llama.cpp, vLLM and Ollama serve"
+            f" the API; if that is wrong, edit base_url ({prismd} doctor asks the server)\n"
+        )
     return 0
+
+
+def _as_typed(tool: str) -> str:
+    """How to type ``tool`` here: its name when ``PATH`` finds this installation's, else the
+    path this ``prismd`` was started by (``.venv/bin/prismd`` in a clone after ``make run``,
+    where a bare ``prismd`` is "command not found") with ``tool`` beside it."""
+    started = sys.argv[0] if sys.argv else ""
+    if os.path.basename(started) != "prismd":
+        return tool  # python -m prismd, or embedded: nothing better to say
+    script = os.path.join(os.path.dirname(started), tool)
+    found = shutil.which(tool)
+    if found is not None and os.path.realpath(found) == os.path.realpath(script):
+        return tool
+    return shlex.quote(script)

@@ -227,6 +227,10 @@ def _run_with_early_signals(args: argparse.Namespace) -> int:
         print(f"prismd: {exc}", file=sys.stderr)
         return 1
     print_warnings(config)
+    from ..daemon import relative_paths_warning
+
+    for warning in relative_paths_warning(config):
+        print(f"prismd: warning: {warning}", file=sys.stderr)
 
     tune_collector()
     try:

@@ -29,12 +29,19 @@ import json
 import os
 import shlex
 import socket
+import stat
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from ..jsonrpc import FrameBuffer, FrameError, Incoming, encode_request, parse_message
-from ._ctlsocket import LOCAL_SOCKET, SYSTEM_SOCKET, SocketSearchError, find_socket
+from ._ctlsocket import (
+    LOCAL_SOCKET,
+    SYSTEM_SOCKET,
+    SocketSearchError,
+    chat_target,
+    find_socket,
+)
 from ._ctltable import (
     INBOX_COLUMNS,
     REMOTE_TASK_COLUMNS,
@@ -82,6 +89,21 @@ def default_socket_path(env: Mapping[str, str] = os.environ) -> str:
     return SYSTEM_SOCKET
 
 
+def _refuse_a_non_socket(path: str) -> None:
+    """A path that is there but is no socket (a config file, a directory) is named as such,
+    instead of the kernel's "connection refused"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # connect() says what is wrong
+    if not stat.S_ISSOCK(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "a file"
+        raise ControlClientError(
+            f"{path} is {what}, not a socket: name prismd's control socket ([control].socket"
+            " of its config) with --socket PATH, or use --config FILE"
+        )
+
+
 class ControlClient:
     """One connection to the control socket; ``call`` sends a request and reads its answer."""
 
@@ -92,7 +114,11 @@ class ControlClient:
         self._frames = FrameBuffer(MAX_ANSWER_BYTES)
         self._next_id = 0
         try:
+            _refuse_a_non_socket(path)
             self._sock.connect(path)
+        except ControlClientError:
+            self._sock.close()
+            raise
         except FileNotFoundError:
             self._sock.close()
             raise ControlClientError(f"daemon not running (no socket at {path})") from None
@@ -104,7 +130,11 @@ class ControlClient:
             ) from None
         except PermissionError:
             self._sock.close()
-            raise ControlClientError(f"permission denied: cannot open {path}") from None
+            raise ControlClientError(
+                f"permission denied: cannot open {path} as uid {os.getuid()}; the control"
+                " socket is open to the daemon's own user (and to its [control].group when"
+                " set): run prismctl as that user, or see docs/install.md#operators"
+            ) from None
         except OSError as exc:
             self._sock.close()
             # strerror is None for errors raised by Python itself ("AF_UNIX path too long").
@@ -198,7 +228,7 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
         "--config",
         metavar="FILE",
         help="use this prismd config's [control].socket (when --socket and"
-        " $PRISMD_CONTROL_SOCKET are not given)",
+        " $PRISMD_CONTROL_SOCKET are not given), and for chat its web chat",
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON result")
     parser.add_argument("--version", action="version", version=version_text("prismctl"))
@@ -295,7 +325,11 @@ def build_parser(env: Mapping[str, str] = os.environ) -> argparse.ArgumentParser
     cmd.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
 
     cmd = add("chat", help="chat with an agent through the web chat channel")
-    cmd.add_argument("--url", default="http://127.0.0.1:8787/", help="web chat address")
+    cmd.add_argument(
+        "--url",
+        help="web chat address (default: the web chat of --config FILE, else of"
+        " ./prismd.toml, else http://127.0.0.1:8787/)",
+    )
     cmd.add_argument(
         "--actor",
         help="actor id (default: the one kept for this server under $XDG_STATE_HOME/prismd/, "
@@ -555,7 +589,17 @@ def _chat(args: argparse.Namespace, err: TextIO) -> int:
             raise
         err.write("prismctl: the chat client is not available in this installation\n")
         return 1
-    code = chatclient.run_chat_cli(args.url, actor=args.actor, token=token)
+    try:
+        target = chat_target(args.url, getattr(args, "config", None))
+    except SocketSearchError as exc:
+        err.write(f"prismctl: {exc}\n")
+        return 1
+    if token is None and target.token_env:
+        token = os.environ.get(target.token_env) or None
+        if token is None:
+            err.write(f"prismctl: {target.source} needs its access token: set {target.token_env}\n")
+            return 1
+    code = chatclient.run_chat_cli(target.url, actor=args.actor, token=token)
     return int(code)
 
 
@@ -590,7 +634,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     except RpcErrorResult as exc:
         if exc.code == PERMISSION_DENIED:
-            err.write(f"prismctl: permission denied: uid {os.getuid()} is not an operator\n")
+            uid = os.getuid()
+            err.write(
+                f"prismctl: permission denied: uid {uid} is not an operator of this daemon;"
+                f" list it in the daemon's config ([[control.operators]] uid = {uid}, tenant ="
+                ' "default") and restart it, or run prismctl as the daemon\'s user\n'
+            )
         elif exc.code == PAIRING_UNAVAILABLE:
             err.write(f"prismctl: {exc.message}\n")  # "pairing unavailable: <why>"
         else:

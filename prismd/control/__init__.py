@@ -7,3 +7,4 @@ from ._methods import pairing_aliases_from_grants as pairing_aliases_from_grants
 from ._remote import RemoteTasks as RemoteTasks
 from ._server import ControlSocketError as ControlSocketError
 from ._server import serve_control as serve_control
+from ._server import socket_directory_problem as socket_directory_problem

@@ -217,34 +217,48 @@ class _Connection:
             nursery.cancel_scope.cancel()
 
 
-def _prepare_directory(directory: Path, gid: int | None, socket_name: str) -> None:
-    """Create the socket's directory, or tighten an existing one of its own to 0700 /
-    0750+group.
+def socket_directory_problem(directory: Path, gid: int | None, socket_name: str) -> str | None:
+    """Why the control socket cannot be made in ``directory`` as it is now, or ``None``
+    (``None`` too when it does not exist yet: it is then created 0700 / 0750+group).
 
-    Only a directory that holds nothing but (a stale copy of) our socket is tightened. A
-    shared directory (world-writable or sticky, like /tmp) is refused, and so is a
+    A shared directory (world-writable or sticky, like /tmp) is refused, and so is a
     directory with other files in it that other users can reach (``socket =
-    "prismd.sock"`` in a project or home directory): its mode is never changed for us.
+    "prismd.sock"`` in a project or home directory, or in the state directory): its mode
+    is never changed for us. Read only: ``prismd doctor`` asks it too.
     """
     try:
         mode = directory.stat().st_mode
     except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(mode):
+        return f"{directory} is not a directory"
+    if mode & (stat.S_ISVTX | stat.S_IWOTH):
+        return f"{directory} is a shared directory; put the control socket in its own directory"
+    others = [entry for entry in os.listdir(directory) if entry != socket_name]
+    allowed = 0o750 if gid is not None else 0o700
+    if others and stat.S_IMODE(mode) & ~allowed:
+        return (
+            f"{directory} holds other files and is open to other users "
+            f"(mode {stat.S_IMODE(mode):o}); put the control socket in its own directory"
+        )
+    return None
+
+
+def _prepare_directory(directory: Path, gid: int | None, socket_name: str) -> None:
+    """Create the socket's directory, or tighten an existing one of its own to 0700 /
+    0750+group; refuse what :func:`socket_directory_problem` refuses.
+
+    Only a directory that holds nothing but (a stale copy of) our socket is tightened.
+    """
+    problem = socket_directory_problem(directory, gid, socket_name)
+    if problem is not None:
+        raise ControlSocketError(problem)
+    try:
+        directory.stat()
+    except FileNotFoundError:
         directory.mkdir(parents=True, mode=0o700)
     else:
-        if not stat.S_ISDIR(mode):
-            raise ControlSocketError(f"{directory} is not a directory")
-        if mode & (stat.S_ISVTX | stat.S_IWOTH):
-            raise ControlSocketError(
-                f"{directory} is a shared directory; put the control socket in its own directory"
-            )
-        others = [entry for entry in os.listdir(directory) if entry != socket_name]
-        if others:
-            allowed = 0o750 if gid is not None else 0o700
-            if stat.S_IMODE(mode) & ~allowed:
-                raise ControlSocketError(
-                    f"{directory} holds other files and is open to other users "
-                    f"(mode {stat.S_IMODE(mode):o}); put the control socket in its own directory"
-                )
+        if any(entry != socket_name for entry in os.listdir(directory)):
             return
     if gid is not None:
         os.chown(directory, -1, gid)

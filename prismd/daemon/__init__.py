@@ -15,4 +15,5 @@ from ._daemon import take_early_signal as take_early_signal
 from ._logs import configure_logging as configure_logging
 from ._runnable import check_runnable as check_runnable
 from ._runnable import config_warnings as config_warnings
+from ._runnable import relative_paths_warning as relative_paths_warning
 from ._supervisor import describe_exception as describe_exception

@@ -17,7 +17,7 @@ from adapters import kinds
 from . import _config
 from ._config import Config, ConfigError, StoreConfig, read_secret
 
-__all__ = ["check_runnable", "config_warnings"]
+__all__ = ["check_runnable", "config_warnings", "relative_paths_warning"]
 
 
 def check_runnable(config: Config, env: Mapping[str, str] = os.environ) -> None:
@@ -97,18 +97,62 @@ ignored, which :func:`config_warnings` says."""
 
 
 def config_warnings(config: Config, env: Mapping[str, str] = os.environ) -> list[str]:
-    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a variable of
-    :data:`ENV_CONNECTIONS` set while the config file has no connection of its kind."""
+    """What ``check-config`` and ``run`` warn about (on stderr) but accept: a connection no
+    ``[[grants]]`` entry names (every message on it is refused: a daemon that starts,
+    says ready and answers nobody there), and a variable of :data:`ENV_CONNECTIONS` set
+    while the config file has no connection of its kind."""
     if config.source is None:
+        if env.get("SIGNAL_ACCOUNT", "").strip() and not env.get("SIGNAL_CLI_SOCKET", "").strip():
+            # The defaults add Signal only with both (default_config).
+            return [
+                "SIGNAL_ACCOUNT is set but SIGNAL_CLI_SOCKET is not, so no Signal connection"
+                " is added; set SIGNAL_CLI_SOCKET to signal-cli's socket path (docs/signal.md)"
+            ]
         return []
+    granted = {grant.connection for grant in config.grants}
+    alias = next(iter(config.agents), None)
+    aliases = (
+        f'aliases = ["{alias}"]' if alias else 'aliases = ["echo"] and [agents.echo] kind = "echo"'
+    )
+    ungranted = [
+        f"connection {conn.id!r} has no [[grants]] entry, so every message on it is refused;"
+        f' add one: [[grants]] connection = "{conn.id}", actors = ["*"] (or pairing = true),'
+        f" {aliases}"
+        for conn in config.connections
+        if conn.id not in granted
+    ]
     present = {conn.kind for conn in config.connections}
-    return [
+    return ungranted + [
         f"{variable} is set but {config.source} has no {kind} connection, so it is not used;"
         f' add a [[connections]] block with kind = "{kind}"'
         + (f' and token_env = "{variable}"' if kind == "telegram" else "")
         + (" (prismd init --telegram writes one)" if kind == "telegram" else "")
         for variable, kind in ENV_CONNECTIONS
         if env.get(variable, "").strip() and kind not in present
+    ]
+
+
+def relative_paths_warning(config: Config) -> list[str]:
+    """What ``run`` says (one line, or none) when it runs outside the config file's directory
+    and the file's paths are relative: they are relative to where prismd runs, so a run
+    from elsewhere starts an empty journal there (pairings, history and unresolved work
+    stay behind, unseen). ``check-config`` and ``doctor`` may run from anywhere: not theirs."""
+    if config.source is None:
+        return []
+    home = os.path.dirname(os.path.abspath(config.source))
+    here = os.getcwd()
+    if os.path.realpath(home) == os.path.realpath(here):
+        return []
+    paths = [config.daemon.state_dir, config.control.socket]
+    if config.store.url.startswith("sqlite:///") and not config.store.url.startswith("sqlite:////"):
+        paths.insert(1, config.store.url.removeprefix("sqlite:///"))
+    relative = [path for path in paths if not os.path.isabs(path)]
+    if not relative:
+        return []
+    return [
+        f"{config.source} names relative paths ({', '.join(relative)}): they are relative to"
+        f" where prismd runs ({here}), not to the file's directory ({home}), so this journal"
+        f" and state are not that directory's; run prismd from {home}, or make them absolute"
     ]
 
 

@@ -109,6 +109,11 @@ def open_state_dir(path: str | os.PathLike[str]) -> StateDir:
     directory = Path(path)
     try:
         directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StateDirError(
+            f"cannot create state directory {directory}: it exists and is not a directory;"
+            " move it away or change [daemon].state_dir"
+        ) from None
     except OSError as exc:
         raise StateDirError(f"cannot create state directory {directory}: {exc.strerror}") from None
     lock_path = directory / LOCK_FILE

@@ -17,6 +17,7 @@ URLs (httpx puts the request URL, and Telegram's carries the bot token, into its
 from __future__ import annotations
 
 import collections
+import errno
 import functools
 import logging
 import math
@@ -49,6 +50,33 @@ class ChildStartupError(DaemonError):
         shown = f"{name} on {where}" if where else name
         super().__init__(f"{shown} failed to start: {reason}")
         self.child = name
+
+
+ADDRESS_IN_USE_HINT = (
+    "another program holds that port (perhaps another prismd; `ss -ltnp` shows which):"
+    " stop it, or give this listener another address in the config (prismd init writes"
+    " one; prismd doctor checks every port)"
+)
+"""What a listener that cannot bind its port is told to do (EADDRINUSE at start)."""
+
+
+def _has_errno(exc: BaseException, number: int) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_has_errno(inner, number) for inner in exc.exceptions)
+    return isinstance(exc, OSError) and exc.errno == number
+
+
+def _bind_hint(exc: BaseException, where: str | None) -> str | None:
+    """What to do when a listener on ``where`` (``host:port``) could not bind, or ``None``."""
+    if _has_errno(exc, errno.EADDRINUSE):
+        return ADDRESS_IN_USE_HINT
+    port = (where or "").rpartition(":")[2]
+    if _has_errno(exc, errno.EACCES) and port.isdigit() and int(port) < 1024:
+        return (
+            f"port {port} needs privileges prismd does not have: listen on a port above 1023"
+            " (a reverse proxy can face the outside on a low port)"
+        )
+    return None
 
 
 class TooManyRestartsError(DaemonError):
@@ -234,6 +262,9 @@ class Supervisor:
                         return
                     if first and not child.detached:
                         child.state = "failed"
+                        hint = _bind_hint(exc, child.where)
+                        if hint is not None:
+                            reason = f"{reason}; {hint}"
                         raise ChildStartupError(child.name, reason, child.where) from exc
                     now = trio.current_time()
                     if now - started_at >= self.policy.stable_after_s:

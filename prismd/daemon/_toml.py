@@ -106,7 +106,10 @@ class Table:
 
     def get_str(self, name: str, default: Any = None, *, required: bool = False) -> Any:
         if required and name not in self.data:
-            raise self.error(name, "is required")
+            unread = [key for key in self.data if key not in self.used and key != name]
+            typo = difflib.get_close_matches(name, unread, n=1, cutoff=0.75)
+            hint = f" (this table has {typo[0]!r}: a typo of it?)" if typo else ""
+            raise self.error(name, f"is required{hint}")
         value = self._get(name, str, "a string", default)
         if isinstance(value, str) and not value:
             raise self.error(name, "must not be empty")

@@ -46,6 +46,14 @@ from ._turn import enqueue
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 TEXT_APPROVAL_RE = re.compile(r"^/(approve|deny)\s+([A-Za-z0-9_-]{32,64})$", re.IGNORECASE)
 PAIR_RE = re.compile(r"^/(pair|start)\s+([A-Za-z0-9_-]{32,64})$")
+NOT_GRANTED_HINT = (
+    "No grant lets you talk to an agent here. With a pairing code, send /pair CODE;"
+    " the operator grants access in the [[grants]] of prismd's config."
+)
+"""The hint of a refusal for want of a grant (shown by the web chat; others stay silent)."""
+PAIR_ATTEMPT_RE = re.compile(r"^/pair(\s|$)", re.IGNORECASE)
+"""A ``/pair`` whose token is cut, mistyped or missing: a stranger sending it is told the
+code is not valid, as for a wrong token (a bare ``/start`` is Telegram's greeting: no)."""
 AWAITING_DECISION_TEXT = "A previous request is awaiting an operator decision."
 PAIRED_TEXT = "Paired. You can talk to the agent now."
 PAIR_INVALID_TEXT = "That pairing code is not valid."
@@ -213,7 +221,10 @@ async def admit(core: Core, event: InboundEvent) -> Admission:
         return denied(core, "authorization_failed")
     reason = check_grant(core, grant)
     if reason is not None:
-        return denied(core, reason)
+        if reason == "rejected" and _pairing_typo(core, event):
+            core.spawn(_pair_notice, core, event, PAIR_INVALID_TEXT)
+        ungranted = reason == "rejected" and not isinstance(grant, Grant)
+        return denied(core, reason, NOT_GRANTED_HINT if ungranted else None)
     assert isinstance(grant, Grant)
     scope = ownership_from_identity(grant.identity)
     operation_id = operation_id_for(event.connection_id, event.event_id)
@@ -467,6 +478,16 @@ async def handle_pairing(
     core.spawn(_pair_notice, core, event, PAIRED_TEXT)
     core.count("admitted")
     return Admission("accepted")
+
+
+def _pairing_typo(core: Core, event: InboundEvent) -> bool:
+    """A refused ``/pair …`` that :data:`PAIR_RE` did not take, on a connection that pairs."""
+    return (
+        event.approval is None
+        and core.pairing_scope is not None
+        and core.pairing_scope(event.connection_id) is not None
+        and PAIR_ATTEMPT_RE.match(event.text.strip()) is not None
+    )
 
 
 async def _pair_notice(core: Core, event: InboundEvent, text: str) -> None:

@@ -199,3 +199,52 @@ def test_the_socket_and_state_paths_are_relative_to_the_working_directory(tmp_pa
     assert 'socket = "var/run/control.sock"' in text
     assert 'url = "sqlite:///var/journal.sqlite"' in text
     assert os.listdir(tmp_path) == ["prismd.toml"]
+
+
+def test_the_next_steps_are_typed_as_this_prismd_was(tmp_path: Path) -> None:
+    """In a clone after ``make run`` prismd is ``.venv/bin/prismd``, not on PATH: a bare
+    ``prismd check-config`` in the next steps was "command not found"."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("prismd", "prismctl"):
+        script = bin_dir / tool
+        script.write_text(
+            f"#!{sys.executable}\nimport sys\nfrom prismd.cli import main\nsys.exit(main())\n"
+        )
+        script.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def init(path: str, search: str) -> list[str]:
+        done = subprocess.run(
+            ["../venv/bin/prismd", "init", "--telegram", "--path", path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=work,
+            env=child_env(PATH=search),
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    lines = init("a.toml", "/usr/bin:/bin")
+    assert "  ../venv/bin/prismd check-config a.toml" in lines
+    assert "  ../venv/bin/prismd run --config a.toml" in lines
+    assert lines[-1].startswith("then: ../venv/bin/prismctl pair --connection telegram,")
+    lines = init("b.toml", f"{bin_dir}:/usr/bin:/bin")  # found on PATH: typed by name
+    assert "  prismd check-config b.toml" in lines
+    assert lines[-1].startswith("then: prismctl pair --connection telegram,")
+
+
+def test_a_model_url_without_v1_gets_a_note(tmp_path: Path) -> None:
+    # Ollama's http://127.0.0.1:11434 (its API is under /v1) was written without a word;
+    # every answer was then "the model server does not know this model or URL (HTTP 404)".
+    done = _prismd(tmp_path, "init", "--openai", "http://127.0.0.1:11434", "--path", "a.toml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "note: http://127.0.0.1:11434 does not end in /v1, where OpenAI, llama.cpp, vLLM and"
+        " Ollama serve the API; if that is wrong, edit base_url (prismd doctor asks the server)"
+    )
+    assert 'base_url = "http://127.0.0.1:11434"' in (tmp_path / "a.toml").read_text()
+    done = _prismd(tmp_path, "init", "--openai", "http://127.0.0.1:11434/v1/", "--path", "b.toml")
+    assert done.returncode == 0 and "note:" not in done.stdout

@@ -71,6 +71,11 @@ api_key_env = "MODEL_KEY"
 connection = "web"
 actors = ["*"]
 aliases = ["assistant"]
+
+[[grants]]
+connection = "tg-main"
+pairing = true
+aliases = ["assistant"]
 {extra}
 """
     )
@@ -214,8 +219,11 @@ async def test_an_invalid_config_skips_only_what_needs_it(tmp_path: Path) -> Non
     assert [f.component for f in findings] == [f"config {path}", "clock"]
     assert findings[0].failed and findings[0].text.startswith("invalid TOML")
     assert findings[1].verdict == "ok"
-    path.write_text('[[connections]]\nid = "web"\nkind = "webchat"\nlisten = "127.0.0.1:0"\n'
-                    '[agents.a]\nkind = "echo"\n')  # fmt: skip
+    path.write_text(
+        '[[connections]]\nid = "web"\nkind = "webchat"\nlisten = "127.0.0.1:0"\n'
+        '[agents.a]\nkind = "echo"\n'
+        '[[grants]]\nconnection = "web"\nactors = ["*"]\naliases = ["a"]\n'
+    )
     assert all(f.verdict == "ok" for f in await diagnose(str(path), {}))
     path.write_text('[agents.a]\nkind = "echo"\n')
     findings = await diagnose(str(path), {})

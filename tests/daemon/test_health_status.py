@@ -39,7 +39,10 @@ def test_the_receiver_status_keeps_the_last_update_and_error() -> None:
     assert before - 1 <= _iso_ms(fields["lastErrorAt"]) <= time.time() * 1000 + 1
     assert "lastUpdateAt" not in fields
     assert status.fatal(TelegramApiError(401)) is not None
-    assert status.health_fields()["lastError"] == "Telegram rejected the bot credentials"
+    assert status.health_fields()["lastError"] == (
+        "Telegram rejected the bot credentials: check the token this connection reads"
+        " (token_env or token_file; the one @BotFather gave) and restart; prismd doctor tests it"
+    )
 
     seen: list[str] = []
 

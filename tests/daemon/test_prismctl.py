@@ -369,7 +369,7 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def prismctl_as_nobody(shared: Path, *args: str) -> tuple[int, str, str]:
+async def prismctl_as_nobody(shared: Path, *args: str, cwd: str = "/") -> tuple[int, str, str]:
     # The system interpreter (the venv's lives under root's home): prismctl needs only the
     # standard library, so the package on PYTHONPATH is enough. A copy of it in ``shared``:
     # the clone itself may sit under a directory nobody cannot enter (``mktemp -d``).
@@ -392,7 +392,7 @@ async def prismctl_as_nobody(shared: Path, *args: str) -> tuple[int, str, str]:
         capture_stdout=True,
         capture_stderr=True,
         check=False,
-        cwd="/",
+        cwd=cwd,
     )
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
@@ -406,7 +406,21 @@ async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
                 shared_dir, "--socket", private.socket, "health"
             )
             assert (code, out) == (1, "")
-            assert err == f"prismctl: permission denied: cannot open {private.socket}\n"
+            assert err == (
+                f"prismctl: permission denied: cannot open {private.socket} as uid 65534; the"
+                " control socket is open to the daemon's own user (and to its [control].group"
+                " when set): run prismctl as that user, or see docs/install.md#operators\n"
+            )
+            # Found by the search from the directory of a `make run` daemon that nobody
+            # cannot enter: the same answer, not "no control socket found".
+            clone = shared_dir / "clone"
+            (clone / "var" / "run").mkdir(parents=True)
+            os.chmod(clone, 0o755)
+            os.chmod(clone / "var", 0o750)
+            (clone / "var" / "run" / "control.sock").symlink_to(private.socket)
+            code, out, searched = await prismctl_as_nobody(shared_dir, "health", cwd=str(clone))
+            assert (code, out) == (1, "")
+            assert searched == err.replace(private.socket, "var/run/control.sock")
         grouped = ControlConfig(
             socket=str(shared_dir / "grouped" / "control.sock"),
             group=grp.getgrgid(65534).gr_name,
@@ -416,8 +430,26 @@ async def test_permission_messages_for_another_user(shared_dir: Path) -> None:
                 shared_dir, "--socket", grouped.socket, "health"
             )
             assert (code, out) == (1, "")
-            assert err == "prismctl: permission denied: uid 65534 is not an operator\n"
+            assert err == (
+                "prismctl: permission denied: uid 65534 is not an operator of this daemon;"
+                " list it in the daemon's config ([[control.operators]] uid = 65534, tenant ="
+                ' "default") and restart it, or run prismctl as the daemon\'s user\n'
+            )
             assert runtime.calls == []
+
+
+async def test_a_path_that_is_no_socket_is_named(tmp_path: Path) -> None:
+    """``--socket prismd.toml`` or a directory was "connection refused … is prismd running?"."""
+    config = tmp_path / "prismd.toml"
+    config.write_text("[daemon]\n")
+    with trio.fail_after(DEADLINE):
+        for path, what in ((config, "a file"), (tmp_path, "a directory")):
+            code, out, err = await prismctl("--socket", str(path), "health")
+            assert (code, out) == (1, "")
+            assert err == (
+                f"prismctl: {path} is {what}, not a socket: name prismd's control socket"
+                " ([control].socket of its config) with --socket PATH, or use --config FILE\n"
+            )
 
 
 def test_socket_path_too_long_names_the_reason(capsys: pytest.CaptureFixture[str]) -> None:

@@ -97,3 +97,10 @@ def test_unusable_location_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(StateDirError, match="cannot create state directory"):
         open_state_dir(blocker / "sub")
+    # A file where the directory should be: "File exists" said nothing about what to do.
+    with pytest.raises(StateDirError) as info:
+        open_state_dir(blocker)
+    assert str(info.value) == (
+        f"cannot create state directory {blocker}: it exists and is not a directory;"
+        " move it away or change [daemon].state_dir"
+    )

@@ -179,9 +179,40 @@ async def test_failure_before_first_start_is_a_startup_error() -> None:
     with pytest.RaisesGroup(pytest.RaisesExc(ChildStartupError)) as info:
         async with trio.open_nursery() as nursery:
             await sup.start(nursery, "webchat:web", bind_fails)
-    message = "webchat:web failed to start: OSError (Address already in use)"
+    message = (
+        "webchat:web failed to start: OSError (Address already in use); another program holds"
+        " that port (perhaps another prismd; `ss -ltnp` shows which): stop it, or give this"
+        " listener another address in the config (prismd init writes one; prismd doctor"
+        " checks every port)"
+    )
     assert str(info.value.exceptions[0]) == message
     assert sup.children["webchat:web"].state == "failed"
+
+
+async def test_a_low_port_without_privileges_says_what_to_do() -> None:
+    sup = Supervisor(policy=NO_JITTER)
+
+    async def bind_refused(
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        raise OSError(13, "Permission denied")
+
+    with pytest.RaisesGroup(pytest.RaisesExc(ChildStartupError)) as info:
+        async with trio.open_nursery() as nursery:
+            await sup.start(nursery, "webchat:web", bind_refused, where="0.0.0.0:80")
+    assert str(info.value.exceptions[0]) == (
+        "webchat:web on 0.0.0.0:80 failed to start: PermissionError (Permission denied); port 80"
+        " needs privileges prismd does not have: listen on a port above 1023 (a reverse proxy can"
+        " face the outside on a low port)"
+    )
+    # Not a port's problem: no hint.
+    sup = Supervisor(policy=NO_JITTER)
+    with pytest.RaisesGroup(pytest.RaisesExc(ChildStartupError)) as info:
+        async with trio.open_nursery() as nursery:
+            await sup.start(nursery, "control", bind_refused)
+    assert str(info.value.exceptions[0]) == (
+        "control failed to start: PermissionError (Permission denied)"
+    )
 
 
 async def test_child_that_returns_is_stopped_and_duplicate_names_refused() -> None:

@@ -107,6 +107,19 @@ async def test_http_errors(nursery: trio.Nursery, request_bytes: bytes, expected
     assert recorder.events == []
 
 
+async def test_a_server_name_is_told_how_to_reach_the_page(nursery: trio.Nursery) -> None:
+    # A person who browses http://myserver:8787/ got "misdirected request" and no more.
+    with trio.fail_after(10):
+        adapter, _ = await start(nursery)
+        status, _, body = await http(adapter, get("/", host="myserver:8787"))
+    assert status == 421
+    assert body == (
+        b"misdirected request: this web chat answers only to a loopback name"
+        b" (http://127.0.0.1:PORT/ or http://localhost:PORT/); from another machine, open an"
+        b" SSH tunnel (ssh -L 8787:127.0.0.1:8787 HOST) and browse http://127.0.0.1:8787/\n"
+    )
+
+
 async def test_head_request_has_no_body(nursery: trio.Nursery) -> None:
     with trio.fail_after(10):
         adapter, _ = await start(nursery)
