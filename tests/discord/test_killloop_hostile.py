@@ -240,6 +240,9 @@ async def test_hostile_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -
                 early_term = code == -signal.SIGTERM and not logs[-1].strip()
                 assert code in (0, -signal.SIGKILL) or early_term, f"{tag} exit {code}: {logs[-1]}"
         final.set()
+        # A fault armed at the end and not met yet (a send that would hang 15 s) would be
+        # the final run's: settled is when nothing moves for 6 s.
+        fake.clear_faults()
         async with running_daemon(layout, tag="final", extra_env=env) as daemon:
             await daemon.wait_state("READY=1")
             await fed.wait()

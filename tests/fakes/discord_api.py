@@ -302,6 +302,10 @@ class FakeDiscord:
         """The next requests whose ``METHOD /path`` contains ``route`` meet ``faults``."""
         self._faults.setdefault(route, []).extend(faults)
 
+    def clear_faults(self) -> None:
+        """Forget the faults :meth:`fail_next` armed that no request has met yet."""
+        self._faults.clear()
+
     def calls(self, method: str, fragment: str) -> list[Request]:
         return [r for r in self.requests if r.method == method and fragment in r.path]
 
