@@ -22,6 +22,28 @@ from ._status import log
 PAGE = 100
 
 
+def oldest_first(batch: object) -> list[Mapping[str, Any]]:
+    """A page of channel history (Discord answers newest first): its messages with an id,
+    oldest first."""
+    if not isinstance(batch, list):
+        return []
+    return sorted(
+        (m for m in batch if isinstance(m, Mapping) and str(m.get("id", "")).isdigit()),
+        key=lambda m: int(m["id"]),
+    )
+
+
+def as_dispatch(
+    message: Mapping[str, Any], channel_id: str, guild_id: str | None
+) -> dict[str, Any]:
+    """A fetched message in a ``MESSAGE_CREATE``'s shape (history carries no guild id)."""
+    event = dict(message)
+    if guild_id is not None:
+        event.setdefault("guild_id", guild_id)
+    event.setdefault("channel_id", channel_id)
+    return event
+
+
 async def backfill(shard: ShardParts, pages: int) -> int:
     """Admit what each known channel holds after its watermark; how many were handled."""
     handled = 0
@@ -44,18 +66,9 @@ async def backfill(shard: ShardParts, pages: int) -> int:
                 raise
             except DiscordError:
                 raise
-            messages = sorted(
-                (m for m in batch if isinstance(m, Mapping) and str(m.get("id", "")).isdigit())
-                if isinstance(batch, list)
-                else (),
-                key=lambda m: int(m["id"]),
-            )
+            messages = oldest_first(batch)
             for message in messages:
-                event: dict[str, Any] = dict(message)
-                if guild_id is not None:
-                    event.setdefault("guild_id", guild_id)
-                event.setdefault("channel_id", channel_id)
-                await shard.handle_message(event, shard)
+                await shard.handle_message(as_dispatch(message, channel_id, guild_id), shard)
                 handled += 1
                 after = str(message["id"])
             await trio.lowlevel.checkpoint()
@@ -112,22 +125,10 @@ async def catch_up(shard: ShardParts, message: Mapping[str, Any], since_ms: int)
         log.warning("%s: a new channel's earlier messages not read (%s)", shard.label, error)
         return 0
     batch = batch if isinstance(batch, list) else []
-    older = sorted(
-        (
-            m
-            for m in batch
-            if isinstance(m, Mapping)
-            and str(m.get("id", "")).isdigit()
-            and (snowflake_ms(str(m["id"])) or 0) > since_ms
-        ),
-        key=lambda m: int(m["id"]),
-    )
+    older = [m for m in oldest_first(batch) if (snowflake_ms(str(m["id"])) or 0) > since_ms]
     for found in older:
-        event: dict[str, Any] = dict(found)
-        if isinstance(guild_id, str):
-            event.setdefault("guild_id", guild_id)
-        event.setdefault("channel_id", channel_id)
-        await shard.handle_message(event, shard)
+        guild = guild_id if isinstance(guild_id, str) else None
+        await shard.handle_message(as_dispatch(found, channel_id, guild), shard)
     shard.status.backfilled += len(older)
     if len(batch) >= PAGE and len(older) == len(batch):
         shard.status.not_backfilled += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -58,40 +58,22 @@ def _text(value: object, limit: int) -> str | None:
 
 def image_refs(message: Mapping[str, Any], connection_id: str) -> tuple[AttachmentRef, ...]:
     """The message's image attachments as refs (see the module docstring)."""
-    attachments = message.get("attachments")
-    channel, message_id = _id(message.get("channel_id")), _id(message.get("id"))
-    if not isinstance(attachments, list) or channel is None or message_id is None:
-        return ()
-    refs: list[AttachmentRef] = []
-    for item in attachments:
-        if not isinstance(item, Mapping):
-            continue
-        attachment_id = _id(item.get("id"))
-        mime = _text(item.get("content_type"), 100) or _mime_by_name(item.get("filename"))
-        size = item.get("size")
-        if attachment_id is None or mime is None or not mime.startswith("image/"):
-            continue
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            continue
-        refs.append(
-            AttachmentRef(
-                kind="image",
-                transport_file_id=f"{channel}/{message_id}/{attachment_id}",
-                byte_length=size,
-                mime_type=mime,
-                file_name=_text(item.get("filename"), _MAX_NAME),
-                connection_id=connection_id,
-            )
-        )
-        if len(refs) == MAX_IMAGES:
-            break
-    return tuple(refs)
+    return _refs(message, connection_id, "image")
 
 
 def document_refs(message: Mapping[str, Any], connection_id: str) -> tuple[AttachmentRef, ...]:
     """The message's other attachments (a PDF, a sound) as ``document`` refs, never
     fetched: a message of nothing else is answered by the runtime's fixed notice ("That
     attachment cannot be processed …") instead of silence (:func:`._parse.parse_message`)."""
+    return _refs(message, connection_id, "document")
+
+
+def _refs(
+    message: Mapping[str, Any], connection_id: str, kind: Literal["image", "document"]
+) -> tuple[AttachmentRef, ...]:
+    """The attachments of ``kind`` (an image: ``image/…`` by type or file name; a document:
+    any other, its type unknown too) with an id and a declared size, at most
+    :data:`MAX_IMAGES`."""
     attachments = message.get("attachments")
     channel, message_id = _id(message.get("channel_id")), _id(message.get("id"))
     if not isinstance(attachments, list) or channel is None or message_id is None:
@@ -103,13 +85,14 @@ def document_refs(message: Mapping[str, Any], connection_id: str) -> tuple[Attac
         attachment_id = _id(item.get("id"))
         mime = _text(item.get("content_type"), 100) or _mime_by_name(item.get("filename"))
         size = item.get("size")
-        if attachment_id is None or (mime is not None and mime.startswith("image/")):
+        image = mime is not None and mime.startswith("image/")
+        if attachment_id is None or image != (kind == "image"):
             continue
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             continue
         refs.append(
             AttachmentRef(
-                kind="document",
+                kind=kind,
                 transport_file_id=f"{channel}/{message_id}/{attachment_id}",
                 byte_length=size,
                 mime_type=mime,

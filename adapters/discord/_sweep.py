@@ -22,12 +22,12 @@ list their DMs).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 import trio
 
 from ..toolkit import LeaseLostError
+from ._backfill import as_dispatch, oldest_first
 from ._rest import DiscordApiError, DiscordError
 from ._shardparts import ShardParts
 from ._status import log
@@ -106,12 +106,7 @@ async def sweep_round(shard: ShardParts, sweeps: Sweeps, settle_s: float = SETTL
             state.swept.pop(channel_id, None)
             moved = True
             continue
-        messages = sorted(
-            (m for m in batch if isinstance(m, Mapping) and str(m.get("id", "")).isdigit())
-            if isinstance(batch, list)
-            else (),
-            key=lambda m: int(m["id"]),
-        )
+        messages = oldest_first(batch)
         guild_id = state.channels.get(channel_id, (None, None))[1]
         settling = False
         for message in messages:
@@ -126,11 +121,7 @@ async def sweep_round(shard: ShardParts, sweeps: Sweeps, settle_s: float = SETTL
                     settling = True  # the gateway may be delivering it: a later round
                     continue
                 del sweeps.suspects[message_id]
-                event: dict[str, Any] = dict(message)
-                if guild_id is not None:
-                    event.setdefault("guild_id", guild_id)
-                event.setdefault("channel_id", channel_id)
-                if await shard.handle_message(event, shard):
+                if await shard.handle_message(as_dispatch(message, channel_id, guild_id), shard):
                     found += 1  # accepted now: the journal did not have it
             if not settling and channel_id in state.channels:
                 state.swept[channel_id] = message_id
