@@ -82,8 +82,9 @@ def find_socket(socket: str | None, config: str | None, env: Mapping[str, str] =
     )
 
 
-DEFAULT_CHAT_URL = "http://127.0.0.1:8787/"
-LOCAL_CONFIG = "prismd.toml"
+DEFAULT_CONFIG_FILE = "prismd.toml"
+WEB_LISTEN = "127.0.0.1:8787"
+"""The web chat's address in ``make run``'s and ``prismd init``'s configs."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,14 @@ def chat_target(url: str | None, config: str | None) -> ChatTarget:
     moved the web chat is reached, not another one still on the default port."""
     if url:
         return ChatTarget(url, None, "--url")
-    path = config or (LOCAL_CONFIG if os.path.isfile(LOCAL_CONFIG) else None)
+    path = config or (DEFAULT_CONFIG_FILE if os.path.isfile(DEFAULT_CONFIG_FILE) else None)
     if path is None:
-        return ChatTarget(DEFAULT_CHAT_URL, None, "the default")
+        return ChatTarget(_listen_url(WEB_LISTEN), None, "the default")
     root = _read_toml(path, "--config" if config else "./prismd.toml")
     entries = root.get("connections", [])
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and entry.get("kind") == "webchat":
-            listen = entry.get("listen", "127.0.0.1:8787")
+            listen = entry.get("listen", WEB_LISTEN)
             token_env = entry.get("access_token_env")
             if not isinstance(listen, str) or not listen:
                 break

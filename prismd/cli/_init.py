@@ -19,8 +19,8 @@ from typing import TextIO
 
 import attrs
 
-DEFAULT_CONFIG_FILE = "prismd.toml"
-WEB_LISTEN = "127.0.0.1:8787"
+from ._ctlsocket import DEFAULT_CONFIG_FILE, WEB_LISTEN
+
 OPENAI_ALIAS = "assistant"
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_MODEL = "gpt-4o-mini"

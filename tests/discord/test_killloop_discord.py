@@ -46,7 +46,16 @@ CHANNELS = {u: f"3{u[1:]}" for u in USERS}
 TOKEN = "discord-bot-token-secret"
 
 
-def _config(root: Path, fake: FakeDiscord, seed: int) -> Layout:
+def _config(
+    root: Path,
+    fake: FakeDiscord,
+    seed: int,
+    *,
+    connection: str = "sweep_every_s = 1\n",
+    delay_max_ms: int = 200,
+) -> Layout:
+    """A daemon's config on ``fake``: the ``slow`` jittering agent (``delay_max_ms``) for
+    everyone, ``connection`` added to the Discord connection's keys."""
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -69,14 +78,13 @@ kind = "discord"
 token_env = "PRISM_TEST_DISCORD_TOKEN"
 api_origin = "{fake.origin}"
 shards = 1
-sweep_every_s = 1
-
+{connection}
 [agents.slow]
 kind = "python"
 factory = "tests.fakes.killloop_agent:jitter_counting_mock"
 count_file = "{layout.runs}"
 delay_min_ms = 5
-delay_max_ms = 200
+delay_max_ms = {delay_max_ms}
 seed = "{seed}:agent"
 
 [[grants]]

@@ -32,11 +32,11 @@ import pytest
 import trio
 
 from prismd.journal import operation_id_for
-from tests.daemon.helpers import Layout, free_port, run_keys, running_daemon
+from tests.daemon.helpers import run_keys, running_daemon
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until
 
-from .test_killloop_discord import _connected, _op_states, _settle
+from .test_killloop_discord import _config, _connected, _op_states, _settle
 
 pytestmark = pytest.mark.slow
 
@@ -60,48 +60,6 @@ GATEWAY_FAULTS = (
 )
 REST_FAULTS = ("commit_drop", "commit_500", "502", "429", "commit_hang")
 CLOSE_CODES = (4000, 4001, 4008, 4009, 1000, None)
-
-
-def _config(root: Path, fake: FakeDiscord, seed: int) -> Layout:
-    layout = Layout(root=root, port=free_port())
-    layout.config.write_text(
-        f"""
-[daemon]
-state_dir = "{layout.state_dir}"
-
-[store]
-url = "sqlite:///{layout.db}"
-
-[limits]
-stop_deadline_ms = 2000
-lease_ttl_ms = 5000
-
-[control]
-socket = "{layout.control}"
-
-[[connections]]
-id = "dc"
-kind = "discord"
-token_env = "PRISM_TEST_DISCORD_TOKEN"
-api_origin = "{fake.origin}"
-shards = 1
-allow_guilds = true
-
-[agents.slow]
-kind = "python"
-factory = "tests.fakes.killloop_agent:jitter_counting_mock"
-count_file = "{layout.runs}"
-delay_min_ms = 5
-delay_max_ms = 150
-seed = "{seed}:agent"
-
-[[grants]]
-connection = "dc"
-actors = ["*"]
-aliases = ["slow"]
-"""
-    )
-    return layout
 
 
 def _post(
@@ -207,7 +165,7 @@ async def test_hostile_killloop_discord(tmp_path: Path, nursery: trio.Nursery) -
     tag = f"seed={seed}"
     fake = FakeDiscord(token=TOKEN, heartbeat_interval_ms=1500)
     await nursery.start(fake.serve)
-    layout = _config(tmp_path, fake, seed)
+    layout = _config(tmp_path, fake, seed, connection="allow_guilds = true\n", delay_max_ms=150)
     env = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
     addressed: list[dict[str, Any]] = []
     ignored: list[str] = []

@@ -6,11 +6,14 @@ restart."""
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
+from adapters.discord import DiscordAdapter
 from adapters.discord._sweep import CHANNELS_PER_ROUND, Sweeps, sweep_round
 from stores import Store
 from tests.daemon.helpers import running_daemon
@@ -25,16 +28,26 @@ DEADLINE_S = 30
 FAST = {"sweep_every_s": 0.3, "sweep_settle_s": 0.2}
 
 
+@asynccontextmanager
+async def _known_then_dropping(
+    fake: FakeDiscord, store: Store, adapter: DiscordAdapter, first: str
+) -> AsyncIterator[None]:
+    """``adapter`` serving and connected, the DM channel known (``first`` answered), and
+    the gateway's next dispatch never sent."""
+    async with serving(store, adapter):
+        await wait_until(lambda: adapter.health()["state"] == "connected")
+        fake.user_message(DM, USER, first)
+        await wait_until(lambda: len(fake.bot_messages()) == 1)
+        fake.gateway.drop_next = 1
+        yield
+
+
 async def test_a_message_never_sent_is_read_by_a_sweep_and_answered_once(
     fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter(**FAST)
-        async with serving(store, adapter):
-            await wait_until(lambda: adapter.health()["state"] == "connected")
-            fake.user_message(DM, USER, "one")
-            await wait_until(lambda: len(fake.bot_messages()) == 1)
-            fake.gateway.drop_next = 1
+        async with _known_then_dropping(fake, store, adapter, "one"):
             fake.user_message(DM, USER, "never sent")
             fake.user_message(DM, USER, "three")
             await wait_until(lambda: len(fake.bot_messages()) == 3)
@@ -52,11 +65,7 @@ async def test_a_lone_message_never_sent_in_a_quiet_channel_is_found(
     """Nothing after it on the gateway: only the sweep can know of it."""
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter(**FAST)
-        async with serving(store, adapter):
-            await wait_until(lambda: adapter.health()["state"] == "connected")
-            fake.user_message(DM, USER, "hello")
-            await wait_until(lambda: len(fake.bot_messages()) == 1)
-            fake.gateway.drop_next = 1
+        async with _known_then_dropping(fake, store, adapter, "hello"):
             fake.user_message(DM, USER, "are you there?")
             await wait_until(lambda: len(fake.bot_messages()) == 2)
     assert answered(fake) == ["echo: are you there?", "echo: hello"]
@@ -70,11 +79,7 @@ async def test_a_message_is_admitted_only_once_settled(
     snowflake's against the host clock); meanwhile the sweep point stays before it."""
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter(sweep_every_s=0)  # rounds run by hand below
-        async with serving(store, adapter):
-            await wait_until(lambda: adapter.health()["state"] == "connected")
-            fake.user_message(DM, USER, "one")
-            await wait_until(lambda: len(fake.bot_messages()) == 1)
-            fake.gateway.drop_next = 1
+        async with _known_then_dropping(fake, store, adapter, "one"):
             dropped = fake.user_message(DM, USER, "later")
             shard, sweeps = adapter._shards[0], Sweeps()
             assert await sweep_round(shard, sweeps, settle_s=600) == 0
@@ -97,11 +102,7 @@ async def test_the_sweep_point_survives_a_restart(
     are not answered again."""
     with trio.fail_after(DEADLINE_S):
         first = make_adapter(sweep_every_s=600)
-        async with serving(store, first):
-            await wait_until(lambda: first.health()["state"] == "connected")
-            fake.user_message(DM, USER, "one")
-            await wait_until(lambda: len(fake.bot_messages()) == 1)
-            fake.gateway.drop_next = 1
+        async with _known_then_dropping(fake, store, first, "one"):
             fake.user_message(DM, USER, "dropped before the restart")
             await trio.sleep(0.3)
         assert len(fake.bot_messages()) == 1
@@ -182,11 +183,7 @@ async def test_no_sweep_when_disabled(
     """``sweep_every_s = 0``: no channel is read, and a message never sent stays unseen."""
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter(sweep_every_s=0)
-        async with serving(store, adapter):
-            await wait_until(lambda: adapter.health()["state"] == "connected")
-            fake.user_message(DM, USER, "one")
-            await wait_until(lambda: len(fake.bot_messages()) == 1)
-            fake.gateway.drop_next = 1
+        async with _known_then_dropping(fake, store, adapter, "one"):
             fake.user_message(DM, USER, "never sent")
             await trio.sleep(1.0)
     assert answered(fake) == ["echo: one"]
