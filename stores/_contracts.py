@@ -82,9 +82,17 @@ class CheckpointStore(Protocol):
         ...
 
     async def write_checkpoints(
-        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
+        self,
+        writes: Sequence[SaveCheckpoint | DeleteCheckpoint],
+        *,
+        atomic: bool = False,
+        linger_s: float = 0.0,
     ) -> tuple[WriteResult, ...]:
         """Apply ``writes`` in order in one durable transaction; one result per write.
+
+        ``linger_s`` lets a store that group-commits wait up to that long for other writes
+        to share the transaction with, when none is in flight (the answer still comes
+        once the writes are durable); a store may ignore it.
 
         Each write is checked as :meth:`save_checkpoint` / :meth:`delete_checkpoint` would
         check it, against the rows as the earlier writes of the batch left them, and each

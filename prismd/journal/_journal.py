@@ -449,10 +449,13 @@ class ChannelJournal:
             return record.replace(input=None)
         return record
 
-    async def commit(self, writes: Sequence[Write], *, atomic: bool = False) -> Committed:
+    async def commit(
+        self, writes: Sequence[Write], *, atomic: bool = False, linger_s: float = 0.0
+    ) -> Committed:
         """Write every record in one store transaction; a lost CAS is a ``None`` item.
 
-        With ``atomic`` either all are written or none. Raises
+        With ``atomic`` either all are written or none. ``linger_s``: the store may hold
+        the writes that long for company (:meth:`~stores.CheckpointStore.write_checkpoints`). Raises
         :class:`JournalRecordTooLargeError` before anything is written when a record does
         not fit, and the store's errors (``StoreUnavailableError``) unchanged.
         """
@@ -472,7 +475,9 @@ class ChannelJournal:
             for w, record in zip(writes, records, strict=True)
         ]
         try:
-            results = await self.checkpoints.write_checkpoints(saves, atomic=atomic)
+            results = await self.checkpoints.write_checkpoints(
+                saves, atomic=atomic, linger_s=linger_s
+            )
         except StoreUnavailableError as exc:
             self.health.failed(exc)
             raise

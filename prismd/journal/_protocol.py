@@ -351,9 +351,11 @@ async def mark(
     message_id: str | None = None,
     reason: str | None = None,
     fence: int | None = None,
+    linger_s: float = 0.0,
 ) -> Loaded[ReplyRecord] | None:
     """Record a send's outcome on the staged reply (``attempts`` + 1); ``None`` when the
-    record moved meanwhile (someone else resent or settled it) or the move is not allowed."""
+    record moved meanwhile (someone else resent or settled it) or the move is not allowed.
+    ``linger_s``: see :meth:`ChannelJournal.commit`."""
     if state not in REPLY_FLOW.get(staged.record.state, frozenset()):
         return None
     updated = staged.record.replace(
@@ -366,7 +368,7 @@ async def mark(
     write = Write(
         NS_REPLY, scope, updated, staged.version, staged.fencing_token if fence is None else fence
     )
-    return (await journal.commit((write,))).items[0]
+    return (await journal.commit((write,), linger_s=linger_s)).items[0]
 
 
 async def reopen_reply(

@@ -540,6 +540,15 @@ JOURNAL_BUDGET_S = 10.0
 settled, so a cancellation there (runtime torn down) would lose the answer unlisted."""
 
 
+MARK_LINGER_S = 0.05
+"""How long a route's outbox lets a reply's delivery mark wait for another journal write to
+share a commit with (the next message's admission, another reply's mark), when none is in
+flight. The reply is out already; what waits is the route's next reply, at most this long.
+A crash before the mark is durable leaves the reply ``pending``, as a crash between a send
+and its mark always could: re-driven where the channel can prove or repeat it safely
+(Discord's nonce), else listed for ``reconcile``."""
+
+
 HELD_REASON = "held"
 """The ``reason`` of a ``pending`` reply whose channel answered ``SendResult.hold()``: proven
 not sent (no live connection took it), so it may be re-driven automatically when its
@@ -603,7 +612,14 @@ async def _send_route_replies(core: Core, route: Route) -> None:
             if item.fenced is not None and not item.fenced():
                 core.count("lease_losses")
             else:
-                await deliver_and_mark(core, item.reply, item.staged, item.scope, item.fence)
+                await deliver_and_mark(
+                    core,
+                    item.reply,
+                    item.staged,
+                    item.scope,
+                    item.fence,
+                    linger_s=MARK_LINGER_S,
+                )
             box.popleft()
     except trio.Cancelled:
         # The runtime is torn down: what is left stays ``pending`` (listed).
@@ -648,16 +664,21 @@ async def deliver_and_mark(
     staged: Loaded[ReplyRecord] | None,
     scope: OwnershipScope | None,
     fence: int | None,
+    *,
+    linger_s: float = 0.0,
 ) -> str:
     """Deliver a staged reply and mark its record (when journaled); returns the state.
 
     Keeps the conversation's delivery lock across both, so a re-drive started by a
-    reconnect meanwhile sees this reply's hold once it is marked.
+    reconnect meanwhile sees this reply's hold once it is marked. ``linger_s``: how long
+    the mark may wait to share a commit (:data:`MARK_LINGER_S`).
     """
     async with core.delivery_locks.lock(reply.connection_id, reply.external_conversation_id):
         state, message_id, reason = await deliver_once(core, reply)
         if staged is not None and scope is not None:
-            await mark_outcome(core, scope, staged, state, message_id, reason, fence)
+            await mark_outcome(
+                core, scope, staged, state, message_id, reason, fence, linger_s=linger_s
+            )
     return state
 
 
@@ -669,9 +690,11 @@ async def mark_outcome(
     message_id: str | None,
     reason: str | None,
     fence: int | None,
+    *,
+    linger_s: float = 0.0,
 ) -> Loaded[ReplyRecord] | None:
     """Record a send's outcome (shielded, bounded); ``None`` and ``storage_failures`` when
-    it could not be written."""
+    it could not be written. ``linger_s``: see :func:`deliver_and_mark`."""
     assert core.journal is not None
     saved = None
     with trio.CancelScope(shield=True, relative_deadline=JOURNAL_BUDGET_S):
@@ -685,6 +708,7 @@ async def mark_outcome(
                 message_id=message_id,
                 reason=reason,
                 fence=fence,
+                linger_s=linger_s,
             )
         except Exception:
             saved = None

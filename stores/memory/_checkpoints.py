@@ -34,11 +34,16 @@ class MemoryCheckpointStore(CheckpointStoreBase):
     _state: _State
 
     async def write_checkpoints(
-        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
+        self,
+        writes: Sequence[SaveCheckpoint | DeleteCheckpoint],
+        *,
+        atomic: bool = False,
+        linger_s: float = 0.0,
     ) -> tuple[WriteResult, ...]:
         """Apply the batch against an overlay of the rows it touches, then publish the
         overlay and its events at once (see :meth:`~stores.CheckpointStore.write_checkpoints`);
-        an ``atomic`` batch with a lost check publishes nothing."""
+        an ``atomic`` batch with a lost check publishes nothing. Nothing is group-committed
+        here: ``linger_s`` is ignored."""
         await trio.lowlevel.checkpoint()
         state = self._state
         state.check_open()

@@ -58,10 +58,15 @@ class PostgresCheckpointStore(CheckpointStoreBase):
     """The quoted schema name (``quote_ident``, once for the store)."""
 
     async def write_checkpoints(
-        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
+        self,
+        writes: Sequence[SaveCheckpoint | DeleteCheckpoint],
+        *,
+        atomic: bool = False,
+        linger_s: float = 0.0,
     ) -> tuple[WriteResult, ...]:
         """The batch as one job of a group-committed transaction (see
-        :meth:`~stores.CheckpointStore.write_checkpoints`)."""
+        :meth:`~stores.CheckpointStore.write_checkpoints`). ``linger_s`` is not used: the
+        writer's transactions are shared by the writes queued while one is in flight."""
         checked = _bases.check_writes(writes, atomic, self._max_value_bytes)
         if not checked:
             if self._writer.closed:

@@ -199,7 +199,11 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
     _max_value_bytes: int
 
     async def write_checkpoints(
-        self, writes: Sequence[SaveCheckpoint | DeleteCheckpoint], *, atomic: bool = False
+        self,
+        writes: Sequence[SaveCheckpoint | DeleteCheckpoint],
+        *,
+        atomic: bool = False,
+        linger_s: float = 0.0,
     ) -> tuple[WriteResult, ...]:
         """The batch in one job of the next group-committed transaction (see
         :meth:`~stores.CheckpointStore.write_checkpoints`); an ``atomic`` batch with a lost
@@ -216,7 +220,9 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
                 raise _RolledBack(tuple(r if r.status != "ok" else _ABORTED for r in results))
             return results
 
-        return await self._db.write(txn, savepoint=undo, weight=len(checked))
+        return await self._db.write(
+            txn, savepoint=undo, weight=len(checked), linger_s=linger_s
+        )
 
     async def _load(
         self, namespace: str, key: str, scope: OwnershipScope

@@ -240,7 +240,12 @@ class _Database:
         return fn(self.reader)
 
     async def write(
-        self, fn: Callable[[apsw.Connection], T], *, savepoint: bool = True, weight: int = 1
+        self,
+        fn: Callable[[apsw.Connection], T],
+        *,
+        savepoint: bool = True,
+        weight: int = 1,
+        linger_s: float = 0.0,
     ) -> T:
         """Run ``fn(conn)`` inside a savepoint of the next group-committed transaction.
 
@@ -256,6 +261,12 @@ class _Database:
         rolled back and fails. ``weight`` is how many writes ``fn`` makes at most: a
         transaction of more than :data:`INLINE_WRITES` in all runs in the writer thread.
 
+        ``linger_s``: when no transaction is in flight, the write waits up to this long
+        for another write to lead one, and shares it, before it leads one itself (see
+        :meth:`_linger`). What waits for it waits that much longer, at most; a write that
+        nothing waits on but its own caller (a reply's delivery mark) spares a commit
+        this way when the next write comes within the time.
+
         Cancelled while queued, the write is withdrawn (nothing of it runs). Once its
         transaction has begun, its outcome is the transaction's: the call waits for it
         (bounded by one transaction) and answers it; the cancellation lands at the caller's
@@ -269,6 +280,8 @@ class _Database:
         self._pending.append(job)
         if self._leading:
             await self._park(job)
+        elif linger_s > 0:
+            await self._linger(job, linger_s)
         else:
             self._leading = job.lead = True
         if job.lead:
@@ -298,6 +311,30 @@ class _Database:
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def _linger(self, job: _Job, linger_s: float) -> None:
+        """Wait up to ``linger_s`` for a transaction to take ``job`` (the next write that
+        leads one takes everything queued); then lead one, unless one has begun meanwhile.
+        A cancellation withdraws the job as :meth:`_park` does."""
+        with trio.move_on_after(linger_s) as waited:
+            await self._park(job)
+        if not waited.cancelled_caught:
+            return
+        # Timed out while still queued: the park withdrew the job. Queue it again, as the
+        # oldest (it was), unless the caller itself was cancelled meanwhile.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._pending.insert(0, job)
+        if self._leading:
+            await self._park(job)
+        else:
+            self._leading = job.lead = True
+
+    def flush(self) -> None:
+        """Writes lingering with no transaction in flight: the oldest leads one now."""
+        if self._pending and not self._leading:
+            first = self._pending[0]
+            self._leading = first.lead = True
+            self._wake(first)
 
     @staticmethod
     def _wake(job: _Job) -> None:
@@ -510,6 +547,12 @@ class _Database:
     async def aclose(self) -> None:
         if self.closed:
             return
+        # Writes lingering for company are written before the store refuses new ones.
+        self.flush()
+        with trio.CancelScope(shield=True):
+            while self._leading:
+                self._idle = trio.Event()
+                await self._idle.wait()
         self.closed = True
 
         def close_writer() -> None:

@@ -15,14 +15,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import trio
+import trio.testing
 
 from prismd.agents import AgentContext, MockAgent
+from prismd.journal import NS_REPLY
+from prismd.runtime import _core
 from stores import open_store
 from stores.sqlite import SQLiteStore
 from tests.support.builders import event, identity
 from tests.support.clocks import TrioClock
 from tests.support.harness import Host, runtime
+from tests.support.waiting import wait_until, wait_until_async
 
 TARGET = 6
 MESSAGES = 20
@@ -54,3 +59,43 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
             assert max(steady) <= TARGET, per_message
             assert host.texts == [f"mock: message {i}" for i in range(MESSAGES)]
             assert await rt.list_unresolved(identity=identity()) == []
+
+
+async def test_a_replys_delivery_mark_shares_the_next_admissions_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Long enough that only the next admission ends the first wait on a loaded machine.
+    monkeypatch.setattr(_core, "MARK_LINGER_S", 2.0)
+    clock = TrioClock()
+    async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
+        assert isinstance(store, SQLiteStore)
+        host = Host()
+        async with runtime(host, store, clock=clock) as rt:
+            with trio.fail_after(10):
+                await rt.admit(event("1", "first"))
+                await wait_until(lambda: len(host.replies) == 1)
+                await trio.testing.wait_all_tasks_blocked()
+            # The reply is out; its mark waits for company and is not durable yet.
+            assert await reply_states(store) == ["pending"]
+            before = store.statistics().commits
+            with trio.fail_after(10):
+                admission = await rt.admit(event("2", "second"))
+            assert admission.status == "accepted"
+            # One commit made both durable: the second message's admission and the mark.
+            assert store.statistics().commits - before == 1
+            assert await reply_states(store) == ["delivered"]
+
+            async def both_delivered() -> bool:
+                return await reply_states(store) == ["delivered"] * 2
+
+            # The last mark has no company: it commits alone when its time is up.
+            with trio.fail_after(30):
+                await rt.drain()
+                await wait_until(lambda: len(host.replies) == 2)
+                await wait_until_async(both_delivered)
+            assert await rt.list_unresolved(identity=identity()) == []
+
+
+async def reply_states(store: SQLiteStore) -> list[str]:
+    page = await store.checkpoints.list_checkpoints(namespace=NS_REPLY)
+    return [record.value["state"] for record in page.items]
