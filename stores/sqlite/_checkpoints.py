@@ -220,9 +220,7 @@ class SQLiteCheckpointStore(CheckpointStoreBase):
                 raise _RolledBack(tuple(r if r.status != "ok" else _ABORTED for r in results))
             return results
 
-        return await self._db.write(
-            txn, savepoint=undo, weight=len(checked), linger_s=linger_s
-        )
+        return await self._db.write(txn, savepoint=undo, weight=len(checked), linger_s=linger_s)
 
     async def _load(
         self, namespace: str, key: str, scope: OwnershipScope
