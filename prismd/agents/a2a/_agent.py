@@ -56,14 +56,14 @@ from .. import (
 )
 from .._base import AgentBase, ResumeRequest
 from ._book import Book, Stored, TaskRecord, secret_hash
-from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused
+from ._client import A2AClient, A2AError, CardError, OutcomeUnknown, Refused, RemoteError
 from ._files import open_file
 from ._follower import Follower, park_or_answer
 from ._gate import POLL_LEASE_MS
 from ._options import A2AOptions, validate_a2a_options
 from ._steps import CANCEL_BUDGET_S, failed, follow, recover, send
 from ._unary import RPC_CONNECTIONS
-from ._wire import PushConfig, Task
+from ._wire import TASK_NOT_CANCELABLE, TERMINAL_STATES, PushConfig, Task
 
 log = logging.getLogger("prismd.agents.a2a")
 HTTP_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=128)
@@ -300,25 +300,43 @@ class A2AAgent(AgentBase):
     async def release_operation(self, scope: OwnershipScope, operation_id: str) -> None:
         await release(self, scope, operation_id)  # the operation settled without a run
 
-    async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None:
-        """``/cancel``: CancelTask for the task being followed, bounded and shielded."""
+    async def cancel_followed(
+        self, client: A2AClient, scope: OwnershipScope, key: str
+    ) -> Task | None:
+        """``/cancel``: CancelTask for the task being followed, bounded and shielded.
+
+        The task when it was over before the cancel could land: the peer answered
+        TaskNotCancelable (-32002: "already terminal", read with GetTask), or answered the
+        cancel with the task ended otherwise than cancelled. Its answer is the turn's, as
+        if the cancel had come a moment later; the record is left for that answer to
+        close. ``None`` once the task is cancelled (or could not be): closed here."""
         with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
             try:
                 stored = await self.book.load(scope, key)
                 if stored is None or stored.record.phase == "done":
-                    return
-                if stored.record.task_id is None or stored.record.phase != "following":
+                    return None
+                task_id = stored.record.task_id
+                if task_id is None or stored.record.phase != "following":
                     # Cancelled before the task was known: settled, no longer counted as
                     # followed (a send that was on its way may still create a task).
                     await self.book.update(stored, phase="done", state="canceled")
-                    return
+                    return None
+                over: Task | None = None
                 try:
-                    await client.cancel_task(stored.record.task_id)
+                    answered = await client.cancel_task(task_id)
+                    if answered is not None and answered.state in OVER_BEFORE_CANCEL:
+                        over = answered
+                except RemoteError as exc:
+                    if exc.code == TASK_NOT_CANCELABLE:
+                        over = await _terminal(client, task_id)
                 except A2AError:
                     pass
+                if over is not None:
+                    return over
                 await self.book.update(stored, phase="done", state="canceled")
             except Exception as exc:
                 log.warning("cancelling a remote task failed: %s", type(exc).__name__)
+        return None
 
     def _new_push(self, client: A2AClient) -> PushConfig | None:
         url = self.push_url
@@ -397,13 +415,29 @@ async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
     return await book.count_following(tenant, limit) >= limit
 
 
+OVER_BEFORE_CANCEL = TERMINAL_STATES - {"canceled"}
+"""A task in one of these states ended before a cancel could (see ``cancel_followed``)."""
+
+
+async def _terminal(client: A2AClient, task_id: str) -> Task | None:
+    """The task read once after a TaskNotCancelable, when it is over otherwise than
+    cancelled; ``None`` when it could not be read (it is then cancelled as before)."""
+    try:
+        task = await client.get_task(task_id)
+    except A2AError:
+        return None
+    return task if task.state in OVER_BEFORE_CANCEL else None
+
+
 async def cancel_remote(
     agents: Mapping[str, A2AAgent], scope: OwnershipScope, operation_id: str
 ) -> dict[str, Any]:
     """``reconcile … --cancel-remote``: ``CancelTask`` for the remote task an operation
     follows (inside ``scope``, which may be partial), then wake its follower, which reads
-    the task (``canceled``) and settles the operation with its notice. The answer is the
-    control method's result."""
+    the task (``canceled``) and settles the operation with its notice. A task that was over
+    already (TaskNotCancelable, -32002) is not cancelled: the follower, woken the same way,
+    reads it and answers with it (``remote_task_over``). The answer is the control
+    method's result."""
     for agent in agents.values():
         found = await agent.book.find_operation(scope, operation_id)
         if found is None:
@@ -418,6 +452,11 @@ async def cancel_remote(
             return {"status": "conflict", "detail": "remote_unreachable"}
         try:
             await client.cancel_task(record.task_id)
+        except RemoteError as exc:
+            if exc.code != TASK_NOT_CANCELABLE:
+                return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
+            agent.observe(record.task_id)
+            return {"status": "conflict", "detail": "remote_task_over"}
         except A2AError as exc:
             return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
         agent.observe(record.task_id)

@@ -67,7 +67,9 @@ class A2AAgent(StepsAgent, Protocol):
     polls: PollStore | None
     poll_lease_ms: int
 
-    async def cancel_followed(self, client: A2AClient, scope: OwnershipScope, key: str) -> None: ...
+    async def cancel_followed(
+        self, client: A2AClient, scope: OwnershipScope, key: str
+    ) -> Task | None: ...
 
 
 POLLERS: Final = 32
@@ -560,12 +562,16 @@ async def park_or_answer(
     assert task_id is not None
     run_id = f"a2a:{task_id}"
     if hooks.cancelling:
-        await agent.cancel_followed(client, stored.scope, stored.key)
+        over = await agent.cancel_followed(client, stored.scope, stored.key)
         await _forget(agent, task_id)
         # Not polled on: a peer that refuses CancelTask may work on for hours.
         follower = agent.followers.get(hooks.runtime)
         if follower is not None:
             follower.drop(task_id)
+        if over is not None and ends_turn(over, record.prompt):
+            # Over before the cancel could land (the reference: -32002, GetTask): the
+            # work is done and its answer is the turn's, not dropped.
+            return await answer(agent, stored, over, session)
         return RunResult("aborted", "", run_id, session)
     follower = _follower(agent, hooks, client)
     finding = follower.take(task_id)
