@@ -40,8 +40,9 @@ from ..journal import (
     reply_key,
     transition,
 )
-from ._core import Core, is_held
+from ._core import Core
 from ._delivery import resend
+from ._outbox import is_held
 from ._relay import RELAY_SEPARATOR
 from ._unanswered import tell
 from .api import PruneResult, ReconcileResult, UnresolvedEntry, UnresolvedPage

@@ -21,7 +21,7 @@ import trio.testing
 
 from prismd.agents import AgentContext, MockAgent
 from prismd.journal import NS_REPLY
-from prismd.runtime import _core
+from prismd.runtime import _outbox
 from stores import open_store
 from stores.sqlite import SQLiteStore
 from tests.support.builders import event, identity
@@ -65,7 +65,7 @@ async def test_a_replys_delivery_mark_shares_the_next_admissions_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Long enough that only the next admission ends the first wait on a loaded machine.
-    monkeypatch.setattr(_core, "MARK_LINGER_S", 2.0)
+    monkeypatch.setattr(_outbox, "MARK_LINGER_S", 2.0)
     clock = TrioClock()
     async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
         assert isinstance(store, SQLiteStore)

@@ -303,40 +303,8 @@ class A2AAgent(AgentBase):
     async def cancel_followed(
         self, client: A2AClient, scope: OwnershipScope, key: str
     ) -> Task | None:
-        """``/cancel``: CancelTask for the task being followed, bounded and shielded.
-
-        The task when it was over before the cancel could land: the peer answered
-        TaskNotCancelable (-32002: "already terminal", read with GetTask), or answered the
-        cancel with the task ended otherwise than cancelled. Its answer is the turn's, as
-        if the cancel had come a moment later; the record is left for that answer to
-        close. ``None`` once the task is cancelled (or could not be): closed here."""
-        with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
-            try:
-                stored = await self.book.load(scope, key)
-                if stored is None or stored.record.phase == "done":
-                    return None
-                task_id = stored.record.task_id
-                if task_id is None or stored.record.phase != "following":
-                    # Cancelled before the task was known: settled, no longer counted as
-                    # followed (a send that was on its way may still create a task).
-                    await self.book.update(stored, phase="done", state="canceled")
-                    return None
-                over: Task | None = None
-                try:
-                    answered = await client.cancel_task(task_id)
-                    if answered is not None and answered.state in OVER_BEFORE_CANCEL:
-                        over = answered
-                except RemoteError as exc:
-                    if exc.code == TASK_NOT_CANCELABLE:
-                        over = await _terminal(client, task_id)
-                except A2AError:
-                    pass
-                if over is not None:
-                    return over
-                await self.book.update(stored, phase="done", state="canceled")
-            except Exception as exc:
-                log.warning("cancelling a remote task failed: %s", type(exc).__name__)
-        return None
+        """``/cancel``: see :func:`_cancel_followed`."""
+        return await _cancel_followed(self.book, client, scope, key)
 
     def _new_push(self, client: A2AClient) -> PushConfig | None:
         url = self.push_url
@@ -415,8 +383,47 @@ async def at_limit(book: Book, scope: OwnershipScope, limit: int) -> bool:
     return await book.count_following(tenant, limit) >= limit
 
 
+async def _cancel_followed(
+    book: Book, client: A2AClient, scope: OwnershipScope, key: str
+) -> Task | None:
+    """``/cancel``: CancelTask for the task being followed, bounded and shielded.
+
+    The task when it was over before the cancel could land: the peer answered
+    TaskNotCancelable (-32002: "already terminal", read with GetTask), or answered the
+    cancel with the task ended otherwise than cancelled. Its answer is the turn's, as
+    if the cancel had come a moment later; the record is left for that answer to
+    close. ``None`` once the task is cancelled (or could not be): closed here."""
+    with trio.move_on_after(CANCEL_BUDGET_S, shield=True):
+        try:
+            stored = await book.load(scope, key)
+            if stored is None or stored.record.phase == "done":
+                return None
+            task_id = stored.record.task_id
+            if task_id is None or stored.record.phase != "following":
+                # Cancelled before the task was known: settled, no longer counted as
+                # followed (a send that was on its way may still create a task).
+                await book.update(stored, phase="done", state="canceled")
+                return None
+            over: Task | None = None
+            try:
+                answered = await client.cancel_task(task_id)
+                if answered is not None and answered.state in OVER_BEFORE_CANCEL:
+                    over = answered
+            except RemoteError as exc:
+                if exc.code == TASK_NOT_CANCELABLE:
+                    over = await _terminal(client, task_id)
+            except A2AError:
+                pass
+            if over is not None:
+                return over
+            await book.update(stored, phase="done", state="canceled")
+        except Exception as exc:
+            log.warning("cancelling a remote task failed: %s", type(exc).__name__)
+    return None
+
+
 OVER_BEFORE_CANCEL = TERMINAL_STATES - {"canceled"}
-"""A task in one of these states ended before a cancel could (see ``cancel_followed``)."""
+"""A task in one of these states ended before a cancel could (see :func:`_cancel_followed`)."""
 
 
 async def _terminal(client: A2AClient, task_id: str) -> Task | None:
