@@ -17,7 +17,8 @@ come one every X ms instead (both bots then answer each message alone, at the sa
 prismd's own pacing to Discord's global limit no longer sets its window apart). Neither bot
 is rate limited unless ``--discord-limits``: then the fake answers as Discord does (5 posts a
 channel in 5 s, 50 requests a second in all, 429 past them), and the messages answered and the
-429s received are what to read.
+429s received are what to read. The CPU is given per DM sent and per DM answered: a bot that
+answers fewer within the window (discord.py under 429s) has spent its CPU on fewer answers.
 """
 
 from __future__ import annotations
@@ -175,9 +176,11 @@ async def run_discordpy(
 
 def show(name: str, messages: int, result: Result) -> None:
     cpu, wall, requests, answered, refused, twice = result
+    per_answer = f"{cpu * 1000 / answered:.2f}" if answered else "-"
     print(
         f"{name}: {answered} of {messages} DMs answered in {wall:.2f} s, "
-        f"CPU {cpu * 1000 / messages:.2f} ms/message, {requests:.2f} requests/message "
+        f"CPU {cpu * 1000 / messages:.2f} ms/message ({per_answer} per answer), "
+        f"{requests:.2f} requests/message "
         f"({refused} answered 429), a duplicated dispatch answered {twice} time(s)",
         flush=True,
     )
@@ -204,6 +207,7 @@ async def main() -> None:
     args = parser.parse_args()
     spacing_s = args.spacing_ms / 1000
     cpu: dict[str, list[float]] = {"prismd": [], "discord.py": []}
+    per_answer: dict[str, list[float]] = {"prismd": [], "discord.py": []}
     for _round in range(args.rounds):
         for name in cpu:
             if name == "prismd":
@@ -214,13 +218,16 @@ async def main() -> None:
                 )
             show(name, args.messages, result)
             cpu[name].append(result[0] * 1000 / args.messages)
+            per_answer[name].append(result[0] * 1000 / max(result[3], 1))
     if args.rounds > 1:
         ratios = [p / d for p, d in zip(cpu["prismd"], cpu["discord.py"], strict=True)]
         print(
             f"medians: prismd {statistics.median(cpu['prismd']):.2f} ms/message, "
             f"discord.py {statistics.median(cpu['discord.py']):.2f}; "
             f"prismd / discord.py per round {statistics.median(ratios):.2f}x "
-            f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f}); per answer: prismd "
+            f"{statistics.median(per_answer['prismd']):.2f} ms, discord.py "
+            f"{statistics.median(per_answer['discord.py']):.2f}"
         )
 
 
