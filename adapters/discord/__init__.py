@@ -5,9 +5,8 @@ loop under its receiver lease), :mod:`._protocol` (the gateway protocol without 
 :mod:`._cursor` (the shard's durable session and watermark), :mod:`._backfill` (REST
 recovery after a session that could not be resumed), :mod:`._sweep` (REST reads of known
 channels for what a live session never sent), :mod:`._parse` (message → event),
-:mod:`._send` (chunks, nonces, the send window; :mod:`._together`: sends that end
-while others are on their way return together, so their marks share a commit) and
-:mod:`._rest` (the REST client with rate limits); :mod:`._kind` is the connection kind.
+:mod:`._send` (chunks, nonces, the send window) and :mod:`._rest` (the REST client with
+rate limits); :mod:`._kind` is the connection kind.
 """
 
 from ._adapter import DiscordAdapter as DiscordAdapter

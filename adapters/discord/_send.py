@@ -49,7 +49,6 @@ from stores import CheckpointConflictError, CheckpointStore, Clock, OwnershipSco
 from ..toolkit import utf16_units
 from ._rest import DiscordApiError, DiscordError, DiscordGuardError, DiscordRest
 from ._status import log
-from ._together import ReturnTogether
 
 MAX_CHUNK = 2000
 NONCE_WINDOW_MS = 120_000
@@ -144,13 +143,8 @@ class DiscordSender:
     bot_user_id: Callable[[], str | None]
     """The bot's user id once known (READY or ``GET /users/@me``)."""
     retry_base_s: float = 0.5
-    together: ReturnTogether = attrs.field(factory=ReturnTogether)
-    """Sends that end while others are on their way return together (:mod:`._together`)."""
 
     async def send(self, reply: Reply) -> SendResult:
-        return await self.together.send(self._send(reply))
-
-    async def _send(self, reply: Reply) -> SendResult:
         channel = reply.external_conversation_id
         if not channel.isdigit() or len(channel) > 20:
             return SendResult(False, reason="invalid_destination")

@@ -449,3 +449,22 @@ async def test_a_free_place_waits_no_longer_than_the_slack(
         for _ in range(2):
             nursery.start_soon(request)
     assert [round(t - first_leaves, 6) for t in left] == [PACE_SLACK_S, 0.03]
+
+
+async def test_replies_sent_at_once_through_the_adapter_are_all_delivered(
+    fake: FakeDiscord, make_adapter: AdapterFactory
+) -> None:
+    inbound = [fake.user_message(DM, USER, f"q{n}") for n in range(6)]
+    adapter = make_adapter()
+    results = []
+
+    async def send(n: int) -> None:
+        results.append(await adapter.send(reply_to(inbound[n]["id"], f"a{n}", f"op-{n}")))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for n in range(6):
+                nursery.start_soon(send, n)
+    await adapter.aclose()
+    assert len(results) == 6 and all(r.delivered for r in results)
+    assert sorted(m["content"] for m in fake.bot_messages(DM)) == [f"a{n}" for n in range(6)]
