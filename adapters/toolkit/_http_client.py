@@ -62,6 +62,10 @@ one pass: a line it does not match whole (an obs-fold, a line :data:`_FIELD` ref
 no match, since a match begins only where a line does."""
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
 _NO_BODY = frozenset({204, 304})
+MAX_CHECKED = 256
+_CHECKED: set[Header] = set()
+"""Header fields found valid before (a client's own: its host, user agent, credentials,
+content type): not matched again on every request."""
 
 
 class HttpTransportError(Exception):
@@ -108,7 +112,7 @@ class ResponseTooLarge(Exception):
         self.status = status
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Origin:
     scheme: str
     host: str
@@ -247,9 +251,8 @@ async def _exchange(
     cap: int,
     read_timeout_s: float | None,
 ) -> tuple[int, Mapping[str, str], bytes]:
-    if body or method in _BODY_METHODS:
-        head.append((b"Content-Length", str(len(body)).encode()))
-    data = _encode_request(method, target, head, body)
+    length = len(body) if body or method in _BODY_METHODS else None
+    data = _encode_request(method, target, head, body, length)
     if data is None:
         raise LocalProtocolError()
     connection.reusable = False
@@ -263,16 +266,24 @@ async def _exchange(
 
 
 def _encode_request(
-    method: bytes, target: bytes, headers: Sequence[Header], body: bytes
+    method: bytes, target: bytes, headers: Sequence[Header], body: bytes, length: int | None
 ) -> bytes | None:
-    """The request's bytes, head and body; ``None`` if HTTP/1.1 forbids a part of it."""
+    """The request's bytes, head (``Content-Length: length`` last, unless ``None``) and
+    body; ``None`` if HTTP/1.1 forbids a part of it."""
     if _TOKEN.match(method) is None or _TARGET.match(target) is None:
         return None
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in headers:
-        if _TOKEN.match(name) is None or _VALUE.match(value) is None:
-            return None
+    for header in headers:
+        name, value = header
+        if header not in _CHECKED:
+            if _TOKEN.match(name) is None or _VALUE.match(value) is None:
+                return None
+            if len(_CHECKED) >= MAX_CHECKED:
+                _CHECKED.clear()  # (an upload's boundary each time: start over)
+            _CHECKED.add(header)
         parts += (name, b": ", value, b"\r\n")
+    if length is not None:
+        parts += (b"Content-Length: ", str(length).encode(), b"\r\n")
     parts.append(b"\r\n")
     parts.append(body)
     return b"".join(parts)
