@@ -125,6 +125,8 @@ class DiscordRest:
     _base: str = attrs.field(init=False)
     _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, ...], _Bucket] = attrs.field(factory=dict, init=False)
+    _routes: dict[tuple[str, str], tuple[str, str, str]] = attrs.field(factory=dict, init=False)
+    """(method, path) → its :func:`route_key`, worked out once a path."""
     _shared: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     """(method, route) → the ``X-RateLimit-Bucket`` its answers name."""
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
@@ -164,7 +166,11 @@ class DiscordRest:
         """One call, rate limits kept; the decoded JSON (``None`` for 204). ``not_after``
         (Trio time): a rate limit that would hold the request past it raises a 429 at once
         (a resend must leave inside its nonce's window)."""
-        key = route_key(method, path)
+        key = self._routes.get((method, path))
+        if key is None:
+            if len(self._routes) >= MAX_BUCKETS:
+                self._routes.clear()
+            key = self._routes[method, path] = route_key(method, path)
         bucket = self._bucket(key)
         for _attempt in range(MAX_429_RETRIES + 1):
             self._check_guard()
@@ -283,9 +289,10 @@ class DiscordRest:
         return body if 200 <= status < 300 else None
 
     def _check_guard(self) -> None:
-        now = trio.current_time()
-        while self._invalid and now - self._invalid[0] > INVALID_WINDOW_S:
-            self._invalid.popleft()
+        if self._invalid:
+            now = trio.current_time()
+            while self._invalid and now - self._invalid[0] > INVALID_WINDOW_S:
+                self._invalid.popleft()
         if len(self._invalid) >= self.invalid_guard:
             raise DiscordGuardError("invalid-request guard: too many 401/403/429 answers")
 

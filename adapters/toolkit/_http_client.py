@@ -52,11 +52,20 @@ _TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+\Z")
 _VALUE = re.compile(
     rb"(?:[\x21-\x7e\x80-\xff](?:[ \t\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?\Z"
 )
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
 _STATUS = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?:[ \t][^\r\n]*)?\Z")
 _FIELD = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00\r\n]*?)[ \t]*\Z")
+_PAIRS = re.compile(
+    r"(?<![^\n])([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00\r\n]*[^\x00\r\n \t])?[ \t]*\r*\n"
+)
+"""The fields of header lines (each ended by ``\n``) as :data:`_FIELD` reads each line, in
+one pass: a line it does not match whole (an obs-fold, a line :data:`_FIELD` refuses) has
+no match, since a match begins only where a line does."""
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
 _NO_BODY = frozenset({204, 304})
+MAX_CHECKED = 256
+_CHECKED: set[Header] = set()
+"""Header fields found valid before (a client's own: its host, user agent, credentials,
+content type): not matched again on every request."""
 
 
 class HttpTransportError(Exception):
@@ -103,7 +112,7 @@ class ResponseTooLarge(Exception):
         self.status = status
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Origin:
     scheme: str
     host: str
@@ -242,9 +251,8 @@ async def _exchange(
     cap: int,
     read_timeout_s: float | None,
 ) -> tuple[int, Mapping[str, str], bytes]:
-    if body or method in _BODY_METHODS:
-        head.append((b"Content-Length", str(len(body)).encode()))
-    data = _encode_request(method, target, head, body)
+    length = len(body) if body or method in _BODY_METHODS else None
+    data = _encode_request(method, target, head, body, length)
     if data is None:
         raise LocalProtocolError()
     connection.reusable = False
@@ -258,19 +266,42 @@ async def _exchange(
 
 
 def _encode_request(
-    method: bytes, target: bytes, headers: Sequence[Header], body: bytes
+    method: bytes, target: bytes, headers: Sequence[Header], body: bytes, length: int | None
 ) -> bytes | None:
-    """The request's bytes, head and body; ``None`` if HTTP/1.1 forbids a part of it."""
+    """The request's bytes, head (``Content-Length: length`` last, unless ``None``) and
+    body; ``None`` if HTTP/1.1 forbids a part of it."""
     if _TOKEN.match(method) is None or _TARGET.match(target) is None:
         return None
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in headers:
-        if _TOKEN.match(name) is None or _VALUE.match(value) is None:
-            return None
+    for header in headers:
+        name, value = header
+        if header not in _CHECKED:
+            if _TOKEN.match(name) is None or _VALUE.match(value) is None:
+                return None
+            if len(_CHECKED) >= MAX_CHECKED:
+                _CHECKED.clear()  # (an upload's boundary each time: start over)
+            _CHECKED.add(header)
         parts += (name, b": ", value, b"\r\n")
+    if length is not None:
+        parts += (b"Content-Length: ", str(length).encode(), b"\r\n")
     parts.append(b"\r\n")
     parts.append(body)
     return b"".join(parts)
+
+
+def _head_end(buffer: bytearray) -> tuple[int, int] | None:
+    """Where the blank line ending an answer's head begins and ends in ``buffer`` (the
+    first ``\\r?\\n\\r?\\n`` within :data:`MAX_HEAD_BYTES` + 4 bytes); ``None`` if none."""
+    limit = MAX_HEAD_BYTES + 4
+    crlf = buffer.find(b"\n\r\n", 0, limit)
+    lf = buffer.find(b"\n\n", 0, crlf + 1 if crlf >= 0 else limit)
+    if lf >= 0:
+        at, end = lf, lf + 2
+    elif crlf >= 0:
+        at, end = crlf, crlf + 3
+    else:
+        return None
+    return (at - 1 if at and buffer[at - 1] == 0x0D else at), end
 
 
 async def _receive(connection: _Connection, read_timeout_s: float | None) -> bytes:
@@ -340,22 +371,45 @@ class _Answer:
 
     async def _head(self) -> tuple[int, int, dict[str, str], list[str], bool]:
         while True:
-            end = _HEAD_END.search(self.buffer, 0, MAX_HEAD_BYTES + 4)
+            end = _head_end(self.buffer)
             if end is not None:
                 break
             if len(self.buffer) > MAX_HEAD_BYTES:
                 raise _Broken
             await self._more()
-        lines = bytes(self.buffer[: end.start()]).split(b"\n")
-        del self.buffer[: end.end()]
-        status_line = _STATUS.match(lines[0].rstrip(b"\r"))
+        first, _, fields = bytes(self.buffer[: end[0]]).partition(b"\n")
+        del self.buffer[: end[1]]
+        status_line = _STATUS.match(first.rstrip(b"\r"))
         if status_line is None:
             raise _Broken
         headers: dict[str, str] = {}
         lengths: list[str] = []
         codings: list[str] = []
+        if fields:
+            text = fields.decode("latin-1") + "\n"
+            pairs = _PAIRS.findall(text)
+            if len(pairs) == text.count("\n"):
+                # Every line a plain field (as in every answer): one pass, no line loop.
+                for name, value in pairs:
+                    name = name.lower()
+                    headers[name] = value
+                    if name == "content-length":
+                        lengths.extend(v.strip() for v in value.split(","))
+                    elif name == "transfer-encoding":
+                        codings.extend(v.strip().lower() for v in value.split(","))
+            else:
+                self._fields(fields.split(b"\n"), headers, lengths, codings)
+        if codings and codings != ["chunked"]:
+            raise _Broken  # only chunked is understood (as h11)
+        return int(status_line[2]), int(status_line[1]), headers, lengths, bool(codings)
+
+    @staticmethod
+    def _fields(
+        lines: list[bytes], headers: dict[str, str], lengths: list[str], codings: list[str]
+    ) -> None:
+        """Header lines one at a time: an obs-fold, or a line that breaks HTTP/1.1."""
         name = ""
-        for raw in lines[1:]:
+        for raw in lines:
             line = raw.rstrip(b"\r")
             if line[:1] in (b" ", b"\t") and name:  # obs-fold: the last field goes on
                 headers[name] += " " + line.strip(b" \t").decode("latin-1")
@@ -370,9 +424,6 @@ class _Answer:
                 lengths.extend(v.strip() for v in value.split(","))
             elif name == "transfer-encoding":
                 codings.extend(v.strip().lower() for v in value.split(","))
-        if codings and codings != ["chunked"]:
-            raise _Broken  # only chunked is understood (as h11)
-        return int(status_line[2]), int(status_line[1]), headers, lengths, bool(codings)
 
     async def _exactly(self, status: int, length: int, cap: int) -> bytes:
         if length > cap:

@@ -250,6 +250,11 @@ async def test_answers_framed_as_http_1_1_says(
         b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
         b"HTTP/2 200\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nX: " + b"x" * 70_000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: first\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: a\x00b\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n(x): 1\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: a\rb\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n: 1\r\n\r\nok",
     ],
 )
 async def test_a_broken_answer_is_a_remote_protocol_error(
@@ -265,6 +270,48 @@ async def test_a_broken_answer_is_a_remote_protocol_error(
         await client.request(origin, b"GET", b"/", [], b"", 100_000)
     await client.aclose()
     assert raised.value.__context__ is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nX-A:  one two \t\r\nx-a: last\r\nSet-Cookie: a=1; Path=/\r\n"
+            b"Empty:\r\nX-R: r\r\r\nContent-Length: 2\r\n\r\nok",
+            {
+                "x-a": "last",
+                "set-cookie": "a=1; Path=/",
+                "empty": "",
+                "x-r": "r",
+                "content-length": "2",
+            },
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nX-A: one\r\n  two\r\nContent-Length: 2\r\n\r\nok",
+            {"x-a": "one two", "content-length": "2"},
+        ),
+        (
+            b"HTTP/1.1 200 OK\nX-B: caf\xe9\nContent-Length: 2\n\nok",
+            {"x-b": "caf\xe9", "content-length": "2"},
+        ),
+    ],
+)
+async def test_header_fields_read_as_http_1_1_says(
+    answer: bytes, expected: dict[str, str], nursery: trio.Nursery
+) -> None:
+    """Names lower-cased, the last of a repeated name kept, values without the blanks
+    around them (latin-1), an obs-fold joined to its field."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _read_request(stream)
+        await stream.send_all(answer)
+
+    origin = await _serve(nursery, handler)
+    client = Http11()
+    with trio.fail_after(10):
+        status, headers, body = await client.request(origin, b"GET", b"/", [], b"", 100)
+    await client.aclose()
+    assert (status, dict(headers), body) == (200, expected, b"ok")
 
 
 async def test_a_request_http_forbids_is_refused_before_anything_is_sent(
