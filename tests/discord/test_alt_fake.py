@@ -1,0 +1,412 @@
+"""prismd against a second, independent fake Discord (tests/fakes/discord_alt.py, written
+from the reference alone), driven as a user and an operator would: a real ``prismd run``
+and ``prismctl``. After each scenario every user message is answered exactly once or
+listed by ``prismctl list-unresolved``, and no reply is posted twice.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
+from tests.fakes.discord_alt import AltDiscord
+from tests.support.waiting import wait_until
+
+TOKEN = "alt-discord-token-secret"
+USERS = ("2100000000000000001", "2100000000000000002", "2100000000000000003")
+CHANNELS = {u: f"31{u[2:]}" for u in USERS}
+ENV = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
+
+
+def _config(root: Path, fake: AltDiscord, seed: int, connection: str = "") -> Layout:
+    layout = Layout(root=root, port=free_port())
+    layout.config.write_text(
+        f"""
+[daemon]
+state_dir = "{layout.state_dir}"
+
+[store]
+url = "sqlite:///{layout.db}"
+
+[limits]
+stop_deadline_ms = 2000
+lease_ttl_ms = 5000
+
+[control]
+socket = "{layout.control}"
+
+[[connections]]
+id = "dc"
+kind = "discord"
+token_env = "PRISM_TEST_DISCORD_TOKEN"
+api_origin = "{fake.origin}"
+shards = 1
+sweep_every_s = 2
+{connection}
+[agents.slow]
+kind = "python"
+factory = "tests.fakes.killloop_agent:jitter_counting_mock"
+count_file = "{layout.runs}"
+delay_min_ms = 5
+delay_max_ms = 150
+seed = "{seed}:agent"
+
+[[grants]]
+connection = "dc"
+actors = ["*"]
+aliases = ["slow"]
+"""
+    )
+    return layout
+
+
+@asynccontextmanager
+async def _world(
+    tmp_path: Path, nursery: trio.Nursery, **knobs: Any
+) -> AsyncIterator[tuple[AltDiscord, Layout, random.Random, str]]:
+    seed = int(os.environ.get("PRISM_ALT_SEED", secrets.randbits(32)))
+    fake = AltDiscord(token=TOKEN, heartbeat_interval_ms=1000, rng=random.Random(seed), **knobs)
+    await nursery.start(fake.serve)
+    for user, channel in CHANNELS.items():
+        fake.open_dm(user, channel)
+    yield fake, _config(tmp_path, fake, seed), random.Random(f"{seed}:test"), f"seed={seed}"
+
+
+async def _adapter_state(layout: Layout) -> str:
+    code, health, err = await prismctl(layout, "health")
+    assert code == 0, err
+    entry = next(v for k, v in health["children"].items() if "dc" in k)
+    return str(entry.get("adapterState"))
+
+
+async def _state_is(layout: Layout, wanted: str) -> None:
+    """Until ``prismctl health`` shows the connection in state ``wanted``."""
+    while True:
+        if await _adapter_state(layout) == wanted:
+            return
+        await trio.sleep(0.2)
+
+
+async def _connected(layout: Layout) -> None:
+    await _state_is(layout, "connected")
+
+
+async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], tag: str) -> str:
+    """Until every message is answered or listed and nothing moved for 3 s; then the
+    checks: none answered twice, none lost. A summary line."""
+    last: Any = None
+    stable = trio.current_time()
+    entries: list[dict[str, Any]] = []
+    deadline = trio.current_time() + 30
+    while True:
+        await trio.sleep(0.5)
+        if trio.current_time() > deadline:
+            replies = Counter(m["message_reference"]["message_id"] for m in fake.bot_messages())
+            missing = [m["content"] for m in sent if not replies[m["id"]]]
+            raise AssertionError(f"{tag}: never settled; unanswered {missing}; {entries}")
+        code, entries, err = await prismctl(layout, "list-unresolved")
+        assert code == 0, f"{tag}: {err}"
+        replies = Counter(m["message_reference"]["message_id"] for m in fake.bot_messages())
+        listed = {str(e.get("externalEventId", "")) for e in entries} | {
+            str(e.get("operationId", "")) for e in entries
+        }
+        done = all(replies[m["id"]] or _listed(m, entries) for m in sent)
+        snapshot = (len(fake.bot_messages()), len(entries), tuple(sorted(listed)))
+        if snapshot != last:
+            last, stable = snapshot, trio.current_time()
+        elif done and trio.current_time() - stable >= 3.0:
+            break
+    contents = Counter((m["channel_id"], m["content"]) for m in fake.bot_messages())
+    twice = [c for c, n in contents.items() if n > 1]
+    lost = [m["content"] for m in sent if not replies[m["id"]] and not _listed(m, entries)]
+    multi = [m["content"] for m in sent if replies[m["id"]] > 1]
+    summary = (
+        f"{tag} sent={len(sent)} answered={sum(1 for m in sent if replies[m['id']])} "
+        f"listed={len(entries)} identifies={len(fake.identifies)} resumes={len(fake.resumes)} "
+        f"closes={Counter(fake.client_close_codes)}"
+    )
+    assert not twice and not multi, f"{summary}: posted twice {twice} {multi}"
+    assert not lost, f"{summary}: lost {lost}"
+    assert not {1000, 1001} & set(fake.client_close_codes), summary
+    return summary
+
+
+def _listed(message: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
+    from prismd.journal import operation_id_for
+
+    op = operation_id_for("dc", message["id"])
+    return any(e.get("operationId") == op for e in entries)
+
+
+async def _say(fake: AltDiscord, sent: list[dict[str, Any]], rng: random.Random, n: int) -> None:
+    for _ in range(n):
+        # Each user first in turn: a DM channel the bot never saw cannot be read back.
+        user = USERS[len(sent)] if len(sent) < len(USERS) else rng.choice(USERS)
+        sent.append(fake.user_message(CHANNELS[user], user, f"alt{len(sent)}"))
+        await trio.sleep(rng.uniform(0.02, 0.15))
+
+
+async def _scenario(
+    tmp_path: Path,
+    nursery: trio.Nursery,
+    fault: Callable[[AltDiscord], None],
+    *,
+    heal: Callable[[AltDiscord], None] | None = None,
+    knobs: dict[str, Any] | None = None,
+    before: int = 6,
+    after: int = 10,
+    hold_s: float = 2.0,
+) -> tuple[AltDiscord, Layout, str]:
+    """A daemon connected to the fake: ``before`` messages, ``fault``, ``after`` more while
+    it holds, ``heal`` after ``hold_s``; settled and checked (:func:`_settle`)."""
+    async with _world(tmp_path, nursery, **(knobs or {})) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, before)
+                fault(fake)
+                await _say(fake, sent, rng, after)
+                await trio.sleep(hold_s)
+                if heal is not None:
+                    heal(fake)
+                try:
+                    summary = await _settle(fake, layout, sent, tag)
+                except AssertionError:
+                    print(daemon.stderr()[-6000:])
+                    raise
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0, daemon.stderr()
+                assert TOKEN not in daemon.stderr()
+                assert not [m for m in sent if m["content"] in daemon.stderr()]
+        print(summary)
+        return fake, layout, summary
+
+
+@pytest.mark.slow
+async def test_alt_basic_flow(tmp_path: Path, nursery: trio.Nursery) -> None:
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 10)
+                summary = await _settle(fake, layout, sent, tag)
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0
+                assert TOKEN not in daemon.stderr()
+        print(summary)
+        assert not fake.server_close_codes, summary  # heartbeats in time, nothing refused
+
+
+@pytest.mark.slow
+async def test_alt_killloop(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """SIGKILLs at random moments while DMs flow: every restart resumes (one Identify in
+    all), the gap is replayed, nothing is answered twice; a resent reply's nonce dedupes."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(58):
+            for round_ in range(4):
+                async with running_daemon(layout, tag=f"k{round_}", extra_env=ENV) as daemon:
+                    if round_ == 0:
+                        await wait_until(lambda: bool(fake.sessions))
+                        nursery.start_soon(_say, fake, sent, rng, 50)
+                    await trio.sleep(rng.uniform(0.5, 3.0))
+                    daemon.send(signal.SIGKILL)
+                    assert await daemon.wait_exit() == -signal.SIGKILL
+            async with running_daemon(layout, tag="final", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await wait_until(lambda: len(sent) == 50)
+                await _connected(layout)
+                summary = await _settle(fake, layout, sent, tag)
+        print(summary, f"nonce_hits={fake.nonce_hits}")
+        assert len(fake.identifies) == 1, summary
+
+
+async def test_alt_invalid_session_false_backfills(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Op 9 false mid-stream: what was written while no session existed is read back."""
+    await _scenario(tmp_path, nursery, lambda f: f.invalidate_all(False), hold_s=0.5)
+
+
+async def test_alt_invalid_session_true(tmp_path: Path, nursery: trio.Nursery) -> None:
+    fake, _layout, summary = await _scenario(tmp_path, nursery, lambda f: f.invalidate_all(True))
+    assert len(fake.identifies) == 1, summary
+
+
+async def test_alt_reconnect_op7(tmp_path: Path, nursery: trio.Nursery) -> None:
+    fake, _layout, summary = await _scenario(tmp_path, nursery, lambda f: f.reconnect_all())
+    assert len(fake.identifies) == 1 and fake.resumes, summary
+
+
+async def test_alt_duplicated_dispatches(tmp_path: Path, nursery: trio.Nursery) -> None:
+    def fault(fake: AltDiscord) -> None:
+        fake.duplicate_same_s = 5
+        fake.duplicate_new_s = 5
+
+    await _scenario(tmp_path, nursery, fault)
+
+
+async def test_alt_dropped_on_the_wire(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Dispatches numbered but never written: the gap resumes and the replay fills it."""
+
+    def fault(fake: AltDiscord) -> None:
+        fake.drop_wire = 3
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault)
+    assert fake.resumes, summary
+
+
+async def test_alt_never_sent(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Messages the gateway never sends at all: the sweep reads them."""
+
+    def fault(fake: AltDiscord) -> None:
+        fake.never_send = 3
+
+    await _scenario(tmp_path, nursery, fault, hold_s=4.0)
+
+
+async def test_alt_lost_send_responses(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """POSTs committed whose answer is lost or a 500, and 502s that committed nothing."""
+
+    def fault(fake: AltDiscord) -> None:
+        fake.lose_post_response = 3
+        fake.post_500_after_commit = 2
+        fake.post_502 = 2
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault)
+    assert fake.nonce_hits >= 5, summary
+
+
+async def test_alt_429_storms(tmp_path: Path, nursery: trio.Nursery) -> None:
+    def fault(fake: AltDiscord) -> None:
+        fake.route_429 = 8
+        fake.global_429 = 8
+        fake.shared_429 = 4
+
+    await _scenario(tmp_path, nursery, fault, knobs={"bucket_limit": 3, "bucket_window_s": 2.0})
+
+
+async def test_alt_dms_closed_listed(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A user whose DMs refuse the bot (50007): their messages are listed, not retried
+    forever, not answered; the others are answered."""
+    closed = CHANNELS[USERS[0]]
+
+    def fault(fake: AltDiscord) -> None:
+        fake.closed_dms.add(closed)
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault, before=0)
+    assert not [m for m in fake.bot_messages() if m["channel_id"] == closed], summary
+
+
+async def test_alt_withheld_heartbeat_acks(tmp_path: Path, nursery: trio.Nursery) -> None:
+    def fault(fake: AltDiscord) -> None:
+        fake.withhold_acks = True
+
+    def heal(fake: AltDiscord) -> None:
+        fake.withhold_acks = False
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault, heal=heal, hold_s=3.0)
+    assert fake.resumes and len(fake.identifies) == 1, summary
+
+
+@pytest.mark.parametrize("code", [4000, 4001, 4002, 4003, 4005, 4007, 4008, 4009, 1000, None])
+async def test_alt_server_closes(tmp_path: Path, nursery: trio.Nursery, code: int | None) -> None:
+    """Each reconnectable close Discord may send (``None``: TCP dropped); 4003, 4007 and
+    4009 end the session in the fake, so those identify again and backfill."""
+    fake, _layout, summary = await _scenario(
+        tmp_path, nursery, lambda f: f.close_all(code), hold_s=0.5
+    )
+    if code not in (4003, 4007, 4009):
+        assert len(fake.identifies) == 1, summary
+
+
+async def test_alt_reconnect_before_hello_and_heartbeat_request(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    def fault(fake: AltDiscord) -> None:
+        fake.reconnect_before_hello = 2
+        fake.request_heartbeat_all()
+        fake.reconnect_all()
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault)
+    assert len(fake.identifies) == 1, summary
+
+
+@pytest.mark.slow
+async def test_alt_restart_after_resume_window(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Down longer than the session lives: op 9 false on Resume, a new session, and what
+    was written meanwhile read back over REST (known channels)."""
+    async with _world(tmp_path, nursery, resume_ttl_s=1.0) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 6)
+                await _settle(fake, layout, sent, tag)
+                daemon.send(signal.SIGKILL)
+                await daemon.wait_exit()
+            await _say(fake, sent, rng, 8)
+            await trio.sleep(2.0)  # past the session's life (a restart may take over at once)
+            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 4)
+                summary = await _settle(fake, layout, sent, tag)
+        print(summary)
+        assert len(fake.identifies) == 2 and fake.resumes, summary
+
+
+async def test_alt_replay_buffer_overflow(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A Resume whose ``seq`` fell out of the replay buffer: 4007, then a new session."""
+
+    def fault(fake: AltDiscord) -> None:
+        fake.drop_wire = 8  # the gap resumes from below what the buffer still holds
+
+    fake, _layout, summary = await _scenario(tmp_path, nursery, fault, knobs={"replay_max": 4})
+    assert 4007 in fake.server_close_codes or len(fake.identifies) >= 1, summary
+
+
+async def test_alt_gateway_token_reset_4004(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The gateway rejects the token (4004) while REST still answers: the daemon stays up
+    and ``prismctl health`` shows the connection failed; no identify storm."""
+    async with _world(tmp_path, nursery, gateway_token="another") as (fake, layout, _rng, tag):
+        with trio.fail_after(30):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _state_is(layout, "failed")
+                await trio.sleep(2.0)
+                assert daemon.process.returncode is None
+                assert await _adapter_state(layout) == "failed"
+                assert len(fake.identifies) == 0 and 4004 in fake.server_close_codes, tag
+                assert fake.server_close_codes.count(4004) == 1, fake.server_close_codes
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0
+                assert TOKEN not in daemon.stderr()
+
+
+async def test_alt_rest_token_rejected_401(tmp_path: Path, nursery: trio.Nursery) -> None:
+    async with _world(tmp_path, nursery) as (fake, layout, _rng, _tag):
+        fake.token = "other-token"
+        with trio.fail_after(30):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _state_is(layout, "failed")
+                await trio.sleep(1.0)
+                assert daemon.process.returncode is None
+                assert fake.invalid_requests <= 2, fake.invalid_requests
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0
