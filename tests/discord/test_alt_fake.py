@@ -14,11 +14,15 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
+from adapters.discord._previews import PreviewEditor
+from adapters.discord._rest import DiscordRest, DiscordTransportError
+from prismd.channel import Preview
 from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
 from tests.fakes.discord_alt import AltDiscord
 from tests.support.waiting import wait_until
@@ -112,16 +116,18 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
     while True:
         await trio.sleep(0.5)
         if trio.current_time() > deadline:
-            replies = Counter(m["message_reference"]["message_id"] for m in fake.bot_messages())
+            replies = _replies(fake)
             missing = [m["content"] for m in sent if not replies[m["id"]]]
             raise AssertionError(f"{tag}: never settled; unanswered {missing}; {entries}")
         code, entries, err = await prismctl(layout, "list-unresolved")
         assert code == 0, f"{tag}: {err}"
-        replies = Counter(m["message_reference"]["message_id"] for m in fake.bot_messages())
+        replies = _replies(fake)
         listed = {str(e.get("externalEventId", "")) for e in entries} | {
             str(e.get("operationId", "")) for e in entries
         }
-        done = all(replies[m["id"]] or _listed(m, entries) for m in sent)
+        # A reply still pending is on its way (a rate limit's wait): not settled yet.
+        pending = any(e.get("replyState") == "pending" for e in entries)
+        done = not pending and all(replies[m["id"]] or _listed(m, entries) for m in sent)
         snapshot = (len(fake.bot_messages()), len(entries), tuple(sorted(listed)))
         if snapshot != last:
             last, stable = snapshot, trio.current_time()
@@ -134,12 +140,22 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
     summary = (
         f"{tag} sent={len(sent)} answered={sum(1 for m in sent if replies[m['id']])} "
         f"listed={len(entries)} identifies={len(fake.identifies)} resumes={len(fake.resumes)} "
-        f"closes={Counter(fake.client_close_codes)}"
+        f"closes={Counter(fake.client_close_codes)} "
+        f"listed_as={Counter((e.get('state'), e.get('replyState')) for e in entries)}"
     )
     assert not twice and not multi, f"{summary}: posted twice {twice} {multi}"
     assert not lost, f"{summary}: lost {lost}"
     assert not {1000, 1001} & set(fake.client_close_codes), summary
     return summary
+
+
+def _replies(fake: AltDiscord) -> Counter[str]:
+    """Bot messages per inbound message they answer (a preview answers none)."""
+    return Counter(
+        m["message_reference"]["message_id"]
+        for m in fake.bot_messages()
+        if "message_reference" in m
+    )
 
 
 def _listed(message: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
@@ -164,6 +180,7 @@ async def _scenario(
     *,
     heal: Callable[[AltDiscord], None] | None = None,
     knobs: dict[str, Any] | None = None,
+    connection: str = "",
     before: int = 6,
     after: int = 10,
     hold_s: float = 2.0,
@@ -171,6 +188,8 @@ async def _scenario(
     """A daemon connected to the fake: ``before`` messages, ``fault``, ``after`` more while
     it holds, ``heal`` after ``hold_s``; settled and checked (:func:`_settle`)."""
     async with _world(tmp_path, nursery, **(knobs or {})) as (fake, layout, rng, tag):
+        if connection:
+            layout = _config(layout.root, fake, rng.randrange(1 << 30), connection)
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
             async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
@@ -410,3 +429,122 @@ async def test_alt_rest_token_rejected_401(tmp_path: Path, nursery: trio.Nursery
                 assert fake.invalid_requests <= 2, fake.invalid_requests
                 daemon.send(signal.SIGTERM)
                 assert await daemon.wait_exit() == 0
+
+
+def _random_fault(fake: AltDiscord, rng: random.Random) -> str:
+    """One fault of the fake's, drawn by ``rng``; its name."""
+    faults: dict[str, Callable[[], None]] = {
+        "lose_post": lambda: setattr(fake, "lose_post_response", 2),
+        "post_500": lambda: setattr(fake, "post_500_after_commit", 2),
+        "post_502": lambda: setattr(fake, "post_502", 2),
+        "route_429": lambda: setattr(fake, "route_429", 4),
+        "global_429": lambda: setattr(fake, "global_429", 4),
+        "drop_wire": lambda: setattr(fake, "drop_wire", 2),
+        "dup_same": lambda: setattr(fake, "duplicate_same_s", 3),
+        "dup_new": lambda: setattr(fake, "duplicate_new_s", 3),
+        "never_send": lambda: setattr(fake, "never_send", 1),
+        "op7": fake.reconnect_all,
+        "op9_true": lambda: fake.invalidate_all(True),
+        "op9_false": lambda: fake.invalidate_all(False),
+        "close_4009": lambda: fake.close_all(4009),
+        "close_none": lambda: fake.close_all(None),
+        "op1": fake.request_heartbeat_all,
+    }
+    name = rng.choice(sorted(faults))
+    faults[name]()
+    return name
+
+
+@pytest.mark.slow
+async def test_alt_chaos_killloop(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """SIGKILLs (and a SIGTERM) at random moments while DMs flow and the fake misbehaves
+    at random: every message answered once or listed, no reply posted twice."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        faults: list[str] = []
+
+        async def misbehave() -> None:
+            while True:
+                await trio.sleep(rng.uniform(0.3, 1.2))
+                faults.append(_random_fault(fake, rng))
+
+        with trio.fail_after(58):
+            async with trio.open_nursery() as chaos:
+                for round_ in range(4):
+                    async with running_daemon(layout, tag=f"k{round_}", extra_env=ENV) as daemon:
+                        if round_ == 0:
+                            await wait_until(lambda: bool(fake.sessions))
+                            nursery.start_soon(_say, fake, sent, rng, 40)
+                            chaos.start_soon(misbehave)
+                        await trio.sleep(rng.uniform(0.5, 3.0))
+                        daemon.send(signal.SIGTERM if round_ == 2 else signal.SIGKILL)
+                        await daemon.wait_exit()
+                chaos.cancel_scope.cancel()
+            for knob in ("lose_post_response", "post_500_after_commit", "post_502", "route_429"):
+                setattr(fake, knob, 0)
+            fake.global_429 = fake.drop_wire = fake.never_send = 0
+            async with running_daemon(layout, tag="final", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await wait_until(lambda: len(sent) == 40)
+                await _connected(layout)
+                try:
+                    summary = await _settle(fake, layout, sent, f"{tag} faults={faults}")
+                except AssertionError:
+                    for path in sorted(layout.root.glob("stderr-*.log")):
+                        print("DEBUG", path.name, path.read_text()[-5000:])
+                    raise
+        print(summary, f"nonce_hits={fake.nonce_hits}")
+
+
+async def test_alt_previews_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Streamed previews whose POST answers are lost: no preview is left behind beside
+    the reply (the answer's text shown twice)."""
+
+    def fault(fake: AltDiscord) -> None:
+        fake.lose_post_response = int(os.environ.get("ALT_LOSE", "6"))
+
+    fake, _layout, summary = await _scenario(
+        tmp_path, nursery, fault, connection="previews = true\n", before=3, after=6
+    )
+    left = [m["content"] for m in fake.bot_messages() if "message_reference" not in m]
+    assert not left, f"{summary}: previews left behind {left}"
+
+
+class _LosingRest:
+    """Makes one message per nonce on POST and loses the first POST's answer."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, str] = {}
+        self.deleted: list[str] = []
+        self.lose = 1
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        if method == "POST":
+            nonce = kwargs["json_body"]["nonce"]
+            message_id = self.made.setdefault(nonce, str(1000 + len(self.made)))
+            if self.lose:
+                self.lose -= 1
+                raise DiscordTransportError("Discord unreachable (deadline)")
+            return {"id": message_id}
+        if method == "DELETE":
+            self.deleted.append(path.rsplit("/", 1)[1])
+        return None
+
+
+async def test_preview_whose_answer_was_lost_is_deleted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A preview POST committed without an answer: the final reply's ``finish`` posts it
+    again with its nonce (Discord names the message it made) and deletes it."""
+    rest = _LosingRest()
+    editor = PreviewEditor(connection_id="c", rest=cast(DiscordRest, rest))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(editor.run)
+            await trio.sleep(0.01)
+            editor.offer(Preview(connection_id="c", external_conversation_id="123", text="mock"))
+            await wait_until(lambda: bool(rest.made) and rest.lose == 0)
+            await trio.sleep(0.5)
+            await editor.finish("123")
+            nursery.cancel_scope.cancel()
+    assert rest.deleted == list(rest.made.values()) == ["1000"]
