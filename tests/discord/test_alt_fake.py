@@ -33,7 +33,9 @@ CHANNELS = {u: f"31{u[2:]}" for u in USERS}
 ENV = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
 
 
-def _config(root: Path, fake: AltDiscord, seed: int, connection: str = "") -> Layout:
+def _config(
+    root: Path, fake: AltDiscord, seed: int, connection: str = "", sweep_every_s: int = 2
+) -> Layout:
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -56,7 +58,7 @@ kind = "discord"
 token_env = "PRISM_TEST_DISCORD_TOKEN"
 api_origin = "{fake.origin}"
 shards = 1
-sweep_every_s = 2
+sweep_every_s = {sweep_every_s}
 {connection}
 [agents.slow]
 kind = "python"
@@ -133,10 +135,13 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
             last, stable = snapshot, trio.current_time()
         elif done and trio.current_time() - stable >= 3.0:
             break
-    contents = Counter((m["channel_id"], m["content"]) for m in fake.bot_messages())
-    twice = [c for c, n in contents.items() if n > 1]
+    contents = Counter(
+        (m.get("message_reference", {}).get("message_id"), m["content"])
+        for m in fake.bot_messages()
+    )
+    twice = [c[1][:40] for c, n in contents.items() if n > 1]
     lost = [m["content"] for m in sent if not replies[m["id"]] and not _listed(m, entries)]
-    multi = [m["content"] for m in sent if replies[m["id"]] > 1]
+    multi = [m["content"][:40] for m in sent if replies[m["id"]] > 1 and len(m["content"]) < 1900]
     summary = (
         f"{tag} sent={len(sent)} answered={sum(1 for m in sent if replies[m['id']])} "
         f"listed={len(entries)} identifies={len(fake.identifies)} resumes={len(fake.resumes)} "
@@ -548,3 +553,92 @@ async def test_preview_whose_answer_was_lost_is_deleted(
             await editor.finish("123")
             nursery.cancel_scope.cancel()
     assert rest.deleted == list(rest.made.values()) == ["1000"]
+
+
+async def test_alt_long_replies_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Replies of two chunks whose POST answers are lost, or 500 after the commit: each
+    chunk is posted once (its nonce), none twice."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 3)
+                fake.lose_post_response = 3
+                fake.post_500_after_commit = 2
+                for n in range(4):
+                    user = USERS[n % len(USERS)]
+                    long = " ".join(f"w{n}x{i}" for i in range(500))
+                    sent.append(fake.user_message(CHANNELS[user], user, long))
+                summary = await _settle(fake, layout, sent, tag)
+        chunks = Counter(_replies(fake))
+        for message in sent[3:]:
+            assert chunks[message["id"]] in (0, 2), f"{summary}: {chunks}"
+        print(summary)
+
+
+async def test_alt_new_user_during_gap_caught_up(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A user the bot never saw writes while no session exists (op 9 false), then again
+    once a new one does: the earlier messages are read back before the later one."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        newcomer, channel = "2100000000000000009", "3100000000000000009"
+        fake.open_dm(newcomer, channel)
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 3)
+                await _settle(fake, layout, sent, tag)
+                fake.invalidate_all(False)
+                for n in range(3):
+                    sent.append(fake.user_message(channel, newcomer, f"gap{n}"))
+                await wait_until(lambda: len(fake.sessions) == 1)  # identified again
+                await _connected(layout)
+                sent.append(fake.user_message(channel, newcomer, "after"))
+                summary = await _settle(fake, layout, sent, tag)
+        replies = _replies(fake)
+        assert all(replies[m["id"]] == 1 for m in sent), summary
+
+
+async def test_alt_disallowed_intents_4014(tmp_path: Path, nursery: trio.Nursery) -> None:
+    async with _world(tmp_path, nursery, privileged_enabled=False) as (fake, layout, _rng, tag):
+        layout = _config(layout.root, fake, 1, 'respond_to = "all"\n')
+        with trio.fail_after(30):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _state_is(layout, "failed")
+                assert fake.server_close_codes == [4014], tag
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0
+                assert "disallowed intents" in daemon.stderr()  # why, for the operator
+
+
+async def test_alt_sweep_after_restart_counts_no_duplicates(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """After a restart the first sweeps read again what the journal has (nothing in memory
+    says it was handled): those are duplicates, not messages the gateway never sent —
+    neither logged nor counted as such."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        seed = rng.randrange(1 << 30)
+        with trio.fail_after(55):
+            layout = _config(layout.root, fake, seed, sweep_every_s=600)  # no sweep in a
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 6)
+                await wait_until(lambda: all(_replies(fake)[m["id"]] for m in sent))
+                await trio.sleep(1.5)  # the watermark saved: nothing replayed
+                daemon.send(signal.SIGKILL)
+                await daemon.wait_exit()
+            layout = _config(layout.root, fake, seed)
+            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await trio.sleep(6.0)  # sweeps every 2 s, a message settles 1 s
+                summary = await _settle(fake, layout, sent, tag)
+                assert "the gateway had not sent" not in daemon.stderr(), daemon.stderr()
+        assert [e for e in fake.requests if e[0] == "GET" and "/messages" in e[1]], summary
