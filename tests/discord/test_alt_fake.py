@@ -23,7 +23,9 @@ import trio.testing
 from adapters.discord._previews import PreviewEditor
 from adapters.discord._rest import DiscordRest, DiscordTransportError
 from prismd.channel import Preview
+from prismd.journal import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
+from tests.discord.test_killloop_discord import _op_states
 from tests.fakes.discord_alt import AltDiscord
 from tests.support.waiting import wait_until
 
@@ -34,7 +36,13 @@ ENV = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
 
 
 def _config(
-    root: Path, fake: AltDiscord, seed: int, connection: str = "", sweep_every_s: int = 2
+    root: Path,
+    fake: AltDiscord,
+    seed: int,
+    connection: str = "",
+    sweep_every_s: int = 2,
+    shards: int = 1,
+    delay_max_ms: int = 150,
 ) -> Layout:
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
@@ -57,7 +65,7 @@ id = "dc"
 kind = "discord"
 token_env = "PRISM_TEST_DISCORD_TOKEN"
 api_origin = "{fake.origin}"
-shards = 1
+shards = {shards}
 sweep_every_s = {sweep_every_s}
 {connection}
 [agents.slow]
@@ -65,7 +73,7 @@ kind = "python"
 factory = "tests.fakes.killloop_agent:jitter_counting_mock"
 count_file = "{layout.runs}"
 delay_min_ms = 5
-delay_max_ms = 150
+delay_max_ms = {delay_max_ms}
 seed = "{seed}:agent"
 
 [[grants]]
@@ -119,7 +127,12 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
         await trio.sleep(0.5)
         if trio.current_time() > deadline:
             replies = _replies(fake)
-            missing = [m["content"] for m in sent if not replies[m["id"]]]
+            states = _op_states(layout)
+            missing = [
+                (m["content"][:12], states.get(operation_id_for("dc", m["id"]), "no record"))
+                for m in sent
+                if not replies[m["id"]]
+            ]
             raise AssertionError(f"{tag}: never settled; unanswered {missing}; {entries}")
         code, entries, err = await prismctl(layout, "list-unresolved")
         assert code == 0, f"{tag}: {err}"
@@ -164,8 +177,6 @@ def _replies(fake: AltDiscord) -> Counter[str]:
 
 
 def _listed(message: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
-    from prismd.journal import operation_id_for
-
     op = operation_id_for("dc", message["id"])
     return any(e.get("operationId") == op for e in entries)
 
@@ -642,3 +653,64 @@ async def test_alt_sweep_after_restart_counts_no_duplicates(
                 summary = await _settle(fake, layout, sent, tag)
                 assert "the gateway had not sent" not in daemon.stderr(), daemon.stderr()
         assert [e for e in fake.requests if e[0] == "GET" and "/messages" in e[1]], summary
+
+
+async def test_alt_token_reset_mid_run(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The token is reset while connected: the Resume is closed 4004, the connection shows
+    failed, the daemon stays up and answers prismctl."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(40):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 3)
+                await _settle(fake, layout, sent, tag)
+                fake.gateway_token = "reset"
+                fake.close_all(None)
+                await _state_is(layout, "failed")
+                await trio.sleep(2.0)
+                assert await _adapter_state(layout) == "failed"
+                assert fake.server_close_codes.count(4004) == 1, fake.server_close_codes
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0
+                assert "authentication failed" in daemon.stderr()
+                assert TOKEN not in daemon.stderr()
+
+
+@pytest.mark.slow
+async def test_alt_two_shards(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Two shards: DMs reach shard 0 only; both identify (5 s apart), all answered."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        layout = _config(layout.root, fake, 7, shards=2)
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await wait_until(lambda: len(fake.sessions) == 2)
+                await _connected(layout)
+                await _say(fake, sent, rng, 6)
+                fake.reconnect_all()
+                await _say(fake, sent, rng, 6)
+                summary = await _settle(fake, layout, sent, tag)
+        assert len(fake.identifies) == 2, summary
+
+
+async def test_alt_long_gap_backfill_pages(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Op 9 false while one user writes 130 messages: the backfill reads them in pages
+    (100, then 30) and all are answered."""
+    knobs = {"bucket_limit": 200, "bucket_window_s": 1.0}
+    async with _world(tmp_path, nursery, **knobs) as (fake, layout, _rng, tag):
+        sent: list[dict[str, Any]] = []
+        user = USERS[0]
+        with trio.fail_after(58):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                sent.append(fake.user_message(CHANNELS[user], user, "first"))
+                await _settle(fake, layout, sent, tag)
+                fake.invalidate_all(False)
+                for n in range(130):
+                    sent.append(fake.user_message(CHANNELS[user], user, f"gap{n}"))
+                summary = await _settle(fake, layout, sent, tag)
+        assert len(fake.identifies) == 2, summary
