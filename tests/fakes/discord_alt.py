@@ -230,6 +230,9 @@ class AltDiscord:
             self.dispatch("MESSAGE_CREATE", {**message, "channel_type": 1})
         return message
 
+    def sessions_seq(self) -> list[int]:
+        return [session.seq for session in self.sessions.values()]
+
     def bot_messages(self) -> list[dict[str, Any]]:
         return [
             m
