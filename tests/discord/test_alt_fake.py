@@ -1,7 +1,9 @@
 """prismd against a second, independent fake Discord (tests/fakes/discord_alt.py, written
 from the reference alone), driven as a user and an operator would: a real ``prismd run``
 and ``prismctl``. After each scenario every user message is answered exactly once or
-listed by ``prismctl list-unresolved``, and no reply is posted twice.
+listed by ``prismctl list-unresolved``, and no reply is posted twice. The daemon
+scenarios are ``slow`` (5-25 s each, ``PRISM_ALT_SEED`` replays one); the two in-process
+tests pin the bugs the fake found.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import pytest
 import trio
 import trio.testing
 
+from adapters.discord import DiscordAdapter
 from adapters.discord._previews import PreviewEditor
 from adapters.discord._rest import DiscordRest, DiscordTransportError
-from prismd.channel import Preview
+from prismd.channel import Admission, InboundEvent, Preview
 from prismd.journal import operation_id_for
+from stores import Store
 from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
 from tests.discord.test_killloop_discord import _op_states
 from tests.fakes.discord_alt import AltDiscord
@@ -272,21 +276,25 @@ async def test_alt_killloop(tmp_path: Path, nursery: trio.Nursery) -> None:
         assert len(fake.identifies) == 1, summary
 
 
+@pytest.mark.slow
 async def test_alt_invalid_session_false_backfills(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Op 9 false mid-stream: what was written while no session existed is read back."""
     await _scenario(tmp_path, nursery, lambda f: f.invalidate_all(False), hold_s=0.5)
 
 
+@pytest.mark.slow
 async def test_alt_invalid_session_true(tmp_path: Path, nursery: trio.Nursery) -> None:
     fake, _layout, summary = await _scenario(tmp_path, nursery, lambda f: f.invalidate_all(True))
     assert len(fake.identifies) == 1, summary
 
 
+@pytest.mark.slow
 async def test_alt_reconnect_op7(tmp_path: Path, nursery: trio.Nursery) -> None:
     fake, _layout, summary = await _scenario(tmp_path, nursery, lambda f: f.reconnect_all())
     assert len(fake.identifies) == 1 and fake.resumes, summary
 
 
+@pytest.mark.slow
 async def test_alt_duplicated_dispatches(tmp_path: Path, nursery: trio.Nursery) -> None:
     def fault(fake: AltDiscord) -> None:
         fake.duplicate_same_s = 5
@@ -295,6 +303,7 @@ async def test_alt_duplicated_dispatches(tmp_path: Path, nursery: trio.Nursery) 
     await _scenario(tmp_path, nursery, fault)
 
 
+@pytest.mark.slow
 async def test_alt_dropped_on_the_wire(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Dispatches numbered but never written: the gap resumes and the replay fills it."""
 
@@ -305,6 +314,7 @@ async def test_alt_dropped_on_the_wire(tmp_path: Path, nursery: trio.Nursery) ->
     assert fake.resumes, summary
 
 
+@pytest.mark.slow
 async def test_alt_never_sent(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Messages the gateway never sends at all: the sweep reads them."""
 
@@ -314,6 +324,7 @@ async def test_alt_never_sent(tmp_path: Path, nursery: trio.Nursery) -> None:
     await _scenario(tmp_path, nursery, fault, hold_s=4.0)
 
 
+@pytest.mark.slow
 async def test_alt_lost_send_responses(tmp_path: Path, nursery: trio.Nursery) -> None:
     """POSTs committed whose answer is lost or a 500, and 502s that committed nothing."""
 
@@ -326,6 +337,7 @@ async def test_alt_lost_send_responses(tmp_path: Path, nursery: trio.Nursery) ->
     assert fake.nonce_hits >= 5, summary
 
 
+@pytest.mark.slow
 async def test_alt_429_storms(tmp_path: Path, nursery: trio.Nursery) -> None:
     def fault(fake: AltDiscord) -> None:
         fake.route_429 = 8
@@ -335,6 +347,7 @@ async def test_alt_429_storms(tmp_path: Path, nursery: trio.Nursery) -> None:
     await _scenario(tmp_path, nursery, fault, knobs={"bucket_limit": 3, "bucket_window_s": 2.0})
 
 
+@pytest.mark.slow
 async def test_alt_dms_closed_listed(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A user whose DMs refuse the bot (50007): their messages are listed, not retried
     forever, not answered; the others are answered."""
@@ -347,6 +360,7 @@ async def test_alt_dms_closed_listed(tmp_path: Path, nursery: trio.Nursery) -> N
     assert not [m for m in fake.bot_messages() if m["channel_id"] == closed], summary
 
 
+@pytest.mark.slow
 async def test_alt_withheld_heartbeat_acks(tmp_path: Path, nursery: trio.Nursery) -> None:
     def fault(fake: AltDiscord) -> None:
         fake.withhold_acks = True
@@ -358,6 +372,7 @@ async def test_alt_withheld_heartbeat_acks(tmp_path: Path, nursery: trio.Nursery
     assert fake.resumes and len(fake.identifies) == 1, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [4000, 4001, 4002, 4003, 4005, 4007, 4008, 4009, 1000, None])
 async def test_alt_server_closes(tmp_path: Path, nursery: trio.Nursery, code: int | None) -> None:
     """Each reconnectable close Discord may send (``None``: TCP dropped); 4003, 4007 and
@@ -369,6 +384,7 @@ async def test_alt_server_closes(tmp_path: Path, nursery: trio.Nursery, code: in
         assert len(fake.identifies) == 1, summary
 
 
+@pytest.mark.slow
 async def test_alt_reconnect_before_hello_and_heartbeat_request(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -406,6 +422,7 @@ async def test_alt_restart_after_resume_window(tmp_path: Path, nursery: trio.Nur
         assert len(fake.identifies) == 2 and fake.resumes, summary
 
 
+@pytest.mark.slow
 async def test_alt_replay_buffer_overflow(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A Resume whose ``seq`` fell out of the replay buffer: 4007, then a new session."""
 
@@ -416,6 +433,7 @@ async def test_alt_replay_buffer_overflow(tmp_path: Path, nursery: trio.Nursery)
     assert 4007 in fake.server_close_codes and len(fake.identifies) == 2, summary
 
 
+@pytest.mark.slow
 async def test_alt_gateway_token_reset_4004(tmp_path: Path, nursery: trio.Nursery) -> None:
     """The gateway rejects the token (4004) while REST still answers: the daemon stays up
     and ``prismctl health`` shows the connection failed; no identify storm."""
@@ -434,6 +452,7 @@ async def test_alt_gateway_token_reset_4004(tmp_path: Path, nursery: trio.Nurser
                 assert TOKEN not in daemon.stderr()
 
 
+@pytest.mark.slow
 async def test_alt_rest_token_rejected_401(tmp_path: Path, nursery: trio.Nursery) -> None:
     async with _world(tmp_path, nursery) as (fake, layout, _rng, _tag):
         fake.token = "other-token"
@@ -513,6 +532,7 @@ async def test_alt_chaos_killloop(tmp_path: Path, nursery: trio.Nursery) -> None
         print(summary, f"nonce_hits={fake.nonce_hits}")
 
 
+@pytest.mark.slow
 async def test_alt_previews_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Streamed previews whose POST answers are lost: no preview is left behind beside
     the reply (the answer's text shown twice)."""
@@ -567,6 +587,7 @@ async def test_preview_whose_answer_was_lost_is_deleted(
     assert rest.deleted == list(rest.made.values()) == ["1000"]
 
 
+@pytest.mark.slow
 async def test_alt_long_replies_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Replies of two chunks whose POST answers are lost, or 500 after the commit: each
     chunk is posted once (its nonce), none twice."""
@@ -590,6 +611,7 @@ async def test_alt_long_replies_lost_answers(tmp_path: Path, nursery: trio.Nurse
         print(summary)
 
 
+@pytest.mark.slow
 async def test_alt_new_user_during_gap_caught_up(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A user the bot never saw writes while no session exists (op 9 false), then again
     once a new one does: the earlier messages are read back before the later one."""
@@ -614,6 +636,7 @@ async def test_alt_new_user_during_gap_caught_up(tmp_path: Path, nursery: trio.N
         assert all(replies[m["id"]] == 1 for m in sent), summary
 
 
+@pytest.mark.slow
 async def test_alt_disallowed_intents_4014(tmp_path: Path, nursery: trio.Nursery) -> None:
     async with _world(tmp_path, nursery, privileged_enabled=False) as (fake, layout, _rng, tag):
         layout = _config(layout.root, fake, 1, 'respond_to = "all"\n')
@@ -627,6 +650,7 @@ async def test_alt_disallowed_intents_4014(tmp_path: Path, nursery: trio.Nursery
                 assert "disallowed intents" in daemon.stderr()  # why, for the operator
 
 
+@pytest.mark.slow
 async def test_alt_sweep_after_restart_counts_no_duplicates(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -656,6 +680,7 @@ async def test_alt_sweep_after_restart_counts_no_duplicates(
         assert [e for e in fake.requests if e[0] == "GET" and "/messages" in e[1]], summary
 
 
+@pytest.mark.slow
 async def test_alt_token_reset_mid_run(tmp_path: Path, nursery: trio.Nursery) -> None:
     """The token is reset while connected: the Resume is closed 4004, the connection shows
     failed, the daemon stays up and answers prismctl."""
@@ -697,6 +722,7 @@ async def test_alt_two_shards(tmp_path: Path, nursery: trio.Nursery) -> None:
         assert len(fake.identifies) == 2, summary
 
 
+@pytest.mark.slow
 async def test_alt_long_gap_backfill_pages(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Op 9 false while one user writes 130 messages: the backfill reads them in pages
     (100, then 30) and all are answered."""
@@ -717,6 +743,7 @@ async def test_alt_long_gap_backfill_pages(tmp_path: Path, nursery: trio.Nursery
         assert len(fake.identifies) == 2, summary
 
 
+@pytest.mark.slow
 async def test_alt_kill_while_answers_are_lost(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Every POST's answer lost (each committed), the daemon SIGKILLed while it posts them
     again: the next start sends the unmarked replies with the same nonces — Discord
@@ -740,6 +767,7 @@ async def test_alt_kill_while_answers_are_lost(tmp_path: Path, nursery: trio.Nur
         assert fake.nonce_hits >= 4, summary
 
 
+@pytest.mark.slow
 async def test_alt_heartbeat_requested_is_sent_at_once(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -756,3 +784,34 @@ async def test_alt_heartbeat_requested_is_sent_at_once(
                 with trio.fail_after(1.0):
                     await wait_until(lambda: len(fake.heartbeats) > before)
                 assert fake.heartbeats[-1] == max(s for s in fake.sessions_seq()), tag
+
+
+async def test_a_duplicate_admission_is_not_a_new_message(store: Store) -> None:
+    """What the sweep counts as "the gateway had not sent": an admission the journal
+    accepted as new, never one it acknowledged as a duplicate."""
+    answers = [
+        Admission("accepted", operation_id="op-1"),
+        Admission("accepted", operation_id="op-1", duplicate=True),
+    ]
+
+    async def admit(_event: InboundEvent) -> Admission:
+        return answers.pop(0)
+
+    adapter = DiscordAdapter(
+        connection_id="c", token=lambda: TOKEN, admit=admit, store=store, owner_id="owner"
+    )
+    shard = adapter._shard(0, 1)
+    message = {
+        "id": "1300000000000000001",
+        "channel_id": CHANNELS[USERS[0]],
+        "author": {"id": USERS[0], "username": "u"},
+        "content": "hello",
+        "type": 0,
+    }
+    with trio.fail_after(10):
+        await shard.lease.acquire(on_standby=lambda: None)
+        try:
+            assert await adapter._handle_message(message, shard) is True
+            assert await adapter._handle_message(message, shard) is False
+        finally:
+            await shard.lease.release()
