@@ -292,6 +292,11 @@ async def test_alt_invalid_session_true(tmp_path: Path, nursery: trio.Nursery) -
 async def test_alt_reconnect_op7(tmp_path: Path, nursery: trio.Nursery) -> None:
     fake, _layout, summary = await _scenario(tmp_path, nursery, lambda f: f.reconnect_all())
     assert len(fake.identifies) == 1 and fake.resumes, summary
+    # Resumed through READY's resume_gateway_url, with the first connection's v and encoding
+    assert fake.resume_targets and all(
+        t.startswith("/resume?") and "v=10" in t and "encoding=json" in t
+        for t in fake.resume_targets
+    ), fake.resume_targets
 
 
 @pytest.mark.slow
@@ -815,3 +820,27 @@ async def test_a_duplicate_admission_is_not_a_new_message(store: Store) -> None:
             assert await adapter._handle_message(message, shard) is False
         finally:
             await shard.lease.release()
+
+
+@pytest.mark.slow
+async def test_alt_stalled_daemon(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The daemon frozen (SIGSTOP) past its heartbeat and its lease while DMs flow, then
+    thawed: the gateway closed the silent socket; the thawed daemon takes its lease again,
+    resumes, and answers each message once."""
+    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(55):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 4)
+                daemon.send(signal.SIGSTOP)
+                await _say(fake, sent, rng, 6)
+                await trio.sleep(7.0)  # past the heartbeat (1 s) and the lease (5 s)
+                daemon.send(signal.SIGCONT)
+                await _say(fake, sent, rng, 4)
+                summary = await _settle(fake, layout, sent, tag)
+                assert 4000 in fake.server_close_codes, summary  # the silent socket closed
+                daemon.send(signal.SIGTERM)
+                assert await daemon.wait_exit() == 0, daemon.stderr()
+        print(summary)

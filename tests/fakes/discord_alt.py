@@ -71,6 +71,7 @@ class _Gw:
     sent_times: deque[float] = attrs.field(factory=deque)
     close_code: int | None = None
     server_closed: bool = False
+    target: str = ""
     lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     async def write(self, data: bytes) -> None:
@@ -125,6 +126,8 @@ class AltDiscord:
     deleted: set[str] = attrs.field(factory=set)
     identifies: list[float] = attrs.field(factory=list)
     resumes: list[tuple[str, int]] = attrs.field(factory=list)
+    resume_targets: list[str] = attrs.field(factory=list)
+    """The request target of each socket a Resume was sent on."""
     heartbeats: list[Any] = attrs.field(factory=list)
     client_close_codes: list[int | None] = attrs.field(factory=list)
     server_close_codes: list[int] = attrs.field(factory=list)
@@ -310,6 +313,7 @@ class AltDiscord:
         conn = _Gw(self, stream, ws, send, recv, last_heard=trio.current_time())
         for event in ws.events():
             if isinstance(event, Request):
+                conn.target = event.target
                 await stream.send_all(ws.send(AcceptConnection()))
         self.conns.append(conn)
         try:
@@ -480,6 +484,7 @@ class AltDiscord:
         session = self.sessions.get(str(d.get("session_id")))
         seq = d.get("seq")
         self.resumes.append((str(d.get("session_id")), seq if isinstance(seq, int) else -1))
+        self.resume_targets.append(conn.target)
         if session is None:
             return conn.queue(self._encode(9, False))
         oldest = session.buffer[0][0] if session.buffer else session.seq + 1
