@@ -227,6 +227,8 @@ async def _scenario(
                 except AssertionError:
                     print(daemon.stderr()[-6000:])
                     raise
+                if os.environ.get("ALT_DEBUG"):
+                    print("DEBUG", daemon.stderr())
                 daemon.send(signal.SIGTERM)
                 assert await daemon.wait_exit() == 0, daemon.stderr()
                 assert TOKEN not in daemon.stderr()
@@ -844,3 +846,13 @@ async def test_alt_stalled_daemon(tmp_path: Path, nursery: trio.Nursery) -> None
                 daemon.send(signal.SIGTERM)
                 assert await daemon.wait_exit() == 0, daemon.stderr()
         print(summary)
+
+
+@pytest.mark.slow
+async def test_alt_large_fragmented_dispatch(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A GUILD_CREATE of hundreds of KiB in fragments after a ping: read through, no
+    reconnect, the messages around it answered."""
+    fake, _layout, summary = await _scenario(
+        tmp_path, nursery, lambda f: f.large_guild(), knobs={"heartbeat_interval_ms": 4000}
+    )
+    assert not fake.resumes and len(fake.identifies) == 1, summary

@@ -270,6 +270,11 @@ class AltDiscord:
                 session.buffer.append((session.seq, again))
                 conn.queue(again)
 
+    def large_guild(self, members: int = 3000) -> None:
+        """A GUILD_CREATE of some hundreds of KiB (sent in fragments, after a ping)."""
+        users = [{"user": {"id": str(10**17 + n), "username": f"m{n}"}} for n in range(members)]
+        self.dispatch("GUILD_CREATE", {"id": "9300000000000000001", "members": users})
+
     def reconnect_all(self) -> None:
         """Op 7 on every socket, then TCP dropped a little later."""
         for conn in list(self.conns):
@@ -356,7 +361,15 @@ class AltDiscord:
                     await conn.write(conn.ws.send(CloseConnection(code=code, reason="")))
                     await trio.sleep(0.5)  # the client's answer, then TCP ends
                 return
-            await conn.write(conn.ws.send(TextMessage(data=item)))
+            if len(item) <= 16384:
+                await conn.write(conn.ws.send(TextMessage(data=item)))
+                continue
+            # A large frame: a ping first, then the message in fragments of 8 KiB.
+            await conn.write(conn.ws.send(Ping(b"alt")))
+            parts = [item[i : i + 8192] for i in range(0, len(item), 8192)]
+            for n, part in enumerate(parts):
+                last = n == len(parts) - 1
+                await conn.write(conn.ws.send(TextMessage(data=part, message_finished=last)))
 
     async def _watchdog(self, conn: _Gw) -> None:
         """No heartbeat for 1.5 intervals (+1 s): the connection is closed (resumable)."""
