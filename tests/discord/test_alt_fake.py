@@ -856,3 +856,31 @@ async def test_alt_large_fragmented_dispatch(tmp_path: Path, nursery: trio.Nurse
         tmp_path, nursery, lambda f: f.large_guild(), knobs={"heartbeat_interval_ms": 4000}
     )
     assert not fake.resumes and len(fake.identifies) == 1, summary
+
+
+@pytest.mark.slow
+async def test_alt_kill_during_backfill(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """SIGKILL while the backfill after op 9 false is admitting a long gap: the next start
+    resumes the new session and backfills again (it was still due); each message answered
+    once or listed."""
+    knobs = {"bucket_limit": 200, "bucket_window_s": 1.0}
+    async with _world(tmp_path, nursery, **knobs) as (fake, layout, rng, tag):
+        sent: list[dict[str, Any]] = []
+        with trio.fail_after(58):
+            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                await _say(fake, sent, rng, 3)
+                await _settle(fake, layout, sent, tag)
+                fake.invalidate_all(False)
+                for n in range(90):
+                    user = USERS[n % len(USERS)]
+                    sent.append(fake.user_message(CHANNELS[user], user, f"gap{n}"))
+                await wait_until(lambda: len(_replies(fake)) >= 3 + rng.randrange(3, 20))
+                daemon.send(signal.SIGKILL)
+                await daemon.wait_exit()
+            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
+                await daemon.wait_state("READY=1")
+                await _connected(layout)
+                summary = await _settle(fake, layout, sent, tag)
+        print(summary)
