@@ -20,7 +20,6 @@ import math
 import random
 import secrets
 import time
-import urllib.parse
 from collections import deque
 from typing import Any
 
@@ -37,9 +36,10 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError
 
-Answer = tuple[int, dict[str, str], bytes]
+from tests.fakes.discord_alt_rest import BOT_ID, rest_answer
+
 EPOCH_MS = 1420070400000
-BOT_ID = "9100000000000000001"
+
 APP_ID = "9100000000000000002"
 PRIVILEGED = (1 << 1) | (1 << 8) | (1 << 15)
 KNOWN_INTENTS = (1 << 26) - 1
@@ -548,7 +548,7 @@ class AltDiscord:
                     buf += data
                 body = bytes(buf[end : end + length])
                 del buf[: end + length]
-                answer = self._rest(method, target, headers, body)
+                answer = rest_answer(self, method, target, headers, body)
                 if answer is None:
                     return  # the response is lost: TCP dropped
                 status, out_headers, payload = answer
@@ -562,225 +562,3 @@ class AltDiscord:
             return
         finally:
             await trio.aclose_forcefully(stream)
-
-    def _error(self, status: int, code: int, message: str, **extra: Any) -> Answer:
-        if status in (401, 403):
-            self.invalid_requests += 1
-        return status, {}, json.dumps({"message": message, "code": code, **extra}).encode()
-
-    def _limited(self, method: str, route: str, major: str) -> Answer | dict[str, str]:
-        now = trio.current_time()
-        while self._global_times and now - self._global_times[0] > 1.0:
-            self._global_times.popleft()
-        if self.global_429 > 0 or len(self._global_times) >= self.global_per_s:
-            self.global_429 = max(0, self.global_429 - 1)
-            self.invalid_requests += 1
-            retry = round(self.rng.uniform(0.05, 0.4), 3)
-            body = {"message": "You are being rate limited.", "retry_after": retry, "global": True}
-            return (
-                429,
-                {
-                    "Retry-After": str(math.ceil(retry)),
-                    "X-RateLimit-Global": "true",
-                    "X-RateLimit-Scope": "global",
-                },
-                json.dumps(body).encode(),
-            )
-        self._global_times.append(now)
-        name = self._bucket_names.setdefault((method, route), secrets.token_hex(8))
-        times = self._buckets.setdefault((method, route, major), [])
-        times[:] = [t for t in times if now - t < self.bucket_window_s]
-        reset_after = (times[0] + self.bucket_window_s - now) if times else self.bucket_window_s
-        headers = {
-            "X-RateLimit-Limit": str(self.bucket_limit),
-            "X-RateLimit-Bucket": name,
-            "X-RateLimit-Reset-After": f"{reset_after:.3f}",
-            "X-RateLimit-Reset": f"{time.time() + reset_after:.3f}",
-        }
-        forced = self.route_429 > 0 or self.shared_429 > 0
-        if forced or len(times) >= self.bucket_limit:
-            scope = "shared" if self.shared_429 > 0 and self.route_429 == 0 else "user"
-            if self.route_429 > 0:
-                self.route_429 -= 1
-            elif self.shared_429 > 0:
-                self.shared_429 -= 1
-            if scope == "user":
-                self.invalid_requests += 1
-            retry = round(reset_after if not forced else self.rng.uniform(0.1, 0.6), 3)
-            body = {"message": "You are being rate limited.", "retry_after": retry, "global": False}
-            return (
-                429,
-                {
-                    **headers,
-                    "X-RateLimit-Remaining": "0",
-                    "Retry-After": str(math.ceil(retry)),
-                    "X-RateLimit-Scope": scope,
-                },
-                json.dumps(body).encode(),
-            )
-        times.append(now)
-        headers["X-RateLimit-Remaining"] = str(self.bucket_limit - len(times))
-        return headers
-
-    def _rest(
-        self, method: str, target: str, headers: dict[str, str], body: bytes
-    ) -> Answer | None:
-        parts = urllib.parse.urlsplit(target)
-        path = parts.path.removeprefix("/api/v10")
-        query = dict(urllib.parse.parse_qsl(parts.query))
-        answer = self._route(method, path, query, headers, body)
-        if answer is not None:
-            self.requests.append((method, path, answer[0]))
-        return answer
-
-    def _route(
-        self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes
-    ) -> Answer | None:
-        if path == "/gateway" and method == "GET":
-            return 200, {}, json.dumps({"url": f"ws://127.0.0.1:{self.port}/"}).encode()
-        if headers.get("authorization") != f"Bot {self.token}":
-            return self._error(401, 0, "401: Unauthorized")
-        segs = path.strip("/").split("/")
-        shape = "/".join("{id}" if s.isdigit() else s for s in segs)
-        major = segs[1] if len(segs) > 1 and segs[0] == "channels" else ""
-        limited = self._limited(method, shape, major)
-        if isinstance(limited, tuple):
-            return limited
-        rl = limited
-
-        def ok(value: Any) -> Answer:
-            return 200, rl, json.dumps(value).encode()
-
-        if path == "/gateway/bot" and method == "GET":
-            return ok(
-                {
-                    "url": f"ws://127.0.0.1:{self.port}/",
-                    "shards": 1,
-                    "session_start_limit": {
-                        "total": 1000,
-                        "remaining": self._start_remaining,
-                        "reset_after": 14_400_000,
-                        "max_concurrency": self.max_concurrency,
-                    },
-                }
-            )
-        if path == "/users/@me" and method == "GET":
-            return ok({"id": BOT_ID, "username": "alt", "bot": True, "global_name": None})
-        if path == "/users/@me/channels" and method == "POST":
-            recipient = str(json.loads(body or b"{}").get("recipient_id", ""))
-            return ok({"id": self.open_dm(recipient), "type": 1, "recipients": [{"id": recipient}]})
-        if segs[0] != "channels" or len(segs) < 3 or not major.isdigit():
-            return self._error(404, 0, "404: Not Found")
-        if major not in self.messages:
-            return self._error(404, 10003, "Unknown Channel")
-        if shape == "channels/{id}/typing" and method == "POST":
-            self.typing.append(major)
-            return 204, rl, b""
-        if shape == "channels/{id}/messages" and method == "GET":
-            return ok(self._history(major, query))
-        if shape == "channels/{id}/messages" and method == "POST":
-            return self._post(major, headers, body, rl)
-        if shape == "channels/{id}/messages/{id}":
-            message = self.find(major, segs[3])
-            if message is None or segs[3] in self.deleted:
-                return self._error(404, 10008, "Unknown Message")
-            if method == "GET":
-                return ok({k: v for k, v in message.items() if k != "nonce"})
-            if message["author"]["id"] != BOT_ID:
-                return self._error(403, 50005, "Cannot edit a message authored by another user")
-            if method == "DELETE":
-                self.deleted.add(segs[3])
-                self.dispatch("MESSAGE_DELETE", {"id": segs[3], "channel_id": major})
-                return 204, rl, b""
-            if method == "PATCH":
-                message["content"] = str(
-                    json.loads(body or b"{}").get("content", message["content"])
-                )
-                message["edited_timestamp"] = message["timestamp"]
-                self.dispatch("MESSAGE_UPDATE", message)
-                return ok(message)
-        return self._error(405, 0, "405: Method Not Allowed")
-
-    def _history(self, channel: str, query: dict[str, str]) -> list[dict[str, Any]]:
-        limit = max(1, min(100, int(query.get("limit", "50"))))
-        live = [m for m in self.messages[channel] if m["id"] not in self.deleted]
-        if "after" in query:
-            picked = [m for m in live if int(m["id"]) > int(query["after"])][:limit]
-        elif "before" in query:
-            picked = [m for m in live if int(m["id"]) < int(query["before"])][-limit:]
-        else:
-            picked = live[-limit:]
-        return [{k: v for k, v in m.items() if k != "nonce"} for m in reversed(picked)]
-
-    def _post(
-        self, channel: str, headers: dict[str, str], body: bytes, rl: dict[str, str]
-    ) -> Answer | None:
-        if "application/json" not in headers.get("content-type", ""):
-            return self._error(400, 50035, "Invalid Form Body")
-        request = json.loads(body)
-        content = request.get("content")
-        nonce = request.get("nonce")
-        if not isinstance(content, str) or not content.strip():
-            return self._error(400, 50006, "Cannot send an empty message")
-        if len(content.encode("utf-16-le")) // 2 > 2000 or (
-            nonce is not None and len(str(nonce)) > 25
-        ):
-            return self._error(400, 50035, "Invalid Form Body", errors={"content": {}})
-        if self.post_502 > 0:
-            self.post_502 -= 1
-            return 502, {}, b'{"message": "502: Bad Gateway", "code": 0}'
-        if channel in self.closed_dms:
-            return self._error(403, 50007, "Cannot send messages to this user")
-        if channel in self.forbidden:
-            return self._error(403, 50013, "Missing Permissions")
-        now = trio.current_time()
-        key = (BOT_ID, str(nonce))
-        if nonce is not None and request.get("enforce_nonce") is True:
-            hit = self.nonces.get(key)
-            if hit is not None and now - hit[0] < self.nonce_window_s:
-                if hit[2] in self.deleted:
-                    return self._error(404, 10008, "Unknown Message")
-                original = self.find(hit[1], hit[2])
-                self.nonce_hits += 1
-                return 200, rl, json.dumps(original).encode()
-        reference = request.get("message_reference") or {}
-        target = reference.get("message_id")
-        if target is not None and self.find(channel, str(target)) is None:
-            if reference.get("fail_if_not_exists", True):
-                return self._error(
-                    400,
-                    50035,
-                    "Invalid Form Body",
-                    errors={
-                        "message_reference": {
-                            "_errors": [{"code": "MESSAGE_REFERENCE_UNKNOWN_MESSAGE"}]
-                        }
-                    },
-                )
-            target = None
-        author = {
-            "id": BOT_ID,
-            "username": "alt",
-            "bot": True,
-            "global_name": None,
-            "discriminator": "0",
-        }
-        message = self._message(channel, author, content, str(target) if target else None)
-        if nonce is not None:
-            message["nonce"] = nonce
-            self.nonces[key] = (now, channel, message["id"])
-        self.dispatch("MESSAGE_CREATE", {**message, "channel_type": 1})
-        if self.lose_post_response > 0:
-            self.lose_post_response -= 1
-            return None
-        if self.post_500_after_commit > 0:
-            self.post_500_after_commit -= 1
-            return 500, {}, b'{"message": "500: Internal Server Error", "code": 0}'
-        return 200, rl, json.dumps(message).encode()
-
-
-def counted(items: list[Any]) -> dict[Any, int]:
-    out: dict[Any, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
