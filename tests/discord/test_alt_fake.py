@@ -1,240 +1,41 @@
 """prismd against a second, independent fake Discord (tests/fakes/discord_alt.py, written
 from the reference alone), driven as a user and an operator would: a real ``prismd run``
-and ``prismctl``. After each scenario every user message is answered exactly once or
-listed by ``prismctl list-unresolved``, and no reply is posted twice. The daemon
-scenarios are ``slow`` (5-25 s each, ``PRISM_ALT_SEED`` replays one); the two in-process
-tests pin the bugs the fake found.
+and ``prismctl`` (:mod:`tests.discord.alt_harness`). The gateway's side: kills, resumes,
+invalid sessions, closes, duplicated, dropped and never-sent dispatches, zombies, tokens
+refused, shards, backfills. The daemon scenarios are ``slow`` (5-25 s each;
+``PRISM_ALT_SEED`` replays one). The REST side is :mod:`tests.discord.test_alt_fake_rest`.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import secrets
 import signal
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from adapters.discord import DiscordAdapter
-from adapters.discord._previews import PreviewEditor
-from adapters.discord._rest import DiscordRest, DiscordTransportError
-from prismd.channel import Admission, InboundEvent, Preview
-from prismd.journal import operation_id_for
-from stores import Store
-from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
-from tests.discord.test_killloop_discord import _op_states
+from tests.daemon.helpers import running_daemon
+from tests.discord.alt_harness import (
+    CHANNELS,
+    ENV,
+    TOKEN,
+    USERS,
+    _adapter_state,
+    _config,
+    _connected,
+    _replies,
+    _say,
+    _scenario,
+    _settle,
+    _state_is,
+    _world,
+)
 from tests.fakes.discord_alt import AltDiscord
 from tests.support.waiting import wait_until
-
-TOKEN = "alt-discord-token-secret"
-USERS = ("2100000000000000001", "2100000000000000002", "2100000000000000003")
-CHANNELS = {u: f"31{u[2:]}" for u in USERS}
-ENV = {"PRISM_TEST_DISCORD_TOKEN": TOKEN}
-
-
-def _config(
-    root: Path,
-    fake: AltDiscord,
-    seed: int,
-    connection: str = "",
-    sweep_every_s: int = 2,
-    shards: int = 1,
-    delay_max_ms: int = 150,
-) -> Layout:
-    layout = Layout(root=root, port=free_port())
-    layout.config.write_text(
-        f"""
-[daemon]
-state_dir = "{layout.state_dir}"
-
-[store]
-url = "sqlite:///{layout.db}"
-
-[limits]
-stop_deadline_ms = 2000
-lease_ttl_ms = 5000
-
-[control]
-socket = "{layout.control}"
-
-[[connections]]
-id = "dc"
-kind = "discord"
-token_env = "PRISM_TEST_DISCORD_TOKEN"
-api_origin = "{fake.origin}"
-shards = {shards}
-sweep_every_s = {sweep_every_s}
-{connection}
-[agents.slow]
-kind = "python"
-factory = "tests.fakes.killloop_agent:jitter_counting_mock"
-count_file = "{layout.runs}"
-delay_min_ms = 5
-delay_max_ms = {delay_max_ms}
-seed = "{seed}:agent"
-
-[[grants]]
-connection = "dc"
-actors = ["*"]
-aliases = ["slow"]
-"""
-    )
-    return layout
-
-
-@asynccontextmanager
-async def _world(
-    tmp_path: Path, nursery: trio.Nursery, **knobs: Any
-) -> AsyncIterator[tuple[AltDiscord, Layout, random.Random, str]]:
-    seed = int(os.environ.get("PRISM_ALT_SEED", secrets.randbits(32)))
-    knobs.setdefault("heartbeat_interval_ms", 1000)
-    fake = AltDiscord(token=TOKEN, rng=random.Random(seed), **knobs)
-    await nursery.start(fake.serve)
-    for user, channel in CHANNELS.items():
-        fake.open_dm(user, channel)
-    yield fake, _config(tmp_path, fake, seed), random.Random(f"{seed}:test"), f"seed={seed}"
-
-
-async def _adapter_state(layout: Layout) -> str:
-    code, health, err = await prismctl(layout, "health")
-    assert code == 0, err
-    entry = next(v for k, v in health["children"].items() if "dc" in k)
-    return str(entry.get("adapterState"))
-
-
-async def _state_is(layout: Layout, wanted: str) -> None:
-    """Until ``prismctl health`` shows the connection in state ``wanted``."""
-    while True:
-        if await _adapter_state(layout) == wanted:
-            return
-        await trio.sleep(0.2)
-
-
-async def _connected(layout: Layout) -> None:
-    await _state_is(layout, "connected")
-
-
-async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], tag: str) -> str:
-    """Until every message is answered or listed and nothing moved for 3 s; then the
-    checks: none answered twice, none lost. A summary line."""
-    last: Any = None
-    stable = trio.current_time()
-    entries: list[dict[str, Any]] = []
-    deadline = trio.current_time() + 30
-    while True:
-        await trio.sleep(0.5)
-        if trio.current_time() > deadline:
-            replies = _replies(fake)
-            states = _op_states(layout)
-            missing = [
-                (m["content"][:12], states.get(operation_id_for("dc", m["id"]), "no record"))
-                for m in sent
-                if not replies[m["id"]]
-            ]
-            raise AssertionError(f"{tag}: never settled; unanswered {missing}; {entries}")
-        code, entries, err = await prismctl(layout, "list-unresolved")
-        assert code == 0, f"{tag}: {err}"
-        replies = _replies(fake)
-        listed = {str(e.get("externalEventId", "")) for e in entries} | {
-            str(e.get("operationId", "")) for e in entries
-        }
-        # A reply still pending is on its way (a rate limit's wait): not settled yet.
-        pending = any(e.get("replyState") == "pending" for e in entries)
-        done = not pending and all(replies[m["id"]] or _listed(m, entries) for m in sent)
-        snapshot = (len(fake.bot_messages()), len(entries), tuple(sorted(listed)))
-        if snapshot != last:
-            last, stable = snapshot, trio.current_time()
-        elif done and trio.current_time() - stable >= 3.0:
-            break
-    contents = Counter(
-        (m.get("message_reference", {}).get("message_id"), m["content"])
-        for m in fake.bot_messages()
-    )
-    twice = [c[1][:40] for c, n in contents.items() if n > 1]
-    lost = [m["content"] for m in sent if not replies[m["id"]] and not _listed(m, entries)]
-    multi = [m["content"][:40] for m in sent if replies[m["id"]] > 1 and len(m["content"]) < 1900]
-    summary = (
-        f"{tag} sent={len(sent)} answered={sum(1 for m in sent if replies[m['id']])} "
-        f"listed={len(entries)} identifies={len(fake.identifies)} resumes={len(fake.resumes)} "
-        f"closes={Counter(fake.client_close_codes)} "
-        f"listed_as={Counter((e.get('state'), e.get('replyState')) for e in entries)}"
-    )
-    assert not twice and not multi, f"{summary}: posted twice {twice} {multi}"
-    assert not lost, f"{summary}: lost {lost}"
-    assert not {1000, 1001} & set(fake.client_close_codes), summary
-    return summary
-
-
-def _replies(fake: AltDiscord) -> Counter[str]:
-    """Bot messages per inbound message they answer (a preview answers none)."""
-    return Counter(
-        m["message_reference"]["message_id"]
-        for m in fake.bot_messages()
-        if "message_reference" in m
-    )
-
-
-def _listed(message: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
-    op = operation_id_for("dc", message["id"])
-    return any(e.get("operationId") == op for e in entries)
-
-
-async def _say(fake: AltDiscord, sent: list[dict[str, Any]], rng: random.Random, n: int) -> None:
-    for _ in range(n):
-        # Each user first in turn: a DM channel the bot never saw cannot be read back.
-        user = USERS[len(sent)] if len(sent) < len(USERS) else rng.choice(USERS)
-        sent.append(fake.user_message(CHANNELS[user], user, f"alt{len(sent)}"))
-        await trio.sleep(rng.uniform(0.02, 0.15))
-
-
-async def _scenario(
-    tmp_path: Path,
-    nursery: trio.Nursery,
-    fault: Callable[[AltDiscord], None],
-    *,
-    heal: Callable[[AltDiscord], None] | None = None,
-    knobs: dict[str, Any] | None = None,
-    connection: str = "",
-    before: int = 6,
-    after: int = 10,
-    hold_s: float = 2.0,
-) -> tuple[AltDiscord, Layout, str]:
-    """A daemon connected to the fake: ``before`` messages, ``fault``, ``after`` more while
-    it holds, ``heal`` after ``hold_s``; settled and checked (:func:`_settle`)."""
-    async with _world(tmp_path, nursery, **(knobs or {})) as (fake, layout, rng, tag):
-        if connection:
-            layout = _config(layout.root, fake, rng.randrange(1 << 30), connection)
-        sent: list[dict[str, Any]] = []
-        with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                await _say(fake, sent, rng, before)
-                fault(fake)
-                await _say(fake, sent, rng, after)
-                await trio.sleep(hold_s)
-                if heal is not None:
-                    heal(fake)
-                try:
-                    summary = await _settle(fake, layout, sent, tag)
-                except AssertionError:
-                    print(daemon.stderr()[-6000:])
-                    raise
-                if os.environ.get("ALT_DEBUG"):
-                    print("DEBUG", daemon.stderr())
-                daemon.send(signal.SIGTERM)
-                assert await daemon.wait_exit() == 0, daemon.stderr()
-                assert TOKEN not in daemon.stderr()
-                assert not [m for m in sent if m["content"] in daemon.stderr()]
-        print(summary)
-        return fake, layout, summary
 
 
 @pytest.mark.slow
@@ -329,42 +130,6 @@ async def test_alt_never_sent(tmp_path: Path, nursery: trio.Nursery) -> None:
         fake.never_send = 3
 
     await _scenario(tmp_path, nursery, fault, hold_s=4.0)
-
-
-@pytest.mark.slow
-async def test_alt_lost_send_responses(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """POSTs committed whose answer is lost or a 500, and 502s that committed nothing."""
-
-    def fault(fake: AltDiscord) -> None:
-        fake.lose_post_response = 3
-        fake.post_500_after_commit = 2
-        fake.post_502 = 2
-
-    fake, _layout, summary = await _scenario(tmp_path, nursery, fault)
-    assert fake.nonce_hits >= 5, summary
-
-
-@pytest.mark.slow
-async def test_alt_429_storms(tmp_path: Path, nursery: trio.Nursery) -> None:
-    def fault(fake: AltDiscord) -> None:
-        fake.route_429 = 8
-        fake.global_429 = 8
-        fake.shared_429 = 4
-
-    await _scenario(tmp_path, nursery, fault, knobs={"bucket_limit": 3, "bucket_window_s": 2.0})
-
-
-@pytest.mark.slow
-async def test_alt_dms_closed_listed(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """A user whose DMs refuse the bot (50007): their messages are listed, not retried
-    forever, not answered; the others are answered."""
-    closed = CHANNELS[USERS[0]]
-
-    def fault(fake: AltDiscord) -> None:
-        fake.closed_dms.add(closed)
-
-    fake, _layout, summary = await _scenario(tmp_path, nursery, fault, before=0)
-    assert not [m for m in fake.bot_messages() if m["channel_id"] == closed], summary
 
 
 @pytest.mark.slow
@@ -540,85 +305,6 @@ async def test_alt_chaos_killloop(tmp_path: Path, nursery: trio.Nursery) -> None
 
 
 @pytest.mark.slow
-async def test_alt_previews_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """Streamed previews whose POST answers are lost: no preview is left behind beside
-    the reply (the answer's text shown twice)."""
-
-    def fault(fake: AltDiscord) -> None:
-        fake.lose_post_response = int(os.environ.get("ALT_LOSE", "6"))
-
-    fake, _layout, summary = await _scenario(
-        tmp_path, nursery, fault, connection="previews = true\n", before=3, after=6
-    )
-    left = [m["content"] for m in fake.bot_messages() if "message_reference" not in m]
-    assert not left, f"{summary}: previews left behind {left}"
-
-
-class _LosingRest:
-    """Makes one message per nonce on POST and loses the first POST's answer."""
-
-    def __init__(self) -> None:
-        self.made: dict[str, str] = {}
-        self.deleted: list[str] = []
-        self.lose = 1
-
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if method == "POST":
-            nonce = kwargs["json_body"]["nonce"]
-            message_id = self.made.setdefault(nonce, str(1000 + len(self.made)))
-            if self.lose:
-                self.lose -= 1
-                raise DiscordTransportError("Discord unreachable (deadline)")
-            return {"id": message_id}
-        if method == "DELETE":
-            self.deleted.append(path.rsplit("/", 1)[1])
-        return None
-
-
-async def test_preview_whose_answer_was_lost_is_deleted(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A preview POST committed without an answer: the final reply's ``finish`` posts it
-    again with its nonce (Discord names the message it made) and deletes it."""
-    rest = _LosingRest()
-    editor = PreviewEditor(connection_id="c", rest=cast(DiscordRest, rest))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(editor.run)
-            await trio.sleep(0.01)
-            editor.offer(Preview(connection_id="c", external_conversation_id="123", text="mock"))
-            await wait_until(lambda: bool(rest.made) and rest.lose == 0)
-            await trio.sleep(0.5)
-            await editor.finish("123")
-            nursery.cancel_scope.cancel()
-    assert rest.deleted == list(rest.made.values()) == ["1000"]
-
-
-@pytest.mark.slow
-async def test_alt_long_replies_lost_answers(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """Replies of two chunks whose POST answers are lost, or 500 after the commit: each
-    chunk is posted once (its nonce), none twice."""
-    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
-        sent: list[dict[str, Any]] = []
-        with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                await _say(fake, sent, rng, 3)
-                fake.lose_post_response = 3
-                fake.post_500_after_commit = 2
-                for n in range(4):
-                    user = USERS[n % len(USERS)]
-                    long = " ".join(f"w{n}x{i}" for i in range(500))
-                    sent.append(fake.user_message(CHANNELS[user], user, long))
-                summary = await _settle(fake, layout, sent, tag)
-        chunks = Counter(_replies(fake))
-        for message in sent[3:]:
-            assert chunks[message["id"]] in (0, 2), f"{summary}: {chunks}"
-        print(summary)
-
-
-@pytest.mark.slow
 async def test_alt_new_user_during_gap_caught_up(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A user the bot never saw writes while no session exists (op 9 false), then again
     once a new one does: the earlier messages are read back before the later one."""
@@ -655,36 +341,6 @@ async def test_alt_disallowed_intents_4014(tmp_path: Path, nursery: trio.Nursery
                 daemon.send(signal.SIGTERM)
                 assert await daemon.wait_exit() == 0
                 assert "disallowed intents" in daemon.stderr()  # why, for the operator
-
-
-@pytest.mark.slow
-async def test_alt_sweep_after_restart_counts_no_duplicates(
-    tmp_path: Path, nursery: trio.Nursery
-) -> None:
-    """After a restart the first sweeps read again what the journal has (nothing in memory
-    says it was handled): those are duplicates, not messages the gateway never sent —
-    neither logged nor counted as such."""
-    async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
-        sent: list[dict[str, Any]] = []
-        seed = rng.randrange(1 << 30)
-        with trio.fail_after(55):
-            layout = _config(layout.root, fake, seed, sweep_every_s=600)  # no sweep in a
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                await _say(fake, sent, rng, 6)
-                await wait_until(lambda: all(_replies(fake)[m["id"]] for m in sent))
-                await trio.sleep(1.5)  # the watermark saved: nothing replayed
-                daemon.send(signal.SIGKILL)
-                await daemon.wait_exit()
-            layout = _config(layout.root, fake, seed)
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                await trio.sleep(6.0)  # sweeps every 2 s, a message settles 1 s
-                summary = await _settle(fake, layout, sent, tag)
-                assert "the gateway had not sent" not in daemon.stderr(), daemon.stderr()
-        assert [e for e in fake.requests if e[0] == "GET" and "/messages" in e[1]], summary
 
 
 @pytest.mark.slow
@@ -751,30 +407,6 @@ async def test_alt_long_gap_backfill_pages(tmp_path: Path, nursery: trio.Nursery
 
 
 @pytest.mark.slow
-async def test_alt_kill_while_answers_are_lost(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """Every POST's answer lost (each committed), the daemon SIGKILLed while it posts them
-    again: the next start sends the unmarked replies with the same nonces — Discord
-    answers with the originals — and none is posted twice."""
-    async with _world(tmp_path, nursery, lose_post_response=1_000) as (fake, layout, rng, tag):
-        sent: list[dict[str, Any]] = []
-        with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                await _say(fake, sent, rng, 6)
-                await wait_until(lambda: len(fake.bot_messages()) >= 4)
-                await trio.sleep(rng.uniform(0.0, 1.0))
-                daemon.send(signal.SIGKILL)
-                await daemon.wait_exit()
-            fake.lose_post_response = 0
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
-                summary = await _settle(fake, layout, sent, tag)
-        assert fake.nonce_hits >= 4, summary
-
-
-@pytest.mark.slow
 async def test_alt_heartbeat_requested_is_sent_at_once(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -791,37 +423,6 @@ async def test_alt_heartbeat_requested_is_sent_at_once(
                 with trio.fail_after(1.0):
                     await wait_until(lambda: len(fake.heartbeats) > before)
                 assert fake.heartbeats[-1] == max(s for s in fake.sessions_seq()), tag
-
-
-async def test_a_duplicate_admission_is_not_a_new_message(store: Store) -> None:
-    """What the sweep counts as "the gateway had not sent": an admission the journal
-    accepted as new, never one it acknowledged as a duplicate."""
-    answers = [
-        Admission("accepted", operation_id="op-1"),
-        Admission("accepted", operation_id="op-1", duplicate=True),
-    ]
-
-    async def admit(_event: InboundEvent) -> Admission:
-        return answers.pop(0)
-
-    adapter = DiscordAdapter(
-        connection_id="c", token=lambda: TOKEN, admit=admit, store=store, owner_id="owner"
-    )
-    shard = adapter._shard(0, 1)
-    message = {
-        "id": "1300000000000000001",
-        "channel_id": CHANNELS[USERS[0]],
-        "author": {"id": USERS[0], "username": "u"},
-        "content": "hello",
-        "type": 0,
-    }
-    with trio.fail_after(10):
-        await shard.lease.acquire(on_standby=lambda: None)
-        try:
-            assert await adapter._handle_message(message, shard) is True
-            assert await adapter._handle_message(message, shard) is False
-        finally:
-            await shard.lease.release()
 
 
 @pytest.mark.slow
