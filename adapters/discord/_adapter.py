@@ -324,7 +324,8 @@ class DiscordAdapter:
 
     async def _handle_message(self, message: Mapping[str, Any], shard: Shard) -> bool:
         """Admit one message; returns once the admission is final (a retryable one is
-        tried again after a backoff, under the shard's lease): whether it was accepted."""
+        tried again after a backoff, under the shard's lease): whether it was accepted as
+        new (a duplicate the journal had already is acknowledged, not new)."""
         state = shard.cursor.state
         if state.bot_user_id is not None:
             self._bot_user_id = state.bot_user_id
@@ -353,7 +354,7 @@ class DiscordAdapter:
             channel = event.external_conversation_id
             await self._sender.notice(channel, event.event_id, admission.hint)
         state.note_message(event.external_conversation_id, event.event_id, message.get("guild_id"))
-        return admission.status == "accepted"
+        return admission.status == "accepted" and not admission.duplicate
 
     # ------------------------------------------------------------------ outbound
 

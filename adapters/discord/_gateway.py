@@ -62,7 +62,7 @@ RECONNECT_BASE_S = 0.25
 
 HandleMessage = Callable[[Mapping[str, Any], "Shard"], Awaitable[bool]]
 """Admit one message; returns once the admission is final (the watermark may pass it):
-whether it was accepted."""
+whether it was accepted as new (not a duplicate)."""
 
 
 class _End(Exception):

@@ -6,8 +6,10 @@ each conversation; :meth:`PreviewEditor.run` posts the preview message once and 
 it (``PATCH``) no more often than :data:`MIN_INTERVAL_S`. :meth:`PreviewEditor.finish`
 (called before a final reply is sent) forgets the conversation's preview and deletes its
 message (tried again after a 5xx or a lost answer), so the reply — sent with its nonce as
-always — replaces it. Every failure is ignored: a preview is a courtesy, the reply is what
-counts.
+always — replaces it. A preview whose POST got no answer (or a 5xx) may exist without our
+knowing its id: it is posted again with its nonce — Discord answers with the message it
+made, if it did — and deleted, never left beside the reply. Every failure is ignored: a
+preview is a courtesy, the reply is what counts.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class _Shown:
     """One per preview: a POST whose answer was lost is posted again with it, and Discord
     returns the message it made (never a second preview, left behind undeleted)."""
     text: str = ""
+    unsure: str | None = None
+    """The text of a POST whose outcome is unknown (no answer, a 5xx) while the message's id
+    is not known: it may exist."""
     sent_at: float = -1e9
     pending: str | None = None
 
@@ -67,11 +72,16 @@ class PreviewEditor:
         """The final reply is about to go out: delete the preview message, if any."""
         shown = self._shown.pop(conversation, None)
         async with self._lock:  # an edit in flight ends first
-            if shown is None or shown.message_id is None:
+            if shown is None or (shown.message_id is None and shown.unsure is None):
                 return
-            path = f"/channels/{conversation}/messages/{shown.message_id}"
             for delay in DELETE_RETRIES_S:  # deleting twice is safe: a 10008 then
                 try:
+                    if shown.message_id is None and shown.unsure is not None:
+                        # Posted perhaps: the same nonce again names the message if it was.
+                        await self._post(conversation, shown, shown.unsure)
+                    if shown.message_id is None:
+                        return
+                    path = f"/channels/{conversation}/messages/{shown.message_id}"
                     await self.rest.request("DELETE", path)
                     return
                 except DiscordApiError as error:
@@ -117,17 +127,7 @@ class PreviewEditor:
             shown.sent_at = trio.current_time()
             try:
                 if shown.message_id is None:
-                    body = {
-                        "content": text,
-                        "nonce": shown.nonce,
-                        "enforce_nonce": True,
-                        "allowed_mentions": {"parse": []},
-                    }
-                    message = await self.rest.request(
-                        "POST", f"/channels/{conversation}/messages", json_body=body
-                    )
-                    if isinstance(message, dict) and isinstance(message.get("id"), str):
-                        shown.message_id = message["id"]
+                    await self._post(conversation, shown, text)
                 else:
                     await self.rest.request(
                         "PATCH",
@@ -137,3 +137,27 @@ class PreviewEditor:
                 shown.text = text
             except DiscordError:
                 return
+
+    async def _post(self, conversation: str, shown: _Shown, text: str) -> None:
+        """POST the preview (its nonce): its id learnt, or :attr:`_Shown.unsure` kept
+        when the outcome is unknown."""
+        body = {
+            "content": text,
+            "nonce": shown.nonce,
+            "enforce_nonce": True,
+            "allowed_mentions": {"parse": []},
+        }
+        try:
+            message = await self.rest.request(
+                "POST", f"/channels/{conversation}/messages", json_body=body
+            )
+        except DiscordApiError as error:
+            if error.status >= 500:
+                shown.unsure = text
+            raise
+        except DiscordError:
+            shown.unsure = text  # no answer: it may have been made
+            raise
+        if isinstance(message, dict) and isinstance(message.get("id"), str):
+            shown.message_id = message["id"]
+            shown.unsure = None
