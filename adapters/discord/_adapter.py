@@ -190,7 +190,8 @@ class DiscordAdapter:
         ``resumable`` / ``no_session``; the times (ISO 8601) once known: ``lastEventAt``
         (the gateway last sent anything; the stalest shard's), ``sessionStartedAt`` (the
         youngest shard session's READY: its age) and ``lastUpdateAt`` (a message reached
-        the adapter)."""
+        the adapter). Failed: ``lastError`` says why (the close code's fixed words: a token
+        rejected, intents disallowed…)."""
         statuses = [s.status for s in self._shards] or [self._status]
         state = min(
             (s.state for s in statuses),
@@ -205,6 +206,9 @@ class DiscordAdapter:
         events = [s.last_event_ms for s in statuses]
         if events and None not in events:
             health["lastEventAt"] = ms_to_iso(min(e for e in events if e is not None))
+        why = [s.reason for s in statuses if s.state == "failed" and s.reason]
+        if state == "failed" and why:
+            health["lastError"] = why[0]
         started = [s.session_started_ms for s in statuses if s.session_started_ms is not None]
         if started and state not in ("failed", "stopped", "standby"):
             health["sessionStartedAt"] = ms_to_iso(max(started))
@@ -262,7 +266,8 @@ class DiscordAdapter:
             except DiscordApiError as error:
                 if error.status == 401:
                     self._status.state = "failed"
-                    raise AdapterFatalError("Discord rejected the bot token (HTTP 401)") from None
+                    self._status.reason = "Discord rejected the bot token (HTTP 401)"
+                    raise AdapterFatalError(self._status.reason) from None
                 delay = backoff.next_delay()
             except DiscordError:
                 delay = backoff.next_delay()

@@ -94,11 +94,15 @@ async def _world(
     yield fake, _config(tmp_path, fake, seed), random.Random(f"{seed}:test"), f"seed={seed}"
 
 
-async def _adapter_state(layout: Layout) -> str:
+async def _health_entry(layout: Layout) -> dict[str, str]:
+    """The Discord connection's entry of ``prismctl health``."""
     code, health, err = await prismctl(layout, "health")
     assert code == 0, err
-    entry = next(v for k, v in health["children"].items() if "dc" in k)
-    return str(entry.get("adapterState"))
+    return dict(next(v for k, v in health["children"].items() if "dc" in k))
+
+
+async def _adapter_state(layout: Layout) -> str:
+    return str((await _health_entry(layout)).get("adapterState"))
 
 
 async def _state_is(layout: Layout, wanted: str) -> None:

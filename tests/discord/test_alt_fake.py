@@ -27,6 +27,7 @@ from tests.discord.alt_harness import (
     _adapter_state,
     _config,
     _connected,
+    _health_entry,
     _replies,
     _say,
     _scenario,
@@ -216,7 +217,10 @@ async def test_alt_gateway_token_reset_4004(tmp_path: Path, nursery: trio.Nurser
                 await _state_is(layout, "failed")
                 await trio.sleep(2.0)
                 assert daemon.process.returncode is None
-                assert await _adapter_state(layout) == "failed"
+                entry = await _health_entry(layout)
+                assert entry["adapterState"] == "failed"
+                # Why, in health: the close code's words (the log says it too).
+                assert entry["lastError"].startswith("authentication failed"), entry
                 assert len(fake.identifies) == 0 and 4004 in fake.server_close_codes, tag
                 assert fake.server_close_codes.count(4004) == 1, fake.server_close_codes
                 daemon.send(signal.SIGTERM)

@@ -94,6 +94,8 @@ async def test_health_shows_the_gateway_and_a_bad_token_fails_only_the_connectio
                 entry = await _connection(layout, "failed")
                 assert entry["state"] == "failed"
                 assert "sessionStartedAt" not in entry
+                # Why, in health too (the close code's fixed words, never the token).
+                assert "token" in entry["lastError"], entry
                 code, _health, _err = await prismctl(layout, "health")
                 assert code == 0  # the daemon runs on
                 assert "token" in daemon.stderr()  # the log says why
