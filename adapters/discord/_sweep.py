@@ -15,8 +15,8 @@ was found unhandled by one at least :data:`SETTLE_S` before (it may be on its wa
 gateway still); the round after one that found such a message comes that much later, not
 a whole period. A channel the bot can
 no longer read (10003, 50001, 50013) is forgotten. A DM channel is known once a message was
-journaled from it: a user's very first message, never sent, cannot be found (bots cannot
-list their DMs).
+journaled from it, and read after that message: a user's very first message, never sent,
+cannot be found (bots cannot list their DMs), not even once the user writes again.
 """
 
 from __future__ import annotations
