@@ -21,7 +21,8 @@ import trio
 import trio.testing
 
 from prismd.journal import operation_id_for
-from tests.daemon.helpers import Layout, free_port, prismctl, running_daemon
+from tests.daemon.helpers import Layout, prismctl, running_daemon
+from tests.discord.test_killloop_discord import _config as _killloop_config
 from tests.discord.test_killloop_discord import _op_states
 from tests.fakes.discord_alt import AltDiscord
 
@@ -40,45 +41,16 @@ def _config(
     shards: int = 1,
     delay_max_ms: int = 150,
 ) -> Layout:
-    layout = Layout(root=root, port=free_port())
-    layout.config.write_text(
-        f"""
-[daemon]
-state_dir = "{layout.state_dir}"
-
-[store]
-url = "sqlite:///{layout.db}"
-
-[limits]
-stop_deadline_ms = 2000
-lease_ttl_ms = 5000
-
-[control]
-socket = "{layout.control}"
-
-[[connections]]
-id = "dc"
-kind = "discord"
-token_env = "PRISM_TEST_DISCORD_TOKEN"
-api_origin = "{fake.origin}"
-shards = {shards}
-sweep_every_s = {sweep_every_s}
-{connection}
-[agents.slow]
-kind = "python"
-factory = "tests.fakes.killloop_agent:jitter_counting_mock"
-count_file = "{layout.runs}"
-delay_min_ms = 5
-delay_max_ms = {delay_max_ms}
-seed = "{seed}:agent"
-
-[[grants]]
-connection = "dc"
-actors = ["*"]
-aliases = ["slow"]
-"""
+    """The kill loops' daemon config (:func:`tests.discord.test_killloop_discord._config`)
+    on the second fake, swept every ``sweep_every_s``."""
+    return _killloop_config(
+        root,
+        fake,
+        seed,
+        connection=f"sweep_every_s = {sweep_every_s}\n{connection}",
+        delay_max_ms=delay_max_ms,
+        shards=shards,
     )
-    return layout
 
 
 @asynccontextmanager

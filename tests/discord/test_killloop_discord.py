@@ -32,6 +32,7 @@ import trio
 
 from prismd.journal import operation_id_for
 from tests.daemon.helpers import Layout, free_port, prismctl, run_keys, running_daemon
+from tests.fakes.discord_alt import AltDiscord
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.waiting import wait_until
 
@@ -48,14 +49,16 @@ TOKEN = "discord-bot-token-secret"
 
 def _config(
     root: Path,
-    fake: FakeDiscord,
+    fake: FakeDiscord | AltDiscord,
     seed: int,
     *,
     connection: str = "sweep_every_s = 1\n",
     delay_max_ms: int = 200,
+    shards: int = 1,
 ) -> Layout:
-    """A daemon's config on ``fake``: the ``slow`` jittering agent (``delay_max_ms``) for
-    everyone, ``connection`` added to the Discord connection's keys."""
+    """A daemon's config on ``fake`` (either fake Discord): the ``slow`` jittering agent
+    (``delay_max_ms``) for everyone, ``connection`` added to the Discord connection's
+    keys."""
     layout = Layout(root=root, port=free_port())
     layout.config.write_text(
         f"""
@@ -77,7 +80,7 @@ id = "dc"
 kind = "discord"
 token_env = "PRISM_TEST_DISCORD_TOKEN"
 api_origin = "{fake.origin}"
-shards = 1
+shards = {shards}
 {connection}
 [agents.slow]
 kind = "python"
