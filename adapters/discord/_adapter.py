@@ -193,26 +193,8 @@ class DiscordAdapter:
         the adapter). Failed: ``lastError`` says why (the close code's fixed words: a token
         rejected, intents disallowed…)."""
         statuses = [s.status for s in self._shards] or [self._status]
-        state = min(
-            (s.state for s in statuses),
-            key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0,
-        )
         sessions = [s.cursor.state.session is not None for s in self._shards]
-        health = {
-            "state": state,
-            "gateway": "resumable" if sessions and all(sessions) else "no_session",
-            **self._activity.health_fields(),
-        }
-        events = [s.last_event_ms for s in statuses]
-        if events and None not in events:
-            health["lastEventAt"] = ms_to_iso(min(e for e in events if e is not None))
-        why = [s.reason for s in statuses if s.state == "failed" and s.reason]
-        if state == "failed" and why:
-            health["lastError"] = why[0]
-        started = [s.session_started_ms for s in statuses if s.session_started_ms is not None]
-        if started and state not in ("failed", "stopped", "standby"):
-            health["sessionStartedAt"] = ms_to_iso(max(started))
-        return health
+        return {**_gateway_health(statuses, sessions), **self._activity.health_fields()}
 
     @property
     def receiver_lease_held(self) -> bool:
@@ -400,3 +382,26 @@ class DiscordAdapter:
 
     async def aclose(self) -> None:
         await self._rest.aclose()
+
+
+def _gateway_health(statuses: list[ShardStatus], sessions: list[bool]) -> dict[str, str]:
+    """:meth:`DiscordAdapter.health` but the activity's fields, from the shards' statuses
+    and whether each has a stored session."""
+    state = min(
+        (s.state for s in statuses),
+        key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else 0,
+    )
+    health = {
+        "state": state,
+        "gateway": "resumable" if sessions and all(sessions) else "no_session",
+    }
+    events = [s.last_event_ms for s in statuses]
+    if events and None not in events:
+        health["lastEventAt"] = ms_to_iso(min(e for e in events if e is not None))
+    why = [s.reason for s in statuses if s.state == "failed" and s.reason]
+    if state == "failed" and why:
+        health["lastError"] = why[0]
+    started = [s.session_started_ms for s in statuses if s.session_started_ms is not None]
+    if started and state not in ("failed", "stopped", "standby"):
+        health["sessionStartedAt"] = ms_to_iso(max(started))
+    return health

@@ -12,10 +12,25 @@ import re
 
 from ..channel import Admission
 from ._approvals import cancel_suspended
-from ._core import AdmitContext, Core, cancel_queued
+from ._core import AdmitContext, Core
 from ._following import cancel_parked
 from ._leases import LeaseHeldElsewhereError
-from ._routes import Route, actor_key, route_key
+from ._routes import Route, Turn, actor_key, route_key
+
+
+async def cancel_queued(core: Core, turn: Turn, error_code: str) -> None:
+    """Settle a queued turn's operation ``cancelled`` with ``error_code`` (only while it is
+    still ``accepted``), and the turn with it."""
+    await core.settle_operation(
+        turn.scope,
+        turn.event.connection_id,
+        turn.operation_id,
+        "cancelled",
+        error_code=error_code,
+        only_from=frozenset({"accepted"}),
+    )
+    turn.settled = True
+
 
 COMMAND_RE = re.compile(r"^/([A-Za-z0-9_]+)(?:\s+(.*))?$", re.DOTALL)
 KNOWN = frozenset({"help", "status", "new", "agent", "cancel"})

@@ -7,7 +7,7 @@ send is :func:`prismd.runtime._replies.answer`.
 
 A channel without a live connection to a conversation (a web chat tab that was closed)
 answers ``SendResult.hold()``; the reply record then stays ``pending`` with reason
-:data:`~._outbox.HELD_REASON` — proven unsent — instead of ending ``delivery_failed``.
+:data:`~._core.HELD_REASON` — proven unsent — instead of ending ``delivery_failed``.
 When the conversation connects again the channel calls :func:`redeliver_pending`, and the
 runtime loads that conversation's held replies from the journal and delivers them.
 
@@ -60,8 +60,8 @@ from ..journal import (
     reply_key,
 )
 from ._approvals import reissue_buttons
-from ._core import Core, authorize_actor, check_grant
-from ._outbox import JOURNAL_BUDGET_S, deliver_once, is_held, mark_outcome
+from ._core import JOURNAL_BUDGET_S, Core, check_grant, deliver_once, is_held, mark_outcome
+from ._notify import authorize_actor
 from ._replies import reply_files
 
 MAX_SCAN_PAGES = 5

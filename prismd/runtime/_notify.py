@@ -7,8 +7,8 @@ creates a route's binding, runs no agent and takes no queue slot.
 
 from __future__ import annotations
 
-from ..channel import Admission, utf8_len
-from ..grants import AgentIdentity, Grant, missing_grant, ownership_from_identity
+from ..channel import Action, Admission, utf8_len
+from ..grants import AgentIdentity, AuthorizeInput, Grant, missing_grant, ownership_from_identity
 from ..journal import (
     NS_BINDING,
     BindingRecord,
@@ -20,10 +20,38 @@ from ..journal import (
     notify_operation_id,
 )
 from ..journal import admit as journal_admit
-from ._core import Core, authorize_actor, check_grant, denied, duplicate, seen_before
+from ._core import Core, check_grant, denied, duplicate, seen_before
 from ._replies import Draft, Settle, answer
 from ._routes import MAX_ID_BYTES
 from .api import PairingTicket
+
+
+async def authorize_actor(
+    core: Core,
+    connection_id: str,
+    external_conversation_id: str,
+    actor_id: str,
+    thread_id: str | None,
+    *,
+    action: Action,
+    event_id: str = "",
+) -> Grant | None:
+    """What ``authorize`` answers now about an actor outside any message of theirs (a
+    notice to them, their conversation's history): no text, no claims. Raises what
+    ``authorize`` raises."""
+    return await core.authorize(
+        AuthorizeInput(
+            connection_id=connection_id,
+            external_conversation_id=external_conversation_id,
+            external_actor_id=actor_id,
+            thread_id=thread_id,
+            received_at_ms=core.now_ms(),
+            action=action,
+            event_id=event_id,
+            text="",
+        )
+    )
+
 
 MAX_NOTIFY_ID_BYTES = MAX_ID_BYTES - 8
 OPERATOR_PRINCIPAL_KIND = "operator"

@@ -40,9 +40,8 @@ from ..journal import (
     reply_key,
     transition,
 )
-from ._core import Core
+from ._core import Core, is_held
 from ._delivery import resend
-from ._outbox import is_held
 from ._relay import RELAY_SEPARATOR
 from ._unanswered import tell
 from .api import PruneResult, ReconcileResult, UnresolvedEntry, UnresolvedPage

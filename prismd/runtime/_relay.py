@@ -34,8 +34,7 @@ from ..journal import (
     ReplyRecord,
     Write,
 )
-from ._core import Core
-from ._outbox import JOURNAL_BUDGET_S, deliver_and_mark
+from ._core import JOURNAL_BUDGET_S, Core, deliver_and_mark
 from ._replies import Draft, _record
 from ._routes import Turn
 

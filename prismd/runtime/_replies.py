@@ -49,8 +49,15 @@ from ..journal import (
     compact_json,
     finish,
 )
-from ._core import Core, stamp_us
-from ._outbox import JOURNAL_BUDGET_S, Outgoing, deliver_and_mark, send_from_route, send_staged
+from ._core import (
+    JOURNAL_BUDGET_S,
+    Core,
+    Outgoing,
+    deliver_and_mark,
+    send_from_route,
+    send_staged,
+    stamp_us,
+)
 from ._routes import ActiveTurn, Route
 
 log = logging.getLogger("prismd.runtime")

@@ -242,7 +242,7 @@ class Route:
     could be created and both would pump it."""
     outbox: deque[Any] | None = None
     """Replies its turns staged and did not send yet, oldest first: sent one after another
-    by the route's sender task while the pump goes on (:func:`~._outbox.send_from_route`);
+    by the route's sender task while the pump goes on (:func:`~._core.send_from_route`);
     ``None`` while there are none."""
     _lease_lock: trio.Lock | None = None
     _hydrate_lock: trio.Lock | None = None

@@ -26,7 +26,8 @@ from ..grants import AgentIdentity
 from ..journal import GrantRecord
 from ..limits import Limits
 from . import _admit, _delivery, _notify, _recovery, _resume, _unanswered, _unconfirmed
-from ._core import Core, FetchAttachment, cancel_queued
+from ._commands import cancel_queued
+from ._core import Core, FetchAttachment
 from ._counting import UnresolvedCounter
 from ._following import forget_released, unpark_at_stop
 from ._leases import DEFAULT_LEASE_IDLE_MS, LoggedLeases
@@ -356,6 +357,7 @@ async def open_messaging_runtime(
     on_paired: Callable[[GrantRecord], Awaitable[None]] | None = None,
     on_typing: Callable[[str, str, str | None], Awaitable[None]] | None = None,
     typing_delay_ms: Callable[[str], int] | None = None,
+    idempotent_send: Callable[[str], bool] | None = None,
     resume_accepted: bool = False,
     lease_idle_ms: int = DEFAULT_LEASE_IDLE_MS,
 ) -> AsyncIterator[Runtime]:
@@ -383,6 +385,11 @@ async def open_messaging_runtime(
     (``execution_unknown``, ``abandoned``), and :meth:`Runtime.unanswered_notices` reads those
     notices back (see :mod:`prismd.runtime._unanswered`). Default: no connection's.
 
+    ``idempotent_send(connection_id)``: that connection's adapter declares
+    ``features.idempotent_send`` (a send repeated after an unknown outcome is deduplicated
+    or proven by the channel), so a reply's ``delivered`` mark there may wait up to
+    :data:`~._core.MARK_LINGER_S` to share a commit. Default: the adapters' declarations.
+
     ``resume_accepted=True`` (with a store): right after start, every ``accepted`` message
     record carrying its journaled input (acknowledged by a previous process that died
     before running it) is queued on its route, oldest first, re-authorized, and run once
@@ -397,6 +404,13 @@ async def open_messaging_runtime(
         deliver = deliver or adapters.send
         tells_unanswered = tells_unanswered or adapters.tells_unanswered
         typing_delay_ms = typing_delay_ms or adapters.typing_delay_ms
+        # The connections' ids, asked per reply (a set's own lookup: no call of ours).
+        idempotent_send = (
+            idempotent_send
+            or frozenset(
+                cid for cid, adapter in adapters.items() if adapter.features.idempotent_send
+            ).__contains__
+        )
         if on_preview is None and adapters.any_offers("previews"):
             on_preview = adapters.send_draft
         if on_typing is None and adapters.any_offers("typing"):
@@ -434,6 +448,7 @@ async def open_messaging_runtime(
             on_paired=on_paired,
             on_typing=on_typing,
             typing_delay_ms=typing_delay_ms,
+            idempotent_send=idempotent_send,
             **extra,
         )
         if core.leases.store is not None:

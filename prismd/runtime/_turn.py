@@ -14,7 +14,7 @@ What happens to a message after ``admit`` returns, top to bottom:
 6. the agent runs inside a cancel scope (``/cancel`` and ``stop()`` cancel it);
 7. :func:`finish_run`: the terminal state, the binding (when it changed) and the reply
    staged ``pending`` commit together (:func:`prismd.journal.finish`); the reply goes to
-   the route's outbox (:func:`~._outbox.send_from_route`), which delivers it and marks its
+   the route's outbox (:func:`~._core.send_from_route`), which delivers it and marks its
    outcome while the pump claims the next turn — replies leave in the order staged, and
    the route keeps its lease until its outbox is empty.
 """

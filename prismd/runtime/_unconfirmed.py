@@ -33,9 +33,8 @@ adapter reports started, and when it takes its receiver lease over from a dead i
 from __future__ import annotations
 
 from ..journal import NS_REPLY, UNRESOLVED_OPERATION_STATES, Loaded, OwnershipScope, ReplyRecord
-from ._core import Core
+from ._core import Core, is_held
 from ._delivery import owner_of, resend
-from ._outbox import is_held
 
 MAX_SCAN_PAGES = 5
 """Pages of ``max_journal_page`` open reply rows read per call (newest first)."""

@@ -21,7 +21,7 @@ import trio.testing
 
 from prismd.agents import AgentContext, MockAgent
 from prismd.journal import NS_REPLY
-from prismd.runtime import _outbox
+from prismd.runtime import _core
 from stores import open_store
 from stores.sqlite import SQLiteStore
 from tests.support.builders import event, identity
@@ -64,13 +64,15 @@ async def test_a_steady_conversation_costs_at_most_six_commits_per_message(
 async def test_a_replys_delivery_mark_shares_the_next_admissions_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a connection whose sends are idempotent (Discord's nonces: a mark lost to a crash
+    is re-driven and proven, never listed), the ``delivered`` mark waits for company."""
     # Long enough that only the next admission ends the first wait on a loaded machine.
-    monkeypatch.setattr(_outbox, "MARK_LINGER_S", 2.0)
+    monkeypatch.setattr(_core, "MARK_LINGER_S", 2.0)
     clock = TrioClock()
     async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
         assert isinstance(store, SQLiteStore)
         host = Host()
-        async with runtime(host, store, clock=clock) as rt:
+        async with runtime(host, store, clock=clock, idempotent_send=lambda _c: True) as rt:
             with trio.fail_after(10):
                 await rt.admit(event("1", "first"))
                 await wait_until(lambda: len(host.replies) == 1)
@@ -94,6 +96,24 @@ async def test_a_replys_delivery_mark_shares_the_next_admissions_commit(
                 await wait_until(lambda: len(host.replies) == 2)
                 await wait_until_async(both_delivered)
             assert await rt.list_unresolved(identity=identity()) == []
+
+
+async def test_elsewhere_a_replys_delivery_mark_commits_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection without idempotent sends (Telegram, the web chat, Signal): a mark lost
+    to a crash would leave the reply listed for an operator, so it does not wait."""
+    monkeypatch.setattr(_core, "MARK_LINGER_S", 30.0)
+    clock = TrioClock()
+    async with open_store(f"sqlite:///{tmp_path}/commits.sqlite", clock=clock) as store:
+        assert isinstance(store, SQLiteStore)
+        host = Host()
+        async with runtime(host, store, clock=clock) as rt:
+            with trio.fail_after(10):
+                await rt.admit(event("1", "first"))
+                await wait_until(lambda: len(host.replies) == 1)
+                await trio.testing.wait_all_tasks_blocked()
+            assert await reply_states(store) == ["delivered"]
 
 
 async def reply_states(store: SQLiteStore) -> list[str]:

@@ -30,6 +30,7 @@ PINNED_PARAMETERS = [
     "on_paired",
     "on_typing",
     "typing_delay_ms",
+    "idempotent_send",
     "resume_accepted",
     "lease_idle_ms",
 ]
