@@ -28,6 +28,7 @@ ids or message text. A transport failure or timeout raises :class:`DiscordTransp
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import urllib.parse
@@ -94,6 +95,7 @@ class DiscordGuardError(DiscordError):
     """Refused locally: the invalid-request guard or a Cloudflare ban cooldown."""
 
 
+@functools.lru_cache(maxsize=MAX_BUCKETS)
 def route_key(method: str, path: str) -> tuple[str, str, str]:
     """(method, route with ids replaced, top-level resource id) of ``/channels/1/messages``."""
     parts = path.strip("/").split("/")
@@ -125,8 +127,6 @@ class DiscordRest:
     _base: str = attrs.field(init=False)
     _auth: tuple[str, Header] | None = attrs.field(default=None, init=False)
     _buckets: dict[tuple[str, ...], _Bucket] = attrs.field(factory=dict, init=False)
-    _routes: dict[tuple[str, str], tuple[str, str, str]] = attrs.field(factory=dict, init=False)
-    """(method, path) → its :func:`route_key`, worked out once a path."""
     _shared: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     """(method, route) → the ``X-RateLimit-Bucket`` its answers name."""
     _global: collections.deque[float] = attrs.field(factory=collections.deque, init=False)
@@ -166,11 +166,7 @@ class DiscordRest:
         """One call, rate limits kept; the decoded JSON (``None`` for 204). ``not_after``
         (Trio time): a rate limit that would hold the request past it raises a 429 at once
         (a resend must leave inside its nonce's window)."""
-        key = self._routes.get((method, path))
-        if key is None:
-            if len(self._routes) >= MAX_BUCKETS:
-                self._routes.clear()
-            key = self._routes[method, path] = route_key(method, path)
+        key = route_key(method, path)
         bucket = self._bucket(key)
         for _attempt in range(MAX_429_RETRIES + 1):
             self._check_guard()

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import secrets
@@ -68,19 +69,14 @@ FAILURE_REASONS: Mapping[int, str] = {
 }
 _FENCE_RE = re.compile(r"^```([^\s`]{0,16})", re.MULTILINE)
 _FENCE_RESERVE = 24
-_B32 = "abcdefghijklmnopqrstuvwxyz234567"  # RFC 4648 base32, lower case
-_B32_PAIRS = [a + b for a in _B32 for b in _B32]
-"""Two base32 characters for each 10-bit value."""
-_B32_SHIFTS = tuple(range(90, -1, -10))
 
 
 def nonce_base(connection_id: str, operation_id: str) -> str:
     """20 characters naming one staged reply (the chunk index is appended)."""
     digest = hashlib.sha256(f"{connection_id}\0{operation_id}".encode()).digest()
-    # The first 20 characters of the digest's base32 (lower case): its first 100 bits,
-    # ten at a time — the same nonce as ever, without base64's pure Python loop.
-    bits = int.from_bytes(digest[:13], "big") >> 4
-    return "".join([_B32_PAIRS[(bits >> shift) & 0x3FF] for shift in _B32_SHIFTS])
+    # 15 bytes are 24 base32 characters, the first 20 those of the whole digest's encoding
+    # (each 5 bytes encode alone).
+    return base64.b32encode(digest[:15]).decode().lower()[:20]
 
 
 def chunk_nonce(base: str, index: int) -> str:

@@ -62,10 +62,6 @@ one pass: a line it does not match whole (an obs-fold, a line :data:`_FIELD` ref
 no match, since a match begins only where a line does."""
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
 _NO_BODY = frozenset({204, 304})
-MAX_CHECKED = 256
-_CHECKED: set[Header] = set()
-"""Header fields found valid before (a client's own: its host, user agent, credentials,
-content type): not matched again on every request."""
 
 
 class HttpTransportError(Exception):
@@ -273,20 +269,27 @@ def _encode_request(
     if _TOKEN.match(method) is None or _TARGET.match(target) is None:
         return None
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    for header in headers:
-        name, value = header
-        if header not in _CHECKED:
-            if _TOKEN.match(name) is None or _VALUE.match(value) is None:
-                return None
-            if len(_CHECKED) >= MAX_CHECKED:
-                _CHECKED.clear()  # (an upload's boundary each time: start over)
-            _CHECKED.add(header)
+    for name, value in headers:
+        if _TOKEN.match(name) is None or _VALUE.match(value) is None:
+            return None
         parts += (name, b": ", value, b"\r\n")
     if length is not None:
         parts += (b"Content-Length: ", str(length).encode(), b"\r\n")
     parts.append(b"\r\n")
     parts.append(body)
     return b"".join(parts)
+
+
+def _field(
+    name: str, value: str, headers: dict[str, str], lengths: list[str], codings: list[str]
+) -> None:
+    """One header field of an answer (``name`` lower-cased): kept (the last of a name wins),
+    and a length's or a transfer coding's values noted."""
+    headers[name] = value
+    if name == "content-length":
+        lengths.extend(v.strip() for v in value.split(","))
+    elif name == "transfer-encoding":
+        codings.extend(v.strip().lower() for v in value.split(","))
 
 
 def _head_end(buffer: bytearray) -> tuple[int, int] | None:
@@ -391,12 +394,7 @@ class _Answer:
             if len(pairs) == text.count("\n"):
                 # Every line a plain field (as in every answer): one pass, no line loop.
                 for name, value in pairs:
-                    name = name.lower()
-                    headers[name] = value
-                    if name == "content-length":
-                        lengths.extend(v.strip() for v in value.split(","))
-                    elif name == "transfer-encoding":
-                        codings.extend(v.strip().lower() for v in value.split(","))
+                    _field(name.lower(), value, headers, lengths, codings)
             else:
                 self._fields(fields.split(b"\n"), headers, lengths, codings)
         if codings and codings != ["chunked"]:
@@ -418,12 +416,7 @@ class _Answer:
             if field is None:
                 raise _Broken
             name = field[1].decode("ascii").lower()
-            value = field[2].decode("latin-1")
-            headers[name] = value
-            if name == "content-length":
-                lengths.extend(v.strip() for v in value.split(","))
-            elif name == "transfer-encoding":
-                codings.extend(v.strip().lower() for v in value.split(","))
+            _field(name, field[2].decode("latin-1"), headers, lengths, codings)
 
     async def _exactly(self, status: int, length: int, cap: int) -> bytes:
         if length > cap:

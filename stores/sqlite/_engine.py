@@ -329,13 +329,6 @@ class _Database:
         else:
             self._leading = job.lead = True
 
-    def flush(self) -> None:
-        """Writes lingering with no transaction in flight: the oldest leads one now."""
-        if self._pending and not self._leading:
-            first = self._pending[0]
-            self._leading = first.lead = True
-            self._wake(first)
-
     @staticmethod
     def _wake(job: _Job) -> None:
         task, job.waiting = job.waiting, None
@@ -354,9 +347,7 @@ class _Database:
             job.taken = True
         try:
             try:
-                if self.closed:
-                    self._fail(batch, StoreUnavailableError("store is closed"))
-                elif sum(job.weight for job in batch) <= INLINE_WRITES:
+                if sum(job.weight for job in batch) <= INLINE_WRITES:
                     await self._transaction_here(batch)
                 else:
                     await self._in_thread(functools.partial(self._transaction, batch))
@@ -547,13 +538,19 @@ class _Database:
     async def aclose(self) -> None:
         if self.closed:
             return
-        # Writes lingering for company are written before the store refuses new ones.
-        self.flush()
+        self.closed = True  # new calls are refused from here on
+        if self._pending and not self._leading:
+            # Writes lingering for company, with no transaction in flight: the oldest
+            # leads one now.
+            first = self._pending[0]
+            self._leading = first.lead = True
+            self._wake(first)
+        # Every write queued is written; the connections are closed after the last
+        # transaction has ended.
         with trio.CancelScope(shield=True):
             while self._leading:
                 self._idle = trio.Event()
                 await self._idle.wait()
-        self.closed = True
 
         def close_writer() -> None:
             self.conn.close()
@@ -564,12 +561,6 @@ class _Database:
         def close_reader() -> None:
             self.reader.close()
 
-        # Each connection is closed after any call in flight: the writer's once the last
-        # transaction has ended (writes still queued are answered "store is closed").
-        with trio.CancelScope(shield=True):
-            while self._leading:
-                self._idle = trio.Event()
-                await self._idle.wait()
         writer = self._writer
         if writer is not None:
             self._calls.put(None)

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from prismd.journal import operation_id_for
-from tests.daemon.helpers import Layout, prismctl, running_daemon
+from tests.daemon.helpers import DaemonProcess, Layout, prismctl, running_daemon
 from tests.discord.test_killloop_discord import _config as _killloop_config
 from tests.discord.test_killloop_discord import _op_states
 from tests.fakes.discord_alt import AltDiscord
@@ -162,6 +162,15 @@ async def _say(fake: AltDiscord, sent: list[dict[str, Any]], rng: random.Random,
         await trio.sleep(rng.uniform(0.02, 0.15))
 
 
+@asynccontextmanager
+async def _connected_daemon(layout: Layout, tag: str) -> AsyncIterator[DaemonProcess]:
+    """``prismd run`` on the second fake, once ready and its gateway connected."""
+    async with running_daemon(layout, tag=tag, extra_env=ENV) as daemon:
+        await daemon.wait_state("READY=1")
+        await _connected(layout)
+        yield daemon
+
+
 async def _scenario(
     tmp_path: Path,
     nursery: trio.Nursery,
@@ -181,9 +190,7 @@ async def _scenario(
             layout = _config(layout.root, fake, rng.randrange(1 << 30), connection)
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, before)
                 fault(fake)
                 await _say(fake, sent, rng, after)

@@ -27,6 +27,7 @@ from tests.discord.alt_harness import (
     _adapter_state,
     _config,
     _connected,
+    _connected_daemon,
     _health_entry,
     _replies,
     _say,
@@ -44,9 +45,7 @@ async def test_alt_basic_flow(tmp_path: Path, nursery: trio.Nursery) -> None:
     async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 10)
                 summary = await _settle(fake, layout, sent, tag)
                 daemon.send(signal.SIGTERM)
@@ -177,18 +176,14 @@ async def test_alt_restart_after_resume_window(tmp_path: Path, nursery: trio.Nur
     async with _world(tmp_path, nursery, resume_ttl_s=1.0) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 6)
                 await _settle(fake, layout, sent, tag)
                 daemon.send(signal.SIGKILL)
                 await daemon.wait_exit()
             await _say(fake, sent, rng, 8)
             await trio.sleep(2.0)  # past the session's life (a restart may take over at once)
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "b") as daemon:
                 await _say(fake, sent, rng, 4)
                 summary = await _settle(fake, layout, sent, tag)
         print(summary)
@@ -317,9 +312,7 @@ async def test_alt_new_user_during_gap_caught_up(tmp_path: Path, nursery: trio.N
         newcomer, channel = "2100000000000000009", "3100000000000000009"
         fake.open_dm(newcomer, channel)
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a"):
                 await _say(fake, sent, rng, 3)
                 await _settle(fake, layout, sent, tag)
                 fake.invalidate_all(False)
@@ -354,9 +347,7 @@ async def test_alt_token_reset_mid_run(tmp_path: Path, nursery: trio.Nursery) ->
     async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(40):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 3)
                 await _settle(fake, layout, sent, tag)
                 fake.gateway_token = "reset"
@@ -398,9 +389,7 @@ async def test_alt_long_gap_backfill_pages(tmp_path: Path, nursery: trio.Nursery
         sent: list[dict[str, Any]] = []
         user = USERS[0]
         with trio.fail_after(58):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a"):
                 sent.append(fake.user_message(CHANNELS[user], user, "first"))
                 await _settle(fake, layout, sent, tag)
                 fake.invalidate_all(False)
@@ -417,9 +406,7 @@ async def test_alt_heartbeat_requested_is_sent_at_once(
     """Op 1 from the gateway: a heartbeat at once, not at the next interval (5 s here)."""
     async with _world(tmp_path, nursery, heartbeat_interval_ms=5000) as (fake, layout, _r, tag):
         with trio.fail_after(30):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a"):
                 await wait_until(lambda: len(fake.heartbeats) >= 1)
                 await trio.sleep(0.5)
                 before = len(fake.heartbeats)
@@ -437,9 +424,7 @@ async def test_alt_stalled_daemon(tmp_path: Path, nursery: trio.Nursery) -> None
     async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 4)
                 daemon.send(signal.SIGSTOP)
                 await _say(fake, sent, rng, 6)
@@ -472,9 +457,7 @@ async def test_alt_kill_during_backfill(tmp_path: Path, nursery: trio.Nursery) -
     async with _world(tmp_path, nursery, **knobs) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(58):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 3)
                 await _settle(fake, layout, sent, tag)
                 fake.invalidate_all(False)
@@ -484,8 +467,6 @@ async def test_alt_kill_during_backfill(tmp_path: Path, nursery: trio.Nursery) -
                 await wait_until(lambda: len(_replies(fake)) >= 3 + rng.randrange(3, 20))
                 daemon.send(signal.SIGKILL)
                 await daemon.wait_exit()
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "b") as daemon:
                 summary = await _settle(fake, layout, sent, tag)
         print(summary)

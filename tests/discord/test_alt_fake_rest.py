@@ -22,14 +22,12 @@ from adapters.discord._previews import PreviewEditor
 from adapters.discord._rest import DiscordRest, DiscordTransportError
 from prismd.channel import Admission, InboundEvent, Preview
 from stores import Store
-from tests.daemon.helpers import running_daemon
 from tests.discord.alt_harness import (
     CHANNELS,
-    ENV,
     TOKEN,
     USERS,
     _config,
-    _connected,
+    _connected_daemon,
     _replies,
     _say,
     _scenario,
@@ -138,9 +136,7 @@ async def test_alt_long_replies_lost_answers(tmp_path: Path, nursery: trio.Nurse
     async with _world(tmp_path, nursery) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a"):
                 await _say(fake, sent, rng, 3)
                 fake.lose_post_response = 3
                 fake.post_500_after_commit = 2
@@ -167,18 +163,14 @@ async def test_alt_sweep_after_restart_counts_no_duplicates(
         seed = rng.randrange(1 << 30)
         with trio.fail_after(55):
             layout = _config(layout.root, fake, seed, sweep_every_s=600)  # no sweep in a
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 6)
                 await wait_until(lambda: all(_replies(fake)[m["id"]] for m in sent))
                 await trio.sleep(1.5)  # the watermark saved: nothing replayed
                 daemon.send(signal.SIGKILL)
                 await daemon.wait_exit()
             layout = _config(layout.root, fake, seed)
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "b") as daemon:
                 await trio.sleep(6.0)  # sweeps every 2 s, a message settles 1 s
                 summary = await _settle(fake, layout, sent, tag)
                 assert "the gateway had not sent" not in daemon.stderr(), daemon.stderr()
@@ -193,18 +185,14 @@ async def test_alt_kill_while_answers_are_lost(tmp_path: Path, nursery: trio.Nur
     async with _world(tmp_path, nursery, lose_post_response=1_000) as (fake, layout, rng, tag):
         sent: list[dict[str, Any]] = []
         with trio.fail_after(55):
-            async with running_daemon(layout, tag="a", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "a") as daemon:
                 await _say(fake, sent, rng, 6)
                 await wait_until(lambda: len(fake.bot_messages()) >= 4)
                 await trio.sleep(rng.uniform(0.0, 1.0))
                 daemon.send(signal.SIGKILL)
                 await daemon.wait_exit()
             fake.lose_post_response = 0
-            async with running_daemon(layout, tag="b", extra_env=ENV) as daemon:
-                await daemon.wait_state("READY=1")
-                await _connected(layout)
+            async with _connected_daemon(layout, "b") as daemon:
                 summary = await _settle(fake, layout, sent, tag)
         assert fake.nonce_hits >= 4, summary
 

@@ -404,16 +404,7 @@ async def _cancel_followed(
                 # followed (a send that was on its way may still create a task).
                 await book.update(stored, phase="done", state="canceled")
                 return None
-            over: Task | None = None
-            try:
-                answered = await client.cancel_task(task_id)
-                if answered is not None and answered.state in OVER_BEFORE_CANCEL:
-                    over = answered
-            except RemoteError as exc:
-                if exc.code == TASK_NOT_CANCELABLE:
-                    over = await _terminal(client, task_id)
-            except A2AError:
-                pass
+            over = await _cancel_task(client, task_id)
             if over is not None:
                 return over
             await book.update(stored, phase="done", state="canceled")
@@ -426,14 +417,22 @@ OVER_BEFORE_CANCEL = TERMINAL_STATES - {"canceled"}
 """A task in one of these states ended before a cancel could (see :func:`_cancel_followed`)."""
 
 
-async def _terminal(client: A2AClient, task_id: str) -> Task | None:
-    """The task read once after a TaskNotCancelable, when it is over otherwise than
-    cancelled; ``None`` when it could not be read (it is then cancelled as before)."""
+async def _cancel_task(client: A2AClient, task_id: str) -> Task | None:
+    """CancelTask; the task when it was over otherwise than cancelled before the cancel
+    could land (answered so, or TaskNotCancelable and then read once), else ``None`` (also
+    when the peer refused, or could not be asked or read)."""
     try:
-        task = await client.get_task(task_id)
+        task = await client.cancel_task(task_id)
+    except RemoteError as exc:
+        if exc.code != TASK_NOT_CANCELABLE:
+            return None
+        try:
+            task = await client.get_task(task_id)
+        except A2AError:
+            return None
     except A2AError:
         return None
-    return task if task.state in OVER_BEFORE_CANCEL else None
+    return task if task is not None and task.state in OVER_BEFORE_CANCEL else None
 
 
 async def cancel_remote(
@@ -459,12 +458,10 @@ async def cancel_remote(
             return {"status": "conflict", "detail": "remote_unreachable"}
         try:
             await client.cancel_task(record.task_id)
-        except RemoteError as exc:
-            if exc.code != TASK_NOT_CANCELABLE:
-                return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
-            agent.observe(record.task_id)
-            return {"status": "conflict", "detail": "remote_task_over"}
         except A2AError as exc:
+            if isinstance(exc, RemoteError) and exc.code == TASK_NOT_CANCELABLE:
+                agent.observe(record.task_id)  # over already: its follower answers it now
+                return {"status": "conflict", "detail": "remote_task_over"}
             return {"status": "conflict", "detail": f"remote_refused ({type(exc).__name__})"}
         agent.observe(record.task_id)
         return {"status": "resolved", "outcome": "remote_cancel_requested"}
