@@ -90,8 +90,10 @@ async def _connected(layout: Layout) -> None:
 
 
 async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], tag: str) -> str:
-    """Until every message is answered or listed and nothing moved for 3 s; then the
-    checks: none answered twice, none lost. A summary line."""
+    """Until every message is answered, listed, or settled ``cancelled`` by a graceful stop
+    (SIGTERM settles what was queued or running then, as in the other kill loops), and
+    nothing moved for 3 s; then the checks: none answered twice, none lost. A summary
+    line."""
     last: Any = None
     stable = trio.current_time()
     entries: list[dict[str, Any]] = []
@@ -115,7 +117,7 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
         }
         # A reply still pending is on its way (a rate limit's wait): not settled yet.
         pending = any(e.get("replyState") == "pending" for e in entries)
-        done = not pending and all(replies[m["id"]] or _listed(m, entries) for m in sent)
+        done = not pending and all(_ended(m, replies, entries, layout) for m in sent)
         snapshot = (len(fake.bot_messages()), len(entries), tuple(sorted(listed)))
         if snapshot != last:
             last, stable = snapshot, trio.current_time()
@@ -126,7 +128,7 @@ async def _settle(fake: AltDiscord, layout: Layout, sent: list[dict[str, Any]], 
         for m in fake.bot_messages()
     )
     twice = [c[1][:40] for c, n in contents.items() if n > 1]
-    lost = [m["content"] for m in sent if not replies[m["id"]] and not _listed(m, entries)]
+    lost = [m["content"] for m in sent if not _ended(m, replies, entries, layout)]
     multi = [m["content"][:40] for m in sent if replies[m["id"]] > 1 and len(m["content"]) < 1900]
     summary = (
         f"{tag} sent={len(sent)} answered={sum(1 for m in sent if replies[m['id']])} "
@@ -147,6 +149,18 @@ def _replies(fake: AltDiscord) -> Counter[str]:
         for m in fake.bot_messages()
         if "message_reference" in m
     )
+
+
+def _ended(
+    message: dict[str, Any],
+    replies: Counter[str],
+    entries: list[dict[str, Any]],
+    layout: Layout,
+) -> bool:
+    """Answered, listed by ``list-unresolved``, or settled ``cancelled`` by a stop."""
+    if replies[message["id"]] or _listed(message, entries):
+        return True
+    return _op_states(layout).get(operation_id_for("dc", message["id"])) == "cancelled"
 
 
 def _listed(message: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
