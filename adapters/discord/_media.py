@@ -9,7 +9,8 @@ message of nothing else gets the runtime's "cannot be processed" notice, not sil
   the runtime refuses a message whose attachments are over its cap at admission, and the
   adapter then posts that refusal's fixed notice (``Attachments too large: …``).
 * **Fetch.** The message is read again (``GET /channels/{c}/messages/{m}``: fresh signed
-  URLs), the attachment's declared ``size`` checked against the cap, its URL checked (https
+  URLs; a forwarded image is in its ``message_snapshots``), the attachment's declared
+  ``size`` checked against the cap, its URL checked (https
   on Discord's CDN hosts; on a loopback ``api_origin``, that same host), then downloaded
   without the bot token, the cap checked against ``Content-Length`` and while reading, all
   within :data:`FETCH_DEADLINE_S`. Anything else — another connection's ref, a bad id, too
@@ -180,10 +181,17 @@ class DiscordMedia:
 
 
 def _attachment(message: object, attachment_id: str) -> Mapping[str, Any] | None:
-    items = message.get("attachments") if isinstance(message, Mapping) else None
-    if not isinstance(items, list):
+    """The message's attachment ``attachment_id``: its own, or a forwarded one (in its
+    ``message_snapshots``)."""
+    if not isinstance(message, Mapping):
         return None
-    for item in items:
-        if isinstance(item, Mapping) and item.get("id") == attachment_id:
-            return item
+    holders: list[object] = [message]
+    snapshots = message.get("message_snapshots")
+    if isinstance(snapshots, list):
+        holders += [s.get("message") for s in snapshots if isinstance(s, Mapping)]
+    for holder in holders:
+        items = holder.get("attachments") if isinstance(holder, Mapping) else None
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, Mapping) and item.get("id") == attachment_id:
+                return item
     return None

@@ -9,6 +9,10 @@
   text: a payload may leave the optional list out).
 * Images attached (``content_type`` ``image/…``) become attachment refs (:mod:`._media`);
   a message of images alone is admitted with empty text.
+* A **forward** (a ``message_reference`` of type 1, FORWARD) has no content of its own:
+  the forwarded message's text and images (its ``message_snapshots`` entry) are the
+  message's, and its claims say ``forwarded`` (journaled, as a Telegram forward's). A forward mentions no one: in a guild channel it
+  is answered only with ``respond_to = "all"``.
 * The bot's own ``<@id>`` is stripped before the agent sees the text, so ``@bot /new`` is
   the command ``/new``. Conversation = the channel id (a thread is its own channel); actor
   = the author's user id (grants and ``/pair`` by Discord user id).
@@ -25,6 +29,8 @@ from ._media import document_refs, image_refs
 from ._protocol import strip_mention
 
 USER_MESSAGE_TYPES = frozenset({0, 19})
+FORWARD = 1
+"""``message_reference.type`` of a forwarded message (0, the default, is a reply)."""
 RespondTo = Literal["mentions", "all"]
 
 
@@ -37,6 +43,18 @@ def snowflake_ms(snowflake: str) -> int | None:
 
 def _id(value: object) -> str | None:
     return value if isinstance(value, str) and value.isdigit() and len(value) <= 20 else None
+
+
+def forwarded(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message a forward carries (its first ``message_snapshots`` entry's ``message``),
+    or ``None`` when ``message`` is no forward."""
+    reference = message.get("message_reference")
+    snapshots = message.get("message_snapshots")
+    if not isinstance(reference, Mapping) or reference.get("type") != FORWARD:
+        return None
+    first = snapshots[0] if isinstance(snapshots, list) and snapshots else None
+    inner = first.get("message") if isinstance(first, Mapping) else None
+    return inner if isinstance(inner, Mapping) else None
 
 
 def parse_message(
@@ -84,14 +102,23 @@ def parse_message(
         )
         if respond_to == "mentions" and not mentioned:
             return None
-    attachments = image_refs(message, connection_id)
+    source = message
+    inner = forwarded(message) if not text.strip() else None
+    if inner is not None:
+        # Its text and files under the forward's own ids (the refs name them).
+        source = {**inner, "id": message_id, "channel_id": channel_id}
+        content = inner.get("content")
+        text = content if isinstance(content, str) else ""
+    attachments = image_refs(source, connection_id)
     if not text.strip() and not attachments:
         # Only files the agent cannot take: the runtime's notice answers them (their size
         # counts only then: with text or images they are left out, never downloaded).
-        attachments = document_refs(message, connection_id)
+        attachments = document_refs(source, connection_id)
         if not attachments:
             return None
     claims: dict[str, Any] = {"platform": "discord", "chatType": "guild" if guild else "dm"}
+    if inner is not None:
+        claims["forwarded"] = True
     return InboundEvent(
         connection_id=connection_id,
         external_conversation_id=channel_id,

@@ -14,7 +14,7 @@ from prismd.channel import AttachmentRef
 from stores import Store
 from tests.fakes.discord_api import FakeDiscord
 from tests.support.harness import Host
-from tests.support.scripted import ScriptedAgent, image_blocks
+from tests.support.scripted import ScriptedAgent, image_blocks, input_text
 from tests.support.waiting import wait_until
 
 from .conftest import CONN, DM, USER, AdapterFactory, serving
@@ -48,6 +48,29 @@ async def test_an_image_reaches_an_agent_that_takes_images(
     [(path, authorized)] = fake.cdn_requests
     assert path.endswith("/cat.png") and not authorized
     assert fake.calls("GET", f"/channels/{DM}/messages/")
+
+
+async def test_a_forwarded_message_is_answered_and_its_image_fetched(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
+) -> None:
+    """A forward's text and image are the forwarded message's (``message_snapshots``): the
+    agent gets both, the image read again from the forward and fetched from the CDN; the
+    answer replies to the forward."""
+    agent, host = _vision()
+    adapter = make_adapter()
+    image = fake.attachment(DM, "cat.png", PNG, "image/png")
+    with trio.fail_after(20):
+        async with serving(store, adapter, host, fetch_attachment=adapter.fetch_attachment):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            sent = fake.forward(DM, USER, "seen this?", attachments=[image])
+            await wait_until(lambda: len(fake.bot_messages(DM)) == 1)
+    [request] = agent.inputs
+    assert image_blocks(request) == [ImageBlock(data=PNG, mime_type="image/png")]
+    assert input_text(request) == "seen this?"
+    [answer] = fake.bot_messages(DM)
+    assert answer["content"] == "a cat"
+    assert answer["message_reference"]["message_id"] == sent["id"]
+    assert fake.calls("GET", f"/channels/{DM}/messages/{sent['id']}")
 
 
 async def test_an_image_over_the_cap_is_refused_with_the_notice_and_never_downloaded(

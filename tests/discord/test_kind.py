@@ -165,6 +165,43 @@ def test_parse_dm_guild_mentions_and_ignored() -> None:
     )
 
 
+def _forward(content: str, **extra: Any) -> dict[str, Any]:
+    """A forward as Discord sends it: no content of its own, a reference of type 1, the
+    forwarded message in ``message_snapshots`` (no author)."""
+    inner = {"type": 0, "content": content, "attachments": [], "embeds": [], "flags": 0}
+    inner.update(extra)
+    return message(
+        content="",
+        message_reference={"type": 1, "channel_id": "1500000000000000001", "message_id": "16"},
+        message_snapshots=[{"message": inner}],
+    )
+
+
+def test_a_forward_is_its_forwarded_text_and_images() -> None:
+    event = parse(_forward("look at this"))
+    assert (event.event_id, event.text) == ("1100000000000000001", "look at this")
+    assert event.claims["forwarded"] is True and event.claims["chatType"] == "dm"
+    assert "forwarded" not in parse(message()).claims
+    image = {"id": "33", "size": 5, "content_type": "image/png", "filename": "a.png"}
+    [ref] = parse(_forward("", attachments=[image])).attachments
+    # Named by the forward's own ids: reading the forward again finds the image.
+    assert ref.transport_file_id == "1200000000000000001/1100000000000000001/33"
+    # Forwarded text is not the user's: a mention in it is neither stripped nor counted.
+    assert parse(_forward(f"<@{BOT}> hi")).text == f"<@{BOT}> hi"
+    in_guild = {**_forward(f"<@{BOT}> hi", mentions=[{"id": BOT}]), "guild_id": "9"}
+    assert parse(in_guild) is None
+    assert parse(in_guild, respond_to="all").text == f"<@{BOT}> hi"
+    # Not a forward: a reply (type 0, the default), snapshots without a FORWARD reference,
+    # a forward of nothing, snapshots of the wrong shape.
+    reply = message(content="", message_reference={"message_id": "16"})
+    assert parse({**reply, "message_snapshots": [{"message": {"content": "x"}}]}) is None
+    assert parse(_forward("")) is None
+    assert parse({**_forward("x"), "message_snapshots": ["x"]}) is None
+    assert parse({**_forward("x"), "message_snapshots": {}}) is None
+    # The user's own text wins over what a payload may carry besides it.
+    assert parse({**_forward("forwarded"), "content": "mine"}).text == "mine"
+
+
 def test_close_codes_and_identify_budget() -> None:
     assert [close_action(c) for c in (4004, 4013, 4014, 4010)] == ["fatal"] * 4
     assert close_action(4007) == "identify"

@@ -32,6 +32,10 @@ REST under ``/api/v10`` (``Authorization: Bot <token>``, else 401 ``{code:0}``):
   answer never comes), ``502`` (nothing created), ``429`` (a per-route limit hit),
   ``429_global_bare`` (the global limit as reference §9 describes it: ``{message,
   retry_after, global:true}`` and ``X-RateLimit-Global``, no other header).
+* Users' messages (:meth:`FakeDiscord.user_message`) and forwards
+  (:meth:`FakeDiscord.forward`: beyond the reference, as Discord's "Message Reference
+  Types" and "Message Snapshot Object" give them — type 0, empty content, a reference of
+  type 1, the forwarded message in ``message_snapshots``).
 """
 
 from __future__ import annotations
@@ -219,6 +223,34 @@ class FakeDiscord:
             mentions.append(self.bot_user())
         return self._create(channel, author, content, mentions=mentions, attachments=attachments)
 
+    def forward(
+        self,
+        channel_id: str,
+        author_id: str,
+        content: str,
+        *,
+        attachments: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """A user forwards a message (``content``, ``attachments``) from another channel:
+        the forward has no content of its own, a ``message_reference`` of type 1 (FORWARD)
+        and the forwarded message in ``message_snapshots`` (a subset of a message's fields,
+        no author: Discord's "Message Snapshot Object")."""
+        channel = self.channel(channel_id)
+        author = {"id": author_id, "username": f"user{author_id[-4:]}", "global_name": None}
+        snapshot = {
+            "type": 0,
+            "content": content,
+            "embeds": [],
+            "attachments": list(attachments or ()),
+            "timestamp": "2026-12-04T09:00:00.000000+00:00",
+            "edited_timestamp": None,
+            "flags": 0,
+            "mentions": [],
+            "mention_roles": [],
+        }
+        origin = {"type": 1, "channel_id": "3999999999999999999", "message_id": self.snowflake()}
+        return self._create(channel, author, "", reference=origin, snapshot=snapshot)
+
     def attachment(
         self,
         channel_id: str,
@@ -256,6 +288,7 @@ class FakeDiscord:
         nonce: str | None = None,
         reference: Mapping[str, Any] | None = None,
         attachments: list[dict[str, Any]] | None = None,
+        snapshot: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         message: dict[str, Any] = {
             "id": self.snowflake(),
@@ -275,6 +308,9 @@ class FakeDiscord:
         }
         if reference is not None:
             message["message_reference"] = dict(reference)
+        if snapshot is not None:  # a forward: a type 0 message whose reference is type 1
+            message["type"] = 0
+            message["message_snapshots"] = [{"message": dict(snapshot)}]
         channel.messages.append(message)
         event = dict(message)
         if nonce is not None:
