@@ -11,8 +11,9 @@
   a message of images alone is admitted with empty text.
 * A **forward** (a ``message_reference`` of type 1, FORWARD) has no content of its own:
   the forwarded message's text and images (its ``message_snapshots`` entry) are the
-  message's, and its claims say ``forwarded`` (journaled, as a Telegram forward's). A forward mentions no one: in a guild channel it
-  is answered only with ``respond_to = "all"``.
+  message's, and its claims say ``forwarded`` (journaled, as a Telegram forward's). A
+  forward mentions no one: in a guild channel it is answered only with
+  ``respond_to = "all"``.
 * The bot's own ``<@id>`` is stripped before the agent sees the text, so ``@bot /new`` is
   the command ``/new``. Conversation = the channel id (a thread is its own channel); actor
   = the author's user id (grants and ``/pair`` by Discord user id).
