@@ -4,8 +4,8 @@
 # (as root; another user is told what to install). PostgreSQL runs as the postgres user when
 # started by root, else as the current user.
 # Exports PRISMD_TEST_POSTGRES_URL (the server), PRISMD_TEST_POSTGRES_DATA/_BIN/_LOG/_AS (its data
-# directory, the directory of pg_ctl, its log and the user it runs as: restart tests use them) and
-# PRISMD_TEST_CHROMIUM for the tests.
+# directory, the directory of pg_ctl, its log and the user it runs as: restart tests use them),
+# PRISMD_TEST_CHROMIUM for the tests, and PYTHONPYCACHEPREFIX (a bytecode cache of the run's own).
 set -euo pipefail
 
 need_apt=()
@@ -37,11 +37,17 @@ fi
 
 pgdir=$(mktemp -d /tmp/prismd-pg.XXXXXX)
 chmod 0755 "$pgdir"
+# The suite starts some hundreds of Python processes (daemons, prismctl). Where the
+# environment says not to write bytecode (PYTHONDONTWRITEBYTECODE, as on CI's machines),
+# each compiled prismd from source again: they share a bytecode cache outside the tree
+# instead, removed at the end (a run's CPU 310 → 261 s user, 2026-12-06).
+pycache=$(mktemp -d /tmp/prismd-pycache.XXXXXX)
+chmod 0755 "$pycache"
 cleanup() {
   if [ -f "$pgdir/data/postmaster.pid" ]; then
     run_pg "$pg_bin/pg_ctl" -D "$pgdir/data" -m immediate -w stop >/dev/null 2>&1 || true
   fi
-  rm -rf "$pgdir"
+  rm -rf "$pgdir" "$pycache"
 }
 trap cleanup EXIT
 
@@ -71,4 +77,6 @@ else
   export PRISMD_TEST_POSTGRES_AS="$(id -un)"
 fi
 export PRISMD_TEST_CHROMIUM="$(command -v chromium)"
+export PYTHONPYCACHEPREFIX="$pycache"
+unset PYTHONDONTWRITEBYTECODE
 "$@"
