@@ -228,6 +228,10 @@ class Core:
     replies' delivery marks may linger: :data:`MARK_LINGER_S`); ``None``: no connection's."""
     typing_timer: Any = attrs.field(init=False, default=None)
     """The turns' typing indicators (``_replies.TypingTimer``), made at the first run."""
+    resend_one: Callable[[ReplyRecord, OwnershipScope], Awaitable[object]] | None = attrs.field(
+        init=False, default=None
+    )
+    """Re-drive one pending reply by CAS (``_unconfirmed.resend_one``; :func:`fence_lost`)."""
 
     journal: ChannelJournal | None = attrs.field(init=False, default=None)
     routes: Routes = attrs.field(init=False)
@@ -574,19 +578,11 @@ async def _send_route_replies(core: Core, route: Route) -> None:
         while box:
             item = box[0]
             if item.fenced is not None and not item.fenced():
-                core.count("lease_losses")
+                await fence_lost(core, item.reply, item.staged)
             else:
-                reply = item.reply
-                lingers = core.idempotent_send is not None and core.idempotent_send(
-                    reply.connection_id
-                )
+                linger_s = MARK_LINGER_S if _idempotent(core, item.reply) else 0.0
                 await deliver_and_mark(
-                    core,
-                    reply,
-                    item.staged,
-                    item.scope,
-                    item.fence,
-                    linger_s=MARK_LINGER_S if lingers else 0.0,
+                    core, item.reply, item.staged, item.scope, item.fence, linger_s=linger_s
                 )
             box.popleft()
     except trio.Cancelled:
@@ -600,6 +596,23 @@ async def _send_route_replies(core: Core, route: Route) -> None:
                 await core.leases.release_if_idle(route)
             else:
                 await core.leases.release_when_idle(route)
+
+
+def _idempotent(core: Core, reply: Reply) -> bool:
+    return core.idempotent_send is not None and core.idempotent_send(reply.connection_id)
+
+
+async def fence_lost(core: Core, reply: Reply, staged: Loaded[ReplyRecord] | None) -> None:
+    """A staged reply's route lease ran out before its send (a stalled process). On a channel
+    whose sends are idempotent (Discord) it is re-driven as after a takeover, reopened by
+    CAS (:attr:`Core.resend_one`: of this process and a new lease holder one sends);
+    elsewhere it stays ``pending``, listed for ``reconcile``."""
+    core.count("lease_losses")
+    if staged is not None and core.resend_one is not None and _idempotent(core, reply):
+        try:
+            await core.resend_one(staged.record, staged.scope)
+        except Exception:
+            core.count("storage_failures")
 
 
 async def deliver_once(core: Core, reply: Reply) -> tuple[str, str | None, str | None]:

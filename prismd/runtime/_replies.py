@@ -54,6 +54,7 @@ from ._core import (
     Core,
     Outgoing,
     deliver_and_mark,
+    fence_lost,
     send_from_route,
     send_staged,
     stamp_us,
@@ -370,7 +371,7 @@ async def answer(
         send_from_route(core, send_behind, Outgoing(reply, staged, scope, fence, fenced))
         return answered
     if fenced is not None and not fenced():
-        core.count("lease_losses")
+        await fence_lost(core, reply, staged)
         return answered
     state = await deliver_and_mark(core, reply, staged, scope, fence)
     return Answered(answered.operation, answered.binding, state)

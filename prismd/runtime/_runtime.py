@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -451,6 +452,7 @@ async def open_messaging_runtime(
             idempotent_send=idempotent_send,
             **extra,
         )
+        core.resend_one = functools.partial(_unconfirmed.resend_one, core)
         if core.leases.store is not None:
             # Every binding lease decision at DEBUG.
             core.leases.store = LoggedLeases(core.leases.store)

@@ -84,7 +84,7 @@ async def resend_unconfirmed(
         for record, stored in found[:MAX_RESEND]:
             if core.stopped:
                 break
-            state = await _resend_one(core, record, stored)
+            state = await resend_one(core, record, stored)
             if state is not None:
                 outcomes[state] = outcomes.get(state, 0) + 1
     except Exception:
@@ -92,7 +92,7 @@ async def resend_unconfirmed(
     return outcomes
 
 
-async def _resend_one(core: Core, record: ReplyRecord, stored: OwnershipScope) -> str | None:
+async def resend_one(core: Core, record: ReplyRecord, stored: OwnershipScope) -> str | None:
     """Re-drive one reply when its owner is still granted; its end state, or ``None``."""
     assert core.journal is not None
     op = await core.journal.load_operation(stored, record.connection_id, record.operation_id)

@@ -10,16 +10,20 @@ expiry while the agent runs (what a stopped process sees when it wakes).
 from __future__ import annotations
 
 import attrs
+import pytest
 import trio
 
+from prismd.channel import Reply, SendResult
 from prismd.grants import ownership_from_identity
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
+from prismd.runtime import open_messaging_runtime
 from stores.memory import MemoryStore
 from tests.support.builders import event, identity
 from tests.support.clocks import EPOCH_MS
 from tests.support.harness import Host, runtime
 from tests.support.scripted import ScriptedAgent
+from tests.support.waiting import wait_until_async
 
 SCOPE = ownership_from_identity(identity())
 TTL_MS = 6_000
@@ -118,3 +122,55 @@ async def test_a_takeover_that_wrote_nothing_yet_still_fences_the_old_turn() -> 
                 SCOPE, "tg-1", first.operation_id
             )
             assert loaded is not None and loaded.record.state == "executing"
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_a_reply_waiting_in_the_outbox_when_the_lease_ran_out(idempotent: bool) -> None:
+    """A reply staged behind a slow send while the process stalled past its lease (a VM
+    paused, SIGSTOP): never sent under the lost lease. On a channel whose sends are
+    idempotent (Discord) it is re-driven as after a takeover — reopened by CAS — and
+    delivered once; elsewhere it stays ``pending``, listed for ``reconcile``."""
+    clock = JumpClock()
+    store = MemoryStore(clock=clock)
+    host = Host(agent=ScriptedAgent(answer=lambda text, _n: f"re: {text}"))
+    first_send, release = trio.Event(), trio.Event()
+    sent: list[str] = []
+
+    async def deliver(reply: Reply) -> SendResult:
+        if not sent and not release.is_set():
+            first_send.set()
+            await release.wait()
+        sent.append(reply.text)
+        return SendResult(delivered=True, message_id=str(len(sent)))
+
+    with trio.fail_after(30):
+        async with open_messaging_runtime(
+            authorize=host.authorize,
+            resolve_agent=host.resolve_agent,
+            deliver=deliver,
+            store=store,
+            limits=Limits(lease_ttl_ms=TTL_MS),
+            clock=clock,
+            owner_id="a",
+            idempotent_send=lambda _connection: idempotent,
+        ) as rt:
+            await rt.admit(event("1", "m1"))
+            await first_send.wait()
+            await rt.admit(event("2", "m2"))
+
+            async def both_pending() -> bool:
+                unresolved = await rt.list_unresolved(identity=identity())
+                return [e.reply_state for e in unresolved] == ["pending", "pending"]
+
+            await wait_until_async(both_pending, step=0.01)
+            clock.jumped_ms += TTL_MS + 1_000  # the process "slept" past its lease
+            release.set()
+            assert (await rt.drain(deadline_ms=20_000)).settled
+            unresolved = await rt.list_unresolved(identity=identity())
+            assert rt.diagnostics().lease_losses == 1
+    if idempotent:
+        assert sent == ["re: m1", "re: m2"]
+        assert unresolved == []
+    else:
+        assert sent == ["re: m1"]
+        assert [e.reply_state for e in unresolved] == ["pending"]
