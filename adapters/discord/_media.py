@@ -30,6 +30,7 @@ import trio
 from prismd.channel import AttachmentRef
 
 from ..toolkit import is_loopback_host
+from ._protocol import forwarded
 from ._rest import DiscordError, DiscordRest
 
 MAX_IMAGES = 8
@@ -181,15 +182,11 @@ class DiscordMedia:
 
 
 def _attachment(message: object, attachment_id: str) -> Mapping[str, Any] | None:
-    """The message's attachment ``attachment_id``: its own, or a forwarded one (in its
-    ``message_snapshots``)."""
+    """The message's attachment ``attachment_id``: its own, or its forwarded message's
+    (:func:`._protocol.forwarded`)."""
     if not isinstance(message, Mapping):
         return None
-    holders: list[object] = [message]
-    snapshots = message.get("message_snapshots")
-    if isinstance(snapshots, list):
-        holders += [s.get("message") for s in snapshots if isinstance(s, Mapping)]
-    for holder in holders:
+    for holder in (message, forwarded(message)):
         items = holder.get("attachments") if isinstance(holder, Mapping) else None
         for item in items if isinstance(items, list) else ():
             if isinstance(item, Mapping) and item.get("id") == attachment_id:

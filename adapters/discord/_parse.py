@@ -27,11 +27,9 @@ from typing import Any, Literal
 from prismd.channel import InboundEvent
 
 from ._media import document_refs, image_refs
-from ._protocol import strip_mention
+from ._protocol import forwarded, strip_mention
 
 USER_MESSAGE_TYPES = frozenset({0, 19})
-FORWARD = 1
-"""``message_reference.type`` of a forwarded message (0, the default, is a reply)."""
 RespondTo = Literal["mentions", "all"]
 
 
@@ -44,18 +42,6 @@ def snowflake_ms(snowflake: str) -> int | None:
 
 def _id(value: object) -> str | None:
     return value if isinstance(value, str) and value.isdigit() and len(value) <= 20 else None
-
-
-def forwarded(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The message a forward carries (its first ``message_snapshots`` entry's ``message``),
-    or ``None`` when ``message`` is no forward."""
-    reference = message.get("message_reference")
-    snapshots = message.get("message_snapshots")
-    if not isinstance(reference, Mapping) or reference.get("type") != FORWARD:
-        return None
-    first = snapshots[0] if isinstance(snapshots, list) and snapshots else None
-    inner = first.get("message") if isinstance(first, Mapping) else None
-    return inner if isinstance(inner, Mapping) else None
 
 
 def parse_message(

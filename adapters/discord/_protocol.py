@@ -375,6 +375,22 @@ def identify_wait_ms(
     return max(0, wait)
 
 
+FORWARD = 1
+"""``message_reference.type`` of a forwarded message (0, the default, is a reply)."""
+
+
+def forwarded(message: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The message a forward carries (its first ``message_snapshots`` entry's ``message``),
+    or ``None`` when ``message`` is no forward."""
+    reference = message.get("message_reference")
+    snapshots = message.get("message_snapshots")
+    if not isinstance(reference, Mapping) or reference.get("type") != FORWARD:
+        return None
+    first = snapshots[0] if isinstance(snapshots, list) and snapshots else None
+    inner = first.get("message") if isinstance(first, Mapping) else None
+    return inner if isinstance(inner, Mapping) else None
+
+
 def strip_mention(content: str, bot_user_id: str) -> tuple[str, bool]:
     """``content`` without the bot's own ``<@id>`` / ``<@!id>`` mentions, and whether there
     was one."""

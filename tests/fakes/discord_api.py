@@ -209,13 +209,7 @@ class FakeDiscord:
         if mention_bot:
             form = "<@!" if nickname_mention else "<@"
             content = f"{form}{self.bot_user_id}> {content}"
-        author: dict[str, Any] = {
-            "id": author_id,
-            "username": f"user{author_id[-4:]}",
-            "global_name": None,
-            "discriminator": "0",
-            "avatar": None,
-        }
+        author = _user(author_id)
         if bot:
             author["bot"] = True
         mentions: list[Mapping[str, Any]] = []
@@ -236,7 +230,6 @@ class FakeDiscord:
         and the forwarded message in ``message_snapshots`` (a subset of a message's fields,
         no author: Discord's "Message Snapshot Object")."""
         channel = self.channel(channel_id)
-        author = {"id": author_id, "username": f"user{author_id[-4:]}", "global_name": None}
         snapshot = {
             "type": 0,
             "content": content,
@@ -249,7 +242,7 @@ class FakeDiscord:
             "mention_roles": [],
         }
         origin = {"type": 1, "channel_id": "3999999999999999999", "message_id": self.snowflake()}
-        return self._create(channel, author, "", reference=origin, snapshot=snapshot)
+        return self._create(channel, _user(author_id), "", reference=origin, snapshot=snapshot)
 
     def attachment(
         self,
@@ -468,6 +461,17 @@ class FakeDiscord:
         self.requests.append(Request(method, path, body, trio.current_time(), status))
         data = None if payload is None else json.dumps(payload).encode()
         return status, data, [*(headers or ()), *((("Via", "1.1 google"),) if via else ())]
+
+
+def _user(user_id: str) -> dict[str, Any]:
+    """A user's author object (no ``bot`` flag)."""
+    return {
+        "id": user_id,
+        "username": f"user{user_id[-4:]}",
+        "global_name": None,
+        "discriminator": "0",
+        "avatar": None,
+    }
 
 
 def error(code: int, message: str) -> dict[str, Any]:

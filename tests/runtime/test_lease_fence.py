@@ -13,15 +13,13 @@ import attrs
 import pytest
 import trio
 
-from prismd.channel import Reply, SendResult
 from prismd.grants import ownership_from_identity
 from prismd.journal._journal import ChannelJournal
 from prismd.limits import Limits
-from prismd.runtime import open_messaging_runtime
 from stores.memory import MemoryStore
 from tests.support.builders import event, identity
 from tests.support.clocks import EPOCH_MS
-from tests.support.harness import Host, runtime
+from tests.support.harness import FirstSendHeld, Host, runtime
 from tests.support.scripted import ScriptedAgent
 from tests.support.waiting import wait_until_async
 
@@ -133,29 +131,21 @@ async def test_a_reply_waiting_in_the_outbox_when_the_lease_ran_out(idempotent: 
     clock = JumpClock()
     store = MemoryStore(clock=clock)
     host = Host(agent=ScriptedAgent(answer=lambda text, _n: f"re: {text}"))
-    first_send, release = trio.Event(), trio.Event()
-    sent: list[str] = []
-
-    async def deliver(reply: Reply) -> SendResult:
-        if not sent and not release.is_set():
-            first_send.set()
-            await release.wait()
-        sent.append(reply.text)
-        return SendResult(delivered=True, message_id=str(len(sent)))
+    held = FirstSendHeld()
+    sent = held.sent
 
     with trio.fail_after(30):
-        async with open_messaging_runtime(
-            authorize=host.authorize,
-            resolve_agent=host.resolve_agent,
-            deliver=deliver,
-            store=store,
+        async with runtime(
+            host,
+            store,
+            deliver=held.deliver,
             limits=Limits(lease_ttl_ms=TTL_MS),
             clock=clock,
             owner_id="a",
             idempotent_send=lambda _connection: idempotent,
         ) as rt:
             await rt.admit(event("1", "m1"))
-            await first_send.wait()
+            await held.first_send.wait()
             await rt.admit(event("2", "m2"))
 
             async def both_pending() -> bool:
@@ -164,7 +154,7 @@ async def test_a_reply_waiting_in_the_outbox_when_the_lease_ran_out(idempotent: 
 
             await wait_until_async(both_pending, step=0.01)
             clock.jumped_ms += TTL_MS + 1_000  # the process "slept" past its lease
-            release.set()
+            held.release.set()
             assert (await rt.drain(deadline_ms=20_000)).settled
             unresolved = await rt.list_unresolved(identity=identity())
             assert rt.diagnostics().lease_losses == 1

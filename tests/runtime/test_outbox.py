@@ -14,13 +14,12 @@ import trio
 import trio.testing
 
 from prismd.agents import RunRequest
-from prismd.channel import Reply, SendResult
 from prismd.limits import Limits
 from prismd.runtime import open_messaging_runtime
 from stores import open_store
 from tests.support.builders import event, identity
 from tests.support.clocks import TrioClock
-from tests.support.harness import Host
+from tests.support.harness import FirstSendHeld, Host
 from tests.support.scripted import ScriptedAgent
 from tests.support.waiting import wait_until_async
 
@@ -40,23 +39,15 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
 
     agent = ScriptedAgent(answer=lambda text, _n: f"re: {text}", on_run=on_run)
     host = Host(agent=agent)
-    first_send = trio.Event()
-    release = trio.Event()
-    sent: list[str] = []
-
-    async def deliver(reply: Reply) -> SendResult:
-        if not sent and not release.is_set():
-            first_send.set()
-            await release.wait()
-        sent.append(reply.text)
-        return SendResult(delivered=True, message_id=str(len(sent)))
+    held = FirstSendHeld()
+    sent = held.sent
 
     async with (
         open_store(f"sqlite:///{tmp_path}/outbox.sqlite", clock=clock) as store,
         open_messaging_runtime(
             authorize=host.authorize,
             resolve_agent=host.resolve_agent,
-            deliver=deliver,
+            deliver=held.deliver,
             store=store,
             limits=Limits(),
             clock=clock,
@@ -66,7 +57,7 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
             for i in range(3):
                 admission = await rt.admit(event(str(i), f"m{i}"))
                 assert admission.status == "accepted", admission
-            await first_send.wait()
+            await held.first_send.wait()
             # The first reply's send hangs; the two turns behind it still run.
             await third_run.wait()
             assert sent == []
@@ -80,7 +71,7 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
             await wait_until_async(three_pending, step=0.01)
             assert sent == []
             assert "chat-1" in rt.busy_conversations("tg-1")
-            release.set()
+            held.release.set()
             assert (await rt.drain(deadline_ms=20_000)).settled
         assert sent == ["re: m0", "re: m1", "re: m2"]
         assert await rt.list_unresolved(identity=identity()) == []

@@ -131,14 +131,33 @@ class Host:
         assert result.settled, result
 
 
+@attrs.define(eq=False)
+class FirstSendHeld:
+    """A ``deliver`` whose first send waits until :attr:`release` is set (the runtime's
+    other work goes on meanwhile); each send's text is recorded in :attr:`sent`."""
+
+    first_send: trio.Event = attrs.field(factory=trio.Event)
+    """Set when the first send begins waiting."""
+    release: trio.Event = attrs.field(factory=trio.Event)
+    sent: list[str] = attrs.field(factory=list)
+
+    async def deliver(self, reply: Reply) -> SendResult:
+        if not self.sent and not self.release.is_set():
+            self.first_send.set()
+            await self.release.wait()
+        self.sent.append(reply.text)
+        return SendResult(delivered=True, message_id=str(len(self.sent)))
+
+
 @asynccontextmanager
 async def runtime(host: Host, store: Store | None = None, **kwargs: Any) -> AsyncIterator[Runtime]:
-    """``open_messaging_runtime`` wired to ``host`` (default :class:`Limits`)."""
+    """``open_messaging_runtime`` wired to ``host`` (default :class:`Limits`; ``deliver``:
+    the host's unless given)."""
     kwargs.setdefault("limits", Limits())
+    kwargs.setdefault("deliver", host.deliver)
     async with open_messaging_runtime(
         authorize=host.authorize,
         resolve_agent=host.resolve_agent,
-        deliver=host.deliver,
         store=store,
         on_preview=host.on_preview,
         **kwargs,
