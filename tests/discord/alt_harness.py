@@ -218,6 +218,9 @@ async def _scenario(
                     raise
                 if os.environ.get("ALT_DEBUG"):
                     print("DEBUG", daemon.stderr())
+                # Why the gateway reconnected, if it did (an assertion on the summary says).
+                warned = [ln for ln in daemon.stderr().splitlines() if "WARNING" in ln]
+                summary += f" warnings={warned[-4:]}"
                 daemon.send(signal.SIGTERM)
                 assert await daemon.wait_exit() == 0, daemon.stderr()
                 assert TOKEN not in daemon.stderr()
