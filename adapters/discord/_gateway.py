@@ -350,9 +350,9 @@ class Shard:
                 if self._heartbeater is not None:
                     self._heartbeater.ack()
             elif frame.op == proto.HEARTBEAT:  # Discord asks for a beat now
-                await ws.send_message(proto.heartbeat(self._received_seq))
                 if self._heartbeater is not None:
                     self._heartbeater.sent(trio.current_time())
+                await ws.send_message(proto.heartbeat(self._received_seq))
             elif frame.op == proto.RECONNECT:
                 raise _End("resume", "reconnect requested")
             elif frame.op == proto.INVALID_SESSION:
@@ -397,8 +397,10 @@ class Shard:
             if due == "zombie":
                 log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)
                 raise _End("resume", "zombie connection")
-            await ws.send_message(proto.heartbeat(self._received_seq))
+            # Marked before it is sent: its ACK may be read while the send still awaits
+            # (the reader runs meanwhile), and would be undone by a mark after it.
             beat.sent(trio.current_time())
+            await ws.send_message(proto.heartbeat(self._received_seq))
 
 
 def _judged(refusals: proto.RefusedResumes, label: str, end: _End) -> _End:

@@ -6,11 +6,15 @@ input legal, and what prismd did before its fix."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
 from adapters.discord._media import allowed_url
 from adapters.discord._parse import parse_message
+from adapters.discord._protocol import Heartbeater
+from adapters.discord._websocket import GatewaySocket
 from prismd.agents import ImageBlock
 from prismd.channel import Preview
 from stores import Store
@@ -177,6 +181,42 @@ async def test_a_fast_heartbeat_under_a_burst_loses_and_repeats_nothing(
     assert answered(fake) == sorted(f"echo: b{n}" for n in range(30))
     assert len(fake.gateway.identifies()) == 1
     assert not {1000, 1001} & set(fake.gateway.client_close_codes)
+
+
+async def test_an_ack_read_while_its_beat_is_still_being_sent_counts(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§1.2: the ACK answers the beat; on a fast link (or a loaded machine) it is read by
+    the socket's reader while the heartbeat task's send has not yet returned. Before the
+    fix the beat was marked sent after the send, which undid that ACK: the next beat found
+    the last unacknowledged and closed a live connection as a zombie (seen as a resume in
+    a loaded full-suite run). Each send here returns only after its ACK was read."""
+    fake.heartbeat_interval_ms = 400
+    original, acked = GatewaySocket.send_message, Heartbeater.ack
+    acks = [0]
+
+    def ack(beat: Heartbeater) -> None:
+        acks[0] += 1
+        acked(beat)
+
+    async def send_message(ws: GatewaySocket, text: str) -> None:
+        before = acks[0]
+        await original(ws, text)
+        if json.loads(text)["op"] == 1:
+            await wait_until(lambda: acks[0] > before)  # the reader has read its ACK
+
+    monkeypatch.setattr(Heartbeater, "ack", ack)
+    monkeypatch.setattr(GatewaySocket, "send_message", send_message)
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            await wait_until(lambda: len(fake.gateway.heartbeats()) >= 6)
+            fake.user_message(DM, USER, "still here")
+            await wait_until(lambda: len(fake.bot_messages()) == 1)
+    assert fake.gateway.client_close_codes == [4000]  # only the stop's own close
+    assert len(fake.gateway.identifies()) == 1
+    assert not [r for r in fake.gateway.received if r.op == 6]  # no Resume
 
 
 async def test_dispatches_lost_on_the_way_twice_in_a_minute_are_both_replayed(
