@@ -13,8 +13,9 @@
 * **Closed with 4000 on every path** (a reconnect, a zombie, lease loss, a graceful stop):
   never 1000/1001, which would end the session.
 * **Heartbeats** with the first one jittered; a beat due while the last is unacknowledged
-  (a short grace later: an ACK received but not yet read is not missing) is a zombie
-  connection: close, resume. Op 1 from Discord beats at once; op 7 resumes;
+  is a zombie connection (close, resume) once nothing says its ACK may still be on the
+  way (:class:`~._protocol.Heartbeater`: a short grace, a backlog still being read, a
+  stall of this process). Op 1 from Discord beats at once; op 7 resumes;
   op 9 ``true`` resumes, ``false`` forgets the session (identify after 1-5 s); so does a
   Resume turned down twice in a row by a close that may mean the session is gone
   (4003, 4009 …: every close but 4007 and the fatal ones is first resumed).
@@ -324,6 +325,8 @@ class Shard:
                 raise _End(proto.close_action(code), f"closed {code}", code, refused) from None
             frame = proto.parse_frame(raw)
             self.status.last_event_ms = self.clock.now_ms()
+            if self._heartbeater is not None:
+                self._heartbeater.heard(trio.current_time())
             if frame.op == proto.HELLO:
                 interval = proto.json_number(
                     frame.d.get("heartbeat_interval") if isinstance(frame.d, dict) else None
@@ -392,7 +395,11 @@ class Shard:
             now = trio.current_time()
             due = beat.due(now)
             if due == "wait":
-                await trio.sleep(max(min(beat.wake_at() - now, 1.0), 0.0))
+                planned = now + max(min(beat.wake_at() - now, 1.0), 0.0)
+                await trio.sleep_until(planned)
+                woke = trio.current_time()
+                if woke - planned > beat.grace_s:
+                    beat.stalled(woke)  # the reader has yet to read what came meanwhile
                 continue
             if due == "zombie":
                 log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)

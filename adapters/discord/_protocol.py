@@ -272,20 +272,35 @@ ZOMBIE_GRACE_SHARE = 0.25
 ZOMBIE_GRACE_MAX_S = 2.0
 """How long after a beat is due an unacknowledged one makes a zombie: a quarter of the
 interval, at most two seconds (Discord's interval is about 41 s)."""
+BACKLOG_INTERVALS = 3
+"""While frames are still being read, an unacknowledged beat waits for its ACK (behind
+them in the stream) up to this many intervals after it was sent, no longer."""
 
 
 @attrs.define(eq=False)
 class Heartbeater:
     """The heartbeat rule (GW "Heartbeat Interval"): the first beat after ``interval ×
     jitter``, then one per interval; a beat due while the previous one is unacknowledged
-    means the connection is a zombie (close it, resume) — once :attr:`grace_s` has passed
-    too: after a stall of the process, the timer and the socket's reader wake together, in
-    either order, and an ACK already received but not yet read is not a zombie."""
+    means the connection is a zombie (close it, resume) — judged only when nothing says the
+    ACK may still be on its way:
+
+    * :attr:`grace_s` after the beat was due: a frame already received is read in that time;
+    * while the reader still reads frames (one within the grace: a backlog, the ACK behind
+      it in the stream), up to :data:`BACKLOG_INTERVALS` after the beat;
+    * after a stall of this process (its timer woke late: the reader has not read what came
+      meanwhile), a grace from the end of the stall, however long it was.
+
+    A silent connection is a zombie after the grace, as before."""
 
     interval_s: float
     random: _random.Random
     acked: bool = True
     next_at: float = 0.0
+    sent_at: float = 0.0
+    heard_at: float = -math.inf
+    """When the reader last read a frame."""
+    stalled_until: float = -math.inf
+    """When this process last woke from a stall."""
 
     @property
     def grace_s(self) -> float:
@@ -295,23 +310,37 @@ class Heartbeater:
         self.acked = True
         self.next_at = now + self.interval_s * self.random.random()
 
+    def zombie_at(self) -> float:
+        """When the unacknowledged beat makes the connection a zombie (see the class)."""
+        reading = min(self.heard_at, self.sent_at + self.interval_s * BACKLOG_INTERVALS)
+        return max(self.next_at, reading, self.stalled_until) + self.grace_s
+
     def wake_at(self) -> float:
         """When :meth:`due` may next say something but ``"wait"``."""
-        return self.next_at if self.acked else self.next_at + self.grace_s
+        return self.next_at if self.acked else self.zombie_at()
 
     def due(self, now: float) -> Literal["wait", "beat", "zombie"]:
         if now < self.next_at:
             return "wait"
         if self.acked:
             return "beat"
-        return "zombie" if now >= self.next_at + self.grace_s else "wait"
+        return "zombie" if now >= self.zombie_at() else "wait"
 
     def sent(self, now: float) -> None:
         self.acked = False
+        self.sent_at = now
         self.next_at = now + self.interval_s
 
     def ack(self) -> None:
         self.acked = True
+
+    def heard(self, now: float) -> None:
+        """A frame was read."""
+        self.heard_at = now
+
+    def stalled(self, now: float) -> None:
+        """This process did not run until ``now`` (its timer woke late)."""
+        self.stalled_until = now
 
 
 @attrs.frozen

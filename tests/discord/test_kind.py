@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from adapters.discord import DiscordConnectionConfig, default_intents
+from adapters.discord._gateway import Shard
 from adapters.discord._parse import parse_message
 from adapters.discord._protocol import (
     Frame,
@@ -260,3 +264,60 @@ def test_a_missing_ack_is_a_zombie_only_after_the_grace() -> None:
     assert beat.wake_at() == first + 40.0 and beat.due(first + 41.0) == "beat"
     short = Heartbeater(0.5, random.Random(1))
     assert short.grace_s == 0.125  # a quarter of a short interval
+
+
+def test_a_missing_ack_waits_while_frames_are_still_read_and_no_longer() -> None:
+    """An ACK queued behind a backlog (a burst of GUILD_CREATEs, a replay) comes only once
+    the frames before it are read: while the reader still reads (a frame within the grace)
+    the beat is not judged, up to three intervals after it was sent; a reader that stopped
+    reading, or a stream that never ACKs, is a zombie as before."""
+    beat = Heartbeater(40.0, random.Random(1))
+    beat.start(0.0)
+    beat.sent(10.0)  # due again at 50, judged at 52 when nothing is read
+    assert beat.due(52.0) == "zombie"
+    beat.heard(51.5)  # a frame read just before: the backlog is still being read
+    assert beat.zombie_at() == 53.5 and beat.due(52.0) == "wait" and beat.due(53.5) == "zombie"
+    for t in range(52, 140):  # frames keep coming, never the ACK: 10 + 3 × 40, then the grace
+        beat.heard(float(t))
+    assert beat.due(131.9) == "wait" and beat.due(132.0) == "zombie"
+    beat.ack()  # came at last: the next beat goes out
+    assert beat.due(132.0) == "beat"
+    quiet = Heartbeater(40.0, random.Random(1))
+    quiet.start(0.0)
+    quiet.heard(5.0)  # frames long before the beat say nothing about its ACK
+    quiet.sent(10.0)
+    assert quiet.zombie_at() == 52.0 and quiet.wake_at() == 52.0
+
+
+async def test_a_stall_of_the_process_defers_the_zombie_judgement(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The heartbeat timer waking late (this process stopped, a starved machine) finds every
+    deadline past while the ACK that came meanwhile waits unread in the socket: the reader
+    gets a grace from the end of the stall, however long, before the beat is judged. The
+    loop is the gateway's own (:meth:`Shard._heartbeat`)."""
+    beat = Heartbeater(1.0, random.Random(1))
+    beat.start(trio.current_time())
+    beat.sent(trio.current_time())  # due again at 1.0, judged at 1.25 if nothing comes
+    sent: list[str] = []
+
+    class Socket:
+        async def send_message(self, text: str) -> None:
+            sent.append(text)
+
+    shard = SimpleNamespace(_heartbeater=beat, label="shard", _received_seq=7)
+
+    async def stall(scope: trio.CancelScope) -> None:
+        await trio.sleep(0.5)
+        autojump_clock.jump(9.5)  # the loop did not run for 9.5 s (SIGSTOP, a blocking call)
+        await trio.sleep(0.1)
+        beat.ack()  # what the reader reads once it runs, inside the grace
+        await trio.sleep(0.5)
+        scope.cancel()
+
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall, scope)
+            await Shard._heartbeat(shard, Socket())  # type: ignore[arg-type]
+    assert sent == ['{"op":1,"d":7}']  # no zombie: the next beat went out once acknowledged
+    assert beat.stalled_until == 10.0 and not beat.acked
