@@ -219,6 +219,34 @@ async def test_an_ack_read_while_its_beat_is_still_being_sent_counts(
     assert not [r for r in fake.gateway.received if r.op == 6]  # no Resume
 
 
+async def test_the_reader_tells_the_heartbeat_rule_of_every_frame(
+    fake: FakeDiscord, store: Store, make_adapter: AdapterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§1.2: what the heartbeat rule knows of a backlog (an ACK behind frames still being
+    read is not missing: tests/discord/test_kind.py) comes from the reader, one report a
+    frame, the ACKs' too."""
+    heard: list[float] = []
+    original = Heartbeater.heard
+
+    def spy(beat: Heartbeater, now: float) -> None:
+        heard.append(now)
+        original(beat, now)
+
+    monkeypatch.setattr(Heartbeater, "heard", spy)
+    with trio.fail_after(DEADLINE_S):
+        adapter = make_adapter()
+        async with serving(store, adapter):
+            await wait_until(lambda: adapter.health()["state"] == "connected")
+            [session] = fake.gateway.sessions.values()
+            before, beats = len(heard), len(fake.gateway.heartbeats())
+            for n in range(20):
+                fake.gateway.push(session, "GUILD_CREATE", {"id": str(4 * 10**18 + n)})
+            await wait_until(lambda: len(heard) >= before + 20)
+            await wait_until(lambda: len(fake.gateway.heartbeats()) >= beats + 2)
+            await trio.sleep(0.3)  # the last beat's ACK read
+    assert heard == sorted(heard) and len(heard) >= before + 20 + 2
+
+
 async def test_dispatches_lost_on_the_way_twice_in_a_minute_are_both_replayed(
     fake: FakeDiscord, store: Store, make_adapter: AdapterFactory
 ) -> None:
