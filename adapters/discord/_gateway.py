@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import random as _random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -391,23 +391,29 @@ class Shard:
     async def _heartbeat(self, ws: GatewaySocket) -> None:
         beat = self._heartbeater
         assert beat is not None
-        while True:
-            now = trio.current_time()
-            due = beat.due(now)
-            if due == "wait":
-                planned = now + max(min(beat.wake_at() - now, 1.0), 0.0)
-                await trio.sleep_until(planned)
-                woke = trio.current_time()
-                if woke - planned > beat.grace_s:
-                    beat.stalled(woke)  # the reader has yet to read what came meanwhile
-                continue
-            if due == "zombie":
-                log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)
-                raise _End("resume", "zombie connection")
+        while await _due(beat) == "beat":
             # Marked before it is sent: its ACK may be read while the send still awaits
             # (the reader runs meanwhile), and would be undone by a mark after it.
             beat.sent(trio.current_time())
             await ws.send_message(proto.heartbeat(self._received_seq))
+        log.warning("%s: no heartbeat ACK; zombie connection, resuming", self.label)
+        raise _End("resume", "zombie connection")
+
+
+async def _due(beat: proto.Heartbeater) -> Literal["beat", "zombie"]:
+    """Sleep until a beat is due or the connection is judged a zombie. A timer that woke
+    later than the grace marks a stall of this process: the reader has yet to read what
+    came meanwhile."""
+    while True:
+        now = trio.current_time()
+        due = beat.due(now)
+        if due != "wait":
+            return due
+        planned = now + max(min(beat.wake_at() - now, 1.0), 0.0)
+        await trio.sleep_until(planned)
+        woke = trio.current_time()
+        if woke - planned > beat.grace_s:
+            beat.stalled(woke)
 
 
 def _judged(refusals: proto.RefusedResumes, label: str, end: _End) -> _End:
