@@ -273,8 +273,9 @@ ZOMBIE_GRACE_MAX_S = 2.0
 """How long after a beat is due an unacknowledged one makes a zombie: a quarter of the
 interval, at most two seconds (Discord's interval is about 41 s)."""
 BACKLOG_INTERVALS = 3
-"""While frames are still being read, an unacknowledged beat waits for its ACK (behind
-them in the stream) up to this many intervals after it was sent, no longer."""
+"""While frames are still being read, or after a stall of the process, an unacknowledged
+beat waits for its ACK up to this many intervals after it was sent (and a grace), no
+longer."""
 
 
 @attrs.define(eq=False)
@@ -286,11 +287,13 @@ class Heartbeater:
 
     * :attr:`grace_s` after the beat was due: a frame already received is read in that time;
     * while the reader still reads frames (one within the grace: a backlog, the ACK behind
-      it in the stream), up to :data:`BACKLOG_INTERVALS` after the beat;
+      it in the stream);
     * after a stall of this process (its timer woke late: the reader has not read what came
-      meanwhile), a grace from the end of the stall, however long it was.
+      meanwhile), a grace from the end of the stall;
 
-    A silent connection is a zombie after the grace, as before."""
+    the last two up to :data:`BACKLOG_INTERVALS` after the beat (and its grace): whatever
+    happens, a beat never acknowledged is judged by then. A silent connection is a zombie
+    after the grace, as before."""
 
     interval_s: float
     random: _random.Random
@@ -312,8 +315,9 @@ class Heartbeater:
 
     def zombie_at(self) -> float:
         """When the unacknowledged beat makes the connection a zombie (see the class)."""
-        reading = min(self.heard_at, self.sent_at + self.interval_s * BACKLOG_INTERVALS)
-        return max(self.next_at, reading, self.stalled_until) + self.grace_s
+        bound = self.sent_at + self.interval_s * BACKLOG_INTERVALS
+        evidence = min(max(self.heard_at, self.stalled_until), bound)
+        return max(self.next_at, evidence) + self.grace_s
 
     def wake_at(self) -> float:
         """When :meth:`due` may next say something but ``"wait"``."""

@@ -294,11 +294,11 @@ async def test_a_stall_of_the_process_defers_the_zombie_judgement(
 ) -> None:
     """The heartbeat timer waking late (this process stopped, a starved machine) finds every
     deadline past while the ACK that came meanwhile waits unread in the socket: the reader
-    gets a grace from the end of the stall, however long, before the beat is judged. The
-    loop is the gateway's own (:meth:`Shard._heartbeat`)."""
-    beat = Heartbeater(1.0, random.Random(1))
+    gets a grace from the end of the stall before the beat is judged, up to three intervals
+    after it. The loop is the gateway's own (:meth:`Shard._heartbeat`)."""
+    beat = Heartbeater(4.0, random.Random(1))
     beat.start(trio.current_time())
-    beat.sent(trio.current_time())  # due again at 1.0, judged at 1.25 if nothing comes
+    beat.sent(trio.current_time())  # due again at 4, judged at 5 if nothing comes
     sent: list[str] = []
 
     class Socket:
@@ -312,7 +312,7 @@ async def test_a_stall_of_the_process_defers_the_zombie_judgement(
         autojump_clock.jump(9.5)  # the loop did not run for 9.5 s (SIGSTOP, a blocking call)
         await trio.sleep(0.1)
         beat.ack()  # what the reader reads once it runs, inside the grace
-        await trio.sleep(0.5)
+        await trio.sleep(1.5)
         scope.cancel()
 
     with trio.CancelScope() as scope:
@@ -321,3 +321,7 @@ async def test_a_stall_of_the_process_defers_the_zombie_judgement(
             await Shard._heartbeat(shard, Socket())  # type: ignore[arg-type]
     assert sent == ['{"op":1,"d":7}']  # no zombie: the next beat went out once acknowledged
     assert beat.stalled_until == 10.0 and not beat.acked
+    # Past three intervals after the beat, a stall defers nothing: judged at 12 + 1.
+    beat.sent(20.0)
+    beat.stalled(40.0)
+    assert beat.zombie_at() == 33.0 and beat.due(40.0) == "zombie"
