@@ -7,6 +7,7 @@ input legal, and what prismd did before its fix."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -192,20 +193,15 @@ async def test_an_ack_read_while_its_beat_is_still_being_sent_counts(
     the last unacknowledged and closed a live connection as a zombie (seen as a resume in
     a loaded full-suite run). Each send here returns only after its ACK was read."""
     fake.heartbeat_interval_ms = 400
-    original, acked = GatewaySocket.send_message, Heartbeater.ack
-    acks = [0]
-
-    def ack(beat: Heartbeater) -> None:
-        acks[0] += 1
-        acked(beat)
+    original = GatewaySocket.send_message
+    acks = _calls(monkeypatch, "ack")
 
     async def send_message(ws: GatewaySocket, text: str) -> None:
-        before = acks[0]
+        before = len(acks)
         await original(ws, text)
         if json.loads(text)["op"] == 1:
-            await wait_until(lambda: acks[0] > before)  # the reader has read its ACK
+            await wait_until(lambda: len(acks) > before)  # the reader has read its ACK
 
-    monkeypatch.setattr(Heartbeater, "ack", ack)
     monkeypatch.setattr(GatewaySocket, "send_message", send_message)
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter()
@@ -225,14 +221,7 @@ async def test_the_reader_tells_the_heartbeat_rule_of_every_frame(
     """§1.2: what the heartbeat rule knows of a backlog (an ACK behind frames still being
     read is not missing: tests/discord/test_kind.py) comes from the reader, one report a
     frame, the ACKs' too."""
-    heard: list[float] = []
-    original = Heartbeater.heard
-
-    def spy(beat: Heartbeater, now: float) -> None:
-        heard.append(now)
-        original(beat, now)
-
-    monkeypatch.setattr(Heartbeater, "heard", spy)
+    heard = _calls(monkeypatch, "heard")
     with trio.fail_after(DEADLINE_S):
         adapter = make_adapter()
         async with serving(store, adapter):
@@ -245,6 +234,19 @@ async def test_the_reader_tells_the_heartbeat_rule_of_every_frame(
             await wait_until(lambda: len(fake.gateway.heartbeats()) >= beats + 2)
             await trio.sleep(0.3)  # the last beat's ACK read
     assert heard == sorted(heard) and len(heard) >= before + 20 + 2
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[Any, ...]]:
+    """Each call of ``Heartbeater.<name>`` (its arguments), recorded and passed on."""
+    calls: list[tuple[Any, ...]] = []
+    original = getattr(Heartbeater, name)
+
+    def spy(beat: Heartbeater, *args: Any) -> None:
+        calls.append(args)
+        original(beat, *args)
+
+    monkeypatch.setattr(Heartbeater, name, spy)
+    return calls
 
 
 async def test_dispatches_lost_on_the_way_twice_in_a_minute_are_both_replayed(

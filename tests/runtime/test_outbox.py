@@ -14,12 +14,10 @@ import trio
 import trio.testing
 
 from prismd.agents import RunRequest
-from prismd.limits import Limits
-from prismd.runtime import open_messaging_runtime
 from stores import open_store
 from tests.support.builders import event, identity
 from tests.support.clocks import TrioClock
-from tests.support.harness import FirstSendHeld, Host
+from tests.support.harness import FirstSendHeld, Host, runtime
 from tests.support.scripted import ScriptedAgent
 from tests.support.waiting import wait_until_async
 
@@ -44,14 +42,7 @@ async def test_the_next_turn_runs_while_a_reply_is_being_sent_and_replies_keep_t
 
     async with (
         open_store(f"sqlite:///{tmp_path}/outbox.sqlite", clock=clock) as store,
-        open_messaging_runtime(
-            authorize=host.authorize,
-            resolve_agent=host.resolve_agent,
-            deliver=held.deliver,
-            store=store,
-            limits=Limits(),
-            clock=clock,
-        ) as rt,
+        runtime(host, store, deliver=held.deliver, clock=clock) as rt,
     ):
         with trio.fail_after(30):
             for i in range(3):
